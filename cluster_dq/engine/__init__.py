@@ -1,0 +1,1 @@
+"""The engine: Lua scripts (scripts.py), pure operations (commands.py), executors (aio, sync)."""

@@ -1,0 +1,71 @@
+"""Async executor: drives the pure operations of commands.py on a redis.asyncio client."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+from tenacity import AsyncRetrying
+
+from cluster_dq.engine.commands import Call, Cmd, EngineConfig, Eval, Op, Step
+from cluster_dq.engine.retry import POLICY
+from cluster_dq.engine.scripts import load_all
+
+T = TypeVar("T")
+AsyncClient = Redis | RedisCluster
+
+
+class AsyncEngine:
+    def __init__(self, client: AsyncClient, config: EngineConfig | None = None) -> None:
+        self.client = client
+        self.config = config or EngineConfig()
+        self.scripts = {n: client.register_script(s.source) for n, s in load_all().items()}
+
+    async def _call(self, call: Call) -> Any:
+        if isinstance(call, Eval):
+            return await self.scripts[call.script](keys=list(call.keys), args=list(call.args))
+        return await self.client.execute_command(*call.args)
+
+    async def _pipeline(self, calls: tuple[Call, ...]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for c in calls:
+            if isinstance(c, Eval):
+                sha = self.scripts[c.script].sha
+                pipe.execute_command("EVALSHA", sha, len(c.keys), *c.keys, *c.args)
+            else:
+                pipe.execute_command(*c.args)
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+        for i, r in enumerate(results):
+            if isinstance(r, NoScriptError):  # after a failover or SCRIPT FLUSH
+                results[i] = await self._call(calls[i])
+            elif isinstance(r, Exception):
+                raise r
+        return results
+
+    async def _step(self, step: Step) -> Any:
+        if isinstance(step, tuple):
+            return await self._pipeline(step)
+        return await self._call(step)
+
+    async def _retrying(self, step: Step) -> Any:
+        async for attempt in AsyncRetrying(**POLICY):  # type: ignore[arg-type]
+            with attempt:
+                return await self._step(step)
+        raise AssertionError("unreachable")
+
+    async def run(self, op: Op[T], *, idempotent: bool = False) -> T:
+        """Drives one operation. For idempotent ones each step is retried on transient errors
+        (a step's arguments, job ids included, are fixed, so a repeat cannot duplicate)."""
+        send = self._retrying if idempotent else self._step
+        reply: Any = None
+        while True:
+            try:
+                step = op.send(reply)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            reply = await send(step)
+
+    async def ping(self) -> bool:
+        return bool(await self.client.ping())

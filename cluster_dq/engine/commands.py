@@ -1,0 +1,392 @@
+"""Pure engine operations: key/argument builders and reply decoding, with no I/O.
+
+Each operation is a generator that yields *steps* and receives their replies: an ``Eval`` (one
+Lua script), a ``Cmd`` (one plain command) or a tuple of them (one pipeline, reply = list).
+The async and sync executors (aio.py, sync.py) drive the same generators, which is how the
+service, the Python client and the Spark pipeline share one engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from cluster_dq.keys import (
+    BUCKET_WIDTH_MS,
+    QueueKeys,
+    ShardKeys,
+    bucket_name,
+    shard_of,
+)
+from cluster_dq.models import (
+    MAX_BULK,
+    Job,
+    JobSpec,
+    JobState,
+    Record,
+    decode_id,
+    id_due_ms,
+    id_lane,
+    id_to_member,
+    id_to_text,
+    new_id,
+)
+
+Arg = str | bytes | int
+
+
+@dataclass(frozen=True, slots=True)
+class Eval:
+    script: str
+    keys: Sequence[str]
+    args: Sequence[Arg]
+
+
+@dataclass(frozen=True, slots=True)
+class Cmd:
+    args: tuple[Arg, ...]
+
+
+Call = Eval | Cmd
+Step = Call | tuple[Call, ...]
+T = TypeVar("T")
+Op = Generator[Step, Any, T]
+
+STATE_CODES = {1: JobState.DELAYED, 2: JobState.READY, 3: JobState.RESERVED, 4: JobState.DEAD}
+PUBLISH_STATES = {1: JobState.DELAYED, 2: JobState.DELAYED, 3: JobState.READY}
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Tunables of the storage layout and the pump (lua/README.md explains each)."""
+
+    lane_capacity: int = 512  # jobs per wheel bucket: keep <= hash-max-listpack-entries
+    open_lead_ms: int = 5_000  # open a wheel bucket this long before it starts
+    open_backlog: int = 20_000  # stop opening buckets while this many jobs wait in ready
+    open_buckets_per_call: int = 4
+    open_calls_per_tick: int = 8
+    promote_limit: int = 1_000  # jobs moved per script call (keeps every script ~1 ms)
+    shards: int = 16
+    lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def hint(self, tag: str, start: int) -> int:
+        return self.lane_hints.get((tag, start), 0)
+
+    def learn(self, tag: str, start: int, lane: int, fill: int) -> None:
+        if fill + MAX_BULK > self.lane_capacity and self.hint(tag, start) <= lane:
+            if len(self.lane_hints) > 100_000:
+                self.lane_hints.clear()
+            self.lane_hints[(tag, start)] = lane + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    job_id: str
+    duplicate: bool
+    state: JobState | None
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    delayed: int
+    ready: int
+    reserved: int
+    dead: int
+    next_event_ms: int | None
+
+
+def _fixed(qk: QueueKeys) -> list[str]:
+    return qk.all_fixed()
+
+
+def _schedule(qk: QueueKeys, cfg: EngineConfig, at_ms: int) -> tuple[Cmd, Cmd]:
+    """Registers the queue in its shard and makes sure the pump looks at it by ``at_ms``."""
+    sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
+    return (
+        Cmd(("SADD", sk.queues, qk.qualified)),
+        Cmd(("ZADD", sk.schedule, "LT", at_ms, qk.qualified)),
+    )
+
+
+def _bucket_of(member: bytes) -> str | None:
+    if len(member) == 16 and member[0] < 0x20:
+        return bucket_name(id_due_ms(member), id_lane(member))
+    return None
+
+
+def publish(
+    cfg: EngineConfig, ns: str, q: str, specs: Sequence[JobSpec], now: int
+) -> Op[list[Published]]:
+    qk = QueueKeys(ns, q)
+    buckets: dict[str, int] = {}
+    job_args: list[Arg] = []
+    members: list[bytes] = []
+    event: int | None = None
+    for spec in specs:
+        due = now + spec.delay_ms
+        expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
+        record = Record(
+            now, expire_at, spec.tries, 0, spec.priority, spec.body, spec.attributes
+        ).pack()
+        start = due - due % BUCKET_WIDTH_MS
+        kidx, bname = 0, ""
+        if spec.job_id is not None:
+            member = spec.job_id.encode()
+        elif spec.delay_ms > 0 and start > now + cfg.open_lead_ms:
+            lane = cfg.hint(qk.tag, start)
+            member = new_id(due, lane)
+            bname = bucket_name(due, lane)
+            kidx = buckets.setdefault(bname, 9 + len(buckets))
+        else:
+            member = new_id(due, 0)
+        if kidx:
+            at: int | None = start - cfg.open_lead_ms
+        elif spec.delay_ms > 0:
+            at = due
+        else:
+            at = expire_at or None
+        if at is not None and (event is None or at < event):
+            event = at
+        members.append(member)
+        job_args += [member, due, record, kidx, bname]
+    keys = _fixed(qk) + [qk.bucket(b) for b in buckets]
+    args: list[Arg] = [now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, len(specs), *job_args]
+    script = Eval("publish", keys, args)
+    if event is None:
+        reply = yield script
+    else:
+        reply = (yield (*_schedule(qk, cfg, event), script))[-1]
+    statuses, fills = reply[: len(specs)], reply[len(specs) :]
+    for bname, fill in zip(buckets, fills):
+        secs, lane = bname.split(":")
+        cfg.learn(qk.tag, int(secs) * BUCKET_WIDTH_MS, int(lane), int(fill))
+    return [
+        Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
+        for m, st in zip(members, statuses)
+    ]
+
+
+def _jobs(ns: str, q: str, flat: list[bytes], state: JobState) -> list[Job]:
+    return [
+        Job.from_record(ns, q, flat[i], flat[i + 1], state) for i in range(0, len(flat), 2)
+    ]
+
+
+def consume(
+    cfg: EngineConfig, ns: str, queues: Sequence[str], ttr_ms: int, count: int, now: int
+) -> Op[list[Job]]:
+    """Reserves up to ``count`` jobs, trying ``queues`` in priority order."""
+    out: list[Job] = []
+    for q in queues:
+        qk = QueueKeys(ns, q)
+        script = Eval(
+            "consume", _fixed(qk), [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify]
+        )
+        # The pump must look at this queue when the reservations made here run out; LT makes
+        # this a no-op while an earlier wake-up is already scheduled.
+        reply = (yield (_schedule(qk, cfg, now + ttr_ms)[1], script))[-1]
+        out += _jobs(ns, q, reply, JobState.RESERVED)
+        if len(out) >= count:
+            break
+    return out
+
+
+def _id_args(qk: QueueKeys, ids: Sequence[str], first_key: int) -> tuple[list[str], list[Arg]]:
+    buckets: dict[str, int] = {}
+    args: list[Arg] = []
+    for text in ids:
+        member = id_to_member(text)
+        bname = _bucket_of(member)
+        kidx = buckets.setdefault(bname, first_key + len(buckets)) if bname else 0
+        args += [member, kidx, bname or ""]
+    return [qk.bucket(b) for b in buckets], args
+
+
+def ack(ns: str, q: str, ids: Sequence[str]) -> Op[list[JobState | None]]:
+    """Acks / deletes jobs in any state; returns the state each was in (None: not found)."""
+    qk = QueueKeys(ns, q)
+    extra, args = _id_args(qk, ids, 9)
+    reply = yield Eval("ack", _fixed(qk) + extra, [len(ids), *args])
+    return [STATE_CODES.get(int(s)) for s in reply]
+
+
+def republish(
+    cfg: EngineConfig, ns: str, q: str, old_id: str, spec: JobSpec, now: int
+) -> Op[tuple[JobState | None, Published]]:
+    qk = QueueKeys(ns, q)
+    # Build the new job with the publish builder, then reuse its arguments.
+    gen = publish(cfg, ns, q, [spec], now)
+    step = next(gen)
+    pub = step[-1] if isinstance(step, tuple) else step
+    assert isinstance(pub, Eval)
+    new_keys = list(pub.keys[8:])
+    member, due, record, kidx, bname = pub.args[5:10]
+    old_extra, old_args = _id_args(qk, [old_id], 9 + len(new_keys))
+    new_kidx = kidx if kidx else 0
+    args: list[Arg] = [
+        now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, *old_args,
+        member, due, record, new_kidx, bname,
+    ]  # fmt: skip
+    call = Eval("republish", _fixed(qk) + new_keys + old_extra, args)
+    steps = step[:-1] if isinstance(step, tuple) else ()
+    reply = (yield (*steps, call))[-1]
+    gen.close()
+    assert isinstance(member, bytes)
+    st = int(reply[1])
+    return STATE_CODES.get(int(reply[0])), Published(
+        id_to_text(member), st == 0, PUBLISH_STATES.get(st)
+    )
+
+
+def peek_job(ns: str, q: str, job_id: str) -> Op[Job | None]:
+    qk = QueueKeys(ns, q)
+    member = id_to_member(job_id)
+    bname = _bucket_of(member)
+    keys = _fixed(qk) + ([qk.bucket(bname)] if bname else [])
+    reply = yield Eval("peek_job", keys, [member])
+    if not reply:
+        return None
+    state = STATE_CODES[int(reply[0])]
+    job = Job.from_record(ns, q, member, reply[1], state, int(float(reply[2])))
+    return job
+
+
+def peek(cfg: EngineConfig, ns: str, q: str, which: str, now: int) -> Op[Job | None]:
+    """Head of the ready queue (after promoting what is due) or of the dead letter."""
+    qk = QueueKeys(ns, q)
+    look = Eval("peek", _fixed(qk), [which])
+    if which == "ready":
+        promote = Eval("promote_due", _fixed(qk), [now, cfg.promote_limit, qk.notify])
+        reply = (yield (promote, look))[-1]
+    else:
+        reply = yield look
+    if not reply or reply[1] is None:
+        return None
+    state = JobState.READY if which == "ready" else JobState.DEAD
+    return Job.from_record(ns, q, reply[0], reply[1], state)
+
+
+def _decode_sizes(reply: list[Any]) -> Sizes:
+    nxt = int(reply[4])
+    return Sizes(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), None if nxt < 0 else nxt)
+
+
+def sizes(cfg: EngineConfig, ns: str, q: str) -> Op[Sizes]:
+    qk = QueueKeys(ns, q)
+    return _decode_sizes((yield Eval("sizes", _fixed(qk), [cfg.open_lead_ms])))
+
+
+def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
+    """One pump step for a queue: open wheel buckets that start soon (unless consumers lag
+    behind), promote due jobs, expire reservations and ttls. Returns sizes and next event."""
+    qk = QueueKeys(ns, q)
+    fixed = _fixed(qk)
+    horizon = now + cfg.open_lead_ms
+    held_back = False
+    for _ in range(cfg.open_calls_per_tick):
+        ready, near, names = yield (
+            Cmd(("ZCARD", qk.ready)),
+            Cmd(("ZCOUNT", qk.delayed, "-inf", horizon + BUCKET_WIDTH_MS)),
+            Cmd(("ZRANGE", qk.wheel, "-inf", horizon, "BYSCORE", "LIMIT", 0,
+                 cfg.open_buckets_per_call)),
+        )  # fmt: skip
+        if not names:
+            break
+        if int(ready) + int(near) >= cfg.open_backlog:
+            held_back = True
+            break
+        bnames = [n.decode() for n in names]
+        yield Eval("open_buckets", fixed + [qk.bucket(b) for b in bnames], [now, *bnames])
+    reply = yield (
+        Eval("promote_due", fixed, [now, cfg.promote_limit, qk.notify]),
+        Eval("expire_reserved", fixed, [now, cfg.promote_limit, qk.notify]),
+        Eval("expire_ttl", fixed, [now, cfg.promote_limit]),
+        Eval("sizes", fixed, [cfg.open_lead_ms]),
+    )
+    result = _decode_sizes(reply[-1])
+    if held_back and result.next_event_ms is not None:
+        # Consumers lag: look again soon instead of spinning on an overdue bucket.
+        result = Sizes(
+            result.delayed, result.ready, result.reserved, result.dead,
+            max(result.next_event_ms, now + 50),
+        )  # fmt: skip
+    return result
+
+
+def destroy(cfg: EngineConfig, ns: str, q: str) -> Op[int]:
+    """Deletes a queue in every state, in bounded steps. Returns the number of jobs deleted."""
+    qk = QueueKeys(ns, q)
+    deleted = 0
+    while True:
+        names = yield Cmd(("ZRANGE", qk.wheel, 0, 63))
+        bnames = [n.decode() for n in names]
+        final = "1" if len(bnames) < 64 else "0"
+        n, gone = yield Eval(
+            "destroy", _fixed(qk) + [qk.bucket(b) for b in bnames], [final, *bnames]
+        )
+        deleted += int(n)
+        if int(gone):
+            break
+    sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
+    yield (Cmd(("SREM", sk.queues, qk.qualified)), Cmd(("ZREM", sk.schedule, qk.qualified)))
+    return deleted
+
+
+def respawn(ns: str, q: str, limit: int, ttl_ms: int, now: int) -> Op[int]:
+    qk = QueueKeys(ns, q)
+    done = 0
+    while done < limit:
+        step = min(limit - done, 500)
+        n = int((yield Eval("respawn", _fixed(qk), [now, step, ttl_ms, qk.notify])))
+        done += n
+        if n < step:
+            break
+    return done
+
+
+def delete_dead(ns: str, q: str, limit: int) -> Op[int]:
+    qk = QueueKeys(ns, q)
+    done = 0
+    while done < limit:
+        step = min(limit - done, 500)
+        n = int((yield Eval("delete_dead", _fixed(qk), [step])))
+        done += n
+        if n < step:
+            break
+    return done
+
+
+def schedule_due(shard: int, now: int, limit: int) -> Op[list[tuple[str, str]]]:
+    """Queues of a shard whose next event has come, with the score seen (for reschedule)."""
+    sk = ShardKeys(shard)
+    due = yield Cmd(
+        ("ZRANGE", sk.schedule, "-inf", now, "BYSCORE", "LIMIT", 0, limit, "WITHSCORES")
+    )
+    return [(due[i].decode(), due[i + 1].decode()) for i in range(0, len(due), 2)]
+
+
+def reschedule(shard: int, qualified: str, seen: str, next_ms: int | None) -> Op[None]:
+    """After a pump step: the queue's next event, unless a publisher lowered it meanwhile."""
+    sk = ShardKeys(shard)
+    nxt = -1 if next_ms is None else next_ms
+    yield Eval("reschedule", [sk.schedule], [qualified, seen, nxt])
+
+
+def next_schedule(shard: int) -> Op[int | None]:
+    sk = ShardKeys(shard)
+    head = yield Cmd(("ZRANGE", sk.schedule, 0, 0, "WITHSCORES"))
+    return int(float(head[1])) if head else None
+
+
+def queues_of_shard(shard: int) -> Op[list[str]]:
+    members = yield Cmd(("SMEMBERS", ShardKeys(shard).queues))
+    return sorted(m.decode() for m in members)
+
+
+def member_for(job_id: str) -> bytes:
+    return id_to_member(job_id)
+
+
+def is_wheel_id(job_id: str) -> bool:
+    return decode_id(job_id) is not None

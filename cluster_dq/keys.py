@@ -1,0 +1,127 @@
+"""Every Redis key name, and the hash-tag rule, in one place.
+
+All keys of a queue carry the tag ``{ns/q}`` so that every script runs on one Cluster slot.
+Names are ``^[-_A-Za-z0-9]+$``, so nothing but the tag contains ``{``. Shard keys use the tag
+``{shard-N}``, which can never equal a queue tag (those always contain ``/``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+PREFIX = "dq"
+BUCKET_WIDTH_MS = 10_000  # one wheel bucket spans 10 s of due times (lua/README.md)
+
+
+def bucket_name(due_ms: int, lane: int) -> str:
+    return f"{due_ms // BUCKET_WIDTH_MS}:{lane}"
+
+
+def bucket_start_ms(name: str) -> int:
+    return int(name.split(":", 1)[0]) * BUCKET_WIDTH_MS
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    namespace: str
+    queue: str
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.namespace}/{self.queue}}}"
+
+    @property
+    def qualified(self) -> str:
+        """``ns/q``: the registry member, the hash-ring key and the shard input."""
+        return f"{self.namespace}/{self.queue}"
+
+    def _k(self, suffix: str) -> str:
+        return f"{PREFIX}:{self.tag}:{suffix}"
+
+    @property
+    def meta(self) -> str:
+        return self._k("meta")
+
+    @property
+    def wheel(self) -> str:
+        return self._k("wheel")
+
+    @property
+    def delayed(self) -> str:
+        return self._k("delayed")
+
+    @property
+    def ready(self) -> str:
+        return self._k("ready")
+
+    @property
+    def reserved(self) -> str:
+        return self._k("reserved")
+
+    @property
+    def dead(self) -> str:
+        return self._k("dead")
+
+    @property
+    def jobs(self) -> str:
+        return self._k("jobs")
+
+    @property
+    def expire(self) -> str:
+        return self._k("expire")
+
+    @property
+    def notify(self) -> str:
+        """Pub/sub channel announcing that the ready set went from empty to non-empty."""
+        return self._k("notify")
+
+    def bucket(self, name: str) -> str:
+        return self._k(f"w:{name}")
+
+    def bucket_prefix(self) -> str:
+        return self._k("w:")
+
+    def all_fixed(self) -> list[str]:
+        return [
+            self.meta,
+            self.wheel,
+            self.delayed,
+            self.ready,
+            self.reserved,
+            self.dead,
+            self.jobs,
+            self.expire,
+        ]
+
+
+def shard_of(qualified: str, shards: int) -> int:
+    return zlib.crc32(qualified.encode()) % shards
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    index: int
+
+    def _k(self, suffix: str) -> str:
+        return f"{PREFIX}:{{shard-{self.index}}}:{suffix}"
+
+    @property
+    def queues(self) -> str:
+        """SET of ``ns/q`` living in this shard (the queue registry)."""
+        return self._k("queues")
+
+    @property
+    def schedule(self) -> str:
+        """ZSET ``ns/q`` -> the next time (ms) the pump has work in that queue."""
+        return self._k("schedule")
+
+    @property
+    def lock(self) -> str:
+        """The pump leader lock (SET NX PX, value = owner token)."""
+        return self._k("leader")
+
+
+def parse_qualified(qualified: str) -> tuple[str, str]:
+    ns, _, q = qualified.partition("/")
+    return ns, q

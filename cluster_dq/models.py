@@ -1,0 +1,222 @@
+"""The job data model: states, limits, job ids and the packed record stored in Redis. No I/O.
+
+A job id is 16 bytes: ``due_ms`` (u48, big-endian) | ``lane`` (u16) | 8 random bytes. Its
+text form is 26 Crockford base32 characters. Because the id carries its due time and lane,
+the wheel bucket that holds a delayed job is derived from the id alone (O(1) lookup by id).
+Client-chosen ids are any other name; they never live in the wheel (see lua/README.md).
+
+The record (a hash value) is ``>I6 I6 H H B B`` = published_ms, expire_at_ms (0 = never),
+tries_left, deliveries, priority, flags, followed by [u16 attr_len + attrs JSON] when flags&1,
+then the body. Lua reads and rewrites the fixed header only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+MAX_NAME_LEN = 255
+MAX_TRIES = 65535
+MAX_BODY = 1024 * 1024
+MAX_BULK = 64
+MAX_BATCH_CONSUME = 100
+MAX_ATTRIBUTES = 16
+MAX_ATTR_KEY = 32
+MAX_ATTR_VALUE = 128
+MAX_SECONDS = 2**32 - 1
+MAX_PRIORITY = 255
+CLIENT_ID_MAX_LEN = 64
+
+NAME_RE = re.compile(r"^[-_A-Za-z0-9]+$")
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_DECODE = {c: i for i, c in enumerate(_CROCKFORD)}
+_WHEEL_ID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
+
+HEADER = struct.Struct(">6s6sHHBB")
+HEADER_SIZE = HEADER.size  # 18
+FLAG_ATTRS = 1
+
+
+class JobState(StrEnum):
+    """Where a job is. Each name matches the Redis structure that holds it (lua/README.md)."""
+
+    DELAYED = "delayed"  # a wheel bucket, or the near-term ``delayed`` zset
+    READY = "ready"
+    RESERVED = "reserved"
+    DEAD = "dead"
+
+
+def _u48(value: int) -> bytes:
+    return value.to_bytes(6, "big")
+
+
+def encode_id(raw: bytes) -> str:
+    """16 raw bytes -> 26-char Crockford base32 text."""
+    n = int.from_bytes(raw, "big")
+    out = []
+    for _ in range(26):
+        out.append(_CROCKFORD[n & 31])
+        n >>= 5
+    return "".join(reversed(out))
+
+
+def decode_id(text: str) -> bytes | None:
+    """26-char Crockford base32 -> 16 raw bytes, or None when ``text`` is not a wheel id."""
+    if not _WHEEL_ID_RE.match(text):
+        return None
+    n = 0
+    for c in text:
+        n = (n << 5) | _DECODE[c]
+    return n.to_bytes(16, "big")
+
+
+def new_id(due_ms: int, lane: int) -> bytes:
+    return _u48(due_ms) + lane.to_bytes(2, "big") + os.urandom(8)
+
+
+def id_due_ms(raw: bytes) -> int:
+    return int.from_bytes(raw[:6], "big")
+
+
+def id_lane(raw: bytes) -> int:
+    return int.from_bytes(raw[6:8], "big")
+
+
+def is_client_id_valid(text: str) -> bool:
+    """A client-chosen id: a name, at most 64 bytes, that cannot be mistaken for a wheel id."""
+    return (
+        0 < len(text) <= CLIENT_ID_MAX_LEN
+        and NAME_RE.match(text) is not None
+        and _WHEEL_ID_RE.match(text) is None
+    )
+
+
+def id_to_text(member: bytes) -> str:
+    """A stored member (16 raw bytes, or a client id) -> the id a client sees."""
+    if len(member) == 16 and member[0] < 0x20:
+        return encode_id(member)
+    return member.decode()
+
+
+def id_to_member(text: str) -> bytes:
+    raw = decode_id(text)
+    return raw if raw is not None else text.encode()
+
+
+def is_valid_name(name: str) -> bool:
+    return 0 < len(name.encode()) <= MAX_NAME_LEN and NAME_RE.match(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a producer asks for; times in milliseconds."""
+
+    body: bytes
+    delay_ms: int = 0
+    ttl_ms: int = 86_400_000  # 0 = never expires
+    tries: int = 1
+    priority: int = 0
+    attributes: dict[str, str] | None = None
+    job_id: str | None = None  # client-chosen id (idempotent publish)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    published_ms: int
+    expire_at_ms: int
+    tries_left: int
+    deliveries: int
+    priority: int
+    body: bytes
+    attributes: dict[str, str] | None = None
+
+    def pack(self) -> bytes:
+        flags = 0
+        extra = b""
+        if self.attributes:
+            flags |= FLAG_ATTRS
+            blob = json.dumps(self.attributes, separators=(",", ":")).encode()
+            extra = len(blob).to_bytes(2, "big") + blob
+        head = HEADER.pack(
+            _u48(self.published_ms),
+            _u48(self.expire_at_ms),
+            self.tries_left,
+            self.deliveries,
+            self.priority,
+            flags,
+        )
+        return head + extra + self.body
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Record:
+        pub, exp, tries, deliveries, prio, flags = HEADER.unpack_from(data)
+        rest = data[HEADER_SIZE:]
+        attrs = None
+        if flags & FLAG_ATTRS:
+            n = int.from_bytes(rest[:2], "big")
+            attrs = json.loads(rest[2 : 2 + n])
+            rest = rest[2 + n :]
+        return cls(
+            int.from_bytes(pub, "big"),
+            int.from_bytes(exp, "big"),
+            tries,
+            deliveries,
+            prio,
+            bytes(rest),
+            attrs,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as the engine returns it."""
+
+    namespace: str
+    queue: str
+    job_id: str
+    body: bytes
+    published_ms: int
+    expire_at_ms: int
+    tries_left: int
+    deliveries: int
+    priority: int = 0
+    attributes: dict[str, str] | None = None
+    state: JobState | None = None
+    due_ms: int | None = None
+    extra: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_record(
+        cls,
+        namespace: str,
+        queue: str,
+        member: bytes,
+        data: bytes,
+        state: JobState | None = None,
+        due_ms: int | None = None,
+    ) -> Job:
+        rec = Record.unpack(data)
+        return cls(
+            namespace,
+            queue,
+            id_to_text(member),
+            rec.body,
+            rec.published_ms,
+            rec.expire_at_ms,
+            rec.tries_left,
+            rec.deliveries,
+            rec.priority,
+            rec.attributes,
+            state,
+            due_ms,
+        )
+
+    def ttl_ms(self, now_ms: int) -> int:
+        """Remaining time to live; 0 means forever (lmstfy)."""
+        if self.expire_at_ms == 0:
+            return 0
+        return max(self.expire_at_ms - now_ms, 0)

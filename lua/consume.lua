@@ -1,0 +1,36 @@
+#!lua
+--[[
+  READY -> RESERVED for up to `count` jobs, in priority then due order. First moves what is
+  due (DELAYED -> READY) and expires passed reservations, so a consumer never waits on the
+  pump. Each reserved job has its tries decremented and its ttr deadline set.
+  KEYS[1..8] the queue's fixed keys
+  ARGV[1] now (ms)  ARGV[2] ttr (ms)  ARGV[3] count  ARGV[4] promote limit  ARGV[5] notify channel
+  Returns: {member_1, record_1, member_2, record_2, ...} (records as delivered)
+]]
+--@include lib/queue
+local now, ttr, count, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local was_empty = redis.call('EXISTS', READY) == 0
+expire_reservations(now, limit)
+promote(now, limit)
+local out = {}
+while #out < count * 2 do
+  local popped = redis.call('ZPOPMIN', READY, count - #out / 2)
+  if #popped == 0 then break end
+  for i = 1, #popped, 2 do
+    local id = popped[i]
+    local rec = redis.call('HGET', JOBS, id)
+    if rec and expired(rec, now) then
+      redis.call('HDEL', JOBS, id)
+      redis.call('ZREM', EXPIRE, id)
+    elseif rec then
+      local _, _, tries, deliveries = header(rec)
+      rec = with_counts(rec, tries - 1, deliveries + 1)
+      redis.call('HSET', JOBS, id, rec)
+      redis.call('ZADD', RESERVED, now + ttr, id)
+      out[#out + 1] = id
+      out[#out + 1] = rec
+    end
+  end
+end
+notify(ARGV[5], was_empty)
+return out

@@ -1,0 +1,16 @@
+#!lua
+--[[
+  Removes jobs whose ttl ended (DELAYED near-term, READY, RESERVED; DEAD never expires and
+  wheel jobs cannot expire before they are opened, since ttl >= delay). Nothing is left behind.
+  KEYS[1..8] the queue's fixed keys
+  ARGV[1] now (ms)  ARGV[2] limit
+  Returns: number of jobs removed
+]]
+--@include lib/queue
+local due = redis.call('ZRANGE', EXPIRE, '-inf', tonumber(ARGV[1]), 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
+local n = 0
+for _, id in ipairs(due) do
+  if forget(id) > 0 then n = n + 1 end
+  redis.call('ZREM', EXPIRE, id)
+end
+return n

@@ -1,0 +1,169 @@
+--[[
+  Shared helpers, inlined by cluster_dq/engine/scripts.py right after the header of every
+  script that says `--@include lib/queue`. Never loaded on its own.
+  Every queue script receives the same eight fixed KEYS, in this order, then its own extras.
+]]
+local META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+
+local PRIO_SHIFT = 4398046511104 -- 2^42: ready score = (255 - priority) * 2^42 + due_ms
+local CHUNK = 500                -- variadic calls are batched (Lua's unpack has a limit)
+
+local function expire_at(rec)
+  local _, e = struct.unpack('>I6I6', rec)
+  return e
+end
+
+local function header(rec) -- published, expire_at, tries_left, deliveries, priority, flags
+  return struct.unpack('>I6I6HHBB', rec)
+end
+
+local function with_counts(rec, tries, deliveries)
+  return string.sub(rec, 1, 12) .. struct.pack('>HH', tries, deliveries) .. string.sub(rec, 17)
+end
+
+local function with_tries_expire(rec, tries, exp)
+  return string.sub(rec, 1, 6) .. struct.pack('>I6H', exp, tries) .. string.sub(rec, 15)
+end
+
+local function ready_score(rec, t)
+  local _, _, _, _, prio = struct.unpack('>I6I6HHB', rec)
+  return (255 - prio) * PRIO_SHIFT + t
+end
+
+local function expired(rec, now)
+  local e = expire_at(rec)
+  return e > 0 and e <= now
+end
+
+local function zrem_many(key, ids)
+  for i = 1, #ids, CHUNK do
+    redis.call('ZREM', key, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+  end
+end
+
+-- Puts a job whose record is already in JOBS into READY (t = its due time).
+local function make_ready(id, rec, t)
+  redis.call('ZADD', READY, ready_score(rec, t), id)
+end
+
+-- Forgets a job held in JOBS (any state but the wheel); returns the state it was in.
+local function forget(id)
+  if redis.call('HDEL', JOBS, id) == 0 then return 0 end
+  redis.call('ZREM', EXPIRE, id)
+  if redis.call('ZREM', READY, id) == 1 then return 2 end
+  if redis.call('ZREM', RESERVED, id) == 1 then return 3 end
+  if redis.call('ZREM', DELAYED, id) == 1 then return 1 end
+  if redis.call('ZREM', DEAD, id) == 1 then return 4 end
+  return 0
+end
+
+-- Keeps META.w (jobs in wheel buckets) exact, and absent at zero: nothing left behind.
+local function count_wheel(delta)
+  if redis.call('HINCRBY', META, 'w', delta) <= 0 then redis.call('DEL', META) end
+end
+
+-- Removes a job from a wheel bucket; keeps the bucket index and the count exact.
+local function unwheel(bucket, bname, id)
+  if redis.call('HDEL', bucket, id) == 0 then return 0 end
+  count_wheel(-1)
+  if redis.call('EXISTS', bucket) == 0 then redis.call('ZREM', WHEEL, bname) end
+  return 1
+end
+
+-- Removes a job wherever it is: 0 none, 1 delayed, 2 ready, 3 reserved, 4 dead.
+local function remove_job(id, bucket, bname)
+  local st = forget(id)
+  if st == 0 and bucket then
+    if unwheel(bucket, bname, id) == 1 then return 1 end
+  end
+  return st
+end
+
+-- DELAYED (near zset) -> READY for jobs due by `now`; expired ones vanish. Bounded by limit.
+local function promote(now, limit)
+  local due = redis.call('ZRANGE', DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+  local ids, moved, gone = {}, 0, 0
+  for i = 1, #due, 2 do
+    local id, t = due[i], tonumber(due[i + 1])
+    ids[#ids + 1] = id
+    local rec = redis.call('HGET', JOBS, id)
+    if rec then
+      if expired(rec, now) then
+        redis.call('HDEL', JOBS, id)
+        redis.call('ZREM', EXPIRE, id)
+        gone = gone + 1
+      else
+        make_ready(id, rec, t)
+        moved = moved + 1
+      end
+    end
+  end
+  if #ids > 0 then zrem_many(DELAYED, ids) end
+  return moved, gone
+end
+
+-- RESERVED -> READY (tries left) or DEAD (none left) once the ttr deadline passed.
+local function expire_reservations(now, limit)
+  local due = redis.call('ZRANGE', RESERVED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  local back, dead, gone = 0, 0, 0
+  for _, id in ipairs(due) do
+    local rec = redis.call('HGET', JOBS, id)
+    if not rec then
+      -- cannot happen while the invariants hold; never leave a dangling member behind
+    elseif expired(rec, now) then
+      redis.call('HDEL', JOBS, id)
+      redis.call('ZREM', EXPIRE, id)
+      gone = gone + 1
+    else
+      local _, _, tries = header(rec)
+      if tries > 0 then
+        make_ready(id, rec, now)
+        back = back + 1
+      else
+        redis.call('ZADD', DEAD, now, id)
+        redis.call('ZREM', EXPIRE, id) -- DEAD never expires (as in lmstfy)
+        dead = dead + 1
+      end
+    end
+  end
+  if #due > 0 then zrem_many(RESERVED, due) end
+  return back, dead, gone
+end
+
+-- Places one new job (publish, republish). Returns 0 duplicate, 1 wheel, 2 delayed, 3 ready.
+local function place(id, due, rec, bucket, bname, now, cap, width)
+  if redis.call('HEXISTS', JOBS, id) == 1 or (bucket and redis.call('HEXISTS', bucket, id) == 1) then
+    return 0
+  end
+  local st
+  if due <= now then
+    redis.call('HSET', JOBS, id, rec)
+    make_ready(id, rec, due)
+    st = 3
+  elseif bucket and redis.call('HLEN', bucket) < cap then
+    redis.call('HSET', bucket, id, rec)
+    redis.call('ZADD', WHEEL, 'NX', due - due % width, bname)
+    count_wheel(1)
+    return 1
+  else
+    redis.call('HSET', JOBS, id, rec)
+    redis.call('ZADD', DELAYED, due, id)
+    st = 2
+  end
+  local e = expire_at(rec)
+  if e > 0 then redis.call('ZADD', EXPIRE, e, id) end
+  return st
+end
+
+local function first_score(key)
+  local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if r[2] then return tonumber(r[2]) end
+  return false
+end
+
+local function notify(channel, was_empty)
+  if was_empty and channel ~= '' and redis.call('EXISTS', READY) == 1 then
+    redis.call('PUBLISH', channel, '1')
+  end
+end

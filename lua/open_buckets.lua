@@ -1,0 +1,34 @@
+#!lua
+--[[
+  Opens wheel buckets: moves every job of the given buckets into the near-term DELAYED zset
+  (from where promote moves them to READY at their exact due millisecond). Jobs whose ttl has
+  already ended are dropped. The caller passes at most a few buckets (each <= lane capacity).
+  KEYS[1..8] the queue's fixed keys; KEYS[9..] the buckets to open
+  ARGV[1] now (ms); ARGV[2..] bucket names, in the order of KEYS[9..]
+  Returns: {moved, expired}
+]]
+--@include lib/queue
+local now = tonumber(ARGV[1])
+local moved, gone = 0, 0
+for k = 9, #KEYS do
+  local bucket, bname = KEYS[k], ARGV[k - 7]
+  local all = redis.call('HGETALL', bucket)
+  for i = 1, #all, 2 do
+    local id, rec = all[i], all[i + 1]
+    if expired(rec, now) then
+      gone = gone + 1
+    else
+      redis.call('HSET', JOBS, id, rec)
+      redis.call('ZADD', DELAYED, struct.unpack('>I6', id), id)
+      local e = expire_at(rec)
+      if e > 0 then redis.call('ZADD', EXPIRE, e, id) end
+      moved = moved + 1
+    end
+  end
+  if #all > 0 then
+    redis.call('DEL', bucket)
+    count_wheel(-(#all / 2))
+  end
+  redis.call('ZREM', WHEEL, bname)
+end
+return {moved, gone}

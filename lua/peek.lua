@@ -1,0 +1,13 @@
+#!lua flags=no-writes
+--[[
+  The head of the ready queue or of the dead letter, without changing anything.
+  KEYS[1..8] the queue's fixed keys
+  ARGV[1] 'ready' or 'dead'
+  Returns: {} when empty, else {member, record, score}
+]]
+--@include lib/queue
+local key = READY
+if ARGV[1] == 'dead' then key = DEAD end
+local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+if #head == 0 then return {} end
+return {head[1], redis.call('HGET', JOBS, head[1]), head[2]}
