@@ -74,8 +74,20 @@ def decode_id(text: str) -> bytes | None:
     return n.to_bytes(16, "big")
 
 
+_last_id: list[int] = [-1, 0]  # (due_ms, lane) packed, and the random tail last used for it
+
+
 def new_id(due_ms: int, lane: int) -> bytes:
-    return _u48(due_ms) + lane.to_bytes(2, "big") + os.urandom(8)
+    """A fresh id; within one (due ms, lane) ids increase, as monotonic ULIDs do, so jobs
+    published in the same millisecond keep their order (ties sort by member)."""
+    head = _u48(due_ms) + lane.to_bytes(2, "big")
+    key = (due_ms << 16) | lane
+    if _last_id[0] == key and _last_id[1] < 2**64 - 2**32:
+        tail = _last_id[1] + 1
+    else:
+        tail = int.from_bytes(os.urandom(8), "big") >> 1
+    _last_id[0], _last_id[1] = key, tail
+    return head + tail.to_bytes(8, "big")
 
 
 def id_due_ms(raw: bytes) -> int:
@@ -220,3 +232,33 @@ class Job:
         if self.expire_at_ms == 0:
             return 0
         return max(self.expire_at_ms - now_ms, 0)
+
+
+def validate_spec(spec: JobSpec) -> None:
+    """Refuses a bad job whole, naming the parameter (lmstfy's messages where it has one)."""
+    from cluster_dq.errors import BadRequest, BodyTooLarge
+
+    if spec.delay_ms < 0 or spec.delay_ms > MAX_SECONDS * 1000:
+        raise BadRequest("invalid delay", "delay")
+    if spec.ttl_ms < 0 or spec.ttl_ms > MAX_SECONDS * 1000:
+        raise BadRequest("invalid ttl", "ttl")
+    if spec.ttl_ms and spec.ttl_ms < spec.delay_ms:
+        raise BadRequest("ttl is shorter than delay", "ttl")
+    if spec.tries == 0:
+        raise BadRequest("tries shouldn't be zero", "tries")
+    if not 0 < spec.tries <= MAX_TRIES:
+        raise BadRequest("invalid tries", "tries")
+    if not 0 <= spec.priority <= MAX_PRIORITY:
+        raise BadRequest("invalid priority", "priority")
+    if len(spec.body) > MAX_BODY:
+        raise BodyTooLarge("body too large", "body")
+    if spec.attributes:
+        if len(spec.attributes) > MAX_ATTRIBUTES:
+            raise BadRequest("too many attributes, cannot exceed 16", "attributes")
+        for k, v in spec.attributes.items():
+            if not k or len(k) > MAX_ATTR_KEY or len(v) > MAX_ATTR_VALUE:
+                raise BadRequest("invalid attribute", "attributes")
+    if spec.job_id is not None and not is_client_id_valid(spec.job_id):
+        raise BadRequest(
+            "invalid job_id: 1-64 of [-_A-Za-z0-9], and not a 26-char server id", "job_id"
+        )

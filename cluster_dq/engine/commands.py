@@ -390,3 +390,21 @@ def member_for(job_id: str) -> bytes:
 
 def is_wheel_id(job_id: str) -> bool:
     return decode_id(job_id) is not None
+
+
+def release(
+    cfg: EngineConfig, ns: str, q: str, ids: Sequence[str], delay_ms: int, now: int
+) -> Op[int]:
+    """Gives reserved jobs back (try restored), now or after ``delay_ms``."""
+    qk = QueueKeys(ns, q)
+    members = [id_to_member(i) for i in ids]
+    call = Eval("release", _fixed(qk), [now, delay_ms, qk.notify, *members])
+    if delay_ms <= 0:
+        return int((yield call))
+    return int((yield (*_schedule(qk, cfg, now + delay_ms), call))[-1])
+
+
+def lead(shard: int, token: str, lease_ms: int, give_up: bool = False) -> Op[bool]:
+    sk = ShardKeys(shard)
+    reply = yield Eval("leader", [sk.lock], [token, lease_ms, "1" if give_up else "0"])
+    return bool(int(reply))

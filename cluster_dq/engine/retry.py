@@ -38,7 +38,7 @@ TRANSIENT = (
 # ~5 s of retrying covers a Sentinel failover (~2.3 s measured) and most of a Cluster one.
 POLICY = dict(
     retry=retry_if_exception_type(TRANSIENT),
-    wait=wait_exponential_jitter(initial=0.05, max=0.5),
+    wait=wait_exponential_jitter(multiplier=0.05, max=0.5),
     stop=stop_after_attempt(12) | stop_after_delay(5.0),
     reraise=True,
 )

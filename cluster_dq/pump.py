@@ -1,0 +1,136 @@
+"""The pump: one leader per shard (Redis lease with renewal) runs the due steps of its queues.
+
+Queues map to ``EngineConfig.shards`` logical shards (crc32 of ``ns/q``). Each shard has a
+schedule zset (queue -> next event ms) kept by publishers (ZADD LT) and by the pump itself, so
+the pump's cost follows the work that is due, not the number of queues or of jobs at rest.
+Every step is an atomic, idempotent Lua script: two leaders at once (a stalled leader whose
+lease ran out) can waste work but never move a job twice. A leader that fails to renew in
+time stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable
+
+from redis.exceptions import RedisError
+
+from cluster_dq.clock import now_ms
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.keys import parse_qualified
+
+log = logging.getLogger(__name__)
+
+StepHook = Callable[[int, str, ops.Sizes], None]
+
+
+class Pump:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        shards: Iterable[int] | None = None,
+        *,
+        lease_ms: int = 3_000,
+        poll_ms: int = 250,
+        batch: int = 64,
+        on_step: StepHook | None = None,
+        on_leadership: Callable[[int, bool], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.shards = list(shards if shards is not None else range(engine.config.shards))
+        self.lease_ms = lease_ms
+        self.poll_ms = poll_ms
+        self.batch = batch
+        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.on_step = on_step
+        self.on_leadership = on_leadership
+        self.leading: dict[int, float] = {}  # shard -> monotonic time the lease runs out
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._run_shard(s)) for s in self.shards]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for shard in list(self.leading):
+            with contextlib.suppress(RedisError, OSError):
+                await self.engine.run(ops.lead(shard, self.token, self.lease_ms, give_up=True))
+        self.leading.clear()
+
+    def leads(self, shard: int) -> bool:
+        return self.leading.get(shard, 0.0) > time.monotonic()
+
+    async def _renew(self, shard: int) -> bool:
+        asked = time.monotonic()
+        try:
+            held = await self.engine.run(ops.lead(shard, self.token, self.lease_ms))
+        except (RedisError, OSError) as e:
+            log.warning("pump lease renewal failed for shard %d: %s", shard, e)
+            held = False
+        was = self.leads(shard)
+        if held:
+            # Count the lease from when we asked, not from the reply: never overestimate it.
+            self.leading[shard] = asked + self.lease_ms / 1000 * 0.9
+        else:
+            self.leading.pop(shard, None)
+        if held != was and self.on_leadership:
+            self.on_leadership(shard, held)
+        if held != was:
+            log.info("shard %d leadership %s", shard, "acquired" if held else "lost")
+        return held
+
+    async def _run_shard(self, shard: int) -> None:
+        renew_every = self.lease_ms / 3000
+        next_renew = 0.0
+        while True:
+            try:
+                now = time.monotonic()
+                if now >= next_renew:
+                    await self._renew(shard)
+                    next_renew = now + renew_every * (0.9 + 0.2 * random.random())
+                if not self.leads(shard):
+                    await asyncio.sleep(max(next_renew - time.monotonic(), 0.01))
+                    continue
+                wait_ms = await self.pump_shard(shard)
+                wait = min(wait_ms / 1000, max(next_renew - time.monotonic(), 0))
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as e:
+                log.warning("pump shard %d: %s", shard, e)
+                await asyncio.sleep(0.2)
+
+    async def pump_shard(self, shard: int) -> int:
+        """Runs every due queue of the shard once; returns ms until there is more to do."""
+        now = now_ms()
+        due = await self.engine.run(ops.schedule_due(shard, now, self.batch), idempotent=True)
+        for qualified, seen in due:
+            if not self.leads(shard):
+                return 0  # lease ran out mid-batch: stop at once
+            ns, q = parse_qualified(qualified)
+            sizes = await self.engine.run(
+                ops.tick(self.engine.config, ns, q, now_ms()), idempotent=True
+            )
+            await self.engine.run(
+                ops.reschedule(shard, qualified, seen, sizes.next_event_ms), idempotent=True
+            )
+            if self.on_step:
+                self.on_step(shard, qualified, sizes)
+        if len(due) >= self.batch:
+            return 0
+        head = await self.engine.run(ops.next_schedule(shard), idempotent=True)
+        if head is None:
+            return self.poll_ms
+        return max(0, min(head - now_ms(), self.poll_ms))

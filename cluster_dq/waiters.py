@@ -1,0 +1,218 @@
+"""Long-poll consumers without a Redis connection each: one watcher task per waited-on queue.
+
+A consumer that found nothing registers a ``Waiter``. The queue's watcher (one per queue per
+process) consumes on behalf of the waiters, first come first served, and sleeps until the
+earliest of: the queue's next due time (kept by the service's own timer, not by a Redis
+blocking timeout, which fires only on Redis's ``hz`` tick), a pub/sub notice that the ready
+set became non-empty (published by the scripts), the nearest waiter deadline, or a 1 s
+safety poll. All watchers share the engine's connection pool and one pub/sub connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from redis.exceptions import RedisError
+
+from cluster_dq.clock import now_ms
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.keys import QueueKeys
+from cluster_dq.models import Job
+
+log = logging.getLogger(__name__)
+
+SAFETY_POLL_S = 1.0
+
+
+@dataclass(eq=False)
+class Waiter:
+    namespace: str
+    queues: Sequence[str]
+    ttr_ms: int
+    count: int
+    deadline: float  # monotonic
+    future: asyncio.Future[list[Job]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    busy: bool = False
+
+
+class _Watcher:
+    def __init__(self, hub: WaiterHub, namespace: str, queue: str) -> None:
+        self.hub = hub
+        self.namespace = namespace
+        self.queue = queue
+        self.channel = QueueKeys(namespace, queue).notify
+        self.waiters: list[Waiter] = []
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        try:
+            await self.hub._subscribe(self)
+            while self.waiters:
+                await self._serve()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never strand a waiter: answer it with "nothing"
+            log.exception("watcher %s/%s failed", self.namespace, self.queue)
+            for w in self.waiters:
+                if not w.future.done():
+                    w.future.set_result([])
+        finally:
+            self.hub._retire(self)
+
+    async def _serve(self) -> None:
+        engine = self.hub.engine
+        now = time.monotonic()
+        for w in [w for w in self.waiters if w.deadline <= now or w.future.done()]:
+            self.hub._finish(w, [])
+        waiter = next((w for w in self.waiters if not w.busy), None)
+        if waiter is None:
+            if self.waiters:  # all busy with another queue's watcher: look again shortly
+                await asyncio.sleep(0.005)
+            return
+        self.wake.clear()
+        waiter.busy = True
+        try:
+            jobs = await engine.run(
+                ops.consume(engine.config, waiter.namespace, waiter.queues, waiter.ttr_ms,
+                            waiter.count, now_ms())
+            )  # fmt: skip
+        finally:
+            waiter.busy = False
+        if jobs:
+            await self.hub._deliver(waiter, jobs)
+            return
+        sizes = await engine.run(ops.sizes(engine.config, self.namespace, self.queue))
+        nxt = sizes.next_event_ms
+        if nxt is not None and nxt <= now_ms() and sizes.ready == 0:
+            # A wheel bucket to open, or expiries: do the pump step here, then look again.
+            sizes = await engine.run(
+                ops.tick(engine.config, self.namespace, self.queue, now_ms()), idempotent=True
+            )
+            nxt = sizes.next_event_ms
+            if sizes.ready:
+                return
+        sleep = SAFETY_POLL_S
+        if nxt is not None:
+            sleep = min(sleep, max((nxt - now_ms()) / 1000, 0.0))
+        if self.waiters:
+            sleep = min(sleep, max(min(w.deadline for w in self.waiters) - time.monotonic(), 0))
+        if sleep > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), sleep)
+
+
+class WaiterHub:
+    """Per-process registry of waiting consumers, one per engine (pool)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.watchers: dict[tuple[str, str], _Watcher] = {}
+        self._pubsub = engine.client.pubsub()
+        self._reader: asyncio.Task[None] | None = None
+        self._by_channel: dict[bytes, _Watcher] = {}
+
+    async def consume(
+        self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
+    ) -> list[Job]:
+        jobs = await self.engine.run(
+            ops.consume(self.engine.config, namespace, queues, ttr_ms, count, now_ms())
+        )
+        if jobs or timeout_ms <= 0:
+            return jobs
+        waiter = Waiter(namespace, queues, ttr_ms, count, time.monotonic() + timeout_ms / 1000)
+        for q in queues:
+            self._watcher(namespace, q).waiters.append(waiter)
+        try:
+            return await waiter.future
+        finally:
+            self._finish(waiter, None)
+
+    def _watcher(self, namespace: str, queue: str) -> _Watcher:
+        key = (namespace, queue)
+        w = self.watchers.get(key)
+        if w is None:
+            w = self.watchers[key] = _Watcher(self, namespace, queue)
+            w.task = asyncio.create_task(w.run())
+        else:
+            w.wake.set()
+        return w
+
+    def _finish(self, waiter: Waiter, result: list[Job] | None) -> None:
+        if result is not None and not waiter.future.done():
+            waiter.future.set_result(result)
+        for q in waiter.queues:
+            w = self.watchers.get((waiter.namespace, q))
+            if w is not None and waiter in w.waiters:
+                w.waiters.remove(waiter)
+
+    async def _deliver(self, waiter: Waiter, jobs: list[Job]) -> None:
+        if not waiter.future.done():
+            self._finish(waiter, jobs)
+            return
+        # The consumer left (timeout, disconnect) while we reserved for it: give the jobs
+        # back at once, without spending a try, instead of letting them sit out their ttr.
+        by_queue: dict[str, list[str]] = {}
+        for j in jobs:
+            by_queue.setdefault(j.queue, []).append(j.job_id)
+        for q, ids in by_queue.items():
+            await self.engine.run(
+                ops.release(self.engine.config, waiter.namespace, q, ids, 0, now_ms()),
+                idempotent=True,
+            )
+        self._finish(waiter, None)
+
+    async def _subscribe(self, watcher: _Watcher) -> None:
+        channel = watcher.channel.encode()
+        self._by_channel[channel] = watcher
+        await self._pubsub.subscribe(channel)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read())
+
+    def _retire(self, watcher: _Watcher) -> None:
+        key = (watcher.namespace, watcher.queue)
+        if self.watchers.get(key) is watcher:
+            del self.watchers[key]
+            channel = watcher.channel.encode()
+            self._by_channel.pop(channel, None)
+            task = asyncio.create_task(self._unsubscribe(channel))
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    async def _unsubscribe(self, channel: bytes) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            if channel not in self._by_channel:
+                await self._pubsub.unsubscribe(channel)
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as e:
+                log.warning("notification channel: %s", e)  # the safety poll covers the gap
+                await asyncio.sleep(0.5)
+                continue
+            if msg and msg.get("type") == "message":
+                w = self._by_channel.get(msg["channel"])
+                if w is not None:
+                    w.wake.set()
+
+    async def close(self) -> None:
+        for w in list(self.watchers.values()):
+            if w.task:
+                w.task.cancel()
+        if self._reader:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        with contextlib.suppress(Exception):
+            await self._pubsub.aclose()

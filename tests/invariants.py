@@ -1,0 +1,49 @@
+"""Checks that a queue's Redis structures agree exactly: every job in one place, nothing
+dangling, counters exact. Used after every guarantee test."""
+
+from __future__ import annotations
+
+import struct
+
+import redis
+
+from cluster_dq.keys import QueueKeys
+
+
+def check_queue(r: redis.Redis, ns: str, q: str) -> dict[str, int]:
+    k = QueueKeys(ns, q)
+    jobs = set(r.hkeys(k.jobs))
+    zsets = {name: set(r.zrange(getattr(k, name), 0, -1)) for name in
+             ("ready", "reserved", "delayed", "dead")}  # fmt: skip
+    union: set[bytes] = set()
+    for name, members in zsets.items():
+        assert not (union & members), f"a job is in {name} and another state"
+        union |= members
+    assert union == jobs, f"jobs hash {len(jobs)} != states {len(union)}"
+    expire = set(r.zrange(k.expire, 0, -1))
+    assert expire <= jobs - zsets["dead"], "expire index holds a dead or missing job"
+    for member, rec in r.hgetall(k.jobs).items():
+        exp = int.from_bytes(rec[6:12], "big")
+        if member not in zsets["dead"] and exp:
+            assert member in expire, "a finite-ttl job is missing from the expire index"
+    buckets = {b.decode() for b in r.zrange(k.wheel, 0, -1)}
+    in_wheel = 0
+    for b in buckets:
+        n = r.hlen(k.bucket(b))
+        assert n > 0, f"wheel index names empty bucket {b}"
+        in_wheel += n
+    stray = {x.decode() for x in r.keys(k.bucket("*"))} - {k.bucket(b) for b in buckets}
+    assert not stray, f"buckets missing from the wheel index: {stray}"
+    w = int(r.hget(k.meta, "w") or 0)
+    assert w == in_wheel, f"meta.w {w} != jobs in buckets {in_wheel}"
+    if w == 0:
+        assert not r.exists(k.meta)
+    return {"wheel": in_wheel, **{n: len(m) for n, m in zsets.items()}}
+
+
+def queue_keys(r: redis.Redis, ns: str, q: str) -> list[bytes]:
+    return sorted(r.keys(f"*{{{ns}/{q}}}*"))
+
+
+def unpack_due(member: bytes) -> int:
+    return struct.unpack(">Q", b"\0\0" + member[:6])[0]

@@ -1,0 +1,302 @@
+"""Every transition of the engine against a real redis-server, with explicit clocks.
+
+Passing ``now`` to each operation lets a test step through minutes of queue time without
+sleeping; the scripts never read Redis's clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from cluster_dq.clock import now_ms
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.errors import BadRequest, BodyTooLarge
+from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
+from cluster_dq.models import MAX_BODY, JobSpec, JobState, validate_spec
+from tests.invariants import check_queue, queue_keys
+
+NS, Q = "ns", "q"
+MIN = 60_000
+
+
+async def publish(engine: AsyncEngine, now: int, *specs: JobSpec, q: str = Q) -> list[str]:
+    out = await engine.run(ops.publish(engine.config, NS, q, list(specs), now))
+    return [p.job_id for p in out]
+
+
+async def consume(engine: AsyncEngine, now: int, ttr: int = 30_000, count: int = 1,
+                  queues: tuple[str, ...] = (Q,)) -> list:  # type: ignore[type-arg]
+    return await engine.run(ops.consume(engine.config, NS, queues, ttr, count, now))
+
+
+async def sizes(engine: AsyncEngine, q: str = Q) -> ops.Sizes:
+    return await engine.run(ops.sizes(engine.config, NS, q))
+
+
+async def test_publish_ready_consume_ack_leaves_nothing(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    (jid,) = await publish(engine, t, JobSpec(b"hello", tries=3))
+    assert (await sizes(engine)).ready == 1
+    (job,) = await consume(engine, t + 5)
+    assert (job.job_id, job.body, job.tries_left, job.deliveries) == (jid, b"hello", 2, 1)
+    assert job.state is JobState.RESERVED
+    assert (await sizes(engine)).reserved == 1
+    assert await engine.run(ops.ack(NS, Q, [jid])) == [JobState.RESERVED]
+    assert await engine.run(ops.ack(NS, Q, [jid])) == [None]
+    check_queue(sync_redis, NS, Q)
+    assert queue_keys(sync_redis, NS, Q) == []
+
+
+async def test_delayed_job_is_never_early(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    (jid,) = await publish(engine, t, JobSpec(b"x", delay_ms=1_500))
+    assert await consume(engine, t + 1_499) == []
+    (job,) = await consume(engine, t + 1_500)
+    assert job.job_id == jid
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_far_job_lives_in_a_wheel_bucket_without_per_job_index(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    ids = await publish(engine, t, *[JobSpec(b"b" * 64, delay_ms=10 * MIN) for _ in range(50)])
+    k = QueueKeys(NS, Q)
+    assert sync_redis.zcard(k.delayed) == 0 and sync_redis.hlen(k.jobs) == 0
+    assert sync_redis.zcard(k.wheel) == 1
+    (bucket,) = sync_redis.zrange(k.wheel, 0, -1)
+    assert sync_redis.object("encoding", k.bucket(bucket.decode())) == b"listpack"
+    assert (await sizes(engine)).delayed == 50
+    job = await engine.run(ops.peek_job(NS, Q, ids[7]))
+    assert job is not None and job.state is JobState.DELAYED and job.due_ms == t + 10 * MIN
+    assert check_queue(sync_redis, NS, Q)["wheel"] == 50
+    # The pump opens the bucket ahead of time, then promotes each job at its exact due ms.
+    due = t + 10 * MIN
+    before = await engine.run(ops.tick(engine.config, NS, Q, due - engine.config.open_lead_ms - BUCKET_WIDTH_MS))
+    assert before.delayed == 50
+    await engine.run(ops.tick(engine.config, NS, Q, due - 100))
+    assert sync_redis.zcard(k.wheel) == 0 and sync_redis.zcard(k.delayed) == 50
+    check_queue(sync_redis, NS, Q)
+    assert await consume(engine, due - 1) == []
+    got = await consume(engine, due, count=100)
+    assert sorted(j.job_id for j in got) == sorted(ids)
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_full_bucket_spills_to_next_lane_and_stays_findable(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    engine.config.lane_capacity = 8
+    t = now_ms()
+    ids: list[str] = []
+    for _ in range(10):
+        ids += await publish(engine, t, *[JobSpec(b"x", delay_ms=MIN) for _ in range(7)])
+    k = QueueKeys(NS, Q)
+    lanes = sync_redis.zrange(k.wheel, 0, -1)
+    assert len(lanes) > 1
+    for b in lanes:
+        assert sync_redis.hlen(k.bucket(b.decode())) <= 8
+    counts = check_queue(sync_redis, NS, Q)
+    assert counts["wheel"] + counts["delayed"] == 70
+    for jid in ids:
+        job = await engine.run(ops.peek_job(NS, Q, jid))
+        assert job is not None and job.state is JobState.DELAYED
+    assert sorted(s for s in await engine.run(ops.ack(NS, Q, ids))) == [JobState.DELAYED] * 70
+    assert queue_keys(sync_redis, NS, Q) == []
+
+
+async def test_ttr_expiry_redelivers_then_dead_letters(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    (jid,) = await publish(engine, t, JobSpec(b"x", tries=2))
+    (j1,) = await consume(engine, t, ttr=1_000)
+    assert j1.tries_left == 1
+    assert await consume(engine, t + 999, ttr=1_000) == []  # held by one consumer within ttr
+    (j2,) = await consume(engine, t + 1_000, ttr=1_000)  # ttr passed: delivered again
+    assert (j2.job_id, j2.tries_left, j2.deliveries) == (jid, 0, 2)
+    s = await engine.run(ops.tick(engine.config, NS, Q, t + 2_000))
+    assert (s.ready, s.reserved, s.dead) == (0, 0, 1)
+    dead = await engine.run(ops.peek(engine.config, NS, Q, "dead", t + 2_000))
+    assert dead is not None and dead.job_id == jid and dead.deliveries == 2
+    check_queue(sync_redis, NS, Q)
+    # Dead jobs never expire (as in lmstfy)
+    s = await engine.run(ops.tick(engine.config, NS, Q, t + 10 * 86_400_000))
+    assert s.dead == 1
+    assert await engine.run(ops.respawn(NS, Q, 10, 60_000, t + 3_000)) == 1
+    (j3,) = await consume(engine, t + 3_000)
+    assert (j3.job_id, j3.tries_left, j3.expire_at_ms) == (jid, 0, t + 63_000)
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_delete_dead_with_limit(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    await publish(engine, t, *[JobSpec(str(i).encode()) for i in range(5)])
+    await consume(engine, t, ttr=10, count=5)
+    assert (await engine.run(ops.tick(engine.config, NS, Q, t + 10))).dead == 5
+    assert await engine.run(ops.delete_dead(NS, Q, 3)) == 3
+    assert (await sizes(engine)).dead == 2
+    assert await engine.run(ops.delete_dead(NS, Q, 100)) == 2
+    check_queue(sync_redis, NS, Q)
+    assert queue_keys(sync_redis, NS, Q) == []
+
+
+async def test_ttl_expiry_leaves_nothing_in_any_state(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    await publish(engine, t, JobSpec(b"ready", ttl_ms=1_000))
+    await publish(engine, t, JobSpec(b"near", delay_ms=500, ttl_ms=1_000))
+    await publish(engine, t, JobSpec(b"wheel", delay_ms=MIN, ttl_ms=MIN))  # ttl == delay
+    await publish(engine, t, JobSpec(b"reserved", ttl_ms=1_000), q="other")
+    await consume(engine, t, ttr=60_000, queues=("other",))
+    for q in (Q, "other"):
+        await engine.run(ops.tick(engine.config, NS, q, t + 2 * MIN))
+        check_queue(sync_redis, NS, q)
+        assert queue_keys(sync_redis, NS, q) == []
+
+
+async def test_consume_drops_an_expired_job_instead_of_a_spurious_404(engine: AsyncEngine) -> None:
+    t = now_ms()
+    await publish(engine, t, JobSpec(b"old", ttl_ms=1_000))
+    (fresh,) = await publish(engine, t + 10, JobSpec(b"new", ttl_ms=MIN))
+    (job,) = await consume(engine, t + 2_000)  # lmstfy returns 404 here (stale handle first)
+    assert job.job_id == fresh
+
+
+async def test_client_ids_are_idempotent(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    first = await engine.run(ops.publish(engine.config, NS, Q, [
+        JobSpec(b"a", job_id="order-1"), JobSpec(b"b", job_id="order-2", delay_ms=MIN),
+        JobSpec(b"a", job_id="order-1"),
+    ], t))  # fmt: skip
+    assert [(p.job_id, p.duplicate) for p in first] == [
+        ("order-1", False), ("order-2", False), ("order-1", True)]
+    again = await engine.run(ops.publish(engine.config, NS, Q, [JobSpec(b"b", job_id="order-2")], t))
+    assert again[0].duplicate
+    s = await sizes(engine)
+    assert (s.ready, s.delayed) == (1, 1)
+    job = await engine.run(ops.peek_job(NS, Q, "order-2"))
+    assert job is not None and job.state is JobState.DELAYED and job.body == b"b"
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_priority_then_due_order(engine: AsyncEngine) -> None:
+    t = now_ms()
+    low = await publish(engine, t, JobSpec(b"low1"), JobSpec(b"low2"))
+    (high,) = await publish(engine, t + 1, JobSpec(b"high", priority=9))
+    got = await consume(engine, t + 2, count=3)
+    assert [j.job_id for j in got] == [high, *low]
+
+
+async def test_multi_queue_consume_follows_listed_priority(engine: AsyncEngine) -> None:
+    t = now_ms()
+    (a,) = await publish(engine, t, JobSpec(b"a"), q="qa")
+    (b,) = await publish(engine, t - 5, JobSpec(b"b"), q="qb")
+    got = await consume(engine, t, queues=("qb", "qa"), count=1)
+    assert [j.job_id for j in got] == [b]
+    got = await consume(engine, t, queues=("qb", "qa"), count=5)
+    assert [j.job_id for j in got] == [a]
+
+
+async def test_batch_consume_and_batch_ack(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    ids = await publish(engine, t, *[JobSpec(str(i).encode()) for i in range(64)])
+    got = await consume(engine, t, count=100)
+    assert [j.job_id for j in got] == ids
+    states = await engine.run(ops.ack(NS, Q, ids))
+    assert states == [JobState.RESERVED] * 64
+    assert queue_keys(sync_redis, NS, Q) == []
+
+
+async def test_republish_acks_and_publishes_atomically(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    (old,) = await publish(engine, t, JobSpec(b"v1"))
+    await consume(engine, t)
+    old_state, new = await engine.run(
+        ops.republish(engine.config, NS, Q, old, JobSpec(b"v2", delay_ms=10 * MIN), t))
+    assert old_state is JobState.RESERVED and not new.duplicate
+    assert await engine.run(ops.peek_job(NS, Q, old)) is None
+    job = await engine.run(ops.peek_job(NS, Q, new.job_id))
+    assert job is not None and job.body == b"v2" and job.state is JobState.DELAYED
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_release_restores_the_try(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    (jid,) = await publish(engine, t, JobSpec(b"x", tries=1))
+    (j,) = await consume(engine, t)
+    assert j.tries_left == 0
+    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 2_000, t)) == 1
+    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 0, t)) == 0  # not reserved
+    assert await consume(engine, t + 1_999) == []
+    (j,) = await consume(engine, t + 2_000)
+    assert (j.tries_left, j.deliveries) == (0, 1)
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_peek_head_and_job_by_id_in_every_state(engine: AsyncEngine) -> None:
+    t = now_ms()
+    assert await engine.run(ops.peek(engine.config, NS, Q, "ready", t)) is None
+    (r,) = await publish(engine, t, JobSpec(b"r", attributes={"k": "v"}))
+    (d,) = await publish(engine, t, JobSpec(b"d", delay_ms=2_000))
+    head = await engine.run(ops.peek(engine.config, NS, Q, "ready", t))
+    assert head is not None and head.job_id == r and head.attributes == {"k": "v"}
+    assert (await engine.run(ops.peek_job(NS, Q, r))).state is JobState.READY  # type: ignore[union-attr]
+    assert (await engine.run(ops.peek_job(NS, Q, d))).state is JobState.DELAYED  # type: ignore[union-attr]
+    await consume(engine, t)
+    assert (await engine.run(ops.peek_job(NS, Q, r))).state is JobState.RESERVED  # type: ignore[union-attr]
+    assert await engine.run(ops.peek_job(NS, Q, "no-such-job")) is None
+    assert await engine.run(ops.peek_job(NS, Q, "01M80P4A6S000B66SZEKP575YD")) is None
+
+
+async def test_destroy_removes_every_state_and_many_buckets(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    t = now_ms()
+    for i in range(150):  # 150 distinct wheel buckets: more than one destroy step
+        await publish(engine, t, JobSpec(b"w", delay_ms=MIN + i * BUCKET_WIDTH_MS))
+    await publish(engine, t, JobSpec(b"near", delay_ms=1_000), JobSpec(b"r1"), JobSpec(b"r2"))
+    await consume(engine, t)
+    await publish(engine, t, JobSpec(b"dead", tries=1), q="x")
+    deleted = await engine.run(ops.destroy(engine.config, NS, Q))
+    assert deleted == 153
+    assert queue_keys(sync_redis, NS, Q) == []
+    assert (await sizes(engine)) == ops.Sizes(0, 0, 0, 0, None)
+
+
+def test_bad_specs_are_refused_naming_the_parameter() -> None:
+    cases = [
+        (JobSpec(b"", delay_ms=-1), "delay"),
+        (JobSpec(b"", ttl_ms=-5), "ttl"),
+        (JobSpec(b"", delay_ms=2_000, ttl_ms=1_000), "ttl"),
+        (JobSpec(b"", tries=0), "tries"),
+        (JobSpec(b"", tries=65_536), "tries"),
+        (JobSpec(b"", priority=256), "priority"),
+        (JobSpec(b"", attributes={str(i): "v" for i in range(17)}), "attributes"),
+        (JobSpec(b"", attributes={"k" * 33: "v"}), "attributes"),
+        (JobSpec(b"", job_id="has space"), "job_id"),
+        (JobSpec(b"", job_id="01M80P4A6S000B66SZEKP575YD"), "job_id"),
+    ]
+    for spec, param in cases:
+        with pytest.raises(BadRequest) as e:
+            validate_spec(spec)
+        assert e.value.parameter == param, spec
+    with pytest.raises(BodyTooLarge):
+        validate_spec(JobSpec(b"x" * (MAX_BODY + 1)))
+    validate_spec(JobSpec(b"x" * MAX_BODY, delay_ms=5, ttl_ms=5, tries=65_535))
+
+
+async def test_tick_holds_buckets_back_while_consumers_lag(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    engine.config.open_backlog = 100
+    engine.config.lane_capacity = 50
+    t = now_ms()
+    for _ in range(10):
+        await publish(engine, t, *[JobSpec(b"x", delay_ms=MIN) for _ in range(50)])
+    due = t + MIN
+    s = await engine.run(ops.tick(engine.config, NS, Q, due))
+    # one open call (4 lanes of 50) reaches the backlog of 100: the rest stays compact
+    assert (s.ready, s.delayed) == (200, 300)
+    assert s.next_event_ms is not None and s.next_event_ms > due
+    taken = 0
+    for step in range(40):
+        taken += len(await consume(engine, due + step, count=100))
+        await engine.run(ops.tick(engine.config, NS, Q, due + step))
+    assert taken == 500
+    check_queue(sync_redis, NS, Q)
