@@ -28,6 +28,8 @@ from cluster_dq.keys import parse_qualified
 
 log = logging.getLogger(__name__)
 
+MIN_STEP_MS = 10
+
 StepHook = Callable[[int, str, ops.Sizes], None]
 
 
@@ -111,6 +113,9 @@ class Pump:
             except (RedisError, OSError) as e:
                 log.warning("pump shard %d: %s", shard, e)
                 await asyncio.sleep(0.2)
+            except Exception:  # a bug must not silently end the shard's pump
+                log.exception("pump shard %d step failed", shard)
+                await asyncio.sleep(1.0)
 
     async def pump_shard(self, shard: int) -> int:
         """Runs every due queue of the shard once; returns ms until there is more to do."""
@@ -120,12 +125,12 @@ class Pump:
             if not self.leads(shard):
                 return 0  # lease ran out mid-batch: stop at once
             ns, q = parse_qualified(qualified)
-            sizes = await self.engine.run(
-                ops.tick(self.engine.config, ns, q, now_ms()), idempotent=True
-            )
-            await self.engine.run(
-                ops.reschedule(shard, qualified, seen, sizes.next_event_ms), idempotent=True
-            )
+            at = now_ms()
+            sizes = await self.engine.run(ops.tick(self.engine.config, ns, q, at), idempotent=True)
+            nxt = sizes.next_event_ms
+            if nxt is not None:
+                nxt = max(nxt, at + MIN_STEP_MS)  # a backlog is worked in steps, never a spin
+            await self.engine.run(ops.reschedule(shard, qualified, seen, nxt), idempotent=True)
             if self.on_step:
                 self.on_step(shard, qualified, sizes)
         if len(due) >= self.batch:

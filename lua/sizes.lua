@@ -16,7 +16,6 @@ if w then consider(w - lead) end
 consider(first_score(DELAYED))
 consider(first_score(RESERVED))
 consider(first_score(EXPIRE))
-if redis.call('EXISTS', READY) == 1 then consider(0) end
 local wheel = tonumber(redis.call('HGET', META, 'w') or '0')
 return {wheel + redis.call('ZCARD', DELAYED), redis.call('ZCARD', READY),
   redis.call('ZCARD', RESERVED), redis.call('ZCARD', DEAD), nxt}

@@ -186,7 +186,9 @@ def consume(
         # The pump must look at this queue when the reservations made here run out; LT makes
         # this a no-op while an earlier wake-up is already scheduled.
         reply = (yield (_schedule(qk, cfg, now + ttr_ms)[1], script))[-1]
-        out += _jobs(ns, q, reply, JobState.RESERVED)
+        for job in _jobs(ns, q, reply, JobState.RESERVED):
+            job.extra["reserved_ms"] = now
+            out.append(job)
         if len(out) >= count:
             break
     return out
@@ -363,7 +365,7 @@ def schedule_due(shard: int, now: int, limit: int) -> Op[list[tuple[str, str]]]:
     due = yield Cmd(
         ("ZRANGE", sk.schedule, "-inf", now, "BYSCORE", "LIMIT", 0, limit, "WITHSCORES")
     )
-    return [(due[i].decode(), due[i + 1].decode()) for i in range(0, len(due), 2)]
+    return [(member.decode(), repr(float(score))) for member, score in due]
 
 
 def reschedule(shard: int, qualified: str, seen: str, next_ms: int | None) -> Op[None]:
@@ -376,7 +378,7 @@ def reschedule(shard: int, qualified: str, seen: str, next_ms: int | None) -> Op
 def next_schedule(shard: int) -> Op[int | None]:
     sk = ShardKeys(shard)
     head = yield Cmd(("ZRANGE", sk.schedule, 0, 0, "WITHSCORES"))
-    return int(float(head[1])) if head else None
+    return int(head[0][1]) if head else None
 
 
 def queues_of_shard(shard: int) -> Op[list[str]]:
