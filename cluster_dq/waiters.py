@@ -132,8 +132,14 @@ class WaiterHub:
         for q in queues:
             self._watcher(namespace, q).waiters.append(waiter)
         try:
-            return await waiter.future
+            # The watcher answers at the deadline; this bound only guards against a stuck one.
+            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout_ms / 1000 + 1)
+        except TimeoutError:
+            log.warning("waiter on %s/%s outlived its deadline", namespace, ",".join(queues))
+            return []
         finally:
+            if not waiter.future.done():
+                waiter.future.cancel()
             self._finish(waiter, None)
 
     def _watcher(self, namespace: str, queue: str) -> _Watcher:
