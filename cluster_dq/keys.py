@@ -117,6 +117,11 @@ class ShardKeys:
         return self._k("schedule")
 
     @property
+    def pending(self) -> str:
+        """HASH ``ns/q`` -> earliest event signalled since the pump claimed the queue."""
+        return self._k("pending")
+
+    @property
     def lock(self) -> str:
         """The pump leader lock (SET NX PX, value = owner token)."""
         return self._k("leader")
@@ -125,3 +130,21 @@ class ShardKeys:
 def parse_qualified(qualified: str) -> tuple[str, str]:
     ns, _, q = qualified.partition("/")
     return ns, q
+
+
+class AdminKeys:
+    """Tokens and rate limits, kept in the ``default`` pool under the tag ``{admin}``."""
+
+    TAG = "{admin}"
+
+    @staticmethod
+    def tokens(pool: str, ns: str) -> str:
+        return f"{PREFIX}:{AdminKeys.TAG}:tokens:{pool}:{ns}"
+
+    @staticmethod
+    def limits() -> str:
+        return f"{PREFIX}:{AdminKeys.TAG}:limits"
+
+    @staticmethod
+    def counter(pool: str, ns: str, token: str, kind: str) -> str:
+        return f"{PREFIX}:{AdminKeys.TAG}:rl:{pool}/{ns}/{token}:{kind}"

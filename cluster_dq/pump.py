@@ -120,8 +120,9 @@ class Pump:
     async def pump_shard(self, shard: int) -> int:
         """Runs every due queue of the shard once; returns ms until there is more to do."""
         now = now_ms()
-        due = await self.engine.run(ops.schedule_due(shard, now, self.batch), idempotent=True)
-        for qualified, seen in due:
+        claim = ops.claim(shard, now, self.batch, self.lease_ms)
+        due = await self.engine.run(claim, idempotent=True)
+        for qualified in due:
             if not self.leads(shard):
                 return 0  # lease ran out mid-batch: stop at once
             ns, q = parse_qualified(qualified)
@@ -130,7 +131,7 @@ class Pump:
             nxt = sizes.next_event_ms
             if nxt is not None:
                 nxt = max(nxt, at + MIN_STEP_MS)  # a backlog is worked in steps, never a spin
-            await self.engine.run(ops.reschedule(shard, qualified, seen, nxt), idempotent=True)
+            await self.engine.run(ops.reschedule(shard, qualified, nxt), idempotent=True)
             if self.on_step:
                 self.on_step(shard, qualified, sizes)
         if len(due) >= self.batch:

@@ -13,4 +13,5 @@ for j = 0, tonumber(ARGV[1]) - 1 do
   local kidx = tonumber(ARGV[b + 1])
   out[#out + 1] = remove_job(ARGV[b], kidx > 0 and KEYS[kidx], ARGV[b + 2])
 end
+tidy()
 return out

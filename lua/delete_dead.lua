@@ -8,4 +8,5 @@
 --@include lib/queue
 local popped = redis.call('ZPOPMIN', DEAD, tonumber(ARGV[1]))
 for i = 1, #popped, 2 do redis.call('HDEL', JOBS, popped[i]) end
+tidy()
 return #popped / 2

@@ -8,5 +8,6 @@
 --@include lib/queue
 local was_empty = redis.call('EXISTS', READY) == 0
 local back, dead, gone = expire_reservations(tonumber(ARGV[1]), tonumber(ARGV[2]))
+tidy()
 notify(ARGV[3], was_empty)
 return {back, dead, gone}

@@ -13,4 +13,5 @@ for _, id in ipairs(due) do
   if forget(id) > 0 then n = n + 1 end
   redis.call('ZREM', EXPIRE, id)
 end
+tidy()
 return n

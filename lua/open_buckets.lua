@@ -31,4 +31,5 @@ for k = 9, #KEYS do
   end
   redis.call('ZREM', WHEEL, bname)
 end
+tidy()
 return {moved, gone}

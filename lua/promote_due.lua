@@ -9,5 +9,6 @@
 --@include lib/queue
 local was_empty = redis.call('EXISTS', READY) == 0
 local moved, gone = promote(tonumber(ARGV[1]), tonumber(ARGV[2]))
+tidy()
 notify(ARGV[3], was_empty)
 return {moved, gone}

@@ -5,7 +5,7 @@
   job, and for nack with a delay.
   KEYS[1..8] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] delay (ms)  ARGV[3] notify channel  ARGV[4..] members
-  Returns: number released (jobs not reserved are left alone)
+  Returns: {number released (jobs not reserved are left alone), lowered (see publish.lua)}
 ]]
 --@include lib/queue
 local now, delay = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -20,6 +20,7 @@ for i = 4, #ARGV do
     redis.call('HSET', JOBS, id, rec)
     if delay > 0 then
       redis.call('ZADD', DELAYED, now + delay, id)
+      lower_next(now + delay)
     else
       make_ready(id, rec, now)
     end
@@ -27,4 +28,4 @@ for i = 4, #ARGV do
   end
 end
 notify(ARGV[3], was_empty)
-return n
+return {n, lowered}

@@ -6,13 +6,16 @@
   ARGV[1] now  ARGV[2] lane capacity  ARGV[3] bucket width  ARGV[4] notify channel
   ARGV[5] old member  ARGV[6] its bucket KEYS index (0 = none)  ARGV[7] its bucket name
   ARGV[8] new member  ARGV[9] due_ms  ARGV[10] record  ARGV[11] bucket KEYS index  ARGV[12] bucket name
-  Returns: {old state (0 none, 1 delayed, 2 ready, 3 reserved, 4 dead), new status (as publish)}
+  ARGV[13] bucket open lead (ms)
+  Returns: {old state (0 none, 1 delayed, 2 ready, 3 reserved, 4 dead), new status (as publish),
+    lowered (as publish)}
 ]]
 --@include lib/queue
 local now, cap, width, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local was_empty = redis.call('EXISTS', READY) == 0
 local okidx, nkidx = tonumber(ARGV[6]), tonumber(ARGV[11])
 local old = remove_job(ARGV[5], okidx > 0 and KEYS[okidx], ARGV[7])
-local st = place(ARGV[8], tonumber(ARGV[9]), ARGV[10], nkidx > 0 and KEYS[nkidx], ARGV[12], now, cap, width)
+local st = place(ARGV[8], tonumber(ARGV[9]), ARGV[10], nkidx > 0 and KEYS[nkidx], ARGV[12], now, cap, width,
+  tonumber(ARGV[13]))
 notify(channel, was_empty)
-return {old, st}
+return {old, st, lowered}

@@ -1,20 +1,21 @@
 #!lua
 --[[
-  Sets a queue's next pump wake-up in its shard schedule after a pump step, unless a publisher
-  lowered it meanwhile (then the earlier of the two wins). Never loses a wake-up.
-  KEYS[1] the shard's schedule zset
-  ARGV[1] ns/q  ARGV[2] score seen when the step began  ARGV[3] next event ms (-1 = none)
-  Returns: 1 when the wake-up was replaced, 0 when an earlier one was kept
+  After a pump step: sets the queue's next wake-up to the earliest of the event the step found
+  and every signal received since the claim. Never loses a wake-up.
+  KEYS[1] the shard's schedule zset  KEYS[2] the shard's pending hash
+  ARGV[1] ns/q  ARGV[2] next event found by the step (ms, -1 = none)
+  Returns: the wake-up set (ms), or -1 when the queue needs none
 ]]
-local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local nxt = tonumber(ARGV[3])
-if cur and tonumber(cur) == tonumber(ARGV[2]) then
-  if nxt < 0 then
-    redis.call('ZREM', KEYS[1], ARGV[1])
-  else
-    redis.call('ZADD', KEYS[1], nxt, ARGV[1])
-  end
-  return 1
+local q, nxt = ARGV[1], tonumber(ARGV[2])
+local p = redis.call('HGET', KEYS[2], q)
+if p then
+  p = tonumber(p)
+  if nxt < 0 or p < nxt then nxt = p end
+  redis.call('HDEL', KEYS[2], q)
 end
-if nxt >= 0 then redis.call('ZADD', KEYS[1], 'LT', nxt, ARGV[1]) end
-return 0
+if nxt < 0 then
+  redis.call('ZREM', KEYS[1], q)
+else
+  redis.call('ZADD', KEYS[1], nxt, q)
+end
+return nxt

@@ -3,7 +3,7 @@
   DEAD -> READY for the oldest `limit` dead jobs, each with one try and a fresh ttl (as lmstfy).
   KEYS[1..8] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] limit  ARGV[3] ttl (ms, 0 = never expires)  ARGV[4] notify channel
-  Returns: number respawned
+  Returns: {number respawned, lowered (see publish.lua)}
 ]]
 --@include lib/queue
 local now, limit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -15,8 +15,11 @@ for _, id in ipairs(ids) do
   local rec = with_tries_expire(redis.call('HGET', JOBS, id), 1, exp)
   redis.call('HSET', JOBS, id, rec)
   make_ready(id, rec, now)
-  if exp > 0 then redis.call('ZADD', EXPIRE, exp, id) end
+  if exp > 0 then
+    redis.call('ZADD', EXPIRE, exp, id)
+    lower_next(exp)
+  end
 end
 if #ids > 0 then zrem_many(DEAD, ids) end
 notify(ARGV[4], was_empty)
-return #ids
+return {#ids, lowered}

@@ -36,8 +36,9 @@ def check_queue(r: redis.Redis, ns: str, q: str) -> dict[str, int]:
     assert not stray, f"buckets missing from the wheel index: {stray}"
     w = int(r.hget(k.meta, "w") or 0)
     assert w == in_wheel, f"meta.w {w} != jobs in buckets {in_wheel}"
-    if w == 0:
-        assert not r.exists(k.meta)
+    assert set(r.hkeys(k.meta)) <= {b"w", b"next"}
+    if w == 0 and not jobs:
+        assert not r.exists(k.meta), "an empty queue keeps its meta hash"
     return {"wheel": in_wheel, **{n: len(m) for n, m in zsets.items()}}
 
 

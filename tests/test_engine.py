@@ -123,7 +123,7 @@ async def test_ttr_expiry_redelivers_then_dead_letters(engine: AsyncEngine, sync
     # Dead jobs never expire (as in lmstfy)
     s = await engine.run(ops.tick(engine.config, NS, Q, t + 10 * 86_400_000))
     assert s.dead == 1
-    assert await engine.run(ops.respawn(NS, Q, 10, 60_000, t + 3_000)) == 1
+    assert await engine.run(ops.respawn(engine.config, NS, Q, 10, 60_000, t + 3_000)) == 1
     (j3,) = await consume(engine, t + 3_000)
     assert (j3.job_id, j3.tries_left, j3.expire_at_ms) == (jid, 0, t + 63_000)
     check_queue(sync_redis, NS, Q)
@@ -299,4 +299,25 @@ async def test_tick_holds_buckets_back_while_consumers_lag(engine: AsyncEngine, 
         taken += len(await consume(engine, due + step, count=100))
         await engine.run(ops.tick(engine.config, NS, Q, due + step))
     assert taken == 500
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_publish_during_a_pump_step_is_not_lost(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    """The pump claims a queue and computes its next event; a publish with an earlier event
+    lands in between; the reschedule must keep the earlier wake-up."""
+    from cluster_dq.keys import ShardKeys, shard_of
+
+    cfg = engine.config
+    t = now_ms()
+    shard = shard_of(f"{NS}/{Q}", cfg.shards)
+    sched = ShardKeys(shard).schedule
+    await publish(engine, t, JobSpec(b"far", delay_ms=60 * MIN))  # wheel: wake-up in ~1 h
+    sync_redis.zadd(sched, {f"{NS}/{Q}": t})  # pretend it is due now
+    assert await engine.run(ops.claim(shard, t, 10, 30_000)) == [f"{NS}/{Q}"]
+    step = await engine.run(ops.tick(cfg, NS, Q, t))  # next event: the far bucket
+    assert step.next_event_ms is not None and step.next_event_ms > t + 30 * MIN
+    (near,) = await publish(engine, t, JobSpec(b"soon", delay_ms=2 * MIN))  # lands mid-step
+    await engine.run(ops.reschedule(shard, f"{NS}/{Q}", step.next_event_ms))
+    wake = sync_redis.zscore(sched, f"{NS}/{Q}")
+    assert wake is not None and wake <= t + 2 * MIN - cfg.open_lead_ms
     check_queue(sync_redis, NS, Q)

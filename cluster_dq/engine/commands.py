@@ -100,13 +100,12 @@ def _fixed(qk: QueueKeys) -> list[str]:
     return qk.all_fixed()
 
 
-def _schedule(qk: QueueKeys, cfg: EngineConfig, at_ms: int) -> tuple[Cmd, Cmd]:
-    """Registers the queue in its shard and makes sure the pump looks at it by ``at_ms``."""
+def _signal(qk: QueueKeys, cfg: EngineConfig, at_ms: int | None) -> Eval:
+    """Tells the queue's shard that the pump must look at it by ``at_ms`` (and registers it).
+    Sent only after a queue script reported that it lowered the queue's next event."""
     sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
-    return (
-        Cmd(("SADD", sk.queues, qk.qualified)),
-        Cmd(("ZADD", sk.schedule, "LT", at_ms, qk.qualified)),
-    )
+    keys = [sk.schedule, sk.pending, sk.queues]
+    return Eval("signal", keys, [qk.qualified, -1 if at_ms is None else at_ms])
 
 
 def _bucket_of(member: bytes) -> str | None:
@@ -122,7 +121,6 @@ def publish(
     buckets: dict[str, int] = {}
     job_args: list[Arg] = []
     members: list[bytes] = []
-    event: int | None = None
     for spec in specs:
         due = now + spec.delay_ms
         expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
@@ -140,24 +138,18 @@ def publish(
             kidx = buckets.setdefault(bname, 9 + len(buckets))
         else:
             member = new_id(due, 0)
-        if kidx:
-            at: int | None = start - cfg.open_lead_ms
-        elif spec.delay_ms > 0:
-            at = due
-        else:
-            at = expire_at or None
-        if at is not None and (event is None or at < event):
-            event = at
         members.append(member)
         job_args += [member, due, record, kidx, bname]
     keys = _fixed(qk) + [qk.bucket(b) for b in buckets]
-    args: list[Arg] = [now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, len(specs), *job_args]
-    script = Eval("publish", keys, args)
-    if event is None:
-        reply = yield script
-    else:
-        reply = (yield (*_schedule(qk, cfg, event), script))[-1]
-    statuses, fills = reply[: len(specs)], reply[len(specs) :]
+    args: list[Arg] = [
+        now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, cfg.open_lead_ms, len(specs),
+        *job_args,
+    ]  # fmt: skip
+    call = Eval("publish", keys, args)
+    reply = yield call
+    statuses, fills = reply[: len(specs)], reply[len(specs) : -1]
+    if int(reply[-1]):
+        yield _signal(qk, cfg, _event_of(call, cfg))
     for bname, fill in zip(buckets, fills):
         secs, lane = bname.split(":")
         cfg.learn(qk.tag, int(secs) * BUCKET_WIDTH_MS, int(lane), int(fill))
@@ -165,6 +157,24 @@ def publish(
         Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
         for m, st in zip(members, statuses)
     ]
+
+
+def _event_of(call: Eval, cfg: EngineConfig) -> int | None:
+    """The earliest pump event of the jobs a publish call carries (for the shard signal)."""
+    now = int(call.args[0])
+    events = []
+    args = call.args[6:]
+    for i in range(0, len(args), 5):
+        due, record, kidx = int(args[i + 1]), args[i + 2], int(args[i + 3])
+        assert isinstance(record, bytes)
+        expire_at = Record.unpack(record).expire_at_ms
+        if kidx:
+            events.append(due - due % BUCKET_WIDTH_MS - cfg.open_lead_ms)
+        elif due > now:
+            events.append(due)
+        elif expire_at:
+            events.append(expire_at)
+    return min(events) if events else None
 
 
 def _jobs(ns: str, q: str, flat: list[bytes], state: JobState) -> list[Job]:
@@ -180,13 +190,11 @@ def consume(
     out: list[Job] = []
     for q in queues:
         qk = QueueKeys(ns, q)
-        script = Eval(
-            "consume", _fixed(qk), [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify]
-        )
-        # The pump must look at this queue when the reservations made here run out; LT makes
-        # this a no-op while an earlier wake-up is already scheduled.
-        reply = (yield (_schedule(qk, cfg, now + ttr_ms)[1], script))[-1]
-        for job in _jobs(ns, q, reply, JobState.RESERVED):
+        args = [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify]
+        reply = yield Eval("consume", _fixed(qk), args)
+        if int(reply[0]):  # the pump must look here when these reservations run out
+            yield _signal(qk, cfg, now + ttr_ms)
+        for job in _jobs(ns, q, reply[1:], JobState.RESERVED):
             job.extra["reserved_ms"] = now
             out.append(job)
         if len(out) >= count:
@@ -219,21 +227,20 @@ def republish(
     qk = QueueKeys(ns, q)
     # Build the new job with the publish builder, then reuse its arguments.
     gen = publish(cfg, ns, q, [spec], now)
-    step = next(gen)
-    pub = step[-1] if isinstance(step, tuple) else step
+    pub = next(gen)
     assert isinstance(pub, Eval)
     new_keys = list(pub.keys[8:])
-    member, due, record, kidx, bname = pub.args[5:10]
+    member, due, record, kidx, bname = pub.args[6:11]
     old_extra, old_args = _id_args(qk, [old_id], 9 + len(new_keys))
     new_kidx = kidx if kidx else 0
     args: list[Arg] = [
         now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, *old_args,
-        member, due, record, new_kidx, bname,
+        member, due, record, new_kidx, bname, cfg.open_lead_ms,
     ]  # fmt: skip
-    call = Eval("republish", _fixed(qk) + new_keys + old_extra, args)
-    steps = step[:-1] if isinstance(step, tuple) else ()
-    reply = (yield (*steps, call))[-1]
+    reply = yield Eval("republish", _fixed(qk) + new_keys + old_extra, args)
     gen.close()
+    if int(reply[2]):
+        yield _signal(qk, cfg, _event_of(pub, cfg))
     assert isinstance(member, bytes)
     st = int(reply[1])
     return STATE_CODES.get(int(reply[0])), Published(
@@ -304,7 +311,7 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
         Eval("promote_due", fixed, [now, cfg.promote_limit, qk.notify]),
         Eval("expire_reserved", fixed, [now, cfg.promote_limit, qk.notify]),
         Eval("expire_ttl", fixed, [now, cfg.promote_limit]),
-        Eval("sizes", fixed, [cfg.open_lead_ms]),
+        Eval("next_event", fixed, [cfg.open_lead_ms]),
     )
     result = _decode_sizes(reply[-1])
     if held_back and result.next_event_ms is not None:
@@ -331,16 +338,23 @@ def destroy(cfg: EngineConfig, ns: str, q: str) -> Op[int]:
         if int(gone):
             break
     sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
-    yield (Cmd(("SREM", sk.queues, qk.qualified)), Cmd(("ZREM", sk.schedule, qk.qualified)))
+    yield (
+        Cmd(("SREM", sk.queues, qk.qualified)),
+        Cmd(("ZREM", sk.schedule, qk.qualified)),
+        Cmd(("HDEL", sk.pending, qk.qualified)),
+    )
     return deleted
 
 
-def respawn(ns: str, q: str, limit: int, ttl_ms: int, now: int) -> Op[int]:
+def respawn(cfg: EngineConfig, ns: str, q: str, limit: int, ttl_ms: int, now: int) -> Op[int]:
     qk = QueueKeys(ns, q)
     done = 0
     while done < limit:
         step = min(limit - done, 500)
-        n = int((yield Eval("respawn", _fixed(qk), [now, step, ttl_ms, qk.notify])))
+        n, lowered = yield Eval("respawn", _fixed(qk), [now, step, ttl_ms, qk.notify])
+        n = int(n)
+        if int(lowered):
+            yield _signal(qk, cfg, now + ttl_ms if ttl_ms else None)
         done += n
         if n < step:
             break
@@ -359,20 +373,19 @@ def delete_dead(ns: str, q: str, limit: int) -> Op[int]:
     return done
 
 
-def schedule_due(shard: int, now: int, limit: int) -> Op[list[tuple[str, str]]]:
-    """Queues of a shard whose next event has come, with the score seen (for reschedule)."""
+def claim(shard: int, now: int, limit: int, lease_ms: int) -> Op[list[str]]:
+    """Claims the shard's due queues (re-checked at ``now + lease_ms`` should the pump die)."""
     sk = ShardKeys(shard)
-    due = yield Cmd(
-        ("ZRANGE", sk.schedule, "-inf", now, "BYSCORE", "LIMIT", 0, limit, "WITHSCORES")
-    )
-    return [(member.decode(), repr(float(score))) for member, score in due]
+    due = yield Eval("claim", [sk.schedule, sk.pending], [now, limit, now + lease_ms])
+    return [d.decode() for d in due]
 
 
-def reschedule(shard: int, qualified: str, seen: str, next_ms: int | None) -> Op[None]:
-    """After a pump step: the queue's next event, unless a publisher lowered it meanwhile."""
+def reschedule(shard: int, qualified: str, next_ms: int | None) -> Op[int | None]:
+    """After a pump step: the next wake-up, folding in signals received since the claim."""
     sk = ShardKeys(shard)
     nxt = -1 if next_ms is None else next_ms
-    yield Eval("reschedule", [sk.schedule], [qualified, seen, nxt])
+    got = int((yield Eval("reschedule", [sk.schedule, sk.pending], [qualified, nxt])))
+    return None if got < 0 else got
 
 
 def next_schedule(shard: int) -> Op[int | None]:
@@ -400,13 +413,19 @@ def release(
     """Gives reserved jobs back (try restored), now or after ``delay_ms``."""
     qk = QueueKeys(ns, q)
     members = [id_to_member(i) for i in ids]
-    call = Eval("release", _fixed(qk), [now, delay_ms, qk.notify, *members])
-    if delay_ms <= 0:
-        return int((yield call))
-    return int((yield (*_schedule(qk, cfg, now + delay_ms), call))[-1])
+    n, lowered = yield Eval("release", _fixed(qk), [now, delay_ms, qk.notify, *members])
+    if int(lowered):
+        yield _signal(qk, cfg, now + delay_ms)
+    return int(n)
 
 
 def lead(shard: int, token: str, lease_ms: int, give_up: bool = False) -> Op[bool]:
     sk = ShardKeys(shard)
     reply = yield Eval("leader", [sk.lock], [token, lease_ms, "1" if give_up else "0"])
+    return bool(int(reply))
+
+
+def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) -> Op[bool]:
+    """Takes (or gives back) one unit of a fixed-window limit; False when it is used up."""
+    reply = yield Eval("rate_limit", [key], [per_window, window_ms, "1" if refund else "0"])
     return bool(int(reply))

@@ -60,7 +60,25 @@ end
 
 -- Keeps META.w (jobs in wheel buckets) exact, and absent at zero: nothing left behind.
 local function count_wheel(delta)
-  if redis.call('HINCRBY', META, 'w', delta) <= 0 then redis.call('DEL', META) end
+  if redis.call('HINCRBY', META, 'w', delta) <= 0 then redis.call('HDEL', META, 'w') end
+end
+
+-- META.next: no pump event of this queue is earlier (set exactly by next_event.lua). A script
+-- that adds an earlier event lowers it and reports so; the caller then signals the shard.
+local lowered = 0
+local function lower_next(t)
+  local cur = redis.call('HGET', META, 'next')
+  if not cur or t < tonumber(cur) then
+    redis.call('HSET', META, 'next', t)
+    lowered = 1
+  end
+end
+
+-- An empty queue keeps no META (no jobs means no events): nothing left behind.
+local function tidy()
+  if redis.call('EXISTS', JOBS) == 0 and not redis.call('HGET', META, 'w') then
+    redis.call('DEL', META)
+  end
 end
 
 -- Removes a job from a wheel bucket; keeps the bucket index and the count exact.
@@ -132,9 +150,12 @@ local function expire_reservations(now, limit)
 end
 
 -- Places one new job (publish, republish). Returns 0 duplicate, 1 wheel, 2 delayed, 3 ready.
-local function place(id, due, rec, bucket, bname, now, cap, width)
+local function place(id, due, rec, bucket, bname, now, cap, width, lead)
   if redis.call('HEXISTS', JOBS, id) == 1 or (bucket and redis.call('HEXISTS', bucket, id) == 1) then
     return 0
+  end
+  if redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0 then
+    lowered = 1 -- a queue coming into being: the caller registers it in its shard
   end
   local st
   if due <= now then
@@ -143,16 +164,22 @@ local function place(id, due, rec, bucket, bname, now, cap, width)
     st = 3
   elseif bucket and redis.call('HLEN', bucket) < cap then
     redis.call('HSET', bucket, id, rec)
-    redis.call('ZADD', WHEEL, 'NX', due - due % width, bname)
+    local start = due - due % width
+    redis.call('ZADD', WHEEL, 'NX', start, bname)
     count_wheel(1)
+    lower_next(start - lead)
     return 1
   else
     redis.call('HSET', JOBS, id, rec)
     redis.call('ZADD', DELAYED, due, id)
+    lower_next(due)
     st = 2
   end
   local e = expire_at(rec)
-  if e > 0 then redis.call('ZADD', EXPIRE, e, id) end
+  if e > 0 then
+    redis.call('ZADD', EXPIRE, e, id)
+    lower_next(e)
+  end
   return st
 end
 
@@ -160,6 +187,22 @@ local function first_score(key)
   local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if r[2] then return tonumber(r[2]) end
   return false
+end
+
+-- Exact sizes and the next pump event (ms, or -1): the wheel needs work `lead` ms early.
+local function queue_sizes(lead)
+  local nxt = -1
+  local function consider(t)
+    if t and (nxt < 0 or t < nxt) then nxt = t end
+  end
+  local w = first_score(WHEEL)
+  if w then consider(w - lead) end
+  consider(first_score(DELAYED))
+  consider(first_score(RESERVED))
+  consider(first_score(EXPIRE))
+  local wheel = tonumber(redis.call('HGET', META, 'w') or '0')
+  return {wheel + redis.call('ZCARD', DELAYED), redis.call('ZCARD', READY),
+    redis.call('ZCARD', RESERVED), redis.call('ZCARD', DEAD), nxt}
 end
 
 local function notify(channel, was_empty)

@@ -1,0 +1,176 @@
+"""The admin API (lmstfy's admin port): tokens, limits, pools, info, metrics, health."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import cluster_dq
+from cluster_dq.errors import BadRequest, NotFound, Unauthorized
+from cluster_dq.http import params
+from cluster_dq.http.app import error_handlers
+from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
+from cluster_dq.http.responses import error, json
+from cluster_dq.service import Service
+from cluster_dq.settings import Settings
+from cluster_dq.tokens import Limit
+
+
+class AdminAPI:
+    def __init__(self, service: Service, settings: Settings, access_log: AccessLog) -> None:
+        self.service = service
+        self.settings = settings
+        self.access_log = access_log
+
+    def _basic_auth(self, request: Request) -> None:
+        accounts = self.settings.Accounts
+        if not accounts:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, blob = header.partition(" ")
+        try:
+            user, _, password = base64.b64decode(blob).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            user, password = "", ""
+        expected = accounts.get(user)
+        if scheme.lower() != "basic" or expected is None or not hmac.compare_digest(expected, password):
+            raise Unauthorized("unauthorized")
+
+    def _pool_param(self, request: Request) -> str | None:
+        pool = request.query_params.get("pool") or None
+        if pool is not None and pool not in self.service.pools:
+            raise BadRequest("the pool was not exists", "pool")
+        return pool
+
+    async def info(self, request: Request) -> Response:
+        name = request.query_params.get("pool") or "default"
+        if name not in self.service.pools:
+            return json({})
+        return json(await self.service.info(self.service.pools[name]))
+
+    async def version(self, request: Request) -> Response:
+        return json({"version": cluster_dq.__version__, "build_commit": "", "build_date": ""})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    async def pools(self, request: Request) -> Response:
+        return json(sorted(self.service.pools))
+
+    async def healthz(self, request: Request) -> Response:
+        return json({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        states = {name: await p.ready() for name, p in self.service.pools.items()}
+        ok = all(states.values())
+        return json({"status": "ok" if ok else "unavailable", "pools": states}, 200 if ok else 503)
+
+    async def tokens(self, request: Request) -> Response:
+        self._basic_auth(request)
+        ns = request.path_params["ns"]
+        params.check_names(ns)
+        pool = self._pool_param(request)
+        store = self.service.tokens
+        if request.method == "GET":
+            found = await store.list(pool or "default", ns)
+            prefix = f"{pool}:" if pool else ""
+            return json({"tokens": {prefix + t: d for t, d in found.items()}})
+        form = await request.form()
+        description = request.query_params.get("description") or form.get("description")
+        if not description or not isinstance(description, str):
+            raise BadRequest("invalid description", "description")
+        custom = request.query_params.get("token") or form.get("token") or None
+        if custom is not None and not isinstance(custom, str):
+            raise BadRequest("invalid token", "token")
+        if custom and ":" in custom:
+            pool_part, _, custom = custom.partition(":")
+            if pool_part not in self.service.pools:
+                raise BadRequest("the pool was not exists", "pool")
+            pool = pool_part
+        token = await store.create(pool or "default", ns, description, custom)
+        return json({"token": f"{pool}:{token}" if pool else token}, 201)
+
+    async def delete_token(self, request: Request) -> Response:
+        self._basic_auth(request)
+        ns, raw = request.path_params["ns"], request.path_params["token"]
+        params.check_names(ns)
+        pool, sep, token = raw.partition(":")
+        if not sep:
+            pool, token = "default", raw
+        if pool not in self.service.pools:
+            raise BadRequest("the pool was not exists", "pool")
+        await self.service.tokens.delete(pool, ns, token)
+        return Response(status_code=204)
+
+    async def limit(self, request: Request) -> Response:
+        self._basic_auth(request)
+        ns, raw = request.path_params["ns"], request.path_params["token"]
+        params.check_names(ns)
+        pool, sep, token = raw.partition(":")
+        if not sep:
+            pool, token = "default", raw
+        store = self.service.tokens
+        if request.method == "GET":
+            try:
+                return json((await store.get_limit(pool, ns, token)).as_json())
+            except NotFound:
+                return error("limit not found", 404)
+        if request.method == "DELETE":
+            await store.delete_limit(pool, ns, token)
+            return json({"msg": "success"})
+        try:
+            data = await request.json()
+            lim = Limit(int(data.get("read", 0)), int(data.get("write", 0)), int(data.get("interval", 0)))
+        except (ValueError, TypeError, AttributeError):
+            raise BadRequest("invalid limit body: {\"read\",\"write\",\"interval\"}", "limit") from None
+        create = request.method == "POST"
+        await store.set_limit(pool, ns, token, lim, create)
+        return json({"limiter": lim.as_json()}, 201 if create else 200)
+
+    async def limits(self, request: Request) -> Response:
+        self._basic_auth(request)
+        force = request.query_params.get("force_update", "").lower() in ("1", "true")
+        out = []
+        for key, lim in sorted((await self.service.tokens.limits(force)).items()):
+            pool, ns, token = key.split("/", 2)
+            out.append({"namespace": ns, "token": token if pool == "default" else f"{pool}:{token}",
+                        "limiter": lim.as_json()})  # fmt: skip
+        return json(out)
+
+    async def accesslog(self, request: Request) -> Response:
+        if request.method == "POST":
+            self._basic_auth(request)
+            status = request.query_params.get("status")
+            if status not in ("enable", "disable"):
+                raise BadRequest("invalid status: enable or disable", "status")
+            self.access_log.enabled = status == "enable"
+        return json({"status": "enabled" if self.access_log.enabled else "disabled"})
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/info", self.info, methods=["GET"]),
+            Route("/version", self.version, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/pools", self.pools, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/limits", self.limits, methods=["GET"]),
+            Route("/accesslog", self.accesslog, methods=["GET", "POST"]),
+            Route("/token/{ns}", self.tokens, methods=["GET", "POST"]),
+            Route("/token/{ns}/{token}", self.delete_token, methods=["DELETE"]),
+            Route("/token/{ns}/{token}/limit", self.limit, methods=["GET", "POST", "PUT", "DELETE"]),
+        ]
+
+
+def create_admin_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
+    api = AdminAPI(service, settings, access_log)
+    app = Starlette(routes=api.routes(), exception_handlers=error_handlers())
+    app.add_middleware(RequestIdMiddleware, access_log=access_log)  # type: ignore[arg-type]
+    return app

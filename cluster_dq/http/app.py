@@ -1,0 +1,239 @@
+"""The data API (lmstfy-compatible): routes, rate limiting, and the error table."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from cluster_dq.clock import now_ms
+from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, RateLimited
+from cluster_dq.http import params
+from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
+from cluster_dq.http.responses import error, job_object, json
+from cluster_dq.models import JobSpec
+from cluster_dq.pools import RedisPool
+from cluster_dq.service import Service
+from cluster_dq.settings import Settings
+
+log = logging.getLogger("cluster_dq.http")
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
+    """One table: every exception class -> one status; nothing user-caused becomes a 500."""
+
+    async def dq_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ClusterDQError)
+        if isinstance(exc, RateLimited):
+            return error(str(exc), 429, key="msg")
+        if isinstance(exc, PoolUnavailable):
+            log.warning("503: %s", exc)
+        return error(str(exc), exc.status)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        messages = {404: "api not found", 405: "method not allowed"}
+        return error(messages.get(exc.status_code, exc.detail), exc.status_code)
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error("internal error", 500)
+
+    return {ClusterDQError: dq_error, HTTPException: http_error, Exception: crash}
+
+
+class DataAPI:
+    def __init__(self, service: Service, settings: Settings) -> None:
+        self.service = service
+        self.s = settings
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    async def _auth(self, request: Request, ns: str, q: str | None = None) -> RedisPool:
+        params.check_names(ns, q)
+        token = request.headers.get("x-token") or request.query_params.get("token")
+        pool, _ = await self.service.authorize(token, ns)
+        return pool
+
+    async def _limited(self, request: Request, ns: str, write: bool, ok_status: int,
+                       handler: Callable[[], Awaitable[Response]]) -> Response:  # fmt: skip
+        """lmstfy's throttle: count the request, refund it unless it succeeded."""
+        raw = request.headers.get("x-token") or request.query_params.get("token") or ""
+        pool_name, sep, token = raw.partition(":")
+        if not sep:
+            pool_name, token = "default", raw
+        taken = await self.service.tokens.take(pool_name, ns, token, write)
+        response: Response | None = None
+        try:
+            response = await handler()
+            return response
+        finally:
+            if taken and (response is None or response.status_code != ok_status):
+                await self.service.tokens.refund(pool_name, ns, token, write)
+
+    def _spec(self, request: Request, body: bytes) -> JobSpec:
+        qp = request.query_params
+        s = self.s
+        return JobSpec(
+            body=body,
+            delay_ms=params.millis(qp, "delay", s.DelaySecond),
+            ttl_ms=params.millis(qp, "ttl", s.TTLSecond),
+            tries=params.uint(qp, "tries", s.TriesNum, 65535),
+            priority=params.uint(qp, "priority", 0, 255),
+            attributes=params.attributes(request),
+            job_id=params.job_id(qp["job_id"]) if "job_id" in qp else None,
+        )
+
+    # -- routes -----------------------------------------------------------------------------
+
+    async def publish(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        pool = await self._auth(request, ns, q)
+
+        async def run() -> Response:
+            spec = self._spec(request, b"")
+            body = await params.body(request, self.s.MaxBodyBytes)
+            (p,) = await self.service.publish(pool, ns, q, [_with_body(spec, body)])
+            out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
+            if p.duplicate:
+                out["duplicate"] = True  # idempotent publish: this id already exists
+            return json(out, 201)
+
+        return await self._limited(request, ns, True, 201, run)
+
+    async def bulk(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        pool = await self._auth(request, ns, q)
+
+        async def run() -> Response:
+            spec = self._spec(request, b"")
+            if spec.job_id is not None:
+                raise BadRequest("job_id is not allowed in bulk publish", "job_id")
+            data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)
+            bodies = params.bulk_elements(data, self.s.MaxBodyBytes)
+            published = await self.service.publish(pool, ns, q, [_with_body(spec, b) for b in bodies])
+            return json({"msg": "published", "job_ids": [p.job_id for p in published]}, 201)
+
+        return await self._limited(request, ns, True, 201, run)
+
+    async def republish(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        old = params.job_id(request.path_params["job_id"])
+        pool = await self._auth(request, ns, q)
+        spec = self._spec(request, b"")
+        body = await params.body(request, self.s.MaxBodyBytes)
+        p = await self.service.republish(pool, ns, q, old, _with_body(spec, body))
+        return json({"msg": "published", "job_id": p.job_id}, 201)
+
+    async def consume(self, request: Request) -> Response:
+        ns = request.path_params["ns"]
+        queues = params.queue_list(ns, request.path_params["queues"])
+        pool = await self._auth(request, ns)
+
+        async def run() -> Response:
+            qp = request.query_params
+            s = self.s
+            ttr_ms = params.millis(qp, "ttr", s.TTRSecond)
+            timeout_ms = params.millis(qp, "timeout", s.TimeoutSecond, s.MaxTimeoutSecond)
+            n = params.count(qp)
+            jobs = await self.service.consume(pool, ns, queues, ttr_ms, n, timeout_ms)
+            if not jobs:
+                return error("no job available", 404, key="msg")
+            now = now_ms()
+            if n == 1:
+                return json(job_object(jobs[0], now))
+            return json([job_object(j, now) for j in jobs])
+
+        return await self._limited(request, ns, False, 200, run)
+
+    async def ack(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        jid = params.job_id(request.path_params["job_id"])
+        pool = await self._auth(request, ns, q)
+        await self.service.ack(pool, ns, q, [jid])
+        return Response(status_code=204)
+
+    async def peek(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        pool = await self._auth(request, ns, q)
+        job = await self.service.peek(pool, ns, q)
+        return json(job_object(job, now_ms(), msg=False))
+
+    async def peek_job(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        jid = params.job_id(request.path_params["job_id"])
+        pool = await self._auth(request, ns, q)
+        job = await self.service.peek_job(pool, ns, q, jid)
+        return json(job_object(job, now_ms(), msg=False))
+
+    async def size(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        pool = await self._auth(request, ns, q)
+        s = await self.service.sizes(pool, ns, q)
+        return json({"namespace": ns, "queue": q, "size": s.ready, "delayed": s.delayed,
+                     "reserved": s.reserved, "dead": s.dead})  # fmt: skip
+
+    async def destroy(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        pool = await self._auth(request, ns, q)
+        await self.service.destroy(pool, ns, q)
+        return Response(status_code=204)
+
+    async def deadletter(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        pool = await self._auth(request, ns, q)
+        qp = request.query_params
+        if request.method == "GET":
+            s = await self.service.sizes(pool, ns, q)
+            head = await self.service.dead_head(pool, ns, q)
+            return json({"namespace": ns, "queue": q, "deadletter_size": s.dead,
+                         "deadletter_head": head.job_id if head else ""})  # fmt: skip
+        limit = params.uint(qp, "limit", 1)
+        if limit < 1:
+            raise BadRequest("invalid limit", "limit")
+        if request.method == "PUT":
+            ttl_ms = params.millis(qp, "ttl", self.s.TTLSecond)
+            n = await self.service.respawn(pool, ns, q, limit, ttl_ms)
+            return json({"msg": "respawned", "count": n})
+        await self.service.delete_dead(pool, ns, q, limit)
+        return Response(status_code=204)
+
+    async def deadletter_size(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        pool = await self._auth(request, ns, q)
+        s = await self.service.sizes(pool, ns, q)
+        return json({"namespace": ns, "queue": q, "size": s.dead})
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api/{ns}/{q}/bulk", self.bulk, methods=["PUT"]),
+            Route("/api/{ns}/{q}/peek", self.peek, methods=["GET"]),
+            Route("/api/{ns}/{q}/size", self.size, methods=["GET"]),
+            Route("/api/{ns}/{q}/deadletter/size", self.deadletter_size, methods=["GET"]),
+            Route("/api/{ns}/{q}/deadletter", self.deadletter, methods=["GET", "PUT", "DELETE"]),
+            Route("/api/{ns}/{q}/job/{job_id}", self.republish, methods=["PUT"]),
+            Route("/api/{ns}/{q}/job/{job_id}", self.ack, methods=["DELETE"]),
+            Route("/api/{ns}/{q}/job/{job_id}", self.peek_job, methods=["GET"]),
+            Route("/api/{ns}/{q}", self.publish, methods=["PUT"]),
+            Route("/api/{ns}/{q}", self.destroy, methods=["DELETE"]),
+            Route("/api/{ns}/{queues}", self.consume, methods=["GET"]),
+        ]
+
+
+def _with_body(spec: JobSpec, body: bytes) -> JobSpec:
+    return JobSpec(body, spec.delay_ms, spec.ttl_ms, spec.tries, spec.priority,
+                   spec.attributes, spec.job_id)  # fmt: skip
+
+
+def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
+    api = DataAPI(service, settings)
+    app = Starlette(routes=api.routes(), exception_handlers=error_handlers())
+    app.add_middleware(RequestIdMiddleware, access_log=access_log)  # type: ignore[arg-type]
+    return app

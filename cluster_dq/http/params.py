@@ -1,0 +1,152 @@
+"""Request parsing and validation: every bad parameter is refused with a 400 naming it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from starlette.requests import Request
+
+from cluster_dq.errors import BadRequest, BodyTooLarge
+from cluster_dq.models import (
+    MAX_ATTR_KEY,
+    MAX_ATTR_VALUE,
+    MAX_ATTRIBUTES,
+    MAX_BATCH_CONSUME,
+    MAX_BULK,
+    MAX_NAME_LEN,
+    MAX_SECONDS,
+    NAME_RE,
+    decode_id,
+    is_client_id_valid,
+)
+
+U32 = MAX_SECONDS
+
+
+def uint(query: Mapping[str, str], name: str, default: int, maximum: int = U32) -> int:
+    """lmstfy's strconv.ParseUint: a present but empty or malformed value is an error."""
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) > maximum:
+        raise BadRequest(f"invalid {name}", name)
+    return int(raw)
+
+
+def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int = U32) -> int:
+    """``name`` in seconds (lmstfy) or ``name_ms`` in milliseconds (extension); ms wins."""
+    if f"{name}_ms" in query:
+        return uint(query, f"{name}_ms", 0, maximum_s * 1000)
+    return uint(query, name, default_s, maximum_s) * 1000
+
+
+def check_names(ns: str, q: str | None = None) -> None:
+    if len(ns.encode()) > MAX_NAME_LEN or (q is not None and len(q.encode()) > MAX_NAME_LEN):
+        raise BadRequest("namespace or queue name too long", "namespace")
+    if not NAME_RE.match(ns):
+        raise BadRequest("namespace name contains forbidden characters", "namespace")
+    if q is not None and (not NAME_RE.match(q) or q.startswith("_")):
+        raise BadRequest("queue name contains forbidden characters", "queue")
+
+
+def queue_list(ns: str, raw: str) -> list[str]:
+    queues = [q for q in raw.split(",") if q]
+    if not queues:
+        raise BadRequest("invalid queue name(s)", "queue")
+    for q in queues:
+        check_names(ns, q)
+    if len(queues) > 32:
+        raise BadRequest("too many queues (max 32)", "queue")
+    return list(dict.fromkeys(queues))
+
+
+def count(query: Mapping[str, str]) -> int:
+    n = uint(query, "count", 1)
+    if not 1 <= n <= MAX_BATCH_CONSUME:
+        raise BadRequest("invalid count", "count")
+    return n
+
+
+def job_id(raw: str) -> str:
+    if decode_id(raw) is None and not is_client_id_valid(raw):
+        raise BadRequest("invalid job id", "job_id")
+    return raw
+
+
+def attributes(request: Request) -> dict[str, str] | None:
+    """lmstfy: only with ``Enable-Job-Version: YES``; ``Job-Attr-<Key>`` headers, key
+    lower-cased and cut to 32 chars, first value cut to 128 chars, at most 16."""
+    if request.headers.get("enable-job-version", "").upper() != "YES":
+        return None
+    attrs: dict[str, str] = {}
+    for key, value in request.headers.items():
+        if key.lower().startswith("job-attr-") and len(key) > len("job-attr-"):
+            name = key[len("job-attr-") :].lower()[:MAX_ATTR_KEY]
+            attrs.setdefault(name, value[:MAX_ATTR_VALUE])
+    if len(attrs) > MAX_ATTRIBUTES:
+        raise BadRequest("too many attributes, cannot exceed 16", "attributes")
+    return attrs or None
+
+
+async def body(request: Request, limit: int, what: str = "body too large") -> bytes:
+    """Reads the body, never buffering more than ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(what, "body")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(what, "body")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def bulk_elements(data: bytes, element_limit: int) -> list[bytes]:
+    """A JSON array; each *raw* element becomes one body (a string keeps its quotes)."""
+    err = BadRequest("request body should be an array of objects", "body")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise err from None
+    decoder = json.JSONDecoder()
+    i, n = 0, len(text)
+
+    def skip(j: int) -> int:
+        while j < n and text[j] in " \t\r\n":
+            j += 1
+        return j
+
+    i = skip(i)
+    if i >= n or text[i] != "[":
+        raise err
+    i = skip(i + 1)
+    out: list[bytes] = []
+    if i < n and text[i] == "]":
+        i += 1
+    else:
+        while True:
+            try:
+                _, end = decoder.raw_decode(text, i)
+            except json.JSONDecodeError:
+                raise err from None
+            element = text[i:end].encode()
+            if len(element) > element_limit:
+                raise BodyTooLarge("job too large", "body")
+            out.append(element)
+            if len(out) > MAX_BULK:
+                raise BadRequest("too many jobs", "body")
+            i = skip(end)
+            if i < n and text[i] == ",":
+                i = skip(i + 1)
+                continue
+            if i < n and text[i] == "]":
+                i += 1
+                break
+            raise err
+    if skip(i) != n:
+        raise err
+    if not out:
+        raise BadRequest("no jobs", "body")
+    return out

@@ -1,0 +1,106 @@
+"""Pools: one Redis deployment each (standalone, Sentinel or Cluster), its engine, its
+long-poll hub and its pump; the start-up checks that refuse an unsafe Redis."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import RedisError, ResponseError
+
+from cluster_dq.engine.aio import AsyncClient, AsyncEngine
+from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.errors import ConfigError
+from cluster_dq.pump import Pump
+from cluster_dq.settings import PoolSettings
+from cluster_dq.waiters import WaiterHub
+
+log = logging.getLogger(__name__)
+
+SOCKET_TIMEOUT = 5.0
+
+
+def make_client(p: PoolSettings) -> AsyncClient:
+    addrs = p.addresses()
+    common = dict(password=p.Password or None, socket_timeout=SOCKET_TIMEOUT,
+                  socket_connect_timeout=2.0)  # fmt: skip
+    if p.kind == "cluster":
+        return RedisCluster(
+            startup_nodes=[ClusterNode(h, port) for h, port in addrs],
+            max_connections=p.PoolSize, **common,  # type: ignore[arg-type]
+        )  # fmt: skip
+    if p.kind == "sentinel":
+        sentinel = Sentinel(
+            addrs, sentinel_kwargs={"password": p.SentinelPassword or None,
+                                    "socket_timeout": 1.0},
+            **common,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return sentinel.master_for(p.MasterName, db=p.DB, max_connections=p.PoolSize)
+    host, port = addrs[0]
+    return Redis(host=host, port=port, db=p.DB, max_connections=p.PoolSize, **common)  # type: ignore[arg-type]
+
+
+async def check_redis(name: str, client: AsyncClient) -> list[str]:
+    """Refuses an evicting Redis (it silently loses jobs); returns warnings for the rest."""
+    warnings: list[str] = []
+    try:
+        if isinstance(client, RedisCluster):
+            replies = await client.config_get("*", target_nodes=RedisCluster.PRIMARIES)
+            configs = list(replies.values()) if isinstance(replies, dict) and all(
+                isinstance(v, dict) for v in replies.values()) else [replies]  # fmt: skip
+        else:
+            configs = [await client.config_get("*")]
+    except ResponseError as e:  # CONFIG disabled (managed Redis): cannot check, say so
+        return [f"pool {name}: cannot read CONFIG ({e}); make sure maxmemory-policy is noeviction"]
+    for cfg in configs:
+        policy = cfg.get("maxmemory-policy")
+        if policy is not None and policy != "noeviction":
+            raise ConfigError(
+                f"pool {name}: maxmemory-policy is {policy!r}; cluster_dq needs 'noeviction' "
+                "(an evicting Redis silently deletes jobs)"
+            )
+        if cfg.get("appendonly") == "no" and cfg.get("save", "") == "":
+            warnings.append(f"pool {name}: persistence is OFF (no AOF, no RDB): a restart loses every job")
+        value = int(cfg.get("hash-max-listpack-value", cfg.get("hash-max-ziplist-value", "0")) or 0)
+        if value < 128:
+            warnings.append(
+                f"pool {name}: hash-max-listpack-value is {value}; set it to 128 or more so "
+                "delayed jobs stay compact (~110 B/job instead of ~300)"
+            )
+    return warnings
+
+
+@dataclass
+class RedisPool:
+    name: str
+    settings: PoolSettings
+    engine: AsyncEngine
+    hub: WaiterHub
+    pump: Pump | None = None
+
+    @classmethod
+    def create(cls, settings: PoolSettings, config: EngineConfig) -> RedisPool:
+        engine = AsyncEngine(make_client(settings), config)
+        return cls(settings.name, settings, engine, WaiterHub(engine))
+
+    async def start(self, run_pump: bool = True) -> None:
+        for w in await check_redis(self.name, self.engine.client):
+            log.warning(w)
+        if run_pump:
+            self.pump = Pump(self.engine)
+            self.pump.start()
+
+    async def ready(self) -> bool:
+        try:
+            return await self.engine.ping()
+        except (RedisError, OSError):
+            return False
+
+    async def close(self) -> None:
+        if self.pump:
+            await self.pump.stop()
+        await self.hub.close()
+        await self.engine.client.aclose()

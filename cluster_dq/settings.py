@@ -1,0 +1,188 @@
+"""Typed, frozen settings from one TOML file (lmstfy's keys where they exist), overridden by
+``CLUSTER_DQ_*`` environment variables; every bad key or value is refused by name.
+
+Environment names: the TOML path in upper case joined by ``__`` for nesting, e.g.
+``CLUSTER_DQ_PORT=7777``, ``CLUSTER_DQ_POOL__DEFAULT__ADDR=127.0.0.1:7000``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from cluster_dq.errors import ConfigError
+
+ENV_PREFIX = "CLUSTER_DQ_"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    name: str
+    Addr: str = ""  # host:port; Sentinel: sentinel addresses (comma); Cluster: seed nodes
+    Password: str = ""
+    DB: int = 0
+    MasterName: str = ""  # enables Sentinel
+    SentinelPassword: str = ""
+    Cluster: bool = False
+    PoolSize: int = 256
+    MigrateTo: str = ""
+
+    @property
+    def kind(self) -> str:
+        if self.Cluster:
+            return "cluster"
+        return "sentinel" if self.MasterName else "standalone"
+
+    def addresses(self) -> list[tuple[str, int]]:
+        out = []
+        for part in self.Addr.split(","):
+            part = part.strip().removeprefix("redis://").rstrip("/")
+            if not part:
+                continue
+            host, _, port = part.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError(f"Pool.{self.name}.Addr: bad address {part!r} (want host:port)")
+            out.append((host, int(port)))
+        if not out:
+            raise ConfigError(f"Pool.{self.name}.Addr is required")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    Host: str = "127.0.0.1"
+    Port: int = 7777
+    AdminHost: str = "127.0.0.1"
+    AdminPort: int = 7778
+    Workers: int = 1
+    LogLevel: str = "info"
+    LogFormat: str = "json"
+    EnableAccessLog: bool = False
+    MaxBodyBytes: int = 1024 * 1024
+    TTLSecond: int = 86_400
+    DelaySecond: int = 0
+    TriesNum: int = 1
+    TTRSecond: int = 120
+    TimeoutSecond: int = 0
+    MaxTimeoutSecond: int = 600
+    Shards: int = 16
+    TokenCacheSecond: float = 2.0
+    Accounts: dict[str, str] = field(default_factory=dict)
+    Pool: dict[str, PoolSettings] = field(default_factory=dict)
+
+    @property
+    def embedded(self) -> bool:
+        """No pool configured: ``serve`` starts its own local redis-server."""
+        return not self.Pool
+
+
+_TYPES = {"int": int, "str": str, "bool": bool, "float": float}
+
+
+def _coerce(where: str, kind: str, value: Any) -> Any:
+    want = _TYPES[kind]
+    if isinstance(value, str) and want is not str:
+        text = value.strip().lower()
+        try:
+            if want is bool:
+                if text not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(text)
+                return text in ("1", "true", "yes")
+            return want(text)
+        except ValueError:
+            raise ConfigError(f"{where}: expected {kind}, got {value!r}") from None
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected {kind}, got {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], where: str, **extra: Any) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    kwargs: dict[str, Any] = dict(extra)
+    for key, value in data.items():
+        f = known.get(key)
+        if f is None or key in extra or key in ("Accounts", "Pool"):
+            if key not in ("Accounts", "Pool") or cls is not Settings:
+                raise ConfigError(f"unknown setting {where}{key}")
+            continue
+        kwargs[key] = _coerce(f"{where}{key}", str(f.type), value)
+    return cls(**kwargs)
+
+
+def _env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
+    top = {f.name.upper(): f.name for f in fields(Settings)}
+    pool_fields = {f.name.upper(): f.name for f in fields(PoolSettings) if f.name != "name"}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        path = name[len(ENV_PREFIX) :].split("__")
+        if len(path) == 1 and path[0] in top:
+            data[top[path[0]]] = value
+        elif len(path) == 3 and path[0] == "POOL" and path[2] in pool_fields:
+            pools = data.setdefault("Pool", {})
+            pool = next((p for p in pools if p.upper() == path[1]), path[1].lower())
+            pools.setdefault(pool, {})[pool_fields[path[2]]] = value
+        elif len(path) == 2 and path[0] == "ACCOUNTS":
+            data.setdefault("Accounts", {})[path[1].lower()] = value
+        else:
+            raise ConfigError(f"unknown environment setting {name}")
+
+
+def load(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Settings:
+    environ = dict(os.environ if environ is None else environ)
+    path = path or environ.get(ENV_PREFIX + "CONFIG")
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path}: {e}") from None
+    _env_overrides(data, environ)
+    accounts = data.get("Accounts", {})
+    if not isinstance(accounts, dict) or not all(isinstance(v, str) for v in accounts.values()):
+        raise ConfigError("Accounts: expected a table of user = \"password\"")
+    raw_pools = data.get("Pool", {})
+    if not isinstance(raw_pools, dict):
+        raise ConfigError("Pool: expected tables [Pool.<name>]")
+    pools = {}
+    for name, body in raw_pools.items():
+        if not isinstance(body, dict):
+            raise ConfigError(f"Pool.{name}: expected a table")
+        pools[name] = _build(PoolSettings, body, f"Pool.{name}.", name=name)
+        pools[name].addresses()
+    if pools and "default" not in pools:
+        raise ConfigError("Pool.default is required when pools are configured")
+    for name, p in pools.items():
+        if p.MigrateTo and p.MigrateTo not in pools:
+            raise ConfigError(f"Pool.{name}.MigrateTo: unknown pool {p.MigrateTo!r}")
+    settings: Settings = _build(Settings, data, "", Accounts=dict(accounts), Pool=pools)
+    _validate(settings)
+    return settings
+
+
+def _validate(s: Settings) -> None:
+    for key in ("Port", "AdminPort"):
+        port = getattr(s, key)
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{key}: {port} is not a port")
+    if s.Workers < 1:
+        raise ConfigError(f"Workers: must be >= 1, got {s.Workers}")
+    if s.LogFormat not in ("json", "text"):
+        raise ConfigError(f"LogFormat: 'json' or 'text', got {s.LogFormat!r}")
+    if s.LogLevel.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"LogLevel: debug, info, warning or error, got {s.LogLevel!r}")
+    if not 1 <= s.TriesNum <= 65535:
+        raise ConfigError(f"TriesNum: 1..65535, got {s.TriesNum}")
+    if s.TTLSecond and s.TTLSecond < s.DelaySecond:
+        raise ConfigError("TTLSecond: shorter than DelaySecond")
+    if s.MaxBodyBytes < 1:
+        raise ConfigError("MaxBodyBytes: must be positive")
+    if not 1 <= s.Shards <= 4096:
+        raise ConfigError(f"Shards: 1..4096, got {s.Shards}")

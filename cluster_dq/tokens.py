@@ -1,0 +1,129 @@
+"""Namespace tokens and per-token rate limits, stored in Redis (the default pool).
+
+Checks are cached per instance for ``TokenCacheSecond`` (positive and negative alike), so a
+deleted token stops working on every instance within that many seconds (lmstfy caches
+positive answers forever, on every instance but the one that served the DELETE).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from cluster_dq.clock import now_ms
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.errors import BadRequest, NotFound, RateLimited
+from cluster_dq.keys import AdminKeys
+from cluster_dq.models import encode_id
+
+MIN_CUSTOM_TOKEN = 20
+
+
+def new_token() -> str:
+    return encode_id(now_ms().to_bytes(6, "big") + os.urandom(10))
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    read: int
+    write: int
+    interval: int  # seconds
+
+    def as_json(self) -> dict[str, int]:
+        return {"read": self.read, "write": self.write, "interval": self.interval}
+
+
+class TokenStore:
+    def __init__(self, engine: AsyncEngine, cache_seconds: float = 2.0) -> None:
+        self.engine = engine
+        self.client = engine.client
+        self.cache_seconds = cache_seconds
+        self._valid: dict[tuple[str, str, str], tuple[bool, float]] = {}
+        self._limits: dict[str, Limit] = {}
+        self._limits_at = 0.0
+
+    async def create(self, pool: str, ns: str, description: str, token: str | None) -> str:
+        if token is None:
+            token = new_token()
+        elif len(token) < MIN_CUSTOM_TOKEN:
+            raise BadRequest("the user token was too short", "token")
+        if not await self.client.hsetnx(AdminKeys.tokens(pool, ns), token, description):
+            raise BadRequest("the token has already existed", "token")
+        return token
+
+    async def list(self, pool: str, ns: str) -> dict[str, str]:
+        raw = await self.client.hgetall(AdminKeys.tokens(pool, ns))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def delete(self, pool: str, ns: str, token: str) -> None:
+        await self.client.hdel(AdminKeys.tokens(pool, ns), token)
+        await self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}")
+        self._valid.pop((pool, ns, token), None)
+
+    async def valid(self, pool: str, ns: str, token: str) -> bool:
+        key = (pool, ns, token)
+        hit = self._valid.get(key)
+        now = time.monotonic()
+        if hit and hit[1] > now:
+            return hit[0]
+        ok = bool(await self.client.hexists(AdminKeys.tokens(pool, ns), token))
+        if len(self._valid) > 100_000:
+            self._valid.clear()
+        self._valid[key] = (ok, now + self.cache_seconds)
+        return ok
+
+    # -- rate limits ------------------------------------------------------------------------
+
+    async def limits(self, force: bool = False) -> dict[str, Limit]:
+        now = time.monotonic()
+        if force or now - self._limits_at > self.cache_seconds:
+            raw = await self.client.hgetall(AdminKeys.limits())
+            fresh = {}
+            for k, v in raw.items():
+                d = json.loads(v)
+                fresh[k.decode()] = Limit(int(d["read"]), int(d["write"]), int(d["interval"]))
+            self._limits, self._limits_at = fresh, now
+        return self._limits
+
+    async def get_limit(self, pool: str, ns: str, token: str) -> Limit:
+        raw = await self.client.hget(AdminKeys.limits(), f"{pool}/{ns}/{token}")
+        if raw is None:
+            raise NotFound("limit not found")
+        d = json.loads(raw)
+        return Limit(int(d["read"]), int(d["write"]), int(d["interval"]))
+
+    async def set_limit(self, pool: str, ns: str, token: str, limit: Limit, create: bool) -> None:
+        if limit.interval <= 0 or (limit.read <= 0 and limit.write <= 0) or min(limit.read, limit.write) < 0:
+            raise BadRequest("invalid limit: read/write must not both be 0, interval > 0", "limit")
+        blob = json.dumps(limit.as_json())
+        key, field = AdminKeys.limits(), f"{pool}/{ns}/{token}"
+        if create:
+            if not await self.client.hsetnx(key, field, blob):
+                raise BadRequest("the limit already exists", "limit")
+        else:
+            await self.client.hset(key, field, blob)
+        self._limits_at = 0.0
+
+    async def delete_limit(self, pool: str, ns: str, token: str) -> None:
+        await self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}")
+        self._limits_at = 0.0
+
+    async def take(self, pool: str, ns: str, token: str, write: bool) -> bool:
+        """Counts one request against the token's limit; True when a unit was taken."""
+        limit = (await self.limits()).get(f"{pool}/{ns}/{token}")
+        per = (limit.write if write else limit.read) if limit else 0
+        if not limit or per <= 0:
+            return False
+        kind = "w" if write else "r"
+        key = AdminKeys.counter(pool, ns, token, kind)
+        if not await self.engine.run(ops.rate_limit(key, per, limit.interval * 1000)):
+            action = "produce" if write else "consume"
+            raise RateLimited(f"token({token}) {action} reach the limit rate, please retry later")
+        return True
+
+    async def refund(self, pool: str, ns: str, token: str, write: bool) -> None:
+        key = AdminKeys.counter(pool, ns, token, "w" if write else "r")
+        await self.engine.run(ops.rate_limit(key, 0, 0, refund=True))

@@ -1,0 +1,17 @@
+#!lua
+--[[
+  The last step of a pump tick: exact sizes and the queue's next event, recorded in META.next
+  (which later scripts lower when they add an earlier event). An empty queue keeps no META.
+  KEYS[1..8] the queue's fixed keys
+  ARGV[1] bucket open lead (ms)
+  Returns: {delayed, ready, reserved, dead, next event ms or -1}
+]]
+--@include lib/queue
+local out = queue_sizes(tonumber(ARGV[1]))
+if out[5] >= 0 then
+  redis.call('HSET', META, 'next', out[5])
+else
+  redis.call('HDEL', META, 'next')
+end
+tidy()
+return out

@@ -1,0 +1,19 @@
+#!lua
+--[[
+  Fixed-window rate limit for one token and direction (read or write), as lmstfy counts it:
+  a refused request does not use up the window.
+  KEYS[1] the counter key
+  ARGV[1] limit per window  ARGV[2] window (ms)  ARGV[3] '1' to refund one unit instead
+  Returns: 1 allowed, 0 refused
+]]
+if ARGV[3] == '1' then
+  if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECR', KEYS[1]) end
+  return 1
+end
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if n > tonumber(ARGV[1]) then
+  redis.call('DECR', KEYS[1])
+  return 0
+end
+return 1
