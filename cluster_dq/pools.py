@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError  # noqa: F401
 
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
 from cluster_dq.engine.commands import EngineConfig
@@ -87,8 +87,8 @@ class RedisPool:
         return cls(settings.name, settings, engine, WaiterHub(engine))
 
     async def start(self, run_pump: bool = True) -> None:
-        for w in await check_redis(self.name, self.engine.client):
-            log.warning(w)
+        # The supervisor checked the Redis settings (server._preflight); a pool that is down
+        # now answers 503 and /readyz says so until it is back.
         if run_pump:
             self.pump = Pump(self.engine)
             self.pump.start()

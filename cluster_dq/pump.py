@@ -89,7 +89,7 @@ class Pump:
         if held != was and self.on_leadership:
             self.on_leadership(shard, held)
         if held != was:
-            log.info("shard %d leadership %s", shard, "acquired" if held else "lost")
+            log.debug("shard %d leadership %s", shard, "acquired" if held else "lost")
         return held
 
     async def _run_shard(self, shard: int) -> None:

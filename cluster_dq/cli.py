@@ -1,0 +1,118 @@
+"""``cluster-dq``: serve, token, version. Parses arguments and calls the package; no logic."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+
+import cluster_dq
+from cluster_dq import logs, settings as settings_mod
+from cluster_dq.errors import ClusterDQError, ConfigError
+from cluster_dq.settings import PoolSettings, Settings
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    s = settings_mod.load(args.config)
+    overrides = {k: v for k, v in (("Port", getattr(args, "port", None)),
+                                   ("AdminPort", getattr(args, "admin_port", None)),
+                                   ("Host", getattr(args, "host", None)),
+                                   ("Workers", getattr(args, "workers", None))) if v is not None}  # fmt: skip
+    return dataclasses.replace(s, **overrides) if overrides else s
+
+
+def _banner(s: Settings, data_port: int, admin_port: int) -> None:
+    token = ""
+    if s.Pool.get("default") and s.Pool["default"].Addr.startswith("127.0.0.1"):
+        token = asyncio.run(_create_token(s, "demo", "embedded demo token", None))
+    data = f"http://{s.Host}:{data_port}"
+    print(f"cluster-dq {cluster_dq.__version__}: data API {data}, admin API http://{s.AdminHost}:{admin_port}")
+    if s.Pool["default"].Addr:
+        print(f"redis (pool default): {s.Pool['default'].Addr}")
+    if token:
+        print(f"""
+A token for namespace "demo": {token}
+  curl -X PUT -H 'X-Token: {token}' '{data}/api/demo/hello?delay=2' -d 'hi there'
+  curl -H 'X-Token: {token}' '{data}/api/demo/hello?timeout=5'
+  curl -X DELETE -H 'X-Token: {token}' '{data}/api/demo/hello/job/<job_id>'
+Stop with Ctrl-C.""", flush=True)
+
+
+async def _create_token(s: Settings, ns: str, description: str, token: str | None, pool: str = "default") -> str:
+    from cluster_dq.engine.commands import EngineConfig
+    from cluster_dq.pools import RedisPool
+    from cluster_dq.tokens import TokenStore
+
+    p = RedisPool.create(s.Pool["default"], EngineConfig())
+    try:
+        return await TokenStore(p.engine).create(pool, ns, description, token)
+    finally:
+        await p.engine.client.aclose()
+
+
+async def _token_cmd(s: Settings, args: argparse.Namespace) -> None:
+    from cluster_dq.engine.commands import EngineConfig
+    from cluster_dq.pools import RedisPool
+    from cluster_dq.tokens import TokenStore
+
+    p = RedisPool.create(s.Pool["default"], EngineConfig())
+    store = TokenStore(p.engine)
+    try:
+        if args.action == "create":
+            tok = await store.create(args.pool, args.namespace, args.description, args.token)
+            print(f"{args.pool}:{tok}" if args.pool != "default" else tok)
+        elif args.action == "list":
+            for tok, desc in sorted((await store.list(args.pool, args.namespace)).items()):
+                print(f"{tok}\t{desc}")
+        else:
+            await store.delete(args.pool, args.namespace, args.token)
+    finally:
+        await p.engine.client.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="cluster-dq", description="A delayed task queue on Redis")
+    ap.add_argument("-c", "--config", help="TOML file (default: $CLUSTER_DQ_CONFIG)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("serve", help="run the data and admin APIs")
+    sp.add_argument("--host")
+    sp.add_argument("--port", type=int)
+    sp.add_argument("--admin-port", type=int)
+    sp.add_argument("--workers", type=int)
+    tp = sub.add_parser("token", help="create, list or delete namespace tokens")
+    tp.add_argument("action", choices=["create", "list", "delete"])
+    tp.add_argument("namespace")
+    tp.add_argument("token", nargs="?", help="delete: the token; create: an optional custom one")
+    tp.add_argument("--description", default="created by cluster-dq token")
+    tp.add_argument("--pool", default="default")
+    sub.add_parser("version", help="print the version")
+    args = ap.parse_args(argv)
+    if args.cmd == "version":
+        print(cluster_dq.__version__)
+        return 0
+    try:
+        s = _settings(args)
+        logs.setup(s.LogLevel, s.LogFormat)
+        if args.cmd == "serve":
+            from cluster_dq import server
+
+            return server.run(s, on_ready=_banner)
+        if s.embedded:
+            from cluster_dq.server import embedded_addr
+
+            addr = embedded_addr()
+            if addr is None:
+                raise ConfigError("no pool configured and no embedded server running")
+            s = dataclasses.replace(s, Pool={"default": PoolSettings("default", Addr=addr)})
+        if args.action == "delete" and not args.token:
+            raise ConfigError("token delete needs the token")
+        asyncio.run(_token_cmd(s, args))
+        return 0
+    except ClusterDQError as e:
+        print(f"cluster-dq: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""The running service: a supervisor process that owns the listening sockets (and, in
+embedded mode, a local redis-server) and N worker processes, each serving the data and admin
+ports with uvicorn and running its share of the pump (leadership is per shard, via Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+from cluster_dq import logs
+from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.http.admin import create_admin_app
+from cluster_dq.http.app import create_data_app
+from cluster_dq.http.middleware import AccessLog
+from cluster_dq.localredis import Server as RedisServer
+from cluster_dq.localredis import start_server
+from cluster_dq.pools import RedisPool
+from cluster_dq.service import Service
+from cluster_dq.settings import PoolSettings, Settings
+
+log = logging.getLogger("cluster_dq.server")
+EMBEDDED_STATE = Path(tempfile.gettempdir()) / "cluster-dq-embedded.json"
+
+
+class Runtime:
+    """Pools, service and apps of one worker process."""
+
+    def __init__(self, settings: Settings, run_pump: bool = True) -> None:
+        self.settings = settings
+        self.run_pump = run_pump
+        config = EngineConfig(shards=settings.Shards)
+        self.pools = {n: RedisPool.create(p, config) for n, p in settings.Pool.items()}
+        self.service = Service(settings, self.pools)
+        self.access_log = AccessLog(settings.EnableAccessLog)
+        self.data_app = create_data_app(self.service, settings, self.access_log)
+        self.admin_app = create_admin_app(self.service, settings, self.access_log)
+
+    async def start(self) -> None:
+        for pool in self.pools.values():
+            await pool.start(self.run_pump)
+
+    async def close(self) -> None:
+        for pool in self.pools.values():
+            await pool.close()
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # the worker handles signals itself
+        yield
+
+
+def _uvicorn(app: object, sock: socket.socket) -> _Server:
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",  # type: ignore[arg-type]
+                            loop="uvloop", http="httptools", timeout_keep_alive=75)  # fmt: skip
+    server = _Server(config)
+    server.sock = sock  # type: ignore[attr-defined]
+    return server
+
+
+async def _serve(settings: Settings, data_sock: socket.socket, admin_sock: socket.socket) -> None:
+    runtime = Runtime(settings)
+    await runtime.start()
+    servers = [_uvicorn(runtime.data_app, data_sock), _uvicorn(runtime.admin_app, admin_sock)]
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        log.debug("worker stopping")
+        for s in servers:
+            s.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    parent = os.getppid()
+
+    async def orphan_watch() -> None:  # the supervisor was SIGKILLed: do not linger
+        while os.getppid() == parent:
+            await asyncio.sleep(1.0)
+        log.warning("supervisor gone; stopping")
+        stop()
+
+    watchdog = asyncio.create_task(orphan_watch())
+    tasks = [asyncio.create_task(s.serve(sockets=[s.sock])) for s in servers]  # type: ignore[attr-defined]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        stop()
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.error("server failed", exc_info=result)
+    finally:
+        watchdog.cancel()
+        await runtime.close()
+        log.info("worker stopped")
+
+
+def _worker(settings: Settings, data_sock: socket.socket, admin_sock: socket.socket) -> None:
+    logs.setup(settings.LogLevel, settings.LogFormat)
+    import uvloop
+
+    uvloop.run(_serve(settings, data_sock, admin_sock))
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def start_embedded(settings: Settings) -> tuple[Settings, RedisServer]:
+    """No pool configured: a local redis-server on a free loopback port (AOF on)."""
+    workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-embedded-"))
+    redis = start_server(workdir=workdir, extra=["--appendonly", "yes"])
+    pool = PoolSettings("default", Addr=f"127.0.0.1:{redis.port}")
+    EMBEDDED_STATE.write_text(json.dumps({"addr": pool.Addr, "pid": os.getpid()}))
+    return dataclasses.replace(settings, Pool={"default": pool}), redis
+
+
+def embedded_addr() -> str | None:
+    """The address of a running embedded server's Redis, for the ``token`` commands."""
+    try:
+        state = json.loads(EMBEDDED_STATE.read_text())
+        os.kill(int(state["pid"]), 0)
+        return str(state["addr"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+async def _preflight(settings: Settings) -> None:
+    """Refuses to start against an evicting Redis; an unreachable one only warns."""
+    from redis.exceptions import RedisError
+
+    from cluster_dq.pools import check_redis, make_client
+
+    for name, pool in settings.Pool.items():
+        client = make_client(pool)
+        try:
+            for warning in await check_redis(name, client):
+                log.warning(warning)
+        except (RedisError, OSError) as e:
+            log.error("pool %s unreachable at start-up: %s", name, e)
+        finally:
+            await client.aclose()
+
+
+def run(settings: Settings, on_ready: object = None) -> int:
+    """Supervisor: binds both ports, starts the workers, stops everything on SIGINT/SIGTERM."""
+    redis: RedisServer | None = None
+    workers: list[multiprocessing.process.BaseProcess] = []
+    stopping: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        if settings.embedded:
+            settings, redis = start_embedded(settings)
+        asyncio.run(_preflight(settings))
+        data_sock = _listen(settings.Host, settings.Port)
+        admin_sock = _listen(settings.AdminHost, settings.AdminPort)
+        ctx = multiprocessing.get_context("spawn")
+        workers = [ctx.Process(target=_worker, args=(settings, data_sock, admin_sock))
+                   for _ in range(settings.Workers)]  # fmt: skip
+        for w in workers:
+            w.start()
+        log.info("serving", extra={
+            "data": f"http://{settings.Host}:{data_sock.getsockname()[1]}",
+            "admin": f"http://{settings.AdminHost}:{admin_sock.getsockname()[1]}",
+            "workers": settings.Workers})  # fmt: skip
+        if callable(on_ready):
+            on_ready(settings, data_sock.getsockname()[1], admin_sock.getsockname()[1])
+        while not stopping and all(w.is_alive() for w in workers):
+            signal.sigtimedwait({signal.SIGCHLD}, 1.0)
+    finally:
+        for w in workers:
+            if w.pid and w.is_alive():
+                os.kill(w.pid, signal.SIGTERM)
+        for w in workers:
+            w.join(timeout=15)
+            if w.is_alive():
+                w.kill()
+        if redis is not None:
+            redis.kill(signal.SIGTERM)
+            with contextlib.suppress(OSError):
+                EMBEDDED_STATE.unlink()
+    return 0

@@ -1,0 +1,336 @@
+"""The lmstfy-compatible HTTP API, through real HTTP (a `cluster-dq serve` process) against a
+real redis-server: every endpoint, lmstfy's shapes and status codes, and bad input for every
+parameter (refused whole: nothing is written)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from cluster_dq.keys import ShardKeys, shard_of
+from cluster_dq.localredis import Server, free_port, start_server
+
+ROOT = Path(__file__).resolve().parents[1]
+ADMIN_AUTH = ("admin", "s3cret")
+
+
+def serve(redis_addr: str, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
+    port, admin = free_port(18000, 18500), free_port(18500, 19000)
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_POOL__DEFAULT__ADDR": redis_addr,
+               "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_TOKENCACHESECOND": "1",
+               "CLUSTER_DQ_LOGLEVEL": "warning", **env}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
+         "--admin-port", str(admin)], env=environ, cwd=ROOT,
+    )  # fmt: skip
+    base, admin_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(admin_base + "/healthz").status_code == 200:
+                return proc, base, admin_base
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("service did not start")
+
+
+@pytest.fixture(scope="module")
+def service(redis_server: Server) -> Iterator[tuple[str, str]]:
+    proc, base, admin = serve(f"127.0.0.1:{redis_server.port}")
+    yield base, admin
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+@pytest.fixture
+def api(service: tuple[str, str], sync_redis: redis.Redis) -> Iterator[httpx.Client]:
+    base, admin = service
+    token = httpx.post(f"{admin}/token/ns", params={"description": "test"}, auth=ADMIN_AUTH).json()["token"]
+    with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def admin(service: tuple[str, str]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service[1], auth=ADMIN_AUTH, timeout=10) as client:
+        yield client
+
+
+def size(api: httpx.Client, q: str = "q") -> dict[str, int]:
+    r = api.get(f"/api/ns/{q}/size")
+    assert r.status_code == 200
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_publish_consume_ack_lmstfy_shapes(api: httpx.Client) -> None:
+    r = api.put("/api/ns/q", params={"tries": 3, "ttl": 100}, content=b"hello \x00 bytes")
+    assert r.status_code == 201 and r.headers["x-request-id"]
+    body = r.json()
+    assert body["msg"] == "published" and isinstance(body["job_id"], str)
+    jid = body["job_id"]
+    r = api.get("/api/ns/q", params={"ttr": 30})
+    assert r.status_code == 200
+    job = r.json()
+    assert {k: job[k] for k in ("msg", "namespace", "queue", "job_id", "remain_tries")} == {
+        "msg": "new job", "namespace": "ns", "queue": "q", "job_id": jid, "remain_tries": 2}
+    assert base64.b64decode(job["data"]) == b"hello \x00 bytes"
+    assert isinstance(job["elapsed_ms"], int) and 0 <= job["elapsed_ms"] < 10_000
+    assert 98 <= job["ttl"] <= 100 and job["attributes"] is None
+    assert api.get("/api/ns/q").json() == {"msg": "no job available"}
+    assert api.get("/api/ns/q").status_code == 404
+    assert api.delete(f"/api/ns/q/job/{jid}").status_code == 204
+    assert api.delete(f"/api/ns/q/job/{jid}").status_code == 204  # idempotent, as lmstfy
+    assert size(api)["size"] == 0 and size(api)["reserved"] == 0
+
+
+def test_ttl_zero_means_forever_and_delay_is_honoured(api: httpx.Client) -> None:
+    jid = api.put("/api/ns/q", params={"ttl": 0, "delay_ms": 300}, content=b"x").json()["job_id"]
+    assert api.get("/api/ns/q").status_code == 404  # not due yet
+    peek = api.get(f"/api/ns/q/job/{jid}").json()
+    assert peek["state"] == "delayed" and peek["ttl"] == 0
+    time.sleep(0.35)
+    job = api.get("/api/ns/q").json()
+    assert job["job_id"] == jid and job["ttl"] == 0 and job["elapsed_ms"] >= 300
+
+
+def test_bulk_publish_keeps_raw_json_elements(api: httpx.Client) -> None:
+    raw = b'[ "hello", {"a": 1,  "b": [2]}, 3 ]'
+    r = api.put("/api/ns/q/bulk", content=raw)
+    assert r.status_code == 201
+    ids = r.json()["job_ids"]
+    got = api.get("/api/ns/q", params={"count": 10}).json()
+    assert [j["job_id"] for j in got] == ids
+    assert [base64.b64decode(j["data"]) for j in got] == [b'"hello"', b'{"a": 1,  "b": [2]}', b"3"]
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "message"),
+    [
+        (b"{}", 400, "request body should be an array of objects"),
+        (b"[1, 2", 400, "request body should be an array of objects"),
+        (b"[]", 400, "no jobs"),
+        (json.dumps(list(range(65))).encode(), 400, "too many jobs"),
+        (b"not json", 400, "request body should be an array of objects"),
+    ],
+)
+def test_bad_bulk_is_refused_whole(api: httpx.Client, content: bytes, status: int, message: str) -> None:
+    r = api.put("/api/ns/q/bulk", content=content)
+    assert (r.status_code, r.json()) == (status, {"error": message})
+    assert size(api)["size"] == 0
+
+
+def test_bulk_of_64_is_accepted_and_65_changes_nothing(api: httpx.Client) -> None:
+    assert api.put("/api/ns/q/bulk", content=json.dumps(list(range(64))).encode()).status_code == 201
+    assert api.put("/api/ns/q/bulk", content=json.dumps(list(range(65))).encode()).status_code == 400
+    assert size(api)["size"] == 64
+
+
+def test_batch_and_multi_queue_consume(api: httpx.Client) -> None:
+    api.put("/api/ns/low", content=b"l")
+    api.put("/api/ns/high", content=b"h1")
+    api.put("/api/ns/high", content=b"h2")
+    one = api.get("/api/ns/low,high").json()
+    assert base64.b64decode(one["data"]) == b"l"  # listed order is priority order
+    many = api.get("/api/ns/high,low", params={"count": 5}).json()
+    assert isinstance(many, list) and [base64.b64decode(j["data"]) for j in many] == [b"h1", b"h2"]
+    api.put("/api/ns/high", content=b"h3")
+    assert isinstance(api.get("/api/ns/high", params={"count": 2}).json(), list)
+
+
+def test_long_poll_waits_and_times_out(api: httpx.Client) -> None:
+    started = time.monotonic()
+    r = api.get("/api/ns/q", params={"timeout": 1})
+    assert r.status_code == 404 and time.monotonic() - started >= 0.9
+    api.put("/api/ns/q", params={"delay_ms": 500}, content=b"later")
+    r = api.get("/api/ns/q", params={"timeout": 5})
+    assert r.status_code == 200 and base64.b64decode(r.json()["data"]) == b"later"
+
+
+def test_republish_acks_the_old_job(api: httpx.Client) -> None:
+    old = api.put("/api/ns/q", content=b"v1").json()["job_id"]
+    api.get("/api/ns/q")
+    r = api.put(f"/api/ns/q/job/{old}", content=b"v2")
+    assert r.status_code == 201
+    assert api.get(f"/api/ns/q/job/{old}").json() == {"error": "job not found"}
+    assert base64.b64decode(api.get("/api/ns/q").json()["data"]) == b"v2"
+
+
+def test_peeks(api: httpx.Client) -> None:
+    assert (api.get("/api/ns/q/peek").status_code, api.get("/api/ns/q/peek").json()) == (
+        404, {"error": "the queue is empty"})
+    jid = api.put("/api/ns/q", params={"tries": 2}, content=b"p").json()["job_id"]
+    peek = api.get("/api/ns/q/peek").json()
+    assert peek["job_id"] == jid and "msg" not in peek and peek["remain_tries"] == 2
+    one = api.get(f"/api/ns/q/job/{jid}").json()
+    assert one["remain_tries"] == 2 and one["state"] == "ready"  # lmstfy always said 0
+    assert api.get("/api/ns/q/job/nope").status_code == 404
+
+
+def test_attributes(api: httpx.Client) -> None:
+    headers = {"Enable-Job-Version": "YES", "Job-Attr-Color": "red", "Job-Attr-" + "K" * 40: "v" * 200}
+    api.put("/api/ns/q", headers=headers, content=b"a")
+    job = api.get("/api/ns/q").json()
+    assert job["attributes"] == {"color": "red", "k" * 32: "v" * 128}
+    too_many = {"Enable-Job-Version": "YES", **{f"Job-Attr-A{i}": "x" for i in range(17)}}
+    r = api.put("/api/ns/q", headers=too_many, content=b"a")
+    assert (r.status_code, r.json()) == (400, {"error": "too many attributes, cannot exceed 16"})
+    api.put("/api/ns/q", headers={"Job-Attr-Color": "red"}, content=b"b")  # no Enable-Job-Version
+    assert api.get("/api/ns/q").json()["attributes"] is None
+
+
+def test_dead_letter_cycle_and_destroy(api: httpx.Client) -> None:
+    for _ in range(3):
+        api.put("/api/ns/q", params={"tries": 1}, content=b"d")
+    api.get("/api/ns/q", params={"count": 3, "ttr_ms": 50})
+    deadline = time.monotonic() + 5
+    while size(api)["dead"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    info = api.get("/api/ns/q/deadletter").json()
+    assert info["deadletter_size"] == 3 and info["deadletter_head"]
+    assert api.get("/api/ns/q/deadletter/size").json() == {"namespace": "ns", "queue": "q", "size": 3}
+    assert api.put("/api/ns/q/deadletter", params={"limit": 2}).json() == {"msg": "respawned", "count": 2}
+    assert size(api)["size"] == 2
+    assert api.delete("/api/ns/q/deadletter", params={"limit": 5}).status_code == 204
+    assert api.get("/api/ns/q/deadletter").json()["deadletter_head"] == ""
+    api.put("/api/ns/q", params={"delay": 600}, content=b"later")
+    api.get("/api/ns/q")
+    assert api.delete("/api/ns/q").status_code == 204  # every state, unlike lmstfy
+    assert size(api) == {"namespace": "ns", "queue": "q", "size": 0, "delayed": 0, "reserved": 0, "dead": 0}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "params", "message"),
+    [
+        ("PUT", "/api/ns/q", {"delay": "-1"}, "invalid delay"),
+        ("PUT", "/api/ns/q", {"delay": ""}, "invalid delay"),
+        ("PUT", "/api/ns/q", {"delay": str(2**32)}, "invalid delay"),
+        ("PUT", "/api/ns/q", {"ttl": "x"}, "invalid ttl"),
+        ("PUT", "/api/ns/q", {"tries": "70000"}, "invalid tries"),
+        ("PUT", "/api/ns/q", {"tries": "0"}, "tries shouldn't be zero"),
+        ("PUT", "/api/ns/q", {"ttl": "5", "delay": "10"}, "ttl is shorter than delay"),
+        ("PUT", "/api/ns/q", {"delay_ms": "1.5"}, "invalid delay_ms"),
+        ("PUT", "/api/ns/q", {"priority": "300"}, "invalid priority"),
+        ("PUT", "/api/ns/q", {"job_id": "bad id!"}, "invalid job id"),
+        ("PUT", "/api/ns/_q", {}, "queue name contains forbidden characters"),
+        ("PUT", "/api/ns/q%21", {}, "queue name contains forbidden characters"),
+        ("PUT", "/api/n%24s/q", {}, "namespace name contains forbidden characters"),
+        ("PUT", "/api/ns/" + "q" * 256, {}, "namespace or queue name too long"),
+        ("GET", "/api/ns/q", {"ttr": "-5"}, "invalid ttr"),
+        ("GET", "/api/ns/q", {"timeout": "601"}, "invalid timeout"),
+        ("GET", "/api/ns/q", {"count": "0"}, "invalid count"),
+        ("GET", "/api/ns/q", {"count": "101"}, "invalid count"),
+        ("GET", "/api/ns/,,", {}, "invalid queue name(s)"),
+        ("PUT", "/api/ns/q/deadletter", {"limit": "0"}, "invalid limit"),
+        ("PUT", "/api/ns/q/deadletter", {"ttl": "-1"}, "invalid ttl"),
+        ("DELETE", "/api/ns/q/job/has%20space", {}, "invalid job id"),
+    ],
+)
+def test_bad_parameters_are_refused_by_name_and_write_nothing(
+    api: httpx.Client, sync_redis: redis.Redis, method: str, path: str, params: dict[str, str], message: str
+) -> None:
+    before = sorted(sync_redis.keys("*{ns/*"))
+    r = api.request(method, path, params=params, content=b"body")
+    assert (r.status_code, r.json()) == (400, {"error": message})
+    assert r.headers["x-request-id"]
+    assert sorted(sync_redis.keys("*{ns/*")) == before == []
+    assert not sync_redis.sismember(ShardKeys(shard_of("ns/q", 16)).queues, "ns/q")
+
+
+def test_body_limit_413_and_unknown_routes(api: httpx.Client) -> None:
+    r = api.put("/api/ns/q", content=b"x" * (1024 * 1024 + 1))
+    assert (r.status_code, r.json()) == (413, {"error": "body too large"})
+    assert api.put("/api/ns/q", content=b"x" * (1024 * 1024)).status_code == 201
+    r = api.get("/nope")
+    assert (r.status_code, r.json()) == (404, {"error": "api not found"})
+    assert api.post("/api/ns/q").status_code == 405
+
+
+def test_tokens_auth_and_pools(service: tuple[str, str], admin: httpx.Client) -> None:
+    base = service[0]
+    assert httpx.get(f"{base}/api/ns/q").json() == {"error": "token not found"}
+    assert httpx.get(f"{base}/api/ns/q/size").status_code == 401  # size needs a token too
+    assert httpx.get(f"{base}/api/ns/q", headers={"X-Token": "wrong"}).json() == {"error": "invalid token"}
+    assert httpx.get(f"{base}/api/ns/q", headers={"X-Token": "nopool:x"}).json() == {"error": "pool not found"}
+    tok = admin.post("/token/ns", data={"description": "d", "token": "my-custom-token-0123456789"})
+    assert tok.status_code == 201 and tok.json() == {"token": "my-custom-token-0123456789"}
+    assert admin.post("/token/ns", params={"description": "d", "token": "short"}).json() == {
+        "error": "the user token was too short"}
+    assert admin.post("/token/ns", params={"token": "x" * 30}).json() == {"error": "invalid description"}
+    assert "my-custom-token-0123456789" in admin.get("/token/ns").json()["tokens"]
+    assert httpx.put(f"{base}/api/ns/q", params={"token": "my-custom-token-0123456789"}).status_code == 201
+    other = httpx.put(f"{base}/api/other/q", params={"token": "my-custom-token-0123456789"})
+    assert other.status_code == 401  # a token is valid for its namespace only
+    assert admin.delete("/token/ns/my-custom-token-0123456789").status_code == 204
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if httpx.put(f"{base}/api/ns/q", params={"token": "my-custom-token-0123456789"}).status_code == 401:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("a deleted token kept working")
+    assert httpx.get(f"{service[1]}/token/ns").status_code == 401  # admin basic auth
+    assert admin.get("/pools").json() == ["default"]
+    assert admin.get("/version").json()["version"]
+    assert admin.get("/readyz").json()["status"] == "ok"
+
+
+def test_rate_limit_and_refund(api: httpx.Client, admin: httpx.Client) -> None:
+    token = api.headers["X-Token"]
+    r = admin.post(f"/token/ns/{token}/limit", json={"read": 0, "write": 2, "interval": 60})
+    assert r.status_code == 201
+    assert admin.get(f"/token/ns/{token}/limit").json() == {"read": 0, "write": 2, "interval": 60}
+    time.sleep(1.2)  # limits are cached for TokenCacheSecond
+    assert api.put("/api/ns/q", params={"delay": "x"}).status_code == 400  # refunded
+    assert api.put("/api/ns/q").status_code == 201
+    assert api.put("/api/ns/q").status_code == 201
+    r = api.put("/api/ns/q")
+    assert r.status_code == 429 and "produce reach the limit rate" in r.json()["msg"]
+    assert api.get("/api/ns/q").status_code == 200  # reads are not limited
+    assert any(x["token"] == token for x in admin.get("/limits").json())
+    assert admin.delete(f"/token/ns/{token}/limit").json() == {"msg": "success"}
+
+
+def test_info_lists_queues_and_accesslog_switch(api: httpx.Client, admin: httpx.Client) -> None:
+    api.put("/api/ns/alpha", content=b"x")
+    api.put("/api/ns/beta", params={"delay": 100}, content=b"x")
+    assert admin.get("/info").json() == {"ns": ["alpha", "beta"]}
+    assert admin.post("/accesslog", params={"status": "enable"}).json() == {"status": "enabled"}
+    assert admin.post("/accesslog", params={"status": "off"}).status_code == 400
+    assert admin.post("/accesslog", params={"status": "disable"}).json() == {"status": "disabled"}
+
+
+def test_redis_down_gives_503_not_500(redis_server: Server) -> None:
+    dead = free_port(19000, 19500)
+    proc, base, admin = serve(f"127.0.0.1:{dead}")
+    try:
+        r = httpx.put(f"{base}/api/ns/q", headers={"X-Token": "t"}, content=b"x")
+        assert r.status_code == 503 and "unavailable" in r.json()["error"]
+        assert httpx.get(f"{admin}/readyz").status_code == 503
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_an_evicting_redis_is_refused() -> None:
+    server = start_server(extra=["--maxmemory-policy", "allkeys-lru"])
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT),
+               "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{server.port}"}  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", "0", "--admin-port", "0"],
+            env=env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert out.returncode == 2 and "maxmemory-policy is 'allkeys-lru'" in out.stderr
+    finally:
+        server.kill()

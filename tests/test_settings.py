@@ -1,0 +1,47 @@
+"""Settings: TOML + CLUSTER_DQ_* overrides, every bad key or value refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster_dq.errors import ConfigError
+from cluster_dq.settings import load
+
+
+def test_toml_and_env_overrides(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('Port = 9000\nTTRSecond = 30\n[Accounts]\nadmin = "pw"\n'
+                   '[Pool.default]\nAddr = "127.0.0.1:7000"\n[Pool.other]\nAddr = "127.0.0.1:7001"\n'
+                   'MasterName = "m"\n')  # fmt: skip
+    s = load(cfg, {"CLUSTER_DQ_PORT": "9100", "CLUSTER_DQ_POOL__OTHER__DB": "2",
+                   "CLUSTER_DQ_ENABLEACCESSLOG": "true"})  # fmt: skip
+    assert (s.Port, s.TTRSecond, s.EnableAccessLog) == (9100, 30, True)
+    assert s.Accounts == {"admin": "pw"}
+    assert s.Pool["other"].DB == 2 and s.Pool["other"].kind == "sentinel"
+    assert s.Pool["default"].addresses() == [("127.0.0.1", 7000)]
+    assert load(None, {}).embedded
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "names"),
+    [
+        ("Prot = 1", {}, "Prot"),
+        ('Port = "x"', {}, "Port"),
+        ("", {"CLUSTER_DQ_PORT": "seven"}, "Port"),
+        ("", {"CLUSTER_DQ_NOPE": "1"}, "CLUSTER_DQ_NOPE"),
+        ("Workers = 0", {}, "Workers"),
+        ('[Pool.default]\nAddr = "nohost"', {}, "Pool.default.Addr"),
+        ('[Pool.x]\nAddr = "127.0.0.1:1"', {}, "Pool.default"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\nColor = 1', {}, "Pool.default.Color"),
+        ("TTLSecond = 5\nDelaySecond = 10", {}, "TTLSecond"),
+        ("Port = [", {}, "c.toml"),
+    ],
+)
+def test_bad_settings_name_the_key(tmp_path: Path, text: str, env: dict[str, str], names: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load(cfg, env)
+    assert names in str(e.value)
