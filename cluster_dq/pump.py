@@ -55,11 +55,13 @@ class Pump:
         self.on_leadership = on_leadership
         self.leading: dict[int, float] = {}  # shard -> monotonic time the lease runs out
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run_shard(s)) for s in self.shards]
 
     async def stop(self) -> None:
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -95,7 +97,7 @@ class Pump:
     async def _run_shard(self, shard: int) -> None:
         renew_every = self.lease_ms / 3000
         next_renew = 0.0
-        while True:
+        while not self._stopping:
             try:
                 now = time.monotonic()
                 if now >= next_renew:
@@ -111,6 +113,8 @@ class Pump:
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as e:
+                if _cancelled():  # redis-py can turn a cancellation into a connection error
+                    raise asyncio.CancelledError() from e
                 log.warning("pump shard %d: %s", shard, e)
                 await asyncio.sleep(0.2)
             except Exception:  # a bug must not silently end the shard's pump
@@ -140,3 +144,8 @@ class Pump:
         if head is None:
             return self.poll_ms
         return max(0, min(head - now_ms(), self.poll_ms))
+
+
+def _cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -204,6 +204,9 @@ class WaiterHub:
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as e:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError() from e
                 log.warning("notification channel: %s", e)  # the safety poll covers the gap
                 await asyncio.sleep(0.5)
                 continue

@@ -55,3 +55,20 @@ async def cluster_engine(redis_cluster: Cluster) -> AsyncIterator[AsyncEngine]:
     await client.flushall(target_nodes=AsyncRedisCluster.PRIMARIES)
     yield AsyncEngine(client, EngineConfig())
     await client.aclose()
+
+
+@pytest.fixture(autouse=True)
+async def _dump_tasks_if_stuck() -> AsyncIterator[None]:
+    """A test still running after 150 s prints every asyncio task's stack (hang diagnosis)."""
+    import asyncio
+    import os
+    import sys
+
+    def dump() -> None:
+        print("\n=== asyncio tasks of a test running for 150 s ===", file=sys.__stderr__)
+        for task in asyncio.all_tasks():
+            task.print_stack(file=sys.__stderr__)
+
+    handle = asyncio.get_running_loop().call_later(float(os.environ.get("CLUSTER_DQ_TEST_DUMP_AFTER", "150")), dump)
+    yield
+    handle.cancel()

@@ -2,7 +2,7 @@
 # Installs redis-server with apt-get when it is missing, and the package into ./.venv.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-EXTRAS="${EXTRAS:-test}"
+EXTRAS="${EXTRAS-test}"
 
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "bootstrap: installing redis-server (apt-get)" >&2
@@ -18,10 +18,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 STAMP="$VENV/.installed-$(sha1sum "$ROOT/pyproject.toml" | cut -c1-12)-${EXTRAS//,/_}"
+# any earlier install with the test extra also covers the plain one
+[ -z "$EXTRAS" ] && ls "$VENV"/.installed-"$(sha1sum "$ROOT/pyproject.toml" | cut -c1-12)"-* >/dev/null 2>&1 \
+  && STAMP="$(ls "$VENV"/.installed-"$(sha1sum "$ROOT/pyproject.toml" | cut -c1-12)"-* | head -1)"
 if [ ! -f "$STAMP" ]; then
   echo "bootstrap: installing cluster_dq[$EXTRAS] into .venv" >&2
   "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-  "$VENV/bin/pip" install -q -e "$ROOT[$EXTRAS]"
+  if [ -n "$EXTRAS" ]; then
+    "$VENV/bin/pip" install -q -e "$ROOT[$EXTRAS]"
+  else
+    "$VENV/bin/pip" install -q -e "$ROOT"
+  fi
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
