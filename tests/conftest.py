@@ -69,6 +69,6 @@ async def _dump_tasks_if_stuck() -> AsyncIterator[None]:
         for task in asyncio.all_tasks():
             task.print_stack(file=sys.__stderr__)
 
-    handle = asyncio.get_running_loop().call_later(float(os.environ.get("CLUSTER_DQ_TEST_DUMP_AFTER", "150")), dump)
+    handle = asyncio.get_running_loop().call_later(float(os.environ.get("DQ_TEST_DUMP_AFTER", "150")), dump)
     yield
     handle.cancel()

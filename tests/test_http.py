@@ -35,14 +35,14 @@ def serve(redis_addr: str, **env: str) -> tuple[subprocess.Popen[bytes], str, st
     )  # fmt: skip
     base, admin_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(admin_base + "/healthz").status_code == 200:
                 return proc, base, admin_base
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.kill()
-    raise RuntimeError("service did not start")
+    raise RuntimeError(f"service did not start (exit code {proc.wait()})")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,138 @@
+"""HTTP benchmark: starts a redis-server and `cluster-dq serve` (1, then 2 workers), drives
+them from this separate process, and prints jobs/s and latency percentiles for: publish one
+job per request, bulk publish (64 per request), and consume + ack (2 requests per job).
+
+    python loadtest/bench_http.py                  # 10 s per scenario, 1 and 2 workers
+    python loadtest/bench_http.py --seconds 3 --workers 1
+
+Figures only; nothing is asserted. The load generator shares the 2 cores with the service
+and Redis, so these are lower bounds of what the service does on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+import uvloop
+
+from cluster_dq.localredis import free_port, start_server
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))] * 1000 if s else float("nan")
+
+
+async def drive(name: str, seconds: float, conns: int, make: object, jobs_per_call: int) -> None:
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    stop = time.perf_counter() + seconds
+    connector = aiohttp.TCPConnector(limit=conns)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                try:
+                    ok = await make(session)  # type: ignore[operator]
+                except aiohttp.ClientError as e:
+                    ok = type(e).__name__
+                if ok is True:
+                    lat.append(time.perf_counter() - t)
+                else:
+                    errors[str(ok)] = errors.get(str(ok), 0) + 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(conns)))
+        took = time.perf_counter() - started
+    print(f"  {name:<34} {len(lat) * jobs_per_call / took:>9,.0f} jobs/s  "
+          f"{len(lat) / took:>7,.0f} req/s  p50 {pct(lat, 50):6.2f} ms  p99 {pct(lat, 99):6.2f} ms"
+          f"  errors {errors or 0}", flush=True)  # fmt: skip
+
+
+async def scenarios(base: str, token: str, seconds: float) -> None:
+    h = {"X-Token": token}
+    body = os.urandom(32).hex().encode()  # 64 bytes
+    bulk = json.dumps([body.decode()] * 64).encode()
+
+    async def publish(s: aiohttp.ClientSession) -> bool | int:
+        async with s.put(f"{base}/api/bench/one", data=body, headers=h) as r:
+            await r.read()
+            return r.status == 201 or r.status
+
+    async def publish_bulk(s: aiohttp.ClientSession) -> bool | int:
+        async with s.put(f"{base}/api/bench/bulk/bulk", data=bulk, headers=h) as r:
+            await r.read()
+            return r.status == 201 or r.status
+
+    async def consume_ack(s: aiohttp.ClientSession) -> bool | int:
+        async with s.get(f"{base}/api/bench/one?ttr=60", headers=h) as r:
+            if r.status != 200:
+                await r.read()
+                return r.status
+            jid = (await r.json())["job_id"]
+        async with s.delete(f"{base}/api/bench/one/job/{jid}", headers=h) as r:
+            await r.read()
+            return r.status == 204 or r.status
+
+    async def consume_batch(s: aiohttp.ClientSession) -> bool | int:
+        async with s.get(f"{base}/api/bench/bulk?ttr=60&count=100", headers=h) as r:
+            if r.status != 200:
+                await r.read()
+                return r.status
+            jobs = await r.json()
+        for j in jobs:  # lmstfy has no batch ack: one DELETE per job
+            async with s.delete(f"{base}/api/bench/bulk/job/{j['job_id']}", headers=h) as r:
+                await r.read()
+        return True
+
+    await drive("publish, one job per request", seconds, 64, publish, 1)
+    await drive("bulk publish, 64 jobs per request", seconds, 16, publish_bulk, 64)
+    await drive("consume + ack, one job (2 requests)", seconds, 64, consume_ack, 1)
+    await drive("consume 100 + 100 acks", seconds, 8, consume_batch, 100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--workers", type=int, action="append")
+    a = ap.parse_args()
+    for workers in a.workers or [1, 2]:
+        redis = start_server()
+        port, admin = free_port(18000, 18500), free_port(18500, 19000)
+        env = {**os.environ, "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis.port}",
+               "CLUSTER_DQ_LOGLEVEL": "warning", "PYTHONPATH": str(ROOT)}  # fmt: skip
+        proc = subprocess.Popen([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
+                                 "--admin-port", str(admin), "--workers", str(workers)], env=env)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{admin}/healthz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            token = httpx.post(f"http://127.0.0.1:{admin}/token/bench", params={"description": "bench"}).json()["token"]
+            print(f"{workers} worker(s), {a.seconds:.0f} s per scenario:", flush=True)
+            uvloop.run(scenarios(f"http://127.0.0.1:{port}", token, a.seconds))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            redis.kill()
+
+
+if __name__ == "__main__":
+    main()
