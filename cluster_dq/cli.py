@@ -22,9 +22,9 @@ def _settings(args: argparse.Namespace) -> Settings:
     return dataclasses.replace(s, **overrides) if overrides else s
 
 
-def _banner(s: Settings, data_port: int, admin_port: int) -> None:
+def _banner(s: Settings, data_port: int, admin_port: int, embedded: bool) -> None:
     token = ""
-    if s.Pool.get("default") and s.Pool["default"].Addr.startswith("127.0.0.1"):
+    if embedded:  # a newcomer's first run: hand them a token for namespace "demo"
         token = asyncio.run(_create_token(s, "demo", "embedded demo token", None))
     data = f"http://{s.Host}:{data_port}"
     print(f"cluster-dq {cluster_dq.__version__}: data API {data}, admin API http://{s.AdminHost}:{admin_port}")

@@ -184,7 +184,11 @@ def run(settings: Settings, on_ready: object = None) -> int:
             "admin": f"http://{settings.AdminHost}:{admin_sock.getsockname()[1]}",
             "workers": settings.Workers})  # fmt: skip
         if callable(on_ready):
-            on_ready(settings, data_sock.getsockname()[1], admin_sock.getsockname()[1])
+            try:
+                on_ready(settings, data_sock.getsockname()[1], admin_sock.getsockname()[1],
+                         redis is not None)  # fmt: skip
+            except Exception:  # a banner must never take the service down
+                log.exception("start-up banner failed")
         while not stopping and all(w.is_alive() for w in workers):
             signal.sigtimedwait({signal.SIGCHLD}, 1.0)
     finally:

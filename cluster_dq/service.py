@@ -17,7 +17,7 @@ from cluster_dq.keys import parse_qualified, shard_of
 from cluster_dq.models import Job, JobSpec, JobState, validate_spec
 from cluster_dq.pools import RedisPool
 from cluster_dq.settings import Settings
-from cluster_dq.tokens import TokenStore
+from cluster_dq.tokens import TokenStore, split_token
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,9 +48,7 @@ class Service:
         for that namespace."""
         if not raw_token:
             raise Unauthorized("token not found")
-        pool_name, sep, token = raw_token.partition(":")
-        if not sep:
-            pool_name, token = "default", raw_token
+        pool_name, token = split_token(raw_token)
         pool = self.pool(pool_name)
         try:
             ok = await self.tokens.valid(pool_name, ns, token)

@@ -22,6 +22,12 @@ from cluster_dq.models import encode_id
 MIN_CUSTOM_TOKEN = 20
 
 
+def split_token(raw: str) -> tuple[str, str]:
+    """lmstfy's ``pool:token``; a bare token belongs to the ``default`` pool."""
+    pool, sep, token = raw.partition(":")
+    return (pool, token) if sep else ("default", raw)
+
+
 def new_token() -> str:
     return encode_id(now_ms().to_bytes(6, "big") + os.urandom(10))
 

@@ -103,10 +103,37 @@ async def scenarios(base: str, token: str, seconds: float) -> None:
     await drive("consume 100 + 100 acks", seconds, 8, consume_batch, 100)
 
 
+def wrk(name: str, url: str, token: str, body: bytes, seconds: float, conns: int, jobs: int) -> None:
+    """The same publish scenarios driven by wrk (C), which costs the 2 cores far less."""
+    import re
+    import shutil
+    import tempfile
+
+    if not shutil.which("wrk"):
+        print("  (wrk not installed: apt-get install wrk)")
+        return
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(body)
+        f.flush()
+        env = {**os.environ, "WRK_BODY_FILE": f.name, "WRK_TOKEN": token}
+        out = subprocess.run(
+            ["wrk", "-t2", f"-c{conns}", f"-d{seconds:.0f}s", "--latency", "-s",
+             str(ROOT / "loadtest" / "wrk_put.lua"), url], env=env, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    dist = out.split("Latency Distribution", 1)[-1]
+    p50 = re.search(r"50%\s+(\S+)", dist).group(1)  # type: ignore[union-attr]
+    p99 = re.search(r"99%\s+(\S+)", dist).group(1)  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    print(f"  wrk {name:<30} {rps * jobs:>9,.0f} jobs/s  {rps:>7,.0f} req/s  p50 {p50:>8}  p99 {p99:>8}"
+          f"  non-2xx {bad.group(1) if bad else 0}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--workers", type=int, action="append")
+    ap.add_argument("--wrk", action="store_true", help="also drive the publish scenarios with wrk")
     a = ap.parse_args()
     for workers in a.workers or [1, 2]:
         redis = start_server()
@@ -128,6 +155,12 @@ def main() -> None:
             token = httpx.post(f"http://127.0.0.1:{admin}/token/bench", params={"description": "bench"}).json()["token"]
             print(f"{workers} worker(s), {a.seconds:.0f} s per scenario:", flush=True)
             uvloop.run(scenarios(f"http://127.0.0.1:{port}", token, a.seconds))
+            if a.wrk:
+                body = os.urandom(32).hex().encode()
+                base = f"http://127.0.0.1:{port}"
+                wrk("publish, one job per request", f"{base}/api/bench/w1", token, body, a.seconds, 64, 1)
+                wrk("bulk publish, 64 per request", f"{base}/api/bench/w2/bulk", token,
+                    json.dumps([body.decode()] * 64).encode(), a.seconds, 16, 64)
         finally:
             proc.terminate()
             proc.wait(timeout=30)

@@ -9,8 +9,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 from tenacity import AsyncRetrying
 
-from cluster_dq.engine.commands import Call, Cmd, EngineConfig, Eval, Op, Step
-from cluster_dq.engine.retry import POLICY
+from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
+from cluster_dq.engine.retry import POLICY, TRANSIENT
 from cluster_dq.engine.scripts import load_all
 
 T = TypeVar("T")
@@ -50,6 +50,10 @@ class AsyncEngine:
         return await self._call(step)
 
     async def _retrying(self, step: Step) -> Any:
+        try:  # the fast path: no retry machinery unless something failed
+            return await self._step(step)
+        except TRANSIENT:
+            pass
         async for attempt in AsyncRetrying(**POLICY):  # type: ignore[arg-type]
             with attempt:
                 return await self._step(step)

@@ -9,8 +9,8 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 from tenacity import Retrying
 
-from cluster_dq.engine.commands import Call, Cmd, EngineConfig, Eval, Op, Step
-from cluster_dq.engine.retry import POLICY
+from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
+from cluster_dq.engine.retry import POLICY, TRANSIENT
 from cluster_dq.engine.scripts import load_all
 
 T = TypeVar("T")
@@ -52,6 +52,10 @@ class SyncEngine:
         return self._call(step)
 
     def _retrying(self, step: Step) -> Any:
+        try:  # the fast path: no retry machinery unless something failed
+            return self._step(step)
+        except TRANSIENT:
+            pass
         for attempt in Retrying(**POLICY):  # type: ignore[arg-type]
             with attempt:
                 return self._step(step)

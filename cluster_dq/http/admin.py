@@ -20,7 +20,7 @@ from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, json
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.tokens import Limit
+from cluster_dq.tokens import Limit, split_token
 
 
 class AdminAPI:
@@ -99,11 +99,9 @@ class AdminAPI:
 
     async def delete_token(self, request: Request) -> Response:
         self._basic_auth(request)
-        ns, raw = request.path_params["ns"], request.path_params["token"]
+        ns = request.path_params["ns"]
         params.check_names(ns)
-        pool, sep, token = raw.partition(":")
-        if not sep:
-            pool, token = "default", raw
+        pool, token = split_token(request.path_params["token"])
         if pool not in self.service.pools:
             raise BadRequest("the pool was not exists", "pool")
         await self.service.tokens.delete(pool, ns, token)
@@ -111,11 +109,9 @@ class AdminAPI:
 
     async def limit(self, request: Request) -> Response:
         self._basic_auth(request)
-        ns, raw = request.path_params["ns"], request.path_params["token"]
+        ns = request.path_params["ns"]
         params.check_names(ns)
-        pool, sep, token = raw.partition(":")
-        if not sep:
-            pool, token = "default", raw
+        pool, token = split_token(request.path_params["token"])
         store = self.service.tokens
         if request.method == "GET":
             try:

@@ -21,6 +21,7 @@ from cluster_dq.models import JobSpec
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
+from cluster_dq.tokens import split_token
 
 log = logging.getLogger("cluster_dq.http")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -66,9 +67,7 @@ class DataAPI:
                        handler: Callable[[], Awaitable[Response]]) -> Response:  # fmt: skip
         """lmstfy's throttle: count the request, refund it unless it succeeded."""
         raw = request.headers.get("x-token") or request.query_params.get("token") or ""
-        pool_name, sep, token = raw.partition(":")
-        if not sep:
-            pool_name, token = "default", raw
+        pool_name, token = split_token(raw)
         taken = await self.service.tokens.take(pool_name, ns, token, write)
         response: Response | None = None
         try:
@@ -95,11 +94,13 @@ class DataAPI:
 
     async def publish(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
+        # Read the body before anything can refuse the request: answering with unread
+        # request bytes in the socket makes the server close it with a reset (client error).
+        body = await params.body(request, self.s.MaxBodyBytes)
         pool = await self._auth(request, ns, q)
 
         async def run() -> Response:
             spec = self._spec(request, b"")
-            body = await params.body(request, self.s.MaxBodyBytes)
             (p,) = await self.service.publish(pool, ns, q, [_with_body(spec, body)])
             out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
             if p.duplicate:
@@ -110,13 +111,13 @@ class DataAPI:
 
     async def bulk(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
+        data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)  # see publish
         pool = await self._auth(request, ns, q)
 
         async def run() -> Response:
             spec = self._spec(request, b"")
             if spec.job_id is not None:
                 raise BadRequest("job_id is not allowed in bulk publish", "job_id")
-            data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)
             bodies = params.bulk_elements(data, self.s.MaxBodyBytes)
             published = await self.service.publish(pool, ns, q, [_with_body(spec, b) for b in bodies])
             return json({"msg": "published", "job_ids": [p.job_id for p in published]}, 201)
@@ -125,10 +126,10 @@ class DataAPI:
 
     async def republish(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
+        body = await params.body(request, self.s.MaxBodyBytes)  # see publish
         old = params.job_id(request.path_params["job_id"])
         pool = await self._auth(request, ns, q)
         spec = self._spec(request, b"")
-        body = await params.body(request, self.s.MaxBodyBytes)
         p = await self.service.republish(pool, ns, q, old, _with_body(spec, body))
         return json({"msg": "published", "job_id": p.job_id}, 201)
 
