@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -33,12 +34,13 @@ def make_client(p: PoolSettings) -> AsyncClient:
             max_connections=p.PoolSize, **common,  # type: ignore[arg-type]
         )  # fmt: skip
     if p.kind == "sentinel":
-        sentinel = Sentinel(
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
             addrs, sentinel_kwargs={"password": p.SentinelPassword or None,
                                     "socket_timeout": 1.0},
-            **common,  # type: ignore[arg-type]
+            **common,
         )  # fmt: skip
-        return sentinel.master_for(p.MasterName, db=p.DB, max_connections=p.PoolSize)
+        master: AsyncClient = sentinel.master_for(p.MasterName, db=p.DB, max_connections=p.PoolSize)
+        return master
     host, port = addrs[0]
     return Redis(host=host, port=port, db=p.DB, max_connections=p.PoolSize, **common)  # type: ignore[arg-type]
 
@@ -46,13 +48,14 @@ def make_client(p: PoolSettings) -> AsyncClient:
 async def check_redis(name: str, client: AsyncClient) -> list[str]:
     """Refuses an evicting Redis (it silently loses jobs); returns warnings for the rest."""
     warnings: list[str] = []
+    configs: list[dict[str, str]]
     try:
         if isinstance(client, RedisCluster):
-            replies = await client.config_get("*", target_nodes=RedisCluster.PRIMARIES)
+            replies: Any = await client.config_get("*", target_nodes=RedisCluster.PRIMARIES)
             configs = list(replies.values()) if isinstance(replies, dict) and all(
                 isinstance(v, dict) for v in replies.values()) else [replies]  # fmt: skip
         else:
-            configs = [await client.config_get("*")]
+            configs = [cast(dict[str, str], await client.config_get("*"))]
     except ResponseError as e:  # CONFIG disabled (managed Redis): cannot check, say so
         return [f"pool {name}: cannot read CONFIG ({e}); make sure maxmemory-policy is noeviction"]
     for cfg in configs:

@@ -22,6 +22,10 @@ from cluster_dq.models import encode_id
 MIN_CUSTOM_TOKEN = 20
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def split_token(raw: str) -> tuple[str, str]:
     """lmstfy's ``pool:token``; a bare token belongs to the ``default`` pool."""
     pool, sep, token = raw.partition(":")
@@ -62,7 +66,7 @@ class TokenStore:
 
     async def list(self, pool: str, ns: str) -> dict[str, str]:
         raw = await self.client.hgetall(AdminKeys.tokens(pool, ns))
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return {_text(k): _text(v) for k, v in raw.items()}
 
     async def delete(self, pool: str, ns: str, token: str) -> None:
         await self.client.hdel(AdminKeys.tokens(pool, ns), token)
@@ -90,7 +94,7 @@ class TokenStore:
             fresh = {}
             for k, v in raw.items():
                 d = json.loads(v)
-                fresh[k.decode()] = Limit(int(d["read"]), int(d["write"]), int(d["interval"]))
+                fresh[_text(k)] = Limit(int(d["read"]), int(d["write"]), int(d["interval"]))
             self._limits, self._limits_at = fresh, now
         return self._limits
 

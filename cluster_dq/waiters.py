@@ -224,4 +224,4 @@ class WaiterHub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
         with contextlib.suppress(Exception):
-            await self._pubsub.aclose()
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]

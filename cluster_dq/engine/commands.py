@@ -150,9 +150,9 @@ def publish(
     statuses, fills = reply[: len(specs)], reply[len(specs) : -1]
     if int(reply[-1]):
         yield _signal(qk, cfg, _event_of(call, cfg))
-    for bname, fill in zip(buckets, fills):
-        secs, lane = bname.split(":")
-        cfg.learn(qk.tag, int(secs) * BUCKET_WIDTH_MS, int(lane), int(fill))
+    for filled, fill in zip(buckets, fills):
+        secs, lane_s = filled.split(":")
+        cfg.learn(qk.tag, int(secs) * BUCKET_WIDTH_MS, int(lane_s), int(fill))
     return [
         Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
         for m, st in zip(members, statuses)
@@ -190,7 +190,7 @@ def consume(
     out: list[Job] = []
     for q in queues:
         qk = QueueKeys(ns, q)
-        args = [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify]
+        args: list[Arg] = [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify]
         reply = yield Eval("consume", _fixed(qk), args)
         if int(reply[0]):  # the pump must look here when these reservations run out
             yield _signal(qk, cfg, now + ttr_ms)

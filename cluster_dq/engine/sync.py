@@ -28,7 +28,7 @@ class SyncEngine:
     def _call(self, call: Call) -> Any:
         if isinstance(call, Eval):
             return self.scripts[call.script](keys=list(call.keys), args=list(call.args))
-        return self.client.execute_command(*call.args)
+        return self.client.execute_command(*call.args)  # type: ignore[no-untyped-call]
 
     def _pipeline(self, calls: tuple[Call, ...]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)

@@ -168,5 +168,5 @@ class AdminAPI:
 def create_admin_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
     api = AdminAPI(service, settings, access_log)
     app = Starlette(routes=api.routes(), exception_handlers=error_handlers())
-    app.add_middleware(RequestIdMiddleware, access_log=access_log)  # type: ignore[arg-type]
+    app.add_middleware(RequestIdMiddleware, access_log=access_log)
     return app

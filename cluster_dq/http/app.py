@@ -236,5 +236,5 @@ def _with_body(spec: JobSpec, body: bytes) -> JobSpec:
 def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
     api = DataAPI(service, settings)
     app = Starlette(routes=api.routes(), exception_handlers=error_handlers())
-    app.add_middleware(RequestIdMiddleware, access_log=access_log)  # type: ignore[arg-type]
+    app.add_middleware(RequestIdMiddleware, access_log=access_log)
     return app
