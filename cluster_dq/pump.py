@@ -40,7 +40,7 @@ class Pump:
         shards: Iterable[int] | None = None,
         *,
         lease_ms: int = 3_000,
-        poll_ms: int = 250,
+        poll_ms: int = 1_000,  # idle look at the schedule; buckets open 5 s ahead anyway
         batch: int = 64,
         on_step: StepHook | None = None,
         on_leadership: Callable[[int, bool], None] | None = None,

@@ -64,7 +64,8 @@ class _Server(uvicorn.Server):
 
 def _uvicorn(app: object, sock: socket.socket) -> _Server:
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",  # type: ignore[arg-type]
-                            loop="uvloop", http="httptools", timeout_keep_alive=75)  # fmt: skip
+                            loop="uvloop", http="httptools", timeout_keep_alive=75,
+                            proxy_headers=False, server_header=False)  # fmt: skip
     server = _Server(config)
     server.sock = sock  # type: ignore[attr-defined]
     return server
