@@ -119,6 +119,8 @@ class WaiterHub:
         self._pubsub = engine.client.pubsub()
         self._reader: asyncio.Task[None] | None = None
         self._by_channel: dict[bytes, _Watcher] = {}
+        self._unsubscribing: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     async def consume(
         self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
@@ -189,8 +191,11 @@ class WaiterHub:
             del self.watchers[key]
             channel = watcher.channel.encode()
             self._by_channel.pop(channel, None)
+            if self._closed:  # the pub/sub connection is going away with everything else
+                return
             task = asyncio.create_task(self._unsubscribe(channel))
-            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+            self._unsubscribing.add(task)
+            task.add_done_callback(self._unsubscribing.discard)
 
     async def _unsubscribe(self, channel: bytes) -> None:
         with contextlib.suppress(RedisError, OSError):
@@ -216,12 +221,13 @@ class WaiterHub:
                     w.wake.set()
 
     async def close(self) -> None:
-        for w in list(self.watchers.values()):
-            if w.task:
-                w.task.cancel()
+        self._closed = True
+        tasks = [w.task for w in self.watchers.values() if w.task]
+        tasks += list(self._unsubscribing)
         if self._reader:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+            tasks.append(self._reader)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # nothing may outlive the hub
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]
