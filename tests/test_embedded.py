@@ -1,0 +1,65 @@
+"""The README's run command: with no pool configured, `cluster-dq serve` starts its own
+redis-server, prints a working token and curl lines, serves, and stops its Redis on exit."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from cluster_dq.localredis import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
+    port, admin = free_port(18000, 18500), free_port(18500, 19000)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_DQ_")}
+    env.update(PYTHONPATH=str(ROOT), CLUSTER_DQ_LOGLEVEL="warning")
+    with (tmp_path / "out").open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
+             "--admin-port", str(admin)], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        text = ""
+        while "Stop with Ctrl-C" not in text and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "out").read_text()
+            time.sleep(0.1)
+            text = (tmp_path / "out").read_text()
+        token = re.search(r'namespace "demo": (\S+)', text)
+        redis_addr = re.search(r"redis \(pool default\): 127\.0\.0\.1:(\d+)", text)
+        assert token and redis_addr, text
+        assert f"curl -X PUT -H 'X-Token: {token.group(1)}'" in text
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"X-Token": token.group(1)}) as api:
+            for _ in range(100):  # the worker may still be starting
+                try:
+                    r = api.put("/api/demo/hello", params={"delay_ms": 200}, content=b"hi")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            assert r.status_code == 201
+            job = api.get("/api/demo/hello", params={"timeout": 5}).json()
+            assert job["job_id"] == r.json()["job_id"] and job["elapsed_ms"] >= 200
+        redis_pid = subprocess.run(["pgrep", "-f", f"redis-server 127.0.0.1:{redis_addr.group(1)}"],
+                                   capture_output=True, text=True).stdout.split()  # fmt: skip
+        assert redis_pid, "the embedded redis-server is not running"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(redis_pid[0]), 0)
+            time.sleep(0.1)
+        except ProcessLookupError:
+            break
+    else:
+        raise AssertionError("the embedded redis-server outlived the service")
