@@ -5,17 +5,20 @@
   pump. Each reserved job has its tries decremented and its ttr deadline set.
   KEYS[1..8] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] ttr (ms)  ARGV[3] count  ARGV[4] promote limit  ARGV[5] notify channel
-  Returns: {lowered, member_1, record_1, member_2, record_2, ...} (records as delivered;
-    lowered: 1 when the queue's next pump event moved earlier, see publish.lua)
+  ARGV[6] bucket open lead (ms)
+  Returns: {lowered, stale, member_1, record_1, member_2, record_2, ...} (records as delivered;
+    lowered: 1 when the queue's next pump event moved earlier, see publish.lua;
+    stale: 1 when a wheel bucket should already be open, i.e. the pump is behind: the caller
+    then opens it itself and consumes again)
 ]]
 --@include lib/queue
 local now, ttr, count, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local was_empty = redis.call('EXISTS', READY) == 0
 expire_reservations(now, limit)
 promote(now, limit)
-local out = {0}
-while #out - 1 < count * 2 do
-  local popped = redis.call('ZPOPMIN', READY, count - (#out - 1) / 2)
+local out = {0, 0}
+while #out - 2 < count * 2 do
+  local popped = redis.call('ZPOPMIN', READY, count - (#out - 2) / 2)
   if #popped == 0 then break end
   for i = 1, #popped, 2 do
     local id = popped[i]
@@ -33,8 +36,10 @@ while #out - 1 < count * 2 do
     end
   end
 end
-if #out > 1 then lower_next(now + ttr) end
+if #out > 2 then lower_next(now + ttr) end
 out[1] = lowered
+local w = first_score(WHEEL)
+if w and w - tonumber(ARGV[6]) <= now then out[2] = 1 end
 tidy()
 notify(ARGV[5], was_empty)
 return out

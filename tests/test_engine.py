@@ -321,3 +321,15 @@ async def test_a_publish_during_a_pump_step_is_not_lost(engine: AsyncEngine, syn
     wake = sync_redis.zscore(sched, f"{NS}/{Q}")
     assert wake is not None and wake <= t + 2 * MIN - cfg.open_lead_ms
     check_queue(sync_redis, NS, Q)
+
+
+async def test_polling_consumer_needs_no_pump_for_wheel_jobs(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    """With no pump running (failover, takeover, a publisher that died before signalling its
+    shard), a plain consume still opens the due bucket and gets the job, never early."""
+    t = now_ms()
+    (jid,) = await publish(engine, t, JobSpec(b"w", delay_ms=10 * MIN))
+    due = t + 10 * MIN
+    assert await consume(engine, due - 1) == []
+    (job,) = await consume(engine, due)
+    assert job.job_id == jid
+    check_queue(sync_redis, NS, Q)

@@ -190,13 +190,21 @@ def consume(
     out: list[Job] = []
     for q in queues:
         qk = QueueKeys(ns, q)
-        args: list[Arg] = [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify]
-        reply = yield Eval("consume", _fixed(qk), args)
-        if int(reply[0]):  # the pump must look here when these reservations run out
-            yield _signal(qk, cfg, now + ttr_ms)
-        for job in _jobs(ns, q, reply[1:], JobState.RESERVED):
-            job.extra["reserved_ms"] = now
-            out.append(job)
+        for attempt in range(2):
+            args: list[Arg] = [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify,
+                               cfg.open_lead_ms]  # fmt: skip
+            reply = yield Eval("consume", _fixed(qk), args)
+            if int(reply[0]):  # the pump must look here when these reservations run out
+                yield _signal(qk, cfg, now + ttr_ms)
+            for job in _jobs(ns, q, reply[2:], JobState.RESERVED):
+                job.extra["reserved_ms"] = now
+                out.append(job)
+            if len(out) >= count or not int(reply[1]) or attempt:
+                break
+            # The pump is behind on this queue (failover, takeover, a lost signal): do its
+            # step here, tell the shard what comes next, and look again.
+            step = yield from tick(cfg, ns, q, now)
+            yield _signal(qk, cfg, step.next_event_ms)
         if len(out) >= count:
             break
     return out
