@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import sys
+from collections.abc import AsyncIterator
 
 import cluster_dq
 from cluster_dq import logs, settings as settings_mod
 from cluster_dq.errors import ClusterDQError, ConfigError
 from cluster_dq.settings import PoolSettings, Settings
+from cluster_dq.tokens import TokenStore
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -39,26 +42,26 @@ A token for namespace "demo": {token}
 Stop with Ctrl-C.""", flush=True)
 
 
-async def _create_token(s: Settings, ns: str, description: str, token: str | None, pool: str = "default") -> str:
-    from cluster_dq.engine.commands import EngineConfig
-    from cluster_dq.pools import RedisPool
-    from cluster_dq.tokens import TokenStore
+@contextlib.asynccontextmanager
+async def _token_store(s: Settings) -> AsyncIterator[TokenStore]:
+    """The token store of the default pool, on a client of its own for one command."""
+    from cluster_dq.engine.aio import AsyncEngine
+    from cluster_dq.pools import make_client
 
-    p = RedisPool.create(s.Pool["default"], EngineConfig())
+    engine = AsyncEngine(make_client(s.Pool["default"]))
     try:
-        return await TokenStore(p.engine).create(pool, ns, description, token)
+        yield TokenStore(engine)
     finally:
-        await p.engine.client.aclose()
+        await engine.client.aclose()
+
+
+async def _create_token(s: Settings, ns: str, description: str, token: str | None) -> str:
+    async with _token_store(s) as store:
+        return await store.create("default", ns, description, token)
 
 
 async def _token_cmd(s: Settings, args: argparse.Namespace) -> None:
-    from cluster_dq.engine.commands import EngineConfig
-    from cluster_dq.pools import RedisPool
-    from cluster_dq.tokens import TokenStore
-
-    p = RedisPool.create(s.Pool["default"], EngineConfig())
-    store = TokenStore(p.engine)
-    try:
+    async with _token_store(s) as store:
         if args.action == "create":
             tok = await store.create(args.pool, args.namespace, args.description, args.token)
             print(f"{args.pool}:{tok}" if args.pool != "default" else tok)
@@ -67,8 +70,6 @@ async def _token_cmd(s: Settings, args: argparse.Namespace) -> None:
                 print(f"{tok}\t{desc}")
         else:
             await store.delete(args.pool, args.namespace, args.token)
-    finally:
-        await p.engine.client.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,10 +18,6 @@ def bucket_name(due_ms: int, lane: int) -> str:
     return f"{due_ms // BUCKET_WIDTH_MS}:{lane}"
 
 
-def bucket_start_ms(name: str) -> int:
-    return int(name.split(":", 1)[0]) * BUCKET_WIDTH_MS
-
-
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
     namespace: str
@@ -78,9 +74,6 @@ class QueueKeys:
 
     def bucket(self, name: str) -> str:
         return self._k(f"w:{name}")
-
-    def bucket_prefix(self) -> str:
-        return self._k("w:")
 
     def all_fixed(self) -> list[str]:
         return [

@@ -19,6 +19,8 @@ import struct
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from cluster_dq.errors import BadRequest, BodyTooLarge
+
 MAX_NAME_LEN = 255
 MAX_TRIES = 65535
 MAX_BODY = 1024 * 1024
@@ -107,9 +109,15 @@ def is_client_id_valid(text: str) -> bool:
     )
 
 
+def is_wheel_member(member: bytes) -> bool:
+    """A server-made 16-byte id (its first byte, the top of a ms timestamp, is < 0x20 until
+    the year 2527; a client id starts with a name character)."""
+    return len(member) == 16 and member[0] < 0x20
+
+
 def id_to_text(member: bytes) -> str:
     """A stored member (16 raw bytes, or a client id) -> the id a client sees."""
-    if len(member) == 16 and member[0] < 0x20:
+    if is_wheel_member(member):
         return encode_id(member)
     return member.decode()
 
@@ -117,10 +125,6 @@ def id_to_text(member: bytes) -> str:
 def id_to_member(text: str) -> bytes:
     raw = decode_id(text)
     return raw if raw is not None else text.encode()
-
-
-def is_valid_name(name: str) -> bool:
-    return 0 < len(name.encode()) <= MAX_NAME_LEN and NAME_RE.match(name) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +240,6 @@ class Job:
 
 def validate_spec(spec: JobSpec) -> None:
     """Refuses a bad job whole, naming the parameter (lmstfy's messages where it has one)."""
-    from cluster_dq.errors import BadRequest, BodyTooLarge
-
     if spec.delay_ms < 0 or spec.delay_ms > MAX_SECONDS * 1000:
         raise BadRequest("invalid delay", "delay")
     if spec.ttl_ms < 0 or spec.ttl_ms > MAX_SECONDS * 1000:

@@ -10,7 +10,7 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import RedisError, ResponseError  # noqa: F401
+from redis.exceptions import RedisError, ResponseError
 
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
 from cluster_dq.engine.commands import EngineConfig

@@ -66,15 +66,13 @@ async def scenarios(base: str, token: str, seconds: float) -> None:
     body = os.urandom(32).hex().encode()  # 64 bytes
     bulk = json.dumps([body.decode()] * 64).encode()
 
-    async def publish(s: aiohttp.ClientSession) -> bool | int:
-        async with s.put(f"{base}/api/bench/one", data=body, headers=h) as r:
-            await r.read()
-            return r.status == 201 or r.status
+    def put(path: str, data: bytes) -> object:
+        async def call(s: aiohttp.ClientSession) -> bool | int:
+            async with s.put(f"{base}{path}", data=data, headers=h) as r:
+                await r.read()
+                return r.status == 201 or r.status
 
-    async def publish_bulk(s: aiohttp.ClientSession) -> bool | int:
-        async with s.put(f"{base}/api/bench/bulk/bulk", data=bulk, headers=h) as r:
-            await r.read()
-            return r.status == 201 or r.status
+        return call
 
     async def consume_ack(s: aiohttp.ClientSession) -> bool | int:
         async with s.get(f"{base}/api/bench/one?ttr=60", headers=h) as r:
@@ -97,8 +95,8 @@ async def scenarios(base: str, token: str, seconds: float) -> None:
                 await r.read()
         return True
 
-    await drive("publish, one job per request", seconds, 64, publish, 1)
-    await drive("bulk publish, 64 jobs per request", seconds, 16, publish_bulk, 64)
+    await drive("publish, one job per request", seconds, 64, put("/api/bench/one", body), 1)
+    await drive("bulk publish, 64 jobs per request", seconds, 16, put("/api/bench/bulk/bulk", bulk), 64)
     await drive("consume + ack, one job (2 requests)", seconds, 64, consume_ack, 1)
     await drive("consume 100 + 100 acks", seconds, 8, consume_batch, 100)
 

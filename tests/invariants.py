@@ -3,8 +3,6 @@ dangling, counters exact. Used after every guarantee test."""
 
 from __future__ import annotations
 
-import struct
-
 import redis
 
 from cluster_dq.keys import QueueKeys
@@ -44,7 +42,3 @@ def check_queue(r: redis.Redis, ns: str, q: str) -> dict[str, int]:
 
 def queue_keys(r: redis.Redis, ns: str, q: str) -> list[bytes]:
     return sorted(r.keys(f"*{{{ns}/{q}}}*"))
-
-
-def unpack_due(member: bytes) -> int:
-    return struct.unpack(">Q", b"\0\0" + member[:6])[0]

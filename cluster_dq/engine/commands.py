@@ -25,11 +25,11 @@ from cluster_dq.models import (
     JobSpec,
     JobState,
     Record,
-    decode_id,
     id_due_ms,
     id_lane,
     id_to_member,
     id_to_text,
+    is_wheel_member,
     new_id,
 )
 
@@ -109,18 +109,26 @@ def _signal(qk: QueueKeys, cfg: EngineConfig, at_ms: int | None) -> Eval:
 
 
 def _bucket_of(member: bytes) -> str | None:
-    if len(member) == 16 and member[0] < 0x20:
+    if is_wheel_member(member):
         return bucket_name(id_due_ms(member), id_lane(member))
     return None
 
 
-def publish(
-    cfg: EngineConfig, ns: str, q: str, specs: Sequence[JobSpec], now: int
-) -> Op[list[Published]]:
-    qk = QueueKeys(ns, q)
-    buckets: dict[str, int] = {}
-    job_args: list[Arg] = []
-    members: list[bytes] = []
+@dataclass(slots=True)
+class _Placement:
+    """New jobs ready for publish.lua / republish.lua: their members, per-job arguments, the
+    wheel buckets they use (name -> KEYS index) and the earliest pump event among them."""
+
+    members: list[bytes] = field(default_factory=list)
+    job_args: list[Arg] = field(default_factory=list)
+    buckets: dict[str, int] = field(default_factory=dict)
+    event: int | None = None
+
+
+def _place_jobs(
+    cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int, first_key: int = 9
+) -> _Placement:
+    out = _Placement()
     for spec in specs:
         due = now + spec.delay_ms
         expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
@@ -135,46 +143,43 @@ def publish(
             lane = cfg.hint(qk.tag, start)
             member = new_id(due, lane)
             bname = bucket_name(due, lane)
-            kidx = buckets.setdefault(bname, 9 + len(buckets))
+            kidx = out.buckets.setdefault(bname, first_key + len(out.buckets))
         else:
             member = new_id(due, 0)
-        members.append(member)
-        job_args += [member, due, record, kidx, bname]
-    keys = _fixed(qk) + [qk.bucket(b) for b in buckets]
+        # the pump's first work for this job: open its bucket, promote it, or expire it
+        at = start - cfg.open_lead_ms if kidx else due if due > now else expire_at or None
+        if at is not None and (out.event is None or at < out.event):
+            out.event = at
+        out.members.append(member)
+        out.job_args += [member, due, record, kidx, bname]
+    return out
+
+
+def _learn_lanes(cfg: EngineConfig, qk: QueueKeys, buckets: Sequence[str], fills: Sequence[Any]) -> None:
+    for name, fill in zip(buckets, fills):
+        secs, lane = name.split(":")
+        cfg.learn(qk.tag, int(secs) * BUCKET_WIDTH_MS, int(lane), int(fill))
+
+
+def publish(
+    cfg: EngineConfig, ns: str, q: str, specs: Sequence[JobSpec], now: int
+) -> Op[list[Published]]:
+    qk = QueueKeys(ns, q)
+    jobs = _place_jobs(cfg, qk, specs, now)
+    keys = _fixed(qk) + [qk.bucket(b) for b in jobs.buckets]
     args: list[Arg] = [
         now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, cfg.open_lead_ms, len(specs),
-        *job_args,
+        *jobs.job_args,
     ]  # fmt: skip
-    call = Eval("publish", keys, args)
-    reply = yield call
+    reply = yield Eval("publish", keys, args)
     statuses, fills = reply[: len(specs)], reply[len(specs) : -1]
     if int(reply[-1]):
-        yield _signal(qk, cfg, _event_of(call, cfg))
-    for filled, fill in zip(buckets, fills):
-        secs, lane_s = filled.split(":")
-        cfg.learn(qk.tag, int(secs) * BUCKET_WIDTH_MS, int(lane_s), int(fill))
+        yield _signal(qk, cfg, jobs.event)
+    _learn_lanes(cfg, qk, list(jobs.buckets), fills)
     return [
         Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
-        for m, st in zip(members, statuses)
+        for m, st in zip(jobs.members, statuses)
     ]
-
-
-def _event_of(call: Eval, cfg: EngineConfig) -> int | None:
-    """The earliest pump event of the jobs a publish call carries (for the shard signal)."""
-    now = int(call.args[0])
-    events = []
-    args = call.args[6:]
-    for i in range(0, len(args), 5):
-        due, record, kidx = int(args[i + 1]), args[i + 2], int(args[i + 3])
-        assert isinstance(record, bytes)
-        expire_at = Record.unpack(record).expire_at_ms
-        if kidx:
-            events.append(due - due % BUCKET_WIDTH_MS - cfg.open_lead_ms)
-        elif due > now:
-            events.append(due)
-        elif expire_at:
-            events.append(expire_at)
-    return min(events) if events else None
 
 
 def _jobs(ns: str, q: str, flat: list[bytes], state: JobState) -> list[Job]:
@@ -233,27 +238,19 @@ def republish(
     cfg: EngineConfig, ns: str, q: str, old_id: str, spec: JobSpec, now: int
 ) -> Op[tuple[JobState | None, Published]]:
     qk = QueueKeys(ns, q)
-    # Build the new job with the publish builder, then reuse its arguments.
-    gen = publish(cfg, ns, q, [spec], now)
-    pub = next(gen)
-    assert isinstance(pub, Eval)
-    new_keys = list(pub.keys[8:])
-    member, due, record, kidx, bname = pub.args[6:11]
-    old_extra, old_args = _id_args(qk, [old_id], 9 + len(new_keys))
-    new_kidx = kidx if kidx else 0
+    new = _place_jobs(cfg, qk, [spec], now)
+    old_keys, old_args = _id_args(qk, [old_id], 9 + len(new.buckets))
     args: list[Arg] = [
-        now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, *old_args,
-        member, due, record, new_kidx, bname, cfg.open_lead_ms,
+        now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, *old_args, *new.job_args,
+        cfg.open_lead_ms,
     ]  # fmt: skip
-    reply = yield Eval("republish", _fixed(qk) + new_keys + old_extra, args)
-    gen.close()
-    if int(reply[2]):
-        yield _signal(qk, cfg, _event_of(pub, cfg))
-    assert isinstance(member, bytes)
-    st = int(reply[1])
-    return STATE_CODES.get(int(reply[0])), Published(
-        id_to_text(member), st == 0, PUBLISH_STATES.get(st)
-    )
+    keys = _fixed(qk) + [qk.bucket(b) for b in new.buckets] + old_keys
+    old_state, status, lowered = yield Eval("republish", keys, args)
+    if int(lowered):
+        yield _signal(qk, cfg, new.event)
+    st = int(status)
+    published = Published(id_to_text(new.members[0]), st == 0, PUBLISH_STATES.get(st))
+    return STATE_CODES.get(int(old_state)), published
 
 
 def peek_job(ns: str, q: str, job_id: str) -> Op[Job | None]:
@@ -405,14 +402,6 @@ def next_schedule(shard: int) -> Op[int | None]:
 def queues_of_shard(shard: int) -> Op[list[str]]:
     members = yield Cmd(("SMEMBERS", ShardKeys(shard).queues))
     return sorted(m.decode() for m in members)
-
-
-def member_for(job_id: str) -> bytes:
-    return id_to_member(job_id)
-
-
-def is_wheel_id(job_id: str) -> bool:
-    return decode_id(job_id) is not None
 
 
 def release(
