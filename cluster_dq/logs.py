@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
 import time
+from collections.abc import MutableMapping
+from typing import Any
+
+# The ASGI scope of the request being served (set by the HTTP middleware), for log records.
+current_scope: contextvars.ContextVar[MutableMapping[str, Any] | None] = contextvars.ContextVar(
+    "current_scope", default=None
+)
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -27,12 +35,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class RequestContext(logging.Filter):
+    """Adds the request id, namespace and queue of the request being served to every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        scope = current_scope.get()
+        if scope is not None:
+            record.request_id = scope.get("state", {}).get("request_id")
+            path_params = scope.get("path_params") or {}
+            if "ns" in path_params:
+                record.namespace = path_params["ns"]
+            q = path_params.get("q") or path_params.get("queues")
+            if q:
+                record.queue = q
+        return True
+
+
 def setup(level: str = "info", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RequestContext())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -3,6 +3,7 @@ long-poll hub and its pump; the start-up checks that refuse an unsafe Redis."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, cast
@@ -15,6 +16,7 @@ from redis.exceptions import RedisError, ResponseError
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ConfigError
+from cluster_dq.metrics import PoolMetrics, SizeBoard
 from cluster_dq.pump import Pump
 from cluster_dq.settings import PoolSettings
 from cluster_dq.waiters import WaiterHub
@@ -82,25 +84,34 @@ class RedisPool:
     settings: PoolSettings
     engine: AsyncEngine
     hub: WaiterHub
+    metrics: PoolMetrics
     pump: Pump | None = None
 
     @classmethod
     def create(cls, settings: PoolSettings, config: EngineConfig) -> RedisPool:
-        engine = AsyncEngine(make_client(settings), config)
-        return cls(settings.name, settings, engine, WaiterHub(engine))
+        metrics = PoolMetrics(settings.name)
+        config = dataclasses.replace(config, moves=metrics, lane_hints={})
+        engine = AsyncEngine(make_client(settings), config, observer=metrics.redis_call)
+        return cls(settings.name, settings, engine, WaiterHub(engine), metrics)
 
-    async def start(self, run_pump: bool = True) -> None:
+    async def start(self, run_pump: bool = True, board: SizeBoard | None = None,
+                    sizes_every_s: float = 10.0) -> None:  # fmt: skip
         # The supervisor checked the Redis settings (server._preflight); a pool that is down
         # now answers 503 and /readyz says so until it is back.
         if run_pump:
-            self.pump = Pump(self.engine)
+            self.pump = Pump(self.engine, metrics=self.metrics, board=board, sizes_every_s=sizes_every_s)
             self.pump.start()
 
-    async def ready(self) -> bool:
+    async def ready(self) -> dict[str, bool | str]:
+        """For /readyz: Redis answers, and every script is loaded (loading what is missing)."""
         try:
-            return await self.engine.ping()
-        except (RedisError, OSError):
-            return False
+            await self.engine.ping()
+        except (RedisError, OSError) as e:
+            return {"redis": False, "scripts": False, "error": f"{type(e).__name__}: {e}"}
+        try:
+            return {"redis": True, "scripts": await self.engine.ensure_scripts()}
+        except (RedisError, OSError) as e:
+            return {"redis": True, "scripts": False, "error": f"{type(e).__name__}: {e}"}
 
     async def close(self) -> None:
         if self.pump:

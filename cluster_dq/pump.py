@@ -17,7 +17,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from redis.exceptions import RedisError
 
@@ -25,12 +25,11 @@ from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.keys import parse_qualified
+from cluster_dq.metrics import PoolMetrics, SizeBoard
 
 log = logging.getLogger(__name__)
 
 MIN_STEP_MS = 10
-
-StepHook = Callable[[int, str, ops.Sizes], None]
 
 
 class Pump:
@@ -42,8 +41,9 @@ class Pump:
         lease_ms: int = 3_000,
         poll_ms: int = 1_000,  # idle look at the schedule; buckets open 5 s ahead anyway
         batch: int = 64,
-        on_step: StepHook | None = None,
-        on_leadership: Callable[[int, bool], None] | None = None,
+        metrics: PoolMetrics | None = None,
+        board: SizeBoard | None = None,
+        sizes_every_s: float = 10.0,
     ) -> None:
         self.engine = engine
         self.shards = list(shards if shards is not None else range(engine.config.shards))
@@ -51,8 +51,9 @@ class Pump:
         self.poll_ms = poll_ms
         self.batch = batch
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self.on_step = on_step
-        self.on_leadership = on_leadership
+        self.metrics = metrics
+        self.board = board
+        self.sizes_every_s = sizes_every_s
         self.leading: dict[int, float] = {}  # shard -> monotonic time the lease runs out
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -88,8 +89,8 @@ class Pump:
             self.leading[shard] = asked + self.lease_ms / 1000 * 0.9
         else:
             self.leading.pop(shard, None)
-        if held != was and self.on_leadership:
-            self.on_leadership(shard, held)
+        if held != was and self.metrics:
+            self.metrics.leadership(shard, held)
         if held != was:
             log.debug("shard %d leadership %s", shard, "acquired" if held else "lost")
         return held
@@ -97,6 +98,7 @@ class Pump:
     async def _run_shard(self, shard: int) -> None:
         renew_every = self.lease_ms / 3000
         next_renew = 0.0
+        next_sizes = 0.0
         while not self._stopping:
             try:
                 now = time.monotonic()
@@ -104,10 +106,14 @@ class Pump:
                     await self._renew(shard)
                     next_renew = now + renew_every * (0.9 + 0.2 * random.random())
                 if not self.leads(shard):
+                    next_sizes = 0.0
                     await asyncio.sleep(max(next_renew - time.monotonic(), 0.01))
                     continue
+                if self.board and now >= next_sizes:
+                    next_sizes = now + self.sizes_every_s
+                    await self.post_sizes(shard)
                 wait_ms = await self.pump_shard(shard)
-                wait = min(wait_ms / 1000, max(next_renew - time.monotonic(), 0))
+                wait = min(wait_ms / 1000, max(min(next_renew, next_sizes) - time.monotonic(), 0))
                 if wait > 0:
                     await asyncio.sleep(wait)
             except asyncio.CancelledError:
@@ -136,14 +142,23 @@ class Pump:
             if nxt is not None:
                 nxt = max(nxt, at + MIN_STEP_MS)  # a backlog is worked in steps, never a spin
             await self.engine.run(ops.reschedule(shard, qualified, nxt), idempotent=True)
-            if self.on_step:
-                self.on_step(shard, qualified, sizes)
+        if self.metrics:
+            self.metrics.batch(shard, len(due))
         if len(due) >= self.batch:
             return 0
         head = await self.engine.run(ops.next_schedule(shard), idempotent=True)
         if head is None:
             return self.poll_ms
         return max(0, min(head - now_ms(), self.poll_ms))
+
+
+    async def post_sizes(self, shard: int) -> None:
+        """Measures every queue of a shard this process leads, for the metrics."""
+        assert self.board is not None
+        queues = await self.engine.run(ops.queues_of_shard(shard), idempotent=True)
+        sizes = await self.engine.run(ops.sizes_of(self.engine.config, queues), idempotent=True)
+        pool = self.metrics.pool if self.metrics else "default"
+        self.board.post(pool, shard, sizes)
 
 
 def _cancelled() -> bool:

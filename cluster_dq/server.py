@@ -11,6 +11,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -19,11 +20,11 @@ from pathlib import Path
 
 import uvicorn
 
-from cluster_dq import logs
+from cluster_dq import logs, metrics
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
-from cluster_dq.http.middleware import AccessLog
+from cluster_dq.http.middleware import AccessLog, SharedFlag
 from cluster_dq.localredis import Server as RedisServer
 from cluster_dq.localredis import start_server
 from cluster_dq.pools import RedisPool
@@ -37,19 +38,22 @@ EMBEDDED_STATE = Path(tempfile.gettempdir()) / "cluster-dq-embedded.json"
 class Runtime:
     """Pools, service and apps of one worker process."""
 
-    def __init__(self, settings: Settings, run_pump: bool = True) -> None:
+    def __init__(self, settings: Settings, run_pump: bool = True,
+                 access_flag: SharedFlag | None = None) -> None:  # fmt: skip
         self.settings = settings
         self.run_pump = run_pump
         config = EngineConfig(shards=settings.Shards)
         self.pools = {n: RedisPool.create(p, config) for n, p in settings.Pool.items()}
         self.service = Service(settings, self.pools)
-        self.access_log = AccessLog(settings.EnableAccessLog)
+        self.access_log = AccessLog(settings.EnableAccessLog, access_flag)
+        # Posts older than three rounds belong to a shard that another instance leads now.
+        self.board = metrics.SizeBoard(metrics.multiproc_dir(), 3 * settings.SizeIntervalSecond + 5)
         self.data_app = create_data_app(self.service, settings, self.access_log)
-        self.admin_app = create_admin_app(self.service, settings, self.access_log)
+        self.admin_app = create_admin_app(self.service, settings, self.access_log, self.board)
 
     async def start(self) -> None:
         for pool in self.pools.values():
-            await pool.start(self.run_pump)
+            await pool.start(self.run_pump, self.board, self.settings.SizeIntervalSecond)
 
     async def close(self) -> None:
         for pool in self.pools.values():
@@ -71,8 +75,9 @@ def _uvicorn(app: object, sock: socket.socket) -> _Server:
     return server
 
 
-async def _serve(settings: Settings, data_sock: socket.socket, admin_sock: socket.socket) -> None:
-    runtime = Runtime(settings)
+async def _serve(settings: Settings, data_sock: socket.socket, admin_sock: socket.socket,
+                 access_flag: SharedFlag) -> None:  # fmt: skip
+    runtime = Runtime(settings, access_flag=access_flag)
     await runtime.start()
     servers = [_uvicorn(runtime.data_app, data_sock), _uvicorn(runtime.admin_app, admin_sock)]
     loop = asyncio.get_running_loop()
@@ -106,11 +111,12 @@ async def _serve(settings: Settings, data_sock: socket.socket, admin_sock: socke
         log.info("worker stopped")
 
 
-def _worker(settings: Settings, data_sock: socket.socket, admin_sock: socket.socket) -> None:
+def _worker(settings: Settings, data_sock: socket.socket, admin_sock: socket.socket,
+            access_flag: SharedFlag) -> None:  # fmt: skip
     logs.setup(settings.LogLevel, settings.LogFormat)
     import uvloop
 
-    uvloop.run(_serve(settings, data_sock, admin_sock))
+    uvloop.run(_serve(settings, data_sock, admin_sock, access_flag))
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -162,6 +168,7 @@ def run(settings: Settings, on_ready: object = None) -> int:
     """Supervisor: binds both ports, starts the workers, stops everything on SIGINT/SIGTERM."""
     redis: RedisServer | None = None
     workers: list[multiprocessing.process.BaseProcess] = []
+    metrics_dir: Path | None = None
     stopping: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -176,7 +183,11 @@ def run(settings: Settings, on_ready: object = None) -> int:
         data_sock = _listen(settings.Host, settings.Port)
         admin_sock = _listen(settings.AdminHost, settings.AdminPort)
         ctx = multiprocessing.get_context("spawn")
-        workers = [ctx.Process(target=_worker, args=(settings, data_sock, admin_sock))
+        # Workers sum their metrics through this directory (prometheus-client multiprocess).
+        metrics_dir = Path(tempfile.mkdtemp(prefix="cluster-dq-metrics-"))
+        os.environ[metrics.MULTIPROC_ENV] = str(metrics_dir)
+        access_flag = ctx.Value("b", settings.EnableAccessLog, lock=False)
+        workers = [ctx.Process(target=_worker, args=(settings, data_sock, admin_sock, access_flag))
                    for _ in range(settings.Workers)]  # fmt: skip
         for w in workers:
             w.start()
@@ -200,6 +211,8 @@ def run(settings: Settings, on_ready: object = None) -> int:
             w.join(timeout=15)
             if w.is_alive():
                 w.kill()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
         if redis is not None:
             redis.kill(signal.SIGTERM)
             with contextlib.suppress(OSError):

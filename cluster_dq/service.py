@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from redis.exceptions import RedisError
 
+from cluster_dq import metrics
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import Op, Published, Sizes
@@ -65,25 +66,39 @@ class Service:
             validate_spec(spec)  # all-or-nothing: refuse before writing anything
         cfg = pool.engine.config
         # Safe to retry: the job ids are fixed before the first attempt.
-        return await self._run(pool, ops.publish(cfg, ns, q, specs, now_ms()), idempotent=True)
+        out = await self._run(pool, ops.publish(cfg, ns, q, specs, now_ms()), idempotent=True)
+        new = sum(1 for p in out if not p.duplicate)
+        if new:
+            metrics.published.labels(ns, q).inc(new)
+        return out
 
     async def consume(
         self, pool: RedisPool, ns: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
     ) -> list[Job]:
         try:
-            return await pool.hub.consume(ns, queues, ttr_ms, count, timeout_ms)
+            jobs = await pool.hub.consume(ns, queues, ttr_ms, count, timeout_ms)
         except (RedisError, OSError) as e:
             raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}") from e
+        metrics.record_delivered(jobs, now_ms())
+        return jobs
 
     async def ack(self, pool: RedisPool, ns: str, q: str, ids: Sequence[str]) -> list[JobState | None]:
-        return await self._run(pool, ops.ack(ns, q, ids), idempotent=True)
+        states = await self._run(pool, ops.ack(ns, q, ids), idempotent=True)
+        found = sum(1 for s in states if s is not None)
+        if found:
+            metrics.acked.labels(ns, q).inc(found)
+        return states
 
     async def republish(
         self, pool: RedisPool, ns: str, q: str, old_id: str, spec: JobSpec
     ) -> Published:
         validate_spec(spec)
         op = ops.republish(pool.engine.config, ns, q, old_id, spec, now_ms())
-        _, published = await self._run(pool, op, idempotent=True)
+        acked, published = await self._run(pool, op, idempotent=True)
+        if acked is not None:
+            metrics.acked.labels(ns, q).inc()
+        if not published.duplicate:
+            metrics.published.labels(ns, q).inc()
         return published
 
     async def peek(self, pool: RedisPool, ns: str, q: str) -> Job:
@@ -108,7 +123,10 @@ class Service:
         return await self._run(pool, ops.peek(pool.engine.config, ns, q, "dead", now_ms()), idempotent=True)
 
     async def respawn(self, pool: RedisPool, ns: str, q: str, limit: int, ttl_ms: int) -> int:
-        return await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit, ttl_ms, now_ms()))
+        n = await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit, ttl_ms, now_ms()))
+        if n:
+            metrics.respawned.labels(ns, q).inc(n)
+        return n
 
     async def delete_dead(self, pool: RedisPool, ns: str, q: str, limit: int) -> int:
         return await self._run(pool, ops.delete_dead(ns, q, limit))

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,14 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 ADMIN_AUTH = ("admin", "s3cret")
 
 
-def serve(redis_addr: str, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
+def serve(redis_addr: str, stderr: Any = None, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
     port, admin = free_port(18000, 18500), free_port(18500, 19000)
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_POOL__DEFAULT__ADDR": redis_addr,
                "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_TOKENCACHESECOND": "1",
                "CLUSTER_DQ_LOGLEVEL": "warning", **env}  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
-         "--admin-port", str(admin)], env=environ, cwd=ROOT,
+         "--admin-port", str(admin)], env=environ, cwd=ROOT, stderr=stderr,
     )  # fmt: skip
     base, admin_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
     deadline = time.monotonic() + 20

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
@@ -15,12 +18,16 @@ from cluster_dq.engine.scripts import load_all
 
 T = TypeVar("T")
 AsyncClient = Redis | RedisCluster
+Observer = Callable[[float, BaseException | None], None]  # (seconds, error) of each step
 
 
 class AsyncEngine:
-    def __init__(self, client: AsyncClient, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self, client: AsyncClient, config: EngineConfig | None = None, observer: Observer | None = None
+    ) -> None:
         self.client = client
         self.config = config or EngineConfig()
+        self.observer = observer
         self.scripts = {n: client.register_script(s.source) for n, s in load_all().items()}
 
     async def _call(self, call: Call) -> Any:
@@ -45,9 +52,18 @@ class AsyncEngine:
         return results
 
     async def _step(self, step: Step) -> Any:
-        if isinstance(step, tuple):
-            return await self._pipeline(step)
-        return await self._call(step)
+        if self.observer is None:
+            return await (self._pipeline(step) if isinstance(step, tuple) else self._call(step))
+        started = time.perf_counter()
+        try:
+            reply = await (self._pipeline(step) if isinstance(step, tuple) else self._call(step))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.observer(time.perf_counter() - started, e)
+            raise
+        self.observer(time.perf_counter() - started, None)
+        return reply
 
     async def _retrying(self, step: Step) -> Any:
         try:  # the fast path: no retry machinery unless something failed
@@ -73,3 +89,13 @@ class AsyncEngine:
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
+
+    async def ensure_scripts(self) -> bool:
+        """True when every script is cached on the server (on every master of a Cluster);
+        loads the missing ones (after a failover or a SCRIPT FLUSH) before answering."""
+        scripts = list(self.scripts.values())
+        present = await self.client.script_exists(*(s.sha for s in scripts))
+        for script, there in zip(scripts, present, strict=True):
+            if not there:
+                await self.client.script_load(script.script)
+        return True

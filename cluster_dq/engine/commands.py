@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from cluster_dq.keys import (
     BUCKET_WIDTH_MS,
     QueueKeys,
     ShardKeys,
     bucket_name,
+    parse_qualified,
     shard_of,
 )
 from cluster_dq.models import (
@@ -57,6 +58,13 @@ STATE_CODES = {1: JobState.DELAYED, 2: JobState.READY, 3: JobState.RESERVED, 4: 
 PUBLISH_STATES = {1: JobState.DELAYED, 2: JobState.DELAYED, 3: JobState.READY}
 
 
+class MoveSink(Protocol):
+    """Told of the jobs that scripts moved on their own (due time, ttr and ttl passing), so
+    the metrics can count what no request asked for."""
+
+    def moved(self, ns: str, q: str, promoted: int, retried: int, dead: int, expired: int) -> None: ...
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """Tunables of the storage layout and the pump (lua/README.md explains each)."""
@@ -68,6 +76,7 @@ class EngineConfig:
     open_calls_per_tick: int = 8
     promote_limit: int = 1_000  # jobs moved per script call (keeps every script ~1 ms)
     shards: int = 16
+    moves: MoveSink | None = None  # where consume and tick report the jobs they moved
     lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def hint(self, tag: str, start: int) -> int:
@@ -201,7 +210,9 @@ def consume(
             reply = yield Eval("consume", _fixed(qk), args)
             if int(reply[0]):  # the pump must look here when these reservations run out
                 yield _signal(qk, cfg, now + ttr_ms)
-            for job in _jobs(ns, q, reply[2:], JobState.RESERVED):
+            if cfg.moves and (int(reply[2]) or int(reply[3]) or int(reply[4])):
+                cfg.moves.moved(ns, q, 0, int(reply[2]), int(reply[3]), int(reply[4]))
+            for job in _jobs(ns, q, reply[5:], JobState.RESERVED):
                 job.extra["reserved_ms"] = now
                 out.append(job)
             if len(out) >= count or not int(reply[1]) or attempt:
@@ -318,6 +329,9 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
         Eval("expire_ttl", fixed, [now, cfg.promote_limit]),
         Eval("next_event", fixed, [cfg.open_lead_ms]),
     )
+    (promoted, gone), (retried, dead, gone2), gone3 = reply[0], reply[1], reply[2]
+    if cfg.moves:
+        cfg.moves.moved(ns, q, int(promoted), int(retried), int(dead), int(gone) + int(gone2) + int(gone3))
     result = _decode_sizes(reply[-1])
     if held_back and result.next_event_ms is not None:
         # Consumers lag: look again soon instead of spinning on an overdue bucket.
@@ -402,6 +416,18 @@ def next_schedule(shard: int) -> Op[int | None]:
 def queues_of_shard(shard: int) -> Op[list[str]]:
     members = yield Cmd(("SMEMBERS", ShardKeys(shard).queues))
     return sorted(m.decode() for m in members)
+
+
+def sizes_of(cfg: EngineConfig, qualified: Sequence[str], chunk: int = 100) -> Op[dict[str, Sizes]]:
+    """Sizes of many queues (``ns/q`` names), in pipelines of ``chunk`` read-only scripts."""
+    out: dict[str, Sizes] = {}
+    for i in range(0, len(qualified), chunk):
+        names = qualified[i : i + chunk]
+        replies = yield tuple(
+            Eval("sizes", _fixed(QueueKeys(*parse_qualified(n))), [cfg.open_lead_ms]) for n in names
+        )
+        out.update((n, _decode_sizes(r)) for n, r in zip(names, replies, strict=True))
+    return out
 
 
 def release(

@@ -6,25 +6,28 @@ import base64
 import binascii
 import hmac
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 import cluster_dq
+from cluster_dq import metrics
 from cluster_dq.errors import BadRequest, NotFound, Unauthorized
 from cluster_dq.http import params
-from cluster_dq.http.app import error_handlers
+from cluster_dq.http.app import error_handlers, route_templates
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, json
+from cluster_dq.metrics import SizeBoard
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import Limit, split_token
 
 
 class AdminAPI:
-    def __init__(self, service: Service, settings: Settings, access_log: AccessLog) -> None:
+    def __init__(self, service: Service, settings: Settings, access_log: AccessLog,
+                 board: SizeBoard) -> None:  # fmt: skip
+        self.board = board
         self.service = service
         self.settings = settings
         self.access_log = access_log
@@ -59,7 +62,8 @@ class AdminAPI:
         return json({"version": cluster_dq.__version__, "build_commit": "", "build_date": ""})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        body, content_type = metrics.render(self.board)
+        return Response(body, media_type=content_type)
 
     async def pools(self, request: Request) -> Response:
         return json(sorted(self.service.pools))
@@ -69,7 +73,7 @@ class AdminAPI:
 
     async def readyz(self, request: Request) -> Response:
         states = {name: await p.ready() for name, p in self.service.pools.items()}
-        ok = all(states.values())
+        ok = all(s["redis"] and s["scripts"] for s in states.values())
         return json({"status": "ok" if ok else "unavailable", "pools": states}, 200 if ok else 503)
 
     async def tokens(self, request: Request) -> Response:
@@ -165,8 +169,11 @@ class AdminAPI:
         ]
 
 
-def create_admin_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
-    api = AdminAPI(service, settings, access_log)
-    app = Starlette(routes=api.routes(), exception_handlers=error_handlers())
-    app.add_middleware(RequestIdMiddleware, access_log=access_log)
+def create_admin_app(service: Service, settings: Settings, access_log: AccessLog,
+                     board: SizeBoard) -> Starlette:  # fmt: skip
+    api = AdminAPI(service, settings, access_log, board)
+    routes = api.routes()
+    app = Starlette(routes=routes, exception_handlers=error_handlers())
+    app.add_middleware(RequestIdMiddleware, access_log=access_log, port="admin",
+                       templates=route_templates(routes))  # fmt: skip
     return app

@@ -235,6 +235,13 @@ def _with_body(spec: JobSpec, body: bytes) -> JobSpec:
 
 def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
     api = DataAPI(service, settings)
-    app = Starlette(routes=api.routes(), exception_handlers=error_handlers())
-    app.add_middleware(RequestIdMiddleware, access_log=access_log)
+    routes = api.routes()
+    app = Starlette(routes=routes, exception_handlers=error_handlers())
+    app.add_middleware(RequestIdMiddleware, access_log=access_log, port="data",
+                       templates=route_templates(routes))  # fmt: skip
     return app
+
+
+def route_templates(routes: list[Route]) -> dict[Any, str]:
+    """endpoint -> path template: the metrics' route label (bounded; never a raw path)."""
+    return {r.endpoint: r.path for r in routes}

@@ -1,14 +1,19 @@
-"""ASGI middleware: an ``X-Request-ID`` (ULID) on every response, and the access log."""
+"""ASGI middleware: an ``X-Request-ID`` (ULID) on every response, the HTTP metrics (by route
+template, never the raw path), the request context of every log line, and the access log."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cluster_dq import metrics
 from cluster_dq.clock import now_ms
+from cluster_dq.logs import current_scope
 from cluster_dq.models import encode_id
 
 access = logging.getLogger("cluster_dq.access")
@@ -18,17 +23,38 @@ def request_id() -> str:
     return encode_id(now_ms().to_bytes(6, "big") + os.urandom(10))
 
 
-class AccessLog:
-    """Whether to write one log line per request; switchable at run time (admin API)."""
+class SharedFlag(Protocol):
+    value: int  # a multiprocessing.Value("b") made by the supervisor
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+
+class AccessLog:
+    """Whether to write one log line per request; switchable at run time (admin API). With a
+    shared value (the supervisor's), a switch reaches every worker process."""
+
+    def __init__(self, enabled: bool, shared: SharedFlag | None = None) -> None:
+        self._shared = shared
+        self._local = enabled
+        if shared is not None:
+            shared.value = int(enabled)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._shared.value) if self._shared is not None else self._local
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        if self._shared is not None:
+            self._shared.value = int(on)
+        self._local = on
 
 
 class RequestIdMiddleware:
-    def __init__(self, app: ASGIApp, access_log: AccessLog) -> None:
+    def __init__(self, app: ASGIApp, access_log: AccessLog, port: str = "data",
+                 templates: Mapping[Any, str] | None = None) -> None:  # fmt: skip
         self.app = app
         self.access_log = access_log
+        self.port = port
+        self.templates = templates or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -37,6 +63,7 @@ class RequestIdMiddleware:
         rid = next((v.decode() for k, v in scope["headers"] if k == b"x-request-id"), None)
         rid = rid if rid and len(rid) <= 64 else request_id()
         scope.setdefault("state", {})["request_id"] = rid
+        current_scope.set(scope)
         status = 0
         started = time.perf_counter()
 
@@ -50,10 +77,18 @@ class RequestIdMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            status = status or 500
+            raise
         finally:
+            took = time.perf_counter() - started
+            status = status or 499  # the client went away before an answer
+            route = self.templates.get(scope.get("endpoint"), "unmatched")
+            method = scope["method"]
+            metrics.http_requests.labels(self.port, route, method, str(status)).inc()
+            metrics.http_duration.labels(self.port, route, method).observe(took)
             if self.access_log.enabled:
                 access.info("request", extra={
-                    "request_id": rid, "method": scope["method"], "path": scope["path"],
-                    "status": status, "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-                    "client": (scope.get("client") or ("", 0))[0],
+                    "method": method, "path": scope["path"], "route": route, "status": status,
+                    "duration_ms": round(took * 1000, 3), "client": (scope.get("client") or ("", 0))[0],
                 })  # fmt: skip

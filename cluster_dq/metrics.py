@@ -1,0 +1,185 @@
+"""Prometheus metrics (admin port ``/metrics``), correct with several worker processes.
+
+The supervisor points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before it spawns the
+workers, so counters and histograms of every worker are summed at scrape time
+(prometheus-client's multiprocess mode). Queue sizes are not counters: each shard's pump
+leader measures the queues of its shard every ``SizeIntervalSecond`` and posts them to a
+``SizeBoard``; a scrape reports the fresh posts only, so every queue is reported by the one
+instance that leads its shard, and no instance ever scans every queue.
+
+Every metric, with its meaning, is listed in the README (section Metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from cluster_dq.engine.commands import Sizes
+from cluster_dq.keys import parse_qualified
+from cluster_dq.models import Job, id_due_ms, id_to_member
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+QUEUE = ("namespace", "queue")
+LATENESS_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+HTTP_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
+REDIS_BUCKETS = (.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1)
+
+published = Counter("cluster_dq_jobs_published", "Jobs published (new ids).", QUEUE)
+delivered = Counter("cluster_dq_jobs_delivered", "Jobs handed to consumers (each delivery).", QUEUE)
+acked = Counter("cluster_dq_jobs_acked", "Jobs acknowledged (deleted) that existed.", QUEUE)
+ttr_expired = Counter("cluster_dq_jobs_ttr_expired",
+                      "Reservations whose time-to-run passed without an ack.", QUEUE)
+ttl_expired = Counter("cluster_dq_jobs_ttl_expired", "Jobs removed because their ttl ended.", QUEUE)
+dead_lettered = Counter("cluster_dq_jobs_dead_lettered",
+                        "Jobs moved to the dead-letter queue (no tries left).", QUEUE)
+respawned = Counter("cluster_dq_jobs_respawned", "Dead-letter jobs put back to ready.", QUEUE)
+lateness = Histogram("cluster_dq_job_lateness_seconds",
+                     "First delivery time minus due time.", QUEUE, buckets=LATENESS_BUCKETS)
+first_delivery = Histogram("cluster_dq_publish_to_first_delivery_seconds",
+                           "First delivery time minus publish time.", QUEUE, buckets=LATENESS_BUCKETS)
+
+http_requests = Counter("cluster_dq_http_requests", "HTTP requests answered.",
+                        ("port", "route", "method", "status"))
+http_duration = Histogram("cluster_dq_http_request_duration_seconds", "HTTP request duration.",
+                          ("port", "route", "method"), buckets=HTTP_BUCKETS)
+
+pump_batches = Counter("cluster_dq_pump_batches", "Pump claims of due queues.", ("pool", "shard"))
+pump_steps = Counter("cluster_dq_pump_queue_steps", "Pump steps of single queues.", ("pool", "shard"))
+pump_moved = Counter("cluster_dq_pump_jobs_moved",
+                     "Delayed jobs moved to ready when due (by the pump or a consumer).", ("pool",))
+pump_leader = Gauge("cluster_dq_pump_leader", "1 while this instance leads the shard's pump.",
+                    ("pool", "shard"), multiprocess_mode="livesum")
+redis_duration = Histogram("cluster_dq_redis_call_duration_seconds",
+                           "Round trip of one Redis step (a script, a command or a pipeline).",
+                           ("pool",), buckets=REDIS_BUCKETS)
+redis_errors = Counter("cluster_dq_redis_errors", "Failed Redis steps, by exception type.",
+                       ("pool", "kind"))
+
+
+# -- recording helpers (called by the service, the pump and the HTTP middleware) ------------
+
+
+def record_delivered(jobs: Iterable[Job], now_ms: int) -> None:
+    for job in jobs:
+        delivered.labels(job.namespace, job.queue).inc()
+        if job.deliveries == 1:
+            due = id_due_ms(id_to_member(job.job_id))
+            lateness.labels(job.namespace, job.queue).observe(max(now_ms - due, 0) / 1000)
+            first_delivery.labels(job.namespace, job.queue).observe(max(now_ms - job.published_ms, 0) / 1000)
+
+
+class PoolMetrics:
+    """The per-pool sink of the engine (Redis round trips) and the pump (moves, leadership)."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self._duration = redis_duration.labels(pool)
+        self._moved = pump_moved.labels(pool)
+
+    def redis_call(self, seconds: float, error: BaseException | None) -> None:
+        self._duration.observe(seconds)
+        if error is not None:
+            redis_errors.labels(self.pool, type(error).__name__).inc()
+
+    def moved(self, ns: str, q: str, promoted: int, retried: int, dead: int, expired: int) -> None:
+        if promoted:
+            self._moved.inc(promoted)
+        if retried or dead:
+            ttr_expired.labels(ns, q).inc(retried + dead)
+        if dead:
+            dead_lettered.labels(ns, q).inc(dead)
+        if expired:
+            ttl_expired.labels(ns, q).inc(expired)
+
+    def leadership(self, shard: int, held: bool) -> None:
+        pump_leader.labels(self.pool, str(shard)).set(1 if held else 0)
+
+    def batch(self, shard: int, queues: int) -> None:
+        if queues:  # idle polls are not batches
+            pump_batches.labels(self.pool, str(shard)).inc()
+            pump_steps.labels(self.pool, str(shard)).inc(queues)
+
+
+# -- queue sizes, posted by the shard leaders -------------------------------------------------
+
+
+class SizeBoard:
+    """Latest sizes of the queues of the shards this process leads. With a directory (the
+    multiprocess directory), posts go to one small JSON file per pool and shard so that any
+    worker's scrape sees every worker's posts; posts older than ``stale_after`` (a shard that
+    another instance leads now) are not reported."""
+
+    def __init__(self, directory: str | None, stale_after: float) -> None:
+        self.directory = Path(directory) if directory else None
+        self.stale_after = stale_after
+        self._posts: dict[tuple[str, int], dict[str, object]] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def post(self, pool: str, shard: int, sizes: dict[str, Sizes]) -> None:
+        post: dict[str, object] = {
+            "pool": pool, "at": time.time(),
+            "queues": {qn: [s.ready, s.delayed, s.reserved, s.dead] for qn, s in sizes.items()},
+        }  # fmt: skip
+        if self.directory is None:
+            self._posts[(pool, shard)] = post
+            return
+        path = self.directory / f"sizes-{pool}-{shard}.json"
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(post))
+        tmp.replace(path)  # atomic: a scrape never reads half a post
+
+    def _read(self) -> Iterator[dict[str, object]]:
+        if self.directory is None:
+            yield from self._posts.values()
+            return
+        for path in self.directory.glob("sizes-*.json"):
+            try:
+                yield json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # removed or replaced meanwhile
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("cluster_dq_queue_jobs", "Jobs in a queue by state "
+                                   "(measured by the shard's pump leader).",
+                                   labels=("pool", "namespace", "queue", "state"))  # fmt: skip
+        fresh_after = time.time() - self.stale_after
+        for post in self._read():
+            if float(post["at"]) < fresh_after:  # type: ignore[arg-type]
+                continue
+            queues: dict[str, list[int]] = post["queues"]  # type: ignore[assignment]
+            for qualified, counts in queues.items():
+                ns, q = parse_qualified(qualified)
+                for state, n in zip(("ready", "delayed", "reserved", "dead"), counts, strict=True):
+                    family.add_metric([str(post["pool"]), ns, q, state], n)
+        yield family
+
+
+def multiproc_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def render(board: SizeBoard) -> tuple[bytes, str]:
+    """The exposition of every worker of this instance, and the content type."""
+    directory = multiproc_dir()
+    main = REGISTRY
+    if directory:
+        main = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(main, directory)  # type: ignore[no-untyped-call]
+    return generate_latest(main) + generate_latest(board.registry), CONTENT_TYPE_LATEST

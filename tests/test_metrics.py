@@ -1,0 +1,173 @@
+"""Observability through a real `cluster-dq serve` with two worker processes: traffic goes in
+through HTTP, and /metrics (summed over both workers), /readyz and the access log must show it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from cluster_dq.localredis import Server
+from tests.test_http import ADMIN_AUTH, serve
+
+
+@pytest.fixture(scope="module")
+def svc(redis_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    log_path = tmp_path_factory.mktemp("metrics") / "stderr.log"
+    with open(log_path, "wb") as log_file:
+        proc, base, admin = serve(f"127.0.0.1:{redis_server.port}", stderr=log_file,
+                                  CLUSTER_DQ_WORKERS="2", CLUSTER_DQ_SIZEINTERVALSECOND="0.5",
+                                  CLUSTER_DQ_LOGLEVEL="info")  # fmt: skip
+        token = httpx.post(f"{admin}/token/obs", params={"description": "metrics"}, auth=ADMIN_AUTH)
+        yield {"base": base, "admin": admin, "token": token.json()["token"], "log": log_path}
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def scrape(admin: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    r = httpx.get(f"{admin}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    """Sum of the samples named ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def wait_for(check: Any, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def test_counters_histograms_and_sizes_follow_the_traffic(svc: dict[str, Any]) -> None:
+    q = {"namespace": "obs", "queue": "work"}
+    before = scrape(svc["admin"])
+    # Fresh connections each time, so both workers serve some of the requests.
+    h = {"X-Token": svc["token"]}
+    ids = [httpx.put(f"{svc['base']}/api/obs/work", headers=h, content=b"x").json()["job_id"] for _ in range(6)]
+    r = httpx.put(f"{svc['base']}/api/obs/work/bulk", headers=h, content=json.dumps(["a", "b"]))
+    assert r.status_code == 201
+    delivered = []
+    for _ in range(3):
+        r = httpx.get(f"{svc['base']}/api/obs/work", headers=h, params={"ttr": 60})
+        assert r.status_code == 200
+        delivered.append(r.json()["job_id"])
+    for jid in delivered[:2]:
+        assert httpx.delete(f"{svc['base']}/api/obs/work/job/{jid}", headers=h).status_code == 204
+    # One job that dies: 1 try, ttr 1 s, never acked -> dead letter, then respawned.
+    httpx.put(f"{svc['base']}/api/obs/dies", headers=h, params={"tries": 1}, content=b"d")
+    assert httpx.get(f"{svc['base']}/api/obs/dies", headers=h, params={"ttr": 1}).status_code == 200
+    assert httpx.get(f"{svc['base']}/api/obs/nothing", headers=h).status_code == 404
+
+    def dead_seen() -> bool:
+        s = scrape(svc["admin"])
+        return value(s, "cluster_dq_jobs_dead_lettered_total", queue="dies") == 1
+
+    assert wait_for(dead_seen), "the ttr expiry never reached the dead-letter counter"
+    r = httpx.put(f"{svc['base']}/api/obs/dies/deadletter", headers=h, params={"limit": 5})
+    assert r.json()["count"] == 1
+
+    def sizes_fresh() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+        s = scrape(svc["admin"])
+        ok = value(s, "cluster_dq_queue_jobs", queue="work", state="ready") == 5
+        ok = ok and value(s, "cluster_dq_queue_jobs", queue="dies", state="ready") == 1
+        return s if ok else None
+
+    after = wait_for(sizes_fresh)
+    assert after, "the shard leaders never posted the queue sizes"
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("cluster_dq_jobs_published_total", **q) == 8
+    assert delta("cluster_dq_jobs_delivered_total", **q) == 3
+    assert delta("cluster_dq_jobs_acked_total", **q) == 2
+    assert delta("cluster_dq_jobs_ttr_expired_total", queue="dies") == 1
+    assert delta("cluster_dq_jobs_dead_lettered_total", queue="dies") == 1
+    assert delta("cluster_dq_jobs_respawned_total", queue="dies") == 1
+    assert delta("cluster_dq_jobs_ttl_expired_total", **q) == 0
+    # Sizes by state: 8 published, 2 acked, 1 still reserved.
+    assert value(after, "cluster_dq_queue_jobs", queue="work", state="reserved") == 1
+    assert value(after, "cluster_dq_queue_jobs", queue="work", state="delayed") == 0
+    assert value(after, "cluster_dq_queue_jobs", queue="dies", state="dead") == 0
+    # Lateness and publish-to-first-delivery: one observation per first delivery.
+    assert delta("cluster_dq_job_lateness_seconds_count", **q) == 3
+    assert delta("cluster_dq_publish_to_first_delivery_seconds_count", **q) == 3
+    assert delta("cluster_dq_job_lateness_seconds_bucket", le="+Inf", **q) == 3
+    # HTTP by route template, method and status: never a raw path or a job id.
+    assert delta("cluster_dq_http_requests_total", route="/api/{ns}/{q}", method="PUT", status="201") >= 7
+    assert delta("cluster_dq_http_requests_total", route="/api/{ns}/{q}/job/{job_id}",
+                 method="DELETE", status="204") == 2  # fmt: skip
+    assert delta("cluster_dq_http_requests_total", route="/api/{ns}/{queues}", status="404") == 1
+    assert delta("cluster_dq_http_request_duration_seconds_count", route="/api/{ns}/{q}/bulk") == 1
+    labels = {v for (_, ls) in after for _, v in ls}
+    assert not labels & set(ids) and not any("/api/obs/" in v for v in labels)
+    # Redis round trips are timed; every one of the 16 shards has exactly one leader.
+    assert value(after, "cluster_dq_redis_call_duration_seconds_count", pool="default") > 0
+    assert value(after, "cluster_dq_pump_leader", pool="default") == 16
+    assert value(after, "cluster_dq_pump_batches_total", pool="default") >= 1
+
+
+def test_readyz_reloads_flushed_scripts(svc: dict[str, Any], redis_server: Server) -> None:
+    assert httpx.get(f"{svc['admin']}/healthz").json() == {"status": "ok"}
+    client = redis.Redis(port=redis_server.port)
+    client.script_flush()
+    r = httpx.get(f"{svc['admin']}/readyz")
+    assert r.status_code == 200 and r.json()["pools"]["default"] == {"redis": True, "scripts": True}
+    assert client.script_exists(*[s for s in _shas()]) == [True] * len(_shas())
+
+
+def _shas() -> list[str]:
+    from cluster_dq.engine.scripts import load_all
+
+    import hashlib
+
+    return [hashlib.sha1(s.source.encode()).hexdigest() for s in load_all().values()]
+
+
+def test_access_log_switch_reaches_every_worker(svc: dict[str, Any]) -> None:
+    admin, base, h = svc["admin"], svc["base"], {"X-Token": svc["token"]}
+    r = httpx.post(f"{admin}/accesslog", params={"status": "enable"}, auth=ADMIN_AUTH)
+    assert r.json() == {"status": "enabled"}
+    # New connections land on either worker: every one of them must see the switch.
+    assert all(httpx.get(f"{admin}/accesslog").json()["status"] == "enabled" for _ in range(20))
+    for _ in range(10):
+        httpx.get(f"{base}/api/obs/logged", headers={**h, "X-Request-ID": "trace-me"})
+    httpx.post(f"{admin}/accesslog", params={"status": "disable"}, auth=ADMIN_AUTH)
+    assert all(httpx.get(f"{admin}/accesslog").json()["status"] == "disabled" for _ in range(20))
+    httpx.get(f"{base}/api/obs/logged", headers={**h, "X-Request-ID": "not-logged"})
+
+    def lines() -> list[dict[str, Any]]:
+        out = []
+        for line in Path(svc["log"]).read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("logger") == "cluster_dq.access":
+                out.append(rec)
+        return out
+
+    logged = wait_for(lambda: [r for r in lines() if r.get("request_id") == "trace-me"] or None)
+    assert logged and len(logged) == 10
+    rec = logged[0]
+    assert (rec["namespace"], rec["queue"], rec["status"]) == ("obs", "logged", 404)
+    assert rec["route"] == "/api/{ns}/{queues}" and rec["method"] == "GET"
+    assert not [r for r in lines() if r.get("request_id") == "not-logged"]
