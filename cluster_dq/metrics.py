@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -74,14 +75,36 @@ redis_errors = Counter("cluster_dq_redis_errors", "Failed Redis steps, by except
 
 # -- recording helpers (called by the service, the pump and the HTTP middleware) ------------
 
+ENABLED = True  # Settings.EnableMetrics; off only to measure what the metrics cost
+_children: dict[tuple[object, ...], Any] = {}
+
+
+def child(metric: Counter | Histogram, *labels: str) -> Any:
+    """``metric.labels(*labels)``, cached: the lookup costs as much as the increment itself.
+    Label values are bounded (queues, route templates), so is the cache."""
+    key = (metric, *labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found
+
+
+def count(counter: Counter, ns: str, q: str, n: int) -> None:
+    if n and ENABLED:
+        child(counter, ns, q).inc(n)
+
+
 
 def record_delivered(jobs: Iterable[Job], now_ms: int) -> None:
+    if not ENABLED:
+        return
     for job in jobs:
-        delivered.labels(job.namespace, job.queue).inc()
+        ns, q = job.namespace, job.queue
+        child(delivered, ns, q).inc()
         if job.deliveries == 1:
             due = id_due_ms(id_to_member(job.job_id))
-            lateness.labels(job.namespace, job.queue).observe(max(now_ms - due, 0) / 1000)
-            first_delivery.labels(job.namespace, job.queue).observe(max(now_ms - job.published_ms, 0) / 1000)
+            child(lateness, ns, q).observe(max(now_ms - due, 0) / 1000)
+            child(first_delivery, ns, q).observe(max(now_ms - job.published_ms, 0) / 1000)
 
 
 class PoolMetrics:

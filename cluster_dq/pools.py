@@ -16,6 +16,7 @@ from redis.exceptions import RedisError, ResponseError
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ConfigError
+from cluster_dq import metrics as metrics_module
 from cluster_dq.metrics import PoolMetrics, SizeBoard
 from cluster_dq.pump import Pump
 from cluster_dq.settings import PoolSettings
@@ -90,8 +91,9 @@ class RedisPool:
     @classmethod
     def create(cls, settings: PoolSettings, config: EngineConfig) -> RedisPool:
         metrics = PoolMetrics(settings.name)
-        config = dataclasses.replace(config, moves=metrics, lane_hints={})
-        engine = AsyncEngine(make_client(settings), config, observer=metrics.redis_call)
+        on = metrics_module.ENABLED
+        config = dataclasses.replace(config, moves=metrics if on else None, lane_hints={})
+        engine = AsyncEngine(make_client(settings), config, observer=metrics.redis_call if on else None)
         return cls(settings.name, settings, engine, WaiterHub(engine), metrics)
 
     async def start(self, run_pump: bool = True, board: SizeBoard | None = None,

@@ -42,6 +42,7 @@ class Runtime:
                  access_flag: SharedFlag | None = None) -> None:  # fmt: skip
         self.settings = settings
         self.run_pump = run_pump
+        metrics.ENABLED = settings.EnableMetrics
         config = EngineConfig(shards=settings.Shards)
         self.pools = {n: RedisPool.create(p, config) for n, p in settings.Pool.items()}
         self.service = Service(settings, self.pools)

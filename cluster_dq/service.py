@@ -67,9 +67,7 @@ class Service:
         cfg = pool.engine.config
         # Safe to retry: the job ids are fixed before the first attempt.
         out = await self._run(pool, ops.publish(cfg, ns, q, specs, now_ms()), idempotent=True)
-        new = sum(1 for p in out if not p.duplicate)
-        if new:
-            metrics.published.labels(ns, q).inc(new)
+        metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
         return out
 
     async def consume(
@@ -84,9 +82,7 @@ class Service:
 
     async def ack(self, pool: RedisPool, ns: str, q: str, ids: Sequence[str]) -> list[JobState | None]:
         states = await self._run(pool, ops.ack(ns, q, ids), idempotent=True)
-        found = sum(1 for s in states if s is not None)
-        if found:
-            metrics.acked.labels(ns, q).inc(found)
+        metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
         return states
 
     async def republish(
@@ -95,10 +91,8 @@ class Service:
         validate_spec(spec)
         op = ops.republish(pool.engine.config, ns, q, old_id, spec, now_ms())
         acked, published = await self._run(pool, op, idempotent=True)
-        if acked is not None:
-            metrics.acked.labels(ns, q).inc()
-        if not published.duplicate:
-            metrics.published.labels(ns, q).inc()
+        metrics.count(metrics.acked, ns, q, acked is not None)
+        metrics.count(metrics.published, ns, q, not published.duplicate)
         return published
 
     async def peek(self, pool: RedisPool, ns: str, q: str) -> Job:
@@ -124,8 +118,7 @@ class Service:
 
     async def respawn(self, pool: RedisPool, ns: str, q: str, limit: int, ttl_ms: int) -> int:
         n = await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit, ttl_ms, now_ms()))
-        if n:
-            metrics.respawned.labels(ns, q).inc(n)
+        metrics.count(metrics.respawned, ns, q, n)
         return n
 
     async def delete_dead(self, pool: RedisPool, ns: str, q: str, limit: int) -> int:

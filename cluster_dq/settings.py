@@ -70,6 +70,7 @@ class Settings:
     MaxTimeoutSecond: int = 600
     Shards: int = 16
     TokenCacheSecond: float = 2.0
+    EnableMetrics: bool = True  # off only to measure what the metrics cost
     SizeIntervalSecond: float = 10.0  # how often shard leaders measure their queues (metrics)
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)

@@ -132,12 +132,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--workers", type=int, action="append")
     ap.add_argument("--wrk", action="store_true", help="also drive the publish scenarios with wrk")
+    ap.add_argument("--wrk-only", action="store_true", help="only the wrk publish scenarios")
+    ap.add_argument("--metrics", choices=["on", "off"], action="append",
+                    help="run with metrics on and/or off (EnableMetrics), to measure their cost")
     a = ap.parse_args()
-    for workers in a.workers or [1, 2]:
+    for workers, metrics in [(w, m) for w in a.workers or [1, 2] for m in a.metrics or ["on"]]:
         redis = start_server()
         port, admin = free_port(18000, 18500), free_port(18500, 19000)
         env = {**os.environ, "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis.port}",
-               "CLUSTER_DQ_LOGLEVEL": "warning", "PYTHONPATH": str(ROOT)}  # fmt: skip
+               "CLUSTER_DQ_LOGLEVEL": "warning", "PYTHONPATH": str(ROOT),
+               "CLUSTER_DQ_ENABLEMETRICS": "1" if metrics == "on" else "0"}  # fmt: skip
         proc = subprocess.Popen([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
                                  "--admin-port", str(admin), "--workers", str(workers)], env=env)  # fmt: skip
         try:
@@ -151,9 +155,10 @@ def main() -> None:
                         raise
                     time.sleep(0.2)
             token = httpx.post(f"http://127.0.0.1:{admin}/token/bench", params={"description": "bench"}).json()["token"]
-            print(f"{workers} worker(s), {a.seconds:.0f} s per scenario:", flush=True)
-            uvloop.run(scenarios(f"http://127.0.0.1:{port}", token, a.seconds))
-            if a.wrk:
+            print(f"{workers} worker(s), metrics {metrics}, {a.seconds:.0f} s per scenario:", flush=True)
+            if not a.wrk_only:
+                uvloop.run(scenarios(f"http://127.0.0.1:{port}", token, a.seconds))
+            if a.wrk or a.wrk_only:
                 body = os.urandom(32).hex().encode()
                 base = f"http://127.0.0.1:{port}"
                 wrk("publish, one job per request", f"{base}/api/bench/w1", token, body, a.seconds, 64, 1)

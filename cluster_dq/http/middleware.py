@@ -85,8 +85,9 @@ class RequestIdMiddleware:
             status = status or 499  # the client went away before an answer
             route = self.templates.get(scope.get("endpoint"), "unmatched")
             method = scope["method"]
-            metrics.http_requests.labels(self.port, route, method, str(status)).inc()
-            metrics.http_duration.labels(self.port, route, method).observe(took)
+            if metrics.ENABLED:
+                metrics.child(metrics.http_requests, self.port, route, method, str(status)).inc()
+                metrics.child(metrics.http_duration, self.port, route, method).observe(took)
             if self.access_log.enabled:
                 access.info("request", extra={
                     "method": method, "path": scope["path"], "route": route, "status": status,

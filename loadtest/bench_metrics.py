@@ -1,0 +1,44 @@
+"""What the metrics cost per request: the exact metric updates of one HTTP publish (request
+counter, duration histogram, Redis round-trip histogram, published counter), timed in
+prometheus-client's multiprocess mode (as `cluster-dq serve` runs) and in one process.
+
+    python loadtest/bench_metrics.py
+
+The end-to-end comparison is `python loadtest/bench_http.py --wrk-only --workers 2
+--metrics on --metrics off` (noisier: load generator, service and Redis share 2 cores).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+CODE = """
+import time
+from cluster_dq import metrics
+pool = metrics.PoolMetrics("default")
+n = 200_000
+started = time.perf_counter()
+for _ in range(n):
+    metrics.child(metrics.http_requests, "data", "/api/{ns}/{q}", "PUT", "201").inc()
+    metrics.child(metrics.http_duration, "data", "/api/{ns}/{q}", "PUT").observe(0.004)
+    pool.redis_call(0.0004, None)
+    metrics.count(metrics.published, "ns", "q", 1)
+print(f"{(time.perf_counter() - started) / n * 1e6:.1f}")
+"""
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        multi = subprocess.run([sys.executable, "-c", CODE], env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": d},
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    single = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True,
+                            check=True).stdout.strip()  # fmt: skip
+    print(f"metric updates of one HTTP publish: {multi} us (multiprocess mode), {single} us (one process)")
+
+
+if __name__ == "__main__":
+    main()
