@@ -188,3 +188,5 @@ def _validate(s: Settings) -> None:
         raise ConfigError("MaxBodyBytes: must be positive")
     if not 1 <= s.Shards <= 4096:
         raise ConfigError(f"Shards: 1..4096, got {s.Shards}")
+    if s.SizeIntervalSecond <= 0:
+        raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
