@@ -46,13 +46,13 @@ Stop with Ctrl-C.""", flush=True)
 async def _token_store(s: Settings) -> AsyncIterator[TokenStore]:
     """The token store of the default pool, on a client of its own for one command."""
     from cluster_dq.engine.aio import AsyncEngine
-    from cluster_dq.pools import make_client
+    from cluster_dq.pools import close_client, make_client
 
     engine = AsyncEngine(make_client(s.Pool["default"]))
     try:
         yield TokenStore(engine)
     finally:
-        await engine.client.aclose()
+        await close_client(engine.client)
 
 
 async def _create_token(s: Settings, ns: str, description: str, token: str | None) -> str:

@@ -1,8 +1,10 @@
 """Starts and stops local redis-server processes on loopback (embedded mode, tests, drills).
 
-Topologies: a standalone server, and a Cluster of 3 masters + 3 replicas. Every server binds
-127.0.0.1 only, never a default port, keeps no files outside its own directory, and is
-configured for this queue (noeviction; listpack limits that keep wheel buckets compact).
+Topologies: a standalone server, a Cluster of 3 masters + 3 replicas, and a Sentinel group
+(1 master + 2 replicas + 3 sentinels). Every server binds 127.0.0.1 only, never a default port,
+keeps no files outside its own directory, and is configured for this queue (noeviction;
+listpack limits that keep wheel buckets compact). Each topology gives the ``PoolSettings``
+that point the service at it, and a plain (sync) client for tests and drills.
 """
 
 from __future__ import annotations
@@ -18,8 +20,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
+from redis.sentinel import Sentinel
+
+from cluster_dq.settings import PoolSettings
+
+MASTER_NAME = "dq-master"
 
 QUEUE_CONFIG = [
     "maxmemory-policy", "noeviction",
@@ -73,6 +81,16 @@ class Server:
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port)
+
+    def pool_settings(self, name: str = "default") -> PoolSettings:
+        return PoolSettings(name, Addr=f"127.0.0.1:{self.port}")
+
+    def sync_client(self) -> redis.Redis:
+        return self.client()
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -131,10 +149,57 @@ class Cluster:
     def url(self) -> str:
         return ",".join(f"redis://127.0.0.1:{s.port}" for s in self.servers[:3])
 
+    def pool_settings(self, name: str = "default") -> PoolSettings:
+        return PoolSettings(name, Addr=",".join(f"127.0.0.1:{s.port}" for s in self.servers[:3]), Cluster=True)
+
+    def sync_client(self) -> redis.RedisCluster:
+        return redis.RedisCluster(host="127.0.0.1", port=self.servers[0].port)
+
+    def server_on(self, port: int) -> Server:
+        return next(s for s in self.servers if s.port == port)
+
     def stop(self) -> None:
         for s in self.servers:
-            s.kill(signal.SIGTERM)
-            shutil.rmtree(s.workdir, ignore_errors=True)
+            s.stop()
+
+
+@dataclass
+class SentinelGroup:
+    """1 master + 2 replicas + 3 sentinels (quorum 2, down-after 1 s)."""
+
+    servers: list[Server]  # [0] is the first master; after a failover any may be
+    sentinels: list[Server]
+    master_name: str = MASTER_NAME
+
+    @property
+    def sentinel_addrs(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", s.port) for s in self.sentinels]
+
+    def pool_settings(self, name: str = "default") -> PoolSettings:
+        return PoolSettings(name, Addr=",".join(f"127.0.0.1:{s.port}" for s in self.sentinels),
+                            MasterName=self.master_name)  # fmt: skip
+
+    def master_port(self) -> int:
+        """The current master, as the sentinels see it."""
+        sentinel = Sentinel(self.sentinel_addrs, socket_timeout=1.0)  # type: ignore[no-untyped-call]
+        try:
+            _, port = sentinel.discover_master(self.master_name)  # type: ignore[no-untyped-call]
+            return int(port)
+        finally:
+            for client in sentinel.sentinels:
+                client.close()
+
+    def sync_client(self) -> redis.Redis:
+        """A plain client of the current master (ask again after a failover)."""
+        return redis.Redis(host="127.0.0.1", port=self.master_port())
+
+    def master(self) -> Server:
+        port = self.master_port()
+        return next(s for s in self.servers if s.port == port)
+
+    def stop(self) -> None:
+        for s in self.sentinels + self.servers:
+            s.stop()
 
 
 def start_cluster(base_port: int | None = None, node_timeout_ms: int = 2000) -> Cluster:
@@ -162,6 +227,55 @@ def start_cluster(base_port: int | None = None, node_timeout_ms: int = 2000) -> 
             return Cluster(servers)
         time.sleep(0.1)
     raise RuntimeError("cluster did not reach state ok in 30 s")
+
+
+def _sentinel_config(workdir: Path, port: int, master_port: int, down_after_ms: int) -> Path:
+    conf = workdir / "sentinel.conf"
+    conf.write_text("\n".join([
+        f"port {port}", "bind 127.0.0.1", f"dir {workdir}", f"logfile {workdir / 'sentinel.log'}",
+        "protected-mode yes",
+        f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2",
+        f"sentinel down-after-milliseconds {MASTER_NAME} {down_after_ms}",
+        f"sentinel failover-timeout {MASTER_NAME} 5000",
+        f"sentinel parallel-syncs {MASTER_NAME} 1",
+    ]) + "\n")  # fmt: skip
+    return conf
+
+
+def start_sentinel(base_port: int | None = None, down_after_ms: int = 1000) -> SentinelGroup:
+    """Master on base, replicas on base+1..2, sentinels on base+3..5; returns once every
+    sentinel knows both replicas and the other two sentinels."""
+    if base_port is None:
+        base_port = next(p for p in range(17500, 17900, 10) if all(_port_free(p + i) for i in range(6)))
+    master = start_server(base_port)
+    replicas = [start_server(base_port + i, extra=["--replicaof", "127.0.0.1", str(base_port)]) for i in (1, 2)]
+    sentinels = []
+    for i in (3, 4, 5):
+        port = base_port + i
+        workdir = Path(tempfile.mkdtemp(prefix=f"cluster-dq-sentinel-{port}-"))
+        conf = _sentinel_config(workdir, port, base_port, down_after_ms)
+        proc = subprocess.Popen([redis_server_binary(), str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        sentinels.append(Server(port, workdir, proc, ["--sentinel"]))
+    group = SentinelGroup([master, *replicas], sentinels)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            states: list[Any] = []
+            for s in sentinels:
+                with redis.Redis(port=s.port, socket_timeout=1) as c:
+                    states.append(c.sentinel_master(MASTER_NAME))
+            synced = True
+            for r in replicas:
+                with r.client() as c:
+                    synced = synced and c.info("replication").get("master_link_status") == "up"
+            if synced and all(st["num-slaves"] == 2 and st["num-other-sentinels"] == 2 for st in states):
+                return group
+        except redis.RedisError:
+            pass
+        time.sleep(0.1)
+    group.stop()
+    raise RuntimeError("sentinel group did not settle in 30 s")
 
 
 def main(argv: list[str] | None = None) -> int:

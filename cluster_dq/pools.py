@@ -48,6 +48,14 @@ def make_client(p: PoolSettings) -> AsyncClient:
     return Redis(host=host, port=port, db=p.DB, max_connections=p.PoolSize, **common)  # type: ignore[arg-type]
 
 
+async def close_client(client: AsyncClient) -> None:
+    """Closes a client and, for Sentinel, the connections to the sentinels too."""
+    await client.aclose()
+    manager = getattr(client.connection_pool, "sentinel_manager", None) if isinstance(client, Redis) else None
+    for sentinel in getattr(manager, "sentinels", []):
+        await sentinel.aclose()
+
+
 async def check_redis(name: str, client: AsyncClient) -> list[str]:
     """Refuses an evicting Redis (it silently loses jobs); returns warnings for the rest."""
     warnings: list[str] = []
@@ -100,6 +108,11 @@ class RedisPool:
                     sizes_every_s: float = 10.0) -> None:  # fmt: skip
         # The supervisor checked the Redis settings (server._preflight); a pool that is down
         # now answers 503 and /readyz says so until it is back.
+        if isinstance(self.engine.client, RedisCluster):
+            try:  # learn the slots once, before 16 pump shards and the first requests race to
+                await self.engine.client.initialize()
+            except (RedisError, OSError) as e:
+                log.warning("pool %s: cluster not reachable yet: %s", self.name, e)
         if run_pump:
             self.pump = Pump(self.engine, metrics=self.metrics, board=board, sizes_every_s=sizes_every_s)
             self.pump.start()
@@ -119,4 +132,4 @@ class RedisPool:
         if self.pump:
             await self.pump.stop()
         await self.hub.close()
-        await self.engine.client.aclose()
+        await close_client(self.engine.client)

@@ -98,7 +98,7 @@ class Pump:
     async def _run_shard(self, shard: int) -> None:
         renew_every = self.lease_ms / 3000
         next_renew = 0.0
-        next_sizes = 0.0
+        next_sizes = 0.0  # when to post this shard's queue sizes (only with a board)
         while not self._stopping:
             try:
                 now = time.monotonic()
@@ -106,14 +106,17 @@ class Pump:
                     await self._renew(shard)
                     next_renew = now + renew_every * (0.9 + 0.2 * random.random())
                 if not self.leads(shard):
-                    next_sizes = 0.0
+                    next_sizes = 0.0  # a new leader posts at once
                     await asyncio.sleep(max(next_renew - time.monotonic(), 0.01))
                     continue
-                if self.board and now >= next_sizes:
-                    next_sizes = now + self.sizes_every_s
-                    await self.post_sizes(shard)
+                wake = next_renew
+                if self.board is not None:
+                    if now >= next_sizes:
+                        next_sizes = now + self.sizes_every_s
+                        await self.post_sizes(shard)
+                    wake = min(wake, next_sizes)
                 wait_ms = await self.pump_shard(shard)
-                wait = min(wait_ms / 1000, max(min(next_renew, next_sizes) - time.monotonic(), 0))
+                wait = min(wait_ms / 1000, max(wake - time.monotonic(), 0))
                 if wait > 0:
                     await asyncio.sleep(wait)
             except asyncio.CancelledError:

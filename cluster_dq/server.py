@@ -152,7 +152,7 @@ async def _preflight(settings: Settings) -> None:
     """Refuses to start against an evicting Redis; an unreachable one only warns."""
     from redis.exceptions import RedisError
 
-    from cluster_dq.pools import check_redis, make_client
+    from cluster_dq.pools import check_redis, close_client, make_client
 
     for name, pool in settings.Pool.items():
         client = make_client(pool)
@@ -162,7 +162,7 @@ async def _preflight(settings: Settings) -> None:
         except (RedisError, OSError) as e:
             log.error("pool %s unreachable at start-up: %s", name, e)
         finally:
-            await client.aclose()
+            await close_client(client)
 
 
 def run(settings: Settings, on_ready: object = None) -> int:

@@ -1,21 +1,37 @@
 """Real redis-server processes on loopback, started for the session and stopped after it.
 
+The behaviour suite (every test that takes ``engine``, ``sync_redis`` or the HTTP ``service``)
+runs once per topology: standalone, a 3-master + 3-replica Cluster, and a Sentinel group
+(1 master + 2 replicas + 3 sentinels). ``DQ_TOPOLOGIES=standalone`` narrows it for a quick run.
 If redis-server cannot be started the tests error out (in CI and locally alike): nothing in
 this suite is ever skipped for want of Redis.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import redis
-from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import EngineConfig
-from cluster_dq.localredis import Cluster, Server, start_cluster, start_server
+from cluster_dq.localredis import (
+    Cluster,
+    SentinelGroup,
+    Server,
+    start_cluster,
+    start_sentinel,
+    start_server,
+)
+from cluster_dq.pools import close_client, make_client
+
+Deployment = Server | Cluster | SentinelGroup
+TOPOLOGIES = os.environ.get("DQ_TOPOLOGIES", "standalone,cluster,sentinel").split(",")
+FIXTURE_OF = {"standalone": "redis_server", "cluster": "redis_cluster", "sentinel": "redis_sentinel"}
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +48,38 @@ def redis_cluster() -> Iterator[Cluster]:
     cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[SentinelGroup]:
+    group = start_sentinel()
+    yield group
+    group.stop()
+
+
+@pytest.fixture(scope="session", params=TOPOLOGIES)
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    """The Redis topology the behaviour suite runs on (each test runs once per topology)."""
+    found: Deployment = request.getfixturevalue(FIXTURE_OF[request.param])
+    return found
+
+
+def flush(client: Any) -> None:
+    if isinstance(client, redis.RedisCluster):
+        client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        client.flushall()
+
+
 @pytest.fixture
-def sync_redis(redis_server: Server) -> Iterator[redis.Redis]:
+def sync_redis(deployment: Deployment) -> Iterator[redis.Redis]:
+    client = deployment.sync_client()
+    flush(client)
+    yield client  # type: ignore[misc]
+    client.close()
+
+
+@pytest.fixture
+def standalone_redis(redis_server: Server) -> Iterator[redis.Redis]:
+    """For the few tests that are about one process and one server (crashes, outages)."""
     client = redis_server.client()
     client.flushall()
     yield client
@@ -41,10 +87,10 @@ def sync_redis(redis_server: Server) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-async def engine(sync_redis: redis.Redis, redis_server: Server) -> AsyncIterator[AsyncEngine]:
-    client = AsyncRedis(host="127.0.0.1", port=redis_server.port)
+async def engine(sync_redis: redis.Redis, deployment: Deployment) -> AsyncIterator[AsyncEngine]:
+    client = make_client(deployment.pool_settings())
     yield AsyncEngine(client, EngineConfig())
-    await client.aclose()
+    await close_client(client)
 
 
 @pytest.fixture

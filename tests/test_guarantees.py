@@ -13,29 +13,34 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import redis
-from redis.asyncio import Redis as AsyncRedis
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.localredis import Server
 from cluster_dq.models import Job, JobSpec
+from cluster_dq.pools import close_client, make_client
+from cluster_dq.metrics import SizeBoard
 from cluster_dq.pump import Pump
 from cluster_dq.waiters import WaiterHub
+from tests.conftest import Deployment
 from tests.invariants import check_queue, queue_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def test_one_leader_per_shard_and_takeover(engine: AsyncEngine, redis_server: Server) -> None:
-    other = AsyncEngine(AsyncRedis(host="127.0.0.1", port=redis_server.port), engine.config)
+async def test_one_leader_per_shard_and_takeover(engine: AsyncEngine, deployment: Deployment) -> None:
+    other = AsyncEngine(make_client(deployment.pool_settings()), engine.config)
     a, b = Pump(engine, lease_ms=600), Pump(other, lease_ms=600)
     a.start()
     b.start()
     try:
-        await asyncio.sleep(0.5)
         shards = range(engine.config.shards)
+        deadline = time.monotonic() + 5
+        while not all(a.leads(s) or b.leads(s) for s in shards) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         assert all(a.leads(s) != b.leads(s) for s in shards), "each shard: exactly one leader"
         await a.stop()  # gives its leases up; b takes every shard within a lease
         deadline = time.monotonic() + 3
@@ -45,7 +50,23 @@ async def test_one_leader_per_shard_and_takeover(engine: AsyncEngine, redis_serv
     finally:
         await a.stop()
         await b.stop()
-        await other.client.aclose()
+        await close_client(other.client)
+
+
+@pytest.mark.parametrize("with_sizes", [False, True], ids=["plain", "posting-sizes"])
+async def test_an_idle_pump_does_not_spin(engine: AsyncEngine, with_sizes: bool) -> None:
+    """Leading 16 idle shards for 1 s costs a handful of Redis calls per shard, not a loop."""
+    calls: list[float] = []
+    engine.observer = lambda seconds, error: calls.append(seconds)
+    board = SizeBoard(None, 30.0) if with_sizes else None
+    pump = Pump(engine, lease_ms=3_000, poll_ms=1_000, board=board, sizes_every_s=10.0)
+    pump.start()
+    try:
+        await asyncio.sleep(1.2)
+        assert all(pump.leads(s) for s in range(engine.config.shards))
+    finally:
+        await pump.stop()
+    assert len(calls) < 16 * 12, f"{len(calls)} Redis calls in 1.2 s from an idle pump"  # a spin: 1000s
 
 
 async def test_stalled_leader_loses_its_lease(engine: AsyncEngine) -> None:
@@ -94,10 +115,10 @@ async def test_long_poll_consumer_gets_delayed_job_not_early(engine: AsyncEngine
 
 
 async def test_long_poll_is_woken_by_another_instance_publishing(
-    engine: AsyncEngine, redis_server: Server
+    engine: AsyncEngine, deployment: Deployment
 ) -> None:
     hub = WaiterHub(engine)
-    producer = AsyncEngine(AsyncRedis(host="127.0.0.1", port=redis_server.port))
+    producer = AsyncEngine(make_client(deployment.pool_settings()))
     try:
         waiting = asyncio.create_task(hub.consume("lp", ["a", "b"], 30_000, 1, 5_000))
         await asyncio.sleep(0.2)
@@ -109,7 +130,7 @@ async def test_long_poll_is_woken_by_another_instance_publishing(
         assert not hub.watchers or all(not w.waiters for w in hub.watchers.values())
     finally:
         await hub.close()
-        await producer.client.aclose()
+        await close_client(producer.client)
 
 
 async def test_abandoned_wait_gives_the_job_back(engine: AsyncEngine) -> None:
@@ -209,7 +230,7 @@ async def test_many_consumers_random_delays_ttrs_and_tries(
     assert queue_keys(sync_redis, ns, q) == []
 
 
-def test_sigkill_under_load_loses_nothing(redis_server: Server, sync_redis: redis.Redis) -> None:
+def test_sigkill_under_load_loses_nothing(redis_server: Server, standalone_redis: redis.Redis) -> None:
     """A process publishing, pumping and consuming is SIGKILLed mid-flight, twice; restarted
     workers finish: every job is delivered at least once, none is duplicated in Redis, and
     nothing is left behind."""
@@ -223,18 +244,18 @@ def test_sigkill_under_load_loses_nothing(redis_server: Server, sync_redis: redi
         assert worker.poll() is None, "worker died on its own"
         worker.send_signal(signal.SIGKILL)
         worker.wait()
-        check_queue(sync_redis, "crash", "q")  # consistent at the instant of the crash
+        check_queue(standalone_redis, "crash", "q")  # consistent at the instant of the crash
     worker = subprocess.Popen(cmd, env=env, cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if sync_redis.get("test:published") and not queue_keys(sync_redis, "crash", "q"):
+            if standalone_redis.get("test:published") and not queue_keys(standalone_redis, "crash", "q"):
                 break
             time.sleep(0.2)
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait()
-    processed = {m.decode() for m in sync_redis.smembers("test:processed")}
+    processed = {m.decode() for m in standalone_redis.smembers("test:processed")}
     assert processed == {f"job-{i}" for i in range(n)}
-    check_queue(sync_redis, "crash", "q")
-    assert queue_keys(sync_redis, "crash", "q") == []
+    check_queue(standalone_redis, "crash", "q")
+    assert queue_keys(standalone_redis, "crash", "q") == []

@@ -20,14 +20,30 @@ import redis
 
 from cluster_dq.keys import ShardKeys, shard_of
 from cluster_dq.localredis import Server, free_port, start_server
+from cluster_dq.settings import PoolSettings
+from tests.conftest import Deployment
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_AUTH = ("admin", "s3cret")
 
 
-def serve(redis_addr: str, stderr: Any = None, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
+def pool_env(pool: PoolSettings) -> dict[str, str]:
+    """The CLUSTER_DQ_POOL__<NAME>__* variables that point a service at ``pool``."""
+    prefix = f"CLUSTER_DQ_POOL__{pool.name.upper()}__"
+    env = {prefix + "ADDR": pool.Addr}
+    if pool.Cluster:
+        env[prefix + "CLUSTER"] = "true"
+    if pool.MasterName:
+        env[prefix + "MASTERNAME"] = pool.MasterName
+    return env
+
+
+def serve(pool: PoolSettings | str, stderr: Any = None, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
+    """Starts `cluster-dq serve` on free ports against ``pool`` (or a standalone address)."""
     port, admin = free_port(18000, 18500), free_port(18500, 19000)
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_POOL__DEFAULT__ADDR": redis_addr,
+    if isinstance(pool, str):
+        pool = PoolSettings("default", Addr=pool)
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **pool_env(pool),
                "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_TOKENCACHESECOND": "1",
                "CLUSTER_DQ_LOGLEVEL": "warning", **env}  # fmt: skip
     proc = subprocess.Popen(
@@ -47,8 +63,8 @@ def serve(redis_addr: str, stderr: Any = None, **env: str) -> tuple[subprocess.P
 
 
 @pytest.fixture(scope="module")
-def service(redis_server: Server) -> Iterator[tuple[str, str]]:
-    proc, base, admin = serve(f"127.0.0.1:{redis_server.port}")
+def service(deployment: Deployment) -> Iterator[tuple[str, str]]:
+    proc, base, admin = serve(deployment.pool_settings())
     yield base, admin
     proc.terminate()
     proc.wait(timeout=20)

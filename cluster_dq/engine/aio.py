@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from tenacity import AsyncRetrying
 
@@ -51,12 +52,20 @@ class AsyncEngine:
                 raise r
         return results
 
+    async def _send(self, step: Step) -> Any:
+        try:
+            return await (self._pipeline(step) if isinstance(step, tuple) else self._call(step))
+        except (AttributeError, TypeError) as e:
+            if _leaked_transport_race(e):
+                raise RedisConnectionError(f"connection closed during a write ({e})") from e
+            raise
+
     async def _step(self, step: Step) -> Any:
         if self.observer is None:
-            return await (self._pipeline(step) if isinstance(step, tuple) else self._call(step))
+            return await self._send(step)
         started = time.perf_counter()
         try:
-            reply = await (self._pipeline(step) if isinstance(step, tuple) else self._call(step))
+            reply = await self._send(step)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -99,3 +108,15 @@ class AsyncEngine:
             if not there:
                 await self.client.script_load(script.script)
         return True
+
+
+def _leaked_transport_race(e: BaseException) -> bool:
+    """redis-py's asyncio connections can leak a connection closed under a write as
+    AttributeError/TypeError instead of ConnectionError (redis/redis-py#3546, #4287; seen here
+    when 16 pump shards start at once on a fresh Cluster client). Such an error is transient."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(("redis/asyncio/connection.py", "redis/asyncio/cluster.py")):
+            return True
+        tb = tb.tb_next
+    return False
