@@ -10,6 +10,7 @@ that point the service at it, and a plain (sync) client for tests and drills.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -278,22 +279,109 @@ def start_sentinel(base_port: int | None = None, down_after_ms: int = 1000) -> S
     raise RuntimeError("sentinel group did not settle in 30 s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m cluster_dq.localredis standalone|cluster``: start one and wait for Ctrl-C."""
-    argv = argv if argv is not None else sys.argv[1:]
-    kind = argv[0] if argv else "standalone"
+STATE_DIR = Path(os.environ.get("CLUSTER_DQ_LOCAL_DIR", Path(tempfile.gettempdir()) / "cluster-dq-local"))
+BASE_PORTS = {"standalone": 17379, "cluster": 17001, "sentinel": 17101}
+Deployment = Server | Cluster | SentinelGroup
+
+
+def _members(d: Deployment) -> list[Server]:
+    if isinstance(d, Server):
+        return [d]
+    if isinstance(d, Cluster):
+        return d.servers
+    return d.servers + d.sentinels
+
+
+def _describe(kind: str, d: Deployment) -> dict[str, object]:
+    pool = d.pool_settings()
+    env = {"CLUSTER_DQ_POOL__DEFAULT__ADDR": pool.Addr}
+    if pool.Cluster:
+        env["CLUSTER_DQ_POOL__DEFAULT__CLUSTER"] = "true"
+    if pool.MasterName:
+        env["CLUSTER_DQ_POOL__DEFAULT__MASTERNAME"] = pool.MasterName
+    return {"kind": kind, "env": env,
+            "members": [{"port": m.port, "pid": m.process.pid, "dir": str(m.workdir)} for m in _members(d)]}
+
+
+def _alive(state: dict[str, object]) -> bool:
+    members: list[dict[str, object]] = state["members"]  # type: ignore[assignment]
+    for m in members:
+        try:
+            os.kill(int(m["pid"]), 0)  # type: ignore[call-overload]
+            with redis.Redis(port=int(m["port"]), socket_timeout=1) as c:  # type: ignore[call-overload]
+                c.ping()
+        except (OSError, redis.RedisError):
+            return False
+    return True
+
+
+def up(kind: str) -> dict[str, object]:
+    """Starts ``kind`` on its fixed loopback ports unless it already runs (idempotent)."""
+    path = STATE_DIR / f"{kind}.json"
+    if path.exists():
+        state: dict[str, object] = json.loads(path.read_text())
+        if _alive(state):
+            return state
+        down(kind)  # half dead: start afresh
+    base = BASE_PORTS[kind]
+    d: Deployment
     if kind == "cluster":
-        cluster = start_cluster()
-        print("cluster seeds:", cluster.url, flush=True)
-        stop = cluster.stop
+        d = start_cluster(base)
+    elif kind == "sentinel":
+        d = start_sentinel(base)
     else:
-        server = start_server()
-        print("redis:", server.url, flush=True)
-        stop = lambda: server.kill(signal.SIGTERM)  # noqa: E731
-    try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    finally:
-        stop()
+        d = start_server(base)
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    state = _describe(kind, d)
+    path.write_text(json.dumps(state, indent=1))
+    return state
+
+
+def down(kind: str) -> bool:
+    path = STATE_DIR / f"{kind}.json"
+    if not path.exists():
+        return False
+    state = json.loads(path.read_text())
+    for m in state["members"]:
+        with contextlib.suppress(OSError):
+            os.kill(int(m["pid"]), signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for m in state["members"]:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(int(m["pid"]), 0)
+            except OSError:
+                break
+            time.sleep(0.05)
+        shutil.rmtree(m["dir"], ignore_errors=True)
+    path.unlink()
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cluster_dq.localredis up|down|status standalone|cluster|sentinel``"""
+    argv = argv if argv is not None else sys.argv[1:]
+    if len(argv) != 2 or argv[0] not in ("up", "down", "status") or argv[1] not in BASE_PORTS:
+        print("usage: deploy/local/redis up|down|status standalone|cluster|sentinel", file=sys.stderr)
+        return 2
+    action, kind = argv
+    if action == "down":
+        print(f"{kind}: {'stopped' if down(kind) else 'was not running'}")
+        return 0
+    if action == "status":
+        path = STATE_DIR / f"{kind}.json"
+        state = json.loads(path.read_text()) if path.exists() else None
+        if not state or not _alive(state):
+            print(f"{kind}: not running")
+            return 1
+    else:
+        state = up(kind)
+    members: list[dict[str, object]] = state["members"]  # type: ignore[assignment]
+    print(f"{kind}: running on 127.0.0.1 ports {', '.join(str(m['port']) for m in members)}")
+    env: dict[str, str] = state["env"]  # type: ignore[assignment]
+    print("point the service at it with:")
+    for k, v in env.items():
+        print(f"  export {k}={v}")
     return 0
 
 
