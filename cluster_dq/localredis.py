@@ -36,6 +36,7 @@ QUEUE_CONFIG = [
     "hash-max-listpack-value", "128",
     "save", "",
     "appendonly", "no",
+    "repl-diskless-sync-delay", "0",  # replicas sync at once (the default waits 5 s)
 ]  # fmt: skip
 
 
@@ -223,11 +224,16 @@ def start_cluster(base_port: int | None = None, node_timeout_ms: int = 2000) -> 
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        infos = [s.client().cluster("info") for s in servers]
-        if all(i.get("cluster_state") == "ok" for i in infos):
+        ok = True
+        for s in servers:  # every node sees state ok, and every replica finished its sync
+            with s.client() as c:
+                repl = c.info("replication")
+                ok = ok and c.cluster("info").get("cluster_state") == "ok"
+                ok = ok and (repl.get("role") == "master" or repl.get("master_link_status") == "up")
+        if ok:
             return Cluster(servers)
         time.sleep(0.1)
-    raise RuntimeError("cluster did not reach state ok in 30 s")
+    raise RuntimeError("cluster did not reach state ok (replicas in sync) in 30 s")
 
 
 def _sentinel_config(workdir: Path, port: int, master_port: int, down_after_ms: int) -> Path:

@@ -101,7 +101,8 @@ class RedisPool:
         metrics = PoolMetrics(settings.name)
         on = metrics_module.ENABLED
         config = dataclasses.replace(config, moves=metrics if on else None, lane_hints={})
-        engine = AsyncEngine(make_client(settings), config, observer=metrics.redis_call if on else None)
+        engine = AsyncEngine(make_client(settings), config, observer=metrics.redis_call if on else None,
+                             wait_replicas=settings.WaitReplicas, wait_timeout_ms=settings.WaitTimeoutMs)  # fmt: skip
         return cls(settings.name, settings, engine, WaiterHub(engine), metrics)
 
     async def start(self, run_pump: bool = True, board: SizeBoard | None = None,

@@ -12,6 +12,7 @@ from redis.exceptions import RedisError
 from cluster_dq import metrics
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import NotReplicated
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import NotFound, PoolUnavailable, Unauthorized
 from cluster_dq.keys import parse_qualified, shard_of
@@ -36,9 +37,16 @@ class Service:
             raise NotFound("pool not found")
         return p
 
-    async def _run(self, pool: RedisPool, op: Op[T], *, idempotent: bool = False) -> T:
+    async def _run(self, pool: RedisPool, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
         try:
-            return await pool.engine.run(op, idempotent=idempotent)
+            return await pool.engine.run(op, idempotent=idempotent, durable=durable)
+        except NotReplicated as e:
+            published = e.result[1] if isinstance(e.result, tuple) else e.result
+            ids = ", ".join(p.job_id for p in published) if isinstance(published, list) else published.job_id
+            raise PoolUnavailable(pool.name, (
+                f"job(s) {ids} written to the master, but {e}: they may be lost if the master "
+                "fails now; publishing again with the same job_id is safe (idempotent)"
+            )) from e  # fmt: skip
         except (RedisError, OSError) as e:
             raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}") from e
 
@@ -66,7 +74,7 @@ class Service:
             validate_spec(spec)  # all-or-nothing: refuse before writing anything
         cfg = pool.engine.config
         # Safe to retry: the job ids are fixed before the first attempt.
-        out = await self._run(pool, ops.publish(cfg, ns, q, specs, now_ms()), idempotent=True)
+        out = await self._run(pool, ops.publish(cfg, ns, q, specs, now_ms()), idempotent=True, durable=True)
         metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
         return out
 
@@ -90,7 +98,7 @@ class Service:
     ) -> Published:
         validate_spec(spec)
         op = ops.republish(pool.engine.config, ns, q, old_id, spec, now_ms())
-        acked, published = await self._run(pool, op, idempotent=True)
+        acked, published = await self._run(pool, op, idempotent=True, durable=True)
         metrics.count(metrics.acked, ns, q, acked is not None)
         metrics.count(metrics.published, ns, q, not published.duplicate)
         return published

@@ -29,6 +29,10 @@ class PoolSettings:
     Cluster: bool = False
     PoolSize: int = 256
     MigrateTo: str = ""
+    # Durable publish: a 2xx only once this many replicas confirmed the write (Redis WAIT),
+    # else 503 naming the job ids (safe to publish again with the same job_id). 0: off.
+    WaitReplicas: int = 0
+    WaitTimeoutMs: int = 500
 
     @property
     def kind(self) -> str:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 from tenacity import AsyncRetrying
 
 from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
@@ -20,15 +20,33 @@ from cluster_dq.engine.scripts import load_all
 T = TypeVar("T")
 AsyncClient = Redis | RedisCluster
 Observer = Callable[[float, BaseException | None], None]  # (seconds, error) of each step
+DURABLE_SCRIPTS = frozenset({"publish", "republish"})  # the writes that acknowledge a job
+
+
+class NotReplicated(RedisError):
+    """A durable write reached the master but fewer replicas than required confirmed it in
+    time. ``result`` is what the operation returned (e.g. the job ids): the write may still
+    be lost if the master fails now."""
+
+    def __init__(self, acked: int, wanted: int, timeout_ms: int, result: Any) -> None:
+        super().__init__(f"{acked} of {wanted} replicas confirmed the write within {timeout_ms} ms")
+        self.acked, self.wanted, self.result = acked, wanted, result
 
 
 class AsyncEngine:
     def __init__(
-        self, client: AsyncClient, config: EngineConfig | None = None, observer: Observer | None = None
+        self,
+        client: AsyncClient,
+        config: EngineConfig | None = None,
+        observer: Observer | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 500,
     ) -> None:
         self.client = client
         self.config = config or EngineConfig()
         self.observer = observer
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self.scripts = {n: client.register_script(s.source) for n, s in load_all().items()}
 
     async def _call(self, call: Call) -> Any:
@@ -84,17 +102,50 @@ class AsyncEngine:
                 return await self._step(step)
         raise AssertionError("unreachable")
 
-    async def run(self, op: Op[T], *, idempotent: bool = False) -> T:
+    async def _durable(self, call: Eval) -> tuple[Any, int]:
+        """The script and a ``WAIT`` on the same connection (one pipeline; on a Cluster, sent
+        to the node of the script's slot): WAIT counts the replicas that have this write."""
+        script = self.scripts[call.script]
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.execute_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            if isinstance(self.client, RedisCluster):
+                node = self.client.get_node_from_key(call.keys[0])
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms, target_nodes=node)
+            else:
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            reply, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):  # after a failover: load it, then once more
+                await self.client.script_load(script.script)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acked, Exception):
+                raise acked
+            return reply, int(acked)
+        raise NoScriptError(f"script {call.script} could not be loaded")
+
+    async def run(self, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
         """Drives one operation. For idempotent ones each step is retried on transient errors
-        (a step's arguments, job ids included, are fixed, so a repeat cannot duplicate)."""
+        (a step's arguments, job ids included, are fixed, so a repeat cannot duplicate).
+        ``durable`` (with ``wait_replicas`` set): the job-acknowledging scripts are confirmed
+        by that many replicas, else ``NotReplicated`` is raised once the operation is done."""
         send = self._retrying if idempotent else self._step
+        durable = durable and self.wait_replicas > 0
+        acked = self.wait_replicas
         reply: Any = None
         while True:
             try:
                 step = op.send(reply)
             except StopIteration as stop:
+                if acked < self.wait_replicas:
+                    raise NotReplicated(acked, self.wait_replicas, self.wait_timeout_ms, stop.value) from None
                 return stop.value  # type: ignore[no-any-return]
-            reply = await send(step)
+            if durable and isinstance(step, Eval) and step.script in DURABLE_SCRIPTS:
+                reply, got = await self._durable(step)
+                acked = min(acked, got)
+            else:
+                reply = await send(step)
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
