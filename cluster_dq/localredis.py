@@ -285,6 +285,27 @@ def start_sentinel(base_port: int | None = None, down_after_ms: int = 1000) -> S
     raise RuntimeError("sentinel group did not settle in 30 s")
 
 
+def migrate_slot(cluster: Cluster, slot: int, source_port: int, target_port: int, batch: int = 100) -> int:
+    """Moves one hash slot between masters the way redis-cli --cluster reshard does
+    (IMPORTING/MIGRATING, MIGRATE in batches, SETSLOT NODE everywhere). Returns keys moved."""
+    masters = [s for s in cluster.servers if s.client().info("replication")["role"] == "master"]
+    with redis.Redis(port=source_port) as src, redis.Redis(port=target_port) as dst:
+        src_id, dst_id = src.execute_command("CLUSTER", "MYID"), dst.execute_command("CLUSTER", "MYID")
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        moved = 0
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+            src.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", *keys)
+            moved += len(keys)
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    for m in masters:
+        if m.port not in (source_port, target_port):
+            with m.client() as c:
+                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    return moved
+
+
 STATE_DIR = Path(os.environ.get("CLUSTER_DQ_LOCAL_DIR", Path(tempfile.gettempdir()) / "cluster-dq-local"))
 BASE_PORTS = {"standalone": 17379, "cluster": 17001, "sentinel": 17101}
 Deployment = Server | Cluster | SentinelGroup

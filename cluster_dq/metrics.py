@@ -33,7 +33,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from cluster_dq.engine.commands import Sizes
 from cluster_dq.keys import parse_qualified
-from cluster_dq.models import Job, id_due_ms, id_to_member
+from cluster_dq.models import Job, id_due_ms, id_to_member, is_wheel_member
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 QUEUE = ("namespace", "queue")
@@ -102,8 +102,9 @@ def record_delivered(jobs: Iterable[Job], now_ms: int) -> None:
         ns, q = job.namespace, job.queue
         child(delivered, ns, q).inc()
         if job.deliveries == 1:
-            due = id_due_ms(id_to_member(job.job_id))
-            child(lateness, ns, q).observe(max(now_ms - due, 0) / 1000)
+            member = id_to_member(job.job_id)
+            if is_wheel_member(member):  # a client-chosen id carries no due time
+                child(lateness, ns, q).observe(max(now_ms - id_due_ms(member), 0) / 1000)
             child(first_delivery, ns, q).observe(max(now_ms - job.published_ms, 0) / 1000)
 
 

@@ -10,7 +10,9 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
@@ -29,12 +31,15 @@ SOCKET_TIMEOUT = 5.0
 
 def make_client(p: PoolSettings) -> AsyncClient:
     addrs = p.addresses()
+    # redis-py's own retries (3, exponential backoff from 1 s) are off: engine/retry.py is the
+    # one policy, applied only where repeating is safe, with one bounded budget.
     common = dict(password=p.Password or None, socket_timeout=SOCKET_TIMEOUT,
-                  socket_connect_timeout=2.0)  # fmt: skip
+                  socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0))  # fmt: skip
     if p.kind == "cluster":
+        # One immediate retry inside redis-py lets it re-learn the slots after a failover.
         return RedisCluster(
             startup_nodes=[ClusterNode(h, port) for h, port in addrs],
-            max_connections=p.PoolSize, **common,  # type: ignore[arg-type]
+            max_connections=p.PoolSize, **{**common, "retry": Retry(NoBackoff(), 1)},  # type: ignore[arg-type]
         )  # fmt: skip
     if p.kind == "sentinel":
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
@@ -46,6 +51,26 @@ def make_client(p: PoolSettings) -> AsyncClient:
         return master
     host, port = addrs[0]
     return Redis(host=host, port=port, db=p.DB, max_connections=p.PoolSize, **common)  # type: ignore[arg-type]
+
+
+def make_sync_client(p: PoolSettings) -> Any:
+    """The blocking client of a pool (bulk tools, Spark partitions), same topologies."""
+    import redis
+    from redis.backoff import NoBackoff as SyncNoBackoff
+    from redis.retry import Retry as SyncRetry
+    from redis.sentinel import Sentinel as SyncSentinel
+
+    addrs = p.addresses()
+    common: dict[str, Any] = dict(password=p.Password or None, socket_timeout=30.0, socket_connect_timeout=2.0)
+    if p.kind == "cluster":
+        return redis.RedisCluster(startup_nodes=[redis.cluster.ClusterNode(h, port) for h, port in addrs],  # type: ignore[no-untyped-call]
+                                  retry=SyncRetry(SyncNoBackoff(), 1), **common)  # fmt: skip
+    if p.kind == "sentinel":
+        sentinel = SyncSentinel(addrs, sentinel_kwargs={"password": p.SentinelPassword or None,  # type: ignore[no-untyped-call]
+                                                        "socket_timeout": 1.0})  # fmt: skip
+        return sentinel.master_for(p.MasterName, db=p.DB, retry=SyncRetry(SyncNoBackoff(), 0), **common)  # type: ignore[no-untyped-call]
+    host, port = addrs[0]
+    return redis.Redis(host=host, port=port, db=p.DB, retry=SyncRetry(SyncNoBackoff(), 0), **common)
 
 
 async def close_client(client: AsyncClient) -> None:

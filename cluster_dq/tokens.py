@@ -8,9 +8,12 @@ positive answers forever, on every instance but the one that served the DELETE).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
+
+from redis.exceptions import RedisError
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
@@ -19,6 +22,7 @@ from cluster_dq.errors import BadRequest, NotFound, RateLimited
 from cluster_dq.keys import AdminKeys
 from cluster_dq.models import encode_id
 
+log = logging.getLogger(__name__)
 MIN_CUSTOM_TOKEN = 20
 
 
@@ -79,7 +83,12 @@ class TokenStore:
         now = time.monotonic()
         if hit and hit[1] > now:
             return hit[0]
-        ok = bool(await self.client.hexists(AdminKeys.tokens(pool, ns), token))
+        try:
+            ok = bool(await self.client.hexists(AdminKeys.tokens(pool, ns), token))
+        except (RedisError, OSError):
+            if hit:  # Redis failing over: the last answer stands until it is back (never a 503)
+                return hit[0]
+            raise
         if len(self._valid) > 100_000:
             self._valid.clear()
         self._valid[key] = (ok, now + self.cache_seconds)
@@ -90,7 +99,12 @@ class TokenStore:
     async def limits(self, force: bool = False) -> dict[str, Limit]:
         now = time.monotonic()
         if force or now - self._limits_at > self.cache_seconds:
-            raw = await self.client.hgetall(AdminKeys.limits())
+            try:
+                raw = await self.client.hgetall(AdminKeys.limits())
+            except (RedisError, OSError):
+                if force:
+                    raise
+                return self._limits  # Redis failing over: the last known limits stand
             fresh = {}
             for k, v in raw.items():
                 d = json.loads(v)
@@ -136,4 +150,7 @@ class TokenStore:
 
     async def refund(self, pool: str, ns: str, token: str, write: bool) -> None:
         key = AdminKeys.counter(pool, ns, token, "w" if write else "r")
-        await self.engine.run(ops.rate_limit(key, 0, 0, refund=True))
+        try:
+            await self.engine.run(ops.rate_limit(key, 0, 0, refund=True))
+        except (RedisError, OSError) as e:  # the request's own answer matters more
+            log.warning("rate limit refund failed: %s", e)

@@ -89,6 +89,8 @@ def standalone_redis(redis_server: Server) -> Iterator[redis.Redis]:
 @pytest.fixture
 async def engine(sync_redis: redis.Redis, deployment: Deployment) -> AsyncIterator[AsyncEngine]:
     client = make_client(deployment.pool_settings())
+    if isinstance(client, AsyncRedisCluster):
+        await client.initialize()  # as RedisPool.start does, before concurrent use
     yield AsyncEngine(client, EngineConfig())
     await close_client(client)
 

@@ -339,6 +339,33 @@ def test_redis_down_gives_503_not_500(redis_server: Server) -> None:
         proc.wait(timeout=20)
 
 
+def test_redis_lost_mid_flight_gives_503_on_every_route() -> None:
+    """Redis dies after the token (with a rate limit) was cached: never a 500, on any route."""
+    server = start_server()
+    proc, base, admin = serve(f"127.0.0.1:{server.port}")
+    try:
+        tok = httpx.post(f"{admin}/token/ns", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+        r = httpx.post(f"{admin}/token/ns/{tok}/limit", json={"read": 100, "write": 100, "interval": 1},
+                       auth=ADMIN_AUTH)  # fmt: skip
+        assert r.status_code == 201
+        h = {"X-Token": tok}
+        assert httpx.put(f"{base}/api/ns/q", headers=h, content=b"x").status_code == 201
+        server.kill()
+        time.sleep(2.2)  # token and limit caches expired: every route must reach Redis again
+        calls = [("PUT", "/api/ns/q"), ("PUT", "/api/ns/q/bulk"), ("GET", "/api/ns/q"),
+                 ("DELETE", "/api/ns/q/job/01M80ZSZ2200001GG6510Z4KSP"), ("GET", "/api/ns/q/size"),
+                 ("GET", "/api/ns/q/peek"), ("GET", "/api/ns/q/deadletter")]  # fmt: skip
+        for method, path in calls:
+            content = b'["a"]' if path.endswith("bulk") else b"x" if method == "PUT" else None
+            r = httpx.request(method, base + path, headers=h, content=content, timeout=30)
+            assert r.status_code == 503, (method, path, r.status_code, r.text)
+            assert "unavailable" in r.json()["error"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        server.kill()
+
+
 def test_an_evicting_redis_is_refused() -> None:
     server = start_server(extra=["--maxmemory-policy", "allkeys-lru"])
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
@@ -93,13 +93,17 @@ class AsyncEngine:
         return reply
 
     async def _retrying(self, step: Step) -> Any:
+        return await self._retry(self._step, step)
+
+    @staticmethod
+    async def _retry(send: Callable[[Any], Awaitable[Any]], step: Any) -> Any:
         try:  # the fast path: no retry machinery unless something failed
-            return await self._step(step)
+            return await send(step)
         except TRANSIENT:
             pass
         async for attempt in AsyncRetrying(**POLICY):  # type: ignore[arg-type]
             with attempt:
-                return await self._step(step)
+                return await send(step)
         raise AssertionError("unreachable")
 
     async def _durable(self, call: Eval) -> tuple[Any, int]:
@@ -142,7 +146,8 @@ class AsyncEngine:
                     raise NotReplicated(acked, self.wait_replicas, self.wait_timeout_ms, stop.value) from None
                 return stop.value  # type: ignore[no-any-return]
             if durable and isinstance(step, Eval) and step.script in DURABLE_SCRIPTS:
-                reply, got = await self._durable(step)
+                # A repeat after a lost reply finds the job there and reports it as duplicate.
+                reply, got = await (self._retry(self._durable, step) if idempotent else self._durable(step))
                 acked = min(acked, got)
             else:
                 reply = await send(step)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -43,11 +44,18 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         messages = {404: "api not found", 405: "method not allowed"}
         return error(messages.get(exc.status_code, exc.detail), exc.status_code)
 
+    async def redis_down(request: Request, exc: Exception) -> Response:
+        # A safety net: the service maps Redis failures to PoolUnavailable where it calls
+        # Redis; anything that slips through is still a 503, never a 500.
+        log.warning("503 (unmapped Redis failure): %s: %s", type(exc).__name__, exc)
+        return error(f"redis unavailable: {type(exc).__name__}: {exc}", 503)
+
     async def crash(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return error("internal error", 500)
 
-    return {ClusterDQError: dq_error, HTTPException: http_error, Exception: crash}
+    return {ClusterDQError: dq_error, HTTPException: http_error, RedisError: redis_down,
+            OSError: redis_down, Exception: crash}  # fmt: skip
 
 
 class DataAPI:

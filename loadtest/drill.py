@@ -1,0 +1,364 @@
+"""Failover drills: a bounded load through the HTTP service while something fails, then a report.
+
+    python loadtest/drill.py sentinel-master      # (a) the Sentinel master is SIGKILLed
+    python loadtest/drill.py cluster-master       # (b) a Cluster master is SIGKILLed
+    python loadtest/drill.py reshard              # (c) the slot of an active queue moves under load
+    python loadtest/drill.py service-leader       # (d) a service instance leading pump shards is SIGKILLed
+    options: --rate 800 (publishes/s) --seconds 30 --no-durable --queues 8
+
+Each drill starts its own Redis topology and two `cluster-dq serve` instances on loopback
+ports, publishes jobs with client-chosen ids (due 0-2 s later) at the given rate, round-robin
+over both instances, while long-polling consumers ack everything they get. A third of the way
+in, the event happens. After the load the consumers drain, and the report gives:
+the unavailability window (longest run of failed publishes), client-visible errors by kind,
+acknowledged (2xx) jobs never delivered (lost), jobs delivered again after their ack
+succeeded (duplicates beyond at-least-once), and lateness (delivery - due) before/during the
+event. With durable publish (the default; WaitReplicas=1) a lost acknowledged job is a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from cluster_dq.keys import QueueKeys
+from cluster_dq.localredis import Cluster, SentinelGroup, Server, free_port, start_cluster, start_sentinel
+
+ROOT = Path(__file__).resolve().parents[1]
+Deployment = Server | Cluster | SentinelGroup
+
+
+@dataclass
+class Ledger:
+    acked_publish: dict[str, float] = field(default_factory=dict)  # id -> due (monotonic s)
+    publish_errors: Counter[str] = field(default_factory=Counter)
+    consume_errors: Counter[str] = field(default_factory=Counter)
+    outcomes: list[tuple[float, bool]] = field(default_factory=list)  # (t, publish ok)
+    delivered: dict[str, list[float]] = field(default_factory=dict)
+    ack_done: dict[str, float] = field(default_factory=dict)
+    late_ms: list[tuple[float, float]] = field(default_factory=list)  # (due t, lateness ms)
+
+
+@dataclass
+class Instance:
+    proc: subprocess.Popen[bytes]
+    base: str
+    admin: str
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def start_instance(deployment: Deployment, durable: bool) -> Instance:
+    pool = deployment.pool_settings()
+    port, admin = free_port(18000, 18500), free_port(18500, 19000)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_LOGLEVEL": "error",
+           "CLUSTER_DQ_POOL__DEFAULT__ADDR": pool.Addr, "CLUSTER_DQ_TTRSECOND": "5"}  # fmt: skip
+    if pool.Cluster:
+        env["CLUSTER_DQ_POOL__DEFAULT__CLUSTER"] = "true"
+    if pool.MasterName:
+        env["CLUSTER_DQ_POOL__DEFAULT__MASTERNAME"] = pool.MasterName
+    if durable:
+        env["CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS"] = "1"
+        env["CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS"] = "1000"
+    proc = subprocess.Popen([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
+                             "--admin-port", str(admin)], env=env, cwd=ROOT, start_new_session=True)  # fmt: skip
+    inst = Instance(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(inst.admin + "/readyz").status_code == 200:
+                return inst
+        time.sleep(0.1)
+    inst.kill()
+    raise RuntimeError("service instance did not become ready")
+
+
+def kind_of(e: BaseException | int, body: str = "") -> str:
+    if isinstance(e, int):
+        return f"HTTP {e}" + (f" ({body[:60]})" if body else "")
+    return type(e).__name__
+
+
+async def publisher(instances: list[Instance], token: str, queues: list[str], rate: float,
+                    until: float, ledger: Ledger, t0: float) -> None:  # fmt: skip
+    sem = asyncio.Semaphore(256)
+    n = 0
+    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=256)) as client:
+
+        async def one(i: int) -> None:
+            inst = instances[i % len(instances)]
+            q = queues[i % len(queues)]
+            jid = f"drill-{i}"
+            delay = random.randint(0, 2)
+            try:
+                r = await client.put(f"{inst.base}/api/drill/{q}", params={"job_id": jid, "delay": delay, "tries": 5},
+                                     headers={"X-Token": token}, content=jid.encode())  # fmt: skip
+                ok = r.status_code == 201
+                if ok:
+                    ledger.acked_publish.setdefault(jid, time.monotonic() - t0 + delay)
+                else:
+                    ledger.publish_errors[kind_of(r.status_code, r.json().get("error", "")[:40])] += 1
+            except (httpx.HTTPError, ValueError) as e:
+                ok = False
+                ledger.publish_errors[kind_of(e)] += 1
+            ledger.outcomes.append((time.monotonic() - t0, ok))
+            sem.release()
+
+        tasks = set()
+        start = time.monotonic()
+        while time.monotonic() < until:
+            target = start + n / rate
+            if target > time.monotonic():
+                await asyncio.sleep(target - time.monotonic())
+            await sem.acquire()
+            task = asyncio.create_task(one(n))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            n += 1
+        await asyncio.gather(*tasks)
+
+
+async def consumer(instances: list[Instance], token: str, queues: list[str], until: float,
+                   ledger: Ledger, t0: float, k: int) -> None:  # fmt: skip
+    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=32)) as client:
+        i = k
+        while time.monotonic() < until:
+            inst = instances[i % len(instances)]
+            i += 1
+            try:
+                r = await client.get(f"{inst.base}/api/drill/{','.join(queues)}",
+                                     params={"timeout": 1, "ttr": 5, "count": 20}, headers={"X-Token": token})  # fmt: skip
+                if r.status_code == 404:
+                    continue
+                if r.status_code != 200:
+                    ledger.consume_errors[kind_of(r.status_code)] += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                now = time.monotonic() - t0
+                jobs = r.json()
+                for job in jobs:
+                    jid = job["job_id"]
+                    ledger.delivered.setdefault(jid, []).append(now)
+                    due = ledger.acked_publish.get(jid)
+                    if due is not None and len(ledger.delivered[jid]) == 1:
+                        ledger.late_ms.append((due, max(now - due, 0) * 1000))
+
+                async def ack(job: dict[str, Any]) -> None:
+                    try:
+                        a = await client.delete(f"{inst.base}/api/drill/{job['queue']}/job/{job['job_id']}",
+                                                headers={"X-Token": token})  # fmt: skip
+                    except httpx.HTTPError as e:
+                        ledger.consume_errors[kind_of(e)] += 1
+                        return
+                    if a.status_code == 204:
+                        ledger.ack_done.setdefault(job["job_id"], time.monotonic() - t0)
+                    else:
+                        ledger.consume_errors[kind_of(a.status_code)] += 1
+
+                await asyncio.gather(*(ack(j) for j in jobs))
+            except httpx.HTTPError as e:
+                ledger.consume_errors[kind_of(e)] += 1
+                await asyncio.sleep(0.05)
+
+
+def unavailability(outcomes: list[tuple[float, bool]]) -> tuple[float, float]:
+    """(longest stretch between two successful publishes with only failures between, its start)."""
+    best, start = 0.0, 0.0
+    last_ok: float | None = None
+    failed_since = False
+    for t, ok in sorted(outcomes):
+        if ok:
+            if failed_since and last_ok is not None and t - last_ok > best:
+                best, start = t - last_ok, last_ok
+            last_ok, failed_since = t, False
+        else:
+            failed_since = True
+    return best, start
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))] if s else float("nan")
+
+
+# -- the events -------------------------------------------------------------------------------
+
+
+def kill_sentinel_master(d: Deployment, instances: list[Instance]) -> str:
+    assert isinstance(d, SentinelGroup)
+    master = d.master()
+    master.kill(signal.SIGKILL)
+    return f"SIGKILL of the Sentinel master 127.0.0.1:{master.port}"
+
+
+def kill_cluster_master(d: Deployment, instances: list[Instance], queues: list[str]) -> str:
+    assert isinstance(d, Cluster)
+    with d.sync_client() as c:
+        node = c.get_node_from_key(QueueKeys("drill", queues[0]).meta)
+    d.server_on(node.port).kill(signal.SIGKILL)
+    return f"SIGKILL of the Cluster master 127.0.0.1:{node.port} (holding queue {queues[0]})"
+
+
+def reshard(d: Deployment, instances: list[Instance], queues: list[str]) -> str:
+    assert isinstance(d, Cluster)
+    from cluster_dq.localredis import migrate_slot
+
+    key = QueueKeys("drill", queues[0]).meta
+    with d.sync_client() as c:
+        slot = c.keyslot(key)
+        source = c.get_node_from_key(key)
+        masters = [n for n in c.get_primaries() if n.port != source.port]
+    target = masters[0]
+    moved = migrate_slot(d, slot, source.port, target.port)
+    return f"slot {slot} (queue {queues[0]}, {moved} keys) moved from :{source.port} to :{target.port} under load"
+
+
+def kill_leading_instance(d: Deployment, instances: list[Instance]) -> str:
+    """Kills the instance whose worker leads the most pump shards."""
+    (leader_pid, _), *_ = leaders_of(d).most_common(1)
+
+    def parent(pid: str) -> int:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return -1
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+
+    victim = next((i for i in instances if i.proc.pid == parent(leader_pid)), instances[0])
+    victim.kill()
+    return f"SIGKILL of service instance {victim.base} (supervisor and workers; it led pump shards)"
+
+
+def leaders_of(d: Deployment, shards: int = 16) -> Counter[str]:
+    """Pump shards led, by the leader's worker pid ("none": no leader)."""
+    from cluster_dq.keys import ShardKeys
+
+    out: Counter[str] = Counter()
+    with d.sync_client() as c:
+        for s in range(shards):
+            raw = c.get(ShardKeys(s).lock)
+            out[(raw or b"none").decode().split("-")[0]] += 1
+    return out
+
+
+# -- the drill ---------------------------------------------------------------------------------
+
+
+def setup(scenario: str) -> Deployment:
+    if scenario == "sentinel-master":
+        return start_sentinel()
+    return start_cluster(node_timeout_ms=2000)
+
+
+async def run_load(instances: list[Instance], token: str, queues: list[str], rate: float,
+                   seconds: float, event: Any) -> tuple[Ledger, float, str]:  # fmt: skip
+    ledger = Ledger()
+    t0 = time.monotonic()
+    until = t0 + seconds
+    consumers = [asyncio.create_task(consumer(instances, token, queues, until + 15, ledger, t0, k)) for k in range(8)]
+    pub = asyncio.create_task(publisher(instances, token, queues, rate, until, ledger, t0))
+    await asyncio.sleep(seconds / 3)
+    event_at = time.monotonic() - t0
+    what = await asyncio.to_thread(event)
+    await pub
+    # Drain: until every acknowledged job was delivered, or 15 s.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not set(ledger.acked_publish) <= set(ledger.delivered):
+        await asyncio.sleep(0.2)
+    for c in consumers:
+        c.cancel()
+    await asyncio.gather(*consumers, return_exceptions=True)
+    return ledger, event_at, what
+
+
+def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool = True,
+          n_queues: int = 8) -> dict[str, Any]:  # fmt: skip
+    d = setup(scenario)
+    instances: list[Instance] = []
+    try:
+        instances = [start_instance(d, durable) for _ in range(2)]
+        token = httpx.post(f"{instances[0].admin}/token/drill", params={"description": "drill"}).json()["token"]
+        queues = [f"q{i}" for i in range(n_queues)]
+        time.sleep(1.5)  # leases settle: both instances lead some shards
+        leaders_before = leaders_of(d)
+        events = {
+            "sentinel-master": lambda: kill_sentinel_master(d, instances),
+            "cluster-master": lambda: kill_cluster_master(d, instances, queues),
+            "reshard": lambda: reshard(d, instances, queues),
+            "service-leader": lambda: kill_leading_instance(d, instances),
+        }
+        ledger, event_at, what = asyncio.run(run_load(instances, token, queues, rate, seconds, events[scenario]))
+        lost = sorted(set(ledger.acked_publish) - set(ledger.delivered))
+        dup_after_ack = [j for j, ts in ledger.delivered.items() if j in ledger.ack_done and any(t > ledger.ack_done[j] + 0.001 for t in ts[1:])]
+        window, window_at = unavailability(ledger.outcomes)
+        before = [ms for due, ms in ledger.late_ms if due < event_at]
+        during = [ms for due, ms in ledger.late_ms if event_at <= due < event_at + max(window, 1) + 5]
+        report = {
+            "scenario": scenario, "event": what, "durable": durable, "rate": rate, "seconds": seconds,
+            "published_ok": len(ledger.acked_publish), "publish_errors": dict(ledger.publish_errors),
+            "consume_errors": dict(ledger.consume_errors),
+            "unavailable_s": round(window, 3), "unavailable_from_s": round(window_at - event_at, 3),
+            "lost_acknowledged": len(lost), "lost_examples": lost[:5],
+            "redelivered": sum(1 for ts in ledger.delivered.values() if len(ts) > 1),
+            "delivered_after_ack": len(dup_after_ack),
+            "lateness_before_ms": (round(pct(before, 50), 1), round(pct(before, 99), 1)),
+            "lateness_during_ms": (round(pct(during, 50), 1), round(pct(during, 99), 1),
+                                   round(max(during, default=float("nan")), 1)),
+        }  # fmt: skip
+        report["shard_leaders_before"] = dict(leaders_before)
+        report["shard_leaders_after"] = dict(leaders_of(d))
+        return report
+    finally:
+        for inst in instances:
+            inst.kill()
+        d.stop()
+
+
+def print_report(r: dict[str, Any]) -> None:
+    print(f"drill {r['scenario']}: {r['event']}")
+    print(f"  load: {r['rate']:.0f} publishes/s for {r['seconds']:.0f} s over 2 instances, "
+          f"durable publish {'on (WaitReplicas=1)' if r['durable'] else 'off'}")
+    print(f"  published (2xx): {r['published_ok']:,}   publish errors: {r['publish_errors'] or 0}")
+    print(f"  consume/ack errors: {r['consume_errors'] or 0}")
+    print(f"  unavailability window: {r['unavailable_s']:.2f} s (starting {r['unavailable_from_s']:+.2f} s "
+          "from the event)")
+    print(f"  acknowledged jobs lost: {r['lost_acknowledged']} {r['lost_examples'] or ''}")
+    print(f"  redelivered (at-least-once): {r['redelivered']}   delivered again after a successful ack: "
+          f"{r['delivered_after_ack']}")
+    print(f"  lateness before the event p50/p99: {r['lateness_before_ms'][0]} / {r['lateness_before_ms'][1]} ms;"
+          f" during: p50/p99/max {r['lateness_during_ms'][0]} / {r['lateness_during_ms'][1]} / "
+          f"{r['lateness_during_ms'][2]} ms")
+    print(f"  pump shards led, by worker pid: before {r['shard_leaders_before']}, after {r['shard_leaders_after']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", choices=["sentinel-master", "cluster-master", "reshard", "service-leader", "all"])
+    ap.add_argument("--rate", type=float, default=800)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--no-durable", action="store_true")
+    ap.add_argument("--queues", type=int, default=8)
+    a = ap.parse_args()
+    scenarios = ["sentinel-master", "cluster-master", "reshard", "service-leader"] if a.scenario == "all" else [a.scenario]
+    for s in scenarios:
+        print_report(drill(s, a.rate, a.seconds, not a.no_durable, a.queues))
+
+
+if __name__ == "__main__":
+    main()
