@@ -155,7 +155,10 @@ class Cluster:
         return PoolSettings(name, Addr=",".join(f"127.0.0.1:{s.port}" for s in self.servers[:3]), Cluster=True)
 
     def sync_client(self) -> redis.RedisCluster:
-        return redis.RedisCluster(host="127.0.0.1", port=self.servers[0].port)
+        from redis.cluster import ClusterNode
+
+        nodes = [ClusterNode("127.0.0.1", s.port) for s in self.servers]  # type: ignore[no-untyped-call]
+        return redis.RedisCluster(startup_nodes=nodes)
 
     def server_on(self, port: int) -> Server:
         return next(s for s in self.servers if s.port == port)

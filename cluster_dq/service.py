@@ -41,11 +41,13 @@ class Service:
         try:
             return await pool.engine.run(op, idempotent=idempotent, durable=durable)
         except NotReplicated as e:
-            published = e.result[1] if isinstance(e.result, tuple) else e.result
-            ids = ", ".join(p.job_id for p in published) if isinstance(published, list) else published.job_id
+            result = e.result[1] if isinstance(e.result, tuple) else e.result
+            items = result if isinstance(result, list) else [result]
+            ids = [p.job_id for p in items if isinstance(p, Published)]
+            what = f"job(s) {', '.join(ids)} written" if ids else "the write was applied"
             raise PoolUnavailable(pool.name, (
-                f"job(s) {ids} written to the master, but {e}: they may be lost if the master "
-                "fails now; publishing again with the same job_id is safe (idempotent)"
+                f"{what} on the master, but {e}: it may be lost if the master fails now; "
+                "repeating the request is safe (publishing with the same job_id is idempotent)"
             )) from e  # fmt: skip
         except (RedisError, OSError) as e:
             raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}") from e
@@ -89,7 +91,7 @@ class Service:
         return jobs
 
     async def ack(self, pool: RedisPool, ns: str, q: str, ids: Sequence[str]) -> list[JobState | None]:
-        states = await self._run(pool, ops.ack(ns, q, ids), idempotent=True)
+        states = await self._run(pool, ops.ack(ns, q, ids), idempotent=True, durable=True)
         metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
         return states
 

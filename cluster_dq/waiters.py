@@ -17,11 +17,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from redis.exceptions import RedisError
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.retry import TRANSIENT
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job
 
@@ -55,9 +55,18 @@ class _Watcher:
 
     async def run(self) -> None:
         try:
-            await self.hub._subscribe(self)
+            try:
+                await self.hub._subscribe(self)
+            except Exception as e:  # the 1-s safety poll covers the missing notices
+                log.warning("watcher %s/%s: no notices: %s: %s", self.namespace, self.queue, type(e).__name__, e)
             while self.waiters:
-                await self._serve()
+                try:
+                    await self._serve()
+                except TRANSIENT as e:  # a failover: keep the waiters, look again shortly
+                    if _cancelled():
+                        raise asyncio.CancelledError() from e
+                    log.warning("watcher %s/%s: %s", self.namespace, self.queue, e)
+                    await asyncio.sleep(0.1)
         except asyncio.CancelledError:
             raise
         except Exception:  # never strand a waiter: answer it with "nothing"
@@ -120,6 +129,7 @@ class WaiterHub:
         self._reader: asyncio.Task[None] | None = None
         self._by_channel: dict[bytes, _Watcher] = {}
         self._unsubscribing: set[asyncio.Task[None]] = set()
+        self._subscribing = asyncio.Lock()
         self._closed = False
 
     async def consume(
@@ -181,7 +191,8 @@ class WaiterHub:
     async def _subscribe(self, watcher: _Watcher) -> None:
         channel = watcher.channel.encode()
         self._by_channel[channel] = watcher
-        await self._pubsub.subscribe(channel)
+        async with self._subscribing:  # one pub/sub connection: one subscriber at a time
+            await self._pubsub.subscribe(channel)
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
 
@@ -198,9 +209,10 @@ class WaiterHub:
             task.add_done_callback(self._unsubscribing.discard)
 
     async def _unsubscribe(self, channel: bytes) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            if channel not in self._by_channel:
-                await self._pubsub.unsubscribe(channel)
+        with contextlib.suppress(Exception):  # at worst a stray notice wakes nobody
+            async with self._subscribing:
+                if channel not in self._by_channel:
+                    await self._pubsub.unsubscribe(channel)
 
     async def _read(self) -> None:
         while True:
@@ -208,11 +220,11 @@ class WaiterHub:
                 msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as e:
+            except Exception as e:  # redis-py can leak transport races as other errors
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise asyncio.CancelledError() from e
-                log.warning("notification channel: %s", e)  # the safety poll covers the gap
+                log.warning("notification channel: %s: %s", type(e).__name__, e)  # safety poll covers it
                 await asyncio.sleep(0.5)
                 continue
             if msg and msg.get("type") == "message":
@@ -231,3 +243,8 @@ class WaiterHub:
         await asyncio.gather(*tasks, return_exceptions=True)  # nothing may outlive the hub
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+def _cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -26,12 +26,14 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from cluster_dq.keys import QueueKeys
@@ -50,6 +52,7 @@ class Ledger:
     delivered: dict[str, list[float]] = field(default_factory=dict)
     ack_done: dict[str, float] = field(default_factory=dict)
     late_ms: list[tuple[float, float]] = field(default_factory=list)  # (due t, lateness ms)
+    rerouted: int = 0  # requests a refused connection sent on to the other instance
 
 
 @dataclass
@@ -99,22 +102,36 @@ async def publisher(instances: list[Instance], token: str, queues: list[str], ra
                     until: float, ledger: Ledger, t0: float) -> None:  # fmt: skip
     sem = asyncio.Semaphore(256)
     n = 0
-    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=256)) as client:
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256), timeout=timeout) as client:
+
+        async def put(i: int, q: str, jid: str, delay: int) -> tuple[int, Any]:
+            # As a load balancer does (nginx proxy_next_upstream error): a refused connection
+            # goes to the next instance; the job id makes the repeat safe.
+            for k in range(len(instances)):
+                inst = instances[(i + k) % len(instances)]
+                try:
+                    async with client.put(f"{inst.base}/api/drill/{q}", params={"job_id": jid, "delay": delay,
+                                          "tries": 5}, headers={"X-Token": token}, data=jid.encode()) as r:  # fmt: skip
+                        return r.status, await r.json(content_type=None)
+                except aiohttp.ClientConnectorError:
+                    ledger.rerouted += 1
+                    if k == len(instances) - 1:
+                        raise
+            raise AssertionError("unreachable")
 
         async def one(i: int) -> None:
-            inst = instances[i % len(instances)]
             q = queues[i % len(queues)]
             jid = f"drill-{i}"
             delay = random.randint(0, 2)
             try:
-                r = await client.put(f"{inst.base}/api/drill/{q}", params={"job_id": jid, "delay": delay, "tries": 5},
-                                     headers={"X-Token": token}, content=jid.encode())  # fmt: skip
-                ok = r.status_code == 201
+                status, body = await put(i, q, jid, delay)
+                ok = status == 201
                 if ok:
                     ledger.acked_publish.setdefault(jid, time.monotonic() - t0 + delay)
                 else:
-                    ledger.publish_errors[kind_of(r.status_code, r.json().get("error", "")[:40])] += 1
-            except (httpx.HTTPError, ValueError) as e:
+                    ledger.publish_errors[kind_of(status, str(body.get("error", ""))[:40])] += 1
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
                 ok = False
                 ledger.publish_errors[kind_of(e)] += 1
             ledger.outcomes.append((time.monotonic() - t0, ok))
@@ -136,45 +153,54 @@ async def publisher(instances: list[Instance], token: str, queues: list[str], ra
 
 async def consumer(instances: list[Instance], token: str, queues: list[str], until: float,
                    ledger: Ledger, t0: float, k: int) -> None:  # fmt: skip
-    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=32)) as client:
+    h = {"X-Token": token}
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32), timeout=timeout) as client:
+
+        async def ack(base: str, job: dict[str, Any]) -> None:
+            try:
+                async with client.delete(f"{base}/api/drill/{job['queue']}/job/{job['job_id']}", headers=h) as a:
+                    await a.read()
+                    status = a.status
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                ledger.consume_errors[kind_of(e)] += 1
+                return
+            if status == 204:
+                ledger.ack_done.setdefault(job["job_id"], time.monotonic() - t0)
+            else:
+                ledger.consume_errors[kind_of(status)] += 1
+
         i = k
         while time.monotonic() < until:
             inst = instances[i % len(instances)]
             i += 1
+            asked = time.monotonic() - t0  # a delivery counts from when it was asked for
             try:
-                r = await client.get(f"{inst.base}/api/drill/{','.join(queues)}",
-                                     params={"timeout": 1, "ttr": 5, "count": 20}, headers={"X-Token": token})  # fmt: skip
-                if r.status_code == 404:
-                    continue
-                if r.status_code != 200:
-                    ledger.consume_errors[kind_of(r.status_code)] += 1
-                    await asyncio.sleep(0.05)
-                    continue
-                now = time.monotonic() - t0
-                jobs = r.json()
-                for job in jobs:
-                    jid = job["job_id"]
-                    ledger.delivered.setdefault(jid, []).append(now)
-                    due = ledger.acked_publish.get(jid)
-                    if due is not None and len(ledger.delivered[jid]) == 1:
-                        ledger.late_ms.append((due, max(now - due, 0) * 1000))
-
-                async def ack(job: dict[str, Any]) -> None:
-                    try:
-                        a = await client.delete(f"{inst.base}/api/drill/{job['queue']}/job/{job['job_id']}",
-                                                headers={"X-Token": token})  # fmt: skip
-                    except httpx.HTTPError as e:
-                        ledger.consume_errors[kind_of(e)] += 1
-                        return
-                    if a.status_code == 204:
-                        ledger.ack_done.setdefault(job["job_id"], time.monotonic() - t0)
-                    else:
-                        ledger.consume_errors[kind_of(a.status_code)] += 1
-
-                await asyncio.gather(*(ack(j) for j in jobs))
-            except httpx.HTTPError as e:
+                async with client.get(f"{inst.base}/api/drill/{','.join(queues)}",
+                                      params={"timeout": 1, "ttr": 5, "count": 20}, headers=h) as r:  # fmt: skip
+                    status = r.status
+                    jobs = await r.json(content_type=None) if status == 200 else None
+            except aiohttp.ClientConnectorError:
+                ledger.rerouted += 1  # the next round goes to the next instance
+                continue
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 ledger.consume_errors[kind_of(e)] += 1
                 await asyncio.sleep(0.05)
+                continue
+            if status == 404:
+                continue
+            if jobs is None:
+                ledger.consume_errors[kind_of(status)] += 1
+                await asyncio.sleep(0.05)
+                continue
+            now = time.monotonic() - t0
+            for job in jobs:
+                jid = job["job_id"]
+                ledger.delivered.setdefault(jid, []).append(asked)
+                due = ledger.acked_publish.get(jid)
+                if due is not None and len(ledger.delivered[jid]) == 1:
+                    ledger.late_ms.append((due, max(now - due, 0) * 1000))
+            await asyncio.gather(*(ack(inst.base, j) for j in jobs))
 
 
 def unavailability(outcomes: list[tuple[float, bool]]) -> tuple[float, float]:
@@ -211,22 +237,27 @@ def kill_cluster_master(d: Deployment, instances: list[Instance], queues: list[s
     assert isinstance(d, Cluster)
     with d.sync_client() as c:
         node = c.get_node_from_key(QueueKeys("drill", queues[0]).meta)
-    d.server_on(node.port).kill(signal.SIGKILL)
-    return f"SIGKILL of the Cluster master 127.0.0.1:{node.port} (holding queue {queues[0]})"
+    server = d.server_on(node.port)
+    server.kill(signal.SIGKILL)
+    # As a process supervisor would: the node comes back 5 s later and rejoins as a replica of
+    # the promoted one, so its shard can confirm durable writes again.
+    threading.Timer(5.0, server.restart).start()
+    return (f"SIGKILL of the Cluster master 127.0.0.1:{node.port} (holding queue {queues[0]}); "
+            "restarted 5 s later")
 
 
 def reshard(d: Deployment, instances: list[Instance], queues: list[str]) -> str:
     assert isinstance(d, Cluster)
     from cluster_dq.localredis import migrate_slot
 
-    key = QueueKeys("drill", queues[0]).meta
+    key = QueueKeys("drill", queues[0]).meta  # busy, and holding the backlog
     with d.sync_client() as c:
         slot = c.keyslot(key)
         source = c.get_node_from_key(key)
         masters = [n for n in c.get_primaries() if n.port != source.port]
     target = masters[0]
     moved = migrate_slot(d, slot, source.port, target.port)
-    return f"slot {slot} (queue {queues[0]}, {moved} keys) moved from :{source.port} to :{target.port} under load"
+    return f"slot {slot} (queue drill/{queues[0]}: live traffic and the backlog, {moved} keys) moved from :{source.port} to :{target.port} under load"
 
 
 def kill_leading_instance(d: Deployment, instances: list[Instance]) -> str:
@@ -287,14 +318,40 @@ async def run_load(instances: list[Instance], token: str, queues: list[str], rat
     return ledger, event_at, what
 
 
+def preload(d: Deployment, ns: str, q: str, n: int) -> None:
+    """``n`` jobs due in an hour in queue ``q`` (wheel buckets and all), so that the slot that
+    moves, or the master that dies, holds a real backlog."""
+    from cluster_dq.engine import commands as ops
+    from cluster_dq.engine.sync import SyncEngine
+    from cluster_dq.models import JobSpec
+
+    with d.sync_client() as client:
+        engine = SyncEngine(client)
+        now = int(time.time() * 1000)
+        for i in range(0, n, 64 * 32):
+            batches = [(ns, q, [JobSpec(b"backlog", delay_ms=3_600_000 + (i + k) % 600_000, ttl_ms=0)
+                                for k in range(j, min(j + 64, n - i))]) for j in range(0, min(64 * 32, n - i), 64)]  # fmt: skip
+            engine.run(ops.publish_many(engine.config, batches, now), idempotent=True)
+
+
+def backlog_left(d: Deployment, ns: str, q: str) -> int:
+    from cluster_dq.engine import commands as ops
+    from cluster_dq.engine.sync import SyncEngine
+
+    with d.sync_client() as client:
+        return SyncEngine(client).run(ops.sizes(SyncEngine(client).config, ns, q)).delayed
+
+
 def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool = True,
-          n_queues: int = 8) -> dict[str, Any]:  # fmt: skip
+          n_queues: int = 8, backlog: int = 50_000) -> dict[str, Any]:  # fmt: skip
     d = setup(scenario)
     instances: list[Instance] = []
     try:
         instances = [start_instance(d, durable) for _ in range(2)]
         token = httpx.post(f"{instances[0].admin}/token/drill", params={"description": "drill"}).json()["token"]
         queues = [f"q{i}" for i in range(n_queues)]
+        if backlog:
+            preload(d, "drill", queues[0], backlog)
         time.sleep(1.5)  # leases settle: both instances lead some shards
         leaders_before = leaders_of(d)
         events = {
@@ -305,22 +362,28 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
         }
         ledger, event_at, what = asyncio.run(run_load(instances, token, queues, rate, seconds, events[scenario]))
         lost = sorted(set(ledger.acked_publish) - set(ledger.delivered))
-        dup_after_ack = [j for j, ts in ledger.delivered.items() if j in ledger.ack_done and any(t > ledger.ack_done[j] + 0.001 for t in ts[1:])]
+        # Delivered again by a consume asked for after the ack had succeeded: beyond at-least-once.
+        dup_after_ack = [j for j, ts in ledger.delivered.items()
+                         if j in ledger.ack_done and any(t > ledger.ack_done[j] for t in ts[1:])]  # fmt: skip
         window, window_at = unavailability(ledger.outcomes)
         before = [ms for due, ms in ledger.late_ms if due < event_at]
         during = [ms for due, ms in ledger.late_ms if event_at <= due < event_at + max(window, 1) + 5]
         report = {
             "scenario": scenario, "event": what, "durable": durable, "rate": rate, "seconds": seconds,
             "published_ok": len(ledger.acked_publish), "publish_errors": dict(ledger.publish_errors),
-            "consume_errors": dict(ledger.consume_errors),
+            "consume_errors": dict(ledger.consume_errors), "rerouted": ledger.rerouted,
             "unavailable_s": round(window, 3), "unavailable_from_s": round(window_at - event_at, 3),
             "lost_acknowledged": len(lost), "lost_examples": lost[:5],
             "redelivered": sum(1 for ts in ledger.delivered.values() if len(ts) > 1),
             "delivered_after_ack": len(dup_after_ack),
+            "delivered_after_ack_examples": [(j, [round(t - event_at, 3) for t in ledger.delivered[j]],
+                                              round(ledger.ack_done[j] - event_at, 3)) for j in dup_after_ack[:3]],
             "lateness_before_ms": (round(pct(before, 50), 1), round(pct(before, 99), 1)),
             "lateness_during_ms": (round(pct(during, 50), 1), round(pct(during, 99), 1),
                                    round(max(during, default=float("nan")), 1)),
         }  # fmt: skip
+        if backlog:
+            report["backlog"] = (backlog, backlog_left(d, "drill", queues[0]))
         report["shard_leaders_before"] = dict(leaders_before)
         report["shard_leaders_after"] = dict(leaders_of(d))
         return report
@@ -335,15 +398,21 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"  load: {r['rate']:.0f} publishes/s for {r['seconds']:.0f} s over 2 instances, "
           f"durable publish {'on (WaitReplicas=1)' if r['durable'] else 'off'}")
     print(f"  published (2xx): {r['published_ok']:,}   publish errors: {r['publish_errors'] or 0}")
-    print(f"  consume/ack errors: {r['consume_errors'] or 0}")
-    print(f"  unavailability window: {r['unavailable_s']:.2f} s (starting {r['unavailable_from_s']:+.2f} s "
-          "from the event)")
+    print(f"  consume/ack errors: {r['consume_errors'] or 0}   requests re-sent to the other instance "
+          f"after a refused connection (as a load balancer does): {r['rerouted']}")
+    if r["unavailable_s"]:
+        print(f"  unavailability window: {r['unavailable_s']:.2f} s (starting {r['unavailable_from_s']:+.2f} s "
+              "from the event)")
+    else:
+        print("  unavailability window: none (no publish failed)")
     print(f"  acknowledged jobs lost: {r['lost_acknowledged']} {r['lost_examples'] or ''}")
     print(f"  redelivered (at-least-once): {r['redelivered']}   delivered again after a successful ack: "
           f"{r['delivered_after_ack']}")
     print(f"  lateness before the event p50/p99: {r['lateness_before_ms'][0]} / {r['lateness_before_ms'][1]} ms;"
           f" during: p50/p99/max {r['lateness_during_ms'][0]} / {r['lateness_during_ms'][1]} / "
           f"{r['lateness_during_ms'][2]} ms")
+    if "backlog" in r:
+        print(f"  backlog of q0 (jobs due in 1 h) after the event: {r['backlog'][1]:,} of {r['backlog'][0]:,}")
     print(f"  pump shards led, by worker pid: before {r['shard_leaders_before']}, after {r['shard_leaders_after']}")
 
 
@@ -354,10 +423,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--no-durable", action="store_true")
     ap.add_argument("--queues", type=int, default=8)
+    ap.add_argument("--backlog", type=int, default=50_000, help="jobs resting in drill/backlog")
     a = ap.parse_args()
     scenarios = ["sentinel-master", "cluster-master", "reshard", "service-leader"] if a.scenario == "all" else [a.scenario]
     for s in scenarios:
-        print_report(drill(s, a.rate, a.seconds, not a.no_durable, a.queues))
+        print_report(drill(s, a.rate, a.seconds, not a.no_durable, a.queues, a.backlog))
 
 
 if __name__ == "__main__":

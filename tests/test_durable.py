@@ -43,13 +43,16 @@ def test_publish_waits_for_replicas_and_says_what_happened_when_they_lag(
         r = httpx.put(f"{base}/api/dur/q", headers=h, params={"job_id": jid}, content=b"at risk")
         assert r.status_code == 503
         msg = r.json()["error"]
-        assert jid in msg and "1 of 2 replicas" in msg and "same job_id is safe" in msg
+        assert jid in msg and "1 of 2 replicas" in msg and "same job_id is idempotent" in msg
         r = httpx.put(f"{base}/api/dur/q/bulk", headers=h, content=b'["a","b"]')
         assert r.status_code == 503 and r.json()["error"].count(",") >= 1  # every id named
+        r = httpx.delete(f"{base}/api/dur/q/job/{jid}", headers=h)  # an ack is confirmed too
+        assert r.status_code == 503 and "the write was applied on the master" in r.json()["error"]
     finally:
         os.kill(replica.process.pid, signal.SIGCONT)
     r = httpx.put(f"{base}/api/dur/q", headers=h, params={"job_id": jid}, content=b"at risk")
-    assert r.status_code == 201 and r.json() == {"msg": "published", "job_id": jid, "duplicate": True}
+    assert r.status_code == 201 and r.json() == {"msg": "published", "job_id": jid}  # acked above
+    assert httpx.delete(f"{base}/api/dur/q/job/{jid}", headers=h).status_code == 204
 
 
 def test_durable_publish_on_a_cluster_waits_on_the_queues_own_master(redis_cluster: Cluster) -> None:

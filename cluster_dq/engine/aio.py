@@ -20,7 +20,8 @@ from cluster_dq.engine.scripts import load_all
 T = TypeVar("T")
 AsyncClient = Redis | RedisCluster
 Observer = Callable[[float, BaseException | None], None]  # (seconds, error) of each step
-DURABLE_SCRIPTS = frozenset({"publish", "republish"})  # the writes that acknowledge a job
+# The writes a client is told about: a job accepted, a job acked (a lost ack means a redelivery).
+DURABLE_SCRIPTS = frozenset({"publish", "republish", "ack"})
 
 
 class NotReplicated(RedisError):
@@ -71,12 +72,7 @@ class AsyncEngine:
         return results
 
     async def _send(self, step: Step) -> Any:
-        try:
-            return await (self._pipeline(step) if isinstance(step, tuple) else self._call(step))
-        except (AttributeError, TypeError) as e:
-            if _leaked_transport_race(e):
-                raise RedisConnectionError(f"connection closed during a write ({e})") from e
-            raise
+        return await _transport_safe(self._pipeline(step) if isinstance(step, tuple) else self._call(step))
 
     async def _step(self, step: Step) -> Any:
         if self.observer is None:
@@ -107,6 +103,9 @@ class AsyncEngine:
         raise AssertionError("unreachable")
 
     async def _durable(self, call: Eval) -> tuple[Any, int]:
+        return await _transport_safe(self._durable_unguarded(call))
+
+    async def _durable_unguarded(self, call: Eval) -> tuple[Any, int]:
         """The script and a ``WAIT`` on the same connection (one pipeline; on a Cluster, sent
         to the node of the script's slot): WAIT counts the replicas that have this write."""
         script = self.scripts[call.script]
@@ -166,10 +165,20 @@ class AsyncEngine:
         return True
 
 
-def _leaked_transport_race(e: BaseException) -> bool:
+async def _transport_safe(call: Awaitable[T]) -> T:
     """redis-py's asyncio connections can leak a connection closed under a write as
-    AttributeError/TypeError instead of ConnectionError (redis/redis-py#3546, #4287; seen here
-    when 16 pump shards start at once on a fresh Cluster client). Such an error is transient."""
+    AttributeError/TypeError (asyncio) or RuntimeError (uvloop: "handler is closed") instead of
+    ConnectionError (redis/redis-py#3546, #4287; seen here when 16 pump shards start at once on
+    a fresh Cluster client, and when a Cluster master is killed). Such an error is transient."""
+    try:
+        return await call
+    except (AttributeError, TypeError, RuntimeError) as e:
+        if _leaked_transport_race(e):
+            raise RedisConnectionError(f"connection closed during a write ({type(e).__name__}: {e})") from e
+        raise
+
+
+def _leaked_transport_race(e: BaseException) -> bool:
     tb = e.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code.co_filename.endswith(("redis/asyncio/connection.py", "redis/asyncio/cluster.py")):

@@ -26,6 +26,7 @@ from cluster_dq.models import (
     JobSpec,
     JobState,
     Record,
+    has_fixed_server_id,
     id_due_ms,
     id_lane,
     id_to_member,
@@ -139,14 +140,19 @@ def _place_jobs(
 ) -> _Placement:
     out = _Placement()
     for spec in specs:
-        due = now + spec.delay_ms
+        due = spec.due_ms if spec.due_ms is not None else now + spec.delay_ms
         expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
         record = Record(
             now, expire_at, spec.tries, 0, spec.priority, spec.body, spec.attributes
         ).pack()
         start = due - due % BUCKET_WIDTH_MS
         kidx, bname = 0, ""
-        if spec.job_id is not None:
+        if has_fixed_server_id(spec):  # bulk scheduling: due and lane are in the id
+            member = id_to_member(spec.job_id)  # type: ignore[arg-type]
+            if start > now + cfg.open_lead_ms:
+                bname = bucket_name(due, id_lane(member))
+                kidx = out.buckets.setdefault(bname, first_key + len(out.buckets))
+        elif spec.job_id is not None:
             member = spec.job_id.encode()
         elif spec.delay_ms > 0 and start > now + cfg.open_lead_ms:
             lane = cfg.hint(qk.tag, start)
@@ -189,6 +195,39 @@ def publish(
         Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
         for m, st in zip(jobs.members, statuses)
     ]
+
+
+def publish_many(
+    cfg: EngineConfig, batches: Sequence[tuple[str, str, Sequence[JobSpec]]], now: int
+) -> Op[list[list[Published]]]:
+    """Many publish batches (each one queue, <= 64 jobs) in one pipeline, then the shard
+    signals they call for in another: bulk loaders. On a Cluster the pipeline is split by
+    node, each node's share sent at once."""
+    placed = []
+    calls = []
+    for ns, q, specs in batches:
+        qk = QueueKeys(ns, q)
+        jobs = _place_jobs(cfg, qk, specs, now)
+        keys = _fixed(qk) + [qk.bucket(b) for b in jobs.buckets]
+        args: list[Arg] = [
+            now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, cfg.open_lead_ms, len(specs),
+            *jobs.job_args,
+        ]  # fmt: skip
+        placed.append((qk, jobs, len(specs)))
+        calls.append(Eval("publish", keys, args))
+    replies = yield tuple(calls)
+    signals = tuple(
+        _signal(qk, cfg, jobs.event) for (qk, jobs, _), reply in zip(placed, replies) if int(reply[-1])
+    )
+    if signals:
+        yield signals
+    out = []
+    for (qk, jobs, n), reply in zip(placed, replies):
+        statuses = reply[:n]
+        _learn_lanes(cfg, qk, list(jobs.buckets), reply[n:-1])
+        out.append([Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
+                    for m, st in zip(jobs.members, statuses)])  # fmt: skip
+    return out
 
 
 def _jobs(ns: str, q: str, flat: list[bytes], state: JobState) -> list[Job]:
@@ -290,6 +329,43 @@ def peek(cfg: EngineConfig, ns: str, q: str, which: str, now: int) -> Op[Job | N
         return None
     state = JobState.READY if which == "ready" else JobState.DEAD
     return Job.from_record(ns, q, reply[0], reply[1], state)
+
+
+READY_SCORE_MASK = 2**42 - 1  # a ready score is (255 - priority) * 2^42 + due ms
+
+
+def dump_page(ns: str, q: str, state: JobState, cursor: int, count: int = 500) -> Op[tuple[int, list[Job]]]:
+    """One page of a queue's ready, delayed (precise zset), reserved or dead jobs, read with
+    ZSCAN + HMGET while the queue keeps working (a job moving meanwhile may be seen twice or
+    not at all). ``Job.due_ms``: due time (ready, delayed), ttr deadline (reserved), death
+    time (dead). Returns the next cursor (0: done) and the jobs."""
+    qk = QueueKeys(ns, q)
+    key = {JobState.READY: qk.ready, JobState.DELAYED: qk.delayed, JobState.RESERVED: qk.reserved,
+           JobState.DEAD: qk.dead}[state]  # fmt: skip
+    nxt, flat = yield Cmd(("ZSCAN", key, cursor, "COUNT", count))
+    members, scores = flat[0::2], [int(float(s)) for s in flat[1::2]]
+    records = (yield Cmd(("HMGET", qk.jobs, *members))) if members else []
+    jobs = []
+    for m, score, rec in zip(members, scores, records):
+        if rec is not None:
+            when = score & READY_SCORE_MASK if state is JobState.READY else score
+            jobs.append(Job.from_record(ns, q, m, rec, state, when))
+    return int(nxt), jobs
+
+
+def dump_wheel(ns: str, q: str, buckets_per_call: int = 16) -> Op[list[Job]]:
+    """Every job resting in the queue's wheel buckets (state delayed, due from the id)."""
+    qk = QueueKeys(ns, q)
+    names = [n.decode() for n in (yield Cmd(("ZRANGE", qk.wheel, 0, -1)))]
+    out: list[Job] = []
+    for i in range(0, len(names), buckets_per_call):
+        chunk = names[i : i + buckets_per_call]
+        replies = yield tuple(Cmd(("HGETALL", qk.bucket(b))) for b in chunk)
+        for flat in replies:
+            pairs = flat.items() if isinstance(flat, dict) else zip(flat[0::2], flat[1::2])
+            for m, rec in pairs:
+                out.append(Job.from_record(ns, q, m, rec, JobState.DELAYED, id_due_ms(m)))
+    return out
 
 
 def _decode_sizes(reply: list[Any]) -> Sizes:
