@@ -138,6 +138,9 @@ class JobSpec:
     priority: int = 0
     attributes: dict[str, str] | None = None
     job_id: str | None = None  # client-chosen id (idempotent publish)
+    # Bulk scheduling (cluster_dq.pipeline): an absolute due time, with job_id a server-format
+    # id made for it (its due ms and lane), so that a rerun places the very same job.
+    due_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +241,12 @@ class Job:
         return max(self.expire_at_ms - now_ms, 0)
 
 
+def has_fixed_server_id(spec: JobSpec) -> bool:
+    """A server-format job id that the caller built for ``spec.due_ms`` (bulk scheduling)."""
+    raw = decode_id(spec.job_id) if spec.job_id is not None and spec.due_ms is not None else None
+    return raw is not None and id_due_ms(raw) == spec.due_ms
+
+
 def validate_spec(spec: JobSpec) -> None:
     """Refuses a bad job whole, naming the parameter (lmstfy's messages where it has one)."""
     if spec.delay_ms < 0 or spec.delay_ms > MAX_SECONDS * 1000:
@@ -260,7 +269,7 @@ def validate_spec(spec: JobSpec) -> None:
         for k, v in spec.attributes.items():
             if not k or len(k) > MAX_ATTR_KEY or len(v) > MAX_ATTR_VALUE:
                 raise BadRequest("invalid attribute", "attributes")
-    if spec.job_id is not None and not is_client_id_valid(spec.job_id):
+    if spec.job_id is not None and not (is_client_id_valid(spec.job_id) or has_fixed_server_id(spec)):
         raise BadRequest(
             "invalid job_id: 1-64 of [-_A-Za-z0-9], and not a 26-char server id", "job_id"
         )
