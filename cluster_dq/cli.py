@@ -1,4 +1,4 @@
-"""``cluster-dq``: serve, token, version. Parses arguments and calls the package; no logic."""
+"""``cluster-dq``: serve, token, pipeline, version. Parses arguments and calls the package."""
 
 from __future__ import annotations
 
@@ -72,6 +72,53 @@ async def _token_cmd(s: Settings, args: argparse.Namespace) -> None:
             await store.delete(args.pool, args.namespace, args.token)
 
 
+def _pipeline(s: Settings, args: argparse.Namespace) -> int:
+    from cluster_dq import pipeline
+
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise ConfigError("the pipeline needs pyspark: pip install 'cluster_dq[spark]'") from None
+    spark = pipeline.spark_session(master=args.master)
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        pool = s.Pool.get("default")
+        if args.action == "schedule":
+            from cluster_dq.pipeline.schedule import schedule
+
+            assert pool is not None
+            print(f"schedule: {args.inputs[0]} -> pool default ({pool.Addr})", flush=True)
+            counts = schedule(spark, args.inputs[0], pool, rejects_path=args.rejects, reference_ms=args.at,
+                              progress=True)  # fmt: skip
+            print(f"schedule: {counts}")
+            if counts.rejected and args.rejects:
+                print(f"schedule: refused rows and reasons in {args.rejects}")
+        elif args.action == "export":
+            from cluster_dq.pipeline.export import export
+
+            assert pool is not None
+            queues = []
+            for name in args.inputs:
+                ns, _, q = name.partition("/")
+                if not q:
+                    raise ConfigError(f"export: {name!r} is not namespace/queue")
+                queues.append((ns, q))
+            df = export(spark, pool, queues, args.states.split(","), args.out)
+            df.groupBy("namespace", "queue", "state").count().orderBy("namespace", "queue", "state").show(100, False)
+            if args.out:
+                print(f"export: written to {args.out}")
+        else:
+            from cluster_dq.pipeline.analyze import analyze
+
+            df = analyze(spark, args.inputs[0], args.out)
+            df.show(100, False)
+            if args.out:
+                print(f"analyze: written to {args.out}")
+        return 0
+    finally:
+        spark.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="cluster-dq", description="A delayed task queue on Redis")
     ap.add_argument("-c", "--config", help="TOML file (default: $CLUSTER_DQ_CONFIG)")
@@ -87,6 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("token", nargs="?", help="delete: the token; create: an optional custom one")
     tp.add_argument("--description", default="created by cluster-dq token")
     tp.add_argument("--pool", default="default")
+    pp = sub.add_parser("pipeline", help="Spark: bulk schedule, export, analyze (extra [spark])")
+    pp.add_argument("action", choices=["schedule", "export", "analyze"])
+    pp.add_argument("inputs", nargs="+", help="schedule: Parquet path; export: ns/q ...; analyze: events dir")
+    pp.add_argument("--out", help="export/analyze: Parquet output path")
+    pp.add_argument("--rejects", help="schedule: Parquet path for refused rows (with reasons)")
+    pp.add_argument("--at", type=int, help="schedule: reference time (ms) for delay_s; reuse it to rerun")
+    pp.add_argument("--states", default="ready,delayed,reserved,dead", help="export: states to read")
+    pp.add_argument("--master", default="local[2]", help="Spark master")
     sub.add_parser("version", help="print the version")
     args = ap.parse_args(argv)
     if args.cmd == "version":
@@ -99,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             from cluster_dq import server
 
             return server.run(s, on_ready=_banner)
+        if args.cmd == "pipeline" and args.action == "analyze":
+            return _pipeline(s, args)
         if s.embedded:
             from cluster_dq.server import embedded_addr
 
@@ -106,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             if addr is None:
                 raise ConfigError("no pool configured and no embedded server running")
             s = dataclasses.replace(s, Pool={"default": PoolSettings("default", Addr=addr)})
+        if args.cmd == "pipeline":
+            return _pipeline(s, args)
         if args.action == "delete" and not args.token:
             raise ConfigError("token delete needs the token")
         asyncio.run(_token_cmd(s, args))

@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
-from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.engine.commands import EngineConfig, MoveSink
 from cluster_dq.errors import ConfigError
 from cluster_dq import metrics as metrics_module
 from cluster_dq.metrics import PoolMetrics, SizeBoard
@@ -112,6 +112,17 @@ async def check_redis(name: str, client: AsyncClient) -> list[str]:
     return warnings
 
 
+class _Both:
+    """Tells every sink (metrics, lifecycle log) of the jobs the scripts moved."""
+
+    def __init__(self, sinks: list[MoveSink]) -> None:
+        self.sinks = sinks
+
+    def moved(self, ns: str, q: str, promoted: int, retried: int, dead: int, expired: int) -> None:
+        for s in self.sinks:
+            s.moved(ns, q, promoted, retried, dead, expired)
+
+
 @dataclass
 class RedisPool:
     name: str
@@ -122,10 +133,12 @@ class RedisPool:
     pump: Pump | None = None
 
     @classmethod
-    def create(cls, settings: PoolSettings, config: EngineConfig) -> RedisPool:
+    def create(cls, settings: PoolSettings, config: EngineConfig, events: MoveSink | None = None) -> RedisPool:
         metrics = PoolMetrics(settings.name)
         on = metrics_module.ENABLED
-        config = dataclasses.replace(config, moves=metrics if on else None, lane_hints={})
+        sinks = [s for s in (metrics if on else None, events) if s is not None]
+        moves = sinks[0] if len(sinks) == 1 else _Both(sinks) if sinks else None
+        config = dataclasses.replace(config, moves=moves, lane_hints={})
         engine = AsyncEngine(make_client(settings), config, observer=metrics.redis_call if on else None,
                              wait_replicas=settings.WaitReplicas, wait_timeout_ms=settings.WaitTimeoutMs)  # fmt: skip
         return cls(settings.name, settings, engine, WaiterHub(engine), metrics)

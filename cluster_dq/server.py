@@ -25,6 +25,7 @@ from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
 from cluster_dq.http.middleware import AccessLog, SharedFlag
+from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.localredis import Server as RedisServer
 from cluster_dq.localredis import start_server
 from cluster_dq.pools import RedisPool
@@ -44,8 +45,9 @@ class Runtime:
         self.run_pump = run_pump
         metrics.ENABLED = settings.EnableMetrics
         config = EngineConfig(shards=settings.Shards)
-        self.pools = {n: RedisPool.create(p, config) for n, p in settings.Pool.items()}
-        self.service = Service(settings, self.pools)
+        self.events = LifecycleLog(settings.LifecycleDir) if settings.LifecycleDir else None
+        self.pools = {n: RedisPool.create(p, config, self.events) for n, p in settings.Pool.items()}
+        self.service = Service(settings, self.pools, self.events)
         self.access_log = AccessLog(settings.EnableAccessLog, access_flag)
         # Posts older than three rounds belong to a shard that another instance leads now.
         self.board = metrics.SizeBoard(metrics.multiproc_dir(), 3 * settings.SizeIntervalSecond + 5)
@@ -59,6 +61,8 @@ class Runtime:
     async def close(self) -> None:
         for pool in self.pools.values():
             await pool.close()
+        if self.events:
+            self.events.flush()
 
 
 class _Server(uvicorn.Server):

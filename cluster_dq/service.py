@@ -16,6 +16,7 @@ from cluster_dq.engine.aio import NotReplicated
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import NotFound, PoolUnavailable, Unauthorized
 from cluster_dq.keys import parse_qualified, shard_of
+from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.models import Job, JobSpec, JobState, validate_spec
 from cluster_dq.pools import RedisPool
 from cluster_dq.settings import Settings
@@ -26,9 +27,10 @@ T = TypeVar("T")
 
 
 class Service:
-    def __init__(self, settings: Settings, pools: dict[str, RedisPool]) -> None:
+    def __init__(self, settings: Settings, pools: dict[str, RedisPool], events: LifecycleLog | None = None) -> None:
         self.settings = settings
         self.pools = pools
+        self.events = events
         self.tokens = TokenStore(pools["default"].engine, settings.TokenCacheSecond)
 
     def pool(self, name: str) -> RedisPool:
@@ -76,8 +78,11 @@ class Service:
             validate_spec(spec)  # all-or-nothing: refuse before writing anything
         cfg = pool.engine.config
         # Safe to retry: the job ids are fixed before the first attempt.
-        out = await self._run(pool, ops.publish(cfg, ns, q, specs, now_ms()), idempotent=True, durable=True)
+        now = now_ms()
+        out = await self._run(pool, ops.publish(cfg, ns, q, specs, now), idempotent=True, durable=True)
         metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
+        if self.events:
+            self.events.published(ns, q, now, [p.job_id for p in out if not p.duplicate])
         return out
 
     async def consume(
@@ -87,12 +92,17 @@ class Service:
             jobs = await pool.hub.consume(ns, queues, ttr_ms, count, timeout_ms)
         except (RedisError, OSError) as e:
             raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}") from e
-        metrics.record_delivered(jobs, now_ms())
+        now = now_ms()
+        metrics.record_delivered(jobs, now)
+        if self.events:
+            self.events.delivered(jobs, now)
         return jobs
 
     async def ack(self, pool: RedisPool, ns: str, q: str, ids: Sequence[str]) -> list[JobState | None]:
         states = await self._run(pool, ops.ack(ns, q, ids), idempotent=True, durable=True)
         metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
+        if self.events:
+            self.events.acked(ns, q, now_ms(), [i for i, s in zip(ids, states) if s is not None])
         return states
 
     async def republish(
@@ -129,6 +139,8 @@ class Service:
     async def respawn(self, pool: RedisPool, ns: str, q: str, limit: int, ttl_ms: int) -> int:
         n = await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit, ttl_ms, now_ms()))
         metrics.count(metrics.respawned, ns, q, n)
+        if self.events and n:
+            self.events.record("respawned", ns, q, now_ms(), n=n)
         return n
 
     async def delete_dead(self, pool: RedisPool, ns: str, q: str, limit: int) -> int:

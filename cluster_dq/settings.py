@@ -74,6 +74,7 @@ class Settings:
     MaxTimeoutSecond: int = 600
     Shards: int = 16
     TokenCacheSecond: float = 2.0
+    LifecycleDir: str = ""  # record job lifecycle events here (JSON lines) for analysis; "" = off
     EnableMetrics: bool = True  # off only to measure what the metrics cost
     SizeIntervalSecond: float = 10.0  # how often shard leaders measure their queues (metrics)
     Accounts: dict[str, str] = field(default_factory=dict)

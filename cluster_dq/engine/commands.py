@@ -343,7 +343,9 @@ def dump_page(ns: str, q: str, state: JobState, cursor: int, count: int = 500) -
     key = {JobState.READY: qk.ready, JobState.DELAYED: qk.delayed, JobState.RESERVED: qk.reserved,
            JobState.DEAD: qk.dead}[state]  # fmt: skip
     nxt, flat = yield Cmd(("ZSCAN", key, cursor, "COUNT", count))
-    members, scores = flat[0::2], [int(float(s)) for s in flat[1::2]]
+    # redis-py parses ZSCAN into (member, score) pairs; a raw reply is flat
+    pairs = list(flat) if flat and isinstance(flat[0], (tuple, list)) else list(zip(flat[0::2], flat[1::2]))
+    members, scores = [m for m, _ in pairs], [int(float(sc)) for _, sc in pairs]
     records = (yield Cmd(("HMGET", qk.jobs, *members))) if members else []
     jobs = []
     for m, score, rec in zip(members, scores, records):

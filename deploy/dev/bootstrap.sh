@@ -13,6 +13,13 @@ if ! command -v redis-server >/dev/null 2>&1; then
   ($SUDO systemctl disable --now redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true)
 fi
 
+if [[ ",$EXTRAS," == *",spark,"* ]] && ! command -v java >/dev/null 2>&1; then
+  echo "bootstrap: installing a Java runtime for Spark (apt-get)" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+
 VENV="$ROOT/.venv"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"

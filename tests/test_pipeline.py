@@ -1,0 +1,181 @@
+"""The PySpark pipeline on local[2] against real Redis (standalone and Cluster): bulk
+scheduling (validated, idempotent, cluster-aware), export while the queues work, lifecycle
+analytics from a real service's event log, and the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.sync import SyncEngine
+from cluster_dq.localredis import Cluster, Server
+from cluster_dq.models import JobState
+from cluster_dq.pipeline import spark_session
+from cluster_dq.pipeline.analyze import analyze
+from cluster_dq.pipeline.export import export
+from cluster_dq.pipeline.schedule import schedule
+from cluster_dq.pools import make_sync_client
+from tests.conftest import flush
+from tests.invariants import check_queue
+from tests.test_http import ADMIN_AUTH, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    session = spark_session("cluster-dq-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def target(request: pytest.FixtureRequest) -> Iterator[Server | Cluster]:
+    d: Server | Cluster = request.getfixturevalue("redis_server" if request.param == "standalone" else "redis_cluster")
+    with d.sync_client() as c:
+        flush(c)
+    yield d
+
+
+def rows(n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        q = f"q{i % 3}"
+        delay = [0, 60, 3600][i % 3]  # ready now, in a minute (delayed), in an hour (wheel)
+        out.append({"namespace": "bulk", "queue": q, "body": f"job-{i}", "delay_s": delay, "due_ms": None,
+                    "ttl_s": 0 if i % 7 == 0 else None, "tries": 1 + i % 3, "priority": None,
+                    "job_id": f"client-{i}" if i % 10 == 0 else None})  # fmt: skip
+    bad = [
+        {"namespace": "bulk", "queue": None, "body": "x"},                       # no queue
+        {"namespace": "bad ns!", "queue": "q", "body": "x"},                     # bad name
+        {"namespace": "bulk", "queue": "q0", "body": "x", "tries": 0},           # tries 0
+        {"namespace": "bulk", "queue": "q0", "body": "x", "delay_s": 5, "due_ms": 1},  # both
+        {"namespace": "bulk", "queue": "q0", "body": "x", "delay_s": 600, "ttl_s": 60},  # ttl < delay
+        {"namespace": "bulk", "queue": "q0", "body": "x", "job_id": "no spaces allowed"},
+    ]
+    full = {"namespace": None, "queue": None, "body": None, "delay_s": None, "due_ms": None, "ttl_s": None,
+            "tries": None, "priority": None, "job_id": None}  # fmt: skip
+    return out + [{**full, **b} for b in bad]
+
+
+def frame(spark: Any, data: list[dict[str, Any]]) -> Any:
+    from pyspark.sql import types as T
+
+    schema = T.StructType([
+        T.StructField("namespace", T.StringType()), T.StructField("queue", T.StringType()),
+        T.StructField("body", T.StringType()), T.StructField("delay_s", T.LongType()),
+        T.StructField("due_ms", T.LongType()), T.StructField("ttl_s", T.LongType()),
+        T.StructField("tries", T.IntegerType()), T.StructField("priority", T.IntegerType()),
+        T.StructField("job_id", T.StringType()),
+    ])  # fmt: skip
+    return spark.createDataFrame(data, schema).repartition(4)
+
+
+def sizes(d: Server | Cluster, q: str) -> ops.Sizes:
+    client = make_sync_client(d.pool_settings())
+    try:
+        return SyncEngine(client).run(ops.sizes(SyncEngine(client).config, "bulk", q))
+    finally:
+        client.close()
+
+
+def test_schedule_validates_publishes_and_reruns_idempotently(spark: Any, target: Server | Cluster,
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    n = 3_000
+    df = frame(spark, rows(n))
+    ref = int(time.time() * 1000)
+    rejects = str(tmp_path / "rejects")
+    first = schedule(spark, df, target.pool_settings(), rejects_path=rejects, reference_ms=ref)
+    assert (first.published, first.already_present, first.rejected) == (n, 0, 6)
+    reasons = {r["reason"] for r in spark.read.parquet(rejects).collect()}
+    assert any("tries" in r for r in reasons) and any("delay_s or due_ms" in r for r in reasons)
+    assert any("ttl" in r for r in reasons) and any("job_id" in r for r in reasons)
+    # Every job where it belongs: ready now, delayed a minute, resting in the wheel for an hour.
+    assert sizes(target, "q0").ready == n // 3
+    assert sizes(target, "q1").delayed == n // 3 and sizes(target, "q2").delayed == n // 3
+    with target.sync_client() as c:
+        wheel = c.zcard("dq:{bulk/q2}:wheel")
+        assert wheel >= 1  # the hour-away jobs rest in compact buckets
+        if isinstance(c, redis.Redis):
+            for q in ("q0", "q1", "q2"):
+                check_queue(c, "bulk", q)
+    # A rerun (a retried Spark job) with the same reference time creates nothing new.
+    again = schedule(spark, df, target.pool_settings(), reference_ms=ref)
+    assert (again.published, again.already_present, again.rejected) == (0, n, 6)
+    assert sizes(target, "q2").delayed == n // 3
+
+
+def test_export_reads_every_state_while_queues_work(spark: Any, target: Server | Cluster, tmp_path: Path) -> None:
+    n = 300
+    schedule(spark, frame(spark, rows(n)[:n]), target.pool_settings())
+    client = make_sync_client(target.pool_settings())
+    engine = SyncEngine(client)
+    reserved = engine.run(ops.consume(engine.config, "bulk", ["q0"], 60_000, 10, int(time.time() * 1000)))
+    client.close()
+    assert len(reserved) == 10
+    out = str(tmp_path / "export")
+    df = export(spark, target.pool_settings(), [("bulk", "q0"), ("bulk", "q1"), ("bulk", "q2")], path=out)
+    counts = {(r["queue"], r["state"]): r["count"] for r in df.groupBy("queue", "state").count().collect()}
+    assert counts == {("q0", "ready"): n // 3 - 10, ("q0", "reserved"): 10, ("q1", "delayed"): n // 3,
+                      ("q2", "delayed"): n // 3}  # fmt: skip
+    row = df.filter("queue = 'q2'").first()
+    assert row["due_ms"] > time.time() * 1000 + 3_000_000 and row["body"].decode().startswith("job-")
+    assert {r["job_id"] for r in df.filter("state = 'reserved'").collect()} == {j.job_id for j in reserved}
+    assert reserved[0].state is JobState.RESERVED
+
+
+def test_analyze_turns_a_services_event_log_into_figures(spark: Any, redis_server: Server, tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    with redis_server.client() as c:
+        c.flushall()
+    proc, base, admin = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_LIFECYCLEDIR=str(events))
+    try:
+        tok = httpx.post(f"{admin}/token/life", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+        h = {"X-Token": tok}
+        for i in range(20):
+            httpx.put(f"{base}/api/life/q", headers=h, params={"tries": 1}, content=b"x%d" % i)
+        for _ in range(15):
+            jid = httpx.get(f"{base}/api/life/q", headers=h).json()["job_id"]
+            assert httpx.delete(f"{base}/api/life/q/job/{jid}", headers=h).status_code == 204
+        got = httpx.get(f"{base}/api/life/q", headers=h, params={"count": 5, "ttr": 1}).json()
+        assert len(got) == 5  # never acked: ttr passes, no tries left -> dead letter
+        deadline = time.monotonic() + 15
+        while httpx.get(f"{base}/api/life/q/deadletter/size", headers=h).json()["size"] < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)  # workers flush their event logs on the way out
+    figures = analyze(spark, str(events), str(tmp_path / "figures")).collect()
+    (row,) = figures
+    assert (row["namespace"], row["queue"]) == ("life", "q")
+    assert (row["published"], row["delivered_jobs"], row["acked"]) == (20, 20, 15)
+    assert (row["ttr_expired"], row["dead_lettered"]) == (5, 5)
+    assert row["dead_letter_rate"] == pytest.approx(0.25)
+    assert 0 <= row["lateness_p50_ms"] <= row["lateness_max_ms"] < 5_000
+    assert row["retry_rate"] == 0 and row["delivery_to_ack_p50_ms"] >= 0
+
+
+def test_cli_schedule_prints_counts(spark: Any, redis_server: Server, tmp_path: Path) -> None:
+    with redis_server.client() as c:
+        c.flushall()
+    path = str(tmp_path / "jobs.parquet")
+    frame(spark, rows(30)).write.parquet(path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis_server.port}",
+           "CLUSTER_DQ_LOGLEVEL": "error"}  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "cluster_dq.cli", "pipeline", "schedule", path, "--at", "1700000000000"],
+                         env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "published 30, already present 0, rejected 6" in out.stdout, out.stdout
