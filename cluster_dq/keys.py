@@ -119,6 +119,11 @@ class ShardKeys:
         """The pump leader lock (SET NX PX, value = owner token)."""
         return self._k("leader")
 
+    @property
+    def epoch(self) -> str:
+        """Counter: +1 per new leadership; the fencing token of the shard's pump steps."""
+        return self._k("epoch")
+
 
 def parse_qualified(qualified: str) -> tuple[str, str]:
     ns, _, q = qualified.partition("/")

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
@@ -55,6 +55,7 @@ class Pump:
         self.board = board
         self.sizes_every_s = sizes_every_s
         self.leading: dict[int, float] = {}  # shard -> monotonic time the lease runs out
+        self.epochs: dict[int, int] = {}  # shard -> fencing epoch of our leadership
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -79,21 +80,27 @@ class Pump:
     async def _renew(self, shard: int) -> bool:
         asked = time.monotonic()
         try:
-            held = await self.engine.run(ops.lead(shard, self.token, self.lease_ms))
+            epoch = await self.engine.run(ops.lead(shard, self.token, self.lease_ms))
         except (RedisError, OSError) as e:
             log.warning("pump lease renewal failed for shard %d: %s", shard, e)
-            held = False
+            epoch = 0
+        held = epoch > 0
         was = self.leads(shard)
         if held:
             # Count the lease from when we asked, not from the reply: never overestimate it.
             self.leading[shard] = asked + self.lease_ms / 1000 * 0.9
+            self.epochs[shard] = epoch
         else:
-            self.leading.pop(shard, None)
+            self._lose(shard)
         if held != was and self.metrics:
             self.metrics.leadership(shard, held)
         if held != was:
             log.debug("shard %d leadership %s", shard, "acquired" if held else "lost")
         return held
+
+    def _lose(self, shard: int) -> None:
+        self.leading.pop(shard, None)
+        self.epochs.pop(shard, None)
 
     async def _run_shard(self, shard: int) -> None:
         renew_every = self.lease_ms / 3000
@@ -121,6 +128,14 @@ class Pump:
                     await asyncio.sleep(wait)
             except asyncio.CancelledError:
                 raise
+            except ResponseError as e:
+                if "FENCED" not in str(e):
+                    raise
+                # Another instance leads this shard now: stop at once (no lease to wait out).
+                log.warning("pump shard %d: %s; leadership dropped", shard, e)
+                self._lose(shard)
+                if self.metrics:
+                    self.metrics.leadership(shard, False)
             except (RedisError, OSError) as e:
                 if _cancelled():  # redis-py can turn a cancellation into a connection error
                     raise asyncio.CancelledError() from e
@@ -133,7 +148,8 @@ class Pump:
     async def pump_shard(self, shard: int) -> int:
         """Runs every due queue of the shard once; returns ms until there is more to do."""
         now = now_ms()
-        claim = ops.claim(shard, now, self.batch, self.lease_ms)
+        epoch = self.epochs.get(shard, 0)
+        claim = ops.claim(shard, now, self.batch, self.lease_ms, epoch)
         due = await self.engine.run(claim, idempotent=True)
         for qualified in due:
             if not self.leads(shard):
@@ -144,7 +160,7 @@ class Pump:
             nxt = sizes.next_event_ms
             if nxt is not None:
                 nxt = max(nxt, at + MIN_STEP_MS)  # a backlog is worked in steps, never a spin
-            await self.engine.run(ops.reschedule(shard, qualified, nxt), idempotent=True)
+            await self.engine.run(ops.reschedule(shard, qualified, nxt, epoch), idempotent=True)
         if self.metrics:
             self.metrics.batch(shard, len(due))
         if len(due) >= self.batch:

@@ -15,8 +15,10 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -135,13 +137,18 @@ def main() -> None:
     ap.add_argument("--wrk-only", action="store_true", help="only the wrk publish scenarios")
     ap.add_argument("--metrics", choices=["on", "off"], action="append",
                     help="run with metrics on and/or off (EnableMetrics), to measure their cost")
+    ap.add_argument("--lifecycle", choices=["on", "off"], action="append",
+                    help="run with the lifecycle event log on and/or off (LifecycleDir)")
     a = ap.parse_args()
-    for workers, metrics in [(w, m) for w in a.workers or [1, 2] for m in a.metrics or ["on"]]:
+    runs = [(w, m, lc) for w in a.workers or [1, 2] for m in a.metrics or ["on"] for lc in a.lifecycle or ["off"]]
+    for workers, metrics, lifecycle in runs:
         redis = start_server()
         port, admin = free_port(18000, 18500), free_port(18500, 19000)
         env = {**os.environ, "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis.port}",
                "CLUSTER_DQ_LOGLEVEL": "warning", "PYTHONPATH": str(ROOT),
                "CLUSTER_DQ_ENABLEMETRICS": "1" if metrics == "on" else "0"}  # fmt: skip
+        events_dir = tempfile.mkdtemp(prefix="cluster-dq-bench-events-") if lifecycle == "on" else ""
+        env["CLUSTER_DQ_LIFECYCLEDIR"] = events_dir
         proc = subprocess.Popen([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
                                  "--admin-port", str(admin), "--workers", str(workers)], env=env)  # fmt: skip
         try:
@@ -155,7 +162,8 @@ def main() -> None:
                         raise
                     time.sleep(0.2)
             token = httpx.post(f"http://127.0.0.1:{admin}/token/bench", params={"description": "bench"}).json()["token"]
-            print(f"{workers} worker(s), metrics {metrics}, {a.seconds:.0f} s per scenario:", flush=True)
+            print(f"{workers} worker(s), metrics {metrics}, lifecycle events {lifecycle}, "
+                  f"{a.seconds:.0f} s per scenario:", flush=True)
             if not a.wrk_only:
                 uvloop.run(scenarios(f"http://127.0.0.1:{port}", token, a.seconds))
             if a.wrk or a.wrk_only:
@@ -168,6 +176,8 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
             redis.kill()
+            if events_dir:
+                shutil.rmtree(events_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

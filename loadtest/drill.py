@@ -53,6 +53,7 @@ class Ledger:
     ack_done: dict[str, float] = field(default_factory=dict)
     late_ms: list[tuple[float, float]] = field(default_factory=list)  # (due t, lateness ms)
     rerouted: int = 0  # requests a refused connection sent on to the other instance
+    requests: int = 0  # every HTTP request sent (publish, consume, ack)
 
 
 @dataclass
@@ -110,6 +111,7 @@ async def publisher(instances: list[Instance], token: str, queues: list[str], ra
             # goes to the next instance; the job id makes the repeat safe.
             for k in range(len(instances)):
                 inst = instances[(i + k) % len(instances)]
+                ledger.requests += 1
                 try:
                     async with client.put(f"{inst.base}/api/drill/{q}", params={"job_id": jid, "delay": delay,
                                           "tries": 5}, headers={"X-Token": token}, data=jid.encode()) as r:  # fmt: skip
@@ -158,6 +160,7 @@ async def consumer(instances: list[Instance], token: str, queues: list[str], unt
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32), timeout=timeout) as client:
 
         async def ack(base: str, job: dict[str, Any]) -> None:
+            ledger.requests += 1
             try:
                 async with client.delete(f"{base}/api/drill/{job['queue']}/job/{job['job_id']}", headers=h) as a:
                     await a.read()
@@ -175,6 +178,7 @@ async def consumer(instances: list[Instance], token: str, queues: list[str], unt
             inst = instances[i % len(instances)]
             i += 1
             asked = time.monotonic() - t0  # a delivery counts from when it was asked for
+            ledger.requests += 1
             try:
                 async with client.get(f"{inst.base}/api/drill/{','.join(queues)}",
                                       params={"timeout": 1, "ttr": 5, "count": 20}, headers=h) as r:  # fmt: skip
@@ -370,6 +374,7 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
         during = [ms for due, ms in ledger.late_ms if event_at <= due < event_at + max(window, 1) + 5]
         report = {
             "scenario": scenario, "event": what, "durable": durable, "rate": rate, "seconds": seconds,
+            "http_requests_per_s": round(ledger.requests / (seconds + 2), 0),
             "published_ok": len(ledger.acked_publish), "publish_errors": dict(ledger.publish_errors),
             "consume_errors": dict(ledger.consume_errors), "rerouted": ledger.rerouted,
             "unavailable_s": round(window, 3), "unavailable_from_s": round(window_at - event_at, 3),
@@ -395,8 +400,9 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
 
 def print_report(r: dict[str, Any]) -> None:
     print(f"drill {r['scenario']}: {r['event']}")
-    print(f"  load: {r['rate']:.0f} publishes/s for {r['seconds']:.0f} s over 2 instances, "
-          f"durable publish {'on (WaitReplicas=1)' if r['durable'] else 'off'}")
+    print(f"  load: {r['rate']:.0f} publishes/s for {r['seconds']:.0f} s over 2 instances (~"
+          f"{r['http_requests_per_s']:,.0f} HTTP requests/s with consumes and acks), durable publish "
+          f"{'on (WaitReplicas=1)' if r['durable'] else 'off'}")
     print(f"  published (2xx): {r['published_ok']:,}   publish errors: {r['publish_errors'] or 0}")
     print(f"  consume/ack errors: {r['consume_errors'] or 0}   requests re-sent to the other instance "
           f"after a refused connection (as a load balancer does): {r['rerouted']}")

@@ -1,9 +1,12 @@
 #!lua
 --[[
-  Acquires or renews a shard's pump leadership (SET NX PX with renewal, as one script).
-  KEYS[1] the shard's leader key
+  Acquires or renews a shard's pump leadership (SET NX PX with renewal, as one script), with a
+  fencing epoch: every new leadership increments the shard's epoch, and the shard's pump
+  scripts (claim, reschedule) refuse a step that carries an older one, so a stalled leader
+  that still believes it leads cannot touch the shard's schedule once another one took over.
+  KEYS[1] the shard's leader key  KEYS[2] the shard's epoch counter
   ARGV[1] this instance's token  ARGV[2] lease (ms)  ARGV[3] '1' to release instead
-  Returns: 1 when this token holds the lease (for ARGV[2] ms from now), else 0
+  Returns: the epoch of this token's leadership (for ARGV[2] ms from now), or 0 when not held
 ]]
 local cur = redis.call('GET', KEYS[1])
 if ARGV[3] == '1' then
@@ -12,10 +15,10 @@ if ARGV[3] == '1' then
 end
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+  return tonumber(redis.call('GET', KEYS[2]) or '0')
 end
 if not cur then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
+  return redis.call('INCR', KEYS[2])
 end
 return 0

@@ -70,11 +70,12 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
         await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=MIN + BUCKET_WIDTH_MS)], t))
         assert await run(ops.destroy(cfg, "ns", q)) >= 1
         assert await run(ops.sizes(cfg, "ns", q)) == ops.Sizes(0, 0, 0, 0, None)
-    assert await run(ops.lead(3, "me", 1_000))
-    await run(ops.claim(3, t, 10, 1_000))
+    epoch = await run(ops.lead(3, "me", 1_000))
+    assert epoch > 0
+    await run(ops.claim(3, t, 10, 1_000, epoch))
     assert await run(ops.rate_limit("dq:{admin}:rl:x", 1, 1_000))
     assert not await run(ops.rate_limit("dq:{admin}:rl:x", 1, 1_000))
-    await run(ops.reschedule(3, "ns/x", None))
+    await run(ops.reschedule(3, "ns/x", None, epoch))
     await run(ops.publish(cfg, "ns", "ttl", [JobSpec(b"x", ttl_ms=5)], t))
     await run(ops.tick(cfg, "ns", "ttl", t + 10))
     assert engine.seen == set(load_all()), f"not run on the cluster: {set(load_all()) - engine.seen}"

@@ -313,11 +313,12 @@ async def test_a_publish_during_a_pump_step_is_not_lost(engine: AsyncEngine, syn
     sched = ShardKeys(shard).schedule
     await publish(engine, t, JobSpec(b"far", delay_ms=60 * MIN))  # wheel: wake-up in ~1 h
     sync_redis.zadd(sched, {f"{NS}/{Q}": t})  # pretend it is due now
-    assert await engine.run(ops.claim(shard, t, 10, 30_000)) == [f"{NS}/{Q}"]
+    epoch = await engine.run(ops.lead(shard, "me", 30_000))
+    assert await engine.run(ops.claim(shard, t, 10, 30_000, epoch)) == [f"{NS}/{Q}"]
     step = await engine.run(ops.tick(cfg, NS, Q, t))  # next event: the far bucket
     assert step.next_event_ms is not None and step.next_event_ms > t + 30 * MIN
     (near,) = await publish(engine, t, JobSpec(b"soon", delay_ms=2 * MIN))  # lands mid-step
-    await engine.run(ops.reschedule(shard, f"{NS}/{Q}", step.next_event_ms))
+    await engine.run(ops.reschedule(shard, f"{NS}/{Q}", step.next_event_ms, epoch))
     wake = sync_redis.zscore(sched, f"{NS}/{Q}")
     assert wake is not None and wake <= t + 2 * MIN - cfg.open_lead_ms
     check_queue(sync_redis, NS, Q)

@@ -69,6 +69,41 @@ async def test_an_idle_pump_does_not_spin(engine: AsyncEngine, with_sizes: bool)
     assert len(calls) < 16 * 12, f"{len(calls)} Redis calls in 1.2 s from an idle pump"  # a spin: 1000s
 
 
+async def test_a_stale_leader_is_fenced_off(engine: AsyncEngine) -> None:
+    """Leader A stalls past its lease, B takes the shard over (a new epoch): A's pump steps are
+    refused by the shard's scripts, and a running pump that meets a newer epoch stops leading
+    at once instead of waiting for its lease to run out."""
+    from redis.exceptions import ResponseError
+
+    a_epoch = await engine.run(ops.lead(1, "A", 100))
+    await asyncio.sleep(0.15)  # A's lease ran out while it was stalled
+    b_epoch = await engine.run(ops.lead(1, "B", 10_000))
+    assert b_epoch == a_epoch + 1
+    with pytest.raises(ResponseError, match="FENCED"):
+        await engine.run(ops.claim(1, now_ms(), 10, 1_000, a_epoch))
+    with pytest.raises(ResponseError, match="FENCED"):
+        await engine.run(ops.reschedule(1, "x/y", None, a_epoch))
+    assert await engine.run(ops.claim(1, now_ms(), 10, 1_000, b_epoch)) == []
+    await engine.run(ops.lead(1, "B", 10_000, give_up=True))
+
+    pump = Pump(engine, shards=[2], lease_ms=30_000, poll_ms=50)
+    pump.start()
+    try:
+        deadline = time.monotonic() + 3
+        while not pump.leads(2) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert pump.leads(2)
+        from cluster_dq.keys import ShardKeys
+
+        await engine.client.incr(ShardKeys(2).epoch)  # someone else's leadership began
+        deadline = time.monotonic() + 2
+        while pump.leads(2) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert not pump.leads(2), "a fenced pump kept leading until its 30 s lease ran out"
+    finally:
+        await pump.stop()
+
+
 async def test_stalled_leader_loses_its_lease(engine: AsyncEngine) -> None:
     pump = Pump(engine, shards=[0], lease_ms=300)
     assert await engine.run(ops.lead(0, "someone-else", 10_000))

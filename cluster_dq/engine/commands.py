@@ -470,18 +470,19 @@ def delete_dead(ns: str, q: str, limit: int) -> Op[int]:
     return done
 
 
-def claim(shard: int, now: int, limit: int, lease_ms: int) -> Op[list[str]]:
-    """Claims the shard's due queues (re-checked at ``now + lease_ms`` should the pump die)."""
+def claim(shard: int, now: int, limit: int, lease_ms: int, epoch: int) -> Op[list[str]]:
+    """Claims the shard's due queues (re-checked at ``now + lease_ms`` should the pump die).
+    Raises ResponseError FENCED when ``epoch`` is not the shard's current leadership."""
     sk = ShardKeys(shard)
-    due = yield Eval("claim", [sk.schedule, sk.pending], [now, limit, now + lease_ms])
+    due = yield Eval("claim", [sk.schedule, sk.pending, sk.epoch], [now, limit, now + lease_ms, epoch])
     return [d.decode() for d in due]
 
 
-def reschedule(shard: int, qualified: str, next_ms: int | None) -> Op[int | None]:
+def reschedule(shard: int, qualified: str, next_ms: int | None, epoch: int) -> Op[int | None]:
     """After a pump step: the next wake-up, folding in signals received since the claim."""
     sk = ShardKeys(shard)
     nxt = -1 if next_ms is None else next_ms
-    got = int((yield Eval("reschedule", [sk.schedule, sk.pending], [qualified, nxt])))
+    got = int((yield Eval("reschedule", [sk.schedule, sk.pending, sk.epoch], [qualified, nxt, epoch])))
     return None if got < 0 else got
 
 
@@ -520,10 +521,11 @@ def release(
     return int(n)
 
 
-def lead(shard: int, token: str, lease_ms: int, give_up: bool = False) -> Op[bool]:
+def lead(shard: int, token: str, lease_ms: int, give_up: bool = False) -> Op[int]:
+    """Acquires or renews the shard's leadership: its fencing epoch, or 0 when not held."""
     sk = ShardKeys(shard)
-    reply = yield Eval("leader", [sk.lock], [token, lease_ms, "1" if give_up else "0"])
-    return bool(int(reply))
+    reply = yield Eval("leader", [sk.lock, sk.epoch], [token, lease_ms, "1" if give_up else "0"])
+    return int(reply)
 
 
 def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) -> Op[bool]:
