@@ -195,3 +195,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"Shards: 1..4096, got {s.Shards}")
     if s.SizeIntervalSecond <= 0:
         raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
+    for name, pool in s.Pool.items():
+        if pool.MigrateTo:
+            raise ConfigError(f"Pool.{name}.MigrateTo: migration mode is not implemented yet")
+        if pool.WaitReplicas < 0 or pool.WaitTimeoutMs < 0:
+            raise ConfigError(f"Pool.{name}: WaitReplicas and WaitTimeoutMs must be >= 0")

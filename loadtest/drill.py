@@ -346,6 +346,19 @@ def backlog_left(d: Deployment, ns: str, q: str) -> int:
         return SyncEngine(client).run(ops.sizes(SyncEngine(client).config, ns, q)).delayed
 
 
+def still_stored(d: Deployment, ids: list[str], queues: list[str]) -> int:
+    """How many of ``ids`` (never delivered) are still in Redis: stuck, not lost."""
+    from cluster_dq.engine import commands as ops
+    from cluster_dq.engine.sync import SyncEngine
+
+    if not ids:
+        return 0
+    with d.sync_client() as client:
+        engine = SyncEngine(client)
+        return sum(1 for jid in ids
+                   if any(engine.run(ops.peek_job("drill", q, jid)) is not None for q in queues))  # fmt: skip
+
+
 def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool = True,
           n_queues: int = 8, backlog: int = 50_000) -> dict[str, Any]:  # fmt: skip
     d = setup(scenario)
@@ -379,6 +392,7 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
             "consume_errors": dict(ledger.consume_errors), "rerouted": ledger.rerouted,
             "unavailable_s": round(window, 3), "unavailable_from_s": round(window_at - event_at, 3),
             "lost_acknowledged": len(lost), "lost_examples": lost[:5],
+            "undelivered_but_stored": still_stored(d, lost[:200], queues),
             "redelivered": sum(1 for ts in ledger.delivered.values() if len(ts) > 1),
             "delivered_after_ack": len(dup_after_ack),
             "delivered_after_ack_examples": [(j, [round(t - event_at, 3) for t in ledger.delivered[j]],
@@ -411,7 +425,9 @@ def print_report(r: dict[str, Any]) -> None:
               "from the event)")
     else:
         print("  unavailability window: none (no publish failed)")
-    print(f"  acknowledged jobs lost: {r['lost_acknowledged']} {r['lost_examples'] or ''}")
+    print(f"  acknowledged jobs never delivered: {r['lost_acknowledged']} {r['lost_examples'] or ''}"
+          + (f" (of the first 200, {r['undelivered_but_stored']} are still in Redis: stuck, not lost)"
+             if r['lost_acknowledged'] else ""))
     print(f"  redelivered (at-least-once): {r['redelivered']}   delivered again after a successful ack: "
           f"{r['delivered_after_ack']}")
     print(f"  lateness before the event p50/p99: {r['lateness_before_ms'][0]} / {r['lateness_before_ms'][1]} ms;"

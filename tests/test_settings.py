@@ -37,6 +37,12 @@ def test_toml_and_env_overrides(tmp_path: Path) -> None:
         ('[Pool.default]\nAddr = "127.0.0.1:1"\nColor = 1', {}, "Pool.default.Color"),
         ("TTLSecond = 5\nDelaySecond = 10", {}, "TTLSecond"),
         ("Port = [", {}, "c.toml"),
+        ("SizeIntervalSecond = 0", {}, "SizeIntervalSecond"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\nWaitReplicas = -1', {}, "WaitReplicas"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.new]\nAddr = "127.0.0.1:2"\n'
+         '[Pool.default.x]\n', {}, "Pool.default"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\nMigrateTo = "new"\n[Pool.new]\nAddr = "127.0.0.1:2"', {},
+         "not implemented"),
     ],
 )
 def test_bad_settings_name_the_key(tmp_path: Path, text: str, env: dict[str, str], names: str) -> None:
