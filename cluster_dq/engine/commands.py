@@ -176,25 +176,33 @@ def _learn_lanes(cfg: EngineConfig, qk: QueueKeys, buckets: Sequence[str], fills
         cfg.learn(qk.tag, int(secs) * BUCKET_WIDTH_MS, int(lane), int(fill))
 
 
-def publish(
-    cfg: EngineConfig, ns: str, q: str, specs: Sequence[JobSpec], now: int
-) -> Op[list[Published]]:
-    qk = QueueKeys(ns, q)
+def _publish_call(cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int) -> tuple[Eval, _Placement]:
     jobs = _place_jobs(cfg, qk, specs, now)
     keys = _fixed(qk) + [qk.bucket(b) for b in jobs.buckets]
     args: list[Arg] = [
         now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, cfg.open_lead_ms, len(specs),
         *jobs.job_args,
     ]  # fmt: skip
-    reply = yield Eval("publish", keys, args)
-    statuses, fills = reply[: len(specs)], reply[len(specs) : -1]
+    return Eval("publish", keys, args), jobs
+
+
+def _published(cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, reply: list[Any]) -> list[Published]:
+    """Decodes publish.lua's reply ({status per job..., fill per bucket..., lowered})."""
+    n = len(jobs.members)
+    _learn_lanes(cfg, qk, list(jobs.buckets), reply[n:-1])
+    return [Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
+            for m, st in zip(jobs.members, reply[:n])]  # fmt: skip
+
+
+def publish(
+    cfg: EngineConfig, ns: str, q: str, specs: Sequence[JobSpec], now: int
+) -> Op[list[Published]]:
+    qk = QueueKeys(ns, q)
+    call, jobs = _publish_call(cfg, qk, specs, now)
+    reply = yield call
     if int(reply[-1]):
         yield _signal(qk, cfg, jobs.event)
-    _learn_lanes(cfg, qk, list(jobs.buckets), fills)
-    return [
-        Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
-        for m, st in zip(jobs.members, statuses)
-    ]
+    return _published(cfg, qk, jobs, reply)
 
 
 def publish_many(
@@ -203,31 +211,13 @@ def publish_many(
     """Many publish batches (each one queue, <= 64 jobs) in one pipeline, then the shard
     signals they call for in another: bulk loaders. On a Cluster the pipeline is split by
     node, each node's share sent at once."""
-    placed = []
-    calls = []
-    for ns, q, specs in batches:
-        qk = QueueKeys(ns, q)
-        jobs = _place_jobs(cfg, qk, specs, now)
-        keys = _fixed(qk) + [qk.bucket(b) for b in jobs.buckets]
-        args: list[Arg] = [
-            now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, cfg.open_lead_ms, len(specs),
-            *jobs.job_args,
-        ]  # fmt: skip
-        placed.append((qk, jobs, len(specs)))
-        calls.append(Eval("publish", keys, args))
-    replies = yield tuple(calls)
-    signals = tuple(
-        _signal(qk, cfg, jobs.event) for (qk, jobs, _), reply in zip(placed, replies) if int(reply[-1])
-    )
+    placed = [(qk, *_publish_call(cfg, qk, specs, now)) for qk, specs in
+              ((QueueKeys(ns, q), specs) for ns, q, specs in batches)]  # fmt: skip
+    replies = yield tuple(call for _, call, _ in placed)
+    signals = tuple(_signal(qk, cfg, jobs.event) for (qk, _, jobs), reply in zip(placed, replies) if int(reply[-1]))
     if signals:
         yield signals
-    out = []
-    for (qk, jobs, n), reply in zip(placed, replies):
-        statuses = reply[:n]
-        _learn_lanes(cfg, qk, list(jobs.buckets), reply[n:-1])
-        out.append([Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
-                    for m, st in zip(jobs.members, statuses)])  # fmt: skip
-    return out
+    return [_published(cfg, qk, jobs, reply) for (qk, _, jobs), reply in zip(placed, replies)]
 
 
 def _jobs(ns: str, q: str, flat: list[bytes], state: JobState) -> list[Job]:
