@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.aio import AsyncEngine, transport_safe
 from cluster_dq.errors import BadRequest, NotFound, RateLimited
 from cluster_dq.keys import AdminKeys
 from cluster_dq.models import encode_id
@@ -64,17 +64,17 @@ class TokenStore:
             token = new_token()
         elif len(token) < MIN_CUSTOM_TOKEN:
             raise BadRequest("the user token was too short", "token")
-        if not await self.client.hsetnx(AdminKeys.tokens(pool, ns), token, description):
+        if not await transport_safe(self.client.hsetnx(AdminKeys.tokens(pool, ns), token, description)):
             raise BadRequest("the token has already existed", "token")
         return token
 
     async def list(self, pool: str, ns: str) -> dict[str, str]:
-        raw = await self.client.hgetall(AdminKeys.tokens(pool, ns))
+        raw = await transport_safe(self.client.hgetall(AdminKeys.tokens(pool, ns)))
         return {_text(k): _text(v) for k, v in raw.items()}
 
     async def delete(self, pool: str, ns: str, token: str) -> None:
-        await self.client.hdel(AdminKeys.tokens(pool, ns), token)
-        await self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}")
+        await transport_safe(self.client.hdel(AdminKeys.tokens(pool, ns), token))
+        await transport_safe(self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}"))
         self._valid.pop((pool, ns, token), None)
 
     async def valid(self, pool: str, ns: str, token: str) -> bool:
@@ -84,7 +84,7 @@ class TokenStore:
         if hit and hit[1] > now:
             return hit[0]
         try:
-            ok = bool(await self.client.hexists(AdminKeys.tokens(pool, ns), token))
+            ok = bool(await transport_safe(self.client.hexists(AdminKeys.tokens(pool, ns), token)))
         except (RedisError, OSError):
             if hit:  # Redis failing over: the last answer stands until it is back (never a 503)
                 return hit[0]
@@ -100,7 +100,7 @@ class TokenStore:
         now = time.monotonic()
         if force or now - self._limits_at > self.cache_seconds:
             try:
-                raw = await self.client.hgetall(AdminKeys.limits())
+                raw = await transport_safe(self.client.hgetall(AdminKeys.limits()))
             except (RedisError, OSError):
                 if force:
                     raise
@@ -113,7 +113,7 @@ class TokenStore:
         return self._limits
 
     async def get_limit(self, pool: str, ns: str, token: str) -> Limit:
-        raw = await self.client.hget(AdminKeys.limits(), f"{pool}/{ns}/{token}")
+        raw = await transport_safe(self.client.hget(AdminKeys.limits(), f"{pool}/{ns}/{token}"))
         if raw is None:
             raise NotFound("limit not found")
         d = json.loads(raw)
@@ -125,14 +125,14 @@ class TokenStore:
         blob = json.dumps(limit.as_json())
         key, field = AdminKeys.limits(), f"{pool}/{ns}/{token}"
         if create:
-            if not await self.client.hsetnx(key, field, blob):
+            if not await transport_safe(self.client.hsetnx(key, field, blob)):
                 raise BadRequest("the limit already exists", "limit")
         else:
-            await self.client.hset(key, field, blob)
+            await transport_safe(self.client.hset(key, field, blob))
         self._limits_at = 0.0
 
     async def delete_limit(self, pool: str, ns: str, token: str) -> None:
-        await self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}")
+        await transport_safe(self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}"))
         self._limits_at = 0.0
 
     async def take(self, pool: str, ns: str, token: str, write: bool) -> bool:

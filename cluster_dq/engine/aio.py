@@ -72,7 +72,7 @@ class AsyncEngine:
         return results
 
     async def _send(self, step: Step) -> Any:
-        return await _transport_safe(self._pipeline(step) if isinstance(step, tuple) else self._call(step))
+        return await transport_safe(self._pipeline(step) if isinstance(step, tuple) else self._call(step))
 
     async def _step(self, step: Step) -> Any:
         if self.observer is None:
@@ -103,7 +103,7 @@ class AsyncEngine:
         raise AssertionError("unreachable")
 
     async def _durable(self, call: Eval) -> tuple[Any, int]:
-        return await _transport_safe(self._durable_unguarded(call))
+        return await transport_safe(self._durable_unguarded(call))
 
     async def _durable_unguarded(self, call: Eval) -> tuple[Any, int]:
         """The script and a ``WAIT`` on the same connection (one pipeline; on a Cluster, sent
@@ -152,9 +152,12 @@ class AsyncEngine:
                 reply = await send(step)
 
     async def ping(self) -> bool:
-        return bool(await self.client.ping())
+        return bool(await transport_safe(self.client.ping()))
 
     async def ensure_scripts(self) -> bool:
+        return await transport_safe(self._ensure_scripts())
+
+    async def _ensure_scripts(self) -> bool:
         """True when every script is cached on the server (on every master of a Cluster);
         loads the missing ones (after a failover or a SCRIPT FLUSH) before answering."""
         scripts = list(self.scripts.values())
@@ -165,7 +168,7 @@ class AsyncEngine:
         return True
 
 
-async def _transport_safe(call: Awaitable[T]) -> T:
+async def transport_safe(call: Awaitable[T]) -> T:
     """redis-py's asyncio connections can leak a connection closed under a write as
     AttributeError/TypeError (asyncio) or RuntimeError (uvloop: "handler is closed") instead of
     ConnectionError (redis/redis-py#3546, #4287; seen here when 16 pump shards start at once on
@@ -173,12 +176,12 @@ async def _transport_safe(call: Awaitable[T]) -> T:
     try:
         return await call
     except (AttributeError, TypeError, RuntimeError) as e:
-        if _leaked_transport_race(e):
+        if leaked_transport_race(e):
             raise RedisConnectionError(f"connection closed during a write ({type(e).__name__}: {e})") from e
         raise
 
 
-def _leaked_transport_race(e: BaseException) -> bool:
+def leaked_transport_race(e: BaseException) -> bool:
     tb = e.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code.co_filename.endswith(("redis/asyncio/connection.py", "redis/asyncio/cluster.py")):

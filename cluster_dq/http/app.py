@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from cluster_dq.clock import now_ms
+from cluster_dq.engine.aio import leaked_transport_race
 from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, RateLimited
 from cluster_dq.http import params
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
@@ -51,6 +52,8 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         return error(f"redis unavailable: {type(exc).__name__}: {exc}", 503)
 
     async def crash(request: Request, exc: Exception) -> Response:
+        if leaked_transport_race(exc):  # redis-py leaked a closed connection as another error
+            return await redis_down(request, exc)
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return error("internal error", 500)
 
