@@ -404,7 +404,11 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
         if backlog:
             report["backlog"] = (backlog, backlog_left(d, "drill", queues[0]))
         report["shard_leaders_before"] = dict(leaders_before)
-        report["shard_leaders_after"] = dict(leaders_of(d))
+        # Every shard must have a leader again within a few seconds (leases are 3 s).
+        deadline = time.monotonic() + 10
+        while "none" in (after := leaders_of(d)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        report["shard_leaders_after"] = dict(after)
         return report
     finally:
         for inst in instances:
