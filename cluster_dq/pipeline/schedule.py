@@ -24,6 +24,7 @@ from typing import Any
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ClusterDQError
+from cluster_dq.http.params import check_names
 from cluster_dq.keys import BUCKET_WIDTH_MS
 from cluster_dq.models import MAX_BULK, JobSpec, encode_id, validate_spec
 from cluster_dq.settings import PoolSettings
@@ -60,8 +61,6 @@ def check_row(row: Any, reference_ms: int) -> Checked:
     try:
         if not isinstance(ns, str) or not isinstance(q, str):
             raise ValueError("namespace and queue are required strings")
-        from cluster_dq.http.params import check_names
-
         check_names(ns, q)
         body = get("body")
         body = body.encode() if isinstance(body, str) else bytes(body) if body is not None else b""
