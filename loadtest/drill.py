@@ -346,6 +346,19 @@ def backlog_left(d: Deployment, ns: str, q: str) -> int:
         return SyncEngine(client).run(ops.sizes(SyncEngine(client).config, ns, q)).delayed
 
 
+def keep_logs(d: SentinelGroup | Cluster) -> str:
+    """Copies every server's and sentinel's log out of the topology before it is removed."""
+    import shutil as sh
+    import tempfile as tf
+
+    out = Path(tf.mkdtemp(prefix="cluster-dq-drill-logs-"))
+    members = d.servers + (d.sentinels if isinstance(d, SentinelGroup) else [])
+    for m in members:
+        for log in m.workdir.glob("*.log"):
+            sh.copy(log, out / f"{m.port}-{log.name}")
+    return str(out)
+
+
 def still_stored(d: Deployment, ids: list[str], queues: list[str]) -> int:
     """How many of ``ids`` (never delivered) are still in Redis: stuck, not lost."""
     from cluster_dq.engine import commands as ops
@@ -403,6 +416,8 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
         }  # fmt: skip
         if backlog:
             report["backlog"] = (backlog, backlog_left(d, "drill", queues[0]))
+        if (lost or dup_after_ack) and isinstance(d, SentinelGroup | Cluster):
+            report["logs_kept_in"] = keep_logs(d)  # evidence: which failovers happened when
         report["shard_leaders_before"] = dict(leaders_before)
         # Every shard must have a leader again within a few seconds (leases are 3 s).
         deadline = time.monotonic() + 10
@@ -439,6 +454,8 @@ def print_report(r: dict[str, Any]) -> None:
           f"{r['lateness_during_ms'][2]} ms")
     if "backlog" in r:
         print(f"  backlog of q0 (jobs due in 1 h) after the event: {r['backlog'][1]:,} of {r['backlog'][0]:,}")
+    if "logs_kept_in" in r:
+        print(f"  Redis and Sentinel logs kept in {r['logs_kept_in']}")
     print(f"  pump shards led, by worker pid: before {r['shard_leaders_before']}, after {r['shard_leaders_after']}")
 
 
