@@ -96,34 +96,22 @@ async def throughput(n: int) -> None:
         await gather_limited(n, 50, one)
         single = n / (time.perf_counter() - t)
         bulk = await load(engine, "tp2", n, lambda i: 0)
-        t = time.perf_counter()
-        done = 0
+        async def drain(q: str, count: int, tasks: int) -> float:
+            """consume + ack until the queue is empty; jobs/s."""
+            done = 0
+            started = time.perf_counter()
 
-        async def consumer() -> None:
-            nonlocal done
-            while True:
-                jobs = await engine.run(ops.consume(cfg, NS, ["tp"], 60_000, 100, now_ms()))
-                if not jobs:
-                    return
-                await engine.run(ops.ack(NS, "tp", [j.job_id for j in jobs]))
-                done += len(jobs)
+            async def consumer() -> None:
+                nonlocal done
+                while jobs := await engine.run(ops.consume(cfg, NS, [q], 60_000, count, now_ms())):
+                    await engine.run(ops.ack(NS, q, [j.job_id for j in jobs]))
+                    done += len(jobs)
 
-        await asyncio.gather(*(consumer() for _ in range(8)))
-        batch = done / (time.perf_counter() - t)
-        t = time.perf_counter()
-        done = 0
+            await asyncio.gather(*(consumer() for _ in range(tasks)))
+            return done / (time.perf_counter() - started)
 
-        async def single_consumer() -> None:
-            nonlocal done
-            while True:
-                jobs = await engine.run(ops.consume(cfg, NS, ["tp2"], 60_000, 1, now_ms()))
-                if not jobs:
-                    return
-                await engine.run(ops.ack(NS, "tp2", [jobs[0].job_id]))
-                done += 1
-
-        await asyncio.gather(*(single_consumer() for _ in range(50)))
-        one_by_one = done / (time.perf_counter() - t)
+        batch = await drain("tp", 100, 8)
+        one_by_one = await drain("tp2", 1, 50)
         print(f"engine  publish one/call (50 tasks): {single:9,.0f} jobs/s   bulk of 64 (32 tasks): {bulk:9,.0f} jobs/s")
         print(f"engine  consume+ack batch of 100 (8 tasks): {batch:9,.0f} jobs/s   one/call (50 tasks): {one_by_one:9,.0f} jobs/s")
     finally:

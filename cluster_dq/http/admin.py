@@ -15,8 +15,8 @@ import cluster_dq
 from cluster_dq import metrics
 from cluster_dq.errors import BadRequest, NotFound, Unauthorized
 from cluster_dq.http import params
-from cluster_dq.http.app import error_handlers, route_templates
-from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
+from cluster_dq.http.app import build_app
+from cluster_dq.http.middleware import AccessLog
 from cluster_dq.http.responses import error, json
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.service import Service
@@ -171,9 +171,4 @@ class AdminAPI:
 
 def create_admin_app(service: Service, settings: Settings, access_log: AccessLog,
                      board: SizeBoard) -> Starlette:  # fmt: skip
-    api = AdminAPI(service, settings, access_log, board)
-    routes = api.routes()
-    app = Starlette(routes=routes, exception_handlers=error_handlers())
-    app.add_middleware(RequestIdMiddleware, access_log=access_log, port="admin",
-                       templates=route_templates(routes))  # fmt: skip
-    return app
+    return build_app(AdminAPI(service, settings, access_log, board).routes(), access_log, "admin")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -240,19 +241,17 @@ class DataAPI:
 
 
 def _with_body(spec: JobSpec, body: bytes) -> JobSpec:
-    return JobSpec(body, spec.delay_ms, spec.ttl_ms, spec.tries, spec.priority,
-                   spec.attributes, spec.job_id)  # fmt: skip
+    return dataclasses.replace(spec, body=body)
 
 
-def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
-    api = DataAPI(service, settings)
-    routes = api.routes()
+def build_app(routes: list[Route], access_log: AccessLog, port: str) -> Starlette:
+    """A Starlette app with the error table and the request middleware (metrics labelled by
+    route template, request ids, access log): the data and the admin port alike."""
     app = Starlette(routes=routes, exception_handlers=error_handlers())
-    app.add_middleware(RequestIdMiddleware, access_log=access_log, port="data",
-                       templates=route_templates(routes))  # fmt: skip
+    app.add_middleware(RequestIdMiddleware, access_log=access_log, port=port,
+                       templates={r.endpoint: r.path for r in routes})  # fmt: skip
     return app
 
 
-def route_templates(routes: list[Route]) -> dict[Any, str]:
-    """endpoint -> path template: the metrics' route label (bounded; never a raw path)."""
-    return {r.endpoint: r.path for r in routes}
+def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
+    return build_app(DataAPI(service, settings).routes(), access_log, "data")
