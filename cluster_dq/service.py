@@ -3,8 +3,9 @@ translates Redis failures into ``PoolUnavailable`` (503) at this boundary."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from redis.exceptions import RedisError
@@ -15,10 +16,11 @@ from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import NotReplicated
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import NotFound, PoolUnavailable, Unauthorized
-from cluster_dq.keys import parse_qualified, shard_of
+from cluster_dq.keys import parse_qualified
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.models import Job, JobSpec, JobState, validate_spec
 from cluster_dq.pools import RedisPool
+from cluster_dq.routing import PoolRoute, build_routes
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import TokenStore, split_token
 
@@ -30,14 +32,15 @@ class Service:
     def __init__(self, settings: Settings, pools: dict[str, RedisPool], events: LifecycleLog | None = None) -> None:
         self.settings = settings
         self.pools = pools
+        self.routes = build_routes(settings, pools)
         self.events = events
         self.tokens = TokenStore(pools["default"].engine, settings.TokenCacheSecond)
 
-    def pool(self, name: str) -> RedisPool:
-        p = self.pools.get(name)
-        if p is None:
+    def route(self, name: str) -> PoolRoute[RedisPool]:
+        r = self.routes.get(name)
+        if r is None:
             raise NotFound("pool not found")
-        return p
+        return r
 
     async def _run(self, pool: RedisPool, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
         try:
@@ -56,106 +59,185 @@ class Service:
 
     # -- auth -------------------------------------------------------------------------------
 
-    async def authorize(self, raw_token: str | None, ns: str) -> tuple[RedisPool, str]:
-        """``pool:token`` or a bare token (pool ``default``) -> the pool, if the token is valid
-        for that namespace."""
+    async def authorize(self, raw_token: str | None, ns: str) -> PoolRoute[RedisPool]:
+        """``name:token`` or a bare token (``default``) -> the route the name stands for (a pool,
+        a migrating pool or a ring), if the token is valid for that namespace."""
         if not raw_token:
             raise Unauthorized("token not found")
-        pool_name, token = split_token(raw_token)
-        pool = self.pool(pool_name)
+        name, token = split_token(raw_token)
+        route = self.route(name)
         try:
-            ok = await self.tokens.valid(pool_name, ns, token)
+            ok = await self.tokens.valid(name, ns, token)
         except (RedisError, OSError) as e:
             raise PoolUnavailable("default", f"token store: {e}") from e
         if not ok:
             raise Unauthorized("invalid token")
-        return pool, token
+        return route
 
     # -- jobs -------------------------------------------------------------------------------
 
-    async def publish(self, pool: RedisPool, ns: str, q: str, specs: Sequence[JobSpec]) -> list[Published]:
+    async def publish(self, route: PoolRoute[RedisPool], ns: str, q: str, specs: Sequence[JobSpec]) -> list[Published]:
         for spec in specs:
             validate_spec(spec)  # all-or-nothing: refuse before writing anything
-        cfg = pool.engine.config
+        pool = route.place(ns, q).write
         # Safe to retry: the job ids are fixed before the first attempt.
         now = now_ms()
-        out = await self._run(pool, ops.publish(cfg, ns, q, specs, now), idempotent=True, durable=True)
+        out = await self._run(pool, ops.publish(pool.engine.config, ns, q, specs, now), idempotent=True, durable=True)
         metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
         if self.events:
             self.events.published(ns, q, now, [p.job_id for p in out if not p.duplicate])
         return out
 
-    async def consume(
-        self, pool: RedisPool, ns: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
-    ) -> list[Job]:
+    async def consume(self, route: PoolRoute[RedisPool], ns: str, queues: Sequence[str], ttr_ms: int,
+                      count: int, timeout_ms: int) -> list[Job]:  # fmt: skip
+        groups = route.groups(ns, queues)
         try:
-            jobs = await pool.hub.consume(ns, queues, ttr_ms, count, timeout_ms)
+            if len(groups) == 1:
+                jobs = await groups[0][0].hub.consume(ns, queues, ttr_ms, count, timeout_ms)
+            else:
+                jobs = await _consume_across(groups, ns, ttr_ms, count, timeout_ms)
         except (RedisError, OSError) as e:
-            raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}") from e
+            raise PoolUnavailable(route.name, f"{type(e).__name__}: {e}") from e
         now = now_ms()
         metrics.record_delivered(jobs, now)
         if self.events:
             self.events.delivered(jobs, now)
         return jobs
 
-    async def ack(self, pool: RedisPool, ns: str, q: str, ids: Sequence[str]) -> list[JobState | None]:
-        states = await self._run(pool, ops.ack(ns, q, ids), idempotent=True, durable=True)
+    async def ack(self, route: PoolRoute[RedisPool], ns: str, q: str, ids: Sequence[str]) -> list[JobState | None]:
+        states: list[JobState | None] = [None] * len(ids)
+        for pool in route.place(ns, q).reads:  # a job is in one of them; usually there is one
+            todo = [i for i, s in enumerate(states) if s is None]
+            if not todo:
+                break
+            found = await self._run(pool, ops.ack(ns, q, [ids[i] for i in todo]), idempotent=True, durable=True)
+            for i, state in zip(todo, found):
+                states[i] = state
         metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
         if self.events:
             self.events.acked(ns, q, now_ms(), [i for i, s in zip(ids, states) if s is not None])
         return states
 
     async def republish(
-        self, pool: RedisPool, ns: str, q: str, old_id: str, spec: JobSpec
+        self, route: PoolRoute[RedisPool], ns: str, q: str, old_id: str, spec: JobSpec
     ) -> Published:
         validate_spec(spec)
+        place = route.place(ns, q)
+        pool = place.write
         op = ops.republish(pool.engine.config, ns, q, old_id, spec, now_ms())
         acked, published = await self._run(pool, op, idempotent=True, durable=True)
-        metrics.count(metrics.acked, ns, q, acked is not None)
         metrics.count(metrics.published, ns, q, not published.duplicate)
+        if acked is None and len(place.reads) > 1:  # the old job lives in a pool being drained
+            await self.ack(route, ns, q, [old_id])
+        else:
+            metrics.count(metrics.acked, ns, q, acked is not None)
         return published
 
-    async def peek(self, pool: RedisPool, ns: str, q: str) -> Job:
-        job = await self._run(pool, ops.peek(pool.engine.config, ns, q, "ready", now_ms()), idempotent=True)
+    async def _first(self, route: PoolRoute[RedisPool], ns: str, q: str,
+                     make: Callable[[RedisPool], Op[Job | None]]) -> Job | None:  # fmt: skip
+        for pool in route.place(ns, q).reads:
+            job = await self._run(pool, make(pool), idempotent=True)
+            if job is not None:
+                return job
+        return None
+
+    async def peek(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Job:
+        job = await self._first(route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "ready", now_ms()))
         if job is None:
             raise NotFound("the queue is empty")
         return job
 
-    async def peek_job(self, pool: RedisPool, ns: str, q: str, job_id: str) -> Job:
-        job = await self._run(pool, ops.peek_job(ns, q, job_id), idempotent=True)
+    async def peek_job(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str) -> Job:
+        job = await self._first(route, ns, q, lambda p: ops.peek_job(ns, q, job_id))
         if job is None:
             raise NotFound("job not found")
         return job
 
-    async def sizes(self, pool: RedisPool, ns: str, q: str) -> Sizes:
-        return await self._run(pool, ops.sizes(pool.engine.config, ns, q), idempotent=True)
+    async def dead_head(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Job | None:
+        return await self._first(route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "dead", now_ms()))
 
-    async def destroy(self, pool: RedisPool, ns: str, q: str) -> int:
-        return await self._run(pool, ops.destroy(pool.engine.config, ns, q), idempotent=True)
+    async def sizes(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Sizes:
+        total = Sizes(0, 0, 0, 0, None)
+        for pool in route.place(ns, q).reads:
+            s = await self._run(pool, ops.sizes(pool.engine.config, ns, q), idempotent=True)
+            events = [t for t in (total.next_event_ms, s.next_event_ms) if t is not None]
+            total = Sizes(total.delayed + s.delayed, total.ready + s.ready, total.reserved + s.reserved,
+                          total.dead + s.dead, min(events) if events else None)  # fmt: skip
+        return total
 
-    async def dead_head(self, pool: RedisPool, ns: str, q: str) -> Job | None:
-        return await self._run(pool, ops.peek(pool.engine.config, ns, q, "dead", now_ms()), idempotent=True)
+    async def destroy(self, route: PoolRoute[RedisPool], ns: str, q: str) -> int:
+        reads = route.place(ns, q).reads
+        return sum([await self._run(p, ops.destroy(p.engine.config, ns, q), idempotent=True) for p in reads])
 
-    async def respawn(self, pool: RedisPool, ns: str, q: str, limit: int, ttl_ms: int) -> int:
-        n = await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit, ttl_ms, now_ms()))
+    async def respawn(self, route: PoolRoute[RedisPool], ns: str, q: str, limit: int, ttl_ms: int) -> int:
+        n = 0
+        for pool in route.place(ns, q).reads:
+            if n < limit:
+                n += await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit - n, ttl_ms, now_ms()))
         metrics.count(metrics.respawned, ns, q, n)
         if self.events and n:
             self.events.record("respawned", ns, q, now_ms(), n=n)
         return n
 
-    async def delete_dead(self, pool: RedisPool, ns: str, q: str, limit: int) -> int:
-        return await self._run(pool, ops.delete_dead(ns, q, limit))
+    async def delete_dead(self, route: PoolRoute[RedisPool], ns: str, q: str, limit: int) -> int:
+        n = 0
+        for pool in route.place(ns, q).reads:
+            if n < limit:
+                n += await self._run(pool, ops.delete_dead(ns, q, limit - n))
+        return n
 
     # -- admin ------------------------------------------------------------------------------
 
-    async def info(self, pool: RedisPool) -> dict[str, list[str]]:
-        """``{namespace: [queues]}`` from the shard registries."""
-        out: dict[str, list[str]] = {}
-        for shard in range(pool.engine.config.shards):
-            for qualified in await self._run(pool, ops.queues_of_shard(shard), idempotent=True):
-                ns, q = parse_qualified(qualified)
-                out.setdefault(ns, []).append(q)
+    async def info(self, route: PoolRoute[RedisPool]) -> dict[str, list[str]]:
+        """``{namespace: [queues]}`` from the shard registries of every pool of the route."""
+        out: dict[str, set[str]] = {}
+        for pool in route.pools():
+            for shard in range(pool.engine.config.shards):
+                for qualified in await self._run(pool, ops.queues_of_shard(shard), idempotent=True):
+                    ns, q = parse_qualified(qualified)
+                    out.setdefault(ns, set()).add(q)
         return {ns: sorted(qs) for ns, qs in sorted(out.items())}
 
-    def shard(self, pool: RedisPool, ns: str, q: str) -> int:
-        return shard_of(f"{ns}/{q}", pool.engine.config.shards)
+
+async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, ttr_ms: int,
+                          count: int, timeout_ms: int) -> list[Job]:  # fmt: skip
+    """A consume whose queues live on several pools (a ring, a migration): look at each pool
+    at once, pools being drained first; if all are empty, long-poll all of them and take what
+    the first one delivers. Jobs beyond ``count`` (two pools delivered at the same moment) are
+    given back at once, without spending a try."""
+    jobs: list[Job] = []
+    for pool, qs in groups:
+        jobs += await pool.hub.consume(ns, qs, ttr_ms, count - len(jobs), 0)
+        if len(jobs) >= count:
+            return jobs
+    if jobs or timeout_ms <= 0:
+        return jobs
+    tasks = {asyncio.create_task(pool.hub.consume(ns, qs, ttr_ms, count, timeout_ms)): pool
+             for pool, qs in groups}  # fmt: skip
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if any(not t.exception() and t.result() for t in done):
+                break
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    errors: list[BaseException] = []
+    by_pool: list[tuple[RedisPool, list[Job]]] = []
+    for t, pool in tasks.items():
+        if t.cancelled():
+            continue
+        if t.exception() is not None:
+            errors.append(t.exception())  # type: ignore[arg-type]
+        elif t.result():
+            by_pool.append((pool, t.result()))
+    for pool, got in by_pool:
+        keep = got[: count - len(jobs)]
+        jobs += keep
+        await pool.hub.give_back(ns, got[len(keep) :])
+    if not jobs and errors:
+        raise errors[0]
+    return jobs
+

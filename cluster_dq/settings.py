@@ -28,7 +28,7 @@ class PoolSettings:
     SentinelPassword: str = ""
     Cluster: bool = False
     PoolSize: int = 256
-    MigrateTo: str = ""
+    MigrateTo: str = ""  # migration mode: new jobs go to that pool, this one is drained
     # Durable publish: a 2xx only once this many replicas confirmed the write (Redis WAIT),
     # else 503 naming the job ids (safe to publish again with the same job_id). 0: off.
     WaitReplicas: int = 0
@@ -56,6 +56,17 @@ class PoolSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RingSettings:
+    """``[Ring.<name>]``: a namespace whose token names the ring is spread over ``Pools`` by
+    consistent hashing of ``ns/q``. ``PreviousPools`` is the membership before the last change:
+    queues that moved are drained from their old member until it is removed."""
+
+    name: str
+    Pools: tuple[str, ...] = ()
+    PreviousPools: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     Host: str = "127.0.0.1"
     Port: int = 7777
@@ -79,6 +90,7 @@ class Settings:
     SizeIntervalSecond: float = 10.0  # how often shard leaders measure their queues (metrics)
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)
+    Ring: dict[str, RingSettings] = field(default_factory=dict)
 
     @property
     def embedded(self) -> bool:
@@ -87,9 +99,15 @@ class Settings:
 
 
 _TYPES = {"int": int, "str": str, "bool": bool, "float": float}
+NAMES = "tuple[str, ...]"  # a TOML array of names, or (environment) a comma-separated string
 
 
 def _coerce(where: str, kind: str, value: Any) -> Any:
+    if kind == NAMES:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"{where}: expected a list of names, got {value!r}")
+        return tuple(i.strip() for i in items if i.strip())
     want = _TYPES[kind]
     if isinstance(value, str) and want is not str:
         text = value.strip().lower()
@@ -108,13 +126,16 @@ def _coerce(where: str, kind: str, value: Any) -> Any:
     return value
 
 
+TABLES = ("Accounts", "Pool", "Ring")
+
+
 def _build(cls: type, data: dict[str, Any], where: str, **extra: Any) -> Any:
     known = {f.name: f for f in fields(cls)}
     kwargs: dict[str, Any] = dict(extra)
     for key, value in data.items():
         f = known.get(key)
-        if f is None or key in extra or key in ("Accounts", "Pool"):
-            if key not in ("Accounts", "Pool") or cls is not Settings:
+        if f is None or key in extra or key in TABLES:
+            if key not in TABLES or cls is not Settings:
                 raise ConfigError(f"unknown setting {where}{key}")
             continue
         kwargs[key] = _coerce(f"{where}{key}", str(f.type), value)
@@ -123,21 +144,32 @@ def _build(cls: type, data: dict[str, Any], where: str, **extra: Any) -> Any:
 
 def _env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
     top = {f.name.upper(): f.name for f in fields(Settings)}
-    pool_fields = {f.name.upper(): f.name for f in fields(PoolSettings) if f.name != "name"}
+    tables = {"POOL": {f.name.upper(): f.name for f in fields(PoolSettings) if f.name != "name"},
+              "RING": {f.name.upper(): f.name for f in fields(RingSettings) if f.name != "name"}}  # fmt: skip
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
             continue
         path = name[len(ENV_PREFIX) :].split("__")
         if len(path) == 1 and path[0] in top:
             data[top[path[0]]] = value
-        elif len(path) == 3 and path[0] == "POOL" and path[2] in pool_fields:
-            pools = data.setdefault("Pool", {})
-            pool = next((p for p in pools if p.upper() == path[1]), path[1].lower())
-            pools.setdefault(pool, {})[pool_fields[path[2]]] = value
+        elif len(path) == 3 and path[0] in tables and path[2] in tables[path[0]]:
+            table = data.setdefault(path[0].title(), {})
+            entry = next((p for p in table if p.upper() == path[1]), path[1].lower())
+            table.setdefault(entry, {})[tables[path[0]][path[2]]] = value
         elif len(path) == 2 and path[0] == "ACCOUNTS":
             data.setdefault("Accounts", {})[path[1].lower()] = value
         else:
             raise ConfigError(f"unknown environment setting {name}")
+
+
+def _tables(data: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    raw = data.get(kind, {})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{kind}: expected tables [{kind}.<name>]")
+    for name, body in raw.items():
+        if not isinstance(body, dict):
+            raise ConfigError(f"{kind}.{name}: expected a table")
+    return raw
 
 
 def load(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Settings:
@@ -155,21 +187,16 @@ def load(path: str | Path | None = None, environ: dict[str, str] | None = None) 
     accounts = data.get("Accounts", {})
     if not isinstance(accounts, dict) or not all(isinstance(v, str) for v in accounts.values()):
         raise ConfigError("Accounts: expected a table of user = \"password\"")
-    raw_pools = data.get("Pool", {})
-    if not isinstance(raw_pools, dict):
-        raise ConfigError("Pool: expected tables [Pool.<name>]")
     pools = {}
-    for name, body in raw_pools.items():
-        if not isinstance(body, dict):
-            raise ConfigError(f"Pool.{name}: expected a table")
+    for name, body in _tables(data, "Pool").items():
         pools[name] = _build(PoolSettings, body, f"Pool.{name}.", name=name)
         pools[name].addresses()
     if pools and "default" not in pools:
         raise ConfigError("Pool.default is required when pools are configured")
-    for name, p in pools.items():
-        if p.MigrateTo and p.MigrateTo not in pools:
-            raise ConfigError(f"Pool.{name}.MigrateTo: unknown pool {p.MigrateTo!r}")
-    settings: Settings = _build(Settings, data, "", Accounts=dict(accounts), Pool=pools)
+    rings = {}
+    for name, body in _tables(data, "Ring").items():
+        rings[name] = _build(RingSettings, body, f"Ring.{name}.", name=name)
+    settings: Settings = _build(Settings, data, "", Accounts=dict(accounts), Pool=pools, Ring=rings)
     _validate(settings)
     return settings
 
@@ -196,7 +223,21 @@ def _validate(s: Settings) -> None:
     if s.SizeIntervalSecond <= 0:
         raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
     for name, pool in s.Pool.items():
-        if pool.MigrateTo:
-            raise ConfigError(f"Pool.{name}.MigrateTo: migration mode is not implemented yet")
+        target = s.Pool.get(pool.MigrateTo) if pool.MigrateTo else None
+        if pool.MigrateTo and (target is None or pool.MigrateTo == name):
+            raise ConfigError(f"Pool.{name}.MigrateTo: unknown pool {pool.MigrateTo!r}")
+        if target is not None and target.MigrateTo:
+            raise ConfigError(f"Pool.{name}.MigrateTo: {target.name} migrates itself; finish that first")
         if pool.WaitReplicas < 0 or pool.WaitTimeoutMs < 0:
             raise ConfigError(f"Pool.{name}: WaitReplicas and WaitTimeoutMs must be >= 0")
+    for name, ring in s.Ring.items():
+        if name in s.Pool:
+            raise ConfigError(f"Ring.{name}: a pool has that name; tokens name one or the other")
+        if not ring.Pools:
+            raise ConfigError(f"Ring.{name}.Pools: at least one pool is required")
+        for key, members in (("Pools", ring.Pools), ("PreviousPools", ring.PreviousPools)):
+            if len(set(members)) != len(members):
+                raise ConfigError(f"Ring.{name}.{key}: a pool is listed twice")
+            for m in members:
+                if m not in s.Pool:
+                    raise ConfigError(f"Ring.{name}.{key}: unknown pool {m!r}")

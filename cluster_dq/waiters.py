@@ -176,17 +176,20 @@ class WaiterHub:
         if not waiter.future.done():
             self._finish(waiter, jobs)
             return
-        # The consumer left (timeout, disconnect) while we reserved for it: give the jobs
-        # back at once, without spending a try, instead of letting them sit out their ttr.
+        # The consumer left (timeout, disconnect) while we reserved for it.
+        await self.give_back(waiter.namespace, jobs)
+        self._finish(waiter, None)
+
+    async def give_back(self, namespace: str, jobs: Sequence[Job]) -> None:
+        """Reserved jobs nobody will get: back to ready at once, without spending a try,
+        instead of letting them sit out their ttr."""
         by_queue: dict[str, list[str]] = {}
         for j in jobs:
             by_queue.setdefault(j.queue, []).append(j.job_id)
         for q, ids in by_queue.items():
             await self.engine.run(
-                ops.release(self.engine.config, waiter.namespace, q, ids, 0, now_ms()),
-                idempotent=True,
+                ops.release(self.engine.config, namespace, q, ids, 0, now_ms()), idempotent=True
             )
-        self._finish(waiter, None)
 
     async def _subscribe(self, watcher: _Watcher) -> None:
         channel = watcher.channel.encode()

@@ -35,6 +35,8 @@ def pool_env(pool: PoolSettings) -> dict[str, str]:
         env[prefix + "CLUSTER"] = "true"
     if pool.MasterName:
         env[prefix + "MASTERNAME"] = pool.MasterName
+    if pool.DB:
+        env[prefix + "DB"] = str(pool.DB)
     return env
 
 

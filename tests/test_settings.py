@@ -24,6 +24,17 @@ def test_toml_and_env_overrides(tmp_path: Path) -> None:
     assert load(None, {}).embedded
 
 
+def test_rings_and_migration(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[Pool.default]\nAddr = "127.0.0.1:7000"\n[Pool.a]\nAddr = "127.0.0.1:7001"\n'
+                   '[Pool.b]\nAddr = "127.0.0.1:7002"\nMigrateTo = "a"\n'
+                   '[Ring.big]\nPools = ["a", "default"]\n')  # fmt: skip
+    s = load(cfg, {"CLUSTER_DQ_RING__BIG__PREVIOUSPOOLS": "a, b", "CLUSTER_DQ_RING__SMALL__POOLS": "b"})
+    assert s.Ring["big"].Pools == ("a", "default") and s.Ring["big"].PreviousPools == ("a", "b")
+    assert s.Ring["small"].Pools == ("b",)
+    assert s.Pool["b"].MigrateTo == "a"
+
+
 @pytest.mark.parametrize(
     ("text", "env", "names"),
     [
@@ -41,8 +52,17 @@ def test_toml_and_env_overrides(tmp_path: Path) -> None:
         ('[Pool.default]\nAddr = "127.0.0.1:1"\nWaitReplicas = -1', {}, "WaitReplicas"),
         ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.new]\nAddr = "127.0.0.1:2"\n'
          '[Pool.default.x]\n', {}, "Pool.default"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\nMigrateTo = "new"\n[Pool.new]\nAddr = "127.0.0.1:2"', {},
-         "not implemented"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\nMigrateTo = "nope"', {}, "Pool.default.MigrateTo"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\nMigrateTo = "default"', {}, "Pool.default.MigrateTo"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\nMigrateTo = "default"\n[Pool.b]\nAddr = "127.0.0.1:3"\nMigrateTo = "a"', {}, "Pool.b.MigrateTo"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.a]\nPools = ["default"]', {}, "Ring.a"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = []', {}, "Ring.r.Pools"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a", "zz"]', {}, "Ring.r.Pools: unknown pool 'zz'"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a", "a"]', {}, "Ring.r.Pools: a pool is listed twice"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a"]\nPreviousPools = ["x"]', {}, "Ring.r.PreviousPools"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = 3', {}, "Ring.r.Pools: expected a list"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a"]\nWeight = 2', {}, "Ring.r.Weight"),
+        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring]\nr = 1', {}, "Ring.r"),
     ],
 )
 def test_bad_settings_name_the_key(tmp_path: Path, text: str, env: dict[str, str], names: str) -> None:

@@ -48,15 +48,15 @@ class AdminAPI:
 
     def _pool_param(self, request: Request) -> str | None:
         pool = request.query_params.get("pool") or None
-        if pool is not None and pool not in self.service.pools:
+        if pool is not None and pool not in self.service.routes:
             raise BadRequest("the pool was not exists", "pool")
         return pool
 
     async def info(self, request: Request) -> Response:
         name = request.query_params.get("pool") or "default"
-        if name not in self.service.pools:
+        if name not in self.service.routes:
             return json({})
-        return json(await self.service.info(self.service.pools[name]))
+        return json(await self.service.info(self.service.routes[name]))
 
     async def version(self, request: Request) -> Response:
         return json({"version": cluster_dq.__version__, "build_commit": "", "build_date": ""})
@@ -66,7 +66,7 @@ class AdminAPI:
         return Response(body, media_type=content_type)
 
     async def pools(self, request: Request) -> Response:
-        return json(sorted(self.service.pools))
+        return json(sorted(self.service.routes))  # what a token may name: pools and rings
 
     async def healthz(self, request: Request) -> Response:
         return json({"status": "ok"})
@@ -95,7 +95,7 @@ class AdminAPI:
             raise BadRequest("invalid token", "token")
         if custom and ":" in custom:
             pool_part, _, custom = custom.partition(":")
-            if pool_part not in self.service.pools:
+            if pool_part not in self.service.routes:
                 raise BadRequest("the pool was not exists", "pool")
             pool = pool_part
         token = await store.create(pool or "default", ns, description, custom)
@@ -106,7 +106,7 @@ class AdminAPI:
         ns = request.path_params["ns"]
         params.check_names(ns)
         pool, token = split_token(request.path_params["token"])
-        if pool not in self.service.pools:
+        if pool not in self.service.routes:
             raise BadRequest("the pool was not exists", "pool")
         await self.service.tokens.delete(pool, ns, token)
         return Response(status_code=204)

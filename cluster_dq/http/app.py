@@ -22,6 +22,7 @@ from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
 from cluster_dq.models import JobSpec
 from cluster_dq.pools import RedisPool
+from cluster_dq.routing import PoolRoute
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import split_token
@@ -69,11 +70,10 @@ class DataAPI:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    async def _auth(self, request: Request, ns: str, q: str | None = None) -> RedisPool:
+    async def _auth(self, request: Request, ns: str, q: str | None = None) -> PoolRoute[RedisPool]:
         params.check_names(ns, q)
         token = request.headers.get("x-token") or request.query_params.get("token")
-        pool, _ = await self.service.authorize(token, ns)
-        return pool
+        return await self.service.authorize(token, ns)
 
     async def _limited(self, request: Request, ns: str, write: bool, ok_status: int,
                        handler: Callable[[], Awaitable[Response]]) -> Response:  # fmt: skip
@@ -109,11 +109,11 @@ class DataAPI:
         # Read the body before anything can refuse the request: answering with unread
         # request bytes in the socket makes the server close it with a reset (client error).
         body = await params.body(request, self.s.MaxBodyBytes)
-        pool = await self._auth(request, ns, q)
+        route = await self._auth(request, ns, q)
 
         async def run() -> Response:
             spec = self._spec(request, b"")
-            (p,) = await self.service.publish(pool, ns, q, [_with_body(spec, body)])
+            (p,) = await self.service.publish(route, ns, q, [_with_body(spec, body)])
             out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
             if p.duplicate:
                 out["duplicate"] = True  # idempotent publish: this id already exists
@@ -124,14 +124,14 @@ class DataAPI:
     async def bulk(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
         data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)  # see publish
-        pool = await self._auth(request, ns, q)
+        route = await self._auth(request, ns, q)
 
         async def run() -> Response:
             spec = self._spec(request, b"")
             if spec.job_id is not None:
                 raise BadRequest("job_id is not allowed in bulk publish", "job_id")
             bodies = params.bulk_elements(data, self.s.MaxBodyBytes)
-            published = await self.service.publish(pool, ns, q, [_with_body(spec, b) for b in bodies])
+            published = await self.service.publish(route, ns, q, [_with_body(spec, b) for b in bodies])
             return json({"msg": "published", "job_ids": [p.job_id for p in published]}, 201)
 
         return await self._limited(request, ns, True, 201, run)
@@ -140,15 +140,15 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         body = await params.body(request, self.s.MaxBodyBytes)  # see publish
         old = params.job_id(request.path_params["job_id"])
-        pool = await self._auth(request, ns, q)
+        route = await self._auth(request, ns, q)
         spec = self._spec(request, b"")
-        p = await self.service.republish(pool, ns, q, old, _with_body(spec, body))
+        p = await self.service.republish(route, ns, q, old, _with_body(spec, body))
         return json({"msg": "published", "job_id": p.job_id}, 201)
 
     async def consume(self, request: Request) -> Response:
         ns = request.path_params["ns"]
         queues = params.queue_list(ns, request.path_params["queues"])
-        pool = await self._auth(request, ns)
+        route = await self._auth(request, ns)
 
         async def run() -> Response:
             qp = request.query_params
@@ -156,7 +156,7 @@ class DataAPI:
             ttr_ms = params.millis(qp, "ttr", s.TTRSecond)
             timeout_ms = params.millis(qp, "timeout", s.TimeoutSecond, s.MaxTimeoutSecond)
             n = params.count(qp)
-            jobs = await self.service.consume(pool, ns, queues, ttr_ms, n, timeout_ms)
+            jobs = await self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
             if not jobs:
                 return error("no job available", 404, key="msg")
             now = now_ms()
@@ -169,43 +169,43 @@ class DataAPI:
     async def ack(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
-        pool = await self._auth(request, ns, q)
-        await self.service.ack(pool, ns, q, [jid])
+        route = await self._auth(request, ns, q)
+        await self.service.ack(route, ns, q, [jid])
         return Response(status_code=204)
 
     async def peek(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        pool = await self._auth(request, ns, q)
-        job = await self.service.peek(pool, ns, q)
+        route = await self._auth(request, ns, q)
+        job = await self.service.peek(route, ns, q)
         return json(job_object(job, now_ms(), msg=False))
 
     async def peek_job(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
-        pool = await self._auth(request, ns, q)
-        job = await self.service.peek_job(pool, ns, q, jid)
+        route = await self._auth(request, ns, q)
+        job = await self.service.peek_job(route, ns, q, jid)
         return json(job_object(job, now_ms(), msg=False))
 
     async def size(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        pool = await self._auth(request, ns, q)
-        s = await self.service.sizes(pool, ns, q)
+        route = await self._auth(request, ns, q)
+        s = await self.service.sizes(route, ns, q)
         return json({"namespace": ns, "queue": q, "size": s.ready, "delayed": s.delayed,
                      "reserved": s.reserved, "dead": s.dead})  # fmt: skip
 
     async def destroy(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        pool = await self._auth(request, ns, q)
-        await self.service.destroy(pool, ns, q)
+        route = await self._auth(request, ns, q)
+        await self.service.destroy(route, ns, q)
         return Response(status_code=204)
 
     async def deadletter(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        pool = await self._auth(request, ns, q)
+        route = await self._auth(request, ns, q)
         qp = request.query_params
         if request.method == "GET":
-            s = await self.service.sizes(pool, ns, q)
-            head = await self.service.dead_head(pool, ns, q)
+            s = await self.service.sizes(route, ns, q)
+            head = await self.service.dead_head(route, ns, q)
             return json({"namespace": ns, "queue": q, "deadletter_size": s.dead,
                          "deadletter_head": head.job_id if head else ""})  # fmt: skip
         limit = params.uint(qp, "limit", 1)
@@ -213,15 +213,15 @@ class DataAPI:
             raise BadRequest("invalid limit", "limit")
         if request.method == "PUT":
             ttl_ms = params.millis(qp, "ttl", self.s.TTLSecond)
-            n = await self.service.respawn(pool, ns, q, limit, ttl_ms)
+            n = await self.service.respawn(route, ns, q, limit, ttl_ms)
             return json({"msg": "respawned", "count": n})
-        await self.service.delete_dead(pool, ns, q, limit)
+        await self.service.delete_dead(route, ns, q, limit)
         return Response(status_code=204)
 
     async def deadletter_size(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        pool = await self._auth(request, ns, q)
-        s = await self.service.sizes(pool, ns, q)
+        route = await self._auth(request, ns, q)
+        s = await self.service.sizes(route, ns, q)
         return json({"namespace": ns, "queue": q, "size": s.dead})
 
     def routes(self) -> list[Route]:
