@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import cluster_dq
 from cluster_dq import logs, settings as settings_mod
 from cluster_dq.errors import ClusterDQError, ConfigError
+from cluster_dq.routing import build_routes
 from cluster_dq.settings import PoolSettings, Settings
 from cluster_dq.tokens import TokenStore
 
@@ -82,13 +83,15 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
     spark = pipeline.spark_session(master=args.master)
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        pool = s.Pool.get("default")
+        route = build_routes(s, s.Pool).get(args.pool)
+        if route is None:
+            raise ConfigError(f"--pool: no pool or ring named {args.pool!r}")
         if args.action == "schedule":
             from cluster_dq.pipeline.schedule import schedule
 
-            assert pool is not None
-            print(f"schedule: {args.inputs[0]} -> pool default ({pool.Addr})", flush=True)
-            counts = schedule(spark, args.inputs[0], pool, rejects_path=args.rejects, reference_ms=args.at,
+            where = ", ".join(f"{p.name} ({p.Addr})" for p in route.pools())
+            print(f"schedule: {args.inputs[0]} -> {args.pool}: {where}", flush=True)
+            counts = schedule(spark, args.inputs[0], route, rejects_path=args.rejects, reference_ms=args.at,
                               progress=True)  # fmt: skip
             print(f"schedule: {counts}")
             if counts.rejected and args.rejects:
@@ -96,14 +99,13 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
         elif args.action == "export":
             from cluster_dq.pipeline.export import export
 
-            assert pool is not None
             queues = []
             for name in args.inputs:
                 ns, _, q = name.partition("/")
                 if not q:
                     raise ConfigError(f"export: {name!r} is not namespace/queue")
                 queues.append((ns, q))
-            df = export(spark, pool, queues, args.states.split(","), args.out)
+            df = export(spark, route, queues, args.states.split(","), args.out)
             df.groupBy("namespace", "queue", "state").count().orderBy("namespace", "queue", "state").show(100, False)
             if args.out:
                 print(f"export: written to {args.out}")
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--at", type=int, help="schedule: reference time (ms) for delay_s; reuse it to rerun")
     pp.add_argument("--states", default="ready,delayed,reserved,dead", help="export: states to read")
     pp.add_argument("--master", default="local[2]", help="Spark master")
+    pp.add_argument("--pool", default="default", help="schedule/export: a pool or ring, as tokens name them")
     sub.add_parser("version", help="print the version")
     args = ap.parse_args(argv)
     if args.cmd == "version":

@@ -4,6 +4,7 @@ analytics from a real service's event log, and the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from cluster_dq.pipeline.analyze import analyze
 from cluster_dq.pipeline.export import export
 from cluster_dq.pipeline.schedule import schedule
 from cluster_dq.pools import make_sync_client
+from cluster_dq.routing import PoolRoute
+from cluster_dq.settings import PoolSettings
 from tests.conftest import flush
 from tests.invariants import check_queue
 from tests.test_http import ADMIN_AUTH, serve
@@ -134,6 +137,32 @@ def test_export_reads_every_state_while_queues_work(spark: Any, target: Server |
     assert row["due_ms"] > time.time() * 1000 + 3_000_000 and row["body"].decode().startswith("job-")
     assert {r["job_id"] for r in df.filter("state = 'reserved'").collect()} == {j.job_id for j in reserved}
     assert reserved[0].state is JobState.RESERVED
+
+
+def test_schedule_and_export_follow_a_ring(spark: Any, target: Server | Cluster, redis_server: Server) -> None:
+    """Scheduled through a ring (a standalone DB and the target), each queue's jobs land on the
+    member the service would route it to, and export reads them back from there."""
+    side = PoolSettings("side", Addr=f"127.0.0.1:{redis_server.port}", DB=5)
+    redis.Redis(port=redis_server.port, db=5).flushdb()
+    pools = {"side": side, "main": dataclasses.replace(target.pool_settings(), name="main")}
+    route = PoolRoute("ring", pools, ["side", "main"])
+    data = [{**rows(1)[0], "queue": f"r{i % 12}", "body": f"ring-{i}", "delay_s": 0, "job_id": None}
+            for i in range(240)]
+    counts = schedule(spark, frame(spark, data), route)
+    assert (counts.published, counts.rejected) == (240, 0)
+    placed = {f"r{i}": route.place("bulk", f"r{i}").write.name for i in range(12)}
+    assert set(placed.values()) == {"side", "main"}
+    for q, name in placed.items():
+        client = make_sync_client(pools[name])
+        other = make_sync_client(pools["main" if name == "side" else "side"])
+        try:
+            assert SyncEngine(client).run(ops.sizes(SyncEngine(client).config, "bulk", q)).ready == 20, q
+            assert SyncEngine(other).run(ops.sizes(SyncEngine(other).config, "bulk", q)).ready == 0, q
+        finally:
+            client.close()
+            other.close()
+    df = export(spark, route, [("bulk", q) for q in placed])
+    assert df.count() == 240 and {r["queue"] for r in df.select("queue").distinct().collect()} == set(placed)
 
 
 def test_analyze_turns_a_services_event_log_into_figures(spark: Any, redis_server: Server, tmp_path: Path) -> None:

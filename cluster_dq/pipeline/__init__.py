@@ -2,9 +2,12 @@
 of queue contents, lifecycle analytics. Each reuses the engine's operations and Lua scripts;
 Redis clients are created inside the Spark tasks.
 
-    cluster-dq pipeline schedule jobs.parquet [--rejects rejects.parquet] [--at MS]
-    cluster-dq pipeline export ns/q [ns/q ...] --out queues.parquet
+    cluster-dq pipeline schedule jobs.parquet [--rejects rejects.parquet] [--at MS] [--pool NAME]
+    cluster-dq pipeline export ns/q [ns/q ...] --out queues.parquet [--pool NAME]
     cluster-dq pipeline analyze EVENTS_DIR --out figures.parquet
+
+``--pool`` is what a token names (a pool, a migrating pool or a ring): jobs are placed as the
+service places them (``cluster_dq.routing``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,18 @@ from __future__ import annotations
 import os
 import sys
 from typing import Any
+
+from cluster_dq.routing import PoolRoute
+from cluster_dq.settings import PoolSettings
+
+Target = PoolSettings | PoolRoute[PoolSettings]
+
+
+def route_of(target: Target) -> PoolRoute[PoolSettings]:
+    """A route for a bare pool: every queue on it."""
+    if isinstance(target, PoolRoute):
+        return target
+    return PoolRoute(target.name, {target.name: target}, [target.name])
 
 
 def spark_session(app: str = "cluster-dq", master: str = "local[2]") -> Any:

@@ -9,10 +9,18 @@ from typing import Any
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.models import JobState
+from cluster_dq.pipeline import Target, route_of
+from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
 
 COLUMNS = ("namespace", "queue", "state", "job_id", "due_ms", "published_ms", "expire_at_ms",
            "tries_left", "deliveries", "priority", "body")  # fmt: skip
+
+
+def route_rows(route: PoolRoute[PoolSettings], ns: str, q: str, states: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+    """The queue's jobs on every pool it may be on (a queue being drained is on two)."""
+    for pool in route.place(ns, q).reads:
+        yield from queue_rows(pool, ns, q, states)
 
 
 def queue_rows(pool: PoolSettings, ns: str, q: str, states: Sequence[str]) -> Iterator[tuple[Any, ...]]:
@@ -39,7 +47,7 @@ def queue_rows(pool: PoolSettings, ns: str, q: str, states: Sequence[str]) -> It
         client.close()
 
 
-def export(spark: Any, pool: PoolSettings, queues: Sequence[tuple[str, str]],
+def export(spark: Any, target: Target, queues: Sequence[tuple[str, str]],
            states: Sequence[str] = ("ready", "delayed", "reserved", "dead"), path: str | None = None) -> Any:  # fmt: skip
     """The jobs of ``queues`` ((namespace, queue) pairs) in ``states`` as a DataFrame; also
     written to ``path`` as Parquet when given."""
@@ -54,8 +62,9 @@ def export(spark: Any, pool: PoolSettings, queues: Sequence[tuple[str, str]],
         T.StructField("body", T.BinaryType()),
     ])  # fmt: skip
     wanted = list(states)
+    route = route_of(target)
     rdd = spark.sparkContext.parallelize(list(queues), max(1, len(queues))).flatMap(
-        lambda nq: queue_rows(pool, nq[0], nq[1], wanted)
+        lambda nq: route_rows(route, nq[0], nq[1], wanted)
     )
     df = spark.createDataFrame(rdd, schema)
     if path is not None:

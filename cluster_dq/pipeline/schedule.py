@@ -27,6 +27,8 @@ from cluster_dq.errors import ClusterDQError
 from cluster_dq.http.params import check_names
 from cluster_dq.keys import BUCKET_WIDTH_MS
 from cluster_dq.models import MAX_BULK, JobSpec, encode_id, validate_spec
+from cluster_dq.pipeline import Target, route_of
+from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
 
 DEFAULT_TTL_S = 86_400
@@ -106,48 +108,61 @@ def spec_of(job: Checked, lanes: dict[tuple[str, str, int], int]) -> JobSpec:
     return JobSpec(body, 0, ttl_ms, tries, priority, None, job_id, due_ms=due)
 
 
-def publish_partition(pool: PoolSettings, rows: Iterable[Checked], lanes: dict[tuple[str, str, int], int],
-                      ) -> Iterator[tuple[int, int]]:  # fmt: skip
-    """Publishes one partition's valid rows (a client per partition); yields (new, present)."""
+def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
+                      lanes: dict[tuple[str, str, int], int]) -> Iterator[tuple[int, int]]:  # fmt: skip
+    """Publishes one partition's valid rows, each on the pool its route places the queue on
+    (a client per pool and partition); yields (new, present)."""
     from cluster_dq.engine.sync import SyncEngine
     from cluster_dq.pools import make_sync_client
 
-    client = make_sync_client(pool)
-    engine = SyncEngine(client)
+    engines: dict[str, SyncEngine] = {}
+    batches: dict[str, list[tuple[str, str, list[JobSpec]]]] = {}
+    open_batch: dict[tuple[str, str], tuple[PoolSettings, list[JobSpec]]] = {}
     new = present = 0
-    batches: list[tuple[str, str, list[JobSpec]]] = []
-    open_batch: dict[tuple[str, str], list[JobSpec]] = {}
 
-    def flush() -> None:
+    def flush(pool: str) -> None:
         nonlocal new, present
-        if not batches:
+        if not batches.get(pool):
             return
+        engine = engines[pool]
         now = int(time.time() * 1000)
-        for published in engine.run(ops.publish_many(engine.config, batches, now), idempotent=True):
+        for published in engine.run(ops.publish_many(engine.config, batches[pool], now), idempotent=True):
             dup = sum(1 for p in published if p.duplicate)
             present += dup
             new += len(published) - dup
-        batches.clear()
+        batches[pool].clear()
+
+    def add(pool: str, ns: str, q: str, specs: list[JobSpec]) -> None:
+        batches.setdefault(pool, []).append((ns, q, specs))
+        if len(batches[pool]) >= PIPELINE_BATCHES:
+            flush(pool)
 
     try:
         for job in rows:
             key = (job[1], job[2])
-            batch = open_batch.setdefault(key, [])
+            if key not in open_batch:
+                pool = route.place(*key).write
+                if pool.name not in engines:
+                    engines[pool.name] = SyncEngine(make_sync_client(pool))
+                open_batch[key] = (pool, [])
+            pool, batch = open_batch[key]
             batch.append(spec_of(job, lanes))
             if len(batch) == MAX_BULK:
-                batches.append((key[0], key[1], open_batch.pop(key)))
-                if len(batches) >= PIPELINE_BATCHES:
-                    flush()
-        batches.extend((ns, q, specs) for (ns, q), specs in open_batch.items())
-        flush()
+                add(pool.name, key[0], key[1], open_batch.pop(key)[1])
+        for (ns, q), (pool, specs) in open_batch.items():
+            add(pool.name, ns, q, specs)
+        for name in engines:
+            flush(name)
     finally:
-        client.close()
+        for engine in engines.values():
+            engine.client.close()
     yield new, present
 
 
-def schedule(spark: Any, source: Any, pool: PoolSettings, *, rejects_path: str | None = None,
+def schedule(spark: Any, source: Any, target: Target, *, rejects_path: str | None = None,
              reference_ms: int | None = None, progress: bool = False) -> ScheduleCounts:  # fmt: skip
-    """Validates and publishes every row of ``source`` (a DataFrame or a Parquet path)."""
+    """Validates and publishes every row of ``source`` (a DataFrame or a Parquet path) to
+    ``target``, a pool or a route (a ring spreads the queues over its pools)."""
     from pyspark.sql import types as T
 
     started = time.monotonic()
@@ -165,7 +180,8 @@ def schedule(spark: Any, source: Any, pool: PoolSettings, *, rejects_path: str |
     lanes_bc = spark.sparkContext.broadcast(lanes)
     if progress:
         print(f"schedule: {sum(counts.values()):,} wheel jobs in {len(lanes):,} queue windows", flush=True)
-    totals = valid.mapPartitions(lambda rows: publish_partition(pool, rows, lanes_bc.value)).fold(
+    route = route_of(target)
+    totals = valid.mapPartitions(lambda rows: publish_partition(route, rows, lanes_bc.value)).fold(
         (0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1])
     )
     rejected_rdd = checked.filter(lambda c: not c[0]).map(lambda c: (c[1], c[2], c[9]))
