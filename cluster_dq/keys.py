@@ -68,6 +68,10 @@ class QueueKeys:
         return self._k("expire")
 
     @property
+    def acked(self) -> str:
+        return self._k("acked")
+
+    @property
     def notify(self) -> str:
         """Pub/sub channel announcing that the ready set went from empty to non-empty."""
         return self._k("notify")
@@ -85,6 +89,7 @@ class QueueKeys:
             self.dead,
             self.jobs,
             self.expire,
+            self.acked,
         ]
 
 

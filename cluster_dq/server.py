@@ -44,7 +44,7 @@ class Runtime:
         self.settings = settings
         self.run_pump = run_pump
         metrics.ENABLED = settings.EnableMetrics
-        config = EngineConfig(shards=settings.Shards)
+        config = EngineConfig(shards=settings.Shards, remember_acked_ms=settings.AckedIdMemorySecond * 1000)
         self.events = LifecycleLog(settings.LifecycleDir) if settings.LifecycleDir else None
         self.pools = {n: RedisPool.create(p, config, self.events) for n, p in settings.Pool.items()}
         self.service = Service(settings, self.pools, self.events)

@@ -110,7 +110,8 @@ class Service:
             todo = [i for i, s in enumerate(states) if s is None]
             if not todo:
                 break
-            found = await self._run(pool, ops.ack(ns, q, [ids[i] for i in todo]), idempotent=True, durable=True)
+            op = ops.ack(ns, q, [ids[i] for i in todo], now_ms(), pool.engine.config.remember_acked_ms)
+            found = await self._run(pool, op, idempotent=True, durable=True)
             for i, state in zip(todo, found):
                 states[i] = state
         metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))

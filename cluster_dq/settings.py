@@ -84,6 +84,9 @@ class Settings:
     TimeoutSecond: int = 0
     MaxTimeoutSecond: int = 600
     Shards: int = 16
+    # A publish of a job id acked this recently is a duplicate, not a new job: a publish retried
+    # after its reply was lost in a failover cannot bring back a job already done. 0: off.
+    AckedIdMemorySecond: int = 60
     TokenCacheSecond: float = 2.0
     LifecycleDir: str = ""  # record job lifecycle events here (JSON lines) for analysis; "" = off
     EnableMetrics: bool = True  # off only to measure what the metrics cost
@@ -220,6 +223,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError("MaxBodyBytes: must be positive")
     if not 1 <= s.Shards <= 4096:
         raise ConfigError(f"Shards: 1..4096, got {s.Shards}")
+    if not 0 <= s.AckedIdMemorySecond <= 86_400:
+        raise ConfigError(f"AckedIdMemorySecond: 0..86400, got {s.AckedIdMemorySecond}")
     if s.SizeIntervalSecond <= 0:
         raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
     for name, pool in s.Pool.items():

@@ -3,7 +3,7 @@
   READY -> RESERVED for up to `count` jobs, in priority then due order. First moves what is
   due (DELAYED -> READY) and expires passed reservations, so a consumer never waits on the
   pump. Each reserved job has its tries decremented and its ttr deadline set.
-  KEYS[1..8] the queue's fixed keys
+  KEYS[1..9] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] ttr (ms)  ARGV[3] count  ARGV[4] promote limit  ARGV[5] notify channel
   ARGV[6] bucket open lead (ms)
   Returns: {lowered, stale, retried, dead, expired, member_1, record_1, member_2, record_2, ...}

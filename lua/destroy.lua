@@ -2,22 +2,22 @@
 --[[
   Destroys a queue in every state, one bounded step at a time: each call deletes the given
   wheel buckets; the final call (when the wheel is empty) unlinks every other key.
-  KEYS[1..8] the queue's fixed keys; KEYS[9..] wheel buckets to delete
-  ARGV[1] '1' for the final step; ARGV[2..] bucket names, in the order of KEYS[9..]
+  KEYS[1..9] the queue's fixed keys; KEYS[10..] wheel buckets to delete
+  ARGV[1] '1' for the final step; ARGV[2..] bucket names, in the order of KEYS[10..]
   Returns: {jobs deleted, 1 when the queue is gone else 0}
 ]]
 --@include lib/queue
 local deleted = 0
-for k = 9, #KEYS do
+for k = FIRST_EXTRA, #KEYS do
   local n = redis.call('HLEN', KEYS[k])
   if n > 0 then
     redis.call('DEL', KEYS[k])
     count_wheel(-n)
     deleted = deleted + n
   end
-  redis.call('ZREM', WHEEL, ARGV[k - 7])
+  redis.call('ZREM', WHEEL, ARGV[k - FIRST_EXTRA + 2])
 end
 if ARGV[1] ~= '1' or redis.call('ZCARD', WHEEL) > 0 then return {deleted, 0} end
 deleted = deleted + redis.call('HLEN', JOBS)
-redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE)
+redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED)
 return {deleted, 1}

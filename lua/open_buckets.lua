@@ -3,15 +3,15 @@
   Opens wheel buckets: moves every job of the given buckets into the near-term DELAYED zset
   (from where promote moves them to READY at their exact due millisecond). Jobs whose ttl has
   already ended are dropped. The caller passes at most a few buckets (each <= lane capacity).
-  KEYS[1..8] the queue's fixed keys; KEYS[9..] the buckets to open
-  ARGV[1] now (ms); ARGV[2..] bucket names, in the order of KEYS[9..]
+  KEYS[1..9] the queue's fixed keys; KEYS[10..] the buckets to open
+  ARGV[1] now (ms); ARGV[2..] bucket names, in the order of KEYS[10..]
   Returns: {moved, expired}
 ]]
 --@include lib/queue
 local now = tonumber(ARGV[1])
 local moved, gone = 0, 0
-for k = 9, #KEYS do
-  local bucket, bname = KEYS[k], ARGV[k - 7]
+for k = FIRST_EXTRA, #KEYS do
+  local bucket, bname = KEYS[k], ARGV[k - FIRST_EXTRA + 2]
   local all = redis.call('HGETALL', bucket)
   for i = 1, #all, 2 do
     local id, rec = all[i], all[i + 1]

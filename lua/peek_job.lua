@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --[[
   Looks a job up by id in any state, O(1)/O(log n).
-  KEYS[1..8] the queue's fixed keys; KEYS[9] the job's wheel bucket, when its id has one
+  KEYS[1..9] the queue's fixed keys; KEYS[10] the job's wheel bucket, when its id has one
   ARGV[1] member
   Returns: {} when absent, else {state, record, score}: state 1 delayed (score = due ms),
     2 ready (score = ready rank), 3 reserved (ttr deadline), 4 dead (time of death)
@@ -17,8 +17,8 @@ if rec then
   end
   return {}
 end
-if KEYS[9] then
-  rec = redis.call('HGET', KEYS[9], id)
+if KEYS[FIRST_EXTRA] then
+  rec = redis.call('HGET', KEYS[FIRST_EXTRA], id)
   if rec then return {1, rec, tostring(struct.unpack('>I6', id))} end
 end
 return {}

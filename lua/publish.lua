@@ -2,11 +2,11 @@
 --[[
   Publishes one or more jobs of one queue (bulk: arguments are validated before the call, so
   the only per-job outcome besides success is "duplicate id", which writes nothing).
-  KEYS[1..8] the queue's fixed keys (see lua/README.md); KEYS[9..] wheel buckets of this call
+  KEYS[1..9] the queue's fixed keys (see lua/README.md); KEYS[10..] wheel buckets of this call
   ARGV[1] now (ms)  ARGV[2] lane capacity  ARGV[3] bucket width (ms)  ARGV[4] notify channel
   ARGV[5] bucket open lead (ms)
   ARGV[6] n, then 5 values per job: member, due_ms, record, bucket KEYS index (0 = none), bucket name
-  Returns: {status_1 .. status_n, HLEN of KEYS[9], HLEN of KEYS[10], ..., lowered}
+  Returns: {status_1 .. status_n, HLEN of KEYS[10], HLEN of KEYS[11], ..., lowered}
     status: 0 duplicate, 1 wheel, 2 delayed (near-term or bucket full), 3 ready
     lowered: 1 when the queue's next pump event moved earlier (the caller signals its shard)
 ]]
@@ -21,7 +21,7 @@ for j = 0, n - 1 do
   out[#out + 1] = place(ARGV[b], tonumber(ARGV[b + 1]), ARGV[b + 2], kidx > 0 and KEYS[kidx],
     ARGV[b + 4], now, cap, width, lead)
 end
-for k = 9, #KEYS do out[#out + 1] = redis.call('HLEN', KEYS[k]) end
+for k = FIRST_EXTRA, #KEYS do out[#out + 1] = redis.call('HLEN', KEYS[k]) end
 notify(channel, was_empty)
 out[#out + 1] = lowered
 return out

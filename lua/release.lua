@@ -3,7 +3,7 @@
   RESERVED -> READY (delay 0) or DELAYED (delay > 0): gives a reserved job back without
   counting the delivery (the try is restored). Used when a consumer is gone before it got the
   job, and for nack with a delay.
-  KEYS[1..8] the queue's fixed keys
+  KEYS[1..9] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] delay (ms)  ARGV[3] notify channel  ARGV[4..] members
   Returns: {number released (jobs not reserved are left alone), lowered (see publish.lua)}
 ]]

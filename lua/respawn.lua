@@ -1,7 +1,7 @@
 #!lua
 --[[
   DEAD -> READY for the oldest `limit` dead jobs, each with one try and a fresh ttl (as lmstfy).
-  KEYS[1..8] the queue's fixed keys
+  KEYS[1..9] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] limit  ARGV[3] ttl (ms, 0 = never expires)  ARGV[4] notify channel
   Returns: {number respawned, lowered (see publish.lua)}
 ]]

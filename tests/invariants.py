@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import redis
 
+from cluster_dq.engine.commands import REMEMBER_ACKED_MS
 from cluster_dq.keys import QueueKeys
 
 
@@ -41,4 +42,10 @@ def check_queue(r: redis.Redis, ns: str, q: str) -> dict[str, int]:
 
 
 def queue_keys(r: redis.Redis, ns: str, q: str) -> list[bytes]:
-    return sorted(r.keys(f"*{{{ns}/{q}}}*"))
+    """The queue's keys but the memory of recently acked ids, which must be expiring (so a
+    queue whose jobs are all gone leaves nothing behind for long)."""
+    acked = QueueKeys(ns, q).acked.encode()
+    found = sorted(r.keys(f"*{{{ns}/{q}}}*"))
+    if acked in found:
+        assert 0 < r.pttl(acked) <= REMEMBER_ACKED_MS, "the acked-ids memory must expire"
+    return [k for k in found if k != acked]

@@ -6,6 +6,8 @@ sleeping; the scripts never read Redis's clock.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 
@@ -14,7 +16,7 @@ from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
-from cluster_dq.models import MAX_BODY, JobSpec, JobState, validate_spec
+from cluster_dq.models import MAX_BODY, JobSpec, JobState, id_to_member, validate_spec
 from tests.invariants import check_queue, queue_keys
 
 NS, Q = "ns", "q"
@@ -47,6 +49,44 @@ async def test_publish_ready_consume_ack_leaves_nothing(engine: AsyncEngine, syn
     assert await engine.run(ops.ack(NS, Q, [jid])) == [None]
     check_queue(sync_redis, NS, Q)
     assert queue_keys(sync_redis, NS, Q) == []
+
+
+async def test_an_acked_id_published_again_is_a_duplicate_for_a_while(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A publish retried after its reply was lost (a failover) must not bring back a job that
+    was meanwhile delivered and acked: acked ids are remembered for ``remember_ms``."""
+    t = now_ms()
+    spec = JobSpec(b"once", job_id="order-42")
+    (jid,) = await publish(engine, t, spec)
+    (job,) = await consume(engine, t + 1)
+    assert await engine.run(ops.ack(NS, Q, [jid], t + 2, remember_ms=300)) == [JobState.RESERVED]
+    (again,) = await engine.run(ops.publish(engine.config, NS, Q, [spec], t + 3))
+    assert again.duplicate and (await sizes(engine)).ready == 0
+    # republish remembers the id it acks too; its new job is an ordinary one
+    (other,) = await publish(engine, t + 4, JobSpec(b"two", job_id="order-43"))
+    await engine.run(ops.republish(engine.config, NS, Q, other, JobSpec(b"three"), t + 5))
+    (dup,) = await engine.run(ops.publish(engine.config, NS, Q, [JobSpec(b"two", job_id="order-43")], t + 6))
+    assert dup.duplicate and (await sizes(engine)).ready == 1
+    assert 0 < sync_redis.pttl(QueueKeys(NS, Q).acked) <= engine.config.remember_acked_ms
+    # forgotten after the window (the key expires on Redis's clock; later acks trim old ids)
+    sync_redis.pexpire(QueueKeys(NS, Q).acked, 1)
+    time.sleep(0.01)
+    (fresh,) = await engine.run(ops.publish(engine.config, NS, Q, [spec], t + 10))
+    assert not fresh.duplicate
+    # a later ack drops ids older than the window, a bounded number per call
+    for i in range(3):
+        (x,) = await publish(engine, t + 20, JobSpec(b"x", job_id=f"old-{i}"))
+        await engine.run(ops.ack(NS, Q, [x], t + 20, remember_ms=1_000))
+    (y,) = await publish(engine, t + 2_000, JobSpec(b"y"))
+    await engine.run(ops.ack(NS, Q, [y], t + 2_000, remember_ms=1_000))
+    assert sync_redis.zrange(QueueKeys(NS, Q).acked, 0, -1) == [id_to_member(y)]
+    # off: nothing remembered
+    (z,) = await publish(engine, t + 3_000, JobSpec(b"z", job_id="order-44"))
+    sync_redis.delete(QueueKeys(NS, Q).acked)
+    await engine.run(ops.ack(NS, Q, [z], t + 3_000, remember_ms=0))
+    assert not sync_redis.exists(QueueKeys(NS, Q).acked)
+    check_queue(sync_redis, NS, Q)
 
 
 async def test_delayed_job_is_never_early(engine: AsyncEngine, sync_redis: redis.Redis) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from cluster_dq.clock import now_ms
 from cluster_dq.keys import (
     BUCKET_WIDTH_MS,
     QueueKeys,
@@ -66,6 +67,10 @@ class MoveSink(Protocol):
     def moved(self, ns: str, q: str, promoted: int, retried: int, dead: int, expired: int) -> None: ...
 
 
+REMEMBER_ACKED_MS = 60_000
+FIRST_EXTRA_KEY = len(QueueKeys("n", "q").all_fixed()) + 1  # KEYS index of a script's own keys
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """Tunables of the storage layout and the pump (lua/README.md explains each)."""
@@ -77,6 +82,7 @@ class EngineConfig:
     open_calls_per_tick: int = 8
     promote_limit: int = 1_000  # jobs moved per script call (keeps every script ~1 ms)
     shards: int = 16
+    remember_acked_ms: int = REMEMBER_ACKED_MS  # a publish of an id acked this recently is a duplicate
     moves: MoveSink | None = None  # where consume and tick report the jobs they moved
     lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -136,7 +142,7 @@ class _Placement:
 
 
 def _place_jobs(
-    cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int, first_key: int = 9
+    cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int, first_key: int = FIRST_EXTRA_KEY
 ) -> _Placement:
     out = _Placement()
     for spec in specs:
@@ -266,11 +272,15 @@ def _id_args(qk: QueueKeys, ids: Sequence[str], first_key: int) -> tuple[list[st
     return [qk.bucket(b) for b in buckets], args
 
 
-def ack(ns: str, q: str, ids: Sequence[str]) -> Op[list[JobState | None]]:
-    """Acks / deletes jobs in any state; returns the state each was in (None: not found)."""
+def ack(ns: str, q: str, ids: Sequence[str], now: int | None = None,
+        remember_ms: int = REMEMBER_ACKED_MS) -> Op[list[JobState | None]]:  # fmt: skip
+    """Acks / deletes jobs in any state; returns the state each was in (None: not found).
+    The acked ids are remembered for ``remember_ms``: publishing one again meanwhile is a
+    duplicate (a publish retried after its reply was lost cannot bring the job back)."""
     qk = QueueKeys(ns, q)
-    extra, args = _id_args(qk, ids, 9)
-    reply = yield Eval("ack", _fixed(qk) + extra, [len(ids), *args])
+    extra, args = _id_args(qk, ids, FIRST_EXTRA_KEY)
+    at = now_ms() if now is None else now
+    reply = yield Eval("ack", _fixed(qk) + extra, [at, remember_ms, len(ids), *args])
     return [STATE_CODES.get(int(s)) for s in reply]
 
 
@@ -279,10 +289,10 @@ def republish(
 ) -> Op[tuple[JobState | None, Published]]:
     qk = QueueKeys(ns, q)
     new = _place_jobs(cfg, qk, [spec], now)
-    old_keys, old_args = _id_args(qk, [old_id], 9 + len(new.buckets))
+    old_keys, old_args = _id_args(qk, [old_id], FIRST_EXTRA_KEY + len(new.buckets))
     args: list[Arg] = [
         now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, *old_args, *new.job_args,
-        cfg.open_lead_ms,
+        cfg.open_lead_ms, cfg.remember_acked_ms,
     ]  # fmt: skip
     keys = _fixed(qk) + [qk.bucket(b) for b in new.buckets] + old_keys
     old_state, status, lowered = yield Eval("republish", keys, args)

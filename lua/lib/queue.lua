@@ -1,10 +1,13 @@
 --[[
   Shared helpers, inlined by cluster_dq/engine/scripts.py right after the header of every
   script that says `--@include lib/queue`. Never loaded on its own.
-  Every queue script receives the same eight fixed KEYS, in this order, then its own extras.
+  Every queue script receives the same nine fixed KEYS, in this order, then its own extras
+  (from KEYS[FIRST_EXTRA]).
 ]]
-local META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local FIRST_EXTRA = 10
+local FORGET_PER_CALL = 64       -- acked ids past their memory dropped per ack (keeps it bounded)
 
 local PRIO_SHIFT = 4398046511104 -- 2^42: ready score = (255 - priority) * 2^42 + due_ms
 local CHUNK = 500                -- variadic calls are batched (Lua's unpack has a limit)
@@ -98,6 +101,24 @@ local function remove_job(id, bucket, bname)
   return st
 end
 
+-- Remembers acked ids for `keep` ms: a publish of one of them repeated meanwhile (a retry
+-- whose first reply was lost in a failover) is then a duplicate, not a new job. The key
+-- expires `keep` ms after the last ack; older entries go a bounded number per call.
+local function remember_acked(ids, now, keep)
+  if keep <= 0 or #ids == 0 then return end
+  local args = {}
+  for _, id in ipairs(ids) do
+    args[#args + 1] = now
+    args[#args + 1] = id
+  end
+  for i = 1, #args, 2 * CHUNK do
+    redis.call('ZADD', ACKED, unpack(args, i, math.min(i + 2 * CHUNK - 1, #args)))
+  end
+  local old = redis.call('ZRANGE', ACKED, '-inf', now - keep, 'BYSCORE', 'LIMIT', 0, FORGET_PER_CALL + #ids)
+  if #old > 0 then zrem_many(ACKED, old) end
+  redis.call('PEXPIRE', ACKED, keep)
+end
+
 -- DELAYED (near zset) -> READY for jobs due by `now`; expired ones vanish. Bounded by limit.
 local function promote(now, limit)
   local due = redis.call('ZRANGE', DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
@@ -151,8 +172,9 @@ end
 
 -- Places one new job (publish, republish). Returns 0 duplicate, 1 wheel, 2 delayed, 3 ready.
 local function place(id, due, rec, bucket, bname, now, cap, width, lead)
-  if redis.call('HEXISTS', JOBS, id) == 1 or (bucket and redis.call('HEXISTS', bucket, id) == 1) then
-    return 0
+  if redis.call('HEXISTS', JOBS, id) == 1 or (bucket and redis.call('HEXISTS', bucket, id) == 1)
+      or redis.call('ZSCORE', ACKED, id) then
+    return 0 -- present, or acked a moment ago (a repeated publish must not bring it back)
   end
   if redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0 then
     lowered = 1 -- a queue coming into being: the caller registers it in its shard
