@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from cluster_dq.localredis import start_cluster, start_server
-from cluster_dq.pipeline import spark_session
+from cluster_dq.pipeline import route_of, spark_session
 from cluster_dq.pipeline.schedule import check_row, lanes_for, publish_partition, schedule
 
 
@@ -74,7 +74,7 @@ def main() -> None:
         t = time.monotonic()
         rows = (check_row(r, ref) for r in df.toLocalIterator(prefetchPartitions=True))
         lanes = {("bench", f"q{i}", due - due % 10_000): lanes_for(-(-n // 16), 512) for i in range(16)}
-        (new, present), = publish_partition(pool, (r for r in rows if r[0]), lanes)
+        (new, present), = publish_partition(route_of(pool), (r for r in rows if r[0]), lanes)
         took = time.monotonic() - t
         print(f"single process: {new + present:,} jobs in {took:.1f} s, {(new + present) / took:,.0f} jobs/s", flush=True)
     finally:
