@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 from cluster_dq.clock import now_ms
@@ -116,7 +117,8 @@ class _Watcher:
             sleep = min(sleep, max(min(w.deadline for w in self.waiters) - time.monotonic(), 0))
         if sleep > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), sleep)
+                async with asyncio.timeout(sleep):  # not wait_for: see WaiterHub.consume
+                    await self.wake.wait()
 
 
 class WaiterHub:
@@ -128,7 +130,7 @@ class WaiterHub:
         self._pubsub = engine.client.pubsub()
         self._reader: asyncio.Task[None] | None = None
         self._by_channel: dict[bytes, _Watcher] = {}
-        self._unsubscribing: set[asyncio.Task[None]] = set()
+        self._background_tasks: set[asyncio.Task[None]] = set()
         self._subscribing = asyncio.Lock()
         self._closed = False
 
@@ -143,16 +145,30 @@ class WaiterHub:
         waiter = Waiter(namespace, queues, ttr_ms, count, time.monotonic() + timeout_ms / 1000)
         for q in queues:
             self._watcher(namespace, q).waiters.append(waiter)
+        answered = False
         try:
             # The watcher answers at the deadline; this bound only guards against a stuck one.
-            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout_ms / 1000 + 1)
+            # (asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+            # arrives as the answer does, and the cancelled caller would carry on.)
+            async with asyncio.timeout(timeout_ms / 1000 + 1):
+                jobs = await asyncio.shield(waiter.future)
+            answered = True
+            return jobs
         except TimeoutError:
             log.warning("waiter on %s/%s outlived its deadline", namespace, ",".join(queues))
             return []
         finally:
             if not waiter.future.done():
                 waiter.future.cancel()
+            elif not answered and not waiter.future.cancelled() and waiter.future.result():
+                # cancelled (the client left) just as jobs were reserved for it: give them back
+                self._background(self.give_back(namespace, waiter.future.result()))
             self._finish(waiter, None)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background_tasks.add(task)  # awaited (or cancelled) by close() with the rest
+        task.add_done_callback(self._background_tasks.discard)
 
     def _watcher(self, namespace: str, queue: str) -> _Watcher:
         key = (namespace, queue)
@@ -207,9 +223,7 @@ class WaiterHub:
             self._by_channel.pop(channel, None)
             if self._closed:  # the pub/sub connection is going away with everything else
                 return
-            task = asyncio.create_task(self._unsubscribe(channel))
-            self._unsubscribing.add(task)
-            task.add_done_callback(self._unsubscribing.discard)
+            self._background(self._unsubscribe(channel))
 
     async def _unsubscribe(self, channel: bytes) -> None:
         with contextlib.suppress(Exception):  # at worst a stray notice wakes nobody
@@ -238,7 +252,7 @@ class WaiterHub:
     async def close(self) -> None:
         self._closed = True
         tasks = [w.task for w in self.watchers.values() if w.task]
-        tasks += list(self._unsubscribing)
+        tasks += list(self._background_tasks)
         if self._reader:
             tasks.append(self._reader)
         for t in tasks:

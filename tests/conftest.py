@@ -9,6 +9,7 @@ this suite is ever skipped for want of Redis.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -106,17 +107,21 @@ async def cluster_engine(redis_cluster: Cluster) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture(autouse=True)
-async def _dump_tasks_if_stuck() -> AsyncIterator[None]:
-    """A test still running after 150 s prints every asyncio task's stack (hang diagnosis)."""
+async def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """A test still running after 150 s prints every asyncio task's stack (hang diagnosis),
+    past pytest's output capture (which holds fd 2 until the test ends)."""
     import asyncio
-    import os
     import sys
 
     def dump() -> None:
-        print("\n=== asyncio tasks of a test running for 150 s ===", file=sys.__stderr__)
-        for task in asyncio.all_tasks():
-            task.print_stack(file=sys.__stderr__)
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            print(f"\n=== asyncio tasks of {request.node.nodeid}, running for {after:.0f} s ===", file=sys.stderr)
+            for task in asyncio.all_tasks():
+                task.print_stack(file=sys.stderr)
+            sys.stderr.flush()
 
-    handle = asyncio.get_running_loop().call_later(float(os.environ.get("DQ_TEST_DUMP_AFTER", "150")), dump)
+    after = float(os.environ.get("DQ_TEST_DUMP_AFTER", "150"))
+    handle = asyncio.get_running_loop().call_later(after, dump)
     yield
     handle.cancel()

@@ -184,6 +184,33 @@ async def test_abandoned_wait_gives_the_job_back(engine: AsyncEngine) -> None:
         await hub.close()
 
 
+async def test_a_wait_cancelled_as_its_job_arrives_stays_cancelled_and_gives_it_back(engine: AsyncEngine) -> None:
+    """The answer and the cancellation in the same loop iteration: the caller must see the
+    cancellation (Python 3.11's wait_for returned the answer instead, and a cancelled
+    consumer loop went on forever), and the job reserved for it must go back at once."""
+    hub = WaiterHub(engine)
+    try:
+        waiting = asyncio.create_task(hub.consume("lp", ["q"], 30_000, 1, 5_000))
+        await asyncio.sleep(0.1)
+        await engine.run(ops.publish(engine.config, "lp", "other", [JobSpec(b"x", tries=2)], now_ms()))
+        (job,) = await engine.run(ops.consume(engine.config, "lp", ["other"], 30_000, 1, now_ms()))
+        (waiter,) = hub.watchers[("lp", "q")].waiters
+        waiter.future.set_result([job])  # as the watcher's delivery does ...
+        waiting.cancel()  # ... and the client goes away before the consumer resumes
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        for _ in range(40):
+            s = await engine.run(ops.sizes(engine.config, "lp", "other"))
+            if s.ready:
+                break
+            await asyncio.sleep(0.05)
+        assert (s.ready, s.reserved) == (1, 0)
+        (again,) = await engine.run(ops.consume(engine.config, "lp", ["other"], 1_000, 1, now_ms()))
+        assert again.job_id == job.job_id and again.tries_left == 1  # the try was given back
+    finally:
+        await hub.close()
+
+
 @dataclass
 class Ledger:
     """What the consumers saw, for checking the guarantees afterwards."""
