@@ -1,23 +1,26 @@
 # Sourced by deploy/dev/test and deploy/dev/serve: makes a fresh Debian machine ready.
-# Installs redis-server with apt-get when it is missing, and the package into ./.venv.
+# Installs with apt-get what is missing (redis-server; Java for the spark extra; nginx for the
+# test and loadtest extras), and the package into ./.venv.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 EXTRAS="${EXTRAS-test}"
 
+# apt-install keeps Debian's services (default ports) from starting.
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "bootstrap: installing redis-server (apt-get)" >&2
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
-  # Debian starts a service on the default port; this project never uses it.
-  ($SUDO systemctl disable --now redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true)
+  "$ROOT/deploy/dev/apt-install" redis-server:redis-server
 fi
 
 if [[ ",$EXTRAS," == *",spark,"* ]] && ! command -v java >/dev/null 2>&1; then
   echo "bootstrap: installing a Java runtime for Spark (apt-get)" >&2
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  "$ROOT/deploy/dev/apt-install" openjdk-17-jre-headless
+fi
+
+# the load profile (and its short run in the tests) puts nginx in front of the service
+if [[ ",$EXTRAS," == *",test,"* || ",$EXTRAS," == *",loadtest,"* ]] \
+    && ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  echo "bootstrap: installing nginx (apt-get)" >&2
+  "$ROOT/deploy/dev/apt-install" nginx-light:nginx
 fi
 
 VENV="$ROOT/.venv"
