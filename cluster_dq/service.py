@@ -200,6 +200,22 @@ class Service:
         return {ns: sorted(qs) for ns, qs in sorted(out.items())}
 
 
+    async def draining(self, route: PoolRoute[RedisPool]) -> dict[str, dict[str, Sizes]]:
+        """For a migrating pool or a ring with ``PreviousPools``: the queues that still hold
+        jobs on a pool they are being drained from, by pool. Empty: the migration is done."""
+        out: dict[str, dict[str, Sizes]] = {}
+        for pool in route.pools():
+            for shard in range(pool.engine.config.shards):
+                for qualified in await self._run(pool, ops.queues_of_shard(shard), idempotent=True):
+                    ns, q = parse_qualified(qualified)
+                    if not any(p is pool for p in route.place(ns, q).reads[:-1]):
+                        continue  # not being drained from this pool
+                    s = await self._run(pool, ops.sizes(pool.engine.config, ns, q), idempotent=True)
+                    if s.delayed or s.ready or s.reserved or s.dead:
+                        out.setdefault(pool.name, {})[qualified] = s
+        return out
+
+
 async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, ttr_ms: int,
                           count: int, timeout_ms: int) -> list[Job]:  # fmt: skip
     """A consume whose queues live on several pools (a ring, a migration): look at each pool

@@ -172,6 +172,10 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
             assert (s["size"], s["delayed"], s["reserved"], s["dead"]) == (14, 1, 1, 1), s
             assert api.get("/api/ns/q/deadletter").json()["deadletter_head"] == dies
             assert api.get(f"/api/ns/q/job/{held}").json()["state"] == "reserved"
+            draining = httpx.get(f"{admin}/draining", params={"pool": "old"}).json()
+            assert draining == {"pool": "old", "done": False, "draining": {"old": {"ns/q": {
+                "size": 9, "delayed": 1, "reserved": 1, "dead": 1}}}}  # fmt: skip
+            assert httpx.get(f"{admin}/draining", params={"pool": "new"}).json()["done"] is True
             assert api.get("/api/ns/q/peek").json()["job_id"] == before[1]  # old pool first
             assert api.delete(f"/api/ns/q/job/{held}").status_code == 204  # ack on the old pool
             assert api.get(f"/api/ns/q/job/{held}").status_code == 404
@@ -190,6 +194,7 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
             assert api.delete(f"/api/ns/q/job/{late}").status_code == 204
             s = api.get("/api/ns/q/size").json()
             assert (s["size"], s["delayed"], s["reserved"], s["dead"]) == (0, 0, 0, 0)
+            assert httpx.get(f"{admin}/draining", params={"pool": "old"}).json()["done"] is True
             # a long poll over both pools is woken by a publish (it goes to the new pool)
             timer = threading.Timer(0.5, lambda: api.put("/api/ns/q", content=b"wake"))
             timer.start()
@@ -238,6 +243,9 @@ def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
             for q in moved:
                 assert sized(ring["c"], deployment, "ns", q).ready == 1
                 assert api.get(f"/api/ns/{q}/size").json()["size"] == 2
+            draining = httpx.get(f"{admin}/draining", params={"pool": "big"}).json()["draining"]
+            assert sorted(qn for queues in draining.values() for qn in queues) == sorted(f"ns/{q}" for q in moved)
+            assert all(two.place("ns", qn[3:]).write == pool for pool, qs in draining.items() for qn in qs)
             for q in queues:  # nothing lost; the job on the old member first
                 first = "x" if q in queues[:6] else f"{q}-1"
                 assert [j["data"] for j in drain(api, q, 3)] == [_b64(first), _b64(f"{q}-2")], q
@@ -253,6 +261,8 @@ def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
             for q in queues:
                 s = api.get(f"/api/ns/{q}/size").json()
                 assert (s["size"], s["reserved"]) == (0, 0), q
+            assert httpx.get(f"{admin}/draining", params={"pool": "big"}).json() == {
+                "pool": "big", "done": True, "draining": {}}
     finally:
         stop(proc)
 

@@ -58,6 +58,17 @@ class AdminAPI:
             return json({})
         return json(await self.service.info(self.service.routes[name]))
 
+    async def draining(self, request: Request) -> Response:
+        """What a migration (``MigrateTo``) or a ring change (``PreviousPools``) still has to
+        drain; ``done`` says when the old pools can be let go."""
+        name = request.query_params.get("pool") or "default"
+        if name not in self.service.routes:
+            raise BadRequest("the pool was not exists", "pool")
+        left = await self.service.draining(self.service.routes[name])
+        return json({"pool": name, "done": not left, "draining": {
+            pool: {qn: {"size": s.ready, "delayed": s.delayed, "reserved": s.reserved, "dead": s.dead}
+                   for qn, s in sorted(queues.items())} for pool, queues in sorted(left.items())}})  # fmt: skip
+
     async def version(self, request: Request) -> Response:
         return json({"version": cluster_dq.__version__, "build_commit": "", "build_date": ""})
 
@@ -157,6 +168,7 @@ class AdminAPI:
         return [
             Route("/info", self.info, methods=["GET"]),
             Route("/version", self.version, methods=["GET"]),
+            Route("/draining", self.draining, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/pools", self.pools, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
