@@ -26,6 +26,7 @@ MAX_TRIES = 65535
 MAX_BODY = 1024 * 1024
 MAX_BULK = 64
 MAX_BATCH_CONSUME = 100
+MAX_BATCH_ACK = 1000  # ids per batch ack: one script, bounded time
 MAX_ATTRIBUTES = 16
 MAX_ATTR_KEY = 32
 MAX_ATTR_VALUE = 128
@@ -35,7 +36,6 @@ CLIENT_ID_MAX_LEN = 64
 
 NAME_RE = re.compile(r"^[-_A-Za-z0-9]+$")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_DECODE = {c: i for i, c in enumerate(_CROCKFORD)}
 _WHEEL_ID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
 
 HEADER = struct.Struct(">6s6sHHBB")
@@ -56,24 +56,23 @@ def _u48(value: int) -> bytes:
     return value.to_bytes(6, "big")
 
 
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 characters
+_PAIR_SHIFTS = tuple(range(120, -1, -10))  # 13 pairs = 130 bits, the top 2 always 0
+_TO_BASE32_DIGITS = str.maketrans(_CROCKFORD, "0123456789abcdefghijklmnopqrstuv")
+
+
 def encode_id(raw: bytes) -> str:
-    """16 raw bytes -> 26-char Crockford base32 text."""
+    """16 raw bytes -> 26-char Crockford base32 text (hot: once per job delivered)."""
     n = int.from_bytes(raw, "big")
-    out = []
-    for _ in range(26):
-        out.append(_CROCKFORD[n & 31])
-        n >>= 5
-    return "".join(reversed(out))
+    return "".join([_PAIRS[(n >> s) & 1023] for s in _PAIR_SHIFTS])
 
 
 def decode_id(text: str) -> bytes | None:
-    """26-char Crockford base32 -> 16 raw bytes, or None when ``text`` is not a wheel id."""
+    """26-char Crockford base32 -> 16 raw bytes, or None when ``text`` is not a wheel id.
+    Crockford's digits are int()'s base-32 digits in another spelling."""
     if not _WHEEL_ID_RE.match(text):
         return None
-    n = 0
-    for c in text:
-        n = (n << 5) | _DECODE[c]
-    return n.to_bytes(16, "big")
+    return int(text.translate(_TO_BASE32_DIGITS), 32).to_bytes(16, "big")
 
 
 _last_id: list[int] = [-1, 0]  # (due_ms, lane) packed, and the random tail last used for it
@@ -94,6 +93,13 @@ def new_id(due_ms: int, lane: int) -> bytes:
 
 def id_due_ms(raw: bytes) -> int:
     return int.from_bytes(raw[:6], "big")
+
+
+def id_due_ms_of_text(text: str) -> int | None:
+    """The due time a server-made id carries (its top 48 bits), None for a client id."""
+    if not _WHEEL_ID_RE.match(text):
+        return None
+    return int(text.translate(_TO_BASE32_DIGITS), 32) >> 80
 
 
 def id_lane(raw: bytes) -> int:

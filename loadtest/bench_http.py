@@ -1,6 +1,8 @@
 """HTTP benchmark: starts a redis-server and `cluster-dq serve` (1, then 2 workers), drives
 them from this separate process, and prints jobs/s and latency percentiles for: publish one
-job per request, bulk publish (64 per request), and consume + ack (2 requests per job).
+job per request, bulk publish (64 per request), consume + ack one at a time (2 requests per
+job), consume 100 + batch ack (2 requests per 100 jobs) and the end-to-end cycle with the batch
+verbs (bulk publish 64, consume 100, batch ack).
 
     python loadtest/bench_http.py                  # 10 s per scenario, 1 and 2 workers
     python loadtest/bench_http.py --seconds 3 --workers 1
@@ -36,71 +38,107 @@ def pct(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p / 100 * len(s)))] * 1000 if s else float("nan")
 
 
-async def drive(name: str, seconds: float, conns: int, make: object, jobs_per_call: int) -> None:
+async def drive(name: str, seconds: float, conns: int, make: object) -> None:
+    """Runs ``make(session)`` from ``conns`` workers for ``seconds``; each call returns the
+    number of jobs it completed, or an error kind (str)."""
     lat: list[float] = []
+    jobs = 0
     errors: dict[str, int] = {}
     stop = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=conns)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def worker() -> None:
+            nonlocal jobs
             while time.perf_counter() < stop:
                 t = time.perf_counter()
                 try:
-                    ok = await make(session)  # type: ignore[operator]
+                    done = await make(session)  # type: ignore[operator]
                 except aiohttp.ClientError as e:
-                    ok = type(e).__name__
-                if ok is True:
+                    done = type(e).__name__
+                if isinstance(done, int):
                     lat.append(time.perf_counter() - t)
+                    jobs += done
                 else:
-                    errors[str(ok)] = errors.get(str(ok), 0) + 1
+                    errors[done] = errors.get(done, 0) + 1
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(conns)))
         took = time.perf_counter() - started
-    print(f"  {name:<34} {len(lat) * jobs_per_call / took:>9,.0f} jobs/s  "
-          f"{len(lat) / took:>7,.0f} req/s  p50 {pct(lat, 50):6.2f} ms  p99 {pct(lat, 99):6.2f} ms"
-          f"  errors {errors or 0}", flush=True)  # fmt: skip
+    print(f"  {name:<42} {jobs / took:>9,.0f} jobs/s  {len(lat) / took:>7,.0f} calls/s  "
+          f"p50 {pct(lat, 50):6.2f} ms  p99 {pct(lat, 99):6.2f} ms  errors {errors or 0}", flush=True)  # fmt: skip
 
 
-async def scenarios(base: str, token: str, seconds: float) -> None:
+async def scenarios(base: str, token: str, seconds: float, only: str = "") -> None:
     h = {"X-Token": token}
     body = os.urandom(32).hex().encode()  # 64 bytes
     bulk = json.dumps([body.decode()] * 64).encode()
 
-    def put(path: str, data: bytes) -> object:
-        async def call(s: aiohttp.ClientSession) -> bool | int:
+    def put(path: str, data: bytes, jobs: int) -> object:
+        async def call(s: aiohttp.ClientSession) -> int | str:
             async with s.put(f"{base}{path}", data=data, headers=h) as r:
                 await r.read()
-                return r.status == 201 or r.status
+                return jobs if r.status == 201 else f"HTTP {r.status}"
 
         return call
 
-    async def consume_ack(s: aiohttp.ClientSession) -> bool | int:
-        async with s.get(f"{base}/api/bench/one?ttr=60", headers=h) as r:
+    async def take(s: aiohttp.ClientSession, q: str, count: int) -> list[str] | str:
+        async with s.get(f"{base}/api/bench/{q}?ttr=60&count={count}", headers=h) as r:
             if r.status != 200:
                 await r.read()
-                return r.status
-            jid = (await r.json())["job_id"]
-        async with s.delete(f"{base}/api/bench/one/job/{jid}", headers=h) as r:
+                return "empty queue" if r.status == 404 else f"HTTP {r.status}"
+            got = await r.json()
+        return [j["job_id"] for j in (got if isinstance(got, list) else [got])]
+
+    async def ack_each(s: aiohttp.ClientSession, q: str, ids: list[str]) -> int | str:
+        for jid in ids:  # lmstfy's way: one DELETE per job
+            async with s.delete(f"{base}/api/bench/{q}/job/{jid}", headers=h) as r:
+                await r.read()
+                if r.status != 204:
+                    return f"HTTP {r.status}"
+        return len(ids)
+
+    async def ack_batch(s: aiohttp.ClientSession, q: str, ids: list[str]) -> int | str:
+        async with s.post(f"{base}/api/bench/{q}/ack", json=ids, headers=h) as r:
+            answer = await r.json()
+            return answer["acked"] if r.status == 200 else f"HTTP {r.status}"  # type: ignore[no-any-return]
+
+    def consume(q: str, count: int, ack: object) -> object:
+        async def call(s: aiohttp.ClientSession) -> int | str:
+            ids = await take(s, q, count)
+            return ids if isinstance(ids, str) else await ack(s, q, ids)  # type: ignore[operator]
+
+        return call
+
+    async def end_to_end(s: aiohttp.ClientSession) -> int | str:
+        """Publish 64 (bulk), consume up to 100, batch ack them: the batch verbs' cycle."""
+        async with s.put(f"{base}/api/bench/e2e/bulk", data=bulk, headers=h) as r:
             await r.read()
-            return r.status == 204 or r.status
+            if r.status != 201:
+                return f"HTTP {r.status}"
+        return await consume("e2e", 100, ack_batch)(s)  # type: ignore[operator, no-any-return]
 
-    async def consume_batch(s: aiohttp.ClientSession) -> bool | int:
-        async with s.get(f"{base}/api/bench/bulk?ttr=60&count=100", headers=h) as r:
-            if r.status != 200:
-                await r.read()
-                return r.status
-            jobs = await r.json()
-        for j in jobs:  # lmstfy has no batch ack: one DELETE per job
-            async with s.delete(f"{base}/api/bench/bulk/job/{j['job_id']}", headers=h) as r:
-                await r.read()
-        return True
+    async def preload(q: str, jobs: int) -> None:
+        connector = aiohttp.TCPConnector(limit=16)
+        async with aiohttp.ClientSession(connector=connector) as s:
+            for start in range(0, jobs, 64 * 16):
+                await asyncio.gather(*(put(f"/api/bench/{q}/bulk", bulk, 64)(s)  # type: ignore[operator]
+                                       for _ in range(min(16, (jobs - start + 63) // 64))))  # fmt: skip
 
-    await drive("publish, one job per request", seconds, 64, put("/api/bench/one", body), 1)
-    await drive("bulk publish, 64 jobs per request", seconds, 16, put("/api/bench/bulk/bulk", bulk), 64)
-    await drive("consume + ack, one job (2 requests)", seconds, 64, consume_ack, 1)
-    await drive("consume 100 + 100 acks", seconds, 8, consume_batch, 100)
+    runs = [  # name, connections, call, jobs the queue needs beforehand
+        ("publish, one job per request", 64, put("/api/bench/one", body, 1), None),
+        ("bulk publish, 64 jobs per request", 16, put("/api/bench/bulk/bulk", bulk, 64), None),
+        ("consume + ack, one job (2 requests)", 64, consume("one", 1, ack_each), ("one", 10_000)),
+        ("consume 100 + batch ack (2 requests)", 8, consume("batch", 100, ack_batch), ("batch", 60_000)),
+        ("consume 100 + 100 acks (lmstfy, 101 requests)", 8, consume("bulk", 100, ack_each), ("bulk", 10_000)),
+        ("end to end: bulk 64 + consume 100 + batch ack", 8, end_to_end, None),
+    ]
+    for name, conns, call, needs in runs:
+        if only not in name:
+            continue
+        if needs:  # enough jobs for the whole run, whatever ran before
+            await preload(needs[0], int(seconds * needs[1]))
+        await drive(name, seconds, conns, call)
 
 
 def wrk(name: str, url: str, token: str, body: bytes, seconds: float, conns: int, jobs: int) -> None:
@@ -134,6 +172,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--workers", type=int, action="append")
     ap.add_argument("--wrk", action="store_true", help="also drive the publish scenarios with wrk")
+    ap.add_argument("--only", default="", help="run the scenarios whose name contains this text")
     ap.add_argument("--wrk-only", action="store_true", help="only the wrk publish scenarios")
     ap.add_argument("--metrics", choices=["on", "off"], action="append",
                     help="run with metrics on and/or off (EnableMetrics), to measure their cost")
@@ -165,7 +204,7 @@ def main() -> None:
             print(f"{workers} worker(s), metrics {metrics}, lifecycle events {lifecycle}, "
                   f"{a.seconds:.0f} s per scenario:", flush=True)
             if not a.wrk_only:
-                uvloop.run(scenarios(f"http://127.0.0.1:{port}", token, a.seconds))
+                uvloop.run(scenarios(f"http://127.0.0.1:{port}", token, a.seconds, a.only))
             if a.wrk or a.wrk_only:
                 body = os.urandom(32).hex().encode()
                 base = f"http://127.0.0.1:{port}"

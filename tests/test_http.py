@@ -167,6 +167,39 @@ def test_batch_and_multi_queue_consume(api: httpx.Client) -> None:
     assert isinstance(api.get("/api/ns/high", params={"count": 2}).json(), list)
 
 
+def test_batch_ack_acks_many_ids_in_any_state(api: httpx.Client) -> None:
+    ready = api.put("/api/ns/q/bulk", content=b"[1, 2, 3, 4]").json()["job_ids"]
+    later = api.put("/api/ns/q", params={"delay": 60}, content=b"d").json()["job_id"]
+    taken = [j["job_id"] for j in api.get("/api/ns/q", params={"count": 3}).json()]
+    unknown = "unknown-client-id"
+    r = api.post("/api/ns/q/ack", json=[*taken, later, taken[0], unknown])
+    assert (r.status_code, r.json()) == (200, {"msg": "acked", "acked": 4, "not_found": [unknown]})
+    assert {k: size(api)[k] for k in ("size", "delayed", "reserved")} == {"size": 1, "delayed": 0, "reserved": 0}
+    r = api.post("/api/ns/q/ack", json={"job_ids": ready})  # the object form; 3 already gone
+    assert r.json() == {"msg": "acked", "acked": 1, "not_found": taken}
+    assert size(api)["size"] == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "message"),
+    [
+        (b"not json", 400, "request body should be a JSON array of job ids"),
+        (b'{"ids": []}', 400, "request body should be a JSON array of job ids"),
+        (b'["JID", 1]', 400, "request body should be a JSON array of job ids"),
+        (b"[]", 400, "no job ids"),
+        (b'["JID", "bad id!"]', 400, "invalid job id"),
+        (json.dumps(["JID"] + [f"id-{i}" for i in range(1000)]).encode(), 400, "too many job ids (max 1000)"),
+        (b"[" + b" " * 80_000 + b"]", 413, "body too large"),
+    ],
+)
+def test_bad_batch_ack_is_refused_and_acks_nothing(api: httpx.Client, content: bytes, status: int, message: str) -> None:
+    jid = api.put("/api/ns/q", content=b"keep").json()["job_id"]
+    r = api.post("/api/ns/q/ack", content=content.replace(b"JID", jid.encode()))  # a good id among bad
+    assert (r.status_code, r.json()) == (status, {"error": message})
+    assert api.get(f"/api/ns/q/job/{jid}").status_code == 200
+    assert api.get("/api/ns/q/ack").status_code == 405
+
+
 def test_long_poll_waits_and_times_out(api: httpx.Client) -> None:
     started = time.monotonic()
     r = api.get("/api/ns/q", params={"timeout": 1})

@@ -171,3 +171,27 @@ def test_access_log_switch_reaches_every_worker(svc: dict[str, Any]) -> None:
     assert (rec["namespace"], rec["queue"], rec["status"]) == ("obs", "logged", 404)
     assert rec["route"] == "/api/{ns}/{queues}" and rec["method"] == "GET"
     assert not [r for r in lines() if r.get("request_id") == "not-logged"]
+
+
+def test_observe_many_equals_observing_one_value_at_a_time() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from cluster_dq.metrics import LATENESS_BUCKETS, observe_many
+
+    registry = CollectorRegistry()
+    one = Histogram("one", "h", buckets=LATENESS_BUCKETS, registry=registry)
+    many = Histogram("many", "h", buckets=LATENESS_BUCKETS, registry=registry)
+    values = [0, 0.001, 0.0010001, 0.003, 0.05, 0.05, 2.5, 7, 1e6] + [i / 997 for i in range(500)]
+    for chunk in (values[:2], values[2:9], values[9:]):  # below and above the bulk threshold
+        for v in chunk:
+            one.observe(v)
+        observe_many(many, chunk)
+
+    def samples(name: str) -> list[tuple[str, dict[str, str], float]]:
+        (family,) = [f for f in registry.collect() if f.name == name]
+        return [(s.name.removeprefix(name), s.labels, s.value) for s in family.samples if "created" not in s.name]
+
+    got, want = samples("many"), samples("one")
+    assert [s[:2] for s in got] == [s[:2] for s in want]
+    assert [s[2] for s in got] == pytest.approx([s[2] for s in want])
+    assert dict((s[0], s[2]) for s in want)["_count"] == len(values)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,7 +20,7 @@ from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, RateL
 from cluster_dq.http import params
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
-from cluster_dq.models import JobSpec
+from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BATCH_ACK, JobSpec
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.service import Service
@@ -89,11 +89,12 @@ class DataAPI:
             if taken and (response is None or response.status_code != ok_status):
                 await self.service.tokens.refund(pool_name, ns, token, write)
 
-    def _spec(self, request: Request, body: bytes) -> JobSpec:
+    def _specs(self, request: Request) -> functools.partial[JobSpec]:
+        """The job the query asks for, given its body: parsed once, built per body (bulk)."""
         qp = request.query_params
         s = self.s
-        return JobSpec(
-            body=body,
+        return functools.partial(
+            JobSpec,
             delay_ms=params.millis(qp, "delay", s.DelaySecond),
             ttl_ms=params.millis(qp, "ttl", s.TTLSecond),
             tries=params.uint(qp, "tries", s.TriesNum, 65535),
@@ -112,8 +113,7 @@ class DataAPI:
         route = await self._auth(request, ns, q)
 
         async def run() -> Response:
-            spec = self._spec(request, b"")
-            (p,) = await self.service.publish(route, ns, q, [_with_body(spec, body)])
+            (p,) = await self.service.publish(route, ns, q, [self._specs(request)(body)])
             out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
             if p.duplicate:
                 out["duplicate"] = True  # idempotent publish: this id already exists
@@ -127,11 +127,11 @@ class DataAPI:
         route = await self._auth(request, ns, q)
 
         async def run() -> Response:
-            spec = self._spec(request, b"")
-            if spec.job_id is not None:
+            spec = self._specs(request)
+            if spec.keywords["job_id"] is not None:
                 raise BadRequest("job_id is not allowed in bulk publish", "job_id")
             bodies = params.bulk_elements(data, self.s.MaxBodyBytes)
-            published = await self.service.publish(route, ns, q, [_with_body(spec, b) for b in bodies])
+            published = await self.service.publish(route, ns, q, [spec(b) for b in bodies])
             return json({"msg": "published", "job_ids": [p.job_id for p in published]}, 201)
 
         return await self._limited(request, ns, True, 201, run)
@@ -141,8 +141,7 @@ class DataAPI:
         body = await params.body(request, self.s.MaxBodyBytes)  # see publish
         old = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        spec = self._spec(request, b"")
-        p = await self.service.republish(route, ns, q, old, _with_body(spec, body))
+        p = await self.service.republish(route, ns, q, old, self._specs(request)(body))
         return json({"msg": "published", "job_id": p.job_id}, 201)
 
     async def consume(self, request: Request) -> Response:
@@ -172,6 +171,17 @@ class DataAPI:
         route = await self._auth(request, ns, q)
         await self.service.ack(route, ns, q, [jid])
         return Response(status_code=204)
+
+    async def ack_many(self, request: Request) -> Response:
+        """Batch ack (extension): many ids in one request and one script, so a consumer of
+        ``count`` jobs spends two round trips on them, not ``count + 1``."""
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 8) + 1024)  # see publish
+        route = await self._auth(request, ns, q)
+        ids = params.id_list(data)
+        states = await self.service.ack(route, ns, q, ids)
+        missing = [i for i, s in zip(ids, states) if s is None]
+        return json({"msg": "acked", "acked": len(ids) - len(missing), "not_found": missing})
 
     async def peek(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
@@ -227,6 +237,7 @@ class DataAPI:
     def routes(self) -> list[Route]:
         return [
             Route("/api/{ns}/{q}/bulk", self.bulk, methods=["PUT"]),
+            Route("/api/{ns}/{q}/ack", self.ack_many, methods=["POST"]),
             Route("/api/{ns}/{q}/peek", self.peek, methods=["GET"]),
             Route("/api/{ns}/{q}/size", self.size, methods=["GET"]),
             Route("/api/{ns}/{q}/deadletter/size", self.deadletter_size, methods=["GET"]),
@@ -238,10 +249,6 @@ class DataAPI:
             Route("/api/{ns}/{q}", self.destroy, methods=["DELETE"]),
             Route("/api/{ns}/{queues}", self.consume, methods=["GET"]),
         ]
-
-
-def _with_body(spec: JobSpec, body: bytes) -> JobSpec:
-    return dataclasses.replace(spec, body=body)
 
 
 def build_app(routes: list[Route], access_log: AccessLog, port: str) -> Starlette:

@@ -12,6 +12,7 @@ from cluster_dq.models import (
     MAX_ATTR_KEY,
     MAX_ATTR_VALUE,
     MAX_ATTRIBUTES,
+    MAX_BATCH_ACK,
     MAX_BATCH_CONSUME,
     MAX_BULK,
     MAX_NAME_LEN,
@@ -150,3 +151,22 @@ def bulk_elements(data: bytes, element_limit: int) -> list[bytes]:
     if not out:
         raise BadRequest("no jobs", "body")
     return out
+
+
+def id_list(data: bytes) -> list[str]:
+    """A batch ack body: a JSON array of job ids (1 to MAX_BATCH_ACK), or an object holding
+    it as ``job_ids``. Repeated ids count once."""
+    err = BadRequest("request body should be a JSON array of job ids", "body")
+    try:
+        parsed = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise err from None
+    if isinstance(parsed, dict) and set(parsed) == {"job_ids"}:
+        parsed = parsed["job_ids"]
+    if not isinstance(parsed, list) or not all(isinstance(i, str) for i in parsed):
+        raise err
+    if not parsed:
+        raise BadRequest("no job ids", "body")
+    if len(parsed) > MAX_BATCH_ACK:
+        raise BadRequest(f"too many job ids (max {MAX_BATCH_ACK})", "body")
+    return [job_id(i) for i in dict.fromkeys(parsed)]
