@@ -1,6 +1,11 @@
-"""The running service: a supervisor process that owns the listening sockets (and, in
-embedded mode, a local redis-server) and N worker processes, each serving the data and admin
-ports with uvicorn and running its share of the pump (leadership is per shard, via Redis)."""
+"""The running service: a supervisor process that holds the ports (and, in embedded mode, a
+local redis-server) and N worker processes, each serving the data and admin ports with
+uvicorn and running its share of the pump (leadership is per shard, via Redis).
+
+Each worker listens on its own SO_REUSEPORT socket, so the kernel spreads new connections
+over the workers evenly. One listening socket shared by all workers does not: the worker
+that wakes first accepts every connection waiting, and a burst of keep-alive connections
+(a load balancer's upstream pool) then lands on one worker while the others idle."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import uvicorn
 
 from cluster_dq import logs, metrics
 from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.errors import ConfigError
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
 from cluster_dq.http.middleware import AccessLog, SharedFlag
@@ -80,8 +86,8 @@ def _uvicorn(app: object, sock: socket.socket) -> _Server:
     return server
 
 
-async def _serve(settings: Settings, data_sock: socket.socket, admin_sock: socket.socket,
-                 access_flag: SharedFlag) -> None:  # fmt: skip
+async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
+    data_sock, admin_sock = ports.listeners()
     runtime = Runtime(settings, access_flag=access_flag)
     await runtime.start()
     servers = [_uvicorn(runtime.data_app, data_sock), _uvicorn(runtime.admin_app, admin_sock)]
@@ -116,21 +122,70 @@ async def _serve(settings: Settings, data_sock: socket.socket, admin_sock: socke
         log.info("worker stopped")
 
 
-def _worker(settings: Settings, data_sock: socket.socket, admin_sock: socket.socket,
-            access_flag: SharedFlag) -> None:  # fmt: skip
+def _worker(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
     logs.setup(settings.LogLevel, settings.LogFormat)
     import uvloop
 
-    uvloop.run(_serve(settings, data_sock, admin_sock, access_flag))
+    uvloop.run(_serve(settings, ports, access_flag))
 
 
-def _listen(host: str, port: int) -> socket.socket:
+REUSE_PORT = hasattr(socket, "SO_REUSEPORT") and os.uname().sysname == "Linux"  # Linux balances
+
+
+def _socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
+
+
+@dataclasses.dataclass
+class Ports:
+    """The data and admin addresses, held by the supervisor for its whole life.
+
+    With SO_REUSEPORT the supervisor binds a socket per port without listening on it (it
+    holds the port; a socket that does not listen gets no connections) and every worker
+    binds and listens on its own. A port already in use, even by another process's
+    SO_REUSEPORT sockets, is found first by a plain bind, so two instances configured with
+    the same port fail to start instead of silently sharing it. Without SO_REUSEPORT the
+    supervisor listens and the workers inherit its sockets."""
+
+    data: tuple[str, int]
+    admin: tuple[str, int]
+    shared: list[socket.socket]  # the listening sockets, when the workers share them
+
+    @classmethod
+    def bind(cls, settings: Settings, holders: list[socket.socket]) -> Ports:
+        addresses = []
+        for key, host, port in (("Port", settings.Host, settings.Port),
+                                ("AdminPort", settings.AdminHost, settings.AdminPort)):  # fmt: skip
+            try:
+                probe = _socket(host, port, reuse_port=False)
+            except OSError as e:
+                raise ConfigError(f"{key}: cannot listen on {host}:{port}: {e.strerror or e}") from None
+            port = probe.getsockname()[1]
+            if REUSE_PORT:
+                probe.close()
+                probe = _socket(host, port, reuse_port=True)
+            else:
+                probe.listen(2048)
+                probe.set_inheritable(True)
+            holders.append(probe)
+            addresses.append((host, port))
+        return cls(addresses[0], addresses[1], [] if REUSE_PORT else list(holders))
+
+    def listeners(self) -> tuple[socket.socket, socket.socket]:
+        """In a worker: its listening sockets for the data and the admin port."""
+        if self.shared:
+            return self.shared[0], self.shared[1]
+        socks = []
+        for host, port in (self.data, self.admin):
+            sock = _socket(host, port, reuse_port=True)
+            sock.listen(2048)
+            socks.append(sock)
+        return socks[0], socks[1]
 
 
 def start_embedded(settings: Settings) -> tuple[Settings, RedisServer]:
@@ -174,6 +229,7 @@ def run(settings: Settings, on_ready: object = None) -> int:
     redis: RedisServer | None = None
     workers: list[multiprocessing.process.BaseProcess] = []
     metrics_dir: Path | None = None
+    holders: list[socket.socket] = []  # the ports, held until the end
     stopping: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -185,25 +241,23 @@ def run(settings: Settings, on_ready: object = None) -> int:
         if settings.embedded:
             settings, redis = start_embedded(settings)
         asyncio.run(_preflight(settings))
-        data_sock = _listen(settings.Host, settings.Port)
-        admin_sock = _listen(settings.AdminHost, settings.AdminPort)
+        ports = Ports.bind(settings, holders)
         ctx = multiprocessing.get_context("spawn")
         # Workers sum their metrics through this directory (prometheus-client multiprocess).
         metrics_dir = Path(tempfile.mkdtemp(prefix="cluster-dq-metrics-"))
         os.environ[metrics.MULTIPROC_ENV] = str(metrics_dir)
         access_flag = ctx.Value("b", settings.EnableAccessLog, lock=False)
-        workers = [ctx.Process(target=_worker, args=(settings, data_sock, admin_sock, access_flag))
+        workers = [ctx.Process(target=_worker, args=(settings, ports, access_flag))
                    for _ in range(settings.Workers)]  # fmt: skip
         for w in workers:
             w.start()
         log.info("serving", extra={
-            "data": f"http://{settings.Host}:{data_sock.getsockname()[1]}",
-            "admin": f"http://{settings.AdminHost}:{admin_sock.getsockname()[1]}",
+            "data": f"http://{settings.Host}:{ports.data[1]}",
+            "admin": f"http://{settings.AdminHost}:{ports.admin[1]}",
             "workers": settings.Workers})  # fmt: skip
         if callable(on_ready):
             try:
-                on_ready(settings, data_sock.getsockname()[1], admin_sock.getsockname()[1],
-                         redis is not None)  # fmt: skip
+                on_ready(settings, ports.data[1], ports.admin[1], redis is not None)
             except Exception:  # a banner must never take the service down
                 log.exception("start-up banner failed")
         while not stopping and all(w.is_alive() for w in workers):
@@ -216,6 +270,8 @@ def run(settings: Settings, on_ready: object = None) -> int:
             w.join(timeout=15)
             if w.is_alive():
                 w.kill()
+        for sock in holders:
+            sock.close()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
         if redis is not None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from cluster_dq.localredis import free_port
 
@@ -63,3 +65,42 @@ def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
             break
     else:
         raise AssertionError("the embedded redis-server outlived the service")
+
+
+@pytest.mark.parametrize("reuse_port", [False, True])
+def test_a_port_in_use_is_refused_by_name_and_the_embedded_redis_stopped(tmp_path: Path, reuse_port: bool) -> None:
+    """Workers listen with SO_REUSEPORT; a port another process holds (even with
+    SO_REUSEPORT, as a second instance's workers would) must still refuse the start."""
+    port, admin = free_port(18000, 18500), free_port(18500, 19000)
+    holder = socket.socket()
+    if reuse_port:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_DQ_")}
+    env.update(PYTHONPATH=str(ROOT), CLUSTER_DQ_LOGLEVEL="warning")
+    before = embedded_redis_pids()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port), "--admin-port", str(admin)],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    assert out.returncode == 2, out.stderr
+    assert f"cluster-dq: Port: cannot listen on 127.0.0.1:{port}: Address already in use" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert embedded_redis_pids() <= before  # it started one (embedded mode), and stopped it
+
+
+def embedded_redis_pids() -> set[int]:
+    """redis-server processes working in an embedded-mode directory (Redis chdirs there)."""
+    out = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "redis-server" \
+                    and "cluster-dq-embedded-" in str((proc / "cwd").readlink()):  # fmt: skip
+                out.add(int(proc.name))
+        except OSError:
+            continue
+    return out

@@ -26,7 +26,7 @@ def svc(redis_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Itera
                                   CLUSTER_DQ_WORKERS="2", CLUSTER_DQ_SIZEINTERVALSECOND="0.5",
                                   CLUSTER_DQ_LOGLEVEL="info")  # fmt: skip
         token = httpx.post(f"{admin}/token/obs", params={"description": "metrics"}, auth=ADMIN_AUTH)
-        yield {"base": base, "admin": admin, "token": token.json()["token"], "log": log_path}
+        yield {"base": base, "admin": admin, "token": token.json()["token"], "log": log_path, "pid": proc.pid}
         proc.terminate()
         proc.wait(timeout=20)
 
@@ -195,3 +195,48 @@ def test_observe_many_equals_observing_one_value_at_a_time() -> None:
     assert [s[:2] for s in got] == [s[:2] for s in want]
     assert [s[2] for s in got] == pytest.approx([s[2] for s in want])
     assert dict((s[0], s[2]) for s in want)["_count"] == len(values)
+
+
+def _established_per_process(pids: list[int], port: int) -> dict[int, int]:
+    """Established TCP connections to local ``port`` held by each process (from /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "01":
+                inodes.add(f"socket:[{f[9]}]")
+    out = {}
+    for pid in pids:
+        fds = Path(f"/proc/{pid}/fd")
+        out[pid] = sum(1 for fd in fds.iterdir() if _readlink(fd) in inodes)
+    return out
+
+
+def _readlink(path: Path) -> str:
+    try:
+        return str(path.readlink())
+    except OSError:
+        return ""
+
+
+def test_a_burst_of_connections_is_spread_over_the_workers(svc: dict[str, Any]) -> None:
+    """A shared listening socket let the first worker awake accept a whole burst (a load
+    balancer opening its keep-alive pool), leaving the other idle; each worker now listens
+    on its own SO_REUSEPORT socket and the kernel spreads the connections."""
+    import socket
+
+    children = Path(f"/proc/{svc['pid']}/task/{svc['pid']}/children").read_text().split()
+    port = int(svc["base"].rsplit(":", 1)[1])
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(32)]
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            held = _established_per_process([int(c) for c in children], port)
+            if sum(held.values()) == 32 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        workers = sorted(n for n in held.values() if n)  # the resource tracker holds none
+        assert sum(workers) == 32 and len(workers) == 2 and workers[0] >= 4, held
+    finally:
+        for s in socks:
+            s.close()
