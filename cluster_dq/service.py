@@ -79,14 +79,31 @@ class Service:
     async def publish(self, route: PoolRoute[RedisPool], ns: str, q: str, specs: Sequence[JobSpec]) -> list[Published]:
         for spec in specs:
             validate_spec(spec)  # all-or-nothing: refuse before writing anything
-        pool = route.place(ns, q).write
+        place = route.place(ns, q)
+        pool = place.write
+        # A client id held by a pool being drained is a duplicate, as it would be on one pool.
+        known = await self._known_elsewhere(place.reads[:-1], ns, q, specs)
+        fresh = [s for s in specs if s.job_id not in known] if known else specs
         # Safe to retry: the job ids are fixed before the first attempt.
         now = now_ms()
-        out = await self._run(pool, ops.publish(pool.engine.config, ns, q, specs, now), idempotent=True, durable=True)
+        op = ops.publish(pool.engine.config, ns, q, fresh, now)
+        out = await self._run(pool, op, idempotent=True, durable=True) if fresh else []
         metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
         if self.events:
             self.events.published(ns, q, now, [p.job_id for p in out if not p.duplicate])
+        if known:
+            done = iter(out)
+            return [Published(s.job_id, True, None) if s.job_id in known else next(done) for s in specs]
         return out
+
+    async def _known_elsewhere(self, drained: Sequence[RedisPool], ns: str, q: str,
+                               specs: Sequence[JobSpec]) -> set[str]:  # fmt: skip
+        ids = [s.job_id for s in specs if s.job_id is not None]
+        known: set[str] = set()
+        for pool in drained if ids else ():
+            found = await self._run(pool, ops.known_ids(ns, q, ids), idempotent=True)
+            known.update(i for i, k in zip(ids, found) if k)
+        return known
 
     async def consume(self, route: PoolRoute[RedisPool], ns: str, queues: Sequence[str], ttr_ms: int,
                       count: int, timeout_ms: int) -> list[Job]:  # fmt: skip
@@ -118,6 +135,27 @@ class Service:
         if self.events:
             self.events.acked(ns, q, now_ms(), [i for i, s in zip(ids, states) if s is not None])
         return states
+
+    async def release(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, delay_ms: int) -> JobState | str:
+        """A consumer's nack: the reserved job goes back now or after ``delay_ms``, its
+        delivery counted (no tries left: dead letter). Repeating it is harmless (the job is
+        no longer reserved), so the retry policy may."""
+        for pool in route.place(ns, q).reads:
+            op = ops.release(pool.engine.config, ns, q, [job_id], delay_ms, now_ms(), nack=True)
+            (state,) = await self._run(pool, op, idempotent=True, durable=True)
+            if state is not None:
+                metrics.count(metrics.dead_lettered, ns, q, state is JobState.DEAD)
+                metrics.count(metrics.ttl_expired, ns, q, state == "expired")
+                return state
+        raise NotFound("job is not reserved")
+
+    async def touch(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, ttr_ms: int) -> None:
+        """Moves the reservation's deadline to now + ``ttr_ms`` (a consumer still working)."""
+        for pool in route.place(ns, q).reads:
+            op = ops.touch(pool.engine.config, ns, q, job_id, ttr_ms, now_ms())
+            if await self._run(pool, op, idempotent=True, durable=True):
+                return
+        raise NotFound("job is not reserved")
 
     async def republish(
         self, route: PoolRoute[RedisPool], ns: str, q: str, old_id: str, spec: JobSpec

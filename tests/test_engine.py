@@ -6,6 +6,8 @@ sleeping; the scripts never read Redis's clock.
 
 from __future__ import annotations
 
+import functools
+
 import time
 
 import pytest
@@ -265,11 +267,49 @@ async def test_release_restores_the_try(engine: AsyncEngine, sync_redis: redis.R
     (jid,) = await publish(engine, t, JobSpec(b"x", tries=1))
     (j,) = await consume(engine, t)
     assert j.tries_left == 0
-    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 2_000, t)) == 1
-    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 0, t)) == 0  # not reserved
+    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 2_000, t)) == [JobState.DELAYED]
+    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 0, t)) == [None]  # not reserved
     assert await consume(engine, t + 1_999) == []
     (j,) = await consume(engine, t + 2_000)
     assert (j.tries_left, j.deliveries) == (0, 1)
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_nack_counts_the_delivery_and_dead_letters_the_last_try(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    (a,) = await publish(engine, t, JobSpec(b"a", tries=2))
+    (b,) = await publish(engine, t + 1, JobSpec(b"b", tries=1))
+    (c,) = await publish(engine, t + 2, JobSpec(b"c", tries=5, ttl_ms=1_000))
+    assert [j.job_id for j in await consume(engine, t + 3, count=3)] == [a, b, c]
+    release = functools.partial(ops.release, engine.config, NS, Q, nack=True)
+    assert await engine.run(release([a, b], 500, t + 10)) == [JobState.DELAYED, JobState.DEAD]
+    assert await engine.run(release([c, a, "never-existed"], 0, t + 1_002)) == ["expired", None, None]
+    assert await consume(engine, t + 509) == []
+    (j,) = await consume(engine, t + 510)
+    assert (j.job_id, j.tries_left, j.deliveries) == (a, 0, 2)  # the nacked delivery counted
+    assert await engine.run(release([a], 0, t + 511)) == [JobState.DEAD]
+    assert (await engine.run(ops.peek(engine.config, NS, Q, "dead", t + 512))).job_id == b  # type: ignore[union-attr]
+    assert (await engine.run(ops.sizes(engine.config, NS, Q))).dead == 2
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_touch_moves_the_ttr_deadline_of_a_reserved_job_only(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    (jid,) = await publish(engine, t, JobSpec(b"x", tries=3))
+    assert await engine.run(ops.touch(engine.config, NS, Q, jid, 60_000, t)) is False  # ready
+    await consume(engine, t, ttr=1_000)
+    assert await engine.run(ops.touch(engine.config, NS, Q, jid, 5_000, t + 900)) is True
+    await engine.run(ops.tick(engine.config, NS, Q, t + 5_899))  # the old deadline passed
+    assert (await engine.run(ops.peek_job(NS, Q, jid))).state is JobState.RESERVED  # type: ignore[union-attr]
+    assert await engine.run(ops.touch(engine.config, NS, Q, jid, 100, t + 5_000)) is True  # shorter
+    await engine.run(ops.tick(engine.config, NS, Q, t + 5_100))
+    job = await engine.run(ops.peek_job(NS, Q, jid))
+    assert job is not None and job.state is JobState.READY and job.tries_left == 2
+    assert await engine.run(ops.touch(engine.config, NS, Q, "never-existed", 100, t)) is False
     check_queue(sync_redis, NS, Q)
 
 

@@ -200,6 +200,40 @@ def test_bad_batch_ack_is_refused_and_acks_nothing(api: httpx.Client, content: b
     assert api.get("/api/ns/q/ack").status_code == 405
 
 
+def test_touch_extends_the_ttr_and_release_nacks(api: httpx.Client) -> None:
+    jid = api.put("/api/ns/q", params={"tries": 2}, content=b"work").json()["job_id"]
+    assert api.post(f"/api/ns/q/job/{jid}/touch").json() == {"error": "job is not reserved"}
+    assert api.get("/api/ns/q", params={"ttr_ms": 600}).json()["job_id"] == jid
+    r = api.post(f"/api/ns/q/job/{jid}/touch", params={"ttr": 30})
+    assert (r.status_code, r.json()) == (200, {"msg": "touched", "job_id": jid, "ttr_ms": 30_000})
+    time.sleep(0.9)  # past the first ttr: the touch kept the reservation
+    assert api.get(f"/api/ns/q/job/{jid}").json()["state"] == "reserved"
+    r = api.post(f"/api/ns/q/job/{jid}/release", params={"delay_ms": 400})
+    assert (r.status_code, r.json()) == (200, {"msg": "released", "job_id": jid, "state": "delayed"})
+    assert api.get("/api/ns/q").status_code == 404  # not before its delay
+    job = api.get("/api/ns/q", params={"timeout": 5}).json()
+    assert (job["job_id"], job["remain_tries"], job["deliveries"]) == (jid, 0, 2)  # the nack counted
+    assert api.post(f"/api/ns/q/job/{jid}/release").json()["state"] == "dead"  # no tries left
+    assert api.get("/api/ns/q/deadletter").json()["deadletter_head"] == jid
+    r = api.post(f"/api/ns/q/job/{jid}/release")
+    assert (r.status_code, r.json()) == (404, {"error": "job is not reserved"})
+
+
+@pytest.mark.parametrize(
+    ("action", "params", "message"),
+    [("touch", {"ttr": "x"}, "invalid ttr"), ("touch", {"ttr_ms": "0"}, "invalid ttr"),
+     ("release", {"delay": "-1"}, "invalid delay"), ("release", {"delay_ms": ""}, "invalid delay_ms")],
+)  # fmt: skip
+def test_bad_touch_and_release_change_nothing(api: httpx.Client, action: str, params: dict[str, str],
+                                               message: str) -> None:  # fmt: skip
+    jid = api.put("/api/ns/q", content=b"x").json()["job_id"]
+    api.get("/api/ns/q", params={"ttr": 60})
+    r = api.post(f"/api/ns/q/job/{jid}/{action}", params=params)
+    assert (r.status_code, r.json()) == (400, {"error": message})
+    assert api.post("/api/ns/q/job/bad%20id/touch").json() == {"error": "invalid job id"}
+    assert api.get(f"/api/ns/q/job/{jid}").json()["state"] == "reserved"
+
+
 def test_long_poll_waits_and_times_out(api: httpx.Client) -> None:
     started = time.monotonic()
     r = api.get("/api/ns/q", params={"timeout": 1})

@@ -154,6 +154,9 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
             late = api.put("/api/ns/q", params={"delay_ms": 8000}, content=b"old-late").json()["job_id"]
             held = api.get("/api/ns/q", params={"ttr": 60}).json()["job_id"]  # stays reserved
             assert held == before[0]
+            api.put("/api/ns/idem", params={"job_id": "kept"}, content=b"old-kept")
+            api.put("/api/ns/idem", params={"job_id": "done"}, content=b"old-done")
+            assert api.delete("/api/ns/idem/job/done").status_code == 204
     finally:
         stop(proc)
     assert sized(old, deployment, "ns", "q").ready == 9
@@ -172,11 +175,20 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
             assert (s["size"], s["delayed"], s["reserved"], s["dead"]) == (14, 1, 1, 1), s
             assert api.get("/api/ns/q/deadletter").json()["deadletter_head"] == dies
             assert api.get(f"/api/ns/q/job/{held}").json()["state"] == "reserved"
+            # client ids span the move: one the old pool holds, or acked there, is a duplicate
+            for jid in ("kept", "done"):
+                r = api.put("/api/ns/idem", params={"job_id": jid}, content=b"again")
+                assert r.json() == {"msg": "published", "job_id": jid, "duplicate": True}
+            assert "duplicate" not in api.put("/api/ns/idem", params={"job_id": "fresh"}, content=b"n").json()
+            assert (sized(old, deployment, "ns", "idem").ready, sized(new, deployment, "ns", "idem").ready) == (1, 1)
+            assert api.get("/api/ns/idem/job/kept").json()["data"] == _b64("old-kept")
+            assert api.post("/api/ns/idem/ack", json=["kept", "fresh"]).json()["acked"] == 2
             draining = httpx.get(f"{admin}/draining", params={"pool": "old"}).json()
             assert draining == {"pool": "old", "done": False, "draining": {"old": {"ns/q": {
                 "size": 9, "delayed": 1, "reserved": 1, "dead": 1}}}}  # fmt: skip
             assert httpx.get(f"{admin}/draining", params={"pool": "new"}).json()["done"] is True
             assert api.get("/api/ns/q/peek").json()["job_id"] == before[1]  # old pool first
+            assert api.post(f"/api/ns/q/job/{held}/touch", params={"ttr": 60}).status_code == 200  # on the old pool
             assert api.delete(f"/api/ns/q/job/{held}").status_code == 204  # ack on the old pool
             assert api.get(f"/api/ns/q/job/{held}").status_code == 404
             first = api.get("/api/ns/q", params={"ttr": 30}).json()

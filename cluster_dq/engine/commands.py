@@ -58,6 +58,7 @@ Op = Generator[Step, Any, T]
 
 STATE_CODES = {1: JobState.DELAYED, 2: JobState.READY, 3: JobState.RESERVED, 4: JobState.DEAD}
 PUBLISH_STATES = {1: JobState.DELAYED, 2: JobState.DELAYED, 3: JobState.READY}
+RELEASE_STATES: dict[int, JobState | str] = {1: JobState.DELAYED, 2: JobState.READY, 4: JobState.DEAD, 5: "expired"}
 
 
 class MoveSink(Protocol):
@@ -282,6 +283,16 @@ def ack(ns: str, q: str, ids: Sequence[str], now: int | None = None,
     at = now_ms() if now is None else now
     reply = yield Eval("ack", _fixed(qk) + extra, [at, remember_ms, len(ids), *args])
     return [STATE_CODES.get(int(s)) for s in reply]
+
+
+def known_ids(ns: str, q: str, ids: Sequence[str]) -> Op[list[bool]]:
+    """Whether each client id names a job of the queue, or one acked within the remembered
+    window: what publish.lua calls a duplicate. A migrating route asks the pools it drains
+    before it publishes on the new one, so idempotency spans the move."""
+    qk = QueueKeys(ns, q)
+    members = [id_to_member(i) for i in ids]
+    replies = yield (*(Cmd(("HEXISTS", qk.jobs, m)) for m in members), Cmd(("ZMSCORE", qk.acked, *members)))
+    return [bool(int(found)) or acked is not None for found, acked in zip(replies[:-1], replies[-1])]
 
 
 def republish(
@@ -510,15 +521,27 @@ def sizes_of(cfg: EngineConfig, qualified: Sequence[str], chunk: int = 100) -> O
 
 
 def release(
-    cfg: EngineConfig, ns: str, q: str, ids: Sequence[str], delay_ms: int, now: int
-) -> Op[int]:
-    """Gives reserved jobs back (try restored), now or after ``delay_ms``."""
+    cfg: EngineConfig, ns: str, q: str, ids: Sequence[str], delay_ms: int, now: int, nack: bool = False
+) -> Op[list[JobState | str | None]]:
+    """Gives reserved jobs back, now or after ``delay_ms``. By default (a consumer gone before
+    it got them) the try is restored; ``nack`` (a consumer's release) counts the delivery as a
+    ttr expiry would: no tries left -> DEAD. The state each job went to; ``"expired"`` when
+    its ttl had ended (removed), None when it was not reserved."""
     qk = QueueKeys(ns, q)
     members = [id_to_member(i) for i in ids]
-    n, lowered = yield Eval("release", _fixed(qk), [now, delay_ms, qk.notify, *members])
-    if int(lowered):
+    reply = yield Eval("release", _fixed(qk), [now, delay_ms, qk.notify, int(nack), *members])
+    if int(reply[-1]):
         yield _signal(qk, cfg, now + delay_ms)
-    return int(n)
+    return [RELEASE_STATES.get(int(st)) for st in reply[:-1]]
+
+
+def touch(cfg: EngineConfig, ns: str, q: str, job_id: str, ttr_ms: int, now: int) -> Op[bool]:
+    """Moves a reservation's deadline to ``now + ttr_ms``; False when the job is not reserved."""
+    qk = QueueKeys(ns, q)
+    done, lowered = yield Eval("touch", _fixed(qk), [now, ttr_ms, id_to_member(job_id)])
+    if int(lowered):
+        yield _signal(qk, cfg, now + ttr_ms)
+    return bool(int(done))
 
 
 def lead(shard: int, token: str, lease_ms: int, give_up: bool = False) -> Op[int]:

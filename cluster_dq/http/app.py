@@ -183,6 +183,27 @@ class DataAPI:
         missing = [i for i, s in zip(ids, states) if s is None]
         return json({"msg": "acked", "acked": len(ids) - len(missing), "not_found": missing})
 
+    async def release(self, request: Request) -> Response:
+        """Nack (extension): give a reserved job back now or after ``delay``/``delay_ms``;
+        its delivery counts, so the last try goes to the dead letter."""
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        jid = params.job_id(request.path_params["job_id"])
+        route = await self._auth(request, ns, q)
+        delay_ms = params.millis(request.query_params, "delay", 0)
+        state = await self.service.release(route, ns, q, jid, delay_ms)
+        return json({"msg": "released", "job_id": jid, "state": str(state)})
+
+    async def touch(self, request: Request) -> Response:
+        """Extend the time to run (extension): the reservation now ends ``ttr`` from now."""
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        jid = params.job_id(request.path_params["job_id"])
+        route = await self._auth(request, ns, q)
+        ttr_ms = params.millis(request.query_params, "ttr", self.s.TTRSecond)
+        if ttr_ms < 1:
+            raise BadRequest("invalid ttr", "ttr")
+        await self.service.touch(route, ns, q, jid, ttr_ms)
+        return json({"msg": "touched", "job_id": jid, "ttr_ms": ttr_ms})
+
     async def peek(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)
@@ -242,6 +263,8 @@ class DataAPI:
             Route("/api/{ns}/{q}/size", self.size, methods=["GET"]),
             Route("/api/{ns}/{q}/deadletter/size", self.deadletter_size, methods=["GET"]),
             Route("/api/{ns}/{q}/deadletter", self.deadletter, methods=["GET", "PUT", "DELETE"]),
+            Route("/api/{ns}/{q}/job/{job_id}/release", self.release, methods=["POST"]),
+            Route("/api/{ns}/{q}/job/{job_id}/touch", self.touch, methods=["POST"]),
             Route("/api/{ns}/{q}/job/{job_id}", self.republish, methods=["PUT"]),
             Route("/api/{ns}/{q}/job/{job_id}", self.ack, methods=["DELETE"]),
             Route("/api/{ns}/{q}/job/{job_id}", self.peek_job, methods=["GET"]),
