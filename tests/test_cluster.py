@@ -55,6 +55,7 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
         assert (await run(ops.peek(cfg, "ns", q, "ready", t))) is not None
         jobs = await run(ops.consume(cfg, "ns", [q], 1_000, 2, t))
         assert len(jobs) == 2
+        assert await run(ops.touch(cfg, "ns", q, jobs[1].job_id, 60_000, t)) is True
         assert await run(ops.release(cfg, "ns", q, [jobs[1].job_id], 0, t)) == [JobState.READY]
         assert await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id])) == [
             JobState.RESERVED, JobState.DELAYED]

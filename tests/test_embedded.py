@@ -72,21 +72,19 @@ def test_a_port_in_use_is_refused_by_name_and_the_embedded_redis_stopped(tmp_pat
     """Workers listen with SO_REUSEPORT; a port another process holds (even with
     SO_REUSEPORT, as a second instance's workers would) must still refuse the start."""
     port, admin = free_port(18000, 18500), free_port(18500, 19000)
-    holder = socket.socket()
-    if reuse_port:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    holder.bind(("127.0.0.1", port))
-    holder.listen()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_DQ_")}
     env.update(PYTHONPATH=str(ROOT), CLUSTER_DQ_LOGLEVEL="warning")
     before = embedded_redis_pids()
-    try:
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may be in TIME_WAIT
+        if reuse_port:
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
         out = subprocess.run(
             [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port), "--admin-port", str(admin)],
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-    finally:
-        holder.close()
     assert out.returncode == 2, out.stderr
     assert f"cluster-dq: Port: cannot listen on 127.0.0.1:{port}: Address already in use" in out.stderr
     assert "Traceback" not in out.stderr
