@@ -252,13 +252,18 @@ def _sentinel_config(workdir: Path, port: int, master_port: int, down_after_ms: 
     return conf
 
 
-def start_sentinel(base_port: int | None = None, down_after_ms: int = 1000) -> SentinelGroup:
+def start_sentinel(base_port: int | None = None, down_after_ms: int = 1000, min_replicas: int = 1) -> SentinelGroup:
     """Master on base, replicas on base+1..2, sentinels on base+3..5; returns once every
-    sentinel knows both replicas and the other two sentinels."""
+    sentinel knows both replicas and the other two sentinels. Each server refuses writes
+    (NOREPLICAS) while it is a master with fewer than ``min_replicas`` replicas connected
+    (``min-replicas-to-write``): a master paused past a failover that comes back cannot take
+    writes it would lose when the sentinels demote it."""
     if base_port is None:
         base_port = next(p for p in range(17500, 17900, 10) if all(_port_free(p + i) for i in range(6)))
-    master = start_server(base_port)
-    replicas = [start_server(base_port + i, extra=["--replicaof", "127.0.0.1", str(base_port)]) for i in (1, 2)]
+    guard = ["--min-replicas-to-write", str(min_replicas), "--min-replicas-max-lag", "10"]
+    master = start_server(base_port, extra=guard)
+    replicas = [start_server(base_port + i, extra=[*guard, "--replicaof", "127.0.0.1", str(base_port)])
+                for i in (1, 2)]  # fmt: skip
     sentinels = []
     for i in (3, 4, 5):
         port = base_port + i

@@ -11,7 +11,7 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 
@@ -85,6 +85,7 @@ async def check_redis(name: str, client: AsyncClient) -> list[str]:
     """Refuses an evicting Redis (it silently loses jobs); returns warnings for the rest."""
     warnings: list[str] = []
     configs: list[dict[str, str]]
+    sentinel = isinstance(getattr(client, "connection_pool", None), SentinelConnectionPool)
     try:
         if isinstance(client, RedisCluster):
             replies: Any = await client.config_get("*", target_nodes=RedisCluster.PRIMARIES)
@@ -103,6 +104,11 @@ async def check_redis(name: str, client: AsyncClient) -> list[str]:
             )
         if cfg.get("appendonly") == "no" and cfg.get("save", "") == "":
             warnings.append(f"pool {name}: persistence is OFF (no AOF, no RDB): a restart loses every job")
+        if sentinel and cfg.get("min-replicas-to-write") == "0":
+            warnings.append(
+                f"pool {name}: min-replicas-to-write is 0; set it to 1 on every server of the group, "
+                "or a master paused past a failover takes writes (and reservations) it then loses"
+            )
         value = int(cfg.get("hash-max-listpack-value", cfg.get("hash-max-ziplist-value", "0")) or 0)
         if value < 128:
             warnings.append(

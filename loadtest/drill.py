@@ -1,10 +1,12 @@
 """Failover drills: a bounded load through the HTTP service while something fails, then a report.
 
     python loadtest/drill.py sentinel-master      # (a) the Sentinel master is SIGKILLed
+    python loadtest/drill.py sentinel-pause       # (a') it is paused past a failover, then resumed
     python loadtest/drill.py cluster-master       # (b) a Cluster master is SIGKILLed
     python loadtest/drill.py reshard              # (c) the slot of an active queue moves under load
     python loadtest/drill.py service-leader       # (d) a service instance leading pump shards is SIGKILLed
     options: --rate 800 (publishes/s) --seconds 30 --no-durable --queues 8
+             --min-replicas 1 (the Sentinel servers' min-replicas-to-write; 0 shows Redis's default)
 
 Each drill starts its own Redis topology and two `cluster-dq serve` instances on loopback
 ports, publishes jobs with client-chosen ids (due 0-2 s later) at the given rate, round-robin
@@ -41,6 +43,7 @@ from cluster_dq.localredis import Cluster, SentinelGroup, Server, free_port, sta
 
 ROOT = Path(__file__).resolve().parents[1]
 Deployment = Server | Cluster | SentinelGroup
+SCENARIOS = ("sentinel-master", "sentinel-pause", "cluster-master", "reshard", "service-leader")
 
 
 @dataclass
@@ -237,6 +240,25 @@ def kill_sentinel_master(d: Deployment, instances: list[Instance]) -> str:
     return f"SIGKILL of the Sentinel master 127.0.0.1:{master.port}"
 
 
+def pause_sentinel_master(d: Deployment, instances: list[Instance], pause_s: float = 5.0) -> str:
+    """The split brain of redis-measurements.md: the master stops (SIGSTOP: a long GC-like stall,
+    a frozen VM) for longer than down-after plus the failover, then resumes still believing it
+    is master, and keeps taking writes on the connections clients held to it until the
+    sentinels turn it into a replica of the promoted one, which drops those writes."""
+    assert isinstance(d, SentinelGroup)
+    master = d.master()
+    master.process.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + pause_s
+    promoted = master.port
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        with contextlib.suppress(Exception):
+            promoted = d.master_port()
+    master.process.send_signal(signal.SIGCONT)
+    return (f"SIGSTOP of the Sentinel master 127.0.0.1:{master.port} for {pause_s:.0f} s (the sentinels "
+            f"promoted :{promoted}), then SIGCONT: it resumes believing it is the master")
+
+
 def kill_cluster_master(d: Deployment, instances: list[Instance], queues: list[str]) -> str:
     assert isinstance(d, Cluster)
     with d.sync_client() as c:
@@ -295,9 +317,9 @@ def leaders_of(d: Deployment, shards: int = 16) -> Counter[str]:
 # -- the drill ---------------------------------------------------------------------------------
 
 
-def setup(scenario: str) -> Deployment:
-    if scenario == "sentinel-master":
-        return start_sentinel()
+def setup(scenario: str, min_replicas: int = 1) -> Deployment:
+    if scenario.startswith("sentinel-"):
+        return start_sentinel(min_replicas=min_replicas)
     return start_cluster(node_timeout_ms=2000)
 
 
@@ -373,8 +395,8 @@ def still_stored(d: Deployment, ids: list[str], queues: list[str]) -> int:
 
 
 def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool = True,
-          n_queues: int = 8, backlog: int = 50_000) -> dict[str, Any]:  # fmt: skip
-    d = setup(scenario)
+          n_queues: int = 8, backlog: int = 50_000, min_replicas: int = 1) -> dict[str, Any]:  # fmt: skip
+    d = setup(scenario, min_replicas)
     instances: list[Instance] = []
     try:
         instances = [start_instance(d, durable) for _ in range(2)]
@@ -386,6 +408,7 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
         leaders_before = leaders_of(d)
         events = {
             "sentinel-master": lambda: kill_sentinel_master(d, instances),
+            "sentinel-pause": lambda: pause_sentinel_master(d, instances),
             "cluster-master": lambda: kill_cluster_master(d, instances, queues),
             "reshard": lambda: reshard(d, instances, queues),
             "service-leader": lambda: kill_leading_instance(d, instances),
@@ -400,6 +423,7 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
         during = [ms for due, ms in ledger.late_ms if event_at <= due < event_at + max(window, 1) + 5]
         report = {
             "scenario": scenario, "event": what, "durable": durable, "rate": rate, "seconds": seconds,
+            "min_replicas": min_replicas if isinstance(d, SentinelGroup) else None,
             "http_requests_per_s": round(ledger.requests / (seconds + 2), 0),
             "published_ok": len(ledger.acked_publish), "publish_errors": dict(ledger.publish_errors),
             "consume_errors": dict(ledger.consume_errors), "rerouted": ledger.rerouted,
@@ -435,7 +459,8 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"drill {r['scenario']}: {r['event']}")
     print(f"  load: {r['rate']:.0f} publishes/s for {r['seconds']:.0f} s over 2 instances (~"
           f"{r['http_requests_per_s']:,.0f} HTTP requests/s with consumes and acks), durable publish "
-          f"{'on (WaitReplicas=1)' if r['durable'] else 'off'}")
+          f"{'on (WaitReplicas=1)' if r['durable'] else 'off'}"
+          + (f", Redis min-replicas-to-write {r['min_replicas']}" if r.get("min_replicas") is not None else ""))
     print(f"  published (2xx): {r['published_ok']:,}   publish errors: {r['publish_errors'] or 0}")
     print(f"  consume/ack errors: {r['consume_errors'] or 0}   requests re-sent to the other instance "
           f"after a refused connection (as a load balancer does): {r['rerouted']}")
@@ -461,16 +486,18 @@ def print_report(r: dict[str, Any]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("scenario", choices=["sentinel-master", "cluster-master", "reshard", "service-leader", "all"])
+    ap.add_argument("scenario", choices=[*SCENARIOS, "all"])
     ap.add_argument("--rate", type=float, default=800)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--no-durable", action="store_true")
     ap.add_argument("--queues", type=int, default=8)
     ap.add_argument("--backlog", type=int, default=50_000, help="jobs resting in drill/backlog")
+    ap.add_argument("--min-replicas", type=int, default=1,
+                    help="min-replicas-to-write of the Sentinel group's servers (0: Redis's default)")
     a = ap.parse_args()
-    scenarios = ["sentinel-master", "cluster-master", "reshard", "service-leader"] if a.scenario == "all" else [a.scenario]
+    scenarios = list(SCENARIOS) if a.scenario == "all" else [a.scenario]
     for s in scenarios:
-        print_report(drill(s, a.rate, a.seconds, not a.no_durable, a.queues, a.backlog))
+        print_report(drill(s, a.rate, a.seconds, not a.no_durable, a.queues, a.backlog, a.min_replicas))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
   carries the job's due time.
 - ``Consumer``: long-polls all the queues (``timeout`` 1 s) and acks every job it gets. The
   delivery's lateness (now - due, from the body) is reported to locust as the pseudo-request
-  ``LATENESS deliver``, so locust's own percentiles and CSV files carry it.
+  ``LATENESS deliver`` (and ``LATENESS deliver qN`` per queue), so locust's own percentiles
+  and CSV files carry it.
 
 With as many consumers as needed to keep up, the request mix is about one publish, one
 consume and one ack per job: 500 jobs/s make ~1,500 requests/s.
@@ -92,7 +93,10 @@ class Consumer(_DQUser):
                 return
             job = r.json()
         late_ms = time.time() * 1000 - json.loads(base64.b64decode(job["data"]))["due"]
-        events.request.fire(request_type="LATENESS", name="deliver", response_time=max(late_ms, 0.0),
-                            response_length=0, exception=None, context={})  # fmt: skip
+        # Overall, and per queue: a consume tries the queues in order (q0 first, lmstfy's
+        # priority), so when consumers fall behind the last queues wait longest.
+        for name in ("deliver", f"deliver {job['queue']}"):
+            events.request.fire(request_type="LATENESS", name=name, response_time=max(late_ms, 0.0),
+                                response_length=0, exception=None, context={})  # fmt: skip
         self.client.delete(f"/api/{NS}/{job['queue']}/job/{job['job_id']}", headers={"X-Token": self.token},
                            name="/api/{ns}/{q}/job/{id} (ack)")  # fmt: skip

@@ -1,4 +1,4 @@
-"""Short versions of the four failover drills (loadtest/drill.py): a few seconds of load
+"""Short versions of the five failover drills (loadtest/drill.py): a few seconds of load
 through two real service instances while the event happens. With durable publish, no
 acknowledged job may be lost, no request may get a 500, and the pump must have a leader."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.drill import drill
+from loadtest.drill import SCENARIOS, drill
 
 
-@pytest.mark.parametrize("scenario", ["sentinel-master", "cluster-master", "reshard", "service-leader"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_short_drill(scenario: str) -> None:
     r = drill(scenario, rate=250, seconds=6, durable=True, n_queues=4, backlog=5_000)
     print(r)  # the figures, for the CI log

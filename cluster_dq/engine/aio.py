@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
-from tenacity import AsyncRetrying
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
 from cluster_dq.engine.retry import POLICY, TRANSIENT
@@ -32,6 +32,24 @@ class NotReplicated(RedisError):
     def __init__(self, acked: int, wanted: int, timeout_ms: int, result: Any) -> None:
         super().__init__(f"{acked} of {wanted} replicas confirmed the write within {timeout_ms} ms")
         self.acked, self.wanted, self.result = acked, wanted, result
+
+
+class StaleMaster(RedisConnectionError):
+    """A write refused with NOREPLICAS: the server has fewer good replicas than its
+    ``min-replicas-to-write``. The case that matters is a master paused past a failover (a
+    stall, a frozen VM) that comes back still believing it is the master: until the sentinels
+    demote it (~10 s measured) it would take writes on the connections clients kept to it,
+    and lose them all when it becomes a replica; reservations made there would deliver jobs
+    already acked on the new master. Nothing was written. The engine drops its idle
+    connections, so the next one asks Sentinel for the master again; a ConnectionError, so the
+    retry policy applies where repeating is safe and the client otherwise gets a 503."""
+
+
+def _refused_write(e: ResponseError) -> bool:
+    return str(e).startswith("NOREPLICAS")
+
+
+REFUSED = (StaleMaster,)
 
 
 class AsyncEngine:
@@ -72,7 +90,23 @@ class AsyncEngine:
         return results
 
     async def _send(self, step: Step) -> Any:
-        return await transport_safe(self._pipeline(step) if isinstance(step, tuple) else self._call(step))
+        return await self._guarded(self._pipeline(step) if isinstance(step, tuple) else self._call(step))
+
+    async def _guarded(self, call: Awaitable[T]) -> T:
+        try:
+            return await transport_safe(call)
+        except ResponseError as e:
+            if not _refused_write(e):
+                raise
+            await self._forget_connections()
+            raise StaleMaster(f"write refused, the server may be a stale master: {e}") from e
+
+    async def _forget_connections(self) -> None:
+        """Drops the idle connections (the one that failed was just given back), so the next
+        connection asks Sentinel where the master is. A Cluster client finds the new owner of
+        the slot through its own MOVED handling once the node has demoted itself."""
+        if isinstance(self.client, Redis):
+            await self.client.connection_pool.disconnect(inuse_connections=False)
 
     async def _step(self, step: Step) -> Any:
         if self.observer is None:
@@ -91,19 +125,26 @@ class AsyncEngine:
     async def _retrying(self, step: Step) -> Any:
         return await self._retry(self._step, step)
 
+    async def _once(self, step: Step) -> Any:
+        """A step not safe to repeat, unless the server refused it before running it: one
+        script refused for lack of replicas (a stale master) goes to the new master."""
+        return await self._retry(self._step, step, REFUSED if isinstance(step, Eval) else ())
+
     @staticmethod
-    async def _retry(send: Callable[[Any], Awaitable[Any]], step: Any) -> Any:
+    async def _retry(send: Callable[[Any], Awaitable[Any]], step: Any,
+                     errors: tuple[type[BaseException], ...] = TRANSIENT) -> Any:  # fmt: skip
         try:  # the fast path: no retry machinery unless something failed
             return await send(step)
-        except TRANSIENT:
+        except errors:
             pass
-        async for attempt in AsyncRetrying(**POLICY):  # type: ignore[arg-type]
+        policy = POLICY if errors is TRANSIENT else {**POLICY, "retry": retry_if_exception_type(errors)}
+        async for attempt in AsyncRetrying(**policy):  # type: ignore[arg-type]
             with attempt:
                 return await send(step)
         raise AssertionError("unreachable")
 
     async def _durable(self, call: Eval) -> tuple[Any, int]:
-        return await transport_safe(self._durable_unguarded(call))
+        return await self._guarded(self._durable_unguarded(call))
 
     async def _durable_unguarded(self, call: Eval) -> tuple[Any, int]:
         """The script and a ``WAIT`` on the same connection (one pipeline; on a Cluster, sent
@@ -133,7 +174,7 @@ class AsyncEngine:
         (a step's arguments, job ids included, are fixed, so a repeat cannot duplicate).
         ``durable`` (with ``wait_replicas`` set): the job-acknowledging scripts are confirmed
         by that many replicas, else ``NotReplicated`` is raised once the operation is done."""
-        send = self._retrying if idempotent else self._step
+        send = self._retrying if idempotent else self._once
         durable = durable and self.wait_replicas > 0
         acked = self.wait_replicas
         reply: Any = None
@@ -146,7 +187,7 @@ class AsyncEngine:
                 return stop.value  # type: ignore[no-any-return]
             if durable and isinstance(step, Eval) and step.script in DURABLE_SCRIPTS:
                 # A repeat after a lost reply finds the job there and reports it as duplicate.
-                reply, got = await (self._retry(self._durable, step) if idempotent else self._durable(step))
+                reply, got = await self._retry(self._durable, step, TRANSIENT if idempotent else REFUSED)
                 acked = min(acked, got)
             else:
                 reply = await send(step)
