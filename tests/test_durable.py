@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import Iterator
@@ -10,7 +11,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import AsyncEngine, StaleMaster
 from cluster_dq.localredis import Cluster, SentinelGroup
+from cluster_dq.models import JobSpec
+from cluster_dq.pools import check_redis, close_client, make_client
 from tests.test_http import ADMIN_AUTH, serve
 
 
@@ -70,3 +75,44 @@ def test_durable_publish_on_a_cluster_waits_on_the_queues_own_master(redis_clust
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+async def test_a_master_without_its_replicas_refuses_writes_and_the_engine_asks_sentinel_again(
+    redis_sentinel: SentinelGroup,
+) -> None:
+    """The guard against a master paused past a failover (drill sentinel-pause): the group's
+    servers run with min-replicas-to-write 1, so a master that lost its replicas refuses every
+    script (NOREPLICAS). The engine then changes nothing, drops its idle connections and says
+    so; a refused consume is repeated (nothing ran), and goes through once writes are taken."""
+    client = make_client(redis_sentinel.pool_settings())
+    engine = AsyncEngine(client)
+    cfg = engine.config
+    master = redis_sentinel.master().client()
+    try:
+        assert not [w for w in await check_redis("default", client) if "min-replicas" in w]  # guarded
+        (job,) = await engine.run(ops.publish(cfg, "stale", "q", [JobSpec(b"kept")], 1_000), idempotent=True)
+        before = await engine.run(ops.sizes(cfg, "stale", "q"))
+        master.config_set("min-replicas-to-write", 3)  # 2 replicas: what a stale master sees (0 of 1)
+        with pytest.raises(StaleMaster, match="nothing written"):
+            await engine.run(ops.consume(cfg, "stale", ["q"], 30_000, 1, 2_000))
+        idle = client.connection_pool._available_connections  # redis-py's pool, no public view
+        assert idle and not any(c.is_connected for c in idle)  # the next one asks Sentinel again
+        with pytest.raises(StaleMaster):
+            await engine.run(ops.ack("stale", "q", [job.job_id]), idempotent=True)  # retried ~5 s, then told
+        assert await engine.run(ops.sizes(cfg, "stale", "q")) == before  # reads still work; nothing changed
+
+        async def writes_back_soon() -> None:
+            await asyncio.sleep(0.5)
+            master.config_set("min-replicas-to-write", 1)
+
+        back = asyncio.create_task(writes_back_soon())
+        got = await engine.run(ops.consume(cfg, "stale", ["q"], 30_000, 1, 2_000))
+        await back
+        assert [j.job_id for j in got] == [job.job_id]
+        master.config_set("min-replicas-to-write", 0)
+        assert any("min-replicas-to-write is 0" in w for w in await check_redis("default", client))
+    finally:
+        master.config_set("min-replicas-to-write", 1)
+        master.close()
+        await engine.run(ops.destroy(cfg, "stale", "q"), idempotent=True)
+        await close_client(client)

@@ -99,7 +99,8 @@ class AsyncEngine:
             if not _refused_write(e):
                 raise
             await self._forget_connections()
-            raise StaleMaster(f"write refused, the server may be a stale master: {e}") from e
+            raise StaleMaster(f"write refused, nothing written ({e}): the server lost its replicas, "
+                              "or is a master that a failover replaced") from e
 
     async def _forget_connections(self) -> None:
         """Drops the idle connections (the one that failed was just given back), so the next
