@@ -135,6 +135,15 @@ def parse_qualified(qualified: str) -> tuple[str, str]:
     return ns, q
 
 
+META_PATTERN = f"{PREFIX}:{{*}}:meta"  # SCAN MATCH for every queue's META (no other key ends so)
+
+
+def queue_of_key(key: str | bytes) -> QueueKeys:
+    """``dq:{ns/q}:...`` -> the queue's keys."""
+    text = key.decode() if isinstance(key, bytes) else key
+    return QueueKeys(*parse_qualified(text[text.index("{") + 1 : text.index("}")]))
+
+
 class AdminKeys:
     """Tokens and rate limits, kept in the ``default`` pool under the tag ``{admin}``."""
 

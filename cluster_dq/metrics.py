@@ -64,6 +64,9 @@ http_duration = Histogram("cluster_dq_http_request_duration_seconds", "HTTP requ
 
 pump_batches = Counter("cluster_dq_pump_batches", "Pump claims of due queues.", ("pool", "shard"))
 pump_steps = Counter("cluster_dq_pump_queue_steps", "Pump steps of single queues.", ("pool", "shard"))
+reconciled = Counter("cluster_dq_reconciled_queues",
+                     "Queues the reconcile sweep found missing from their shard's schedule (a lost "
+                     "signal: a publisher died between its two steps) and signalled.", ("pool",))  # fmt: skip
 pump_moved = Counter("cluster_dq_pump_jobs_moved",
                      "Delayed jobs moved to ready when due (by the pump or a consumer).", ("pool",))
 pump_leader = Gauge("cluster_dq_pump_leader", "1 while this instance leads the shard's pump.",
@@ -154,6 +157,9 @@ class PoolMetrics:
 
     def leadership(self, shard: int, held: bool) -> None:
         pump_leader.labels(self.pool, str(shard)).set(1 if held else 0)
+
+    def reconciled(self, queues: int) -> None:
+        reconciled.labels(self.pool).inc(queues)
 
     def batch(self, shard: int, queues: int) -> None:
         if queues:  # idle polls are not batches

@@ -150,7 +150,7 @@ class RedisPool:
         return cls(settings.name, settings, engine, WaiterHub(engine), metrics)
 
     async def start(self, run_pump: bool = True, board: SizeBoard | None = None,
-                    sizes_every_s: float = 10.0) -> None:  # fmt: skip
+                    sizes_every_s: float = 10.0, reconcile_every_s: float = 60.0) -> None:  # fmt: skip
         # The supervisor checked the Redis settings (server._preflight); a pool that is down
         # now answers 503 and /readyz says so until it is back.
         if isinstance(self.engine.client, RedisCluster):
@@ -159,7 +159,8 @@ class RedisPool:
             except (RedisError, OSError) as e:
                 log.warning("pool %s: cluster not reachable yet: %s", self.name, e)
         if run_pump:
-            self.pump = Pump(self.engine, metrics=self.metrics, board=board, sizes_every_s=sizes_every_s)
+            self.pump = Pump(self.engine, metrics=self.metrics, board=board, sizes_every_s=sizes_every_s,
+                             reconcile_every_s=reconcile_every_s)  # fmt: skip
             self.pump.start()
 
     async def ready(self) -> dict[str, bool | str]:

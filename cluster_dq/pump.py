@@ -24,7 +24,7 @@ from redis.exceptions import RedisError, ResponseError
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
-from cluster_dq.keys import parse_qualified
+from cluster_dq.keys import META_PATTERN, parse_qualified, queue_of_key
 from cluster_dq.metrics import PoolMetrics, SizeBoard
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class Pump:
         metrics: PoolMetrics | None = None,
         board: SizeBoard | None = None,
         sizes_every_s: float = 10.0,
+        reconcile_every_s: float = 60.0,
     ) -> None:
         self.engine = engine
         self.shards = list(shards if shards is not None else range(engine.config.shards))
@@ -54,6 +55,7 @@ class Pump:
         self.metrics = metrics
         self.board = board
         self.sizes_every_s = sizes_every_s
+        self.reconcile_every_s = reconcile_every_s  # 0: no reconcile sweep
         self.leading: dict[int, float] = {}  # shard -> monotonic time the lease runs out
         self.epochs: dict[int, int] = {}  # shard -> fencing epoch of our leadership
         self._tasks: list[asyncio.Task[None]] = []
@@ -61,6 +63,8 @@ class Pump:
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run_shard(s)) for s in self.shards]
+        if self.reconcile_every_s > 0 and 0 in self.shards:
+            self._tasks.append(asyncio.create_task(self._reconcile_loop()))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -170,6 +174,51 @@ class Pump:
             return self.poll_ms
         return max(0, min(head - now_ms(), self.poll_ms))
 
+
+    async def _reconcile_loop(self) -> None:
+        """While this process leads shard 0, it sweeps the whole pool every
+        ``reconcile_every_s`` (one sweeper per pool; shard 0's leadership elects it)."""
+        while not self._stopping:
+            await asyncio.sleep(self.reconcile_every_s * (0.9 + 0.2 * random.random()))
+            if not self.leads(0):
+                continue
+            try:
+                found = await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a sweep that fails is tried again next time
+                if _cancelled():
+                    raise asyncio.CancelledError() from e
+                log.warning("reconcile sweep failed: %s: %s", type(e).__name__, e)
+                continue
+            if found:
+                log.warning("reconcile: %d queue(s) were missing from their shard's schedule "
+                            "(a lost signal) and were signalled: %s", len(found), ", ".join(found[:10]))  # fmt: skip
+
+    async def reconcile(self, page: int = 500, pause_s: float = 0.02) -> list[str]:
+        """One sweep: SCANs every queue's META (on a Cluster, every master) and signals the
+        queues whose shard schedule lost them (``ops.reconcile``). Paced: a page of ``page``
+        queues, then a pause, so a large keyspace costs Redis little at a time. The jobs of such
+        a queue were never at risk (consumers promote and expire on their own), but until it is
+        signalled the pump does not expire its reservations or ttls, and /info does not list it."""
+        client = self.engine.client
+        found: list[str] = []
+        batch: list[str | bytes] = []
+        async for key in client.scan_iter(match=META_PATTERN, count=page):
+            batch.append(key)
+            if len(batch) >= page:
+                found += await self._reconcile_page(batch)
+                batch = []
+                await asyncio.sleep(pause_s)
+        if batch:
+            found += await self._reconcile_page(batch)
+        if found and self.metrics:
+            self.metrics.reconciled(len(found))
+        return found
+
+    async def _reconcile_page(self, keys: list[str | bytes]) -> list[str]:
+        queues = list({queue_of_key(k) for k in keys})
+        return await self.engine.run(ops.reconcile(self.engine.config, queues, now_ms()), idempotent=True)
 
     async def post_sizes(self, shard: int) -> None:
         """Measures every queue of a shard this process leads, for the metrics."""

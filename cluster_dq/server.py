@@ -62,7 +62,8 @@ class Runtime:
 
     async def start(self) -> None:
         for pool in self.pools.values():
-            await pool.start(self.run_pump, self.board, self.settings.SizeIntervalSecond)
+            await pool.start(self.run_pump, self.board, self.settings.SizeIntervalSecond,
+                             self.settings.ReconcileSecond)
 
     async def close(self) -> None:
         for pool in self.pools.values():

@@ -91,6 +91,9 @@ class Settings:
     LifecycleDir: str = ""  # record job lifecycle events here (JSON lines) for analysis; "" = off
     EnableMetrics: bool = True  # off only to measure what the metrics cost
     SizeIntervalSecond: float = 10.0  # how often shard leaders measure their queues (metrics)
+    # How often one instance (shard 0's pump leader) sweeps the pool for queues whose shard
+    # signal was lost (a publisher killed between its two steps). 0: never.
+    ReconcileSecond: float = 60.0
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)
     Ring: dict[str, RingSettings] = field(default_factory=dict)
@@ -227,6 +230,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"AckedIdMemorySecond: 0..86400, got {s.AckedIdMemorySecond}")
     if s.SizeIntervalSecond <= 0:
         raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
+    if s.ReconcileSecond < 0:
+        raise ConfigError(f"ReconcileSecond: 0 (off) or more, got {s.ReconcileSecond}")
     for name, pool in s.Pool.items():
         target = s.Pool.get(pool.MigrateTo) if pool.MigrateTo else None
         if pool.MigrateTo and (target is None or pool.MigrateTo == name):

@@ -69,6 +69,47 @@ async def test_an_idle_pump_does_not_spin(engine: AsyncEngine, with_sizes: bool)
     assert len(calls) < 16 * 12, f"{len(calls)} Redis calls in 1.2 s from an idle pump"  # a spin: 1000s
 
 
+async def test_a_lost_shard_signal_is_repaired_by_the_reconcile_sweep(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A publisher killed between its queue's script and the shard signal leaves a queue its
+    shard does not know: the pump never promotes or expires there and /info does not list it.
+    The sweep (shard 0's pump leader, every ReconcileSecond) finds it and signals it; a second
+    sweep finds nothing, and a queue whose signal arrived is never touched."""
+    from cluster_dq.keys import ShardKeys, shard_of
+
+    cfg, t = engine.config, now_ms()
+    for q in ("lost", "fine"):
+        await engine.run(ops.publish(cfg, "rc", q, [JobSpec(q.encode(), delay_ms=300)], t), idempotent=True)
+    sk = ShardKeys(shard_of("rc/lost", cfg.shards))
+    sync_redis.zrem(sk.schedule, "rc/lost")  # the state a publisher killed before its signal leaves
+    sync_redis.srem(sk.queues, "rc/lost")
+    sync_redis.hdel(sk.pending, "rc/lost")
+
+    async def ready(q: str) -> int:
+        return (await engine.run(ops.sizes(cfg, "rc", q))).ready
+
+    pump = Pump(engine, poll_ms=50, reconcile_every_s=0)
+    pump.start()
+    try:
+        await asyncio.sleep(0.8)  # both due: the pump moves the known queue's job only
+        assert (await ready("fine"), await ready("lost")) == (1, 0)
+    finally:
+        await pump.stop()
+    pump = Pump(engine, poll_ms=50, reconcile_every_s=0.3)
+    pump.start()
+    try:
+        for _ in range(60):
+            if await ready("lost"):
+                break
+            await asyncio.sleep(0.1)
+        assert await ready("lost") == 1  # moved by the pump: no consumer looked at the queue
+        assert "rc/lost" in await engine.run(ops.queues_of_shard(sk.index))
+        assert await pump.reconcile() == []  # nothing lost any more, nothing else flagged
+    finally:
+        await pump.stop()
+
+
 async def test_a_stale_leader_is_fenced_off(engine: AsyncEngine) -> None:
     """Leader A stalls past its lease, B takes the shard over (a new epoch): A's pump steps are
     refused by the shard's scripts, and a running pump that meets a newer epoch stops leading

@@ -49,6 +49,7 @@ def test_rings_and_migration(tmp_path: Path) -> None:
         ("TTLSecond = 5\nDelaySecond = 10", {}, "TTLSecond"),
         ("Port = [", {}, "c.toml"),
         ("SizeIntervalSecond = 0", {}, "SizeIntervalSecond"),
+        ("ReconcileSecond = -1", {}, "ReconcileSecond"),
         ('[Pool.default]\nAddr = "127.0.0.1:1"\nWaitReplicas = -1', {}, "WaitReplicas"),
         ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.new]\nAddr = "127.0.0.1:2"\n'
          '[Pool.default.x]\n', {}, "Pool.default"),

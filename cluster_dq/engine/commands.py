@@ -503,6 +503,31 @@ def next_schedule(shard: int) -> Op[int | None]:
     return int(head[0][1]) if head else None
 
 
+# A queue scheduled this much after its own next event is late beyond a pump step in
+# progress (a claim pushes the queue one lease, 3 s, ahead while the pump works on it).
+RECONCILE_GRACE_MS = 5_000
+
+
+def reconcile(cfg: EngineConfig, queues: Sequence[QueueKeys], now: int) -> Op[list[str]]:
+    """The repair of a lost shard signal (a publisher killed between its queue's script and
+    the signal): of ``queues``, those with a next event (META.next) that their shard's schedule
+    lacks, or holds much later, are signalled now. Returns their ``ns/q``. Read-only for the
+    others; a signal is idempotent (ZADD LT), so a race with a publisher or the pump at worst
+    costs the pump one extra step."""
+    nexts = yield tuple(Cmd(("HGET", qk.meta, "next")) for qk in queues)
+    have = [(qk, int(n)) for qk, n in zip(queues, nexts, strict=True) if n is not None]
+    if not have:
+        return []
+    scores = yield tuple(
+        Cmd(("ZSCORE", ShardKeys(shard_of(qk.qualified, cfg.shards)).schedule, qk.qualified)) for qk, _ in have
+    )
+    lost = [(qk, n) for (qk, n), s in zip(have, scores, strict=True)
+            if s is None or float(s) > max(n, now) + RECONCILE_GRACE_MS]  # fmt: skip
+    if lost:
+        yield tuple(_signal(qk, cfg, n) for qk, n in lost)
+    return [qk.qualified for qk, _ in lost]
+
+
 def queues_of_shard(shard: int) -> Op[list[str]]:
     members = yield Cmd(("SMEMBERS", ShardKeys(shard).queues))
     return sorted(m.decode() for m in members)
