@@ -3,6 +3,7 @@
     python loadtest/drill.py sentinel-master      # (a) the Sentinel master is SIGKILLed
     python loadtest/drill.py sentinel-pause       # (a') it is paused past a failover, then resumed
     python loadtest/drill.py cluster-master       # (b) a Cluster master is SIGKILLed
+    python loadtest/drill.py cluster-pause        # (b') it is paused past a failover, then resumed
     python loadtest/drill.py reshard              # (c) the slot of an active queue moves under load
     python loadtest/drill.py service-leader       # (d) a service instance leading pump shards is SIGKILLed
     options: --rate 800 (publishes/s) --seconds 30 --no-durable --queues 8
@@ -37,13 +38,14 @@ from typing import Any
 
 import aiohttp
 import httpx
+import redis
 
 from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import Cluster, SentinelGroup, Server, free_port, start_cluster, start_sentinel
 
 ROOT = Path(__file__).resolve().parents[1]
 Deployment = Server | Cluster | SentinelGroup
-SCENARIOS = ("sentinel-master", "sentinel-pause", "cluster-master", "reshard", "service-leader")
+SCENARIOS = ("sentinel-master", "sentinel-pause", "cluster-master", "cluster-pause", "reshard", "service-leader")
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Ledger:
     ack_done: dict[str, float] = field(default_factory=dict)
     late_ms: list[tuple[float, float]] = field(default_factory=list)  # (due t, lateness ms)
     rerouted: int = 0  # requests a refused connection sent on to the other instance
+    error_examples: dict[str, str] = field(default_factory=dict)  # kind -> one full message
     requests: int = 0  # every HTTP request sent (publish, consume, ack)
 
 
@@ -135,7 +138,9 @@ async def publisher(instances: list[Instance], token: str, queues: list[str], ra
                 if ok:
                     ledger.acked_publish.setdefault(jid, time.monotonic() - t0 + delay)
                 else:
-                    ledger.publish_errors[kind_of(status, str(body.get("error", ""))[:40])] += 1
+                    kind = kind_of(status, str(body.get("error", ""))[:40])
+                    ledger.publish_errors[kind] += 1
+                    ledger.error_examples.setdefault(kind, str(body.get("error", ""))[:300])
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
                 ok = False
                 ledger.publish_errors[kind_of(e)] += 1
@@ -240,6 +245,19 @@ def kill_sentinel_master(d: Deployment, instances: list[Instance]) -> str:
     return f"SIGKILL of the Sentinel master 127.0.0.1:{master.port}"
 
 
+def pause(server: Server, pause_s: float, master_port: Any) -> int:
+    """SIGSTOP for ``pause_s``, then SIGCONT; returns the master port seen last meanwhile."""
+    server.process.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + pause_s
+    promoted = server.port
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        with contextlib.suppress(Exception):
+            promoted = master_port()
+    server.process.send_signal(signal.SIGCONT)
+    return promoted
+
+
 def pause_sentinel_master(d: Deployment, instances: list[Instance], pause_s: float = 5.0) -> str:
     """The split brain of redis-measurements.md: the master stops (SIGSTOP: a long GC-like stall,
     a frozen VM) for longer than down-after plus the failover, then resumes still believing it
@@ -247,14 +265,7 @@ def pause_sentinel_master(d: Deployment, instances: list[Instance], pause_s: flo
     sentinels turn it into a replica of the promoted one, which drops those writes."""
     assert isinstance(d, SentinelGroup)
     master = d.master()
-    master.process.send_signal(signal.SIGSTOP)
-    deadline = time.monotonic() + pause_s
-    promoted = master.port
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        with contextlib.suppress(Exception):
-            promoted = d.master_port()
-    master.process.send_signal(signal.SIGCONT)
+    promoted = pause(master, pause_s, d.master_port)
     return (f"SIGSTOP of the Sentinel master 127.0.0.1:{master.port} for {pause_s:.0f} s (the sentinels "
             f"promoted :{promoted}), then SIGCONT: it resumes believing it is the master")
 
@@ -270,6 +281,29 @@ def kill_cluster_master(d: Deployment, instances: list[Instance], queues: list[s
     threading.Timer(5.0, server.restart).start()
     return (f"SIGKILL of the Cluster master 127.0.0.1:{node.port} (holding queue {queues[0]}); "
             "restarted 5 s later")
+
+
+def pause_cluster_master(d: Deployment, instances: list[Instance], queues: list[str],
+                         pause_s: float = 5.0) -> str:  # fmt: skip
+    """The Cluster's version of (a'): the master of the busy queue stops for longer than
+    cluster-node-timeout (2 s) plus the failover, then resumes; gossip tells it that its replica
+    took its slots over."""
+    assert isinstance(d, Cluster)
+    key = QueueKeys("drill", queues[0]).meta
+    with d.sync_client() as c:
+        port = c.get_node_from_key(key).port
+
+    def owner() -> int:
+        with redis.Redis(port=next(s.port for s in d.servers if s.port != port), socket_timeout=0.5) as c:
+            slot = c.cluster("keyslot", key)
+            for lo, hi, master, *_ in c.cluster("slots"):
+                if lo <= slot <= hi:
+                    return int(master[1])
+        return port
+
+    promoted = pause(d.server_on(port), pause_s, owner)
+    return (f"SIGSTOP of the Cluster master 127.0.0.1:{port} (holding queue {queues[0]}) for {pause_s:.0f} s "
+            f"(its replica :{promoted} took the slots over), then SIGCONT")
 
 
 def reshard(d: Deployment, instances: list[Instance], queues: list[str]) -> str:
@@ -409,6 +443,7 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
         events = {
             "sentinel-master": lambda: kill_sentinel_master(d, instances),
             "sentinel-pause": lambda: pause_sentinel_master(d, instances),
+            "cluster-pause": lambda: pause_cluster_master(d, instances, queues),
             "cluster-master": lambda: kill_cluster_master(d, instances, queues),
             "reshard": lambda: reshard(d, instances, queues),
             "service-leader": lambda: kill_leading_instance(d, instances),
@@ -427,6 +462,7 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
             "http_requests_per_s": round(ledger.requests / (seconds + 2), 0),
             "published_ok": len(ledger.acked_publish), "publish_errors": dict(ledger.publish_errors),
             "consume_errors": dict(ledger.consume_errors), "rerouted": ledger.rerouted,
+            "error_examples": ledger.error_examples,
             "unavailable_s": round(window, 3), "unavailable_from_s": round(window_at - event_at, 3),
             "lost_acknowledged": len(lost), "lost_examples": lost[:5],
             "undelivered_but_stored": still_stored(d, lost[:200], queues),
@@ -462,6 +498,8 @@ def print_report(r: dict[str, Any]) -> None:
           f"{'on (WaitReplicas=1)' if r['durable'] else 'off'}"
           + (f", Redis min-replicas-to-write {r['min_replicas']}" if r.get("min_replicas") is not None else ""))
     print(f"  published (2xx): {r['published_ok']:,}   publish errors: {r['publish_errors'] or 0}")
+    for kind, text in r["error_examples"].items():
+        print(f"    e.g. {kind}: {text}")
     print(f"  consume/ack errors: {r['consume_errors'] or 0}   requests re-sent to the other instance "
           f"after a refused connection (as a load balancer does): {r['rerouted']}")
     if r["unavailable_s"]:

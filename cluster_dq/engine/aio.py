@@ -45,6 +45,14 @@ class StaleMaster(RedisConnectionError):
     retry policy applies where repeating is safe and the client otherwise gets a 503."""
 
 
+class MovedDuringWait(RedisConnectionError):
+    """A durable write's ``WAIT`` reached a node that is a replica now: the queue's slot
+    moved (a Cluster failover) between the client's slot map and the write. The script itself
+    followed the MOVED redirect and may have run on the new master, unconfirmed. A
+    ConnectionError, so the retry policy repeats the write (a repeat of the same job ids
+    reports them as present) once the client's slot map has caught up."""
+
+
 def _refused_write(e: ResponseError) -> bool:
     return str(e).startswith("NOREPLICAS")
 
@@ -165,6 +173,9 @@ class AsyncEngine:
                 continue
             if isinstance(reply, Exception):
                 raise reply
+            if isinstance(acked, ResponseError) and str(acked).startswith("WAIT cannot be used with replica"):
+                raise MovedDuringWait(f"the queue's slot moved during the write ({acked}); the write may "
+                                      "have been applied on the new master, unconfirmed")  # fmt: skip
             if isinstance(acked, Exception):
                 raise acked
             return reply, int(acked)
