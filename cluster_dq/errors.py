@@ -46,7 +46,7 @@ class PoolUnavailable(ClusterDQError):
 
     def __init__(self, pool: str, detail: str) -> None:
         super().__init__(f"pool {pool!r} unavailable: {detail}")
-        self.pool = pool
+        self.pool, self.detail = pool, detail
 
 
 class ConfigError(ClusterDQError):

@@ -138,11 +138,18 @@ class Service:
 
     async def release(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, delay_ms: int) -> JobState | str:
         """A consumer's nack: the reserved job goes back now or after ``delay_ms``, its
-        delivery counted (no tries left: dead letter). Repeating it is harmless (the job is
-        no longer reserved), so the retry policy may."""
+        delivery counted (no tries left: dead letter). Not repeated by the retry policy: once
+        the job is back, another consumer may hold it, and a blind repeat would release *that*
+        reservation. A reply lost in transit is a 503 that says the release may have happened."""
         for pool in route.place(ns, q).reads:
             op = ops.release(pool.engine.config, ns, q, [job_id], delay_ms, now_ms(), nack=True)
-            (state,) = await self._run(pool, op, idempotent=True, durable=True)
+            try:
+                (state,) = await self._run(pool, op, durable=True)
+            except PoolUnavailable as e:
+                raise PoolUnavailable(pool.name, (
+                    f"{e.detail}; the release may have been applied: look the job up "
+                    f"(GET /api/{ns}/{q}/job/{job_id}) before repeating it"
+                )) from e  # fmt: skip
             if state is not None:
                 metrics.count(metrics.dead_lettered, ns, q, state is JobState.DEAD)
                 metrics.count(metrics.ttl_expired, ns, q, state == "expired")
