@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,7 +246,7 @@ def kill_sentinel_master(d: Deployment, instances: list[Instance]) -> str:
     return f"SIGKILL of the Sentinel master 127.0.0.1:{master.port}"
 
 
-def pause(server: Server, pause_s: float, master_port: Any) -> int:
+def pause(server: Server, pause_s: float, master_port: Callable[[], int]) -> int:
     """SIGSTOP for ``pause_s``, then SIGCONT; returns the master port seen last meanwhile."""
     server.process.send_signal(signal.SIGSTOP)
     deadline = time.monotonic() + pause_s

@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
 
 from cluster_dq.engine import commands as ops
+from cluster_dq.clock import now_ms
 from cluster_dq.engine.aio import AsyncEngine, StaleMaster
+from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import Cluster, SentinelGroup
 from cluster_dq.models import JobSpec
 from cluster_dq.pools import check_redis, close_client, make_client
@@ -75,6 +79,57 @@ def test_durable_publish_on_a_cluster_waits_on_the_queues_own_master(redis_clust
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def _failover_to(port: int, old: int) -> None:
+    """CLUSTER FAILOVER on the replica at ``port``; returns once it is master and ``old``, now
+    its replica, is in sync (so a WAIT 1 can be confirmed). Asked again every 6 s: masters
+    refuse a second vote for the same slots within 2 x cluster-node-timeout (4 s), and a
+    manual failover that gets no votes just expires."""
+    deadline, asked = time.monotonic() + 40, 0.0
+    while time.monotonic() < deadline:
+        with redis.Redis(port=port) as new, redis.Redis(port=old) as was:
+            if new.info("replication")["role"] == "master":
+                if was.info("replication").get("master_link_status") == "up":
+                    return
+            elif time.monotonic() - asked > 6:
+                new.execute_command("CLUSTER", "FAILOVER")
+                asked = time.monotonic()
+        time.sleep(0.1)
+    raise AssertionError(f"failover to :{port} did not complete")
+
+
+async def test_a_durable_write_rides_through_a_cluster_failover_its_client_has_not_seen(
+    redis_cluster: Cluster,
+) -> None:
+    """Drill b' found it: after a failover the client's slot map still names the old master.
+    The script follows the MOVED redirect to the new master, but the WAIT goes to the old one,
+    now a replica ("WAIT cannot be used with replica instances"). That is a topology change
+    like any other: the engine repeats the write (the id is fixed, so nothing is doubled)
+    instead of failing it."""
+    client = make_client(redis_cluster.pool_settings())
+    await client.initialize()
+    engine = AsyncEngine(client, wait_replicas=1, wait_timeout_ms=2_000)
+    cfg = engine.config
+    await engine.run(ops.publish(cfg, "fo", "q", [JobSpec(b"before")], now_ms()), idempotent=True, durable=True)
+    old = client.get_node_from_key(QueueKeys("fo", "q").meta).port
+    with redis.Redis(port=old) as r:
+        replica = int(r.info("replication")["slave0"]["port"])
+    with redis.Redis(port=replica) as r:  # as after any earlier NOSCRIPT recovery there; else
+        for script in engine.scripts.values():  # that recovery re-sends the pipeline and hides it
+            r.script_load(script.script)
+    _failover_to(replica, old)  # the engine's client has not seen it: its slot map is stale
+    try:
+        assert client.get_node_from_key(QueueKeys("fo", "q").meta).port == old
+        (p,) = await engine.run(ops.publish(cfg, "fo", "q", [JobSpec(b"after")], now_ms()),
+                                idempotent=True, durable=True)  # fmt: skip
+        assert await engine.run(ops.peek_job("fo", "q", p.job_id)) is not None
+        assert client.get_node_from_key(QueueKeys("fo", "q").meta).port == replica  # caught up
+        assert (await engine.run(ops.sizes(cfg, "fo", "q"))).ready == 2
+    finally:
+        _failover_to(old, replica)  # the session's cluster as it was
+        await engine.run(ops.destroy(cfg, "fo", "q"), idempotent=True)
+        await close_client(client)
 
 
 async def test_a_master_without_its_replicas_refuses_writes_and_the_engine_asks_sentinel_again(

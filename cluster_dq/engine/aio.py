@@ -53,10 +53,6 @@ class MovedDuringWait(RedisConnectionError):
     reports them as present) once the client's slot map has caught up."""
 
 
-def _refused_write(e: ResponseError) -> bool:
-    return str(e).startswith("NOREPLICAS")
-
-
 REFUSED = (StaleMaster,)
 
 
@@ -101,14 +97,21 @@ class AsyncEngine:
         return await self._guarded(self._pipeline(step) if isinstance(step, tuple) else self._call(step))
 
     async def _guarded(self, call: Awaitable[T]) -> T:
+        """Every step goes through here: transport races and the two Redis replies that mean
+        "the topology changed under this client" become ConnectionErrors, which the retry policy
+        knows; any other error reply stays what it is."""
         try:
             return await transport_safe(call)
         except ResponseError as e:
-            if not _refused_write(e):
-                raise
-            await self._forget_connections()
-            raise StaleMaster(f"write refused, nothing written ({e}): the server lost its replicas, "
-                              "or is a master that a failover replaced") from e
+            text = str(e)
+            if text.startswith("NOREPLICAS"):
+                await self._forget_connections()
+                raise StaleMaster(f"write refused, nothing written ({e}): the server lost its replicas, "
+                                  "or is a master that a failover replaced") from e
+            if text.startswith("WAIT cannot be used with replica"):
+                raise MovedDuringWait(f"the queue's slot moved during the write ({e}); the write may "
+                                      "have been applied on the new master, unconfirmed") from e
+            raise
 
     async def _forget_connections(self) -> None:
         """Drops the idle connections (the one that failed was just given back), so the next
@@ -173,9 +176,6 @@ class AsyncEngine:
                 continue
             if isinstance(reply, Exception):
                 raise reply
-            if isinstance(acked, ResponseError) and str(acked).startswith("WAIT cannot be used with replica"):
-                raise MovedDuringWait(f"the queue's slot moved during the write ({acked}); the write may "
-                                      "have been applied on the new master, unconfirmed")  # fmt: skip
             if isinstance(acked, Exception):
                 raise acked
             return reply, int(acked)
