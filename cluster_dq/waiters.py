@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Coroutine, Sequence
@@ -137,9 +138,16 @@ class WaiterHub:
     async def consume(
         self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
     ) -> list[Job]:
-        jobs = await self.engine.run(
+        first = asyncio.ensure_future(self.engine.run(
             ops.consume(self.engine.config, namespace, queues, ttr_ms, count, now_ms())
-        )
+        ))  # fmt: skip
+        try:
+            # Shielded: cancelled mid-script (the client left), the reply still comes back,
+            # and what it reserved is given back instead of sitting out its ttr.
+            jobs = await asyncio.shield(first)
+        except asyncio.CancelledError:
+            first.add_done_callback(functools.partial(self._give_back_result, namespace))
+            raise
         if jobs or timeout_ms <= 0:
             return jobs
         waiter = Waiter(namespace, queues, ttr_ms, count, time.monotonic() + timeout_ms / 1000)
@@ -164,6 +172,11 @@ class WaiterHub:
                 # cancelled (the client left) just as jobs were reserved for it: give them back
                 self._background(self.give_back(namespace, waiter.future.result()))
             self._finish(waiter, None)
+
+    def _give_back_result(self, namespace: str, done: asyncio.Future[list[Job]]) -> None:
+        """For jobs reserved by a consume whose caller is gone (cancelled)."""
+        if not done.cancelled() and done.exception() is None and done.result():
+            self._background(self.give_back(namespace, done.result()))
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
