@@ -94,6 +94,13 @@ class Settings:
     # How often one instance (shard 0's pump leader) sweeps the pool for queues whose shard
     # signal was lost (a publisher killed between its two steps). 0: never.
     ReconcileSecond: float = 60.0
+    # On SIGTERM a worker answers its long-polls at once, then lets requests in flight finish
+    # for at most this long (the supervisor waits this + 15 s before it kills a worker).
+    ShutdownGraceSecond: float = 10.0
+    MaxWaiters: int = 10_000  # long-polls waiting at once per worker; beyond: 429, Retry-After
+    # Distinct (namespace, queue) label pairs of the per-queue metrics per worker; the
+    # queues beyond it are counted under queue="_other".
+    MetricsMaxQueues: int = 1_000
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)
     Ring: dict[str, RingSettings] = field(default_factory=dict)
@@ -232,6 +239,12 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
     if s.ReconcileSecond < 0:
         raise ConfigError(f"ReconcileSecond: 0 (off) or more, got {s.ReconcileSecond}")
+    if not 0 < s.ShutdownGraceSecond <= 600:
+        raise ConfigError(f"ShutdownGraceSecond: more than 0, at most 600, got {s.ShutdownGraceSecond}")
+    if s.MaxWaiters < 0:
+        raise ConfigError(f"MaxWaiters: 0 (no long-polls) or more, got {s.MaxWaiters}")
+    if s.MetricsMaxQueues < 0:
+        raise ConfigError(f"MetricsMaxQueues: 0 (no per-queue series) or more, got {s.MetricsMaxQueues}")
     for name, pool in s.Pool.items():
         target = s.Pool.get(pool.MigrateTo) if pool.MigrateTo else None
         if pool.MigrateTo and (target is None or pool.MigrateTo == name):

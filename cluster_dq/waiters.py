@@ -134,10 +134,22 @@ class WaiterHub:
         self._background_tasks: set[asyncio.Task[None]] = set()
         self._subscribing = asyncio.Lock()
         self._closed = False
+        self._stopping = False  # shutting down: nothing is reserved any more
+
+    def stop(self) -> None:
+        """Shutdown: every waiting long-poll is answered now with nothing, and no consume
+        reserves anything from here on (one in flight for a waiter gives its jobs back)."""
+        self._stopping = True
+        for watcher in list(self.watchers.values()):
+            for waiter in list(watcher.waiters):
+                self._finish(waiter, [])
+            watcher.wake.set()
 
     async def consume(
         self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
     ) -> list[Job]:
+        if self._stopping:
+            return []
         first = asyncio.ensure_future(self.engine.run(
             ops.consume(self.engine.config, namespace, queues, ttr_ms, count, now_ms())
         ))  # fmt: skip
@@ -262,8 +274,20 @@ class WaiterHub:
                 if w is not None:
                     w.wake.set()
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 5.0) -> bool:
+        """Answers every waiter, lets the watchers finish what is in flight and the jobs of
+        gone consumers go back (within ``grace_s`` each), then stops the rest. True when
+        nothing had to be cut short."""
+        self.stop()
         self._closed = True
+        clean = True
+        for group in ([w.task for w in self.watchers.values() if w.task], list(self._background_tasks)):
+            if group:
+                done, pending = await asyncio.wait(group, timeout=grace_s)
+                failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+                for t in failed:
+                    log.error("waiter hub: %s", t.exception())
+                clean = clean and not pending and not failed
         tasks = [w.task for w in self.watchers.values() if w.task]
         tasks += list(self._background_tasks)
         if self._reader:
@@ -273,6 +297,7 @@ class WaiterHub:
         await asyncio.gather(*tasks, return_exceptions=True)  # nothing may outlive the hub
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        return clean
 
 
 def _cancelled() -> bool:

@@ -5,11 +5,16 @@ bounded metric labels. Real redis-server processes, real `cluster-dq serve` proc
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -199,3 +204,140 @@ async def test_a_consume_across_pools_cancelled_gives_back(
     finally:
         for p in (a, b):
             await p.close()
+
+
+# -- supervision and shutdown ------------------------------------------------------------------
+
+
+def _workers(pid: int) -> set[int]:
+    """The worker processes of a `cluster-dq serve` supervisor."""
+    out = set()
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            out.add(int(child))
+    return out
+
+
+def test_a_dead_worker_is_restarted_and_a_crash_loop_exits_non_zero(
+    redis_server: Server, standalone_redis: redis.Redis, tmp_path: Path
+) -> None:
+    log = tmp_path / "serve.log"
+    with log.open("wb") as err:
+        proc, base, admin = serve(redis_server.pool_settings(), stderr=err, CLUSTER_DQ_WORKERS="2")
+    try:
+        _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers")
+        first = _workers(proc.pid)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        _wait_for(lambda: len(_workers(proc.pid) - first) == 1, "a new worker")
+        assert proc.poll() is None  # the instance lives on
+        _wait_for(lambda: httpx.get(admin + "/healthz").status_code == 200, "served again")
+        assert f"worker (pid {victim}) was killed by SIGKILL; restarting it" in log.read_text()
+        # A worker that keeps dying: the instance stops, with a failure status.
+        for _ in range(10):
+            if proc.poll() is not None:
+                break
+            _wait_for(lambda: len(_workers(proc.pid)) == 2 or proc.poll() is not None, "two workers")
+            for w in _workers(proc.pid) if proc.poll() is None else ():
+                os.kill(w, signal.SIGKILL)
+                break
+            time.sleep(0.2)
+        assert proc.wait(timeout=60) == 1
+        assert "stopping the instance" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_under_load_answers_waiters_and_leaves_nothing_reserved_or_lost(
+    redis_server: Server, standalone_redis: redis.Redis, tmp_path: Path
+) -> None:
+    events = tmp_path / "events"
+    proc, base, admin = serve(redis_server.pool_settings(), CLUSTER_DQ_WORKERS="2",
+                              CLUSTER_DQ_LIFECYCLEDIR=str(events), CLUSTER_DQ_SHUTDOWNGRACESECOND="5")  # fmt: skip
+    ns = unique_ns()
+    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+    published: list[str] = []
+    received: list[str] = []
+    acked: list[str] = []
+    waiters: list[object] = []  # what each idle long-poll got: (status, body) or an error
+    halt = threading.Event()
+
+    def client() -> httpx.Client:
+        return httpx.Client(base_url=base, headers={"X-Token": token}, timeout=60)
+
+    def publisher() -> None:
+        with client() as api:
+            while not halt.is_set():
+                try:
+                    r = api.put(f"/api/{ns}/work", params={"tries": 3}, content=b"x")
+                except httpx.HTTPError:
+                    return
+                if r.status_code == 201:
+                    published.append(r.json()["job_id"])
+
+    def consumer() -> None:
+        with client() as api:
+            while not halt.is_set():
+                try:
+                    r = api.get(f"/api/{ns}/work", params={"timeout": 1, "ttr": 60})
+                    if r.status_code != 200:
+                        continue
+                    jid = r.json()["job_id"]
+                    received.append(jid)
+                    if api.delete(f"/api/{ns}/work/job/{jid}").status_code == 204:
+                        acked.append(jid)
+                except httpx.HTTPError:
+                    return
+
+    def idle_poll() -> None:
+        with client() as api:
+            try:
+                r = api.get(f"/api/{ns}/idle", params={"timeout": 60})
+                waiters.append((r.status_code, r.json()))
+            except httpx.HTTPError as e:
+                waiters.append(e)
+
+    threads = [threading.Thread(target=f) for f in [publisher] * 2 + [consumer] * 2 + [idle_poll] * 4]
+    try:
+        for t in threads:
+            t.start()
+        _wait_for(lambda: _subscribers(standalone_redis, ns, "idle") >= 1 and len(acked) > 20, "load")
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        halt.set()
+        if proc.poll() is None:
+            proc.kill()
+        for t in threads:
+            t.join(timeout=60)
+    # Waiting long-polls were answered at once, with "no job available".
+    assert waiters == [(404, {"msg": "no job available"})] * 4
+    # Nothing reserved but what a consumer holds (its ack did not reach a stopped server).
+    held = set(received) - set(acked)
+    keys = QueueKeys(ns, "work")
+
+    async def state() -> tuple[ops.Sizes, list[str]]:
+        client = make_client(redis_server.pool_settings())
+        engine = AsyncEngine(client, EngineConfig())
+        try:
+            sizes = await engine.run(ops.sizes(engine.config, ns, "work"))
+            left = []
+            for jid in published:
+                if await engine.run(ops.peek_job(ns, "work", jid)) is not None:
+                    left.append(jid)
+            return sizes, left
+        finally:
+            await close_client(client)
+
+    sizes, left = asyncio.run(state())
+    assert keys and sizes.reserved == len(held)
+    # Nothing lost: every job published is acked or still there.
+    assert set(published) == set(acked) | set(left)
+    # Lifecycle events flushed: every publish and every delivery answered is on record.
+    lines = [json.loads(x) for f in events.glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert set(published) <= {e["id"] for e in lines if e["ev"] == "published"}
+    assert set(received) <= {e["id"] for e in lines if e["ev"] == "delivered"}
