@@ -341,3 +341,39 @@ def test_sigterm_under_load_answers_waiters_and_leaves_nothing_reserved_or_lost(
     lines = [json.loads(x) for f in events.glob("*.jsonl") for x in f.read_text().splitlines()]
     assert set(published) <= {e["id"] for e in lines if e["ev"] == "published"}
     assert set(received) <= {e["id"] for e in lines if e["ev"] == "delivered"}
+
+
+# -- bounded long-polls ------------------------------------------------------------------------
+
+
+def test_long_polls_beyond_max_waiters_get_429_at_once_and_reserve_nothing(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
+    proc, base, admin = serve(redis_server.pool_settings(), CLUSTER_DQ_MAXWAITERS="2")
+    ns = unique_ns()
+    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+    answers: list[int] = []
+
+    def idle_poll(q: str) -> None:
+        with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=60) as api:
+            answers.append(api.get(f"/api/{ns}/{q}", params={"timeout": 4}).status_code)
+
+    threads = [threading.Thread(target=idle_poll, args=(q,)) for q in ("idle1", "idle2")]
+    try:
+        for t in threads:
+            t.start()
+        _wait_for(lambda: all(_subscribers(standalone_redis, ns, q) for q in ("idle1", "idle2")), "2 waiting")
+        with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=60) as api:
+            assert api.put(f"/api/{ns}/work", content=b"x").status_code == 201
+            r = api.get(f"/api/{ns}/work", params={"timeout": 10})
+            assert r.status_code == 429, r.text
+            assert int(r.headers["retry-after"]) >= 1
+            assert "waiting" in r.json()["msg"]
+            assert api.get(f"/api/{ns}/work/size").json()["size"] == 1  # nothing reserved
+            assert api.get(f"/api/{ns}/work").status_code == 200  # a plain consume is not limited
+        for t in threads:
+            t.join(timeout=60)
+        assert answers == [404, 404]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -21,7 +21,7 @@ from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, RateL
 from cluster_dq.http import params
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
-from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BATCH_ACK, JobSpec
+from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BATCH_ACK, Job, JobSpec
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.service import Service
@@ -69,6 +69,7 @@ class DataAPI:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
         self.s = settings
+        self._long_polls = 0  # consumes with a timeout running now (bounded by MaxWaiters)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -157,8 +158,20 @@ class DataAPI:
             ttr_ms = params.millis(qp, "ttr", s.TTRSecond)
             timeout_ms = params.millis(qp, "timeout", s.TimeoutSecond, s.MaxTimeoutSecond)
             n = params.count(qp)
+            if timeout_ms > 0 and self._long_polls >= s.MaxWaiters:
+                # Bounded memory and tasks per worker: refuse at once, before reserving anything.
+                busy = error("too many consumers waiting; retry later", 429, key="msg")
+                busy.headers["Retry-After"] = "1"
+                return busy
             consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
-            jobs = await _unless_hung_up(request, consume) if timeout_ms > 0 else await consume
+            if timeout_ms <= 0:
+                jobs: list[Job] | None = await consume
+            else:
+                self._long_polls += 1
+                try:
+                    jobs = await _unless_hung_up(request, consume)
+                finally:
+                    self._long_polls -= 1
             if jobs is None:
                 return Response(status_code=499)  # nobody to answer; nothing was kept for them
             if not jobs:
