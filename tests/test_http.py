@@ -304,7 +304,7 @@ def test_dead_letter_cycle_and_destroy(api: httpx.Client) -> None:
         ("PUT", "/api/ns/q", {"ttl": "x"}, "invalid ttl"),
         ("PUT", "/api/ns/q", {"tries": "70000"}, "invalid tries"),
         ("PUT", "/api/ns/q", {"tries": "0"}, "tries shouldn't be zero"),
-        ("PUT", "/api/ns/q", {"ttl": "5", "delay": "10"}, "ttl is shorter than delay"),
+        ("PUT", "/api/ns/q", {"ttl": "5", "delay": "10"}, "ttl must be longer than delay"),
         ("PUT", "/api/ns/q", {"delay_ms": "1.5"}, "invalid delay_ms"),
         ("PUT", "/api/ns/q", {"priority": "300"}, "invalid priority"),
         ("PUT", "/api/ns/q", {"job_id": "bad id!"}, "invalid job id"),
