@@ -234,3 +234,115 @@ async def test_a_consume_cancelled_while_its_reply_is_in_flight_gives_the_job_ba
         assert job is not None and job.state is JobState.READY and job.tries_left == 1
     finally:
         await hub.close()
+
+
+def _fixed_spec(due: int, body: bytes = b"row") -> JobSpec:
+    """A pipeline row's job: a server-format id made for its due time, as a rerun makes it."""
+    from cluster_dq.pipeline.schedule import derived_id
+
+    return JobSpec(body, 0, 0, job_id=derived_id(NS, Q, due, body, 1), due_ms=due)
+
+
+async def test_a_pipeline_rerun_while_the_bucket_may_be_open_creates_nothing(engine: AsyncEngine) -> None:
+    """The duplicate check of a fixed server id looked in its wheel bucket only while the
+    publisher thought the bucket closed: a rerun after the bucket's open time (the pump had not
+    opened it: it holds buckets back while consumers lag) placed the job a second time; and a
+    job cancelled in between came back."""
+    cfg, t = engine.config, now_ms()
+    due = t + 60_000
+    spec = _fixed_spec(due)
+    (first,) = await engine.run(ops.publish(cfg, NS, Q, [spec], t))
+    assert first.state is JobState.DELAYED and not first.duplicate
+    later = due - 2_000  # past the bucket's open time, before the job is due
+    (again,) = await engine.run(ops.publish(cfg, NS, Q, [spec], later))
+    assert again.duplicate
+    assert (await engine.run(ops.sizes(cfg, NS, Q))).delayed == 1
+    await engine.run(ops.ack(NS, Q, [first.job_id], later + 1, cfg.remember_acked_ms))
+    (back,) = await engine.run(ops.publish(cfg, NS, Q, [spec], later + 2))
+    assert back.duplicate and (await engine.run(ops.sizes(cfg, NS, Q))).delayed == 0
+
+
+def test_a_schedule_for_later_counts_the_ttl_from_its_reference_time() -> None:
+    """``pipeline schedule --at`` tomorrow: the ttl was validated against the reference time
+    but counted from when the partition published, so every job expired before it was due."""
+    from cluster_dq.pipeline.schedule import check_row, spec_of
+
+    ref = now_ms() + 86_400_000
+    row = {"namespace": NS, "queue": Q, "body": "x", "delay_s": 60, "ttl_s": 3600}
+    checked = check_row(row, ref)
+    assert checked[0], checked
+    spec = spec_of(checked, {})
+    assert spec.due_ms == ref + 60_000 and spec.expire_at_ms == ref + 3_600_000
+    validate_spec(spec)
+    bad = check_row({**row, "ttl_s": 60}, ref)  # ends the moment it is due
+    assert not bad[0] and "ttl" in bad[9]
+
+
+async def test_a_schedule_for_later_keeps_its_jobs_until_they_are_due(engine: AsyncEngine) -> None:
+    from cluster_dq.pipeline.schedule import check_row, spec_of
+
+    cfg, t = engine.config, now_ms()
+    ref = t + 30_000
+    spec = spec_of(check_row({"namespace": NS, "queue": Q, "body": "x", "delay_s": 1, "ttl_s": 5}, ref), {})
+    await engine.run(ops.publish(cfg, NS, Q, [spec], t))
+    await engine.run(ops.tick(cfg, NS, Q, ref + 1_000))
+    (job,) = await engine.run(ops.consume(cfg, NS, [Q], 1_000, 1, ref + 1_000))
+    assert job.body == b"x"
+
+
+async def test_consume_drops_a_bounded_number_of_expired_jobs_per_call(engine: AsyncEngine) -> None:
+    """50 k expired jobs ahead of a live one made one consume script run 338 ms; each call
+    now drops at most ``promote_limit`` of them, and the consume goes on past them in calls."""
+    cfg, t = dataclasses.replace(engine.config, promote_limit=200), now_ms()
+    for i in range(0, 1_000, 64):
+        specs = [JobSpec(b"old", ttl_ms=1_000) for _ in range(min(64, 1_000 - i))]
+        await engine.run(ops.publish(cfg, NS, Q, specs, t))
+    (live,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"live", ttl_ms=0)], t + 1))
+    dropped: list[int] = []
+
+    async def count_drops(step: Step, real: Callable[[Step], Awaitable[Any]]) -> Any:
+        reply = await real(step)
+        if script_of(step) == "consume":
+            dropped.append(int(reply[4]))
+        return reply
+
+    inject(engine, count_drops)
+    (job,) = await engine.run(ops.consume(cfg, NS, [Q], 30_000, 1, t + 2_000))
+    assert job.job_id == live.job_id
+    assert max(dropped) <= 200 and sum(dropped) == 1_000, dropped
+
+
+async def test_a_due_job_with_a_priority_does_not_wait_behind_a_backlog(engine: AsyncEngine) -> None:
+    """A long-delayed high-priority job rested in a wheel bucket; buckets are held back while
+    consumers lag, so once due it waited behind every low-priority job already ready."""
+    cfg, t = dataclasses.replace(engine.config, open_backlog=50), now_ms()
+    (urgent,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"urgent", delay_ms=60_000, priority=9)], t))
+    for _ in range(2):
+        await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"bulk") for _ in range(40)], t + 1))
+    later = t + 61_000
+    await engine.run(ops.tick(cfg, NS, Q, later))
+    (job,) = await engine.run(ops.consume(cfg, NS, [Q], 30_000, 1, later))
+    assert job.job_id == urgent.job_id
+
+
+async def test_the_registry_forgets_a_queue_that_is_empty_and_idle(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    """The shard registry kept every queue ever seen, so the pump's size pass and /info grew
+    without bound."""
+    from cluster_dq.keys import ShardKeys, shard_of
+    from cluster_dq.pump import Pump
+
+    cfg, clock = engine.config, Clock(now_ms())
+    engine.clock = clock
+    (p,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"x", ttl_ms=5_000)], clock()))
+    shard = shard_of(f"{NS}/{Q}", cfg.shards)
+    registry = ShardKeys(shard).queues
+    assert sync_redis.sismember(registry, f"{NS}/{Q}")
+    pump = Pump(engine, [shard])
+    assert await pump._renew(shard)
+    await engine.run(ops.ack(NS, Q, [p.job_id], clock()))
+    clock.t += 6_000  # the queue's last scheduled event (the ttl) comes; it is empty now
+    await pump.pump_shard(shard)
+    assert not sync_redis.sismember(registry, f"{NS}/{Q}")
+    (again,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"y")], clock()))
+    assert sync_redis.sismember(registry, f"{NS}/{Q}")  # registered again by its next publish
+    await engine.run(ops.lead(shard, pump.token, 1, give_up=True))
