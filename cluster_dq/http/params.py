@@ -45,9 +45,9 @@ def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int =
 def check_names(ns: str, q: str | None = None) -> None:
     if len(ns.encode()) > MAX_NAME_LEN or (q is not None and len(q.encode()) > MAX_NAME_LEN):
         raise BadRequest("namespace or queue name too long", "namespace")
-    if not NAME_RE.match(ns):
+    if not NAME_RE.fullmatch(ns):
         raise BadRequest("namespace name contains forbidden characters", "namespace")
-    if q is not None and (not NAME_RE.match(q) or q.startswith("_")):
+    if q is not None and (not NAME_RE.fullmatch(q) or q.startswith("_")):
         raise BadRequest("queue name contains forbidden characters", "queue")
 
 
