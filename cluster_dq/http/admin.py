@@ -43,7 +43,9 @@ class AdminAPI:
         except (binascii.Error, UnicodeDecodeError):
             user, password = "", ""
         expected = accounts.get(user)
-        if scheme.lower() != "basic" or expected is None or not hmac.compare_digest(expected, password):
+        # Compared as bytes: compare_digest refuses str with non-ASCII characters (a 500).
+        if scheme.lower() != "basic" or expected is None or not hmac.compare_digest(
+                expected.encode(), password.encode()):  # fmt: skip
             raise Unauthorized("unauthorized")
 
     def _pool_param(self, request: Request) -> str | None:

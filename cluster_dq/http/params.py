@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 
 from starlette.requests import Request
@@ -23,6 +24,14 @@ from cluster_dq.models import (
 )
 
 U32 = MAX_SECONDS
+# ASCII digits only, length-bounded before int(): str.isdigit() accepts "²" (int() then
+# fails: a 500) and int() accepts "٣" (Arabic-Indic 3) and refuses > 4300 digits.
+_UINT_RE = re.compile(r"[0-9]{1,20}")
+
+
+def ascii_uint(raw: str) -> int | None:
+    """``raw`` as a non-negative integer when it is 1 to 20 ASCII digits, else None."""
+    return int(raw) if _UINT_RE.fullmatch(raw) else None
 
 
 def uint(query: Mapping[str, str], name: str, default: int, maximum: int = U32) -> int:
@@ -30,9 +39,10 @@ def uint(query: Mapping[str, str], name: str, default: int, maximum: int = U32) 
     raw = query.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) > maximum:
+    value = ascii_uint(raw)
+    if value is None or value > maximum:
         raise BadRequest(f"invalid {name}", name)
-    return int(raw)
+    return value
 
 
 def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int = U32) -> int:
@@ -92,8 +102,8 @@ def attributes(request: Request) -> dict[str, str] | None:
 
 async def body(request: Request, limit: int, what: str = "body too large") -> bytes:
     """Reads the body, never buffering more than ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    declared = ascii_uint(request.headers.get("content-length") or "")
+    if declared is not None and declared > limit:
         raise BodyTooLarge(what, "body")
     chunks, size = [], 0
     async for chunk in request.stream():
