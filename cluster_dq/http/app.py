@@ -141,10 +141,16 @@ class DataAPI:
         body = await params.body(request, self.s.MaxBodyBytes)  # see publish
         old = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        p = await self.service.republish(route, ns, q, old, self._specs(request)(body))
-        return json({"msg": "published", "job_id": p.job_id}, 201)
+
+        async def run() -> Response:
+            p = await self.service.republish(route, ns, q, old, self._specs(request)(body))
+            return json({"msg": "published", "job_id": p.job_id}, 201)
+
+        return await self._limited(request, ns, True, 201, run)  # a write, as publish
 
     async def consume(self, request: Request) -> Response:
+        if request.method == "HEAD":  # Starlette adds HEAD to GET routes; this GET takes jobs
+            return Response(status_code=405, headers={"Allow": "GET"})
         ns = request.path_params["ns"]
         queues = params.queue_list(ns, request.path_params["queues"])
         route = await self._auth(request, ns)
