@@ -40,6 +40,10 @@ def new_token() -> str:
     return encode_id(now_ms().to_bytes(6, "big") + os.urandom(10))
 
 
+MAX_LIMIT = 2**31 - 1  # requests per window (a Redis counter; any real limit is far below)
+MAX_INTERVAL = 86_400 * 30  # seconds: PEXPIRE of a longer window may fail after INCR
+
+
 @dataclass(frozen=True, slots=True)
 class Limit:
     read: int
@@ -48,6 +52,22 @@ class Limit:
 
     def as_json(self) -> dict[str, int]:
         return {"read": self.read, "write": self.write, "interval": self.interval}
+
+    @classmethod
+    def parse(cls, data: object) -> Limit:
+        """A limit from JSON: each field a JSON integer in its range, else a 400 naming it
+        (``1e309`` is a float, infinite; ``true`` is not a number)."""
+        if not isinstance(data, dict):
+            raise BadRequest('invalid limit body: {"read","write","interval"}', "limit")
+        values = {}
+        for name, low, high in (("read", 0, MAX_LIMIT), ("write", 0, MAX_LIMIT), ("interval", 1, MAX_INTERVAL)):
+            v = data.get(name, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+                raise BadRequest(f"invalid limit: {name} must be an integer {low}..{high}", name)
+            values[name] = v
+        if values["read"] == 0 and values["write"] == 0:
+            raise BadRequest("invalid limit: read and write must not both be 0", "read")
+        return cls(**values)
 
 
 class TokenStore:
@@ -107,8 +127,10 @@ class TokenStore:
                 return self._limits  # Redis failing over: the last known limits stand
             fresh = {}
             for k, v in raw.items():
-                d = json.loads(v)
-                fresh[_text(k)] = Limit(int(d["read"]), int(d["write"]), int(d["interval"]))
+                try:  # one bad record (written by hand or by an older version) spoils no other
+                    fresh[_text(k)] = Limit.parse(json.loads(v))
+                except (ValueError, BadRequest) as e:
+                    log.warning("rate limit %s ignored: %s", _text(k), e)
             self._limits, self._limits_at = fresh, now
         return self._limits
 
@@ -120,8 +142,7 @@ class TokenStore:
         return Limit(int(d["read"]), int(d["write"]), int(d["interval"]))
 
     async def set_limit(self, pool: str, ns: str, token: str, limit: Limit, create: bool) -> None:
-        if limit.interval <= 0 or (limit.read <= 0 and limit.write <= 0) or min(limit.read, limit.write) < 0:
-            raise BadRequest("invalid limit: read/write must not both be 0, interval > 0", "limit")
+        limit = Limit.parse(limit.as_json())  # the same bounds for every caller (admin API, CLI)
         blob = json.dumps(limit.as_json())
         key, field = AdminKeys.limits(), f"{pool}/{ns}/{token}"
         if create:
