@@ -38,8 +38,8 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         assert isinstance(exc, ClusterDQError)
         if isinstance(exc, RateLimited):
             return error(str(exc), 429, key="msg")
-        if isinstance(exc, PoolUnavailable):
-            log.warning("503: %s", exc)
+        if isinstance(exc, PoolUnavailable):  # the client gets no address nor Redis error text
+            log.warning("503: %s (%s)", exc, exc.detail)
         return error(str(exc), exc.status)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -51,7 +51,7 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         # A safety net: the service maps Redis failures to PoolUnavailable where it calls
         # Redis; anything that slips through is still a 503, never a 500.
         log.warning("503 (unmapped Redis failure): %s: %s", type(exc).__name__, exc)
-        return error(f"redis unavailable: {type(exc).__name__}: {exc}", 503)
+        return error("redis unavailable (unreachable or failing over); the outcome is unknown", 503)
 
     async def crash(request: Request, exc: Exception) -> Response:
         if leaked_transport_race(exc):  # redis-py leaked a closed connection as another error
