@@ -3,6 +3,11 @@
 Checks are cached per instance for ``TokenCacheSecond`` (positive and negative alike), so a
 deleted token stops working on every instance within that many seconds (lmstfy caches
 positive answers forever, on every instance but the one that served the DELETE).
+
+Nobody unauthenticated can make a process grow: a token is refused by its shape before any
+lookup (``[pool:]token``, each 1 to 64 characters of ``[-_A-Za-z0-9]``; server-made tokens
+are 26, custom ones 20 to 64), and the answers are kept in two LRUs (valid tokens, refused
+tokens) bounded in entries and bytes, so a flood of junk cannot push valid tokens out.
 """
 
 from __future__ import annotations
@@ -10,7 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -24,6 +31,14 @@ from cluster_dq.models import encode_id
 
 log = logging.getLogger(__name__)
 MIN_CUSTOM_TOKEN = 20
+MAX_TOKEN = 64
+_PART_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")  # a token, or the pool (ring) name before ':'
+_CUSTOM_RE = re.compile(r"[-_A-Za-z0-9]{%d,%d}" % (MIN_CUSTOM_TOKEN, MAX_TOKEN))
+# What one cached answer costs, beyond its three strings: the key tuple, the value tuple, the
+# float and the dict slot (measured with sys.getsizeof: ~ 230 bytes on CPython 3.12).
+ENTRY_OVERHEAD = 256
+CACHE_ENTRIES = 10_000  # per LRU (valid answers, refusals)
+CACHE_BYTES = 4 * 1024 * 1024  # per LRU
 
 
 def _text(value: bytes | str) -> str:
@@ -34,6 +49,48 @@ def split_token(raw: str) -> tuple[str, str]:
     """lmstfy's ``pool:token``; a bare token belongs to the ``default`` pool."""
     pool, sep, token = raw.partition(":")
     return (pool, token) if sep else ("default", raw)
+
+
+def well_formed(pool: str, token: str) -> bool:
+    """The shape every token this service makes or accepts has: refused before any lookup."""
+    return _PART_RE.fullmatch(pool) is not None and _PART_RE.fullmatch(token) is not None
+
+
+def well_formed_raw(raw: str) -> bool:
+    """``[pool:]token`` as a client sends it (at most 129 characters)."""
+    return len(raw) <= 2 * MAX_TOKEN + 1 and well_formed(*split_token(raw))
+
+
+class _LRU:
+    """Answers by key, the least recently used dropped first, bounded in entries and bytes."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.data: OrderedDict[tuple[str, str, str], tuple[bool, float]] = OrderedDict()
+        self.bytes = 0
+
+    @staticmethod
+    def cost(key: tuple[str, str, str]) -> int:
+        return ENTRY_OVERHEAD + sum(len(k) for k in key)
+
+    def get(self, key: tuple[str, str, str]) -> tuple[bool, float] | None:
+        hit = self.data.get(key)
+        if hit is not None:
+            self.data.move_to_end(key)
+        return hit
+
+    def put(self, key: tuple[str, str, str], value: tuple[bool, float]) -> None:
+        if key not in self.data:
+            self.bytes += self.cost(key)
+        self.data[key] = value
+        self.data.move_to_end(key)
+        while self.data and (len(self.data) > self.max_entries or self.bytes > self.max_bytes):
+            old, _ = self.data.popitem(last=False)
+            self.bytes -= self.cost(old)
+
+    def pop(self, key: tuple[str, str, str]) -> None:
+        if self.data.pop(key, None) is not None:
+            self.bytes -= self.cost(key)
 
 
 def new_token() -> str:
@@ -71,11 +128,15 @@ class Limit:
 
 
 class TokenStore:
-    def __init__(self, engine: AsyncEngine, cache_seconds: float = 2.0) -> None:
+    def __init__(self, engine: AsyncEngine, cache_seconds: float = 2.0,
+                 max_entries: int = 2 * CACHE_ENTRIES, max_bytes: int = 2 * CACHE_BYTES) -> None:  # fmt: skip
+        """``max_entries``/``max_bytes`` bound the whole cache; half goes to valid tokens and
+        half to refusals, so refusals never evict a valid token."""
         self.engine = engine
         self.client = engine.client
         self.cache_seconds = cache_seconds
-        self._valid: dict[tuple[str, str, str], tuple[bool, float]] = {}
+        self._good = _LRU(max_entries - max_entries // 2, max_bytes - max_bytes // 2)
+        self._bad = _LRU(max_entries // 2, max_bytes // 2)
         self._limits: dict[str, Limit] = {}
         self._limits_at = 0.0
 
@@ -84,6 +145,8 @@ class TokenStore:
             token = new_token()
         elif len(token) < MIN_CUSTOM_TOKEN:
             raise BadRequest("the user token was too short", "token")
+        elif not _CUSTOM_RE.fullmatch(token):
+            raise BadRequest(f"invalid token: {MIN_CUSTOM_TOKEN} to {MAX_TOKEN} characters of [-_A-Za-z0-9]", "token")
         if not await transport_safe(self.client.hsetnx(AdminKeys.tokens(pool, ns), token, description)):
             raise BadRequest("the token has already existed", "token")
         return token
@@ -95,11 +158,18 @@ class TokenStore:
     async def delete(self, pool: str, ns: str, token: str) -> None:
         await transport_safe(self.client.hdel(AdminKeys.tokens(pool, ns), token))
         await transport_safe(self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}"))
-        self._valid.pop((pool, ns, token), None)
+        self._good.pop((pool, ns, token))
+        self._bad.pop((pool, ns, token))
+
+    def cache_size(self) -> tuple[int, int]:
+        """(entries, estimated bytes) the validity cache holds."""
+        return len(self._good.data) + len(self._bad.data), self._good.bytes + self._bad.bytes
 
     async def valid(self, pool: str, ns: str, token: str) -> bool:
+        if not well_formed(pool, token):
+            return False  # no lookup, nothing remembered: junk costs nothing
         key = (pool, ns, token)
-        hit = self._valid.get(key)
+        hit = self._good.get(key) or self._bad.get(key)
         now = time.monotonic()
         if hit and hit[1] > now:
             return hit[0]
@@ -109,9 +179,8 @@ class TokenStore:
             if hit:  # Redis failing over: the last answer stands until it is back (never a 503)
                 return hit[0]
             raise
-        if len(self._valid) > 100_000:
-            self._valid.clear()
-        self._valid[key] = (ok, now + self.cache_seconds)
+        (self._good if ok else self._bad).put(key, (ok, now + self.cache_seconds))
+        (self._bad if ok else self._good).pop(key)
         return ok
 
     # -- rate limits ------------------------------------------------------------------------

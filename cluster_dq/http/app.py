@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine.aio import leaked_transport_race
-from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, RateLimited
+from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, RateLimited, Unauthorized
 from cluster_dq.http import params
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
@@ -25,7 +25,7 @@ from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.tokens import split_token
+from cluster_dq.tokens import split_token, well_formed_raw
 
 log = logging.getLogger("cluster_dq.http")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -73,6 +73,8 @@ class DataAPI:
     async def _auth(self, request: Request, ns: str, q: str | None = None) -> PoolRoute[RedisPool]:
         params.check_names(ns, q)
         token = request.headers.get("x-token") or request.query_params.get("token")
+        if token and not well_formed_raw(token):
+            raise Unauthorized("invalid token")  # by its shape: no lookup, nothing cached
         return await self.service.authorize(token, ns)
 
     async def _limited(self, request: Request, ns: str, write: bool, ok_status: int,
@@ -107,10 +109,11 @@ class DataAPI:
 
     async def publish(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        # Read the body before anything can refuse the request: answering with unread
-        # request bytes in the socket makes the server close it with a reset (client error).
-        body = await params.body(request, self.s.MaxBodyBytes)
+        # The token first: nothing unauthenticated is buffered. A refusal answered with the
+        # body unread is safe: the server discards the rest of the body and keeps the
+        # connection (tests/test_edges.py sends 30 MB with a junk token through httpx).
         route = await self._auth(request, ns, q)
+        body = await params.body(request, self.s.MaxBodyBytes)
 
         async def run() -> Response:
             (p,) = await self.service.publish(route, ns, q, [self._specs(request)(body)])
@@ -123,8 +126,8 @@ class DataAPI:
 
     async def bulk(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)  # see publish
-        route = await self._auth(request, ns, q)
+        route = await self._auth(request, ns, q)  # before the body: see publish
+        data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)
 
         async def run() -> Response:
             spec = self._specs(request)
@@ -138,9 +141,9 @@ class DataAPI:
 
     async def republish(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        body = await params.body(request, self.s.MaxBodyBytes)  # see publish
         old = params.job_id(request.path_params["job_id"])
-        route = await self._auth(request, ns, q)
+        route = await self._auth(request, ns, q)  # before the body: see publish
+        body = await params.body(request, self.s.MaxBodyBytes)
 
         async def run() -> Response:
             p = await self.service.republish(route, ns, q, old, self._specs(request)(body))
@@ -182,8 +185,8 @@ class DataAPI:
         """Batch ack (extension): many ids in one request and one script, so a consumer of
         ``count`` jobs spends two round trips on them, not ``count + 1``."""
         ns, q = request.path_params["ns"], request.path_params["q"]
-        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 8) + 1024)  # see publish
-        route = await self._auth(request, ns, q)
+        route = await self._auth(request, ns, q)  # before the body: see publish
+        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 8) + 1024)
         ids = params.id_list(data)
         states = await self.service.ack(route, ns, q, ids)
         missing = [i for i, s in zip(ids, states) if s is None]
