@@ -58,11 +58,16 @@ class RateLimited(ClusterDQError):
 
 
 class PoolUnavailable(ClusterDQError):
+    """What a client is told (``str()``): the pool, that Redis is unavailable, and ``advice``
+    (e.g. that a write may have been applied and whether repeating it is safe). ``detail``
+    (the Redis error: addresses, exception text) is for the log only."""
+
     status = 503
 
-    def __init__(self, pool: str, detail: str) -> None:
-        super().__init__(f"pool {pool!r} unavailable: {detail}")
-        self.pool, self.detail = pool, detail
+    def __init__(self, pool: str, detail: str, advice: str = "") -> None:
+        public = f"pool {pool!r} unavailable: redis unavailable (unreachable or failing over)"
+        super().__init__(f"{public}; {advice}" if advice else public)
+        self.pool, self.detail, self.advice = pool, detail, advice
 
 
 class ConfigError(ClusterDQError):

@@ -34,9 +34,10 @@ MAX_SECONDS = 2**32 - 1
 MAX_PRIORITY = 255
 CLIENT_ID_MAX_LEN = 64
 
-NAME_RE = re.compile(r"^[-_A-Za-z0-9]+$")
+# \A..\Z with fullmatch: ``$`` would also match before a final newline ("q\n" passing as "q").
+NAME_RE = re.compile(r"\A[-_A-Za-z0-9]+\Z")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_WHEEL_ID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
+_WHEEL_ID_RE = re.compile(r"\A[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
 
 HEADER = struct.Struct(">6s6sHHBB")
 HEADER_SIZE = HEADER.size  # 18
@@ -70,7 +71,7 @@ def encode_id(raw: bytes) -> str:
 def decode_id(text: str) -> bytes | None:
     """26-char Crockford base32 -> 16 raw bytes, or None when ``text`` is not a wheel id.
     Crockford's digits are int()'s base-32 digits in another spelling."""
-    if not _WHEEL_ID_RE.match(text):
+    if not _WHEEL_ID_RE.fullmatch(text):
         return None
     return int(text.translate(_TO_BASE32_DIGITS), 32).to_bytes(16, "big")
 
@@ -97,7 +98,7 @@ def id_due_ms(raw: bytes) -> int:
 
 def id_due_ms_of_text(text: str) -> int | None:
     """The due time a server-made id carries (its top 48 bits), None for a client id."""
-    if not _WHEEL_ID_RE.match(text):
+    if not _WHEEL_ID_RE.fullmatch(text):
         return None
     return int(text.translate(_TO_BASE32_DIGITS), 32) >> 80
 
@@ -110,8 +111,8 @@ def is_client_id_valid(text: str) -> bool:
     """A client-chosen id: a name, at most 64 bytes, that cannot be mistaken for a wheel id."""
     return (
         0 < len(text) <= CLIENT_ID_MAX_LEN
-        and NAME_RE.match(text) is not None
-        and _WHEEL_ID_RE.match(text) is None
+        and NAME_RE.fullmatch(text) is not None
+        and _WHEEL_ID_RE.fullmatch(text) is None
     )
 
 

@@ -49,12 +49,13 @@ class Service:
             items = result if isinstance(result, list) else [result]
             ids = [p.job_id for p in items if isinstance(p, Published)]
             what = f"job(s) {', '.join(ids)} written" if ids else "the write was applied"
-            raise PoolUnavailable(pool.name, (
+            raise PoolUnavailable(pool.name, str(e), (
                 f"{what} on the master, but {e}: it may be lost if the master fails now; "
                 "repeating the request is safe (publishing with the same job_id is idempotent)"
             )) from e  # fmt: skip
         except (RedisError, OSError) as e:
-            raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}") from e
+            outcome = "" if idempotent else "the request may or may not have been applied"
+            raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}", outcome) from e
 
     # -- auth -------------------------------------------------------------------------------
 
@@ -157,8 +158,8 @@ class Service:
             try:
                 (state,) = await self._run(pool, op, durable=True)
             except PoolUnavailable as e:
-                raise PoolUnavailable(pool.name, (
-                    f"{e.detail}; the release may have been applied: look the job up "
+                raise PoolUnavailable(pool.name, e.detail, (
+                    "the release may have been applied: look the job up "
                     f"(GET /api/{ns}/{q}/job/{job_id}) before repeating it"
                 )) from e  # fmt: skip
             if state is not None:

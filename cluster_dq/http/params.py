@@ -24,6 +24,16 @@ from cluster_dq.models import (
 )
 
 U32 = MAX_SECONDS
+# ASCII digits only, length-bounded before int(): str.isdigit() accepts "²" (int() then
+# fails: a 500) and int() accepts "٣" (Arabic-Indic 3) and refuses > 4300 digits.
+_UINT_RE = re.compile(r"[0-9]{1,20}")
+
+
+def ascii_uint(raw: str) -> int | None:
+    """``raw`` as a non-negative integer when it is 1 to 20 ASCII digits, else None."""
+    return int(raw) if _UINT_RE.fullmatch(raw) else None
+
+
 LEASE_RE = re.compile(r"[0-9a-fA-F]{16}")
 
 
@@ -32,9 +42,10 @@ def uint(query: Mapping[str, str], name: str, default: int, maximum: int = U32) 
     raw = query.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) > maximum:
+    value = ascii_uint(raw)
+    if value is None or value > maximum:
         raise BadRequest(f"invalid {name}", name)
-    return int(raw)
+    return value
 
 
 def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int = U32) -> int:
@@ -47,9 +58,9 @@ def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int =
 def check_names(ns: str, q: str | None = None) -> None:
     if len(ns.encode()) > MAX_NAME_LEN or (q is not None and len(q.encode()) > MAX_NAME_LEN):
         raise BadRequest("namespace or queue name too long", "namespace")
-    if not NAME_RE.match(ns):
+    if not NAME_RE.fullmatch(ns):
         raise BadRequest("namespace name contains forbidden characters", "namespace")
-    if q is not None and (not NAME_RE.match(q) or q.startswith("_")):
+    if q is not None and (not NAME_RE.fullmatch(q) or q.startswith("_")):
         raise BadRequest("queue name contains forbidden characters", "queue")
 
 
@@ -94,8 +105,8 @@ def attributes(request: Request) -> dict[str, str] | None:
 
 async def body(request: Request, limit: int, what: str = "body too large") -> bytes:
     """Reads the body, never buffering more than ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    declared = ascii_uint(request.headers.get("content-length") or "")
+    if declared is not None and declared > limit:
         raise BodyTooLarge(what, "body")
     chunks, size = [], 0
     async for chunk in request.stream():
