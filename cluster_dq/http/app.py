@@ -197,7 +197,8 @@ class DataAPI:
         ``count`` jobs spends two round trips on them, not ``count + 1``."""
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)  # before the body: see publish
-        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 8) + 1024)
+        # room for {"job_id": ..., "lease": ...} elements of the longest ids
+        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 48) + 1024)
         ids, leases = params.id_list(data)
         states = await self.service.ack(route, ns, q, ids, leases if any(leases) else None)
         missing = [i for i, s in zip(ids, states) if s is None]
