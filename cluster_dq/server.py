@@ -52,6 +52,7 @@ class Runtime:
         self.settings = settings
         self.run_pump = run_pump
         metrics.ENABLED = settings.EnableMetrics
+        metrics.MAX_QUEUES = settings.MetricsMaxQueues
         config = EngineConfig(shards=settings.Shards, remember_acked_ms=settings.AckedIdMemorySecond * 1000)
         self.events = LifecycleLog(settings.LifecycleDir) if settings.LifecycleDir else None
         self.pools = {n: RedisPool.create(p, config, self.events) for n, p in settings.Pool.items()}

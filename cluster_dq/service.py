@@ -230,7 +230,9 @@ class Service:
 
     async def destroy(self, route: PoolRoute[RedisPool], ns: str, q: str) -> int:
         reads = route.place(ns, q).reads
-        return sum([await self._run(p, ops.destroy(p.engine.config, ns, q), idempotent=True) for p in reads])
+        n = sum([await self._run(p, ops.destroy(p.engine.config, ns, q), idempotent=True) for p in reads])
+        metrics.forget_queue(ns, q)
+        return n
 
     async def respawn(self, route: PoolRoute[RedisPool], ns: str, q: str, limit: int, ttl_ms: int) -> int:
         n = 0

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -19,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from prometheus_client import REGISTRY, generate_latest
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
@@ -29,7 +31,8 @@ from cluster_dq.localredis import Server, start_server
 from cluster_dq.models import Job, JobSpec
 from cluster_dq.pools import RedisPool, close_client, make_client
 from cluster_dq.pump import Pump
-from cluster_dq.service import _consume_across
+from cluster_dq.service import Service, _consume_across
+from cluster_dq.settings import Settings
 from tests.test_http import ADMIN_AUTH, serve
 
 
@@ -377,3 +380,61 @@ def test_long_polls_beyond_max_waiters_get_429_at_once_and_reserve_nothing(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# -- bounded metric labels ---------------------------------------------------------------------
+
+
+def _queue_series(text: str, ns: str) -> dict[str, int]:
+    """Series per queue label of namespace ``ns`` in an exposition."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        m = re.search(r'namespace="([^"]*)",.*?queue="([^"]*)"', line)
+        if not line.startswith("#") and m and m.group(1) == ns:
+            out[m.group(2)] = out.get(m.group(2), 0) + 1
+    return out
+
+
+def test_per_queue_metric_series_are_capped(redis_server: Server, standalone_redis: redis.Redis) -> None:
+    cap, invented = 100, 2_000
+    proc, base, admin = serve(redis_server.pool_settings(), CLUSTER_DQ_METRICSMAXQUEUES=str(cap),
+                              CLUSTER_DQ_SIZEINTERVALSECOND="1")  # fmt: skip
+    ns = unique_ns()
+    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+    try:
+        with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=30) as api:
+            for i in range(invented):
+                assert api.put(f"/api/{ns}/q{i}", params={"ttl": 0}, content=b"x").status_code == 201
+            for i in range(0, invented, 10):  # deliveries: the histograms too
+                assert api.get(f"/api/{ns}/q{i}").status_code == 200
+
+        def scrape() -> str:
+            return httpx.get(f"{admin}/metrics").text
+
+        _wait_for(lambda: f'cluster_dq_queue_jobs{{namespace="{ns}"' in scrape(), "sizes posted")
+        series = _queue_series(scrape(), ns)
+        print(f"{invented} queues, cap {cap}: {sum(series.values())} per-queue series "
+              f"over {len(series)} queue labels")  # the figure for the notes
+        assert "_other" in series
+        assert len(series) <= cap + 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def test_a_destroyed_queue_s_series_are_removed(redis_server: Server, standalone_redis: redis.Redis) -> None:
+    """In one process (prometheus-client's default registry); see metrics.forget_queue for
+    what multiprocess mode cannot do."""
+    settings = Settings(Pool={"default": redis_server.pool_settings()})
+    pools = {"default": RedisPool.create(settings.Pool["default"], EngineConfig())}
+    service = Service(settings, pools)
+    ns = unique_ns()
+    try:
+        route = service.route("default")
+        await service.publish(route, ns, "doomed", [JobSpec(b"x")])
+        await service.consume(route, ns, ["doomed"], 30_000, 1, 0)
+        assert _queue_series(generate_latest(REGISTRY).decode(), ns).get("doomed")
+        await service.destroy(route, ns, "doomed")
+        assert not _queue_series(generate_latest(REGISTRY).decode(), ns)
+    finally:
+        await pools["default"].close()
