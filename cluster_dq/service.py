@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 
 from cluster_dq import metrics
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.aio import NotReplicated
+from cluster_dq.engine.aio import NotReplicated, StaleMaster
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import NotFound, PoolUnavailable, Unauthorized
 from cluster_dq.keys import parse_qualified
@@ -55,8 +55,7 @@ class Service:
                 "repeating the request is safe (publishing with the same job_id is idempotent)"
             )) from e  # fmt: skip
         except (RedisError, OSError) as e:
-            outcome = "" if idempotent else "the request may or may not have been applied"
-            raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}", outcome) from e
+            raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}", _outcome(e, idempotent)) from e
 
     # -- auth -------------------------------------------------------------------------------
 
@@ -117,7 +116,9 @@ class Service:
             else:
                 jobs = await _consume_across(groups, ns, ttr_ms, count, timeout_ms)
         except (RedisError, OSError) as e:
-            raise PoolUnavailable(route.name, f"{type(e).__name__}: {e}") from e
+            advice = _outcome(e, False, "jobs may have been reserved for this request and not delivered; "
+                              "they are delivered again once their ttr ends")  # fmt: skip
+            raise PoolUnavailable(route.name, f"{type(e).__name__}: {e}", advice) from e
         now = route.place(ns, queues[0]).write.engine.clock()
         metrics.record_delivered(jobs, now)
         if self.events:
@@ -278,6 +279,15 @@ class Service:
                     if s.delayed or s.ready or s.reserved or s.dead:
                         out.setdefault(pool.name, {})[qualified] = s
         return out
+
+
+def _outcome(e: BaseException, idempotent: bool, unknown: str = "the request may or may not have been applied") -> str:
+    """What a 503 tells the client of its request: the one place that decides it."""
+    if isinstance(e, StaleMaster):  # refused before running, every attempt
+        return "the request was refused before it ran: nothing was written; repeating it is safe"
+    if idempotent:
+        return "the request may have been applied; repeating it is safe"
+    return unknown
 
 
 async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, ttr_ms: int,
