@@ -355,7 +355,10 @@ SUPERVISOR_EXTRA_S = 15  # beyond a worker's grace: pumps stopped, jobs given ba
 
 def _exit_status(code: int | None) -> str:
     if code is not None and code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:  # a real-time signal has no name
+            return f"was killed by signal {-code}"
     return f"exited with status {code}"
 
 
