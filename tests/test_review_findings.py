@@ -13,7 +13,9 @@ from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.models import JobSpec
+from cluster_dq.settings import PoolSettings
 from tests.invariants import check_queue
+from tests.test_routing import pools, start, stop, token  # noqa: F401  (fixture)
 from tests.test_http import admin, api, service, size  # noqa: F401  (fixtures)
 
 
@@ -74,3 +76,24 @@ async def test_engine_consume_of_more_than_255_jobs_loses_none(engine: AsyncEngi
         print("consume raised", type(e).__name__, e)
     check_queue(sync_redis, "ns", "q")  # every job in exactly one state
     assert len(jobs) == 300
+
+
+def test_leases_work_while_a_pool_migrates(pools: dict[str, PoolSettings]) -> None:
+    """With ``MigrateTo`` a queue's reads are (old, new). touch and release try each pool in
+    turn, but touch.lua / release.lua answer a lease on a job they do not hold as the
+    conflict 'gone' (code 6), and ops.touch/ops.release raise Conflict at the first pool: a job
+    delivered from the new pool can never be touched or released with its own lease (409
+    'gone'), only without one. (ack.lua maps 'gone' to no conflict, so ack is not affected.)"""
+    proc, base, _admin = start({"default": pools["default"], "old": pools["old"], "new": pools["new"]},
+                               CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    try:
+        with httpx.Client(base_url=base, headers={"X-Token": token(_admin, "old")}, timeout=30) as api:
+            jid = api.put("/api/ns/q", params={"tries": 3}, content=b"x").json()["job_id"]  # -> new
+            got = api.get("/api/ns/q", params={"ttr": 30}).json()
+            assert got["job_id"] == jid
+            r = api.post(f"/api/ns/q/job/{jid}/touch", params={"ttr": 60, "lease": got["lease"]})
+            assert r.status_code == 200, r.text
+            r = api.post(f"/api/ns/q/job/{jid}/release", params={"lease": got["lease"]})
+            assert r.status_code == 200, r.text
+    finally:
+        stop(proc)
