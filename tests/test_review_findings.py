@@ -4,7 +4,6 @@ real Redis and a real `cluster-dq serve`, and fails on the code it was written a
 
 from __future__ import annotations
 
-import time
 
 import httpx
 import redis
@@ -13,9 +12,11 @@ from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.models import JobSpec
+from cluster_dq.localredis import Server
 from cluster_dq.settings import PoolSettings
 from tests.invariants import check_queue
 from tests.test_routing import pools, start, stop, token  # noqa: F401  (fixture)
+from tests.test_http import ADMIN_AUTH, serve
 from tests.test_http import admin, api, service, size  # noqa: F401  (fixtures)
 
 
@@ -97,3 +98,23 @@ def test_leases_work_while_a_pool_migrates(pools: dict[str, PoolSettings]) -> No
             assert r.status_code == 200, r.text
     finally:
         stop(proc)
+
+
+def test_a_configured_pool_name_the_token_shape_refuses(redis_server: Server) -> None:
+    """Pool (and ring) names are not checked at start-up, but the data port refuses by shape
+    every token whose pool part is not [-_A-Za-z0-9]{1,64}: a pool named 'east.1' starts, its
+    admin hands out tokens (201), and every one of them is a 401 on the data port. Either
+    the settings refuse such a name (naming the key), or the shape admits it."""
+    proc, base, admin = serve(f"127.0.0.1:{redis_server.port}",
+                              **{"CLUSTER_DQ_POOL__EAST.1__ADDR": f"127.0.0.1:{redis_server.port}",
+                                 "CLUSTER_DQ_POOL__EAST.1__DB": "5"})  # fmt: skip
+    try:
+        r = httpx.post(f"{admin}/token/ns", params={"description": "t", "pool": "east.1"}, auth=ADMIN_AUTH)
+        assert r.status_code == 201, r.text
+        tok = r.json()["token"]
+        assert tok.startswith("east.1:")
+        put = httpx.put(f"{base}/api/ns/q", headers={"X-Token": tok}, content=b"x")
+        assert put.status_code == 201, f"admin made {tok}, the data port answers {put.status_code} {put.text}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
