@@ -37,12 +37,16 @@ def test_head_on_deadletter_deletes_nothing(api: httpx.Client) -> None:
     assert r.status_code in (200, 405)
 
 
-def test_head_on_token_route_creates_no_token(service: tuple[str, str], admin: httpx.Client) -> None:
+def test_head_on_token_route_creates_no_token(
+    service: tuple[str, str], admin: httpx.Client
+) -> None:
     """The admin token route's handler treats every method but GET as POST (create)."""
     before = admin.get("/token/ns").json()["tokens"]
     r = admin.head("/token/ns", params={"description": "made-by-head"})
     after = admin.get("/token/ns").json()["tokens"]
-    assert "made-by-head" not in after.values() and len(after) == len(before), f"HEAD ({r.status_code}) created a token"
+    assert "made-by-head" not in after.values() and len(after) == len(before), (
+        f"HEAD ({r.status_code}) created a token"
+    )
     assert r.status_code in (200, 405)
 
 
@@ -52,16 +56,21 @@ def test_batch_ack_with_a_stale_and_the_good_lease_of_one_job_is_refused(api: ht
     jid = api.put("/api/ns/q", params={"tries": 2}, content=b"x").json()["job_id"]
     good = consume(api).json()["lease"]
     stale = "0" * 16
-    r = api.post("/api/ns/q/ack", json=[{"job_id": jid, "lease": good}, {"job_id": jid, "lease": stale}])
+    r = api.post(
+        "/api/ns/q/ack", json=[{"job_id": jid, "lease": good}, {"job_id": jid, "lease": stale}]
+    )
     assert r.status_code == 409  # the stale lease last: refused
     assert size(api)["reserved"] == 1
-    r = api.post("/api/ns/q/ack", json=[{"job_id": jid, "lease": stale}, {"job_id": jid, "lease": good}])
+    r = api.post(
+        "/api/ns/q/ack", json=[{"job_id": jid, "lease": stale}, {"job_id": jid, "lease": good}]
+    )
     assert r.status_code in (400, 409), f"stale lease first: {r.status_code} {r.text}"
     assert size(api)["reserved"] == 1
 
 
-
-async def test_engine_consume_of_more_than_255_jobs_loses_none(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_engine_consume_of_more_than_255_jobs_loses_none(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     """consume.lua names the i-th lease of a call `prefix .. string.char(i)`: the 256th job of
     one call raises 'bad argument to char' after ZPOPMIN took it from READY and after 255
     reservations were written. The engine's consume does not bound count (only the HTTP layer
@@ -69,7 +78,9 @@ async def test_engine_consume_of_more_than_255_jobs_loses_none(engine: AsyncEngi
     in JOBS, in no state, never delivered again."""
     now = now_ms()
     for _ in range(5):
-        await engine.run(ops.publish(engine.config, "ns", "q", [JobSpec(b"x", ttl_ms=0) for _ in range(64)], now))
+        await engine.run(
+            ops.publish(engine.config, "ns", "q", [JobSpec(b"x", ttl_ms=0) for _ in range(64)], now)
+        )
     try:
         jobs = await engine.run(ops.consume(engine.config, "ns", ["q"], 30_000, 300, now))
     except Exception as e:  # noqa: BLE001  (what the caller saw, then what Redis holds)
@@ -88,7 +99,9 @@ def test_leases_work_while_a_pool_migrates(pools: dict[str, PoolSettings]) -> No
     proc, base, _admin = start({"default": pools["default"], "old": pools["old"], "new": pools["new"]},
                                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
     try:
-        with httpx.Client(base_url=base, headers={"X-Token": token(_admin, "old")}, timeout=30) as api:
+        with httpx.Client(
+            base_url=base, headers={"X-Token": token(_admin, "old")}, timeout=30
+        ) as api:
             jid = api.put("/api/ns/q", params={"tries": 3}, content=b"x").json()["job_id"]  # -> new
             got = api.get("/api/ns/q", params={"ttr": 30}).json()
             assert got["job_id"] == jid
@@ -109,12 +122,16 @@ def test_a_configured_pool_name_the_token_shape_refuses(redis_server: Server) ->
                               **{"CLUSTER_DQ_POOL__EAST.1__ADDR": f"127.0.0.1:{redis_server.port}",
                                  "CLUSTER_DQ_POOL__EAST.1__DB": "5"})  # fmt: skip
     try:
-        r = httpx.post(f"{admin}/token/ns", params={"description": "t", "pool": "east.1"}, auth=ADMIN_AUTH)
+        r = httpx.post(
+            f"{admin}/token/ns", params={"description": "t", "pool": "east.1"}, auth=ADMIN_AUTH
+        )
         assert r.status_code == 201, r.text
         tok = r.json()["token"]
         assert tok.startswith("east.1:")
         put = httpx.put(f"{base}/api/ns/q", headers={"X-Token": tok}, content=b"x")
-        assert put.status_code == 201, f"admin made {tok}, the data port answers {put.status_code} {put.text}"
+        assert put.status_code == 201, (
+            f"admin made {tok}, the data port answers {put.status_code} {put.text}"
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=20)
