@@ -4,6 +4,8 @@ real Redis and a real `cluster-dq serve`, and fails on the code it was written a
 
 from __future__ import annotations
 
+import socket
+
 
 import httpx
 import redis
@@ -135,3 +137,35 @@ def test_a_configured_pool_name_the_token_shape_refuses(redis_server: Server) ->
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_consume_with_ttr_zero_gives_no_second_holder(api: httpx.Client) -> None:
+    """touch refuses ttr < 1 and the settings bound TTRSecond to >= 1, but consume takes ttr=0:
+    the job is reserved with its deadline at `now`, so the delivery's own lease holds nothing
+    from the start (its ack is a 409) and a second consumer gets the same job at once: two
+    holders (SPEC §2.4). lmstfy itself parses ttr=0 without complaint, so the fix may be a 400
+    or a floor (e.g. the smallest ttr the API takes elsewhere); either passes this test."""
+    jid = api.put("/api/ns/q", params={"tries": 3}, content=b"x").json()["job_id"]
+    first = api.get("/api/ns/q", params={"ttr": 0})
+    assert first.status_code in (200, 400), first.text
+    if first.status_code == 200:
+        second = api.get("/api/ns/q", params={"ttr": 30})
+        assert second.status_code == 404, f"{jid} delivered twice at once: {second.text}"
+
+
+def test_a_huge_request_line_is_refused_before_it_is_buffered(service: tuple[str, str]) -> None:
+    """Bodies are no longer read before the token is checked, but the request line is not
+    bounded at all: an unauthenticated 40 MB query string is buffered whole (worker RSS 45 ->
+    86 MB, 4.4 s, growing faster than linearly: 1 MB 0.03 s, 10 MB 0.44 s) and answered 401.
+    One MB of query is refused here (414, or 400/431) or the connection is closed."""
+    port = int(service[0].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        try:
+            sock.sendall(
+                b"GET /api/ns/q?token=junk&x=" + b"a" * 1_000_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            head = sock.recv(64)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # refused while still sending: not buffered
+    status = int(head.split()[1]) if head else 0
+    assert status in (0, 400, 414, 431), head
