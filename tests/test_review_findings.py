@@ -13,6 +13,8 @@ import redis
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.models import JobSpec
 from cluster_dq.localredis import Server
 from cluster_dq.settings import PoolSettings
@@ -111,6 +113,35 @@ def test_leases_work_while_a_pool_migrates(pools: dict[str, PoolSettings]) -> No
             assert r.status_code == 200, r.text
             r = api.post(f"/api/ns/q/job/{jid}/release", params={"lease": got["lease"]})
             assert r.status_code == 200, r.text
+    finally:
+        stop(proc)
+
+
+def test_republish_with_a_lease_works_for_a_job_of_the_drained_pool(
+    pools: dict[str, PoolSettings],
+) -> None:
+    """republish runs on the write (new) pool only; with a lease, republish.lua's lease_check
+    finds the old job gone there (it lives in the drained pool) and answers 409 'gone',
+    although that delivery holds it: a consumer cannot republish with its lease during a
+    migration (without a lease the service acks the old pool too)."""
+    old = pools["old"]
+    client = redis.Redis(port=int(old.Addr.split(":")[1]), db=old.DB)
+    SyncEngine(client).run(
+        ops.publish(EngineConfig(), "ns", "q", [JobSpec(body=b"old", tries=3)], now_ms())
+    )
+    client.close()
+    proc, base, _admin = start({"default": pools["default"], "old": old, "new": pools["new"]},
+                               CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    try:
+        with httpx.Client(
+            base_url=base, headers={"X-Token": token(_admin, "old")}, timeout=30
+        ) as api:
+            got = api.get("/api/ns/q", params={"ttr": 30}).json()  # from the old pool
+            r = api.put(
+                f"/api/ns/q/job/{got['job_id']}", params={"lease": got["lease"]}, content=b"next"
+            )
+            assert r.status_code == 201, r.text
+            assert api.get(f"/api/ns/q/job/{got['job_id']}").status_code == 404
     finally:
         stop(proc)
 
