@@ -200,3 +200,24 @@ def test_a_huge_request_line_is_refused_before_it_is_buffered(service: tuple[str
             return  # refused while still sending: not buffered
     status = int(head.split()[1]) if head else 0
     assert status in (0, 400, 414, 431), head
+
+
+def test_deeply_nested_json_is_a_400_not_a_500(api: httpx.Client, admin: httpx.Client) -> None:
+    """json's decoder recurses once per nesting level: a body of 5,000 '[' (10 kB, well
+    within every body limit) raises RecursionError, which no handler maps: a 500 and a
+    traceback in the log, from the bulk publish, the batch ack and the admin limit routes."""
+    deep = b"[" * 5000 + b"]" * 5000
+    tok = api.headers["X-Token"]
+    calls = {
+        "bulk": lambda: api.put("/api/ns/q/bulk", content=b"[" + deep + b"]"),
+        "batch ack": lambda: api.post("/api/ns/q/ack", content=b"[" + deep + b"]"),
+        "admin limit": lambda: admin.post(f"/token/ns/{tok}/limit", content=deep),
+    }
+    got: dict[str, object] = {}
+    for name, call in calls.items():
+        try:
+            got[name] = call().status_code
+        except httpx.TransportError as e:  # the worker dropped the connection
+            got[name] = type(e).__name__
+    assert got == {"bulk": 400, "batch ack": 400, "admin limit": 400}
+    assert size(api)["size"] == 0
