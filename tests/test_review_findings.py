@@ -221,3 +221,36 @@ def test_deeply_nested_json_is_a_400_not_a_500(api: httpx.Client, admin: httpx.C
             got[name] = type(e).__name__
     assert got == {"bulk": 400, "batch ack": 400, "admin limit": 400}
     assert size(api)["size"] == 0
+
+
+def test_a_409_batch_ack_changes_nothing_while_a_pool_migrates(
+    pools: dict[str, PoolSettings],
+) -> None:
+    """service.ack runs ack.lua pool by pool (drained pool first). A batch whose good lease
+    holds a job of the old pool and whose stale lease names a job of the new pool: the old
+    pool acks its job, the new pool refuses, and the client gets a 409 saying 'nothing was
+    changed', while one job is gone."""
+    old = pools["old"]
+    client = redis.Redis(port=int(old.Addr.split(":")[1]), db=old.DB)
+    SyncEngine(client).run(
+        ops.publish(EngineConfig(), "ns", "q", [JobSpec(body=b"old", tries=3)], now_ms())
+    )
+    client.close()
+    proc, base, _admin = start({"default": pools["default"], "old": old, "new": pools["new"]},
+                               CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    try:
+        with httpx.Client(
+            base_url=base, headers={"X-Token": token(_admin, "old")}, timeout=30
+        ) as api:
+            api.put("/api/ns/q", params={"tries": 3}, content=b"new")  # -> the new pool
+            a = api.get("/api/ns/q", params={"ttr": 30}).json()  # the old pool's job first
+            b = api.get("/api/ns/q", params={"ttr": 30}).json()
+            assert (a["data"], b["data"]) == ("b2xk", "bmV3")
+            r = api.post("/api/ns/q/ack", json=[{"job_id": a["job_id"], "lease": a["lease"]},
+                                               {"job_id": b["job_id"], "lease": "0" * 16}])  # fmt: skip
+            assert r.status_code == 409, r.text
+            assert api.get(f"/api/ns/q/job/{a['job_id']}").status_code == 200, (
+                f"409 said {r.json()['error']!r}"
+            )
+    finally:
+        stop(proc)
