@@ -33,6 +33,7 @@ from cluster_dq.errors import ConfigError
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
 from cluster_dq.http.middleware import AccessLog, SharedFlag
+from cluster_dq.http.protocol import BoundedHttpToolsProtocol
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.localredis import Server as RedisServer
 from cluster_dq.localredis import start_server
@@ -100,7 +101,7 @@ class _Server(uvicorn.Server):
 
 def _uvicorn(app: object, sock: socket.socket) -> _Server:
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",  # type: ignore[arg-type]
-                            loop="uvloop", http="httptools", timeout_keep_alive=75,
+                            loop="uvloop", http=BoundedHttpToolsProtocol, timeout_keep_alive=75,
                             proxy_headers=False, server_header=False)  # fmt: skip
     server = _Server(config)
     server.sock = sock  # type: ignore[attr-defined]

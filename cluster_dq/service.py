@@ -15,7 +15,7 @@ from cluster_dq import metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import NotReplicated, StaleMaster
 from cluster_dq.engine.commands import Op, Published, Sizes
-from cluster_dq.errors import NotFound, PoolUnavailable, Unauthorized
+from cluster_dq.errors import Conflict, NotFound, PoolUnavailable, Unauthorized
 from cluster_dq.keys import parse_qualified
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.models import Job, JobSpec, JobState, validate_spec
@@ -131,7 +131,12 @@ class Service:
         (aligned with ``ids``): if one does not hold its job, ``Conflict`` and nothing acked."""
         states: list[JobState | None] = [None] * len(ids)
         now = 0
-        for pool in route.place(ns, q).reads:  # a job is in one of them; usually there is one
+        reads = route.place(ns, q).reads
+        if leases and len(reads) > 1:  # all or nothing across the pools too: check them all first
+            for pool in reads:
+                check = ops.ack(ns, q, ids, pool.engine.clock(), 0, leases, check_only=True)
+                await self._run(pool, check, idempotent=True)
+        for pool in reads:  # a job is in one of them; usually there is one
             todo = [i for i, s in enumerate(states) if s is None]
             if not todo:
                 break
@@ -154,11 +159,16 @@ class Service:
         is back, another consumer may hold it, and a blind repeat would release *that*
         reservation (or, with a lease, answer a conflict for a release that happened). A reply
         lost in transit is a 503 that says the release may have happened."""
-        for pool in route.place(ns, q).reads:
+        reads = route.place(ns, q).reads
+        for pool in reads:
             op = ops.release(pool.engine.config, ns, q, [job_id], delay_ms, pool.engine.clock(), nack=True,
                              leases=[lease])  # fmt: skip
             try:
                 (state,) = await self._run(pool, op, durable=True)
+            except Conflict as e:
+                if e.state is None and pool is not reads[-1]:
+                    continue  # not in this pool (a migration): it may be in the next
+                raise
             except PoolUnavailable as e:
                 raise PoolUnavailable(pool.name, e.detail, (
                     "the release may have been applied: look the job up "
@@ -173,10 +183,16 @@ class Service:
     async def touch(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, ttr_ms: int,
                     lease: str | None = None) -> None:  # fmt: skip
         """Moves the reservation's deadline to now + ``ttr_ms`` (a consumer still working)."""
-        for pool in route.place(ns, q).reads:
+        reads = route.place(ns, q).reads
+        for pool in reads:
             op = ops.touch(pool.engine.config, ns, q, job_id, ttr_ms, pool.engine.clock(), lease)
-            if await self._run(pool, op, idempotent=True, durable=True):
-                return
+            try:
+                if await self._run(pool, op, idempotent=True, durable=True):
+                    return
+            except Conflict as e:
+                if e.state is None and pool is not reads[-1]:
+                    continue  # not in this pool (a migration): it may be in the next
+                raise
         raise NotFound("job is not reserved")
 
     async def republish(
@@ -184,6 +200,15 @@ class Service:
     ) -> Published:
         validate_spec(spec)
         place = route.place(ns, q)
+        if lease is not None and len(place.reads) > 1:
+            # A migration: the old job may live in a pool being drained, and the new one goes
+            # to the write pool; no one script spans both. The lease is checked where the job
+            # is (ack), then the new job is published.
+            (state,) = await self.ack(route, ns, q, [old_id], [lease])
+            if state is None:
+                raise Conflict([(old_id, None)])
+            (published,) = await self.publish(route, ns, q, [spec])
+            return published
         pool = place.write
         op = ops.republish(pool.engine.config, ns, q, old_id, spec, pool.engine.clock(), lease)
         # Without a lease a repeat is safe (the new job's id is fixed; the old one is gone or

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -18,6 +19,8 @@ from cluster_dq.errors import ConfigError
 from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 
 ENV_PREFIX = "CLUSTER_DQ_"
+# A pool or ring name: what a token ``name:token`` may carry before its ':'.
+ROUTE_NAME_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +260,10 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"ShutdownGraceSecond: more than 0, at most 600, got {s.ShutdownGraceSecond}")
     _within("MaxWaiters", s.MaxWaiters, 0, 10_000_000, " (0: no long-polls)")
     _within("MetricsMaxQueues", s.MetricsMaxQueues, 0, 1_000_000, " (0: no per-queue series)")
+    for kind, names in (("Pool", s.Pool), ("Ring", s.Ring)):
+        for name in names:  # a token names it before its ':'
+            if not ROUTE_NAME_RE.fullmatch(name):
+                raise ConfigError(f"{kind}.{name}: a name is 1-64 of [-_A-Za-z0-9] (tokens carry it)")
     for name, pool in s.Pool.items():
         _within(f"Pool.{name}.PoolSize", pool.PoolSize, 1, 65_535)
         _within(f"Pool.{name}.DB", pool.DB, 0, 65_535)

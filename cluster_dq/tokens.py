@@ -27,12 +27,13 @@ from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine, transport_safe
 from cluster_dq.errors import BadRequest, NotFound, RateLimited
 from cluster_dq.keys import AdminKeys
+from cluster_dq.settings import ROUTE_NAME_RE
 from cluster_dq.models import encode_id
 
 log = logging.getLogger(__name__)
 MIN_CUSTOM_TOKEN = 20
 MAX_TOKEN = 64
-_PART_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")  # a token, or the pool (ring) name before ':'
+_PART_RE = ROUTE_NAME_RE  # a token, or the pool (ring) name before ':': one grammar
 _CUSTOM_RE = re.compile(r"[-_A-Za-z0-9]{%d,%d}" % (MIN_CUSTOM_TOKEN, MAX_TOKEN))
 # What one cached answer costs, beyond its three strings: the key tuple, the value tuple, the
 # float and the dict slot (measured with sys.getsizeof: ~ 230 bytes on CPython 3.12).

@@ -264,6 +264,7 @@ def _reserved(ns: str, q: str, flat: list[bytes], now: int) -> list[Job]:
     return jobs
 
 
+MAX_CONSUME = 65_535  # jobs one consume may reserve: a lease numbers its jobs in 2 bytes
 CONSUME_CALLS_PER_QUEUE = 8  # bounded calls past expired jobs before the consume gives up on a queue
 
 
@@ -272,13 +273,15 @@ def consume(
 ) -> Op[list[Job]]:
     """Reserves up to ``count`` jobs, trying ``queues`` in priority order. Each job carries
     the lease of its delivery (``Job.lease``)."""
+    if not 1 <= count <= MAX_CONSUME:
+        raise ValueError(f"count must be 1..{MAX_CONSUME}, got {count}")
     out: list[Job] = []
     for q in queues:
         qk = QueueKeys(ns, q)
         opened = False
         for _ in range(CONSUME_CALLS_PER_QUEUE):
             args: list[Arg] = [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify,
-                               cfg.open_lead_ms, os.urandom(7)]  # fmt: skip
+                               cfg.open_lead_ms, os.urandom(6)]  # fmt: skip
             reply = yield Eval("consume", _fixed(qk), args, stamped=True)
             if int(reply[0]):  # the pump must look here when these reservations run out
                 yield _signal(qk, cfg, now + ttr_ms)
@@ -330,21 +333,22 @@ def _raise_conflicts(ids: Sequence[str], codes: Sequence[Any]) -> None:
 
 
 def ack(ns: str, q: str, ids: Sequence[str], now: int | None = None,
-        remember_ms: int = REMEMBER_ACKED_MS,
-        leases: Sequence[str | None] | None = None) -> Op[list[JobState | None]]:  # fmt: skip
+        remember_ms: int = REMEMBER_ACKED_MS, leases: Sequence[str | None] | None = None,
+        check_only: bool = False) -> Op[list[JobState | None]]:  # fmt: skip
     """Acks / deletes jobs in any state; returns the state each was in (None: not found).
     The acked ids are remembered for ``remember_ms``: publishing one again meanwhile is a
     duplicate (a publish retried after its reply was lost cannot bring the job back). With
     ``leases`` (aligned with ``ids``, None for none): if a lease does not hold its job,
-    nothing is acked and ``Conflict`` names each such job."""
+    nothing is acked and ``Conflict`` names each such job. ``check_only``: the leases are
+    checked, nothing is acked."""
     qk = QueueKeys(ns, q)
     extra, id_args = _id_args(qk, ids, FIRST_EXTRA_KEY)
-    args: list[Arg] = [now_ms() if now is None else now, remember_ms, len(ids)]
+    args: list[Arg] = [now_ms() if now is None else now, remember_ms, "1" if check_only else "0", len(ids)]
     for i in range(len(ids)):
         args += [*id_args[3 * i : 3 * i + 3], _lease_arg(leases[i] if leases else None)]
     reply = yield Eval("ack", _fixed(qk) + extra, args, stamped=True)
     _raise_conflicts(ids, reply)
-    return [STATE_CODES.get(int(s)) for s in reply]
+    return [None if check_only else STATE_CODES.get(int(s)) for s in reply]
 
 
 def known_ids(ns: str, q: str, ids: Sequence[str], now: int, remember_ms: int) -> Op[list[bool]]:

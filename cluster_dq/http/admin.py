@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json as jsonlib
 import binascii
 import hmac
 
@@ -104,7 +105,7 @@ class AdminAPI:
         params.check_names(ns)
         pool = self._pool_param(request)
         store = self.service.tokens
-        if request.method == "GET":
+        if request.method in ("GET", "HEAD"):  # HEAD (added by Starlette) only reads
             found = await store.list(pool or "default", ns)
             prefix = f"{pool}:" if pool else ""
             return json({"tokens": {prefix + t: d for t, d in found.items()}})
@@ -139,7 +140,7 @@ class AdminAPI:
         params.check_names(ns)
         pool, token = _path_token(request)
         store = self.service.tokens
-        if request.method == "GET":
+        if request.method in ("GET", "HEAD"):
             try:
                 return json((await store.get_limit(pool, ns, token)).as_json())
             except NotFound:
@@ -147,9 +148,10 @@ class AdminAPI:
         if request.method == "DELETE":
             await store.delete_limit(pool, ns, token)
             return json({"msg": "success"})
+        raw = await params.body(request, 65_536)  # a limit is a few dozen bytes; bounded all the same
         try:
-            data = await request.json()
-        except (ValueError, UnicodeDecodeError):
+            data = jsonlib.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise BadRequest("invalid limit body: {\"read\",\"write\",\"interval\"}", "limit") from None
         lim = Limit.parse(data)
         create = request.method == "POST"

@@ -172,6 +172,10 @@ class DataAPI:
             qp = request.query_params
             s = self.s
             ttr_ms = params.millis(qp, "ttr", s.TTRSecond)
+            if ttr_ms == 0:  # a reservation that ends as it starts: its lease would hold nothing
+                if "ttr_ms" in qp:
+                    raise BadRequest("invalid ttr_ms", "ttr_ms")
+                ttr_ms = 1_000  # lmstfy's ttr=0: "ready again at the pump's next 1-s tick"
             timeout_ms = params.millis(qp, "timeout", s.TimeoutSecond, s.MaxTimeoutSecond)
             n = params.count(qp)
             if timeout_ms > 0 and self._long_polls >= s.MaxWaiters:
@@ -275,7 +279,7 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)
         qp = request.query_params
-        if request.method == "GET":
+        if request.method in ("GET", "HEAD"):  # HEAD (added by Starlette) only reads
             s = await self.service.sizes(route, ns, q)
             head = await self.service.dead_head(route, ns, q)
             return json({"namespace": ns, "queue": q, "deadletter_size": s.dead,

@@ -143,7 +143,7 @@ def bulk_elements(data: bytes, element_limit: int) -> list[bytes]:
         while True:
             try:
                 _, end = decoder.raw_decode(text, i)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # deep nesting is bad input too
                 raise err from None
             element = text[i:end].encode()
             if len(element) > element_limit:
@@ -183,7 +183,7 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None]]:
     err = BadRequest("request body should be a JSON array of job ids", "body")
     try:
         parsed = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise err from None
     if isinstance(parsed, dict) and set(parsed) == {"job_ids"}:
         parsed = parsed["job_ids"]
@@ -201,7 +201,10 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None]]:
             given = item.get("lease")
             if given is not None and not (isinstance(given, str) and LEASE_RE.fullmatch(given)):
                 raise BadRequest("invalid lease", "lease")
-            leases[job_id(item["job_id"])] = given.lower() if given else leases.get(item["job_id"])
+            jid = job_id(item["job_id"])
+            if jid in leases and given and leases[jid] not in (None, given.lower()):
+                raise BadRequest(f"job {jid} is given twice with different leases", "lease")
+            leases[jid] = given.lower() if given else leases.get(jid)
         else:
             raise err
     return list(leases), list(leases.values())
