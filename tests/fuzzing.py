@@ -61,7 +61,7 @@ class State:
         if isinstance(part, bytes):
             return part
         if isinstance(part, str):
-            return quote(part, safe="").encode()
+            return quote(part, safe="", errors="surrogatepass").encode()
         if part.kind == "token":
             return (f"default:{self.token}" if part.index else self.token).encode()
         if part.kind == "victim":
@@ -95,6 +95,7 @@ class Request:
     headers: list[tuple[bytes, Part]]
     body: bytes = b""
     chunked: bool = False
+    jobs: bool = False  # the body is a JSON list of live job ids, made when sent
     content_length: bytes | None = None  # a declared length that may lie
     malformed: bool = False  # not valid HTTP/1.1: a protocol-level 400 (or a close) is fine
 
@@ -109,7 +110,7 @@ class Request:
         head = [self.method + b" " + self.target(state) + b" HTTP/1.1", b"Host: " + host,
                 b"Connection: close"]  # fmt: skip
         head += [name + b": " + state.resolve(value) for name, value in self.headers]
-        body = self.body
+        body = self.payload(state)
         if self.chunked:
             head.append(b"Transfer-Encoding: chunked")
             body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in _chunks(body)) + b"0\r\n\r\n"
@@ -118,6 +119,9 @@ class Request:
         elif body or self.method in (b"POST", b"PUT", b"PATCH"):
             head.append(b"Content-Length: %d" % len(body))
         return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+    def payload(self, state: State) -> bytes:
+        return json.dumps(state.jobs[:5]).encode() if self.jobs else self.body
 
     def show(self, state: State) -> str:
         """A short, replayable description for a report (long values abbreviated)."""
@@ -131,8 +135,8 @@ class Request:
             lines.append(f"  Content-Length: {cut(self.content_length)}")
         if self.chunked:
             lines.append("  Transfer-Encoding: chunked")
-        if self.body:
-            lines.append(f"  body: {cut(self.body)}")
+        if self.payload(state):
+            lines.append(f"  body: {cut(self.payload(state))}")
         return "\n".join(lines)
 
 
@@ -262,11 +266,13 @@ SEGMENTS: dict[str, st.SearchStrategy[Part]] = {
 
 
 @st.composite
-def route_path(draw: st.DrawFn, template: str) -> list[Part]:
+def route_path(draw: st.DrawFn, template: str,
+               segments: dict[str, st.SearchStrategy[Part]] | None = None) -> list[Part]:  # fmt: skip
+    """The template with each ``{param}`` drawn from ``segments`` (by name; junk if unknown)."""
     out: list[Part] = []
     for piece in re.split(r"(\{[a-z_]+\})", template):
         if piece.startswith("{"):
-            out.append(draw(SEGMENTS.get(piece[1:-1], junk_segment())))
+            out.append(draw((segments or SEGMENTS).get(piece[1:-1], junk_segment())))
         elif piece:
             out.append(piece.encode())
     return out
@@ -329,11 +335,16 @@ def query(draw: st.DrawFn) -> list[tuple[Part, Part | None]]:
                 value = draw(st.sampled_from(ESCAPES)).encode()
         out.append((name, value))
         if draw(st.integers(0, 7)) == 0:
-            out.append((name, draw(NUMBER)))  # repeated
+            out.append((name, settle(name, draw(NUMBER))))  # repeated
     return out
 
 
 CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # not allowed in a field value (HTAB is)
+
+
+def utf8(text: str) -> bytes:
+    """UTF-8, a lone surrogate included (then the bytes are not valid UTF-8: as junk should)."""
+    return text.encode(errors="surrogatepass")
 
 
 def _basic(user: bytes, password: bytes) -> bytes:
@@ -352,11 +363,11 @@ AUTHS = st.one_of(
 TOKENS = st.one_of(
     st.just(Known("token")), st.just(Known("token")), st.just(Known("token")),
     st.just(Known("token", 1)),
-    st.text(st.characters(min_codepoint=32), max_size=30).map(lambda t: t.encode()),
+    st.text(st.characters(min_codepoint=32), max_size=30).map(utf8),
     st.sampled_from([b"a" * 1000, b"a" * 70_000, b"\xff\xfe", "t\u00f6ken".encode(), b"",
                      b"nopool:abc", b"default:", b":"]),  # fmt: skip
 )
-REQUEST_IDS = st.one_of(st.text(max_size=70).map(lambda t: t.encode()),
+REQUEST_IDS = st.one_of(st.text(max_size=70).map(utf8),
                         st.binary(max_size=70).map(lambda b: CTL.sub(b"", b)),
                         st.sampled_from([b"\xff", b"a" * 65, b"a" * 64, b"\x80abc"]))  # fmt: skip
 CONTENT_TYPES = st.sampled_from([b"application/json", b"application/x-www-form-urlencoded",
@@ -385,7 +396,7 @@ def headers(draw: st.DrawFn) -> tuple[list[tuple[bytes, Part]], bool]:
         out.append((b"Enable-Job-Version", draw(st.sampled_from([b"YES", b"yes", b"no", b"\xff"]))))
         for _ in range(draw(st.integers(0, 20))):
             key = draw(st.from_regex(r"\A[-A-Za-z0-9]{0,40}\Z"))
-            value = draw(st.one_of(st.text(st.characters(min_codepoint=32), max_size=200).map(str.encode),
+            value = draw(st.one_of(st.text(st.characters(min_codepoint=32), max_size=200).map(utf8),
                                    st.binary(max_size=40).map(lambda b: CTL.sub(b"", b)),
                                    st.binary(max_size=10)))  # fmt: skip
             out.append((b"Job-Attr-" + key.encode(), _header_safe(value)))
@@ -430,41 +441,109 @@ def body(draw: st.DrawFn) -> bytes:
     return b'--xyz\r\nContent-Disposition: form-data; name="description"\r\n\r\n' + draw(st.binary(max_size=30))
 
 
+# A sane request, per piece: what a correct client sends (so that successes, and the code
+# behind them, are reached), before at most one piece is replaced by junk.
+SANE_SEGMENTS: dict[str, st.SearchStrategy[Part]] = {
+    "ns": st.just(NS),
+    "q": st.sampled_from(QUEUES),
+    "queues": st.sampled_from(["q1", "q1,q2", "q3,q2,q1"]),
+    "job_id": st.integers(0, 63).map(lambda i: Known("job", i)),
+    "token": st.just(Known("victim")),
+}
+SANE_VALUES: dict[str, st.SearchStrategy[str]] = {
+    "delay": st.sampled_from(["0", str(FAR_S), "4294967295"]),
+    "delay_ms": st.sampled_from(["0", str(FAR_S * 1000)]),
+    "ttl": st.sampled_from(["0", str(FAR_S * 2)]),
+    "ttl_ms": st.sampled_from(["0", str(FAR_S * 2000)]),
+    "tries": st.integers(0, 5).map(str),
+    "ttr": st.sampled_from([str(FAR_S), "4294967295"]),
+    "ttr_ms": st.just(str(FAR_S * 1000)),
+    "timeout": st.sampled_from(["0", "1"]),
+    "timeout_ms": st.sampled_from(["0", "200"]),
+    "count": st.integers(1, 5).map(str),
+    "priority": st.integers(0, 255).map(str),
+    "limit": st.integers(1, 3).map(str),
+    "job_id": st.from_regex(r"\A[-_A-Za-z0-9]{1,20}\Z"),
+    "description": st.just("fuzz"),
+    "status": st.sampled_from(["enable", "disable"]),
+    "pool": st.sampled_from(["default", ""]),
+    "force_update": st.sampled_from(["1", "true", "0"]),
+}
+
+
+@st.composite
+def sane_query(draw: st.DrawFn) -> list[tuple[Part, Part | None]]:
+    names = draw(st.lists(st.sampled_from(sorted(SANE_VALUES)), max_size=3, unique=True))
+    return [(n, draw(SANE_VALUES[n])) for n in names]
+
+
+@st.composite
+def sane_body(draw: st.DrawFn, route: str, method: str) -> tuple[bytes, bool]:
+    """The body the route expects; True: a JSON list of live job ids, filled in when sent."""
+    if route.endswith("/ack"):
+        return b"", True
+    if route.endswith("/bulk"):
+        return json.dumps(draw(st.lists(JSON_VALUE, min_size=1, max_size=5))).encode(), False
+    if route.endswith("/limit"):
+        lim = {k: draw(st.integers(1, 100)) for k in ("read", "write", "interval")}
+        return json.dumps(lim).encode(), False
+    if route == "/token/{ns}" and method == "POST":
+        return b"description=fuzz", False
+    if method in ("PUT", "POST"):
+        return draw(st.binary(max_size=40)), False
+    return b"", False
+
+
 @st.composite
 def requests(draw: st.DrawFn) -> Request:
-    """One request: mostly a real route with a fitting method, sometimes junk anywhere."""
+    """One request: a sane request to a real route with at most one piece (route, method,
+    path segment, query, headers, body, framing) replaced by junk; or junk everywhere."""
     port = draw(st.sampled_from(["data", "data", "admin"]))
     table = DATA_ROUTES if port == "data" else ADMIN_ROUTES
+    route, methods = draw(st.sampled_from(table))
+    sane = draw(st.integers(0, 3)) > 0  # else every piece is junk
+    wrong = draw(st.sampled_from(["none", "none", "route", "method", "path", "query", "headers",
+                                  "body", "framing"]))  # fmt: skip
     malformed = False
-    if draw(st.integers(0, 9)) == 0:
+    method = draw(st.sampled_from([m for m in methods if m != "HEAD"] or methods))
+    if not sane or wrong == "method":
+        method = draw(st.one_of(st.sampled_from(METHODS), st.sampled_from(["FOO", "get", "M-SEARCH", "G\xe9T"])))
+        malformed = method in ("FOO", "get", "G\xe9T")  # not a method the parser knows: a 400
+    if not sane or wrong == "path":
+        path = draw(route_path(route))
+    else:
+        path = draw(route_path(route, SANE_SEGMENTS))
+    if not sane or wrong == "route":
         route = "junk"
         if draw(st.integers(0, 3)) == 0:
-            path: list[Part] = [draw(st.sampled_from(RAW_TARGETS))]
+            path = [draw(st.sampled_from(RAW_TARGETS))]
             malformed = True
         else:
             path = [draw(st.sampled_from(JUNK_TARGETS))]
+    params = draw(query()) if not sane or wrong == "query" else draw(sane_query())
+    if not sane or wrong == "headers":
+        hdrs, bad_header = draw(headers())
+        malformed = malformed or bad_header or any(isinstance(v, bytes) and CTL.search(v) for _, v in hdrs)
     else:
-        route, methods = draw(st.sampled_from(table))
-        path = draw(route_path(route))
-    methods = dict(table).get(route, list(METHODS))
-    method = draw(st.one_of(st.sampled_from(methods), st.sampled_from(methods), st.sampled_from(METHODS),
-                            st.sampled_from(["FOO", "get", "M-SEARCH", "G\xe9T"])))  # fmt: skip
-    if method in ("FOO", "get", "G\xe9T"):
-        malformed = True  # not a method the HTTP parser knows: a protocol-level 400
-    hdrs, bad_header = draw(headers())
-    bad_header = bad_header or any(isinstance(v, bytes) and CTL.search(v) for _, v in hdrs)
-    req = Request(port, method.encode("latin-1"), route, path, draw(query()), hdrs, draw(body()))
-    req.malformed = malformed or bad_header
-    mode = draw(st.integers(0, 29))
-    if mode == 0:
-        req.chunked = True
-    elif mode == 1:
-        lie = draw(st.sampled_from([b"-1", b"abc", b"99999999999999999999", b"1e3", b"", b" 5"]))
-        req.content_length, req.malformed = lie, True
-    elif mode == 2:
-        declared = max(len(req.body) + draw(st.integers(-5, 5)), 0)
-        req.content_length = b"%d" % declared
-        req.malformed = req.malformed or declared != len(req.body)
+        hdrs = [(b"X-Token", Known("token"))] if port == "data" else [(b"Authorization", Known("auth"))]
+    jobs = False
+    if not sane or wrong == "body":
+        payload = draw(body())
+    else:
+        payload, jobs = draw(sane_body(route, method))
+    req = Request(port, method.encode("latin-1"), route, path, params, hdrs, payload, jobs=jobs)
+    req.malformed = malformed
+    if not sane or wrong == "framing":
+        mode = draw(st.integers(0, 3))
+        if mode == 0:
+            req.chunked = True
+        elif mode == 1:
+            lie = draw(st.sampled_from([b"-1", b"abc", b"99999999999999999999", b"1e3", b"", b" 5"]))
+            req.content_length, req.malformed = lie, True
+        elif mode == 2:
+            declared = max(len(req.body) + draw(st.integers(-5, 5)), 0)
+            req.content_length = b"%d" % declared
+            req.malformed = req.malformed or declared != len(req.body) or req.jobs
     return req
 
 

@@ -66,6 +66,7 @@ class Target:
     log: IO[bytes]  # the service's stderr, read as it grows
     state: State
     counts: dict[str, int] = field(default_factory=dict)
+    previous: str = ""  # the request before, for a finding that might be its late effect
 
     def new_log(self) -> str:
         return self.log.read().decode(errors="replace")
@@ -182,12 +183,13 @@ def problems(target: Target, request: Request) -> tuple[Response | None, list[As
             elif 400 <= status < 500:
                 target.count("4xx checked")
                 if changed := before.diff(after):
-                    found.append(RefusedWrite(f"{status} changed: {changed[:8]}"))
+                    found.append(RefusedWrite(f"{status} changed: {changed[:8]}\nafter: {target.previous}"))
             elif before.diff(after):
                 target.count("2xx wrote")
     logged = target.new_log()
     if CRASH.search(logged):
-        found.append(LoggedCrash(logged[-3000:]))
+        found.append(LoggedCrash(f"{logged[-3000:]}\nafter: {target.previous}"))
+    target.previous = f"{response.status if response else None}: {request.show(state)}"
     return response, found
 
 
