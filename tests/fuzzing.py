@@ -291,6 +291,8 @@ NUMBER = st.one_of(
                      "4294967295", "4294967296", "18446744073709551616"]),  # fmt: skip
     st.integers(20, 6000).map(lambda n: "9" * n),
     st.text(st.characters(categories=["Nd", "No"]), min_size=1, max_size=4),
+    st.text(st.characters(categories=["Nd", "No"]), min_size=1, max_size=4),
+    st.integers(4290, 5000).map(lambda n: "1" * n),  # about Python's int() digit limit
     st.sampled_from(["-1", "+1", " 1", "1 ", "1.5", "1e3", "0x10", "", "nan", "1_0", "\uff11",
                      "\u00b2", "\u0663", "1\x00", "007", "true"]),  # fmt: skip
 )
@@ -314,6 +316,21 @@ def settle(name: str, value: str) -> str:
     if base in TIME_SECONDS and n < FAR_S * (1000 if ms else 1) and (n or base == "ttr"):
         return str(n + FAR_S * (1000 if ms else 1))
     return value
+
+
+@st.composite
+def junk_param(draw: st.DrawFn) -> tuple[Part, Part | None]:
+    """One parameter a client got wrong: a known name (mostly) with a junk number or text,
+    raw escapes, or no value at all."""
+    name = draw(st.one_of(st.sampled_from(PARAMS), st.sampled_from(PARAMS), st.text(max_size=6)))
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+        return name, None
+    if kind == 1:
+        return name, draw(st.sampled_from(ESCAPES)).encode()
+    if kind <= 3:
+        return name, draw(st.text(max_size=8))
+    return name, settle(name, draw(NUMBER))
 
 
 @st.composite
@@ -375,9 +392,46 @@ CONTENT_TYPES = st.sampled_from([b"application/json", b"application/x-www-form-u
                                  b"text/plain; charset=\xff", b"application/json; charset=utf-16"])  # fmt: skip
 
 
-def _header_safe(value: bytes) -> bytes:
+def _header_safe(value: Part) -> Part:
     """Header values never carry CR/LF (that would be another header, not a bad value)."""
-    return value.replace(b"\r", b"").replace(b"\n", b"")
+    return value.replace(b"\r", b"").replace(b"\n", b"") if isinstance(value, bytes) else value
+
+
+@st.composite
+def one_bad_header(draw: st.DrawFn, sane: list[tuple[bytes, Part]]) -> list[tuple[bytes, Part]]:
+    """The sane headers with one thing wrong: a junk token or basic auth in place of the
+    good one, or one junk header more (request id, job attributes, content type, control
+    bytes)."""
+    out = list(sane)
+    kind = draw(st.integers(0, 6))
+    if kind == 0:
+        out = [(n, v) for n, v in out if n != b"X-Token"] + [(b"X-Token", _header_safe(draw(TOKENS)))]
+    elif kind == 1:
+        out = [(n, v) for n, v in out if n != b"Authorization"] + [(b"Authorization", _header_safe(draw(AUTHS)))]
+    elif kind == 2:
+        out.append((b"X-Request-ID", _header_safe(draw(REQUEST_IDS))))
+    elif kind == 3:
+        out.append((b"Enable-Job-Version", b"YES"))
+        out += draw(attribute_headers())
+    elif kind == 4:
+        out.append((b"Content-Type", draw(CONTENT_TYPES)))
+    elif kind == 5:
+        out.append((b"X-Junk", draw(st.sampled_from([b"a\x00b", b"\x7f", b"\x01\x02"]))))
+    else:
+        out.append((b"X-Token", Known("token")))  # twice
+    return out
+
+
+@st.composite
+def attribute_headers(draw: st.DrawFn) -> list[tuple[bytes, Part]]:
+    out: list[tuple[bytes, Part]] = []
+    for _ in range(draw(st.integers(0, 20))):
+        key = draw(st.from_regex(r"\A[-A-Za-z0-9]{0,40}\Z"))
+        value = draw(st.one_of(st.text(st.characters(min_codepoint=32), max_size=200).map(utf8),
+                               st.binary(max_size=40).map(lambda b: CTL.sub(b"", b)),
+                               st.binary(max_size=10)))  # fmt: skip
+        out.append((b"Job-Attr-" + key.encode(), _header_safe(value)))
+    return out
 
 
 @st.composite
@@ -386,20 +440,15 @@ def headers(draw: st.DrawFn) -> tuple[list[tuple[bytes, Part]], bool]:
     malformed = False
     if draw(st.integers(0, 9)) < 8:
         token = draw(TOKENS)
-        out.append((b"X-Token", token if isinstance(token, Known) else _header_safe(token)))
+        out.append((b"X-Token", _header_safe(token)))
     if draw(st.integers(0, 3)) == 0:
         out.append((b"X-Request-ID", _header_safe(draw(REQUEST_IDS))))  # may hold CTLs: malformed
     if draw(st.integers(0, 2)) == 0:
         auth = draw(AUTHS)
-        out.append((b"Authorization", auth if isinstance(auth, Known) else _header_safe(auth)))
+        out.append((b"Authorization", _header_safe(auth)))
     if draw(st.integers(0, 3)) == 0:
         out.append((b"Enable-Job-Version", draw(st.sampled_from([b"YES", b"yes", b"no", b"\xff"]))))
-        for _ in range(draw(st.integers(0, 20))):
-            key = draw(st.from_regex(r"\A[-A-Za-z0-9]{0,40}\Z"))
-            value = draw(st.one_of(st.text(st.characters(min_codepoint=32), max_size=200).map(utf8),
-                                   st.binary(max_size=40).map(lambda b: CTL.sub(b"", b)),
-                                   st.binary(max_size=10)))  # fmt: skip
-            out.append((b"Job-Attr-" + key.encode(), _header_safe(value)))
+        out += draw(attribute_headers())
     if draw(st.integers(0, 4)) == 0:
         out.append((b"Content-Type", draw(CONTENT_TYPES)))
     if draw(st.integers(0, 29)) == 0:  # control bytes in a value: not valid HTTP
@@ -502,8 +551,8 @@ def requests(draw: st.DrawFn) -> Request:
     table = DATA_ROUTES if port == "data" else ADMIN_ROUTES
     route, methods = draw(st.sampled_from(table))
     sane = draw(st.integers(0, 3)) > 0  # else every piece is junk
-    wrong = draw(st.sampled_from(["none", "none", "route", "method", "path", "query", "headers",
-                                  "body", "framing"]))  # fmt: skip
+    wrong = draw(st.sampled_from(["none", "none", "route", "method", "path", "query", "query",
+                                  "query", "headers", "headers", "body", "framing"]))  # fmt: skip
     malformed = False
     method = draw(st.sampled_from([m for m in methods if m != "HEAD"] or methods))
     if not sane or wrong == "method":
@@ -520,12 +569,19 @@ def requests(draw: st.DrawFn) -> Request:
             malformed = True
         else:
             path = [draw(st.sampled_from(JUNK_TARGETS))]
-    params = draw(query()) if not sane or wrong == "query" else draw(sane_query())
-    if not sane or wrong == "headers":
-        hdrs, bad_header = draw(headers())
-        malformed = malformed or bad_header or any(isinstance(v, bytes) and CTL.search(v) for _, v in hdrs)
+    params = draw(query()) if not sane else draw(sane_query())
+    if sane and wrong == "query":  # one or two junk parameters among sane ones
+        for _ in range(draw(st.integers(1, 2))):
+            params.insert(draw(st.integers(0, len(params))), draw(junk_param()))
+    hdrs: list[tuple[bytes, Part]]
+    if not sane:
+        hdrs, malformed_headers = draw(headers())
+        malformed = malformed or malformed_headers
     else:
         hdrs = [(b"X-Token", Known("token"))] if port == "data" else [(b"Authorization", Known("auth"))]
+        if wrong == "headers":
+            hdrs = draw(one_bad_header(hdrs))
+    malformed = malformed or any(isinstance(v, bytes) and CTL.search(v) for _, v in hdrs)
     jobs = False
     if not sane or wrong == "body":
         payload = draw(body())
@@ -557,17 +613,51 @@ STILL_MS = 5_000  # nothing may fall due this soon for a snapshot pair to be com
 
 @dataclass
 class Snapshot:
-    values: dict[bytes, bytes]  # key -> DUMP (type, encoding and content)
+    values: dict[bytes, bytes]  # key -> DUMP (type, encoding and content) + whether it expires
     still: bool  # no key expires and no pump step falls due within STILL_MS
 
-    def diff(self, later: Snapshot) -> list[str]:
+    def diff(self, later: Snapshot, client: redis.Redis | None = None) -> list[str]:
+        """The keys added, removed or changed. Two DUMPs of one hash can differ while its
+        content does not (a read steps an incremental rehash, which reorders a hashtable), so
+        with ``client`` a changed key is read back and compared by content, and the fields
+        that changed are named."""
         out = []
         for key in sorted(self.values.keys() | later.values.keys()):
             before, after = self.values.get(key), later.values.get(key)
-            if before != after:
-                what = "added" if before is None else "removed" if after is None else "changed"
-                out.append(f"{what} {key.decode(errors='replace')}")
+            if before == after:
+                continue
+            if before is None or after is None:
+                out.append(f"{'added' if before is None else 'removed'} {key.decode(errors='replace')}")
+            elif client is None:
+                out.append(f"changed {key.decode(errors='replace')}")
+            elif fields := changed_fields(client, before, after):
+                out.append(f"changed {key.decode(errors='replace')}: {fields}")
         return out
+
+
+def changed_fields(client: redis.Redis, before: bytes, after: bytes) -> str:
+    """What differs between two DUMPs of a key, by content (RESTOREd in a scratch database,
+    so the live keyspace is not touched); "" when only the encoding's order differs."""
+    if before[-1:] != after[-1:]:
+        return "expiry set or removed"
+    where = client.connection_pool.connection_kwargs
+    scratch = redis.Redis(host=where["host"], port=where["port"], db=15)
+    try:
+        contents = []
+        for n, dumped in enumerate((before[:-1], after[:-1])):
+            name = f"fuzz:scratch:{n}"
+            scratch.restore(name, 0, dumped, replace=True)
+            kind = scratch.type(name)
+            contents.append(scratch.hgetall(name) if kind == b"hash" else
+                            dict(scratch.zrange(name, 0, -1, withscores=True)) if kind == b"zset" else
+                            {m: 1 for m in scratch.smembers(name)} if kind == b"set" else
+                            {b"": scratch.dump(name)})  # fmt: skip
+        old, new = contents
+        return "; ".join(f"{f!r}: {old.get(f)!r} -> {new.get(f)!r}"[:300]
+                         for f in sorted(old.keys() | new.keys()) if old.get(f) != new.get(f))[:2000]  # fmt: skip
+    finally:
+        scratch.flushdb()
+        scratch.close()
 
 
 def snapshot(client: redis.Redis) -> Snapshot:
@@ -581,7 +671,8 @@ def snapshot(client: redis.Redis) -> Snapshot:
         pipe.zrange(key, 0, 0, withscores=True)
     replies = pipe.execute()
     now = time.time() * 1000
-    values = {k: replies[2 * i] for i, k in enumerate(keys) if replies[2 * i] is not None}
+    values = {k: replies[2 * i] + (b"1" if replies[2 * i + 1] >= 0 else b"0")
+              for i, k in enumerate(keys) if replies[2 * i] is not None}  # fmt: skip
     expiring = any(0 <= replies[2 * i + 1] <= STILL_MS for i in range(len(keys)))
     heads = [head[0][1] for head in replies[2 * len(keys) :] if head]
     due = any(score <= now + STILL_MS for score in heads)

@@ -34,7 +34,8 @@ from cluster_dq.localredis import Server
 from tests import fuzzing
 from tests.fuzzing import ADMIN_AUTH, NS, NoResponse, Request, Response, State, snapshot
 
-ROOT = Path(__file__).resolve().parents[1]
+# The code the service runs (another checkout, e.g. main, to compare findings before a fix).
+ROOT = Path(os.environ.get("DQ_FUZZ_SERVE_ROOT") or Path(__file__).resolve().parents[1])
 
 EXAMPLES = int(os.environ.get("DQ_FUZZ_EXAMPLES", "400"))
 FINDINGS = os.environ.get("DQ_FUZZ_FINDINGS")
@@ -182,10 +183,12 @@ def problems(target: Target, request: Request) -> tuple[Response | None, list[As
                 target.count("unstill")  # something fell due: the pair says nothing
             elif 400 <= status < 500:
                 target.count("4xx checked")
-                if changed := before.diff(after):
+                if changed := before.diff(after, target.redis):
                     found.append(RefusedWrite(f"{status} changed: {changed[:8]}\nafter: {target.previous}"))
             elif before.diff(after):
                 target.count("2xx wrote")
+    if request.content_length is not None and request.malformed:
+        time.sleep(0.3)  # the client gave up on its body: what the server logs comes late
     logged = target.new_log()
     if CRASH.search(logged):
         found.append(LoggedCrash(f"{logged[-3000:]}\nafter: {target.previous}"))
