@@ -4,7 +4,7 @@ query strings, headers and bodies (tests/fuzzing.py). For every request: never a
 answer to every well-formed request, a JSON error on every app-level 4xx, no traceback in the
 log, and nothing written in Redis by a request answered 4xx.
 
-``DQ_FUZZ_EXAMPLES`` sets the number of examples (CI: 400, about a minute);
+``DQ_FUZZ_EXAMPLES`` sets the number of examples (CI: 800, under a minute);
 ``DQ_FUZZ_FINDINGS=<file>`` records every failing request there (JSON lines) and goes on
 instead of stopping and shrinking at the first, for a long exploratory run.
 """
@@ -37,7 +37,7 @@ from tests.fuzzing import ADMIN_AUTH, NS, NoResponse, Request, Response, State, 
 # The code the service runs (another checkout, e.g. main, to compare findings before a fix).
 ROOT = Path(os.environ.get("DQ_FUZZ_SERVE_ROOT") or Path(__file__).resolve().parents[1])
 
-EXAMPLES = int(os.environ.get("DQ_FUZZ_EXAMPLES", "400"))
+EXAMPLES = int(os.environ.get("DQ_FUZZ_EXAMPLES", "800"))
 FINDINGS = os.environ.get("DQ_FUZZ_FINDINGS")
 TRACE = os.environ.get("DQ_FUZZ_TRACE")  # count answers by route, status and body (tuning)
 # Log lines no user-caused input may produce.
@@ -260,3 +260,28 @@ def test_fuzz_run_was_not_vacuous(target: Target) -> None:
         assert target.counts.get("4xx checked", 0) >= EXAMPLES // 5, target.counts
         assert target.counts.get("2xx", 0) >= EXAMPLES // 50, target.counts
         assert target.counts.get("unstill", 0) <= EXAMPLES // 10, target.counts
+
+
+@pytest.mark.parametrize(("port", "method", "path"), [
+    ("data", "PUT", f"/api/{NS}/q1"),
+    ("data", "PUT", f"/api/{NS}/q1/bulk"),
+    ("data", "POST", f"/api/{NS}/q1/ack"),
+    ("data", "PUT", f"/api/{NS}/q1/job/{{job}}"),
+    ("admin", "POST", f"/token/{NS}"),
+    ("admin", "POST", f"/token/{NS}/{{token}}/limit"),
+])  # fmt: skip
+def test_a_client_gone_mid_body_leaves_no_traceback(target: Target, port: str, method: str, path: str) -> None:
+    """A client that declares a body, sends part of it and hangs up (a client timeout during
+    an upload) is user-caused: the log says nothing or one line, never a traceback. Found by
+    the fuzz run (a Content-Length longer than the body)."""
+    state = target.state
+    job = state.jobs[0] if state.jobs else "01M8443BME0003DD22WFJXSMEV"
+    head = [b"Authorization", fuzzing.Known("auth")] if port == "admin" else [b"X-Token", fuzzing.Known("token")]
+    request = Request(port, method.encode(), "explicit", [path.format(job=job, token=state.victim).encode()],
+                      [], [(head[0], head[1])], b"[1", content_length=b"10", malformed=True)  # fmt: skip
+    target.new_log()  # what earlier tests logged is theirs
+    with contextlib.suppress(NoResponse):
+        fuzzing.send(target.ports[port], request, state)
+    time.sleep(0.5)
+    logged = target.new_log()
+    assert not CRASH.search(logged), logged[-2000:]
