@@ -4,6 +4,7 @@ translates Redis failures into ``PoolUnavailable`` (503) at this boundary."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -284,10 +285,18 @@ async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, tt
     the first one delivers. Jobs beyond ``count`` (two pools delivered at the same moment) are
     given back at once, without spending a try."""
     jobs: list[Job] = []
-    for pool, qs in groups:
-        jobs += await pool.hub.consume(ns, qs, ttr_ms, count - len(jobs), 0)
-        if len(jobs) >= count:
-            return jobs
+    taken: list[tuple[RedisPool, list[Job]]] = []  # what the first look reserved, by pool
+    try:
+        for pool, qs in groups:
+            got = await pool.hub.consume(ns, qs, ttr_ms, count - len(jobs), 0)
+            taken.append((pool, got))
+            jobs += got
+            if len(jobs) >= count:
+                return jobs
+    except asyncio.CancelledError:  # the consumer left: give back what it will never get
+        for pool, got in taken:
+            _give_back_later(pool, ns, got)
+        raise
     if jobs or timeout_ms <= 0:
         return jobs
     tasks = {asyncio.create_task(pool.hub.consume(ns, qs, ttr_ms, count, timeout_ms)): pool
@@ -301,7 +310,14 @@ async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, tt
     finally:
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:  # cancelled meanwhile: the tasks still end on their own
+            pass
+        if _cancelled():  # the consumer left: what a pool delivered goes back, try unspent
+            for t, pool in tasks.items():
+                t.add_done_callback(functools.partial(_give_back_delivered, pool, ns))
+            raise asyncio.CancelledError()
     errors: list[BaseException] = []
     by_pool: list[tuple[RedisPool, list[Job]]] = []
     for t, pool in tasks.items():
@@ -319,3 +335,20 @@ async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, tt
         raise errors[0]
     return jobs
 
+
+
+def _give_back_delivered(pool: RedisPool, ns: str, task: asyncio.Task[list[Job]]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        _give_back_later(pool, ns, task.result())
+
+
+def _give_back_later(pool: RedisPool, ns: str, jobs: list[Job]) -> None:
+    """Jobs of a consumer that is gone: back to ready in the background (the hub awaits it
+    on close), without spending a try."""
+    if jobs:
+        pool.hub._background(pool.hub.give_back(ns, jobs))
+
+
+def _cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

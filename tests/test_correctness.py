@@ -346,3 +346,30 @@ async def test_the_registry_forgets_a_queue_that_is_empty_and_idle(engine: Async
     (again,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"y")], clock()))
     assert sync_redis.sismember(registry, f"{NS}/{Q}")  # registered again by its next publish
     await engine.run(ops.lead(shard, pump.token, 1, give_up=True))
+
+
+async def test_release_and_respawn_never_write_half_a_job(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+    """With an invariant already broken (a reserved or dead member whose record is missing),
+    release and respawn raised in the middle of their script: Redis keeps what a script wrote
+    before an error, so each left a partial write behind (and failed every later call)."""
+    from cluster_dq.keys import QueueKeys
+
+    cfg, t = engine.config, now_ms()
+    k = QueueKeys(NS, Q)
+    (p,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"x", tries=2)], t))
+    (job,) = await engine.run(ops.consume(cfg, NS, [Q], 30_000, 1, t))
+    sync_redis.hdel(k.jobs, _member(job.job_id))
+    assert await engine.run(ops.release(cfg, NS, Q, [job.job_id], 0, t + 1, leases=[job.lease])) == [None]
+    sync_redis.zadd(k.dead, {b"ghost": t})
+    (q,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"y")], t))
+    sync_redis.zadd(k.dead, {_member(q.job_id): t})  # a real one beside the ghost
+    sync_redis.zrem(k.ready, _member(q.job_id))
+    assert await engine.run(ops.respawn(cfg, NS, Q, 10, 0, t + 2)) == 1
+    assert sync_redis.zcard(k.dead) == 0 and sync_redis.zscore(k.ready, _member(q.job_id)) is not None
+    assert not sync_redis.hexists(k.jobs, b"ghost")
+
+
+def _member(job_id: str) -> bytes:
+    from cluster_dq.models import id_to_member
+
+    return id_to_member(job_id)

@@ -193,7 +193,7 @@ def test_batch_ack_acks_many_ids_in_any_state(api: httpx.Client) -> None:
         (b"[]", 400, "no job ids"),
         (b'["JID", "bad id!"]', 400, "invalid job id"),
         (json.dumps(["JID"] + [f"id-{i}" for i in range(1000)]).encode(), 400, "too many job ids (max 1000)"),
-        (b"[" + b" " * 80_000 + b"]", 413, "body too large"),
+        (b"[" + b" " * 120_000 + b"]", 413, "body too large"),
     ],
 )
 def test_bad_batch_ack_is_refused_and_acks_nothing(api: httpx.Client, content: bytes, status: int, message: str) -> None:

@@ -104,3 +104,9 @@ def test_a_ttl_equal_to_the_delay_is_refused(api: httpx.Client) -> None:
     r = api.put("/api/ns/q/bulk", params={"delay": 2, "ttl": 2}, json=[1, 2])
     assert r.status_code == 400
     assert size(api)["delayed"] == 0
+
+
+def test_a_full_batch_ack_with_leases_fits_the_body_limit(api: httpx.Client) -> None:
+    body = [{"job_id": f"{i:064d}", "lease": "0123456789abcdef"} for i in range(1000)]
+    r = api.post("/api/ns/q/ack", json=body)
+    assert r.status_code == 200 and r.json()["acked"] == 0 and len(r.json()["not_found"]) == 1000

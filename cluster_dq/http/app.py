@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
@@ -29,6 +30,7 @@ from cluster_dq.tokens import split_token, well_formed_raw
 
 log = logging.getLogger("cluster_dq.http")
 Handler = Callable[[Request], Awaitable[Response]]
+T = TypeVar("T")
 
 
 def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
@@ -171,7 +173,10 @@ class DataAPI:
             ttr_ms = params.millis(qp, "ttr", s.TTRSecond)
             timeout_ms = params.millis(qp, "timeout", s.TimeoutSecond, s.MaxTimeoutSecond)
             n = params.count(qp)
-            jobs = await self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
+            consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
+            jobs = await _unless_hung_up(request, consume) if timeout_ms > 0 else await consume
+            if jobs is None:
+                return Response(status_code=499)  # nobody to answer; nothing was kept for them
             if not jobs:
                 return error("no job available", 404, key="msg")
             now = now_ms()
@@ -197,7 +202,8 @@ class DataAPI:
         ``count`` jobs spends two round trips on them, not ``count + 1``."""
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)  # before the body: see publish
-        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 8) + 1024)
+        # room for {"job_id": ..., "lease": ...} elements of the longest ids
+        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 48) + 1024)
         ids, leases = params.id_list(data)
         states = await self.service.ack(route, ns, q, ids, leases if any(leases) else None)
         missing = [i for i, s in zip(ids, states) if s is None]
@@ -294,6 +300,28 @@ class DataAPI:
             Route("/api/{ns}/{q}", self.destroy, methods=["DELETE"]),
             Route("/api/{ns}/{queues}", self.consume, methods=["GET"]),
         ]
+
+
+async def _unless_hung_up(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """Runs a long-poll unless its client hangs up first (then None). uvicorn does not cancel
+    a handler whose client left, so without this the hub would go on waiting, and reserve the
+    next job, for nobody. Cancelling the consume gives back what it reserved, try unspent."""
+    task = asyncio.ensure_future(work)
+    hang_up = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((task, hang_up), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hang_up.cancel()
+        if not task.done():  # the client left (or this handler is being cancelled)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone (the body, if any, is already read by then)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def build_app(routes: list[Route], access_log: AccessLog, port: str) -> Starlette:
