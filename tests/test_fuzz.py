@@ -288,3 +288,20 @@ def test_a_client_gone_mid_body_leaves_no_traceback(target: Target, port: str, m
     time.sleep(0.5)
     logged = target.new_log()
     assert not CRASH.search(logged), logged[-2000:]
+
+
+@pytest.mark.parametrize("request_", [
+    # Found by the fuzz run: a raw non-ASCII byte in the basic-auth blob (b64decode raises
+    # ValueError, not binascii.Error): 500 and a traceback.
+    Request("admin", b"GET", "explicit", [f"/token/{NS}/x/limit".encode()], [],
+            [(b"Authorization", b"Basic \xc3\xa4")]),
+    Request("admin", b"POST", "explicit", [f"/token/{NS}".encode()], [("description", "d")],
+            [(b"Authorization", b"Basic \xff")]),
+    # HEAD on the consume route: refused (it would consume), but with a JSON error's headers
+    # as every other 4xx (a HEAD answer has no body).
+    Request("data", b"HEAD", "explicit", [f"/api/{NS}/q1".encode()], [], [(b"X-Token", fuzzing.Known("token"))]),
+], ids=["non-ascii-basic-blob-get", "non-ascii-basic-blob-post", "head-on-consume"])  # fmt: skip
+def test_fuzz_findings_stay_fixed(target: Target, request_: Request) -> None:
+    """Shrunk reproductions of what the fuzz run found, checked on every run."""
+    response, found = problems(target, request_)
+    assert response is not None and 400 <= response.status < 500 and not found, (response, found)
