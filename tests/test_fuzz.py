@@ -300,7 +300,14 @@ def test_a_client_gone_mid_body_leaves_no_traceback(target: Target, port: str, m
     # HEAD on the consume route: refused (it would consume), but with a JSON error's headers
     # as every other 4xx (a HEAD answer has no body).
     Request("data", b"HEAD", "explicit", [f"/api/{NS}/q1".encode()], [], [(b"X-Token", fuzzing.Known("token"))]),
-], ids=["non-ascii-basic-blob-get", "non-ascii-basic-blob-post", "head-on-consume"])  # fmt: skip
+    # A JSON body holding an integer of more than 4,300 digits: json raises ValueError (int
+    # conversion limit), not JSONDecodeError: 500 and a traceback.
+    Request("data", b"POST", "explicit", [f"/api/{NS}/q1/ack".encode()], [],
+            [(b"X-Token", fuzzing.Known("token"))], b'{"job_ids": [' + b"9" * 5000 + b"]}"),
+    Request("data", b"PUT", "explicit", [f"/api/{NS}/q1/bulk".encode()], [],
+            [(b"X-Token", fuzzing.Known("token"))], b"[" + b"9" * 5000 + b"]"),
+], ids=["non-ascii-basic-blob-get", "non-ascii-basic-blob-post", "head-on-consume", "huge-int-ack",
+        "huge-int-bulk"])  # fmt: skip
 def test_fuzz_findings_stay_fixed(target: Target, request_: Request) -> None:
     """Shrunk reproductions of what the fuzz run found, checked on every run."""
     response, found = problems(target, request_)
