@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json as jsonlib
-import binascii
 import hmac
 
 from starlette.applications import Starlette
@@ -50,7 +49,7 @@ class AdminAPI:
         scheme, _, blob = header.partition(" ")
         try:
             user, _, password = base64.b64decode(blob).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # binascii.Error, UnicodeDecodeError, a non-ASCII blob: all bad input
             user, password = "", ""
         expected = accounts.get(user)
         # Compared as bytes: compare_digest refuses str with non-ASCII characters (a 500).

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -64,8 +64,12 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return error("internal error", 500)
 
-    return {ClusterDQError: dq_error, HTTPException: http_error, RedisError: redis_down,
-            OSError: redis_down, Exception: crash}  # fmt: skip
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client hung up while its body was being read: nobody to answer, nothing to log.
+        return error("client disconnected", 400)
+
+    return {ClusterDQError: dq_error, HTTPException: http_error, ClientDisconnect: client_gone,
+            RedisError: redis_down, OSError: redis_down, Exception: crash}  # fmt: skip
 
 
 class DataAPI:
@@ -163,7 +167,9 @@ class DataAPI:
 
     async def consume(self, request: Request) -> Response:
         if request.method == "HEAD":  # Starlette adds HEAD to GET routes; this GET takes jobs
-            return Response(status_code=405, headers={"Allow": "GET"})
+            response = error("method not allowed", 405)
+            response.headers["Allow"] = "GET"
+            return response
         ns = request.path_params["ns"]
         queues = params.queue_list(ns, request.path_params["queues"])
         route = await self._auth(request, ns)
