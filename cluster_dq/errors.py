@@ -4,6 +4,7 @@
     ├── BadRequest            user input refused (400), names the parameter
     │   └── BodyTooLarge      413
     ├── NotFound              404 (job, queue head, pool)
+    ├── Conflict              409: a lease that no longer holds its job (nothing changed)
     ├── Unauthorized          401
     ├── RateLimited           429
     ├── PoolUnavailable       Redis unreachable or failing over after retries (503)
@@ -33,6 +34,21 @@ class NotFound(ClusterDQError):
     status = 404
 
 
+class Conflict(ClusterDQError):
+    """A lease was given and the job is not held by that delivery any more: another delivery
+    holds it, its ttr ran out, or it is in another state (``None``: gone). Nothing changed."""
+
+    status = 409
+
+    def __init__(self, conflicts: list[tuple[str, str | None]]) -> None:
+        self.conflicts = conflicts
+        self.job_id, self.state = conflicts[0]
+        why = {"reserved": "held by a later delivery", "ttr_expired": "this delivery's ttr ran out",
+               None: "gone"}.get(self.state, self.state)  # fmt: skip
+        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        super().__init__(f"lease does not hold job {self.job_id}: {why}{more}; nothing was changed")
+
+
 class Unauthorized(ClusterDQError):
     status = 401
 
@@ -42,11 +58,16 @@ class RateLimited(ClusterDQError):
 
 
 class PoolUnavailable(ClusterDQError):
+    """What a client is told (``str()``): the pool, that Redis is unavailable, and ``advice``
+    (e.g. that a write may have been applied and whether repeating it is safe). ``detail``
+    (the Redis error: addresses, exception text) is for the log only."""
+
     status = 503
 
-    def __init__(self, pool: str, detail: str) -> None:
-        super().__init__(f"pool {pool!r} unavailable: {detail}")
-        self.pool, self.detail = pool, detail
+    def __init__(self, pool: str, detail: str, advice: str = "") -> None:
+        public = f"pool {pool!r} unavailable: redis unavailable (unreachable or failing over)"
+        super().__init__(f"{public}; {advice}" if advice else public)
+        self.pool, self.detail, self.advice = pool, detail, advice
 
 
 class ConfigError(ClusterDQError):

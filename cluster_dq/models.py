@@ -34,9 +34,10 @@ MAX_SECONDS = 2**32 - 1
 MAX_PRIORITY = 255
 CLIENT_ID_MAX_LEN = 64
 
-NAME_RE = re.compile(r"^[-_A-Za-z0-9]+$")
+# \A..\Z with fullmatch: ``$`` would also match before a final newline ("q\n" passing as "q").
+NAME_RE = re.compile(r"\A[-_A-Za-z0-9]+\Z")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_WHEEL_ID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
+_WHEEL_ID_RE = re.compile(r"\A[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
 
 HEADER = struct.Struct(">6s6sHHBB")
 HEADER_SIZE = HEADER.size  # 18
@@ -70,7 +71,7 @@ def encode_id(raw: bytes) -> str:
 def decode_id(text: str) -> bytes | None:
     """26-char Crockford base32 -> 16 raw bytes, or None when ``text`` is not a wheel id.
     Crockford's digits are int()'s base-32 digits in another spelling."""
-    if not _WHEEL_ID_RE.match(text):
+    if not _WHEEL_ID_RE.fullmatch(text):
         return None
     return int(text.translate(_TO_BASE32_DIGITS), 32).to_bytes(16, "big")
 
@@ -97,7 +98,7 @@ def id_due_ms(raw: bytes) -> int:
 
 def id_due_ms_of_text(text: str) -> int | None:
     """The due time a server-made id carries (its top 48 bits), None for a client id."""
-    if not _WHEEL_ID_RE.match(text):
+    if not _WHEEL_ID_RE.fullmatch(text):
         return None
     return int(text.translate(_TO_BASE32_DIGITS), 32) >> 80
 
@@ -110,8 +111,8 @@ def is_client_id_valid(text: str) -> bool:
     """A client-chosen id: a name, at most 64 bytes, that cannot be mistaken for a wheel id."""
     return (
         0 < len(text) <= CLIENT_ID_MAX_LEN
-        and NAME_RE.match(text) is not None
-        and _WHEEL_ID_RE.match(text) is None
+        and NAME_RE.fullmatch(text) is not None
+        and _WHEEL_ID_RE.fullmatch(text) is None
     )
 
 
@@ -145,8 +146,11 @@ class JobSpec:
     attributes: dict[str, str] | None = None
     job_id: str | None = None  # client-chosen id (idempotent publish)
     # Bulk scheduling (cluster_dq.pipeline): an absolute due time, with job_id a server-format
-    # id made for it (its due ms and lane), so that a rerun places the very same job.
+    # id made for it (its due ms and lane), so that a rerun places the very same job; and an
+    # absolute end of life (0 = never), counted from the schedule's reference time, not from
+    # when a partition happens to publish.
     due_ms: int | None = None
+    expire_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +216,7 @@ class Job:
     attributes: dict[str, str] | None = None
     state: JobState | None = None
     due_ms: int | None = None
+    lease: str | None = None  # the delivery's token (consume only): ack, touch, release may show it
     extra: dict[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -223,6 +228,7 @@ class Job:
         data: bytes,
         state: JobState | None = None,
         due_ms: int | None = None,
+        lease: str | None = None,
     ) -> Job:
         rec = Record.unpack(data)
         return cls(
@@ -238,6 +244,7 @@ class Job:
             rec.attributes,
             state,
             due_ms,
+            lease,
         )
 
     def ttl_ms(self, now_ms: int) -> int:
@@ -259,8 +266,11 @@ def validate_spec(spec: JobSpec) -> None:
         raise BadRequest("invalid delay", "delay")
     if spec.ttl_ms < 0 or spec.ttl_ms > MAX_SECONDS * 1000:
         raise BadRequest("invalid ttl", "ttl")
-    if spec.ttl_ms and spec.ttl_ms < spec.delay_ms:
-        raise BadRequest("ttl is shorter than delay", "ttl")
+    if spec.ttl_ms and spec.ttl_ms <= spec.delay_ms:
+        # equal would expire the job the moment it becomes due: it could never be delivered
+        raise BadRequest("ttl must be longer than delay", "ttl")
+    if spec.expire_at_ms and spec.due_ms is not None and spec.expire_at_ms <= spec.due_ms:
+        raise BadRequest("ttl must end after the due time", "ttl")
     if spec.tries == 0:
         raise BadRequest("tries shouldn't be zero", "tries")
     if not 0 < spec.tries <= MAX_TRIES:

@@ -7,6 +7,7 @@ Environment names: the TOML path in upper case joined by ``__`` for nesting, e.g
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster_dq.errors import ConfigError
+from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 
 ENV_PREFIX = "CLUSTER_DQ_"
 
@@ -207,39 +209,53 @@ def load(path: str | Path | None = None, environ: dict[str, str] | None = None) 
     return settings
 
 
+MAX_LONG_POLL_SECOND = 3600  # a long-poll holds a connection; an hour is already generous
+
+
+def _within(where: str, value: float, low: float, high: float, note: str = "") -> None:
+    """``value`` finite and in ``low..high``, else a ConfigError naming the key."""
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(f"{where}: {low}..{high}{note}, got {value!r}")
+
+
 def _validate(s: Settings) -> None:
+    """Every setting against the bounds the API applies to the same value: a default the API
+    would refuse as a parameter (a negative ttr, a timeout above the maximum) is refused here."""
     for key in ("Port", "AdminPort"):
         port = getattr(s, key)
         if not 0 <= port <= 65535:
             raise ConfigError(f"{key}: {port} is not a port")
-    if s.Workers < 1:
-        raise ConfigError(f"Workers: must be >= 1, got {s.Workers}")
+    _within("Workers", s.Workers, 1, 256)
     if s.LogFormat not in ("json", "text"):
         raise ConfigError(f"LogFormat: 'json' or 'text', got {s.LogFormat!r}")
     if s.LogLevel.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"LogLevel: debug, info, warning or error, got {s.LogLevel!r}")
-    if not 1 <= s.TriesNum <= 65535:
-        raise ConfigError(f"TriesNum: 1..65535, got {s.TriesNum}")
-    if s.TTLSecond and s.TTLSecond < s.DelaySecond:
-        raise ConfigError("TTLSecond: shorter than DelaySecond")
-    if s.MaxBodyBytes < 1:
-        raise ConfigError("MaxBodyBytes: must be positive")
-    if not 1 <= s.Shards <= 4096:
-        raise ConfigError(f"Shards: 1..4096, got {s.Shards}")
-    if not 0 <= s.AckedIdMemorySecond <= 86_400:
-        raise ConfigError(f"AckedIdMemorySecond: 0..86400, got {s.AckedIdMemorySecond}")
+    _within("TriesNum", s.TriesNum, 1, MAX_TRIES)
+    _within("TTLSecond", s.TTLSecond, 0, MAX_SECONDS, " (0: forever)")
+    _within("DelaySecond", s.DelaySecond, 0, MAX_SECONDS)
+    if s.TTLSecond and s.TTLSecond <= s.DelaySecond:  # as the API: ttl must be longer than delay
+        raise ConfigError(f"TTLSecond: must be longer than DelaySecond ({s.DelaySecond}), or 0")
+    _within("TTRSecond", s.TTRSecond, 1, MAX_SECONDS)
+    _within("MaxTimeoutSecond", s.MaxTimeoutSecond, 0, MAX_LONG_POLL_SECOND)
+    _within("TimeoutSecond", s.TimeoutSecond, 0, s.MaxTimeoutSecond, " (MaxTimeoutSecond)")
+    _within("MaxBodyBytes", s.MaxBodyBytes, 1, MAX_BODY, " (the largest job body)")
+    _within("TokenCacheSecond", s.TokenCacheSecond, 0, 3600)
+    _within("Shards", s.Shards, 1, 4096)
+    _within("AckedIdMemorySecond", s.AckedIdMemorySecond, 0, 86_400)
     if s.SizeIntervalSecond <= 0:
         raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
-    if s.ReconcileSecond < 0:
-        raise ConfigError(f"ReconcileSecond: 0 (off) or more, got {s.ReconcileSecond}")
+    _within("SizeIntervalSecond", s.SizeIntervalSecond, 0, 86_400)
+    _within("ReconcileSecond", s.ReconcileSecond, 0, 86_400, " (0: off)")
     for name, pool in s.Pool.items():
+        _within(f"Pool.{name}.PoolSize", pool.PoolSize, 1, 65_535)
+        _within(f"Pool.{name}.DB", pool.DB, 0, 65_535)
+        _within(f"Pool.{name}.WaitReplicas", pool.WaitReplicas, 0, 64)
+        _within(f"Pool.{name}.WaitTimeoutMs", pool.WaitTimeoutMs, 0, 60_000)
         target = s.Pool.get(pool.MigrateTo) if pool.MigrateTo else None
         if pool.MigrateTo and (target is None or pool.MigrateTo == name):
             raise ConfigError(f"Pool.{name}.MigrateTo: unknown pool {pool.MigrateTo!r}")
         if target is not None and target.MigrateTo:
             raise ConfigError(f"Pool.{name}.MigrateTo: {target.name} migrates itself; finish that first")
-        if pool.WaitReplicas < 0 or pool.WaitTimeoutMs < 0:
-            raise ConfigError(f"Pool.{name}: WaitReplicas and WaitTimeoutMs must be >= 0")
     for name, ring in s.Ring.items():
         if name in s.Pool:
             raise ConfigError(f"Ring.{name}: a pool has that name; tokens name one or the other")

@@ -3,6 +3,11 @@
 Checks are cached per instance for ``TokenCacheSecond`` (positive and negative alike), so a
 deleted token stops working on every instance within that many seconds (lmstfy caches
 positive answers forever, on every instance but the one that served the DELETE).
+
+Nobody unauthenticated can make a process grow: a token is refused by its shape before any
+lookup (``[pool:]token``, each 1 to 64 characters of ``[-_A-Za-z0-9]``; server-made tokens
+are 26, custom ones 20 to 64), and the answers are kept in two LRUs (valid tokens, refused
+tokens) bounded in entries and bytes, so a flood of junk cannot push valid tokens out.
 """
 
 from __future__ import annotations
@@ -10,7 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -24,6 +31,14 @@ from cluster_dq.models import encode_id
 
 log = logging.getLogger(__name__)
 MIN_CUSTOM_TOKEN = 20
+MAX_TOKEN = 64
+_PART_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")  # a token, or the pool (ring) name before ':'
+_CUSTOM_RE = re.compile(r"[-_A-Za-z0-9]{%d,%d}" % (MIN_CUSTOM_TOKEN, MAX_TOKEN))
+# What one cached answer costs, beyond its three strings: the key tuple, the value tuple, the
+# float and the dict slot (measured with sys.getsizeof: ~ 230 bytes on CPython 3.12).
+ENTRY_OVERHEAD = 256
+CACHE_ENTRIES = 10_000  # per LRU (valid answers, refusals)
+CACHE_BYTES = 4 * 1024 * 1024  # per LRU
 
 
 def _text(value: bytes | str) -> str:
@@ -36,8 +51,54 @@ def split_token(raw: str) -> tuple[str, str]:
     return (pool, token) if sep else ("default", raw)
 
 
+def well_formed(pool: str, token: str) -> bool:
+    """The shape every token this service makes or accepts has: refused before any lookup."""
+    return _PART_RE.fullmatch(pool) is not None and _PART_RE.fullmatch(token) is not None
+
+
+def well_formed_raw(raw: str) -> bool:
+    """``[pool:]token`` as a client sends it (at most 129 characters)."""
+    return len(raw) <= 2 * MAX_TOKEN + 1 and well_formed(*split_token(raw))
+
+
+class _LRU:
+    """Answers by key, the least recently used dropped first, bounded in entries and bytes."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.data: OrderedDict[tuple[str, str, str], tuple[bool, float]] = OrderedDict()
+        self.bytes = 0
+
+    @staticmethod
+    def cost(key: tuple[str, str, str]) -> int:
+        return ENTRY_OVERHEAD + sum(len(k) for k in key)
+
+    def get(self, key: tuple[str, str, str]) -> tuple[bool, float] | None:
+        hit = self.data.get(key)
+        if hit is not None:
+            self.data.move_to_end(key)
+        return hit
+
+    def put(self, key: tuple[str, str, str], value: tuple[bool, float]) -> None:
+        if key not in self.data:
+            self.bytes += self.cost(key)
+        self.data[key] = value
+        self.data.move_to_end(key)
+        while self.data and (len(self.data) > self.max_entries or self.bytes > self.max_bytes):
+            old, _ = self.data.popitem(last=False)
+            self.bytes -= self.cost(old)
+
+    def pop(self, key: tuple[str, str, str]) -> None:
+        if self.data.pop(key, None) is not None:
+            self.bytes -= self.cost(key)
+
+
 def new_token() -> str:
     return encode_id(now_ms().to_bytes(6, "big") + os.urandom(10))
+
+
+MAX_LIMIT = 2**31 - 1  # requests per window (a Redis counter; any real limit is far below)
+MAX_INTERVAL = 86_400 * 30  # seconds: PEXPIRE of a longer window may fail after INCR
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +110,33 @@ class Limit:
     def as_json(self) -> dict[str, int]:
         return {"read": self.read, "write": self.write, "interval": self.interval}
 
+    @classmethod
+    def parse(cls, data: object) -> Limit:
+        """A limit from JSON: each field a JSON integer in its range, else a 400 naming it
+        (``1e309`` is a float, infinite; ``true`` is not a number)."""
+        if not isinstance(data, dict):
+            raise BadRequest('invalid limit body: {"read","write","interval"}', "limit")
+        values = {}
+        for name, low, high in (("read", 0, MAX_LIMIT), ("write", 0, MAX_LIMIT), ("interval", 1, MAX_INTERVAL)):
+            v = data.get(name, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+                raise BadRequest(f"invalid limit: {name} must be an integer {low}..{high}", name)
+            values[name] = v
+        if values["read"] == 0 and values["write"] == 0:
+            raise BadRequest("invalid limit: read and write must not both be 0", "read")
+        return cls(**values)
+
 
 class TokenStore:
-    def __init__(self, engine: AsyncEngine, cache_seconds: float = 2.0) -> None:
+    def __init__(self, engine: AsyncEngine, cache_seconds: float = 2.0,
+                 max_entries: int = 2 * CACHE_ENTRIES, max_bytes: int = 2 * CACHE_BYTES) -> None:  # fmt: skip
+        """``max_entries``/``max_bytes`` bound the whole cache; half goes to valid tokens and
+        half to refusals, so refusals never evict a valid token."""
         self.engine = engine
         self.client = engine.client
         self.cache_seconds = cache_seconds
-        self._valid: dict[tuple[str, str, str], tuple[bool, float]] = {}
+        self._good = _LRU(max_entries - max_entries // 2, max_bytes - max_bytes // 2)
+        self._bad = _LRU(max_entries // 2, max_bytes // 2)
         self._limits: dict[str, Limit] = {}
         self._limits_at = 0.0
 
@@ -64,6 +145,8 @@ class TokenStore:
             token = new_token()
         elif len(token) < MIN_CUSTOM_TOKEN:
             raise BadRequest("the user token was too short", "token")
+        elif not _CUSTOM_RE.fullmatch(token):
+            raise BadRequest(f"invalid token: {MIN_CUSTOM_TOKEN} to {MAX_TOKEN} characters of [-_A-Za-z0-9]", "token")
         if not await transport_safe(self.client.hsetnx(AdminKeys.tokens(pool, ns), token, description)):
             raise BadRequest("the token has already existed", "token")
         return token
@@ -75,11 +158,18 @@ class TokenStore:
     async def delete(self, pool: str, ns: str, token: str) -> None:
         await transport_safe(self.client.hdel(AdminKeys.tokens(pool, ns), token))
         await transport_safe(self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}"))
-        self._valid.pop((pool, ns, token), None)
+        self._good.pop((pool, ns, token))
+        self._bad.pop((pool, ns, token))
+
+    def cache_size(self) -> tuple[int, int]:
+        """(entries, estimated bytes) the validity cache holds."""
+        return len(self._good.data) + len(self._bad.data), self._good.bytes + self._bad.bytes
 
     async def valid(self, pool: str, ns: str, token: str) -> bool:
+        if not well_formed(pool, token):
+            return False  # no lookup, nothing remembered: junk costs nothing
         key = (pool, ns, token)
-        hit = self._valid.get(key)
+        hit = self._good.get(key) or self._bad.get(key)
         now = time.monotonic()
         if hit and hit[1] > now:
             return hit[0]
@@ -89,9 +179,8 @@ class TokenStore:
             if hit:  # Redis failing over: the last answer stands until it is back (never a 503)
                 return hit[0]
             raise
-        if len(self._valid) > 100_000:
-            self._valid.clear()
-        self._valid[key] = (ok, now + self.cache_seconds)
+        (self._good if ok else self._bad).put(key, (ok, now + self.cache_seconds))
+        (self._bad if ok else self._good).pop(key)
         return ok
 
     # -- rate limits ------------------------------------------------------------------------
@@ -107,8 +196,10 @@ class TokenStore:
                 return self._limits  # Redis failing over: the last known limits stand
             fresh = {}
             for k, v in raw.items():
-                d = json.loads(v)
-                fresh[_text(k)] = Limit(int(d["read"]), int(d["write"]), int(d["interval"]))
+                try:  # one bad record (written by hand or by an older version) spoils no other
+                    fresh[_text(k)] = Limit.parse(json.loads(v))
+                except (ValueError, BadRequest) as e:
+                    log.warning("rate limit %s ignored: %s", _text(k), e)
             self._limits, self._limits_at = fresh, now
         return self._limits
 
@@ -120,8 +211,7 @@ class TokenStore:
         return Limit(int(d["read"]), int(d["write"]), int(d["interval"]))
 
     async def set_limit(self, pool: str, ns: str, token: str, limit: Limit, create: bool) -> None:
-        if limit.interval <= 0 or (limit.read <= 0 and limit.write <= 0) or min(limit.read, limit.write) < 0:
-            raise BadRequest("invalid limit: read/write must not both be 0, interval > 0", "limit")
+        limit = Limit.parse(limit.as_json())  # the same bounds for every caller (admin API, CLI)
         blob = json.dumps(limit.as_json())
         key, field = AdminKeys.limits(), f"{pool}/{ns}/{token}"
         if create:

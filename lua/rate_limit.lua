@@ -11,7 +11,9 @@ if ARGV[3] == '1' then
   return 1
 end
 local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+-- Whenever the counter has no expiry, not only when it was just made: a counter left
+-- without one (a failed PEXPIRE, a hand-made key) would otherwise refuse the token forever.
+if n == 1 or redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 if n > tonumber(ARGV[1]) then
   redis.call('DECR', KEYS[1])
   return 0

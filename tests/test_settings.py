@@ -72,3 +72,56 @@ def test_bad_settings_name_the_key(tmp_path: Path, text: str, env: dict[str, str
     with pytest.raises(ConfigError) as e:
         load(cfg, env)
     assert names in str(e.value)
+
+
+P = '[Pool.default]\nAddr = "127.0.0.1:1"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("TTRSecond = -1", "TTRSecond"),
+        ("TTRSecond = 0", "TTRSecond"),
+        ("TTRSecond = 4294967296", "TTRSecond"),
+        ("TimeoutSecond = 700", "TimeoutSecond"),
+        ("TimeoutSecond = -1", "TimeoutSecond"),
+        ("MaxTimeoutSecond = -1", "MaxTimeoutSecond"),
+        ("MaxTimeoutSecond = 99999999", "MaxTimeoutSecond"),
+        ("TokenCacheSecond = -1", "TokenCacheSecond"),
+        ("TokenCacheSecond = nan", "TokenCacheSecond"),
+        ("TokenCacheSecond = inf", "TokenCacheSecond"),
+        ("DelaySecond = -10", "DelaySecond"),
+        ("DelaySecond = 4294967296\nTTLSecond = 0", "DelaySecond"),
+        ("TTLSecond = -1", "TTLSecond"),
+        ("TTLSecond = 4294967296", "TTLSecond"),
+        ("TTLSecond = 10\nDelaySecond = 10", "TTLSecond"),
+        ("TriesNum = 0", "TriesNum"),
+        ("MaxBodyBytes = 0", "MaxBodyBytes"),
+        ("MaxBodyBytes = 1099511627776", "MaxBodyBytes"),
+        ("Workers = 100000", "Workers"),
+        ("SizeIntervalSecond = inf", "SizeIntervalSecond"),
+        ("ReconcileSecond = nan", "ReconcileSecond"),
+        ("AckedIdMemorySecond = -1", "AckedIdMemorySecond"),
+        (P + "PoolSize = 0", "Pool.default.PoolSize"),
+        (P + "PoolSize = -5", "Pool.default.PoolSize"),
+        (P + "WaitTimeoutMs = 100000000000", "Pool.default.WaitTimeoutMs"),
+        (P + "WaitTimeoutMs = -1", "Pool.default.WaitTimeoutMs"),
+        (P + "WaitReplicas = 1000", "Pool.default.WaitReplicas"),
+        (P + "DB = -1", "Pool.default.DB"),
+    ],
+)
+def test_settings_outside_the_api_bounds_are_refused(tmp_path: Path, text: str, names: str) -> None:
+    """Every setting is checked against what the API applies to the same value (issue 14)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load(cfg, {})
+    assert names in str(e.value)
+
+
+def test_settings_at_the_bounds_are_accepted(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("TTRSecond = 1\nTimeoutSecond = 600\nTokenCacheSecond = 0\nDelaySecond = 0\n"
+                   "TTLSecond = 0\nMaxBodyBytes = 1048576\n" + P + "PoolSize = 1\nWaitTimeoutMs = 60000\n")  # fmt: skip
+    s = load(cfg, {})
+    assert s.TTRSecond == 1 and s.Pool["default"].PoolSize == 1

@@ -43,7 +43,9 @@ class AdminAPI:
         except (binascii.Error, UnicodeDecodeError):
             user, password = "", ""
         expected = accounts.get(user)
-        if scheme.lower() != "basic" or expected is None or not hmac.compare_digest(expected, password):
+        # Compared as bytes: compare_digest refuses str with non-ASCII characters (a 500).
+        if scheme.lower() != "basic" or expected is None or not hmac.compare_digest(
+                expected.encode(), password.encode()):  # fmt: skip
             raise Unauthorized("unauthorized")
 
     def _pool_param(self, request: Request) -> str | None:
@@ -138,9 +140,9 @@ class AdminAPI:
             return json({"msg": "success"})
         try:
             data = await request.json()
-            lim = Limit(int(data.get("read", 0)), int(data.get("write", 0)), int(data.get("interval", 0)))
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, UnicodeDecodeError):
             raise BadRequest("invalid limit body: {\"read\",\"write\",\"interval\"}", "limit") from None
+        lim = Limit.parse(data)
         create = request.method == "POST"
         await store.set_limit(pool, ns, token, lim, create)
         return json({"limiter": lim.as_json()}, 201 if create else 200)

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine.aio import leaked_transport_race
-from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, RateLimited
+from cluster_dq.errors import BadRequest, ClusterDQError, Conflict, PoolUnavailable, RateLimited, Unauthorized
 from cluster_dq.http import params
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
@@ -25,7 +25,7 @@ from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.tokens import split_token
+from cluster_dq.tokens import split_token, well_formed_raw
 
 log = logging.getLogger("cluster_dq.http")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -38,8 +38,11 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         assert isinstance(exc, ClusterDQError)
         if isinstance(exc, RateLimited):
             return error(str(exc), 429, key="msg")
-        if isinstance(exc, PoolUnavailable):
-            log.warning("503: %s", exc)
+        if isinstance(exc, Conflict):
+            return json({"error": str(exc), "job_id": exc.job_id, "state": exc.state,
+                         "conflicts": [{"job_id": j, "state": st} for j, st in exc.conflicts]}, 409)  # fmt: skip
+        if isinstance(exc, PoolUnavailable):  # the client gets no address nor Redis error text
+            log.warning("503: %s (%s)", exc, exc.detail)
         return error(str(exc), exc.status)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -51,7 +54,7 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         # A safety net: the service maps Redis failures to PoolUnavailable where it calls
         # Redis; anything that slips through is still a 503, never a 500.
         log.warning("503 (unmapped Redis failure): %s: %s", type(exc).__name__, exc)
-        return error(f"redis unavailable: {type(exc).__name__}: {exc}", 503)
+        return error("redis unavailable (unreachable or failing over); the outcome is unknown", 503)
 
     async def crash(request: Request, exc: Exception) -> Response:
         if leaked_transport_race(exc):  # redis-py leaked a closed connection as another error
@@ -73,6 +76,8 @@ class DataAPI:
     async def _auth(self, request: Request, ns: str, q: str | None = None) -> PoolRoute[RedisPool]:
         params.check_names(ns, q)
         token = request.headers.get("x-token") or request.query_params.get("token")
+        if token and not well_formed_raw(token):
+            raise Unauthorized("invalid token")  # by its shape: no lookup, nothing cached
         return await self.service.authorize(token, ns)
 
     async def _limited(self, request: Request, ns: str, write: bool, ok_status: int,
@@ -107,10 +112,11 @@ class DataAPI:
 
     async def publish(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        # Read the body before anything can refuse the request: answering with unread
-        # request bytes in the socket makes the server close it with a reset (client error).
-        body = await params.body(request, self.s.MaxBodyBytes)
+        # The token first: nothing unauthenticated is buffered. A refusal answered with the
+        # body unread is safe: the server discards the rest of the body and keeps the
+        # connection (tests/test_edges.py sends 30 MB with a junk token through httpx).
         route = await self._auth(request, ns, q)
+        body = await params.body(request, self.s.MaxBodyBytes)
 
         async def run() -> Response:
             (p,) = await self.service.publish(route, ns, q, [self._specs(request)(body)])
@@ -123,8 +129,8 @@ class DataAPI:
 
     async def bulk(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)  # see publish
-        route = await self._auth(request, ns, q)
+        route = await self._auth(request, ns, q)  # before the body: see publish
+        data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)
 
         async def run() -> Response:
             spec = self._specs(request)
@@ -138,13 +144,23 @@ class DataAPI:
 
     async def republish(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        body = await params.body(request, self.s.MaxBodyBytes)  # see publish
         old = params.job_id(request.path_params["job_id"])
-        route = await self._auth(request, ns, q)
-        p = await self.service.republish(route, ns, q, old, self._specs(request)(body))
-        return json({"msg": "published", "job_id": p.job_id}, 201)
+        route = await self._auth(request, ns, q)  # before the body: see publish
+        lease = params.lease(request.query_params)
+        body = await params.body(request, self.s.MaxBodyBytes)
+
+        async def run() -> Response:
+            p = await self.service.republish(route, ns, q, old, self._specs(request)(body), lease)
+            out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
+            if p.duplicate:
+                out["duplicate"] = True  # the new id already existed: nothing new was published
+            return json(out, 201)
+
+        return await self._limited(request, ns, True, 201, run)  # a write, as publish
 
     async def consume(self, request: Request) -> Response:
+        if request.method == "HEAD":  # Starlette adds HEAD to GET routes; this GET takes jobs
+            return Response(status_code=405, headers={"Allow": "GET"})
         ns = request.path_params["ns"]
         queues = params.queue_list(ns, request.path_params["queues"])
         route = await self._auth(request, ns)
@@ -160,7 +176,10 @@ class DataAPI:
                 return error("no job available", 404, key="msg")
             now = now_ms()
             if n == 1:
-                return json(job_object(jobs[0], now))
+                response = json(job_object(jobs[0], now))
+                if jobs[0].lease:
+                    response.headers["X-Lease"] = jobs[0].lease
+                return response
             return json([job_object(j, now) for j in jobs])
 
         return await self._limited(request, ns, False, 200, run)
@@ -169,17 +188,19 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        await self.service.ack(route, ns, q, [jid])
+        lease = params.lease(request.query_params)
+        await self.service.ack(route, ns, q, [jid], [lease] if lease else None)
         return Response(status_code=204)
 
     async def ack_many(self, request: Request) -> Response:
         """Batch ack (extension): many ids in one request and one script, so a consumer of
         ``count`` jobs spends two round trips on them, not ``count + 1``."""
         ns, q = request.path_params["ns"], request.path_params["q"]
-        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 8) + 1024)  # see publish
-        route = await self._auth(request, ns, q)
-        ids = params.id_list(data)
-        states = await self.service.ack(route, ns, q, ids)
+        route = await self._auth(request, ns, q)  # before the body: see publish
+        # room for {"job_id": ..., "lease": ...} elements of the longest ids
+        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 48) + 1024)
+        ids, leases = params.id_list(data)
+        states = await self.service.ack(route, ns, q, ids, leases if any(leases) else None)
         missing = [i for i, s in zip(ids, states) if s is None]
         return json({"msg": "acked", "acked": len(ids) - len(missing), "not_found": missing})
 
@@ -190,7 +211,8 @@ class DataAPI:
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
         delay_ms = params.millis(request.query_params, "delay", 0)
-        state = await self.service.release(route, ns, q, jid, delay_ms)
+        lease = params.lease(request.query_params)
+        state = await self.service.release(route, ns, q, jid, delay_ms, lease)
         return json({"msg": "released", "job_id": jid, "state": str(state)})
 
     async def touch(self, request: Request) -> Response:
@@ -201,7 +223,8 @@ class DataAPI:
         ttr_ms = params.millis(request.query_params, "ttr", self.s.TTRSecond)
         if ttr_ms < 1:
             raise BadRequest("invalid ttr", "ttr")
-        await self.service.touch(route, ns, q, jid, ttr_ms)
+        lease = params.lease(request.query_params)
+        await self.service.touch(route, ns, q, jid, ttr_ms, lease)
         return json({"msg": "touched", "job_id": jid, "ttr_ms": ttr_ms})
 
     async def peek(self, request: Request) -> Response:

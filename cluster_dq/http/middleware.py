@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ from cluster_dq.logs import current_scope
 from cluster_dq.models import encode_id
 
 access = logging.getLogger("cluster_dq.access")
+_REQUEST_ID_RE = re.compile(rb"[-_.:/+=A-Za-z0-9]{1,64}")
 
 
 def request_id() -> str:
@@ -60,8 +62,10 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = next((v.decode() for k, v in scope["headers"] if k == b"x-request-id"), None)
-        rid = rid if rid and len(rid) <= 64 else request_id()
+        raw = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+        # A client's id is kept when it is a sane token (it is echoed and logged); anything
+        # else (non-ASCII, control bytes, too long) is replaced by a fresh one.
+        rid = raw.decode() if _REQUEST_ID_RE.fullmatch(raw) else request_id()
         scope.setdefault("state", {})["request_id"] = rid
         current_scope.set(scope)
         status = 0
