@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 from cluster_dq.keys import BUCKET_WIDTH_MS
 
@@ -42,6 +43,7 @@ class MJob:
     died: int = 0  # dead: time of death
     holder: int | None = None  # reserved: the delivery (consume number) holding it
     client_id: bool = False
+    lease: str | None = None  # reserved: the lease of the delivery holding it (None: unknown)
 
     def score(self) -> int:
         """What peek_job reports as the job's score in its state."""
@@ -92,7 +94,7 @@ class Model:
     def expire_reservations(self, q: str, now: int) -> None:
         for j in self.of(q, RESERVED):
             if j.deadline <= now:
-                j.holder = None
+                j.holder, j.lease = None, None
                 if j.expired(now):
                     self.gone(j)
                 elif j.tries > 0:
@@ -140,14 +142,17 @@ class Model:
         at = self.acked.get((q, job_id))
         return at is not None and now - at < self.remember_acked_ms
 
-    def place(self, q: str, job_id: str, client: bool, now: int, delay: int, ttl: int, tries: int,
-              priority: int) -> str:  # fmt: skip
-        """A new job (the caller checked it is not a duplicate); its published state."""
-        due = now + delay
+    def place(self, q: str, job_id: str, client: bool, base: int, now: int, delay: int, ttl: int,
+              tries: int, priority: int) -> str:  # fmt: skip
+        """A new job (the caller checked it is not a duplicate); its published state. ``base``:
+        the request's time (due and ttl count from it); ``now``: when the script ran (a
+        retried step is stamped afresh)."""
+        due = base + delay
         start = due - due % BUCKET_WIDTH_MS
         j = MJob(q, job_id, READY if due <= now else DELAYED, due, priority, tries, 0,
-                 now + ttl if ttl else 0, client_id=client)  # fmt: skip
-        if j.state == DELAYED and not client and start > now + OPEN_LEAD_MS:
+                 base + ttl if ttl else 0, client_id=client)  # fmt: skip
+        # only priority-0 jobs rest in the wheel (a priority job must not wait behind a backlog)
+        if j.state == DELAYED and not client and priority == 0 and start > base + OPEN_LEAD_MS:
             j.wheel = start
         self.jobs[(q, job_id)] = j
         self.alts.pop((q, job_id), None)
@@ -162,12 +167,23 @@ class Model:
         self.acked[(q, job_id)] = now
         return j.state
 
-    def reserve(self, j: MJob, now: int, ttr: int, delivery: int | None) -> None:
-        j.state, j.deadline, j.holder = RESERVED, now + ttr, delivery
+    def lease_check(self, q: str, job_id: str, lease: str, now: int) -> str | None:
+        """Why ``lease`` does not hold the job ('' when it does): lua lease_check's names."""
+        j = self.jobs.get((q, job_id))
+        if j is None:
+            return "gone"
+        if j.state == RESERVED:
+            if j.lease != lease:
+                return "reserved"
+            return "ttr_expired" if j.deadline <= now else ""
+        return j.state
+
+    def reserve(self, j: MJob, now: int, ttr: int, delivery: int | None, lease: str | None = None) -> None:
+        j.state, j.deadline, j.holder, j.lease = RESERVED, now + ttr, delivery, lease
         j.tries -= 1
         j.deliveries += 1
 
-    def consume_script(self, q: str, now: int, ttr: int, got: list[MJob], need: int,
+    def consume_script(self, q: str, now: int, ttr: int, got: list[Any], need: int,
                        delivery: int | None) -> None:  # fmt: skip
         """consume.lua on ``q``: checks the engine's choice ``got`` (in its order) and applies it."""
         self.expire_reservations(q, now)
@@ -207,8 +223,8 @@ class Model:
                         self.gone(j)
                     elif j.rank() < top:
                         self.gone(j)
-        for c in chosen:
-            self.reserve(c, now, ttr, delivery)
+        for c, g in zip(chosen, got):
+            self.reserve(c, now, ttr, delivery, g.lease)
 
     def unknown_consume(self, queues: list[str], now: int, ttr: int) -> None:
         """A consume whose answer was lost: any job of these queues may have been reserved

@@ -41,7 +41,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
-from cluster_dq.errors import BadRequest, NotFound, PoolUnavailable
+from cluster_dq.errors import BadRequest, Conflict, NotFound, PoolUnavailable
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec, JobState, id_to_member
 from cluster_dq.pools import RedisPool
@@ -56,18 +56,19 @@ QUEUES = ("a", "b")
 EXAMPLES = int(os.environ.get("DQ_MODEL_EXAMPLES", "60"))
 STEPS = int(os.environ.get("DQ_MODEL_STEPS", "40"))
 TOPOLOGY = os.environ.get("DQ_MODEL_TOPOLOGY", "standalone")
-# Known engine defects (issue 13) the model accepts until the lead's fix lands on main:
+# Engine defects the model can be told to tolerate (DQ_MODEL_TOLERATE=a,b). Each was found by
+# this model before its fix landed on main (issue 13); none is tolerated by default now:
 #   touch-expired  touch/release of a reservation whose ttr passed (not yet moved) succeed (#6)
 #   ttl-eq-delay   ttl == delay accepted (it should be 400) (#2)
 #   acked-memory   an id acked longer ago than the memory is still a duplicate (#9)
 #   same-id        republish with the same client id loses the job (#1)
 #   signal-503     a failed shard signal after a consume that ran answers 503 (#5)
 #   stale-stamp    a retried step keeps the first attempt's time (#4)
-#   republish-tidy republish.lua never calls tidy(): a republish that removes the queue's last
-#                  job and places nothing (a duplicate id) leaves the META hash behind (new)
-TOLERATE = set(filter(None, os.environ.get(
-    "DQ_MODEL_TOLERATE",
-    "touch-expired,ttl-eq-delay,acked-memory,same-id,signal-503,stale-stamp,republish-tidy").split(",")))
+#   republish-tidy republish.lua never called tidy(): a republish that removed the queue's last
+#                  job and placed nothing (a duplicate id) left the META hash behind
+#   consume-503-text  a consume 503 whose outcome is unknown (the script may have run) does not
+#                  say so (SPEC §2.7)
+TOLERATE = set(filter(None, os.environ.get("DQ_MODEL_TOLERATE", "").split(",")))
 REMEMBER_MS = 60_000
 
 STATS: Counter[str] = Counter()
@@ -144,12 +145,7 @@ class Transport:
         self.clock.now += f.ms  # a stall, or the time a refusal and its backoff take
         if f.kind == "stall":
             return await self.real(step)
-
-        async def refuse() -> None:
-            raise Fault.REFUSALS[f.kind]()
-
-        await self.engine._guarded(refuse())  # the engine's own classification of the reply
-        raise AssertionError("unreachable")
+        raise Fault.REFUSALS[f.kind]()  # classified by the engine (_guarded) as Redis's reply would be
 
 
 def patch_clock(clock: FakeClock, pool: RedisPool) -> list[tuple[Any, str, Any]]:
@@ -159,8 +155,7 @@ def patch_clock(clock: FakeClock, pool: RedisPool) -> list[tuple[Any, str, Any]]
     import cluster_dq.waiters as waiters
 
     saved = []
-    if hasattr(pool.engine, "clock"):
-        pool.engine.clock = clock
+    pool.engine.clock = clock
     for mod in (service, waiters, commands):
         if hasattr(mod, "now_ms"):
             saved.append((mod, "now_ms", mod.now_ms))
@@ -198,6 +193,7 @@ class EngineModel(RuleBasedStateMachine):
         self.net = Transport(self.pool, self.clock)
         self.model = Model(REMEMBER_MS)
         self.deliveries = 0
+        self.leases: list[tuple[str, str, str]] = []  # every delivery: (queue, job id, lease)
         self.pending = False
         STATS["examples"] += 1
 
@@ -237,7 +233,7 @@ class EngineModel(RuleBasedStateMachine):
         STATS[f"op {name}"] += 1
         try:
             return self.run(coro), None
-        except (PoolUnavailable, NotFound, BadRequest) as e:
+        except (PoolUnavailable, NotFound, BadRequest, Conflict) as e:
             return None, e
 
     def fired(self) -> Any:
@@ -324,7 +320,7 @@ class EngineModel(RuleBasedStateMachine):
                         raise Mismatch(f"{p.job_id} called a duplicate, but it is new")
                 if dup:
                     continue
-                state = m.place(q, p.job_id, spec.job_id is not None, now, spec.delay_ms, spec.ttl_ms,
+                state = m.place(q, p.job_id, spec.job_id is not None, t0, now, spec.delay_ms, spec.ttl_ms,
                                 spec.tries, spec.priority)  # fmt: skip
                 want = JobState.READY if state == READY else JobState.DELAYED
                 if p.state is not None and p.state != want:
@@ -347,15 +343,22 @@ class EngineModel(RuleBasedStateMachine):
                 raise Mismatch(f"consume answered 503 without a fault: {err}")
             if f.kind == "noreplicas" and f.step == "consume":
                 raise Mismatch(f"a consume refused before it ran (NOREPLICAS) must be repeated: {err}")
-            if f.step == "signal" and f.kind != "lost" and "signal-503" not in TOLERATE:
+            if f.step == "signal" and "signal-503" not in TOLERATE:
                 raise Mismatch(f"a failed shard signal after a consume answered 503 (issue 13 #5): {err}")
+            if f.kind == "lost" and "may" not in str(err) and "consume-503-text" not in TOLERATE:
+                raise Mismatch(f"a consume whose script ran and whose reply was lost answered a 503 that "
+                               f"does not say the outcome is unknown (SPEC §2.7): {err}")  # fmt: skip
             STATS["503 consume"] += 1
             for now in self.stamps(t0)[:1]:
                 self.model.unknown_consume(queues, now, ttr)
             return
         self.deliveries += 1
         delivery = self.deliveries
-        note(f"consume #{delivery} -> {[(j.queue, j.job_id) for j in got]}")
+        note(f"consume #{delivery} -> {[(j.queue, j.job_id, j.lease) for j in got]}")
+        for j in got:
+            if j.lease is None or len(j.lease) != 16 or any(j.lease == x[2] for x in self.leases):
+                raise Mismatch(f"delivery of {j.job_id} carries lease {j.lease!r}: not a fresh 16-hex lease")
+            self.leases.append((j.queue, j.job_id, j.lease))
 
         def apply(m: Model, now: int) -> None:
             rest = list(got)
@@ -397,23 +400,70 @@ class EngineModel(RuleBasedStateMachine):
         keys.append((q or QUEUES[i % 2], "nosuchjob"))
         return keys[i % len(keys)]
 
-    @rule(i=picks)
-    def ack(self, i: int) -> None:
-        q, job_id = self.pick(i)
-        self.ack_many(q, [job_id])
+    def pick_lease(self, i: int, q: str | None = None) -> tuple[str, str, str] | None:
+        """A delivery's (queue, job, lease): mostly one that still holds its job, else a stale one."""
+        log = [d for d in self.leases if q is None or d[0] == q]
+        if not log:
+            return None
+        live = [d for d in log if (j := self.model.jobs.get(d[:2])) is not None and j.lease == d[2]]
+        if live and i % 4:
+            return live[i % len(live)]
+        return log[i % len(log)]
 
-    @rule(q=st.sampled_from(QUEUES), picks_=st.lists(picks, min_size=2, max_size=4))
-    def batch_ack(self, q: str, picks_: list[int]) -> None:
-        ids_ = list(dict.fromkeys(self.pick(i, q)[1] for i in picks_))
-        self.ack_many(q, ids_)
+    def conflict(self, m: Model, q: str, job_id: str, lease: str | None, now: int, ack: bool = False) -> str | None:
+        """None when ``lease`` (if any) holds the job, else the state a Conflict names."""
+        if lease is None:
+            return None
+        why = m.lease_check(q, job_id, lease, now)
+        if why == "" or (ack and why == "gone"):
+            return None  # (acking a job already gone is what its holder wanted)
+        return why
 
-    def ack_many(self, q: str, ids_: list[str]) -> None:
+    def expect_conflict(self, err: BaseException | None, wanted: list[tuple[str, str]]) -> None:
+        if not wanted:
+            if isinstance(err, Conflict):
+                raise Mismatch(f"409 {err.conflicts}, but every lease holds its job")
+            return
+        if not isinstance(err, Conflict):
+            raise Mismatch(f"lease conflicts {wanted} expected, engine answered {err!r}")
+        got = sorted((i, s or "gone") for i, s in err.conflicts)
+        if got != sorted(wanted):
+            raise Mismatch(f"409 names {got}, model {sorted(wanted)}")
+        STATS["409 checked"] += 1
+
+    @rule(i=picks, leased=st.booleans())
+    def ack(self, i: int, leased: bool) -> None:
+        d = self.pick_lease(i) if leased else None
+        if d is not None:
+            self.ack_many(d[0], [d[1]], [d[2]])
+        else:
+            q, job_id = self.pick(i)
+            self.ack_many(q, [job_id])
+
+    @rule(q=st.sampled_from(QUEUES), picks_=st.lists(st.tuples(picks, st.booleans()), min_size=2, max_size=4))
+    def batch_ack(self, q: str, picks_: list[tuple[int, bool]]) -> None:
+        chosen: dict[str, str | None] = {}
+        for i, leased in picks_:
+            d = self.pick_lease(i, q) if leased else None
+            if d is not None:
+                chosen.setdefault(d[1], d[2])
+            else:
+                chosen.setdefault(self.pick(i, q)[1], None)
+        leases = list(chosen.values())
+        self.ack_many(q, list(chosen), leases if any(leases) else None)
+
+    def ack_many(self, q: str, ids_: list[str], leases: list[str | None] | None = None) -> None:
         t0 = self.clock.now
-        states, err = self.request("ack", self.svc.ack(self.route, NS, q, ids_))
+        states, err = self.request("ack", self.svc.ack(self.route, NS, q, ids_, leases))
         self.no_503_when_retried("ack", err)
         lost = self.fired() is not None and self.fired().kind == "lost"
 
         def apply(m: Model, now: int) -> None:
+            wanted = [(i, c) for i, lease in zip(ids_, leases or [None] * len(ids_))
+                      if (c := self.conflict(m, q, i, lease, now, ack=True)) is not None]  # fmt: skip
+            self.expect_conflict(err, wanted)
+            if wanted:
+                return  # nothing of the batch acked
             for job_id, got in zip(ids_, states):
                 was = m.remove(q, job_id, now)
                 if (got.value if got else None) != was and not (lost and got is None):
@@ -421,40 +471,67 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each(self.stamps(t0), apply)
 
-    @rule(i=picks, job_id=ids, delay=delays, ttl=ttls, same=st.booleans())
-    def republish(self, i: int, job_id: str | None, delay: int, ttl: int, same: bool) -> None:
-        q, old = self.pick(i)
+    @rule(i=picks, job_id=ids, delay=delays, ttl=ttls, same=st.booleans(), leased=st.booleans(),
+          prio=prios)  # fmt: skip
+    def republish(self, i: int, job_id: str | None, delay: int, ttl: int, same: bool, leased: bool,
+                  prio: int) -> None:  # fmt: skip
+        d = self.pick_lease(i) if leased else None
+        q, old = d[:2] if d is not None else self.pick(i)
+        lease = d[2] if d is not None else None
         if same and old != "nosuchjob" and not old.startswith("c"):
             same = False
         new_id = old if same else job_id
-        spec = JobSpec(b"y", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, job_id=new_id)
+        if lease is not None and new_id is None:
+            new_id = "c9"  # not repeated with a lease: an unknown outcome needs a known new id
+        spec = JobSpec(b"y", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, job_id=new_id, priority=prio)
         t0 = self.clock.now
-        out, err = self.request("republish", self.svc.republish(self.route, NS, q, old, spec))
-        self.no_503_when_retried("republish", err)
+        out, err = self.request("republish", self.svc.republish(self.route, NS, q, old, spec, lease))
+        unknown = isinstance(err, PoolUnavailable)
+        if lease is None:
+            self.no_503_when_retried("republish", err)
+        elif unknown:
+            if self.fired() is None or "may" not in str(err):
+                raise Mismatch(f"republish with a lease: 503 {err} (fault {self.fired()})")
+            STATS["503 republish"] += 1
         lost = self.fired() is not None and self.fired().kind == "lost"
 
         def apply(m: Model, now: int) -> None:
-            m.remove(q, old, now)
-            if new_id == old and "same-id" not in TOLERATE:
+            if unknown:
+                before = m.copy()
+            why = self.conflict(m, q, old, lease, now)
+            if not unknown:
+                self.expect_conflict(err, [(old, why)] if why else [])
+            if why:
+                return
+            existed = m.remove(q, old, now) is not None
+            if existed and new_id == old and "same-id" not in TOLERATE:
                 m.acked.pop((q, old), None)  # replaced, not a duplicate of itself (issue 13 #1)
-            dup = m.duplicate(q, out.job_id, now)
-            if dup != out.duplicate and not (lost and out.duplicate):
+            new = out.job_id if out is not None else new_id
+            dup = m.duplicate(q, new, now)
+            if out is not None and dup != out.duplicate and not (lost and out.duplicate):
                 raise Mismatch(f"republish as {out.job_id}: duplicate {out.duplicate}, model {dup}")
-            if not out.duplicate or (lost and not dup):  # a retry found what the first attempt placed
-                m.place(q, out.job_id, new_id is not None, now, delay, spec.ttl_ms, 1, 0)
-                if lost and new_id == old and "same-id" in TOLERATE:
-                    m.allow((q, old), None)  # the retry acked what the first attempt placed (#1)
+            if not dup:  # (after a lost reply the repeat finds the job the first attempt placed)
+                m.place(q, new, new_id is not None, t0, now, delay, spec.ttl_ms, 1, prio)
+            if unknown:
+                for key in set(m.jobs) | set(before.jobs):
+                    m.allow(key, before.jobs.get(key))
 
         self.each(self.stamps(t0), apply)
 
-    @rule(i=picks, ttr=ttrs)
-    def touch(self, i: int, ttr: int) -> None:
-        q, job_id = self.pick(i)
+    @rule(i=picks, ttr=ttrs, leased=st.booleans())
+    def touch(self, i: int, ttr: int, leased: bool) -> None:
+        d = self.pick_lease(i) if leased else None
+        q, job_id = d[:2] if d is not None else self.pick(i)
+        lease = d[2] if d is not None else None
         t0 = self.clock.now
-        _, err = self.request("touch", self.svc.touch(self.route, NS, q, job_id, ttr))
+        _, err = self.request("touch", self.svc.touch(self.route, NS, q, job_id, ttr, lease))
         self.no_503_when_retried("touch", err)
 
         def apply(m: Model, now: int) -> None:
+            why = self.conflict(m, q, job_id, lease, now)
+            self.expect_conflict(err, [(job_id, why)] if why else [])
+            if why:
+                return
             j = m.jobs.get((q, job_id))
             held = j is not None and j.state == RESERVED
             if held and j.deadline <= now and "touch-expired" not in TOLERATE:
@@ -466,11 +543,13 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each(self.stamps(t0), apply)
 
-    @rule(i=picks, delay=st.sampled_from([0, 0, 20, 6_000]))
-    def release(self, i: int, delay: int) -> None:
-        q, job_id = self.pick(i)
+    @rule(i=picks, delay=st.sampled_from([0, 0, 20, 6_000]), leased=st.booleans())
+    def release(self, i: int, delay: int, leased: bool) -> None:
+        d = self.pick_lease(i) if leased else None
+        q, job_id = d[:2] if d is not None else self.pick(i)
+        lease = d[2] if d is not None else None
         t0 = self.clock.now
-        state, err = self.request("release", self.svc.release(self.route, NS, q, job_id, delay))
+        state, err = self.request("release", self.svc.release(self.route, NS, q, job_id, delay, lease))
         unknown = isinstance(err, PoolUnavailable)
         if unknown:
             if self.fired() is None:
@@ -480,6 +559,11 @@ class EngineModel(RuleBasedStateMachine):
             STATS["503 release"] += 1
 
         def apply(m: Model, now: int) -> None:
+            why = self.conflict(m, q, job_id, lease, now)
+            if not unknown:
+                self.expect_conflict(err, [(job_id, why)] if why else [])
+            if why:
+                return
             j = m.jobs.get((q, job_id))
             held = j is not None and j.state == RESERVED
             if held and j.deadline <= now and "touch-expired" not in TOLERATE:
@@ -494,7 +578,7 @@ class EngineModel(RuleBasedStateMachine):
             if not held:
                 return
             assert j is not None
-            j.holder = None
+            j.holder, j.lease = None, None
             if j.expired(now):
                 m.gone(j)
                 want: Any = "expired"
@@ -538,7 +622,7 @@ class EngineModel(RuleBasedStateMachine):
         STATS["op tick"] += 1
         cfg = self.pool.engine.config
         self.run(self.pool.engine.run(ops.tick(cfg, NS, q, t0), idempotent=True))
-        self.each([t0], lambda m, now: m.tick(q, now))
+        self.each(self.stamps(t0), lambda m, now: m.tick(q, now))
 
     @rule(q=st.sampled_from(QUEUES))
     def destroy(self, q: str) -> None:
