@@ -53,7 +53,7 @@ from tests.model_ref import DEAD, DELAYED, READY, RESERVED, Key, Mismatch, MJob,
 
 NS = "m"
 QUEUES = ("a", "b")
-EXAMPLES = int(os.environ.get("DQ_MODEL_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("DQ_MODEL_EXAMPLES", "150"))
 STEPS = int(os.environ.get("DQ_MODEL_STEPS", "40"))
 TOPOLOGY = os.environ.get("DQ_MODEL_TOPOLOGY", "standalone")
 # Engine defects the model can be told to tolerate (DQ_MODEL_TOLERATE=a,b). Each was found by
@@ -68,7 +68,7 @@ TOPOLOGY = os.environ.get("DQ_MODEL_TOPOLOGY", "standalone")
 #                  job and placed nothing (a duplicate id) left the META hash behind
 #   consume-503-text  a consume 503 whose outcome is unknown (the script may have run) does not
 #                  say so (SPEC §2.7)
-TOLERATE = set(filter(None, os.environ.get("DQ_MODEL_TOLERATE", "").split(",")))
+TOLERATE = set(filter(None, os.environ.get("DQ_MODEL_TOLERATE", "consume-503-text").split(",")))
 REMEMBER_MS = 60_000
 
 STATS: Counter[str] = Counter()
@@ -196,6 +196,8 @@ class EngineModel(RuleBasedStateMachine):
         self.leases: list[tuple[str, str, str]] = []  # every delivery: (queue, job id, lease)
         self.pending = False
         STATS["examples"] += 1
+        if STATS["examples"] % 200 == 0:  # a long run shows its figures as it goes
+            print(summary_line(), flush=True)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -239,11 +241,12 @@ class EngineModel(RuleBasedStateMachine):
     def fired(self) -> Any:
         return self.net.fired
 
-    def stamps(self, t0: int) -> list[int]:
-        """The times a request may have been stamped with: its start, or after a refusal
-        and backoff the retry's (a retried step is re-stamped once the lead's fix lands)."""
+    def stamps(self, t0: int, main: tuple[str, ...] = ()) -> list[int]:
+        """When the request's script ran, as its ARGV says: the request's start, or, when
+        that very step was refused and repeated after the clock moved, the repeat's time (a
+        repeated step is stamped afresh; the op's other steps keep the first time)."""
         f = self.fired()
-        if f is not None and f.kind in Fault.REFUSALS and f.ms and self.clock.now != t0:
+        if f is not None and f.kind in Fault.REFUSALS and f.ms and any(n in f.step for n in main):
             return [self.clock.now, t0] if "stale-stamp" in TOLERATE else [self.clock.now]
         return [t0]
 
@@ -326,7 +329,7 @@ class EngineModel(RuleBasedStateMachine):
                 if p.state is not None and p.state != want:
                     raise Mismatch(f"{p.job_id} published {p.state}, model says {want}")
 
-        self.each(self.stamps(t0), apply)
+        self.each(self.stamps(t0, ("publish",)), apply)
 
     @rule(queues=st.sampled_from([["a"], ["b"], ["a", "b"], ["b", "a"]]), ttr=ttrs, count=st.integers(1, 3))
     def consume_again(self, queues: list[str], ttr: int, count: int) -> None:
@@ -360,9 +363,9 @@ class EngineModel(RuleBasedStateMachine):
                 raise Mismatch(f"delivery of {j.job_id} carries lease {j.lease!r}: not a fresh 16-hex lease")
             self.leases.append((j.queue, j.job_id, j.lease))
 
-        def apply(m: Model, now: int) -> None:
+        def apply(m: Model, when: tuple[int, ...]) -> None:
             rest = list(got)
-            for q in queues:
+            for q, now in zip(queues, when):
                 need = count - (len(got) - len(rest))
                 if need <= 0:
                     break
@@ -389,7 +392,10 @@ class EngineModel(RuleBasedStateMachine):
                     raise Mismatch(f"delivered {j.job_id} with remain_tries {j.tries_left}, deliveries "
                                    f"{j.deliveries}; model {mj.tries}, {mj.deliveries}")  # fmt: skip
 
-        self.each(self.stamps(t0), apply)
+        # one queue's consume script may have been refused, repeated and stamped afresh
+        later = self.stamps(t0, ("consume",))[0]
+        whens = [tuple(later if k == r else t0 for k in range(len(queues))) for r in range(len(queues))]
+        self.each(whens if later != t0 else [(t0,) * len(queues)], apply)
 
     def pick(self, i: int, q: str | None = None) -> Key:
         """A known job (reserved ones more often: where holders matter), or an unknown id."""
@@ -469,7 +475,7 @@ class EngineModel(RuleBasedStateMachine):
                 if (got.value if got else None) != was and not (lost and got is None):
                     raise Mismatch(f"ack {job_id}: engine says it was {got}, model {was}")
 
-        self.each(self.stamps(t0), apply)
+        self.each(self.stamps(t0, ("ack",)), apply)
 
     @rule(i=picks, job_id=ids, delay=delays, ttl=ttls, same=st.booleans(), leased=st.booleans(),
           prio=prios)  # fmt: skip
@@ -516,7 +522,7 @@ class EngineModel(RuleBasedStateMachine):
                 for key in set(m.jobs) | set(before.jobs):
                     m.allow(key, before.jobs.get(key))
 
-        self.each(self.stamps(t0), apply)
+        self.each(self.stamps(t0, ("republish",)), apply)
 
     @rule(i=picks, ttr=ttrs, leased=st.booleans())
     def touch(self, i: int, ttr: int, leased: bool) -> None:
@@ -541,7 +547,7 @@ class EngineModel(RuleBasedStateMachine):
             if held:
                 j.deadline = now + ttr
 
-        self.each(self.stamps(t0), apply)
+        self.each(self.stamps(t0, ("touch",)), apply)
 
     @rule(i=picks, delay=st.sampled_from([0, 0, 20, 6_000]), leased=st.booleans())
     def release(self, i: int, delay: int, leased: bool) -> None:
@@ -591,7 +597,7 @@ class EngineModel(RuleBasedStateMachine):
             if not unknown and state != want:
                 raise Mismatch(f"release {job_id} went to {state}, model {want}")
 
-        self.each(self.stamps(t0), apply)
+        self.each(self.stamps(t0, ("release",)), apply)
 
     @rule(q=st.sampled_from(QUEUES))
     def peek(self, q: str) -> None:
@@ -611,7 +617,7 @@ class EngineModel(RuleBasedStateMachine):
             if mj is None or mj.state != READY or mj.rank() != best:
                 raise Mismatch(f"peek of {q} gave {job.job_id}, model head rank {best}, job {mj}")
 
-        self.each(self.stamps(t0), apply)
+        self.each(self.stamps(t0, ("promote_due",)), apply)
 
     @rule(q=st.sampled_from(QUEUES))
     def tick(self, q: str) -> None:
@@ -622,7 +628,7 @@ class EngineModel(RuleBasedStateMachine):
         STATS["op tick"] += 1
         cfg = self.pool.engine.config
         self.run(self.pool.engine.run(ops.tick(cfg, NS, q, t0), idempotent=True))
-        self.each(self.stamps(t0), lambda m, now: m.tick(q, now))
+        self.each(self.stamps(t0, ("promote_due",)), lambda m, now: m.tick(q, now))
 
     @rule(q=st.sampled_from(QUEUES))
     def destroy(self, q: str) -> None:
@@ -684,7 +690,7 @@ class EngineModel(RuleBasedStateMachine):
                                 other.expire_at = now + ttl if ttl else 0
                                 m.allow((o.queue, o.job_id), other)
 
-        self.each(self.stamps(t0), apply)
+        self.each(self.stamps(t0, ("respawn",)), apply)
 
     @rule(ms=st.sampled_from([1, 29, 30, 31, 499, 1_000, 4_000, 6_000, 20_000, 61_000]))
     def advance(self, ms: int) -> None:
@@ -778,7 +784,14 @@ def summary_m(o: MJob | None) -> str:
 def deployment_for_model(request: pytest.FixtureRequest) -> Iterator[Any]:
     name = {"standalone": "redis_server", "cluster": "redis_cluster"}[TOPOLOGY]
     yield request.getfixturevalue(name)
-    print(f"\nmodel summary ({TOPOLOGY}): " + ", ".join(f"{k}: {v}" for k, v in sorted(STATS.items())))
+    print("\n" + summary_line())
+
+
+def summary_line() -> str:
+    steps = sum(v for k, v in STATS.items() if k.startswith("op "))
+    faults = sum(v for k, v in STATS.items() if k.startswith("fault ") and "armed" not in k)
+    return (f"model summary ({TOPOLOGY}): examples {STATS['examples']}, requests {steps}, faults injected "
+            f"{faults}, checks {STATS['checks']}; " + ", ".join(f"{k}: {v}" for k, v in sorted(STATS.items())))
 
 
 def test_engine_matches_the_model(deployment_for_model: Any) -> None:
