@@ -618,7 +618,7 @@ class EngineModel(RuleBasedStateMachine):
             if mj is None or mj.state != READY or mj.rank() != best:
                 raise Mismatch(f"peek of {q} gave {job.job_id}, model head rank {best}, job {mj}")
 
-        self.each(self.stamps(t0, ("promote_due",)), apply)
+        self.each([t0], apply)  # peek's promote is not restamped when repeated: no deadline in it
 
     @rule(q=st.sampled_from(QUEUES))
     def tick(self, q: str) -> None:
