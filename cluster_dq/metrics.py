@@ -12,6 +12,7 @@ Every metric, with its meaning, is listed in the README (section Metrics).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -78,10 +79,46 @@ redis_errors = Counter("cluster_dq_redis_errors", "Failed Redis steps, by except
                        ("pool", "kind"))
 
 
+PER_QUEUE = (published, delivered, acked, ttr_expired, ttl_expired, dead_lettered, respawned,
+             lateness, first_delivery)  # fmt: skip
+
+
 # -- recording helpers (called by the service, the pump and the HTTP middleware) ------------
 
 ENABLED = True  # Settings.EnableMetrics; off only to measure what the metrics cost
 _children: dict[tuple[object, ...], Any] = {}
+
+# Queue names are chosen by clients: the per-queue series of a process are bounded by
+# Settings.MetricsMaxQueues (set by the worker's Runtime) distinct (namespace, queue) pairs;
+# the queues beyond it are counted together under queue="_other" of their namespace.
+MAX_QUEUES = 1_000
+OTHER = "_other"
+_queues: set[tuple[str, str]] = set()
+
+
+def queue_labels(ns: str, q: str) -> tuple[str, str]:
+    """The labels a queue's series get: its own, or ``(ns, "_other")`` past the cap."""
+    if (ns, q) in _queues:
+        return ns, q
+    if len(_queues) < MAX_QUEUES:
+        _queues.add((ns, q))
+        return ns, q
+    return ns, OTHER
+
+
+def forget_queue(ns: str, q: str) -> None:
+    """A destroyed queue's series go (and free their place under the cap). Not in
+    multiprocess mode (``serve``): prometheus-client cannot remove a series there (its values
+    stay in each worker's mmap file and every scrape sums them), so they stay until the
+    instance restarts, and keep their place under the cap, which still bounds them."""
+    if (ns, q) not in _queues or multiproc_dir():
+        return
+    _queues.discard((ns, q))
+    for metric in PER_QUEUE:
+        with contextlib.suppress(KeyError):
+            metric.remove(ns, q)
+    for key in [k for k in _children if k[1:] == (ns, q)]:
+        del _children[key]
 
 
 def child(metric: Counter | Histogram, *labels: str) -> Any:
@@ -96,7 +133,7 @@ def child(metric: Counter | Histogram, *labels: str) -> Any:
 
 def count(counter: Counter, ns: str, q: str, n: int) -> None:
     if n and ENABLED:
-        child(counter, ns, q).inc(n)
+        child(counter, *queue_labels(ns, q)).inc(n)
 
 
 
@@ -127,6 +164,7 @@ def record_delivered(jobs: Iterable[Job], now_ms: int) -> None:
                 late.append(max(now_ms - due, 0) / 1000)
             first.append(max(now_ms - job.published_ms, 0) / 1000)
     for (ns, q), (count_, late, first) in per_queue.items():
+        ns, q = queue_labels(ns, q)
         child(delivered, ns, q).inc(count_[0])
         observe_many(child(lateness, ns, q), late)
         observe_many(child(first_delivery, ns, q), first)
@@ -148,12 +186,15 @@ class PoolMetrics:
     def moved(self, ns: str, q: str, promoted: int, retried: int, dead: int, expired: int) -> None:
         if promoted:
             self._moved.inc(promoted)
+        if not (retried or dead or expired):
+            return
+        ns, q = queue_labels(ns, q)
         if retried or dead:
-            ttr_expired.labels(ns, q).inc(retried + dead)
+            child(ttr_expired, ns, q).inc(retried + dead)
         if dead:
-            dead_lettered.labels(ns, q).inc(dead)
+            child(dead_lettered, ns, q).inc(dead)
         if expired:
-            ttl_expired.labels(ns, q).inc(expired)
+            child(ttl_expired, ns, q).inc(expired)
 
     def leadership(self, shard: int, held: bool) -> None:
         pump_leader.labels(self.pool, str(shard)).set(1 if held else 0)
@@ -168,6 +209,8 @@ class PoolMetrics:
 
 
 # -- queue sizes, posted by the shard leaders -------------------------------------------------
+
+STATES = ("ready", "delayed", "reserved", "dead")
 
 
 class SizeBoard:
@@ -211,14 +254,20 @@ class SizeBoard:
                                    "(measured by the shard's pump leader).",
                                    labels=("pool", "namespace", "queue", "state"))  # fmt: skip
         fresh_after = time.time() - self.stale_after
+        # Labelled as the counters are (queue_labels): past the cap, summed under "_other".
+        rows: dict[tuple[str, str, str], list[int]] = {}
         for post in self._read():
             if float(post["at"]) < fresh_after:  # type: ignore[arg-type]
                 continue
+            pool = str(post["pool"])
             queues: dict[str, list[int]] = post["queues"]  # type: ignore[assignment]
             for qualified, counts in queues.items():
-                ns, q = parse_qualified(qualified)
-                for state, n in zip(("ready", "delayed", "reserved", "dead"), counts, strict=True):
-                    family.add_metric([str(post["pool"]), ns, q, state], n)
+                row = rows.setdefault((pool, *queue_labels(*parse_qualified(qualified))), [0, 0, 0, 0])
+                for i, n in enumerate(counts):
+                    row[i] += n
+        for (pool, ns, q), counts in rows.items():
+            for state, n in zip(STATES, counts, strict=True):
+                family.add_metric([pool, ns, q, state], n)
         yield family
 
 

@@ -174,8 +174,11 @@ class RedisPool:
         except (RedisError, OSError) as e:
             return {"redis": True, "scripts": False, "error": f"{type(e).__name__}: {e}"}
 
-    async def close(self) -> None:
+    async def close(self) -> bool:
+        """Stops the pump and the hub (long-polls answered, jobs of gone consumers given
+        back) before the client goes. True when nothing had to be cut short."""
         if self.pump:
             await self.pump.stop()
-        await self.hub.close()
+        clean = await self.hub.close()
         await close_client(self.engine.client)
+        return clean

@@ -58,6 +58,7 @@ class Pump:
         self.leading: dict[int, float] = {}  # shard -> monotonic time the lease runs out
         self.epochs: dict[int, int] = {}  # shard -> fencing epoch of our leadership
         self._tasks: list[asyncio.Task[None]] = []
+        self._reported: dict[int, bool] = {}  # shard -> what the leader gauge says
         self._stopping = False
 
     def start(self) -> None:
@@ -76,6 +77,8 @@ class Pump:
             with contextlib.suppress(RedisError, OSError):
                 await self.engine.run(ops.lead(shard, self.token, self.lease_ms, give_up=True))
         self.leading.clear()
+        for shard in list(self._reported):
+            self._report(shard)
 
     def leads(self, shard: int) -> bool:
         return self.leading.get(shard, 0.0) > time.monotonic()
@@ -95,8 +98,7 @@ class Pump:
             self.epochs[shard] = epoch
         else:
             self._lose(shard)
-        if held != was and self.metrics:
-            self.metrics.leadership(shard, held)
+        self._report(shard)
         if held != was:
             log.debug("shard %d leadership %s", shard, "acquired" if held else "lost")
         return held
@@ -109,6 +111,7 @@ class Pump:
         renew_every = self.lease_ms / 3000
         next_renew = 0.0
         next_sizes = 0.0  # when to post this shard's queue sizes (only with a board)
+        failures = 0  # consecutive failed steps (backoff)
         while not self._stopping:
             try:
                 now = time.monotonic()
@@ -116,6 +119,7 @@ class Pump:
                     await self._renew(shard)
                     next_renew = now + renew_every * (0.9 + 0.2 * random.random())
                 if not self.leads(shard):
+                    self._report(shard)
                     next_sizes = 0.0  # a new leader posts at once
                     await asyncio.sleep(max(next_renew - time.monotonic(), 0.01))
                     continue
@@ -132,21 +136,46 @@ class Pump:
             except asyncio.CancelledError:
                 raise
             except ResponseError as e:
-                if "FENCED" not in str(e):
-                    raise
-                # Another instance leads this shard now: stop at once (no lease to wait out).
-                log.warning("pump shard %d: %s; leadership dropped", shard, e)
-                self._lose(shard)
-                if self.metrics:
-                    self.metrics.leadership(shard, False)
+                if "FENCED" in str(e):
+                    # Another instance leads this shard now: stop at once (no lease to wait out).
+                    log.warning("pump shard %d: %s; leadership dropped", shard, e)
+                    self._lose(shard)
+                    self._report(shard)
+                    continue
+                # Any other error reply (OOM at maxmemory, BUSY, READONLY, NOSCRIPT...): the
+                # shard's loop must outlive it, or the shard is never pumped again.
+                failures += 1
+                await self._back_off(shard, failures, e)
+                continue
             except (RedisError, OSError) as e:
                 if _cancelled():  # redis-py can turn a cancellation into a connection error
                     raise asyncio.CancelledError() from e
-                log.warning("pump shard %d: %s", shard, e)
-                await asyncio.sleep(0.2)
+                failures += 1
+                await self._back_off(shard, failures, e)
+                continue
             except Exception:  # a bug must not silently end the shard's pump
                 log.exception("pump shard %d step failed", shard)
+                self._report(shard)
                 await asyncio.sleep(1.0)
+                continue
+            failures = 0
+
+    async def _back_off(self, shard: int, failures: int, error: BaseException) -> None:
+        """After a failed step: log it, wait (0.2 s doubling to 5 s), and stop reporting a
+        leadership whose lease ran out meanwhile."""
+        wait = min(0.2 * 2 ** min(failures - 1, 5), 5.0)
+        log.warning("pump shard %d: %s: %s (failure %d; next try in %.1f s)",
+                    shard, type(error).__name__, error, failures, wait)  # fmt: skip
+        self._report(shard)
+        await asyncio.sleep(wait)
+        self._report(shard)
+
+    def _report(self, shard: int) -> None:
+        """The leader gauge follows the lease, also when it ran out without a renewal."""
+        held = self.leads(shard)
+        if self.metrics and self._reported.get(shard, False) != held:
+            self.metrics.leadership(shard, held)
+        self._reported[shard] = held
 
     async def pump_shard(self, shard: int) -> int:
         """Runs every due queue of the shard once; returns ms until there is more to do."""

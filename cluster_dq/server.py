@@ -19,7 +19,9 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +52,7 @@ class Runtime:
         self.settings = settings
         self.run_pump = run_pump
         metrics.ENABLED = settings.EnableMetrics
+        metrics.MAX_QUEUES = settings.MetricsMaxQueues
         config = EngineConfig(shards=settings.Shards, remember_acked_ms=settings.AckedIdMemorySecond * 1000)
         self.events = LifecycleLog(settings.LifecycleDir) if settings.LifecycleDir else None
         self.pools = {n: RedisPool.create(p, config, self.events) for n, p in settings.Pool.items()}
@@ -65,11 +68,28 @@ class Runtime:
             await pool.start(self.run_pump, self.board, self.settings.SizeIntervalSecond,
                              self.settings.ReconcileSecond)
 
-    async def close(self) -> None:
+    def stop_consuming(self) -> None:
+        """Shutdown, first step: waiting long-polls are answered now, nothing more is reserved."""
         for pool in self.pools.values():
-            await pool.close()
+            pool.hub.stop()
+
+    async def close(self) -> bool:
+        """Pumps stopped, jobs of gone consumers given back, lifecycle events flushed. True
+        when all of that happened."""
+        clean = True
+        for pool in self.pools.values():
+            try:
+                clean = await pool.close() and clean
+            except Exception:
+                log.exception("pool %s did not close cleanly", pool.name)
+                clean = False
         if self.events:
-            self.events.flush()
+            try:
+                self.events.flush()
+            except OSError as e:
+                log.error("lifecycle events not flushed: %s", e)
+                clean = False
+        return clean
 
 
 class _Server(uvicorn.Server):
@@ -87,7 +107,11 @@ def _uvicorn(app: object, sock: socket.socket) -> _Server:
     return server
 
 
-async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
+async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> bool:
+    """One worker's life. On SIGTERM/SIGINT: waiting long-polls are answered at once ("no job
+    available") and nothing more is reserved; requests in flight get ``ShutdownGraceSecond``
+    to finish (then they are cancelled); then the pumps stop, reserved jobs of gone consumers
+    go back, lifecycle events are flushed. True when all of that happened in time."""
     data_sock, admin_sock = ports.listeners()
     runtime = Runtime(settings, access_flag=access_flag)
     await runtime.start()
@@ -95,7 +119,9 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> N
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
-        log.debug("worker stopping")
+        if not servers[0].should_exit:
+            log.info("worker stopping", extra={"grace_s": settings.ShutdownGraceSecond})
+        runtime.stop_consuming()
         for s in servers:
             s.should_exit = True
 
@@ -111,23 +137,37 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> N
 
     watchdog = asyncio.create_task(orphan_watch())
     tasks = [asyncio.create_task(s.serve(sockets=[s.sock])) for s in servers]  # type: ignore[attr-defined]
+    clean = True
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         stop()
+        _, pending = await asyncio.wait(tasks, timeout=settings.ShutdownGraceSecond)
+        if pending:
+            clean = False
+            running = sum(len(s.server_state.tasks) for s in servers)
+            log.error("shutdown grace period (%s s) over: cancelling %d request(s) still running",
+                      settings.ShutdownGraceSecond, running)  # fmt: skip
+            for s in servers:
+                s.force_exit = True
+                for t in list(s.server_state.tasks):
+                    t.cancel()
         for result in await asyncio.gather(*tasks, return_exceptions=True):
             if isinstance(result, BaseException):
+                clean = False
                 log.error("server failed", exc_info=result)
     finally:
         watchdog.cancel()
-        await runtime.close()
-        log.info("worker stopped")
+        clean = await runtime.close() and clean
+        log.info("worker stopped", extra={"clean": clean})
+    return clean
 
 
 def _worker(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
     logs.setup(settings.LogLevel, settings.LogFormat)
     import uvloop
 
-    uvloop.run(_serve(settings, ports, access_flag))
+    if not uvloop.run(_serve(settings, ports, access_flag)):
+        sys.exit(1)  # the supervisor then exits non-zero: something was cut short
 
 
 REUSE_PORT = hasattr(socket, "SO_REUSEPORT") and os.uname().sysname == "Linux"  # Linux balances
@@ -232,6 +272,7 @@ def run(settings: Settings, on_ready: object = None) -> int:
     metrics_dir: Path | None = None
     holders: list[socket.socket] = []  # the ports, held until the end
     stopping: list[int] = []
+    failed = False  # exit status 1: a worker was killed, crashed at the end, or crash-looped
 
     def on_signal(signum: int, frame: object) -> None:
         stopping.append(signum)
@@ -248,10 +289,12 @@ def run(settings: Settings, on_ready: object = None) -> int:
         metrics_dir = Path(tempfile.mkdtemp(prefix="cluster-dq-metrics-"))
         os.environ[metrics.MULTIPROC_ENV] = str(metrics_dir)
         access_flag = ctx.Value("b", settings.EnableAccessLog, lock=False)
-        workers = [ctx.Process(target=_worker, args=(settings, ports, access_flag))
-                   for _ in range(settings.Workers)]  # fmt: skip
-        for w in workers:
+        def spawn() -> multiprocessing.process.BaseProcess:
+            w = ctx.Process(target=_worker, args=(settings, ports, access_flag))
             w.start()
+            return w
+
+        workers = [spawn() for _ in range(settings.Workers)]
         log.info("serving", extra={
             "data": f"http://{settings.Host}:{ports.data[1]}",
             "admin": f"http://{settings.AdminHost}:{ports.admin[1]}",
@@ -261,16 +304,39 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 on_ready(settings, ports.data[1], ports.admin[1], redis is not None)
             except Exception:  # a banner must never take the service down
                 log.exception("start-up banner failed")
-        while not stopping and all(w.is_alive() for w in workers):
+        restarts: list[float] = []  # when workers were restarted (a crash loop gives up)
+        while not stopping:
             signal.sigtimedwait({signal.SIGCHLD}, 1.0)
+            for i, w in enumerate(workers):
+                if w.is_alive() or stopping:
+                    continue
+                now = time.monotonic()
+                restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
+                if len(restarts) > MAX_RESTARTS:
+                    log.error("worker (pid %s) %s; %d restarts within %d s: stopping the instance",
+                              w.pid, _exit_status(w.exitcode), MAX_RESTARTS, RESTART_WINDOW_S)  # fmt: skip
+                    failed = True
+                    stopping.append(0)
+                    break
+                log.error("worker (pid %s) %s; restarting it", w.pid, _exit_status(w.exitcode))
+                _forget_worker(metrics_dir, w.pid)
+                workers[i] = spawn()
     finally:
         for w in workers:
             if w.pid and w.is_alive():
                 os.kill(w.pid, signal.SIGTERM)
+        deadline = time.monotonic() + settings.ShutdownGraceSecond + SUPERVISOR_EXTRA_S
         for w in workers:
-            w.join(timeout=15)
+            w.join(timeout=max(deadline - time.monotonic(), 0.1))
             if w.is_alive():
+                log.error("worker (pid %s) still running after %.0f s: killed", w.pid,
+                          settings.ShutdownGraceSecond + SUPERVISOR_EXTRA_S)  # fmt: skip
                 w.kill()
+                w.join()
+                failed = True
+            elif w.exitcode:
+                log.error("worker (pid %s) %s", w.pid, _exit_status(w.exitcode))
+                failed = True
         for sock in holders:
             sock.close()
         if metrics_dir is not None:
@@ -279,4 +345,26 @@ def run(settings: Settings, on_ready: object = None) -> int:
             redis.kill(signal.SIGTERM)
             with contextlib.suppress(OSError):
                 EMBEDDED_STATE.unlink()
-    return 0
+    return 1 if failed else 0
+
+
+MAX_RESTARTS = 5  # worker restarts within RESTART_WINDOW_S before the instance gives up
+RESTART_WINDOW_S = 60
+SUPERVISOR_EXTRA_S = 15  # beyond a worker's grace: pumps stopped, jobs given back, flushed
+
+
+def _exit_status(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:  # a real-time signal has no name
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _forget_worker(metrics_dir: Path | None, pid: int | None) -> None:
+    """A dead worker's live gauges (pump leadership) must not be summed any more."""
+    if metrics_dir is not None and pid is not None:
+        from prometheus_client.multiprocess import mark_process_dead
+
+        mark_process_dead(pid, str(metrics_dir))  # type: ignore[no-untyped-call]

@@ -4,6 +4,7 @@ translates Redis failures into ``PoolUnavailable`` (503) at this boundary."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -12,7 +13,7 @@ from redis.exceptions import RedisError
 
 from cluster_dq import metrics
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.aio import NotReplicated
+from cluster_dq.engine.aio import NotReplicated, StaleMaster
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import NotFound, PoolUnavailable, Unauthorized
 from cluster_dq.keys import parse_qualified
@@ -54,8 +55,7 @@ class Service:
                 "repeating the request is safe (publishing with the same job_id is idempotent)"
             )) from e  # fmt: skip
         except (RedisError, OSError) as e:
-            outcome = "" if idempotent else "the request may or may not have been applied"
-            raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}", outcome) from e
+            raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}", _outcome(e, idempotent)) from e
 
     # -- auth -------------------------------------------------------------------------------
 
@@ -116,7 +116,9 @@ class Service:
             else:
                 jobs = await _consume_across(groups, ns, ttr_ms, count, timeout_ms)
         except (RedisError, OSError) as e:
-            raise PoolUnavailable(route.name, f"{type(e).__name__}: {e}") from e
+            advice = _outcome(e, False, "jobs may have been reserved for this request and not delivered; "
+                              "they are delivered again once their ttr ends")  # fmt: skip
+            raise PoolUnavailable(route.name, f"{type(e).__name__}: {e}", advice) from e
         now = route.place(ns, queues[0]).write.engine.clock()
         metrics.record_delivered(jobs, now)
         if self.events:
@@ -229,7 +231,9 @@ class Service:
 
     async def destroy(self, route: PoolRoute[RedisPool], ns: str, q: str) -> int:
         reads = route.place(ns, q).reads
-        return sum([await self._run(p, ops.destroy(p.engine.config, ns, q), idempotent=True) for p in reads])
+        n = sum([await self._run(p, ops.destroy(p.engine.config, ns, q), idempotent=True) for p in reads])
+        metrics.forget_queue(ns, q)
+        return n
 
     async def respawn(self, route: PoolRoute[RedisPool], ns: str, q: str, limit: int, ttl_ms: int) -> int:
         n = 0
@@ -277,6 +281,15 @@ class Service:
         return out
 
 
+def _outcome(e: BaseException, idempotent: bool, unknown: str = "the request may or may not have been applied") -> str:
+    """What a 503 tells the client of its request: the one place that decides it."""
+    if isinstance(e, StaleMaster):  # refused before running, every attempt
+        return "the request was refused before it ran: nothing was written; repeating it is safe"
+    if idempotent:
+        return "the request may have been applied; repeating it is safe"
+    return unknown
+
+
 async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, ttr_ms: int,
                           count: int, timeout_ms: int) -> list[Job]:  # fmt: skip
     """A consume whose queues live on several pools (a ring, a migration): look at each pool
@@ -284,10 +297,18 @@ async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, tt
     the first one delivers. Jobs beyond ``count`` (two pools delivered at the same moment) are
     given back at once, without spending a try."""
     jobs: list[Job] = []
-    for pool, qs in groups:
-        jobs += await pool.hub.consume(ns, qs, ttr_ms, count - len(jobs), 0)
-        if len(jobs) >= count:
-            return jobs
+    taken: list[tuple[RedisPool, list[Job]]] = []  # what the first look reserved, by pool
+    try:
+        for pool, qs in groups:
+            got = await pool.hub.consume(ns, qs, ttr_ms, count - len(jobs), 0)
+            taken.append((pool, got))
+            jobs += got
+            if len(jobs) >= count:
+                return jobs
+    except asyncio.CancelledError:  # the consumer left: give back what it will never get
+        for pool, got in taken:
+            _give_back_later(pool, ns, got)
+        raise
     if jobs or timeout_ms <= 0:
         return jobs
     tasks = {asyncio.create_task(pool.hub.consume(ns, qs, ttr_ms, count, timeout_ms)): pool
@@ -301,7 +322,14 @@ async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, tt
     finally:
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:  # cancelled meanwhile: the tasks still end on their own
+            pass
+        if _cancelled():  # the consumer left: what a pool delivered goes back, try unspent
+            for t, pool in tasks.items():
+                t.add_done_callback(functools.partial(_give_back_delivered, pool, ns))
+            raise asyncio.CancelledError()
     errors: list[BaseException] = []
     by_pool: list[tuple[RedisPool, list[Job]]] = []
     for t, pool in tasks.items():
@@ -319,3 +347,20 @@ async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, tt
         raise errors[0]
     return jobs
 
+
+
+def _give_back_delivered(pool: RedisPool, ns: str, task: asyncio.Task[list[Job]]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        _give_back_later(pool, ns, task.result())
+
+
+def _give_back_later(pool: RedisPool, ns: str, jobs: list[Job]) -> None:
+    """Jobs of a consumer that is gone: back to ready in the background (the hub awaits it
+    on close), without spending a try."""
+    if jobs:
+        pool.hub._background(pool.hub.give_back(ns, jobs))
+
+
+def _cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

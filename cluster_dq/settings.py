@@ -96,6 +96,13 @@ class Settings:
     # How often one instance (shard 0's pump leader) sweeps the pool for queues whose shard
     # signal was lost (a publisher killed between its two steps). 0: never.
     ReconcileSecond: float = 60.0
+    # On SIGTERM a worker answers its long-polls at once, then lets requests in flight finish
+    # for at most this long (the supervisor waits this + 15 s before it kills a worker).
+    ShutdownGraceSecond: float = 10.0
+    MaxWaiters: int = 10_000  # long-polls waiting at once per worker; beyond: 429, Retry-After
+    # Distinct (namespace, queue) label pairs of the per-queue metrics per worker; the
+    # queues beyond it are counted under queue="_other".
+    MetricsMaxQueues: int = 1_000
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)
     Ring: dict[str, RingSettings] = field(default_factory=dict)
@@ -246,6 +253,10 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
     _within("SizeIntervalSecond", s.SizeIntervalSecond, 0, 86_400)
     _within("ReconcileSecond", s.ReconcileSecond, 0, 86_400, " (0: off)")
+    if not 0 < s.ShutdownGraceSecond <= 600:
+        raise ConfigError(f"ShutdownGraceSecond: more than 0, at most 600, got {s.ShutdownGraceSecond}")
+    _within("MaxWaiters", s.MaxWaiters, 0, 10_000_000, " (0: no long-polls)")
+    _within("MetricsMaxQueues", s.MetricsMaxQueues, 0, 1_000_000, " (0: no per-queue series)")
     for name, pool in s.Pool.items():
         _within(f"Pool.{name}.PoolSize", pool.PoolSize, 1, 65_535)
         _within(f"Pool.{name}.DB", pool.DB, 0, 65_535)

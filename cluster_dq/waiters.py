@@ -131,10 +131,22 @@ class WaiterHub:
         self._background_tasks: set[asyncio.Task[None]] = set()
         self._subscribing = asyncio.Lock()
         self._closed = False
+        self._stopping = False  # shutting down: nothing is reserved any more
+
+    def stop(self) -> None:
+        """Shutdown: every waiting long-poll is answered now with nothing, and no consume
+        reserves anything from here on (one in flight for a waiter gives its jobs back)."""
+        self._stopping = True
+        for watcher in list(self.watchers.values()):
+            for waiter in list(watcher.waiters):
+                self._finish(waiter, [])
+            watcher.wake.set()
 
     async def consume(
         self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
     ) -> list[Job]:
+        if self._stopping:
+            return []
         jobs = await self.reserve(namespace, queues, ttr_ms, count)
         if jobs or timeout_ms <= 0:
             return jobs
@@ -272,8 +284,17 @@ class WaiterHub:
                 if w is not None:
                     w.wake.set()
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 5.0) -> bool:
+        """Answers every waiter, lets the watchers finish what is in flight (within
+        ``grace_s``) and the jobs of gone consumers go back, then stops the rest. True when
+        nothing had to be cut short."""
+        self.stop()
         self._closed = True
+        clean = True
+        watchers = [w.task for w in self.watchers.values() if w.task]
+        if watchers:
+            _, pending = await asyncio.wait(watchers, timeout=grace_s)
+            clean = not pending
         tasks = [w.task for w in self.watchers.values() if w.task]
         if self._reader:
             tasks.append(self._reader)
@@ -283,13 +304,18 @@ class WaiterHub:
         # Give-backs in flight (and those the cancellations above started) get a moment to
         # finish: a job left reserved by nobody waits out its whole ttr.
         if self._background_tasks:
-            await asyncio.wait(list(self._background_tasks), timeout=GIVE_BACK_GRACE_S)
+            done, pending = await asyncio.wait(list(self._background_tasks), timeout=GIVE_BACK_GRACE_S)
+            failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+            for t in failed:
+                log.error("give-back failed: %s", t.exception())
+            clean = clean and not pending and not failed
         background = list(self._background_tasks)
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)  # nothing may outlive the hub
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        return clean
 
 
 def _cancelled() -> bool:

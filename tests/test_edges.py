@@ -319,3 +319,13 @@ def test_trailing_newline_in_names_and_ids_is_400(api: httpx.Client, standalone_
     assert r.status_code == 400 and r.json() == {"error": "invalid job id"}
     assert api.put("/api/ns/q", params={"job_id": "client-id\n"}, content=b"x").status_code == 400
     assert not [k for k in standalone_redis.keys("*") if b"\n" in k]
+
+
+def test_admin_refuses_a_malformed_token_in_its_paths(admin: httpx.Client, standalone_redis: redis.Redis) -> None:
+    """No limit record is stored for a token that could never be used (the data port refuses
+    its shape), and the refusal names the token."""
+    for bad in ("bad%20token-0123456789", "x" * 65, "a:b:c"):
+        r = admin.post(f"/token/ns/{bad}/limit", json={"read": 1, "write": 1, "interval": 1})
+        assert r.status_code == 400 and "token" in r.json()["error"], (bad, r.text)
+        assert admin.delete(f"/token/ns/{bad}").status_code == 400
+    assert not standalone_redis.hlen(AdminKeys.limits())

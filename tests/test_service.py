@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
@@ -63,3 +64,40 @@ async def test_a_release_whose_reply_is_lost_is_not_repeated_onto_another_consum
     assert (sizes.ready, sizes.reserved) == (0, 1)  # still B's
     state = await engine.run(ops.peek_job("svc", "q", published.job_id))
     assert state is not None and state.deliveries == 2  # A's and B's, nothing more
+
+
+async def test_a_503_says_what_may_have_happened(service: Service) -> None:
+    """SPEC §2.7: a 503 says whether the outcome is unknown. A consume whose reply was lost may
+    have reserved jobs nobody got (they come back after their ttr); a write refused by a stale
+    master wrote nothing; a publish (idempotent) may have been applied and is safe to repeat."""
+    route = service.route("default")
+    engine = service.pools["default"].engine
+    await service.publish(route, "svc", "q", [JobSpec(b"x", tries=3)])
+    real_step = engine._step
+
+    async def lose_consume_replies(step: Any) -> Any:
+        reply = await real_step(step)
+        if isinstance(step, Eval) and step.script == "consume":
+            raise RedisConnectionError("reply lost")
+        return reply
+
+    engine._step = lose_consume_replies  # type: ignore[method-assign]
+    try:
+        with pytest.raises(PoolUnavailable, match="may have been reserved for this request"):
+            await service.consume(route, "svc", ["q"], 30_000, 1, 0)
+    finally:
+        del engine._step
+
+    async def refuse_publish(step: Any) -> Any:
+        if isinstance(step, Eval) and step.script == "publish":
+            raise ResponseError("NOREPLICAS Not enough good replicas to write.")
+        return await real_step(step)
+
+    engine._step = refuse_publish  # type: ignore[method-assign]
+    try:
+        with pytest.raises(PoolUnavailable, match="nothing was written; repeating it is safe"):
+            await service.publish(route, "svc", "q", [JobSpec(b"y")])
+    finally:
+        del engine._step
+    sizes = await engine.run(ops.sizes(engine.config, "svc", "q"))
+    assert (sizes.ready, sizes.reserved) == (0, 1)  # the lost consume's reservation; no new job

@@ -21,7 +21,16 @@ from cluster_dq.http.responses import error, json
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.tokens import Limit, split_token
+from cluster_dq.tokens import Limit, split_token, well_formed
+
+
+def _path_token(request: Request) -> tuple[str, str]:
+    """The ``[pool:]token`` of the path, refused unless it has the shape the data port accepts
+    (a limit stored for it could never apply)."""
+    pool, token = split_token(request.path_params["token"])
+    if not well_formed(pool, token):
+        raise BadRequest("invalid token: [pool:]token, each 1 to 64 characters of [-_A-Za-z0-9]", "token")
+    return pool, token
 
 
 class AdminAPI:
@@ -118,7 +127,7 @@ class AdminAPI:
         self._basic_auth(request)
         ns = request.path_params["ns"]
         params.check_names(ns)
-        pool, token = split_token(request.path_params["token"])
+        pool, token = _path_token(request)
         if pool not in self.service.routes:
             raise BadRequest("the pool was not exists", "pool")
         await self.service.tokens.delete(pool, ns, token)
@@ -128,7 +137,7 @@ class AdminAPI:
         self._basic_auth(request)
         ns = request.path_params["ns"]
         params.check_names(ns)
-        pool, token = split_token(request.path_params["token"])
+        pool, token = _path_token(request)
         store = self.service.tokens
         if request.method == "GET":
             try:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
@@ -20,7 +21,7 @@ from cluster_dq.errors import BadRequest, ClusterDQError, Conflict, PoolUnavaila
 from cluster_dq.http import params
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
-from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BATCH_ACK, JobSpec
+from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BATCH_ACK, Job, JobSpec
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.service import Service
@@ -29,6 +30,7 @@ from cluster_dq.tokens import split_token, well_formed_raw
 
 log = logging.getLogger("cluster_dq.http")
 Handler = Callable[[Request], Awaitable[Response]]
+T = TypeVar("T")
 
 
 def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
@@ -70,6 +72,7 @@ class DataAPI:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
         self.s = settings
+        self._long_polls = 0  # consumes with a timeout running now (bounded by MaxWaiters)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -171,7 +174,22 @@ class DataAPI:
             ttr_ms = params.millis(qp, "ttr", s.TTRSecond)
             timeout_ms = params.millis(qp, "timeout", s.TimeoutSecond, s.MaxTimeoutSecond)
             n = params.count(qp)
-            jobs = await self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
+            if timeout_ms > 0 and self._long_polls >= s.MaxWaiters:
+                # Bounded memory and tasks per worker: refuse at once, before reserving anything.
+                busy = error("too many consumers waiting; retry later", 429, key="msg")
+                busy.headers["Retry-After"] = "1"
+                return busy
+            consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
+            if timeout_ms <= 0:
+                jobs: list[Job] | None = await consume
+            else:
+                self._long_polls += 1
+                try:
+                    jobs = await _unless_hung_up(request, consume)
+                finally:
+                    self._long_polls -= 1
+            if jobs is None:
+                return Response(status_code=499)  # nobody to answer; nothing was kept for them
             if not jobs:
                 return error("no job available", 404, key="msg")
             now = now_ms()
@@ -295,6 +313,28 @@ class DataAPI:
             Route("/api/{ns}/{q}", self.destroy, methods=["DELETE"]),
             Route("/api/{ns}/{queues}", self.consume, methods=["GET"]),
         ]
+
+
+async def _unless_hung_up(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """Runs a long-poll unless its client hangs up first (then None). uvicorn does not cancel
+    a handler whose client left, so without this the hub would go on waiting, and reserve the
+    next job, for nobody. Cancelling the consume gives back what it reserved, try unspent."""
+    task = asyncio.ensure_future(work)
+    hang_up = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((task, hang_up), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hang_up.cancel()
+        if not task.done():  # the client left (or this handler is being cancelled)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone (the body, if any, is already read by then)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def build_app(routes: list[Route], access_log: AccessLog, port: str) -> Starlette:
