@@ -20,8 +20,7 @@ Default (CI): bounded, standalone, ~60-90 s. A long run (e.g. 30 min, both topol
 
 A failure prints the shrunk sequence of rules (Hypothesis's reproduction) and the model's notes.
 ``DQ_MODEL_TOLERATE`` (comma-separated) lists known engine defects the model tolerates until
-their fix lands (see TOLERATE below). Default: ``consume-503-text`` (still open on main); set
-it to "" to see it fail.
+their fix lands (see TOLERATE below); by default none (all fixed on main).
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ EXAMPLES = int(os.environ.get("DQ_MODEL_EXAMPLES", "150"))
 STEPS = int(os.environ.get("DQ_MODEL_STEPS", "40"))
 TOPOLOGY = os.environ.get("DQ_MODEL_TOPOLOGY", "standalone")
 # Engine defects the model can be told to tolerate (DQ_MODEL_TOLERATE=a,b). Each was found by
-# this model (issue 13); all but the last are fixed on main and no longer tolerated by default:
+# this model (issue 13); all are fixed on main and none is tolerated by default:
 #   touch-expired  touch/release of a reservation whose ttr passed (not yet moved) succeed (#6)
 #   ttl-eq-delay   ttl == delay accepted (it should be 400) (#2)
 #   acked-memory   an id acked longer ago than the memory is still a duplicate (#9)
@@ -69,7 +68,7 @@ TOPOLOGY = os.environ.get("DQ_MODEL_TOPOLOGY", "standalone")
 #                  job and placed nothing (a duplicate id) left the META hash behind
 #   consume-503-text  a consume 503 whose outcome is unknown (the script may have run) does not
 #                  say so (SPEC §2.7)
-TOLERATE = set(filter(None, os.environ.get("DQ_MODEL_TOLERATE", "consume-503-text").split(",")))
+TOLERATE = set(filter(None, os.environ.get("DQ_MODEL_TOLERATE", "").split(",")))
 REMEMBER_MS = 60_000
 
 STATS: Counter[str] = Counter()
