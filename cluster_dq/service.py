@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 
 from cluster_dq import metrics
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.aio import NotReplicated, StaleMaster
+from cluster_dq.engine.aio import REFUSED, NotReplicated
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import Conflict, NotFound, PoolUnavailable, Unauthorized
 from cluster_dq.keys import parse_qualified
@@ -308,7 +308,7 @@ class Service:
 
 def _outcome(e: BaseException, idempotent: bool, unknown: str = "the request may or may not have been applied") -> str:
     """What a 503 tells the client of its request: the one place that decides it."""
-    if isinstance(e, StaleMaster):  # refused before running, every attempt
+    if isinstance(e, REFUSED) and not idempotent:  # the only errors repeated then: nothing ran
         return "the request was refused before it ran: nothing was written; repeating it is safe"
     if idempotent:
         return "the request may have been applied; repeating it is safe"

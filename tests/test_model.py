@@ -344,8 +344,8 @@ class EngineModel(RuleBasedStateMachine):
             f = self.fired()
             if f is None:
                 raise Mismatch(f"consume answered 503 without a fault: {err}")
-            if f.kind == "noreplicas" and f.step == "consume":
-                raise Mismatch(f"a consume refused before it ran (NOREPLICAS) must be repeated: {err}")
+            if f.kind in Fault.REFUSALS and f.step == "consume":
+                raise Mismatch(f"a consume refused before it ran ({f.kind}) must be repeated: {err}")
             if f.step == "signal" and "signal-503" not in TOLERATE:
                 raise Mismatch(f"a failed shard signal after a consume answered 503 (issue 13 #5): {err}")
             if f.kind == "lost" and "may" not in str(err) and "consume-503-text" not in TOLERATE:

@@ -68,8 +68,9 @@ async def test_a_release_whose_reply_is_lost_is_not_repeated_onto_another_consum
 
 async def test_a_503_says_what_may_have_happened(service: Service) -> None:
     """SPEC §2.7: a 503 says whether the outcome is unknown. A consume whose reply was lost may
-    have reserved jobs nobody got (they come back after their ttr); a write refused by a stale
-    master wrote nothing; a publish (idempotent) may have been applied and is safe to repeat."""
+    have reserved jobs nobody got (they come back after their ttr); a consume refused by a stale
+    master on every attempt reserved nothing; a publish (idempotent: an earlier attempt may have
+    run) may have been applied and is safe to repeat."""
     route = service.route("default")
     engine = service.pools["default"].engine
     await service.publish(route, "svc", "q", [JobSpec(b"x", tries=3)])
@@ -88,14 +89,16 @@ async def test_a_503_says_what_may_have_happened(service: Service) -> None:
     finally:
         del engine._step
 
-    async def refuse_publish(step: Any) -> Any:
-        if isinstance(step, Eval) and step.script == "publish":
+    async def refuse(step: Any) -> Any:
+        if isinstance(step, Eval) and step.script in ("publish", "consume"):
             raise ResponseError("NOREPLICAS Not enough good replicas to write.")
         return await real_step(step)
 
-    engine._step = refuse_publish  # type: ignore[method-assign]
+    engine._step = refuse  # type: ignore[method-assign]
     try:
-        with pytest.raises(PoolUnavailable, match="nothing was written; repeating it is safe"):
+        with pytest.raises(PoolUnavailable, match="refused before it ran: nothing was written"):
+            await service.consume(route, "svc", ["q"], 30_000, 1, 0)
+        with pytest.raises(PoolUnavailable, match="may have been applied; repeating it is safe"):
             await service.publish(route, "svc", "q", [JobSpec(b"y")])
     finally:
         del engine._step

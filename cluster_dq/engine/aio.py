@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import BusyLoadingError, NoScriptError, ReadOnlyError, RedisError, ResponseError, TryAgainError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from cluster_dq.clock import now_ms
@@ -56,7 +56,11 @@ class MovedDuringWait(RedisConnectionError):
     reports them as present) once the client's slot map has caught up."""
 
 
-REFUSED = (StaleMaster,)
+# Replies by which the server refused a script before running it: such a step is repeated even
+# when it is not safe to repeat (a consume), since nothing ran. A stale master (NOREPLICAS), a
+# replica (READONLY: a script that may write is refused on one), a slot being migrated
+# (TRYAGAIN), a dataset being loaded (LOADING).
+REFUSED = (StaleMaster, ReadOnlyError, TryAgainError, BusyLoadingError)
 # A best-effort step (a shard signal) gets a short budget: the operation it follows succeeded,
 # and its caller is waiting; a signal lost here is repaired by the reconcile sweep.
 OPTIONAL_POLICY = {**POLICY, "stop": stop_after_attempt(3)}

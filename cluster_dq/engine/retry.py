@@ -4,7 +4,8 @@ Publish is safe to repeat (job ids are fixed before the first attempt, so a repe
 "duplicate"); ack, peek, sizes and pump steps are idempotent. Consume is never repeated: a
 lost reply leaves the jobs reserved until their ttr, after which they are delivered again.
 Release (nack) is never repeated either: once the job is back, another consumer may hold it.
-A step the server refused before running it (NOREPLICAS: ``StaleMaster``) is repeated always.
+A step the server refused before running it (NOREPLICAS: ``StaleMaster``, READONLY, TRYAGAIN,
+LOADING: ``aio.REFUSED``) is repeated always.
 """
 
 from __future__ import annotations
