@@ -164,7 +164,9 @@ def check(history: History, final: Final) -> Report:
         ds.sort(key=lambda d: (d.deliveries, d.invoked))
         p = publishes.get(key)
         if p is None or p.type == "fail":
-            flag("unexpected", {"key": key, "job_id": ds[0].job_id, "publish": p.type if p else None})
+            flag(
+                "unexpected", {"key": key, "job_id": ds[0].job_id, "publish": p.type if p else None}
+            )
             continue
         acts = by_key.get(key, [])
         acked_at = [a.completed for a in acts if a.f == "ack" and a.type == "ok"]
@@ -192,7 +194,7 @@ def check(history: History, final: Final) -> Report:
             flag("over_tries", {"key": key, "seen": len(ds), "tries": p.args["tries"]})
         # held twice: two holds that cannot be a ttr apart, nothing having ended the first
         for i, a in enumerate(ds):
-            for b in ds[i + 1:]:
+            for b in ds[i + 1 :]:
                 if any(e.invoked < b.completed and e.completed > a.invoked for e in ends):
                     continue  # an ack or release under way between them may have ended a's hold
                 if b.deliveries > a.deliveries:
@@ -208,7 +210,9 @@ def check(history: History, final: Final) -> Report:
             if lease is None or o.type != "ok":
                 continue
             held = [d for d in ds if d.lease == lease]
-            if held and any(d.deliveries > held[0].deliveries and d.completed < o.invoked for d in ds):
+            if held and any(
+                d.deliveries > held[0].deliveries and d.completed < o.invoked for d in ds
+            ):
                 flag("stale_lease", {"key": key, "f": o.f, "lease": lease})
 
     # lost, dead letters, leftovers: the end state against what the history promises
@@ -233,7 +237,9 @@ def check(history: History, final: Final) -> Report:
         # A consume whose reply was lost may have taken the job once more, unseen, and used
         # its last try: then dead is right too.
         since = last.invoked if last else p.invoked
-        maybe_taken = any(c.completed > since and p.args["queue"] in c.args["queues"] for c in lost_consumes)
+        maybe_taken = any(
+            c.completed > since and p.args["queue"] in c.args["queues"] for c in lost_consumes
+        )
         if p.type == "ok" and not acked and state is None:
             flag("lost", {"key": key, "job_id": p.result.get("job_id"), "delivered": len(ds)})
         elif should_be_dead and state != "dead":
@@ -245,7 +251,10 @@ def check(history: History, final: Final) -> Report:
             flag("left_behind", {"key": key, "state": state})
     for q, size in final.dead_sizes.items():
         if size != dead_by_queue[q]:
-            flag("dead_letter", {"queue": q, "deadletter_size": size, "dead_jobs_found": dead_by_queue[q]})
+            flag(
+                "dead_letter",
+                {"queue": q, "deadletter_size": size, "dead_jobs_found": dead_by_queue[q]},
+            )
     for name, what in final.leftovers.items():
         flag("left_behind", {name: what})
 
@@ -257,7 +266,9 @@ def check(history: History, final: Final) -> Report:
         "redelivered_jobs": sum(1 for ds in deliveries.values() if len(ds) > 1),
         "never_delivered": never_delivered,
         "dead_at_end": sum(dead_by_queue.values()),
-        "lease_conflicts": sum(1 for o in ops if o.type == "fail" and o.result.get("status") == 409),
+        "lease_conflicts": sum(
+            1 for o in ops if o.type == "fail" and o.result.get("status") == 409
+        ),
         "operations": sum(1 for o in ops),
     }
     return Report(counts, examples, stats)

@@ -20,19 +20,31 @@ class Script:
         if type != "none":
             self.h.complete(op, type, t1, **(result or {}))
 
-    def publish(self, key: str, t0: float, t1: float, type: str = "ok", delay_ms: int = 0, tries: int = 1) -> None:
+    def publish(
+        self, key: str, t0: float, t1: float, type: str = "ok", delay_ms: int = 0, tries: int = 1
+    ) -> None:
         self.op("publish", t0, t1, type, key=key, queue="q", delay_ms=delay_ms, tries=tries,
                 result={"job_id": "id-" + key} if type == "ok" else {})  # fmt: skip
 
     def consume(self, key: str, t0: float, t1: float, remain: int, deliveries: int, ttr_ms: int = 1000,
                 lease: str | None = None, process: int = 1) -> None:  # fmt: skip
-        job = {"key": key, "job_id": "id-" + key, "remain_tries": remain, "deliveries": deliveries, "lease": lease}
-        self.op("consume", t0, t1, process=process, queues=["q"], ttr_ms=ttr_ms, result={"jobs": [job]})
+        job = {
+            "key": key,
+            "job_id": "id-" + key,
+            "remain_tries": remain,
+            "deliveries": deliveries,
+            "lease": lease,
+        }
+        self.op(
+            "consume", t0, t1, process=process, queues=["q"], ttr_ms=ttr_ms, result={"jobs": [job]}
+        )
 
     def act(self, f: str, key: str, t0: float, t1: float, type: str = "ok", **args: Any) -> None:
         self.op(f, t0, t1, type, key=key, job_id="id-" + key, **args)
 
-    def check(self, states: dict[str, str | None] | None = None, dead: int = 0, **leftovers: Any) -> Report:
+    def check(
+        self, states: dict[str, str | None] | None = None, dead: int = 0, **leftovers: Any
+    ) -> Report:
         return check(self.h, Final(states or {}, {"q": dead}, leftovers))
 
 
@@ -57,7 +69,11 @@ def clean() -> Script:
 def test_a_clean_history_passes() -> None:
     r = clean().check()
     only(r, None)
-    assert r.stats["publish_ok"] == 2 and r.stats["deliveries"] == 3 and r.stats["redelivered_jobs"] == 1
+    assert (
+        r.stats["publish_ok"] == 2
+        and r.stats["deliveries"] == 3
+        and r.stats["redelivered_jobs"] == 1
+    )
 
 
 def test_unexpected_delivery() -> None:
@@ -217,4 +233,3 @@ def test_every_kind_has_a_test() -> None:
     names = {n for n in globals() if n.startswith("test_")}
     for kind in KINDS:
         assert any(kind.split("_")[0] in n for n in names), kind
-
