@@ -136,7 +136,7 @@ def test_early_from_the_publish_and_from_a_release() -> None:
     s.act("release", "c", 2.4, 2.5, delay_ms=2000, result={"state": "delayed"})
     s.consume("c", 2.6, 3.5, remain=0, deliveries=2)
     s.act("ack", "c", 3.6, 3.7)
-    only(s.check(), "early")
+    only(s.check(), "early_release")
 
 
 def test_held_twice_within_the_ttr() -> None:
