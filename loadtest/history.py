@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 
 if __package__ in (None, ""):  # run as a script (python loadtest/history.py): find loadtest, tests
@@ -91,7 +90,7 @@ def kind(e: BaseException) -> str:
 class Client:
     """One simulated client: its requests, each recorded in the history."""
 
-    def __init__(self, run: Run, process: int, http: aiohttp.ClientSession) -> None:
+    def __init__(self, run: Run, process: int, http: httpx.AsyncClient) -> None:
         self.run, self.process, self.http = run, process, http
         self.h = {"X-Token": run.token}
         self.sent = process  # round robin over the instances, from a different one per client
@@ -105,14 +104,13 @@ class Client:
         for k in range(len(run.instances)):
             base = run.base(self.sent + k)
             try:
-                async with self.http.request(method, base + path, params=params, data=data, headers=self.h) as r:
-                    text = await r.text()
-                    run.statuses[f"{f} {r.status}"] += 1
-                    if r.status >= 500 or r.status in (400, 401):
-                        run.examples.setdefault(f"{f} {r.status}", text[:300])
-                    return r.status, text
-            except aiohttp.ClientConnectorError:
+                r = await self.http.request(method, base + path, params=params, content=data, headers=self.h)
+            except httpx.ConnectError:  # the connection was never opened: nothing was sent
                 continue
+            run.statuses[f"{f} {r.status_code}"] += 1
+            if r.status_code >= 500 or r.status_code in (400, 401):
+                run.examples.setdefault(f"{f} {r.status_code}", r.text[:300])
+            return r.status_code, r.text
         run.statuses[f"{f} refused"] += 1
         raise ConnectionRefusedError
 
@@ -127,7 +125,7 @@ class Client:
         except ConnectionRefusedError:
             run.h.complete(op, "fail", run.now(), error="refused")
             return "fail", 0, None
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except httpx.HTTPError as e:
             run.statuses[f"{f} {kind(e)}"] += 1
             run.h.complete(op, "info", run.now(), error=kind(e))
             return "info", 0, None
@@ -238,8 +236,11 @@ async def consumer(run: Run, process: int, stop: asyncio.Event) -> None:
         await asyncio.gather(*handling)
 
 
-def session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+def session() -> httpx.AsyncClient:
+    """A client that never repeats a request by itself (aiohttp repeats an idempotent one, a
+    PUT included, whose kept-alive connection broke: a publish the dead instance may have
+    written would then be sent again, and create a second job)."""
+    return httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=16))
 
 
 def first_port() -> int:

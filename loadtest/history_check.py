@@ -18,6 +18,8 @@ traced back to a publish whose reply was lost (its server-assigned id never reac
 Anomalies (``check`` counts each, with examples):
 
 - ``unexpected``: delivered, but never published, or its publish certainly failed;
+- ``double_publish``: one publish delivered as two jobs (two job ids for one body): the service
+  wrote it twice (the client never repeats a request that may have been sent);
 - ``lost``: a publish that got a 2xx, never acked, and gone at the end (neither delivered
   and acked nor resting in the dead letter); ``never_delivered`` (reported) counts 2xx
   publishes never delivered at all;
@@ -45,7 +47,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("unexpected", "lost", "duplicated", "early", "early_release", "held_twice", "over_tries", "remain_tries",
+KINDS = ("unexpected", "double_publish", "lost", "duplicated", "early", "early_release", "held_twice", "over_tries", "remain_tries",
          "dead_letter", "left_behind", "stale_lease")  # fmt: skip
 
 
@@ -171,6 +173,8 @@ def check(history: History, final: Final) -> Report:
                 "unexpected", {"key": key, "job_id": ds[0].job_id, "publish": p.type if p else None}
             )
             continue
+        if len({d.job_id for d in ds}) > 1:
+            flag("double_publish", {"key": key, "job_ids": sorted({d.job_id for d in ds})})
         acts = by_key.get(key, [])
         acked_at = [a.completed for a in acts if a.f == "ack" and a.type == "ok"]
         releases = [a for a in acts if a.f == "release" and a.type != "fail"]
@@ -195,11 +199,14 @@ def check(history: History, final: Final) -> Report:
             if d.remain_tries != tries - d.deliveries:
                 flag("remain_tries", {"key": key, "remain_tries": d.remain_tries, "deliveries": d.deliveries,
                                       "tries": tries})  # fmt: skip
-        if len(ds) > p.args["tries"]:
-            flag("over_tries", {"key": key, "seen": len(ds), "tries": p.args["tries"]})
+        for jid, seen in Counter(d.job_id for d in ds).items():
+            if seen > p.args["tries"]:
+                flag("over_tries", {"key": key, "job_id": jid, "seen": seen, "tries": p.args["tries"]})
         # held twice: two holds that cannot be a ttr apart, nothing having ended the first
         for i, a in enumerate(ds):
             for b in ds[i + 1 :]:
+                if b.job_id != a.job_id:
+                    continue  # a double publish: two jobs (counted above)
                 if any(e.invoked < b.completed and e.completed > a.invoked for e in ends):
                     continue  # an ack or release under way between them may have ended a's hold
                 if b.deliveries > a.deliveries:

@@ -86,6 +86,16 @@ def test_unexpected_delivery() -> None:
     only(s.check(), "unexpected")
 
 
+def test_double_publish() -> None:
+    s = clean()
+    s.publish("c", 2.0, 2.1)
+    s.consume("c", 2.2, 2.3, remain=0, deliveries=1)
+    s.op("consume", 2.2, 2.3, process=2, queues=["q"], ttr_ms=1000,
+         result={"jobs": [{"key": "c", "job_id": "other", "remain_tries": 0, "deliveries": 1}]})  # fmt: skip
+    s.act("ack", "c", 2.4, 2.5)
+    only(s.check(), "double_publish")
+
+
 def test_an_indeterminate_publish_may_be_delivered_or_not() -> None:
     s = clean()
     s.publish("c", 2.0, 2.1, type="info")
