@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 
 if __package__ in (None, ""):  # run as a script (python loadtest/history.py): find loadtest, tests
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -268,7 +269,14 @@ async def kill_any_instance(run: Run) -> None:
 
 
 async def kill_pump_leader(run: Run) -> None:
-    victim = await asyncio.to_thread(leading_instance, run.d, run.instances)
+    for _ in range(100):  # the leases live in Redis: after a master kill, wait for its successor
+        try:
+            victim = await asyncio.to_thread(leading_instance, run.d, run.instances)
+            break
+        except redis.RedisError:
+            await asyncio.sleep(0.2)
+    else:
+        raise RuntimeError("no Redis master to read the pump leases from for 20 s")
     await restart(run, victim, "the pump-leading")
 
 
@@ -355,7 +363,7 @@ async def final_state(run: Run) -> Final:
 async def load(run: Run, seconds: float, rate: float) -> None:
     stop = asyncio.Event()
     consumers = [asyncio.create_task(consumer(run, 100 + k, stop)) for k in range(4)]
-    producers = [asyncio.create_task(producer(run, k, rate / 2, seconds)) for k in range(2)]
+    producers = [asyncio.create_task(producer(run, k, rate / 4, seconds)) for k in range(4)]
     first, second = EVENTS[run.scenario]
     await asyncio.sleep(seconds / 3)
     await first(run)
@@ -376,11 +384,14 @@ async def load(run: Run, seconds: float, rate: float) -> None:
 
 
 def history_run(scenario: str, seconds: float = 20, rate: float = 60, durable: bool = True,
-                seed: int | None = None, n_queues: int = 3) -> tuple[Report, Run]:  # fmt: skip
-    """One run of ``scenario``: its report and the run (history, events, reply statuses)."""
+                seed: int | None = None, n_queues: int = 3,
+                deployment: Deployment | None = None) -> tuple[Report, Run]:  # fmt: skip
+    """One run of ``scenario``: its report and the run (history, events, reply statuses). On
+    its own Redis topology, unless ``deployment`` is given (standalone only: nothing kills it)."""
     seed = random.randrange(1 << 30) if seed is None else seed
     durable = durable and scenario != "standalone"  # no replica to confirm a write
-    d = setup(scenario)
+    assert deployment is None or scenario == "standalone"
+    d = deployment or setup(scenario)
     instances: list[Instance] = []
     try:
         instances = [start_instance(d, durable, first_port()) for _ in range(2)]
@@ -395,7 +406,8 @@ def history_run(scenario: str, seconds: float = 20, rate: float = 60, durable: b
     finally:
         for inst in instances:
             inst.kill()
-        d.stop()
+        if deployment is None:
+            d.stop()
 
 
 def print_report(scenario: str, durable: bool, seconds: float, report: Report, run: Run) -> None:
