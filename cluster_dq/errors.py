@@ -4,6 +4,7 @@
     ├── BadRequest            user input refused (400), names the parameter
     │   └── BodyTooLarge      413
     ├── NotFound              404 (job, queue head, pool)
+    ├── Conflict              409: a lease that no longer holds its job (nothing changed)
     ├── Unauthorized          401
     ├── RateLimited           429
     ├── PoolUnavailable       Redis unreachable or failing over after retries (503)
@@ -31,6 +32,21 @@ class BodyTooLarge(BadRequest):
 
 class NotFound(ClusterDQError):
     status = 404
+
+
+class Conflict(ClusterDQError):
+    """A lease was given and the job is not held by that delivery any more: another delivery
+    holds it, its ttr ran out, or it is in another state (``None``: gone). Nothing changed."""
+
+    status = 409
+
+    def __init__(self, conflicts: list[tuple[str, str | None]]) -> None:
+        self.conflicts = conflicts
+        self.job_id, self.state = conflicts[0]
+        why = {"reserved": "held by a later delivery", "ttr_expired": "this delivery's ttr ran out",
+               None: "gone"}.get(self.state, self.state)  # fmt: skip
+        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        super().__init__(f"lease does not hold job {self.job_id}: {why}{more}; nothing was changed")
 
 
 class Unauthorized(ClusterDQError):

@@ -72,6 +72,10 @@ class QueueKeys:
         return self._k("acked")
 
     @property
+    def leases(self) -> str:
+        return self._k("leases")
+
+    @property
     def notify(self) -> str:
         """Pub/sub channel announcing that the ready set went from empty to non-empty."""
         return self._k("notify")
@@ -90,6 +94,7 @@ class QueueKeys:
             self.jobs,
             self.expire,
             self.acked,
+            self.leases,
         ]
 
 

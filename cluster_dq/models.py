@@ -145,8 +145,11 @@ class JobSpec:
     attributes: dict[str, str] | None = None
     job_id: str | None = None  # client-chosen id (idempotent publish)
     # Bulk scheduling (cluster_dq.pipeline): an absolute due time, with job_id a server-format
-    # id made for it (its due ms and lane), so that a rerun places the very same job.
+    # id made for it (its due ms and lane), so that a rerun places the very same job; and an
+    # absolute end of life (0 = never), counted from the schedule's reference time, not from
+    # when a partition happens to publish.
     due_ms: int | None = None
+    expire_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +215,7 @@ class Job:
     attributes: dict[str, str] | None = None
     state: JobState | None = None
     due_ms: int | None = None
+    lease: str | None = None  # the delivery's token (consume only): ack, touch, release may show it
     extra: dict[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -223,6 +227,7 @@ class Job:
         data: bytes,
         state: JobState | None = None,
         due_ms: int | None = None,
+        lease: str | None = None,
     ) -> Job:
         rec = Record.unpack(data)
         return cls(
@@ -238,6 +243,7 @@ class Job:
             rec.attributes,
             state,
             due_ms,
+            lease,
         )
 
     def ttl_ms(self, now_ms: int) -> int:
@@ -259,8 +265,11 @@ def validate_spec(spec: JobSpec) -> None:
         raise BadRequest("invalid delay", "delay")
     if spec.ttl_ms < 0 or spec.ttl_ms > MAX_SECONDS * 1000:
         raise BadRequest("invalid ttl", "ttl")
-    if spec.ttl_ms and spec.ttl_ms < spec.delay_ms:
-        raise BadRequest("ttl is shorter than delay", "ttl")
+    if spec.ttl_ms and spec.ttl_ms <= spec.delay_ms:
+        # equal would expire the job the moment it becomes due: it could never be delivered
+        raise BadRequest("ttl must be longer than delay", "ttl")
+    if spec.expire_at_ms and spec.due_ms is not None and spec.expire_at_ms <= spec.due_ms:
+        raise BadRequest("ttl must end after the due time", "ttl")
     if spec.tries == 0:
         raise BadRequest("tries shouldn't be zero", "tries")
     if not 0 < spec.tries <= MAX_TRIES:

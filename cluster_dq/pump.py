@@ -21,7 +21,6 @@ from collections.abc import Iterable
 
 from redis.exceptions import RedisError, ResponseError
 
-from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.keys import META_PATTERN, parse_qualified, queue_of_key
@@ -151,7 +150,7 @@ class Pump:
 
     async def pump_shard(self, shard: int) -> int:
         """Runs every due queue of the shard once; returns ms until there is more to do."""
-        now = now_ms()
+        now = self.engine.clock()
         epoch = self.epochs.get(shard, 0)
         claim = ops.claim(shard, now, self.batch, self.lease_ms, epoch)
         due = await self.engine.run(claim, idempotent=True)
@@ -159,12 +158,13 @@ class Pump:
             if not self.leads(shard):
                 return 0  # lease ran out mid-batch: stop at once
             ns, q = parse_qualified(qualified)
-            at = now_ms()
+            at = self.engine.clock()
             sizes = await self.engine.run(ops.tick(self.engine.config, ns, q, at), idempotent=True)
             nxt = sizes.next_event_ms
             if nxt is not None:
                 nxt = max(nxt, at + MIN_STEP_MS)  # a backlog is worked in steps, never a spin
-            await self.engine.run(ops.reschedule(shard, qualified, nxt, epoch), idempotent=True)
+            empty = nxt is None and not (sizes.delayed or sizes.ready or sizes.reserved or sizes.dead)
+            await self.engine.run(ops.reschedule(shard, qualified, nxt, epoch, empty), idempotent=True)
         if self.metrics:
             self.metrics.batch(shard, len(due))
         if len(due) >= self.batch:
@@ -172,7 +172,7 @@ class Pump:
         head = await self.engine.run(ops.next_schedule(shard), idempotent=True)
         if head is None:
             return self.poll_ms
-        return max(0, min(head - now_ms(), self.poll_ms))
+        return max(0, min(head - self.engine.clock(), self.poll_ms))
 
 
     async def _reconcile_loop(self) -> None:
@@ -218,7 +218,7 @@ class Pump:
 
     async def _reconcile_page(self, keys: list[str | bytes]) -> list[str]:
         queues = list({queue_of_key(k) for k in keys})
-        return await self.engine.run(ops.reconcile(self.engine.config, queues, now_ms()), idempotent=True)
+        return await self.engine.run(ops.reconcile(self.engine.config, queues, self.engine.clock()), idempotent=True)
 
     async def post_sizes(self, shard: int) -> None:
         """Measures every queue of a shard this process leads, for the metrics."""

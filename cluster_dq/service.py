@@ -11,7 +11,6 @@ from typing import TypeVar
 from redis.exceptions import RedisError
 
 from cluster_dq import metrics
-from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import NotReplicated
 from cluster_dq.engine.commands import Op, Published, Sizes
@@ -85,7 +84,7 @@ class Service:
         known = await self._known_elsewhere(place.reads[:-1], ns, q, specs)
         fresh = [s for s in specs if s.job_id not in known] if known else specs
         # Safe to retry: the job ids are fixed before the first attempt.
-        now = now_ms()
+        now = pool.engine.clock()
         op = ops.publish(pool.engine.config, ns, q, fresh, now)
         out = await self._run(pool, op, idempotent=True, durable=True) if fresh else []
         metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
@@ -101,7 +100,9 @@ class Service:
         ids = [s.job_id for s in specs if s.job_id is not None]
         known: set[str] = set()
         for pool in drained if ids else ():
-            found = await self._run(pool, ops.known_ids(ns, q, ids), idempotent=True)
+            cfg = pool.engine.config
+            op = ops.known_ids(ns, q, ids, pool.engine.clock(), cfg.remember_acked_ms)
+            found = await self._run(pool, op, idempotent=True)
             known.update(i for i, k in zip(ids, found) if k)
         return known
 
@@ -115,34 +116,44 @@ class Service:
                 jobs = await _consume_across(groups, ns, ttr_ms, count, timeout_ms)
         except (RedisError, OSError) as e:
             raise PoolUnavailable(route.name, f"{type(e).__name__}: {e}") from e
-        now = now_ms()
+        now = route.place(ns, queues[0]).write.engine.clock()
         metrics.record_delivered(jobs, now)
         if self.events:
             self.events.delivered(jobs, now)
         return jobs
 
-    async def ack(self, route: PoolRoute[RedisPool], ns: str, q: str, ids: Sequence[str]) -> list[JobState | None]:
+    async def ack(self, route: PoolRoute[RedisPool], ns: str, q: str, ids: Sequence[str],
+                  leases: Sequence[str | None] | None = None) -> list[JobState | None]:  # fmt: skip
+        """Acks jobs in any state; the state each was in (None: not found). With ``leases``
+        (aligned with ``ids``): if one does not hold its job, ``Conflict`` and nothing acked."""
         states: list[JobState | None] = [None] * len(ids)
+        now = 0
         for pool in route.place(ns, q).reads:  # a job is in one of them; usually there is one
             todo = [i for i, s in enumerate(states) if s is None]
             if not todo:
                 break
-            op = ops.ack(ns, q, [ids[i] for i in todo], now_ms(), pool.engine.config.remember_acked_ms)
+            now = pool.engine.clock()
+            op = ops.ack(ns, q, [ids[i] for i in todo], now, pool.engine.config.remember_acked_ms,
+                         [leases[i] for i in todo] if leases else None)  # fmt: skip
             found = await self._run(pool, op, idempotent=True, durable=True)
             for i, state in zip(todo, found):
                 states[i] = state
         metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
         if self.events:
-            self.events.acked(ns, q, now_ms(), [i for i, s in zip(ids, states) if s is not None])
+            self.events.acked(ns, q, now, [i for i, s in zip(ids, states) if s is not None])
         return states
 
-    async def release(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, delay_ms: int) -> JobState | str:
+    async def release(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, delay_ms: int,
+                      lease: str | None = None) -> JobState | str:  # fmt: skip
         """A consumer's nack: the reserved job goes back now or after ``delay_ms``, its
-        delivery counted (no tries left: dead letter). Not repeated by the retry policy: once
-        the job is back, another consumer may hold it, and a blind repeat would release *that*
-        reservation. A reply lost in transit is a 503 that says the release may have happened."""
+        delivery counted (no tries left: dead letter); with a ``lease``, only while that
+        delivery holds it (else ``Conflict``). Not repeated by the retry policy: once the job
+        is back, another consumer may hold it, and a blind repeat would release *that*
+        reservation (or, with a lease, answer a conflict for a release that happened). A reply
+        lost in transit is a 503 that says the release may have happened."""
         for pool in route.place(ns, q).reads:
-            op = ops.release(pool.engine.config, ns, q, [job_id], delay_ms, now_ms(), nack=True)
+            op = ops.release(pool.engine.config, ns, q, [job_id], delay_ms, pool.engine.clock(), nack=True,
+                             leases=[lease])  # fmt: skip
             try:
                 (state,) = await self._run(pool, op, durable=True)
             except PoolUnavailable as e:
@@ -156,22 +167,26 @@ class Service:
                 return state
         raise NotFound("job is not reserved")
 
-    async def touch(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, ttr_ms: int) -> None:
+    async def touch(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, ttr_ms: int,
+                    lease: str | None = None) -> None:  # fmt: skip
         """Moves the reservation's deadline to now + ``ttr_ms`` (a consumer still working)."""
         for pool in route.place(ns, q).reads:
-            op = ops.touch(pool.engine.config, ns, q, job_id, ttr_ms, now_ms())
+            op = ops.touch(pool.engine.config, ns, q, job_id, ttr_ms, pool.engine.clock(), lease)
             if await self._run(pool, op, idempotent=True, durable=True):
                 return
         raise NotFound("job is not reserved")
 
     async def republish(
-        self, route: PoolRoute[RedisPool], ns: str, q: str, old_id: str, spec: JobSpec
+        self, route: PoolRoute[RedisPool], ns: str, q: str, old_id: str, spec: JobSpec, lease: str | None = None
     ) -> Published:
         validate_spec(spec)
         place = route.place(ns, q)
         pool = place.write
-        op = ops.republish(pool.engine.config, ns, q, old_id, spec, now_ms())
-        acked, published = await self._run(pool, op, idempotent=True, durable=True)
+        op = ops.republish(pool.engine.config, ns, q, old_id, spec, pool.engine.clock(), lease)
+        # Without a lease a repeat is safe (the new job's id is fixed; the old one is gone or
+        # acked again). With one, a repeat after a lost reply would find the lease no longer
+        # holding the job and answer a conflict for a republish that happened: not repeated.
+        acked, published = await self._run(pool, op, idempotent=lease is None, durable=True)
         metrics.count(metrics.published, ns, q, not published.duplicate)
         if acked is None and len(place.reads) > 1:  # the old job lives in a pool being drained
             await self.ack(route, ns, q, [old_id])
@@ -188,7 +203,7 @@ class Service:
         return None
 
     async def peek(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Job:
-        job = await self._first(route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "ready", now_ms()))
+        job = await self._first(route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "ready", p.engine.clock()))
         if job is None:
             raise NotFound("the queue is empty")
         return job
@@ -200,7 +215,7 @@ class Service:
         return job
 
     async def dead_head(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Job | None:
-        return await self._first(route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "dead", now_ms()))
+        return await self._first(route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "dead", p.engine.clock()))
 
     async def sizes(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Sizes:
         total = Sizes(0, 0, 0, 0, None)
@@ -219,10 +234,10 @@ class Service:
         n = 0
         for pool in route.place(ns, q).reads:
             if n < limit:
-                n += await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit - n, ttl_ms, now_ms()))
+                n += await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit - n, ttl_ms, pool.engine.clock()))
         metrics.count(metrics.respawned, ns, q, n)
         if self.events and n:
-            self.events.record("respawned", ns, q, now_ms(), n=n)
+            self.events.record("respawned", ns, q, route.place(ns, q).write.engine.clock(), n=n)
         return n
 
     async def delete_dead(self, route: PoolRoute[RedisPool], ns: str, q: str, limit: int) -> int:

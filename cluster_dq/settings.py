@@ -220,8 +220,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"LogLevel: debug, info, warning or error, got {s.LogLevel!r}")
     if not 1 <= s.TriesNum <= 65535:
         raise ConfigError(f"TriesNum: 1..65535, got {s.TriesNum}")
-    if s.TTLSecond and s.TTLSecond < s.DelaySecond:
-        raise ConfigError("TTLSecond: shorter than DelaySecond")
+    if s.TTLSecond and s.TTLSecond <= s.DelaySecond:
+        raise ConfigError("TTLSecond: must be longer than DelaySecond (or 0 = never expires)")
     if s.MaxBodyBytes < 1:
         raise ConfigError("MaxBodyBytes: must be positive")
     if not 1 <= s.Shards <= 4096:

@@ -19,16 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.retry import TRANSIENT
+from cluster_dq.errors import Conflict
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job
 
 log = logging.getLogger(__name__)
 
 SAFETY_POLL_S = 1.0
+GIVE_BACK_GRACE_S = 2.0
 
 
 @dataclass(eq=False)
@@ -91,10 +92,7 @@ class _Watcher:
         self.wake.clear()
         waiter.busy = True
         try:
-            jobs = await engine.run(
-                ops.consume(engine.config, waiter.namespace, waiter.queues, waiter.ttr_ms,
-                            waiter.count, now_ms())
-            )  # fmt: skip
+            jobs = await self.hub.reserve(waiter.namespace, waiter.queues, waiter.ttr_ms, waiter.count)
         finally:
             waiter.busy = False
         if jobs:
@@ -102,17 +100,17 @@ class _Watcher:
             return
         sizes = await engine.run(ops.sizes(engine.config, self.namespace, self.queue))
         nxt = sizes.next_event_ms
-        if nxt is not None and nxt <= now_ms() and sizes.ready == 0:
+        if nxt is not None and nxt <= engine.clock() and sizes.ready == 0:
             # A wheel bucket to open, or expiries: do the pump step here, then look again.
             sizes = await engine.run(
-                ops.tick(engine.config, self.namespace, self.queue, now_ms()), idempotent=True
+                ops.tick(engine.config, self.namespace, self.queue, engine.clock()), idempotent=True
             )
             nxt = sizes.next_event_ms
             if sizes.ready:
                 return
         sleep = SAFETY_POLL_S
         if nxt is not None:
-            sleep = min(sleep, max((nxt - now_ms()) / 1000, 0.0))
+            sleep = min(sleep, max((nxt - engine.clock()) / 1000, 0.0))
         if self.waiters:
             sleep = min(sleep, max(min(w.deadline for w in self.waiters) - time.monotonic(), 0))
         if sleep > 0:
@@ -137,9 +135,7 @@ class WaiterHub:
     async def consume(
         self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
     ) -> list[Job]:
-        jobs = await self.engine.run(
-            ops.consume(self.engine.config, namespace, queues, ttr_ms, count, now_ms())
-        )
+        jobs = await self.reserve(namespace, queues, ttr_ms, count)
         if jobs or timeout_ms <= 0:
             return jobs
         waiter = Waiter(namespace, queues, ttr_ms, count, time.monotonic() + timeout_ms / 1000)
@@ -164,6 +160,28 @@ class WaiterHub:
                 # cancelled (the client left) just as jobs were reserved for it: give them back
                 self._background(self.give_back(namespace, waiter.future.result()))
             self._finish(waiter, None)
+
+    async def reserve(self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int) -> list[Job]:
+        """One consume that a cancellation cannot cut in half: if the caller is cancelled (its
+        client left, a multi-pool consume took another pool's jobs) while Redis has reserved
+        jobs whose reply is still on its way, they are given back, not left reserved by nobody
+        until their ttr (with one try left, that would be a dead letter nobody ever saw)."""
+        engine = self.engine
+        task = asyncio.ensure_future(
+            engine.run(ops.consume(engine.config, namespace, queues, ttr_ms, count, engine.clock()))
+        )
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._background(self._give_back_when_done(namespace, task))
+            raise
+
+    async def _give_back_when_done(self, namespace: str, task: asyncio.Future[list[Job]]) -> None:
+        try:
+            jobs = await task
+        except Exception:  # nothing was reserved, or the outcome is unknown: the ttr decides
+            return
+        await self.give_back(namespace, jobs)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -198,14 +216,19 @@ class WaiterHub:
 
     async def give_back(self, namespace: str, jobs: Sequence[Job]) -> None:
         """Reserved jobs nobody will get: back to ready at once, without spending a try,
-        instead of letting them sit out their ttr."""
-        by_queue: dict[str, list[str]] = {}
+        instead of letting them sit out their ttr. Each with the lease of the reservation
+        given back, so a repeat (after a lost reply) cannot take the job from a consumer who
+        reserved it meanwhile."""
+        by_queue: dict[str, list[Job]] = {}
         for j in jobs:
-            by_queue.setdefault(j.queue, []).append(j.job_id)
-        for q, ids in by_queue.items():
-            await self.engine.run(
-                ops.release(self.engine.config, namespace, q, ids, 0, now_ms()), idempotent=True
-            )
+            by_queue.setdefault(j.queue, []).append(j)
+        for q, held in by_queue.items():
+            op = ops.release(self.engine.config, namespace, q, [j.job_id for j in held], 0,
+                             self.engine.clock(), leases=[j.lease for j in held])  # fmt: skip
+            try:
+                await self.engine.run(op, idempotent=True)
+            except Conflict:  # held by another delivery by now, or its ttr ran out: leave it
+                pass
 
     async def _subscribe(self, watcher: _Watcher) -> None:
         channel = watcher.channel.encode()
@@ -252,12 +275,19 @@ class WaiterHub:
     async def close(self) -> None:
         self._closed = True
         tasks = [w.task for w in self.watchers.values() if w.task]
-        tasks += list(self._background_tasks)
         if self._reader:
             tasks.append(self._reader)
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)  # nothing may outlive the hub
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # Give-backs in flight (and those the cancellations above started) get a moment to
+        # finish: a job left reserved by nobody waits out its whole ttr.
+        if self._background_tasks:
+            await asyncio.wait(list(self._background_tasks), timeout=GIVE_BACK_GRACE_S)
+        background = list(self._background_tasks)
+        for t in background:
+            t.cancel()
+        await asyncio.gather(*background, return_exceptions=True)  # nothing may outlive the hub
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]
 

@@ -196,14 +196,43 @@ async def burst(n: int, consumers: int = 8) -> None:
         server.kill()
 
 
+async def expired(n: int) -> None:
+    """The worst case of a consume: ``n`` expired jobs ahead of a live one, nobody pumping.
+    Prints the longest script (SLOWLOG) and how many calls the consume took to get past them."""
+    server, engine = fresh(["--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000"])
+    try:
+        r = engine.client
+        t = now_ms()
+        for i in range(0, n, 64):
+            specs = [JobSpec(os.urandom(BODY), ttl_ms=1_000) for _ in range(min(64, n - i))]
+            await engine.run(ops.publish(engine.config, NS, "expired", specs, t))
+        await engine.run(ops.publish(engine.config, NS, "expired", [JobSpec(b"live", ttl_ms=0)], t + 1))
+        await r.slowlog_reset()
+        consumes = 0
+        got: list[object] = []
+        started = time.perf_counter()
+        while not got and consumes < 1_000:
+            consumes += 1  # one consume request (each runs up to 8 bounded scripts)
+            got = await engine.run(ops.consume(engine.config, NS, ["expired"], 30_000, 1, t + 2_000))
+        took = time.perf_counter() - started
+        slow = [e for e in await r.slowlog_get(100000) if b"EVALSHA" in e["command"][:7]]
+        longest = max((e["duration"] for e in slow), default=0)
+        print(f"expired {n:,} expired jobs ahead of a live one: {len(slow)} scripts, longest "
+              f"{longest / 1000:.2f} ms; {consumes} consume requests, {took * 1000:.0f} ms in all, "
+              f"live job {'delivered' if got else 'NOT delivered'}")  # fmt: skip
+    finally:
+        server.kill()
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=1_000_000, help="jobs for memory and burst")
     ap.add_argument("--ops", type=int, default=50_000, help="jobs for the throughput runs")
     ap.add_argument("--late", type=int, default=10_000, help="jobs for the lateness run")
-    ap.add_argument("--only", choices=["memory", "throughput", "lateness", "burst"], action="append")
+    ap.add_argument("--expired", type=int, default=50_000, help="expired jobs ahead of a consume")
+    ap.add_argument("--only", choices=["memory", "throughput", "lateness", "burst", "expired"], action="append")
     a = ap.parse_args()
-    only = set(a.only or ["memory", "throughput", "lateness", "burst"])
+    only = set(a.only or ["memory", "throughput", "lateness", "burst", "expired"])
     if "memory" in only:
         await memory(a.jobs, 3_600)
         await memory(a.jobs, 86_400)
@@ -213,6 +242,8 @@ async def main() -> None:
         await lateness(a.late)
     if "burst" in only:
         await burst(a.jobs)
+    if "expired" in only:
+        await expired(a.expired)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!lua
 --[[
   Deletes the oldest `limit` dead jobs, leaving nothing of them behind.
-  KEYS[1..9] the queue's fixed keys
+  KEYS[1..10] the queue's fixed keys
   ARGV[1] limit
   Returns: number deleted
 ]]

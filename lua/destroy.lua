@@ -2,7 +2,7 @@
 --[[
   Destroys a queue in every state, one bounded step at a time: each call deletes the given
   wheel buckets; the final call (when the wheel is empty) unlinks every other key.
-  KEYS[1..9] the queue's fixed keys; KEYS[10..] wheel buckets to delete
+  KEYS[1..10] the queue's fixed keys; KEYS[11..] wheel buckets to delete
   ARGV[1] '1' for the final step; ARGV[2..] bucket names, in the order of KEYS[10..]
   Returns: {jobs deleted, 1 when the queue is gone else 0}
 ]]
@@ -19,5 +19,5 @@ for k = FIRST_EXTRA, #KEYS do
 end
 if ARGV[1] ~= '1' or redis.call('ZCARD', WHEEL) > 0 then return {deleted, 0} end
 deleted = deleted + redis.call('HLEN', JOBS)
-redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED)
+redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES)
 return {deleted, 1}

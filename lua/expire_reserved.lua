@@ -1,7 +1,7 @@
 #!lua
 --[[
   RESERVED -> READY (tries left) or DEAD (no tries left) for reservations whose ttr passed.
-  KEYS[1..9] the queue's fixed keys
+  KEYS[1..10] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] limit  ARGV[3] notify channel
   Returns: {back to ready, dead-lettered, expired (ttl ended)}
 ]]

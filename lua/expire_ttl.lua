@@ -2,7 +2,7 @@
 --[[
   Removes jobs whose ttl ended (DELAYED near-term, READY, RESERVED; DEAD never expires and
   wheel jobs cannot expire before they are opened, since ttl >= delay). Nothing is left behind.
-  KEYS[1..9] the queue's fixed keys
+  KEYS[1..10] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] limit
   Returns: number of jobs removed
 ]]

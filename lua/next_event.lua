@@ -2,7 +2,7 @@
 --[[
   The last step of a pump tick: exact sizes and the queue's next event, recorded in META.next
   (which later scripts lower when they add an earlier event). An empty queue keeps no META.
-  KEYS[1..9] the queue's fixed keys
+  KEYS[1..10] the queue's fixed keys
   ARGV[1] bucket open lead (ms)
   Returns: {delayed, ready, reserved, dead, next event ms or -1}
 ]]

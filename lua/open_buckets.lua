@@ -3,7 +3,7 @@
   Opens wheel buckets: moves every job of the given buckets into the near-term DELAYED zset
   (from where promote moves them to READY at their exact due millisecond). Jobs whose ttl has
   already ended are dropped. The caller passes at most a few buckets (each <= lane capacity).
-  KEYS[1..9] the queue's fixed keys; KEYS[10..] the buckets to open
+  KEYS[1..10] the queue's fixed keys; KEYS[11..] the buckets to open
   ARGV[1] now (ms); ARGV[2..] bucket names, in the order of KEYS[10..]
   Returns: {moved, expired}
 ]]

@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --[[
   The head of the ready queue or of the dead letter, without changing anything.
-  KEYS[1..9] the queue's fixed keys
+  KEYS[1..10] the queue's fixed keys
   ARGV[1] 'ready' or 'dead'
   Returns: {} when empty, else {member, record, score}
 ]]

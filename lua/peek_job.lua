@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --[[
   Looks a job up by id in any state, O(1)/O(log n).
-  KEYS[1..9] the queue's fixed keys; KEYS[10] the job's wheel bucket, when its id has one
+  KEYS[1..10] the queue's fixed keys; KEYS[11] the job's wheel bucket, when its id has one
   ARGV[1] member
   Returns: {} when absent, else {state, record, score}: state 1 delayed (score = due ms),
     2 ready (score = ready rank), 3 reserved (ttr deadline), 4 dead (time of death)

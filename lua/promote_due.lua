@@ -2,7 +2,7 @@
 --[[
   DELAYED -> READY: moves jobs whose due time has come (exact milliseconds); jobs whose ttl
   ended on the way vanish with nothing left behind.
-  KEYS[1..9] the queue's fixed keys
+  KEYS[1..10] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] limit (jobs per call)  ARGV[3] notify channel
   Returns: {moved, expired}
 ]]

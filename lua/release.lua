@@ -1,24 +1,33 @@
 #!lua
 --[[
-  RESERVED -> READY (delay 0) or DELAYED (delay > 0): gives reserved jobs back.
+  RESERVED -> READY (delay 0) or DELAYED (delay > 0): gives reserved jobs back. Only a
+  reservation still running (ttr not passed), and, with a lease, only the delivery holding it.
   Mode 0 (give back): the delivery is not counted, the try is restored; used when a consumer
-  is gone before it got the job.
+  is gone before it got the job (always with the lease of the reservation given back, so a
+  repeat cannot touch a later delivery of the same job).
   Mode 1 (release, the consumer's nack): the delivery counts, as if its ttr had passed now; a
   job with no tries left goes to DEAD, a job whose ttl ended is removed.
-  KEYS[1..9] the queue's fixed keys
-  ARGV[1] now (ms)  ARGV[2] delay (ms)  ARGV[3] notify channel  ARGV[4] mode  ARGV[5..] members
+  KEYS[1..10] the queue's fixed keys
+  ARGV[1] now (ms)  ARGV[2] delay (ms)  ARGV[3] notify channel  ARGV[4] mode
+  ARGV[5..] pairs: member, lease ('' = none)
   Returns: {state per member: 0 not reserved (left alone), 1 delayed, 2 ready, 4 dead,
-            5 expired (ttl ended); lowered (see publish.lua)}
+            5 expired (ttl ended), -code (the lease does not hold the job, left alone: codes of
+            lease_check in lib/queue.lua); lowered (see publish.lua)}
 ]]
 --@include lib/queue
 local now, delay, nack = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1'
 local was_empty = redis.call('EXISTS', READY) == 0
 local out = {}
-for i = 5, #ARGV do
-  local id = ARGV[i]
-  local st = 0
-  if redis.call('ZREM', RESERVED, id) == 1 then
-    local rec = redis.call('HGET', JOBS, id)
+for i = 5, #ARGV, 2 do
+  local id, lease = ARGV[i], ARGV[i + 1]
+  local st, why = 0, 0
+  if lease ~= '' then why = lease_check(id, lease, now) end
+  local rec = redis.call('HGET', JOBS, id)
+  if why > 0 then
+    st = -why
+  elseif rec and reserved_until(id, now) then
+    redis.call('ZREM', RESERVED, id)
+    redis.call('HDEL', LEASES, id)
     local _, _, tries, deliveries = header(rec)
     if not nack then
       rec = with_counts(rec, tries + 1, math.max(deliveries - 1, 0))

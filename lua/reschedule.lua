@@ -1,11 +1,14 @@
 #!lua
 --[[
   After a pump step: sets the queue's next wake-up to the earliest of the event the step found
-  and every signal received since the claim. Never loses a wake-up.
+  and every signal received since the claim. Never loses a wake-up. A queue the step found
+  empty, with no signal since, leaves the shard's registry too (it is registered again by its
+  next publish), so the registry, and the pump's size pass, hold live queues only.
   KEYS[1] the shard's schedule zset  KEYS[2] the shard's pending hash
-  KEYS[3] the shard's epoch counter (fencing; see leader.lua)
+  KEYS[3] the shard's epoch counter (fencing; see leader.lua)  KEYS[4] the shard's queue set
   ARGV[1] ns/q  ARGV[2] next event found by the step (ms, -1 = none)
   ARGV[3] the caller's leadership epoch: an older one gets the error FENCED
+  ARGV[4] '1' when the step found the queue empty (no job in any state)
   Returns: the wake-up set (ms), or -1 when the queue needs none
 ]]
 if redis.call('GET', KEYS[3]) ~= ARGV[3] then
@@ -20,6 +23,7 @@ if p then
 end
 if nxt < 0 then
   redis.call('ZREM', KEYS[1], q)
+  if ARGV[4] == '1' then redis.call('SREM', KEYS[4], q) end
 else
   redis.call('ZADD', KEYS[1], nxt, q)
 end

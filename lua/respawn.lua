@@ -1,7 +1,7 @@
 #!lua
 --[[
   DEAD -> READY for the oldest `limit` dead jobs, each with one try and a fresh ttl (as lmstfy).
-  KEYS[1..9] the queue's fixed keys
+  KEYS[1..10] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] limit  ARGV[3] ttl (ms, 0 = never expires)  ARGV[4] notify channel
   Returns: {number respawned, lowered (see publish.lua)}
 ]]
@@ -11,15 +11,21 @@ local was_empty = redis.call('EXISTS', READY) == 0
 local ids = redis.call('ZRANGE', DEAD, 0, limit - 1)
 local exp = 0
 if ttl > 0 then exp = now + ttl end
+local n = 0
 for _, id in ipairs(ids) do
-  local rec = with_tries_expire(redis.call('HGET', JOBS, id), 1, exp)
-  redis.call('HSET', JOBS, id, rec)
-  make_ready(id, rec, now)
-  if exp > 0 then
-    redis.call('ZADD', EXPIRE, exp, id)
-    lower_next(exp)
+  local rec = redis.call('HGET', JOBS, id)
+  if rec then -- always, while the invariants hold; never write half a job otherwise
+    rec = with_tries_expire(rec, 1, exp)
+    redis.call('HSET', JOBS, id, rec)
+    make_ready(id, rec, now)
+    if exp > 0 then
+      redis.call('ZADD', EXPIRE, exp, id)
+      lower_next(exp)
+    end
+    n = n + 1
   end
 end
 if #ids > 0 then zrem_many(DEAD, ids) end
+tidy()
 notify(ARGV[4], was_empty)
-return {#ids, lowered}
+return {n, lowered}

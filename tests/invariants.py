@@ -19,6 +19,8 @@ def check_queue(r: redis.Redis, ns: str, q: str) -> dict[str, int]:
         assert not (union & members), f"a job is in {name} and another state"
         union |= members
     assert union == jobs, f"jobs hash {len(jobs)} != states {len(union)}"
+    leases = set(r.hkeys(k.leases))
+    assert leases == zsets["reserved"], "every reservation has a lease, and nothing else has one"
     expire = set(r.zrange(k.expire, 0, -1))
     assert expire <= jobs - zsets["dead"], "expire index holds a dead or missing job"
     for member, rec in r.hgetall(k.jobs).items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -42,7 +43,10 @@ def pool_env(pool: PoolSettings) -> dict[str, str]:
 
 def serve(pool: PoolSettings | str, stderr: Any = None, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
     """Starts `cluster-dq serve` on free ports against ``pool`` (or a standalone address)."""
-    port, admin = free_port(18000, 18500), free_port(18500, 19000)
+    # a random start: two suites running at once must not both pick the first free port
+    # (both services would then share it through SO_REUSEPORT)
+    start = random.randrange(0, 450)
+    port, admin = free_port(18000 + start, 18500), free_port(18500 + start, 19000)
     if isinstance(pool, str):
         pool = PoolSettings("default", Addr=pool)
     environ = {**os.environ, "PYTHONPATH": str(ROOT), **pool_env(pool),
@@ -304,7 +308,7 @@ def test_dead_letter_cycle_and_destroy(api: httpx.Client) -> None:
         ("PUT", "/api/ns/q", {"ttl": "x"}, "invalid ttl"),
         ("PUT", "/api/ns/q", {"tries": "70000"}, "invalid tries"),
         ("PUT", "/api/ns/q", {"tries": "0"}, "tries shouldn't be zero"),
-        ("PUT", "/api/ns/q", {"ttl": "5", "delay": "10"}, "ttl is shorter than delay"),
+        ("PUT", "/api/ns/q", {"ttl": "5", "delay": "10"}, "ttl must be longer than delay"),
         ("PUT", "/api/ns/q", {"delay_ms": "1.5"}, "invalid delay_ms"),
         ("PUT", "/api/ns/q", {"priority": "300"}, "invalid priority"),
         ("PUT", "/api/ns/q", {"job_id": "bad id!"}, "invalid job id"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -11,12 +12,14 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
-from tenacity import AsyncRetrying, retry_if_exception_type
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
+from cluster_dq.clock import now_ms
 from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
 from cluster_dq.engine.retry import POLICY, TRANSIENT
 from cluster_dq.engine.scripts import load_all
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 AsyncClient = Redis | RedisCluster
 Observer = Callable[[float, BaseException | None], None]  # (seconds, error) of each step
@@ -54,6 +57,16 @@ class MovedDuringWait(RedisConnectionError):
 
 
 REFUSED = (StaleMaster,)
+# A best-effort step (a shard signal) gets a short budget: the operation it follows succeeded,
+# and its caller is waiting; a signal lost here is repaired by the reconcile sweep.
+OPTIONAL_POLICY = {**POLICY, "stop": stop_after_attempt(3)}
+
+
+def restamp(step: Step, now: int) -> Step:
+    """A step about to be sent again, its clock arguments set to ``now``."""
+    if isinstance(step, tuple):
+        return tuple(c.restamped(now) if isinstance(c, Eval) else c for c in step)
+    return step.restamped(now) if isinstance(step, Eval) else step
 
 
 class AsyncEngine:
@@ -64,8 +77,10 @@ class AsyncEngine:
         observer: Observer | None = None,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 500,
+        clock: Callable[[], int] = now_ms,
     ) -> None:
         self.client = client
+        self.clock = clock  # the one clock of this engine's callers (tests control it)
         self.config = config or EngineConfig()
         self.observer = observer
         self.wait_replicas = wait_replicas
@@ -93,8 +108,8 @@ class AsyncEngine:
                 raise r
         return results
 
-    async def _send(self, step: Step) -> Any:
-        return await self._guarded(self._pipeline(step) if isinstance(step, tuple) else self._call(step))
+    async def _transport(self, step: Step) -> Any:
+        return await (self._pipeline(step) if isinstance(step, tuple) else self._call(step))
 
     async def _guarded(self, call: Awaitable[T]) -> T:
         """Every step goes through here: transport races and the two Redis replies that mean
@@ -121,11 +136,12 @@ class AsyncEngine:
             await self.client.connection_pool.disconnect(inuse_connections=False)
 
     async def _step(self, step: Step) -> Any:
+        """One attempt of one step, observed (the hook where tests inject faults)."""
         if self.observer is None:
-            return await self._send(step)
+            return await self._transport(step)
         started = time.perf_counter()
         try:
-            reply = await self._send(step)
+            reply = await self._transport(step)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -134,25 +150,39 @@ class AsyncEngine:
         self.observer(time.perf_counter() - started, None)
         return reply
 
+    async def _attempt(self, step: Step) -> Any:
+        return await self._guarded(self._step(step))
+
     async def _retrying(self, step: Step) -> Any:
-        return await self._retry(self._step, step)
+        return await self._retry(self._attempt, step)
 
     async def _once(self, step: Step) -> Any:
         """A step not safe to repeat, unless the server refused it before running it: one
         script refused for lack of replicas (a stale master) goes to the new master."""
-        return await self._retry(self._step, step, REFUSED if isinstance(step, Eval) else ())
+        return await self._retry(self._attempt, step, REFUSED if isinstance(step, Eval) else ())
 
-    @staticmethod
-    async def _retry(send: Callable[[Any], Awaitable[Any]], step: Any,
-                     errors: tuple[type[BaseException], ...] = TRANSIENT) -> Any:  # fmt: skip
+    async def _optional(self, step: Eval) -> Any:
+        """A best-effort step: retried briefly; if it still fails, the operation goes on."""
+        try:
+            return await self._retry(self._attempt, step, TRANSIENT, OPTIONAL_POLICY)
+        except (RedisError, OSError) as e:
+            log.warning("%s step failed, going on without it: %s: %s", step.script, type(e).__name__, e)
+            return None
+
+    async def _retry(self, send: Callable[[Any], Awaitable[Any]], step: Any,
+                     errors: tuple[type[BaseException], ...] = TRANSIENT,
+                     policy: dict[str, Any] | None = None) -> Any:  # fmt: skip
         try:  # the fast path: no retry machinery unless something failed
             return await send(step)
         except errors:
             pass
-        policy = POLICY if errors is TRANSIENT else {**POLICY, "retry": retry_if_exception_type(errors)}
-        async for attempt in AsyncRetrying(**policy):  # type: ignore[arg-type]
+        policy = dict(policy or POLICY)
+        if errors is not TRANSIENT:
+            policy["retry"] = retry_if_exception_type(errors)
+        async for attempt in AsyncRetrying(**policy):
             with attempt:
-                return await send(step)
+                # stamped afresh: a deadline must count from when the step runs
+                return await send(restamp(step, self.clock()))
         raise AssertionError("unreachable")
 
     async def _durable(self, call: Eval) -> tuple[Any, int]:
@@ -197,7 +227,9 @@ class AsyncEngine:
                 if acked < self.wait_replicas:
                     raise NotReplicated(acked, self.wait_replicas, self.wait_timeout_ms, stop.value) from None
                 return stop.value  # type: ignore[no-any-return]
-            if durable and isinstance(step, Eval) and step.script in DURABLE_SCRIPTS:
+            if isinstance(step, Eval) and step.optional:
+                reply = await self._optional(step)
+            elif durable and isinstance(step, Eval) and step.script in DURABLE_SCRIPTS:
                 # A repeat after a lost reply finds the job there and reports it as duplicate.
                 reply, got = await self._retry(self._durable, step, TRANSIENT if idempotent else REFUSED)
                 acked = min(acked, got)

@@ -12,7 +12,10 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import os
+
 from cluster_dq.clock import now_ms
+from cluster_dq.errors import Conflict
 from cluster_dq.keys import (
     BUCKET_WIDTH_MS,
     QueueKeys,
@@ -44,6 +47,17 @@ class Eval:
     script: str
     keys: Sequence[str]
     args: Sequence[Arg]
+    # ARGV[1] is the caller's clock: a repeat of the step (the retry policy) is stamped afresh,
+    # so that deadlines the script computes (a reservation's ttr) count from when it runs.
+    stamped: bool = False
+    # Best effort: the operation does not fail with this step (a shard signal, which the
+    # reconcile sweep repairs when it is lost); the executor then sends back None.
+    optional: bool = False
+
+    def restamped(self, now: int) -> Eval:
+        if not self.stamped:
+            return self
+        return Eval(self.script, self.keys, [now, *self.args[1:]], True, self.optional)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +83,9 @@ class MoveSink(Protocol):
 
 
 REMEMBER_ACKED_MS = 60_000
+# Why a lease does not hold its job (negative reply codes; lease_check in lua/lib/queue.lua).
+LEASE_CONFLICTS: dict[int, str | None] = {-1: "delayed", -2: "ready", -3: "reserved", -4: "dead",
+                                          -5: "ttr_expired", -6: None}  # fmt: skip
 FIRST_EXTRA_KEY = len(QueueKeys("n", "q").all_fixed()) + 1  # KEYS index of a script's own keys
 
 
@@ -122,7 +139,7 @@ def _signal(qk: QueueKeys, cfg: EngineConfig, at_ms: int | None) -> Eval:
     Sent only after a queue script reported that it lowered the queue's next event."""
     sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
     keys = [sk.schedule, sk.pending, sk.queues]
-    return Eval("signal", keys, [qk.qualified, -1 if at_ms is None else at_ms])
+    return Eval("signal", keys, [qk.qualified, -1 if at_ms is None else at_ms], optional=True)
 
 
 def _bucket_of(member: bytes) -> str | None:
@@ -148,32 +165,42 @@ def _place_jobs(
     out = _Placement()
     for spec in specs:
         due = spec.due_ms if spec.due_ms is not None else now + spec.delay_ms
-        expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
+        if spec.expire_at_ms is not None:
+            expire_at = spec.expire_at_ms
+        else:
+            expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
         record = Record(
             now, expire_at, spec.tries, 0, spec.priority, spec.body, spec.attributes
         ).pack()
         start = due - due % BUCKET_WIDTH_MS
-        kidx, bname = 0, ""
+        # A wheel bucket opens only as fast as consumers drain the ready set, and what is in it
+        # is unknown until then: a job with a priority stays out, or it could wait behind a
+        # backlog of lower-priority ready jobs although it is due.
+        far = start > now + cfg.open_lead_ms and spec.priority == 0
+        kidx, bname, wheel = 0, "", False
         if has_fixed_server_id(spec):  # bulk scheduling: due and lane are in the id
             member = id_to_member(spec.job_id)  # type: ignore[arg-type]
-            if start > now + cfg.open_lead_ms:
-                bname = bucket_name(due, id_lane(member))
-                kidx = out.buckets.setdefault(bname, first_key + len(out.buckets))
+            # A rerun looks for it in its bucket even when that may be open already: the pump
+            # opens buckets late while consumers lag.
+            bname = bucket_name(due, id_lane(member))
+            kidx = out.buckets.setdefault(bname, first_key + len(out.buckets))
+            wheel = far
         elif spec.job_id is not None:
             member = spec.job_id.encode()
-        elif spec.delay_ms > 0 and start > now + cfg.open_lead_ms:
+        elif spec.delay_ms > 0 and far:
             lane = cfg.hint(qk.tag, start)
             member = new_id(due, lane)
             bname = bucket_name(due, lane)
             kidx = out.buckets.setdefault(bname, first_key + len(out.buckets))
+            wheel = True
         else:
             member = new_id(due, 0)
         # the pump's first work for this job: open its bucket, promote it, or expire it
-        at = start - cfg.open_lead_ms if kidx else due if due > now else expire_at or None
+        at = start - cfg.open_lead_ms if wheel else due if due > now else expire_at or None
         if at is not None and (out.event is None or at < out.event):
             out.event = at
         out.members.append(member)
-        out.job_args += [member, due, record, kidx, bname]
+        out.job_args += [member, due, record, kidx, bname, "1" if wheel else "0"]
     return out
 
 
@@ -187,10 +214,10 @@ def _publish_call(cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], no
     jobs = _place_jobs(cfg, qk, specs, now)
     keys = _fixed(qk) + [qk.bucket(b) for b in jobs.buckets]
     args: list[Arg] = [
-        now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, cfg.open_lead_ms, len(specs),
-        *jobs.job_args,
+        now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, cfg.open_lead_ms, cfg.remember_acked_ms,
+        len(specs), *jobs.job_args,
     ]  # fmt: skip
-    return Eval("publish", keys, args), jobs
+    return Eval("publish", keys, args, stamped=True), jobs
 
 
 def _published(cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, reply: list[Any]) -> list[Published]:
@@ -227,36 +254,48 @@ def publish_many(
     return [_published(cfg, qk, jobs, reply) for (qk, _, jobs), reply in zip(placed, replies)]
 
 
-def _jobs(ns: str, q: str, flat: list[bytes], state: JobState) -> list[Job]:
-    return [
-        Job.from_record(ns, q, flat[i], flat[i + 1], state) for i in range(0, len(flat), 2)
-    ]
+def _reserved(ns: str, q: str, flat: list[bytes], now: int) -> list[Job]:
+    """consume.lua's (member, record, lease) triples -> reserved jobs carrying their lease."""
+    jobs = []
+    for i in range(0, len(flat), 3):
+        job = Job.from_record(ns, q, flat[i], flat[i + 1], JobState.RESERVED, lease=flat[i + 2].hex())
+        job.extra["reserved_ms"] = now
+        jobs.append(job)
+    return jobs
+
+
+CONSUME_CALLS_PER_QUEUE = 8  # bounded calls past expired jobs before the consume gives up on a queue
 
 
 def consume(
     cfg: EngineConfig, ns: str, queues: Sequence[str], ttr_ms: int, count: int, now: int
 ) -> Op[list[Job]]:
-    """Reserves up to ``count`` jobs, trying ``queues`` in priority order."""
+    """Reserves up to ``count`` jobs, trying ``queues`` in priority order. Each job carries
+    the lease of its delivery (``Job.lease``)."""
     out: list[Job] = []
     for q in queues:
         qk = QueueKeys(ns, q)
-        for attempt in range(2):
+        opened = False
+        for _ in range(CONSUME_CALLS_PER_QUEUE):
             args: list[Arg] = [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify,
-                               cfg.open_lead_ms]  # fmt: skip
-            reply = yield Eval("consume", _fixed(qk), args)
+                               cfg.open_lead_ms, os.urandom(7)]  # fmt: skip
+            reply = yield Eval("consume", _fixed(qk), args, stamped=True)
             if int(reply[0]):  # the pump must look here when these reservations run out
                 yield _signal(qk, cfg, now + ttr_ms)
             if cfg.moves and (int(reply[2]) or int(reply[3]) or int(reply[4])):
                 cfg.moves.moved(ns, q, 0, int(reply[2]), int(reply[3]), int(reply[4]))
-            for job in _jobs(ns, q, reply[5:], JobState.RESERVED):
-                job.extra["reserved_ms"] = now
-                out.append(job)
-            if len(out) >= count or not int(reply[1]) or attempt:
+            out += _reserved(ns, q, reply[6:], now)
+            if len(out) >= count:
+                break
+            if int(reply[5]):  # stopped at its bound of expired jobs: go on past them
+                continue
+            if not int(reply[1]) or opened:
                 break
             # The pump is behind on this queue (failover, takeover, a lost signal): do its
             # step here, tell the shard what comes next, and look again.
             step = yield from tick(cfg, ns, q, now)
             yield _signal(qk, cfg, step.next_event_ms)
+            opened = True
         if len(out) >= count:
             break
     return out
@@ -273,40 +312,67 @@ def _id_args(qk: QueueKeys, ids: Sequence[str], first_key: int) -> tuple[list[st
     return [qk.bucket(b) for b in buckets], args
 
 
+def _lease_arg(lease: str | None) -> bytes:
+    """A lease as the scripts compare it ('' = none). Not hex, or the wrong length: it cannot
+    hold any job, which the script reports as a conflict."""
+    if lease is None:
+        return b""
+    try:
+        return bytes.fromhex(lease) if len(lease) == 16 else b"\xff"
+    except ValueError:
+        return b"\xff"
+
+
+def _raise_conflicts(ids: Sequence[str], codes: Sequence[Any]) -> None:
+    conflicts = [(i, LEASE_CONFLICTS[int(c)]) for i, c in zip(ids, codes) if int(c) < 0]
+    if conflicts:
+        raise Conflict(conflicts)
+
+
 def ack(ns: str, q: str, ids: Sequence[str], now: int | None = None,
-        remember_ms: int = REMEMBER_ACKED_MS) -> Op[list[JobState | None]]:  # fmt: skip
+        remember_ms: int = REMEMBER_ACKED_MS,
+        leases: Sequence[str | None] | None = None) -> Op[list[JobState | None]]:  # fmt: skip
     """Acks / deletes jobs in any state; returns the state each was in (None: not found).
     The acked ids are remembered for ``remember_ms``: publishing one again meanwhile is a
-    duplicate (a publish retried after its reply was lost cannot bring the job back)."""
+    duplicate (a publish retried after its reply was lost cannot bring the job back). With
+    ``leases`` (aligned with ``ids``, None for none): if a lease does not hold its job,
+    nothing is acked and ``Conflict`` names each such job."""
     qk = QueueKeys(ns, q)
-    extra, args = _id_args(qk, ids, FIRST_EXTRA_KEY)
-    at = now_ms() if now is None else now
-    reply = yield Eval("ack", _fixed(qk) + extra, [at, remember_ms, len(ids), *args])
+    extra, id_args = _id_args(qk, ids, FIRST_EXTRA_KEY)
+    args: list[Arg] = [now_ms() if now is None else now, remember_ms, len(ids)]
+    for i in range(len(ids)):
+        args += [*id_args[3 * i : 3 * i + 3], _lease_arg(leases[i] if leases else None)]
+    reply = yield Eval("ack", _fixed(qk) + extra, args, stamped=True)
+    _raise_conflicts(ids, reply)
     return [STATE_CODES.get(int(s)) for s in reply]
 
 
-def known_ids(ns: str, q: str, ids: Sequence[str]) -> Op[list[bool]]:
+def known_ids(ns: str, q: str, ids: Sequence[str], now: int, remember_ms: int) -> Op[list[bool]]:
     """Whether each client id names a job of the queue, or one acked within the remembered
     window: what publish.lua calls a duplicate. A migrating route asks the pools it drains
     before it publishes on the new one, so idempotency spans the move."""
     qk = QueueKeys(ns, q)
     members = [id_to_member(i) for i in ids]
     replies = yield (*(Cmd(("HEXISTS", qk.jobs, m)) for m in members), Cmd(("ZMSCORE", qk.acked, *members)))
-    return [bool(int(found)) or acked is not None for found, acked in zip(replies[:-1], replies[-1])]
+    return [bool(int(found)) or (acked is not None and float(acked) > now - remember_ms)
+            for found, acked in zip(replies[:-1], replies[-1])]  # fmt: skip
 
 
 def republish(
-    cfg: EngineConfig, ns: str, q: str, old_id: str, spec: JobSpec, now: int
+    cfg: EngineConfig, ns: str, q: str, old_id: str, spec: JobSpec, now: int, lease: str | None = None
 ) -> Op[tuple[JobState | None, Published]]:
+    """Acks ``old_id`` and publishes ``spec`` atomically; with a ``lease``, only while that
+    delivery holds the old job (else ``Conflict``, nothing changed)."""
     qk = QueueKeys(ns, q)
     new = _place_jobs(cfg, qk, [spec], now)
     old_keys, old_args = _id_args(qk, [old_id], FIRST_EXTRA_KEY + len(new.buckets))
     args: list[Arg] = [
         now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, *old_args, *new.job_args,
-        cfg.open_lead_ms, cfg.remember_acked_ms,
+        cfg.open_lead_ms, cfg.remember_acked_ms, _lease_arg(lease),
     ]  # fmt: skip
     keys = _fixed(qk) + [qk.bucket(b) for b in new.buckets] + old_keys
-    old_state, status, lowered = yield Eval("republish", keys, args)
+    old_state, status, lowered = yield Eval("republish", keys, args, stamped=True)
+    _raise_conflicts([old_id], [old_state])
     if int(lowered):
         yield _signal(qk, cfg, new.event)
     st = int(status)
@@ -411,11 +477,11 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
             held_back = True
             break
         bnames = [n.decode() for n in names]
-        yield Eval("open_buckets", fixed + [qk.bucket(b) for b in bnames], [now, *bnames])
+        yield Eval("open_buckets", fixed + [qk.bucket(b) for b in bnames], [now, *bnames], stamped=True)
     reply = yield (
-        Eval("promote_due", fixed, [now, cfg.promote_limit, qk.notify]),
-        Eval("expire_reserved", fixed, [now, cfg.promote_limit, qk.notify]),
-        Eval("expire_ttl", fixed, [now, cfg.promote_limit]),
+        Eval("promote_due", fixed, [now, cfg.promote_limit, qk.notify], stamped=True),
+        Eval("expire_reserved", fixed, [now, cfg.promote_limit, qk.notify], stamped=True),
+        Eval("expire_ttl", fixed, [now, cfg.promote_limit], stamped=True),
         Eval("next_event", fixed, [cfg.open_lead_ms]),
     )
     (promoted, gone), (retried, dead, gone2), gone3 = reply[0], reply[1], reply[2]
@@ -459,7 +525,7 @@ def respawn(cfg: EngineConfig, ns: str, q: str, limit: int, ttl_ms: int, now: in
     done = 0
     while done < limit:
         step = min(limit - done, 500)
-        n, lowered = yield Eval("respawn", _fixed(qk), [now, step, ttl_ms, qk.notify])
+        n, lowered = yield Eval("respawn", _fixed(qk), [now, step, ttl_ms, qk.notify], stamped=True)
         n = int(n)
         if int(lowered):
             yield _signal(qk, cfg, now + ttl_ms if ttl_ms else None)
@@ -489,11 +555,15 @@ def claim(shard: int, now: int, limit: int, lease_ms: int, epoch: int) -> Op[lis
     return [d.decode() for d in due]
 
 
-def reschedule(shard: int, qualified: str, next_ms: int | None, epoch: int) -> Op[int | None]:
-    """After a pump step: the next wake-up, folding in signals received since the claim."""
+def reschedule(shard: int, qualified: str, next_ms: int | None, epoch: int,
+               empty: bool = False) -> Op[int | None]:  # fmt: skip
+    """After a pump step: the next wake-up, folding in signals received since the claim. A
+    queue the step found ``empty`` (no job in any state) leaves the shard's registry, unless a
+    signal came meanwhile."""
     sk = ShardKeys(shard)
     nxt = -1 if next_ms is None else next_ms
-    got = int((yield Eval("reschedule", [sk.schedule, sk.pending, sk.epoch], [qualified, nxt, epoch])))
+    keys = [sk.schedule, sk.pending, sk.epoch, sk.queues]
+    got = int((yield Eval("reschedule", keys, [qualified, nxt, epoch, "1" if empty else "0"])))
     return None if got < 0 else got
 
 
@@ -546,24 +616,33 @@ def sizes_of(cfg: EngineConfig, qualified: Sequence[str], chunk: int = 100) -> O
 
 
 def release(
-    cfg: EngineConfig, ns: str, q: str, ids: Sequence[str], delay_ms: int, now: int, nack: bool = False
+    cfg: EngineConfig, ns: str, q: str, ids: Sequence[str], delay_ms: int, now: int, nack: bool = False,
+    leases: Sequence[str | None] | None = None,
 ) -> Op[list[JobState | str | None]]:
     """Gives reserved jobs back, now or after ``delay_ms``. By default (a consumer gone before
     it got them) the try is restored; ``nack`` (a consumer's release) counts the delivery as a
     ttr expiry would: no tries left -> DEAD. The state each job went to; ``"expired"`` when
-    its ttl had ended (removed), None when it was not reserved."""
+    its ttl had ended (removed), None when it was not reserved (or its ttr had run out). With
+    ``leases``: a job whose lease does not hold it is left alone, and ``Conflict`` names it."""
     qk = QueueKeys(ns, q)
-    members = [id_to_member(i) for i in ids]
-    reply = yield Eval("release", _fixed(qk), [now, delay_ms, qk.notify, int(nack), *members])
+    args: list[Arg] = [now, delay_ms, qk.notify, int(nack)]
+    for i, job_id in enumerate(ids):
+        args += [id_to_member(job_id), _lease_arg(leases[i] if leases else None)]
+    reply = yield Eval("release", _fixed(qk), args, stamped=True)
     if int(reply[-1]):
         yield _signal(qk, cfg, now + delay_ms)
+    _raise_conflicts(ids, reply[:-1])
     return [RELEASE_STATES.get(int(st)) for st in reply[:-1]]
 
 
-def touch(cfg: EngineConfig, ns: str, q: str, job_id: str, ttr_ms: int, now: int) -> Op[bool]:
-    """Moves a reservation's deadline to ``now + ttr_ms``; False when the job is not reserved."""
+def touch(cfg: EngineConfig, ns: str, q: str, job_id: str, ttr_ms: int, now: int,
+          lease: str | None = None) -> Op[bool]:  # fmt: skip
+    """Moves a running reservation's deadline to ``now + ttr_ms``; False when the job is not
+    reserved or its ttr already ran out. With a ``lease`` that does not hold it: ``Conflict``."""
     qk = QueueKeys(ns, q)
-    done, lowered = yield Eval("touch", _fixed(qk), [now, ttr_ms, id_to_member(job_id)])
+    args: list[Arg] = [now, ttr_ms, id_to_member(job_id), _lease_arg(lease)]
+    done, lowered = yield Eval("touch", _fixed(qk), args, stamped=True)
+    _raise_conflicts([job_id], [done])
     if int(lowered):
         yield _signal(qk, cfg, now + ttr_ms)
     return bool(int(done))

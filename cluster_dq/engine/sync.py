@@ -6,17 +6,17 @@ from typing import Any, TypeVar
 
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 from tenacity import Retrying
 
+from cluster_dq.clock import now_ms
+from cluster_dq.engine.aio import restamp
 from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
 from cluster_dq.engine.retry import POLICY, TRANSIENT
 from cluster_dq.engine.scripts import load_all
 
 T = TypeVar("T")
 SyncClient = Redis | RedisCluster
-
-
 
 
 class SyncEngine:
@@ -58,7 +58,7 @@ class SyncEngine:
             pass
         for attempt in Retrying(**POLICY):  # type: ignore[arg-type]
             with attempt:
-                return self._step(step)
+                return self._step(restamp(step, now_ms()))
         raise AssertionError("unreachable")
 
     def run(self, op: Op[T], *, idempotent: bool = False) -> T:
@@ -71,7 +71,13 @@ class SyncEngine:
                 step = op.send(reply)
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
-            reply = send(step)
+            if isinstance(step, Eval) and step.optional:
+                try:  # best effort (a shard signal; the reconcile sweep repairs a lost one)
+                    reply = self._retrying(step)
+                except (RedisError, OSError):
+                    reply = None
+            else:
+                reply = send(step)
 
     def ping(self) -> bool:
         return bool(self.client.ping())

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine.aio import leaked_transport_race
-from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, RateLimited
+from cluster_dq.errors import BadRequest, ClusterDQError, Conflict, PoolUnavailable, RateLimited
 from cluster_dq.http import params
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
@@ -38,6 +38,9 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         assert isinstance(exc, ClusterDQError)
         if isinstance(exc, RateLimited):
             return error(str(exc), 429, key="msg")
+        if isinstance(exc, Conflict):
+            return json({"error": str(exc), "job_id": exc.job_id, "state": exc.state,
+                         "conflicts": [{"job_id": j, "state": st} for j, st in exc.conflicts]}, 409)  # fmt: skip
         if isinstance(exc, PoolUnavailable):
             log.warning("503: %s", exc)
         return error(str(exc), exc.status)
@@ -141,8 +144,12 @@ class DataAPI:
         body = await params.body(request, self.s.MaxBodyBytes)  # see publish
         old = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        p = await self.service.republish(route, ns, q, old, self._specs(request)(body))
-        return json({"msg": "published", "job_id": p.job_id}, 201)
+        lease = params.lease(request.query_params)
+        p = await self.service.republish(route, ns, q, old, self._specs(request)(body), lease)
+        out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
+        if p.duplicate:
+            out["duplicate"] = True  # the new id already existed: nothing new was published
+        return json(out, 201)
 
     async def consume(self, request: Request) -> Response:
         ns = request.path_params["ns"]
@@ -160,7 +167,10 @@ class DataAPI:
                 return error("no job available", 404, key="msg")
             now = now_ms()
             if n == 1:
-                return json(job_object(jobs[0], now))
+                response = json(job_object(jobs[0], now))
+                if jobs[0].lease:
+                    response.headers["X-Lease"] = jobs[0].lease
+                return response
             return json([job_object(j, now) for j in jobs])
 
         return await self._limited(request, ns, False, 200, run)
@@ -169,7 +179,8 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        await self.service.ack(route, ns, q, [jid])
+        lease = params.lease(request.query_params)
+        await self.service.ack(route, ns, q, [jid], [lease] if lease else None)
         return Response(status_code=204)
 
     async def ack_many(self, request: Request) -> Response:
@@ -178,8 +189,8 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 8) + 1024)  # see publish
         route = await self._auth(request, ns, q)
-        ids = params.id_list(data)
-        states = await self.service.ack(route, ns, q, ids)
+        ids, leases = params.id_list(data)
+        states = await self.service.ack(route, ns, q, ids, leases if any(leases) else None)
         missing = [i for i, s in zip(ids, states) if s is None]
         return json({"msg": "acked", "acked": len(ids) - len(missing), "not_found": missing})
 
@@ -190,7 +201,8 @@ class DataAPI:
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
         delay_ms = params.millis(request.query_params, "delay", 0)
-        state = await self.service.release(route, ns, q, jid, delay_ms)
+        lease = params.lease(request.query_params)
+        state = await self.service.release(route, ns, q, jid, delay_ms, lease)
         return json({"msg": "released", "job_id": jid, "state": str(state)})
 
     async def touch(self, request: Request) -> Response:
@@ -201,7 +213,8 @@ class DataAPI:
         ttr_ms = params.millis(request.query_params, "ttr", self.s.TTRSecond)
         if ttr_ms < 1:
             raise BadRequest("invalid ttr", "ttr")
-        await self.service.touch(route, ns, q, jid, ttr_ms)
+        lease = params.lease(request.query_params)
+        await self.service.touch(route, ns, q, jid, ttr_ms, lease)
         return json({"msg": "touched", "job_id": jid, "ttr_ms": ttr_ms})
 
     async def peek(self, request: Request) -> Response:

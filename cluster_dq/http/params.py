@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 
 from starlette.requests import Request
@@ -23,6 +24,7 @@ from cluster_dq.models import (
 )
 
 U32 = MAX_SECONDS
+LEASE_RE = re.compile(r"[0-9a-fA-F]{16}")
 
 
 def uint(query: Mapping[str, str], name: str, default: int, maximum: int = U32) -> int:
@@ -153,9 +155,20 @@ def bulk_elements(data: bytes, element_limit: int) -> list[bytes]:
     return out
 
 
-def id_list(data: bytes) -> list[str]:
-    """A batch ack body: a JSON array of job ids (1 to MAX_BATCH_ACK), or an object holding
-    it as ``job_ids``. Repeated ids count once."""
+def lease(query: Mapping[str, str]) -> str | None:
+    """The ``lease`` a delivery came with (16 hex digits), if the client sent one."""
+    raw = query.get("lease")
+    if raw is None:
+        return None
+    if not LEASE_RE.fullmatch(raw):
+        raise BadRequest("invalid lease", "lease")
+    return raw.lower()
+
+
+def id_list(data: bytes) -> tuple[list[str], list[str | None]]:
+    """A batch ack body: a JSON array (1 to MAX_BATCH_ACK) of job ids, or of objects
+    ``{"job_id": ..., "lease": ...}`` (the lease optional), or an object holding the array as
+    ``job_ids``. Repeated ids count once. Returns the ids and their leases (None: none)."""
     err = BadRequest("request body should be a JSON array of job ids", "body")
     try:
         parsed = json.loads(data)
@@ -163,10 +176,21 @@ def id_list(data: bytes) -> list[str]:
         raise err from None
     if isinstance(parsed, dict) and set(parsed) == {"job_ids"}:
         parsed = parsed["job_ids"]
-    if not isinstance(parsed, list) or not all(isinstance(i, str) for i in parsed):
+    if not isinstance(parsed, list):
         raise err
     if not parsed:
         raise BadRequest("no job ids", "body")
     if len(parsed) > MAX_BATCH_ACK:
         raise BadRequest(f"too many job ids (max {MAX_BATCH_ACK})", "body")
-    return [job_id(i) for i in dict.fromkeys(parsed)]
+    leases: dict[str, str | None] = {}
+    for item in parsed:
+        if isinstance(item, str):
+            leases.setdefault(job_id(item), None)
+        elif isinstance(item, dict) and isinstance(item.get("job_id"), str) and set(item) <= {"job_id", "lease"}:
+            given = item.get("lease")
+            if given is not None and not (isinstance(given, str) and LEASE_RE.fullmatch(given)):
+                raise BadRequest("invalid lease", "lease")
+            leases[job_id(item["job_id"])] = given.lower() if given else leases.get(item["job_id"])
+        else:
+            raise err
+    return list(leases), list(leases.values())

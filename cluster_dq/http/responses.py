@@ -29,6 +29,8 @@ def job_object(job: Job, now: int, *, msg: bool = True) -> dict[str, Any]:
     if job.state is not None:
         out["state"] = str(job.state)
     out["deliveries"] = job.deliveries
+    if job.lease is not None:
+        out["lease"] = job.lease  # this delivery's token: send it back on ack, touch, release
     return out
 
 

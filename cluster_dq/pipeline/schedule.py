@@ -37,7 +37,7 @@ MAX_LANES = 65_535
 PIPELINE_BATCHES = 32  # publish scripts per round trip (on a Cluster: split by node)
 OPEN_LEAD_MS = EngineConfig().open_lead_ms
 
-# (ok, namespace, queue, body, due_ms, ttl_ms, tries, priority, job_id, reason)
+# (ok, namespace, queue, body, due_ms, expire_at_ms (0 = never), tries, priority, job_id, reason)
 Checked = tuple[bool, str, str, bytes, int, int, int, int, str | None, str]
 
 
@@ -79,7 +79,10 @@ def check_row(row: Any, reference_ms: int) -> Checked:
             raise ValueError("due time before 1970")
         spec = JobSpec(body, max(due - reference_ms, 0), ttl_ms, tries, priority, None, job_id)
         validate_spec(spec)  # the service's own rules, message naming the field
-        return (True, ns, q, body, due, ttl_ms, tries, priority, job_id, "")
+        # the ttl counts from the reference time (the publish the schedule stands for), not
+        # from when a partition happens to run: with --at in the future, that is much earlier
+        expire_at = reference_ms + ttl_ms if ttl_ms else 0
+        return (True, ns, q, body, due, expire_at, tries, priority, job_id, "")
     except (ClusterDQError, ValueError, TypeError) as e:
         field = getattr(e, "field", None)
         reason = f"{field}: {e}" if field else str(e)
@@ -102,10 +105,10 @@ def derived_id(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> str:
 
 
 def spec_of(job: Checked, lanes: dict[tuple[str, str, int], int]) -> JobSpec:
-    _, ns, q, body, due, ttl_ms, tries, priority, job_id, _ = job
+    _, ns, q, body, due, expire_at, tries, priority, job_id, _ = job
     if job_id is None:
         job_id = derived_id(ns, q, due, body, lanes.get((ns, q, window_of(due)), 1))
-    return JobSpec(body, 0, ttl_ms, tries, priority, None, job_id, due_ms=due)
+    return JobSpec(body, 0, 0, tries, priority, None, job_id, due_ms=due, expire_at_ms=expire_at)
 
 
 def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],

@@ -1,12 +1,12 @@
 --[[
   Shared helpers, inlined by cluster_dq/engine/scripts.py right after the header of every
   script that says `--@include lib/queue`. Never loaded on its own.
-  Every queue script receives the same nine fixed KEYS, in this order, then its own extras
+  Every queue script receives the same ten fixed KEYS, in this order, then its own extras
   (from KEYS[FIRST_EXTRA]).
 ]]
-local META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local FIRST_EXTRA = 10
+local META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local FIRST_EXTRA = 11
 local FORGET_PER_CALL = 64       -- acked ids past their memory dropped per ack (keeps it bounded)
 
 local PRIO_SHIFT = 4398046511104 -- 2^42: ready score = (255 - priority) * 2^42 + due_ms
@@ -55,7 +55,10 @@ local function forget(id)
   if redis.call('HDEL', JOBS, id) == 0 then return 0 end
   redis.call('ZREM', EXPIRE, id)
   if redis.call('ZREM', READY, id) == 1 then return 2 end
-  if redis.call('ZREM', RESERVED, id) == 1 then return 3 end
+  if redis.call('ZREM', RESERVED, id) == 1 then
+    redis.call('HDEL', LEASES, id)
+    return 3
+  end
   if redis.call('ZREM', DELAYED, id) == 1 then return 1 end
   if redis.call('ZREM', DEAD, id) == 1 then return 4 end
   return 0
@@ -166,14 +169,26 @@ local function expire_reservations(now, limit)
       end
     end
   end
-  if #due > 0 then zrem_many(RESERVED, due) end
+  if #due > 0 then
+    zrem_many(RESERVED, due)
+    for i = 1, #due, CHUNK do
+      redis.call('HDEL', LEASES, unpack(due, i, math.min(i + CHUNK - 1, #due)))
+    end
+  end
   return back, dead, gone
 end
 
+-- Whether `id` was acked less than `keep` ms before `now`.
+local function acked_lately(id, now, keep)
+  local t = redis.call('ZSCORE', ACKED, id)
+  return t ~= false and tonumber(t) > now - keep
+end
+
 -- Places one new job (publish, republish). Returns 0 duplicate, 1 wheel, 2 delayed, 3 ready.
-local function place(id, due, rec, bucket, bname, now, cap, width, lead)
+-- `bucket`: the job's wheel bucket, looked in for a duplicate; the job goes there if `wheel`.
+local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, keep)
   if redis.call('HEXISTS', JOBS, id) == 1 or (bucket and redis.call('HEXISTS', bucket, id) == 1)
-      or redis.call('ZSCORE', ACKED, id) then
+      or acked_lately(id, now, keep) then
     return 0 -- present, or acked a moment ago (a repeated publish must not bring it back)
   end
   if redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0 then
@@ -184,7 +199,7 @@ local function place(id, due, rec, bucket, bname, now, cap, width, lead)
     redis.call('HSET', JOBS, id, rec)
     make_ready(id, rec, due)
     st = 3
-  elseif bucket and redis.call('HLEN', bucket) < cap then
+  elseif wheel and bucket and redis.call('HLEN', bucket) < cap then
     redis.call('HSET', bucket, id, rec)
     local start = due - due % width
     redis.call('ZADD', WHEEL, 'NX', start, bname)
@@ -225,6 +240,28 @@ local function queue_sizes(lead)
   local wheel = tonumber(redis.call('HGET', META, 'w') or '0')
   return {wheel + redis.call('ZCARD', DELAYED), redis.call('ZCARD', READY),
     redis.call('ZCARD', RESERVED), redis.call('ZCARD', DEAD), nxt}
+end
+
+-- Whether the delivery holding `lease` still holds job `id` at `now`: 0 when it does, else
+-- why not (a negative reply code of the caller): 1 delayed, 2 ready, 3 reserved by another
+-- delivery, 4 dead, 5 this delivery's ttr ran out (not yet moved by the pump), 6 gone.
+local function lease_check(id, lease, now)
+  local deadline = redis.call('ZSCORE', RESERVED, id)
+  if deadline then
+    if redis.call('HGET', LEASES, id) ~= lease then return 3 end
+    if tonumber(deadline) <= now then return 5 end
+    return 0
+  end
+  if redis.call('HEXISTS', JOBS, id) == 0 then return 6 end
+  if redis.call('ZSCORE', READY, id) then return 2 end
+  if redis.call('ZSCORE', DEAD, id) then return 4 end
+  return 1
+end
+
+-- A reservation that is still running at `now` (its ttr deadline not passed).
+local function reserved_until(id, now)
+  local deadline = redis.call('ZSCORE', RESERVED, id)
+  return deadline ~= false and tonumber(deadline) > now
 end
 
 local function notify(channel, was_empty)
