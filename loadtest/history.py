@@ -9,7 +9,8 @@
 Two `cluster-dq serve` instances (loadtest/drill.py's machinery) on a Redis topology of their
 own. Producers publish with random delays, tries and (some) client job ids; consumers long-poll
 and, for each job, at random ack it, drop it (its ttr runs out), touch it and ack later, release
-it with a delay, or ack it after its ttr ran out (a late ack; with leases it must be refused).
+it with a delay, or ack it after its ttr ran out (a late ack: with its lease it must be refused
+with a 409; one consumer, an lmstfy client, never sends a lease).
 Every request is recorded as an invoke and an ok / fail / info completion (loadtest/
 history_check.py). A third of the way in the first event happens, two thirds in the second,
 each killed instance is restarted at once (as a supervisor would); then the load stops, the
@@ -58,6 +59,7 @@ from loadtest.drill import (  # noqa: E402
 from loadtest.history_check import KINDS, Final, History, Report, check  # noqa: E402
 
 SCENARIOS = ("standalone", "sentinel", "cluster")
+LMSTFY_CONSUMER = 103  # the process number of the consumer that ignores leases
 NS = "hist"
 
 
@@ -95,6 +97,9 @@ class Client:
         self.run, self.process, self.http = run, process, http
         self.h = {"X-Token": run.token}
         self.sent = process  # round robin over the instances, from a different one per client
+        # Consumers present the lease of their delivery (when the service gives one), but one,
+        # an lmstfy client, never does: the two kinds must work side by side.
+        self.leases = process != LMSTFY_CONSUMER
 
     async def request(self, f: str, method: str, path: str, params: dict[str, Any],
                       data: bytes | None = None) -> tuple[int, Any]:  # fmt: skip
@@ -179,13 +184,14 @@ class Client:
     async def act(self, f: str, job: dict[str, Any], **extra: Any) -> str:
         """ack (DELETE), touch or release of one delivered job, with its lease when it has one."""
         params: dict[str, Any] = {k: v for k, v in extra.items()}
-        if job["lease"]:
-            params["lease"] = job["lease"]
+        lease = job["lease"] if self.leases else None
+        if lease:
+            params["lease"] = lease
         path = f"/api/{NS}/{job['queue']}/job/{job['job_id']}"
         method, ok = ("DELETE", (204,)) if f == "ack" else ("POST", (200,))
         if f != "ack":
             path += "/" + f
-        args = {"key": job["key"], "job_id": job["job_id"], "lease": job["lease"], **extra}
+        args = {"key": job["key"], "job_id": job["job_id"], "lease": lease, **extra}
         type_, status, got = await self.op(f, method, path, params, args, ok)
         if type_ == "ok":
             op, t, body = got

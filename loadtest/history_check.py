@@ -37,8 +37,11 @@ Anomalies (``check`` counts each, with examples):
 - ``dead_letter``: a job whose last delivery used its last try and was never acked is not in the
   dead letter at the end, a dead job that should not be, or a dead-letter size that disagrees;
 - ``left_behind``: anything still stored after the drain (a job not dead, a size not 0, a key);
-- ``stale_lease``: an ack/touch/release sent with the lease of a delivery that a later delivery
-  had already superseded before the request was sent, and that succeeded (it must be a 409).
+- ``stale_lease``: an ack/touch/release that succeeded with the lease of a delivery that no
+  longer held the job when the request was sent: a later delivery's reply had come, or the
+  hold's ttr (counted from the consume's reply, or a touch's) had run out (it must be a 409);
+  except an ack when another ack of the job may have come first: a gone job is no conflict
+  (lua/ack.lua: acking it is what the holder wanted, and a repeat after a lost reply succeeds).
 """
 
 from __future__ import annotations
@@ -216,16 +219,27 @@ def check(history: History, final: Final) -> Report:
                 if twice:
                     flag("held_twice", {"key": key, "job_id": a.job_id, "deliveries": (a.deliveries, b.deliveries),
                                         "gap_s": round(b.completed - a.invoked, 3), "ttr_s": a.ttr_s})  # fmt: skip
-        # stale lease: a request carrying a superseded lease that succeeded
+        # stale lease: a request carrying a lease that no longer held the job, and succeeded
         for o in acts:
             lease = o.args.get("lease")
-            if lease is None or o.type != "ok":
-                continue
             held = [d for d in ds if d.lease == lease]
-            if held and any(
-                d.deliveries > held[0].deliveries and d.completed < o.invoked for d in ds
-            ):
-                flag("stale_lease", {"key": key, "f": o.f, "lease": lease})
+            if lease is None or o.type != "ok" or not held:
+                continue
+            if o.f == "ack" and any(a is not o and a.f == "ack" and a.type != "fail" and a.invoked < o.completed
+                                    for a in acts):  # fmt: skip
+                continue  # the job may be gone already: acking a gone job is no conflict (ack.lua)
+            if any(d.deliveries > held[0].deliveries and d.completed < o.invoked for d in ds):
+                flag("stale_lease", {"key": key, "f": o.f, "lease": lease, "why": "a later delivery"})
+                continue
+            # Its ttr ran out before the request was sent: the hold ended at the latest ttr after
+            # the consume's reply, or after the reply of a touch with this lease.
+            deadline = held[0].completed + held[0].ttr_s
+            for t in acts:
+                if t is not o and t.f == "touch" and t.args.get("lease") == lease and t.type != "fail":
+                    deadline = max(deadline, t.completed + t.args["ttr_ms"] / 1000)
+            if o.invoked > deadline:
+                flag("stale_lease", {"key": key, "f": o.f, "lease": lease, "why": "ttr ran out",
+                                     "late_by_s": round(o.invoked - deadline, 3)})  # fmt: skip
 
     # lost, dead letters, leftovers: the end state against what the history promises
     dead_by_queue: Counter[str] = Counter()

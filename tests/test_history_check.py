@@ -237,6 +237,22 @@ def test_stale_lease() -> None:
     assert r.stats["lease_conflicts"] == 1
     r = late_ack("ok").check()
     assert r.counts["stale_lease"] == 1, r.counts
+    s = late_ack("ok")  # the holder's ack came first: the late one acks a gone job, no conflict
+    s.h.events = [e for e in s.h.events if e.value.get("lease") != "L2" or e.f != "ack"]
+    s.act("ack", "c", 2.65, 2.68, lease="L2")
+    only(s.check(), None)
+
+    def expired(touch_ttr_ms: int | None) -> Report:  # nobody else took it, but its ttr ran out
+        s = clean()
+        s.publish("c", 2.0, 2.1, tries=2)
+        s.consume("c", 2.2, 2.3, remain=1, deliveries=1, ttr_ms=500, lease="L1")
+        if touch_ttr_ms:
+            s.act("touch", "c", 2.4, 2.5, lease="L1", ttr_ms=touch_ttr_ms)
+        s.act("ack", "c", 2.9, 3.0, lease="L1")  # 2.9 > 2.3 + 0.5
+        return s.check()
+
+    only(expired(None), "stale_lease")
+    only(expired(1000), None)  # the touch moved the deadline to 3.5 at the latest
 
 
 def test_every_kind_has_a_test() -> None:
