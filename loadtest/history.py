@@ -417,7 +417,7 @@ def history_run(scenario: str, seconds: float = 20, rate: float = 60, durable: b
 
 
 def print_report(scenario: str, durable: bool, seconds: float, report: Report, run: Run) -> None:
-    print(f"history {scenario}, durable publish {'on' if durable else 'off'}, {seconds:.0f} s of load")
+    print(f"history {scenario}, durable publish {'on' if run.durable else 'off'}, {seconds:.0f} s of load")
     for e in run.events:
         print(f"  {e}")
     ops = run.h.counts()

@@ -31,7 +31,8 @@ Anomalies (``check`` counts each, with examples):
   ttr runs out and it comes back "early" for a release that no longer happened);
 - ``held_twice``: two deliveries of a job that cannot be ttr apart: the later one (known by its
   ``deliveries`` count) came back before (first consume invoke + first ttr), and no release or
-  ack of the job was under way in between that could have ended the first hold;
+  ack of the job was under way in between that could have ended the first hold (a touch under
+  way may end it earlier: then its invoke + its ttr is the bound);
 - ``over_tries``: a delivery counting more than ``tries``, or more deliveries seen than ``tries``;
 - ``remain_tries``: a delivery whose ``remain_tries`` is not ``tries - deliveries``;
 - ``dead_letter``: a job whose last delivery used its last try and was never acked is not in the
@@ -206,6 +207,17 @@ def check(history: History, final: Final) -> Report:
             if seen > p.args["tries"]:
                 flag("over_tries", {"key": key, "job_id": jid, "seen": seen, "tries": p.args["tries"]})
         # held twice: two holds that cannot be a ttr apart, nothing having ended the first
+        touches = [a for a in acts if a.f == "touch" and a.type != "fail"]
+
+        def held_until(x: Delivery, y: Delivery) -> float:
+            """The earliest instant x's hold can end before y: its ttr from the consume's invoke,
+            or a touch's ttr from the touch's invoke (a touch may shorten a hold too)."""
+            end = x.invoked + x.ttr_s
+            for t in touches:
+                if t.invoked < y.completed and t.completed > x.invoked:
+                    end = min(end, t.invoked + t.args["ttr_ms"] / 1000)
+            return end
+
         for i, a in enumerate(ds):
             for b in ds[i + 1 :]:
                 if b.job_id != a.job_id:
@@ -213,9 +225,9 @@ def check(history: History, final: Final) -> Report:
                 if any(e.invoked < b.completed and e.completed > a.invoked for e in ends):
                     continue  # an ack or release under way between them may have ended a's hold
                 if b.deliveries > a.deliveries:
-                    twice = b.completed < a.invoked + a.ttr_s
+                    twice = b.completed < held_until(a, b)
                 else:  # same count (a lost write): order unknown, both orders must overlap
-                    twice = b.completed < a.invoked + a.ttr_s and a.completed < b.invoked + b.ttr_s
+                    twice = b.completed < held_until(a, b) and a.completed < held_until(b, a)
                 if twice:
                     flag("held_twice", {"key": key, "job_id": a.job_id, "deliveries": (a.deliveries, b.deliveries),
                                         "gap_s": round(b.completed - a.invoked, 3), "ttr_s": a.ttr_s})  # fmt: skip

@@ -163,6 +163,17 @@ def test_held_twice_within_the_ttr() -> None:
     s.consume("c", 2.5, 3.2, remain=1, deliveries=2, process=2)
     s.act("ack", "c", 3.3, 3.4)
     only(s.check(), None)
+    s = clean()  # a touch with a shorter ttr moved the end of the first hold earlier: fine
+    s.publish("c", 2.0, 2.1, tries=3)
+    s.consume("c", 2.2, 2.3, remain=2, deliveries=1, ttr_ms=2000)
+    s.act("touch", "c", 2.4, 2.5, ttr_ms=300)
+    s.consume("c", 2.6, 3.2, remain=1, deliveries=2, process=2)  # 3.2 > 2.4 + 0.3
+    s.act("ack", "c", 3.3, 3.4)
+    only(s.check(), None)
+    s.act("touch", "c", 2.45, 2.5, ttr_ms=300)  # ... but not when it held the job still
+    s.h.events = [e for e in s.h.events if not (e.f == "consume" and e.process == 2)]
+    s.consume("c", 2.6, 2.65, remain=1, deliveries=2, process=2)  # 2.65 < 2.4 + 0.3
+    only(s.check(), "held_twice")
     s = clean()  # the same delivery count twice (a lost write): held twice if they overlap
     s.publish("c", 2.0, 2.1, tries=3)
     s.consume("c", 2.2, 2.3, remain=2, deliveries=1, ttr_ms=2000)
