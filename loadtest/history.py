@@ -77,6 +77,7 @@ class Run:
     examples: dict[str, str] = field(default_factory=dict)  # one body per unexpected status
     events: list[str] = field(default_factory=list)
     draining: bool = False
+    published: int = 0  # publishes answered 2xx so far
     t0: float = field(default_factory=time.monotonic)
 
     def now(self) -> float:
@@ -159,6 +160,7 @@ class Client:
         if type_ == "ok":
             op, t, body = got
             self.run.h.complete(op, "ok", t, job_id=body["job_id"])
+            self.run.published += 1
 
     async def consume(self, ttr_ms: int, count: int) -> list[dict[str, Any]]:
         params = {"ttr_ms": ttr_ms, "timeout": 1, "count": count}
@@ -218,12 +220,15 @@ class Client:
             await self.act("ack", job)
 
 
-async def producer(run: Run, process: int, rate: float, until: float) -> None:
+async def producer(run: Run, process: int, rate: float, until: float, at_least: int) -> None:
+    """Publishes at ``rate`` until ``until``, and on until ``at_least`` publishes of all
+    producers got a 2xx (a slow machine or a long failover must not make a vacuous run; at
+    most 120 s more)."""
     async with session() as http:
         c = Client(run, process, http)
         n = 0
         start = run.now()
-        while run.now() < until:
+        while run.now() < until or (run.published < at_least and run.now() < until + 120):
             await c.publish(n)
             n += 1
             await asyncio.sleep(max(0.0, start + n / rate - run.now()))
@@ -366,10 +371,10 @@ async def final_state(run: Run) -> Final:
 # -- the run --------------------------------------------------------------------------------------
 
 
-async def load(run: Run, seconds: float, rate: float) -> None:
+async def load(run: Run, seconds: float, rate: float, at_least: int = 0) -> None:
     stop = asyncio.Event()
     consumers = [asyncio.create_task(consumer(run, 100 + k, stop)) for k in range(4)]
-    producers = [asyncio.create_task(producer(run, k, rate / 4, seconds)) for k in range(4)]
+    producers = [asyncio.create_task(producer(run, k, rate / 4, seconds, at_least)) for k in range(4)]
     first, second = EVENTS[run.scenario]
     await asyncio.sleep(seconds / 3)
     await first(run)
@@ -391,7 +396,7 @@ async def load(run: Run, seconds: float, rate: float) -> None:
 
 def history_run(scenario: str, seconds: float = 20, rate: float = 60, durable: bool = True,
                 seed: int | None = None, n_queues: int = 3,
-                deployment: Deployment | None = None) -> tuple[Report, Run]:  # fmt: skip
+                deployment: Deployment | None = None, at_least: int = 0) -> tuple[Report, Run]:  # fmt: skip
     """One run of ``scenario``: its report and the run (history, events, reply statuses). On
     its own Redis topology, unless ``deployment`` is given (standalone only: nothing kills it)."""
     seed = random.randrange(1 << 30) if seed is None else seed
@@ -406,7 +411,7 @@ def history_run(scenario: str, seconds: float = 20, rate: float = 60, durable: b
         run.events.append(f"seed {seed}")
         time.sleep(1.5)  # leases settle: both instances lead some shards
         run.t0 = time.monotonic()
-        asyncio.run(load(run, seconds, rate))
+        asyncio.run(load(run, seconds, rate, at_least))
         final = asyncio.run(final_state(run))
         return check(run.h, final), run
     finally:

@@ -15,6 +15,7 @@ from cluster_dq.localredis import Server
 from loadtest.history import Report, Run, history_run, print_report
 
 SECONDS = 6  # of load; with the restarts, the drain and the lookups a run takes ~15-20 s
+AT_LEAST = 150  # publishes answered 2xx: the load goes on past SECONDS until there are as many
 
 # Across a Redis failover: a consume and the pump's moves are not durable writes (only the
 # job-acknowledging ones are), so a failover may roll a reservation back: a second holder
@@ -28,7 +29,7 @@ def sound(report: Report, run: Run, kinds: tuple[str, ...]) -> None:
     print_report(run.scenario, run.durable, SECONDS, report, run)  # the figures, for the CI log
     found = {k: report.counts[k] for k in kinds if report.counts[k]}
     assert not found, (found, {k: report.examples[k] for k in found}, run.events)
-    assert report.stats["publish_ok"] > 50, report.stats
+    assert report.stats["publish_ok"] >= AT_LEAST, report.stats
     # Not a vacuous run: jobs came back after a dropped ttr or a release, and died.
     assert report.stats["redelivered_jobs"] > 0 and report.stats["dead_at_end"] > 0, report.stats
     assert len([e for e in run.events if "SIGKILL" in e]) == 2, run.events
@@ -38,7 +39,7 @@ def sound(report: Report, run: Run, kinds: tuple[str, ...]) -> None:
 
 
 def test_history_standalone_instance_and_pump_leader_killed(redis_server: Server) -> None:
-    report, run = history_run("standalone", SECONDS, deployment=redis_server)
+    report, run = history_run("standalone", SECONDS, deployment=redis_server, at_least=AT_LEAST)
     sound(report, run, tuple(report.counts))  # no failover: every anomaly counts
     # Late acks with a lease whose delivery lapsed were sent, and refused (409), while the
     # checker found none that succeeded against another consumer's hold (stale_lease).
@@ -48,6 +49,6 @@ def test_history_standalone_instance_and_pump_leader_killed(redis_server: Server
 @pytest.mark.parametrize("durable", [True, False], ids=["durable", "not-durable"])
 @pytest.mark.parametrize("scenario", ["sentinel", "cluster"])
 def test_history_redis_master_killed(scenario: str, durable: bool) -> None:
-    report, run = history_run(scenario, SECONDS, durable=durable)
+    report, run = history_run(scenario, SECONDS, durable=durable, at_least=AT_LEAST)
     # Without durable publish a failover may lose acknowledged publishes (and acks): reported.
     sound(report, run, DURABLE if durable else ALWAYS)
