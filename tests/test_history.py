@@ -22,7 +22,7 @@ AT_LEAST = 150  # publishes answered 2xx: the load goes on past SECONDS until th
 # within the ttr, one delivery more than tries, a dead letter that is ready again. Those are
 # printed, not asserted, there. Everything else is guaranteed.
 ALWAYS = ("unexpected", "double_publish", "early", "remain_tries", "left_behind", "stale_lease")
-DURABLE = (*ALWAYS, "lost", "duplicated")
+DURABLE = (*ALWAYS, "lost", "duplicated", "early_release")  # publish, ack and release are WAITed
 
 
 def sound(report: Report, run: Run, kinds: tuple[str, ...]) -> None:
