@@ -42,7 +42,15 @@ import httpx
 import redis
 
 from cluster_dq.keys import QueueKeys
-from cluster_dq.localredis import Cluster, SentinelGroup, Server, free_port, start_cluster, start_sentinel
+from cluster_dq.localredis import (
+    Cluster,
+    SentinelGroup,
+    Server,
+    free_port,
+    start_cluster,
+    start_sentinel,
+    start_server,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 Deployment = Server | Cluster | SentinelGroup
@@ -75,9 +83,11 @@ class Instance:
         self.proc.wait()
 
 
-def start_instance(deployment: Deployment, durable: bool) -> Instance:
+def start_instance(deployment: Deployment, durable: bool, first_port: int = 18000) -> Instance:
+    """A ``cluster-dq serve`` on the first free ports from ``first_port`` (data) and
+    ``first_port + 500`` (admin)."""
     pool = deployment.pool_settings()
-    port, admin = free_port(18000, 18500), free_port(18500, 19000)
+    port, admin = free_port(first_port, first_port + 500), free_port(first_port + 500, first_port + 1000)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_LOGLEVEL": "error",
            "CLUSTER_DQ_POOL__DEFAULT__ADDR": pool.Addr, "CLUSTER_DQ_TTRSECOND": "5"}  # fmt: skip
     if pool.Cluster:
@@ -271,16 +281,16 @@ def pause_sentinel_master(d: Deployment, instances: list[Instance], pause_s: flo
             f"promoted :{promoted}), then SIGCONT: it resumes believing it is the master")
 
 
-def kill_cluster_master(d: Deployment, instances: list[Instance], queues: list[str]) -> str:
+def kill_cluster_master(d: Deployment, instances: list[Instance], queues: list[str], ns: str = "drill") -> str:
     assert isinstance(d, Cluster)
     with d.sync_client() as c:
-        node = c.get_node_from_key(QueueKeys("drill", queues[0]).meta)
+        node = c.get_node_from_key(QueueKeys(ns, queues[0]).meta)
     server = d.server_on(node.port)
     server.kill(signal.SIGKILL)
     # As a process supervisor would: the node comes back 5 s later and rejoins as a replica of
     # the promoted one, so its shard can confirm durable writes again.
     threading.Timer(5.0, server.restart).start()
-    return (f"SIGKILL of the Cluster master 127.0.0.1:{node.port} (holding queue {queues[0]}); "
+    return (f"SIGKILL of the Cluster master 127.0.0.1:{node.port} (holding queue {ns}/{queues[0]}); "
             "restarted 5 s later")
 
 
@@ -323,6 +333,13 @@ def reshard(d: Deployment, instances: list[Instance], queues: list[str]) -> str:
 
 def kill_leading_instance(d: Deployment, instances: list[Instance]) -> str:
     """Kills the instance whose worker leads the most pump shards."""
+    victim = leading_instance(d, instances)
+    victim.kill()
+    return f"SIGKILL of service instance {victim.base} (supervisor and workers; it led pump shards)"
+
+
+def leading_instance(d: Deployment, instances: list[Instance]) -> Instance:
+    """The instance whose worker leads the most pump shards (the first one if none is found)."""
     (leader_pid, _), *_ = leaders_of(d).most_common(1)
 
     def parent(pid: str) -> int:
@@ -332,9 +349,7 @@ def kill_leading_instance(d: Deployment, instances: list[Instance]) -> str:
             return -1
         return int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
 
-    victim = next((i for i in instances if i.proc.pid == parent(leader_pid)), instances[0])
-    victim.kill()
-    return f"SIGKILL of service instance {victim.base} (supervisor and workers; it led pump shards)"
+    return next((i for i in instances if i.proc.pid == parent(leader_pid)), instances[0])
 
 
 def leaders_of(d: Deployment, shards: int = 16) -> Counter[str]:
@@ -353,7 +368,9 @@ def leaders_of(d: Deployment, shards: int = 16) -> Counter[str]:
 
 
 def setup(scenario: str, min_replicas: int = 1) -> Deployment:
-    if scenario.startswith("sentinel-"):
+    if scenario.startswith("standalone"):
+        return start_server()
+    if scenario.startswith("sentinel"):
         return start_sentinel(min_replicas=min_replicas)
     return start_cluster(node_timeout_ms=2000)
 

@@ -1,0 +1,463 @@
+"""A black-box history test over HTTP, Jepsen style: random clients, faults, then a checker.
+
+    python loadtest/history.py standalone            # (a) a service instance, then the pump leader, SIGKILLed
+    python loadtest/history.py sentinel              # (b) the Sentinel master SIGKILLed (+ the pump leader)
+    python loadtest/history.py cluster               # (c) a Cluster master SIGKILLed (+ the pump leader)
+    python loadtest/history.py all --seconds 300     # a, then b and c with durable publish on and off
+    options: --seconds 20 (load) --rate 60 (publishes/s) --no-durable --seed N
+
+Two `cluster-dq serve` instances (loadtest/drill.py's machinery) on a Redis topology of their
+own. Producers publish with random delays, tries and (some) client job ids; consumers long-poll
+and, for each job, at random ack it, drop it (its ttr runs out), touch it and ack later, release
+it with a delay, or ack it after its ttr ran out (a late ack: with its lease it must be refused
+with a 409; one consumer, an lmstfy client, never sends a lease).
+Every request is recorded as an invoke and an ok / fail / info completion (loadtest/
+history_check.py). A third of the way in the first event happens, two thirds in the second,
+each killed instance is restarted at once (as a supervisor would); then the load stops, the
+consumers drain (ack everything), every job's final state is looked up, dead letters counted
+and deleted, and the queues must be empty with nothing left in Redis. The checker then counts
+anomalies by kind; the report prints them with the operation counts.
+
+What is asserted where (tests/test_history.py) is what the engine guarantees: on standalone,
+no anomaly at all; across a Redis failover no unexpected or early delivery, exact
+remain_tries and nothing left behind, and with durable publish (WaitReplicas=1) nothing lost
+and no acked job delivered again. A consume is not a durable write, so a failover may roll a
+reservation back: held-twice, tries and dead-letter counts are reported there, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+if __package__ in (None, ""):  # run as a script (python loadtest/history.py): find loadtest, tests
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cluster_dq.localredis import SentinelGroup  # noqa: E402
+from loadtest.drill import (  # noqa: E402
+    Deployment,
+    Instance,
+    kill_cluster_master,
+    kill_sentinel_master,
+    leading_instance,
+    setup,
+    start_instance,
+)
+from loadtest.history_check import KINDS, Final, History, Report, check  # noqa: E402
+
+SCENARIOS = ("standalone", "sentinel", "cluster")
+LMSTFY_CONSUMER = 103  # the process number of the consumer that ignores leases
+NS = "hist"
+
+
+@dataclass
+class Run:
+    scenario: str
+    d: Deployment
+    instances: list[Instance]
+    durable: bool
+    token: str
+    queues: list[str]
+    rng: random.Random
+    h: History = field(default_factory=History)
+    statuses: Counter[str] = field(default_factory=Counter)  # "f status" of every reply
+    examples: dict[str, str] = field(default_factory=dict)  # one body per unexpected status
+    events: list[str] = field(default_factory=list)
+    draining: bool = False
+    published: int = 0  # publishes answered 2xx so far
+    t0: float = field(default_factory=time.monotonic)
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def base(self, i: int) -> str:
+        return self.instances[i % len(self.instances)].base
+
+
+def kind(e: BaseException) -> str:
+    return type(e).__name__
+
+
+class Client:
+    """One simulated client: its requests, each recorded in the history."""
+
+    def __init__(self, run: Run, process: int, http: httpx.AsyncClient) -> None:
+        self.run, self.process, self.http = run, process, http
+        self.h = {"X-Token": run.token}
+        self.sent = process  # round robin over the instances, from a different one per client
+        # Consumers present the lease of their delivery (when the service gives one), but one,
+        # an lmstfy client, never does: the two kinds must work side by side.
+        self.leases = process != LMSTFY_CONSUMER
+
+    async def request(self, f: str, method: str, path: str, params: dict[str, Any],
+                      data: bytes | None = None) -> tuple[int, Any]:  # fmt: skip
+        """Sends to one instance; a refused connection (nothing was sent) goes on to the next,
+        as a load balancer does. Raises ``ConnectionRefusedError`` when all refused."""
+        run = self.run
+        self.sent += 1
+        for k in range(len(run.instances)):
+            base = run.base(self.sent + k)
+            try:
+                r = await self.http.request(method, base + path, params=params, content=data, headers=self.h)
+            except httpx.ConnectError:  # the connection was never opened: nothing was sent
+                continue
+            run.statuses[f"{f} {r.status_code}"] += 1
+            if r.status_code >= 500 or r.status_code in (400, 401):
+                run.examples.setdefault(f"{f} {r.status_code}", r.text[:300])
+            return r.status_code, r.text
+        run.statuses[f"{f} refused"] += 1
+        raise ConnectionRefusedError
+
+    async def op(self, f: str, method: str, path: str, params: dict[str, Any], args: dict[str, Any],
+                 ok: tuple[int, ...], data: bytes | None = None) -> tuple[str, int, Any]:  # fmt: skip
+        """One operation: invoke, request, completion. A 2xx in ``ok`` is ok, a 4xx a certain
+        fail (the service refused it whole), a 5xx or a broken request info (unknown)."""
+        run = self.run
+        op = run.h.invoke(self.process, f, run.now(), **args)
+        try:
+            status, text = await self.request(f, method, path, params, data)
+        except ConnectionRefusedError:
+            run.h.complete(op, "fail", run.now(), error="refused")
+            return "fail", 0, None
+        except httpx.HTTPError as e:
+            run.statuses[f"{f} {kind(e)}"] += 1
+            run.h.complete(op, "info", run.now(), error=kind(e))
+            return "info", 0, None
+        body: Any = None
+        with contextlib.suppress(ValueError):
+            body = json.loads(text) if text else None
+        t = run.now()
+        if status in ok:
+            return "ok", status, (op, t, body)
+        run.h.complete(op, "fail" if 400 <= status < 500 else "info", t, status=status, body=body)
+        return ("fail" if 400 <= status < 500 else "info"), status, body
+
+    async def publish(self, n: int) -> None:
+        rng = self.run.rng
+        key = f"k{self.process}-{n}"
+        q = rng.choice(self.run.queues)
+        delay_ms = 0 if rng.random() < 0.3 else rng.randint(100, 1500)
+        tries = rng.randint(1, 3)
+        params: dict[str, Any] = {"delay_ms": delay_ms, "tries": tries}
+        client_id = f"c-{key}" if rng.random() < 0.3 else None
+        if client_id:
+            params["job_id"] = client_id
+        args = {"key": key, "queue": q, "delay_ms": delay_ms, "tries": tries, "job_id": client_id}
+        type_, _, got = await self.op("publish", "PUT", f"/api/{NS}/{q}", params, args, (201,), key.encode())
+        if type_ == "ok":
+            op, t, body = got
+            self.run.h.complete(op, "ok", t, job_id=body["job_id"])
+            self.run.published += 1
+
+    async def consume(self, ttr_ms: int, count: int) -> list[dict[str, Any]]:
+        params = {"ttr_ms": ttr_ms, "timeout": 1, "count": count}
+        args = {"queues": self.run.queues, "ttr_ms": ttr_ms, "count": count}
+        type_, status, got = await self.op("consume", "GET", f"/api/{NS}/{','.join(self.run.queues)}", params,
+                                           args, (200,))  # fmt: skip
+        if type_ == "fail" and status == 404:  # no job: a consume that certainly took nothing
+            return []
+        if type_ != "ok":
+            if type_ == "fail":
+                await asyncio.sleep(0.05)
+            return []
+        op, t, body = got
+        jobs = [
+            {"key": base64.b64decode(j["data"]).decode(), "job_id": j["job_id"], "queue": j["queue"],
+             "remain_tries": j["remain_tries"], "deliveries": j["deliveries"], "elapsed_ms": j["elapsed_ms"],
+             "lease": j.get("lease")}
+            for j in (body if isinstance(body, list) else [body])
+        ]  # fmt: skip
+        self.run.h.complete(op, "ok", t, jobs=jobs)
+        return jobs
+
+    async def act(self, f: str, job: dict[str, Any], **extra: Any) -> str:
+        """ack (DELETE), touch or release of one delivered job, with its lease when it has one."""
+        params: dict[str, Any] = {k: v for k, v in extra.items()}
+        lease = job["lease"] if self.leases else None
+        if lease:
+            params["lease"] = lease
+        path = f"/api/{NS}/{job['queue']}/job/{job['job_id']}"
+        method, ok = ("DELETE", (204,)) if f == "ack" else ("POST", (200,))
+        if f != "ack":
+            path += "/" + f
+        args = {"key": job["key"], "job_id": job["job_id"], "lease": lease, **extra}
+        type_, status, got = await self.op(f, method, path, params, args, ok)
+        if type_ == "ok":
+            op, t, body = got
+            self.run.h.complete(op, "ok", t, status=status, **(body or {}))
+        return type_
+
+    async def handle(self, job: dict[str, Any], ttr_ms: int) -> None:
+        """What a consumer does with one job: at random, unless draining (then: ack)."""
+        rng = self.run.rng
+        x = rng.random()
+        if self.run.draining or x < 0.45:
+            await self.act("ack", job)
+        elif x < 0.60:
+            pass  # dropped: its ttr runs out
+        elif x < 0.75:
+            ttr2 = rng.randint(300, 1500)
+            if await self.act("touch", job, ttr_ms=ttr2) == "ok":
+                await asyncio.sleep(rng.uniform(0, ttr2 / 2000))
+                await self.act("ack", job)
+        elif x < 0.93:
+            await self.act("release", job, delay_ms=rng.choice((0, rng.randint(50, 1000))))
+        else:  # a late ack: after the ttr ran out (with a lease: must not ack another's hold)
+            await asyncio.sleep(ttr_ms / 1000 + rng.uniform(0.05, 0.5))
+            await self.act("ack", job)
+
+
+async def producer(run: Run, process: int, rate: float, until: float, at_least: int) -> None:
+    """Publishes at ``rate`` until ``until``, and on until ``at_least`` publishes of all
+    producers got a 2xx (a slow machine or a long failover must not make a vacuous run; at
+    most 120 s more)."""
+    async with session() as http:
+        c = Client(run, process, http)
+        n = 0
+        start = run.now()
+        while run.now() < until or (run.published < at_least and run.now() < until + 120):
+            await c.publish(n)
+            n += 1
+            await asyncio.sleep(max(0.0, start + n / rate - run.now()))
+
+
+async def consumer(run: Run, process: int, stop: asyncio.Event) -> None:
+    async with session() as http:
+        c = Client(run, process, http)
+        handling: set[asyncio.Task[None]] = set()
+        while not stop.is_set():
+            ttr_ms = 5000 if run.draining else run.rng.randint(300, 1500)
+            jobs = await c.consume(ttr_ms, run.rng.randint(1, 5))
+            for job in jobs:
+                t = asyncio.create_task(c.handle(job, ttr_ms))
+                handling.add(t)
+                t.add_done_callback(handling.discard)
+        await asyncio.gather(*handling)
+
+
+def session() -> httpx.AsyncClient:
+    """A client that never repeats a request by itself (aiohttp repeats an idempotent one, a
+    PUT included, whose kept-alive connection broke: a publish the dead instance may have
+    written would then be sent again, and create a second job)."""
+    return httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=16))
+
+
+def first_port() -> int:
+    """Ports for an instance, at random in 30000-39000: a killed instance's port, freed, must
+    not be taken over by a stranger (another service started meanwhile on this machine scans
+    from 18000, and a client's retry to the old address would reach it) nor by our restart."""
+    return random.randrange(30000, 39000)
+
+
+# -- the events ---------------------------------------------------------------------------------
+
+
+async def restart(run: Run, victim: Instance, why: str) -> None:
+    """SIGKILL of one service instance, started again at once (new ports) as a supervisor would."""
+    run.instances.remove(victim)
+    await asyncio.to_thread(victim.kill)
+    run.events.append(f"{run.now():.1f}s SIGKILL of {why} instance {victim.base}")
+    fresh = await asyncio.to_thread(start_instance, run.d, run.durable, first_port())
+    run.instances.append(fresh)
+    run.events.append(f"{run.now():.1f}s restarted as {fresh.base}")
+
+
+async def kill_any_instance(run: Run) -> None:
+    await restart(run, run.rng.choice(run.instances), "a service")
+
+
+async def kill_pump_leader(run: Run) -> None:
+    for _ in range(100):  # the leases live in Redis: after a master kill, wait for its successor
+        try:
+            victim = await asyncio.to_thread(leading_instance, run.d, run.instances)
+            break
+        except redis.RedisError:
+            await asyncio.sleep(0.2)
+    else:
+        raise RuntimeError("no Redis master to read the pump leases from for 20 s")
+    await restart(run, victim, "the pump-leading")
+
+
+async def kill_master(run: Run) -> None:
+    if isinstance(run.d, SentinelGroup):
+        what = await asyncio.to_thread(kill_sentinel_master, run.d, run.instances)
+    else:
+        what = await asyncio.to_thread(kill_cluster_master, run.d, run.instances, run.queues, NS)
+    run.events.append(f"{run.now():.1f}s {what}")
+
+
+EVENTS = {
+    "standalone": (kill_any_instance, kill_pump_leader),
+    "sentinel": (kill_master, kill_pump_leader),
+    "cluster": (kill_master, kill_pump_leader),
+}
+
+
+# -- the end state --------------------------------------------------------------------------------
+
+
+async def drained(run: Run, http: httpx.AsyncClient) -> bool:
+    for q in run.queues:
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            s = (await http.get(f"{run.base(0)}/api/{NS}/{q}/size")).json()
+            if s["size"] or s["delayed"] or s["reserved"]:
+                return False
+            continue
+        return False
+    return True
+
+
+async def final_state(run: Run) -> Final:
+    """Each job's state (looked up by id), the dead-letter sizes; then the dead letters are
+    deleted and every size must be 0 and every Redis structure of the queues gone."""
+    from tests.invariants import check_queue, queue_keys
+
+    ids: dict[str, tuple[str, str]] = {}  # key -> (queue, job id)
+    for e in run.h.events:
+        if e.f == "publish" and e.type == "invoke" and e.value["job_id"]:
+            ids[e.value["key"]] = (e.value["queue"], e.value["job_id"])
+        elif e.f == "publish" and e.type == "ok":
+            inv = next(i for i in run.h.events if i.op == e.op)
+            ids[inv.value["key"]] = (inv.value["queue"], e.value["job_id"])
+        elif e.f == "consume" and e.type == "ok":
+            for j in e.value["jobs"]:
+                ids[j["key"]] = (j["queue"], j["job_id"])
+    states: dict[str, str | None] = {}
+    leftovers: dict[str, Any] = {}
+    async with httpx.AsyncClient(headers={"X-Token": run.token}, timeout=30,
+                                 limits=httpx.Limits(max_connections=32)) as http:  # fmt: skip
+        sem = asyncio.Semaphore(32)
+
+        async def look(key: str, q: str, jid: str) -> None:
+            async with sem:
+                r = await http.get(f"{run.base(0)}/api/{NS}/{q}/job/{jid}")
+            states[key] = r.json()["state"] if r.status_code == 200 else None
+            if r.status_code not in (200, 404):
+                leftovers[f"lookup {jid}"] = r.status_code
+
+        await asyncio.gather(*(look(k, q, j) for k, (q, j) in ids.items()))
+        dead: dict[str, int] = {}
+        for q in run.queues:
+            dead[q] = (await http.get(f"{run.base(0)}/api/{NS}/{q}/deadletter")).json()["deadletter_size"]
+            if dead[q]:
+                await http.delete(f"{run.base(0)}/api/{NS}/{q}/deadletter", params={"limit": dead[q]})
+            s = (await http.get(f"{run.base(0)}/api/{NS}/{q}/size")).json()
+            if any(s[k] for k in ("size", "delayed", "reserved", "dead")):
+                leftovers[f"sizes {q}"] = s
+    with run.d.sync_client() as r:
+        for q in run.queues:
+            try:
+                check_queue(r, NS, q)
+                if keys := queue_keys(r, NS, q):
+                    leftovers[f"keys {q}"] = [k.decode() for k in keys[:5]]
+            except AssertionError as e:
+                leftovers[f"invariants {q}"] = str(e)
+    return Final(states, dead, leftovers)
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+async def load(run: Run, seconds: float, rate: float, at_least: int = 0) -> None:
+    stop = asyncio.Event()
+    consumers = [asyncio.create_task(consumer(run, 100 + k, stop)) for k in range(4)]
+    producers = [asyncio.create_task(producer(run, k, rate / 4, seconds, at_least)) for k in range(4)]
+    first, second = EVENTS[run.scenario]
+    await asyncio.sleep(seconds / 3)
+    await first(run)
+    await asyncio.sleep(max(0.0, seconds * 2 / 3 - run.now()))
+    await second(run)
+    await asyncio.gather(*producers)
+    run.draining = True
+    run.events.append(f"{run.now():.1f}s load stopped; draining")
+    deadline = run.now() + 60
+    async with httpx.AsyncClient(headers={"X-Token": run.token}, timeout=10) as http:
+        calm = 0
+        while run.now() < deadline and calm < 3:  # empty three times in a row, 0.5 s apart
+            await asyncio.sleep(0.5)
+            calm = calm + 1 if await drained(run, http) else 0
+    stop.set()
+    await asyncio.gather(*consumers)
+    run.events.append(f"{run.now():.1f}s drained")
+
+
+def history_run(scenario: str, seconds: float = 20, rate: float = 60, durable: bool = True,
+                seed: int | None = None, n_queues: int = 3,
+                deployment: Deployment | None = None, at_least: int = 0) -> tuple[Report, Run]:  # fmt: skip
+    """One run of ``scenario``: its report and the run (history, events, reply statuses). On
+    its own Redis topology, unless ``deployment`` is given (standalone only: nothing kills it)."""
+    seed = random.randrange(1 << 30) if seed is None else seed
+    durable = durable and scenario != "standalone"  # no replica to confirm a write
+    assert deployment is None or scenario == "standalone"
+    d = deployment or setup(scenario)
+    instances: list[Instance] = []
+    try:
+        instances = [start_instance(d, durable, first_port()) for _ in range(2)]
+        token = httpx.post(f"{instances[0].admin}/token/{NS}", params={"description": "history"}).json()["token"]
+        run = Run(scenario, d, instances, durable, token, [f"q{i}" for i in range(n_queues)], random.Random(seed))
+        run.events.append(f"seed {seed}")
+        time.sleep(1.5)  # leases settle: both instances lead some shards
+        run.t0 = time.monotonic()
+        asyncio.run(load(run, seconds, rate, at_least))
+        final = asyncio.run(final_state(run))
+        return check(run.h, final), run
+    finally:
+        for inst in instances:
+            inst.kill()
+        if deployment is None:
+            d.stop()
+
+
+def print_report(scenario: str, durable: bool, seconds: float, report: Report, run: Run) -> None:
+    print(f"history {scenario}, durable publish {'on' if run.durable else 'off'}, {seconds:.0f} s of load")
+    for e in run.events:
+        print(f"  {e}")
+    ops = run.h.counts()
+    print("  operations: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())))
+    print("  figures:    " + ", ".join(f"{k} {v}" for k, v in report.stats.items()))
+    print("  replies:    " + ", ".join(f"{k} {v}" for k, v in sorted(run.statuses.items())))
+    for k, text in run.examples.items():
+        print(f"    e.g. {k}: {text}")
+    print("  anomalies:  " + ", ".join(f"{k} {report.counts[k]}" for k in KINDS))
+    for k in KINDS:
+        for ex in report.examples[k][:3]:
+            print(f"    {k}: {ex}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--rate", type=float, default=60, help="publishes/s")
+    ap.add_argument("--no-durable", action="store_true")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--dump", help="write each run's history here (JSON lines, one event a line)")
+    a = ap.parse_args()
+    if a.scenario == "all":
+        runs = [("standalone", True), ("sentinel", True), ("sentinel", False), ("cluster", True), ("cluster", False)]
+    else:
+        runs = [(a.scenario, not a.no_durable and a.scenario != "standalone")]
+    for scenario, durable in runs:
+        report, run = history_run(scenario, a.seconds, a.rate, durable, a.seed)
+        print_report(scenario, durable, a.seconds, report, run)
+        if a.dump:
+            with open(a.dump, "a") as out:
+                for e in run.h.events:
+                    out.write(json.dumps({"run": f"{scenario} durable={durable}", **e.__dict__}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""The history checker (loadtest/history_check.py) on hand-made histories: a clean history
+passes, and each anomaly is found (and only it). Pure: no Redis, no service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadtest.history_check import KINDS, Final, History, Report, check
+
+
+class Script:
+    """Builds a history by hand: one call per operation, with its invoke and completion times."""
+
+    def __init__(self) -> None:
+        self.h = History()
+
+    def op(self, f: str, t0: float, t1: float, type: str = "ok", process: int = 0,
+           result: dict[str, Any] | None = None, **args: Any) -> None:  # fmt: skip
+        op = self.h.invoke(process, f, t0, **args)
+        if type != "none":
+            self.h.complete(op, type, t1, **(result or {}))
+
+    def publish(
+        self, key: str, t0: float, t1: float, type: str = "ok", delay_ms: int = 0, tries: int = 1
+    ) -> None:
+        self.op("publish", t0, t1, type, key=key, queue="q", delay_ms=delay_ms, tries=tries,
+                result={"job_id": "id-" + key} if type == "ok" else {})  # fmt: skip
+
+    def consume(self, key: str, t0: float, t1: float, remain: int, deliveries: int, ttr_ms: int = 1000,
+                lease: str | None = None, process: int = 1) -> None:  # fmt: skip
+        job = {
+            "key": key,
+            "job_id": "id-" + key,
+            "remain_tries": remain,
+            "deliveries": deliveries,
+            "lease": lease,
+        }
+        self.op(
+            "consume", t0, t1, process=process, queues=["q"], ttr_ms=ttr_ms, result={"jobs": [job]}
+        )
+
+    def act(self, f: str, key: str, t0: float, t1: float, type: str = "ok", **args: Any) -> None:
+        self.op(f, t0, t1, type, key=key, job_id="id-" + key, **args)
+
+    def check(
+        self, states: dict[str, str | None] | None = None, dead: int = 0, **leftovers: Any
+    ) -> Report:
+        return check(self.h, Final(states or {}, {"q": dead}, leftovers))
+
+
+def only(report: Report, kind: str | None, n: int = 1) -> None:
+    found = {k: c for k, c in report.counts.items() if c}
+    assert found == ({kind: n} if kind else {}), (found, report.examples)
+
+
+def clean() -> Script:
+    """Two jobs: one acked at once, one dropped (ttr ran out), delivered again and acked."""
+    s = Script()
+    s.publish("a", 0.0, 0.1, delay_ms=500, tries=2)
+    s.publish("b", 0.0, 0.1, tries=3)
+    s.consume("b", 0.1, 0.2, remain=2, deliveries=1, ttr_ms=1000)
+    s.consume("a", 0.6, 0.7, remain=1, deliveries=1)
+    s.act("ack", "a", 0.7, 0.8)
+    s.consume("b", 1.0, 1.25, remain=1, deliveries=2)  # 1.25 > 0.1 + 1 s ttr
+    s.act("ack", "b", 1.3, 1.4)
+    return s
+
+
+def test_a_clean_history_passes() -> None:
+    r = clean().check()
+    only(r, None)
+    assert (
+        r.stats["publish_ok"] == 2
+        and r.stats["deliveries"] == 3
+        and r.stats["redelivered_jobs"] == 1
+    )
+
+
+def test_unexpected_delivery() -> None:
+    s = clean()
+    s.consume("ghost", 2.0, 2.1, remain=0, deliveries=1)
+    only(s.check(), "unexpected")
+    s = clean()  # a publish that certainly failed (4xx) is not a publish
+    s.publish("c", 2.0, 2.1, type="fail")
+    s.consume("c", 2.2, 2.3, remain=0, deliveries=1)
+    only(s.check(), "unexpected")
+
+
+def test_double_publish() -> None:
+    s = clean()
+    s.publish("c", 2.0, 2.1)
+    s.consume("c", 2.2, 2.3, remain=0, deliveries=1)
+    s.op("consume", 2.2, 2.3, process=2, queues=["q"], ttr_ms=1000,
+         result={"jobs": [{"key": "c", "job_id": "other", "remain_tries": 0, "deliveries": 1}]})  # fmt: skip
+    s.act("ack", "c", 2.4, 2.5)
+    only(s.check(), "double_publish")
+
+
+def test_an_indeterminate_publish_may_be_delivered_or_not() -> None:
+    s = clean()
+    s.publish("c", 2.0, 2.1, type="info")
+    s.publish("d", 2.0, 2.1, type="info")
+    s.publish("e", 2.0, 0, type="none")  # never completed: the client gave up
+    s.consume("c", 2.2, 2.3, remain=0, deliveries=1)
+    s.act("ack", "c", 2.3, 2.4)
+    only(s.check(), None)
+
+
+def test_lost_acknowledged_publish() -> None:
+    s = clean()
+    s.publish("c", 2.0, 2.1)
+    r = s.check()
+    only(r, "lost")
+    assert r.stats["never_delivered"] == 1
+    s = clean()  # delivered, dropped with tries left, then gone without an ack
+    s.publish("c", 2.0, 2.1, tries=2)
+    s.consume("c", 2.2, 2.3, remain=1, deliveries=1)
+    only(s.check(), "lost")
+
+
+def test_duplicated_after_ack() -> None:
+    s = clean()
+    s.consume("a", 0.9, 1.0, remain=0, deliveries=2)  # asked for after the ack of 0.8 succeeded
+    only(s.check(), "duplicated")
+    s = clean()  # a consume sent while the ack was under way is at-least-once, not a duplicate
+    s.consume("a", 0.75, 0.9, remain=0, deliveries=2)
+    assert s.check().counts["duplicated"] == 0
+
+
+def test_early_from_the_publish_and_from_a_release() -> None:
+    s = clean()
+    s.publish("c", 2.0, 2.1, delay_ms=1000)
+    s.consume("c", 2.2, 2.95, remain=0, deliveries=1)  # the reply came before 2.0 + 1 s
+    s.act("ack", "c", 3.0, 3.1)
+    only(s.check(), "early")
+    # Due at 3.0 at the earliest only if published at its invoke: a reply at 3.05 is not early
+    # even though it is before publish ack (2.1) + delay.
+    s = clean()
+    s.publish("c", 2.0, 2.1, delay_ms=1000)
+    s.consume("c", 2.2, 3.05, remain=0, deliveries=1)
+    s.act("ack", "c", 3.1, 3.2)
+    only(s.check(), None)
+    s = clean()  # released with a 2 s delay, delivered again 1 s later
+    s.publish("c", 2.0, 2.1, tries=2)
+    s.consume("c", 2.2, 2.3, remain=1, deliveries=1)
+    s.act("release", "c", 2.4, 2.5, delay_ms=2000, result={"state": "delayed"})
+    s.consume("c", 2.6, 3.5, remain=0, deliveries=2)
+    s.act("ack", "c", 3.6, 3.7)
+    only(s.check(), "early_release")
+
+
+def test_held_twice_within_the_ttr() -> None:
+    s = clean()
+    s.publish("c", 2.0, 2.1, tries=3)
+    s.consume("c", 2.2, 2.3, remain=2, deliveries=1, ttr_ms=2000)
+    s.consume("c", 3.0, 3.2, remain=1, deliveries=2, process=2)  # 3.2 < 2.2 + 2 s
+    s.act("ack", "c", 3.3, 3.4)
+    only(s.check(), "held_twice")
+    s = clean()  # the same, but a release was under way in between: not a second holder
+    s.publish("c", 2.0, 2.1, tries=3)
+    s.consume("c", 2.2, 2.3, remain=2, deliveries=1, ttr_ms=2000)
+    s.act("release", "c", 2.4, 2.6, type="info", delay_ms=0)
+    s.consume("c", 2.5, 3.2, remain=1, deliveries=2, process=2)
+    s.act("ack", "c", 3.3, 3.4)
+    only(s.check(), None)
+    s = clean()  # a touch with a shorter ttr moved the end of the first hold earlier: fine
+    s.publish("c", 2.0, 2.1, tries=3)
+    s.consume("c", 2.2, 2.3, remain=2, deliveries=1, ttr_ms=2000)
+    s.act("touch", "c", 2.4, 2.5, ttr_ms=300)
+    s.consume("c", 2.6, 3.2, remain=1, deliveries=2, process=2)  # 3.2 > 2.4 + 0.3
+    s.act("ack", "c", 3.3, 3.4)
+    only(s.check(), None)
+    s.act("touch", "c", 2.45, 2.5, ttr_ms=300)  # ... but not when it held the job still
+    s.h.events = [e for e in s.h.events if not (e.f == "consume" and e.process == 2)]
+    s.consume("c", 2.6, 2.65, remain=1, deliveries=2, process=2)  # 2.65 < 2.4 + 0.3
+    only(s.check(), "held_twice")
+    s = clean()  # the same delivery count twice (a lost write): held twice if they overlap
+    s.publish("c", 2.0, 2.1, tries=3)
+    s.consume("c", 2.2, 2.3, remain=2, deliveries=1, ttr_ms=2000)
+    s.consume("c", 2.5, 2.6, remain=2, deliveries=1, process=2)
+    s.act("ack", "c", 3.3, 3.4)
+    only(s.check(), "held_twice")
+
+
+def test_over_tries_and_remain_tries() -> None:
+    s = clean()
+    s.publish("c", 2.0, 2.1, tries=1)
+    s.consume("c", 2.2, 2.3, remain=0, deliveries=1, ttr_ms=100)
+    s.consume("c", 2.5, 2.6, remain=0, deliveries=2)  # a second delivery of a 1-try job
+    s.act("ack", "c", 2.7, 2.8)
+    r = s.check()
+    assert r.counts["over_tries"] == 2 and r.counts["remain_tries"] == 1, r.counts
+    s = clean()
+    s.publish("c", 2.0, 2.1, tries=3)
+    s.consume("c", 2.2, 2.3, remain=1, deliveries=1)  # should say 2
+    s.act("ack", "c", 2.4, 2.5)
+    only(s.check(), "remain_tries")
+
+
+def dropped_last_try() -> Script:
+    s = clean()
+    s.publish("c", 2.0, 2.1, tries=2)
+    s.consume("c", 2.2, 2.3, remain=1, deliveries=1, ttr_ms=100)
+    s.consume("c", 2.5, 2.6, remain=0, deliveries=2, ttr_ms=100)  # dropped: dead after its ttr
+    return s
+
+
+def test_dead_letters_exact() -> None:
+    only(dropped_last_try().check({"c": "dead"}, dead=1), None)
+    only(dropped_last_try().check({"c": None}, dead=0), "lost")
+    only(dropped_last_try().check({"c": "ready"}, dead=0), "dead_letter")
+    only(dropped_last_try().check({"c": "dead"}, dead=2), "dead_letter")  # the size disagrees
+    s = clean()  # tries left at its last delivery, yet dead
+    s.publish("c", 2.0, 2.1, tries=2)
+    s.consume("c", 2.2, 2.3, remain=1, deliveries=1, ttr_ms=100)
+    only(s.check({"c": "dead"}, dead=1), "dead_letter")
+    # ... unless a consume whose reply was lost may have taken it again
+    s.op("consume", 2.5, 2.9, "info", queues=["q"], ttr_ms=100)
+    only(s.check({"c": "dead"}, dead=1), None)
+    s = clean()  # a release on the last try sends it to the dead letter
+    s.publish("c", 2.0, 2.1, tries=1)
+    s.consume("c", 2.2, 2.3, remain=0, deliveries=1)
+    s.act("release", "c", 2.4, 2.5, delay_ms=0, result={"state": "dead"})
+    only(s.check({"c": "dead"}, dead=1), None)
+
+
+def test_left_behind() -> None:
+    s = clean()
+    s.publish("c", 2.0, 2.1, tries=2)
+    s.consume("c", 2.2, 2.3, remain=1, deliveries=1)
+    only(s.check({"c": "ready"}), "left_behind")
+    only(clean().check(sizes={"q": {"size": 1}}), "left_behind")
+
+
+def test_stale_lease() -> None:
+    def late_ack(type: str) -> Script:
+        s = clean()
+        s.publish("c", 2.0, 2.1, tries=2)
+        s.consume("c", 2.2, 2.3, remain=1, deliveries=1, ttr_ms=100, lease="L1")
+        s.consume("c", 2.5, 2.6, remain=0, deliveries=2, lease="L2", process=2)
+        s.act("ack", "c", 2.7, 2.8, type, lease="L1",
+              result={"status": 409} if type == "fail" else {})  # fmt: skip
+        s.act("ack", "c", 2.9, 3.0, lease="L2")
+        return s
+
+    r = late_ack("fail").check()
+    only(r, None)  # refused: right
+    assert r.stats["lease_conflicts"] == 1
+    r = late_ack("ok").check()
+    assert r.counts["stale_lease"] == 1, r.counts
+    s = late_ack("ok")  # the holder's ack came first: the late one acks a gone job, no conflict
+    s.h.events = [e for e in s.h.events if e.value.get("lease") != "L2" or e.f != "ack"]
+    s.act("ack", "c", 2.65, 2.68, lease="L2")
+    only(s.check(), None)
+
+    def expired(touch_ttr_ms: int | None) -> Report:  # nobody else took it, but its ttr ran out
+        s = clean()
+        s.publish("c", 2.0, 2.1, tries=2)
+        s.consume("c", 2.2, 2.3, remain=1, deliveries=1, ttr_ms=500, lease="L1")
+        if touch_ttr_ms:
+            s.act("touch", "c", 2.4, 2.5, lease="L1", ttr_ms=touch_ttr_ms)
+        s.act("ack", "c", 2.9, 3.0, lease="L1")  # 2.9 > 2.3 + 0.5
+        return s.check()
+
+    only(expired(None), "stale_lease")
+    only(expired(1000), None)  # the touch moved the deadline to 3.5 at the latest
+
+
+def test_every_kind_has_a_test() -> None:
+    names = {n for n in globals() if n.startswith("test_")}
+    for kind in KINDS:
+        assert any(kind.split("_")[0] in n for n in names), kind
