@@ -50,9 +50,10 @@ class Service:
             items = result if isinstance(result, list) else [result]
             ids = [p.job_id for p in items if isinstance(p, Published)]
             what = f"job(s) {', '.join(ids)} written" if ids else "the write was applied"
+            safe = ("repeating the request is safe (publishing with the same job_id is idempotent)" if ids
+                    else "repeating it is safe" if idempotent else "look the job up before repeating it")
             raise PoolUnavailable(pool.name, str(e), (
-                f"{what} on the master, but {e}: it may be lost if the master fails now; "
-                "repeating the request is safe (publishing with the same job_id is idempotent)"
+                f"{what} on the master, but {e}: it may be lost if the master fails now; {safe}"
             )) from e  # fmt: skip
         except (RedisError, OSError) as e:
             raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}", _outcome(e, idempotent)) from e
