@@ -9,7 +9,7 @@
   KEYS[1..10] the queue's fixed keys
   ARGV[1] now (ms)  ARGV[2] ttr (ms)  ARGV[3] count  ARGV[4] limit (promote, expire, skip)
   ARGV[5] notify channel  ARGV[6] bucket open lead (ms)
-  ARGV[7] lease prefix (7 bytes): the i-th job reserved by this call gets prefix .. byte(i)
+  ARGV[7] lease prefix (6 random bytes): the i-th job reserved by this call gets prefix .. u16(i)
   Returns: {lowered, stale, retried, dead, expired, more, member_1, record_1, lease_1, ...}
     (records as delivered;
     lowered: 1 when the queue's next pump event moved earlier, see publish.lua;
@@ -42,7 +42,7 @@ while got < count and skipped < limit do
       local _, _, tries, deliveries = header(rec)
       rec = with_counts(rec, tries - 1, deliveries + 1)
       got = got + 1
-      local lease = prefix .. string.char(got)
+      local lease = prefix .. struct.pack('>H', got)
       redis.call('HSET', JOBS, id, rec)
       redis.call('ZADD', RESERVED, now + ttr, id)
       redis.call('HSET', LEASES, id, lease)
