@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import admin
@@ -54,6 +55,8 @@ def operations(t: int) -> Scenario:
              JobSpec(b"c", job_id="j-c", tries=1)]  # fmt: skip
     yield "publish", ops.publish(cfg, NS, Q, specs, t), {"idempotent": True, "durable": True}
     yield "publish again", ops.publish(cfg, NS, Q, specs[:1], t), {"idempotent": True}
+    batches = [(NS, f"bulk-{i}", [JobSpec(b"m", job_id=f"m-{i}")]) for i in range(8)]  # on several nodes
+    yield "publish many", ops.publish_many(cfg, batches, t), {"idempotent": True, "durable": True}
     yield "known", ops.known_ids(NS, Q, ["j-a", "j-x"], t, cfg.remember_acked_ms), {"idempotent": True}
     yield "sizes", ops.sizes(cfg, NS, Q), {"idempotent": True}
     yield "peek", ops.peek(cfg, NS, Q, "ready", t), {"idempotent": True}
@@ -122,24 +125,36 @@ def run_sync(engine: SyncEngine, scenario: Scenario) -> list[tuple[str, Any]]:
         out.append((name, normal(result)))
 
 
+
+
+def durable(deployment: Deployment) -> dict[str, int]:
+    """One replica must confirm each durable write: a standalone server has none (NotReplicated,
+    in both, soon), a Cluster's masters and a Sentinel group's master have them (in time)."""
+    return {"wait_replicas": 1, "wait_timeout_ms": 20 if isinstance(deployment, Server) else 2_000}
+
+
 async def test_the_same_operations_give_the_same_results(deployment: Deployment, sync_redis: redis.Redis) -> None:
     t = now_ms()
     settings = deployment.pool_settings()
     client = make_client(settings)
+    if isinstance(client, AsyncRedisCluster):
+        await client.initialize()  # as RedisPool.start does
     try:
-        got_async = await run_async(AsyncEngine(client, clock=lambda: t), operations(t))
+        got_async = await run_async(AsyncEngine(client, clock=lambda: t, **durable(deployment)), operations(t))
     finally:
         await close_client(client)
     flush(sync_redis)
     sync_client = make_sync_client(settings)
     try:
-        got_sync = run_sync(SyncEngine(sync_client, clock=lambda: t), operations(t))
+        got_sync = run_sync(SyncEngine(sync_client, clock=lambda: t, **durable(deployment)), operations(t))
     finally:
         sync_client.close()
     assert [name for name, _ in got_async] == [name for name, _ in got_sync]
     for (name, a), (_, s) in zip(got_async, got_sync, strict=True):
         assert a == s, name
     results = dict(got_async)
+    standalone = isinstance(deployment, Server)
+    assert (results["publish many"][0] == "NotReplicated") is standalone, results["publish many"]
     assert results["publish again"][0][1]["duplicate"]  # not a vacuous run
     assert results["touch, wrong lease"][0] == "Conflict"
     assert results["fenced"][0] == "ServerError" and "FENCED" in results["fenced"][1]
@@ -240,25 +255,28 @@ async def test_a_flushed_script_cache_is_reloaded(redis_server: Server, standalo
 
 async def test_a_durable_write_waits_for_replicas_in_both(redis_server: Server, standalone_redis: redis.Redis) -> None:
     """``wait_replicas`` on a server without replicas: the write is applied and WAIT counts 0
-    replicas, so both raise ``NotReplicated`` with the operation's result; a flushed script
-    cache on the way is reloaded."""
+    replicas, so both raise ``NotReplicated`` with the operation's result, for one script and
+    for a pipeline of them (the Spark job's bulk publish); a flushed script cache on the way
+    is reloaded."""
     both = Both(redis_server.pool_settings(), wait_replicas=1, wait_timeout_ms=20)
     cfg = both.aio.config
     t = now_ms()
+    specs = [JobSpec(b"a", job_id="j-a")]
     try:
-        outcomes = []
-        for engine in (both.aio, both.sync):
-            standalone_redis.flushall()
-            standalone_redis.script_flush()
-            op = ops.publish(cfg, NS, Q, [JobSpec(b"a", job_id="j-a")], t)
-            with pytest.raises(NotReplicated) as caught:
-                if isinstance(engine, AsyncEngine):
-                    await engine.run(op, idempotent=True, durable=True)
-                else:
-                    engine.run(op, idempotent=True, durable=True)
-            assert (caught.value.acked, caught.value.wanted) == (0, 1)
-            outcomes.append(normal(caught.value.result))
-        assert outcomes[0] == outcomes[1] and outcomes[0][0][1]["job_id"] == "j-a"
+        for make in (lambda: ops.publish(cfg, NS, Q, specs, t), lambda: ops.publish_many(cfg, [(NS, Q, specs)], t)):
+            outcomes = []
+            for engine in (both.aio, both.sync):
+                standalone_redis.flushall()
+                standalone_redis.script_flush()
+                with pytest.raises(NotReplicated) as caught:
+                    if isinstance(engine, AsyncEngine):
+                        await engine.run(make(), idempotent=True, durable=True)
+                    else:
+                        engine.run(make(), idempotent=True, durable=True)
+                assert (caught.value.acked, caught.value.wanted) == (0, 1)
+                outcomes.append(normal(caught.value.result))
+                assert standalone_redis.hexists(QueueKeys(NS, Q).jobs, "j-a")  # applied on the master
+            assert outcomes[0] == outcomes[1] and "j-a" in str(outcomes[0])
     finally:
         await both.close()
 

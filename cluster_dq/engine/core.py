@@ -6,7 +6,7 @@ and what a stale master calls for. No I/O here: the executors only send what thi
 from __future__ import annotations
 
 import enum
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import retry_if_exception_type
 
-from cluster_dq.engine.commands import Eval, Step
+from cluster_dq.engine.commands import Call, Eval, Step
 from cluster_dq.engine.retry import OPTIONAL_POLICY, POLICY
 from cluster_dq.errors import (
     MovedDuringWait,
@@ -157,12 +157,19 @@ def plan(step: Step, *, idempotent: bool, durable: bool) -> Plan:
     replica count to wait for and the operation asked for it."""
     if isinstance(step, Eval) and step.optional:
         return Plan(How.OPTIONAL, _IDEMPOTENT, _policy(_IDEMPOTENT, OPTIONAL_POLICY))
-    if durable and isinstance(step, Eval) and step.script in DURABLE_SCRIPTS:
-        # A repeat after a lost reply finds the job there and reports it as duplicate.
-        errors: tuple[type[BaseException], ...] = _IDEMPOTENT if idempotent else _NOT_IDEMPOTENT
-        return Plan(How.DURABLE, errors, _policy(errors, POLICY))
+    errors: tuple[type[BaseException], ...]
     errors = _IDEMPOTENT if idempotent else _NOT_IDEMPOTENT if isinstance(step, Eval) else ()
-    return Plan(How.PLAIN, errors, _policy(errors, POLICY) if errors else POLICY)
+    policy = _policy(errors, POLICY) if errors else POLICY
+    if durable and any(c.script in DURABLE_SCRIPTS for c in durable_calls(step)):
+        # A repeat after a lost reply finds the jobs there and reports them as duplicates.
+        return Plan(How.DURABLE, errors, policy)
+    return Plan(How.PLAIN, errors, policy)
+
+
+def durable_calls(step: Step) -> list[Eval]:
+    """The scripts of a step (one, or a pipeline's) that a durable write waits for."""
+    calls = step if isinstance(step, tuple) else (step,)
+    return [c for c in calls if isinstance(c, Eval) and c.script in DURABLE_SCRIPTS]
 
 
 def describe(step: Step) -> str:
@@ -181,6 +188,14 @@ def restamp(step: Step, now: int) -> Step:
     return step.restamped(now) if isinstance(step, Eval) else step
 
 
+def queue_call(pipe: Any, call: Call, scripts: Mapping[str, Any]) -> None:
+    """Adds one call to a pipeline (a script by its sha: the executor reloads what is missing)."""
+    if isinstance(call, Eval):
+        pipe.execute_command("EVALSHA", scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+    else:
+        pipe.execute_command(*call.args)
+
+
 # -- replies -------------------------------------------------------------------------------
 
 
@@ -194,16 +209,17 @@ def pipeline_reloads(results: list[Any]) -> list[int]:
     return [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
 
 
-def durable_reply(reply: Any, acked: Any) -> tuple[Any, int] | None:
-    """The (script reply, WAIT reply) of a durable write -> (reply, replicas that have it);
-    None: the script was not cached, load it and send both again."""
-    if isinstance(reply, NoScriptError):
-        return None
-    if isinstance(reply, Exception):
-        raise reply
-    if isinstance(acked, Exception):
-        raise acked
-    return reply, int(acked)
+def durable_replies(results: list[Any], sent: int) -> tuple[list[Any], list[int], int]:
+    """A durable pipeline's replies: ``sent`` calls, then one WAIT per node written to (the
+    same connection: WAIT counts the replicas that have that connection's writes). Returns
+    the calls' replies, the positions whose script was not cached (the executor loads it and
+    sends those again, with a WAIT of their own), and the fewest replicas a WAIT counted."""
+    replies, waits = results[:sent], results[sent:]
+    for r in (*replies, *waits):
+        if isinstance(r, Exception) and not isinstance(r, NoScriptError):
+            raise r
+    missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+    return replies, missing, min(int(w) for w in waits)
 
 
 class Run(Generic[T]):

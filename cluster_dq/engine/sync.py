@@ -54,10 +54,7 @@ class SyncEngine:
     def _pipeline(self, calls: tuple[Call, ...]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for c in calls:
-            if isinstance(c, Eval):
-                pipe.execute_command("EVALSHA", self.scripts[c.script].sha, len(c.keys), *c.keys, *c.args)
-            else:
-                pipe.execute_command(*c.args)
+            core.queue_call(pipe, c, self.scripts)
         results: list[Any] = pipe.execute(raise_on_error=False)
         for i in core.pipeline_reloads(results):
             results[i] = self._call(calls[i])
@@ -79,22 +76,33 @@ class SyncEngine:
         self.observer(time.perf_counter() - started, None)
         return reply
 
-    def _durable_step(self, call: Eval) -> tuple[Any, int]:
-        """The script and a ``WAIT`` on the same connection (see ``AsyncEngine``)."""
-        script = self.scripts[call.script]
+    def _durable_step(self, step: Step) -> tuple[Any, int]:
+        """The step's calls and a ``WAIT`` on the same connection (see ``AsyncEngine``)."""
+        calls = step if isinstance(step, tuple) else (step,)
+        replies: list[Any] = [None] * len(calls)
+        todo, acked = list(range(len(calls))), self.wait_replicas
         for _ in range(2):
             pipe = self.client.pipeline(transaction=False)
-            pipe.execute_command("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+            for i in todo:
+                core.queue_call(pipe, calls[i], self.scripts)
             if isinstance(self.client, RedisCluster):
-                node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call]
-                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms, target_nodes=node)
+                written = core.durable_calls(tuple(calls[i] for i in todo))
+                found = [self.client.get_node_from_key(c.keys[0]) for c in written]  # type: ignore[no-untyped-call]
+                nodes = {n.name: n for n in found if n is not None}
+                for node in nodes.values():
+                    pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms, target_nodes=node)
             else:
                 pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-            got = core.durable_reply(*pipe.execute(raise_on_error=False))
-            if got is not None:
-                return got
-            self.client.script_load(script.script)  # after a failover: load it, once more
-        raise NoScriptError(f"script {call.script} could not be loaded")
+            got, missing, replicas = core.durable_replies(pipe.execute(raise_on_error=False), len(todo))
+            for i, reply in zip(todo, got):
+                replies[i] = reply
+            acked = min(acked, replicas)
+            if not missing:
+                return (replies if isinstance(step, tuple) else replies[0]), acked
+            todo = [todo[m] for m in missing]
+            for name in {c.script for c in (calls[i] for i in todo) if isinstance(c, Eval)}:
+                self.client.script_load(self.scripts[name].script)  # after a failover
+        raise NoScriptError(f"scripts {[calls[i] for i in todo]} could not be loaded")
 
     def _forget_connections(self) -> None:
         if isinstance(self.client, Redis):
@@ -116,7 +124,6 @@ class SyncEngine:
 
     def _attempt(self, step: Step, how: core.How) -> Any:
         if how is core.How.DURABLE:
-            assert isinstance(step, Eval)
             return self._translated(lambda: self._durable_step(step))
         return self._translated(lambda: self._step(step))
 
