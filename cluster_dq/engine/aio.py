@@ -17,13 +17,8 @@ from tenacity import AsyncRetrying
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import core
 from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
-from cluster_dq.engine.core import leaked_transport_race as leaked_transport_race
 from cluster_dq.engine.scripts import load_all
-from cluster_dq.errors import MovedDuringWait as MovedDuringWait
-from cluster_dq.errors import NotReplicated as NotReplicated
 from cluster_dq.errors import RedisFailure
-from cluster_dq.errors import Refused as Refused
-from cluster_dq.errors import StaleMaster as StaleMaster
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

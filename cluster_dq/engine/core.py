@@ -64,9 +64,8 @@ _TRANSIENT_REPLIES = ("WAIT cannot be used with replica",)
 
 def classify(e: BaseException) -> Kind | None:
     """The one table: a Redis or OS error -> its kind; None for anything else (a bug)."""
-    if isinstance(e, RedisFailure):
-        return Kind.REFUSED if isinstance(e, Refused) else Kind.TRANSIENT if isinstance(e, Transient) \
-            else Kind.PERMANENT  # fmt: skip
+    if isinstance(e, RedisFailure):  # translated already
+        return Kind.REFUSED if isinstance(e, Refused) else Kind.TRANSIENT if isinstance(e, Transient) else Kind.PERMANENT
     text = str(e)
     if isinstance(e, _REFUSED_TYPES) or (isinstance(e, ResponseError) and text.startswith(_REFUSED_REPLIES)):
         return Kind.REFUSED
