@@ -1,44 +1,51 @@
-"""One exception tree for the whole service; HTTP maps each class to one status code.
+"""One exception tree for the whole service. The domain errors say what went wrong; the one
+HTTP status table (``http/errors.py``) maps each class to a status code.
 
     ClusterDQError
-    ├── BadRequest            user input refused (400), names the parameter
-    │   └── BodyTooLarge      413
-    ├── NotFound              404 (job, queue head, pool)
-    ├── Conflict              409: a lease that no longer holds its job (nothing changed)
-    ├── Unauthorized          401
-    ├── RateLimited           429
-    ├── PoolUnavailable       Redis unreachable or failing over after retries (503)
-    └── ConfigError           bad settings at start-up (names the key)
+    ├── BadRequest            user input refused, names the parameter
+    │   └── BodyTooLarge
+    ├── NotFound              job, queue head, pool
+    ├── Conflict              a lease that no longer holds its job (nothing changed)
+    ├── Unauthorized
+    ├── RateLimited
+    ├── PoolUnavailable       what a client is told when Redis failed (the service's advice)
+    ├── ConfigError           bad settings at start-up (names the key)
+    └── RedisFailure          a Redis step failed: redis-py's and the OS's errors, translated
+        │                     once, by the engine (``engine/core.py``, ``translate``)
+        ├── Transient         the connection or the topology failed: the step may have run
+        │   ├── Refused       the server refused the step before running it: nothing ran
+        │   │   └── StaleMaster      NOREPLICAS: a master without its replicas
+        │   └── MovedDuringWait      a durable write's WAIT met a replica (Cluster failover)
+        ├── NotReplicated     a durable write that too few replicas confirmed in time
+        └── ServerError       permanent: an error reply the engine has no meaning for
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ClusterDQError(Exception):
-    status = 500
+    pass
 
 
 class BadRequest(ClusterDQError):
-    status = 400
-
     def __init__(self, message: str, parameter: str | None = None) -> None:
         super().__init__(message)
         self.parameter = parameter
 
 
 class BodyTooLarge(BadRequest):
-    status = 413
+    pass
 
 
 class NotFound(ClusterDQError):
-    status = 404
+    pass
 
 
 class Conflict(ClusterDQError):
     """A lease was given and the job is not held by that delivery any more: another delivery
     holds it, its ttr ran out, or it is in another state (``None``: gone). Nothing changed."""
-
-    status = 409
 
     def __init__(self, conflicts: list[tuple[str, str | None]]) -> None:
         self.conflicts = conflicts
@@ -50,19 +57,17 @@ class Conflict(ClusterDQError):
 
 
 class Unauthorized(ClusterDQError):
-    status = 401
+    pass
 
 
 class RateLimited(ClusterDQError):
-    status = 429
+    pass
 
 
 class PoolUnavailable(ClusterDQError):
     """What a client is told (``str()``): the pool, that Redis is unavailable, and ``advice``
     (e.g. that a write may have been applied and whether repeating it is safe). ``detail``
     (the Redis error: addresses, exception text) is for the log only."""
-
-    status = 503
 
     def __init__(self, pool: str, detail: str, advice: str = "") -> None:
         public = f"pool {pool!r} unavailable: redis unavailable (unreachable or failing over)"
@@ -72,3 +77,57 @@ class PoolUnavailable(ClusterDQError):
 
 class ConfigError(ClusterDQError):
     pass
+
+
+# -- Redis failures (raised by the engine's executors) ----------------------------------------
+
+
+class RedisFailure(ClusterDQError):
+    """A step sent to Redis failed. The text names the Redis error (for logs, never a client)."""
+
+
+class Transient(RedisFailure):
+    """The connection or the topology failed (reset, timeout, failover, slot moving): the step
+    may have run. The retry policy repeats it where repeating is safe."""
+
+
+class Refused(Transient):
+    """The server refused the step before running it (NOREPLICAS, READONLY, TRYAGAIN,
+    LOADING): nothing ran, so the step is repeated even when it is not safe to repeat."""
+
+
+class StaleMaster(Refused):
+    """A write refused with NOREPLICAS: the server has fewer good replicas than its
+    ``min-replicas-to-write``. The case that matters is a master paused past a failover (a
+    stall, a frozen VM) that comes back still believing it is the master: until the sentinels
+    demote it (~10 s measured) it would take writes on the connections clients kept to it,
+    and lose them all when it becomes a replica; reservations made there would deliver jobs
+    already acked on the new master. Nothing was written. The engine drops its idle
+    connections, so the next one asks Sentinel for the master again."""
+
+
+class MovedDuringWait(Transient):
+    """A durable write's ``WAIT`` reached a node that is a replica now: the queue's slot
+    moved (a Cluster failover) between the client's slot map and the write. The script itself
+    followed the MOVED redirect and may have run on the new master, unconfirmed. Transient, so
+    the retry policy repeats the write (a repeat of the same job ids reports them as present)
+    once the client's slot map has caught up."""
+
+
+class NotReplicated(RedisFailure):
+    """A durable write reached the master but fewer replicas than required confirmed it in
+    time. ``result`` is what the operation returned (e.g. the job ids): the write may still
+    be lost if the master fails now."""
+
+    def __init__(self, acked: int, wanted: int, timeout_ms: int, result: Any) -> None:
+        super().__init__(f"{acked} of {wanted} replicas confirmed the write within {timeout_ms} ms")
+        self.acked, self.wanted, self.result = acked, wanted, result
+
+
+class ServerError(RedisFailure):
+    """An error reply the engine has no meaning for (OOM at maxmemory, BUSY, a script's own
+    error such as FENCED): permanent, never repeated. ``reply`` is the server's text."""
+
+    def __init__(self, message: str, reply: str) -> None:
+        super().__init__(message)
+        self.reply = reply

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
 from cluster_dq.engine.commands import EngineConfig, MoveSink
-from cluster_dq.errors import ConfigError
+from cluster_dq.errors import ConfigError, RedisFailure
 from cluster_dq import metrics as metrics_module
 from cluster_dq.metrics import PoolMetrics, SizeBoard
 from cluster_dq.pump import Pump
@@ -167,12 +167,12 @@ class RedisPool:
         """For /readyz: Redis answers, and every script is loaded (loading what is missing)."""
         try:
             await self.engine.ping()
-        except (RedisError, OSError) as e:
-            return {"redis": False, "scripts": False, "error": f"{type(e).__name__}: {e}"}
+        except RedisFailure as e:
+            return {"redis": False, "scripts": False, "error": _said(e)}
         try:
             return {"redis": True, "scripts": await self.engine.ensure_scripts()}
-        except (RedisError, OSError) as e:
-            return {"redis": True, "scripts": False, "error": f"{type(e).__name__}: {e}"}
+        except RedisFailure as e:
+            return {"redis": True, "scripts": False, "error": _said(e)}
 
     async def close(self) -> bool:
         """Stops the pump and the hub (long-polls answered, jobs of gone consumers given
@@ -182,3 +182,9 @@ class RedisPool:
         clean = await self.hub.close()
         await close_client(self.engine.client)
         return clean
+
+
+def _said(e: RedisFailure) -> str:
+    """What Redis said (the error the engine translated), for /readyz."""
+    cause = e.__cause__ or e
+    return f"{type(cause).__name__}: {cause}"

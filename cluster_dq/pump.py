@@ -19,10 +19,10 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from redis.exceptions import RedisError, ResponseError
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.errors import RedisFailure, ServerError
 from cluster_dq.keys import META_PATTERN, parse_qualified, queue_of_key
 from cluster_dq.metrics import PoolMetrics, SizeBoard
 
@@ -74,7 +74,7 @@ class Pump:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         for shard in list(self.leading):
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(RedisFailure):
                 await self.engine.run(ops.lead(shard, self.token, self.lease_ms, give_up=True))
         self.leading.clear()
         for shard in list(self._reported):
@@ -87,7 +87,7 @@ class Pump:
         asked = time.monotonic()
         try:
             epoch = await self.engine.run(ops.lead(shard, self.token, self.lease_ms))
-        except (RedisError, OSError) as e:
+        except RedisFailure as e:
             log.warning("pump lease renewal failed for shard %d: %s", shard, e)
             epoch = 0
         held = epoch > 0
@@ -135,8 +135,8 @@ class Pump:
                     await asyncio.sleep(wait)
             except asyncio.CancelledError:
                 raise
-            except ResponseError as e:
-                if "FENCED" in str(e):
+            except ServerError as e:
+                if "FENCED" in e.reply:
                     # Another instance leads this shard now: stop at once (no lease to wait out).
                     log.warning("pump shard %d: %s; leadership dropped", shard, e)
                     self._lose(shard)
@@ -147,7 +147,7 @@ class Pump:
                 failures += 1
                 await self._back_off(shard, failures, e)
                 continue
-            except (RedisError, OSError) as e:
+            except RedisFailure as e:
                 if _cancelled():  # redis-py can turn a cancellation into a connection error
                     raise asyncio.CancelledError() from e
                 failures += 1

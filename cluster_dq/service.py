@@ -1,21 +1,20 @@
 """The use cases: the only thing HTTP handlers call. Routes a request to its pool's engine and
-translates Redis failures into ``PoolUnavailable`` (503) at this boundary."""
+tells the client what a Redis failure means for its request (``PoolUnavailable``), in one
+place: ``_unavailable``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
-
-from redis.exceptions import RedisError
 
 from cluster_dq import metrics
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.aio import REFUSED, NotReplicated
 from cluster_dq.engine.commands import Op, Published, Sizes
-from cluster_dq.errors import Conflict, NotFound, PoolUnavailable, Unauthorized
+from cluster_dq.errors import Conflict, NotFound, NotReplicated, PoolUnavailable, RedisFailure, Refused, Unauthorized
 from cluster_dq.keys import parse_qualified
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.models import Job, JobSpec, JobState, validate_spec
@@ -43,20 +42,8 @@ class Service:
         return r
 
     async def _run(self, pool: RedisPool, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
-        try:
+        with _unavailable(pool.name, idempotent=idempotent):
             return await pool.engine.run(op, idempotent=idempotent, durable=durable)
-        except NotReplicated as e:
-            result = e.result[1] if isinstance(e.result, tuple) else e.result
-            items = result if isinstance(result, list) else [result]
-            ids = [p.job_id for p in items if isinstance(p, Published)]
-            what = f"job(s) {', '.join(ids)} written" if ids else "the write was applied"
-            safe = ("repeating the request is safe (publishing with the same job_id is idempotent)" if ids
-                    else "repeating it is safe" if idempotent else "look the job up before repeating it")
-            raise PoolUnavailable(pool.name, str(e), (
-                f"{what} on the master, but {e}: it may be lost if the master fails now; {safe}"
-            )) from e  # fmt: skip
-        except (RedisError, OSError) as e:
-            raise PoolUnavailable(pool.name, f"{type(e).__name__}: {e}", _outcome(e, idempotent)) from e
 
     # -- auth -------------------------------------------------------------------------------
 
@@ -67,10 +54,8 @@ class Service:
             raise Unauthorized("token not found")
         name, token = split_token(raw_token)
         route = self.route(name)
-        try:
+        with _unavailable("default", unknown=None, what="token store: "):
             ok = await self.tokens.valid(name, ns, token)
-        except (RedisError, OSError) as e:
-            raise PoolUnavailable("default", f"token store: {e}") from e
         if not ok:
             raise Unauthorized("invalid token")
         return route
@@ -111,15 +96,13 @@ class Service:
     async def consume(self, route: PoolRoute[RedisPool], ns: str, queues: Sequence[str], ttr_ms: int,
                       count: int, timeout_ms: int) -> list[Job]:  # fmt: skip
         groups = route.groups(ns, queues)
-        try:
+        unknown = ("jobs may have been reserved for this request and not delivered; "
+                   "they are delivered again once their ttr ends")  # fmt: skip
+        with _unavailable(route.name, unknown=unknown):
             if len(groups) == 1:
                 jobs = await groups[0][0].hub.consume(ns, queues, ttr_ms, count, timeout_ms)
             else:
                 jobs = await _consume_across(groups, ns, ttr_ms, count, timeout_ms)
-        except (RedisError, OSError) as e:
-            advice = _outcome(e, False, "jobs may have been reserved for this request and not delivered; "
-                              "they are delivered again once their ttr ends")  # fmt: skip
-            raise PoolUnavailable(route.name, f"{type(e).__name__}: {e}", advice) from e
         now = route.place(ns, queues[0]).write.engine.clock()
         metrics.record_delivered(jobs, now)
         if self.events:
@@ -307,9 +290,37 @@ class Service:
         return out
 
 
-def _outcome(e: BaseException, idempotent: bool, unknown: str = "the request may or may not have been applied") -> str:
-    """What a 503 tells the client of its request: the one place that decides it."""
-    if isinstance(e, REFUSED) and not idempotent:  # the only errors repeated then: nothing ran
+UNKNOWN = "the request may or may not have been applied"
+
+
+@contextlib.contextmanager
+def _unavailable(pool: str, *, idempotent: bool = False, unknown: str | None = UNKNOWN,
+                 what: str = "") -> Iterator[None]:  # fmt: skip
+    """The one place a Redis failure (the engine's error tree) becomes what the client is told:
+    ``PoolUnavailable``, with advice on what may have happened (``unknown``: the advice when
+    the outcome is unknown; None: no advice at all)."""
+    try:
+        yield
+    except NotReplicated as e:
+        raise PoolUnavailable(pool, str(e), _not_replicated(e, idempotent)) from e
+    except RedisFailure as e:
+        advice = "" if unknown is None else _outcome(e, idempotent, unknown)
+        raise PoolUnavailable(pool, f"{what}{e}", advice) from e
+
+
+def _not_replicated(e: NotReplicated, idempotent: bool) -> str:
+    result = e.result[1] if isinstance(e.result, tuple) else e.result
+    items = result if isinstance(result, list) else [result]
+    ids = [p.job_id for p in items if isinstance(p, Published)]
+    what = f"job(s) {', '.join(ids)} written" if ids else "the write was applied"
+    safe = ("repeating the request is safe (publishing with the same job_id is idempotent)" if ids
+            else "repeating it is safe" if idempotent else "look the job up before repeating it")  # fmt: skip
+    return f"{what} on the master, but {e}: it may be lost if the master fails now; {safe}"
+
+
+def _outcome(e: RedisFailure, idempotent: bool, unknown: str) -> str:
+    """What a 503 tells the client of its request."""
+    if isinstance(e, Refused) and not idempotent:  # the only errors repeated then: nothing ran
         return "the request was refused before it ran: nothing was written; repeating it is safe"
     if idempotent:
         return "the request may have been applied; repeating it is safe"

@@ -20,12 +20,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from redis.exceptions import RedisError
-
 from cluster_dq.clock import now_ms
+from cluster_dq.engine import admin
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.aio import AsyncEngine, transport_safe
-from cluster_dq.errors import BadRequest, NotFound, RateLimited
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.errors import BadRequest, NotFound, RateLimited, RedisFailure
 from cluster_dq.keys import AdminKeys
 from cluster_dq.settings import ROUTE_NAME_RE
 from cluster_dq.models import encode_id
@@ -40,10 +39,6 @@ _CUSTOM_RE = re.compile(r"[-_A-Za-z0-9]{%d,%d}" % (MIN_CUSTOM_TOKEN, MAX_TOKEN))
 ENTRY_OVERHEAD = 256
 CACHE_ENTRIES = 10_000  # per LRU (valid answers, refusals)
 CACHE_BYTES = 4 * 1024 * 1024  # per LRU
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def split_token(raw: str) -> tuple[str, str]:
@@ -134,7 +129,6 @@ class TokenStore:
         """``max_entries``/``max_bytes`` bound the whole cache; half goes to valid tokens and
         half to refusals, so refusals never evict a valid token."""
         self.engine = engine
-        self.client = engine.client
         self.cache_seconds = cache_seconds
         self._good = _LRU(max_entries - max_entries // 2, max_bytes - max_bytes // 2)
         self._bad = _LRU(max_entries // 2, max_bytes // 2)
@@ -148,17 +142,15 @@ class TokenStore:
             raise BadRequest("the user token was too short", "token")
         elif not _CUSTOM_RE.fullmatch(token):
             raise BadRequest(f"invalid token: {MIN_CUSTOM_TOKEN} to {MAX_TOKEN} characters of [-_A-Za-z0-9]", "token")
-        if not await transport_safe(self.client.hsetnx(AdminKeys.tokens(pool, ns), token, description)):
+        if not await self.engine.run(admin.add_token(pool, ns, token, description)):
             raise BadRequest("the token has already existed", "token")
         return token
 
     async def list(self, pool: str, ns: str) -> dict[str, str]:
-        raw = await transport_safe(self.client.hgetall(AdminKeys.tokens(pool, ns)))
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return await self.engine.run(admin.tokens(pool, ns))
 
     async def delete(self, pool: str, ns: str, token: str) -> None:
-        await transport_safe(self.client.hdel(AdminKeys.tokens(pool, ns), token))
-        await transport_safe(self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}"))
+        await self.engine.run(admin.delete_token(pool, ns, token))
         self._good.pop((pool, ns, token))
         self._bad.pop((pool, ns, token))
 
@@ -175,8 +167,8 @@ class TokenStore:
         if hit and hit[1] > now:
             return hit[0]
         try:
-            ok = bool(await transport_safe(self.client.hexists(AdminKeys.tokens(pool, ns), token)))
-        except (RedisError, OSError):
+            ok = await self.engine.run(admin.token_exists(pool, ns, token))
+        except RedisFailure:
             if hit:  # Redis failing over: the last answer stands until it is back (never a 503)
                 return hit[0]
             raise
@@ -190,22 +182,22 @@ class TokenStore:
         now = time.monotonic()
         if force or now - self._limits_at > self.cache_seconds:
             try:
-                raw = await transport_safe(self.client.hgetall(AdminKeys.limits()))
-            except (RedisError, OSError):
+                raw = await self.engine.run(admin.limits())
+            except RedisFailure:
                 if force:
                     raise
                 return self._limits  # Redis failing over: the last known limits stand
             fresh = {}
             for k, v in raw.items():
                 try:  # one bad record (written by hand or by an older version) spoils no other
-                    fresh[_text(k)] = Limit.parse(json.loads(v))
+                    fresh[k] = Limit.parse(json.loads(v))
                 except (ValueError, BadRequest) as e:
-                    log.warning("rate limit %s ignored: %s", _text(k), e)
+                    log.warning("rate limit %s ignored: %s", k, e)
             self._limits, self._limits_at = fresh, now
         return self._limits
 
     async def get_limit(self, pool: str, ns: str, token: str) -> Limit:
-        raw = await transport_safe(self.client.hget(AdminKeys.limits(), f"{pool}/{ns}/{token}"))
+        raw = await self.engine.run(admin.limit(pool, ns, token))
         if raw is None:
             raise NotFound("limit not found")
         d = json.loads(raw)
@@ -214,16 +206,12 @@ class TokenStore:
     async def set_limit(self, pool: str, ns: str, token: str, limit: Limit, create: bool) -> None:
         limit = Limit.parse(limit.as_json())  # the same bounds for every caller (admin API, CLI)
         blob = json.dumps(limit.as_json())
-        key, field = AdminKeys.limits(), f"{pool}/{ns}/{token}"
-        if create:
-            if not await transport_safe(self.client.hsetnx(key, field, blob)):
-                raise BadRequest("the limit already exists", "limit")
-        else:
-            await transport_safe(self.client.hset(key, field, blob))
+        if not await self.engine.run(admin.set_limit(pool, ns, token, blob, create)):
+            raise BadRequest("the limit already exists", "limit")
         self._limits_at = 0.0
 
     async def delete_limit(self, pool: str, ns: str, token: str) -> None:
-        await transport_safe(self.client.hdel(AdminKeys.limits(), f"{pool}/{ns}/{token}"))
+        await self.engine.run(admin.delete_limit(pool, ns, token))
         self._limits_at = 0.0
 
     async def take(self, pool: str, ns: str, token: str, write: bool) -> bool:
@@ -243,5 +231,5 @@ class TokenStore:
         key = AdminKeys.counter(pool, ns, token, "w" if write else "r")
         try:
             await self.engine.run(ops.rate_limit(key, 0, 0, refund=True))
-        except (RedisError, OSError) as e:  # the request's own answer matters more
+        except RedisFailure as e:  # the request's own answer matters more
             log.warning("rate limit refund failed: %s", e)

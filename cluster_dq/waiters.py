@@ -21,8 +21,7 @@ from typing import Any
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
-from cluster_dq.engine.retry import TRANSIENT
-from cluster_dq.errors import Conflict
+from cluster_dq.errors import Conflict, Transient
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job
 
@@ -64,7 +63,7 @@ class _Watcher:
             while self.waiters:
                 try:
                     await self._serve()
-                except TRANSIENT as e:  # a failover: keep the waiters, look again shortly
+                except Transient as e:  # a failover: keep the waiters, look again shortly
                     if _cancelled():
                         raise asyncio.CancelledError() from e
                     log.warning("watcher %s/%s: %s", self.namespace, self.queue, e)

@@ -15,7 +15,8 @@ import redis
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.clock import now_ms
-from cluster_dq.engine.aio import AsyncEngine, StaleMaster
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.errors import StaleMaster
 from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import Cluster, SentinelGroup
 from cluster_dq.models import JobSpec

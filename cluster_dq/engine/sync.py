@@ -1,29 +1,50 @@
-"""Sync executor (batch tools, Spark partitions): the same operations on a redis client."""
+"""Sync executor (batch tools, Spark partitions): the same operations on a blocking redis
+client. A thin I/O shell over ``core``, as ``aio.py`` is: the same classification, retries,
+durable WAIT and stale-master handling."""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 from tenacity import Retrying
 
 from cluster_dq.clock import now_ms
-from cluster_dq.engine.aio import restamp
+from cluster_dq.engine import core
 from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
-from cluster_dq.engine.retry import POLICY, TRANSIENT
 from cluster_dq.engine.scripts import load_all
+from cluster_dq.errors import RedisFailure
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 SyncClient = Redis | RedisCluster
+Observer = Callable[[float, BaseException | None], None]  # (seconds, error) of each step
 
 
 class SyncEngine:
-    def __init__(self, client: SyncClient, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        client: SyncClient,
+        config: EngineConfig | None = None,
+        observer: Observer | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 500,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
         self.client = client
+        self.clock = clock
         self.config = config or EngineConfig()
+        self.observer = observer
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self.scripts = {n: client.register_script(s.source) for n, s in load_all().items()}
+
+    # -- the I/O of one attempt ---------------------------------------------------------------
 
     def _call(self, call: Call) -> Any:
         if isinstance(call, Eval):
@@ -33,51 +54,108 @@ class SyncEngine:
     def _pipeline(self, calls: tuple[Call, ...]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for c in calls:
-            if isinstance(c, Eval):
-                sha = self.scripts[c.script].sha
-                pipe.execute_command("EVALSHA", sha, len(c.keys), *c.keys, *c.args)
-            else:
-                pipe.execute_command(*c.args)
+            core.queue_call(pipe, c, self.scripts)
         results: list[Any] = pipe.execute(raise_on_error=False)
-        for i, r in enumerate(results):
-            if isinstance(r, NoScriptError):  # after a failover or SCRIPT FLUSH
-                results[i] = self._call(calls[i])
-            elif isinstance(r, Exception):
-                raise r
+        for i in core.pipeline_reloads(results):
+            results[i] = self._call(calls[i])
         return results
 
-    def _step(self, step: Step) -> Any:
-        if isinstance(step, tuple):
-            return self._pipeline(step)
-        return self._call(step)
+    def _transport(self, step: Step) -> Any:
+        return self._pipeline(step) if isinstance(step, tuple) else self._call(step)
 
-    def _retrying(self, step: Step) -> Any:
+    def _step(self, step: Step) -> Any:
+        """One attempt of one step, observed (the hook where tests inject faults)."""
+        if self.observer is None:
+            return self._transport(step)
+        started = time.perf_counter()
+        try:
+            reply = self._transport(step)
+        except Exception as e:
+            self.observer(time.perf_counter() - started, e)
+            raise
+        self.observer(time.perf_counter() - started, None)
+        return reply
+
+    def _durable_step(self, step: Step) -> tuple[Any, int]:
+        """The step's calls and a ``WAIT`` on the same connection (see ``AsyncEngine``)."""
+        calls = step if isinstance(step, tuple) else (step,)
+        replies: list[Any] = [None] * len(calls)
+        todo, acked = list(range(len(calls))), self.wait_replicas
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in todo:
+                core.queue_call(pipe, calls[i], self.scripts)
+            if isinstance(self.client, RedisCluster):
+                written = core.durable_calls(tuple(calls[i] for i in todo))
+                found = [self.client.get_node_from_key(c.keys[0]) for c in written]  # type: ignore[no-untyped-call]
+                nodes = {n.name: n for n in found if n is not None}
+                for node in nodes.values():
+                    pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms, target_nodes=node)
+            else:
+                pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            got, missing, replicas = core.durable_replies(pipe.execute(raise_on_error=False), len(todo))
+            for i, reply in zip(todo, got):
+                replies[i] = reply
+            acked = min(acked, replicas)
+            if not missing:
+                return (replies if isinstance(step, tuple) else replies[0]), acked
+            todo = [todo[m] for m in missing]
+            for name in {c.script for c in (calls[i] for i in todo) if isinstance(c, Eval)}:
+                self.client.script_load(self.scripts[name].script)  # after a failover
+        raise NoScriptError(f"scripts {[calls[i] for i in todo]} could not be loaded")
+
+    def _forget_connections(self) -> None:
+        if isinstance(self.client, Redis):
+            self.client.connection_pool.disconnect(inuse_connections=False)
+
+    def _translated(self, call: Callable[[], T]) -> T:
+        """The boundary: every error of an attempt leaves as the error tree's (``core``)."""
+        try:
+            return call()
+        except core.CAUGHT as e:
+            err = core.translate(e)
+            if err is None:
+                raise
+            if core.forget_connections(err):
+                self._forget_connections()
+            raise err from e
+
+    # -- driving an operation -----------------------------------------------------------------
+
+    def _attempt(self, step: Step, how: core.How) -> Any:
+        if how is core.How.DURABLE:
+            return self._translated(lambda: self._durable_step(step))
+        return self._translated(lambda: self._step(step))
+
+    def _send(self, step: Step, plan: core.Plan) -> Any:
         try:  # the fast path: no retry machinery unless something failed
-            return self._step(step)
-        except TRANSIENT:
+            return self._attempt(step, plan.how)
+        except plan.retry_on:
             pass
-        for attempt in Retrying(**POLICY):  # type: ignore[arg-type]
+        for attempt in Retrying(**plan.policy):
             with attempt:
-                return self._step(restamp(step, now_ms()))
+                return self._attempt(core.restamp(step, self.clock()), plan.how)
         raise AssertionError("unreachable")
 
-    def run(self, op: Op[T], *, idempotent: bool = False) -> T:
-        """Drives one operation. For idempotent ones each step is retried on transient errors
-        (a step's arguments, job ids included, are fixed, so a repeat cannot duplicate)."""
-        send = self._retrying if idempotent else self._step
+    def run(self, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
+        """Drives one operation, as ``AsyncEngine.run`` does."""
+        run = core.Run(op, idempotent=idempotent, durable=durable,
+                       wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms)  # fmt: skip
         reply: Any = None
-        while True:
-            try:
-                step = op.send(reply)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            if isinstance(step, Eval) and step.optional:
-                try:  # best effort (a shard signal; the reconcile sweep repairs a lost one)
-                    reply = self._retrying(step)
-                except (RedisError, OSError):
+        while (nxt := run.next(reply)) is not None:
+            step, plan = nxt
+            if plan.how is core.How.OPTIONAL:
+                try:
+                    reply = self._send(step, plan)
+                except RedisFailure as e:
+                    log.warning("%s step failed, going on without it: %s", core.describe(step), e)
                     reply = None
+            elif plan.how is core.How.DURABLE:
+                reply, replicas = self._send(step, plan)
+                run.confirmed(replicas)
             else:
-                reply = send(step)
+                reply = self._send(step, plan)
+        return run.result
 
     def ping(self) -> bool:
-        return bool(self.client.ping())
+        return bool(self._translated(self.client.ping))

@@ -1,4 +1,4 @@
-"""The data API (lmstfy-compatible): routes, rate limiting, and the error table."""
+"""The data API (lmstfy-compatible): routes and rate limiting; the app factory."""
 
 from __future__ import annotations
 
@@ -8,17 +8,15 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from redis.exceptions import RedisError
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from cluster_dq.clock import now_ms
-from cluster_dq.engine.aio import leaked_transport_race
-from cluster_dq.errors import BadRequest, ClusterDQError, Conflict, PoolUnavailable, RateLimited, Unauthorized
+from cluster_dq.errors import BadRequest, Unauthorized
 from cluster_dq.http import params
+from cluster_dq.http.errors import error_handlers
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
 from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BATCH_ACK, Job, JobSpec
@@ -31,45 +29,6 @@ from cluster_dq.tokens import split_token, well_formed_raw
 log = logging.getLogger("cluster_dq.http")
 Handler = Callable[[Request], Awaitable[Response]]
 T = TypeVar("T")
-
-
-def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
-    """One table: every exception class -> one status; nothing user-caused becomes a 500."""
-
-    async def dq_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ClusterDQError)
-        if isinstance(exc, RateLimited):
-            return error(str(exc), 429, key="msg")
-        if isinstance(exc, Conflict):
-            return json({"error": str(exc), "job_id": exc.job_id, "state": exc.state,
-                         "conflicts": [{"job_id": j, "state": st} for j, st in exc.conflicts]}, 409)  # fmt: skip
-        if isinstance(exc, PoolUnavailable):  # the client gets no address nor Redis error text
-            log.warning("503: %s (%s)", exc, exc.detail)
-        return error(str(exc), exc.status)
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        messages = {404: "api not found", 405: "method not allowed"}
-        return error(messages.get(exc.status_code, exc.detail), exc.status_code)
-
-    async def redis_down(request: Request, exc: Exception) -> Response:
-        # A safety net: the service maps Redis failures to PoolUnavailable where it calls
-        # Redis; anything that slips through is still a 503, never a 500.
-        log.warning("503 (unmapped Redis failure): %s: %s", type(exc).__name__, exc)
-        return error("redis unavailable (unreachable or failing over); the outcome is unknown", 503)
-
-    async def crash(request: Request, exc: Exception) -> Response:
-        if leaked_transport_race(exc):  # redis-py leaked a closed connection as another error
-            return await redis_down(request, exc)
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error("internal error", 500)
-
-    async def client_gone(request: Request, exc: Exception) -> Response:
-        # The client hung up while its body was being read: nobody to answer, nothing to log.
-        return error("client disconnected", 400)
-
-    return {ClusterDQError: dq_error, HTTPException: http_error, ClientDisconnect: client_gone,
-            RedisError: redis_down, OSError: redis_down, Exception: crash}  # fmt: skip
 
 
 class DataAPI:

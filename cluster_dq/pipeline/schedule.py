@@ -129,7 +129,10 @@ def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
             return
         engine = engines[pool]
         now = int(time.time() * 1000)
-        for published in engine.run(ops.publish_many(engine.config, batches[pool], now), idempotent=True):
+        # durable: with the pool's WaitReplicas, a batch its replicas did not confirm fails the
+        # task (NotReplicated), and Spark's rerun finds the confirmed jobs present.
+        for published in engine.run(ops.publish_many(engine.config, batches[pool], now), idempotent=True,
+                                    durable=True):  # fmt: skip
             dup = sum(1 for p in published if p.duplicate)
             present += dup
             new += len(published) - dup
@@ -146,7 +149,8 @@ def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
             if key not in open_batch:
                 pool = route.place(*key).write
                 if pool.name not in engines:
-                    engines[pool.name] = SyncEngine(make_sync_client(pool))
+                    engines[pool.name] = SyncEngine(make_sync_client(pool), wait_replicas=pool.WaitReplicas,
+                                                    wait_timeout_ms=pool.WaitTimeoutMs)  # fmt: skip
                 open_batch[key] = (pool, [])
             pool, batch = open_batch[key]
             batch.append(spec_of(job, lanes))

@@ -1,0 +1,250 @@
+"""The pure core of the two executors (``aio.py``, ``sync.py``): what a Redis error means (the
+one classification, and its translation into the error tree), which errors repeat a step,
+how a repeat is stamped, when a write waits for its replicas and how the WAIT reply is read,
+and what a stale master calls for. No I/O here: the executors only send what this decides."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from tenacity import retry_if_exception_type
+
+from cluster_dq.engine.commands import Call, Eval, Step
+from cluster_dq.engine.retry import OPTIONAL_POLICY, POLICY
+from cluster_dq.errors import (
+    MovedDuringWait,
+    NotReplicated,
+    RedisFailure,
+    Refused,
+    ServerError,
+    StaleMaster,
+    Transient,
+)
+
+T = TypeVar("T")
+# The writes a client is told about: a job accepted, a job acked (a lost ack means a redelivery).
+DURABLE_SCRIPTS = frozenset({"publish", "republish", "ack"})
+# What an attempt may raise that ``translate`` looks at (the last three only when redis-py's
+# asyncio transport leaked a closed connection as them: ``leaked_transport_race``).
+CAUGHT: tuple[type[BaseException], ...] = (
+    RedisError, OSError, RedisClusterException, AttributeError, TypeError, RuntimeError,
+)  # fmt: skip
+
+
+class Kind(enum.Enum):
+    REFUSED = "refused before running"  # nothing ran: repeat it always
+    TRANSIENT = "transient"  # may have run: repeat it where repeating is safe
+    PERMANENT = "permanent"  # an answer, not an outage: never repeated
+
+
+# Replies by which the server refused a script before running it: a stale master
+# (NOREPLICAS), a replica (READONLY: a script that may write is refused on one), a slot being
+# migrated (TRYAGAIN), a dataset being loaded (LOADING).
+_REFUSED_TYPES = (ReadOnlyError, TryAgainError, BusyLoadingError)
+_REFUSED_REPLIES = ("NOREPLICAS",)
+# The connection or the topology: reset, timeout, cluster down or re-slotting, socket errors.
+_TRANSIENT_TYPES = (RedisConnectionError, RedisTimeoutError, ClusterError, RedisClusterException, OSError)
+_TRANSIENT_REPLIES = ("WAIT cannot be used with replica",)
+
+
+def classify(e: BaseException) -> Kind | None:
+    """The one table: a Redis or OS error -> its kind; None for anything else (a bug)."""
+    if isinstance(e, RedisFailure):  # translated already
+        return Kind.REFUSED if isinstance(e, Refused) else Kind.TRANSIENT if isinstance(e, Transient) else Kind.PERMANENT
+    text = str(e)
+    if isinstance(e, _REFUSED_TYPES) or (isinstance(e, ResponseError) and text.startswith(_REFUSED_REPLIES)):
+        return Kind.REFUSED
+    if isinstance(e, _TRANSIENT_TYPES) or leaked_transport_race(e):
+        return Kind.TRANSIENT
+    if isinstance(e, ResponseError) and text.startswith(_TRANSIENT_REPLIES):
+        return Kind.TRANSIENT
+    if isinstance(e, RedisError):
+        return Kind.PERMANENT
+    return None
+
+
+def translate(e: BaseException) -> RedisFailure | None:
+    """redis-py's (and the OS's) error -> the error tree; None when ``e`` is not one (a bug,
+    which the executor re-raises as it is). The executors call this once, at their boundary."""
+    if isinstance(e, RedisFailure):
+        return e
+    kind = classify(e)
+    if kind is None:
+        return None
+    text = f"{type(e).__name__}: {e}"
+    if isinstance(e, ResponseError) and str(e).startswith("NOREPLICAS"):
+        return StaleMaster(f"write refused, nothing written ({e}): the server lost its replicas, "
+                           "or is a master that a failover replaced")  # fmt: skip
+    if isinstance(e, ResponseError) and str(e).startswith("WAIT cannot be used with replica"):
+        return MovedDuringWait(f"the queue's slot moved during the write ({e}); the write may "
+                               "have been applied on the new master, unconfirmed")  # fmt: skip
+    if kind is Kind.REFUSED:
+        return Refused(text)
+    if kind is Kind.TRANSIENT:
+        if not isinstance(e, (RedisError, OSError, RedisClusterException)):  # a leaked race
+            text = f"connection closed during a write ({text})"
+        return Transient(text)
+    return ServerError(text, str(e))
+
+
+def forget_connections(e: RedisFailure) -> bool:
+    """A stale master: the executor drops its idle connections, so the next one asks Sentinel
+    where the master is (a Cluster client finds the slot's new owner through MOVED)."""
+    return isinstance(e, StaleMaster)
+
+
+def leaked_transport_race(e: BaseException) -> bool:
+    """redis-py's asyncio connections can leak a connection closed under a write as
+    AttributeError/TypeError (asyncio) or RuntimeError (uvloop: "handler is closed") instead of
+    ConnectionError (redis/redis-py#3546, #4287; seen here when 16 pump shards start at once on
+    a fresh Cluster client, and when a Cluster master is killed). Such an error is transient."""
+    if not isinstance(e, (AttributeError, TypeError, RuntimeError)):
+        return False
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(("redis/asyncio/connection.py", "redis/asyncio/cluster.py")):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+# -- how a step is sent --------------------------------------------------------------------
+
+
+class How(enum.Enum):
+    PLAIN = "plain"
+    OPTIONAL = "optional"  # best effort: the operation goes on without it (reply None)
+    DURABLE = "durable"  # the script, then WAIT on the same connection
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    how: How
+    retry_on: tuple[type[BaseException], ...]  # the errors that repeat it (empty: none)
+    policy: dict[str, Any]  # tenacity's arguments for the repeats
+
+
+def _policy(retry_on: tuple[type[BaseException], ...], base: dict[str, Any]) -> dict[str, Any]:
+    return {**base, "retry": retry_if_exception_type(retry_on)}
+
+
+_IDEMPOTENT = (Transient,)
+_NOT_IDEMPOTENT = (Refused,)
+
+
+def plan(step: Step, *, idempotent: bool, durable: bool) -> Plan:
+    """How to send ``step`` and which errors repeat it. An idempotent operation's steps repeat
+    on any transient error (their arguments, job ids included, are fixed). Other steps repeat
+    only when the server refused them before running them (nothing ran), and only scripts. A
+    best-effort step gets a short budget: its operation succeeded and its caller is waiting;
+    a signal lost there is repaired by the reconcile sweep. ``durable``: the executor has a
+    replica count to wait for and the operation asked for it."""
+    if isinstance(step, Eval) and step.optional:
+        return Plan(How.OPTIONAL, _IDEMPOTENT, _policy(_IDEMPOTENT, OPTIONAL_POLICY))
+    errors: tuple[type[BaseException], ...]
+    errors = _IDEMPOTENT if idempotent else _NOT_IDEMPOTENT if isinstance(step, Eval) else ()
+    policy = _policy(errors, POLICY) if errors else POLICY
+    if durable and any(c.script in DURABLE_SCRIPTS for c in durable_calls(step)):
+        # A repeat after a lost reply finds the jobs there and reports them as duplicates.
+        return Plan(How.DURABLE, errors, policy)
+    return Plan(How.PLAIN, errors, policy)
+
+
+def durable_calls(step: Step) -> list[Eval]:
+    """The scripts of a step (one, or a pipeline's) that a durable write waits for."""
+    calls = step if isinstance(step, tuple) else (step,)
+    return [c for c in calls if isinstance(c, Eval) and c.script in DURABLE_SCRIPTS]
+
+
+def describe(step: Step) -> str:
+    if isinstance(step, Eval):
+        return step.script
+    if isinstance(step, tuple):
+        return "pipeline(" + ",".join(describe(s) for s in step) + ")"
+    return str(step.args[0])
+
+
+def restamp(step: Step, now: int) -> Step:
+    """A step about to be sent again, its clock arguments set to ``now`` (a deadline must count
+    from when the step runs)."""
+    if isinstance(step, tuple):
+        return tuple(c.restamped(now) if isinstance(c, Eval) else c for c in step)
+    return step.restamped(now) if isinstance(step, Eval) else step
+
+
+def queue_call(pipe: Any, call: Call, scripts: Mapping[str, Any]) -> None:
+    """Adds one call to a pipeline (a script by its sha: the executor reloads what is missing)."""
+    if isinstance(call, Eval):
+        pipe.execute_command("EVALSHA", scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+    else:
+        pipe.execute_command(*call.args)
+
+
+# -- replies -------------------------------------------------------------------------------
+
+
+def pipeline_reloads(results: list[Any]) -> list[int]:
+    """The positions of a pipeline's replies whose script was not cached (after a failover or
+    SCRIPT FLUSH): the executor sends those once more, loading the script. Any other error
+    reply is raised."""
+    for r in results:
+        if isinstance(r, Exception) and not isinstance(r, NoScriptError):
+            raise r
+    return [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+
+
+def durable_replies(results: list[Any], sent: int) -> tuple[list[Any], list[int], int]:
+    """A durable pipeline's replies: ``sent`` calls, then one WAIT per node written to (the
+    same connection: WAIT counts the replicas that have that connection's writes). Returns
+    the calls' replies, the positions whose script was not cached (the executor loads it and
+    sends those again, with a WAIT of their own), and the fewest replicas a WAIT counted."""
+    replies, waits = results[:sent], results[sent:]
+    for r in (*replies, *waits):
+        if isinstance(r, Exception) and not isinstance(r, NoScriptError):
+            raise r
+    missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+    return replies, missing, min(int(w) for w in waits)
+
+
+class Run(Generic[T]):
+    """One operation being driven: hands out its steps with their plans, takes their replies,
+    and keeps the fewest replicas any durable write reached."""
+
+    def __init__(self, op: Generator[Step, Any, T], *, idempotent: bool, durable: bool,
+                 wait_replicas: int, wait_timeout_ms: int) -> None:  # fmt: skip
+        self.op = op
+        self.idempotent = idempotent
+        self.durable = durable and wait_replicas > 0
+        self.wanted, self.timeout_ms = wait_replicas, wait_timeout_ms
+        self.acked = wait_replicas
+        self.result: T
+
+    def next(self, reply: Any) -> tuple[Step, Plan] | None:
+        """The next step and its plan, or None when the operation is done (``result``).
+        Raises ``NotReplicated`` at the end when a durable write was not confirmed."""
+        try:
+            step = self.op.send(reply)
+        except StopIteration as stop:
+            if self.acked < self.wanted:
+                raise NotReplicated(self.acked, self.wanted, self.timeout_ms, stop.value) from None
+            self.result = stop.value
+            return None
+        return step, plan(step, idempotent=self.idempotent, durable=self.durable)
+
+    def confirmed(self, replicas: int) -> None:
+        self.acked = min(self.acked, replicas)

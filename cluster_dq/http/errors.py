@@ -1,0 +1,81 @@
+"""The one HTTP error table: each exception class of the error tree -> one status code, and
+the handlers that answer with it. Nothing user-caused becomes a 500."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from cluster_dq.errors import (
+    BadRequest,
+    BodyTooLarge,
+    ClusterDQError,
+    Conflict,
+    NotFound,
+    PoolUnavailable,
+    RateLimited,
+    RedisFailure,
+    Unauthorized,
+)
+from cluster_dq.http.responses import error, json
+
+log = logging.getLogger("cluster_dq.http")
+
+STATUS: dict[type[Exception], int] = {
+    BadRequest: 400,
+    BodyTooLarge: 413,
+    Unauthorized: 401,
+    NotFound: 404,
+    Conflict: 409,
+    RateLimited: 429,
+    PoolUnavailable: 503,
+    # A Redis failure no use case gave advice for (a rate-limit count, the admin API): the
+    # outcome is unknown; the client gets no address nor Redis error text.
+    RedisFailure: 503,
+}
+REDIS_DOWN = "redis unavailable (unreachable or failing over); the outcome is unknown"
+
+
+def status_of(exc: BaseException) -> int:
+    """The status of ``exc``'s nearest class in the table (500: none, a bug)."""
+    return next((STATUS[c] for c in type(exc).__mro__ if c in STATUS), 500)
+
+
+def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
+    async def dq_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ClusterDQError)
+        status = status_of(exc)
+        if isinstance(exc, RateLimited):
+            return error(str(exc), status, key="msg")
+        if isinstance(exc, Conflict):
+            return json({"error": str(exc), "job_id": exc.job_id, "state": exc.state,
+                         "conflicts": [{"job_id": j, "state": st} for j, st in exc.conflicts]}, status)  # fmt: skip
+        if isinstance(exc, PoolUnavailable):  # the client gets no address nor Redis error text
+            log.warning("503: %s (%s)", exc, exc.detail)
+        elif isinstance(exc, RedisFailure):
+            log.warning("503: %s", exc)
+            return error(REDIS_DOWN, status)
+        elif status == 500:
+            log.error("500 on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        return error(str(exc), status)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        messages = {404: "api not found", 405: "method not allowed"}
+        return error(messages.get(exc.status_code, exc.detail), exc.status_code)
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error("internal error", 500)
+
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client hung up while its body was being read: nobody to answer, nothing to log.
+        return error("client disconnected", 400)
+
+    return {ClusterDQError: dq_error, HTTPException: http_error, ClientDisconnect: client_gone,
+            Exception: crash}  # fmt: skip
