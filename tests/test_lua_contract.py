@@ -185,7 +185,7 @@ def check_call(call: Eval) -> None:
 
 
 def _check_counts(script: str, kind: str, items: list[Item], got: list[Any], argv: list[Item] | None) -> None:
-    fixed = sum(it.last - it.first + 1 for it in items if not it.variadic)  # type: ignore[operator]
+    fixed = sum(it.last - it.first + 1 for it in items if it.last is not None)
     tail = items[-1] if items and items[-1].variadic else None
     if tail is None:
         assert len(got) == fixed, f"{script}: {kind} has {len(got)} values, the header {fixed}"
