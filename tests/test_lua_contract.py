@@ -180,6 +180,8 @@ def test_the_readme_lists_every_script_and_code() -> None:
 
 def check_call(call: Eval) -> None:
     header = HEADERS[call.script]
+    if call.stamped:  # a repeat puts its clock in ARGV[1] (Eval.restamped)
+        assert header.argv[0].name == "now", f"{call.script}: stamped, but ARGV[1] is not now"
     _check_counts(call.script, "KEYS", header.keys, list(call.keys), None)
     _check_counts(call.script, "ARGV", header.argv, list(call.args), header.argv)
 

@@ -75,13 +75,11 @@ T = TypeVar("T")
 Op = Generator[Step, Any, T]
 
 
-
 def _eval(script: str, keys: dict[str, Any], *, stamped: bool = False, optional: bool = False,
           **argv: Any) -> Eval:  # fmt: skip
     """One script call, its KEYS and ARGV named as in the script's header (signatures.py)."""
     sig = SIGNATURES[script]
     return Eval(script, sig.key_list(keys), sig.args(argv), stamped, optional)
-
 
 
 class MoveSink(Protocol):
@@ -476,7 +474,7 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
             break
         bnames = [n.decode() for n in names]
         keys = {"queue": fixed, "buckets": [qk.bucket(b) for b in bnames]}
-        replies.decode_moved((yield _eval("open_buckets", keys, stamped=True, now=now, names=bnames)))
+        yield _eval("open_buckets", keys, stamped=True, now=now, names=bnames)
     queue = {"queue": fixed}
     reply = yield (
         _eval("promote_due", queue, stamped=True, now=now, limit=cfg.promote_limit, notify=qk.notify),

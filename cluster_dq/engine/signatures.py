@@ -1,7 +1,7 @@
 """The KEYS and ARGV of every Lua script, by name, as the script's header declares them.
 
-commands.py builds the arguments of every script call through ``Signature.args`` (by name,
-so an argument cannot slip into another's place), and tests/test_lua_contract.py checks this
+commands.py builds the KEYS and ARGV of every script call through ``Signature.key_list`` and
+``Signature.args`` (by name, so a value cannot slip into another's place), and tests/test_lua_contract.py checks this
 table against the headers in ``lua/``. A name ending in ``...`` takes the rest (a sequence,
 spliced in); ``queue`` among the KEYS stands for the queue's fixed keys
 (``QueueKeys.all_fixed``, in the order of ``lua/lib/queue.lua``).
@@ -61,36 +61,32 @@ class _Builder:
         return out
 
 
-def _sig(script: str, keys: Sequence[str], argv: Sequence[str]) -> Signature:
-    return Signature(script, tuple(keys), tuple(argv))
-
-
 _Q, _QB = (QUEUE,), (QUEUE, "buckets...")
 
 SIGNATURES: dict[str, Signature] = {s.script: s for s in (
-    _sig("publish", _QB, ("now", "lane_capacity", "bucket_width", "notify", "open_lead", "remember_acked",
-                          "n", "jobs...")),
-    _sig("republish", _QB, ("now", "lane_capacity", "bucket_width", "notify", "old_member",
-                            "old_bucket_index", "old_bucket", "member", "due", "record", "bucket_index",
-                            "bucket", "wheel", "open_lead", "remember_acked", "lease")),
-    _sig("consume", _Q, ("now", "ttr", "count", "limit", "notify", "open_lead", "lease_prefix")),
-    _sig("ack", _QB, ("now", "remember_acked", "check_only", "n", "jobs...")),
-    _sig("release", _Q, ("now", "delay", "notify", "mode", "jobs...")),
-    _sig("touch", _Q, ("now", "ttr", "member", "lease")),
-    _sig("open_buckets", _QB, ("now", "names...")),
-    _sig("promote_due", _Q, ("now", "limit", "notify")),
-    _sig("expire_reserved", _Q, ("now", "limit", "notify")),
-    _sig("expire_ttl", _Q, ("now", "limit")),
-    _sig("next_event", _Q, ("open_lead",)),
-    _sig("sizes", _Q, ("open_lead",)),
-    _sig("respawn", _Q, ("now", "limit", "ttl", "notify")),
-    _sig("delete_dead", _Q, ("limit",)),
-    _sig("destroy", _QB, ("final", "names...")),
-    _sig("peek", _Q, ("which",)),
-    _sig("peek_job", (QUEUE, "bucket..."), ("member",)),
-    _sig("claim", ("schedule", "pending", "epoch"), ("now", "limit", "lease_end", "epoch")),
-    _sig("reschedule", ("schedule", "pending", "epoch", "queues"), ("queue", "next", "epoch", "empty")),
-    _sig("signal", ("schedule", "pending", "queues"), ("queue", "at")),
-    _sig("leader", ("leader", "epoch"), ("token", "lease", "release")),
-    _sig("rate_limit", ("counter",), ("limit", "window", "refund")),
+    Signature("publish", _QB, ("now", "lane_capacity", "bucket_width", "notify", "open_lead",
+                               "remember_acked", "n", "jobs...")),
+    Signature("republish", _QB, ("now", "lane_capacity", "bucket_width", "notify", "old_member",
+                                 "old_bucket_index", "old_bucket", "member", "due", "record", "bucket_index",
+                                 "bucket", "wheel", "open_lead", "remember_acked", "lease")),
+    Signature("consume", _Q, ("now", "ttr", "count", "limit", "notify", "open_lead", "lease_prefix")),
+    Signature("ack", _QB, ("now", "remember_acked", "check_only", "n", "jobs...")),
+    Signature("release", _Q, ("now", "delay", "notify", "mode", "jobs...")),
+    Signature("touch", _Q, ("now", "ttr", "member", "lease")),
+    Signature("open_buckets", _QB, ("now", "names...")),
+    Signature("promote_due", _Q, ("now", "limit", "notify")),
+    Signature("expire_reserved", _Q, ("now", "limit", "notify")),
+    Signature("expire_ttl", _Q, ("now", "limit")),
+    Signature("next_event", _Q, ("open_lead",)),
+    Signature("sizes", _Q, ("open_lead",)),
+    Signature("respawn", _Q, ("now", "limit", "ttl", "notify")),
+    Signature("delete_dead", _Q, ("limit",)),
+    Signature("destroy", _QB, ("final", "names...")),
+    Signature("peek", _Q, ("which",)),
+    Signature("peek_job", (QUEUE, "bucket..."), ("member",)),
+    Signature("claim", ("schedule", "pending", "epoch"), ("now", "limit", "lease_end", "epoch")),
+    Signature("reschedule", ("schedule", "pending", "epoch", "queues"), ("queue", "next", "epoch", "empty")),
+    Signature("signal", ("schedule", "pending", "queues"), ("queue", "at")),
+    Signature("leader", ("leader", "epoch"), ("token", "lease", "release")),
+    Signature("rate_limit", ("counter",), ("limit", "window", "refund")),
 )}  # fmt: skip
