@@ -27,7 +27,7 @@ from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import FIRST_EXTRA_KEY, Call, Eval
 from cluster_dq.engine.replies import Fenced, ReplyCode
-from cluster_dq.engine.scripts import load_all, lua_dir
+from cluster_dq.engine.scripts import load_all, lua_codes, lua_dir
 from cluster_dq.engine.signatures import QUEUE, SIGNATURES
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
 from cluster_dq.models import JobSpec
@@ -102,14 +102,6 @@ def parse_header(text: str) -> Header:
 HEADERS = {name: parse_header((LUA / f"{name}.lua").read_text()) for name in SCRIPTS}
 
 
-def lua_codes() -> dict[str, int]:
-    text = (LUA / "lib" / "codes.lua").read_text()
-    body = re.search(r"^local CODE = \{\n(.*?)^\}", text, re.DOTALL | re.MULTILINE)
-    assert body, "lib/codes.lua: no 'local CODE = {' table"
-    found = re.findall(r"^\s*([A-Z_]+) = (-?\d+),", body.group(1), re.MULTILINE)
-    return {name: int(value) for name, value in found}
-
-
 def lua_queue_keys() -> tuple[list[str], int]:
     text = (LUA / "lib" / "queue.lua").read_text()
     m = re.search(r"^local ([A-Z_, ]+) =\s*\n?\s*((?:KEYS\[\d+\],?\s*)+)", text, re.MULTILINE)
@@ -141,7 +133,9 @@ def test_every_signature_has_a_script() -> None:
 
 
 def test_reply_codes_agree() -> None:
-    assert lua_codes() == {c.name: c.value for c in ReplyCode}
+    """lib/codes.lua, as the loader reads it to fold CODE.X into numbers, is ReplyCode."""
+    assert lua_codes(LUA) == {c.name: c.value for c in ReplyCode}
+    assert not [name for name, s in load_all().items() if "CODE." in s.source], "a CODE.X left unfolded"
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

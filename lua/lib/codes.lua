@@ -1,7 +1,9 @@
 --[[
-  Reply codes: one meaning each, in every script. Inlined where a script says
-  `--@include lib/codes` (before lib/queue, which uses them). cluster_dq/engine/replies.py
-  mirrors this table (ReplyCode), and tests/test_lua_contract.py checks that both agree.
+  Reply codes: one meaning each, in every script. A script that says `--@include lib/codes`
+  (before lib/queue, which uses them too) writes CODE.NAME; the loader
+  (cluster_dq/engine/scripts.py) folds each into its number, so no script builds this table
+  at run time, and an unknown name fails at load time. cluster_dq/engine/replies.py mirrors
+  the table (ReplyCode); tests/test_lua_contract.py checks that both agree.
   Counts, times and 0/1 flags (lowered, stale, more, allowed) are plain numbers, not codes.
 ]]
 local CODE = {

@@ -246,8 +246,8 @@ local function queue_sizes(lead)
     redis.call('ZCARD', RESERVED), redis.call('ZCARD', DEAD), nxt}
 end
 
--- Whether the delivery holding `lease` still holds job `id` at `now`: CODE.OK when it does,
--- else why not: a CODE.LEASE_* code (negative).
+-- Whether the delivery holding `lease` still holds job `id` at `now`: OK when it does,
+-- else why not: a LEASE_* code (negative).
 local function lease_check(id, lease, now)
   local deadline = redis.call('ZSCORE', RESERVED, id)
   if deadline then
