@@ -131,3 +131,13 @@ class ServerError(RedisFailure):
     def __init__(self, message: str, reply: str) -> None:
         super().__init__(message)
         self.reply = reply
+
+
+class Fenced(ServerError):
+    """A pump step (claim, reschedule) carried an older leadership epoch than the shard's:
+    another instance leads the shard now. Nothing was changed."""
+
+    def __init__(self, epoch: int) -> None:
+        text = f"FENCED stale pump leader epoch {epoch}"
+        super().__init__(text, text)
+        self.epoch = epoch

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
-from cluster_dq.errors import RedisFailure, ServerError
+from cluster_dq.errors import Fenced, RedisFailure, ServerError
 from cluster_dq.keys import META_PATTERN, parse_qualified, queue_of_key
 from cluster_dq.metrics import PoolMetrics, SizeBoard
 
@@ -135,13 +135,13 @@ class Pump:
                     await asyncio.sleep(wait)
             except asyncio.CancelledError:
                 raise
+            except Fenced as e:
+                # Another instance leads this shard now: stop at once (no lease to wait out).
+                log.warning("pump shard %d: %s; leadership dropped", shard, e)
+                self._lose(shard)
+                self._report(shard)
+                continue
             except ServerError as e:
-                if "FENCED" in e.reply:
-                    # Another instance leads this shard now: stop at once (no lease to wait out).
-                    log.warning("pump shard %d: %s; leadership dropped", shard, e)
-                    self._lose(shard)
-                    self._report(shard)
-                    continue
                 # Any other error reply (OOM at maxmemory, BUSY, READONLY, NOSCRIPT...): the
                 # shard's loop must outlive it, or the shard is never pumped again.
                 failures += 1

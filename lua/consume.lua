@@ -6,10 +6,14 @@
   token of this delivery, which ack, touch, release and republish may present.
   Bounded: at most `limit` expired jobs are dropped from the head of READY per call (the rest
   is left for the next call, or the pump's expire_ttl), so no call runs long whatever the data.
-  KEYS[1..10] the queue's fixed keys
-  ARGV[1] now (ms)  ARGV[2] ttr (ms)  ARGV[3] count  ARGV[4] limit (promote, expire, skip)
-  ARGV[5] notify channel  ARGV[6] bucket open lead (ms)
-  ARGV[7] lease prefix (6 random bytes): the i-th job reserved by this call gets prefix .. u16(i)
+  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  ARGV[1] now: the caller's clock (ms)
+  ARGV[2] ttr: the reservation's time to run (ms)
+  ARGV[3] count: jobs wanted
+  ARGV[4] limit: jobs promoted, expired or skipped per call
+  ARGV[5] notify: the queue's notify channel
+  ARGV[6] open_lead: how long before its window a wheel bucket opens (ms)
+  ARGV[7] lease_prefix: 6 random bytes; the i-th job reserved by this call gets prefix .. u16(i)
   Returns: {lowered, stale, retried, dead, expired, more, member_1, record_1, lease_1, ...}
     (records as delivered;
     lowered: 1 when the queue's next pump event moved earlier, see publish.lua;
@@ -19,6 +23,7 @@
     passed with no tries left -> DEAD, ttl ended -> gone; for the metrics;
     more: 1 when the call stopped at its bound of expired jobs before `count` were reserved)
 ]]
+--@include lib/codes
 --@include lib/queue
 local now, ttr, count, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix = ARGV[7]
@@ -52,7 +57,8 @@ while got < count and skipped < limit do
     end
   end
 end
-if got > 0 then lower_next(now + ttr) end
+local lowered = 0
+if got > 0 then lowered = lower_next(now + ttr) end
 out[1], out[3], out[4], out[5] = lowered, retried, dead, gone + gone2 + skipped
 if got < count and skipped >= limit then out[6] = 1 end
 local w = first_score(WHEEL)

@@ -1,10 +1,11 @@
 #!lua
 --[[
   Deletes the oldest `limit` dead jobs, leaving nothing of them behind.
-  KEYS[1..10] the queue's fixed keys
-  ARGV[1] limit
+  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  ARGV[1] limit: jobs per call
   Returns: number deleted
 ]]
+--@include lib/codes
 --@include lib/queue
 local popped = redis.call('ZPOPMIN', DEAD, tonumber(ARGV[1]))
 for i = 1, #popped, 2 do redis.call('HDEL', JOBS, popped[i]) end

@@ -2,10 +2,13 @@
 --[[
   Destroys a queue in every state, one bounded step at a time: each call deletes the given
   wheel buckets; the final call (when the wheel is empty) unlinks every other key.
-  KEYS[1..10] the queue's fixed keys; KEYS[11..] wheel buckets to delete
-  ARGV[1] '1' for the final step; ARGV[2..] bucket names, in the order of KEYS[10..]
+  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[11..] buckets...: wheel buckets to delete
+  ARGV[1] final: '1' for the final step
+  ARGV[2..] names...: the bucket names, in the order of KEYS[11..]
   Returns: {jobs deleted, 1 when the queue is gone else 0}
 ]]
+--@include lib/codes
 --@include lib/queue
 local deleted = 0
 for k = FIRST_EXTRA, #KEYS do

@@ -2,15 +2,17 @@
 --[[
   Removes jobs whose ttl ended (DELAYED near-term, READY, RESERVED; DEAD never expires and
   wheel jobs cannot expire before they are opened, since ttl >= delay). Nothing is left behind.
-  KEYS[1..10] the queue's fixed keys
-  ARGV[1] now (ms)  ARGV[2] limit
+  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  ARGV[1] now: the caller's clock (ms)
+  ARGV[2] limit: jobs per call
   Returns: number of jobs removed
 ]]
+--@include lib/codes
 --@include lib/queue
 local due = redis.call('ZRANGE', EXPIRE, '-inf', tonumber(ARGV[1]), 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
 local n = 0
 for _, id in ipairs(due) do
-  if forget(id) > 0 then n = n + 1 end
+  if forget(id) ~= CODE.NOT_FOUND then n = n + 1 end
   redis.call('ZREM', EXPIRE, id)
 end
 tidy()

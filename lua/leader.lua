@@ -4,9 +4,12 @@
   fencing epoch: every new leadership increments the shard's epoch, and the shard's pump
   scripts (claim, reschedule) refuse a step that carries an older one, so a stalled leader
   that still believes it leads cannot touch the shard's schedule once another one took over.
-  KEYS[1] the shard's leader key  KEYS[2] the shard's epoch counter
-  ARGV[1] this instance's token  ARGV[2] lease (ms)  ARGV[3] '1' to release instead
-  Returns: the epoch of this token's leadership (for ARGV[2] ms from now), or 0 when not held
+  KEYS[1] leader: the shard's leader key
+  KEYS[2] epoch: the shard's epoch counter
+  ARGV[1] token: this instance's token
+  ARGV[2] lease: how long the leadership is held (ms)
+  ARGV[3] release: '1' to give the leadership up instead
+  Returns: the epoch of this token's leadership (for `lease` ms from now), or 0 when not held
 ]]
 local cur = redis.call('GET', KEYS[1])
 if ARGV[3] == '1' then

@@ -3,10 +3,13 @@
   Opens wheel buckets: moves every job of the given buckets into the near-term DELAYED zset
   (from where promote moves them to READY at their exact due millisecond). Jobs whose ttl has
   already ended are dropped. The caller passes at most a few buckets (each <= lane capacity).
-  KEYS[1..10] the queue's fixed keys; KEYS[11..] the buckets to open
-  ARGV[1] now (ms); ARGV[2..] bucket names, in the order of KEYS[10..]
+  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[11..] buckets...: the buckets to open
+  ARGV[1] now: the caller's clock (ms)
+  ARGV[2..] names...: the bucket names, in the order of KEYS[11..]
   Returns: {moved, expired}
 ]]
+--@include lib/codes
 --@include lib/queue
 local now = tonumber(ARGV[1])
 local moved, gone = 0, 0

@@ -1,10 +1,11 @@
 #!lua flags=no-writes
 --[[
   The head of the ready queue or of the dead letter, without changing anything.
-  KEYS[1..10] the queue's fixed keys
-  ARGV[1] 'ready' or 'dead'
+  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  ARGV[1] which: 'ready' or 'dead'
   Returns: {} when empty, else {member, record, score}
 ]]
+--@include lib/codes
 --@include lib/queue
 local key = READY
 if ARGV[1] == 'dead' then key = DEAD end

@@ -2,10 +2,13 @@
 --[[
   DELAYED -> READY: moves jobs whose due time has come (exact milliseconds); jobs whose ttl
   ended on the way vanish with nothing left behind.
-  KEYS[1..10] the queue's fixed keys
-  ARGV[1] now (ms)  ARGV[2] limit (jobs per call)  ARGV[3] notify channel
+  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  ARGV[1] now: the caller's clock (ms)
+  ARGV[2] limit: jobs per call
+  ARGV[3] notify: the queue's notify channel
   Returns: {moved, expired}
 ]]
+--@include lib/codes
 --@include lib/queue
 local was_empty = redis.call('EXISTS', READY) == 0
 local moved, gone = promote(tonumber(ARGV[1]), tonumber(ARGV[2]))

@@ -2,9 +2,11 @@
 --[[
   Fixed-window rate limit for one token and direction (read or write), as lmstfy counts it:
   a refused request does not use up the window.
-  KEYS[1] the counter key
-  ARGV[1] limit per window  ARGV[2] window (ms)  ARGV[3] '1' to refund one unit instead
-  Returns: 1 allowed, 0 refused
+  KEYS[1] counter: the counter key
+  ARGV[1] limit: units per window
+  ARGV[2] window: the window (ms)
+  ARGV[3] refund: '1' to give one unit back instead
+  Returns: 1 allowed, 0 refused (a flag)
 ]]
 if ARGV[3] == '1' then
   if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECR', KEYS[1]) end

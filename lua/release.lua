@@ -7,24 +7,28 @@
   repeat cannot touch a later delivery of the same job).
   Mode 1 (release, the consumer's nack): the delivery counts, as if its ttr had passed now; a
   job with no tries left goes to DEAD, a job whose ttl ended is removed.
-  KEYS[1..10] the queue's fixed keys
-  ARGV[1] now (ms)  ARGV[2] delay (ms)  ARGV[3] notify channel  ARGV[4] mode
-  ARGV[5..] pairs: member, lease ('' = none)
-  Returns: {state per member: 0 not reserved (left alone), 1 delayed, 2 ready, 4 dead,
-            5 expired (ttl ended), -code (the lease does not hold the job, left alone: codes of
-            lease_check in lib/queue.lua); lowered (see publish.lua)}
+  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  ARGV[1] now: the caller's clock (ms)
+  ARGV[2] delay: how long until the job is ready again (ms)
+  ARGV[3] notify: the queue's notify channel
+  ARGV[4] mode: '0' give back, '1' release (nack)
+  ARGV[5..] jobs...: 2 values per job: member, lease ('' = none)
+  Returns: {code per job: NOT_FOUND (not reserved, left alone), DELAYED, READY, DEAD, EXPIRED
+    (ttl ended), or a LEASE_* code (the lease does not hold the job, left alone); lowered
+    (see publish.lua)}
 ]]
+--@include lib/codes
 --@include lib/queue
 local now, delay, nack = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1'
 local was_empty = redis.call('EXISTS', READY) == 0
-local out = {}
+local out, lowered = {}, 0
 for i = 5, #ARGV, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
-  local st, why = 0, 0
+  local st, why = CODE.NOT_FOUND, CODE.OK
   if lease ~= '' then why = lease_check(id, lease, now) end
   local rec = redis.call('HGET', JOBS, id)
-  if why > 0 then
-    st = -why
+  if why ~= CODE.OK then
+    st = why
   elseif rec and reserved_until(id, now) then
     redis.call('ZREM', RESERVED, id)
     redis.call('HDEL', LEASES, id)
@@ -36,18 +40,18 @@ for i = 5, #ARGV, 2 do
     if nack and expired(rec, now) then
       redis.call('HDEL', JOBS, id)
       redis.call('ZREM', EXPIRE, id)
-      st = 5
+      st = CODE.EXPIRED
     elseif nack and tries == 0 then
       redis.call('ZADD', DEAD, now, id)
       redis.call('ZREM', EXPIRE, id) -- DEAD never expires (as in lmstfy)
-      st = 4
+      st = CODE.DEAD
     elseif delay > 0 then
       redis.call('ZADD', DELAYED, now + delay, id)
-      lower_next(now + delay)
-      st = 1
+      lowered = math.max(lowered, lower_next(now + delay))
+      st = CODE.DELAYED
     else
       make_ready(id, rec, now)
-      st = 2
+      st = CODE.READY
     end
   end
   out[#out + 1] = st

@@ -4,16 +4,19 @@
   and every signal received since the claim. Never loses a wake-up. A queue the step found
   empty, with no signal since, leaves the shard's registry too (it is registered again by its
   next publish), so the registry, and the pump's size pass, hold live queues only.
-  KEYS[1] the shard's schedule zset  KEYS[2] the shard's pending hash
-  KEYS[3] the shard's epoch counter (fencing; see leader.lua)  KEYS[4] the shard's queue set
-  ARGV[1] ns/q  ARGV[2] next event found by the step (ms, -1 = none)
-  ARGV[3] the caller's leadership epoch: an older one gets the error FENCED
-  ARGV[4] '1' when the step found the queue empty (no job in any state)
-  Returns: the wake-up set (ms), or -1 when the queue needs none
+  KEYS[1] schedule: the shard's schedule zset
+  KEYS[2] pending: the shard's pending hash
+  KEYS[3] epoch: the shard's epoch counter (fencing; see leader.lua)
+  KEYS[4] queues: the shard's queue set
+  ARGV[1] queue: ns/q
+  ARGV[2] next: the next event found by the step (ms, -1 = none)
+  ARGV[3] epoch: the caller's leadership epoch
+  ARGV[4] empty: '1' when the step found the queue empty (no job in any state)
+  Returns: {OK, the wake-up set (ms) or -1 when the queue needs none}, or {FENCED} when the
+    epoch is not the shard's current one (nothing changed)
 ]]
-if redis.call('GET', KEYS[3]) ~= ARGV[3] then
-  return redis.error_reply('FENCED stale pump leader epoch ' .. ARGV[3])
-end
+--@include lib/codes
+if redis.call('GET', KEYS[3]) ~= ARGV[3] then return {CODE.FENCED} end
 local q, nxt = ARGV[1], tonumber(ARGV[2])
 local p = redis.call('HGET', KEYS[2], q)
 if p then
@@ -27,4 +30,4 @@ if nxt < 0 then
 else
   redis.call('ZADD', KEYS[1], nxt, q)
 end
-return nxt
+return {CODE.OK, nxt}

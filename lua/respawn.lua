@@ -1,17 +1,21 @@
 #!lua
 --[[
   DEAD -> READY for the oldest `limit` dead jobs, each with one try and a fresh ttl (as lmstfy).
-  KEYS[1..10] the queue's fixed keys
-  ARGV[1] now (ms)  ARGV[2] limit  ARGV[3] ttl (ms, 0 = never expires)  ARGV[4] notify channel
+  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  ARGV[1] now: the caller's clock (ms)
+  ARGV[2] limit: jobs per call
+  ARGV[3] ttl: the fresh ttl (ms, 0 = never expires)
+  ARGV[4] notify: the queue's notify channel
   Returns: {number respawned, lowered (see publish.lua)}
 ]]
+--@include lib/codes
 --@include lib/queue
 local now, limit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local was_empty = redis.call('EXISTS', READY) == 0
 local ids = redis.call('ZRANGE', DEAD, 0, limit - 1)
 local exp = 0
 if ttl > 0 then exp = now + ttl end
-local n = 0
+local n, lowered = 0, 0
 for _, id in ipairs(ids) do
   local rec = redis.call('HGET', JOBS, id)
   if rec then -- always, while the invariants hold; never write half a job otherwise
@@ -20,7 +24,7 @@ for _, id in ipairs(ids) do
     make_ready(id, rec, now)
     if exp > 0 then
       redis.call('ZADD', EXPIRE, exp, id)
-      lower_next(exp)
+      lowered = math.max(lowered, lower_next(exp))
     end
     n = n + 1
   end

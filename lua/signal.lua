@@ -1,9 +1,12 @@
 #!lua
 --[[
-  A publisher (or consumer) tells a queue's shard that the queue has an event at `t` earlier
+  A publisher (or consumer) tells a queue's shard that the queue has an event at `at` earlier
   than the pump knew of; it also registers the queue. Called after the queue's own script.
-  KEYS[1] the shard's schedule zset  KEYS[2] the shard's pending hash  KEYS[3] the shard's queue set
-  ARGV[1] ns/q  ARGV[2] event time (ms), or -1 to register only
+  KEYS[1] schedule: the shard's schedule zset
+  KEYS[2] pending: the shard's pending hash
+  KEYS[3] queues: the shard's queue set
+  ARGV[1] queue: ns/q
+  ARGV[2] at: the event time (ms), or -1 to register only
   Returns: 1
 ]]
 local q, t = ARGV[1], tonumber(ARGV[2])

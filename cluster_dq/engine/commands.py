@@ -15,6 +15,10 @@ from typing import Any, Protocol, TypeVar
 import os
 
 from cluster_dq.clock import now_ms
+from cluster_dq.engine import replies
+from cluster_dq.engine.replies import ReplyCode
+from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
+from cluster_dq.engine.signatures import SIGNATURES
 from cluster_dq.errors import Conflict
 from cluster_dq.keys import (
     BUCKET_WIDTH_MS,
@@ -70,9 +74,12 @@ Step = Call | tuple[Call, ...]
 T = TypeVar("T")
 Op = Generator[Step, Any, T]
 
-STATE_CODES = {1: JobState.DELAYED, 2: JobState.READY, 3: JobState.RESERVED, 4: JobState.DEAD}
-PUBLISH_STATES = {1: JobState.DELAYED, 2: JobState.DELAYED, 3: JobState.READY}
-RELEASE_STATES: dict[int, JobState | str] = {1: JobState.DELAYED, 2: JobState.READY, 4: JobState.DEAD, 5: "expired"}
+
+def _eval(script: str, keys: dict[str, Any], *, stamped: bool = False, optional: bool = False,
+          **argv: Any) -> Eval:  # fmt: skip
+    """One script call, its KEYS and ARGV named as in the script's header (signatures.py)."""
+    sig = SIGNATURES[script]
+    return Eval(script, sig.key_list(keys), sig.args(argv), stamped, optional)
 
 
 class MoveSink(Protocol):
@@ -83,9 +90,6 @@ class MoveSink(Protocol):
 
 
 REMEMBER_ACKED_MS = 60_000
-# Why a lease does not hold its job (negative reply codes; lease_check in lua/lib/queue.lua).
-LEASE_CONFLICTS: dict[int, str | None] = {-1: "delayed", -2: "ready", -3: "reserved", -4: "dead",
-                                          -5: "ttr_expired", -6: None}  # fmt: skip
 FIRST_EXTRA_KEY = len(QueueKeys("n", "q").all_fixed()) + 1  # KEYS index of a script's own keys
 
 
@@ -121,15 +125,6 @@ class Published:
     state: JobState | None
 
 
-@dataclass(frozen=True, slots=True)
-class Sizes:
-    delayed: int
-    ready: int
-    reserved: int
-    dead: int
-    next_event_ms: int | None
-
-
 def _fixed(qk: QueueKeys) -> list[str]:
     return qk.all_fixed()
 
@@ -138,8 +133,8 @@ def _signal(qk: QueueKeys, cfg: EngineConfig, at_ms: int | None) -> Eval:
     """Tells the queue's shard that the pump must look at it by ``at_ms`` (and registers it).
     Sent only after a queue script reported that it lowered the queue's next event."""
     sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
-    keys = [sk.schedule, sk.pending, sk.queues]
-    return Eval("signal", keys, [qk.qualified, -1 if at_ms is None else at_ms], optional=True)
+    keys = {"schedule": sk.schedule, "pending": sk.pending, "queues": sk.queues}
+    return _eval("signal", keys, optional=True, queue=qk.qualified, at=-1 if at_ms is None else at_ms)
 
 
 def _bucket_of(member: bytes) -> str | None:
@@ -212,20 +207,17 @@ def _learn_lanes(cfg: EngineConfig, qk: QueueKeys, buckets: Sequence[str], fills
 
 def _publish_call(cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int) -> tuple[Eval, _Placement]:
     jobs = _place_jobs(cfg, qk, specs, now)
-    keys = _fixed(qk) + [qk.bucket(b) for b in jobs.buckets]
-    args: list[Arg] = [
-        now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, cfg.open_lead_ms, cfg.remember_acked_ms,
-        len(specs), *jobs.job_args,
-    ]  # fmt: skip
-    return Eval("publish", keys, args, stamped=True), jobs
+    keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in jobs.buckets]}
+    call = _eval("publish", keys, stamped=True, now=now, lane_capacity=cfg.lane_capacity,
+                 bucket_width=BUCKET_WIDTH_MS, notify=qk.notify, open_lead=cfg.open_lead_ms,
+                 remember_acked=cfg.remember_acked_ms, n=len(specs), jobs=jobs.job_args)  # fmt: skip
+    return call, jobs
 
 
-def _published(cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, reply: list[Any]) -> list[Published]:
-    """Decodes publish.lua's reply ({status per job..., fill per bucket..., lowered})."""
-    n = len(jobs.members)
-    _learn_lanes(cfg, qk, list(jobs.buckets), reply[n:-1])
-    return [Published(id_to_text(m), int(st) == 0, PUBLISH_STATES.get(int(st)))
-            for m, st in zip(jobs.members, reply[:n])]  # fmt: skip
+def _published(cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, reply: replies.PublishReply) -> list[Published]:
+    _learn_lanes(cfg, qk, list(jobs.buckets), reply.fills)
+    return [Published(id_to_text(m), c is ReplyCode.DUPLICATE, replies.job_state(c))
+            for m, c in zip(jobs.members, reply.codes)]  # fmt: skip
 
 
 def publish(
@@ -233,8 +225,8 @@ def publish(
 ) -> Op[list[Published]]:
     qk = QueueKeys(ns, q)
     call, jobs = _publish_call(cfg, qk, specs, now)
-    reply = yield call
-    if int(reply[-1]):
+    reply = replies.decode_publish((yield call), len(jobs.members))
+    if reply.lowered:
         yield _signal(qk, cfg, jobs.event)
     return _published(cfg, qk, jobs, reply)
 
@@ -247,18 +239,19 @@ def publish_many(
     node, each node's share sent at once."""
     placed = [(qk, *_publish_call(cfg, qk, specs, now)) for qk, specs in
               ((QueueKeys(ns, q), specs) for ns, q, specs in batches)]  # fmt: skip
-    replies = yield tuple(call for _, call, _ in placed)
-    signals = tuple(_signal(qk, cfg, jobs.event) for (qk, _, jobs), reply in zip(placed, replies) if int(reply[-1]))
+    raw = yield tuple(call for _, call, _ in placed)
+    decoded = [replies.decode_publish(r, len(jobs.members)) for (_, _, jobs), r in zip(placed, raw)]
+    signals = tuple(_signal(qk, cfg, jobs.event) for (qk, _, jobs), reply in zip(placed, decoded) if reply.lowered)
     if signals:
         yield signals
-    return [_published(cfg, qk, jobs, reply) for (qk, _, jobs), reply in zip(placed, replies)]
+    return [_published(cfg, qk, jobs, reply) for (qk, _, jobs), reply in zip(placed, decoded)]
 
 
-def _reserved(ns: str, q: str, flat: list[bytes], now: int) -> list[Job]:
-    """consume.lua's (member, record, lease) triples -> reserved jobs carrying their lease."""
+def _reserved(ns: str, q: str, deliveries: Sequence[replies.Delivery], now: int) -> list[Job]:
+    """consume.lua's deliveries -> reserved jobs carrying their lease."""
     jobs = []
-    for i in range(0, len(flat), 3):
-        job = Job.from_record(ns, q, flat[i], flat[i + 1], JobState.RESERVED, lease=flat[i + 2].hex())
+    for d in deliveries:
+        job = Job.from_record(ns, q, d.member, d.record, JobState.RESERVED, lease=d.lease.hex())
         job.extra["reserved_ms"] = now
         jobs.append(job)
     return jobs
@@ -280,19 +273,20 @@ def consume(
         qk = QueueKeys(ns, q)
         opened = False
         for _ in range(CONSUME_CALLS_PER_QUEUE):
-            args: list[Arg] = [now, ttr_ms, count - len(out), cfg.promote_limit, qk.notify,
-                               cfg.open_lead_ms, os.urandom(6)]  # fmt: skip
-            reply = yield Eval("consume", _fixed(qk), args, stamped=True)
-            if int(reply[0]):  # the pump must look here when these reservations run out
+            call = _eval("consume", {"queue": _fixed(qk)}, stamped=True, now=now, ttr=ttr_ms,
+                         count=count - len(out), limit=cfg.promote_limit, notify=qk.notify,
+                         open_lead=cfg.open_lead_ms, lease_prefix=os.urandom(6))  # fmt: skip
+            reply = replies.decode_consume((yield call))
+            if reply.lowered:  # the pump must look here when these reservations run out
                 yield _signal(qk, cfg, now + ttr_ms)
-            if cfg.moves and (int(reply[2]) or int(reply[3]) or int(reply[4])):
-                cfg.moves.moved(ns, q, 0, int(reply[2]), int(reply[3]), int(reply[4]))
-            out += _reserved(ns, q, reply[6:], now)
+            if cfg.moves and (reply.retried or reply.dead or reply.expired):
+                cfg.moves.moved(ns, q, 0, reply.retried, reply.dead, reply.expired)
+            out += _reserved(ns, q, reply.deliveries, now)
             if len(out) >= count:
                 break
-            if int(reply[5]):  # stopped at its bound of expired jobs: go on past them
+            if reply.more:  # stopped at its bound of expired jobs: go on past them
                 continue
-            if not int(reply[1]) or opened:
+            if not reply.stale or opened:
                 break
             # The pump is behind on this queue (failover, takeover, a lost signal): do its
             # step here, tell the shard what comes next, and look again.
@@ -326,8 +320,8 @@ def _lease_arg(lease: str | None) -> bytes:
         return b"\xff"
 
 
-def _raise_conflicts(ids: Sequence[str], codes: Sequence[Any]) -> None:
-    conflicts = [(i, LEASE_CONFLICTS[int(c)]) for i, c in zip(ids, codes) if int(c) < 0]
+def _raise_conflicts(ids: Sequence[str], verdicts: Sequence[ReplyCode]) -> None:
+    conflicts = replies.conflicts(ids, verdicts)
     if conflicts:
         raise Conflict(conflicts)
 
@@ -343,12 +337,15 @@ def ack(ns: str, q: str, ids: Sequence[str], now: int | None = None,
     checked, nothing is acked."""
     qk = QueueKeys(ns, q)
     extra, id_args = _id_args(qk, ids, FIRST_EXTRA_KEY)
-    args: list[Arg] = [now_ms() if now is None else now, remember_ms, "1" if check_only else "0", len(ids)]
+    jobs: list[Arg] = []
     for i in range(len(ids)):
-        args += [*id_args[3 * i : 3 * i + 3], _lease_arg(leases[i] if leases else None)]
-    reply = yield Eval("ack", _fixed(qk) + extra, args, stamped=True)
-    _raise_conflicts(ids, reply)
-    return [None if check_only else STATE_CODES.get(int(s)) for s in reply]
+        jobs += [*id_args[3 * i : 3 * i + 3], _lease_arg(leases[i] if leases else None)]
+    call = _eval("ack", {"queue": _fixed(qk), "buckets": extra}, stamped=True,
+                 now=now_ms() if now is None else now, remember_acked=remember_ms,
+                 check_only="1" if check_only else "0", n=len(ids), jobs=jobs)  # fmt: skip
+    reply = replies.decode_ack((yield call))
+    _raise_conflicts(ids, reply.codes)
+    return [None if check_only else replies.job_state(c) for c in reply.codes]
 
 
 def known_ids(ns: str, q: str, ids: Sequence[str], now: int, remember_ms: int) -> Op[list[bool]]:
@@ -369,47 +366,47 @@ def republish(
     delivery holds the old job (else ``Conflict``, nothing changed)."""
     qk = QueueKeys(ns, q)
     new = _place_jobs(cfg, qk, [spec], now)
-    old_keys, old_args = _id_args(qk, [old_id], FIRST_EXTRA_KEY + len(new.buckets))
-    args: list[Arg] = [
-        now, cfg.lane_capacity, BUCKET_WIDTH_MS, qk.notify, *old_args, *new.job_args,
-        cfg.open_lead_ms, cfg.remember_acked_ms, _lease_arg(lease),
-    ]  # fmt: skip
-    keys = _fixed(qk) + [qk.bucket(b) for b in new.buckets] + old_keys
-    old_state, status, lowered = yield Eval("republish", keys, args, stamped=True)
-    _raise_conflicts([old_id], [old_state])
-    if int(lowered):
+    old_keys, (old_member, old_kidx, old_bucket) = _id_args(qk, [old_id], FIRST_EXTRA_KEY + len(new.buckets))
+    member, due, record, kidx, bucket, wheel = new.job_args
+    keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in new.buckets] + old_keys}
+    call = _eval("republish", keys, stamped=True, now=now, lane_capacity=cfg.lane_capacity,
+                 bucket_width=BUCKET_WIDTH_MS, notify=qk.notify, old_member=old_member,
+                 old_bucket_index=old_kidx, old_bucket=old_bucket, member=member, due=due, record=record,
+                 bucket_index=kidx, bucket=bucket, wheel=wheel, open_lead=cfg.open_lead_ms,
+                 remember_acked=cfg.remember_acked_ms, lease=_lease_arg(lease))  # fmt: skip
+    reply = replies.decode_republish((yield call))
+    _raise_conflicts([old_id], [reply.old])
+    if reply.lowered:
         yield _signal(qk, cfg, new.event)
-    st = int(status)
-    published = Published(id_to_text(new.members[0]), st == 0, PUBLISH_STATES.get(st))
-    return STATE_CODES.get(int(old_state)), published
+    published = Published(id_to_text(new.members[0]), reply.new is ReplyCode.DUPLICATE, replies.job_state(reply.new))
+    return replies.job_state(reply.old), published
 
 
 def peek_job(ns: str, q: str, job_id: str) -> Op[Job | None]:
     qk = QueueKeys(ns, q)
     member = id_to_member(job_id)
     bname = _bucket_of(member)
-    keys = _fixed(qk) + ([qk.bucket(bname)] if bname else [])
-    reply = yield Eval("peek_job", keys, [member])
-    if not reply:
+    keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
+    reply = replies.decode_peek_job((yield _eval("peek_job", keys, member=member)))
+    if reply is None:
         return None
-    state = STATE_CODES[int(reply[0])]
-    job = Job.from_record(ns, q, member, reply[1], state, int(float(reply[2])))
-    return job
+    return Job.from_record(ns, q, member, reply.record, reply.state, int(reply.score))
 
 
 def peek(cfg: EngineConfig, ns: str, q: str, which: str, now: int) -> Op[Job | None]:
     """Head of the ready queue (after promoting what is due) or of the dead letter."""
     qk = QueueKeys(ns, q)
-    look = Eval("peek", _fixed(qk), [which])
+    keys = {"queue": _fixed(qk)}
+    look = _eval("peek", keys, which=which)
     if which == "ready":
-        promote = Eval("promote_due", _fixed(qk), [now, cfg.promote_limit, qk.notify])
-        reply = (yield (promote, look))[-1]
+        promote = _eval("promote_due", keys, now=now, limit=cfg.promote_limit, notify=qk.notify)
+        reply = replies.decode_peek((yield (promote, look))[-1])
     else:
-        reply = yield look
-    if not reply or reply[1] is None:
+        reply = replies.decode_peek((yield look))
+    if reply is None or reply.record is None:
         return None
     state = JobState.READY if which == "ready" else JobState.DEAD
-    return Job.from_record(ns, q, reply[0], reply[1], state)
+    return Job.from_record(ns, q, reply.member, reply.record, state)
 
 
 READY_SCORE_MASK = 2**42 - 1  # a ready score is (255 - priority) * 2^42 + due ms
@@ -451,14 +448,9 @@ def dump_wheel(ns: str, q: str, buckets_per_call: int = 16) -> Op[list[Job]]:
     return out
 
 
-def _decode_sizes(reply: list[Any]) -> Sizes:
-    nxt = int(reply[4])
-    return Sizes(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), None if nxt < 0 else nxt)
-
-
 def sizes(cfg: EngineConfig, ns: str, q: str) -> Op[Sizes]:
     qk = QueueKeys(ns, q)
-    return _decode_sizes((yield Eval("sizes", _fixed(qk), [cfg.open_lead_ms])))
+    return replies.decode_sizes((yield _eval("sizes", {"queue": _fixed(qk)}, open_lead=cfg.open_lead_ms)))
 
 
 def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
@@ -481,17 +473,22 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
             held_back = True
             break
         bnames = [n.decode() for n in names]
-        yield Eval("open_buckets", fixed + [qk.bucket(b) for b in bnames], [now, *bnames], stamped=True)
+        keys = {"queue": fixed, "buckets": [qk.bucket(b) for b in bnames]}
+        yield _eval("open_buckets", keys, stamped=True, now=now, names=bnames)
+    queue = {"queue": fixed}
     reply = yield (
-        Eval("promote_due", fixed, [now, cfg.promote_limit, qk.notify], stamped=True),
-        Eval("expire_reserved", fixed, [now, cfg.promote_limit, qk.notify], stamped=True),
-        Eval("expire_ttl", fixed, [now, cfg.promote_limit], stamped=True),
-        Eval("next_event", fixed, [cfg.open_lead_ms]),
+        _eval("promote_due", queue, stamped=True, now=now, limit=cfg.promote_limit, notify=qk.notify),
+        _eval("expire_reserved", queue, stamped=True, now=now, limit=cfg.promote_limit, notify=qk.notify),
+        _eval("expire_ttl", queue, stamped=True, now=now, limit=cfg.promote_limit),
+        _eval("next_event", queue, open_lead=cfg.open_lead_ms),
     )
-    (promoted, gone), (retried, dead, gone2), gone3 = reply[0], reply[1], reply[2]
+    promoted = replies.decode_moved(reply[0])
+    expired = replies.decode_expire_reserved(reply[1])
+    gone = replies.decode_count(reply[2])
     if cfg.moves:
-        cfg.moves.moved(ns, q, int(promoted), int(retried), int(dead), int(gone) + int(gone2) + int(gone3))
-    result = _decode_sizes(reply[-1])
+        cfg.moves.moved(ns, q, promoted.moved, expired.retried, expired.dead,
+                        promoted.expired + expired.expired + gone)  # fmt: skip
+    result = replies.decode_sizes(reply[-1])
     if held_back and result.next_event_ms is not None:
         # Consumers lag: look again soon instead of spinning on an overdue bucket.
         result = Sizes(
@@ -509,11 +506,10 @@ def destroy(cfg: EngineConfig, ns: str, q: str) -> Op[int]:
         names = yield Cmd(("ZRANGE", qk.wheel, 0, 63))
         bnames = [n.decode() for n in names]
         final = "1" if len(bnames) < 64 else "0"
-        n, gone = yield Eval(
-            "destroy", _fixed(qk) + [qk.bucket(b) for b in bnames], [final, *bnames]
-        )
-        deleted += int(n)
-        if int(gone):
+        keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in bnames]}
+        reply = replies.decode_destroy((yield _eval("destroy", keys, final=final, names=bnames)))
+        deleted += reply.deleted
+        if reply.gone:
             break
     sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
     yield (
@@ -529,9 +525,11 @@ def respawn(cfg: EngineConfig, ns: str, q: str, limit: int, ttl_ms: int, now: in
     done = 0
     while done < limit:
         step = min(limit - done, 500)
-        n, lowered = yield Eval("respawn", _fixed(qk), [now, step, ttl_ms, qk.notify], stamped=True)
-        n = int(n)
-        if int(lowered):
+        call = _eval("respawn", {"queue": _fixed(qk)}, stamped=True, now=now, limit=step, ttl=ttl_ms,
+                     notify=qk.notify)  # fmt: skip
+        reply = replies.decode_respawn((yield call))
+        n = reply.respawned
+        if reply.lowered:
             yield _signal(qk, cfg, now + ttl_ms if ttl_ms else None)
         done += n
         if n < step:
@@ -544,7 +542,7 @@ def delete_dead(ns: str, q: str, limit: int) -> Op[int]:
     done = 0
     while done < limit:
         step = min(limit - done, 500)
-        n = int((yield Eval("delete_dead", _fixed(qk), [step])))
+        n = replies.decode_count((yield _eval("delete_dead", {"queue": _fixed(qk)}, limit=step)))
         done += n
         if n < step:
             break
@@ -553,22 +551,23 @@ def delete_dead(ns: str, q: str, limit: int) -> Op[int]:
 
 def claim(shard: int, now: int, limit: int, lease_ms: int, epoch: int) -> Op[list[str]]:
     """Claims the shard's due queues (re-checked at ``now + lease_ms`` should the pump die).
-    Raises ResponseError FENCED when ``epoch`` is not the shard's current leadership."""
+    Raises ``Fenced`` when ``epoch`` is not the shard's current leadership."""
     sk = ShardKeys(shard)
-    due = yield Eval("claim", [sk.schedule, sk.pending, sk.epoch], [now, limit, now + lease_ms, epoch])
-    return [d.decode() for d in due]
+    keys = {"schedule": sk.schedule, "pending": sk.pending, "epoch": sk.epoch}
+    call = _eval("claim", keys, now=now, limit=limit, lease_end=now + lease_ms, epoch=epoch)
+    return replies.decode_claim((yield call), epoch)
 
 
 def reschedule(shard: int, qualified: str, next_ms: int | None, epoch: int,
                empty: bool = False) -> Op[int | None]:  # fmt: skip
     """After a pump step: the next wake-up, folding in signals received since the claim. A
     queue the step found ``empty`` (no job in any state) leaves the shard's registry, unless a
-    signal came meanwhile."""
+    signal came meanwhile. Raises ``Fenced`` when ``epoch`` is not the shard's current leadership."""
     sk = ShardKeys(shard)
-    nxt = -1 if next_ms is None else next_ms
-    keys = [sk.schedule, sk.pending, sk.epoch, sk.queues]
-    got = int((yield Eval("reschedule", keys, [qualified, nxt, epoch, "1" if empty else "0"])))
-    return None if got < 0 else got
+    keys = {"schedule": sk.schedule, "pending": sk.pending, "epoch": sk.epoch, "queues": sk.queues}
+    call = _eval("reschedule", keys, queue=qualified, next=-1 if next_ms is None else next_ms, epoch=epoch,
+                 empty="1" if empty else "0")  # fmt: skip
+    return replies.decode_reschedule((yield call), epoch)
 
 
 def next_schedule(shard: int) -> Op[int | None]:
@@ -612,10 +611,11 @@ def sizes_of(cfg: EngineConfig, qualified: Sequence[str], chunk: int = 100) -> O
     out: dict[str, Sizes] = {}
     for i in range(0, len(qualified), chunk):
         names = qualified[i : i + chunk]
-        replies = yield tuple(
-            Eval("sizes", _fixed(QueueKeys(*parse_qualified(n))), [cfg.open_lead_ms]) for n in names
+        got = yield tuple(
+            _eval("sizes", {"queue": _fixed(QueueKeys(*parse_qualified(n)))}, open_lead=cfg.open_lead_ms)
+            for n in names
         )
-        out.update((n, _decode_sizes(r)) for n, r in zip(names, replies, strict=True))
+        out.update((n, replies.decode_sizes(r)) for n, r in zip(names, got, strict=True))
     return out
 
 
@@ -629,14 +629,16 @@ def release(
     its ttl had ended (removed), None when it was not reserved (or its ttr had run out). With
     ``leases``: a job whose lease does not hold it is left alone, and ``Conflict`` names it."""
     qk = QueueKeys(ns, q)
-    args: list[Arg] = [now, delay_ms, qk.notify, int(nack)]
+    jobs: list[Arg] = []
     for i, job_id in enumerate(ids):
-        args += [id_to_member(job_id), _lease_arg(leases[i] if leases else None)]
-    reply = yield Eval("release", _fixed(qk), args, stamped=True)
-    if int(reply[-1]):
+        jobs += [id_to_member(job_id), _lease_arg(leases[i] if leases else None)]
+    call = _eval("release", {"queue": _fixed(qk)}, stamped=True, now=now, delay=delay_ms, notify=qk.notify,
+                 mode=int(nack), jobs=jobs)  # fmt: skip
+    reply = replies.decode_release((yield call))
+    if reply.lowered:
         yield _signal(qk, cfg, now + delay_ms)
-    _raise_conflicts(ids, reply[:-1])
-    return [RELEASE_STATES.get(int(st)) for st in reply[:-1]]
+    _raise_conflicts(ids, reply.codes)
+    return ["expired" if c is ReplyCode.EXPIRED else replies.job_state(c) for c in reply.codes]
 
 
 def touch(cfg: EngineConfig, ns: str, q: str, job_id: str, ttr_ms: int, now: int,
@@ -644,22 +646,24 @@ def touch(cfg: EngineConfig, ns: str, q: str, job_id: str, ttr_ms: int, now: int
     """Moves a running reservation's deadline to ``now + ttr_ms``; False when the job is not
     reserved or its ttr already ran out. With a ``lease`` that does not hold it: ``Conflict``."""
     qk = QueueKeys(ns, q)
-    args: list[Arg] = [now, ttr_ms, id_to_member(job_id), _lease_arg(lease)]
-    done, lowered = yield Eval("touch", _fixed(qk), args, stamped=True)
-    _raise_conflicts([job_id], [done])
-    if int(lowered):
+    call = _eval("touch", {"queue": _fixed(qk)}, stamped=True, now=now, ttr=ttr_ms, member=id_to_member(job_id),
+                 lease=_lease_arg(lease))  # fmt: skip
+    reply = replies.decode_touch((yield call))
+    _raise_conflicts([job_id], [reply.code])
+    if reply.lowered:
         yield _signal(qk, cfg, now + ttr_ms)
-    return bool(int(done))
+    return reply.code is ReplyCode.RESERVED
 
 
 def lead(shard: int, token: str, lease_ms: int, give_up: bool = False) -> Op[int]:
     """Acquires or renews the shard's leadership: its fencing epoch, or 0 when not held."""
     sk = ShardKeys(shard)
-    reply = yield Eval("leader", [sk.lock, sk.epoch], [token, lease_ms, "1" if give_up else "0"])
-    return int(reply)
+    call = _eval("leader", {"leader": sk.lock, "epoch": sk.epoch}, token=token, lease=lease_ms,
+                 release="1" if give_up else "0")  # fmt: skip
+    return replies.decode_leader((yield call))
 
 
 def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) -> Op[bool]:
     """Takes (or gives back) one unit of a fixed-window limit; False when it is used up."""
-    reply = yield Eval("rate_limit", [key], [per_window, window_ms, "1" if refund else "0"])
-    return bool(int(reply))
+    call = _eval("rate_limit", {"counter": key}, limit=per_window, window=window_ms, refund="1" if refund else "0")
+    return replies.decode_flag((yield call))

@@ -1,4 +1,9 @@
-"""Loads the Lua scripts from ``lua/`` (shipped in the wheel) and inlines ``--@include`` libs."""
+"""Loads the Lua scripts from ``lua/`` (shipped in the wheel) and inlines ``--@include`` libs.
+
+``lib/codes.lua`` is a table of named reply codes, but no script builds that table when it
+runs (it would cost every call ~1.5 us of server time): the loader folds each ``CODE.NAME``
+into its number instead, and an unknown name fails here, at load time.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,10 @@ from importlib import resources
 from pathlib import Path
 
 _INCLUDE = re.compile(r"^--@include (\S+)$", re.MULTILINE)
+CODES_LIB = "lib/codes"
+_CODE_TABLE = re.compile(r"^local CODE = \{\n(.*?)^\}", re.DOTALL | re.MULTILINE)
+_CODE_ENTRY = re.compile(r"^\s*([A-Z_]+) = (-?\d+),", re.MULTILINE)
+_CODE_REF = re.compile(r"\bCODE\.([A-Za-z_]+)\b")
 
 
 def lua_dir() -> Path:
@@ -29,14 +38,36 @@ class LuaScript:
         return hashlib.sha1(self.source.encode()).hexdigest()
 
 
-def _expand(text: str, base: Path) -> str:
-    return _INCLUDE.sub(lambda m: (base / f"{m.group(1)}.lua").read_text(), text)
+def lua_codes(base: Path) -> dict[str, int]:
+    """The reply codes of ``lib/codes.lua``, by name."""
+    table = _CODE_TABLE.search((base / f"{CODES_LIB}.lua").read_text())
+    if table is None:
+        raise ValueError(f"{base / CODES_LIB}.lua: no 'local CODE = {{' table")
+    return {name: int(value) for name, value in _CODE_ENTRY.findall(table.group(1))}
+
+
+def _fold(name: str, codes: dict[str, int]) -> str:
+    if name not in codes:
+        raise ValueError(f"CODE.{name} is not in {CODES_LIB}.lua")
+    value = codes[name]
+    return f"({value})" if value < 0 else str(value)  # parenthesised: never `x - -6` -> `x --6`
+
+
+def _expand(text: str, base: Path, codes: dict[str, int]) -> str:
+    def include(m: re.Match[str]) -> str:
+        if m.group(1) == CODES_LIB:
+            return f"-- (reply codes: folded into numbers by the loader, see {CODES_LIB}.lua)"
+        return (base / f"{m.group(1)}.lua").read_text()
+
+    expanded = _INCLUDE.sub(include, text)
+    return _CODE_REF.sub(lambda m: _fold(m.group(1), codes), expanded)
 
 
 @functools.cache
 def load_all() -> dict[str, LuaScript]:
     base = lua_dir()
+    codes = lua_codes(base)
     out = {}
     for path in sorted(base.glob("*.lua")):
-        out[path.stem] = LuaScript(path.stem, _expand(path.read_text(), base))
+        out[path.stem] = LuaScript(path.stem, _expand(path.read_text(), base, codes))
     return out

@@ -1,8 +1,10 @@
 --[[
   Shared helpers, inlined by cluster_dq/engine/scripts.py right after the header of every
-  script that says `--@include lib/queue`. Never loaded on its own.
-  Every queue script receives the same ten fixed KEYS, in this order, then its own extras
-  (from KEYS[FIRST_EXTRA]).
+  script that says `--@include lib/queue` (after `--@include lib/codes`, whose CODE table they
+  use). Never loaded on its own.
+  Every queue script receives the same ten fixed KEYS, in this order (the order of
+  QueueKeys.all_fixed in cluster_dq/keys.py; tests/test_lua_contract.py checks both agree),
+  then its own extras (from KEYS[FIRST_EXTRA]).
 ]]
 local META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
@@ -50,18 +52,18 @@ local function make_ready(id, rec, t)
   redis.call('ZADD', READY, ready_score(rec, t), id)
 end
 
--- Forgets a job held in JOBS (any state but the wheel); returns the state it was in.
+-- Forgets a job held in JOBS (any state but the wheel); returns the state code it was in.
 local function forget(id)
-  if redis.call('HDEL', JOBS, id) == 0 then return 0 end
+  if redis.call('HDEL', JOBS, id) == 0 then return CODE.NOT_FOUND end
   redis.call('ZREM', EXPIRE, id)
-  if redis.call('ZREM', READY, id) == 1 then return 2 end
+  if redis.call('ZREM', READY, id) == 1 then return CODE.READY end
   if redis.call('ZREM', RESERVED, id) == 1 then
     redis.call('HDEL', LEASES, id)
-    return 3
+    return CODE.RESERVED
   end
-  if redis.call('ZREM', DELAYED, id) == 1 then return 1 end
-  if redis.call('ZREM', DEAD, id) == 1 then return 4 end
-  return 0
+  if redis.call('ZREM', DELAYED, id) == 1 then return CODE.DELAYED end
+  if redis.call('ZREM', DEAD, id) == 1 then return CODE.DEAD end
+  return CODE.NOT_FOUND
 end
 
 -- Keeps META.w (jobs in wheel buckets) exact, and absent at zero: nothing left behind.
@@ -70,14 +72,15 @@ local function count_wheel(delta)
 end
 
 -- META.next: no pump event of this queue is earlier (set exactly by next_event.lua). A script
--- that adds an earlier event lowers it and reports so; the caller then signals the shard.
-local lowered = 0
+-- that adds an earlier event lowers it and reports so (the `lowered` flag of its reply); the
+-- caller then signals the shard. Returns 1 when it lowered META.next, else 0.
 local function lower_next(t)
   local cur = redis.call('HGET', META, 'next')
   if not cur or t < tonumber(cur) then
     redis.call('HSET', META, 'next', t)
-    lowered = 1
+    return 1
   end
+  return 0
 end
 
 -- An empty queue keeps no META (no jobs means no events): nothing left behind.
@@ -95,11 +98,11 @@ local function unwheel(bucket, bname, id)
   return 1
 end
 
--- Removes a job wherever it is: 0 none, 1 delayed, 2 ready, 3 reserved, 4 dead.
+-- Removes a job wherever it is; returns the state code it was in (NOT_FOUND: nowhere).
 local function remove_job(id, bucket, bname)
   local st = forget(id)
-  if st == 0 and bucket then
-    if unwheel(bucket, bname, id) == 1 then return 1 end
+  if st == CODE.NOT_FOUND and bucket then
+    if unwheel(bucket, bname, id) == 1 then return CODE.DELAYED end
   end
   return st
 end
@@ -184,13 +187,15 @@ local function acked_lately(id, now, keep)
   return t ~= false and tonumber(t) > now - keep
 end
 
--- Places one new job (publish, republish). Returns 0 duplicate, 1 wheel, 2 delayed, 3 ready.
+-- Places one new job (publish, republish). Returns its code (DUPLICATE, WHEEL, DELAYED or
+-- READY) and the `lowered` flag: 1 when META.next moved earlier or the queue came into being.
 -- `bucket`: the job's wheel bucket, looked in for a duplicate; the job goes there if `wheel`.
 local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, keep)
   if redis.call('HEXISTS', JOBS, id) == 1 or (bucket and redis.call('HEXISTS', bucket, id) == 1)
       or acked_lately(id, now, keep) then
-    return 0 -- present, or acked a moment ago (a repeated publish must not bring it back)
+    return CODE.DUPLICATE, 0 -- present, or acked a moment ago (a repeated publish must not bring it back)
   end
+  local lowered = 0
   if redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0 then
     lowered = 1 -- a queue coming into being: the caller registers it in its shard
   end
@@ -198,26 +203,25 @@ local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, 
   if due <= now then
     redis.call('HSET', JOBS, id, rec)
     make_ready(id, rec, due)
-    st = 3
+    st = CODE.READY
   elseif wheel and bucket and redis.call('HLEN', bucket) < cap then
     redis.call('HSET', bucket, id, rec)
     local start = due - due % width
     redis.call('ZADD', WHEEL, 'NX', start, bname)
     count_wheel(1)
-    lower_next(start - lead)
-    return 1
+    return CODE.WHEEL, math.max(lowered, lower_next(start - lead))
   else
     redis.call('HSET', JOBS, id, rec)
     redis.call('ZADD', DELAYED, due, id)
-    lower_next(due)
-    st = 2
+    lowered = math.max(lowered, lower_next(due))
+    st = CODE.DELAYED
   end
   local e = expire_at(rec)
   if e > 0 then
     redis.call('ZADD', EXPIRE, e, id)
-    lower_next(e)
+    lowered = math.max(lowered, lower_next(e))
   end
-  return st
+  return st, lowered
 end
 
 local function first_score(key)
@@ -242,20 +246,19 @@ local function queue_sizes(lead)
     redis.call('ZCARD', RESERVED), redis.call('ZCARD', DEAD), nxt}
 end
 
--- Whether the delivery holding `lease` still holds job `id` at `now`: 0 when it does, else
--- why not (a negative reply code of the caller): 1 delayed, 2 ready, 3 reserved by another
--- delivery, 4 dead, 5 this delivery's ttr ran out (not yet moved by the pump), 6 gone.
+-- Whether the delivery holding `lease` still holds job `id` at `now`: OK when it does,
+-- else why not: a LEASE_* code (negative).
 local function lease_check(id, lease, now)
   local deadline = redis.call('ZSCORE', RESERVED, id)
   if deadline then
-    if redis.call('HGET', LEASES, id) ~= lease then return 3 end
-    if tonumber(deadline) <= now then return 5 end
-    return 0
+    if redis.call('HGET', LEASES, id) ~= lease then return CODE.LEASE_TAKEN end
+    if tonumber(deadline) <= now then return CODE.LEASE_TTR_EXPIRED end
+    return CODE.OK
   end
-  if redis.call('HEXISTS', JOBS, id) == 0 then return 6 end
-  if redis.call('ZSCORE', READY, id) then return 2 end
-  if redis.call('ZSCORE', DEAD, id) then return 4 end
-  return 1
+  if redis.call('HEXISTS', JOBS, id) == 0 then return CODE.LEASE_GONE end
+  if redis.call('ZSCORE', READY, id) then return CODE.LEASE_READY end
+  if redis.call('ZSCORE', DEAD, id) then return CODE.LEASE_DEAD end
+  return CODE.LEASE_DELAYED
 end
 
 -- A reservation that is still running at `now` (its ttr deadline not passed).

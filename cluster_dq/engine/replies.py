@@ -1,0 +1,286 @@
+"""The replies of the Lua scripts: their codes and one typed decoder per script.
+
+``ReplyCode`` mirrors ``lua/lib/codes.lua`` (tests/test_lua_contract.py checks that the two
+agree): one meaning per code in every script. Every script's reply is decoded here and nowhere
+else, into a frozen dataclass; the wire format stays flat arrays (cheap to build in Lua and
+to decode here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+from cluster_dq.errors import Fenced
+from cluster_dq.models import JobState
+
+
+class ReplyCode(IntEnum):
+    # where a job is (or went)
+    NOT_FOUND = 0  # no job in a state the script acts on; nothing done to it
+    DELAYED = 1  # DELAYED, in the near-term zset
+    READY = 2
+    RESERVED = 3
+    DEAD = 4
+    WHEEL = 5  # DELAYED, resting in a wheel bucket (publish)
+    # outcomes
+    DUPLICATE = 6  # publish: the id is present, or was acked lately; nothing written
+    EXPIRED = 7  # its ttl ended: removed (release)
+    OK = 8  # the check passed (a lease holds its job; a shard step's epoch is current)
+    # why a lease does not hold its job; nothing changed
+    LEASE_DELAYED = -1
+    LEASE_READY = -2
+    LEASE_TAKEN = -3  # reserved by another (later) delivery
+    LEASE_DEAD = -4
+    LEASE_TTR_EXPIRED = -5  # still this delivery's, but its ttr ran out
+    LEASE_GONE = -6  # acked, expired, destroyed
+    # a shard step (claim, reschedule) carrying an older leadership epoch; nothing changed
+    FENCED = -7
+
+
+_CODES = {int(c): c for c in ReplyCode}  # a dict lookup: cheaper than ReplyCode(x)
+
+# The job state a code names (DUPLICATE, NOT_FOUND and the verdicts name none).
+JOB_STATES: dict[ReplyCode, JobState] = {
+    ReplyCode.DELAYED: JobState.DELAYED,
+    ReplyCode.WHEEL: JobState.DELAYED,
+    ReplyCode.READY: JobState.READY,
+    ReplyCode.RESERVED: JobState.RESERVED,
+    ReplyCode.DEAD: JobState.DEAD,
+}
+# Why a lease does not hold its job, as errors.Conflict names it (None: gone).
+LEASE_CONFLICTS: dict[ReplyCode, str | None] = {
+    ReplyCode.LEASE_DELAYED: "delayed",
+    ReplyCode.LEASE_READY: "ready",
+    ReplyCode.LEASE_TAKEN: "reserved",
+    ReplyCode.LEASE_DEAD: "dead",
+    ReplyCode.LEASE_TTR_EXPIRED: "ttr_expired",
+    ReplyCode.LEASE_GONE: None,
+}
+
+
+def code(raw: Any) -> ReplyCode:
+    return _CODES[int(raw)]
+
+
+def codes(raw: Sequence[Any]) -> tuple[ReplyCode, ...]:
+    return tuple(_CODES[int(x)] for x in raw)
+
+
+def job_state(c: ReplyCode) -> JobState | None:
+    return JOB_STATES.get(c)
+
+
+def conflicts(ids: Sequence[str], verdicts: Sequence[ReplyCode]) -> list[tuple[str, str | None]]:
+    """The jobs whose lease does not hold them, and why (empty: every lease holds)."""
+    return [(i, LEASE_CONFLICTS[c]) for i, c in zip(ids, verdicts) if c < 0]
+
+
+# -- one reply type, and decoder, per script ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PublishReply:
+    codes: tuple[ReplyCode, ...]  # per job: DUPLICATE, WHEEL, DELAYED, READY
+    fills: tuple[int, ...]  # per wheel bucket of the call: its jobs after the call
+    lowered: bool  # the queue's next pump event moved earlier: signal its shard
+
+
+def decode_publish(reply: Sequence[Any], n: int) -> PublishReply:
+    return PublishReply(codes(reply[:n]), tuple(int(f) for f in reply[n:-1]), int(reply[-1]) == 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RepublishReply:
+    old: ReplyCode  # the old job's state, or a LEASE_* code (nothing changed then)
+    new: ReplyCode  # as publish
+    lowered: bool
+
+
+def decode_republish(reply: Sequence[Any]) -> RepublishReply:
+    old, new, lowered = reply
+    return RepublishReply(_CODES[int(old)], _CODES[int(new)], int(lowered) == 1)
+
+
+class Delivery(NamedTuple):
+    """One reserved job (a named tuple: built per job on the consume path, at C speed)."""
+
+    member: bytes
+    record: bytes
+    lease: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeReply:
+    lowered: bool
+    stale: bool  # a wheel bucket should be open already: the pump is behind
+    retried: int  # moved on the way: ttr passed -> READY
+    dead: int  # ttr passed, no tries left -> DEAD
+    expired: int  # ttl ended -> gone
+    more: bool  # stopped at its bound of expired jobs
+    deliveries: tuple[Delivery, ...]
+
+
+CONSUME_HEAD = 6  # numbers before the (member, record, lease) triples
+
+
+def decode_consume(reply: Sequence[Any]) -> ConsumeReply:
+    triples = iter(reply[CONSUME_HEAD:])
+    return ConsumeReply(
+        int(reply[0]) == 1, int(reply[1]) == 1, int(reply[2]), int(reply[3]), int(reply[4]),
+        int(reply[5]) == 1, tuple(map(Delivery._make, zip(triples, triples, triples))),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class AckReply:
+    codes: tuple[ReplyCode, ...]  # per job: the state it was in; or OK / LEASE_* verdicts
+
+
+def decode_ack(reply: Sequence[Any]) -> AckReply:
+    return AckReply(codes(reply))
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseReply:
+    codes: tuple[ReplyCode, ...]  # per job: NOT_FOUND, DELAYED, READY, DEAD, EXPIRED or LEASE_*
+    lowered: bool
+
+
+def decode_release(reply: Sequence[Any]) -> ReleaseReply:
+    return ReleaseReply(codes(reply[:-1]), int(reply[-1]) == 1)
+
+
+@dataclass(frozen=True, slots=True)
+class TouchReply:
+    code: ReplyCode  # RESERVED (touched), NOT_FOUND or LEASE_*
+    lowered: bool
+
+
+def decode_touch(reply: Sequence[Any]) -> TouchReply:
+    c, lowered = reply
+    return TouchReply(_CODES[int(c)], int(lowered) == 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """open_buckets, promote_due."""
+
+    moved: int
+    expired: int
+
+
+def decode_moved(reply: Sequence[Any]) -> Moved:
+    moved, expired = reply
+    return Moved(int(moved), int(expired))
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationsExpired:
+    retried: int  # back to READY
+    dead: int
+    expired: int  # ttl ended: gone
+
+
+def decode_expire_reserved(reply: Sequence[Any]) -> ReservationsExpired:
+    retried, dead, expired = reply
+    return ReservationsExpired(int(retried), int(dead), int(expired))
+
+
+def decode_count(reply: Any) -> int:
+    """expire_ttl, delete_dead."""
+    return int(reply)
+
+
+@dataclass(frozen=True, slots=True)
+class RespawnReply:
+    respawned: int
+    lowered: bool
+
+
+def decode_respawn(reply: Sequence[Any]) -> RespawnReply:
+    n, lowered = reply
+    return RespawnReply(int(n), int(lowered) == 1)
+
+
+@dataclass(frozen=True, slots=True)
+class DestroyReply:
+    deleted: int
+    gone: bool  # the queue is gone (the final step)
+
+
+def decode_destroy(reply: Sequence[Any]) -> DestroyReply:
+    n, gone = reply
+    return DestroyReply(int(n), int(gone) == 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PeekReply:
+    member: bytes
+    record: bytes | None
+    score: float
+
+
+def decode_peek(reply: Sequence[Any]) -> PeekReply | None:
+    if not reply:
+        return None
+    return PeekReply(reply[0], reply[1], float(reply[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class PeekJobReply:
+    state: JobState
+    record: bytes
+    score: float
+
+
+def decode_peek_job(reply: Sequence[Any]) -> PeekJobReply | None:
+    if not reply:
+        return None
+    return PeekJobReply(JOB_STATES[_CODES[int(reply[0])]], reply[1], float(reply[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """sizes, next_event."""
+
+    delayed: int
+    ready: int
+    reserved: int
+    dead: int
+    next_event_ms: int | None
+
+
+def decode_sizes(reply: Sequence[Any]) -> Sizes:
+    nxt = int(reply[4])
+    return Sizes(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), None if nxt < 0 else nxt)
+
+
+def _unfenced(reply: Sequence[Any], epoch: int) -> None:
+    if int(reply[0]) == ReplyCode.FENCED:
+        raise Fenced(epoch)
+
+
+def decode_claim(reply: Sequence[Any], epoch: int) -> list[str]:
+    """The claimed queues (``ns/q``); ``Fenced`` when ``epoch`` is not the shard's."""
+    _unfenced(reply, epoch)
+    return [q.decode() for q in reply[1:]]
+
+
+def decode_reschedule(reply: Sequence[Any], epoch: int) -> int | None:
+    """The wake-up set (ms), None when none; ``Fenced`` when ``epoch`` is not the shard's."""
+    _unfenced(reply, epoch)
+    nxt = int(reply[1])
+    return None if nxt < 0 else nxt
+
+
+def decode_leader(reply: Any) -> int:
+    """The leadership's epoch, 0 when not held."""
+    return int(reply)
+
+
+def decode_flag(reply: Any) -> bool:
+    """rate_limit (allowed), signal."""
+    return int(reply) == 1

@@ -1,0 +1,252 @@
+"""The seam between Python and Lua: every script's header against the Python side.
+
+Each ``lua/*.lua`` starts with ``#!lua`` and a header in one format (lua/README.md):
+
+    KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+    KEYS[11..] buckets...: a variadic tail (the name ends in ``...``)
+    ARGV[1] now: one argument
+    ARGV[8..] jobs...: 6 values per job: ...
+    Returns: ...
+
+Checked here: the names and order of every script's KEYS and ARGV against the table that
+commands.py builds its calls with (engine/signatures.py); the number of KEYS and ARGV of every
+call commands.py actually sends (recorded on a real Redis); ``ReplyCode`` against
+``lua/lib/codes.lua``; the queue's fixed key order in keys.py against lib/queue.lua.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from cluster_dq.clock import now_ms
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.commands import FIRST_EXTRA_KEY, Call, Eval
+from cluster_dq.engine.replies import ReplyCode
+from cluster_dq.errors import Fenced
+from cluster_dq.engine.scripts import load_all, lua_codes, lua_dir
+from cluster_dq.engine.signatures import QUEUE, SIGNATURES
+from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
+from cluster_dq.models import JobSpec
+
+LUA = lua_dir()
+SCRIPTS = sorted(p.stem for p in LUA.glob("*.lua"))
+FIXED = QueueKeys("ns", "q").all_fixed()
+_ITEM = re.compile(r"^\s*(KEYS|ARGV)\[(\d+)(?:\.\.(\d*))?\]\s+([a-z_]+(?:\.\.\.)?):\s+(.*)$")
+_HEADER = re.compile(r"\A#!lua[^\n]*\n--\[\[\n(.*?)\n\]\]\n", re.DOTALL)
+
+
+@dataclass
+class Item:
+    name: str
+    first: int  # 1-based index
+    last: int | None  # None: variadic (to the end)
+    doc: str
+
+    @property
+    def variadic(self) -> bool:
+        return self.last is None
+
+    @property
+    def stride(self) -> int:
+        m = re.search(r"(\d+) values per job", self.doc)
+        return int(m.group(1)) if m else 1
+
+
+@dataclass
+class Header:
+    keys: list[Item]
+    argv: list[Item]
+    returns: str
+
+
+def parse_header(text: str) -> Header:
+    m = _HEADER.match(text)
+    assert m, "no '#!lua' line followed by a --[[ ... ]] header"
+    out: dict[str, list[Item]] = {"KEYS": [], "ARGV": []}
+    returns = ""
+    lines = m.group(1).splitlines()
+    for i, line in enumerate(lines):
+        item = _ITEM.match(line)
+        if item:
+            kind, first, rng, name, doc = item.groups()
+            last = int(first) if rng is None else (int(rng) if rng else None)
+            if rng is not None and rng and name != QUEUE:
+                raise AssertionError(f"a closed range is only for the queue's fixed keys: {line!r}")
+            if (last is None) != name.endswith("..."):
+                raise AssertionError(f"a variadic item is KEYS/ARGV[n..] and its name ends in '...': {line!r}")
+            for more in lines[i + 1 :]:  # continuation lines are indented further
+                if not more.startswith("    "):
+                    break
+                doc += " " + more.strip()
+            out[kind].append(Item(name, int(first), last, doc))
+        elif line.strip().startswith(("KEYS", "ARGV")):
+            raise AssertionError(f"not in the header format: {line!r}")
+        elif line.strip().startswith("Returns:"):
+            returns = " ".join([line.strip()] + [x.strip() for x in lines[i + 1 :] if x.startswith("    ")])
+    assert returns, "no 'Returns:' line"
+    for kind, items in out.items():
+        expect = 1
+        for n, it in enumerate(items):
+            assert it.first == expect, f"{kind}[{it.first}] {it.name}: expected index {expect}"
+            if it.variadic:
+                assert n == len(items) - 1, f"{kind} {it.name}: only the last item may be variadic"
+            else:
+                expect = it.last + 1  # type: ignore[operator]
+    return Header(out["KEYS"], out["ARGV"], returns)
+
+
+HEADERS = {name: parse_header((LUA / f"{name}.lua").read_text()) for name in SCRIPTS}
+
+
+def lua_queue_keys() -> tuple[list[str], int]:
+    text = (LUA / "lib" / "queue.lua").read_text()
+    m = re.search(r"^local ([A-Z_, ]+) =\s*\n?\s*((?:KEYS\[\d+\],?\s*)+)", text, re.MULTILINE)
+    assert m, "lib/queue.lua: no 'local META, ... = KEYS[1], ...' line"
+    names = [n.strip() for n in m.group(1).split(",")]
+    indices = [int(i) for i in re.findall(r"KEYS\[(\d+)\]", m.group(2))]
+    assert indices == list(range(1, len(names) + 1)), f"lib/queue.lua binds {names} to KEYS{indices}"
+    first_extra = re.search(r"^local FIRST_EXTRA = (\d+)$", text, re.MULTILINE)
+    assert first_extra
+    return [n.lower() for n in names], int(first_extra.group(1))
+
+
+# -- static checks ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_header_names_the_keys_and_arguments_python_passes(name: str) -> None:
+    header, sig = HEADERS[name], SIGNATURES.get(name)
+    assert sig is not None, f"{name}.lua has no entry in engine/signatures.py"
+    assert [k.name for k in header.keys] == list(sig.keys), f"{name}: KEYS of the header vs signatures.py"
+    assert [a.name for a in header.argv] == list(sig.argv), f"{name}: ARGV of the header vs signatures.py"
+    for k in header.keys:
+        if k.name == QUEUE:
+            assert (k.first, k.last) == (1, len(FIXED)), f"{name}: the queue's fixed keys are KEYS[1..{len(FIXED)}]"
+
+
+def test_every_signature_has_a_script() -> None:
+    assert set(SIGNATURES) == set(SCRIPTS) == set(load_all())
+
+
+def test_reply_codes_agree() -> None:
+    """lib/codes.lua, as the loader reads it to fold CODE.X into numbers, is ReplyCode."""
+    assert lua_codes(LUA) == {c.name: c.value for c in ReplyCode}
+    assert not [name for name, s in load_all().items() if "CODE." in s.source], "a CODE.X left unfolded"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_codes_a_script_names_exist(name: str) -> None:
+    """Every CODE.X a script uses, and every code named in its Returns line, is a ReplyCode."""
+    text = (LUA / f"{name}.lua").read_text()
+    used = set(re.findall(r"\bCODE\.([A-Z_]+)", text))
+    if used:
+        assert "--@include lib/codes" in text, f"{name} uses CODE without '--@include lib/codes'"
+    if "--@include lib/queue" in text:
+        assert text.index("--@include lib/codes") < text.index("--@include lib/queue")
+    named = set(re.findall(r"\b(?:LEASE_[A-Z_]+|NOT_FOUND|DUPLICATE|FENCED|WHEEL|EXPIRED|OK)\b", HEADERS[name].returns))
+    named.discard("LEASE_")
+    known = {c.name for c in ReplyCode}
+    assert used <= known and {n for n in named if not n.endswith("_")} <= known
+    assert "error_reply" not in text, f"{name}: an expected outcome is a code, not an error reply"
+
+
+def test_the_queue_key_order_agrees() -> None:
+    names, first_extra = lua_queue_keys()
+    suffixes = [k.rsplit(":", 1)[1] for k in FIXED]
+    assert names == suffixes, "lib/queue.lua and QueueKeys.all_fixed (keys.py) order the keys differently"
+    assert first_extra == FIRST_EXTRA_KEY == len(FIXED) + 1
+
+
+def test_the_readme_lists_every_script_and_code() -> None:
+    readme = (LUA / "README.md").read_text()
+    for name in SCRIPTS:
+        assert re.search(rf"^\| `{name}`( \(read-only\))? \|", readme, re.MULTILINE), f"lua/README.md: {name}"
+    for c in ReplyCode:
+        assert re.search(rf"\|\s*`{c.name}`\s*\|\s*{c.value}\s*\|", readme), f"lua/README.md: code {c.name}"
+
+
+# -- every call commands.py sends, on a real Redis ------------------------------------------
+
+
+def check_call(call: Eval) -> None:
+    header = HEADERS[call.script]
+    if call.stamped:  # a repeat puts its clock in ARGV[1] (Eval.restamped)
+        assert header.argv[0].name == "now", f"{call.script}: stamped, but ARGV[1] is not now"
+    _check_counts(call.script, "KEYS", header.keys, list(call.keys), None)
+    _check_counts(call.script, "ARGV", header.argv, list(call.args), header.argv)
+
+
+def _check_counts(script: str, kind: str, items: list[Item], got: list[Any], argv: list[Item] | None) -> None:
+    fixed = sum(it.last - it.first + 1 for it in items if it.last is not None)
+    tail = items[-1] if items and items[-1].variadic else None
+    if tail is None:
+        assert len(got) == fixed, f"{script}: {kind} has {len(got)} values, the header {fixed}"
+        return
+    assert len(got) >= fixed, f"{script}: {kind} has {len(got)} values, the header at least {fixed}"
+    rest = len(got) - fixed
+    assert rest % tail.stride == 0, f"{script}: {kind} {tail.name} is {tail.stride} values per job"
+    if argv is not None:
+        n = [i for i, it in enumerate(argv) if it.name == "n"]
+        if n:
+            assert rest == tail.stride * int(got[n[0]]), f"{script}: n does not match {tail.name}"
+
+
+class CheckingEngine(AsyncEngine):
+    seen: set[str]
+
+    async def _call(self, call: Call) -> Any:
+        if isinstance(call, Eval):
+            check_call(call)
+            self.seen.add(call.script)
+        return await super()._call(call)
+
+    async def _pipeline(self, calls: tuple[Call, ...]) -> list[Any]:
+        for c in calls:
+            if isinstance(c, Eval):
+                check_call(c)
+                self.seen.add(c.script)
+        return await super()._pipeline(calls)
+
+
+async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
+    checking = CheckingEngine(engine.client, engine.config)
+    checking.seen = set()
+    cfg, run, t, q, min_ = checking.config, checking.run, now_ms(), "contract", 60_000
+    published = await run(ops.publish(cfg, "ns", q, [
+        JobSpec(b"ready"), JobSpec(b"near", delay_ms=1_000),
+        JobSpec(b"wheel", delay_ms=10 * min_), JobSpec(b"mine", job_id="id-contract"),
+    ], t))  # fmt: skip
+    wheel_id = published[2].job_id
+    await run(ops.publish_many(cfg, [("ns", q, [JobSpec(b"more")])], t))
+    await run(ops.peek_job("ns", q, wheel_id))
+    await run(ops.peek(cfg, "ns", q, "ready", t))
+    await run(ops.peek(cfg, "ns", q, "dead", t))
+    jobs = await run(ops.consume(cfg, "ns", [q], 1_000, 2, t))
+    await run(ops.touch(cfg, "ns", q, jobs[1].job_id, 60_000, t, lease=jobs[1].lease))
+    await run(ops.release(cfg, "ns", q, [jobs[1].job_id], 0, t, leases=[jobs[1].lease]))
+    await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id], t, leases=[jobs[0].lease, None], check_only=True))
+    await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id], t))
+    await run(ops.republish(cfg, "ns", q, "id-contract", JobSpec(b"v2", delay_ms=10 * min_), t))
+    await run(ops.tick(cfg, "ns", q, t + 10 * min_ - cfg.open_lead_ms))
+    await run(ops.consume(cfg, "ns", [q], 10, 10, t + 10 * min_))
+    await run(ops.tick(cfg, "ns", q, t + 10 * min_ + 20))
+    await run(ops.respawn(cfg, "ns", q, 1, 0, t))
+    await run(ops.delete_dead("ns", q, 100))
+    await run(ops.sizes_of(cfg, [f"ns/{q}"]))
+    await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=min_ + BUCKET_WIDTH_MS)], t))
+    await run(ops.destroy(cfg, "ns", q))
+    await run(ops.sizes(cfg, "ns", q))
+    epoch = await run(ops.lead(5, "contract", 1_000))
+    await run(ops.claim(5, t, 10, 1_000, epoch))
+    await run(ops.reschedule(5, f"ns/{q}", None, epoch))
+    with pytest.raises(Fenced):
+        await run(ops.claim(5, t, 10, 1_000, epoch - 1))
+    await run(ops.lead(5, "contract", 1_000, give_up=True))
+    await run(ops.rate_limit("dq:{admin}:rl:contract", 1, 1_000))
+    await run(ops.rate_limit("dq:{admin}:rl:contract", 1, 1_000, refund=True))
+    assert checking.seen == set(SCRIPTS), f"not exercised: {set(SCRIPTS) - checking.seen}"
