@@ -54,7 +54,7 @@ class Runtime:
         self.run_pump = run_pump
         metrics.ENABLED = settings.EnableMetrics
         metrics.MAX_QUEUES = settings.MetricsMaxQueues
-        config = EngineConfig(shards=settings.Shards, remember_acked_ms=settings.AckedIdMemorySecond * 1000)
+        config = EngineConfig.from_settings(settings)
         self.events = LifecycleLog(settings.LifecycleDir) if settings.LifecycleDir else None
         self.pools = {n: RedisPool.create(p, config, self.events) for n, p in settings.Pool.items()}
         self.service = Service(settings, self.pools, self.events)
