@@ -423,7 +423,7 @@ def test_per_queue_metric_series_are_capped(redis_server: Server, standalone_red
 
 
 async def test_a_destroyed_queue_s_series_are_removed(redis_server: Server, standalone_redis: redis.Redis) -> None:
-    """In one process (prometheus-client's default registry); see metrics.forget_queue for
+    """In one process (prometheus-client's default registry); see Metrics.forget_queue for
     what multiprocess mode cannot do."""
     settings = Settings(Pool={"default": redis_server.pool_settings()})
     pools = {"default": RedisPool.create(settings.Pool["default"], EngineConfig())}
