@@ -50,7 +50,7 @@ async def _token_store(s: Settings) -> AsyncIterator[TokenStore]:
     from cluster_dq.engine.aio import AsyncEngine
     from cluster_dq.pools import close_client, make_client
 
-    engine = AsyncEngine(make_client(s.Pool["default"]))
+    engine = AsyncEngine(make_client(s.Pool["default"]), EngineConfig.from_settings(s))
     try:
         yield TokenStore(engine)
     finally:
