@@ -22,13 +22,13 @@ from tests.test_http import ADMIN_AUTH, serve
 def svc(redis_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     log_path = tmp_path_factory.mktemp("metrics") / "stderr.log"
     with open(log_path, "wb") as log_file:
-        proc, base, admin = serve(f"127.0.0.1:{redis_server.port}", stderr=log_file,
-                                  CLUSTER_DQ_WORKERS="2", CLUSTER_DQ_SIZEINTERVALSECOND="0.5",
-                                  CLUSTER_DQ_LOGLEVEL="info")  # fmt: skip
+        svc = serve(f"127.0.0.1:{redis_server.port}", stderr=log_file,
+                    CLUSTER_DQ_WORKERS="2", CLUSTER_DQ_SIZEINTERVALSECOND="0.5",
+                    CLUSTER_DQ_LOGLEVEL="info")  # fmt: skip
+        proc, base, admin = svc.proc, svc.base, svc.admin
         token = httpx.post(f"{admin}/token/obs", params={"description": "metrics"}, auth=ADMIN_AUTH)
         yield {"base": base, "admin": admin, "token": token.json()["token"], "log": log_path, "pid": proc.pid}
-        proc.terminate()
-        proc.wait(timeout=20)
+        svc.stop(timeout=20)
 
 
 def scrape(admin: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -170,7 +170,8 @@ def test_analyze_turns_a_services_event_log_into_figures(spark: Any, redis_serve
     events = tmp_path / "events"
     with redis_server.client() as c:
         c.flushall()
-    proc, base, admin = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_LIFECYCLEDIR=str(events))
+    svc = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_LIFECYCLEDIR=str(events))
+    base, admin = svc.base, svc.admin
     try:
         tok = httpx.post(f"{admin}/token/life", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
         h = {"X-Token": tok}
@@ -186,8 +187,7 @@ def test_analyze_turns_a_services_event_log_into_figures(spark: Any, redis_serve
             assert time.monotonic() < deadline
             time.sleep(0.2)
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)  # workers flush their event logs on the way out
+        svc.stop(timeout=20)  # workers flush their event logs on the way out
     figures = analyze(spark, str(events), str(tmp_path / "figures")).collect()
     (row,) = figures
     assert (row["namespace"], row["queue"]) == ("life", "q")
