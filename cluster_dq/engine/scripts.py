@@ -1,4 +1,5 @@
-"""Loads the Lua scripts from ``lua/`` (shipped in the wheel) and inlines ``--@include`` libs."""
+"""Loads the Lua scripts from ``lua/`` (shipped in the wheel as ``cluster_dq/lua``) and inlines
+``--@include`` libs."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ _INCLUDE = re.compile(r"^--@include (\S+)$", re.MULTILINE)
 
 
 def lua_dir() -> Path:
-    checkout = Path(__file__).resolve().parents[2] / "lua"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(resources.files("cluster_dq") / "lua"))
+    """The scripts: ``cluster_dq/lua`` in an installed wheel (pyproject.toml maps ``lua/``
+    onto that package), else ``lua/`` at the top of the checkout this package is in."""
+    shipped = Path(str(resources.files("cluster_dq") / "lua"))
+    if shipped.is_dir():
+        return shipped
+    return Path(__file__).resolve().parents[2] / "lua"
 
 
 @dataclass(frozen=True, slots=True)
