@@ -20,8 +20,8 @@ from cluster_dq.engine.aio import leaked_transport_race
 from cluster_dq.errors import BadRequest, ClusterDQError, Conflict, PoolUnavailable, RateLimited, Unauthorized
 from cluster_dq.http import params
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
-from cluster_dq.metrics import Metrics
 from cluster_dq.http.responses import error, job_object, json
+from cluster_dq.metrics import Metrics
 from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BATCH_ACK, Job, JobSpec
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute

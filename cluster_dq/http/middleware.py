@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cluster_dq.metrics import Metrics
 from cluster_dq.clock import now_ms
 from cluster_dq.logs import current_scope
+from cluster_dq.metrics import Metrics
 from cluster_dq.models import encode_id
 
 access = logging.getLogger("cluster_dq.access")
