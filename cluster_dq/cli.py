@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import cluster_dq
 from cluster_dq import logs, settings as settings_mod
+from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ClusterDQError, ConfigError
 from cluster_dq.routing import build_routes
 from cluster_dq.settings import PoolSettings, Settings
@@ -49,7 +50,7 @@ async def _token_store(s: Settings) -> AsyncIterator[TokenStore]:
     from cluster_dq.engine.aio import AsyncEngine
     from cluster_dq.pools import close_client, make_client
 
-    engine = AsyncEngine(make_client(s.Pool["default"]))
+    engine = AsyncEngine(make_client(s.Pool["default"]), EngineConfig.from_settings(s))
     try:
         yield TokenStore(engine)
     finally:
@@ -84,6 +85,7 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     try:
         route = build_routes(s, s.Pool).get(args.pool)
+        config = EngineConfig.from_settings(s)  # the service's: same shards, same ack memory
         if route is None:
             raise ConfigError(f"--pool: no pool or ring named {args.pool!r}")
         if args.action == "schedule":
@@ -91,8 +93,8 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
 
             where = ", ".join(f"{p.name} ({p.Addr})" for p in route.pools())
             print(f"schedule: {args.inputs[0]} -> {args.pool}: {where}", flush=True)
-            counts = schedule(spark, args.inputs[0], route, rejects_path=args.rejects, reference_ms=args.at,
-                              progress=True)  # fmt: skip
+            counts = schedule(spark, args.inputs[0], route, config=config, rejects_path=args.rejects,
+                              reference_ms=args.at, progress=True)  # fmt: skip
             print(f"schedule: {counts}")
             if counts.rejected and args.rejects:
                 print(f"schedule: refused rows and reasons in {args.rejects}")
@@ -105,7 +107,7 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
                 if not q:
                     raise ConfigError(f"export: {name!r} is not namespace/queue")
                 queues.append((ns, q))
-            df = export(spark, route, queues, args.states.split(","), args.out)
+            df = export(spark, route, queues, args.states.split(","), args.out, config)
             df.groupBy("namespace", "queue", "state").count().orderBy("namespace", "queue", "state").show(100, False)
             if args.out:
                 print(f"export: written to {args.out}")

@@ -20,7 +20,7 @@ from bisect import bisect_left
 from collections import Counter as Counter_
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -37,6 +37,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from cluster_dq.engine.commands import Sizes
 from cluster_dq.keys import parse_qualified
 from cluster_dq.models import Job, id_due_ms_of_text
+
+if TYPE_CHECKING:
+    from cluster_dq.settings import Settings
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 QUEUE = ("namespace", "queue")
@@ -83,58 +86,109 @@ PER_QUEUE = (published, delivered, acked, ttr_expired, ttl_expired, dead_lettere
              lateness, first_delivery)  # fmt: skip
 
 
-# -- recording helpers (called by the service, the pump and the HTTP middleware) ------------
+# -- recording (by the service, the pools' engines and pumps, and the HTTP middleware) ------
 
-ENABLED = True  # Settings.EnableMetrics; off only to measure what the metrics cost
-_children: dict[tuple[object, ...], Any] = {}
-
-# Queue names are chosen by clients: the per-queue series of a process are bounded by
-# Settings.MetricsMaxQueues (set by the worker's Runtime) distinct (namespace, queue) pairs;
-# the queues beyond it are counted together under queue="_other" of their namespace.
-MAX_QUEUES = 1_000
 OTHER = "_other"
-_queues: set[tuple[str, str]] = set()
 
 
-def queue_labels(ns: str, q: str) -> tuple[str, str]:
-    """The labels a queue's series get: its own, or ``(ns, "_other")`` past the cap."""
-    if (ns, q) in _queues:
-        return ns, q
-    if len(_queues) < MAX_QUEUES:
-        _queues.add((ns, q))
-        return ns, q
-    return ns, OTHER
+class Metrics:
+    """What one process records, passed to whatever records (``Service``, ``RedisPool``, the
+    HTTP middleware, ``SizeBoard``); no module state. ``from_settings`` gives ``NoMetrics``
+    when ``EnableMetrics`` is off (only to measure what the metrics cost).
+
+    Queue names are chosen by clients: the per-queue series are bounded by ``max_queues``
+    (``MetricsMaxQueues``) distinct (namespace, queue) pairs; the queues beyond it are counted
+    together under queue="_other" of their namespace."""
+
+    enabled = True
+
+    def __init__(self, max_queues: int = 1_000) -> None:
+        self.max_queues = max_queues
+        self._queues: set[tuple[str, str]] = set()
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Metrics:
+        if not settings.EnableMetrics:
+            return NoMetrics(settings.MetricsMaxQueues)
+        return cls(settings.MetricsMaxQueues)
+
+    def queue_labels(self, ns: str, q: str) -> tuple[str, str]:
+        """The labels a queue's series get: its own, or ``(ns, "_other")`` past the cap."""
+        if (ns, q) in self._queues:
+            return ns, q
+        if len(self._queues) < self.max_queues:
+            self._queues.add((ns, q))
+            return ns, q
+        return ns, OTHER
+
+    def forget_queue(self, ns: str, q: str) -> None:
+        """A destroyed queue's series go (and free their place under the cap). Not in
+        multiprocess mode (``serve``): prometheus-client cannot remove a series there (its values
+        stay in each worker's mmap file and every scrape sums them), so they stay until the
+        instance restarts, and keep their place under the cap, which still bounds them."""
+        if (ns, q) not in self._queues or multiproc_dir():
+            return
+        self._queues.discard((ns, q))
+        for metric in PER_QUEUE:
+            with contextlib.suppress(KeyError):
+                metric.remove(ns, q)
+        for key in [k for k in self._children if k[1:] == (ns, q)]:
+            del self._children[key]
+
+    def child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: the lookup costs as much as the increment itself.
+        Label values are bounded (queues, route templates), so is the cache."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+    def count(self, counter: Counter, ns: str, q: str, n: int) -> None:
+        if n:
+            self.child(counter, *self.queue_labels(ns, q)).inc(n)
+
+    def http(self, port: str, route: str, method: str, status: int, seconds: float) -> None:
+        self.child(http_requests, port, route, method, str(status)).inc()
+        self.child(http_duration, port, route, method).observe(seconds)
+
+    def record_delivered(self, jobs: Iterable[Job], now_ms: int) -> None:
+        per_queue: dict[tuple[str, str], tuple[list[int], list[float], list[float]]] = {}
+        for job in jobs:
+            count_, late, first = per_queue.setdefault((job.namespace, job.queue), ([0], [], []))
+            count_[0] += 1
+            if job.deliveries == 1:
+                due = id_due_ms_of_text(job.job_id)
+                if due is not None:  # a client-chosen id carries no due time
+                    late.append(max(now_ms - due, 0) / 1000)
+                first.append(max(now_ms - job.published_ms, 0) / 1000)
+        for (ns, q), (count_, late, first) in per_queue.items():
+            ns, q = self.queue_labels(ns, q)
+            self.child(delivered, ns, q).inc(count_[0])
+            observe_many(self.child(lateness, ns, q), late)
+            observe_many(self.child(first_delivery, ns, q), first)
+
+    def pool(self, name: str) -> PoolMetrics:
+        return PoolMetrics(name, self)
 
 
-def forget_queue(ns: str, q: str) -> None:
-    """A destroyed queue's series go (and free their place under the cap). Not in
-    multiprocess mode (``serve``): prometheus-client cannot remove a series there (its values
-    stay in each worker's mmap file and every scrape sums them), so they stay until the
-    instance restarts, and keep their place under the cap, which still bounds them."""
-    if (ns, q) not in _queues or multiproc_dir():
-        return
-    _queues.discard((ns, q))
-    for metric in PER_QUEUE:
-        with contextlib.suppress(KeyError):
-            metric.remove(ns, q)
-    for key in [k for k in _children if k[1:] == (ns, q)]:
-        del _children[key]
+class NoMetrics(Metrics):
+    """``EnableMetrics = false``: records nothing (sizes are still labelled, for the board)."""
 
+    enabled = False
 
-def child(metric: Counter | Histogram, *labels: str) -> Any:
-    """``metric.labels(*labels)``, cached: the lookup costs as much as the increment itself.
-    Label values are bounded (queues, route templates), so is the cache."""
-    key = (metric, *labels)
-    found = _children.get(key)
-    if found is None:
-        found = _children[key] = metric.labels(*labels)
-    return found
+    def count(self, counter: Counter, ns: str, q: str, n: int) -> None:
+        pass
 
+    def http(self, port: str, route: str, method: str, status: int, seconds: float) -> None:
+        pass
 
-def count(counter: Counter, ns: str, q: str, n: int) -> None:
-    if n and ENABLED:
-        child(counter, *queue_labels(ns, q)).inc(n)
+    def record_delivered(self, jobs: Iterable[Job], now_ms: int) -> None:
+        pass
 
+    def pool(self, name: str) -> PoolMetrics:
+        return NoPoolMetrics(name, self)
 
 
 def observe_many(histogram: Any, values: Sequence[float]) -> None:
@@ -151,30 +205,12 @@ def observe_many(histogram: Any, values: Sequence[float]) -> None:
     histogram._sum.inc(sum(values))
 
 
-def record_delivered(jobs: Iterable[Job], now_ms: int) -> None:
-    if not ENABLED:
-        return
-    per_queue: dict[tuple[str, str], tuple[list[int], list[float], list[float]]] = {}
-    for job in jobs:
-        count_, late, first = per_queue.setdefault((job.namespace, job.queue), ([0], [], []))
-        count_[0] += 1
-        if job.deliveries == 1:
-            due = id_due_ms_of_text(job.job_id)
-            if due is not None:  # a client-chosen id carries no due time
-                late.append(max(now_ms - due, 0) / 1000)
-            first.append(max(now_ms - job.published_ms, 0) / 1000)
-    for (ns, q), (count_, late, first) in per_queue.items():
-        ns, q = queue_labels(ns, q)
-        child(delivered, ns, q).inc(count_[0])
-        observe_many(child(lateness, ns, q), late)
-        observe_many(child(first_delivery, ns, q), first)
-
-
 class PoolMetrics:
     """The per-pool sink of the engine (Redis round trips) and the pump (moves, leadership)."""
 
-    def __init__(self, pool: str) -> None:
+    def __init__(self, pool: str, metrics: Metrics | None = None) -> None:
         self.pool = pool
+        self.metrics = metrics or Metrics()
         self._duration = redis_duration.labels(pool)
         self._moved = pump_moved.labels(pool)
 
@@ -188,7 +224,8 @@ class PoolMetrics:
             self._moved.inc(promoted)
         if not (retried or dead or expired):
             return
-        ns, q = queue_labels(ns, q)
+        ns, q = self.metrics.queue_labels(ns, q)
+        child = self.metrics.child
         if retried or dead:
             child(ttr_expired, ns, q).inc(retried + dead)
         if dead:
@@ -208,6 +245,25 @@ class PoolMetrics:
             pump_steps.labels(self.pool, str(shard)).inc(queues)
 
 
+class NoPoolMetrics(PoolMetrics):
+    """A pool's sink that records nothing (``NoMetrics``); it still names the pool."""
+
+    def redis_call(self, seconds: float, error: BaseException | None) -> None:
+        pass
+
+    def moved(self, ns: str, q: str, promoted: int, retried: int, dead: int, expired: int) -> None:
+        pass
+
+    def leadership(self, shard: int, held: bool) -> None:
+        pass
+
+    def reconciled(self, queues: int) -> None:
+        pass
+
+    def batch(self, shard: int, queues: int) -> None:
+        pass
+
+
 # -- queue sizes, posted by the shard leaders -------------------------------------------------
 
 STATES = ("ready", "delayed", "reserved", "dead")
@@ -219,8 +275,9 @@ class SizeBoard:
     worker's scrape sees every worker's posts; posts older than ``stale_after`` (a shard that
     another instance leads now) are not reported."""
 
-    def __init__(self, directory: str | None, stale_after: float) -> None:
+    def __init__(self, directory: str | None, stale_after: float, labels: Metrics | None = None) -> None:
         self.directory = Path(directory) if directory else None
+        self.labels = labels or Metrics()  # the service's: sizes are labelled as its counters
         self.stale_after = stale_after
         self._posts: dict[tuple[str, int], dict[str, object]] = {}
         self.registry = CollectorRegistry(auto_describe=False)
@@ -262,7 +319,7 @@ class SizeBoard:
             pool = str(post["pool"])
             queues: dict[str, list[int]] = post["queues"]  # type: ignore[assignment]
             for qualified, counts in queues.items():
-                row = rows.setdefault((pool, *queue_labels(*parse_qualified(qualified))), [0, 0, 0, 0])
+                row = rows.setdefault((pool, *self.labels.queue_labels(*parse_qualified(qualified))), [0, 0, 0, 0])
                 for i, n in enumerate(counts):
                     row[i] += n
         for (pool, ns, q), counts in rows.items():

@@ -18,8 +18,7 @@ from redis.exceptions import RedisError, ResponseError
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
 from cluster_dq.engine.commands import EngineConfig, MoveSink
 from cluster_dq.errors import ConfigError, RedisFailure
-from cluster_dq import metrics as metrics_module
-from cluster_dq.metrics import PoolMetrics, SizeBoard
+from cluster_dq.metrics import Metrics, PoolMetrics, SizeBoard
 from cluster_dq.pump import Pump
 from cluster_dq.settings import PoolSettings
 from cluster_dq.waiters import WaiterHub
@@ -139,9 +138,11 @@ class RedisPool:
     pump: Pump | None = None
 
     @classmethod
-    def create(cls, settings: PoolSettings, config: EngineConfig, events: MoveSink | None = None) -> RedisPool:
-        metrics = PoolMetrics(settings.name)
-        on = metrics_module.ENABLED
+    def create(cls, settings: PoolSettings, config: EngineConfig, events: MoveSink | None = None,
+               recorder: Metrics | None = None) -> RedisPool:  # fmt: skip
+        recorder = recorder or Metrics()
+        metrics = recorder.pool(settings.name)
+        on = recorder.enabled
         sinks = [s for s in (metrics if on else None, events) if s is not None]
         moves = sinks[0] if len(sinks) == 1 else _Both(sinks) if sinks else None
         config = dataclasses.replace(config, moves=moves, lane_hints={})

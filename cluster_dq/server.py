@@ -52,15 +52,15 @@ class Runtime:
                  access_flag: SharedFlag | None = None) -> None:  # fmt: skip
         self.settings = settings
         self.run_pump = run_pump
-        metrics.ENABLED = settings.EnableMetrics
-        metrics.MAX_QUEUES = settings.MetricsMaxQueues
-        config = EngineConfig(shards=settings.Shards, remember_acked_ms=settings.AckedIdMemorySecond * 1000)
+        self.metrics = metrics.Metrics.from_settings(settings)
+        config = EngineConfig.from_settings(settings)
         self.events = LifecycleLog(settings.LifecycleDir) if settings.LifecycleDir else None
-        self.pools = {n: RedisPool.create(p, config, self.events) for n, p in settings.Pool.items()}
-        self.service = Service(settings, self.pools, self.events)
+        self.pools = {n: RedisPool.create(p, config, self.events, self.metrics) for n, p in settings.Pool.items()}
+        self.service = Service(settings, self.pools, self.events, self.metrics)
         self.access_log = AccessLog(settings.EnableAccessLog, access_flag)
         # Posts older than three rounds belong to a shard that another instance leads now.
-        self.board = metrics.SizeBoard(metrics.multiproc_dir(), 3 * settings.SizeIntervalSecond + 5)
+        self.board = metrics.SizeBoard(metrics.multiproc_dir(), 3 * settings.SizeIntervalSecond + 5,
+                                       self.metrics)
         self.data_app = create_data_app(self.service, settings, self.access_log)
         self.admin_app = create_admin_app(self.service, settings, self.access_log, self.board)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from cluster_dq import metrics
+from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import Conflict, NotFound, NotReplicated, PoolUnavailable, RedisFailure, Refused, Unauthorized
@@ -28,8 +29,10 @@ T = TypeVar("T")
 
 
 class Service:
-    def __init__(self, settings: Settings, pools: dict[str, RedisPool], events: LifecycleLog | None = None) -> None:
+    def __init__(self, settings: Settings, pools: dict[str, RedisPool], events: LifecycleLog | None = None,
+                 metrics: Metrics | None = None) -> None:  # fmt: skip
         self.settings = settings
+        self.metrics = metrics or Metrics.from_settings(settings)
         self.pools = pools
         self.routes = build_routes(settings, pools)
         self.events = events
@@ -74,7 +77,7 @@ class Service:
         now = pool.engine.clock()
         op = ops.publish(pool.engine.config, ns, q, fresh, now)
         out = await self._run(pool, op, idempotent=True, durable=True) if fresh else []
-        metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
+        self.metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
         if self.events:
             self.events.published(ns, q, now, [p.job_id for p in out if not p.duplicate])
         if known:
@@ -104,7 +107,7 @@ class Service:
             else:
                 jobs = await _consume_across(groups, ns, ttr_ms, count, timeout_ms)
         now = route.place(ns, queues[0]).write.engine.clock()
-        metrics.record_delivered(jobs, now)
+        self.metrics.record_delivered(jobs, now)
         if self.events:
             self.events.delivered(jobs, now)
         return jobs
@@ -130,7 +133,7 @@ class Service:
             found = await self._run(pool, op, idempotent=True, durable=True)
             for i, state in zip(todo, found):
                 states[i] = state
-        metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
+        self.metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
         if self.events:
             self.events.acked(ns, q, now, [i for i, s in zip(ids, states) if s is not None])
         return states
@@ -159,8 +162,8 @@ class Service:
                     f"(GET /api/{ns}/{q}/job/{job_id}) before repeating it"
                 )) from e  # fmt: skip
             if state is not None:
-                metrics.count(metrics.dead_lettered, ns, q, state is JobState.DEAD)
-                metrics.count(metrics.ttl_expired, ns, q, state == "expired")
+                self.metrics.count(metrics.dead_lettered, ns, q, state is JobState.DEAD)
+                self.metrics.count(metrics.ttl_expired, ns, q, state == "expired")
                 return state
         raise NotFound("job is not reserved")
 
@@ -199,11 +202,11 @@ class Service:
         # acked again). With one, a repeat after a lost reply would find the lease no longer
         # holding the job and answer a conflict for a republish that happened: not repeated.
         acked, published = await self._run(pool, op, idempotent=lease is None, durable=True)
-        metrics.count(metrics.published, ns, q, not published.duplicate)
+        self.metrics.count(metrics.published, ns, q, not published.duplicate)
         if acked is None and len(place.reads) > 1:  # the old job lives in a pool being drained
             await self.ack(route, ns, q, [old_id])
         else:
-            metrics.count(metrics.acked, ns, q, acked is not None)
+            self.metrics.count(metrics.acked, ns, q, acked is not None)
         return published
 
     async def _first(self, route: PoolRoute[RedisPool], ns: str, q: str,
@@ -241,7 +244,7 @@ class Service:
     async def destroy(self, route: PoolRoute[RedisPool], ns: str, q: str) -> int:
         reads = route.place(ns, q).reads
         n = sum([await self._run(p, ops.destroy(p.engine.config, ns, q), idempotent=True) for p in reads])
-        metrics.forget_queue(ns, q)
+        self.metrics.forget_queue(ns, q)
         return n
 
     async def respawn(self, route: PoolRoute[RedisPool], ns: str, q: str, limit: int, ttl_ms: int) -> int:
@@ -249,7 +252,7 @@ class Service:
         for pool in route.place(ns, q).reads:
             if n < limit:
                 n += await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit - n, ttl_ms, pool.engine.clock()))
-        metrics.count(metrics.respawned, ns, q, n)
+        self.metrics.count(metrics.respawned, ns, q, n)
         if self.events and n:
             self.events.record("respawned", ns, q, route.place(ns, q).write.engine.clock(), n=n)
         return n

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +27,8 @@ import aiohttp
 import httpx
 import uvloop
 
-from cluster_dq.localredis import free_port, start_server
+from cluster_dq.localredis import start_server
+from cluster_dq.testing.service_process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,24 +182,13 @@ def main() -> None:
     runs = [(w, m, lc) for w in a.workers or [1, 2] for m in a.metrics or ["on"] for lc in a.lifecycle or ["off"]]
     for workers, metrics, lifecycle in runs:
         redis = start_server()
-        port, admin = free_port(18000, 18500), free_port(18500, 19000)
-        env = {**os.environ, "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis.port}",
-               "CLUSTER_DQ_LOGLEVEL": "warning", "PYTHONPATH": str(ROOT),
-               "CLUSTER_DQ_ENABLEMETRICS": "1" if metrics == "on" else "0"}  # fmt: skip
         events_dir = tempfile.mkdtemp(prefix="cluster-dq-bench-events-") if lifecycle == "on" else ""
-        env["CLUSTER_DQ_LIFECYCLEDIR"] = events_dir
-        proc = subprocess.Popen([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
-                                 "--admin-port", str(admin), "--workers", str(workers)], env=env)  # fmt: skip
+        env = {"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_ENABLEMETRICS": "1" if metrics == "on" else "0",
+               "CLUSTER_DQ_LIFECYCLEDIR": events_dir}  # fmt: skip
+        svc = ServiceProcess.start(f"127.0.0.1:{redis.port}", env=env, args=["--workers", str(workers)],
+                                   first_port=18000)  # fmt: skip
+        port, admin = svc.port, svc.admin_port
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{admin}/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
             token = httpx.post(f"http://127.0.0.1:{admin}/token/bench", params={"description": "bench"}).json()["token"]
             print(f"{workers} worker(s), metrics {metrics}, lifecycle events {lifecycle}, "
                   f"{a.seconds:.0f} s per scenario:", flush=True)
@@ -212,8 +201,7 @@ def main() -> None:
                 wrk("bulk publish, 64 per request", f"{base}/api/bench/w2/bulk", token,
                     json.dumps([body.decode()] * 64).encode(), a.seconds, 16, 64)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            svc.stop(timeout=30)
             redis.kill()
             if events_dir:
                 shutil.rmtree(events_dir, ignore_errors=True)

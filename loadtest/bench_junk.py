@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,7 +25,8 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from cluster_dq.localredis import free_port, start_server
+from cluster_dq.localredis import start_server
+from cluster_dq.testing.service_process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,23 +91,11 @@ def main() -> None:
     ap.add_argument("--conns", type=int, default=32)
     args = ap.parse_args()
     redis = start_server()
-    port, admin = free_port(20000, 20500), free_port(20500, 21000)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis.port}",
-           "CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_TOKENCACHESECOND": "60"}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
-                             "--admin-port", str(admin), "--workers", "1"], env=env)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    svc = ServiceProcess.start(f"127.0.0.1:{redis.port}", env={"CLUSTER_DQ_LOGLEVEL": "warning",
+                               "CLUSTER_DQ_TOKENCACHESECOND": "60"}, args=["--workers", "1"], first_port=20000)  # fmt: skip
+    base = svc.base
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{admin}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        pid = worker_pid(proc.pid)
+        pid = worker_pid(svc.pid)
         httpx.get(f"{base}/api/ns/q/size", headers={"X-Token": "warm-up-token-000000000"})
         print(f"worker {pid} at start:                   {memory(pid)}", flush=True)
         t = time.perf_counter()
@@ -120,8 +107,7 @@ def main() -> None:
         print(f"after {args.bodies} x 30 MB unauthenticated bulk bodies: {memory(pid)}   answers {dict(out)}",
               flush=True)  # fmt: skip
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        svc.stop(timeout=30)
         redis.kill()
 
 

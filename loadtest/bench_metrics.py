@@ -18,14 +18,14 @@ import tempfile
 CODE = """
 import time
 from cluster_dq import metrics
-pool = metrics.PoolMetrics("default")
+recorder = metrics.Metrics()
+pool = recorder.pool("default")
 n = 200_000
 started = time.perf_counter()
 for _ in range(n):
-    metrics.child(metrics.http_requests, "data", "/api/{ns}/{q}", "PUT", "201").inc()
-    metrics.child(metrics.http_duration, "data", "/api/{ns}/{q}", "PUT").observe(0.004)
+    recorder.http("data", "/api/{ns}/{q}", "PUT", 201, 0.004)
     pool.redis_call(0.0004, None)
-    metrics.count(metrics.published, "ns", "q", 1)
+    recorder.count(metrics.published, "ns", "q", 1)
 print(f"{(time.perf_counter() - started) / n * 1e6:.1f}")
 """
 

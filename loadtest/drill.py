@@ -24,11 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -46,11 +43,11 @@ from cluster_dq.localredis import (
     Cluster,
     SentinelGroup,
     Server,
-    free_port,
     start_cluster,
     start_sentinel,
     start_server,
 )
+from cluster_dq.testing.service_process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 Deployment = Server | Cluster | SentinelGroup
@@ -71,43 +68,18 @@ class Ledger:
     requests: int = 0  # every HTTP request sent (publish, consume, ack)
 
 
-@dataclass
-class Instance:
-    proc: subprocess.Popen[bytes]
-    base: str
-    admin: str
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+Instance = ServiceProcess  # a `cluster-dq serve` in a process group of its own (kill: SIGKILL to all)
 
 
 def start_instance(deployment: Deployment, durable: bool, first_port: int = 18000) -> Instance:
     """A ``cluster-dq serve`` on the first free ports from ``first_port`` (data) and
-    ``first_port + 500`` (admin)."""
-    pool = deployment.pool_settings()
-    port, admin = free_port(first_port, first_port + 500), free_port(first_port + 500, first_port + 1000)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_LOGLEVEL": "error",
-           "CLUSTER_DQ_POOL__DEFAULT__ADDR": pool.Addr, "CLUSTER_DQ_TTRSECOND": "5"}  # fmt: skip
-    if pool.Cluster:
-        env["CLUSTER_DQ_POOL__DEFAULT__CLUSTER"] = "true"
-    if pool.MasterName:
-        env["CLUSTER_DQ_POOL__DEFAULT__MASTERNAME"] = pool.MasterName
+    ``first_port + 500`` (admin), once it is ready."""
+    env = {"CLUSTER_DQ_LOGLEVEL": "error", "CLUSTER_DQ_TTRSECOND": "5"}
     if durable:
         env["CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS"] = "1"
         env["CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS"] = "1000"
-    proc = subprocess.Popen([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
-                             "--admin-port", str(admin)], env=env, cwd=ROOT, start_new_session=True)  # fmt: skip
-    inst = Instance(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(inst.admin + "/readyz").status_code == 200:
-                return inst
-        time.sleep(0.1)
-    inst.kill()
-    raise RuntimeError("service instance did not become ready")
+    return ServiceProcess.start(deployment.pool_settings(), env=env, first_port=first_port, ready="/readyz",
+                                session=True)  # fmt: skip
 
 
 def kind_of(e: BaseException | int, body: str = "") -> str:

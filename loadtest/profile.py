@@ -46,6 +46,7 @@ import psutil
 
 from cluster_dq.localredis import Cluster, Server, free_port, start_cluster, start_server
 from cluster_dq.settings import PoolSettings
+from cluster_dq.testing.service_process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 NS, QUEUES = "load", 8
@@ -81,22 +82,10 @@ class Proc:
             self.popen.wait()
 
 
-def start_instance(pool: PoolSettings, i: int) -> tuple[Proc, int, int]:
-    port, admin = free_port(18000, 18500), free_port(18500, 19000)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_LOGLEVEL": "warning",
-           "CLUSTER_DQ_POOL__DEFAULT__ADDR": pool.Addr, "CLUSTER_DQ_WORKERS": "1"}  # fmt: skip
-    if pool.Cluster:
-        env["CLUSTER_DQ_POOL__DEFAULT__CLUSTER"] = "true"
-    popen = subprocess.Popen([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
-                              "--admin-port", str(admin)], env=env, cwd=ROOT, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{admin}/readyz").status_code == 200:
-                return Proc(f"service-{i}", popen), port, admin
-        time.sleep(0.1)
-    Proc("", popen).stop()
-    raise RuntimeError("a service instance did not become ready")
+def start_instance(pool: PoolSettings) -> ServiceProcess:
+    """A service instance with one worker, once it is ready; in a process group of its own."""
+    return ServiceProcess.start(pool, env={"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_WORKERS": "1"},
+                                first_port=18000, ready="/readyz", session=True)  # fmt: skip
 
 
 def render_nginx(workdir: Path, listen: int, upstreams: list[int]) -> Path:
@@ -299,6 +288,7 @@ def profile(jobs: int, rate: float, seconds: float, instances: int = 2, cluster:
     workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-profile-"))
     d: Server | Cluster = start_cluster() if cluster else start_server()
     procs: list[Proc] = []
+    services: dict[str, ServiceProcess] = {}
     result: dict[str, Any] = {}
     try:
         print(f"profile: Redis {'Cluster 3+3' if cluster else 'standalone'}; preloading {jobs:,} delayed jobs "
@@ -311,14 +301,14 @@ def profile(jobs: int, rate: float, seconds: float, instances: int = 2, cluster:
         pool = d.pool_settings()
         ports = []
         for i in range(instances):
-            proc, port, admin = start_instance(pool, i)
-            procs.append(proc)
-            ports.append(port)
-        token = httpx.post(f"http://127.0.0.1:{admin}/token/{NS}", params={"description": "load"}).json()["token"]
+            svc = services[f"service-{i}"] = start_instance(pool)
+            ports.append(svc.port)
+        token = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "load"}).json()["token"]
         listen = free_port(19000, 19500)
         procs.append(start_nginx(workdir, listen, ports))
         print(f"profile: nginx 127.0.0.1:{listen} -> {instances} instances {ports}", flush=True)
-        watched = {p.name: psutil.Process(p.popen.pid) for p in procs}
+        watched = {name: psutil.Process(svc.pid) for name, svc in services.items()}
+        watched |= {p.name: psutil.Process(p.popen.pid) for p in procs}
         redis_pids = [psutil.Process(s.process.pid) for s in (d.servers if isinstance(d, Cluster) else [d])]
         rates = [rate] if not step else [step * k for k in range(1, 100) if step * k <= rate * 10]
         steps = []
@@ -359,6 +349,8 @@ def profile(jobs: int, rate: float, seconds: float, instances: int = 2, cluster:
     finally:
         for p in reversed(procs):
             p.stop()
+        for svc in services.values():
+            svc.stop()
         d.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -31,11 +31,11 @@ def token(admin: str) -> str:
 
 @pytest.fixture
 def sentinel_service(redis_sentinel: SentinelGroup) -> Iterator[tuple[str, str, SentinelGroup]]:
-    proc, base, admin = serve(redis_sentinel.pool_settings(), CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS="2",
-                              CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS="300")  # fmt: skip
+    svc = serve(redis_sentinel.pool_settings(), CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS="2",
+                CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS="300")  # fmt: skip
+    base, admin = svc.base, svc.admin
     yield base, admin, redis_sentinel
-    proc.terminate()
-    proc.wait(timeout=20)
+    svc.stop(timeout=20)
 
 
 def test_publish_waits_for_replicas_and_says_what_happened_when_they_lag(
@@ -69,7 +69,8 @@ def test_publish_waits_for_replicas_and_says_what_happened_when_they_lag(
 
 
 def test_durable_publish_on_a_cluster_waits_on_the_queues_own_master(redis_cluster: Cluster) -> None:
-    proc, base, admin = serve(redis_cluster.pool_settings(), CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS="1")
+    svc = serve(redis_cluster.pool_settings(), CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS="1")
+    base, admin = svc.base, svc.admin
     try:
         h = {"X-Token": token(admin)}
         for q in ("a", "b", "c", "d", "e", "f"):  # queues on different masters
@@ -78,8 +79,7 @@ def test_durable_publish_on_a_cluster_waits_on_the_queues_own_master(redis_clust
             r = httpx.put(f"{base}/api/dur/{q}/bulk", headers=h, content=b'["a","b"]')
             assert r.status_code == 201, r.text
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        svc.stop(timeout=20)
 
 
 def _failover_to(port: int, old: int) -> None:

@@ -34,10 +34,10 @@ def served(redis_server: Server) -> Iterator[tuple[str, str, Path]]:
     """One service for the module; its stderr (the log) kept to look for tracebacks."""
     log = Path(tempfile.mkstemp(prefix="dq-edges-", suffix=".log")[1])
     with log.open("wb") as out:
-        proc, base, admin = serve(f"127.0.0.1:{redis_server.port}", stderr=out)
+        svc = serve(f"127.0.0.1:{redis_server.port}", stderr=out)
+        base, admin = svc.base, svc.admin
         yield base, admin, log
-        proc.terminate()
-        proc.wait(timeout=20)
+        svc.stop(timeout=20)
     log.unlink()
 
 
@@ -297,12 +297,12 @@ def test_503_shows_no_redis_address_or_exception(tmp_path: Path) -> None:
     dead = free_port(19000, 19500)
     log = tmp_path / "log"
     with log.open("wb") as out:
-        proc, base, _ = serve(f"127.0.0.1:{dead}", stderr=out)
+        svc = serve(f"127.0.0.1:{dead}", stderr=out)
+        base = svc.base
         try:
             r = httpx.put(f"{base}/api/ns/q", headers={"X-Token": "some-token-0123456789"}, content=b"x")
         finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+            svc.stop(timeout=20)
     assert r.status_code == 503
     message = r.json()["error"]
     assert "'default'" in message and "redis unavailable" in message

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -16,19 +15,16 @@ import httpx
 import pytest
 
 from cluster_dq.localredis import free_port
+from cluster_dq.testing.service_process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
-    port, admin = free_port(18000, 18500), free_port(18500, 19000)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_DQ_")}
-    env.update(PYTHONPATH=str(ROOT), CLUSTER_DQ_LOGLEVEL="warning")
-    with (tmp_path / "out").open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
-             "--admin-port", str(admin)], env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    with (tmp_path / "out").open("w") as out:  # no pool, none of our CLUSTER_DQ_* settings
+        svc = ServiceProcess.start(env={"CLUSTER_DQ_LOGLEVEL": "warning"}, inherit_settings=False, ready=None,
+                                   stdout=out, log=subprocess.STDOUT, cwd=tmp_path)  # fmt: skip
+    proc, port = svc.proc, svc.port
     try:
         deadline = time.monotonic() + 30
         text = ""
@@ -54,8 +50,7 @@ def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
                                    capture_output=True, text=True).stdout.split()  # fmt: skip
         assert redis_pid, "the embedded redis-server is not running"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        svc.stop(timeout=30)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:

@@ -6,6 +6,7 @@ sleeping; the scripts never read Redis's clock.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import time
@@ -130,7 +131,7 @@ async def test_far_job_lives_in_a_wheel_bucket_without_per_job_index(
 async def test_full_bucket_spills_to_next_lane_and_stays_findable(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
-    engine.config.lane_capacity = 8
+    engine.config = dataclasses.replace(engine.config, lane_capacity=8)
     t = now_ms()
     ids: list[str] = []
     for _ in range(10):
@@ -364,8 +365,7 @@ def test_bad_specs_are_refused_naming_the_parameter() -> None:
 
 
 async def test_tick_holds_buckets_back_while_consumers_lag(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
-    engine.config.open_backlog = 100
-    engine.config.lane_capacity = 50
+    engine.config = dataclasses.replace(engine.config, open_backlog=100, lane_capacity=50)
     t = now_ms()
     for _ in range(10):
         await publish(engine, t, *[JobSpec(b"x", delay_ms=MIN) for _ in range(50)])

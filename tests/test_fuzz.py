@@ -16,8 +16,6 @@ import json
 import os
 import random
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 
 from cluster_dq.keys import AdminKeys
 from cluster_dq.localredis import Server
+from cluster_dq.testing.service_process import ServiceProcess
 from tests import fuzzing
 from tests.fuzzing import ADMIN_AUTH, NS, NoResponse, Request, Response, State, snapshot
 
@@ -84,8 +83,8 @@ def target(redis_server: Server, tmp_path_factory: pytest.TempPathFactory) -> It
     with open(log_path, "wb") as log_out, open(log_path, "rb") as log_in:
         # ttr a day away and no reconcile sweep: nothing falls due while the run watches the
         # keyspace (fuzzing.settle keeps the ttr, delay and ttl a request sets as far).
-        proc, ports = start(redis_server, log_out)
-        admin = f"http://127.0.0.1:{ports['admin']}"
+        svc = start(redis_server, log_out)
+        ports, admin = {"data": svc.port, "admin": svc.admin_port}, svc.admin
         try:
             made = [httpx.post(f"{admin}/token/{NS}", params={"description": "fuzz"}, auth=ADMIN_AUTH)
                     for _ in range(2)]  # fmt: skip
@@ -94,38 +93,30 @@ def target(redis_server: Server, tmp_path_factory: pytest.TempPathFactory) -> It
             yield Target(ports, client, log_in, State(token=tokens[0], victim=tokens[1]))
             assert not CRASH.search(log_in.read().decode(errors="replace"))
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            svc.stop(timeout=30)
             client.close()
 
 
-def start(redis_server: Server, log: IO[bytes]) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+def start(redis_server: Server, log: IO[bytes]) -> ServiceProcess:
     """`cluster-dq serve` with 2 workers (the supervisor path), on random ports that it must
     be seen to own: other test runs on this machine start services too, and junk sent to one
     of theirs would test nothing of ours (and disturb them)."""
+    # ttr a day away and no reconcile sweep: nothing falls due while the run watches the
+    # keyspace (fuzzing.settle keeps the ttr, delay and ttl a request sets as far).
+    env = {"CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_TOKENCACHESECOND": "1",
+           "CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_WORKERS": "2", "CLUSTER_DQ_TTRSECOND": str(fuzzing.FAR_S),
+           "CLUSTER_DQ_RECONCILESECOND": "0"}  # fmt: skip
     for _ in range(5):
-        ports = {"data": random.randrange(21000, 26000), "admin": random.randrange(21000, 26000)}
-        environ = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_POOL__DEFAULT__ADDR":
-                   f"127.0.0.1:{redis_server.port}", "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1],
-                   "CLUSTER_DQ_TOKENCACHESECOND": "1", "CLUSTER_DQ_LOGLEVEL": "warning",
-                   "CLUSTER_DQ_WORKERS": "2", "CLUSTER_DQ_TTRSECOND": str(fuzzing.FAR_S),
-                   "CLUSTER_DQ_RECONCILESECOND": "0"}  # fmt: skip
-        # ttr a day away and no reconcile sweep: nothing falls due while the run watches the
-        # keyspace (fuzzing.settle keeps the ttr, delay and ttl a request sets as far).
-        proc = subprocess.Popen([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(ports["data"]),
-                                 "--admin-port", str(ports["admin"])], env=environ, cwd=ROOT, stderr=log)  # fmt: skip
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{ports['admin']}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        ports = (random.randrange(21000, 26000), random.randrange(21000, 26000))
+        try:
+            svc = ServiceProcess.start(f"127.0.0.1:{redis_server.port}", env=env, ports=ports, log=log,
+                                       root=ROOT)  # fmt: skip
+        except RuntimeError:
+            continue
         time.sleep(0.5)  # a port taken by another process: the supervisor exits by now
-        if proc.poll() is None and all(listens(proc.pid, p) for p in ports.values()):
-            return proc, ports
-        proc.kill()
-        proc.wait()
+        if svc.proc.poll() is None and all(listens(svc.pid, p) for p in ports):
+            return svc
+        svc.kill()
     raise RuntimeError("could not start a service of our own")
 
 

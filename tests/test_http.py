@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -22,58 +21,28 @@ import redis
 from cluster_dq.keys import ShardKeys, shard_of
 from cluster_dq.localredis import Server, free_port, start_server
 from cluster_dq.settings import PoolSettings
+from cluster_dq.testing.service_process import ServiceProcess
 from tests.conftest import Deployment
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_AUTH = ("admin", "s3cret")
 
 
-def pool_env(pool: PoolSettings) -> dict[str, str]:
-    """The CLUSTER_DQ_POOL__<NAME>__* variables that point a service at ``pool``."""
-    prefix = f"CLUSTER_DQ_POOL__{pool.name.upper()}__"
-    env = {prefix + "ADDR": pool.Addr}
-    if pool.Cluster:
-        env[prefix + "CLUSTER"] = "true"
-    if pool.MasterName:
-        env[prefix + "MASTERNAME"] = pool.MasterName
-    if pool.DB:
-        env[prefix + "DB"] = str(pool.DB)
-    return env
-
-
-def serve(pool: PoolSettings | str, stderr: Any = None, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
-    """Starts `cluster-dq serve` on free ports against ``pool`` (or a standalone address)."""
-    # a random start: two suites running at once must not both pick the first free port
-    # (both services would then share it through SO_REUSEPORT)
-    start = random.randrange(0, 450)
-    port, admin = free_port(18000 + start, 18500), free_port(18500 + start, 19000)
-    if isinstance(pool, str):
-        pool = PoolSettings("default", Addr=pool)
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), **pool_env(pool),
-               "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_TOKENCACHESECOND": "1",
-               "CLUSTER_DQ_LOGLEVEL": "warning", **env}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port),
-         "--admin-port", str(admin)], env=environ, cwd=ROOT, stderr=stderr,
-    )  # fmt: skip
-    base, admin_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(admin_base + "/healthz").status_code == 200:
-                return proc, base, admin_base
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"service did not start (exit code {proc.wait()})")
+def serve(pool: PoolSettings | str, stderr: Any = None, **env: str) -> ServiceProcess:
+    """Starts `cluster-dq serve` on free ports (from a random place in the range, so that two
+    suites running at once do not take the same ones) against ``pool`` (or a standalone
+    address), with the suite's admin account; ``stderr``: where its log goes."""
+    suite = {"CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_TOKENCACHESECOND": "1",
+             "CLUSTER_DQ_LOGLEVEL": "warning"}  # fmt: skip
+    return ServiceProcess.start(pool, env={**suite, **env}, log=stderr, timeout=20)
 
 
 @pytest.fixture(scope="module")
 def service(deployment: Deployment) -> Iterator[tuple[str, str]]:
-    proc, base, admin = serve(deployment.pool_settings())
+    svc = serve(deployment.pool_settings())
+    base, admin = svc.base, svc.admin
     yield base, admin
-    proc.terminate()
-    proc.wait(timeout=20)
+    svc.stop(timeout=20)
 
 
 @pytest.fixture
@@ -402,20 +371,21 @@ def test_info_lists_queues_and_accesslog_switch(api: httpx.Client, admin: httpx.
 
 def test_redis_down_gives_503_not_500(redis_server: Server) -> None:
     dead = free_port(19000, 19500)
-    proc, base, admin = serve(f"127.0.0.1:{dead}")
+    svc = serve(f"127.0.0.1:{dead}")
+    base, admin = svc.base, svc.admin
     try:
         r = httpx.put(f"{base}/api/ns/q", headers={"X-Token": "t"}, content=b"x")
         assert r.status_code == 503 and "unavailable" in r.json()["error"]
         assert httpx.get(f"{admin}/readyz").status_code == 503
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        svc.stop(timeout=20)
 
 
 def test_redis_lost_mid_flight_gives_503_on_every_route() -> None:
     """Redis dies after the token (with a rate limit) was cached: never a 500, on any route."""
     server = start_server()
-    proc, base, admin = serve(f"127.0.0.1:{server.port}")
+    svc = serve(f"127.0.0.1:{server.port}")
+    base, admin = svc.base, svc.admin
     try:
         tok = httpx.post(f"{admin}/token/ns", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
         r = httpx.post(f"{admin}/token/ns/{tok}/limit", json={"read": 100, "write": 100, "interval": 1},
@@ -434,8 +404,7 @@ def test_redis_lost_mid_flight_gives_503_on_every_route() -> None:
             assert r.status_code == 503, (method, path, r.status_code, r.text)
             assert "unavailable" in r.json()["error"]
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        svc.stop(timeout=20)
         server.kill()
 
 

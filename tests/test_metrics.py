@@ -22,13 +22,13 @@ from tests.test_http import ADMIN_AUTH, serve
 def svc(redis_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     log_path = tmp_path_factory.mktemp("metrics") / "stderr.log"
     with open(log_path, "wb") as log_file:
-        proc, base, admin = serve(f"127.0.0.1:{redis_server.port}", stderr=log_file,
-                                  CLUSTER_DQ_WORKERS="2", CLUSTER_DQ_SIZEINTERVALSECOND="0.5",
-                                  CLUSTER_DQ_LOGLEVEL="info")  # fmt: skip
+        svc = serve(f"127.0.0.1:{redis_server.port}", stderr=log_file,
+                    CLUSTER_DQ_WORKERS="2", CLUSTER_DQ_SIZEINTERVALSECOND="0.5",
+                    CLUSTER_DQ_LOGLEVEL="info")  # fmt: skip
+        proc, base, admin = svc.proc, svc.base, svc.admin
         token = httpx.post(f"{admin}/token/obs", params={"description": "metrics"}, auth=ADMIN_AUTH)
         yield {"base": base, "admin": admin, "token": token.json()["token"], "log": log_path, "pid": proc.pid}
-        proc.terminate()
-        proc.wait(timeout=20)
+        svc.stop(timeout=20)
 
 
 def scrape(admin: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -195,6 +195,38 @@ def test_observe_many_equals_observing_one_value_at_a_time() -> None:
     assert [s[:2] for s in got] == [s[:2] for s in want]
     assert [s[2] for s in got] == pytest.approx([s[2] for s in want])
     assert dict((s[0], s[2]) for s in want)["_count"] == len(values)
+
+
+def test_metrics_are_injected_and_a_disabled_recorder_records_nothing() -> None:
+    """``EnableMetrics`` and ``MetricsMaxQueues`` reach the recorder a runtime passes around
+    (no module global); the disabled variant records nothing and still labels sizes."""
+    from prometheus_client import REGISTRY
+
+    from cluster_dq import metrics
+    from cluster_dq.settings import Settings
+
+    def published(ns: str) -> float:
+        return sum(s.value for f in REGISTRY.collect() if f.name == "cluster_dq_jobs_published"
+                   for s in f.samples if s.labels.get("namespace") == ns and s.name.endswith("_total"))  # fmt: skip
+
+    off = metrics.Metrics.from_settings(Settings(EnableMetrics=False, MetricsMaxQueues=1))
+    assert isinstance(off, metrics.NoMetrics) and not off.enabled
+    off.count(metrics.published, "inject-off", "q", 3)
+    off.http("data", "/x", "GET", 200, 0.1)
+    off.pool("default").moved("inject-off", "q", 1, 1, 1, 1)
+    assert published("inject-off") == 0
+    assert off.queue_labels("inject-off", "a") == ("inject-off", "a")
+    assert off.queue_labels("inject-off", "b") == ("inject-off", metrics.OTHER)  # the cap still holds
+    on = metrics.Metrics.from_settings(Settings(MetricsMaxQueues=2))
+    assert on.enabled and on.max_queues == 2
+    for q in ("a", "b", "c", "d"):
+        on.count(metrics.published, "inject-on", q, 1)
+    assert published("inject-on") == 4
+    assert {s.labels["queue"] for f in REGISTRY.collect() if f.name == "cluster_dq_jobs_published"
+            for s in f.samples if s.labels.get("namespace") == "inject-on"} == {"a", "b", metrics.OTHER}  # fmt: skip
+    # A second recorder has caps of its own: nothing is shared through the module.
+    assert metrics.Metrics(1).queue_labels("inject-on", "z") == ("inject-on", "z")
+
 
 
 def _established_per_process(pids: list[int], port: int) -> dict[int, int]:

@@ -13,14 +13,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_lua_file_is_package_data() -> None:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    patterns = config["tool"]["setuptools"]["package-data"]["cluster_dq"]
+    """``lua/`` stays at the top of the checkout (no symlink into the package): pyproject maps
+    it onto the package ``cluster_dq.lua``, and every file in it matches a package-data pattern."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"]["cluster_dq.lua"] == "lua"
+    assert not (ROOT / "cluster_dq" / "lua").exists()
     files = {p for p in (ROOT / "lua").rglob("*") if p.is_file()}
-    shipped = {p.resolve() for pat in patterns for p in (ROOT / "cluster_dq").glob(pat)}
+    shipped = set()
+    for package, patterns in config["package-data"].items():
+        assert package in config["packages"]
+        base = ROOT / "lua" / package.removeprefix("cluster_dq.lua").lstrip(".").replace(".", "/")
+        shipped |= {p.resolve() for pat in patterns for p in base.glob(pat)}
     assert files
     missing = sorted(str(f.relative_to(ROOT)) for f in files if f.resolve() not in shipped)
     assert not missing, f"not shipped in the wheel: {missing}"
-    assert (ROOT / "cluster_dq" / "lua").resolve() == (ROOT / "lua").resolve()
 
 
 def test_the_wheel_holds_every_module_and_script(tmp_path: Path) -> None:
@@ -37,3 +43,13 @@ def test_the_wheel_holds_every_module_and_script(tmp_path: Path) -> None:
     wanted = {str(p.relative_to(ROOT)) for p in (ROOT / "cluster_dq").rglob("*.py")}
     wanted |= {"cluster_dq/" + str(p.relative_to(ROOT)) for p in (ROOT / "lua").rglob("*") if p.is_file()}
     assert not sorted(wanted - shipped), f"not in the wheel: {sorted(wanted - shipped)}"
+    # Installed (no checkout around it): the engine finds every script inside the package.
+    target = tmp_path / "installed"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                    str(target), str(wheel)], check=True, capture_output=True)  # fmt: skip
+    code = ("from cluster_dq.engine.scripts import load_all, lua_dir; "
+            "print(lua_dir()); print(' '.join(sorted(load_all())))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(target)},
+                         check=True, capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    assert out[0] == str(target / "cluster_dq" / "lua")
+    assert out[1].split() == sorted(p.stem for p in (ROOT / "lua").glob("*.lua"))

@@ -19,6 +19,7 @@ import redis
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.sync import SyncEngine
+from cluster_dq.keys import ShardKeys, shard_of
 from cluster_dq.localredis import Cluster, Server
 from cluster_dq.models import JobState
 from cluster_dq.pipeline import spark_session
@@ -169,7 +170,8 @@ def test_analyze_turns_a_services_event_log_into_figures(spark: Any, redis_serve
     events = tmp_path / "events"
     with redis_server.client() as c:
         c.flushall()
-    proc, base, admin = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_LIFECYCLEDIR=str(events))
+    svc = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_LIFECYCLEDIR=str(events))
+    base, admin = svc.base, svc.admin
     try:
         tok = httpx.post(f"{admin}/token/life", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
         h = {"X-Token": tok}
@@ -185,8 +187,7 @@ def test_analyze_turns_a_services_event_log_into_figures(spark: Any, redis_serve
             assert time.monotonic() < deadline
             time.sleep(0.2)
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)  # workers flush their event logs on the way out
+        svc.stop(timeout=20)  # workers flush their event logs on the way out
     figures = analyze(spark, str(events), str(tmp_path / "figures")).collect()
     (row,) = figures
     assert (row["namespace"], row["queue"]) == ("life", "q")
@@ -208,3 +209,28 @@ def test_cli_schedule_prints_counts(spark: Any, redis_server: Server, tmp_path: 
                          env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "published 30, already present 0, rejected 6" in out.stdout, out.stdout
+
+
+def test_cli_schedule_signals_the_shard_of_the_configured_shard_count(spark: Any, redis_server: Server,
+                                                                       tmp_path: Path) -> None:  # fmt: skip
+    """A deployment with ``Shards = 3``: the jobs Spark schedules are signalled on the shard
+    the service's pump (which has the same settings file) looks at, not on the shard of the
+    default 16, where no pump of that deployment ever would."""
+    with redis_server.client() as c:
+        c.flushall()
+    path = str(tmp_path / "jobs.parquet")
+    frame(spark, rows(30)).write.parquet(path)
+    config = tmp_path / "dq.toml"
+    config.write_text(f'Shards = 3\nLogLevel = "error"\n[Pool.default]\nAddr = "127.0.0.1:{redis_server.port}"\n')
+    queues = [f"bulk/q{i}" for i in range(3)]
+    assert any(shard_of(qn, 3) != shard_of(qn, 16) for qn in queues)  # else the test proves nothing
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "cluster_dq.cli", "-c", str(config), "pipeline", "schedule", path],
+                         env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "published 30, already present 0, rejected 6" in out.stdout, out.stdout
+    with redis_server.client() as c:
+        for qn in queues:
+            assert c.sismember(ShardKeys(shard_of(qn, 3)).queues, qn), qn
+            assert c.zscore(ShardKeys(shard_of(qn, 3)).schedule, qn) is not None, qn
+        assert not [k for k in c.keys("dq:{shard-*}:*") if int(k.split(b"-")[1].split(b"}")[0]) >= 3]

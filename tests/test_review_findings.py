@@ -22,7 +22,7 @@ from cluster_dq.models import JobSpec
 from cluster_dq.localredis import Server
 from cluster_dq.settings import PoolSettings
 from tests.invariants import check_queue
-from tests.test_routing import pools, start, stop, token  # noqa: F401  (fixture)
+from tests.test_routing import pools, start, token  # noqa: F401  (fixture)
 from tests.test_http import ROOT
 from tests.test_http import admin, api, service, size  # noqa: F401  (fixtures)
 
@@ -103,8 +103,9 @@ def test_leases_work_while_a_pool_migrates(pools: dict[str, PoolSettings]) -> No
     conflict 'gone' (code 6), and ops.touch/ops.release raise Conflict at the first pool: a job
     delivered from the new pool can never be touched or released with its own lease (409
     'gone'), only without one. (ack.lua maps 'gone' to no conflict, so ack is not affected.)"""
-    proc, base, _admin = start({"default": pools["default"], "old": pools["old"], "new": pools["new"]},
-                               CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start({"default": pools["default"], "old": pools["old"], "new": pools["new"]},
+                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    base, _admin = svc.base, svc.admin
     try:
         with httpx.Client(
             base_url=base, headers={"X-Token": token(_admin, "old")}, timeout=30
@@ -117,7 +118,7 @@ def test_leases_work_while_a_pool_migrates(pools: dict[str, PoolSettings]) -> No
             r = api.post(f"/api/ns/q/job/{jid}/release", params={"lease": got["lease"]})
             assert r.status_code == 200, r.text
     finally:
-        stop(proc)
+        svc.stop(timeout=20)
 
 
 def test_republish_with_a_lease_works_for_a_job_of_the_drained_pool(
@@ -133,8 +134,9 @@ def test_republish_with_a_lease_works_for_a_job_of_the_drained_pool(
         ops.publish(EngineConfig(), "ns", "q", [JobSpec(body=b"old", tries=3)], now_ms())
     )
     client.close()
-    proc, base, _admin = start({"default": pools["default"], "old": old, "new": pools["new"]},
-                               CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start({"default": pools["default"], "old": old, "new": pools["new"]},
+                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    base, _admin = svc.base, svc.admin
     try:
         with httpx.Client(
             base_url=base, headers={"X-Token": token(_admin, "old")}, timeout=30
@@ -146,7 +148,7 @@ def test_republish_with_a_lease_works_for_a_job_of_the_drained_pool(
             assert r.status_code == 201, r.text
             assert api.get(f"/api/ns/q/job/{got['job_id']}").status_code == 404
     finally:
-        stop(proc)
+        svc.stop(timeout=20)
 
 
 def test_a_configured_pool_name_the_token_shape_refuses(redis_server: Server) -> None:
@@ -228,8 +230,9 @@ def test_a_409_batch_ack_changes_nothing_while_a_pool_migrates(
         ops.publish(EngineConfig(), "ns", "q", [JobSpec(body=b"old", tries=3)], now_ms())
     )
     client.close()
-    proc, base, _admin = start({"default": pools["default"], "old": old, "new": pools["new"]},
-                               CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start({"default": pools["default"], "old": old, "new": pools["new"]},
+                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    base, _admin = svc.base, svc.admin
     try:
         with httpx.Client(
             base_url=base, headers={"X-Token": token(_admin, "old")}, timeout=30
@@ -245,4 +248,4 @@ def test_a_409_batch_ack_changes_nothing_while_a_pool_migrates(
                 f"409 said {r.json()['error']!r}"
             )
     finally:
-        stop(proc)
+        svc.stop(timeout=20)

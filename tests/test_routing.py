@@ -27,8 +27,9 @@ from cluster_dq.localredis import Server
 from cluster_dq.models import JobSpec
 from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
+from cluster_dq.testing.service_process import ServiceProcess, pool_env
 from tests.conftest import Deployment
-from tests.test_http import ADMIN_AUTH, pool_env, serve
+from tests.test_http import ADMIN_AUTH, serve
 
 NAMES = {n: n for n in "abcde"}
 QUEUES = [(f"ns{i % 7}", f"q{i}") for i in range(10_000)]
@@ -111,14 +112,9 @@ def pools(redis_server: Server, deployment: Deployment, sync_redis: redis.Redis)
     yield found
 
 
-def start(pools: dict[str, PoolSettings], **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
+def start(pools: dict[str, PoolSettings], **env: str) -> ServiceProcess:
     environ = {k: v for p in pools.values() for k, v in pool_env(p).items()}
     return serve(pools["default"], **environ, **env)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    proc.wait(timeout=20)
 
 
 def token(admin: str, name: str) -> str:
@@ -144,7 +140,8 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
     pools: dict[str, PoolSettings], deployment: Deployment
 ) -> None:
     old, new = pools["old"], pools["new"]
-    proc, base, admin = start({"default": pools["default"], "old": old})
+    svc = start({"default": pools["default"], "old": old})
+    base, admin = svc.base, svc.admin
     try:
         tok = token(admin, "old")
         with httpx.Client(base_url=base, headers={"X-Token": tok}, timeout=30) as api:
@@ -158,11 +155,12 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
             api.put("/api/ns/idem", params={"job_id": "done"}, content=b"old-done")
             assert api.delete("/api/ns/idem/job/done").status_code == 204
     finally:
-        stop(proc)
+        svc.stop(timeout=20)
     assert sized(old, deployment, "ns", "q").ready == 9
 
-    proc, base, admin = start({"default": pools["default"], "old": old, "new": new},
-                              CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start({"default": pools["default"], "old": old, "new": new},
+                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    base, admin = svc.base, svc.admin
     try:
         with httpx.Client(base_url=base, headers={"X-Token": tok}, timeout=30) as api:
             after = [api.put("/api/ns/q", content=f"new-{i}".encode()).json()["job_id"] for i in range(5)]
@@ -214,7 +212,7 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
             timer.join()
             assert r.status_code == 200 and r.json()["data"] == _b64("wake"), r.text
     finally:
-        stop(proc)
+        svc.stop(timeout=20)
 
 
 def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
@@ -224,7 +222,8 @@ def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
     queues = [f"r{i}" for i in range(30)]
     two = PoolRoute("big", {n: n for n in ring}, ["old", "b"])
     three = PoolRoute("big", {n: n for n in ring}, ["old", "b", "c"], previous=["old", "b"])
-    proc, base, admin = start(ring, CLUSTER_DQ_RING__BIG__POOLS="old,b")
+    svc = start(ring, CLUSTER_DQ_RING__BIG__POOLS="old,b")
+    base, admin = svc.base, svc.admin
     try:
         tok = token(admin, "big")
         with httpx.Client(base_url=base, headers={"X-Token": tok}, timeout=30) as api:
@@ -242,10 +241,11 @@ def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
             info = httpx.get(f"{admin}/info", params={"pool": "big"}).json()
             assert sorted(info["ns"]) == sorted(queues)
     finally:
-        stop(proc)
+        svc.stop(timeout=20)
 
-    proc, base, admin = start(ring, CLUSTER_DQ_RING__BIG__POOLS="old,b,c",
-                              CLUSTER_DQ_RING__BIG__PREVIOUSPOOLS="old,b")  # fmt: skip
+    svc = start(ring, CLUSTER_DQ_RING__BIG__POOLS="old,b,c",
+                CLUSTER_DQ_RING__BIG__PREVIOUSPOOLS="old,b")  # fmt: skip
+    base, admin = svc.base, svc.admin
     try:
         with httpx.Client(base_url=base, headers={"X-Token": tok}, timeout=30) as api:
             moved = [q for q in queues if three.place("ns", q).write == "c"]
@@ -276,7 +276,7 @@ def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
             assert httpx.get(f"{admin}/draining", params={"pool": "big"}).json() == {
                 "pool": "big", "done": True, "draining": {}}
     finally:
-        stop(proc)
+        svc.stop(timeout=20)
 
 
 def test_publish_and_consume_beside_the_engine(pools: dict[str, PoolSettings], deployment: Deployment) -> None:
@@ -286,10 +286,11 @@ def test_publish_and_consume_beside_the_engine(pools: dict[str, PoolSettings], d
     client = redis.Redis(port=int(old.Addr.split(":")[1]), db=old.DB)
     SyncEngine(client).run(ops.publish(EngineConfig(), "ns", "bulk", [JobSpec(body=b"from-spark")], now_ms()))
     client.close()
-    proc, base, admin = start({"default": pools["default"], "old": old, "new": pools["new"]},
-                              CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start({"default": pools["default"], "old": old, "new": pools["new"]},
+                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    base, admin = svc.base, svc.admin
     try:
         with httpx.Client(base_url=base, headers={"X-Token": token(admin, "old")}, timeout=30) as api:
             assert [j["data"] for j in drain(api, "bulk", 5)] == [_b64("from-spark")]
     finally:
-        stop(proc)
+        svc.stop(timeout=20)

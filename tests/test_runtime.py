@@ -101,12 +101,12 @@ def unique_ns() -> str:
 @pytest.fixture
 def svc(redis_server: Server, standalone_redis: redis.Redis) -> Iterator[tuple[str, str, str, str]]:
     """A `cluster-dq serve` on the session's redis-server: (data url, admin url, ns, token)."""
-    proc, base, admin = serve(redis_server.pool_settings())
+    svc = serve(redis_server.pool_settings())
+    base, admin = svc.base, svc.admin
     ns = unique_ns()
     token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
     yield base, admin, ns, token
-    proc.terminate()
-    proc.wait(timeout=30)
+    svc.stop(timeout=30)
 
 
 def _hang_up_long_poll(base: str, path: str, token: str, waiting: Callable[[], bool]) -> None:
@@ -227,7 +227,8 @@ def test_a_dead_worker_is_restarted_and_a_crash_loop_exits_non_zero(
 ) -> None:
     log = tmp_path / "serve.log"
     with log.open("wb") as err:
-        proc, base, admin = serve(redis_server.pool_settings(), stderr=err, CLUSTER_DQ_WORKERS="2")
+        svc = serve(redis_server.pool_settings(), stderr=err, CLUSTER_DQ_WORKERS="2")
+        proc, admin = svc.proc, svc.admin
     try:
         _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers")
         first = _workers(proc.pid)
@@ -258,8 +259,9 @@ def test_sigterm_under_load_answers_waiters_and_leaves_nothing_reserved_or_lost(
     redis_server: Server, standalone_redis: redis.Redis, tmp_path: Path
 ) -> None:
     events = tmp_path / "events"
-    proc, base, admin = serve(redis_server.pool_settings(), CLUSTER_DQ_WORKERS="2",
-                              CLUSTER_DQ_LIFECYCLEDIR=str(events), CLUSTER_DQ_SHUTDOWNGRACESECOND="5")  # fmt: skip
+    svc = serve(redis_server.pool_settings(), CLUSTER_DQ_WORKERS="2",
+                CLUSTER_DQ_LIFECYCLEDIR=str(events), CLUSTER_DQ_SHUTDOWNGRACESECOND="5")  # fmt: skip
+    proc, base, admin = svc.proc, svc.base, svc.admin
     ns = unique_ns()
     token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
     published: list[str] = []
@@ -352,7 +354,8 @@ def test_sigterm_under_load_answers_waiters_and_leaves_nothing_reserved_or_lost(
 def test_long_polls_beyond_max_waiters_get_429_at_once_and_reserve_nothing(
     redis_server: Server, standalone_redis: redis.Redis
 ) -> None:
-    proc, base, admin = serve(redis_server.pool_settings(), CLUSTER_DQ_MAXWAITERS="2")
+    svc = serve(redis_server.pool_settings(), CLUSTER_DQ_MAXWAITERS="2")
+    base, admin = svc.base, svc.admin
     ns = unique_ns()
     token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
     answers: list[int] = []
@@ -378,8 +381,7 @@ def test_long_polls_beyond_max_waiters_get_429_at_once_and_reserve_nothing(
             t.join(timeout=60)
         assert answers == [404, 404]
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        svc.stop(timeout=30)
 
 
 # -- bounded metric labels ---------------------------------------------------------------------
@@ -397,8 +399,9 @@ def _queue_series(text: str, ns: str) -> dict[str, int]:
 
 def test_per_queue_metric_series_are_capped(redis_server: Server, standalone_redis: redis.Redis) -> None:
     cap, invented = 100, 2_000
-    proc, base, admin = serve(redis_server.pool_settings(), CLUSTER_DQ_METRICSMAXQUEUES=str(cap),
-                              CLUSTER_DQ_SIZEINTERVALSECOND="1")  # fmt: skip
+    svc = serve(redis_server.pool_settings(), CLUSTER_DQ_METRICSMAXQUEUES=str(cap),
+                CLUSTER_DQ_SIZEINTERVALSECOND="1")  # fmt: skip
+    base, admin = svc.base, svc.admin
     ns = unique_ns()
     token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
     try:
@@ -418,8 +421,7 @@ def test_per_queue_metric_series_are_capped(redis_server: Server, standalone_red
         assert "_other" in series
         assert len(series) <= cap + 1
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        svc.stop(timeout=30)
 
 
 async def test_a_destroyed_queue_s_series_are_removed(redis_server: Server, standalone_redis: redis.Redis) -> None:

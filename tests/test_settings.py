@@ -125,3 +125,26 @@ def test_settings_at_the_bounds_are_accepted(tmp_path: Path) -> None:
                    "TTLSecond = 0\nMaxBodyBytes = 1048576\n" + P + "PoolSize = 1\nWaitTimeoutMs = 60000\n")  # fmt: skip
     s = load(cfg, {})
     assert s.TTRSecond == 1 and s.Pool["default"].PoolSize == 1
+
+
+def test_the_engine_config_comes_from_the_settings() -> None:
+    """One frozen engine config per deployment, from its settings: the service, the pump, the
+    CLI and the Spark pipeline all place a queue on the same shard."""
+    import asyncio
+    import dataclasses
+
+    from cluster_dq.engine.commands import EngineConfig
+    from cluster_dq.server import Runtime
+
+    s = load(None, {"CLUSTER_DQ_SHARDS": "4", "CLUSTER_DQ_ACKEDIDMEMORYSECOND": "5",
+                    "CLUSTER_DQ_POOL__DEFAULT__ADDR": "127.0.0.1:1"})  # fmt: skip
+    config = EngineConfig.from_settings(s)
+    assert (config.shards, config.remember_acked_ms) == (4, 5_000)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.shards = 16  # type: ignore[misc]
+    runtime = Runtime(s, run_pump=False)  # nothing connects before start()
+    try:
+        engine = runtime.pools["default"].engine
+        assert (engine.config.shards, engine.config.remember_acked_ms) == (4, 5_000)
+    finally:
+        asyncio.run(runtime.close())

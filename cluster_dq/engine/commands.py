@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import os
 
@@ -42,6 +42,9 @@ from cluster_dq.models import (
     is_wheel_member,
     new_id,
 )
+
+if TYPE_CHECKING:
+    from cluster_dq.settings import Settings
 
 Arg = str | bytes | int
 
@@ -93,9 +96,11 @@ REMEMBER_ACKED_MS = 60_000
 FIRST_EXTRA_KEY = len(QueueKeys("n", "q").all_fixed()) + 1  # KEYS index of a script's own keys
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Tunables of the storage layout and the pump (lua/README.md explains each)."""
+    """Tunables of the storage layout and the pump (lua/README.md explains each). Frozen: one
+    config per deployment, built from its settings by ``from_settings`` wherever jobs are
+    written (service, pump, CLI, Spark), so every writer agrees on the shard of a queue."""
 
     lane_capacity: int = 512  # jobs per wheel bucket: keep <= hash-max-listpack-entries
     open_lead_ms: int = 5_000  # open a wheel bucket this long before it starts
@@ -107,6 +112,12 @@ class EngineConfig:
     remember_acked_ms: int = REMEMBER_ACKED_MS  # a publish of an id acked this recently is a duplicate
     moves: MoveSink | None = None  # where consume and tick report the jobs they moved
     lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineConfig:
+        """The deployment's settings that change where and how jobs are stored: a queue's shard
+        (``Shards``) and the memory of acked ids (``AckedIdMemorySecond``)."""
+        return cls(shards=settings.Shards, remember_acked_ms=settings.AckedIdMemorySecond * 1000)
 
     def hint(self, tag: str, start: int) -> int:
         return self.lane_hints.get((tag, start), 0)

@@ -1,4 +1,5 @@
-"""Loads the Lua scripts from ``lua/`` (shipped in the wheel) and inlines ``--@include`` libs.
+"""Loads the Lua scripts from ``lua/`` (shipped in the wheel as ``cluster_dq/lua``) and inlines
+``--@include`` libs.
 
 ``lib/codes.lua`` is a table of named reply codes, but no script builds that table when it
 runs (it would cost every call ~1.5 us of server time): the loader folds each ``CODE.NAME``
@@ -22,10 +23,12 @@ _CODE_REF = re.compile(r"\bCODE\.([A-Za-z_]+)\b")
 
 
 def lua_dir() -> Path:
-    checkout = Path(__file__).resolve().parents[2] / "lua"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(resources.files("cluster_dq") / "lua"))
+    """The scripts: ``cluster_dq/lua`` in an installed wheel (pyproject.toml maps ``lua/``
+    onto that package), else ``lua/`` at the top of the checkout this package is in."""
+    shipped = Path(str(resources.files("cluster_dq") / "lua"))
+    if shipped.is_dir():
+        return shipped
+    return Path(__file__).resolve().parents[2] / "lua"
 
 
 @dataclass(frozen=True, slots=True)

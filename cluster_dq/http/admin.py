@@ -195,4 +195,4 @@ class AdminAPI:
 
 def create_admin_app(service: Service, settings: Settings, access_log: AccessLog,
                      board: SizeBoard) -> Starlette:  # fmt: skip
-    return build_app(AdminAPI(service, settings, access_log, board).routes(), access_log, "admin")
+    return build_app(AdminAPI(service, settings, access_log, board).routes(), access_log, "admin", service.metrics)

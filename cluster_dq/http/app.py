@@ -19,6 +19,7 @@ from cluster_dq.http import params
 from cluster_dq.http.errors import error_handlers
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
+from cluster_dq.metrics import Metrics
 from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BATCH_ACK, Job, JobSpec
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
@@ -306,14 +307,14 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-def build_app(routes: list[Route], access_log: AccessLog, port: str) -> Starlette:
+def build_app(routes: list[Route], access_log: AccessLog, port: str, metrics: Metrics) -> Starlette:
     """A Starlette app with the error table and the request middleware (metrics labelled by
     route template, request ids, access log): the data and the admin port alike."""
     app = Starlette(routes=routes, exception_handlers=error_handlers())
-    app.add_middleware(RequestIdMiddleware, access_log=access_log, port=port,
+    app.add_middleware(RequestIdMiddleware, access_log=access_log, metrics=metrics, port=port,
                        templates={r.endpoint: r.path for r in routes})  # fmt: skip
     return app
 
 
 def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
-    return build_app(DataAPI(service, settings).routes(), access_log, "data")
+    return build_app(DataAPI(service, settings).routes(), access_log, "data", service.metrics)

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cluster_dq import metrics
 from cluster_dq.clock import now_ms
 from cluster_dq.logs import current_scope
+from cluster_dq.metrics import Metrics
 from cluster_dq.models import encode_id
 
 access = logging.getLogger("cluster_dq.access")
@@ -51,10 +51,11 @@ class AccessLog:
 
 
 class RequestIdMiddleware:
-    def __init__(self, app: ASGIApp, access_log: AccessLog, port: str = "data",
+    def __init__(self, app: ASGIApp, access_log: AccessLog, metrics: Metrics, port: str = "data",
                  templates: Mapping[Any, str] | None = None) -> None:  # fmt: skip
         self.app = app
         self.access_log = access_log
+        self.metrics = metrics
         self.port = port
         self.templates = templates or {}
 
@@ -89,9 +90,7 @@ class RequestIdMiddleware:
             status = status or 499  # the client went away before an answer
             route = self.templates.get(scope.get("endpoint"), "unmatched")
             method = scope["method"]
-            if metrics.ENABLED:
-                metrics.child(metrics.http_requests, self.port, route, method, str(status)).inc()
-                metrics.child(metrics.http_duration, self.port, route, method).observe(took)
+            self.metrics.http(self.port, route, method, status, took)
             if self.access_log.enabled:
                 access.info("request", extra={
                     "method": method, "path": scope["path"], "route": route, "status": status,

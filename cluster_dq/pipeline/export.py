@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.models import JobState
 from cluster_dq.pipeline import Target, route_of
 from cluster_dq.routing import PoolRoute
@@ -17,18 +18,20 @@ COLUMNS = ("namespace", "queue", "state", "job_id", "due_ms", "published_ms", "e
            "tries_left", "deliveries", "priority", "body")  # fmt: skip
 
 
-def route_rows(route: PoolRoute[PoolSettings], ns: str, q: str, states: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+def route_rows(route: PoolRoute[PoolSettings], ns: str, q: str, states: Sequence[str],
+               config: EngineConfig | None = None) -> Iterator[tuple[Any, ...]]:  # fmt: skip
     """The queue's jobs on every pool it may be on (a queue being drained is on two)."""
     for pool in route.place(ns, q).reads:
-        yield from queue_rows(pool, ns, q, states)
+        yield from queue_rows(pool, ns, q, states, config)
 
 
-def queue_rows(pool: PoolSettings, ns: str, q: str, states: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+def queue_rows(pool: PoolSettings, ns: str, q: str, states: Sequence[str],
+               config: EngineConfig | None = None) -> Iterator[tuple[Any, ...]]:  # fmt: skip
     from cluster_dq.engine.sync import SyncEngine
     from cluster_dq.pools import make_sync_client
 
     client = make_sync_client(pool)
-    engine = SyncEngine(client)
+    engine = SyncEngine(client, config)
     try:
         for name in states:
             state = JobState(name)
@@ -48,7 +51,8 @@ def queue_rows(pool: PoolSettings, ns: str, q: str, states: Sequence[str]) -> It
 
 
 def export(spark: Any, target: Target, queues: Sequence[tuple[str, str]],
-           states: Sequence[str] = ("ready", "delayed", "reserved", "dead"), path: str | None = None) -> Any:  # fmt: skip
+           states: Sequence[str] = ("ready", "delayed", "reserved", "dead"), path: str | None = None,
+           config: EngineConfig | None = None) -> Any:  # fmt: skip
     """The jobs of ``queues`` ((namespace, queue) pairs) in ``states`` as a DataFrame; also
     written to ``path`` as Parquet when given."""
     from pyspark.sql import types as T
@@ -64,7 +68,7 @@ def export(spark: Any, target: Target, queues: Sequence[tuple[str, str]],
     wanted = list(states)
     route = route_of(target)
     rdd = spark.sparkContext.parallelize(list(queues), max(1, len(queues))).flatMap(
-        lambda nq: route_rows(route, nq[0], nq[1], wanted)
+        lambda nq: route_rows(route, nq[0], nq[1], wanted, config)
     )
     df = spark.createDataFrame(rdd, schema)
     if path is not None:

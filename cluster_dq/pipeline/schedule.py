@@ -15,6 +15,7 @@ places the very same jobs and the engine reports them as already present. Two id
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Iterable, Iterator
@@ -35,7 +36,6 @@ DEFAULT_TTL_S = 86_400
 FILL = 0.8  # aim lanes at 80 % of a bucket's capacity: hashing spreads rows unevenly
 MAX_LANES = 65_535
 PIPELINE_BATCHES = 32  # publish scripts per round trip (on a Cluster: split by node)
-OPEN_LEAD_MS = EngineConfig().open_lead_ms
 
 # (ok, namespace, queue, body, due_ms, expire_at_ms (0 = never), tries, priority, job_id, reason)
 Checked = tuple[bool, str, str, bytes, int, int, int, int, str | None, str]
@@ -112,9 +112,10 @@ def spec_of(job: Checked, lanes: dict[tuple[str, str, int], int]) -> JobSpec:
 
 
 def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
-                      lanes: dict[tuple[str, str, int], int]) -> Iterator[tuple[int, int]]:  # fmt: skip
+                      lanes: dict[tuple[str, str, int], int], config: EngineConfig) -> Iterator[tuple[int, int]]:  # fmt: skip
     """Publishes one partition's valid rows, each on the pool its route places the queue on
-    (a client per pool and partition); yields (new, present)."""
+    (a client per pool and partition, with the deployment's ``config``: the shard a queue is
+    signalled on depends on it); yields (new, present)."""
     from cluster_dq.engine.sync import SyncEngine
     from cluster_dq.pools import make_sync_client
 
@@ -149,8 +150,9 @@ def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
             if key not in open_batch:
                 pool = route.place(*key).write
                 if pool.name not in engines:
-                    engines[pool.name] = SyncEngine(make_sync_client(pool), wait_replicas=pool.WaitReplicas,
-                                                    wait_timeout_ms=pool.WaitTimeoutMs)  # fmt: skip
+                    engines[pool.name] = SyncEngine(
+                        make_sync_client(pool), dataclasses.replace(config, lane_hints={}),
+                        wait_replicas=pool.WaitReplicas, wait_timeout_ms=pool.WaitTimeoutMs)
                 open_batch[key] = (pool, [])
             pool, batch = open_batch[key]
             batch.append(spec_of(job, lanes))
@@ -166,10 +168,13 @@ def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
     yield new, present
 
 
-def schedule(spark: Any, source: Any, target: Target, *, rejects_path: str | None = None,
-             reference_ms: int | None = None, progress: bool = False) -> ScheduleCounts:  # fmt: skip
+def schedule(spark: Any, source: Any, target: Target, *, config: EngineConfig | None = None,
+             rejects_path: str | None = None, reference_ms: int | None = None,
+             progress: bool = False) -> ScheduleCounts:  # fmt: skip
     """Validates and publishes every row of ``source`` (a DataFrame or a Parquet path) to
-    ``target``, a pool or a route (a ring spreads the queues over its pools)."""
+    ``target``, a pool or a route (a ring spreads the queues over its pools). ``config``: the
+    deployment's (``EngineConfig.from_settings``), as the service has it; the default suits
+    only a deployment with the default settings."""
     from pyspark.sql import types as T
 
     started = time.monotonic()
@@ -177,10 +182,11 @@ def schedule(spark: Any, source: Any, target: Target, *, rejects_path: str | Non
     df = spark.read.parquet(source) if isinstance(source, str) else source
     checked = df.rdd.map(lambda row: check_row(row, ref)).cache()
     valid = checked.filter(lambda c: c[0])
-    capacity = EngineConfig().lane_capacity
+    cfg = config or EngineConfig()
+    capacity, open_lead_ms = cfg.lane_capacity, cfg.open_lead_ms
     # Lanes per (queue, 10-s window) from the window's job count: known before any publish,
     # so every task (and every rerun) derives the same ids.
-    counts = (valid.filter(lambda c: c[8] is None and c[4] > ref + OPEN_LEAD_MS)
+    counts = (valid.filter(lambda c: c[8] is None and c[4] > ref + open_lead_ms)
               .map(lambda c: ((c[1], c[2], window_of(c[4])), 1)).reduceByKey(lambda a, b: a + b)
               .collectAsMap())  # fmt: skip
     lanes = {k: lanes_for(n, capacity) for k, n in counts.items()}
@@ -188,7 +194,7 @@ def schedule(spark: Any, source: Any, target: Target, *, rejects_path: str | Non
     if progress:
         print(f"schedule: {sum(counts.values()):,} wheel jobs in {len(lanes):,} queue windows", flush=True)
     route = route_of(target)
-    totals = valid.mapPartitions(lambda rows: publish_partition(route, rows, lanes_bc.value)).fold(
+    totals = valid.mapPartitions(lambda rows: publish_partition(route, rows, lanes_bc.value, cfg)).fold(
         (0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1])
     )
     rejected_rdd = checked.filter(lambda c: not c[0]).map(lambda c: (c[1], c[2], c[9]))

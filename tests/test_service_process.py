@@ -1,0 +1,35 @@
+"""The helper every test, drill, profile and benchmark starts the service with: ready when it
+says so, its log captured, a failed start reported with the service's own words, a stop that
+escalates, and a port of its own for each of two services started at once."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from cluster_dq.localredis import free_port
+from cluster_dq.testing.service_process import ServiceProcess
+
+
+def test_start_wait_log_and_stop(tmp_path: Path) -> None:
+    dead = free_port(19500, 20000)  # nothing listens: the service starts and says so
+    env = {"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_LOGFORMAT": "text"}
+    with ServiceProcess.start(f"127.0.0.1:{dead}", env=env, log=tmp_path / "a.log") as a, \
+            ServiceProcess.start(f"127.0.0.1:{dead}", env=env, log=tmp_path / "b.log") as b:  # fmt: skip
+        assert a.answers("/healthz") and b.answers("/healthz")
+        assert len({a.port, a.admin_port, b.port, b.admin_port}) == 4
+        assert "pool default unreachable at start-up" in a.logs()
+    assert a.proc.returncode == 0 and b.proc.returncode == 0  # SIGTERM: a clean stop
+
+
+def test_a_failed_start_raises_with_the_service_s_words(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"exit code 2\)[\s\S]*Shards: 1\.\.4096"):
+        ServiceProcess.start("127.0.0.1:1", env={"CLUSTER_DQ_SHARDS": "0"}, log=tmp_path / "serve.log")
+
+
+def test_stop_kills_what_ignores_sigterm(tmp_path: Path) -> None:
+    svc = ServiceProcess.start("127.0.0.1:1", env={"CLUSTER_DQ_LOGLEVEL": "error"}, session=True)
+    svc.proc.send_signal(signal.SIGSTOP)  # a stopped supervisor cannot act on SIGTERM
+    assert svc.stop(timeout=1) == -signal.SIGKILL
