@@ -20,10 +20,16 @@ from cluster_dq.tokens import TokenStore
 
 def _settings(args: argparse.Namespace) -> Settings:
     s = settings_mod.load(args.config)
-    overrides = {k: v for k, v in (("Port", getattr(args, "port", None)),
-                                   ("AdminPort", getattr(args, "admin_port", None)),
-                                   ("Host", getattr(args, "host", None)),
-                                   ("Workers", getattr(args, "workers", None))) if v is not None}  # fmt: skip
+    overrides = {
+        k: v
+        for k, v in (
+            ("Port", getattr(args, "port", None)),
+            ("AdminPort", getattr(args, "admin_port", None)),
+            ("Host", getattr(args, "host", None)),
+            ("Workers", getattr(args, "workers", None)),
+        )
+        if v is not None
+    }
     return dataclasses.replace(s, **overrides) if overrides else s
 
 
@@ -32,16 +38,21 @@ def _banner(s: Settings, data_port: int, admin_port: int, embedded: bool) -> Non
     if embedded:  # a newcomer's first run: hand them a token for namespace "demo"
         token = asyncio.run(_create_token(s, "demo", "embedded demo token", None))
     data = f"http://{s.Host}:{data_port}"
-    print(f"cluster-dq {cluster_dq.__version__}: data API {data}, admin API http://{s.AdminHost}:{admin_port}")
+    print(
+        f"cluster-dq {cluster_dq.__version__}: data API {data}, admin API http://{s.AdminHost}:{admin_port}"
+    )
     if s.Pool["default"].Addr:
         print(f"redis (pool default): {s.Pool['default'].Addr}")
     if token:
-        print(f"""
+        print(
+            f"""
 A token for namespace "demo": {token}
   curl -X PUT -H 'X-Token: {token}' '{data}/api/demo/hello?delay=2' -d 'hi there'
   curl -H 'X-Token: {token}' '{data}/api/demo/hello?timeout=5'
   curl -X DELETE -H 'X-Token: {token}' '{data}/api/demo/hello/job/<job_id>'
-Stop with Ctrl-C.""", flush=True)
+Stop with Ctrl-C.""",
+            flush=True,
+        )
 
 
 @contextlib.asynccontextmanager
@@ -93,8 +104,15 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
 
             where = ", ".join(f"{p.name} ({p.Addr})" for p in route.pools())
             print(f"schedule: {args.inputs[0]} -> {args.pool}: {where}", flush=True)
-            counts = schedule(spark, args.inputs[0], route, config=config, rejects_path=args.rejects,
-                              reference_ms=args.at, progress=True)  # fmt: skip
+            counts = schedule(
+                spark,
+                args.inputs[0],
+                route,
+                config=config,
+                rejects_path=args.rejects,
+                reference_ms=args.at,
+                progress=True,
+            )
             print(f"schedule: {counts}")
             if counts.rejected and args.rejects:
                 print(f"schedule: refused rows and reasons in {args.rejects}")
@@ -108,7 +126,9 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
                     raise ConfigError(f"export: {name!r} is not namespace/queue")
                 queues.append((ns, q))
             df = export(spark, route, queues, args.states.split(","), args.out, config)
-            df.groupBy("namespace", "queue", "state").count().orderBy("namespace", "queue", "state").show(100, False)
+            df.groupBy("namespace", "queue", "state").count().orderBy(
+                "namespace", "queue", "state"
+            ).show(100, False)
             if args.out:
                 print(f"export: written to {args.out}")
         else:
@@ -140,13 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("--pool", default="default")
     pp = sub.add_parser("pipeline", help="Spark: bulk schedule, export, analyze (extra [spark])")
     pp.add_argument("action", choices=["schedule", "export", "analyze"])
-    pp.add_argument("inputs", nargs="+", help="schedule: Parquet path; export: ns/q ...; analyze: events dir")
+    pp.add_argument(
+        "inputs", nargs="+", help="schedule: Parquet path; export: ns/q ...; analyze: events dir"
+    )
     pp.add_argument("--out", help="export/analyze: Parquet output path")
     pp.add_argument("--rejects", help="schedule: Parquet path for refused rows (with reasons)")
-    pp.add_argument("--at", type=int, help="schedule: reference time (ms) for delay_s; reuse it to rerun")
-    pp.add_argument("--states", default="ready,delayed,reserved,dead", help="export: states to read")
+    pp.add_argument(
+        "--at", type=int, help="schedule: reference time (ms) for delay_s; reuse it to rerun"
+    )
+    pp.add_argument(
+        "--states", default="ready,delayed,reserved,dead", help="export: states to read"
+    )
     pp.add_argument("--master", default="local[2]", help="Spark master")
-    pp.add_argument("--pool", default="default", help="schedule/export: a pool or ring, as tokens name them")
+    pp.add_argument(
+        "--pool", default="default", help="schedule/export: a pool or ring, as tokens name them"
+    )
     sub.add_parser("version", help="print the version")
     args = ap.parse_args(argv)
     if args.cmd == "version":

@@ -50,8 +50,11 @@ class Conflict(ClusterDQError):
     def __init__(self, conflicts: list[tuple[str, str | None]]) -> None:
         self.conflicts = conflicts
         self.job_id, self.state = conflicts[0]
-        why = {"reserved": "held by a later delivery", "ttr_expired": "this delivery's ttr ran out",
-               None: "gone"}.get(self.state, self.state)  # fmt: skip
+        why = {
+            "reserved": "held by a later delivery",
+            "ttr_expired": "this delivery's ttr ran out",
+            None: "gone",
+        }.get(self.state, self.state)
         more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
         super().__init__(f"lease does not hold job {self.job_id}: {why}{more}; nothing was changed")
 

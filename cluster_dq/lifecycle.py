@@ -20,7 +20,9 @@ from cluster_dq.models import Job, id_due_ms, id_to_member, is_wheel_member
 
 
 class LifecycleLog:
-    def __init__(self, directory: str | Path, flush_every_s: float = 1.0, flush_at: int = 1_000) -> None:
+    def __init__(
+        self, directory: str | Path, flush_every_s: float = 1.0, flush_at: int = 1_000
+    ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"events-{socket.gethostname()}-{os.getpid()}.jsonl"
@@ -30,8 +32,13 @@ class LifecycleLog:
         self.flush_at = flush_at
 
     def record(self, event: str, ns: str, q: str, t: int, **fields: Any) -> None:
-        self._buffer.append(json.dumps({"ev": event, "ns": ns, "q": q, "t": t, **fields}, separators=(",", ":")))
-        if len(self._buffer) >= self.flush_at or time.monotonic() - self._flushed >= self.flush_every_s:
+        self._buffer.append(
+            json.dumps({"ev": event, "ns": ns, "q": q, "t": t, **fields}, separators=(",", ":"))
+        )
+        if (
+            len(self._buffer) >= self.flush_at
+            or time.monotonic() - self._flushed >= self.flush_every_s
+        ):
             self.flush()
 
     def published(self, ns: str, q: str, t: int, job_ids: list[str]) -> None:
@@ -40,7 +47,15 @@ class LifecycleLog:
 
     def delivered(self, jobs: list[Job], t: int) -> None:
         for j in jobs:
-            self.record("delivered", j.namespace, j.queue, t, id=j.job_id, due=_due(j.job_id), n=j.deliveries)
+            self.record(
+                "delivered",
+                j.namespace,
+                j.queue,
+                t,
+                id=j.job_id,
+                due=_due(j.job_id),
+                n=j.deliveries,
+            )
 
     def acked(self, ns: str, q: str, t: int, job_ids: list[str]) -> None:
         for jid in job_ids:

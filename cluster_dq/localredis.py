@@ -31,13 +31,19 @@ from cluster_dq.settings import PoolSettings
 MASTER_NAME = "dq-master"
 
 QUEUE_CONFIG = [
-    "maxmemory-policy", "noeviction",
-    "hash-max-listpack-entries", "512",
-    "hash-max-listpack-value", "128",
-    "save", "",
-    "appendonly", "no",
-    "repl-diskless-sync-delay", "0",  # replicas sync at once (the default waits 5 s)
-]  # fmt: skip
+    "maxmemory-policy",
+    "noeviction",
+    "hash-max-listpack-entries",
+    "512",
+    "hash-max-listpack-value",
+    "128",
+    "save",
+    "",
+    "appendonly",
+    "no",
+    "repl-diskless-sync-delay",
+    "0",  # replicas sync at once (the default waits 5 s)
+]
 
 
 def redis_server_binary() -> str:
@@ -107,15 +113,29 @@ class Server:
 
 
 def _spawn(port: int, workdir: Path, extra: list[str]) -> subprocess.Popen[bytes]:
-    args = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-            "--dir", str(workdir), "--daemonize", "no", "--protected-mode", "yes",
-            "--logfile", str(workdir / "redis.log")]  # fmt: skip
+    args = [
+        redis_server_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(workdir),
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "yes",
+        "--logfile",
+        str(workdir / "redis.log"),
+    ]
     for i in range(0, len(QUEUE_CONFIG), 2):
         args += [f"--{QUEUE_CONFIG[i]}", QUEUE_CONFIG[i + 1]]
     return subprocess.Popen(
-        args + extra, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        args + extra,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
 
 
 def _wait_ready(port: int, timeout: float = 10.0) -> None:
@@ -130,7 +150,9 @@ def _wait_ready(port: int, timeout: float = 10.0) -> None:
             time.sleep(0.05)
 
 
-def start_server(port: int | None = None, workdir: Path | None = None, extra: list[str] | None = None) -> Server:
+def start_server(
+    port: int | None = None, workdir: Path | None = None, extra: list[str] | None = None
+) -> Server:
     port = port or free_port()
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"cluster-dq-redis-{port}-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -152,7 +174,9 @@ class Cluster:
         return ",".join(f"redis://127.0.0.1:{s.port}" for s in self.servers[:3])
 
     def pool_settings(self, name: str = "default") -> PoolSettings:
-        return PoolSettings(name, Addr=",".join(f"127.0.0.1:{s.port}" for s in self.servers[:3]), Cluster=True)
+        return PoolSettings(
+            name, Addr=",".join(f"127.0.0.1:{s.port}" for s in self.servers[:3]), Cluster=True
+        )
 
     def sync_client(self) -> redis.RedisCluster:
         from redis.cluster import ClusterNode
@@ -181,8 +205,11 @@ class SentinelGroup:
         return [("127.0.0.1", s.port) for s in self.sentinels]
 
     def pool_settings(self, name: str = "default") -> PoolSettings:
-        return PoolSettings(name, Addr=",".join(f"127.0.0.1:{s.port}" for s in self.sentinels),
-                            MasterName=self.master_name)  # fmt: skip
+        return PoolSettings(
+            name,
+            Addr=",".join(f"127.0.0.1:{s.port}" for s in self.sentinels),
+            MasterName=self.master_name,
+        )
 
     def master_port(self) -> int:
         """The current master, as the sentinels see it."""
@@ -210,20 +237,39 @@ class SentinelGroup:
 def start_cluster(base_port: int | None = None, node_timeout_ms: int = 2000) -> Cluster:
     """3 masters + 3 replicas on consecutive ports; returns once the cluster state is ok."""
     if base_port is None:
-        base_port = next(p for p in range(17100, 17900, 10)
-                         if all(_port_free(p + i) and _port_free(p + i + 10000) for i in range(6)))  # fmt: skip
+        base_port = next(
+            p
+            for p in range(17100, 17900, 10)
+            if all(_port_free(p + i) and _port_free(p + i + 10000) for i in range(6))
+        )
     servers = []
     for i in range(6):
         port = base_port + i
-        servers.append(start_server(port, extra=[
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(node_timeout_ms),
-            "--cluster-require-full-coverage", "yes",
-        ]))  # fmt: skip
+        servers.append(
+            start_server(
+                port,
+                extra=[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    str(node_timeout_ms),
+                    "--cluster-require-full-coverage",
+                    "yes",
+                ],
+            )
+        )
     nodes = [f"127.0.0.1:{s.port}" for s in servers]
-    cmd = [shutil.which("redis-cli") or "redis-cli", "--cluster", "create", *nodes,
-           "--cluster-replicas", "1", "--cluster-yes"]  # fmt: skip
+    cmd = [
+        shutil.which("redis-cli") or "redis-cli",
+        "--cluster",
+        "create",
+        *nodes,
+        "--cluster-replicas",
+        "1",
+        "--cluster-yes",
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -241,36 +287,54 @@ def start_cluster(base_port: int | None = None, node_timeout_ms: int = 2000) -> 
 
 def _sentinel_config(workdir: Path, port: int, master_port: int, down_after_ms: int) -> Path:
     conf = workdir / "sentinel.conf"
-    conf.write_text("\n".join([
-        f"port {port}", "bind 127.0.0.1", f"dir {workdir}", f"logfile {workdir / 'sentinel.log'}",
-        "protected-mode yes",
-        f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2",
-        f"sentinel down-after-milliseconds {MASTER_NAME} {down_after_ms}",
-        f"sentinel failover-timeout {MASTER_NAME} 5000",
-        f"sentinel parallel-syncs {MASTER_NAME} 1",
-    ]) + "\n")  # fmt: skip
+    conf.write_text(
+        "\n".join(
+            [
+                f"port {port}",
+                "bind 127.0.0.1",
+                f"dir {workdir}",
+                f"logfile {workdir / 'sentinel.log'}",
+                "protected-mode yes",
+                f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2",
+                f"sentinel down-after-milliseconds {MASTER_NAME} {down_after_ms}",
+                f"sentinel failover-timeout {MASTER_NAME} 5000",
+                f"sentinel parallel-syncs {MASTER_NAME} 1",
+            ]
+        )
+        + "\n"
+    )
     return conf
 
 
-def start_sentinel(base_port: int | None = None, down_after_ms: int = 1000, min_replicas: int = 1) -> SentinelGroup:
+def start_sentinel(
+    base_port: int | None = None, down_after_ms: int = 1000, min_replicas: int = 1
+) -> SentinelGroup:
     """Master on base, replicas on base+1..2, sentinels on base+3..5; returns once every
     sentinel knows both replicas and the other two sentinels. Each server refuses writes
     (NOREPLICAS) while it is a master with fewer than ``min_replicas`` replicas connected
     (``min-replicas-to-write``): a master paused past a failover that comes back cannot take
     writes it would lose when the sentinels demote it."""
     if base_port is None:
-        base_port = next(p for p in range(17500, 17900, 10) if all(_port_free(p + i) for i in range(6)))
+        base_port = next(
+            p for p in range(17500, 17900, 10) if all(_port_free(p + i) for i in range(6))
+        )
     guard = ["--min-replicas-to-write", str(min_replicas), "--min-replicas-max-lag", "10"]
     master = start_server(base_port, extra=guard)
-    replicas = [start_server(base_port + i, extra=[*guard, "--replicaof", "127.0.0.1", str(base_port)])
-                for i in (1, 2)]  # fmt: skip
+    replicas = [
+        start_server(base_port + i, extra=[*guard, "--replicaof", "127.0.0.1", str(base_port)])
+        for i in (1, 2)
+    ]
     sentinels = []
     for i in (3, 4, 5):
         port = base_port + i
         workdir = Path(tempfile.mkdtemp(prefix=f"cluster-dq-sentinel-{port}-"))
         conf = _sentinel_config(workdir, port, base_port, down_after_ms)
-        proc = subprocess.Popen([redis_server_binary(), str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [redis_server_binary(), str(conf), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         sentinels.append(Server(port, workdir, proc, ["--sentinel"]))
     group = SentinelGroup([master, *replicas], sentinels)
     deadline = time.monotonic() + 30
@@ -284,7 +348,9 @@ def start_sentinel(base_port: int | None = None, down_after_ms: int = 1000, min_
             for r in replicas:
                 with r.client() as c:
                     synced = synced and c.info("replication").get("master_link_status") == "up"
-            if synced and all(st["num-slaves"] == 2 and st["num-other-sentinels"] == 2 for st in states):
+            if synced and all(
+                st["num-slaves"] == 2 and st["num-other-sentinels"] == 2 for st in states
+            ):
                 return group
         except redis.RedisError:
             pass
@@ -293,12 +359,17 @@ def start_sentinel(base_port: int | None = None, down_after_ms: int = 1000, min_
     raise RuntimeError("sentinel group did not settle in 30 s")
 
 
-def migrate_slot(cluster: Cluster, slot: int, source_port: int, target_port: int, batch: int = 100) -> int:
+def migrate_slot(
+    cluster: Cluster, slot: int, source_port: int, target_port: int, batch: int = 100
+) -> int:
     """Moves one hash slot between masters the way redis-cli --cluster reshard does
     (IMPORTING/MIGRATING, MIGRATE in batches, SETSLOT NODE everywhere). Returns keys moved."""
     masters = [s for s in cluster.servers if s.client().info("replication")["role"] == "master"]
     with redis.Redis(port=source_port) as src, redis.Redis(port=target_port) as dst:
-        src_id, dst_id = src.execute_command("CLUSTER", "MYID"), dst.execute_command("CLUSTER", "MYID")
+        src_id, dst_id = (
+            src.execute_command("CLUSTER", "MYID"),
+            dst.execute_command("CLUSTER", "MYID"),
+        )
         dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
         src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
         moved = 0
@@ -314,7 +385,9 @@ def migrate_slot(cluster: Cluster, slot: int, source_port: int, target_port: int
     return moved
 
 
-STATE_DIR = Path(os.environ.get("CLUSTER_DQ_LOCAL_DIR", Path(tempfile.gettempdir()) / "cluster-dq-local"))
+STATE_DIR = Path(
+    os.environ.get("CLUSTER_DQ_LOCAL_DIR", Path(tempfile.gettempdir()) / "cluster-dq-local")
+)
 BASE_PORTS = {"standalone": 17379, "cluster": 17001, "sentinel": 17101}
 Deployment = Server | Cluster | SentinelGroup
 
@@ -334,8 +407,13 @@ def _describe(kind: str, d: Deployment) -> dict[str, object]:
         env["CLUSTER_DQ_POOL__DEFAULT__CLUSTER"] = "true"
     if pool.MasterName:
         env["CLUSTER_DQ_POOL__DEFAULT__MASTERNAME"] = pool.MasterName
-    return {"kind": kind, "env": env,
-            "members": [{"port": m.port, "pid": m.process.pid, "dir": str(m.workdir)} for m in _members(d)]}
+    return {
+        "kind": kind,
+        "env": env,
+        "members": [
+            {"port": m.port, "pid": m.process.pid, "dir": str(m.workdir)} for m in _members(d)
+        ],
+    }
 
 
 def _alive(state: dict[str, object]) -> bool:
@@ -397,7 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m cluster_dq.localredis up|down|status standalone|cluster|sentinel``"""
     argv = argv if argv is not None else sys.argv[1:]
     if len(argv) != 2 or argv[0] not in ("up", "down", "status") or argv[1] not in BASE_PORTS:
-        print("usage: deploy/local/redis up|down|status standalone|cluster|sentinel", file=sys.stderr)
+        print(
+            "usage: deploy/local/redis up|down|status standalone|cluster|sentinel", file=sys.stderr
+        )
         return 2
     action, kind = argv
     if action == "down":

@@ -43,47 +43,122 @@ if TYPE_CHECKING:
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 QUEUE = ("namespace", "queue")
-LATENESS_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
-HTTP_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
-REDIS_BUCKETS = (.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1)
+LATENESS_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+    3600,
+)
+HTTP_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
+REDIS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
 published = Counter("cluster_dq_jobs_published", "Jobs published (new ids).", QUEUE)
 delivered = Counter("cluster_dq_jobs_delivered", "Jobs handed to consumers (each delivery).", QUEUE)
 acked = Counter("cluster_dq_jobs_acked", "Jobs acknowledged (deleted) that existed.", QUEUE)
-ttr_expired = Counter("cluster_dq_jobs_ttr_expired",
-                      "Reservations whose time-to-run passed without an ack.", QUEUE)
+ttr_expired = Counter(
+    "cluster_dq_jobs_ttr_expired", "Reservations whose time-to-run passed without an ack.", QUEUE
+)
 ttl_expired = Counter("cluster_dq_jobs_ttl_expired", "Jobs removed because their ttl ended.", QUEUE)
-dead_lettered = Counter("cluster_dq_jobs_dead_lettered",
-                        "Jobs moved to the dead-letter queue (no tries left).", QUEUE)
+dead_lettered = Counter(
+    "cluster_dq_jobs_dead_lettered", "Jobs moved to the dead-letter queue (no tries left).", QUEUE
+)
 respawned = Counter("cluster_dq_jobs_respawned", "Dead-letter jobs put back to ready.", QUEUE)
-lateness = Histogram("cluster_dq_job_lateness_seconds",
-                     "First delivery time minus due time.", QUEUE, buckets=LATENESS_BUCKETS)
-first_delivery = Histogram("cluster_dq_publish_to_first_delivery_seconds",
-                           "First delivery time minus publish time.", QUEUE, buckets=LATENESS_BUCKETS)
+lateness = Histogram(
+    "cluster_dq_job_lateness_seconds",
+    "First delivery time minus due time.",
+    QUEUE,
+    buckets=LATENESS_BUCKETS,
+)
+first_delivery = Histogram(
+    "cluster_dq_publish_to_first_delivery_seconds",
+    "First delivery time minus publish time.",
+    QUEUE,
+    buckets=LATENESS_BUCKETS,
+)
 
-http_requests = Counter("cluster_dq_http_requests", "HTTP requests answered.",
-                        ("port", "route", "method", "status"))
-http_duration = Histogram("cluster_dq_http_request_duration_seconds", "HTTP request duration.",
-                          ("port", "route", "method"), buckets=HTTP_BUCKETS)
+http_requests = Counter(
+    "cluster_dq_http_requests", "HTTP requests answered.", ("port", "route", "method", "status")
+)
+http_duration = Histogram(
+    "cluster_dq_http_request_duration_seconds",
+    "HTTP request duration.",
+    ("port", "route", "method"),
+    buckets=HTTP_BUCKETS,
+)
 
 pump_batches = Counter("cluster_dq_pump_batches", "Pump claims of due queues.", ("pool", "shard"))
-pump_steps = Counter("cluster_dq_pump_queue_steps", "Pump steps of single queues.", ("pool", "shard"))
-reconciled = Counter("cluster_dq_reconciled_queues",
-                     "Queues the reconcile sweep found missing from their shard's schedule (a lost "
-                     "signal: a publisher died between its two steps) and signalled.", ("pool",))  # fmt: skip
-pump_moved = Counter("cluster_dq_pump_jobs_moved",
-                     "Delayed jobs moved to ready when due (by the pump or a consumer).", ("pool",))
-pump_leader = Gauge("cluster_dq_pump_leader", "1 while this instance leads the shard's pump.",
-                    ("pool", "shard"), multiprocess_mode="livesum")
-redis_duration = Histogram("cluster_dq_redis_call_duration_seconds",
-                           "Round trip of one Redis step (a script, a command or a pipeline).",
-                           ("pool",), buckets=REDIS_BUCKETS)
-redis_errors = Counter("cluster_dq_redis_errors", "Failed Redis steps, by exception type.",
-                       ("pool", "kind"))
+pump_steps = Counter(
+    "cluster_dq_pump_queue_steps", "Pump steps of single queues.", ("pool", "shard")
+)
+reconciled = Counter(
+    "cluster_dq_reconciled_queues",
+    "Queues the reconcile sweep found missing from their shard's schedule (a lost "
+    "signal: a publisher died between its two steps) and signalled.",
+    ("pool",),
+)
+pump_moved = Counter(
+    "cluster_dq_pump_jobs_moved",
+    "Delayed jobs moved to ready when due (by the pump or a consumer).",
+    ("pool",),
+)
+pump_leader = Gauge(
+    "cluster_dq_pump_leader",
+    "1 while this instance leads the shard's pump.",
+    ("pool", "shard"),
+    multiprocess_mode="livesum",
+)
+redis_duration = Histogram(
+    "cluster_dq_redis_call_duration_seconds",
+    "Round trip of one Redis step (a script, a command or a pipeline).",
+    ("pool",),
+    buckets=REDIS_BUCKETS,
+)
+redis_errors = Counter(
+    "cluster_dq_redis_errors", "Failed Redis steps, by exception type.", ("pool", "kind")
+)
 
 
-PER_QUEUE = (published, delivered, acked, ttr_expired, ttl_expired, dead_lettered, respawned,
-             lateness, first_delivery)  # fmt: skip
+PER_QUEUE = (
+    published,
+    delivered,
+    acked,
+    ttr_expired,
+    ttl_expired,
+    dead_lettered,
+    respawned,
+    lateness,
+    first_delivery,
+)
 
 
 # -- recording (by the service, the pools' engines and pumps, and the HTTP middleware) ------
@@ -275,7 +350,9 @@ class SizeBoard:
     worker's scrape sees every worker's posts; posts older than ``stale_after`` (a shard that
     another instance leads now) are not reported."""
 
-    def __init__(self, directory: str | None, stale_after: float, labels: Metrics | None = None) -> None:
+    def __init__(
+        self, directory: str | None, stale_after: float, labels: Metrics | None = None
+    ) -> None:
         self.directory = Path(directory) if directory else None
         self.labels = labels or Metrics()  # the service's: sizes are labelled as its counters
         self.stale_after = stale_after
@@ -285,9 +362,10 @@ class SizeBoard:
 
     def post(self, pool: str, shard: int, sizes: dict[str, Sizes]) -> None:
         post: dict[str, object] = {
-            "pool": pool, "at": time.time(),
+            "pool": pool,
+            "at": time.time(),
             "queues": {qn: [s.ready, s.delayed, s.reserved, s.dead] for qn, s in sizes.items()},
-        }  # fmt: skip
+        }
         if self.directory is None:
             self._posts[(pool, shard)] = post
             return
@@ -307,9 +385,11 @@ class SizeBoard:
                 continue  # removed or replaced meanwhile
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily("cluster_dq_queue_jobs", "Jobs in a queue by state "
-                                   "(measured by the shard's pump leader).",
-                                   labels=("pool", "namespace", "queue", "state"))  # fmt: skip
+        family = GaugeMetricFamily(
+            "cluster_dq_queue_jobs",
+            "Jobs in a queue by state (measured by the shard's pump leader).",
+            labels=("pool", "namespace", "queue", "state"),
+        )
         fresh_after = time.time() - self.stale_after
         # Labelled as the counters are (queue_labels): past the cap, summed under "_other".
         rows: dict[tuple[str, str, str], list[int]] = {}
@@ -319,7 +399,9 @@ class SizeBoard:
             pool = str(post["pool"])
             queues: dict[str, list[int]] = post["queues"]  # type: ignore[assignment]
             for qualified, counts in queues.items():
-                row = rows.setdefault((pool, *self.labels.queue_labels(*parse_qualified(qualified))), [0, 0, 0, 0])
+                row = rows.setdefault(
+                    (pool, *self.labels.queue_labels(*parse_qualified(qualified))), [0, 0, 0, 0]
+                )
                 for i, n in enumerate(counts):
                     row[i] += n
         for (pool, ns, q), counts in rows.items():

@@ -285,7 +285,9 @@ def validate_spec(spec: JobSpec) -> None:
         for k, v in spec.attributes.items():
             if not k or len(k) > MAX_ATTR_KEY or len(v) > MAX_ATTR_VALUE:
                 raise BadRequest("invalid attribute", "attributes")
-    if spec.job_id is not None and not (is_client_id_valid(spec.job_id) or has_fixed_server_id(spec)):
+    if spec.job_id is not None and not (
+        is_client_id_valid(spec.job_id) or has_fixed_server_id(spec)
+    ):
         raise BadRequest(
             "invalid job_id: 1-64 of [-_A-Za-z0-9], and not a 26-char server id", "job_id"
         )

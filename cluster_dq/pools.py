@@ -32,20 +32,25 @@ def make_client(p: PoolSettings) -> AsyncClient:
     addrs = p.addresses()
     # redis-py's own retries (3, exponential backoff from 1 s) are off: engine/retry.py is the
     # one policy, applied only where repeating is safe, with one bounded budget.
-    common = dict(password=p.Password or None, socket_timeout=SOCKET_TIMEOUT,
-                  socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0))  # fmt: skip
+    common = dict(
+        password=p.Password or None,
+        socket_timeout=SOCKET_TIMEOUT,
+        socket_connect_timeout=2.0,
+        retry=Retry(NoBackoff(), 0),
+    )
     if p.kind == "cluster":
         # One immediate retry inside redis-py lets it re-learn the slots after a failover.
         return RedisCluster(
             startup_nodes=[ClusterNode(h, port) for h, port in addrs],
-            max_connections=p.PoolSize, **{**common, "retry": Retry(NoBackoff(), 1)},  # type: ignore[arg-type]
-        )  # fmt: skip
+            max_connections=p.PoolSize,
+            **{**common, "retry": Retry(NoBackoff(), 1)},  # type: ignore[arg-type]
+        )
     if p.kind == "sentinel":
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            addrs, sentinel_kwargs={"password": p.SentinelPassword or None,
-                                    "socket_timeout": 1.0},
+            addrs,
+            sentinel_kwargs={"password": p.SentinelPassword or None, "socket_timeout": 1.0},
             **common,
-        )  # fmt: skip
+        )
         master: AsyncClient = sentinel.master_for(p.MasterName, db=p.DB, max_connections=p.PoolSize)
         return master
     host, port = addrs[0]
@@ -60,14 +65,26 @@ def make_sync_client(p: PoolSettings) -> Any:
     from redis.sentinel import Sentinel as SyncSentinel
 
     addrs = p.addresses()
-    common: dict[str, Any] = dict(password=p.Password or None, socket_timeout=30.0, socket_connect_timeout=2.0)
+    common: dict[str, Any] = dict(
+        password=p.Password or None, socket_timeout=30.0, socket_connect_timeout=2.0
+    )
     if p.kind == "cluster":
-        return redis.RedisCluster(startup_nodes=[redis.cluster.ClusterNode(h, port) for h, port in addrs],  # type: ignore[no-untyped-call]
-                                  retry=SyncRetry(SyncNoBackoff(), 1), **common)  # fmt: skip
+        return redis.RedisCluster(
+            startup_nodes=[redis.cluster.ClusterNode(h, port) for h, port in addrs],  # type: ignore[no-untyped-call]
+            retry=SyncRetry(SyncNoBackoff(), 1),
+            **common,
+        )
     if p.kind == "sentinel":
-        sentinel = SyncSentinel(addrs, sentinel_kwargs={"password": p.SentinelPassword or None,  # type: ignore[no-untyped-call]
-                                                        "socket_timeout": 1.0})  # fmt: skip
-        return sentinel.master_for(p.MasterName, db=p.DB, retry=SyncRetry(SyncNoBackoff(), 0), **common)  # type: ignore[no-untyped-call]
+        sentinel = SyncSentinel(
+            addrs,
+            sentinel_kwargs={
+                "password": p.SentinelPassword or None,  # type: ignore[no-untyped-call]
+                "socket_timeout": 1.0,
+            },
+        )
+        return sentinel.master_for(
+            p.MasterName, db=p.DB, retry=SyncRetry(SyncNoBackoff(), 0), **common
+        )  # type: ignore[no-untyped-call]
     host, port = addrs[0]
     return redis.Redis(host=host, port=port, db=p.DB, retry=SyncRetry(SyncNoBackoff(), 0), **common)
 
@@ -75,7 +92,11 @@ def make_sync_client(p: PoolSettings) -> Any:
 async def close_client(client: AsyncClient) -> None:
     """Closes a client and, for Sentinel, the connections to the sentinels too."""
     await client.aclose()
-    manager = getattr(client.connection_pool, "sentinel_manager", None) if isinstance(client, Redis) else None
+    manager = (
+        getattr(client.connection_pool, "sentinel_manager", None)
+        if isinstance(client, Redis)
+        else None
+    )
     for sentinel in getattr(manager, "sentinels", []):
         await sentinel.aclose()
 
@@ -88,8 +109,11 @@ async def check_redis(name: str, client: AsyncClient) -> list[str]:
     try:
         if isinstance(client, RedisCluster):
             replies: Any = await client.config_get("*", target_nodes=RedisCluster.PRIMARIES)
-            configs = list(replies.values()) if isinstance(replies, dict) and all(
-                isinstance(v, dict) for v in replies.values()) else [replies]  # fmt: skip
+            configs = (
+                list(replies.values())
+                if isinstance(replies, dict) and all(isinstance(v, dict) for v in replies.values())
+                else [replies]
+            )
         else:
             configs = [cast(dict[str, str], await client.config_get("*"))]
     except ResponseError as e:  # CONFIG disabled (managed Redis): cannot check, say so
@@ -102,7 +126,9 @@ async def check_redis(name: str, client: AsyncClient) -> list[str]:
                 "(an evicting Redis silently deletes jobs)"
             )
         if cfg.get("appendonly") == "no" and cfg.get("save", "") == "":
-            warnings.append(f"pool {name}: persistence is OFF (no AOF, no RDB): a restart loses every job")
+            warnings.append(
+                f"pool {name}: persistence is OFF (no AOF, no RDB): a restart loses every job"
+            )
         if sentinel and cfg.get("min-replicas-to-write") == "0":
             warnings.append(
                 f"pool {name}: min-replicas-to-write is 0; set it to 1 on every server of the group, "
@@ -138,20 +164,35 @@ class RedisPool:
     pump: Pump | None = None
 
     @classmethod
-    def create(cls, settings: PoolSettings, config: EngineConfig, events: MoveSink | None = None,
-               recorder: Metrics | None = None) -> RedisPool:  # fmt: skip
+    def create(
+        cls,
+        settings: PoolSettings,
+        config: EngineConfig,
+        events: MoveSink | None = None,
+        recorder: Metrics | None = None,
+    ) -> RedisPool:
         recorder = recorder or Metrics()
         metrics = recorder.pool(settings.name)
         on = recorder.enabled
         sinks = [s for s in (metrics if on else None, events) if s is not None]
         moves = sinks[0] if len(sinks) == 1 else _Both(sinks) if sinks else None
         config = dataclasses.replace(config, moves=moves, lane_hints={})
-        engine = AsyncEngine(make_client(settings), config, observer=metrics.redis_call if on else None,
-                             wait_replicas=settings.WaitReplicas, wait_timeout_ms=settings.WaitTimeoutMs)  # fmt: skip
+        engine = AsyncEngine(
+            make_client(settings),
+            config,
+            observer=metrics.redis_call if on else None,
+            wait_replicas=settings.WaitReplicas,
+            wait_timeout_ms=settings.WaitTimeoutMs,
+        )
         return cls(settings.name, settings, engine, WaiterHub(engine), metrics)
 
-    async def start(self, run_pump: bool = True, board: SizeBoard | None = None,
-                    sizes_every_s: float = 10.0, reconcile_every_s: float = 60.0) -> None:  # fmt: skip
+    async def start(
+        self,
+        run_pump: bool = True,
+        board: SizeBoard | None = None,
+        sizes_every_s: float = 10.0,
+        reconcile_every_s: float = 60.0,
+    ) -> None:
         # The supervisor checked the Redis settings (server._preflight); a pool that is down
         # now answers 503 and /readyz says so until it is back.
         if isinstance(self.engine.client, RedisCluster):
@@ -160,8 +201,13 @@ class RedisPool:
             except (RedisError, OSError) as e:
                 log.warning("pool %s: cluster not reachable yet: %s", self.name, e)
         if run_pump:
-            self.pump = Pump(self.engine, metrics=self.metrics, board=board, sizes_every_s=sizes_every_s,
-                             reconcile_every_s=reconcile_every_s)  # fmt: skip
+            self.pump = Pump(
+                self.engine,
+                metrics=self.metrics,
+                board=board,
+                sizes_every_s=sizes_every_s,
+                reconcile_every_s=reconcile_every_s,
+            )
             self.pump.start()
 
     async def ready(self) -> dict[str, bool | str]:

@@ -164,8 +164,14 @@ class Pump:
         """After a failed step: log it, wait (0.2 s doubling to 5 s), and stop reporting a
         leadership whose lease ran out meanwhile."""
         wait = min(0.2 * 2 ** min(failures - 1, 5), 5.0)
-        log.warning("pump shard %d: %s: %s (failure %d; next try in %.1f s)",
-                    shard, type(error).__name__, error, failures, wait)  # fmt: skip
+        log.warning(
+            "pump shard %d: %s: %s (failure %d; next try in %.1f s)",
+            shard,
+            type(error).__name__,
+            error,
+            failures,
+            wait,
+        )
         self._report(shard)
         await asyncio.sleep(wait)
         self._report(shard)
@@ -192,8 +198,12 @@ class Pump:
             nxt = sizes.next_event_ms
             if nxt is not None:
                 nxt = max(nxt, at + MIN_STEP_MS)  # a backlog is worked in steps, never a spin
-            empty = nxt is None and not (sizes.delayed or sizes.ready or sizes.reserved or sizes.dead)
-            await self.engine.run(ops.reschedule(shard, qualified, nxt, epoch, empty), idempotent=True)
+            empty = nxt is None and not (
+                sizes.delayed or sizes.ready or sizes.reserved or sizes.dead
+            )
+            await self.engine.run(
+                ops.reschedule(shard, qualified, nxt, epoch, empty), idempotent=True
+            )
         if self.metrics:
             self.metrics.batch(shard, len(due))
         if len(due) >= self.batch:
@@ -202,7 +212,6 @@ class Pump:
         if head is None:
             return self.poll_ms
         return max(0, min(head - self.engine.clock(), self.poll_ms))
-
 
     async def _reconcile_loop(self) -> None:
         """While this process leads shard 0, it sweeps the whole pool every
@@ -221,8 +230,12 @@ class Pump:
                 log.warning("reconcile sweep failed: %s: %s", type(e).__name__, e)
                 continue
             if found:
-                log.warning("reconcile: %d queue(s) were missing from their shard's schedule "
-                            "(a lost signal) and were signalled: %s", len(found), ", ".join(found[:10]))  # fmt: skip
+                log.warning(
+                    "reconcile: %d queue(s) were missing from their shard's schedule "
+                    "(a lost signal) and were signalled: %s",
+                    len(found),
+                    ", ".join(found[:10]),
+                )
 
     async def reconcile(self, page: int = 500, pause_s: float = 0.02) -> list[str]:
         """One sweep: SCANs every queue's META (on a Cluster, every master) and signals the
@@ -247,7 +260,9 @@ class Pump:
 
     async def _reconcile_page(self, keys: list[str | bytes]) -> list[str]:
         queues = list({queue_of_key(k) for k in keys})
-        return await self.engine.run(ops.reconcile(self.engine.config, queues, self.engine.clock()), idempotent=True)
+        return await self.engine.run(
+            ops.reconcile(self.engine.config, queues, self.engine.clock()), idempotent=True
+        )
 
     async def post_sizes(self, shard: int) -> None:
         """Measures every queue of a shard this process leads, for the metrics."""

@@ -46,8 +46,14 @@ class _Members:
 
 
 class PoolRoute(Generic[P]):
-    def __init__(self, name: str, pools: Mapping[str, P], members: Sequence[str],
-                 previous: Sequence[str] = (), moves: Mapping[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        pools: Mapping[str, P],
+        members: Sequence[str],
+        previous: Sequence[str] = (),
+        moves: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self._pools = pools
         self._members = _Members(members)

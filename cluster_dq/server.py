@@ -48,26 +48,35 @@ EMBEDDED_STATE = Path(tempfile.gettempdir()) / "cluster-dq-embedded.json"
 class Runtime:
     """Pools, service and apps of one worker process."""
 
-    def __init__(self, settings: Settings, run_pump: bool = True,
-                 access_flag: SharedFlag | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, settings: Settings, run_pump: bool = True, access_flag: SharedFlag | None = None
+    ) -> None:
         self.settings = settings
         self.run_pump = run_pump
         self.metrics = metrics.Metrics.from_settings(settings)
         config = EngineConfig.from_settings(settings)
         self.events = LifecycleLog(settings.LifecycleDir) if settings.LifecycleDir else None
-        self.pools = {n: RedisPool.create(p, config, self.events, self.metrics) for n, p in settings.Pool.items()}
+        self.pools = {
+            n: RedisPool.create(p, config, self.events, self.metrics)
+            for n, p in settings.Pool.items()
+        }
         self.service = Service(settings, self.pools, self.events, self.metrics)
         self.access_log = AccessLog(settings.EnableAccessLog, access_flag)
         # Posts older than three rounds belong to a shard that another instance leads now.
-        self.board = metrics.SizeBoard(metrics.multiproc_dir(), 3 * settings.SizeIntervalSecond + 5,
-                                       self.metrics)
+        self.board = metrics.SizeBoard(
+            metrics.multiproc_dir(), 3 * settings.SizeIntervalSecond + 5, self.metrics
+        )
         self.data_app = create_data_app(self.service, settings, self.access_log)
         self.admin_app = create_admin_app(self.service, settings, self.access_log, self.board)
 
     async def start(self) -> None:
         for pool in self.pools.values():
-            await pool.start(self.run_pump, self.board, self.settings.SizeIntervalSecond,
-                             self.settings.ReconcileSecond)
+            await pool.start(
+                self.run_pump,
+                self.board,
+                self.settings.SizeIntervalSecond,
+                self.settings.ReconcileSecond,
+            )
 
     def stop_consuming(self) -> None:
         """Shutdown, first step: waiting long-polls are answered now, nothing more is reserved."""
@@ -100,9 +109,17 @@ class _Server(uvicorn.Server):
 
 
 def _uvicorn(app: object, sock: socket.socket) -> _Server:
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",  # type: ignore[arg-type]
-                            loop="uvloop", http=BoundedHttpToolsProtocol, timeout_keep_alive=75,
-                            proxy_headers=False, server_header=False)  # fmt: skip
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        loop="uvloop",
+        http=BoundedHttpToolsProtocol,
+        timeout_keep_alive=75,
+        proxy_headers=False,
+        server_header=False,
+    )
     server = _Server(config)
     server.sock = sock  # type: ignore[attr-defined]
     return server
@@ -146,8 +163,11 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
         if pending:
             clean = False
             running = sum(len(s.server_state.tasks) for s in servers)
-            log.error("shutdown grace period (%s s) over: cancelling %d request(s) still running",
-                      settings.ShutdownGraceSecond, running)  # fmt: skip
+            log.error(
+                "shutdown grace period (%s s) over: cancelling %d request(s) still running",
+                settings.ShutdownGraceSecond,
+                running,
+            )
             for s in servers:
                 s.force_exit = True
                 for t in list(s.server_state.tasks):
@@ -201,12 +221,16 @@ class Ports:
     @classmethod
     def bind(cls, settings: Settings, holders: list[socket.socket]) -> Ports:
         addresses = []
-        for key, host, port in (("Port", settings.Host, settings.Port),
-                                ("AdminPort", settings.AdminHost, settings.AdminPort)):  # fmt: skip
+        for key, host, port in (
+            ("Port", settings.Host, settings.Port),
+            ("AdminPort", settings.AdminHost, settings.AdminPort),
+        ):
             try:
                 probe = _socket(host, port, reuse_port=False)
             except OSError as e:
-                raise ConfigError(f"{key}: cannot listen on {host}:{port}: {e.strerror or e}") from None
+                raise ConfigError(
+                    f"{key}: cannot listen on {host}:{port}: {e.strerror or e}"
+                ) from None
             port = probe.getsockname()[1]
             if REUSE_PORT:
                 probe.close()
@@ -290,16 +314,21 @@ def run(settings: Settings, on_ready: object = None) -> int:
         metrics_dir = Path(tempfile.mkdtemp(prefix="cluster-dq-metrics-"))
         os.environ[metrics.MULTIPROC_ENV] = str(metrics_dir)
         access_flag = ctx.Value("b", settings.EnableAccessLog, lock=False)
+
         def spawn() -> multiprocessing.process.BaseProcess:
             w = ctx.Process(target=_worker, args=(settings, ports, access_flag))
             w.start()
             return w
 
         workers = [spawn() for _ in range(settings.Workers)]
-        log.info("serving", extra={
-            "data": f"http://{settings.Host}:{ports.data[1]}",
-            "admin": f"http://{settings.AdminHost}:{ports.admin[1]}",
-            "workers": settings.Workers})  # fmt: skip
+        log.info(
+            "serving",
+            extra={
+                "data": f"http://{settings.Host}:{ports.data[1]}",
+                "admin": f"http://{settings.AdminHost}:{ports.admin[1]}",
+                "workers": settings.Workers,
+            },
+        )
         if callable(on_ready):
             try:
                 on_ready(settings, ports.data[1], ports.admin[1], redis is not None)
@@ -314,8 +343,13 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 now = time.monotonic()
                 restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
                 if len(restarts) > MAX_RESTARTS:
-                    log.error("worker (pid %s) %s; %d restarts within %d s: stopping the instance",
-                              w.pid, _exit_status(w.exitcode), MAX_RESTARTS, RESTART_WINDOW_S)  # fmt: skip
+                    log.error(
+                        "worker (pid %s) %s; %d restarts within %d s: stopping the instance",
+                        w.pid,
+                        _exit_status(w.exitcode),
+                        MAX_RESTARTS,
+                        RESTART_WINDOW_S,
+                    )
                     failed = True
                     stopping.append(0)
                     break
@@ -330,8 +364,11 @@ def run(settings: Settings, on_ready: object = None) -> int:
         for w in workers:
             w.join(timeout=max(deadline - time.monotonic(), 0.1))
             if w.is_alive():
-                log.error("worker (pid %s) still running after %.0f s: killed", w.pid,
-                          settings.ShutdownGraceSecond + SUPERVISOR_EXTRA_S)  # fmt: skip
+                log.error(
+                    "worker (pid %s) still running after %.0f s: killed",
+                    w.pid,
+                    settings.ShutdownGraceSecond + SUPERVISOR_EXTRA_S,
+                )
                 w.kill()
                 w.join()
                 failed = True

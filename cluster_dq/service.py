@@ -15,7 +15,15 @@ from cluster_dq import metrics
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import Op, Published, Sizes
-from cluster_dq.errors import Conflict, NotFound, NotReplicated, PoolUnavailable, RedisFailure, Refused, Unauthorized
+from cluster_dq.errors import (
+    Conflict,
+    NotFound,
+    NotReplicated,
+    PoolUnavailable,
+    RedisFailure,
+    Refused,
+    Unauthorized,
+)
 from cluster_dq.keys import parse_qualified
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.models import Job, JobSpec, JobState, validate_spec
@@ -29,8 +37,13 @@ T = TypeVar("T")
 
 
 class Service:
-    def __init__(self, settings: Settings, pools: dict[str, RedisPool], events: LifecycleLog | None = None,
-                 metrics: Metrics | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings,
+        pools: dict[str, RedisPool],
+        events: LifecycleLog | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics.from_settings(settings)
         self.pools = pools
@@ -44,7 +57,9 @@ class Service:
             raise NotFound("pool not found")
         return r
 
-    async def _run(self, pool: RedisPool, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
+    async def _run(
+        self, pool: RedisPool, op: Op[T], *, idempotent: bool = False, durable: bool = False
+    ) -> T:
         with _unavailable(pool.name, idempotent=idempotent):
             return await pool.engine.run(op, idempotent=idempotent, durable=durable)
 
@@ -65,7 +80,9 @@ class Service:
 
     # -- jobs -------------------------------------------------------------------------------
 
-    async def publish(self, route: PoolRoute[RedisPool], ns: str, q: str, specs: Sequence[JobSpec]) -> list[Published]:
+    async def publish(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, specs: Sequence[JobSpec]
+    ) -> list[Published]:
         for spec in specs:
             validate_spec(spec)  # all-or-nothing: refuse before writing anything
         place = route.place(ns, q)
@@ -82,11 +99,14 @@ class Service:
             self.events.published(ns, q, now, [p.job_id for p in out if not p.duplicate])
         if known:
             done = iter(out)
-            return [Published(s.job_id, True, None) if s.job_id in known else next(done) for s in specs]
+            return [
+                Published(s.job_id, True, None) if s.job_id in known else next(done) for s in specs
+            ]
         return out
 
-    async def _known_elsewhere(self, drained: Sequence[RedisPool], ns: str, q: str,
-                               specs: Sequence[JobSpec]) -> set[str]:  # fmt: skip
+    async def _known_elsewhere(
+        self, drained: Sequence[RedisPool], ns: str, q: str, specs: Sequence[JobSpec]
+    ) -> set[str]:
         ids = [s.job_id for s in specs if s.job_id is not None]
         known: set[str] = set()
         for pool in drained if ids else ():
@@ -96,11 +116,20 @@ class Service:
             known.update(i for i, k in zip(ids, found) if k)
         return known
 
-    async def consume(self, route: PoolRoute[RedisPool], ns: str, queues: Sequence[str], ttr_ms: int,
-                      count: int, timeout_ms: int) -> list[Job]:  # fmt: skip
+    async def consume(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        queues: Sequence[str],
+        ttr_ms: int,
+        count: int,
+        timeout_ms: int,
+    ) -> list[Job]:
         groups = route.groups(ns, queues)
-        unknown = ("jobs may have been reserved for this request and not delivered; "
-                   "they are delivered again once their ttr ends")  # fmt: skip
+        unknown = (
+            "jobs may have been reserved for this request and not delivered; "
+            "they are delivered again once their ttr ends"
+        )
         with _unavailable(route.name, unknown=unknown):
             if len(groups) == 1:
                 jobs = await groups[0][0].hub.consume(ns, queues, ttr_ms, count, timeout_ms)
@@ -112,8 +141,14 @@ class Service:
             self.events.delivered(jobs, now)
         return jobs
 
-    async def ack(self, route: PoolRoute[RedisPool], ns: str, q: str, ids: Sequence[str],
-                  leases: Sequence[str | None] | None = None) -> list[JobState | None]:  # fmt: skip
+    async def ack(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        ids: Sequence[str],
+        leases: Sequence[str | None] | None = None,
+    ) -> list[JobState | None]:
         """Acks jobs in any state; the state each was in (None: not found). With ``leases``
         (aligned with ``ids``): if one does not hold its job, ``Conflict`` and nothing acked."""
         states: list[JobState | None] = [None] * len(ids)
@@ -128,8 +163,14 @@ class Service:
             if not todo:
                 break
             now = pool.engine.clock()
-            op = ops.ack(ns, q, [ids[i] for i in todo], now, pool.engine.config.remember_acked_ms,
-                         [leases[i] for i in todo] if leases else None)  # fmt: skip
+            op = ops.ack(
+                ns,
+                q,
+                [ids[i] for i in todo],
+                now,
+                pool.engine.config.remember_acked_ms,
+                [leases[i] for i in todo] if leases else None,
+            )
             found = await self._run(pool, op, idempotent=True, durable=True)
             for i, state in zip(todo, found):
                 states[i] = state
@@ -138,8 +179,15 @@ class Service:
             self.events.acked(ns, q, now, [i for i, s in zip(ids, states) if s is not None])
         return states
 
-    async def release(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, delay_ms: int,
-                      lease: str | None = None) -> JobState | str:  # fmt: skip
+    async def release(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        job_id: str,
+        delay_ms: int,
+        lease: str | None = None,
+    ) -> JobState | str:
         """A consumer's nack: the reserved job goes back now or after ``delay_ms``, its
         delivery counted (no tries left: dead letter); with a ``lease``, only while that
         delivery holds it (else ``Conflict``). Not repeated by the retry policy: once the job
@@ -148,8 +196,16 @@ class Service:
         lost in transit is a 503 that says the release may have happened."""
         reads = route.place(ns, q).reads
         for pool in reads:
-            op = ops.release(pool.engine.config, ns, q, [job_id], delay_ms, pool.engine.clock(), nack=True,
-                             leases=[lease])  # fmt: skip
+            op = ops.release(
+                pool.engine.config,
+                ns,
+                q,
+                [job_id],
+                delay_ms,
+                pool.engine.clock(),
+                nack=True,
+                leases=[lease],
+            )
             try:
                 (state,) = await self._run(pool, op, durable=True)
             except Conflict as e:
@@ -157,18 +213,29 @@ class Service:
                     continue  # not in this pool (a migration): it may be in the next
                 raise
             except PoolUnavailable as e:
-                raise PoolUnavailable(pool.name, e.detail, (
-                    "the release may have been applied: look the job up "
-                    f"(GET /api/{ns}/{q}/job/{job_id}) before repeating it"
-                )) from e  # fmt: skip
+                raise PoolUnavailable(
+                    pool.name,
+                    e.detail,
+                    (
+                        "the release may have been applied: look the job up "
+                        f"(GET /api/{ns}/{q}/job/{job_id}) before repeating it"
+                    ),
+                ) from e
             if state is not None:
                 self.metrics.count(metrics.dead_lettered, ns, q, state is JobState.DEAD)
                 self.metrics.count(metrics.ttl_expired, ns, q, state == "expired")
                 return state
         raise NotFound("job is not reserved")
 
-    async def touch(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, ttr_ms: int,
-                    lease: str | None = None) -> None:  # fmt: skip
+    async def touch(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        job_id: str,
+        ttr_ms: int,
+        lease: str | None = None,
+    ) -> None:
         """Moves the reservation's deadline to now + ``ttr_ms`` (a consumer still working)."""
         reads = route.place(ns, q).reads
         for pool in reads:
@@ -183,7 +250,13 @@ class Service:
         raise NotFound("job is not reserved")
 
     async def republish(
-        self, route: PoolRoute[RedisPool], ns: str, q: str, old_id: str, spec: JobSpec, lease: str | None = None
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        old_id: str,
+        spec: JobSpec,
+        lease: str | None = None,
     ) -> Published:
         validate_spec(spec)
         place = route.place(ns, q)
@@ -209,8 +282,13 @@ class Service:
             self.metrics.count(metrics.acked, ns, q, acked is not None)
         return published
 
-    async def _first(self, route: PoolRoute[RedisPool], ns: str, q: str,
-                     make: Callable[[RedisPool], Op[Job | None]]) -> Job | None:  # fmt: skip
+    async def _first(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        make: Callable[[RedisPool], Op[Job | None]],
+    ) -> Job | None:
         for pool in route.place(ns, q).reads:
             job = await self._run(pool, make(pool), idempotent=True)
             if job is not None:
@@ -218,7 +296,9 @@ class Service:
         return None
 
     async def peek(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Job:
-        job = await self._first(route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "ready", p.engine.clock()))
+        job = await self._first(
+            route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "ready", p.engine.clock())
+        )
         if job is None:
             raise NotFound("the queue is empty")
         return job
@@ -230,28 +310,45 @@ class Service:
         return job
 
     async def dead_head(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Job | None:
-        return await self._first(route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "dead", p.engine.clock()))
+        return await self._first(
+            route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "dead", p.engine.clock())
+        )
 
     async def sizes(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Sizes:
         total = Sizes(0, 0, 0, 0, None)
         for pool in route.place(ns, q).reads:
             s = await self._run(pool, ops.sizes(pool.engine.config, ns, q), idempotent=True)
             events = [t for t in (total.next_event_ms, s.next_event_ms) if t is not None]
-            total = Sizes(total.delayed + s.delayed, total.ready + s.ready, total.reserved + s.reserved,
-                          total.dead + s.dead, min(events) if events else None)  # fmt: skip
+            total = Sizes(
+                total.delayed + s.delayed,
+                total.ready + s.ready,
+                total.reserved + s.reserved,
+                total.dead + s.dead,
+                min(events) if events else None,
+            )
         return total
 
     async def destroy(self, route: PoolRoute[RedisPool], ns: str, q: str) -> int:
         reads = route.place(ns, q).reads
-        n = sum([await self._run(p, ops.destroy(p.engine.config, ns, q), idempotent=True) for p in reads])
+        n = sum(
+            [
+                await self._run(p, ops.destroy(p.engine.config, ns, q), idempotent=True)
+                for p in reads
+            ]
+        )
         self.metrics.forget_queue(ns, q)
         return n
 
-    async def respawn(self, route: PoolRoute[RedisPool], ns: str, q: str, limit: int, ttl_ms: int) -> int:
+    async def respawn(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, limit: int, ttl_ms: int
+    ) -> int:
         n = 0
         for pool in route.place(ns, q).reads:
             if n < limit:
-                n += await self._run(pool, ops.respawn(pool.engine.config, ns, q, limit - n, ttl_ms, pool.engine.clock()))
+                n += await self._run(
+                    pool,
+                    ops.respawn(pool.engine.config, ns, q, limit - n, ttl_ms, pool.engine.clock()),
+                )
         self.metrics.count(metrics.respawned, ns, q, n)
         if self.events and n:
             self.events.record("respawned", ns, q, route.place(ns, q).write.engine.clock(), n=n)
@@ -276,7 +373,6 @@ class Service:
                     out.setdefault(ns, set()).add(q)
         return {ns: sorted(qs) for ns, qs in sorted(out.items())}
 
-
     async def draining(self, route: PoolRoute[RedisPool]) -> dict[str, dict[str, Sizes]]:
         """For a migrating pool or a ring with ``PreviousPools``: the queues that still hold
         jobs on a pool they are being drained from, by pool. Empty: the migration is done."""
@@ -297,8 +393,9 @@ UNKNOWN = "the request may or may not have been applied"
 
 
 @contextlib.contextmanager
-def _unavailable(pool: str, *, idempotent: bool = False, unknown: str | None = UNKNOWN,
-                 what: str = "") -> Iterator[None]:  # fmt: skip
+def _unavailable(
+    pool: str, *, idempotent: bool = False, unknown: str | None = UNKNOWN, what: str = ""
+) -> Iterator[None]:
     """The one place a Redis failure (the engine's error tree) becomes what the client is told:
     ``PoolUnavailable``, with advice on what may have happened (``unknown``: the advice when
     the outcome is unknown; None: no advice at all)."""
@@ -316,8 +413,13 @@ def _not_replicated(e: NotReplicated, idempotent: bool) -> str:
     items = result if isinstance(result, list) else [result]
     ids = [p.job_id for p in items if isinstance(p, Published)]
     what = f"job(s) {', '.join(ids)} written" if ids else "the write was applied"
-    safe = ("repeating the request is safe (publishing with the same job_id is idempotent)" if ids
-            else "repeating it is safe" if idempotent else "look the job up before repeating it")  # fmt: skip
+    safe = (
+        "repeating the request is safe (publishing with the same job_id is idempotent)"
+        if ids
+        else "repeating it is safe"
+        if idempotent
+        else "look the job up before repeating it"
+    )
     return f"{what} on the master, but {e}: it may be lost if the master fails now; {safe}"
 
 
@@ -330,8 +432,9 @@ def _outcome(e: RedisFailure, idempotent: bool, unknown: str) -> str:
     return unknown
 
 
-async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, ttr_ms: int,
-                          count: int, timeout_ms: int) -> list[Job]:  # fmt: skip
+async def _consume_across(
+    groups: list[tuple[RedisPool, list[str]]], ns: str, ttr_ms: int, count: int, timeout_ms: int
+) -> list[Job]:
     """A consume whose queues live on several pools (a ring, a migration): look at each pool
     at once, pools being drained first; if all are empty, long-poll all of them and take what
     the first one delivers. Jobs beyond ``count`` (two pools delivered at the same moment) are
@@ -351,8 +454,10 @@ async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, tt
         raise
     if jobs or timeout_ms <= 0:
         return jobs
-    tasks = {asyncio.create_task(pool.hub.consume(ns, qs, ttr_ms, count, timeout_ms)): pool
-             for pool, qs in groups}  # fmt: skip
+    tasks = {
+        asyncio.create_task(pool.hub.consume(ns, qs, ttr_ms, count, timeout_ms)): pool
+        for pool, qs in groups
+    }
     try:
         pending = set(tasks)
         while pending:
@@ -386,7 +491,6 @@ async def _consume_across(groups: list[tuple[RedisPool, list[str]]], ns: str, tt
     if not jobs and errors:
         raise errors[0]
     return jobs
-
 
 
 def _give_back_delivered(pool: RedisPool, ns: str, task: asyncio.Task[list[Job]]) -> None:

@@ -162,8 +162,10 @@ def _build(cls: type, data: dict[str, Any], where: str, **extra: Any) -> Any:
 
 def _env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
     top = {f.name.upper(): f.name for f in fields(Settings)}
-    tables = {"POOL": {f.name.upper(): f.name for f in fields(PoolSettings) if f.name != "name"},
-              "RING": {f.name.upper(): f.name for f in fields(RingSettings) if f.name != "name"}}  # fmt: skip
+    tables = {
+        "POOL": {f.name.upper(): f.name for f in fields(PoolSettings) if f.name != "name"},
+        "RING": {f.name.upper(): f.name for f in fields(RingSettings) if f.name != "name"},
+    }
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
             continue
@@ -204,7 +206,7 @@ def load(path: str | Path | None = None, environ: dict[str, str] | None = None) 
     _env_overrides(data, environ)
     accounts = data.get("Accounts", {})
     if not isinstance(accounts, dict) or not all(isinstance(v, str) for v in accounts.values()):
-        raise ConfigError("Accounts: expected a table of user = \"password\"")
+        raise ConfigError('Accounts: expected a table of user = "password"')
     pools = {}
     for name, body in _tables(data, "Pool").items():
         pools[name] = _build(PoolSettings, body, f"Pool.{name}.", name=name)
@@ -257,13 +259,17 @@ def _validate(s: Settings) -> None:
     _within("SizeIntervalSecond", s.SizeIntervalSecond, 0, 86_400)
     _within("ReconcileSecond", s.ReconcileSecond, 0, 86_400, " (0: off)")
     if not 0 < s.ShutdownGraceSecond <= 600:
-        raise ConfigError(f"ShutdownGraceSecond: more than 0, at most 600, got {s.ShutdownGraceSecond}")
+        raise ConfigError(
+            f"ShutdownGraceSecond: more than 0, at most 600, got {s.ShutdownGraceSecond}"
+        )
     _within("MaxWaiters", s.MaxWaiters, 0, 10_000_000, " (0: no long-polls)")
     _within("MetricsMaxQueues", s.MetricsMaxQueues, 0, 1_000_000, " (0: no per-queue series)")
     for kind, names in (("Pool", s.Pool), ("Ring", s.Ring)):
         for name in names:  # a token names it before its ':'
             if not ROUTE_NAME_RE.fullmatch(name):
-                raise ConfigError(f"{kind}.{name}: a name is 1-64 of [-_A-Za-z0-9] (tokens carry it)")
+                raise ConfigError(
+                    f"{kind}.{name}: a name is 1-64 of [-_A-Za-z0-9] (tokens carry it)"
+                )
     for name, pool in s.Pool.items():
         _within(f"Pool.{name}.PoolSize", pool.PoolSize, 1, 65_535)
         _within(f"Pool.{name}.DB", pool.DB, 0, 65_535)
@@ -273,7 +279,9 @@ def _validate(s: Settings) -> None:
         if pool.MigrateTo and (target is None or pool.MigrateTo == name):
             raise ConfigError(f"Pool.{name}.MigrateTo: unknown pool {pool.MigrateTo!r}")
         if target is not None and target.MigrateTo:
-            raise ConfigError(f"Pool.{name}.MigrateTo: {target.name} migrates itself; finish that first")
+            raise ConfigError(
+                f"Pool.{name}.MigrateTo: {target.name} migrates itself; finish that first"
+            )
     for name, ring in s.Ring.items():
         if name in s.Pool:
             raise ConfigError(f"Ring.{name}: a pool has that name; tokens name one or the other")

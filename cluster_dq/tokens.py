@@ -113,7 +113,11 @@ class Limit:
         if not isinstance(data, dict):
             raise BadRequest('invalid limit body: {"read","write","interval"}', "limit")
         values = {}
-        for name, low, high in (("read", 0, MAX_LIMIT), ("write", 0, MAX_LIMIT), ("interval", 1, MAX_INTERVAL)):
+        for name, low, high in (
+            ("read", 0, MAX_LIMIT),
+            ("write", 0, MAX_LIMIT),
+            ("interval", 1, MAX_INTERVAL),
+        ):
             v = data.get(name, 0)
             if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
                 raise BadRequest(f"invalid limit: {name} must be an integer {low}..{high}", name)
@@ -124,8 +128,13 @@ class Limit:
 
 
 class TokenStore:
-    def __init__(self, engine: AsyncEngine, cache_seconds: float = 2.0,
-                 max_entries: int = 2 * CACHE_ENTRIES, max_bytes: int = 2 * CACHE_BYTES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        cache_seconds: float = 2.0,
+        max_entries: int = 2 * CACHE_ENTRIES,
+        max_bytes: int = 2 * CACHE_BYTES,
+    ) -> None:
         """``max_entries``/``max_bytes`` bound the whole cache; half goes to valid tokens and
         half to refusals, so refusals never evict a valid token."""
         self.engine = engine
@@ -141,7 +150,10 @@ class TokenStore:
         elif len(token) < MIN_CUSTOM_TOKEN:
             raise BadRequest("the user token was too short", "token")
         elif not _CUSTOM_RE.fullmatch(token):
-            raise BadRequest(f"invalid token: {MIN_CUSTOM_TOKEN} to {MAX_TOKEN} characters of [-_A-Za-z0-9]", "token")
+            raise BadRequest(
+                f"invalid token: {MIN_CUSTOM_TOKEN} to {MAX_TOKEN} characters of [-_A-Za-z0-9]",
+                "token",
+            )
         if not await self.engine.run(admin.add_token(pool, ns, token, description)):
             raise BadRequest("the token has already existed", "token")
         return token

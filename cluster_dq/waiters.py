@@ -59,7 +59,13 @@ class _Watcher:
             try:
                 await self.hub._subscribe(self)
             except Exception as e:  # the 1-s safety poll covers the missing notices
-                log.warning("watcher %s/%s: no notices: %s: %s", self.namespace, self.queue, type(e).__name__, e)
+                log.warning(
+                    "watcher %s/%s: no notices: %s: %s",
+                    self.namespace,
+                    self.queue,
+                    type(e).__name__,
+                    e,
+                )
             while self.waiters:
                 try:
                     await self._serve()
@@ -91,7 +97,9 @@ class _Watcher:
         self.wake.clear()
         waiter.busy = True
         try:
-            jobs = await self.hub.reserve(waiter.namespace, waiter.queues, waiter.ttr_ms, waiter.count)
+            jobs = await self.hub.reserve(
+                waiter.namespace, waiter.queues, waiter.ttr_ms, waiter.count
+            )
         finally:
             waiter.busy = False
         if jobs:
@@ -172,7 +180,9 @@ class WaiterHub:
                 self._background(self.give_back(namespace, waiter.future.result()))
             self._finish(waiter, None)
 
-    async def reserve(self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int) -> list[Job]:
+    async def reserve(
+        self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int
+    ) -> list[Job]:
         """One consume that a cancellation cannot cut in half: if the caller is cancelled (its
         client left, a multi-pool consume took another pool's jobs) while Redis has reserved
         jobs whose reply is still on its way, they are given back, not left reserved by nobody
@@ -234,8 +244,15 @@ class WaiterHub:
         for j in jobs:
             by_queue.setdefault(j.queue, []).append(j)
         for q, held in by_queue.items():
-            op = ops.release(self.engine.config, namespace, q, [j.job_id for j in held], 0,
-                             self.engine.clock(), leases=[j.lease for j in held])  # fmt: skip
+            op = ops.release(
+                self.engine.config,
+                namespace,
+                q,
+                [j.job_id for j in held],
+                0,
+                self.engine.clock(),
+                leases=[j.lease for j in held],
+            )
             try:
                 await self.engine.run(op, idempotent=True)
             except Conflict:  # held by another delivery by now, or its ttr ran out: leave it
@@ -275,7 +292,9 @@ class WaiterHub:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise asyncio.CancelledError() from e
-                log.warning("notification channel: %s: %s", type(e).__name__, e)  # safety poll covers it
+                log.warning(
+                    "notification channel: %s: %s", type(e).__name__, e
+                )  # safety poll covers it
                 await asyncio.sleep(0.5)
                 continue
             if msg and msg.get("type") == "message":
@@ -303,7 +322,9 @@ class WaiterHub:
         # Give-backs in flight (and those the cancellations above started) get a moment to
         # finish: a job left reserved by nobody waits out its whole ttr.
         if self._background_tasks:
-            done, pending = await asyncio.wait(list(self._background_tasks), timeout=GIVE_BACK_GRACE_S)
+            done, pending = await asyncio.wait(
+                list(self._background_tasks), timeout=GIVE_BACK_GRACE_S
+            )
             failed = [t for t in done if not t.cancelled() and t.exception() is not None]
             for t in failed:
                 log.error("give-back failed: %s", t.exception())

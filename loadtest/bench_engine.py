@@ -51,14 +51,18 @@ def fresh(extra: list[str] | None = None) -> tuple[Server, AsyncEngine]:
     return server, AsyncEngine(Redis(host="127.0.0.1", port=server.port, max_connections=256))
 
 
-async def load(engine: AsyncEngine, q: str, n: int, delay_of: Callable[[int], int], now: int | None = None) -> float:
+async def load(
+    engine: AsyncEngine, q: str, n: int, delay_of: Callable[[int], int], now: int | None = None
+) -> float:
     """Publishes n jobs of 64 bytes in bulks of 64 from 32 tasks; returns jobs/s."""
     t = time.perf_counter()
 
     async def bulk(i: int) -> None:
         base = i * 64
-        specs = [JobSpec(os.urandom(BODY), delay_ms=delay_of(base + k), ttl_ms=0)
-                 for k in range(min(64, n - base))]  # fmt: skip
+        specs = [
+            JobSpec(os.urandom(BODY), delay_ms=delay_of(base + k), ttl_ms=0)
+            for k in range(min(64, n - base))
+        ]
         await engine.run(ops.publish(engine.config, NS, q, specs, now if now else now_ms()))
 
     await gather_limited((n + 63) // 64, 32, bulk)
@@ -71,15 +75,19 @@ async def memory(n: int, spread_s: int) -> None:
         r = engine.client
         await r.execute_command("MEMORY", "PURGE")
         base = int((await r.info("memory"))["used_memory"])
-        rate = await load(engine, "mem", n, lambda i: 60_000 + (i * 7919 % n) * spread_s * 1000 // n)
+        rate = await load(
+            engine, "mem", n, lambda i: 60_000 + (i * 7919 % n) * spread_s * 1000 // n
+        )
         info = await r.info("memory")
         s = await engine.run(ops.sizes(engine.config, NS, "mem"))
         per_job = (int(info["used_memory"]) - base) / n
         buckets = await r.zcard("dq:{bench/mem}:wheel")
-        print(f"memory  {n:>9,} delayed jobs over {spread_s:>6,} s: {per_job:6.1f} B/job "
-              f"(rss {int(info['used_memory_rss']) / n:6.1f}); {buckets} buckets, "
-              f"{s.delayed - (await r.zcard('dq:{bench/mem}:delayed')):,} in the wheel; "
-              f"loaded at {rate:,.0f} jobs/s")  # fmt: skip
+        print(
+            f"memory  {n:>9,} delayed jobs over {spread_s:>6,} s: {per_job:6.1f} B/job "
+            f"(rss {int(info['used_memory_rss']) / n:6.1f}); {buckets} buckets, "
+            f"{s.delayed - (await r.zcard('dq:{bench/mem}:delayed')):,} in the wheel; "
+            f"loaded at {rate:,.0f} jobs/s"
+        )
     finally:
         server.kill()
 
@@ -96,6 +104,7 @@ async def throughput(n: int) -> None:
         await gather_limited(n, 50, one)
         single = n / (time.perf_counter() - t)
         bulk = await load(engine, "tp2", n, lambda i: 0)
+
         async def drain(q: str, count: int, tasks: int) -> float:
             """consume + ack until the queue is empty; jobs/s."""
             done = 0
@@ -112,8 +121,12 @@ async def throughput(n: int) -> None:
 
         batch = await drain("tp", 100, 8)
         one_by_one = await drain("tp2", 1, 50)
-        print(f"engine  publish one/call (50 tasks): {single:9,.0f} jobs/s   bulk of 64 (32 tasks): {bulk:9,.0f} jobs/s")
-        print(f"engine  consume+ack batch of 100 (8 tasks): {batch:9,.0f} jobs/s   one/call (50 tasks): {one_by_one:9,.0f} jobs/s")
+        print(
+            f"engine  publish one/call (50 tasks): {single:9,.0f} jobs/s   bulk of 64 (32 tasks): {bulk:9,.0f} jobs/s"
+        )
+        print(
+            f"engine  consume+ack batch of 100 (8 tasks): {batch:9,.0f} jobs/s   one/call (50 tasks): {one_by_one:9,.0f} jobs/s"
+        )
     finally:
         server.kill()
 
@@ -145,9 +158,11 @@ async def lateness(n: int, consumers: int = 20) -> None:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         early = sum(1 for x in late if x < 0)
-        print(f"lateness {len(late):,} delayed jobs, {consumers} consumers waiting: "
-              f"p50 {pct(late, 50)} ms  p99 {pct(late, 99)} ms  max {max(late)} ms  "
-              f"early {early}  (load started {now_ms() - t0} ms ago)")  # fmt: skip
+        print(
+            f"lateness {len(late):,} delayed jobs, {consumers} consumers waiting: "
+            f"p50 {pct(late, 50)} ms  p99 {pct(late, 99)} ms  max {max(late)} ms  "
+            f"early {early}  (load started {now_ms() - t0} ms ago)"
+        )
     finally:
         await hub.close()
         await pump.stop()
@@ -174,7 +189,9 @@ async def burst(n: int, consumers: int = 8) -> None:
             nonlocal done
             idle = 0
             while done < n and idle < 50:
-                jobs = await engine.run(ops.consume(engine.config, NS, ["burst"], 60_000, 100, now_ms()))
+                jobs = await engine.run(
+                    ops.consume(engine.config, NS, ["burst"], 60_000, 100, now_ms())
+                )
                 if not jobs:
                     idle += 1
                     await asyncio.sleep(0.01)
@@ -188,9 +205,11 @@ async def burst(n: int, consumers: int = 8) -> None:
         slow = await r.slowlog_get(10000)
         longest = max((e["duration"] for e in slow), default=0)
         over50 = sum(1 for e in slow if e["duration"] > 50_000)
-        print(f"burst   drained {done:,} jobs in {took:.1f} s = {done / took:,.0f} jobs/s "
-              f"({consumers} consumers, batch 100); scripts over 1 ms: {len(slow)}, "
-              f"longest {longest / 1000:.2f} ms, over 50 ms: {over50}")  # fmt: skip
+        print(
+            f"burst   drained {done:,} jobs in {took:.1f} s = {done / took:,.0f} jobs/s "
+            f"({consumers} consumers, batch 100); scripts over 1 ms: {len(slow)}, "
+            f"longest {longest / 1000:.2f} ms, over 50 ms: {over50}"
+        )
     finally:
         await pump.stop()
         server.kill()
@@ -206,31 +225,41 @@ async def expired(n: int) -> None:
         for i in range(0, n, 64):
             specs = [JobSpec(os.urandom(BODY), ttl_ms=1_000) for _ in range(min(64, n - i))]
             await engine.run(ops.publish(engine.config, NS, "expired", specs, t))
-        await engine.run(ops.publish(engine.config, NS, "expired", [JobSpec(b"live", ttl_ms=0)], t + 1))
+        await engine.run(
+            ops.publish(engine.config, NS, "expired", [JobSpec(b"live", ttl_ms=0)], t + 1)
+        )
         await r.slowlog_reset()
         consumes = 0
         got: list[object] = []
         started = time.perf_counter()
         while not got and consumes < 1_000:
             consumes += 1  # one consume request (each runs up to 8 bounded scripts)
-            got = await engine.run(ops.consume(engine.config, NS, ["expired"], 30_000, 1, t + 2_000))
+            got = await engine.run(
+                ops.consume(engine.config, NS, ["expired"], 30_000, 1, t + 2_000)
+            )
         took = time.perf_counter() - started
         slow = [e for e in await r.slowlog_get(100000) if b"EVALSHA" in e["command"][:7]]
         longest = max((e["duration"] for e in slow), default=0)
-        print(f"expired {n:,} expired jobs ahead of a live one: {len(slow)} scripts, longest "
-              f"{longest / 1000:.2f} ms; {consumes} consume requests, {took * 1000:.0f} ms in all, "
-              f"live job {'delivered' if got else 'NOT delivered'}")  # fmt: skip
+        print(
+            f"expired {n:,} expired jobs ahead of a live one: {len(slow)} scripts, longest "
+            f"{longest / 1000:.2f} ms; {consumes} consume requests, {took * 1000:.0f} ms in all, "
+            f"live job {'delivered' if got else 'NOT delivered'}"
+        )
     finally:
         server.kill()
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--jobs", type=int, default=1_000_000, help="jobs for memory and burst")
     ap.add_argument("--ops", type=int, default=50_000, help="jobs for the throughput runs")
     ap.add_argument("--late", type=int, default=10_000, help="jobs for the lateness run")
     ap.add_argument("--expired", type=int, default=50_000, help="expired jobs ahead of a consume")
-    ap.add_argument("--only", choices=["memory", "throughput", "lateness", "burst", "expired"], action="append")
+    ap.add_argument(
+        "--only", choices=["memory", "throughput", "lateness", "burst", "expired"], action="append"
+    )
     a = ap.parse_args()
     only = set(a.only or ["memory", "throughput", "lateness", "burst", "expired"])
     if "memory" in only:

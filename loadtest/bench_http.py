@@ -65,8 +65,11 @@ async def drive(name: str, seconds: float, conns: int, make: object) -> None:
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(conns)))
         took = time.perf_counter() - started
-    print(f"  {name:<42} {jobs / took:>9,.0f} jobs/s  {len(lat) / took:>7,.0f} calls/s  "
-          f"p50 {pct(lat, 50):6.2f} ms  p99 {pct(lat, 99):6.2f} ms  errors {errors or 0}", flush=True)  # fmt: skip
+    print(
+        f"  {name:<42} {jobs / took:>9,.0f} jobs/s  {len(lat) / took:>7,.0f} calls/s  "
+        f"p50 {pct(lat, 50):6.2f} ms  p99 {pct(lat, 99):6.2f} ms  errors {errors or 0}",
+        flush=True,
+    )
 
 
 async def scenarios(base: str, token: str, seconds: float, only: str = "") -> None:
@@ -122,15 +125,29 @@ async def scenarios(base: str, token: str, seconds: float, only: str = "") -> No
         connector = aiohttp.TCPConnector(limit=16)
         async with aiohttp.ClientSession(connector=connector) as s:
             for start in range(0, jobs, 64 * 16):
-                await asyncio.gather(*(put(f"/api/bench/{q}/bulk", bulk, 64)(s)  # type: ignore[operator]
-                                       for _ in range(min(16, (jobs - start + 63) // 64))))  # fmt: skip
+                await asyncio.gather(
+                    *(
+                        put(f"/api/bench/{q}/bulk", bulk, 64)(s)  # type: ignore[operator]
+                        for _ in range(min(16, (jobs - start + 63) // 64))
+                    )
+                )
 
     runs = [  # name, connections, call, jobs the queue needs beforehand
         ("publish, one job per request", 64, put("/api/bench/one", body, 1), None),
         ("bulk publish, 64 jobs per request", 16, put("/api/bench/bulk/bulk", bulk, 64), None),
         ("consume + ack, one job (2 requests)", 64, consume("one", 1, ack_each), ("one", 10_000)),
-        ("consume 100 + batch ack (2 requests)", 8, consume("batch", 100, ack_batch), ("batch", 60_000)),
-        ("consume 100 + 100 acks (lmstfy, 101 requests)", 8, consume("bulk", 100, ack_each), ("bulk", 10_000)),
+        (
+            "consume 100 + batch ack (2 requests)",
+            8,
+            consume("batch", 100, ack_batch),
+            ("batch", 60_000),
+        ),
+        (
+            "consume 100 + 100 acks (lmstfy, 101 requests)",
+            8,
+            consume("bulk", 100, ack_each),
+            ("bulk", 10_000),
+        ),
         ("end to end: bulk 64 + consume 100 + batch ack", 8, end_to_end, None),
     ]
     for name, conns, call, needs in runs:
@@ -141,7 +158,9 @@ async def scenarios(base: str, token: str, seconds: float, only: str = "") -> No
         await drive(name, seconds, conns, call)
 
 
-def wrk(name: str, url: str, token: str, body: bytes, seconds: float, conns: int, jobs: int) -> None:
+def wrk(
+    name: str, url: str, token: str, body: bytes, seconds: float, conns: int, jobs: int
+) -> None:
     """The same publish scenarios driven by wrk (C), which costs the 2 cores far less."""
     import re
     import shutil
@@ -155,51 +174,106 @@ def wrk(name: str, url: str, token: str, body: bytes, seconds: float, conns: int
         f.flush()
         env = {**os.environ, "WRK_BODY_FILE": f.name, "WRK_TOKEN": token}
         out = subprocess.run(
-            ["wrk", "-t2", f"-c{conns}", f"-d{seconds:.0f}s", "--latency", "-s",
-             str(ROOT / "loadtest" / "wrk_put.lua"), url], env=env, capture_output=True, text=True,
-        ).stdout  # fmt: skip
+            [
+                "wrk",
+                "-t2",
+                f"-c{conns}",
+                f"-d{seconds:.0f}s",
+                "--latency",
+                "-s",
+                str(ROOT / "loadtest" / "wrk_put.lua"),
+                url,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     dist = out.split("Latency Distribution", 1)[-1]
     p50 = re.search(r"50%\s+(\S+)", dist).group(1)  # type: ignore[union-attr]
     p99 = re.search(r"99%\s+(\S+)", dist).group(1)  # type: ignore[union-attr]
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    print(f"  wrk {name:<30} {rps * jobs:>9,.0f} jobs/s  {rps:>7,.0f} req/s  p50 {p50:>8}  p99 {p99:>8}"
-          f"  non-2xx {bad.group(1) if bad else 0}", flush=True)  # fmt: skip
+    print(
+        f"  wrk {name:<30} {rps * jobs:>9,.0f} jobs/s  {rps:>7,.0f} req/s  p50 {p50:>8}  p99 {p99:>8}"
+        f"  non-2xx {bad.group(1) if bad else 0}",
+        flush=True,
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--workers", type=int, action="append")
     ap.add_argument("--wrk", action="store_true", help="also drive the publish scenarios with wrk")
     ap.add_argument("--only", default="", help="run the scenarios whose name contains this text")
     ap.add_argument("--wrk-only", action="store_true", help="only the wrk publish scenarios")
-    ap.add_argument("--metrics", choices=["on", "off"], action="append",
-                    help="run with metrics on and/or off (EnableMetrics), to measure their cost")
-    ap.add_argument("--lifecycle", choices=["on", "off"], action="append",
-                    help="run with the lifecycle event log on and/or off (LifecycleDir)")
+    ap.add_argument(
+        "--metrics",
+        choices=["on", "off"],
+        action="append",
+        help="run with metrics on and/or off (EnableMetrics), to measure their cost",
+    )
+    ap.add_argument(
+        "--lifecycle",
+        choices=["on", "off"],
+        action="append",
+        help="run with the lifecycle event log on and/or off (LifecycleDir)",
+    )
     a = ap.parse_args()
-    runs = [(w, m, lc) for w in a.workers or [1, 2] for m in a.metrics or ["on"] for lc in a.lifecycle or ["off"]]
+    runs = [
+        (w, m, lc)
+        for w in a.workers or [1, 2]
+        for m in a.metrics or ["on"]
+        for lc in a.lifecycle or ["off"]
+    ]
     for workers, metrics, lifecycle in runs:
         redis = start_server()
-        events_dir = tempfile.mkdtemp(prefix="cluster-dq-bench-events-") if lifecycle == "on" else ""
-        env = {"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_ENABLEMETRICS": "1" if metrics == "on" else "0",
-               "CLUSTER_DQ_LIFECYCLEDIR": events_dir}  # fmt: skip
-        svc = ServiceProcess.start(f"127.0.0.1:{redis.port}", env=env, args=["--workers", str(workers)],
-                                   first_port=18000)  # fmt: skip
+        events_dir = (
+            tempfile.mkdtemp(prefix="cluster-dq-bench-events-") if lifecycle == "on" else ""
+        )
+        env = {
+            "CLUSTER_DQ_LOGLEVEL": "warning",
+            "CLUSTER_DQ_ENABLEMETRICS": "1" if metrics == "on" else "0",
+            "CLUSTER_DQ_LIFECYCLEDIR": events_dir,
+        }
+        svc = ServiceProcess.start(
+            f"127.0.0.1:{redis.port}", env=env, args=["--workers", str(workers)], first_port=18000
+        )
         port, admin = svc.port, svc.admin_port
         try:
-            token = httpx.post(f"http://127.0.0.1:{admin}/token/bench", params={"description": "bench"}).json()["token"]
-            print(f"{workers} worker(s), metrics {metrics}, lifecycle events {lifecycle}, "
-                  f"{a.seconds:.0f} s per scenario:", flush=True)
+            token = httpx.post(
+                f"http://127.0.0.1:{admin}/token/bench", params={"description": "bench"}
+            ).json()["token"]
+            print(
+                f"{workers} worker(s), metrics {metrics}, lifecycle events {lifecycle}, "
+                f"{a.seconds:.0f} s per scenario:",
+                flush=True,
+            )
             if not a.wrk_only:
                 uvloop.run(scenarios(f"http://127.0.0.1:{port}", token, a.seconds, a.only))
             if a.wrk or a.wrk_only:
                 body = os.urandom(32).hex().encode()
                 base = f"http://127.0.0.1:{port}"
-                wrk("publish, one job per request", f"{base}/api/bench/w1", token, body, a.seconds, 64, 1)
-                wrk("bulk publish, 64 per request", f"{base}/api/bench/w2/bulk", token,
-                    json.dumps([body.decode()] * 64).encode(), a.seconds, 16, 64)
+                wrk(
+                    "publish, one job per request",
+                    f"{base}/api/bench/w1",
+                    token,
+                    body,
+                    a.seconds,
+                    64,
+                    1,
+                )
+                wrk(
+                    "bulk publish, 64 per request",
+                    f"{base}/api/bench/w2/bulk",
+                    token,
+                    json.dumps([body.decode()] * 64).encode(),
+                    a.seconds,
+                    16,
+                    64,
+                )
         finally:
             svc.stop(timeout=30)
             redis.kill()

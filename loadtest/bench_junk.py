@@ -63,7 +63,9 @@ async def flood(base: str, n: int, conns: int) -> Counter[int]:
 
         async def one() -> None:
             for i in queue:
-                async with session.get(f"{base}/api/ns{i % 50}/q/size", headers={"X-Token": junk(i)}) as r:
+                async with session.get(
+                    f"{base}/api/ns{i % 50}/q/size", headers={"X-Token": junk(i)}
+                ) as r:
                     await r.read()
                     statuses[r.status] += 1
 
@@ -85,14 +87,20 @@ def bodies(base: str, n: int) -> Counter[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--bodies", type=int, default=10)
     ap.add_argument("--conns", type=int, default=32)
     args = ap.parse_args()
     redis = start_server()
-    svc = ServiceProcess.start(f"127.0.0.1:{redis.port}", env={"CLUSTER_DQ_LOGLEVEL": "warning",
-                               "CLUSTER_DQ_TOKENCACHESECOND": "60"}, args=["--workers", "1"], first_port=20000)  # fmt: skip
+    svc = ServiceProcess.start(
+        f"127.0.0.1:{redis.port}",
+        env={"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_TOKENCACHESECOND": "60"},
+        args=["--workers", "1"],
+        first_port=20000,
+    )
     base = svc.base
     try:
         pid = worker_pid(svc.pid)
@@ -101,11 +109,16 @@ def main() -> None:
         t = time.perf_counter()
         statuses = asyncio.run(flood(base, args.requests, args.conns))
         took = time.perf_counter() - t
-        print(f"after {args.requests:,} junk-token requests: {memory(pid)}   "
-              f"({took:.1f} s, {args.requests / took:,.0f} req/s, answers {dict(statuses)})", flush=True)  # fmt: skip
+        print(
+            f"after {args.requests:,} junk-token requests: {memory(pid)}   "
+            f"({took:.1f} s, {args.requests / took:,.0f} req/s, answers {dict(statuses)})",
+            flush=True,
+        )
         out = bodies(base, args.bodies)
-        print(f"after {args.bodies} x 30 MB unauthenticated bulk bodies: {memory(pid)}   answers {dict(out)}",
-              flush=True)  # fmt: skip
+        print(
+            f"after {args.bodies} x 30 MB unauthenticated bulk bodies: {memory(pid)}   answers {dict(out)}",
+            flush=True,
+        )
     finally:
         svc.stop(timeout=30)
         redis.kill()

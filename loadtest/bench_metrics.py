@@ -32,12 +32,20 @@ print(f"{(time.perf_counter() - started) / n * 1e6:.1f}")
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
-        multi = subprocess.run([sys.executable, "-c", CODE], env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": d},
-                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        multi = subprocess.run(
+            [sys.executable, "-c", CODE],
+            env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": d},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    single = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True,
-                            check=True).stdout.strip()  # fmt: skip
-    print(f"metric updates of one HTTP publish: {multi} us (multiprocess mode), {single} us (one process)")
+    single = subprocess.run(
+        [sys.executable, "-c", CODE], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    print(
+        f"metric updates of one HTTP publish: {multi} us (multiprocess mode), {single} us (one process)"
+    )
 
 
 if __name__ == "__main__":

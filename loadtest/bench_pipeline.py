@@ -26,11 +26,14 @@ from cluster_dq.pipeline.schedule import check_row, lanes_for, publish_partition
 def make_parquet(spark: object, path: str, n: int, due_ms: int) -> None:
     from pyspark.sql import functions as F
 
-    df = (spark.range(n, numPartitions=8)  # type: ignore[attr-defined]
-          .select(F.lit("bench").alias("namespace"), F.concat(F.lit("q"), (F.col("id") % 16).cast("string")).alias("queue"),
-                  F.concat(F.lit("notification-"), F.lpad(F.col("id").cast("string"), 51, "0")).alias("body"),
-                  F.lit(due_ms).cast("long").alias("due_ms"), F.lit(2 * 86_400).cast("long").alias("ttl_s"),
-                  F.lit(3).alias("tries")))  # fmt: skip
+    df = spark.range(n, numPartitions=8).select(  # type: ignore[attr-defined]
+        F.lit("bench").alias("namespace"),
+        F.concat(F.lit("q"), (F.col("id") % 16).cast("string")).alias("queue"),
+        F.concat(F.lit("notification-"), F.lpad(F.col("id").cast("string"), 51, "0")).alias("body"),
+        F.lit(due_ms).cast("long").alias("due_ms"),
+        F.lit(2 * 86_400).cast("long").alias("ttl_s"),
+        F.lit(3).alias("tries"),
+    )
     df.write.mode("overwrite").parquet(path)
 
 
@@ -42,9 +45,13 @@ def used_memory(client: object) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--jobs", type=int, default=10_000_000)
-    ap.add_argument("--single-jobs", type=int, help="rows for the single-process loader (default: all)")
+    ap.add_argument(
+        "--single-jobs", type=int, help="rows for the single-process loader (default: all)"
+    )
     ap.add_argument("--cluster", action="store_true", help="a 3+3 Cluster instead of one server")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cluster-dq-bench-pipeline-"))
@@ -64,8 +71,11 @@ def main() -> None:
         with deployment.sync_client() as c:
             per_job = (used_memory(c) - base) / max(counts.published, 1)
         print(f"spark local[2]: {counts}", flush=True)
-        print(f"  wall {counts.seconds:.1f} s, {counts.published / counts.seconds:,.0f} jobs/s, "
-              f"Redis memory {per_job:.1f} B/job (target: 10 M in <= 300 s)", flush=True)
+        print(
+            f"  wall {counts.seconds:.1f} s, {counts.published / counts.seconds:,.0f} jobs/s, "
+            f"Redis memory {per_job:.1f} B/job (target: 10 M in <= 300 s)",
+            flush=True,
+        )
         with deployment.sync_client() as c:
             c.flushall() if not a.cluster else c.flushall(target_nodes="primaries")  # type: ignore[call-arg]
         n = a.single_jobs or a.jobs
@@ -73,10 +83,15 @@ def main() -> None:
         df = spark.read.parquet(path).limit(n)
         t = time.monotonic()
         rows = (check_row(r, ref) for r in df.toLocalIterator(prefetchPartitions=True))
-        lanes = {("bench", f"q{i}", due - due % 10_000): lanes_for(-(-n // 16), 512) for i in range(16)}
-        (new, present), = publish_partition(route_of(pool), (r for r in rows if r[0]), lanes)
+        lanes = {
+            ("bench", f"q{i}", due - due % 10_000): lanes_for(-(-n // 16), 512) for i in range(16)
+        }
+        ((new, present),) = publish_partition(route_of(pool), (r for r in rows if r[0]), lanes)
         took = time.monotonic() - t
-        print(f"single process: {new + present:,} jobs in {took:.1f} s, {(new + present) / took:,.0f} jobs/s", flush=True)
+        print(
+            f"single process: {new + present:,} jobs in {took:.1f} s, {(new + present) / took:,.0f} jobs/s",
+            flush=True,
+        )
     finally:
         spark.stop()
         deployment.stop()

@@ -28,8 +28,10 @@ def fill(d: Server, queues: int) -> int:
         engine = SyncEngine(c)
         now = int(time.time() * 1000)
         for i in range(0, queues, 256):
-            batches = [("sweep", f"q{k}", [JobSpec(b"x" * 64, delay_ms=3_600_000)])
-                       for k in range(i, min(i + 256, queues))]  # fmt: skip
+            batches = [
+                ("sweep", f"q{k}", [JobSpec(b"x" * 64, delay_ms=3_600_000)])
+                for k in range(i, min(i + 256, queues))
+            ]
             engine.run(ops.publish_many(engine.config, batches, now), idempotent=True)
         return int(c.dbsize())
 
@@ -48,23 +50,31 @@ async def sweeps(d: Server, queues: int) -> None:
         pump = Pump(AsyncEngine(client))
         t = time.perf_counter()
         found = await pump.reconcile()
-        print(f"  sweep, nothing lost: {time.perf_counter() - t:.2f} s, {len(found)} queue(s) signalled")
+        print(
+            f"  sweep, nothing lost: {time.perf_counter() - t:.2f} s, {len(found)} queue(s) signalled"
+        )
         lost = lose_signals(d, queues, 10, pump.engine.config.shards)
         t = time.perf_counter()
         found = await pump.reconcile()
-        print(f"  sweep, {lost:,} signals lost: {time.perf_counter() - t:.2f} s, {len(found):,} queue(s) signalled")
+        print(
+            f"  sweep, {lost:,} signals lost: {time.perf_counter() - t:.2f} s, {len(found):,} queue(s) signalled"
+        )
     finally:
         await close_client(client)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--queues", type=int, default=100_000)
     a = ap.parse_args()
     d = start_server()
     try:
         keys = fill(d, a.queues)
-        print(f"bench_sweep: {a.queues:,} queues with a delayed job each, {keys:,} keys (standalone)")
+        print(
+            f"bench_sweep: {a.queues:,} queues with a delayed job each, {keys:,} keys (standalone)"
+        )
         asyncio.run(sweeps(d, a.queues))
     finally:
         d.stop()

@@ -51,7 +51,14 @@ from cluster_dq.testing.service_process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 Deployment = Server | Cluster | SentinelGroup
-SCENARIOS = ("sentinel-master", "sentinel-pause", "cluster-master", "cluster-pause", "reshard", "service-leader")
+SCENARIOS = (
+    "sentinel-master",
+    "sentinel-pause",
+    "cluster-master",
+    "cluster-pause",
+    "reshard",
+    "service-leader",
+)
 
 
 @dataclass
@@ -68,7 +75,9 @@ class Ledger:
     requests: int = 0  # every HTTP request sent (publish, consume, ack)
 
 
-Instance = ServiceProcess  # a `cluster-dq serve` in a process group of its own (kill: SIGKILL to all)
+Instance = (
+    ServiceProcess  # a `cluster-dq serve` in a process group of its own (kill: SIGKILL to all)
+)
 
 
 def start_instance(deployment: Deployment, durable: bool, first_port: int = 18000) -> Instance:
@@ -78,8 +87,9 @@ def start_instance(deployment: Deployment, durable: bool, first_port: int = 1800
     if durable:
         env["CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS"] = "1"
         env["CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS"] = "1000"
-    return ServiceProcess.start(deployment.pool_settings(), env=env, first_port=first_port, ready="/readyz",
-                                session=True)  # fmt: skip
+    return ServiceProcess.start(
+        deployment.pool_settings(), env=env, first_port=first_port, ready="/readyz", session=True
+    )
 
 
 def kind_of(e: BaseException | int, body: str = "") -> str:
@@ -88,12 +98,21 @@ def kind_of(e: BaseException | int, body: str = "") -> str:
     return type(e).__name__
 
 
-async def publisher(instances: list[Instance], token: str, queues: list[str], rate: float,
-                    until: float, ledger: Ledger, t0: float) -> None:  # fmt: skip
+async def publisher(
+    instances: list[Instance],
+    token: str,
+    queues: list[str],
+    rate: float,
+    until: float,
+    ledger: Ledger,
+    t0: float,
+) -> None:
     sem = asyncio.Semaphore(256)
     n = 0
     timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256), timeout=timeout) as client:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=256), timeout=timeout
+    ) as client:
 
         async def put(i: int, q: str, jid: str, delay: int) -> tuple[int, Any]:
             # As a load balancer does (nginx proxy_next_upstream error): a refused connection
@@ -102,8 +121,12 @@ async def publisher(instances: list[Instance], token: str, queues: list[str], ra
                 inst = instances[(i + k) % len(instances)]
                 ledger.requests += 1
                 try:
-                    async with client.put(f"{inst.base}/api/drill/{q}", params={"job_id": jid, "delay": delay,
-                                          "tries": 5}, headers={"X-Token": token}, data=jid.encode()) as r:  # fmt: skip
+                    async with client.put(
+                        f"{inst.base}/api/drill/{q}",
+                        params={"job_id": jid, "delay": delay, "tries": 5},
+                        headers={"X-Token": token},
+                        data=jid.encode(),
+                    ) as r:
                         return r.status, await r.json(content_type=None)
                 except aiohttp.ClientConnectorError:
                     ledger.rerouted += 1
@@ -144,16 +167,27 @@ async def publisher(instances: list[Instance], token: str, queues: list[str], ra
         await asyncio.gather(*tasks)
 
 
-async def consumer(instances: list[Instance], token: str, queues: list[str], until: float,
-                   ledger: Ledger, t0: float, k: int) -> None:  # fmt: skip
+async def consumer(
+    instances: list[Instance],
+    token: str,
+    queues: list[str],
+    until: float,
+    ledger: Ledger,
+    t0: float,
+    k: int,
+) -> None:
     h = {"X-Token": token}
     timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32), timeout=timeout) as client:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=32), timeout=timeout
+    ) as client:
 
         async def ack(base: str, job: dict[str, Any]) -> None:
             ledger.requests += 1
             try:
-                async with client.delete(f"{base}/api/drill/{job['queue']}/job/{job['job_id']}", headers=h) as a:
+                async with client.delete(
+                    f"{base}/api/drill/{job['queue']}/job/{job['job_id']}", headers=h
+                ) as a:
                     await a.read()
                     status = a.status
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -171,8 +205,11 @@ async def consumer(instances: list[Instance], token: str, queues: list[str], unt
             asked = time.monotonic() - t0  # a delivery counts from when it was asked for
             ledger.requests += 1
             try:
-                async with client.get(f"{inst.base}/api/drill/{','.join(queues)}",
-                                      params={"timeout": 1, "ttr": 5, "count": 20}, headers=h) as r:  # fmt: skip
+                async with client.get(
+                    f"{inst.base}/api/drill/{','.join(queues)}",
+                    params={"timeout": 1, "ttr": 5, "count": 20},
+                    headers=h,
+                ) as r:
                     status = r.status
                     jobs = await r.json(content_type=None) if status == 200 else None
             except aiohttp.ClientConnectorError:
@@ -249,11 +286,15 @@ def pause_sentinel_master(d: Deployment, instances: list[Instance], pause_s: flo
     assert isinstance(d, SentinelGroup)
     master = d.master()
     promoted = pause(master, pause_s, d.master_port)
-    return (f"SIGSTOP of the Sentinel master 127.0.0.1:{master.port} for {pause_s:.0f} s (the sentinels "
-            f"promoted :{promoted}), then SIGCONT: it resumes believing it is the master")
+    return (
+        f"SIGSTOP of the Sentinel master 127.0.0.1:{master.port} for {pause_s:.0f} s (the sentinels "
+        f"promoted :{promoted}), then SIGCONT: it resumes believing it is the master"
+    )
 
 
-def kill_cluster_master(d: Deployment, instances: list[Instance], queues: list[str], ns: str = "drill") -> str:
+def kill_cluster_master(
+    d: Deployment, instances: list[Instance], queues: list[str], ns: str = "drill"
+) -> str:
     assert isinstance(d, Cluster)
     with d.sync_client() as c:
         node = c.get_node_from_key(QueueKeys(ns, queues[0]).meta)
@@ -262,12 +303,15 @@ def kill_cluster_master(d: Deployment, instances: list[Instance], queues: list[s
     # As a process supervisor would: the node comes back 5 s later and rejoins as a replica of
     # the promoted one, so its shard can confirm durable writes again.
     threading.Timer(5.0, server.restart).start()
-    return (f"SIGKILL of the Cluster master 127.0.0.1:{node.port} (holding queue {ns}/{queues[0]}); "
-            "restarted 5 s later")
+    return (
+        f"SIGKILL of the Cluster master 127.0.0.1:{node.port} (holding queue {ns}/{queues[0]}); "
+        "restarted 5 s later"
+    )
 
 
-def pause_cluster_master(d: Deployment, instances: list[Instance], queues: list[str],
-                         pause_s: float = 5.0) -> str:  # fmt: skip
+def pause_cluster_master(
+    d: Deployment, instances: list[Instance], queues: list[str], pause_s: float = 5.0
+) -> str:
     """The Cluster's version of (a'): the master of the busy queue stops for longer than
     cluster-node-timeout (2 s) plus the failover, then resumes; gossip tells it that its replica
     took its slots over."""
@@ -277,7 +321,9 @@ def pause_cluster_master(d: Deployment, instances: list[Instance], queues: list[
         port = c.get_node_from_key(key).port
 
     def owner() -> int:
-        with redis.Redis(port=next(s.port for s in d.servers if s.port != port), socket_timeout=0.5) as c:
+        with redis.Redis(
+            port=next(s.port for s in d.servers if s.port != port), socket_timeout=0.5
+        ) as c:
             slot = c.cluster("keyslot", key)
             for lo, hi, master, *_ in c.cluster("slots"):
                 if lo <= slot <= hi:
@@ -285,8 +331,10 @@ def pause_cluster_master(d: Deployment, instances: list[Instance], queues: list[
         return port
 
     promoted = pause(d.server_on(port), pause_s, owner)
-    return (f"SIGSTOP of the Cluster master 127.0.0.1:{port} (holding queue {queues[0]}) for {pause_s:.0f} s "
-            f"(its replica :{promoted} took the slots over), then SIGCONT")
+    return (
+        f"SIGSTOP of the Cluster master 127.0.0.1:{port} (holding queue {queues[0]}) for {pause_s:.0f} s "
+        f"(its replica :{promoted} took the slots over), then SIGCONT"
+    )
 
 
 def reshard(d: Deployment, instances: list[Instance], queues: list[str]) -> str:
@@ -319,7 +367,9 @@ def leading_instance(d: Deployment, instances: list[Instance]) -> Instance:
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             return -1
-        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+        return int(
+            next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
+        )
 
     return next((i for i in instances if i.proc.pid == parent(leader_pid)), instances[0])
 
@@ -347,12 +397,21 @@ def setup(scenario: str, min_replicas: int = 1) -> Deployment:
     return start_cluster(node_timeout_ms=2000)
 
 
-async def run_load(instances: list[Instance], token: str, queues: list[str], rate: float,
-                   seconds: float, event: Any) -> tuple[Ledger, float, str]:  # fmt: skip
+async def run_load(
+    instances: list[Instance],
+    token: str,
+    queues: list[str],
+    rate: float,
+    seconds: float,
+    event: Any,
+) -> tuple[Ledger, float, str]:
     ledger = Ledger()
     t0 = time.monotonic()
     until = t0 + seconds
-    consumers = [asyncio.create_task(consumer(instances, token, queues, until + 15, ledger, t0, k)) for k in range(8)]
+    consumers = [
+        asyncio.create_task(consumer(instances, token, queues, until + 15, ledger, t0, k))
+        for k in range(8)
+    ]
     pub = asyncio.create_task(publisher(instances, token, queues, rate, until, ledger, t0))
     await asyncio.sleep(seconds / 3)
     event_at = time.monotonic() - t0
@@ -379,8 +438,17 @@ def preload(d: Deployment, ns: str, q: str, n: int) -> None:
         engine = SyncEngine(client)
         now = int(time.time() * 1000)
         for i in range(0, n, 64 * 32):
-            batches = [(ns, q, [JobSpec(b"backlog", delay_ms=3_600_000 + (i + k) % 600_000, ttl_ms=0)
-                                for k in range(j, min(j + 64, n - i))]) for j in range(0, min(64 * 32, n - i), 64)]  # fmt: skip
+            batches = [
+                (
+                    ns,
+                    q,
+                    [
+                        JobSpec(b"backlog", delay_ms=3_600_000 + (i + k) % 600_000, ttl_ms=0)
+                        for k in range(j, min(j + 64, n - i))
+                    ],
+                )
+                for j in range(0, min(64 * 32, n - i), 64)
+            ]
             engine.run(ops.publish_many(engine.config, batches, now), idempotent=True)
 
 
@@ -414,17 +482,29 @@ def still_stored(d: Deployment, ids: list[str], queues: list[str]) -> int:
         return 0
     with d.sync_client() as client:
         engine = SyncEngine(client)
-        return sum(1 for jid in ids
-                   if any(engine.run(ops.peek_job("drill", q, jid)) is not None for q in queues))  # fmt: skip
+        return sum(
+            1
+            for jid in ids
+            if any(engine.run(ops.peek_job("drill", q, jid)) is not None for q in queues)
+        )
 
 
-def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool = True,
-          n_queues: int = 8, backlog: int = 50_000, min_replicas: int = 1) -> dict[str, Any]:  # fmt: skip
+def drill(
+    scenario: str,
+    rate: float = 800,
+    seconds: float = 30,
+    durable: bool = True,
+    n_queues: int = 8,
+    backlog: int = 50_000,
+    min_replicas: int = 1,
+) -> dict[str, Any]:
     d = setup(scenario, min_replicas)
     instances: list[Instance] = []
     try:
         instances = [start_instance(d, durable) for _ in range(2)]
-        token = httpx.post(f"{instances[0].admin}/token/drill", params={"description": "drill"}).json()["token"]
+        token = httpx.post(
+            f"{instances[0].admin}/token/drill", params={"description": "drill"}
+        ).json()["token"]
         queues = [f"q{i}" for i in range(n_queues)]
         if backlog:
             preload(d, "drill", queues[0], backlog)
@@ -438,32 +518,56 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
             "reshard": lambda: reshard(d, instances, queues),
             "service-leader": lambda: kill_leading_instance(d, instances),
         }
-        ledger, event_at, what = asyncio.run(run_load(instances, token, queues, rate, seconds, events[scenario]))
+        ledger, event_at, what = asyncio.run(
+            run_load(instances, token, queues, rate, seconds, events[scenario])
+        )
         lost = sorted(set(ledger.acked_publish) - set(ledger.delivered))
         # Delivered again by a consume asked for after the ack had succeeded: beyond at-least-once.
-        dup_after_ack = [j for j, ts in ledger.delivered.items()
-                         if j in ledger.ack_done and any(t > ledger.ack_done[j] for t in ts[1:])]  # fmt: skip
+        dup_after_ack = [
+            j
+            for j, ts in ledger.delivered.items()
+            if j in ledger.ack_done and any(t > ledger.ack_done[j] for t in ts[1:])
+        ]
         window, window_at = unavailability(ledger.outcomes)
         before = [ms for due, ms in ledger.late_ms if due < event_at]
-        during = [ms for due, ms in ledger.late_ms if event_at <= due < event_at + max(window, 1) + 5]
+        during = [
+            ms for due, ms in ledger.late_ms if event_at <= due < event_at + max(window, 1) + 5
+        ]
         report = {
-            "scenario": scenario, "event": what, "durable": durable, "rate": rate, "seconds": seconds,
+            "scenario": scenario,
+            "event": what,
+            "durable": durable,
+            "rate": rate,
+            "seconds": seconds,
             "min_replicas": min_replicas if isinstance(d, SentinelGroup) else None,
             "http_requests_per_s": round(ledger.requests / (seconds + 2), 0),
-            "published_ok": len(ledger.acked_publish), "publish_errors": dict(ledger.publish_errors),
-            "consume_errors": dict(ledger.consume_errors), "rerouted": ledger.rerouted,
+            "published_ok": len(ledger.acked_publish),
+            "publish_errors": dict(ledger.publish_errors),
+            "consume_errors": dict(ledger.consume_errors),
+            "rerouted": ledger.rerouted,
             "error_examples": ledger.error_examples,
-            "unavailable_s": round(window, 3), "unavailable_from_s": round(window_at - event_at, 3),
-            "lost_acknowledged": len(lost), "lost_examples": lost[:5],
+            "unavailable_s": round(window, 3),
+            "unavailable_from_s": round(window_at - event_at, 3),
+            "lost_acknowledged": len(lost),
+            "lost_examples": lost[:5],
             "undelivered_but_stored": still_stored(d, lost[:200], queues),
             "redelivered": sum(1 for ts in ledger.delivered.values() if len(ts) > 1),
             "delivered_after_ack": len(dup_after_ack),
-            "delivered_after_ack_examples": [(j, [round(t - event_at, 3) for t in ledger.delivered[j]],
-                                              round(ledger.ack_done[j] - event_at, 3)) for j in dup_after_ack[:3]],
+            "delivered_after_ack_examples": [
+                (
+                    j,
+                    [round(t - event_at, 3) for t in ledger.delivered[j]],
+                    round(ledger.ack_done[j] - event_at, 3),
+                )
+                for j in dup_after_ack[:3]
+            ],
             "lateness_before_ms": (round(pct(before, 50), 1), round(pct(before, 99), 1)),
-            "lateness_during_ms": (round(pct(during, 50), 1), round(pct(during, 99), 1),
-                                   round(max(during, default=float("nan")), 1)),
-        }  # fmt: skip
+            "lateness_during_ms": (
+                round(pct(during, 50), 1),
+                round(pct(during, 99), 1),
+                round(max(during, default=float("nan")), 1),
+            ),
+        }
         if backlog:
             report["backlog"] = (backlog, backlog_left(d, "drill", queues[0]))
         if (lost or dup_after_ack) and isinstance(d, SentinelGroup | Cluster):
@@ -483,49 +587,80 @@ def drill(scenario: str, rate: float = 800, seconds: float = 30, durable: bool =
 
 def print_report(r: dict[str, Any]) -> None:
     print(f"drill {r['scenario']}: {r['event']}")
-    print(f"  load: {r['rate']:.0f} publishes/s for {r['seconds']:.0f} s over 2 instances (~"
-          f"{r['http_requests_per_s']:,.0f} HTTP requests/s with consumes and acks), durable publish "
-          f"{'on (WaitReplicas=1)' if r['durable'] else 'off'}"
-          + (f", Redis min-replicas-to-write {r['min_replicas']}" if r.get("min_replicas") is not None else ""))
+    print(
+        f"  load: {r['rate']:.0f} publishes/s for {r['seconds']:.0f} s over 2 instances (~"
+        f"{r['http_requests_per_s']:,.0f} HTTP requests/s with consumes and acks), durable publish "
+        f"{'on (WaitReplicas=1)' if r['durable'] else 'off'}"
+        + (
+            f", Redis min-replicas-to-write {r['min_replicas']}"
+            if r.get("min_replicas") is not None
+            else ""
+        )
+    )
     print(f"  published (2xx): {r['published_ok']:,}   publish errors: {r['publish_errors'] or 0}")
     for kind, text in r["error_examples"].items():
         print(f"    e.g. {kind}: {text}")
-    print(f"  consume/ack errors: {r['consume_errors'] or 0}   requests re-sent to the other instance "
-          f"after a refused connection (as a load balancer does): {r['rerouted']}")
+    print(
+        f"  consume/ack errors: {r['consume_errors'] or 0}   requests re-sent to the other instance "
+        f"after a refused connection (as a load balancer does): {r['rerouted']}"
+    )
     if r["unavailable_s"]:
-        print(f"  unavailability window: {r['unavailable_s']:.2f} s (starting {r['unavailable_from_s']:+.2f} s "
-              "from the event)")
+        print(
+            f"  unavailability window: {r['unavailable_s']:.2f} s (starting {r['unavailable_from_s']:+.2f} s "
+            "from the event)"
+        )
     else:
         print("  unavailability window: none (no publish failed)")
-    print(f"  acknowledged jobs never delivered: {r['lost_acknowledged']} {r['lost_examples'] or ''}"
-          + (f" (of the first 200, {r['undelivered_but_stored']} are still in Redis: stuck, not lost)"
-             if r['lost_acknowledged'] else ""))
-    print(f"  redelivered (at-least-once): {r['redelivered']}   delivered again after a successful ack: "
-          f"{r['delivered_after_ack']}")
-    print(f"  lateness before the event p50/p99: {r['lateness_before_ms'][0]} / {r['lateness_before_ms'][1]} ms;"
-          f" during: p50/p99/max {r['lateness_during_ms'][0]} / {r['lateness_during_ms'][1]} / "
-          f"{r['lateness_during_ms'][2]} ms")
+    print(
+        f"  acknowledged jobs never delivered: {r['lost_acknowledged']} {r['lost_examples'] or ''}"
+        + (
+            f" (of the first 200, {r['undelivered_but_stored']} are still in Redis: stuck, not lost)"
+            if r["lost_acknowledged"]
+            else ""
+        )
+    )
+    print(
+        f"  redelivered (at-least-once): {r['redelivered']}   delivered again after a successful ack: "
+        f"{r['delivered_after_ack']}"
+    )
+    print(
+        f"  lateness before the event p50/p99: {r['lateness_before_ms'][0]} / {r['lateness_before_ms'][1]} ms;"
+        f" during: p50/p99/max {r['lateness_during_ms'][0]} / {r['lateness_during_ms'][1]} / "
+        f"{r['lateness_during_ms'][2]} ms"
+    )
     if "backlog" in r:
-        print(f"  backlog of q0 (jobs due in 1 h) after the event: {r['backlog'][1]:,} of {r['backlog'][0]:,}")
+        print(
+            f"  backlog of q0 (jobs due in 1 h) after the event: {r['backlog'][1]:,} of {r['backlog'][0]:,}"
+        )
     if "logs_kept_in" in r:
         print(f"  Redis and Sentinel logs kept in {r['logs_kept_in']}")
-    print(f"  pump shards led, by worker pid: before {r['shard_leaders_before']}, after {r['shard_leaders_after']}")
+    print(
+        f"  pump shards led, by worker pid: before {r['shard_leaders_before']}, after {r['shard_leaders_after']}"
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("scenario", choices=[*SCENARIOS, "all"])
     ap.add_argument("--rate", type=float, default=800)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--no-durable", action="store_true")
     ap.add_argument("--queues", type=int, default=8)
     ap.add_argument("--backlog", type=int, default=50_000, help="jobs resting in drill/backlog")
-    ap.add_argument("--min-replicas", type=int, default=1,
-                    help="min-replicas-to-write of the Sentinel group's servers (0: Redis's default)")
+    ap.add_argument(
+        "--min-replicas",
+        type=int,
+        default=1,
+        help="min-replicas-to-write of the Sentinel group's servers (0: Redis's default)",
+    )
     a = ap.parse_args()
     scenarios = list(SCENARIOS) if a.scenario == "all" else [a.scenario]
     for s in scenarios:
-        print_report(drill(s, a.rate, a.seconds, not a.no_durable, a.queues, a.backlog, a.min_replicas))
+        print_report(
+            drill(s, a.rate, a.seconds, not a.no_durable, a.queues, a.backlog, a.min_replicas)
+        )
 
 
 if __name__ == "__main__":

@@ -102,8 +102,9 @@ class Client:
         # an lmstfy client, never does: the two kinds must work side by side.
         self.leases = process != LMSTFY_CONSUMER
 
-    async def request(self, f: str, method: str, path: str, params: dict[str, Any],
-                      data: bytes | None = None) -> tuple[int, Any]:  # fmt: skip
+    async def request(
+        self, f: str, method: str, path: str, params: dict[str, Any], data: bytes | None = None
+    ) -> tuple[int, Any]:
         """Sends to one instance; a refused connection (nothing was sent) goes on to the next,
         as a load balancer does. Raises ``ConnectionRefusedError`` when all refused."""
         run = self.run
@@ -111,7 +112,9 @@ class Client:
         for k in range(len(run.instances)):
             base = run.base(self.sent + k)
             try:
-                r = await self.http.request(method, base + path, params=params, content=data, headers=self.h)
+                r = await self.http.request(
+                    method, base + path, params=params, content=data, headers=self.h
+                )
             except httpx.ConnectError:  # the connection was never opened: nothing was sent
                 continue
             run.statuses[f"{f} {r.status_code}"] += 1
@@ -121,8 +124,16 @@ class Client:
         run.statuses[f"{f} refused"] += 1
         raise ConnectionRefusedError
 
-    async def op(self, f: str, method: str, path: str, params: dict[str, Any], args: dict[str, Any],
-                 ok: tuple[int, ...], data: bytes | None = None) -> tuple[str, int, Any]:  # fmt: skip
+    async def op(
+        self,
+        f: str,
+        method: str,
+        path: str,
+        params: dict[str, Any],
+        args: dict[str, Any],
+        ok: tuple[int, ...],
+        data: bytes | None = None,
+    ) -> tuple[str, int, Any]:
         """One operation: invoke, request, completion. A 2xx in ``ok`` is ok, a 4xx a certain
         fail (the service refused it whole), a 5xx or a broken request info (unknown)."""
         run = self.run
@@ -156,7 +167,9 @@ class Client:
         if client_id:
             params["job_id"] = client_id
         args = {"key": key, "queue": q, "delay_ms": delay_ms, "tries": tries, "job_id": client_id}
-        type_, _, got = await self.op("publish", "PUT", f"/api/{NS}/{q}", params, args, (201,), key.encode())
+        type_, _, got = await self.op(
+            "publish", "PUT", f"/api/{NS}/{q}", params, args, (201,), key.encode()
+        )
         if type_ == "ok":
             op, t, body = got
             self.run.h.complete(op, "ok", t, job_id=body["job_id"])
@@ -165,8 +178,9 @@ class Client:
     async def consume(self, ttr_ms: int, count: int) -> list[dict[str, Any]]:
         params = {"ttr_ms": ttr_ms, "timeout": 1, "count": count}
         args = {"queues": self.run.queues, "ttr_ms": ttr_ms, "count": count}
-        type_, status, got = await self.op("consume", "GET", f"/api/{NS}/{','.join(self.run.queues)}", params,
-                                           args, (200,))  # fmt: skip
+        type_, status, got = await self.op(
+            "consume", "GET", f"/api/{NS}/{','.join(self.run.queues)}", params, args, (200,)
+        )
         if type_ == "fail" and status == 404:  # no job: a consume that certainly took nothing
             return []
         if type_ != "ok":
@@ -175,11 +189,17 @@ class Client:
             return []
         op, t, body = got
         jobs = [
-            {"key": base64.b64decode(j["data"]).decode(), "job_id": j["job_id"], "queue": j["queue"],
-             "remain_tries": j["remain_tries"], "deliveries": j["deliveries"], "elapsed_ms": j["elapsed_ms"],
-             "lease": j.get("lease")}
+            {
+                "key": base64.b64decode(j["data"]).decode(),
+                "job_id": j["job_id"],
+                "queue": j["queue"],
+                "remain_tries": j["remain_tries"],
+                "deliveries": j["deliveries"],
+                "elapsed_ms": j["elapsed_ms"],
+                "lease": j.get("lease"),
+            }
             for j in (body if isinstance(body, list) else [body])
-        ]  # fmt: skip
+        ]
         self.run.h.complete(op, "ok", t, jobs=jobs)
         return jobs
 
@@ -337,8 +357,9 @@ async def final_state(run: Run) -> Final:
                 ids[j["key"]] = (j["queue"], j["job_id"])
     states: dict[str, str | None] = {}
     leftovers: dict[str, Any] = {}
-    async with httpx.AsyncClient(headers={"X-Token": run.token}, timeout=30,
-                                 limits=httpx.Limits(max_connections=32)) as http:  # fmt: skip
+    async with httpx.AsyncClient(
+        headers={"X-Token": run.token}, timeout=30, limits=httpx.Limits(max_connections=32)
+    ) as http:
         sem = asyncio.Semaphore(32)
 
         async def look(key: str, q: str, jid: str) -> None:
@@ -351,9 +372,13 @@ async def final_state(run: Run) -> Final:
         await asyncio.gather(*(look(k, q, j) for k, (q, j) in ids.items()))
         dead: dict[str, int] = {}
         for q in run.queues:
-            dead[q] = (await http.get(f"{run.base(0)}/api/{NS}/{q}/deadletter")).json()["deadletter_size"]
+            dead[q] = (await http.get(f"{run.base(0)}/api/{NS}/{q}/deadletter")).json()[
+                "deadletter_size"
+            ]
             if dead[q]:
-                await http.delete(f"{run.base(0)}/api/{NS}/{q}/deadletter", params={"limit": dead[q]})
+                await http.delete(
+                    f"{run.base(0)}/api/{NS}/{q}/deadletter", params={"limit": dead[q]}
+                )
             s = (await http.get(f"{run.base(0)}/api/{NS}/{q}/size")).json()
             if any(s[k] for k in ("size", "delayed", "reserved", "dead")):
                 leftovers[f"sizes {q}"] = s
@@ -374,7 +399,9 @@ async def final_state(run: Run) -> Final:
 async def load(run: Run, seconds: float, rate: float, at_least: int = 0) -> None:
     stop = asyncio.Event()
     consumers = [asyncio.create_task(consumer(run, 100 + k, stop)) for k in range(4)]
-    producers = [asyncio.create_task(producer(run, k, rate / 4, seconds, at_least)) for k in range(4)]
+    producers = [
+        asyncio.create_task(producer(run, k, rate / 4, seconds, at_least)) for k in range(4)
+    ]
     first, second = EVENTS[run.scenario]
     await asyncio.sleep(seconds / 3)
     await first(run)
@@ -394,9 +421,16 @@ async def load(run: Run, seconds: float, rate: float, at_least: int = 0) -> None
     run.events.append(f"{run.now():.1f}s drained")
 
 
-def history_run(scenario: str, seconds: float = 20, rate: float = 60, durable: bool = True,
-                seed: int | None = None, n_queues: int = 3,
-                deployment: Deployment | None = None, at_least: int = 0) -> tuple[Report, Run]:  # fmt: skip
+def history_run(
+    scenario: str,
+    seconds: float = 20,
+    rate: float = 60,
+    durable: bool = True,
+    seed: int | None = None,
+    n_queues: int = 3,
+    deployment: Deployment | None = None,
+    at_least: int = 0,
+) -> tuple[Report, Run]:
     """One run of ``scenario``: its report and the run (history, events, reply statuses). On
     its own Redis topology, unless ``deployment`` is given (standalone only: nothing kills it)."""
     seed = random.randrange(1 << 30) if seed is None else seed
@@ -406,8 +440,18 @@ def history_run(scenario: str, seconds: float = 20, rate: float = 60, durable: b
     instances: list[Instance] = []
     try:
         instances = [start_instance(d, durable, first_port()) for _ in range(2)]
-        token = httpx.post(f"{instances[0].admin}/token/{NS}", params={"description": "history"}).json()["token"]
-        run = Run(scenario, d, instances, durable, token, [f"q{i}" for i in range(n_queues)], random.Random(seed))
+        token = httpx.post(
+            f"{instances[0].admin}/token/{NS}", params={"description": "history"}
+        ).json()["token"]
+        run = Run(
+            scenario,
+            d,
+            instances,
+            durable,
+            token,
+            [f"q{i}" for i in range(n_queues)],
+            random.Random(seed),
+        )
         run.events.append(f"seed {seed}")
         time.sleep(1.5)  # leases settle: both instances lead some shards
         run.t0 = time.monotonic()
@@ -422,7 +466,9 @@ def history_run(scenario: str, seconds: float = 20, rate: float = 60, durable: b
 
 
 def print_report(scenario: str, durable: bool, seconds: float, report: Report, run: Run) -> None:
-    print(f"history {scenario}, durable publish {'on' if run.durable else 'off'}, {seconds:.0f} s of load")
+    print(
+        f"history {scenario}, durable publish {'on' if run.durable else 'off'}, {seconds:.0f} s of load"
+    )
     for e in run.events:
         print(f"  {e}")
     ops = run.h.counts()
@@ -438,7 +484,9 @@ def print_report(scenario: str, durable: bool, seconds: float, report: Report, r
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("scenario", choices=[*SCENARIOS, "all"])
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--rate", type=float, default=60, help="publishes/s")
@@ -447,7 +495,13 @@ def main() -> None:
     ap.add_argument("--dump", help="write each run's history here (JSON lines, one event a line)")
     a = ap.parse_args()
     if a.scenario == "all":
-        runs = [("standalone", True), ("sentinel", True), ("sentinel", False), ("cluster", True), ("cluster", False)]
+        runs = [
+            ("standalone", True),
+            ("sentinel", True),
+            ("sentinel", False),
+            ("cluster", True),
+            ("cluster", False),
+        ]
     else:
         runs = [(a.scenario, not a.no_durable and a.scenario != "standalone")]
     for scenario, durable in runs:
@@ -456,7 +510,9 @@ def main() -> None:
         if a.dump:
             with open(a.dump, "a") as out:
                 for e in run.h.events:
-                    out.write(json.dumps({"run": f"{scenario} durable={durable}", **e.__dict__}) + "\n")
+                    out.write(
+                        json.dumps({"run": f"{scenario} durable={durable}", **e.__dict__}) + "\n"
+                    )
 
 
 if __name__ == "__main__":

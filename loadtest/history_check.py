@@ -51,8 +51,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("unexpected", "double_publish", "lost", "duplicated", "early", "early_release", "held_twice", "over_tries", "remain_tries",
-         "dead_letter", "left_behind", "stale_lease")  # fmt: skip
+KINDS = (
+    "unexpected",
+    "double_publish",
+    "lost",
+    "duplicated",
+    "early",
+    "early_release",
+    "held_twice",
+    "over_tries",
+    "remain_tries",
+    "dead_letter",
+    "left_behind",
+    "stale_lease",
+)
 
 
 @dataclass
@@ -140,8 +152,17 @@ def pair(history: History) -> list[Op]:
     out = []
     for op, inv in invokes.items():
         c = done.get(op)
-        out.append(Op(inv.f, inv.process, inv.time, c.time if c else float("inf"), c.type if c else "info",
-                      inv.value, c.value if c else {}))  # fmt: skip
+        out.append(
+            Op(
+                inv.f,
+                inv.process,
+                inv.time,
+                c.time if c else float("inf"),
+                c.type if c else "info",
+                inv.value,
+                c.value if c else {},
+            )
+        )
     return out
 
 
@@ -163,9 +184,19 @@ def check(history: History, final: Final) -> Report:
             publishes[o.args["key"]] = o
         elif o.f == "consume" and o.type == "ok":
             for j in o.result["jobs"]:
-                deliveries.setdefault(j["key"], []).append(Delivery(
-                    j["key"], j["job_id"], o.invoked, o.completed, o.args["ttr_ms"] / 1000, j["remain_tries"],
-                    j["deliveries"], j.get("lease"), o.process))  # fmt: skip
+                deliveries.setdefault(j["key"], []).append(
+                    Delivery(
+                        j["key"],
+                        j["job_id"],
+                        o.invoked,
+                        o.completed,
+                        o.args["ttr_ms"] / 1000,
+                        j["remain_tries"],
+                        j["deliveries"],
+                        j.get("lease"),
+                        o.process,
+                    )
+                )
         elif o.f in ("ack", "touch", "release"):
             by_key.setdefault(o.args["key"], []).append(o)
 
@@ -190,22 +221,52 @@ def check(history: History, final: Final) -> Report:
             # early: the reply came before the earliest instant the job could be due
             bound = p.invoked + p.args["delay_ms"] / 1000
             if d.completed < bound:
-                flag("early", {"key": key, "job_id": d.job_id, "deliveries": d.deliveries,
-                               "early_by_s": round(bound - d.completed, 3)})  # fmt: skip
+                flag(
+                    "early",
+                    {
+                        "key": key,
+                        "job_id": d.job_id,
+                        "deliveries": d.deliveries,
+                        "early_by_s": round(bound - d.completed, 3),
+                    },
+                )
             for r in releases:
-                if r.type == "ok" and r.completed < d.invoked and d.completed < r.invoked + r.args["delay_ms"] / 1000:
-                    flag("early_release", {"key": key, "job_id": d.job_id, "deliveries": d.deliveries,
-                                           "early_by_s": round(r.invoked + r.args["delay_ms"] / 1000 - d.completed, 3)})  # fmt: skip
+                if (
+                    r.type == "ok"
+                    and r.completed < d.invoked
+                    and d.completed < r.invoked + r.args["delay_ms"] / 1000
+                ):
+                    flag(
+                        "early_release",
+                        {
+                            "key": key,
+                            "job_id": d.job_id,
+                            "deliveries": d.deliveries,
+                            "early_by_s": round(
+                                r.invoked + r.args["delay_ms"] / 1000 - d.completed, 3
+                            ),
+                        },
+                    )
                     break
             tries = p.args["tries"]
             if d.deliveries > tries:
                 flag("over_tries", {"key": key, "deliveries": d.deliveries, "tries": tries})
             if d.remain_tries != tries - d.deliveries:
-                flag("remain_tries", {"key": key, "remain_tries": d.remain_tries, "deliveries": d.deliveries,
-                                      "tries": tries})  # fmt: skip
+                flag(
+                    "remain_tries",
+                    {
+                        "key": key,
+                        "remain_tries": d.remain_tries,
+                        "deliveries": d.deliveries,
+                        "tries": tries,
+                    },
+                )
         for jid, seen in Counter(d.job_id for d in ds).items():
             if seen > p.args["tries"]:
-                flag("over_tries", {"key": key, "job_id": jid, "seen": seen, "tries": p.args["tries"]})
+                flag(
+                    "over_tries",
+                    {"key": key, "job_id": jid, "seen": seen, "tries": p.args["tries"]},
+                )
         # held twice: two holds that cannot be a ttr apart, nothing having ended the first
         touches = [a for a in acts if a.f == "touch" and a.type != "fail"]
 
@@ -229,29 +290,54 @@ def check(history: History, final: Final) -> Report:
                 else:  # same count (a lost write): order unknown, both orders must overlap
                     twice = b.completed < held_until(a, b) and a.completed < held_until(b, a)
                 if twice:
-                    flag("held_twice", {"key": key, "job_id": a.job_id, "deliveries": (a.deliveries, b.deliveries),
-                                        "gap_s": round(b.completed - a.invoked, 3), "ttr_s": a.ttr_s})  # fmt: skip
+                    flag(
+                        "held_twice",
+                        {
+                            "key": key,
+                            "job_id": a.job_id,
+                            "deliveries": (a.deliveries, b.deliveries),
+                            "gap_s": round(b.completed - a.invoked, 3),
+                            "ttr_s": a.ttr_s,
+                        },
+                    )
         # stale lease: a request carrying a lease that no longer held the job, and succeeded
         for o in acts:
             lease = o.args.get("lease")
             held = [d for d in ds if d.lease == lease]
             if lease is None or o.type != "ok" or not held:
                 continue
-            if o.f == "ack" and any(a is not o and a.f == "ack" and a.type != "fail" and a.invoked < o.completed
-                                    for a in acts):  # fmt: skip
+            if o.f == "ack" and any(
+                a is not o and a.f == "ack" and a.type != "fail" and a.invoked < o.completed
+                for a in acts
+            ):
                 continue  # the job may be gone already: acking a gone job is no conflict (ack.lua)
             if any(d.deliveries > held[0].deliveries and d.completed < o.invoked for d in ds):
-                flag("stale_lease", {"key": key, "f": o.f, "lease": lease, "why": "a later delivery"})
+                flag(
+                    "stale_lease", {"key": key, "f": o.f, "lease": lease, "why": "a later delivery"}
+                )
                 continue
             # Its ttr ran out before the request was sent: the hold ended at the latest ttr after
             # the consume's reply, or after the reply of a touch with this lease.
             deadline = held[0].completed + held[0].ttr_s
             for t in acts:
-                if t is not o and t.f == "touch" and t.args.get("lease") == lease and t.type != "fail":
+                if (
+                    t is not o
+                    and t.f == "touch"
+                    and t.args.get("lease") == lease
+                    and t.type != "fail"
+                ):
                     deadline = max(deadline, t.completed + t.args["ttr_ms"] / 1000)
             if o.invoked > deadline:
-                flag("stale_lease", {"key": key, "f": o.f, "lease": lease, "why": "ttr ran out",
-                                     "late_by_s": round(o.invoked - deadline, 3)})  # fmt: skip
+                flag(
+                    "stale_lease",
+                    {
+                        "key": key,
+                        "f": o.f,
+                        "lease": lease,
+                        "why": "ttr ran out",
+                        "late_by_s": round(o.invoked - deadline, 3),
+                    },
+                )
 
     # lost, dead letters, leftovers: the end state against what the history promises
     dead_by_queue: Counter[str] = Counter()
@@ -283,8 +369,15 @@ def check(history: History, final: Final) -> Report:
         elif should_be_dead and state != "dead":
             flag("dead_letter", {"key": key, "expected": "dead", "found": state})
         elif state == "dead" and not should_be_dead and not maybe_taken:
-            flag("dead_letter", {"key": key, "expected": "not dead", "acked": acked,
-                                 "last_remain_tries": last.remain_tries if last else None})  # fmt: skip
+            flag(
+                "dead_letter",
+                {
+                    "key": key,
+                    "expected": "not dead",
+                    "acked": acked,
+                    "last_remain_tries": last.remain_tries if last else None,
+                },
+            )
         elif state not in (None, "dead"):
             flag("left_behind", {"key": key, "state": state})
     for q, size in final.dead_sizes.items():

@@ -32,7 +32,9 @@ NS = "load"
 def _options(parser: Any) -> None:
     parser.add_argument("--dq-token", default="", help="namespace token of the load namespace")
     parser.add_argument("--dq-queues", type=int, default=8)
-    parser.add_argument("--dq-publish-rate", type=float, default=500.0, help="jobs/s over all producers")
+    parser.add_argument(
+        "--dq-publish-rate", type=float, default=500.0, help="jobs/s over all producers"
+    )
     parser.add_argument("--dq-producers", type=int, default=25)
     parser.add_argument("--dq-consumers", type=int, default=20)
     parser.add_argument("--dq-max-delay-ms", type=int, default=2_000)
@@ -70,8 +72,12 @@ class Producer(_DQUser):
         delay = random.randint(0, self.max_delay_ms)
         due = time.time() * 1000 + delay
         q = random.choice(self.queues)
-        self.client.put(f"/api/{NS}/{q}?delay_ms={delay}&ttl=3600&tries=3", data=json.dumps({"due": due}),
-                        headers={"X-Token": self.token}, name="/api/{ns}/{q} (publish)")  # fmt: skip
+        self.client.put(
+            f"/api/{NS}/{q}?delay_ms={delay}&ttl=3600&tries=3",
+            data=json.dumps({"due": due}),
+            headers={"X-Token": self.token},
+            name="/api/{ns}/{q} (publish)",
+        )
 
 
 class Consumer(_DQUser):
@@ -83,8 +89,12 @@ class Consumer(_DQUser):
     @task
     def consume_and_ack(self) -> None:
         path = f"/api/{NS}/{','.join(self.queues)}?timeout=1&ttr=30"
-        with self.client.get(path, headers={"X-Token": self.token}, name="/api/{ns}/{queues} (long poll)",
-                             catch_response=True) as r:  # fmt: skip
+        with self.client.get(
+            path,
+            headers={"X-Token": self.token},
+            name="/api/{ns}/{queues} (long poll)",
+            catch_response=True,
+        ) as r:
             if r.status_code == 404:  # nothing due within the long poll: not an error
                 r.success()
                 return
@@ -96,7 +106,16 @@ class Consumer(_DQUser):
         # Overall, and per queue: a consume tries the queues in order (q0 first, lmstfy's
         # priority), so when consumers fall behind the last queues wait longest.
         for name in ("deliver", f"deliver {job['queue']}"):
-            events.request.fire(request_type="LATENESS", name=name, response_time=max(late_ms, 0.0),
-                                response_length=0, exception=None, context={})  # fmt: skip
-        self.client.delete(f"/api/{NS}/{job['queue']}/job/{job['job_id']}", headers={"X-Token": self.token},
-                           name="/api/{ns}/{q}/job/{id} (ack)")  # fmt: skip
+            events.request.fire(
+                request_type="LATENESS",
+                name=name,
+                response_time=max(late_ms, 0.0),
+                response_length=0,
+                exception=None,
+                context={},
+            )
+        self.client.delete(
+            f"/api/{NS}/{job['queue']}/job/{job['job_id']}",
+            headers={"X-Token": self.token},
+            name="/api/{ns}/{q}/job/{id} (ack)",
+        )

@@ -58,7 +58,9 @@ TARGET_P99_MS = 25.0
 
 
 def nginx_binary() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    found = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
+    )
     if found:
         return found
     print("profile: installing nginx (apt-get)", flush=True)
@@ -84,15 +86,22 @@ class Proc:
 
 def start_instance(pool: PoolSettings) -> ServiceProcess:
     """A service instance with one worker, once it is ready; in a process group of its own."""
-    return ServiceProcess.start(pool, env={"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_WORKERS": "1"},
-                                first_port=18000, ready="/readyz", session=True)  # fmt: skip
+    return ServiceProcess.start(
+        pool,
+        env={"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_WORKERS": "1"},
+        first_port=18000,
+        ready="/readyz",
+        session=True,
+    )
 
 
 def render_nginx(workdir: Path, listen: int, upstreams: list[int]) -> Path:
     """``deploy/nginx/cluster-dq.conf`` with this run's ports and a private prefix."""
     text = (ROOT / "deploy/nginx/cluster-dq.conf").read_text()
     servers = re.findall(r"^ *server 127\.0\.0\.1:\d+ .*;\n", text, flags=re.M)
-    text = text.replace("".join(servers), "".join(servers[0].replace(":7777 ", f":{p} ") for p in upstreams))
+    text = text.replace(
+        "".join(servers), "".join(servers[0].replace(":7777 ", f":{p} ") for p in upstreams)
+    )
     text = text.replace("listen 127.0.0.1:8080;", f"listen 127.0.0.1:{listen};")
     text = text.replace("/var/lib/cluster-dq-nginx", str(workdir))
     conf = workdir / "nginx.conf"
@@ -141,7 +150,10 @@ def _preload_slice(pool: PoolSettings, start: int, n: int, now: int) -> int:
                 i = start + done
                 q = f"q{(i // 64) % QUEUES}"
                 # due 2-3 hours from now, spread over the hour: thousands of wheel buckets
-                specs = [JobSpec(BODY, delay_ms=7_200_000 + (i + j) * 7919 % 3_600_000, ttl_ms=0) for j in range(k)]
+                specs = [
+                    JobSpec(BODY, delay_ms=7_200_000 + (i + j) * 7919 % 3_600_000, ttl_ms=0)
+                    for j in range(k)
+                ]
                 batches.append((NS, q, specs))
                 done += k
             engine.run(ops.publish_many(engine.config, batches, now), idempotent=True)
@@ -167,8 +179,13 @@ def preload(d: Server | Cluster, n: int, procs: int = 2) -> tuple[float, float]:
     now = int(time.time() * 1000)
     share = -(-n // procs)
     with ProcessPoolExecutor(procs) as pool_ex:
-        futures = [pool_ex.submit(_preload_slice, d.pool_settings(), k * share, min(share, n - k * share), now)
-                   for k in range(procs) if n - k * share > 0]  # fmt: skip
+        futures = [
+            pool_ex.submit(
+                _preload_slice, d.pool_settings(), k * share, min(share, n - k * share), now
+            )
+            for k in range(procs)
+            if n - k * share > 0
+        ]
         total = sum(f.result() for f in futures)
     took = time.monotonic() - t
     return took, (used_memory(d) - before) / max(total, 1)
@@ -208,11 +225,39 @@ def run_locust(host: str, token: str, rate: float, seconds: float, prefix: Path)
     producers = max(1, min(50, int(jobs_per_s // 20)))
     consumers = max(4, min(60, int(jobs_per_s // 25)))
     users = producers + consumers
-    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest/locustfile.py"), "--headless",
-           "--host", host, "-u", str(users), "-r", str(users), "--run-time", f"{int(seconds)}s",
-           "--csv", str(prefix), "--only-summary", "--loglevel", "WARNING", "--stop-timeout", "3",
-           "--dq-token", token, "--dq-queues", str(QUEUES), "--dq-publish-rate", str(jobs_per_s),
-           "--dq-producers", str(producers), "--dq-consumers", str(consumers)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(ROOT / "loadtest/locustfile.py"),
+        "--headless",
+        "--host",
+        host,
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "--run-time",
+        f"{int(seconds)}s",
+        "--csv",
+        str(prefix),
+        "--only-summary",
+        "--loglevel",
+        "WARNING",
+        "--stop-timeout",
+        "3",
+        "--dq-token",
+        token,
+        "--dq-queues",
+        str(QUEUES),
+        "--dq-publish-rate",
+        str(jobs_per_s),
+        "--dq-producers",
+        str(producers),
+        "--dq-consumers",
+        str(consumers),
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode not in (0, 1):  # 1: some requests failed (reported below)
         raise RuntimeError(f"locust failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -220,13 +265,24 @@ def run_locust(host: str, token: str, rate: float, seconds: float, prefix: Path)
     with open(f"{prefix}_stats.csv") as f:
         for r in csv.DictReader(f):
             name = f"{r['Type']} {r['Name']}".strip()
-            rows[name] = Row(name, int(r["Request Count"]), int(r["Failure Count"]), float(r["Requests/s"]),
-                             _f(r["50%"]), _f(r["95%"]), _f(r["99%"]), _f(r["99.9%"]), _f(r["100%"]))  # fmt: skip
+            rows[name] = Row(
+                name,
+                int(r["Request Count"]),
+                int(r["Failure Count"]),
+                float(r["Requests/s"]),
+                _f(r["50%"]),
+                _f(r["95%"]),
+                _f(r["99%"]),
+                _f(r["99.9%"]),
+                _f(r["100%"]),
+            )
     failures_path = Path(f"{prefix}_failures.csv")
     if failures_path.exists():
         with failures_path.open() as f:
             for r in csv.DictReader(f):
-                print(f"  failures: {r['Occurrences']} x {r['Method']} {r['Name']}: {r['Error'][:120]}")
+                print(
+                    f"  failures: {r['Occurrences']} x {r['Method']} {r['Name']}: {r['Error'][:120]}"
+                )
     return rows
 
 
@@ -256,92 +312,157 @@ def report(rows: dict[str, Row], seconds: float, cpu: dict[str, float]) -> dict[
     api = [r for n, r in rows.items() if not n.startswith("LATENESS") and r.name != "Aggregated"]
     requests = sum(r.requests for r in api)
     failures = sum(r.failures for r in api)
-    print(f"  {'request':48} {'count':>9} {'fail':>6} {'req/s':>7} {'p50':>5} {'p95':>5} {'p99':>5} {'p99.9':>6} {'max':>6} ms")
+    print(
+        f"  {'request':48} {'count':>9} {'fail':>6} {'req/s':>7} {'p50':>5} {'p95':>5} {'p99':>5} {'p99.9':>6} {'max':>6} ms"
+    )
     for r in rows.values():
         if r.name != "Aggregated" and not r.name.startswith("LATENESS deliver q"):
-            print(f"  {r.name:48} {r.requests:9,} {r.failures:6,} {r.rps:7.1f} {r.p50:5.0f} {r.p95:5.0f} "
-                  f"{r.p99:5.0f} {r.p999:6.0f} {r.maximum:6.0f}")  # fmt: skip
+            print(
+                f"  {r.name:48} {r.requests:9,} {r.failures:6,} {r.rps:7.1f} {r.p50:5.0f} {r.p95:5.0f} "
+                f"{r.p99:5.0f} {r.p999:6.0f} {r.maximum:6.0f}"
+            )
     direct = [r for r in api if "long poll" not in r.name]
     worst_p99 = max((r.p99 for r in direct), default=float("nan"))
     late = rows.get("LATENESS deliver")
-    print(f"  all API requests: {requests:,} in {seconds:.0f} s = {requests / seconds:,.0f} req/s, failures "
-          f"{failures:,}; p99 of publish and ack {worst_p99:.0f} ms (target <= {TARGET_P99_MS:.0f} ms, 0 errors)")
+    print(
+        f"  all API requests: {requests:,} in {seconds:.0f} s = {requests / seconds:,.0f} req/s, failures "
+        f"{failures:,}; p99 of publish and ack {worst_p99:.0f} ms (target <= {TARGET_P99_MS:.0f} ms, 0 errors)"
+    )
     if late:
-        print(f"  lateness (delivery - due): p50 {late.p50:.0f} ms, p99 {late.p99:.0f} ms, "
-              f"p99.9 {late.p999:.0f} ms, max {late.maximum:.0f} ms")
-        per_queue = sorted((r for n, r in rows.items() if n.startswith("LATENESS deliver q")),
-                           key=lambda r: int(r.name.rsplit("q", 1)[1]))  # fmt: skip
+        print(
+            f"  lateness (delivery - due): p50 {late.p50:.0f} ms, p99 {late.p99:.0f} ms, "
+            f"p99.9 {late.p999:.0f} ms, max {late.maximum:.0f} ms"
+        )
+        per_queue = sorted(
+            (r for n, r in rows.items() if n.startswith("LATENESS deliver q")),
+            key=lambda r: int(r.name.rsplit("q", 1)[1]),
+        )
         if per_queue:  # consumes try q0 first: a backlog waits in the last queues
-            print("  lateness p99 / p99.9 / max by queue, in the order consumes try them: "
-                  + ", ".join(f"{r.name.rsplit(' ', 1)[1]} {r.p99:.0f} / {r.p999:.0f} / {r.maximum:.0f}"
-                              for r in per_queue) + " ms")  # fmt: skip
-    print("  CPU used (share of one core): " + ", ".join(f"{k} {v / seconds:.0%}" for k, v in cpu.items()))
-    return {"requests": requests, "failures": failures, "rps": requests / seconds, "worst_p99": worst_p99,
-            "lateness_p99": late.p99 if late else None}  # fmt: skip
+            print(
+                "  lateness p99 / p99.9 / max by queue, in the order consumes try them: "
+                + ", ".join(
+                    f"{r.name.rsplit(' ', 1)[1]} {r.p99:.0f} / {r.p999:.0f} / {r.maximum:.0f}"
+                    for r in per_queue
+                )
+                + " ms"
+            )
+    print(
+        "  CPU used (share of one core): "
+        + ", ".join(f"{k} {v / seconds:.0%}" for k, v in cpu.items())
+    )
+    return {
+        "requests": requests,
+        "failures": failures,
+        "rps": requests / seconds,
+        "worst_p99": worst_p99,
+        "lateness_p99": late.p99 if late else None,
+    }
 
 
 # -- the profile ----------------------------------------------------------------------------
 
 
-def profile(jobs: int, rate: float, seconds: float, instances: int = 2, cluster: bool = False,
-            step: float = 0.0, step_seconds: float = 30.0, keep: bool = False) -> dict[str, Any]:  # fmt: skip
+def profile(
+    jobs: int,
+    rate: float,
+    seconds: float,
+    instances: int = 2,
+    cluster: bool = False,
+    step: float = 0.0,
+    step_seconds: float = 30.0,
+    keep: bool = False,
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-profile-"))
     d: Server | Cluster = start_cluster() if cluster else start_server()
     procs: list[Proc] = []
     services: dict[str, ServiceProcess] = {}
     result: dict[str, Any] = {}
     try:
-        print(f"profile: Redis {'Cluster 3+3' if cluster else 'standalone'}; preloading {jobs:,} delayed jobs "
-              f"(64-B bodies, due in 2-3 h) ...", flush=True)  # fmt: skip
+        print(
+            f"profile: Redis {'Cluster 3+3' if cluster else 'standalone'}; preloading {jobs:,} delayed jobs "
+            f"(64-B bodies, due in 2-3 h) ...",
+            flush=True,
+        )
         took, per_job = preload(d, jobs) if jobs else (0.0, 0.0)
         if jobs:
-            print(f"  preloaded in {took:.1f} s ({jobs / took:,.0f} jobs/s); Redis {per_job:.1f} B/job "
-                  f"(target <= 120)", flush=True)  # fmt: skip
+            print(
+                f"  preloaded in {took:.1f} s ({jobs / took:,.0f} jobs/s); Redis {per_job:.1f} B/job "
+                f"(target <= 120)",
+                flush=True,
+            )
         result["bytes_per_job"] = per_job
         pool = d.pool_settings()
         ports = []
         for i in range(instances):
             svc = services[f"service-{i}"] = start_instance(pool)
             ports.append(svc.port)
-        token = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "load"}).json()["token"]
+        token = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "load"}).json()[
+            "token"
+        ]
         listen = free_port(19000, 19500)
         procs.append(start_nginx(workdir, listen, ports))
         print(f"profile: nginx 127.0.0.1:{listen} -> {instances} instances {ports}", flush=True)
         watched = {name: psutil.Process(svc.pid) for name, svc in services.items()}
         watched |= {p.name: psutil.Process(p.popen.pid) for p in procs}
-        redis_pids = [psutil.Process(s.process.pid) for s in (d.servers if isinstance(d, Cluster) else [d])]
+        redis_pids = [
+            psutil.Process(s.process.pid) for s in (d.servers if isinstance(d, Cluster) else [d])
+        ]
         rates = [rate] if not step else [step * k for k in range(1, 100) if step * k <= rate * 10]
         steps = []
         for target in rates:
             length = seconds if not step else step_seconds
             print(f"profile: locust, {target:,.0f} req/s asked for {length:.0f} s ...", flush=True)
-            cpu0 = {n: cpu_seconds([p]) for n, p in watched.items()} | {"redis": cpu_seconds(redis_pids)}
+            cpu0 = {n: cpu_seconds([p]) for n, p in watched.items()} | {
+                "redis": cpu_seconds(redis_pids)
+            }
             children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            rows = run_locust(f"http://127.0.0.1:{listen}", token, target, length, workdir / f"locust-{int(target)}")
+            rows = run_locust(
+                f"http://127.0.0.1:{listen}",
+                token,
+                target,
+                length,
+                workdir / f"locust-{int(target)}",
+            )
             children = resource.getrusage(resource.RUSAGE_CHILDREN)  # locust, once it was reaped
             cpu = {n: cpu_seconds([p]) - cpu0[n] for n, p in watched.items()}
             cpu["redis"] = cpu_seconds(redis_pids) - cpu0["redis"]
-            cpu["locust"] = children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime
+            cpu["locust"] = (
+                children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime
+            )
             figures = report(rows, length, cpu)
             figures["asked"] = target
             steps.append(figures)
-            if step and (figures["rps"] < 0.9 * target or figures["failures"] > 0.001 * figures["requests"]):
+            if step and (
+                figures["rps"] < 0.9 * target or figures["failures"] > 0.001 * figures["requests"]
+            ):
                 break
         if step:
-            print("profile: steps (asked -> achieved req/s, p99 of publish and ack, lateness p99, failures)")
+            print(
+                "profile: steps (asked -> achieved req/s, p99 of publish and ack, lateness p99, failures)"
+            )
             for s in steps:
-                print(f"  {s['asked']:7,.0f} -> {s['rps']:7,.0f}   p99 {s['worst_p99']:5.0f} ms   lateness p99 "
-                      f"{s['lateness_p99'] or float('nan'):6.0f} ms   failures {s['failures']:,}")
+                print(
+                    f"  {s['asked']:7,.0f} -> {s['rps']:7,.0f}   p99 {s['worst_p99']:5.0f} ms   lateness p99 "
+                    f"{s['lateness_p99'] or float('nan'):6.0f} ms   failures {s['failures']:,}"
+                )
             ok = [s for s in steps if s["failures"] == 0 and s["worst_p99"] <= TARGET_P99_MS]
-            print(f"  highest step within p99 <= {TARGET_P99_MS:.0f} ms and 0 errors: "
-                  f"{ok[-1]['rps']:,.0f} req/s" if ok else "  no step met p99 <= 25 ms with 0 errors")
+            print(
+                f"  highest step within p99 <= {TARGET_P99_MS:.0f} ms and 0 errors: "
+                f"{ok[-1]['rps']:,.0f} req/s"
+                if ok
+                else "  no step met p99 <= 25 ms with 0 errors"
+            )
         time.sleep(2.5)  # the last live jobs (due <= 2 s after publish) leave the delayed set
         left = resident(d)
-        print(f"profile: resident delayed jobs after the load: {left:,} of {jobs:,}"
-              f"{'' if left >= jobs else '  <-- MISSING'}")  # fmt: skip
+        print(
+            f"profile: resident delayed jobs after the load: {left:,} of {jobs:,}"
+            f"{'' if left >= jobs else '  <-- MISSING'}"
+        )
         result |= {"steps": steps, "resident_left": left}
         if keep:
-            print(f"profile: left running (nginx 127.0.0.1:{listen}, token {token}); Ctrl-C stops it all")
+            print(
+                f"profile: left running (nginx 127.0.0.1:{listen}, token {token}); Ctrl-C stops it all"
+            )
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
                     time.sleep(3600)
@@ -356,13 +477,21 @@ def profile(jobs: int, rate: float, seconds: float, instances: int = 2, cluster:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--jobs", type=int, default=10_000_000, help="resident delayed jobs")
-    ap.add_argument("--rate", type=float, default=1500, help="HTTP requests/s (publish, consume, ack ~1/3 each)")
+    ap.add_argument(
+        "--rate", type=float, default=1500, help="HTTP requests/s (publish, consume, ack ~1/3 each)"
+    )
     ap.add_argument("--seconds", type=float, default=600)
     ap.add_argument("--instances", type=int, default=2)
-    ap.add_argument("--cluster", action="store_true", help="a 3+3 Redis Cluster instead of one server")
-    ap.add_argument("--step", type=float, default=0.0, help="step mode: raise the rate by this much per step")
+    ap.add_argument(
+        "--cluster", action="store_true", help="a 3+3 Redis Cluster instead of one server"
+    )
+    ap.add_argument(
+        "--step", type=float, default=0.0, help="step mode: raise the rate by this much per step"
+    )
     ap.add_argument("--step-seconds", type=float, default=30.0)
     ap.add_argument("--keep", action="store_true", help="leave everything running after the report")
     a = ap.parse_args()

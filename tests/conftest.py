@@ -32,7 +32,11 @@ from cluster_dq.pools import close_client, make_client
 
 Deployment = Server | Cluster | SentinelGroup
 TOPOLOGIES = os.environ.get("DQ_TOPOLOGIES", "standalone,cluster,sentinel").split(",")
-FIXTURE_OF = {"standalone": "redis_server", "cluster": "redis_cluster", "sentinel": "redis_sentinel"}
+FIXTURE_OF = {
+    "standalone": "redis_server",
+    "cluster": "redis_cluster",
+    "sentinel": "redis_sentinel",
+}
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +120,10 @@ async def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> AsyncIterator[
     def dump() -> None:
         capture = request.config.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-            print(f"\n=== asyncio tasks of {request.node.nodeid}, running for {after:.0f} s ===", file=sys.stderr)
+            print(
+                f"\n=== asyncio tasks of {request.node.nodeid}, running for {after:.0f} s ===",
+                file=sys.stderr,
+            )
             for task in asyncio.all_tasks():
                 task.print_stack(file=sys.stderr)
             sys.stderr.flush()

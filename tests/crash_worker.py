@@ -29,8 +29,12 @@ async def main(port: int, jobs: int) -> None:
 
     async def publisher() -> None:
         for start in range(0, jobs, 50):
-            specs = [JobSpec(f"{i}".encode(), delay_ms=random.randint(0, 1_500), tries=50,
-                             job_id=f"job-{i}") for i in range(start, min(start + 50, jobs))]  # fmt: skip
+            specs = [
+                JobSpec(
+                    f"{i}".encode(), delay_ms=random.randint(0, 1_500), tries=50, job_id=f"job-{i}"
+                )
+                for i in range(start, min(start + 50, jobs))
+            ]
             await engine.run(ops.publish(engine.config, NS, Q, specs, now_ms()), idempotent=True)
 
     async def consumer() -> None:

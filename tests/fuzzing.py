@@ -27,11 +27,31 @@ ADMIN_AUTH = ("admin", "s3cret")
 # The route tables themselves (handlers are never called here): a new route is fuzzed too.
 _NONE = cast(Any, None)
 DATA_ROUTES = [(r.path, sorted(r.methods or ())) for r in DataAPI(_NONE, _NONE).routes()]
-ADMIN_ROUTES = [(r.path, sorted(r.methods or ())) for r in AdminAPI(_NONE, _NONE, _NONE, _NONE).routes()]
+ADMIN_ROUTES = [
+    (r.path, sorted(r.methods or ())) for r in AdminAPI(_NONE, _NONE, _NONE, _NONE).routes()
+]
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE")
-PARAMS = ("delay", "delay_ms", "ttl", "ttl_ms", "tries", "ttr", "ttr_ms", "timeout", "timeout_ms",
-          "count", "priority", "job_id", "limit", "lease", "token", "pool", "description",
-          "status", "force_update")  # fmt: skip
+PARAMS = (
+    "delay",
+    "delay_ms",
+    "ttl",
+    "ttl_ms",
+    "tries",
+    "ttr",
+    "ttr_ms",
+    "timeout",
+    "timeout_ms",
+    "count",
+    "priority",
+    "job_id",
+    "limit",
+    "lease",
+    "token",
+    "pool",
+    "description",
+    "status",
+    "force_update",
+)
 
 # -- placeholders resolved at send time (they name the run's live state) ---------------------
 
@@ -68,7 +88,11 @@ class State:
             return self.victim.encode()
         if part.kind == "auth":
             return b"Basic " + base64.b64encode(f"{ADMIN_AUTH[0]}:{ADMIN_AUTH[1]}".encode())
-        job = self.jobs[part.index % len(self.jobs)] if self.jobs else encode_id(part.index.to_bytes(16, "big"))
+        job = (
+            self.jobs[part.index % len(self.jobs)]
+            if self.jobs
+            else encode_id(part.index.to_bytes(16, "big"))
+        )
         return quote(job + ("\n" if part.kind == "job\n" else ""), safe="").encode()
 
     def learn(self, body: bytes) -> None:
@@ -102,13 +126,19 @@ class Request:
     def target(self, state: State) -> bytes:
         out = b"".join(state.resolve(p) for p in self.path)
         if self.query:
-            pairs = [state.resolve(k) + (b"" if v is None else b"=" + state.resolve(v)) for k, v in self.query]
+            pairs = [
+                state.resolve(k) + (b"" if v is None else b"=" + state.resolve(v))
+                for k, v in self.query
+            ]
             out += b"?" + b"&".join(pairs)
         return out
 
     def wire(self, state: State, host: bytes) -> bytes:
-        head = [self.method + b" " + self.target(state) + b" HTTP/1.1", b"Host: " + host,
-                b"Connection: close"]  # fmt: skip
+        head = [
+            self.method + b" " + self.target(state) + b" HTTP/1.1",
+            b"Host: " + host,
+            b"Connection: close",
+        ]
         head += [name + b": " + state.resolve(value) for name, value in self.headers]
         body = self.payload(state)
         if self.chunked:
@@ -125,6 +155,7 @@ class Request:
 
     def show(self, state: State) -> str:
         """A short, replayable description for a report (long values abbreviated)."""
+
         def cut(b: bytes) -> str:
             text = repr(b)[2:-1]
             return text if len(text) <= 160 else f"{text[:120]}...<{len(b)} bytes>"
@@ -216,9 +247,35 @@ def parse(raw: bytes, head_only: bool = False) -> Response:
 
 # Percent-encodings parsers trip on: NUL, newline, a superscript and an Arabic-Indic digit,
 # a full-width digit, overlong and invalid UTF-8, a lone surrogate, encoded "/" and "%".
-ESCAPES = ("%00", "%0A", "%0D", "%09", "%20", "%C2%B2", "%D9%A3", "%EF%BC%91", "%C0%AF",
-           "%E0%80%AF", "%FF", "%FE%FF", "%ED%A0%80", "%2F", "%25", "%2E%2E", "%", "%G1", "+",
-           ",", ":", ";", "{", "}", "~", ".", "..")  # fmt: skip
+ESCAPES = (
+    "%00",
+    "%0A",
+    "%0D",
+    "%09",
+    "%20",
+    "%C2%B2",
+    "%D9%A3",
+    "%EF%BC%91",
+    "%C0%AF",
+    "%E0%80%AF",
+    "%FF",
+    "%FE%FF",
+    "%ED%A0%80",
+    "%2F",
+    "%25",
+    "%2E%2E",
+    "%",
+    "%G1",
+    "+",
+    ",",
+    ":",
+    ";",
+    "{",
+    "}",
+    "~",
+    ".",
+    "..",
+)
 VALID_NAME = st.from_regex(r"\A[-_A-Za-z0-9]{1,12}\Z")
 
 
@@ -228,7 +285,9 @@ def junk_segment(draw: st.DrawFn) -> Part:
     if kind == 0:
         return draw(st.text(max_size=12))  # any unicode, percent-encoded as UTF-8
     if kind == 1:
-        parts = draw(st.lists(st.one_of(st.sampled_from(ESCAPES), VALID_NAME), min_size=1, max_size=4))
+        parts = draw(
+            st.lists(st.one_of(st.sampled_from(ESCAPES), VALID_NAME), min_size=1, max_size=4)
+        )
         return "".join(parts).encode()
     if kind == 2:
         return "a" * draw(st.sampled_from([65, 129, 200, 256, 1000, 5000, 20000]))
@@ -250,24 +309,34 @@ def job_id_segment() -> st.SearchStrategy[Part]:
 
 
 def token_segment() -> st.SearchStrategy[Part]:
-    return st.one_of(st.just(Known("victim")), st.just(Known("token")), VALID_NAME,
-                     st.just("default:x" * 3), st.just("nopool:abcdefghijklmnopqrstu"), junk_segment())  # fmt: skip
+    return st.one_of(
+        st.just(Known("victim")),
+        st.just(Known("token")),
+        VALID_NAME,
+        st.just("default:x" * 3),
+        st.just("nopool:abcdefghijklmnopqrstu"),
+        junk_segment(),
+    )
 
 
 SEGMENTS: dict[str, st.SearchStrategy[Part]] = {
     "ns": name_segment([NS]),
     "q": name_segment(list(QUEUES)),
-    "queues": st.one_of(name_segment(list(QUEUES)),
-                        st.lists(st.sampled_from([*QUEUES, "", "_x", "q1\n"]), min_size=1, max_size=40)
-                        .map(lambda qs: quote(",".join(qs), safe=",").encode())),  # fmt: skip
+    "queues": st.one_of(
+        name_segment(list(QUEUES)),
+        st.lists(st.sampled_from([*QUEUES, "", "_x", "q1\n"]), min_size=1, max_size=40).map(
+            lambda qs: quote(",".join(qs), safe=",").encode()
+        ),
+    ),
     "job_id": job_id_segment(),
     "token": token_segment(),
 }
 
 
 @st.composite
-def route_path(draw: st.DrawFn, template: str,
-               segments: dict[str, st.SearchStrategy[Part]] | None = None) -> list[Part]:  # fmt: skip
+def route_path(
+    draw: st.DrawFn, template: str, segments: dict[str, st.SearchStrategy[Part]] | None = None
+) -> list[Part]:
     """The template with each ``{param}`` drawn from ``segments`` (by name; junk if unknown)."""
     out: list[Part] = []
     for piece in re.split(r"(\{[a-z_]+\})", template):
@@ -278,23 +347,75 @@ def route_path(draw: st.DrawFn, template: str,
     return out
 
 
-JUNK_TARGETS = (b"*", b"/", b"//api//fz/q1", b"/api", b"/api/fz", b"/api/fz/q1/", b"/api/fz/q1#f",
-                b"http://127.0.0.1/api/fz/q1", b"/api/fz/q1?a=1?b=2", b"/api/./fz/../fz/q1",
-                b"/token", b"/token/", b"/metrics/x", b"/%2e%2e/%2e%2e/etc/passwd")  # fmt: skip
-RAW_TARGETS = (b"/api/fz/q1\xff", b"/api/fz/q 1", b"/api/fz/q1\x00", b"/api/f\x7fz/q1", b"",
-               b"/api/\xd9\xa3/q1")  # fmt: skip
+JUNK_TARGETS = (
+    b"*",
+    b"/",
+    b"//api//fz/q1",
+    b"/api",
+    b"/api/fz",
+    b"/api/fz/q1/",
+    b"/api/fz/q1#f",
+    b"http://127.0.0.1/api/fz/q1",
+    b"/api/fz/q1?a=1?b=2",
+    b"/api/./fz/../fz/q1",
+    b"/token",
+    b"/token/",
+    b"/metrics/x",
+    b"/%2e%2e/%2e%2e/etc/passwd",
+)
+RAW_TARGETS = (
+    b"/api/fz/q1\xff",
+    b"/api/fz/q 1",
+    b"/api/fz/q1\x00",
+    b"/api/f\x7fz/q1",
+    b"",
+    b"/api/\xd9\xa3/q1",
+)
 
 # Numbers as a client may write them: valid, at the bounds, huge, Unicode digits, junk.
 NUMBER = st.one_of(
     st.integers(0, 10).map(str),
-    st.sampled_from(["0", "1", "64", "65", "255", "256", "600", "601", "65535", "65536",
-                     "4294967295", "4294967296", "18446744073709551616"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "0",
+            "1",
+            "64",
+            "65",
+            "255",
+            "256",
+            "600",
+            "601",
+            "65535",
+            "65536",
+            "4294967295",
+            "4294967296",
+            "18446744073709551616",
+        ]
+    ),
     st.integers(20, 6000).map(lambda n: "9" * n),
     st.text(st.characters(categories=["Nd", "No"]), min_size=1, max_size=4),
     st.text(st.characters(categories=["Nd", "No"]), min_size=1, max_size=4),
     st.integers(4290, 5000).map(lambda n: "1" * n),  # about Python's int() digit limit
-    st.sampled_from(["-1", "+1", " 1", "1 ", "1.5", "1e3", "0x10", "", "nan", "1_0", "\uff11",
-                     "\u00b2", "\u0663", "1\x00", "007", "true"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "-1",
+            "+1",
+            " 1",
+            "1 ",
+            "1.5",
+            "1e3",
+            "0x10",
+            "",
+            "nan",
+            "1_0",
+            "\uff11",
+            "\u00b2",
+            "\u0663",
+            "1\x00",
+            "007",
+            "true",
+        ]
+    ),
 )
 # Seconds (ms) a valid time may not be below: a job due, or a reservation ending, during the
 # run would make the pump write while a refused request is watched (see test_fuzz.stable).
@@ -320,15 +441,21 @@ def settle(name: str, value: str) -> str:
 
 # Which parameters a route reads (a hint that makes junk land where it is parsed; a route not
 # named here gets junk in any of PARAMS).
-READS = {"/api/{ns}/{q}": "delay delay_ms ttl ttl_ms tries priority job_id",
-         "/api/{ns}/{q}/bulk": "delay delay_ms ttl ttl_ms tries priority",
-         "/api/{ns}/{q}/job/{job_id}": "delay delay_ms ttl ttl_ms tries priority",
-         "/api/{ns}/{queues}": "ttr ttr_ms timeout timeout_ms count",
-         "/api/{ns}/{q}/job/{job_id}/release": "delay delay_ms lease",
-         "/api/{ns}/{q}/job/{job_id}/touch": "ttr ttr_ms lease",
-         "/api/{ns}/{q}/deadletter": "limit ttl ttl_ms", "/token/{ns}": "description token pool",
-         "/token/{ns}/{token}/limit": "pool", "/limits": "force_update", "/accesslog": "status",
-         "/info": "pool", "/draining": "pool"}  # fmt: skip
+READS = {
+    "/api/{ns}/{q}": "delay delay_ms ttl ttl_ms tries priority job_id",
+    "/api/{ns}/{q}/bulk": "delay delay_ms ttl ttl_ms tries priority",
+    "/api/{ns}/{q}/job/{job_id}": "delay delay_ms ttl ttl_ms tries priority",
+    "/api/{ns}/{queues}": "ttr ttr_ms timeout timeout_ms count",
+    "/api/{ns}/{q}/job/{job_id}/release": "delay delay_ms lease",
+    "/api/{ns}/{q}/job/{job_id}/touch": "ttr ttr_ms lease",
+    "/api/{ns}/{q}/deadletter": "limit ttl ttl_ms",
+    "/token/{ns}": "description token pool",
+    "/token/{ns}/{token}/limit": "pool",
+    "/limits": "force_update",
+    "/accesslog": "status",
+    "/info": "pool",
+    "/draining": "pool",
+}
 
 
 @st.composite
@@ -336,8 +463,14 @@ def junk_param(draw: st.DrawFn, route: str = "") -> tuple[Part, Part | None]:
     """One parameter a client got wrong: a name the route reads (mostly) with a junk number
     or text, raw escapes, or no value at all."""
     reads = READS.get(route, "").split() or list(PARAMS)
-    name = draw(st.one_of(st.sampled_from(reads), st.sampled_from(reads), st.sampled_from(PARAMS),
-                          st.text(max_size=6)))  # fmt: skip
+    name = draw(
+        st.one_of(
+            st.sampled_from(reads),
+            st.sampled_from(reads),
+            st.sampled_from(PARAMS),
+            st.text(max_size=6),
+        )
+    )
     kind = draw(st.integers(0, 9))
     if kind == 0:
         return name, None
@@ -352,7 +485,9 @@ def junk_param(draw: st.DrawFn, route: str = "") -> tuple[Part, Part | None]:
 def query(draw: st.DrawFn) -> list[tuple[Part, Part | None]]:
     out: list[tuple[Part, Part | None]] = []
     for _ in range(draw(st.integers(0, 5))):
-        name = draw(st.one_of(st.sampled_from(PARAMS), st.sampled_from(PARAMS), st.text(max_size=6)))
+        name = draw(
+            st.one_of(st.sampled_from(PARAMS), st.sampled_from(PARAMS), st.text(max_size=6))
+        )
         if draw(st.integers(0, 9)) == 0:
             out.append((name, None))  # "?delay" with no "="
             continue
@@ -387,24 +522,54 @@ AUTHS = st.one_of(
     st.just(Known("auth")),
     st.just(Known("auth")),
     st.binary(max_size=20).map(lambda b: b"Basic " + base64.b64encode(b)),
-    st.sampled_from([_basic(b"admin", "s3cr\u00e9t".encode()), _basic(b"admin", b"s3cr\xe9t"),
-                     _basic("\u00e4dmin".encode(), b"s3cret"), b"Basic", b"Basic !!!", b"Bearer x",
-                     b"Basic " + base64.b64encode(b"admin"), b"basic \xff\xfe",
-                     "Basic \u00e4".encode()]),  # fmt: skip
+    st.sampled_from(
+        [
+            _basic(b"admin", "s3cr\u00e9t".encode()),
+            _basic(b"admin", b"s3cr\xe9t"),
+            _basic("\u00e4dmin".encode(), b"s3cret"),
+            b"Basic",
+            b"Basic !!!",
+            b"Bearer x",
+            b"Basic " + base64.b64encode(b"admin"),
+            b"basic \xff\xfe",
+            "Basic \u00e4".encode(),
+        ]
+    ),
 )
 TOKENS = st.one_of(
-    st.just(Known("token")), st.just(Known("token")), st.just(Known("token")),
+    st.just(Known("token")),
+    st.just(Known("token")),
+    st.just(Known("token")),
     st.just(Known("token", 1)),
     st.text(st.characters(min_codepoint=32, exclude_characters="\x7f"), max_size=30).map(utf8),
-    st.sampled_from([b"a" * 1000, b"a" * 70_000, b"\xff\xfe", "t\u00f6ken".encode(), b"",
-                     b"nopool:abc", b"default:", b":"]),  # fmt: skip
+    st.sampled_from(
+        [
+            b"a" * 1000,
+            b"a" * 70_000,
+            b"\xff\xfe",
+            "t\u00f6ken".encode(),
+            b"",
+            b"nopool:abc",
+            b"default:",
+            b":",
+        ]
+    ),
 )
-REQUEST_IDS = st.one_of(st.text(st.characters(min_codepoint=32, exclude_characters="\x7f"), max_size=70).map(utf8),
-                        st.binary(max_size=70).map(lambda b: CTL.sub(b"", b)),
-                        st.sampled_from([b"\xff", b"a" * 65, b"a" * 64, b"\x80abc"]))  # fmt: skip
-CONTENT_TYPES = st.sampled_from([b"application/json", b"application/x-www-form-urlencoded",
-                                 b"multipart/form-data; boundary=xyz", b"multipart/form-data",
-                                 b"text/plain; charset=\xff", b"application/json; charset=utf-16"])  # fmt: skip
+REQUEST_IDS = st.one_of(
+    st.text(st.characters(min_codepoint=32, exclude_characters="\x7f"), max_size=70).map(utf8),
+    st.binary(max_size=70).map(lambda b: CTL.sub(b"", b)),
+    st.sampled_from([b"\xff", b"a" * 65, b"a" * 64, b"\x80abc"]),
+)
+CONTENT_TYPES = st.sampled_from(
+    [
+        b"application/json",
+        b"application/x-www-form-urlencoded",
+        b"multipart/form-data; boundary=xyz",
+        b"multipart/form-data",
+        b"text/plain; charset=\xff",
+        b"application/json; charset=utf-16",
+    ]
+)
 
 
 def _header_safe(value: Part) -> Part:
@@ -420,9 +585,13 @@ def one_bad_header(draw: st.DrawFn, sane: list[tuple[bytes, Part]]) -> list[tupl
     out = list(sane)
     kind = draw(st.integers(0, 6))
     if kind == 0:
-        out = [(n, v) for n, v in out if n != b"X-Token"] + [(b"X-Token", _header_safe(draw(TOKENS)))]
+        out = [(n, v) for n, v in out if n != b"X-Token"] + [
+            (b"X-Token", _header_safe(draw(TOKENS)))
+        ]
     elif kind == 1:
-        out = [(n, v) for n, v in out if n != b"Authorization"] + [(b"Authorization", _header_safe(draw(AUTHS)))]
+        out = [(n, v) for n, v in out if n != b"Authorization"] + [
+            (b"Authorization", _header_safe(draw(AUTHS)))
+        ]
     elif kind == 2:
         out.append((b"X-Request-ID", _header_safe(draw(REQUEST_IDS))))
     elif kind == 3:
@@ -442,9 +611,13 @@ def attribute_headers(draw: st.DrawFn) -> list[tuple[bytes, Part]]:
     out: list[tuple[bytes, Part]] = []
     for _ in range(draw(st.integers(0, 20))):
         key = draw(st.from_regex(r"\A[-A-Za-z0-9]{0,40}\Z"))
-        value = draw(st.one_of(st.text(st.characters(min_codepoint=32), max_size=200).map(utf8),
-                               st.binary(max_size=40).map(lambda b: CTL.sub(b"", b)),
-                               st.sampled_from([b"\x00", b"\x1b[0m"])))  # fmt: skip
+        value = draw(
+            st.one_of(
+                st.text(st.characters(min_codepoint=32), max_size=200).map(utf8),
+                st.binary(max_size=40).map(lambda b: CTL.sub(b"", b)),
+                st.sampled_from([b"\x00", b"\x1b[0m"]),
+            )
+        )
         out.append((b"Job-Attr-" + key.encode(), _header_safe(value)))
     return out
 
@@ -472,12 +645,32 @@ def headers(draw: st.DrawFn) -> tuple[list[tuple[bytes, Part]], bool]:
     return out, malformed
 
 
-JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                      st.text(max_size=20))  # fmt: skip
-JSON_VALUE = st.recursive(JSON_LEAF, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=5), c, max_size=4),
-                          max_leaves=8)  # fmt: skip
-LIMIT_NUMBER = st.one_of(st.integers(-5, 10), st.sampled_from(["1e309", "-1e309", "1.5", "1e18", '"1"',
-                         "null", "9" * 5000, "[]", '"\u0663"', "4294967296", "9223372036854775808"]))  # fmt: skip
+JSON_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)
+)
+JSON_VALUE = st.recursive(
+    JSON_LEAF,
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=5), c, max_size=4),
+    max_leaves=8,
+)
+LIMIT_NUMBER = st.one_of(
+    st.integers(-5, 10),
+    st.sampled_from(
+        [
+            "1e309",
+            "-1e309",
+            "1.5",
+            "1e18",
+            '"1"',
+            "null",
+            "9" * 5000,
+            "[]",
+            '"\u0663"',
+            "4294967296",
+            "9223372036854775808",
+        ]
+    ),
+)
 
 
 @st.composite
@@ -490,19 +683,30 @@ def body(draw: st.DrawFn) -> bytes:
     if kind == 3:
         return json.dumps(draw(JSON_VALUE)).encode()
     if kind == 4:
-        fields = {k: draw(LIMIT_NUMBER) for k in ("read", "write", "interval") if draw(st.booleans())}
+        fields = {
+            k: draw(LIMIT_NUMBER) for k in ("read", "write", "interval") if draw(st.booleans())
+        }
         return ("{" + ",".join(f'"{k}": {v}' for k, v in fields.items()) + "}").encode()
     if kind == 5:
-        ids = draw(st.lists(st.one_of(st.from_regex(r"\A[-_A-Za-z0-9]{1,70}\Z"), st.text(max_size=5)), max_size=1100))
+        ids = draw(
+            st.lists(
+                st.one_of(st.from_regex(r"\A[-_A-Za-z0-9]{1,70}\Z"), st.text(max_size=5)),
+                max_size=1100,
+            )
+        )
         return json.dumps(draw(st.sampled_from([ids, {"job_ids": ids}]))).encode()
     if kind == 6:
         return draw(st.binary(max_size=200))
     if kind == 7:
-        size = draw(st.sampled_from([1024 * 1024 - 1, 1024 * 1024, 1024 * 1024 + 1, 3 * 1024 * 1024]))
+        size = draw(
+            st.sampled_from([1024 * 1024 - 1, 1024 * 1024, 1024 * 1024 + 1, 3 * 1024 * 1024])
+        )
         return b"[" + b"1," * (size // 2 - 1) + b"1]" if draw(st.booleans()) else b"x" * size
     if kind == 8:
         return b"description=d&token=" + draw(st.binary(max_size=30)).replace(b"&", b"")
-    return b'--xyz\r\nContent-Disposition: form-data; name="description"\r\n\r\n' + draw(st.binary(max_size=30))
+    return b'--xyz\r\nContent-Disposition: form-data; name="description"\r\n\r\n' + draw(
+        st.binary(max_size=30)
+    )
 
 
 # A sane request, per piece: what a correct client sends (so that successes, and the code
@@ -566,8 +770,24 @@ def requests(draw: st.DrawFn) -> Request:
     table = DATA_ROUTES if port == "data" else ADMIN_ROUTES
     route, methods = draw(st.sampled_from(table))
     sane = draw(st.integers(0, 3)) > 0  # else every piece is junk
-    wrong = draw(st.sampled_from(["none", "none", "route", "method", "path", "query", "query",
-                                  "query", "headers", "headers", "body", "framing"]))  # fmt: skip
+    wrong = draw(
+        st.sampled_from(
+            [
+                "none",
+                "none",
+                "route",
+                "method",
+                "path",
+                "query",
+                "query",
+                "query",
+                "headers",
+                "headers",
+                "body",
+                "framing",
+            ]
+        )
+    )
     malformed = False
     method = draw(st.sampled_from([m for m in methods if m != "HEAD"] or methods))
     if not sane or wrong == "method":
@@ -593,7 +813,11 @@ def requests(draw: st.DrawFn) -> Request:
         hdrs, malformed_headers = draw(headers())
         malformed = malformed or malformed_headers
     else:
-        hdrs = [(b"X-Token", Known("token"))] if port == "data" else [(b"Authorization", Known("auth"))]
+        hdrs = (
+            [(b"X-Token", Known("token"))]
+            if port == "data"
+            else [(b"Authorization", Known("auth"))]
+        )
         if wrong == "headers":
             hdrs = draw(one_bad_header(hdrs))
     malformed = malformed or any(isinstance(v, bytes) and CTL.search(v) for _, v in hdrs)
@@ -609,7 +833,9 @@ def requests(draw: st.DrawFn) -> Request:
         if mode == 0:
             req.chunked = True
         elif mode == 1:
-            lie = draw(st.sampled_from([b"-1", b"abc", b"99999999999999999999", b"1e3", b"", b" 5"]))
+            lie = draw(
+                st.sampled_from([b"-1", b"abc", b"99999999999999999999", b"1e3", b"", b" 5"])
+            )
             req.content_length, req.malformed = lie, True
         elif mode == 2:
             declared = max(len(req.body) + draw(st.integers(-5, 5)), 0)
@@ -642,7 +868,9 @@ class Snapshot:
             if before == after:
                 continue
             if before is None or after is None:
-                out.append(f"{'added' if before is None else 'removed'} {key.decode(errors='replace')}")
+                out.append(
+                    f"{'added' if before is None else 'removed'} {key.decode(errors='replace')}"
+                )
             elif client is None:
                 out.append(f"changed {key.decode(errors='replace')}")
             elif fields := changed_fields(client, before, after):
@@ -663,13 +891,21 @@ def changed_fields(client: redis.Redis, before: bytes, after: bytes) -> str:
             name = f"fuzz:scratch:{n}"
             scratch.restore(name, 0, dumped, replace=True)
             kind = scratch.type(name)
-            contents.append(scratch.hgetall(name) if kind == b"hash" else
-                            dict(scratch.zrange(name, 0, -1, withscores=True)) if kind == b"zset" else
-                            {m: 1 for m in scratch.smembers(name)} if kind == b"set" else
-                            {b"": scratch.dump(name)})  # fmt: skip
+            contents.append(
+                scratch.hgetall(name)
+                if kind == b"hash"
+                else dict(scratch.zrange(name, 0, -1, withscores=True))
+                if kind == b"zset"
+                else {m: 1 for m in scratch.smembers(name)}
+                if kind == b"set"
+                else {b"": scratch.dump(name)}
+            )
         old, new = contents
-        return "; ".join(f"{f!r}: {old.get(f)!r} -> {new.get(f)!r}"[:300]
-                         for f in sorted(old.keys() | new.keys()) if old.get(f) != new.get(f))[:2000]  # fmt: skip
+        return "; ".join(
+            f"{f!r}: {old.get(f)!r} -> {new.get(f)!r}"[:300]
+            for f in sorted(old.keys() | new.keys())
+            if old.get(f) != new.get(f)
+        )[:2000]
     finally:
         scratch.flushdb()
         scratch.close()
@@ -686,8 +922,11 @@ def snapshot(client: redis.Redis) -> Snapshot:
         pipe.zrange(key, 0, 0, withscores=True)
     replies = pipe.execute()
     now = time.time() * 1000
-    values = {k: replies[2 * i] + (b"1" if replies[2 * i + 1] >= 0 else b"0")
-              for i, k in enumerate(keys) if replies[2 * i] is not None}  # fmt: skip
+    values = {
+        k: replies[2 * i] + (b"1" if replies[2 * i + 1] >= 0 else b"0")
+        for i, k in enumerate(keys)
+        if replies[2 * i] is not None
+    }
     expiring = any(0 <= replies[2 * i + 1] <= STILL_MS for i in range(len(keys)))
     heads = [head[0][1] for head in replies[2 * len(keys) :] if head]
     due = any(score <= now + STILL_MS for score in heads)

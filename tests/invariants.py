@@ -12,8 +12,10 @@ from cluster_dq.keys import QueueKeys
 def check_queue(r: redis.Redis, ns: str, q: str) -> dict[str, int]:
     k = QueueKeys(ns, q)
     jobs = set(r.hkeys(k.jobs))
-    zsets = {name: set(r.zrange(getattr(k, name), 0, -1)) for name in
-             ("ready", "reserved", "delayed", "dead")}  # fmt: skip
+    zsets = {
+        name: set(r.zrange(getattr(k, name), 0, -1))
+        for name in ("ready", "reserved", "delayed", "dead")
+    }
     union: set[bytes] = set()
     for name, members in zsets.items():
         assert not (union & members), f"a job is in {name} and another state"

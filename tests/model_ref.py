@@ -79,8 +79,11 @@ class Model:
         return copy.deepcopy(self)
 
     def of(self, q: str, state: str | None = None) -> list[MJob]:
-        return [j for j in self.jobs.values() if j is not None and j.queue == q
-                and (state is None or j.state == state)]  # fmt: skip
+        return [
+            j
+            for j in self.jobs.values()
+            if j is not None and j.queue == q and (state is None or j.state == state)
+        ]
 
     def allow(self, key: Key, alt: MJob | None) -> None:
         """Another outcome for ``key`` that the next observation may find."""
@@ -142,15 +145,34 @@ class Model:
         at = self.acked.get((q, job_id))
         return at is not None and now - at < self.remember_acked_ms
 
-    def place(self, q: str, job_id: str, client: bool, base: int, now: int, delay: int, ttl: int,
-              tries: int, priority: int) -> str:  # fmt: skip
+    def place(
+        self,
+        q: str,
+        job_id: str,
+        client: bool,
+        base: int,
+        now: int,
+        delay: int,
+        ttl: int,
+        tries: int,
+        priority: int,
+    ) -> str:
         """A new job (the caller checked it is not a duplicate); its published state. ``base``:
         the request's time (due and ttl count from it); ``now``: when the script ran (a
         retried step is stamped afresh)."""
         due = base + delay
         start = due - due % BUCKET_WIDTH_MS
-        j = MJob(q, job_id, READY if due <= now else DELAYED, due, priority, tries, 0,
-                 base + ttl if ttl else 0, client_id=client)  # fmt: skip
+        j = MJob(
+            q,
+            job_id,
+            READY if due <= now else DELAYED,
+            due,
+            priority,
+            tries,
+            0,
+            base + ttl if ttl else 0,
+            client_id=client,
+        )
         # only priority-0 jobs rest in the wheel (a priority job must not wait behind a backlog)
         if j.state == DELAYED and not client and priority == 0 and start > base + OPEN_LEAD_MS:
             j.wheel = start
@@ -178,13 +200,16 @@ class Model:
             return "ttr_expired" if j.deadline <= now else ""
         return j.state
 
-    def reserve(self, j: MJob, now: int, ttr: int, delivery: int | None, lease: str | None = None) -> None:
+    def reserve(
+        self, j: MJob, now: int, ttr: int, delivery: int | None, lease: str | None = None
+    ) -> None:
         j.state, j.deadline, j.holder, j.lease = RESERVED, now + ttr, delivery, lease
         j.tries -= 1
         j.deliveries += 1
 
-    def consume_script(self, q: str, now: int, ttr: int, got: list[Any], need: int,
-                       delivery: int | None) -> None:  # fmt: skip
+    def consume_script(
+        self, q: str, now: int, ttr: int, got: list[Any], need: int, delivery: int | None
+    ) -> None:
         """consume.lua on ``q``: checks the engine's choice ``got`` (in its order) and applies it."""
         self.expire_reservations(q, now)
         self.promote(q, now)
@@ -195,8 +220,10 @@ class Model:
         for g in got:
             m = by_key.get((g.queue, g.job_id))
             if m is None or m.expired(now):
-                raise Mismatch(f"consume delivered {g.job_id} of {q}, not a live ready job (model: "
-                               f"{self.jobs.get((g.queue, g.job_id))})")  # fmt: skip
+                raise Mismatch(
+                    f"consume delivered {g.job_id} of {q}, not a live ready job (model: "
+                    f"{self.jobs.get((g.queue, g.job_id))})"
+                )
             chosen.append(m)
         if len(chosen) > need:
             raise Mismatch(f"consume delivered {len(chosen)} jobs of {q}, asked for {need}")
@@ -208,14 +235,18 @@ class Model:
         rest = [j for j in live if all(j is not c for c in chosen)]
         if len(chosen) < need:
             if rest:
-                raise Mismatch(f"consume of {q} left live ready jobs behind: {[j.job_id for j in rest]}")
+                raise Mismatch(
+                    f"consume of {q} left live ready jobs behind: {[j.job_id for j in rest]}"
+                )
             for j in ready:
                 if j.expired(now):
                     self.gone(j)
         elif chosen:
             top = ranks[-1]
             if any(j.rank() < top for j in rest):
-                raise Mismatch(f"consume of {q} skipped a better job: {[j.job_id for j in rest if j.rank() < top]}")
+                raise Mismatch(
+                    f"consume of {q} skipped a better job: {[j.job_id for j in rest if j.rank() < top]}"
+                )
             for j in ready:
                 if j.expired(now):
                     if j.rank() == top:

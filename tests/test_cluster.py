@@ -44,12 +44,26 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
     t = now_ms()
     # queues whose tags hash to different slots / masters
     for q in ("alpha", "beta", "gamma"):
-        published = await run(ops.publish(cfg, "ns", q, [
-            JobSpec(b"ready"), JobSpec(b"near", delay_ms=1_000),
-            JobSpec(b"wheel", delay_ms=10 * MIN), JobSpec(b"mine", job_id=f"id-{q}"),
-        ], t))  # fmt: skip
+        published = await run(
+            ops.publish(
+                cfg,
+                "ns",
+                q,
+                [
+                    JobSpec(b"ready"),
+                    JobSpec(b"near", delay_ms=1_000),
+                    JobSpec(b"wheel", delay_ms=10 * MIN),
+                    JobSpec(b"mine", job_id=f"id-{q}"),
+                ],
+                t,
+            )
+        )
         assert [p.state for p in published] == [
-            JobState.READY, JobState.DELAYED, JobState.DELAYED, JobState.READY]
+            JobState.READY,
+            JobState.DELAYED,
+            JobState.DELAYED,
+            JobState.READY,
+        ]
         wheel_id = published[2].job_id
         assert (await run(ops.peek_job("ns", q, wheel_id))).state is JobState.DELAYED  # type: ignore[union-attr]
         assert (await run(ops.peek(cfg, "ns", q, "ready", t))) is not None
@@ -58,8 +72,12 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
         assert await run(ops.touch(cfg, "ns", q, jobs[1].job_id, 60_000, t)) is True
         assert await run(ops.release(cfg, "ns", q, [jobs[1].job_id], 0, t)) == [JobState.READY]
         assert await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id])) == [
-            JobState.RESERVED, JobState.DELAYED]
-        old, new = await run(ops.republish(cfg, "ns", q, f"id-{q}", JobSpec(b"v2", delay_ms=10 * MIN), t))
+            JobState.RESERVED,
+            JobState.DELAYED,
+        ]
+        old, new = await run(
+            ops.republish(cfg, "ns", q, f"id-{q}", JobSpec(b"v2", delay_ms=10 * MIN), t)
+        )
         assert old is JobState.READY and not new.duplicate
         s = await run(ops.tick(cfg, "ns", q, t + 10 * MIN - cfg.open_lead_ms))  # opens the bucket
         assert s.delayed == 1 or s.ready >= 1
@@ -79,7 +97,9 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
     await run(ops.reschedule(3, "ns/x", None, epoch))
     await run(ops.publish(cfg, "ns", "ttl", [JobSpec(b"x", ttl_ms=5)], t))
     await run(ops.tick(cfg, "ns", "ttl", t + 10))
-    assert engine.seen == set(load_all()), f"not run on the cluster: {set(load_all()) - engine.seen}"
+    assert engine.seen == set(load_all()), (
+        f"not run on the cluster: {set(load_all()) - engine.seen}"
+    )
 
 
 async def test_pump_and_long_poll_on_a_cluster(cluster_engine: AsyncEngine) -> None:

@@ -36,7 +36,9 @@ class Clock:
         return self.t
 
 
-def inject(engine: AsyncEngine, fault: Callable[[Step, Callable[[Step], Awaitable[Any]]], Awaitable[Any]]) -> None:
+def inject(
+    engine: AsyncEngine, fault: Callable[[Step, Callable[[Step], Awaitable[Any]]], Awaitable[Any]]
+) -> None:
     """Wraps one attempt of one step: ``fault(step, real_step)`` decides what happens."""
     real = engine._step
 
@@ -50,16 +52,25 @@ def script_of(step: Step) -> str | None:
     return step.script if isinstance(step, Eval) else None
 
 
-async def test_republish_with_the_same_client_id_replaces_the_job(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_republish_with_the_same_client_id_replaces_the_job(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     """PUT /api/ns/q/job/order-42?job_id=order-42 answered 201 and left nothing: the new job
     was taken for a duplicate of the id it was acking."""
     cfg, t = engine.config, now_ms()
     await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"v1", job_id="order-42")], t))
     await engine.run(ops.consume(cfg, NS, [Q], 30_000, 1, t + 1))
-    old, new = await engine.run(ops.republish(cfg, NS, Q, "order-42", JobSpec(b"v2", job_id="order-42"), t + 2))
+    old, new = await engine.run(
+        ops.republish(cfg, NS, Q, "order-42", JobSpec(b"v2", job_id="order-42"), t + 2)
+    )
     assert old is JobState.RESERVED and not new.duplicate and new.state is JobState.READY
     job = await engine.run(ops.peek_job(NS, Q, "order-42"))
-    assert job is not None and job.body == b"v2" and job.state is JobState.READY and job.deliveries == 0
+    assert (
+        job is not None
+        and job.body == b"v2"
+        and job.state is JobState.READY
+        and job.deliveries == 0
+    )
     check_queue(sync_redis, NS, Q)
 
 
@@ -72,7 +83,9 @@ def test_a_ttl_that_ends_when_the_job_is_due_is_refused() -> None:
     validate_spec(JobSpec(b"x", delay_ms=1000, ttl_ms=0))  # 0 = never expires
 
 
-async def test_a_refused_consume_repeated_later_reserves_for_a_full_ttr(engine: AsyncEngine) -> None:
+async def test_a_refused_consume_repeated_later_reserves_for_a_full_ttr(
+    engine: AsyncEngine,
+) -> None:
     """A consume refused by a stale master (nothing ran) is repeated after the retry policy's
     waits; it reused the first attempt's time, so the reservation ended in the past and a
     second consumer got the job at once."""
@@ -116,7 +129,9 @@ async def test_a_retried_touch_extends_from_when_it_ran(engine: AsyncEngine) -> 
 
 
 @pytest.mark.parametrize("when", ["consume", "publish"])
-async def test_a_lost_shard_signal_does_not_fail_the_operation(engine: AsyncEngine, when: str) -> None:
+async def test_a_lost_shard_signal_does_not_fail_the_operation(
+    engine: AsyncEngine, when: str
+) -> None:
     """The signal that tells the pump about a queue's next event is a separate step. When it
     failed, a consume that had reserved jobs raised: the jobs were never handed out and a try
     was burnt. (A lost signal is repaired by the reconcile sweep.)"""
@@ -134,7 +149,9 @@ async def test_a_lost_shard_signal_does_not_fail_the_operation(engine: AsyncEngi
         (job,) = await engine.run(ops.consume(cfg, NS, [Q], 30_000, 1, t + 1))
         assert job.tries_left == 2
     else:
-        (p,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"x", delay_ms=60_000)], t), idempotent=True)
+        (p,) = await engine.run(
+            ops.publish(cfg, NS, Q, [JobSpec(b"x", delay_ms=60_000)], t), idempotent=True
+        )
         assert not p.duplicate and p.state is JobState.DELAYED
 
 
@@ -160,11 +177,16 @@ async def test_acked_ids_are_remembered_for_the_configured_time_only(engine: Asy
     await engine.run(ops.ack(NS, Q, ["other"], t + 900, remember_ms=1_000))  # keeps the key alive
     (fresh,) = await engine.run(ops.publish(cfg, NS, Q, [spec], t + 1_100))
     assert not fresh.duplicate
-    assert await engine.run(ops.known_ids(NS, Q, ["order-7", "other"], t + 1_100, 1_000)) == [True, True]
+    assert await engine.run(ops.known_ids(NS, Q, ["order-7", "other"], t + 1_100, 1_000)) == [
+        True,
+        True,
+    ]
     assert await engine.run(ops.known_ids(NS, Q, ["other"], t + 2_000, 1_000)) == [False]
 
 
-async def test_a_repeated_give_back_leaves_another_consumers_reservation_alone(engine: AsyncEngine) -> None:
+async def test_a_repeated_give_back_leaves_another_consumers_reservation_alone(
+    engine: AsyncEngine,
+) -> None:
     """The long-poll hub gives back jobs a consumer never got. Its release was repeated after
     a lost reply; by then another consumer held the job, and the repeat took it away from
     them (and restored a try)."""
@@ -202,7 +224,9 @@ def _consume_args(engine: AsyncEngine, now: int) -> tuple[list[str], list[Any]]:
     return list(step.keys), list(step.args)
 
 
-async def test_a_consume_cancelled_while_its_reply_is_in_flight_gives_the_job_back(engine: AsyncEngine) -> None:
+async def test_a_consume_cancelled_while_its_reply_is_in_flight_gives_the_job_back(
+    engine: AsyncEngine,
+) -> None:
     """A long-poll cancelled (its client left, or a multi-pool consume took another pool's
     jobs) after Redis reserved a job but before the reply arrived: the reservation was
     nobody's, and the try was burnt (with one try, the job went to the dead letter)."""
@@ -243,7 +267,9 @@ def _fixed_spec(due: int, body: bytes = b"row") -> JobSpec:
     return JobSpec(body, 0, 0, job_id=derived_id(NS, Q, due, body, 1), due_ms=due)
 
 
-async def test_a_pipeline_rerun_while_the_bucket_may_be_open_creates_nothing(engine: AsyncEngine) -> None:
+async def test_a_pipeline_rerun_while_the_bucket_may_be_open_creates_nothing(
+    engine: AsyncEngine,
+) -> None:
     """The duplicate check of a fixed server id looked in its wheel bucket only while the
     publisher thought the bucket closed: a rerun after the bucket's open time (the pump had not
     opened it: it holds buckets back while consumers lag) placed the job a second time; and a
@@ -283,7 +309,9 @@ async def test_a_schedule_for_later_keeps_its_jobs_until_they_are_due(engine: As
 
     cfg, t = engine.config, now_ms()
     ref = t + 30_000
-    spec = spec_of(check_row({"namespace": NS, "queue": Q, "body": "x", "delay_s": 1, "ttl_s": 5}, ref), {})
+    spec = spec_of(
+        check_row({"namespace": NS, "queue": Q, "body": "x", "delay_s": 1, "ttl_s": 5}, ref), {}
+    )
     await engine.run(ops.publish(cfg, NS, Q, [spec], t))
     await engine.run(ops.tick(cfg, NS, Q, ref + 1_000))
     (job,) = await engine.run(ops.consume(cfg, NS, [Q], 1_000, 1, ref + 1_000))
@@ -312,11 +340,15 @@ async def test_consume_drops_a_bounded_number_of_expired_jobs_per_call(engine: A
     assert max(dropped) <= 200 and sum(dropped) == 1_000, dropped
 
 
-async def test_a_due_job_with_a_priority_does_not_wait_behind_a_backlog(engine: AsyncEngine) -> None:
+async def test_a_due_job_with_a_priority_does_not_wait_behind_a_backlog(
+    engine: AsyncEngine,
+) -> None:
     """A long-delayed high-priority job rested in a wheel bucket; buckets are held back while
     consumers lag, so once due it waited behind every low-priority job already ready."""
     cfg, t = dataclasses.replace(engine.config, open_backlog=50), now_ms()
-    (urgent,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"urgent", delay_ms=60_000, priority=9)], t))
+    (urgent,) = await engine.run(
+        ops.publish(cfg, NS, Q, [JobSpec(b"urgent", delay_ms=60_000, priority=9)], t)
+    )
     for _ in range(2):
         await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"bulk") for _ in range(40)], t + 1))
     later = t + 61_000
@@ -325,7 +357,9 @@ async def test_a_due_job_with_a_priority_does_not_wait_behind_a_backlog(engine: 
     assert job.job_id == urgent.job_id
 
 
-async def test_the_registry_forgets_a_queue_that_is_empty_and_idle(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_the_registry_forgets_a_queue_that_is_empty_and_idle(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     """The shard registry kept every queue ever seen, so the pump's size pass and /info grew
     without bound."""
     from cluster_dq.keys import ShardKeys, shard_of
@@ -348,7 +382,9 @@ async def test_the_registry_forgets_a_queue_that_is_empty_and_idle(engine: Async
     await engine.run(ops.lead(shard, pump.token, 1, give_up=True))
 
 
-async def test_release_and_respawn_never_write_half_a_job(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_release_and_respawn_never_write_half_a_job(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     """With an invariant already broken (a reserved or dead member whose record is missing),
     release and respawn raised in the middle of their script: Redis keeps what a script wrote
     before an error, so each left a partial write behind (and failed every later call)."""
@@ -359,13 +395,17 @@ async def test_release_and_respawn_never_write_half_a_job(engine: AsyncEngine, s
     (p,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"x", tries=2)], t))
     (job,) = await engine.run(ops.consume(cfg, NS, [Q], 30_000, 1, t))
     sync_redis.hdel(k.jobs, _member(job.job_id))
-    assert await engine.run(ops.release(cfg, NS, Q, [job.job_id], 0, t + 1, leases=[job.lease])) == [None]
+    assert await engine.run(
+        ops.release(cfg, NS, Q, [job.job_id], 0, t + 1, leases=[job.lease])
+    ) == [None]
     sync_redis.zadd(k.dead, {b"ghost": t})
     (q,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"y")], t))
     sync_redis.zadd(k.dead, {_member(q.job_id): t})  # a real one beside the ghost
     sync_redis.zrem(k.ready, _member(q.job_id))
     assert await engine.run(ops.respawn(cfg, NS, Q, 10, 0, t + 2)) == 1
-    assert sync_redis.zcard(k.dead) == 0 and sync_redis.zscore(k.ready, _member(q.job_id)) is not None
+    assert (
+        sync_redis.zcard(k.dead) == 0 and sync_redis.zscore(k.ready, _member(q.job_id)) is not None
+    )
     assert not sync_redis.hexists(k.jobs, b"ghost")
 
 

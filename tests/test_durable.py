@@ -31,8 +31,11 @@ def token(admin: str) -> str:
 
 @pytest.fixture
 def sentinel_service(redis_sentinel: SentinelGroup) -> Iterator[tuple[str, str, SentinelGroup]]:
-    svc = serve(redis_sentinel.pool_settings(), CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS="2",
-                CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS="300")  # fmt: skip
+    svc = serve(
+        redis_sentinel.pool_settings(),
+        CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS="2",
+        CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS="300",
+    )
     base, admin = svc.base, svc.admin
     yield base, admin, redis_sentinel
     svc.stop(timeout=20)
@@ -62,13 +65,19 @@ def test_publish_waits_for_replicas_and_says_what_happened_when_they_lag(
         os.kill(replica.process.pid, signal.SIGCONT)
     r = httpx.put(f"{base}/api/dur/q", headers=h, params={"job_id": jid}, content=b"at risk")
     # the unconfirmed ack above was applied: the id is remembered, so this is a duplicate
-    assert r.status_code == 201 and r.json() == {"msg": "published", "job_id": jid, "duplicate": True}
+    assert r.status_code == 201 and r.json() == {
+        "msg": "published",
+        "job_id": jid,
+        "duplicate": True,
+    }
     r = httpx.put(f"{base}/api/dur/q", headers=h, params={"job_id": "order-43"}, content=b"ok")
     assert r.status_code == 201 and r.json() == {"msg": "published", "job_id": "order-43"}
     assert httpx.delete(f"{base}/api/dur/q/job/order-43", headers=h).status_code == 204
 
 
-def test_durable_publish_on_a_cluster_waits_on_the_queues_own_master(redis_cluster: Cluster) -> None:
+def test_durable_publish_on_a_cluster_waits_on_the_queues_own_master(
+    redis_cluster: Cluster,
+) -> None:
     svc = serve(redis_cluster.pool_settings(), CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS="1")
     base, admin = svc.base, svc.admin
     try:
@@ -112,7 +121,9 @@ async def test_a_durable_write_rides_through_a_cluster_failover_its_client_has_n
     await client.initialize()
     engine = AsyncEngine(client, wait_replicas=1, wait_timeout_ms=2_000)
     cfg = engine.config
-    await engine.run(ops.publish(cfg, "fo", "q", [JobSpec(b"before")], now_ms()), idempotent=True, durable=True)
+    await engine.run(
+        ops.publish(cfg, "fo", "q", [JobSpec(b"before")], now_ms()), idempotent=True, durable=True
+    )
     old = client.get_node_from_key(QueueKeys("fo", "q").meta).port
     with redis.Redis(port=old) as r:
         replica = int(r.info("replication")["slave0"]["port"])
@@ -122,8 +133,11 @@ async def test_a_durable_write_rides_through_a_cluster_failover_its_client_has_n
     _failover_to(replica, old)  # the engine's client has not seen it: its slot map is stale
     try:
         assert client.get_node_from_key(QueueKeys("fo", "q").meta).port == old
-        (p,) = await engine.run(ops.publish(cfg, "fo", "q", [JobSpec(b"after")], now_ms()),
-                                idempotent=True, durable=True)  # fmt: skip
+        (p,) = await engine.run(
+            ops.publish(cfg, "fo", "q", [JobSpec(b"after")], now_ms()),
+            idempotent=True,
+            durable=True,
+        )
         assert await engine.run(ops.peek_job("fo", "q", p.job_id)) is not None
         assert client.get_node_from_key(QueueKeys("fo", "q").meta).port == replica  # caught up
         assert (await engine.run(ops.sizes(cfg, "fo", "q"))).ready == 2
@@ -141,21 +155,33 @@ async def test_a_master_without_its_replicas_refuses_writes_and_the_engine_asks_
     script (NOREPLICAS). The engine then changes nothing, drops its idle connections and says
     so; a refused consume is repeated (nothing ran), and goes through once writes are taken."""
     client = make_client(redis_sentinel.pool_settings())
-    engine = AsyncEngine(client, clock=lambda: 2_000)  # the test's clock (a repeat is stamped with it)
+    engine = AsyncEngine(
+        client, clock=lambda: 2_000
+    )  # the test's clock (a repeat is stamped with it)
     cfg = engine.config
     master = redis_sentinel.master().client()
     try:
-        assert not [w for w in await check_redis("default", client) if "min-replicas" in w]  # guarded
-        (job,) = await engine.run(ops.publish(cfg, "stale", "q", [JobSpec(b"kept")], 1_000), idempotent=True)
+        assert not [
+            w for w in await check_redis("default", client) if "min-replicas" in w
+        ]  # guarded
+        (job,) = await engine.run(
+            ops.publish(cfg, "stale", "q", [JobSpec(b"kept")], 1_000), idempotent=True
+        )
         before = await engine.run(ops.sizes(cfg, "stale", "q"))
-        master.config_set("min-replicas-to-write", 3)  # 2 replicas: what a stale master sees (0 of 1)
+        master.config_set(
+            "min-replicas-to-write", 3
+        )  # 2 replicas: what a stale master sees (0 of 1)
         with pytest.raises(StaleMaster, match="nothing written"):
             await engine.run(ops.consume(cfg, "stale", ["q"], 30_000, 1, 2_000))
         idle = client.connection_pool._available_connections  # redis-py's pool, no public view
         assert idle and not any(c.is_connected for c in idle)  # the next one asks Sentinel again
         with pytest.raises(StaleMaster):
-            await engine.run(ops.ack("stale", "q", [job.job_id]), idempotent=True)  # retried ~5 s, then told
-        assert await engine.run(ops.sizes(cfg, "stale", "q")) == before  # reads still work; nothing changed
+            await engine.run(
+                ops.ack("stale", "q", [job.job_id]), idempotent=True
+            )  # retried ~5 s, then told
+        assert (
+            await engine.run(ops.sizes(cfg, "stale", "q")) == before
+        )  # reads still work; nothing changed
 
         async def writes_back_soon() -> None:
             await asyncio.sleep(0.5)

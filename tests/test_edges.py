@@ -92,21 +92,27 @@ async def store(standalone_redis: redis.Redis, redis_server: Server) -> AsyncIte
     await close_client(client)
 
 
-@pytest.mark.parametrize("bad", ["x" * 65, "x" * 100_000, "has space", "tok\n", "t\xffk", "a:b:c", ""],
-                         ids=["65", "100k", "space", "newline", "xff", "colons", "empty"])
+@pytest.mark.parametrize(
+    "bad",
+    ["x" * 65, "x" * 100_000, "has space", "tok\n", "t\xffk", "a:b:c", ""],
+    ids=["65", "100k", "space", "newline", "xff", "colons", "empty"],
+)
 async def test_malformed_token_refused_without_lookup_or_cache(
-        store: TokenStore, standalone_redis: redis.Redis, bad: str) -> None:  # fmt: skip
+    store: TokenStore, standalone_redis: redis.Redis, bad: str
+) -> None:
     before = hexists_calls(standalone_redis)
     assert await store.valid("default", "ns", bad) is False
     assert hexists_calls(standalone_redis) == before  # Redis never asked
     assert store.cache_size() == (0, 0)  # nothing remembered
 
 
-async def test_token_cache_is_bounded_in_entries_and_bytes(standalone_redis: redis.Redis,
-                                                           redis_server: Server) -> None:  # fmt: skip
+async def test_token_cache_is_bounded_in_entries_and_bytes(
+    standalone_redis: redis.Redis, redis_server: Server
+) -> None:
     client = make_client(PoolSettings("default", Addr=f"127.0.0.1:{redis_server.port}"))
-    store = TokenStore(AsyncEngine(client, EngineConfig()), cache_seconds=60,
-                       max_entries=50, max_bytes=8 * 1024)  # fmt: skip
+    store = TokenStore(
+        AsyncEngine(client, EngineConfig()), cache_seconds=60, max_entries=50, max_bytes=8 * 1024
+    )
     good = await store.create("default", "ns", "d", None)
     try:
         assert await store.valid("default", "ns", good)
@@ -126,25 +132,35 @@ async def test_token_cache_is_bounded_in_entries_and_bytes(standalone_redis: red
 def test_huge_or_malformed_token_is_401_over_http(served: tuple[str, str, Path]) -> None:
     base = served[0]
     for bad in ("x" * 10_000, "tok%0A", "a:b:c", "-" * 65):
-        r = httpx.get(f"{base}/api/ns/q", headers={"X-Token": bad} if "%" not in bad else None,
-                      params=None if "%" not in bad else {"token": "tok\n"})  # fmt: skip
+        r = httpx.get(
+            f"{base}/api/ns/q",
+            headers={"X-Token": bad} if "%" not in bad else None,
+            params=None if "%" not in bad else {"token": "tok\n"},
+        )
         assert (r.status_code, r.json()) == (401, {"error": "invalid token"}), bad
     # past the bound on a request's headers, refused before it is buffered, the token unread
     r = httpx.get(f"{base}/api/ns/q", headers={"X-Token": "x" * 100_000})
     assert r.status_code == 431 and "headers too large" in r.json()["error"]
 
 
-async def test_body_is_not_read_before_the_token_is_checked(standalone_redis: redis.Redis,
-                                                            redis_server: Server) -> None:  # fmt: skip
+async def test_body_is_not_read_before_the_token_is_checked(
+    standalone_redis: redis.Redis, redis_server: Server
+) -> None:
     """In-process (the app itself): how much of a refused request's body the app pulled."""
-    settings = Settings(Pool={"default": PoolSettings("default", Addr=f"127.0.0.1:{redis_server.port}")})
+    settings = Settings(
+        Pool={"default": PoolSettings("default", Addr=f"127.0.0.1:{redis_server.port}")}
+    )
     runtime = Runtime(settings, run_pump=False)
     await runtime.start()
     try:
         transport = httpx.ASGITransport(app=runtime.data_app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            for method, path in (("PUT", "/api/ns/q"), ("PUT", "/api/ns/q/bulk"), ("POST", "/api/ns/q/ack"),
-                                 ("PUT", f"/api/ns/q/job/{'0' * 26}")):  # fmt: skip
+            for method, path in (
+                ("PUT", "/api/ns/q"),
+                ("PUT", "/api/ns/q/bulk"),
+                ("POST", "/api/ns/q/ack"),
+                ("PUT", f"/api/ns/q/job/{'0' * 26}"),
+            ):
                 for headers in ({"X-Token": "junk-token-000000000000"}, {}):
                     pulled = 0
 
@@ -164,7 +180,8 @@ async def test_body_is_not_read_before_the_token_is_checked(standalone_redis: re
 @pytest.mark.parametrize("path", ["/api/ns/q", "/api/ns/q/bulk"])
 @pytest.mark.parametrize("chunked", [False, True])
 def test_30mb_unauthenticated_body_answers_401_to_a_real_client(
-        served: tuple[str, str, Path], path: str, chunked: bool) -> None:  # fmt: skip
+    served: tuple[str, str, Path], path: str, chunked: bool
+) -> None:
     data = b"[" + b"x" * (30 * MB)
 
     def gen() -> Iterator[bytes]:
@@ -183,35 +200,51 @@ def test_30mb_unauthenticated_body_answers_401_to_a_real_client(
 # -- (3) rate limits ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"read": 1e309, "write": 1, "interval": 1}, "read"),
-    ({"read": 1, "write": 1.5, "interval": 1}, "write"),
-    ({"read": -1, "write": 1, "interval": 1}, "read"),
-    ({"read": 1, "write": 2**63, "interval": 1}, "write"),
-    ({"read": 1, "write": 1, "interval": 10**12}, "interval"),
-    ({"read": 1, "write": 1, "interval": 0}, "interval"),
-    ({"read": 1, "write": 1, "interval": True}, "interval"),
-    ({"read": "5", "write": 1, "interval": 1}, "read"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"read": 1e309, "write": 1, "interval": 1}, "read"),
+        ({"read": 1, "write": 1.5, "interval": 1}, "write"),
+        ({"read": -1, "write": 1, "interval": 1}, "read"),
+        ({"read": 1, "write": 2**63, "interval": 1}, "write"),
+        ({"read": 1, "write": 1, "interval": 10**12}, "interval"),
+        ({"read": 1, "write": 1, "interval": 0}, "interval"),
+        ({"read": 1, "write": 1, "interval": True}, "interval"),
+        ({"read": "5", "write": 1, "interval": 1}, "read"),
+    ],
+)
 @pytest.mark.usefixtures("no_traceback")
-def test_bad_limit_is_400_naming_the_field(served: tuple[str, str, Path], admin: httpx.Client,
-                                           token: str, body: dict[str, object], field: str) -> None:  # fmt: skip
+def test_bad_limit_is_400_naming_the_field(
+    served: tuple[str, str, Path],
+    admin: httpx.Client,
+    token: str,
+    body: dict[str, object],
+    field: str,
+) -> None:
     import json as _json
 
     raw = _json.dumps(body).replace("Infinity", "1e309")  # the literal a client would send
-    r = admin.post(f"/token/ns/{token}/limit", content=raw, headers={"content-type": "application/json"})
+    r = admin.post(
+        f"/token/ns/{token}/limit", content=raw, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400, r.text
     assert field in r.json()["error"]
     assert admin.get(f"/token/ns/{token}/limit").status_code == 404  # nothing stored
 
 
 def test_counter_left_without_ttl_heals_once_the_limit_is_corrected(
-        api: httpx.Client, admin: httpx.Client, token: str, standalone_redis: redis.Redis) -> None:  # fmt: skip
+    api: httpx.Client, admin: httpx.Client, token: str, standalone_redis: redis.Redis
+) -> None:
     """A counter with no expiry (what a failed PEXPIRE left behind) is repaired by the script,
     so the token works again after its (corrected) interval."""
     import time
 
-    assert admin.post(f"/token/ns/{token}/limit", json={"read": 0, "write": 2, "interval": 1}).status_code == 201
+    assert (
+        admin.post(
+            f"/token/ns/{token}/limit", json={"read": 0, "write": 2, "interval": 1}
+        ).status_code
+        == 201
+    )
     key = AdminKeys.counter("default", "ns", token, "w")
     standalone_redis.set(key, 1000)  # over the limit, no TTL
     time.sleep(1.2)  # limits are cached for TokenCacheSecond
@@ -238,7 +271,12 @@ def test_republish_counts_as_a_write(api: httpx.Client, admin: httpx.Client, tok
     import time
 
     jid = api.put("/api/ns/q", content=b"x").json()["job_id"]  # before the limit
-    assert admin.post(f"/token/ns/{token}/limit", json={"read": 0, "write": 1, "interval": 60}).status_code == 201
+    assert (
+        admin.post(
+            f"/token/ns/{token}/limit", json={"read": 0, "write": 1, "interval": 60}
+        ).status_code
+        == 201
+    )
     time.sleep(1.2)  # limits are cached for TokenCacheSecond
     assert api.get("/api/ns/q").status_code == 200
     r = api.put(f"/api/ns/q/job/{jid}", content=b"y")
@@ -251,14 +289,23 @@ def test_republish_counts_as_a_write(api: httpx.Client, admin: httpx.Client, tok
 # -- (10) user input that used to be a 500 -----------------------------------------------------
 
 
-@pytest.mark.parametrize(("query", "field"), [
-    ("delay=%C2%B2", "delay"), ("delay=%D9%A3", "delay"), ("ttl=" + "9" * 5000, "ttl"),
-    ("tries=%EF%BC%91", "tries"), ("delay_ms=" + "1" * 30, "delay_ms"), ("priority=+1", "priority"),
-    ("delay=%201", "delay"),
-], ids=["superscript", "arabic", "5000-digits", "fullwidth", "30-digits", "plus", "space"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("delay=%C2%B2", "delay"),
+        ("delay=%D9%A3", "delay"),
+        ("ttl=" + "9" * 5000, "ttl"),
+        ("tries=%EF%BC%91", "tries"),
+        ("delay_ms=" + "1" * 30, "delay_ms"),
+        ("priority=+1", "priority"),
+        ("delay=%201", "delay"),
+    ],
+    ids=["superscript", "arabic", "5000-digits", "fullwidth", "30-digits", "plus", "space"],
+)
 @pytest.mark.usefixtures("no_traceback")
-def test_non_ascii_or_huge_numbers_are_400(served: tuple[str, str, Path], api: httpx.Client,
-                                           query: str, field: str) -> None:  # fmt: skip
+def test_non_ascii_or_huge_numbers_are_400(
+    served: tuple[str, str, Path], api: httpx.Client, query: str, field: str
+) -> None:
     r = api.put(f"/api/ns/q?{query}", content=b"x")
     assert r.status_code == 400, r.text
     assert r.json() == {"error": f"invalid {field}"}
@@ -284,7 +331,10 @@ def test_non_ascii_basic_auth_is_401(served: tuple[str, str, Path]) -> None:
         r = httpx.get(f"{admin}/token/ns", headers={"Authorization": f"Basic {blob}"})
         assert r.status_code == 401, r.text
     latin = base64.b64encode(b"admin:p\xe4ss").decode()  # not UTF-8 at all
-    assert httpx.get(f"{admin}/token/ns", headers={"Authorization": f"Basic {latin}"}).status_code == 401
+    assert (
+        httpx.get(f"{admin}/token/ns", headers={"Authorization": f"Basic {latin}"}).status_code
+        == 401
+    )
     assert httpx.get(f"{admin}/token/ns", headers={"Authorization": "Basic ###"}).status_code == 401
 
 
@@ -300,7 +350,9 @@ def test_503_shows_no_redis_address_or_exception(tmp_path: Path) -> None:
         svc = serve(f"127.0.0.1:{dead}", stderr=out)
         base = svc.base
         try:
-            r = httpx.put(f"{base}/api/ns/q", headers={"X-Token": "some-token-0123456789"}, content=b"x")
+            r = httpx.put(
+                f"{base}/api/ns/q", headers={"X-Token": "some-token-0123456789"}, content=b"x"
+            )
         finally:
             svc.stop(timeout=20)
     assert r.status_code == 503
@@ -313,7 +365,9 @@ def test_503_shows_no_redis_address_or_exception(tmp_path: Path) -> None:
 # -- (13) names and ids with a trailing newline ------------------------------------------------
 
 
-def test_trailing_newline_in_names_and_ids_is_400(api: httpx.Client, standalone_redis: redis.Redis) -> None:
+def test_trailing_newline_in_names_and_ids_is_400(
+    api: httpx.Client, standalone_redis: redis.Redis
+) -> None:
     assert api.put("/api/ns/q%0A", content=b"x").status_code == 400
     assert api.put("/api/ns%0A/q", content=b"x").status_code == 400
     jid = api.put("/api/ns/q", content=b"x").json()["job_id"]
@@ -324,7 +378,9 @@ def test_trailing_newline_in_names_and_ids_is_400(api: httpx.Client, standalone_
     assert not [k for k in standalone_redis.keys("*") if b"\n" in k]
 
 
-def test_admin_refuses_a_malformed_token_in_its_paths(admin: httpx.Client, standalone_redis: redis.Redis) -> None:
+def test_admin_refuses_a_malformed_token_in_its_paths(
+    admin: httpx.Client, standalone_redis: redis.Redis
+) -> None:
     """No limit record is stored for a token that could never be used (the data port refuses
     its shape), and the refusal names the token."""
     for bad in ("bad%20token-0123456789", "x" * 65, "a:b:c"):

@@ -22,8 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
     with (tmp_path / "out").open("w") as out:  # no pool, none of our CLUSTER_DQ_* settings
-        svc = ServiceProcess.start(env={"CLUSTER_DQ_LOGLEVEL": "warning"}, inherit_settings=False, ready=None,
-                                   stdout=out, log=subprocess.STDOUT, cwd=tmp_path)  # fmt: skip
+        svc = ServiceProcess.start(
+            env={"CLUSTER_DQ_LOGLEVEL": "warning"},
+            inherit_settings=False,
+            ready=None,
+            stdout=out,
+            log=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
     proc, port = svc.proc, svc.port
     try:
         deadline = time.monotonic() + 30
@@ -36,7 +42,9 @@ def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
         redis_addr = re.search(r"redis \(pool default\): 127\.0\.0\.1:(\d+)", text)
         assert token and redis_addr, text
         assert f"curl -X PUT -H 'X-Token: {token.group(1)}'" in text
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"X-Token": token.group(1)}) as api:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"X-Token": token.group(1)}
+        ) as api:
             for _ in range(100):  # the worker may still be starting
                 try:
                     r = api.put("/api/demo/hello", params={"delay_ms": 200}, content=b"hi")
@@ -46,8 +54,11 @@ def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
             assert r.status_code == 201
             job = api.get("/api/demo/hello", params={"timeout": 5}).json()
             assert job["job_id"] == r.json()["job_id"] and job["elapsed_ms"] >= 200
-        redis_pid = subprocess.run(["pgrep", "-f", f"redis-server 127.0.0.1:{redis_addr.group(1)}"],
-                                   capture_output=True, text=True).stdout.split()  # fmt: skip
+        redis_pid = subprocess.run(
+            ["pgrep", "-f", f"redis-server 127.0.0.1:{redis_addr.group(1)}"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         assert redis_pid, "the embedded redis-server is not running"
     finally:
         svc.stop(timeout=30)
@@ -63,7 +74,9 @@ def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("reuse_port", [False, True])
-def test_a_port_in_use_is_refused_by_name_and_the_embedded_redis_stopped(tmp_path: Path, reuse_port: bool) -> None:
+def test_a_port_in_use_is_refused_by_name_and_the_embedded_redis_stopped(
+    tmp_path: Path, reuse_port: bool
+) -> None:
     """Workers listen with SO_REUSEPORT; a port another process holds (even with
     SO_REUSEPORT, as a second instance's workers would) must still refuse the start."""
     port, admin = free_port(18000, 18500), free_port(18500, 19000)
@@ -77,11 +90,26 @@ def test_a_port_in_use_is_refused_by_name_and_the_embedded_redis_stopped(tmp_pat
         holder.bind(("127.0.0.1", port))
         holder.listen()
         out = subprocess.run(
-            [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port), "--admin-port", str(admin)],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "cluster_dq.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--admin-port",
+                str(admin),
+            ],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert out.returncode == 2, out.stderr
-    assert f"cluster-dq: Port: cannot listen on 127.0.0.1:{port}: Address already in use" in out.stderr
+    assert (
+        f"cluster-dq: Port: cannot listen on 127.0.0.1:{port}: Address already in use" in out.stderr
+    )
     assert "Traceback" not in out.stderr
     assert embedded_redis_pids() <= before  # it started one (embedded mode), and stopped it
 
@@ -91,8 +119,11 @@ def embedded_redis_pids() -> set[int]:
     out = set()
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "redis-server" \
-                    and "cluster-dq-embedded-" in str((proc / "cwd").readlink()):  # fmt: skip
+            if (
+                proc.name.isdigit()
+                and (proc / "comm").read_text().strip() == "redis-server"
+                and "cluster-dq-embedded-" in str((proc / "cwd").readlink())
+            ):
                 out.add(int(proc.name))
         except OSError:
             continue

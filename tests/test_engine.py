@@ -31,8 +31,9 @@ async def publish(engine: AsyncEngine, now: int, *specs: JobSpec, q: str = Q) ->
     return [p.job_id for p in out]
 
 
-async def consume(engine: AsyncEngine, now: int, ttr: int = 30_000, count: int = 1,
-                  queues: tuple[str, ...] = (Q,)) -> list:  # type: ignore[type-arg]
+async def consume(
+    engine: AsyncEngine, now: int, ttr: int = 30_000, count: int = 1, queues: tuple[str, ...] = (Q,)
+) -> list:  # type: ignore[type-arg]
     return await engine.run(ops.consume(engine.config, NS, queues, ttr, count, now))
 
 
@@ -40,7 +41,9 @@ async def sizes(engine: AsyncEngine, q: str = Q) -> ops.Sizes:
     return await engine.run(ops.sizes(engine.config, NS, q))
 
 
-async def test_publish_ready_consume_ack_leaves_nothing(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_publish_ready_consume_ack_leaves_nothing(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     t = now_ms()
     (jid,) = await publish(engine, t, JobSpec(b"hello", tries=3))
     assert (await sizes(engine)).ready == 1
@@ -69,7 +72,9 @@ async def test_an_acked_id_published_again_is_a_duplicate_for_a_while(
     # republish remembers the id it acks too; its new job is an ordinary one
     (other,) = await publish(engine, t + 4, JobSpec(b"two", job_id="order-43"))
     await engine.run(ops.republish(engine.config, NS, Q, other, JobSpec(b"three"), t + 5))
-    (dup,) = await engine.run(ops.publish(engine.config, NS, Q, [JobSpec(b"two", job_id="order-43")], t + 6))
+    (dup,) = await engine.run(
+        ops.publish(engine.config, NS, Q, [JobSpec(b"two", job_id="order-43")], t + 6)
+    )
     assert dup.duplicate and (await sizes(engine)).ready == 1
     assert 0 < sync_redis.pttl(QueueKeys(NS, Q).acked) <= engine.config.remember_acked_ms
     # forgotten after the window (the key expires on Redis's clock; later acks trim old ids)
@@ -117,7 +122,9 @@ async def test_far_job_lives_in_a_wheel_bucket_without_per_job_index(
     assert check_queue(sync_redis, NS, Q)["wheel"] == 50
     # The pump opens the bucket ahead of time, then promotes each job at its exact due ms.
     due = t + 10 * MIN
-    before = await engine.run(ops.tick(engine.config, NS, Q, due - engine.config.open_lead_ms - BUCKET_WIDTH_MS))
+    before = await engine.run(
+        ops.tick(engine.config, NS, Q, due - engine.config.open_lead_ms - BUCKET_WIDTH_MS)
+    )
     assert before.delayed == 50
     await engine.run(ops.tick(engine.config, NS, Q, due - 100))
     assert sync_redis.zcard(k.wheel) == 0 and sync_redis.zcard(k.delayed) == 50
@@ -150,7 +157,9 @@ async def test_full_bucket_spills_to_next_lane_and_stays_findable(
     assert queue_keys(sync_redis, NS, Q) == []
 
 
-async def test_ttr_expiry_redelivers_then_dead_letters(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_ttr_expiry_redelivers_then_dead_letters(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     t = now_ms()
     (jid,) = await publish(engine, t, JobSpec(b"x", tries=2))
     (j1,) = await consume(engine, t, ttr=1_000)
@@ -184,7 +193,9 @@ async def test_delete_dead_with_limit(engine: AsyncEngine, sync_redis: redis.Red
     assert queue_keys(sync_redis, NS, Q) == []
 
 
-async def test_ttl_expiry_leaves_nothing_in_any_state(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_ttl_expiry_leaves_nothing_in_any_state(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     t = now_ms()
     await publish(engine, t, JobSpec(b"ready", ttl_ms=1_000))
     await publish(engine, t, JobSpec(b"near", delay_ms=500, ttl_ms=1_000))
@@ -207,13 +218,27 @@ async def test_consume_drops_an_expired_job_instead_of_a_spurious_404(engine: As
 
 async def test_client_ids_are_idempotent(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
     t = now_ms()
-    first = await engine.run(ops.publish(engine.config, NS, Q, [
-        JobSpec(b"a", job_id="order-1"), JobSpec(b"b", job_id="order-2", delay_ms=MIN),
-        JobSpec(b"a", job_id="order-1"),
-    ], t))  # fmt: skip
+    first = await engine.run(
+        ops.publish(
+            engine.config,
+            NS,
+            Q,
+            [
+                JobSpec(b"a", job_id="order-1"),
+                JobSpec(b"b", job_id="order-2", delay_ms=MIN),
+                JobSpec(b"a", job_id="order-1"),
+            ],
+            t,
+        )
+    )
     assert [(p.job_id, p.duplicate) for p in first] == [
-        ("order-1", False), ("order-2", False), ("order-1", True)]
-    again = await engine.run(ops.publish(engine.config, NS, Q, [JobSpec(b"b", job_id="order-2")], t))
+        ("order-1", False),
+        ("order-2", False),
+        ("order-1", True),
+    ]
+    again = await engine.run(
+        ops.publish(engine.config, NS, Q, [JobSpec(b"b", job_id="order-2")], t)
+    )
     assert again[0].duplicate
     s = await sizes(engine)
     assert (s.ready, s.delayed) == (1, 1)
@@ -250,12 +275,15 @@ async def test_batch_consume_and_batch_ack(engine: AsyncEngine, sync_redis: redi
     assert queue_keys(sync_redis, NS, Q) == []
 
 
-async def test_republish_acks_and_publishes_atomically(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_republish_acks_and_publishes_atomically(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     t = now_ms()
     (old,) = await publish(engine, t, JobSpec(b"v1"))
     await consume(engine, t)
     old_state, new = await engine.run(
-        ops.republish(engine.config, NS, Q, old, JobSpec(b"v2", delay_ms=10 * MIN), t))
+        ops.republish(engine.config, NS, Q, old, JobSpec(b"v2", delay_ms=10 * MIN), t)
+    )
     assert old_state is JobState.RESERVED and not new.duplicate
     assert await engine.run(ops.peek_job(NS, Q, old)) is None
     job = await engine.run(ops.peek_job(NS, Q, new.job_id))
@@ -268,8 +296,12 @@ async def test_release_restores_the_try(engine: AsyncEngine, sync_redis: redis.R
     (jid,) = await publish(engine, t, JobSpec(b"x", tries=1))
     (j,) = await consume(engine, t)
     assert j.tries_left == 0
-    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 2_000, t)) == [JobState.DELAYED]
-    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 0, t)) == [None]  # not reserved
+    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 2_000, t)) == [
+        JobState.DELAYED
+    ]
+    assert await engine.run(ops.release(engine.config, NS, Q, [jid], 0, t)) == [
+        None
+    ]  # not reserved
     assert await consume(engine, t + 1_999) == []
     (j,) = await consume(engine, t + 2_000)
     assert (j.tries_left, j.deliveries) == (0, 1)
@@ -286,7 +318,11 @@ async def test_nack_counts_the_delivery_and_dead_letters_the_last_try(
     assert [j.job_id for j in await consume(engine, t + 3, count=3)] == [a, b, c]
     release = functools.partial(ops.release, engine.config, NS, Q, nack=True)
     assert await engine.run(release([a, b], 500, t + 10)) == [JobState.DELAYED, JobState.DEAD]
-    assert await engine.run(release([c, a, "never-existed"], 0, t + 1_002)) == ["expired", None, None]
+    assert await engine.run(release([c, a, "never-existed"], 0, t + 1_002)) == [
+        "expired",
+        None,
+        None,
+    ]
     assert await consume(engine, t + 509) == []
     (j,) = await consume(engine, t + 510)
     assert (j.job_id, j.tries_left, j.deliveries) == (a, 0, 2)  # the nacked delivery counted
@@ -329,7 +365,9 @@ async def test_peek_head_and_job_by_id_in_every_state(engine: AsyncEngine) -> No
     assert await engine.run(ops.peek_job(NS, Q, "01M80P4A6S000B66SZEKP575YD")) is None
 
 
-async def test_destroy_removes_every_state_and_many_buckets(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_destroy_removes_every_state_and_many_buckets(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     t = now_ms()
     for i in range(150):  # 150 distinct wheel buckets: more than one destroy step
         await publish(engine, t, JobSpec(b"w", delay_ms=MIN + i * BUCKET_WIDTH_MS))
@@ -364,7 +402,9 @@ def test_bad_specs_are_refused_naming_the_parameter() -> None:
     validate_spec(JobSpec(b"x" * MAX_BODY, delay_ms=5, ttl_ms=6, tries=65_535))
 
 
-async def test_tick_holds_buckets_back_while_consumers_lag(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_tick_holds_buckets_back_while_consumers_lag(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     engine.config = dataclasses.replace(engine.config, open_backlog=100, lane_capacity=50)
     t = now_ms()
     for _ in range(10):
@@ -382,7 +422,9 @@ async def test_tick_holds_buckets_back_while_consumers_lag(engine: AsyncEngine, 
     check_queue(sync_redis, NS, Q)
 
 
-async def test_a_publish_during_a_pump_step_is_not_lost(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_a_publish_during_a_pump_step_is_not_lost(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     """The pump claims a queue and computes its next event; a publish with an earlier event
     lands in between; the reschedule must keep the earlier wake-up."""
     from cluster_dq.keys import ShardKeys, shard_of
@@ -404,7 +446,9 @@ async def test_a_publish_during_a_pump_step_is_not_lost(engine: AsyncEngine, syn
     check_queue(sync_redis, NS, Q)
 
 
-async def test_polling_consumer_needs_no_pump_for_wheel_jobs(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_polling_consumer_needs_no_pump_for_wheel_jobs(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     """With no pump running (failover, takeover, a publisher that died before signalling its
     shard), a plain consume still opens the due bucket and gets the job, never early."""
     t = now_ms()

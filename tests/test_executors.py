@@ -20,7 +20,14 @@ from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Cmd, EngineConfig, Op
 from cluster_dq.engine.sync import SyncEngine
-from cluster_dq.errors import Conflict, NotReplicated, RedisFailure, ServerError, StaleMaster, Transient
+from cluster_dq.errors import (
+    Conflict,
+    NotReplicated,
+    RedisFailure,
+    ServerError,
+    StaleMaster,
+    Transient,
+)
 from cluster_dq.keys import QueueKeys, shard_of
 from cluster_dq.localredis import Server
 from cluster_dq.models import JobSpec, JobState
@@ -51,26 +58,55 @@ def normal(value: Any) -> Any:
 def operations(t: int) -> Scenario:
     """Every kind of operation: the service's, the pump's, the admin keys'."""
     cfg = EngineConfig()
-    specs = [JobSpec(b"a", job_id="j-a", tries=3), JobSpec(b"b", job_id="j-b", delay_ms=60_000),
-             JobSpec(b"c", job_id="j-c", tries=1)]  # fmt: skip
+    specs = [
+        JobSpec(b"a", job_id="j-a", tries=3),
+        JobSpec(b"b", job_id="j-b", delay_ms=60_000),
+        JobSpec(b"c", job_id="j-c", tries=1),
+    ]
     yield "publish", ops.publish(cfg, NS, Q, specs, t), {"idempotent": True, "durable": True}
     yield "publish again", ops.publish(cfg, NS, Q, specs[:1], t), {"idempotent": True}
-    batches = [(NS, f"bulk-{i}", [JobSpec(b"m", job_id=f"m-{i}")]) for i in range(8)]  # on several nodes
+    batches = [
+        (NS, f"bulk-{i}", [JobSpec(b"m", job_id=f"m-{i}")]) for i in range(8)
+    ]  # on several nodes
     yield "publish many", ops.publish_many(cfg, batches, t), {"idempotent": True, "durable": True}
-    yield "known", ops.known_ids(NS, Q, ["j-a", "j-x"], t, cfg.remember_acked_ms), {"idempotent": True}
+    yield (
+        "known",
+        ops.known_ids(NS, Q, ["j-a", "j-x"], t, cfg.remember_acked_ms),
+        {"idempotent": True},
+    )
     yield "sizes", ops.sizes(cfg, NS, Q), {"idempotent": True}
     yield "peek", ops.peek(cfg, NS, Q, "ready", t), {"idempotent": True}
     yield "peek job", ops.peek_job(NS, Q, "j-b"), {"idempotent": True}
     jobs = yield "consume", ops.consume(cfg, NS, [Q], 30_000, 2, t + 1), {}
     lease = {j.job_id: j.lease for j in jobs}
-    yield "touch", ops.touch(cfg, NS, Q, "j-a", 40_000, t + 2, lease["j-a"]), {"idempotent": True, "durable": True}
-    yield "touch, wrong lease", ops.touch(cfg, NS, Q, "j-a", 40_000, t + 2, "00" * 8), {"idempotent": True}
-    yield "release", ops.release(cfg, NS, Q, ["j-c"], 0, t + 3, nack=True, leases=[lease["j-c"]]), {"durable": True}
+    yield (
+        "touch",
+        ops.touch(cfg, NS, Q, "j-a", 40_000, t + 2, lease["j-a"]),
+        {"idempotent": True, "durable": True},
+    )
+    yield (
+        "touch, wrong lease",
+        ops.touch(cfg, NS, Q, "j-a", 40_000, t + 2, "00" * 8),
+        {"idempotent": True},
+    )
+    yield (
+        "release",
+        ops.release(cfg, NS, Q, ["j-c"], 0, t + 3, nack=True, leases=[lease["j-c"]]),
+        {"durable": True},
+    )
     yield "dead head", ops.peek(cfg, NS, Q, "dead", t + 3), {"idempotent": True}
-    yield "ack", ops.ack(NS, Q, ["j-a"], t + 4, leases=[lease["j-a"]]), {"idempotent": True, "durable": True}
+    yield (
+        "ack",
+        ops.ack(NS, Q, ["j-a"], t + 4, leases=[lease["j-a"]]),
+        {"idempotent": True, "durable": True},
+    )
     yield "respawn", ops.respawn(cfg, NS, Q, 10, 0, t + 5), {}
     new = JobSpec(b"d", job_id="j-d")
-    yield "republish", ops.republish(cfg, NS, Q, "j-c", new, t + 6), {"idempotent": True, "durable": True}
+    yield (
+        "republish",
+        ops.republish(cfg, NS, Q, "j-c", new, t + 6),
+        {"idempotent": True, "durable": True},
+    )
     yield "dump ready", ops.dump_page(NS, Q, JobState.READY, 0), {"idempotent": True}
     yield "dump wheel", ops.dump_wheel(NS, Q), {"idempotent": True}
     shard = shard_of(f"{NS}/{Q}", cfg.shards)
@@ -125,28 +161,32 @@ def run_sync(engine: SyncEngine, scenario: Scenario) -> list[tuple[str, Any]]:
         out.append((name, normal(result)))
 
 
-
-
 def durable(deployment: Deployment) -> dict[str, int]:
     """One replica must confirm each durable write: a standalone server has none (NotReplicated,
     in both, soon), a Cluster's masters and a Sentinel group's master have them (in time)."""
     return {"wait_replicas": 1, "wait_timeout_ms": 20 if isinstance(deployment, Server) else 2_000}
 
 
-async def test_the_same_operations_give_the_same_results(deployment: Deployment, sync_redis: redis.Redis) -> None:
+async def test_the_same_operations_give_the_same_results(
+    deployment: Deployment, sync_redis: redis.Redis
+) -> None:
     t = now_ms()
     settings = deployment.pool_settings()
     client = make_client(settings)
     if isinstance(client, AsyncRedisCluster):
         await client.initialize()  # as RedisPool.start does
     try:
-        got_async = await run_async(AsyncEngine(client, clock=lambda: t, **durable(deployment)), operations(t))
+        got_async = await run_async(
+            AsyncEngine(client, clock=lambda: t, **durable(deployment)), operations(t)
+        )
     finally:
         await close_client(client)
     flush(sync_redis)
     sync_client = make_sync_client(settings)
     try:
-        got_sync = run_sync(SyncEngine(sync_client, clock=lambda: t, **durable(deployment)), operations(t))
+        got_sync = run_sync(
+            SyncEngine(sync_client, clock=lambda: t, **durable(deployment)), operations(t)
+        )
     finally:
         sync_client.close()
     assert [name for name, _ in got_async] == [name for name, _ in got_sync]
@@ -194,7 +234,9 @@ def set_one(key: str) -> Op[Any]:
     return (yield Cmd(("SET", key, "1")))
 
 
-async def test_a_stale_master_is_refused_and_both_ask_again(redis_server: Server, standalone_redis: redis.Redis) -> None:
+async def test_a_stale_master_is_refused_and_both_ask_again(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
     """NOREPLICAS (``min-replicas-to-write 1`` on a server without replicas): a step not safe
     to repeat is told at once (nothing was written), and the idle connections are dropped; a
     refused script is repeated, so it goes through once the server takes writes again."""
@@ -207,7 +249,9 @@ async def test_a_stale_master_is_refused_and_both_ask_again(redis_server: Server
         assert isinstance(a, StaleMaster) and isinstance(s, StaleMaster), (a, s)
         assert normal(a) == normal(s)
         assert standalone_redis.get("ex:k") is None  # nothing written
-        assert not any(c.is_connected for c in both.aio.client.connection_pool._available_connections)
+        assert not any(
+            c.is_connected for c in both.aio.client.connection_pool._available_connections
+        )
         assert not any(c._sock for c in both.sync.client.connection_pool._available_connections)
         for engine in (both.aio, both.sync):
             specs = [JobSpec(b"x", job_id=f"j-{type(engine).__name__}")]
@@ -225,7 +269,9 @@ async def test_a_stale_master_is_refused_and_both_ask_again(redis_server: Server
         await both.close()
 
 
-async def test_a_flushed_script_cache_is_reloaded(redis_server: Server, standalone_redis: redis.Redis) -> None:
+async def test_a_flushed_script_cache_is_reloaded(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
     """SCRIPT FLUSH (or a failover to a server without them): one script, a pipeline of
     scripts and a durable write (script + WAIT) each load what is missing and go on."""
     both = Both(redis_server.pool_settings())
@@ -233,9 +279,11 @@ async def test_a_flushed_script_cache_is_reloaded(redis_server: Server, standalo
     t = now_ms()
     try:
         specs = [JobSpec(b"a", job_id="j-a"), JobSpec(b"b", job_id="j-b", delay_ms=60_000)]
-        for name, make in (("publish", lambda: ops.publish(cfg, NS, Q, specs, t)),
-                           ("sizes", lambda: ops.sizes(cfg, NS, Q)),
-                           ("tick", lambda: ops.tick(cfg, NS, Q, t + 61_000))):  # fmt: skip
+        for name, make in (
+            ("publish", lambda: ops.publish(cfg, NS, Q, specs, t)),
+            ("sizes", lambda: ops.sizes(cfg, NS, Q)),
+            ("tick", lambda: ops.tick(cfg, NS, Q, t + 61_000)),
+        ):
             outcomes = []
             for engine in (both.aio, both.sync):
                 standalone_redis.flushall()
@@ -253,7 +301,9 @@ async def test_a_flushed_script_cache_is_reloaded(redis_server: Server, standalo
         await both.close()
 
 
-async def test_a_durable_write_waits_for_replicas_in_both(redis_server: Server, standalone_redis: redis.Redis) -> None:
+async def test_a_durable_write_waits_for_replicas_in_both(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
     """``wait_replicas`` on a server without replicas: the write is applied and WAIT counts 0
     replicas, so both raise ``NotReplicated`` with the operation's result, for one script and
     for a pipeline of them (the Spark job's bulk publish); a flushed script cache on the way
@@ -263,7 +313,10 @@ async def test_a_durable_write_waits_for_replicas_in_both(redis_server: Server, 
     t = now_ms()
     specs = [JobSpec(b"a", job_id="j-a")]
     try:
-        for make in (lambda: ops.publish(cfg, NS, Q, specs, t), lambda: ops.publish_many(cfg, [(NS, Q, specs)], t)):
+        for make in (
+            lambda: ops.publish(cfg, NS, Q, specs, t),
+            lambda: ops.publish_many(cfg, [(NS, Q, specs)], t),
+        ):
             outcomes = []
             for engine in (both.aio, both.sync):
                 standalone_redis.flushall()
@@ -275,13 +328,17 @@ async def test_a_durable_write_waits_for_replicas_in_both(redis_server: Server, 
                         engine.run(make(), idempotent=True, durable=True)
                 assert (caught.value.acked, caught.value.wanted) == (0, 1)
                 outcomes.append(normal(caught.value.result))
-                assert standalone_redis.hexists(QueueKeys(NS, Q).jobs, "j-a")  # applied on the master
+                assert standalone_redis.hexists(
+                    QueueKeys(NS, Q).jobs, "j-a"
+                )  # applied on the master
             assert outcomes[0] == outcomes[1] and "j-a" in str(outcomes[0])
     finally:
         await both.close()
 
 
-async def test_a_killed_connection_is_replaced(redis_server: Server, standalone_redis: redis.Redis) -> None:
+async def test_a_killed_connection_is_replaced(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
     """CLIENT KILL of every connection the executors hold: an operation safe to repeat runs
     on a fresh connection in both and gives the same result. One that is not safe to repeat:
     redis-py's blocking pool notices the closed idle connection before sending (so the sync
@@ -300,7 +357,9 @@ async def test_a_killed_connection_is_replaced(redis_server: Server, standalone_
         assert isinstance(a, Transient) or normal(a) == normal(s), (a, s)
         assert not isinstance(s, BaseException), s
         standalone_redis.client_kill_filter(_type="normal", skipme=True)
-        a, s = await both.run(lambda: ops.publish(cfg, NS, Q, [JobSpec(b"x", job_id="j-x")], t), idempotent=True)
+        a, s = await both.run(
+            lambda: ops.publish(cfg, NS, Q, [JobSpec(b"x", job_id="j-x")], t), idempotent=True
+        )
         assert normal(a)[0][1]["job_id"] == "j-x"  # the first publishes it,
         assert normal(s)[0][1]["duplicate"]  # the second finds it there
     finally:

@@ -40,7 +40,9 @@ EXAMPLES = int(os.environ.get("DQ_FUZZ_EXAMPLES", "800"))
 FINDINGS = os.environ.get("DQ_FUZZ_FINDINGS")
 TRACE = os.environ.get("DQ_FUZZ_TRACE")  # count answers by route, status and body (tuning)
 # Log lines no user-caused input may produce.
-CRASH = re.compile(r"Traceback|unexpected error|Exception in ASGI application|\"level\": \"(error|critical)\"")
+CRASH = re.compile(
+    r"Traceback|unexpected error|Exception in ASGI application|\"level\": \"(error|critical)\""
+)
 
 
 class ServerError(AssertionError):
@@ -86,8 +88,10 @@ def target(redis_server: Server, tmp_path_factory: pytest.TempPathFactory) -> It
         svc = start(redis_server, log_out)
         ports, admin = {"data": svc.port, "admin": svc.admin_port}, svc.admin
         try:
-            made = [httpx.post(f"{admin}/token/{NS}", params={"description": "fuzz"}, auth=ADMIN_AUTH)
-                    for _ in range(2)]  # fmt: skip
+            made = [
+                httpx.post(f"{admin}/token/{NS}", params={"description": "fuzz"}, auth=ADMIN_AUTH)
+                for _ in range(2)
+            ]
             assert all(r.status_code == 201 for r in made), [(r.status_code, r.text) for r in made]
             tokens = [r.json()["token"] for r in made]
             yield Target(ports, client, log_in, State(token=tokens[0], victim=tokens[1]))
@@ -103,14 +107,20 @@ def start(redis_server: Server, log: IO[bytes]) -> ServiceProcess:
     of theirs would test nothing of ours (and disturb them)."""
     # ttr a day away and no reconcile sweep: nothing falls due while the run watches the
     # keyspace (fuzzing.settle keeps the ttr, delay and ttl a request sets as far).
-    env = {"CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_TOKENCACHESECOND": "1",
-           "CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_WORKERS": "2", "CLUSTER_DQ_TTRSECOND": str(fuzzing.FAR_S),
-           "CLUSTER_DQ_RECONCILESECOND": "0"}  # fmt: skip
+    env = {
+        "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1],
+        "CLUSTER_DQ_TOKENCACHESECOND": "1",
+        "CLUSTER_DQ_LOGLEVEL": "warning",
+        "CLUSTER_DQ_WORKERS": "2",
+        "CLUSTER_DQ_TTRSECOND": str(fuzzing.FAR_S),
+        "CLUSTER_DQ_RECONCILESECOND": "0",
+    }
     for _ in range(5):
         ports = (random.randrange(21000, 26000), random.randrange(21000, 26000))
         try:
-            svc = ServiceProcess.start(f"127.0.0.1:{redis_server.port}", env=env, ports=ports, log=log,
-                                       root=ROOT)  # fmt: skip
+            svc = ServiceProcess.start(
+                f"127.0.0.1:{redis_server.port}", env=env, ports=ports, log=log, root=ROOT
+            )
         except RuntimeError:
             continue
         time.sleep(0.5)  # a port taken by another process: the supervisor exits by now
@@ -175,7 +185,9 @@ def problems(target: Target, request: Request) -> tuple[Response | None, list[As
             elif 400 <= status < 500:
                 target.count("4xx checked")
                 if changed := before.diff(after, target.redis):
-                    found.append(RefusedWrite(f"{status} changed: {changed[:8]}\nafter: {target.previous}"))
+                    found.append(
+                        RefusedWrite(f"{status} changed: {changed[:8]}\nafter: {target.previous}")
+                    )
             elif before.diff(after):
                 target.count("2xx wrote")
     if request.content_length is not None and request.malformed:
@@ -197,19 +209,32 @@ def json_error(request: Request, response: Response) -> list[AssertionError]:
         data = response.json()
     except ValueError:
         return [NotJsonError(f"{response.status} not JSON: {response.body[:200]!r}")]
-    if not isinstance(data, dict) or not any(isinstance(data.get(k), str) and data[k] for k in ("error", "msg")):
+    if not isinstance(data, dict) or not any(
+        isinstance(data.get(k), str) and data[k] for k in ("error", "msg")
+    ):
         return [NotJsonError(f"{response.status} no error message: {data!r}"[:300])]
     return []
 
 
-def record(request: Request, response: Response | None, found: list[AssertionError], state: State) -> None:
+def record(
+    request: Request, response: Response | None, found: list[AssertionError], state: State
+) -> None:
     assert FINDINGS
     with open(FINDINGS, "a") as out:
         for problem in found:
-            out.write(json.dumps({"kind": type(problem).__name__, "route": request.route,
-                                  "method": request.method.decode("latin-1"),
-                                  "status": response.status if response else None,
-                                  "problem": str(problem)[:3000], "request": request.show(state)}) + "\n")  # fmt: skip
+            out.write(
+                json.dumps(
+                    {
+                        "kind": type(problem).__name__,
+                        "route": request.route,
+                        "method": request.method.decode("latin-1"),
+                        "status": response.status if response else None,
+                        "problem": str(problem)[:3000],
+                        "request": request.show(state),
+                    }
+                )
+                + "\n"
+            )
 
 
 def test_snapshot_sees_a_publish_and_not_a_refused_one(target: Target) -> None:
@@ -225,10 +250,19 @@ def test_snapshot_sees_a_publish_and_not_a_refused_one(target: Target) -> None:
     assert any(d.startswith("added dq:{fz/q1}") for d in before.diff(after)), before.diff(after)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,
-          report_multiple_bugs=True, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.large_base_example])  # fmt: skip
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    derandomize=False,
+    report_multiple_bugs=True,
+    print_blob=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.large_base_example,
+    ],
+)
 @given(request=fuzzing.requests())
 def test_http_surface(target: Target, request: Request) -> None:
     target.count("examples")
@@ -256,23 +290,41 @@ def test_fuzz_run_was_not_vacuous(target: Target) -> None:
     assert target.counts.get("unstill", 0) <= run // 10, target.counts
 
 
-@pytest.mark.parametrize(("port", "method", "path"), [
-    ("data", "PUT", f"/api/{NS}/q1"),
-    ("data", "PUT", f"/api/{NS}/q1/bulk"),
-    ("data", "POST", f"/api/{NS}/q1/ack"),
-    ("data", "PUT", f"/api/{NS}/q1/job/{{job}}"),
-    ("admin", "POST", f"/token/{NS}"),
-    ("admin", "POST", f"/token/{NS}/{{token}}/limit"),
-])  # fmt: skip
-def test_a_client_gone_mid_body_leaves_no_traceback(target: Target, port: str, method: str, path: str) -> None:
+@pytest.mark.parametrize(
+    ("port", "method", "path"),
+    [
+        ("data", "PUT", f"/api/{NS}/q1"),
+        ("data", "PUT", f"/api/{NS}/q1/bulk"),
+        ("data", "POST", f"/api/{NS}/q1/ack"),
+        ("data", "PUT", f"/api/{NS}/q1/job/{{job}}"),
+        ("admin", "POST", f"/token/{NS}"),
+        ("admin", "POST", f"/token/{NS}/{{token}}/limit"),
+    ],
+)
+def test_a_client_gone_mid_body_leaves_no_traceback(
+    target: Target, port: str, method: str, path: str
+) -> None:
     """A client that declares a body, sends part of it and hangs up (a client timeout during
     an upload) is user-caused: the log says nothing or one line, never a traceback. Found by
     the fuzz run (a Content-Length longer than the body)."""
     state = target.state
     job = state.jobs[0] if state.jobs else "01M8443BME0003DD22WFJXSMEV"
-    head = [b"Authorization", fuzzing.Known("auth")] if port == "admin" else [b"X-Token", fuzzing.Known("token")]
-    request = Request(port, method.encode(), "explicit", [path.format(job=job, token=state.victim).encode()],
-                      [], [(head[0], head[1])], b"[1", content_length=b"10", malformed=True)  # fmt: skip
+    head = (
+        [b"Authorization", fuzzing.Known("auth")]
+        if port == "admin"
+        else [b"X-Token", fuzzing.Known("token")]
+    )
+    request = Request(
+        port,
+        method.encode(),
+        "explicit",
+        [path.format(job=job, token=state.victim).encode()],
+        [],
+        [(head[0], head[1])],
+        b"[1",
+        content_length=b"10",
+        malformed=True,
+    )
     target.new_log()  # what earlier tests logged is theirs
     with contextlib.suppress(NoResponse):
         fuzzing.send(target.ports[port], request, state)
@@ -281,24 +333,66 @@ def test_a_client_gone_mid_body_leaves_no_traceback(target: Target, port: str, m
     assert not CRASH.search(logged), logged[-2000:]
 
 
-@pytest.mark.parametrize("request_", [
-    # Found by the fuzz run: a raw non-ASCII byte in the basic-auth blob (b64decode raises
-    # ValueError, not binascii.Error): 500 and a traceback.
-    Request("admin", b"GET", "explicit", [f"/token/{NS}/x/limit".encode()], [],
-            [(b"Authorization", b"Basic \xc3\xa4")]),
-    Request("admin", b"POST", "explicit", [f"/token/{NS}".encode()], [("description", "d")],
-            [(b"Authorization", b"Basic \xff")]),
-    # HEAD on the consume route: refused (it would consume), but with a JSON error's headers
-    # as every other 4xx (a HEAD answer has no body).
-    Request("data", b"HEAD", "explicit", [f"/api/{NS}/q1".encode()], [], [(b"X-Token", fuzzing.Known("token"))]),
-    # A JSON body holding an integer of more than 4,300 digits: json raises ValueError (int
-    # conversion limit), not JSONDecodeError: 500 and a traceback.
-    Request("data", b"POST", "explicit", [f"/api/{NS}/q1/ack".encode()], [],
-            [(b"X-Token", fuzzing.Known("token"))], b'{"job_ids": [' + b"9" * 5000 + b"]}"),
-    Request("data", b"PUT", "explicit", [f"/api/{NS}/q1/bulk".encode()], [],
-            [(b"X-Token", fuzzing.Known("token"))], b"[" + b"9" * 5000 + b"]"),
-], ids=["non-ascii-basic-blob-get", "non-ascii-basic-blob-post", "head-on-consume", "huge-int-ack",
-        "huge-int-bulk"])  # fmt: skip
+@pytest.mark.parametrize(
+    "request_",
+    [
+        # Found by the fuzz run: a raw non-ASCII byte in the basic-auth blob (b64decode raises
+        # ValueError, not binascii.Error): 500 and a traceback.
+        Request(
+            "admin",
+            b"GET",
+            "explicit",
+            [f"/token/{NS}/x/limit".encode()],
+            [],
+            [(b"Authorization", b"Basic \xc3\xa4")],
+        ),
+        Request(
+            "admin",
+            b"POST",
+            "explicit",
+            [f"/token/{NS}".encode()],
+            [("description", "d")],
+            [(b"Authorization", b"Basic \xff")],
+        ),
+        # HEAD on the consume route: refused (it would consume), but with a JSON error's headers
+        # as every other 4xx (a HEAD answer has no body).
+        Request(
+            "data",
+            b"HEAD",
+            "explicit",
+            [f"/api/{NS}/q1".encode()],
+            [],
+            [(b"X-Token", fuzzing.Known("token"))],
+        ),
+        # A JSON body holding an integer of more than 4,300 digits: json raises ValueError (int
+        # conversion limit), not JSONDecodeError: 500 and a traceback.
+        Request(
+            "data",
+            b"POST",
+            "explicit",
+            [f"/api/{NS}/q1/ack".encode()],
+            [],
+            [(b"X-Token", fuzzing.Known("token"))],
+            b'{"job_ids": [' + b"9" * 5000 + b"]}",
+        ),
+        Request(
+            "data",
+            b"PUT",
+            "explicit",
+            [f"/api/{NS}/q1/bulk".encode()],
+            [],
+            [(b"X-Token", fuzzing.Known("token"))],
+            b"[" + b"9" * 5000 + b"]",
+        ),
+    ],
+    ids=[
+        "non-ascii-basic-blob-get",
+        "non-ascii-basic-blob-post",
+        "head-on-consume",
+        "huge-int-ack",
+        "huge-int-bulk",
+    ],
+)
 def test_fuzz_findings_stay_fixed(target: Target, request_: Request) -> None:
     """Shrunk reproductions of what the fuzz run found, checked on every run."""
     response, found = problems(target, request_)

@@ -31,7 +31,9 @@ from tests.invariants import check_queue, queue_keys
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def test_one_leader_per_shard_and_takeover(engine: AsyncEngine, deployment: Deployment) -> None:
+async def test_one_leader_per_shard_and_takeover(
+    engine: AsyncEngine, deployment: Deployment
+) -> None:
     other = AsyncEngine(make_client(deployment.pool_settings()), engine.config)
     a, b = Pump(engine, lease_ms=600), Pump(other, lease_ms=600)
     a.start()
@@ -66,7 +68,9 @@ async def test_an_idle_pump_does_not_spin(engine: AsyncEngine, with_sizes: bool)
         assert all(pump.leads(s) for s in range(engine.config.shards))
     finally:
         await pump.stop()
-    assert len(calls) < 16 * 12, f"{len(calls)} Redis calls in 1.2 s from an idle pump"  # a spin: 1000s
+    assert len(calls) < 16 * 12, (
+        f"{len(calls)} Redis calls in 1.2 s from an idle pump"
+    )  # a spin: 1000s
 
 
 async def test_a_lost_shard_signal_is_repaired_by_the_reconcile_sweep(
@@ -80,7 +84,9 @@ async def test_a_lost_shard_signal_is_repaired_by_the_reconcile_sweep(
 
     cfg, t = engine.config, now_ms()
     for q in ("lost", "fine"):
-        await engine.run(ops.publish(cfg, "rc", q, [JobSpec(q.encode(), delay_ms=300)], t), idempotent=True)
+        await engine.run(
+            ops.publish(cfg, "rc", q, [JobSpec(q.encode(), delay_ms=300)], t), idempotent=True
+        )
     sk = ShardKeys(shard_of("rc/lost", cfg.shards))
     sync_redis.zrem(sk.schedule, "rc/lost")  # the state a publisher killed before its signal leaves
     sync_redis.srem(sk.queues, "rc/lost")
@@ -114,7 +120,9 @@ async def test_a_stale_leader_is_fenced_off(engine: AsyncEngine) -> None:
     """Leader A stalls past its lease, B takes the shard over (a new epoch): A's pump steps are
     refused by the shard's scripts, and a running pump that meets a newer epoch stops leading
     at once instead of waiting for its lease to run out."""
-    from cluster_dq.errors import ServerError  # the script's FENCED error reply, as the engine raises it
+    from cluster_dq.errors import (
+        ServerError,
+    )  # the script's FENCED error reply, as the engine raises it
 
     a_epoch = await engine.run(ops.lead(1, "A", 100))
     await asyncio.sleep(0.15)  # A's lease ran out while it was stalled
@@ -156,7 +164,9 @@ async def test_stalled_leader_loses_its_lease(engine: AsyncEngine) -> None:
         await pump.stop()
 
 
-async def test_pump_moves_due_work_with_no_consumer(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
+async def test_pump_moves_due_work_with_no_consumer(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
     t = now_ms()
     await engine.run(ops.publish(engine.config, "p", "q", [JobSpec(b"a", delay_ms=300)], t))
     await engine.run(ops.publish(engine.config, "p", "r", [JobSpec(b"b", tries=1)], t))
@@ -181,7 +191,9 @@ async def test_long_poll_consumer_gets_delayed_job_not_early(engine: AsyncEngine
     hub = WaiterHub(engine)
     try:
         t = now_ms()
-        (p,) = await engine.run(ops.publish(engine.config, "lp", "q", [JobSpec(b"x", delay_ms=400)], t))
+        (p,) = await engine.run(
+            ops.publish(engine.config, "lp", "q", [JobSpec(b"x", delay_ms=400)], t)
+        )
         got = await hub.consume("lp", ["q"], 30_000, 1, 5_000)
         assert [j.job_id for j in got] == [p.job_id]
         assert now_ms() >= t + 400
@@ -225,7 +237,9 @@ async def test_abandoned_wait_gives_the_job_back(engine: AsyncEngine) -> None:
         await hub.close()
 
 
-async def test_a_wait_cancelled_as_its_job_arrives_stays_cancelled_and_gives_it_back(engine: AsyncEngine) -> None:
+async def test_a_wait_cancelled_as_its_job_arrives_stays_cancelled_and_gives_it_back(
+    engine: AsyncEngine,
+) -> None:
     """The answer and the cancellation in the same loop iteration: the caller must see the
     cancellation (Python 3.11's wait_for returned the answer instead, and a cancelled
     consumer loop went on forever), and the job reserved for it must go back at once."""
@@ -233,7 +247,9 @@ async def test_a_wait_cancelled_as_its_job_arrives_stays_cancelled_and_gives_it_
     try:
         waiting = asyncio.create_task(hub.consume("lp", ["q"], 30_000, 1, 5_000))
         await asyncio.sleep(0.1)
-        await engine.run(ops.publish(engine.config, "lp", "other", [JobSpec(b"x", tries=2)], now_ms()))
+        await engine.run(
+            ops.publish(engine.config, "lp", "other", [JobSpec(b"x", tries=2)], now_ms())
+        )
         (job,) = await engine.run(ops.consume(engine.config, "lp", ["other"], 30_000, 1, now_ms()))
         (waiter,) = hub.watchers[("lp", "q")].waiters
         waiter.future.set_result([job])  # as the watcher's delivery does ...
@@ -281,7 +297,9 @@ async def test_many_consumers_random_delays_ttrs_and_tries(
         specs = []
         for _ in range(start, min(start + 64, n)):
             r = rng.random()
-            delay = 0 if r < 0.2 else rng.randint(1, 3_000) if r < 0.95 else rng.randint(15_000, 17_000)
+            delay = (
+                0 if r < 0.2 else rng.randint(1, 3_000) if r < 0.95 else rng.randint(15_000, 17_000)
+            )
             specs.append(JobSpec(os.urandom(16), delay_ms=delay, ttl_ms=0, tries=rng.randint(1, 3)))
         now = now_ms()
         for spec, p in zip(specs, await engine.run(ops.publish(engine.config, ns, q, specs, now))):
@@ -320,7 +338,9 @@ async def test_many_consumers_random_delays_ttrs_and_tries(
         await pump.stop()
     assert (s.delayed, s.ready, s.reserved) == (0, 0, 0), s
     dead = {m for m in sync_redis.zrange(f"dq:{{{ns}/{q}}}:dead", 0, -1)}
-    dead_ids = {Job.from_record(ns, q, m, sync_redis.hget(f"dq:{{{ns}/{q}}}:jobs", m)).job_id for m in dead}
+    dead_ids = {
+        Job.from_record(ns, q, m, sync_redis.hget(f"dq:{{{ns}/{q}}}:jobs", m)).job_id for m in dead
+    }
     for jid, due in ledger.due.items():
         got = ledger.deliveries[jid]
         assert got, f"{jid} never delivered"
@@ -336,15 +356,21 @@ async def test_many_consumers_random_delays_ttrs_and_tries(
         assert received[0] >= due, f"{jid} delivered {due - received[0]} ms early"
         for a, b in zip(reserved, received[1:]):
             assert b - a >= ttr, f"{jid} delivered twice within one ttr ({b - a} ms)"
-        assert [j.tries_left for j in got] == list(range(ledger.tries[jid] - 1, ledger.tries[jid] - 1 - len(got), -1))
+        assert [j.tries_left for j in got] == list(
+            range(ledger.tries[jid] - 1, ledger.tries[jid] - 1 - len(got), -1)
+        )
         exhausted = jid not in ledger.acked and len(got) == ledger.tries[jid]
-        assert (jid in dead_ids) == exhausted, f"{jid}: dead={jid in dead_ids} exhausted={exhausted}"
+        assert (jid in dead_ids) == exhausted, (
+            f"{jid}: dead={jid in dead_ids} exhausted={exhausted}"
+        )
     assert t0 > 0
     await engine.run(ops.delete_dead(ns, q, n))
     assert queue_keys(sync_redis, ns, q) == []
 
 
-def test_sigkill_under_load_loses_nothing(redis_server: Server, standalone_redis: redis.Redis) -> None:
+def test_sigkill_under_load_loses_nothing(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
     """A process publishing, pumping and consuming is SIGKILLed mid-flight, twice; restarted
     workers finish: every job is delivered at least once, none is duplicated in Redis, and
     nothing is left behind."""
@@ -363,7 +389,9 @@ def test_sigkill_under_load_loses_nothing(redis_server: Server, standalone_redis
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if standalone_redis.get("test:published") and not queue_keys(standalone_redis, "crash", "q"):
+            if standalone_redis.get("test:published") and not queue_keys(
+                standalone_redis, "crash", "q"
+            ):
                 break
             time.sleep(0.2)
     finally:

@@ -14,8 +14,16 @@ class Script:
     def __init__(self) -> None:
         self.h = History()
 
-    def op(self, f: str, t0: float, t1: float, type: str = "ok", process: int = 0,
-           result: dict[str, Any] | None = None, **args: Any) -> None:  # fmt: skip
+    def op(
+        self,
+        f: str,
+        t0: float,
+        t1: float,
+        type: str = "ok",
+        process: int = 0,
+        result: dict[str, Any] | None = None,
+        **args: Any,
+    ) -> None:
         op = self.h.invoke(process, f, t0, **args)
         if type != "none":
             self.h.complete(op, type, t1, **(result or {}))
@@ -23,11 +31,29 @@ class Script:
     def publish(
         self, key: str, t0: float, t1: float, type: str = "ok", delay_ms: int = 0, tries: int = 1
     ) -> None:
-        self.op("publish", t0, t1, type, key=key, queue="q", delay_ms=delay_ms, tries=tries,
-                result={"job_id": "id-" + key} if type == "ok" else {})  # fmt: skip
+        self.op(
+            "publish",
+            t0,
+            t1,
+            type,
+            key=key,
+            queue="q",
+            delay_ms=delay_ms,
+            tries=tries,
+            result={"job_id": "id-" + key} if type == "ok" else {},
+        )
 
-    def consume(self, key: str, t0: float, t1: float, remain: int, deliveries: int, ttr_ms: int = 1000,
-                lease: str | None = None, process: int = 1) -> None:  # fmt: skip
+    def consume(
+        self,
+        key: str,
+        t0: float,
+        t1: float,
+        remain: int,
+        deliveries: int,
+        ttr_ms: int = 1000,
+        lease: str | None = None,
+        process: int = 1,
+    ) -> None:
         job = {
             "key": key,
             "job_id": "id-" + key,
@@ -90,8 +116,15 @@ def test_double_publish() -> None:
     s = clean()
     s.publish("c", 2.0, 2.1)
     s.consume("c", 2.2, 2.3, remain=0, deliveries=1)
-    s.op("consume", 2.2, 2.3, process=2, queues=["q"], ttr_ms=1000,
-         result={"jobs": [{"key": "c", "job_id": "other", "remain_tries": 0, "deliveries": 1}]})  # fmt: skip
+    s.op(
+        "consume",
+        2.2,
+        2.3,
+        process=2,
+        queues=["q"],
+        ttr_ms=1000,
+        result={"jobs": [{"key": "c", "job_id": "other", "remain_tries": 0, "deliveries": 1}]},
+    )
     s.act("ack", "c", 2.4, 2.5)
     only(s.check(), "double_publish")
 
@@ -238,8 +271,9 @@ def test_stale_lease() -> None:
         s.publish("c", 2.0, 2.1, tries=2)
         s.consume("c", 2.2, 2.3, remain=1, deliveries=1, ttr_ms=100, lease="L1")
         s.consume("c", 2.5, 2.6, remain=0, deliveries=2, lease="L2", process=2)
-        s.act("ack", "c", 2.7, 2.8, type, lease="L1",
-              result={"status": 409} if type == "fail" else {})  # fmt: skip
+        s.act(
+            "ack", "c", 2.7, 2.8, type, lease="L1", result={"status": 409} if type == "fail" else {}
+        )
         s.act("ack", "c", 2.9, 3.0, lease="L2")
         return s
 

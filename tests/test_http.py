@@ -32,8 +32,11 @@ def serve(pool: PoolSettings | str, stderr: Any = None, **env: str) -> ServicePr
     """Starts `cluster-dq serve` on free ports (from a random place in the range, so that two
     suites running at once do not take the same ones) against ``pool`` (or a standalone
     address), with the suite's admin account; ``stderr``: where its log goes."""
-    suite = {"CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_TOKENCACHESECOND": "1",
-             "CLUSTER_DQ_LOGLEVEL": "warning"}  # fmt: skip
+    suite = {
+        "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1],
+        "CLUSTER_DQ_TOKENCACHESECOND": "1",
+        "CLUSTER_DQ_LOGLEVEL": "warning",
+    }
     return ServiceProcess.start(pool, env={**suite, **env}, log=stderr, timeout=20)
 
 
@@ -48,7 +51,9 @@ def service(deployment: Deployment) -> Iterator[tuple[str, str]]:
 @pytest.fixture
 def api(service: tuple[str, str], sync_redis: redis.Redis) -> Iterator[httpx.Client]:
     base, admin = service
-    token = httpx.post(f"{admin}/token/ns", params={"description": "test"}, auth=ADMIN_AUTH).json()["token"]
+    token = httpx.post(f"{admin}/token/ns", params={"description": "test"}, auth=ADMIN_AUTH).json()[
+        "token"
+    ]
     with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=30) as client:
         yield client
 
@@ -75,7 +80,12 @@ def test_publish_consume_ack_lmstfy_shapes(api: httpx.Client) -> None:
     assert r.status_code == 200
     job = r.json()
     assert {k: job[k] for k in ("msg", "namespace", "queue", "job_id", "remain_tries")} == {
-        "msg": "new job", "namespace": "ns", "queue": "q", "job_id": jid, "remain_tries": 2}
+        "msg": "new job",
+        "namespace": "ns",
+        "queue": "q",
+        "job_id": jid,
+        "remain_tries": 2,
+    }
     assert base64.b64decode(job["data"]) == b"hello \x00 bytes"
     assert isinstance(job["elapsed_ms"], int) and 0 <= job["elapsed_ms"] < 10_000
     assert 98 <= job["ttl"] <= 100 and job["attributes"] is None
@@ -116,15 +126,21 @@ def test_bulk_publish_keeps_raw_json_elements(api: httpx.Client) -> None:
         (b"not json", 400, "request body should be an array of objects"),
     ],
 )
-def test_bad_bulk_is_refused_whole(api: httpx.Client, content: bytes, status: int, message: str) -> None:
+def test_bad_bulk_is_refused_whole(
+    api: httpx.Client, content: bytes, status: int, message: str
+) -> None:
     r = api.put("/api/ns/q/bulk", content=content)
     assert (r.status_code, r.json()) == (status, {"error": message})
     assert size(api)["size"] == 0
 
 
 def test_bulk_of_64_is_accepted_and_65_changes_nothing(api: httpx.Client) -> None:
-    assert api.put("/api/ns/q/bulk", content=json.dumps(list(range(64))).encode()).status_code == 201
-    assert api.put("/api/ns/q/bulk", content=json.dumps(list(range(65))).encode()).status_code == 400
+    assert (
+        api.put("/api/ns/q/bulk", content=json.dumps(list(range(64))).encode()).status_code == 201
+    )
+    assert (
+        api.put("/api/ns/q/bulk", content=json.dumps(list(range(65))).encode()).status_code == 400
+    )
     assert size(api)["size"] == 64
 
 
@@ -147,7 +163,11 @@ def test_batch_ack_acks_many_ids_in_any_state(api: httpx.Client) -> None:
     unknown = "unknown-client-id"
     r = api.post("/api/ns/q/ack", json=[*taken, later, taken[0], unknown])
     assert (r.status_code, r.json()) == (200, {"msg": "acked", "acked": 4, "not_found": [unknown]})
-    assert {k: size(api)[k] for k in ("size", "delayed", "reserved")} == {"size": 1, "delayed": 0, "reserved": 0}
+    assert {k: size(api)[k] for k in ("size", "delayed", "reserved")} == {
+        "size": 1,
+        "delayed": 0,
+        "reserved": 0,
+    }
     r = api.post("/api/ns/q/ack", json={"job_ids": ready})  # the object form; 3 already gone
     assert r.json() == {"msg": "acked", "acked": 1, "not_found": taken}
     assert size(api)["size"] == 0
@@ -161,13 +181,21 @@ def test_batch_ack_acks_many_ids_in_any_state(api: httpx.Client) -> None:
         (b'["JID", 1]', 400, "request body should be a JSON array of job ids"),
         (b"[]", 400, "no job ids"),
         (b'["JID", "bad id!"]', 400, "invalid job id"),
-        (json.dumps(["JID"] + [f"id-{i}" for i in range(1000)]).encode(), 400, "too many job ids (max 1000)"),
+        (
+            json.dumps(["JID"] + [f"id-{i}" for i in range(1000)]).encode(),
+            400,
+            "too many job ids (max 1000)",
+        ),
         (b"[" + b" " * 120_000 + b"]", 413, "body too large"),
     ],
 )
-def test_bad_batch_ack_is_refused_and_acks_nothing(api: httpx.Client, content: bytes, status: int, message: str) -> None:
+def test_bad_batch_ack_is_refused_and_acks_nothing(
+    api: httpx.Client, content: bytes, status: int, message: str
+) -> None:
     jid = api.put("/api/ns/q", content=b"keep").json()["job_id"]
-    r = api.post("/api/ns/q/ack", content=content.replace(b"JID", jid.encode()))  # a good id among bad
+    r = api.post(
+        "/api/ns/q/ack", content=content.replace(b"JID", jid.encode())
+    )  # a good id among bad
     assert (r.status_code, r.json()) == (status, {"error": message})
     assert api.get(f"/api/ns/q/job/{jid}").status_code == 200
     assert api.get("/api/ns/q/ack").status_code == 405
@@ -182,10 +210,17 @@ def test_touch_extends_the_ttr_and_release_nacks(api: httpx.Client) -> None:
     time.sleep(0.9)  # past the first ttr: the touch kept the reservation
     assert api.get(f"/api/ns/q/job/{jid}").json()["state"] == "reserved"
     r = api.post(f"/api/ns/q/job/{jid}/release", params={"delay_ms": 400})
-    assert (r.status_code, r.json()) == (200, {"msg": "released", "job_id": jid, "state": "delayed"})
+    assert (r.status_code, r.json()) == (
+        200,
+        {"msg": "released", "job_id": jid, "state": "delayed"},
+    )
     assert api.get("/api/ns/q").status_code == 404  # not before its delay
     job = api.get("/api/ns/q", params={"timeout": 5}).json()
-    assert (job["job_id"], job["remain_tries"], job["deliveries"]) == (jid, 0, 2)  # the nack counted
+    assert (job["job_id"], job["remain_tries"], job["deliveries"]) == (
+        jid,
+        0,
+        2,
+    )  # the nack counted
     assert api.post(f"/api/ns/q/job/{jid}/release").json()["state"] == "dead"  # no tries left
     assert api.get("/api/ns/q/deadletter").json()["deadletter_head"] == jid
     r = api.post(f"/api/ns/q/job/{jid}/release")
@@ -194,11 +229,16 @@ def test_touch_extends_the_ttr_and_release_nacks(api: httpx.Client) -> None:
 
 @pytest.mark.parametrize(
     ("action", "params", "message"),
-    [("touch", {"ttr": "x"}, "invalid ttr"), ("touch", {"ttr_ms": "0"}, "invalid ttr"),
-     ("release", {"delay": "-1"}, "invalid delay"), ("release", {"delay_ms": ""}, "invalid delay_ms")],
-)  # fmt: skip
-def test_bad_touch_and_release_change_nothing(api: httpx.Client, action: str, params: dict[str, str],
-                                               message: str) -> None:  # fmt: skip
+    [
+        ("touch", {"ttr": "x"}, "invalid ttr"),
+        ("touch", {"ttr_ms": "0"}, "invalid ttr"),
+        ("release", {"delay": "-1"}, "invalid delay"),
+        ("release", {"delay_ms": ""}, "invalid delay_ms"),
+    ],
+)
+def test_bad_touch_and_release_change_nothing(
+    api: httpx.Client, action: str, params: dict[str, str], message: str
+) -> None:
     jid = api.put("/api/ns/q", content=b"x").json()["job_id"]
     api.get("/api/ns/q", params={"ttr": 60})
     r = api.post(f"/api/ns/q/job/{jid}/{action}", params=params)
@@ -227,7 +267,9 @@ def test_republish_acks_the_old_job(api: httpx.Client) -> None:
 
 def test_peeks(api: httpx.Client) -> None:
     assert (api.get("/api/ns/q/peek").status_code, api.get("/api/ns/q/peek").json()) == (
-        404, {"error": "the queue is empty"})
+        404,
+        {"error": "the queue is empty"},
+    )
     jid = api.put("/api/ns/q", params={"tries": 2}, content=b"p").json()["job_id"]
     peek = api.get("/api/ns/q/peek").json()
     assert peek["job_id"] == jid and "msg" not in peek and peek["remain_tries"] == 2
@@ -237,7 +279,11 @@ def test_peeks(api: httpx.Client) -> None:
 
 
 def test_attributes(api: httpx.Client) -> None:
-    headers = {"Enable-Job-Version": "YES", "Job-Attr-Color": "red", "Job-Attr-" + "K" * 40: "v" * 200}
+    headers = {
+        "Enable-Job-Version": "YES",
+        "Job-Attr-Color": "red",
+        "Job-Attr-" + "K" * 40: "v" * 200,
+    }
     api.put("/api/ns/q", headers=headers, content=b"a")
     job = api.get("/api/ns/q").json()
     assert job["attributes"] == {"color": "red", "k" * 32: "v" * 128}
@@ -257,15 +303,29 @@ def test_dead_letter_cycle_and_destroy(api: httpx.Client) -> None:
         time.sleep(0.05)
     info = api.get("/api/ns/q/deadletter").json()
     assert info["deadletter_size"] == 3 and info["deadletter_head"]
-    assert api.get("/api/ns/q/deadletter/size").json() == {"namespace": "ns", "queue": "q", "size": 3}
-    assert api.put("/api/ns/q/deadletter", params={"limit": 2}).json() == {"msg": "respawned", "count": 2}
+    assert api.get("/api/ns/q/deadletter/size").json() == {
+        "namespace": "ns",
+        "queue": "q",
+        "size": 3,
+    }
+    assert api.put("/api/ns/q/deadletter", params={"limit": 2}).json() == {
+        "msg": "respawned",
+        "count": 2,
+    }
     assert size(api)["size"] == 2
     assert api.delete("/api/ns/q/deadletter", params={"limit": 5}).status_code == 204
     assert api.get("/api/ns/q/deadletter").json()["deadletter_head"] == ""
     api.put("/api/ns/q", params={"delay": 600}, content=b"later")
     api.get("/api/ns/q")
     assert api.delete("/api/ns/q").status_code == 204  # every state, unlike lmstfy
-    assert size(api) == {"namespace": "ns", "queue": "q", "size": 0, "delayed": 0, "reserved": 0, "dead": 0}
+    assert size(api) == {
+        "namespace": "ns",
+        "queue": "q",
+        "size": 0,
+        "delayed": 0,
+        "reserved": 0,
+        "dead": 0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -296,7 +356,12 @@ def test_dead_letter_cycle_and_destroy(api: httpx.Client) -> None:
     ],
 )
 def test_bad_parameters_are_refused_by_name_and_write_nothing(
-    api: httpx.Client, sync_redis: redis.Redis, method: str, path: str, params: dict[str, str], message: str
+    api: httpx.Client,
+    sync_redis: redis.Redis,
+    method: str,
+    path: str,
+    params: dict[str, str],
+    message: str,
 ) -> None:
     before = sorted(sync_redis.keys("*{ns/*"))
     r = api.request(method, path, params=params, content=b"body")
@@ -319,21 +384,36 @@ def test_tokens_auth_and_pools(service: tuple[str, str], admin: httpx.Client) ->
     base = service[0]
     assert httpx.get(f"{base}/api/ns/q").json() == {"error": "token not found"}
     assert httpx.get(f"{base}/api/ns/q/size").status_code == 401  # size needs a token too
-    assert httpx.get(f"{base}/api/ns/q", headers={"X-Token": "wrong"}).json() == {"error": "invalid token"}
-    assert httpx.get(f"{base}/api/ns/q", headers={"X-Token": "nopool:x"}).json() == {"error": "pool not found"}
+    assert httpx.get(f"{base}/api/ns/q", headers={"X-Token": "wrong"}).json() == {
+        "error": "invalid token"
+    }
+    assert httpx.get(f"{base}/api/ns/q", headers={"X-Token": "nopool:x"}).json() == {
+        "error": "pool not found"
+    }
     tok = admin.post("/token/ns", data={"description": "d", "token": "my-custom-token-0123456789"})
     assert tok.status_code == 201 and tok.json() == {"token": "my-custom-token-0123456789"}
     assert admin.post("/token/ns", params={"description": "d", "token": "short"}).json() == {
-        "error": "the user token was too short"}
-    assert admin.post("/token/ns", params={"token": "x" * 30}).json() == {"error": "invalid description"}
+        "error": "the user token was too short"
+    }
+    assert admin.post("/token/ns", params={"token": "x" * 30}).json() == {
+        "error": "invalid description"
+    }
     assert "my-custom-token-0123456789" in admin.get("/token/ns").json()["tokens"]
-    assert httpx.put(f"{base}/api/ns/q", params={"token": "my-custom-token-0123456789"}).status_code == 201
+    assert (
+        httpx.put(f"{base}/api/ns/q", params={"token": "my-custom-token-0123456789"}).status_code
+        == 201
+    )
     other = httpx.put(f"{base}/api/other/q", params={"token": "my-custom-token-0123456789"})
     assert other.status_code == 401  # a token is valid for its namespace only
     assert admin.delete("/token/ns/my-custom-token-0123456789").status_code == 204
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if httpx.put(f"{base}/api/ns/q", params={"token": "my-custom-token-0123456789"}).status_code == 401:
+        if (
+            httpx.put(
+                f"{base}/api/ns/q", params={"token": "my-custom-token-0123456789"}
+            ).status_code
+            == 401
+        ):
             break
         time.sleep(0.2)
     else:
@@ -387,17 +467,28 @@ def test_redis_lost_mid_flight_gives_503_on_every_route() -> None:
     svc = serve(f"127.0.0.1:{server.port}")
     base, admin = svc.base, svc.admin
     try:
-        tok = httpx.post(f"{admin}/token/ns", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
-        r = httpx.post(f"{admin}/token/ns/{tok}/limit", json={"read": 100, "write": 100, "interval": 1},
-                       auth=ADMIN_AUTH)  # fmt: skip
+        tok = httpx.post(f"{admin}/token/ns", params={"description": "t"}, auth=ADMIN_AUTH).json()[
+            "token"
+        ]
+        r = httpx.post(
+            f"{admin}/token/ns/{tok}/limit",
+            json={"read": 100, "write": 100, "interval": 1},
+            auth=ADMIN_AUTH,
+        )
         assert r.status_code == 201
         h = {"X-Token": tok}
         assert httpx.put(f"{base}/api/ns/q", headers=h, content=b"x").status_code == 201
         server.kill()
         time.sleep(2.2)  # token and limit caches expired: every route must reach Redis again
-        calls = [("PUT", "/api/ns/q"), ("PUT", "/api/ns/q/bulk"), ("GET", "/api/ns/q"),
-                 ("DELETE", "/api/ns/q/job/01M80ZSZ2200001GG6510Z4KSP"), ("GET", "/api/ns/q/size"),
-                 ("GET", "/api/ns/q/peek"), ("GET", "/api/ns/q/deadletter")]  # fmt: skip
+        calls = [
+            ("PUT", "/api/ns/q"),
+            ("PUT", "/api/ns/q/bulk"),
+            ("GET", "/api/ns/q"),
+            ("DELETE", "/api/ns/q/job/01M80ZSZ2200001GG6510Z4KSP"),
+            ("GET", "/api/ns/q/size"),
+            ("GET", "/api/ns/q/peek"),
+            ("GET", "/api/ns/q/deadletter"),
+        ]
         for method, path in calls:
             content = b'["a"]' if path.endswith("bulk") else b"x" if method == "PUT" else None
             r = httpx.request(method, base + path, headers=h, content=content, timeout=30)
@@ -411,12 +502,18 @@ def test_redis_lost_mid_flight_gives_503_on_every_route() -> None:
 def test_an_evicting_redis_is_refused() -> None:
     server = start_server(extra=["--maxmemory-policy", "allkeys-lru"])
     try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT),
-               "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{server.port}"}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{server.port}",
+        }
         out = subprocess.run(
             [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", "0", "--admin-port", "0"],
-            env=env, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert out.returncode == 2 and "maxmemory-policy is 'allkeys-lru'" in out.stderr
     finally:
         server.kill()

@@ -45,7 +45,9 @@ def test_a_late_ack_cannot_ack_the_job_another_consumer_now_holds(api: httpx.Cli
     assert api.get(f"/api/ns/q/job/{jid}").status_code == 404
 
 
-def test_a_lease_whose_ttr_ran_out_holds_nothing_even_before_the_pump_moves_it(api: httpx.Client) -> None:
+def test_a_lease_whose_ttr_ran_out_holds_nothing_even_before_the_pump_moves_it(
+    api: httpx.Client,
+) -> None:
     jid = api.put("/api/ns/q", params={"tries": 2}, content=b"x").json()["job_id"]
     lease = consume(api, ttr_ms=200).json()["lease"]
     time.sleep(0.3)
@@ -75,7 +77,9 @@ def test_without_a_lease_ack_is_lmstfys(api: httpx.Client) -> None:
     jid = api.put("/api/ns/q", content=b"x").json()["job_id"]
     consume(api)
     assert api.delete(f"/api/ns/q/job/{jid}").status_code == 204
-    assert api.delete(f"/api/ns/q/job/{jid}", params={"lease": "ab" * 8}).status_code == 204  # gone: fine
+    assert (
+        api.delete(f"/api/ns/q/job/{jid}", params={"lease": "ab" * 8}).status_code == 204
+    )  # gone: fine
 
 
 def test_a_malformed_lease_is_400(api: httpx.Client) -> None:

@@ -11,7 +11,9 @@ from loadtest.profile import profile
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
-def test_short_profile_through_nginx_has_no_errors(cluster: bool, capsys: pytest.CaptureFixture[str]) -> None:
+def test_short_profile_through_nginx_has_no_errors(
+    cluster: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
     result = profile(jobs=20_000, rate=300, seconds=12, instances=2, cluster=cluster)
     with capsys.disabled():
         print("\n" + capsys.readouterr().out)

@@ -14,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CLUSTER_DQ_LOCAL_DIR": str(state)}
-    return subprocess.run([str(ROOT / "deploy/local/redis"), *args], env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [str(ROOT / "deploy/local/redis"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_up_is_idempotent_and_down_cleans_up(tmp_path: Path) -> None:

@@ -78,7 +78,9 @@ def parse_header(text: str) -> Header:
             if rng is not None and rng and name != QUEUE:
                 raise AssertionError(f"a closed range is only for the queue's fixed keys: {line!r}")
             if (last is None) != name.endswith("..."):
-                raise AssertionError(f"a variadic item is KEYS/ARGV[n..] and its name ends in '...': {line!r}")
+                raise AssertionError(
+                    f"a variadic item is KEYS/ARGV[n..] and its name ends in '...': {line!r}"
+                )
             for more in lines[i + 1 :]:  # continuation lines are indented further
                 if not more.startswith("    "):
                     break
@@ -87,7 +89,9 @@ def parse_header(text: str) -> Header:
         elif line.strip().startswith(("KEYS", "ARGV")):
             raise AssertionError(f"not in the header format: {line!r}")
         elif line.strip().startswith("Returns:"):
-            returns = " ".join([line.strip()] + [x.strip() for x in lines[i + 1 :] if x.startswith("    ")])
+            returns = " ".join(
+                [line.strip()] + [x.strip() for x in lines[i + 1 :] if x.startswith("    ")]
+            )
     assert returns, "no 'Returns:' line"
     for kind, items in out.items():
         expect = 1
@@ -109,7 +113,9 @@ def lua_queue_keys() -> tuple[list[str], int]:
     assert m, "lib/queue.lua: no 'local META, ... = KEYS[1], ...' line"
     names = [n.strip() for n in m.group(1).split(",")]
     indices = [int(i) for i in re.findall(r"KEYS\[(\d+)\]", m.group(2))]
-    assert indices == list(range(1, len(names) + 1)), f"lib/queue.lua binds {names} to KEYS{indices}"
+    assert indices == list(range(1, len(names) + 1)), (
+        f"lib/queue.lua binds {names} to KEYS{indices}"
+    )
     first_extra = re.search(r"^local FIRST_EXTRA = (\d+)$", text, re.MULTILINE)
     assert first_extra
     return [n.lower() for n in names], int(first_extra.group(1))
@@ -122,11 +128,17 @@ def lua_queue_keys() -> tuple[list[str], int]:
 def test_the_header_names_the_keys_and_arguments_python_passes(name: str) -> None:
     header, sig = HEADERS[name], SIGNATURES.get(name)
     assert sig is not None, f"{name}.lua has no entry in engine/signatures.py"
-    assert [k.name for k in header.keys] == list(sig.keys), f"{name}: KEYS of the header vs signatures.py"
-    assert [a.name for a in header.argv] == list(sig.argv), f"{name}: ARGV of the header vs signatures.py"
+    assert [k.name for k in header.keys] == list(sig.keys), (
+        f"{name}: KEYS of the header vs signatures.py"
+    )
+    assert [a.name for a in header.argv] == list(sig.argv), (
+        f"{name}: ARGV of the header vs signatures.py"
+    )
     for k in header.keys:
         if k.name == QUEUE:
-            assert (k.first, k.last) == (1, len(FIXED)), f"{name}: the queue's fixed keys are KEYS[1..{len(FIXED)}]"
+            assert (k.first, k.last) == (1, len(FIXED)), (
+                f"{name}: the queue's fixed keys are KEYS[1..{len(FIXED)}]"
+            )
 
 
 def test_every_signature_has_a_script() -> None:
@@ -136,7 +148,9 @@ def test_every_signature_has_a_script() -> None:
 def test_reply_codes_agree() -> None:
     """lib/codes.lua, as the loader reads it to fold CODE.X into numbers, is ReplyCode."""
     assert lua_codes(LUA) == {c.name: c.value for c in ReplyCode}
-    assert not [name for name, s in load_all().items() if "CODE." in s.source], "a CODE.X left unfolded"
+    assert not [name for name, s in load_all().items() if "CODE." in s.source], (
+        "a CODE.X left unfolded"
+    )
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -148,7 +162,12 @@ def test_the_codes_a_script_names_exist(name: str) -> None:
         assert "--@include lib/codes" in text, f"{name} uses CODE without '--@include lib/codes'"
     if "--@include lib/queue" in text:
         assert text.index("--@include lib/codes") < text.index("--@include lib/queue")
-    named = set(re.findall(r"\b(?:LEASE_[A-Z_]+|NOT_FOUND|DUPLICATE|FENCED|WHEEL|EXPIRED|OK)\b", HEADERS[name].returns))
+    named = set(
+        re.findall(
+            r"\b(?:LEASE_[A-Z_]+|NOT_FOUND|DUPLICATE|FENCED|WHEEL|EXPIRED|OK)\b",
+            HEADERS[name].returns,
+        )
+    )
     named.discard("LEASE_")
     known = {c.name for c in ReplyCode}
     assert used <= known and {n for n in named if not n.endswith("_")} <= known
@@ -158,16 +177,22 @@ def test_the_codes_a_script_names_exist(name: str) -> None:
 def test_the_queue_key_order_agrees() -> None:
     names, first_extra = lua_queue_keys()
     suffixes = [k.rsplit(":", 1)[1] for k in FIXED]
-    assert names == suffixes, "lib/queue.lua and QueueKeys.all_fixed (keys.py) order the keys differently"
+    assert names == suffixes, (
+        "lib/queue.lua and QueueKeys.all_fixed (keys.py) order the keys differently"
+    )
     assert first_extra == FIRST_EXTRA_KEY == len(FIXED) + 1
 
 
 def test_the_readme_lists_every_script_and_code() -> None:
     readme = (LUA / "README.md").read_text()
     for name in SCRIPTS:
-        assert re.search(rf"^\| `{name}`( \(read-only\))? \|", readme, re.MULTILINE), f"lua/README.md: {name}"
+        assert re.search(rf"^\| `{name}`( \(read-only\))? \|", readme, re.MULTILINE), (
+            f"lua/README.md: {name}"
+        )
     for c in ReplyCode:
-        assert re.search(rf"\|\s*`{c.name}`\s*\|\s*{c.value}\s*\|", readme), f"lua/README.md: code {c.name}"
+        assert re.search(rf"\|\s*`{c.name}`\s*\|\s*{c.value}\s*\|", readme), (
+            f"lua/README.md: code {c.name}"
+        )
 
 
 # -- every call commands.py sends, on a real Redis ------------------------------------------
@@ -181,7 +206,9 @@ def check_call(call: Eval) -> None:
     _check_counts(call.script, "ARGV", header.argv, list(call.args), header.argv)
 
 
-def _check_counts(script: str, kind: str, items: list[Item], got: list[Any], argv: list[Item] | None) -> None:
+def _check_counts(
+    script: str, kind: str, items: list[Item], got: list[Any], argv: list[Item] | None
+) -> None:
     fixed = sum(it.last - it.first + 1 for it in items if it.last is not None)
     tail = items[-1] if items and items[-1].variadic else None
     if tail is None:
@@ -217,10 +244,20 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     checking = CheckingEngine(engine.client, engine.config)
     checking.seen = set()
     cfg, run, t, q, min_ = checking.config, checking.run, now_ms(), "contract", 60_000
-    published = await run(ops.publish(cfg, "ns", q, [
-        JobSpec(b"ready"), JobSpec(b"near", delay_ms=1_000),
-        JobSpec(b"wheel", delay_ms=10 * min_), JobSpec(b"mine", job_id="id-contract"),
-    ], t))  # fmt: skip
+    published = await run(
+        ops.publish(
+            cfg,
+            "ns",
+            q,
+            [
+                JobSpec(b"ready"),
+                JobSpec(b"near", delay_ms=1_000),
+                JobSpec(b"wheel", delay_ms=10 * min_),
+                JobSpec(b"mine", job_id="id-contract"),
+            ],
+            t,
+        )
+    )
     wheel_id = published[2].job_id
     await run(ops.publish_many(cfg, [("ns", q, [JobSpec(b"more")])], t))
     await run(ops.peek_job("ns", q, wheel_id))
@@ -229,7 +266,11 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     jobs = await run(ops.consume(cfg, "ns", [q], 1_000, 2, t))
     await run(ops.touch(cfg, "ns", q, jobs[1].job_id, 60_000, t, lease=jobs[1].lease))
     await run(ops.release(cfg, "ns", q, [jobs[1].job_id], 0, t, leases=[jobs[1].lease]))
-    await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id], t, leases=[jobs[0].lease, None], check_only=True))
+    await run(
+        ops.ack(
+            "ns", q, [jobs[0].job_id, wheel_id], t, leases=[jobs[0].lease, None], check_only=True
+        )
+    )
     await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id], t))
     await run(ops.republish(cfg, "ns", q, "id-contract", JobSpec(b"v2", delay_ms=10 * min_), t))
     await run(ops.tick(cfg, "ns", q, t + 10 * min_ - cfg.open_lead_ms))

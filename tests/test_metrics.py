@@ -22,12 +22,22 @@ from tests.test_http import ADMIN_AUTH, serve
 def svc(redis_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     log_path = tmp_path_factory.mktemp("metrics") / "stderr.log"
     with open(log_path, "wb") as log_file:
-        svc = serve(f"127.0.0.1:{redis_server.port}", stderr=log_file,
-                    CLUSTER_DQ_WORKERS="2", CLUSTER_DQ_SIZEINTERVALSECOND="0.5",
-                    CLUSTER_DQ_LOGLEVEL="info")  # fmt: skip
+        svc = serve(
+            f"127.0.0.1:{redis_server.port}",
+            stderr=log_file,
+            CLUSTER_DQ_WORKERS="2",
+            CLUSTER_DQ_SIZEINTERVALSECOND="0.5",
+            CLUSTER_DQ_LOGLEVEL="info",
+        )
         proc, base, admin = svc.proc, svc.base, svc.admin
         token = httpx.post(f"{admin}/token/obs", params={"description": "metrics"}, auth=ADMIN_AUTH)
-        yield {"base": base, "admin": admin, "token": token.json()["token"], "log": log_path, "pid": proc.pid}
+        yield {
+            "base": base,
+            "admin": admin,
+            "token": token.json()["token"],
+            "log": log_path,
+            "pid": proc.pid,
+        }
         svc.stop(timeout=20)
 
 
@@ -41,7 +51,9 @@ def scrape(admin: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     return out
 
 
-def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+def value(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
     """Sum of the samples named ``name`` whose labels include ``labels``."""
     want = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
@@ -61,7 +73,10 @@ def test_counters_histograms_and_sizes_follow_the_traffic(svc: dict[str, Any]) -
     before = scrape(svc["admin"])
     # Fresh connections each time, so both workers serve some of the requests.
     h = {"X-Token": svc["token"]}
-    ids = [httpx.put(f"{svc['base']}/api/obs/work", headers=h, content=b"x").json()["job_id"] for _ in range(6)]
+    ids = [
+        httpx.put(f"{svc['base']}/api/obs/work", headers=h, content=b"x").json()["job_id"]
+        for _ in range(6)
+    ]
     r = httpx.put(f"{svc['base']}/api/obs/work/bulk", headers=h, content=json.dumps(["a", "b"]))
     assert r.status_code == 201
     delivered = []
@@ -112,9 +127,19 @@ def test_counters_histograms_and_sizes_follow_the_traffic(svc: dict[str, Any]) -
     assert delta("cluster_dq_publish_to_first_delivery_seconds_count", **q) == 3
     assert delta("cluster_dq_job_lateness_seconds_bucket", le="+Inf", **q) == 3
     # HTTP by route template, method and status: never a raw path or a job id.
-    assert delta("cluster_dq_http_requests_total", route="/api/{ns}/{q}", method="PUT", status="201") >= 7
-    assert delta("cluster_dq_http_requests_total", route="/api/{ns}/{q}/job/{job_id}",
-                 method="DELETE", status="204") == 2  # fmt: skip
+    assert (
+        delta("cluster_dq_http_requests_total", route="/api/{ns}/{q}", method="PUT", status="201")
+        >= 7
+    )
+    assert (
+        delta(
+            "cluster_dq_http_requests_total",
+            route="/api/{ns}/{q}/job/{job_id}",
+            method="DELETE",
+            status="204",
+        )
+        == 2
+    )
     assert delta("cluster_dq_http_requests_total", route="/api/{ns}/{queues}", status="404") == 1
     assert delta("cluster_dq_http_request_duration_seconds_count", route="/api/{ns}/{q}/bulk") == 1
     labels = {v for (_, ls) in after for _, v in ls}
@@ -189,7 +214,11 @@ def test_observe_many_equals_observing_one_value_at_a_time() -> None:
 
     def samples(name: str) -> list[tuple[str, dict[str, str], float]]:
         (family,) = [f for f in registry.collect() if f.name == name]
-        return [(s.name.removeprefix(name), s.labels, s.value) for s in family.samples if "created" not in s.name]
+        return [
+            (s.name.removeprefix(name), s.labels, s.value)
+            for s in family.samples
+            if "created" not in s.name
+        ]
 
     got, want = samples("many"), samples("one")
     assert [s[:2] for s in got] == [s[:2] for s in want]
@@ -206,8 +235,13 @@ def test_metrics_are_injected_and_a_disabled_recorder_records_nothing() -> None:
     from cluster_dq.settings import Settings
 
     def published(ns: str) -> float:
-        return sum(s.value for f in REGISTRY.collect() if f.name == "cluster_dq_jobs_published"
-                   for s in f.samples if s.labels.get("namespace") == ns and s.name.endswith("_total"))  # fmt: skip
+        return sum(
+            s.value
+            for f in REGISTRY.collect()
+            if f.name == "cluster_dq_jobs_published"
+            for s in f.samples
+            if s.labels.get("namespace") == ns and s.name.endswith("_total")
+        )
 
     off = metrics.Metrics.from_settings(Settings(EnableMetrics=False, MetricsMaxQueues=1))
     assert isinstance(off, metrics.NoMetrics) and not off.enabled
@@ -216,17 +250,24 @@ def test_metrics_are_injected_and_a_disabled_recorder_records_nothing() -> None:
     off.pool("default").moved("inject-off", "q", 1, 1, 1, 1)
     assert published("inject-off") == 0
     assert off.queue_labels("inject-off", "a") == ("inject-off", "a")
-    assert off.queue_labels("inject-off", "b") == ("inject-off", metrics.OTHER)  # the cap still holds
+    assert off.queue_labels("inject-off", "b") == (
+        "inject-off",
+        metrics.OTHER,
+    )  # the cap still holds
     on = metrics.Metrics.from_settings(Settings(MetricsMaxQueues=2))
     assert on.enabled and on.max_queues == 2
     for q in ("a", "b", "c", "d"):
         on.count(metrics.published, "inject-on", q, 1)
     assert published("inject-on") == 4
-    assert {s.labels["queue"] for f in REGISTRY.collect() if f.name == "cluster_dq_jobs_published"
-            for s in f.samples if s.labels.get("namespace") == "inject-on"} == {"a", "b", metrics.OTHER}  # fmt: skip
+    assert {
+        s.labels["queue"]
+        for f in REGISTRY.collect()
+        if f.name == "cluster_dq_jobs_published"
+        for s in f.samples
+        if s.labels.get("namespace") == "inject-on"
+    } == {"a", "b", metrics.OTHER}
     # A second recorder has caps of its own: nothing is shared through the module.
     assert metrics.Metrics(1).queue_labels("inject-on", "z") == ("inject-on", "z")
-
 
 
 def _established_per_process(pids: list[int], port: int) -> dict[int, int]:

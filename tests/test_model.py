@@ -35,7 +35,13 @@ import pytest
 import redis
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from redis.exceptions import BusyLoadingError, ReadOnlyError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -87,7 +93,9 @@ class Fault:
 
     REFUSALS = {
         "noreplicas": lambda: ResponseError("NOREPLICAS Not enough good replicas to write."),
-        "tryagain": lambda: TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
+        "tryagain": lambda: TryAgainError(
+            "TRYAGAIN Multiple keys request during rehashing of slot"
+        ),
         "readonly": lambda: ReadOnlyError("READONLY You can't write against a read only replica."),
         "loading": lambda: BusyLoadingError("LOADING Redis is loading the dataset in memory"),
     }
@@ -145,7 +153,9 @@ class Transport:
         self.clock.now += f.ms  # a stall, or the time a refusal and its backoff take
         if f.kind == "stall":
             return await self.real(step)
-        raise Fault.REFUSALS[f.kind]()  # classified by the engine (_guarded) as Redis's reply would be
+        raise Fault.REFUSALS[
+            f.kind
+        ]()  # classified by the engine (_guarded) as Redis's reply would be
 
 
 def patch_clock(clock: FakeClock, pool: RedisPool) -> list[tuple[Any, str, Any]]:
@@ -184,7 +194,9 @@ class EngineModel(RuleBasedStateMachine):
         if ps.Cluster:
             env["CLUSTER_DQ_POOL__DEFAULT__CLUSTER"] = "true"
         self.settings = load(None, env)
-        self.pool = RedisPool.create(self.settings.Pool["default"], EngineConfig(remember_acked_ms=REMEMBER_MS))
+        self.pool = RedisPool.create(
+            self.settings.Pool["default"], EngineConfig(remember_acked_ms=REMEMBER_MS)
+        )
         self.clock = FakeClock(1_800_000_000_000)
         self.saved = patch_clock(self.clock, self.pool)
         self.run(self.pool.start(run_pump=False))
@@ -252,7 +264,9 @@ class EngineModel(RuleBasedStateMachine):
 
     def no_503_when_retried(self, name: str, err: BaseException | None) -> None:
         if isinstance(err, PoolUnavailable):
-            raise Mismatch(f"{name} is retried by the policy, yet one fault ({self.fired()}) answered 503: {err}")
+            raise Mismatch(
+                f"{name} is retried by the policy, yet one fault ({self.fired()}) answered 503: {err}"
+            )
 
     def settle(self, worlds: list[Model], errors: list[BaseException]) -> None:
         """Keeps the outcomes that the engine's answer allows: the first as the model, the
@@ -281,18 +295,40 @@ class EngineModel(RuleBasedStateMachine):
             worlds.append(m)
         self.settle(worlds, errors)
 
-    @rule(q=st.sampled_from(QUEUES), job_id=ids, delay=delays, ttl=ttls, tries=st.integers(1, 3), prio=prios)
-    def publish(self, q: str, job_id: str | None, delay: int, ttl: int, tries: int, prio: int) -> None:
+    @rule(
+        q=st.sampled_from(QUEUES),
+        job_id=ids,
+        delay=delays,
+        ttl=ttls,
+        tries=st.integers(1, 3),
+        prio=prios,
+    )
+    def publish(
+        self, q: str, job_id: str | None, delay: int, ttl: int, tries: int, prio: int
+    ) -> None:
         self.publish_bulk(q, [(job_id, delay, ttl, tries, prio)])
 
-    @rule(q=st.sampled_from(QUEUES), specs=st.lists(st.tuples(ids, delays, ttls, st.integers(1, 3), prios),
-                                                       min_size=2, max_size=5))  # fmt: skip
+    @rule(
+        q=st.sampled_from(QUEUES),
+        specs=st.lists(
+            st.tuples(ids, delays, ttls, st.integers(1, 3), prios), min_size=2, max_size=5
+        ),
+    )
     def bulk(self, q: str, specs: list[tuple[str | None, int, int, int, int]]) -> None:
         self.publish_bulk(q, specs)
 
     def publish_bulk(self, q: str, raw: list[tuple[str | None, int, int, int, int]]) -> None:
-        specs = [JobSpec(b"x", delay_ms=d, ttl_ms=(d + t if t else 0) if t != 30 else d, tries=n,
-                         priority=p, job_id=i) for i, d, t, n, p in raw]  # fmt: skip
+        specs = [
+            JobSpec(
+                b"x",
+                delay_ms=d,
+                ttl_ms=(d + t if t else 0) if t != 30 else d,
+                tries=n,
+                priority=p,
+                job_id=i,
+            )
+            for i, d, t, n, p in raw
+        ]
         # ttl 30 stands for "ttl == delay" (issue 13 #2: refused with 400 once fixed)
         t0 = self.clock.now
         out, err = self.request("publish", self.svc.publish(self.route, NS, q, specs))
@@ -302,7 +338,10 @@ class EngineModel(RuleBasedStateMachine):
             return  # refused whole: nothing changed (the next observation checks it)
         self.no_503_when_retried("publish", err)
         assert out is not None and len(out) == len(specs)
-        if any(s.ttl_ms and s.ttl_ms <= s.delay_ms for s in specs) and "ttl-eq-delay" not in TOLERATE:
+        if (
+            any(s.ttl_ms and s.ttl_ms <= s.delay_ms for s in specs)
+            and "ttl-eq-delay" not in TOLERATE
+        ):
             raise Mismatch("ttl == delay accepted (issue 13 #2: must be 400)")
         lost = self.fired() is not None and self.fired().kind == "lost"
 
@@ -323,19 +362,36 @@ class EngineModel(RuleBasedStateMachine):
                         raise Mismatch(f"{p.job_id} called a duplicate, but it is new")
                 if dup:
                     continue
-                state = m.place(q, p.job_id, spec.job_id is not None, t0, now, spec.delay_ms, spec.ttl_ms,
-                                spec.tries, spec.priority)  # fmt: skip
+                state = m.place(
+                    q,
+                    p.job_id,
+                    spec.job_id is not None,
+                    t0,
+                    now,
+                    spec.delay_ms,
+                    spec.ttl_ms,
+                    spec.tries,
+                    spec.priority,
+                )
                 want = JobState.READY if state == READY else JobState.DELAYED
                 if p.state is not None and p.state != want:
                     raise Mismatch(f"{p.job_id} published {p.state}, model says {want}")
 
         self.each(self.stamps(t0, ("publish",)), apply)
 
-    @rule(queues=st.sampled_from([["a"], ["b"], ["a", "b"], ["b", "a"]]), ttr=ttrs, count=st.integers(1, 3))
+    @rule(
+        queues=st.sampled_from([["a"], ["b"], ["a", "b"], ["b", "a"]]),
+        ttr=ttrs,
+        count=st.integers(1, 3),
+    )
     def consume_again(self, queues: list[str], ttr: int, count: int) -> None:
         self.consume(queues, ttr, count)  # a second rule: consumers are the busiest clients
 
-    @rule(queues=st.sampled_from([["a"], ["b"], ["a", "b"], ["b", "a"]]), ttr=ttrs, count=st.integers(1, 3))
+    @rule(
+        queues=st.sampled_from([["a"], ["b"], ["a", "b"], ["b", "a"]]),
+        ttr=ttrs,
+        count=st.integers(1, 3),
+    )
     def consume(self, queues: list[str], ttr: int, count: int) -> None:
         t0 = self.clock.now
         got, err = self.request("consume", self.svc.consume(self.route, NS, queues, ttr, count, 0))
@@ -345,12 +401,18 @@ class EngineModel(RuleBasedStateMachine):
             if f is None:
                 raise Mismatch(f"consume answered 503 without a fault: {err}")
             if f.kind in Fault.REFUSALS and f.step == "consume":
-                raise Mismatch(f"a consume refused before it ran ({f.kind}) must be repeated: {err}")
+                raise Mismatch(
+                    f"a consume refused before it ran ({f.kind}) must be repeated: {err}"
+                )
             if f.step == "signal" and "signal-503" not in TOLERATE:
-                raise Mismatch(f"a failed shard signal after a consume answered 503 (issue 13 #5): {err}")
+                raise Mismatch(
+                    f"a failed shard signal after a consume answered 503 (issue 13 #5): {err}"
+                )
             if f.kind == "lost" and "may" not in str(err) and "consume-503-text" not in TOLERATE:
-                raise Mismatch(f"a consume whose script ran and whose reply was lost answered a 503 that "
-                               f"does not say the outcome is unknown (SPEC §2.7): {err}")  # fmt: skip
+                raise Mismatch(
+                    f"a consume whose script ran and whose reply was lost answered a 503 that "
+                    f"does not say the outcome is unknown (SPEC §2.7): {err}"
+                )
             STATS["503 consume"] += 1
             for now in self.stamps(t0)[:1]:
                 self.model.unknown_consume(queues, now, ttr)
@@ -360,7 +422,9 @@ class EngineModel(RuleBasedStateMachine):
         note(f"consume #{delivery} -> {[(j.queue, j.job_id, j.lease) for j in got]}")
         for j in got:
             if j.lease is None or len(j.lease) != 16 or any(j.lease == x[2] for x in self.leases):
-                raise Mismatch(f"delivery of {j.job_id} carries lease {j.lease!r}: not a fresh 16-hex lease")
+                raise Mismatch(
+                    f"delivery of {j.job_id} carries lease {j.lease!r}: not a fresh 16-hex lease"
+                )
             self.leases.append((j.queue, j.job_id, j.lease))
 
         def apply(m: Model, when: tuple[int, ...]) -> None:
@@ -381,7 +445,9 @@ class EngineModel(RuleBasedStateMachine):
                     m.tick(q, now)
                     m.consume_script(q, now, ttr, mine[k0:], need - k0, delivery)
                 elif len(mine) > k0:
-                    raise Mismatch(f"consume delivered {len(mine)} of {q}, the model has {k0} deliverable")
+                    raise Mismatch(
+                        f"consume delivered {len(mine)} of {q}, the model has {k0} deliverable"
+                    )
                 rest = [j for j in rest if j.queue != q]
             if rest:
                 raise Mismatch(f"consume delivered jobs of queues not asked: {rest}")
@@ -389,12 +455,16 @@ class EngineModel(RuleBasedStateMachine):
                 mj = m.jobs[(j.queue, j.job_id)]
                 assert mj is not None
                 if (j.tries_left, j.deliveries) != (mj.tries, mj.deliveries):
-                    raise Mismatch(f"delivered {j.job_id} with remain_tries {j.tries_left}, deliveries "
-                                   f"{j.deliveries}; model {mj.tries}, {mj.deliveries}")  # fmt: skip
+                    raise Mismatch(
+                        f"delivered {j.job_id} with remain_tries {j.tries_left}, deliveries "
+                        f"{j.deliveries}; model {mj.tries}, {mj.deliveries}"
+                    )
 
         # one queue's consume script may have been refused, repeated and stamped afresh
         later = self.stamps(t0, ("consume",))[0]
-        whens = [tuple(later if k == r else t0 for k in range(len(queues))) for r in range(len(queues))]
+        whens = [
+            tuple(later if k == r else t0 for k in range(len(queues))) for r in range(len(queues))
+        ]
         self.each(whens if later != t0 else [(t0,) * len(queues)], apply)
 
     def pick(self, i: int, q: str | None = None) -> Key:
@@ -416,7 +486,9 @@ class EngineModel(RuleBasedStateMachine):
             return live[i % len(live)]
         return log[i % len(log)]
 
-    def conflict(self, m: Model, q: str, job_id: str, lease: str | None, now: int, ack: bool = False) -> str | None:
+    def conflict(
+        self, m: Model, q: str, job_id: str, lease: str | None, now: int, ack: bool = False
+    ) -> str | None:
         """None when ``lease`` (if any) holds the job, else the state a Conflict names."""
         if lease is None:
             return None
@@ -446,7 +518,10 @@ class EngineModel(RuleBasedStateMachine):
             q, job_id = self.pick(i)
             self.ack_many(q, [job_id])
 
-    @rule(q=st.sampled_from(QUEUES), picks_=st.lists(st.tuples(picks, st.booleans()), min_size=2, max_size=4))
+    @rule(
+        q=st.sampled_from(QUEUES),
+        picks_=st.lists(st.tuples(picks, st.booleans()), min_size=2, max_size=4),
+    )
     def batch_ack(self, q: str, picks_: list[tuple[int, bool]]) -> None:
         chosen: dict[str, str | None] = {}
         for i, leased in picks_:
@@ -465,8 +540,11 @@ class EngineModel(RuleBasedStateMachine):
         lost = self.fired() is not None and self.fired().kind == "lost"
 
         def apply(m: Model, now: int) -> None:
-            wanted = [(i, c) for i, lease in zip(ids_, leases or [None] * len(ids_))
-                      if (c := self.conflict(m, q, i, lease, now, ack=True)) is not None]  # fmt: skip
+            wanted = [
+                (i, c)
+                for i, lease in zip(ids_, leases or [None] * len(ids_))
+                if (c := self.conflict(m, q, i, lease, now, ack=True)) is not None
+            ]
             self.expect_conflict(err, wanted)
             if wanted:
                 return  # nothing of the batch acked
@@ -477,10 +555,18 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each(self.stamps(t0, ("ack",)), apply)
 
-    @rule(i=picks, job_id=ids, delay=delays, ttl=ttls, same=st.booleans(), leased=st.booleans(),
-          prio=prios)  # fmt: skip
-    def republish(self, i: int, job_id: str | None, delay: int, ttl: int, same: bool, leased: bool,
-                  prio: int) -> None:  # fmt: skip
+    @rule(
+        i=picks,
+        job_id=ids,
+        delay=delays,
+        ttl=ttls,
+        same=st.booleans(),
+        leased=st.booleans(),
+        prio=prios,
+    )
+    def republish(
+        self, i: int, job_id: str | None, delay: int, ttl: int, same: bool, leased: bool, prio: int
+    ) -> None:
         d = self.pick_lease(i) if leased else None
         q, old = d[:2] if d is not None else self.pick(i)
         lease = d[2] if d is not None else None
@@ -489,9 +575,13 @@ class EngineModel(RuleBasedStateMachine):
         new_id = old if same else job_id
         if lease is not None and new_id is None:
             new_id = "c9"  # not repeated with a lease: an unknown outcome needs a known new id
-        spec = JobSpec(b"y", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, job_id=new_id, priority=prio)
+        spec = JobSpec(
+            b"y", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, job_id=new_id, priority=prio
+        )
         t0 = self.clock.now
-        out, err = self.request("republish", self.svc.republish(self.route, NS, q, old, spec, lease))
+        out, err = self.request(
+            "republish", self.svc.republish(self.route, NS, q, old, spec, lease)
+        )
         unknown = isinstance(err, PoolUnavailable)
         if lease is None:
             self.no_503_when_retried("republish", err)
@@ -543,7 +633,9 @@ class EngineModel(RuleBasedStateMachine):
             if held and j.deadline <= now and "touch-expired" not in TOLERATE:
                 held = False  # its ttr ran out: not reserved any more (issue 13 #6)
             if held != (err is None):
-                raise Mismatch(f"touch {job_id}: engine {'ok' if err is None else err}, model reserved={held}")
+                raise Mismatch(
+                    f"touch {job_id}: engine {'ok' if err is None else err}, model reserved={held}"
+                )
             if held:
                 j.deadline = now + ttr
 
@@ -555,7 +647,9 @@ class EngineModel(RuleBasedStateMachine):
         q, job_id = d[:2] if d is not None else self.pick(i)
         lease = d[2] if d is not None else None
         t0 = self.clock.now
-        state, err = self.request("release", self.svc.release(self.route, NS, q, job_id, delay, lease))
+        state, err = self.request(
+            "release", self.svc.release(self.route, NS, q, job_id, delay, lease)
+        )
         unknown = isinstance(err, PoolUnavailable)
         if unknown:
             if self.fired() is None:
@@ -580,7 +674,9 @@ class EngineModel(RuleBasedStateMachine):
                 else:
                     return
             elif held != (err is None):
-                raise Mismatch(f"release {job_id}: engine {state if err is None else err}, model reserved={held}")
+                raise Mismatch(
+                    f"release {job_id}: engine {state if err is None else err}, model reserved={held}"
+                )
             if not held:
                 return
             assert j is not None
@@ -647,13 +743,20 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each([0], apply)
 
-    @rule(q=st.sampled_from(QUEUES), limit=st.integers(1, 3), ttl=st.sampled_from([0, 60_000]),
-          delete=st.booleans())  # fmt: skip
+    @rule(
+        q=st.sampled_from(QUEUES),
+        limit=st.integers(1, 3),
+        ttl=st.sampled_from([0, 60_000]),
+        delete=st.booleans(),
+    )
     def dead_letters(self, q: str, limit: int, ttl: int, delete: bool) -> None:
         t0 = self.clock.now
         name = "delete_dead" if delete else "respawn"
-        call = (self.svc.delete_dead(self.route, NS, q, limit) if delete
-                else self.svc.respawn(self.route, NS, q, limit, ttl))  # fmt: skip
+        call = (
+            self.svc.delete_dead(self.route, NS, q, limit)
+            if delete
+            else self.svc.respawn(self.route, NS, q, limit, ttl)
+        )
         n, err = self.request(name, call)
         unknown = isinstance(err, PoolUnavailable)
         if unknown and self.fired() is None:
@@ -698,7 +801,11 @@ class EngineModel(RuleBasedStateMachine):
         note(f"clock +{ms} -> {self.clock.now}")
 
     @precondition(lambda self: self.net.armed is None)
-    @rule(kind=st.sampled_from(Fault.KINDS), at=st.sampled_from([0, 0, 0, 1, 2]), ms=st.sampled_from([0, 0, 10, 600, 25_000]))
+    @rule(
+        kind=st.sampled_from(Fault.KINDS),
+        at=st.sampled_from([0, 0, 0, 1, 2]),
+        ms=st.sampled_from([0, 0, 10, 600, 25_000]),
+    )
     def fault(self, kind: str, at: int, ms: int) -> None:
         self.net.armed = Fault(kind, at, ms)
 
@@ -728,11 +835,20 @@ class EngineModel(RuleBasedStateMachine):
             options = [m.jobs.get(key)] + m.alts.get(key, [])
             in_wheel = id_to_member(job_id) not in hashed[q]
             held = leases[q].get(id_to_member(job_id))
-            found = next((o for o in options if matches(o, job, in_wheel)
-                          and (o is None or o.lease is None or held is None or o.lease == held.hex())), "none")
+            found = next(
+                (
+                    o
+                    for o in options
+                    if matches(o, job, in_wheel)
+                    and (o is None or o.lease is None or held is None or o.lease == held.hex())
+                ),
+                "none",
+            )
             if found == "none":
-                raise Mismatch(f"job {q}/{job_id}: engine {summary(job)}; model allows "
-                               f"{[summary_m(o) for o in options]} (clock {self.clock.now})")  # fmt: skip
+                raise Mismatch(
+                    f"job {q}/{job_id}: engine {summary(job)}; model allows "
+                    f"{[summary_m(o) for o in options]} (clock {self.clock.now})"
+                )
             if found is None:
                 m.jobs.pop(key, None)
             else:
@@ -767,22 +883,32 @@ class EngineModel(RuleBasedStateMachine):
 def matches(o: MJob | None, job: Any, in_wheel: bool) -> bool:
     if o is None or job is None:
         return o is None and job is None
-    return ((o.wheel is not None) == in_wheel and o.state == job.state.value and o.tries == job.tries_left and o.deliveries == job.deliveries
-            and o.expire_at == job.expire_at_ms and o.score() == job.due_ms)  # fmt: skip
+    return (
+        (o.wheel is not None) == in_wheel
+        and o.state == job.state.value
+        and o.tries == job.tries_left
+        and o.deliveries == job.deliveries
+        and o.expire_at == job.expire_at_ms
+        and o.score() == job.due_ms
+    )
 
 
 def summary(job: Any) -> str:
     if job is None:
         return "gone"
-    return (f"{job.state.value} tries={job.tries_left} deliveries={job.deliveries} "
-            f"expire={job.expire_at_ms} score={job.due_ms}")  # fmt: skip
+    return (
+        f"{job.state.value} tries={job.tries_left} deliveries={job.deliveries} "
+        f"expire={job.expire_at_ms} score={job.due_ms}"
+    )
 
 
 def summary_m(o: MJob | None) -> str:
     if o is None:
         return "gone"
-    return (f"{o.state} tries={o.tries} deliveries={o.deliveries} expire={o.expire_at} score={o.score()}"
-            f"{' wheel' if o.wheel is not None else ''}")  # fmt: skip
+    return (
+        f"{o.state} tries={o.tries} deliveries={o.deliveries} expire={o.expire_at} score={o.score()}"
+        f"{' wheel' if o.wheel is not None else ''}"
+    )
 
 
 @pytest.fixture
@@ -795,18 +921,28 @@ def deployment_for_model(request: pytest.FixtureRequest) -> Iterator[Any]:
 def summary_line() -> str:
     steps = sum(v for k, v in STATS.items() if k.startswith("op "))
     faults = sum(v for k, v in STATS.items() if k.startswith("fault ") and "armed" not in k)
-    return (f"model summary ({TOPOLOGY}): examples {STATS['examples']}, requests {steps}, faults injected "
-            f"{faults}, checks {STATS['checks']}; " + ", ".join(f"{k}: {v}" for k, v in sorted(STATS.items())))
+    return (
+        f"model summary ({TOPOLOGY}): examples {STATS['examples']}, requests {steps}, faults injected "
+        f"{faults}, checks {STATS['checks']}; "
+        + ", ".join(f"{k}: {v}" for k, v in sorted(STATS.items()))
+    )
 
 
 def test_engine_matches_the_model(deployment_for_model: Any) -> None:
     global DEPLOYMENT
     DEPLOYMENT = deployment_for_model
     STATS.clear()
-    run_state_machine_as_test(EngineModel, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, database=None,
-        suppress_health_check=list(HealthCheck), derandomize=False,
-    ))  # fmt: skip
+    run_state_machine_as_test(
+        EngineModel,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=False,
+        ),
+    )
 
 
 _ = (redis, DEAD)

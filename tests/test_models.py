@@ -37,7 +37,10 @@ def test_ids_round_trip_and_match_the_definition() -> None:
 
 
 def test_text_order_is_byte_order_and_due_time_is_readable_from_the_text() -> None:
-    raws = [new_id(1_800_000_000_000 + random.randrange(10**9), random.randrange(4)) for _ in range(2000)]
+    raws = [
+        new_id(1_800_000_000_000 + random.randrange(10**9), random.randrange(4))
+        for _ in range(2000)
+    ]
     assert sorted(raws) == sorted(raws, key=encode_id)
     for raw in raws[:200]:
         text = id_to_text(raw)
@@ -45,8 +48,19 @@ def test_text_order_is_byte_order_and_due_time_is_readable_from_the_text() -> No
         assert id_due_ms_of_text(text) == id_due_ms(raw)
 
 
-@pytest.mark.parametrize("text", ["", "0" * 25, "0" * 27, "8" + "0" * 25, "0" * 25 + "I",
-                                  "0" * 25 + "u", "0" * 25 + "!", "my-client-id"])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "0" * 25,
+        "0" * 27,
+        "8" + "0" * 25,
+        "0" * 25 + "I",
+        "0" * 25 + "u",
+        "0" * 25 + "!",
+        "my-client-id",
+    ],
+)
 def test_anything_else_is_not_a_server_id(text: str) -> None:
     assert decode_id(text) is None and id_due_ms_of_text(text) is None
     assert id_to_member(text) == text.encode()

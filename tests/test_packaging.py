@@ -33,23 +33,63 @@ def test_the_wheel_holds_every_module_and_script(tmp_path: Path) -> None:
     """Built for real: every module of every subpackage and every Lua file is in the wheel."""
     src = tmp_path / "src"  # a clean copy: setuptools would reuse a stale build/ in the tree
     for name in ("lua", "cluster_dq"):
-        shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+        )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path), str(src)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("cluster_dq-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
     wanted = {str(p.relative_to(ROOT)) for p in (ROOT / "cluster_dq").rglob("*.py")}
-    wanted |= {"cluster_dq/" + str(p.relative_to(ROOT)) for p in (ROOT / "lua").rglob("*") if p.is_file()}
+    wanted |= {
+        "cluster_dq/" + str(p.relative_to(ROOT)) for p in (ROOT / "lua").rglob("*") if p.is_file()
+    }
     assert not sorted(wanted - shipped), f"not in the wheel: {sorted(wanted - shipped)}"
     # Installed (no checkout around it): the engine finds every script inside the package.
     target = tmp_path / "installed"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
-                    str(target), str(wheel)], check=True, capture_output=True)  # fmt: skip
-    code = ("from cluster_dq.engine.scripts import load_all, lua_dir; "
-            "print(lua_dir()); print(' '.join(sorted(load_all())))")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(target)},
-                         check=True, capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    code = (
+        "from cluster_dq.engine.scripts import load_all, lua_dir; "
+        "print(lua_dir()); print(' '.join(sorted(load_all())))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target)},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     assert out[0] == str(target / "cluster_dq" / "lua")
     assert out[1].split() == sorted(p.stem for p in (ROOT / "lua").glob("*.lua"))

@@ -47,7 +47,9 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(params=["standalone", "cluster"])
 def target(request: pytest.FixtureRequest) -> Iterator[Server | Cluster]:
-    d: Server | Cluster = request.getfixturevalue("redis_server" if request.param == "standalone" else "redis_cluster")
+    d: Server | Cluster = request.getfixturevalue(
+        "redis_server" if request.param == "standalone" else "redis_cluster"
+    )
     with d.sync_client() as c:
         flush(c)
     yield d
@@ -58,32 +60,63 @@ def rows(n: int) -> list[dict[str, Any]]:
     for i in range(n):
         q = f"q{i % 3}"
         delay = [0, 60, 3600][i % 3]  # ready now, in a minute (delayed), in an hour (wheel)
-        out.append({"namespace": "bulk", "queue": q, "body": f"job-{i}", "delay_s": delay, "due_ms": None,
-                    "ttl_s": 0 if i % 7 == 0 else None, "tries": 1 + i % 3, "priority": None,
-                    "job_id": f"client-{i}" if i % 10 == 0 else None})  # fmt: skip
+        out.append(
+            {
+                "namespace": "bulk",
+                "queue": q,
+                "body": f"job-{i}",
+                "delay_s": delay,
+                "due_ms": None,
+                "ttl_s": 0 if i % 7 == 0 else None,
+                "tries": 1 + i % 3,
+                "priority": None,
+                "job_id": f"client-{i}" if i % 10 == 0 else None,
+            }
+        )
     bad = [
-        {"namespace": "bulk", "queue": None, "body": "x"},                       # no queue
-        {"namespace": "bad ns!", "queue": "q", "body": "x"},                     # bad name
-        {"namespace": "bulk", "queue": "q0", "body": "x", "tries": 0},           # tries 0
+        {"namespace": "bulk", "queue": None, "body": "x"},  # no queue
+        {"namespace": "bad ns!", "queue": "q", "body": "x"},  # bad name
+        {"namespace": "bulk", "queue": "q0", "body": "x", "tries": 0},  # tries 0
         {"namespace": "bulk", "queue": "q0", "body": "x", "delay_s": 5, "due_ms": 1},  # both
-        {"namespace": "bulk", "queue": "q0", "body": "x", "delay_s": 600, "ttl_s": 60},  # ttl < delay
+        {
+            "namespace": "bulk",
+            "queue": "q0",
+            "body": "x",
+            "delay_s": 600,
+            "ttl_s": 60,
+        },  # ttl < delay
         {"namespace": "bulk", "queue": "q0", "body": "x", "job_id": "no spaces allowed"},
     ]
-    full = {"namespace": None, "queue": None, "body": None, "delay_s": None, "due_ms": None, "ttl_s": None,
-            "tries": None, "priority": None, "job_id": None}  # fmt: skip
+    full = {
+        "namespace": None,
+        "queue": None,
+        "body": None,
+        "delay_s": None,
+        "due_ms": None,
+        "ttl_s": None,
+        "tries": None,
+        "priority": None,
+        "job_id": None,
+    }
     return out + [{**full, **b} for b in bad]
 
 
 def frame(spark: Any, data: list[dict[str, Any]]) -> Any:
     from pyspark.sql import types as T
 
-    schema = T.StructType([
-        T.StructField("namespace", T.StringType()), T.StructField("queue", T.StringType()),
-        T.StructField("body", T.StringType()), T.StructField("delay_s", T.LongType()),
-        T.StructField("due_ms", T.LongType()), T.StructField("ttl_s", T.LongType()),
-        T.StructField("tries", T.IntegerType()), T.StructField("priority", T.IntegerType()),
-        T.StructField("job_id", T.StringType()),
-    ])  # fmt: skip
+    schema = T.StructType(
+        [
+            T.StructField("namespace", T.StringType()),
+            T.StructField("queue", T.StringType()),
+            T.StructField("body", T.StringType()),
+            T.StructField("delay_s", T.LongType()),
+            T.StructField("due_ms", T.LongType()),
+            T.StructField("ttl_s", T.LongType()),
+            T.StructField("tries", T.IntegerType()),
+            T.StructField("priority", T.IntegerType()),
+            T.StructField("job_id", T.StringType()),
+        ]
+    )
     return spark.createDataFrame(data, schema).repartition(4)
 
 
@@ -95,8 +128,9 @@ def sizes(d: Server | Cluster, q: str) -> ops.Sizes:
         client.close()
 
 
-def test_schedule_validates_publishes_and_reruns_idempotently(spark: Any, target: Server | Cluster,
-                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_schedule_validates_publishes_and_reruns_idempotently(
+    spark: Any, target: Server | Cluster, tmp_path: Path
+) -> None:
     n = 3_000
     df = frame(spark, rows(n))
     ref = int(time.time() * 1000)
@@ -121,34 +155,54 @@ def test_schedule_validates_publishes_and_reruns_idempotently(spark: Any, target
     assert sizes(target, "q2").delayed == n // 3
 
 
-def test_export_reads_every_state_while_queues_work(spark: Any, target: Server | Cluster, tmp_path: Path) -> None:
+def test_export_reads_every_state_while_queues_work(
+    spark: Any, target: Server | Cluster, tmp_path: Path
+) -> None:
     n = 300
     schedule(spark, frame(spark, rows(n)[:n]), target.pool_settings())
     client = make_sync_client(target.pool_settings())
     engine = SyncEngine(client)
-    reserved = engine.run(ops.consume(engine.config, "bulk", ["q0"], 60_000, 10, int(time.time() * 1000)))
+    reserved = engine.run(
+        ops.consume(engine.config, "bulk", ["q0"], 60_000, 10, int(time.time() * 1000))
+    )
     client.close()
     assert len(reserved) == 10
     out = str(tmp_path / "export")
-    df = export(spark, target.pool_settings(), [("bulk", "q0"), ("bulk", "q1"), ("bulk", "q2")], path=out)
-    counts = {(r["queue"], r["state"]): r["count"] for r in df.groupBy("queue", "state").count().collect()}
-    assert counts == {("q0", "ready"): n // 3 - 10, ("q0", "reserved"): 10, ("q1", "delayed"): n // 3,
-                      ("q2", "delayed"): n // 3}  # fmt: skip
+    df = export(
+        spark, target.pool_settings(), [("bulk", "q0"), ("bulk", "q1"), ("bulk", "q2")], path=out
+    )
+    counts = {
+        (r["queue"], r["state"]): r["count"] for r in df.groupBy("queue", "state").count().collect()
+    }
+    assert counts == {
+        ("q0", "ready"): n // 3 - 10,
+        ("q0", "reserved"): 10,
+        ("q1", "delayed"): n // 3,
+        ("q2", "delayed"): n // 3,
+    }
     row = df.filter("queue = 'q2'").first()
-    assert row["due_ms"] > time.time() * 1000 + 3_000_000 and row["body"].decode().startswith("job-")
-    assert {r["job_id"] for r in df.filter("state = 'reserved'").collect()} == {j.job_id for j in reserved}
+    assert row["due_ms"] > time.time() * 1000 + 3_000_000 and row["body"].decode().startswith(
+        "job-"
+    )
+    assert {r["job_id"] for r in df.filter("state = 'reserved'").collect()} == {
+        j.job_id for j in reserved
+    }
     assert reserved[0].state is JobState.RESERVED
 
 
-def test_schedule_and_export_follow_a_ring(spark: Any, target: Server | Cluster, redis_server: Server) -> None:
+def test_schedule_and_export_follow_a_ring(
+    spark: Any, target: Server | Cluster, redis_server: Server
+) -> None:
     """Scheduled through a ring (a standalone DB and the target), each queue's jobs land on the
     member the service would route it to, and export reads them back from there."""
     side = PoolSettings("side", Addr=f"127.0.0.1:{redis_server.port}", DB=5)
     redis.Redis(port=redis_server.port, db=5).flushdb()
     pools = {"side": side, "main": dataclasses.replace(target.pool_settings(), name="main")}
     route = PoolRoute("ring", pools, ["side", "main"])
-    data = [{**rows(1)[0], "queue": f"r{i % 12}", "body": f"ring-{i}", "delay_s": 0, "job_id": None}
-            for i in range(240)]
+    data = [
+        {**rows(1)[0], "queue": f"r{i % 12}", "body": f"ring-{i}", "delay_s": 0, "job_id": None}
+        for i in range(240)
+    ]
     counts = schedule(spark, frame(spark, data), route)
     assert (counts.published, counts.rejected) == (240, 0)
     placed = {f"r{i}": route.place("bulk", f"r{i}").write.name for i in range(12)}
@@ -157,23 +211,33 @@ def test_schedule_and_export_follow_a_ring(spark: Any, target: Server | Cluster,
         client = make_sync_client(pools[name])
         other = make_sync_client(pools["main" if name == "side" else "side"])
         try:
-            assert SyncEngine(client).run(ops.sizes(SyncEngine(client).config, "bulk", q)).ready == 20, q
-            assert SyncEngine(other).run(ops.sizes(SyncEngine(other).config, "bulk", q)).ready == 0, q
+            assert (
+                SyncEngine(client).run(ops.sizes(SyncEngine(client).config, "bulk", q)).ready == 20
+            ), q
+            assert (
+                SyncEngine(other).run(ops.sizes(SyncEngine(other).config, "bulk", q)).ready == 0
+            ), q
         finally:
             client.close()
             other.close()
     df = export(spark, route, [("bulk", q) for q in placed])
-    assert df.count() == 240 and {r["queue"] for r in df.select("queue").distinct().collect()} == set(placed)
+    assert df.count() == 240 and {
+        r["queue"] for r in df.select("queue").distinct().collect()
+    } == set(placed)
 
 
-def test_analyze_turns_a_services_event_log_into_figures(spark: Any, redis_server: Server, tmp_path: Path) -> None:
+def test_analyze_turns_a_services_event_log_into_figures(
+    spark: Any, redis_server: Server, tmp_path: Path
+) -> None:
     events = tmp_path / "events"
     with redis_server.client() as c:
         c.flushall()
     svc = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_LIFECYCLEDIR=str(events))
     base, admin = svc.base, svc.admin
     try:
-        tok = httpx.post(f"{admin}/token/life", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+        tok = httpx.post(
+            f"{admin}/token/life", params={"description": "t"}, auth=ADMIN_AUTH
+        ).json()["token"]
         h = {"X-Token": tok}
         for i in range(20):
             httpx.put(f"{base}/api/life/q", headers=h, params={"tries": 1}, content=b"x%d" % i)
@@ -203,16 +267,35 @@ def test_cli_schedule_prints_counts(spark: Any, redis_server: Server, tmp_path: 
         c.flushall()
     path = str(tmp_path / "jobs.parquet")
     frame(spark, rows(30)).write.parquet(path)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis_server.port}",
-           "CLUSTER_DQ_LOGLEVEL": "error"}  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "cluster_dq.cli", "pipeline", "schedule", path, "--at", "1700000000000"],
-                         env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis_server.port}",
+        "CLUSTER_DQ_LOGLEVEL": "error",
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cluster_dq.cli",
+            "pipeline",
+            "schedule",
+            path,
+            "--at",
+            "1700000000000",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "published 30, already present 0, rejected 6" in out.stdout, out.stdout
 
 
-def test_cli_schedule_signals_the_shard_of_the_configured_shard_count(spark: Any, redis_server: Server,
-                                                                       tmp_path: Path) -> None:  # fmt: skip
+def test_cli_schedule_signals_the_shard_of_the_configured_shard_count(
+    spark: Any, redis_server: Server, tmp_path: Path
+) -> None:
     """A deployment with ``Shards = 3``: the jobs Spark schedules are signalled on the shard
     the service's pump (which has the same settings file) looks at, not on the shard of the
     default 16, where no pump of that deployment ever would."""
@@ -221,16 +304,25 @@ def test_cli_schedule_signals_the_shard_of_the_configured_shard_count(spark: Any
     path = str(tmp_path / "jobs.parquet")
     frame(spark, rows(30)).write.parquet(path)
     config = tmp_path / "dq.toml"
-    config.write_text(f'Shards = 3\nLogLevel = "error"\n[Pool.default]\nAddr = "127.0.0.1:{redis_server.port}"\n')
+    config.write_text(
+        f'Shards = 3\nLogLevel = "error"\n[Pool.default]\nAddr = "127.0.0.1:{redis_server.port}"\n'
+    )
     queues = [f"bulk/q{i}" for i in range(3)]
     assert any(shard_of(qn, 3) != shard_of(qn, 16) for qn in queues)  # else the test proves nothing
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "cluster_dq.cli", "-c", str(config), "pipeline", "schedule", path],
-                         env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "cluster_dq.cli", "-c", str(config), "pipeline", "schedule", path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "published 30, already present 0, rejected 6" in out.stdout, out.stdout
     with redis_server.client() as c:
         for qn in queues:
             assert c.sismember(ShardKeys(shard_of(qn, 3)).queues, qn), qn
             assert c.zscore(ShardKeys(shard_of(qn, 3)).schedule, qn) is not None, qn
-        assert not [k for k in c.keys("dq:{shard-*}:*") if int(k.split(b"-")[1].split(b"}")[0]) >= 3]
+        assert not [
+            k for k in c.keys("dq:{shard-*}:*") if int(k.split(b"-")[1].split(b"}")[0]) >= 3
+        ]

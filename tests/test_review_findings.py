@@ -103,8 +103,10 @@ def test_leases_work_while_a_pool_migrates(pools: dict[str, PoolSettings]) -> No
     conflict 'gone' (code 6), and ops.touch/ops.release raise Conflict at the first pool: a job
     delivered from the new pool can never be touched or released with its own lease (409
     'gone'), only without one. (ack.lua maps 'gone' to no conflict, so ack is not affected.)"""
-    svc = start({"default": pools["default"], "old": pools["old"], "new": pools["new"]},
-                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start(
+        {"default": pools["default"], "old": pools["old"], "new": pools["new"]},
+        CLUSTER_DQ_POOL__OLD__MIGRATETO="new",
+    )
     base, _admin = svc.base, svc.admin
     try:
         with httpx.Client(
@@ -134,8 +136,10 @@ def test_republish_with_a_lease_works_for_a_job_of_the_drained_pool(
         ops.publish(EngineConfig(), "ns", "q", [JobSpec(body=b"old", tries=3)], now_ms())
     )
     client.close()
-    svc = start({"default": pools["default"], "old": old, "new": pools["new"]},
-                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start(
+        {"default": pools["default"], "old": old, "new": pools["new"]},
+        CLUSTER_DQ_POOL__OLD__MIGRATETO="new",
+    )
     base, _admin = svc.base, svc.admin
     try:
         with httpx.Client(
@@ -156,11 +160,19 @@ def test_a_configured_pool_name_the_token_shape_refuses(redis_server: Server) ->
     every token whose pool part is not [-_A-Za-z0-9]{1,64}: a pool named 'east.1' started, its
     admin handed out tokens (201), and every one of them was a 401 on the data port. The
     settings now refuse such a name at start-up, naming the key."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT),
-           "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis_server.port}",
-           "CLUSTER_DQ_POOL__EAST.1__ADDR": f"127.0.0.1:{redis_server.port}"}  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "cluster_dq.cli", "serve", "--port", "0", "--admin-port", "0"],
-                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis_server.port}",
+        "CLUSTER_DQ_POOL__EAST.1__ADDR": f"127.0.0.1:{redis_server.port}",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", "0", "--admin-port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "Pool.east.1" in out.stderr, out.stderr
 
 
@@ -230,8 +242,10 @@ def test_a_409_batch_ack_changes_nothing_while_a_pool_migrates(
         ops.publish(EngineConfig(), "ns", "q", [JobSpec(body=b"old", tries=3)], now_ms())
     )
     client.close()
-    svc = start({"default": pools["default"], "old": old, "new": pools["new"]},
-                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start(
+        {"default": pools["default"], "old": old, "new": pools["new"]},
+        CLUSTER_DQ_POOL__OLD__MIGRATETO="new",
+    )
     base, _admin = svc.base, svc.admin
     try:
         with httpx.Client(
@@ -241,8 +255,13 @@ def test_a_409_batch_ack_changes_nothing_while_a_pool_migrates(
             a = api.get("/api/ns/q", params={"ttr": 30}).json()  # the old pool's job first
             b = api.get("/api/ns/q", params={"ttr": 30}).json()
             assert (a["data"], b["data"]) == ("b2xk", "bmV3")
-            r = api.post("/api/ns/q/ack", json=[{"job_id": a["job_id"], "lease": a["lease"]},
-                                               {"job_id": b["job_id"], "lease": "0" * 16}])  # fmt: skip
+            r = api.post(
+                "/api/ns/q/ack",
+                json=[
+                    {"job_id": a["job_id"], "lease": a["lease"]},
+                    {"job_id": b["job_id"], "lease": "0" * 16},
+                ],
+            )
             assert r.status_code == 409, r.text
             assert api.get(f"/api/ns/q/job/{a['job_id']}").status_code == 200, (
                 f"409 said {r.json()['error']!r}"

@@ -53,10 +53,16 @@ def test_adding_a_pool_moves_about_one_nth_of_the_queues(before: list[str]) -> N
 
 
 def test_placement_is_the_same_in_every_process() -> None:
-    code = ("from cluster_dq.routing import PoolRoute; r = PoolRoute('r', {n: n for n in 'abc'}, "
-            "['a', 'b', 'c']); print(''.join(r.place('ns', f'q{i}').write for i in range(200)))")  # fmt: skip
-    seen = {subprocess.check_output([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, text=True)
-            for seed in ("1", "2")}  # fmt: skip
+    code = (
+        "from cluster_dq.routing import PoolRoute; r = PoolRoute('r', {n: n for n in 'abc'}, "
+        "['a', 'b', 'c']); print(''.join(r.place('ns', f'q{i}').write for i in range(200)))"
+    )
+    seen = {
+        subprocess.check_output(
+            [sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, text=True
+        )
+        for seed in ("1", "2")
+    }
     route = PoolRoute("r", NAMES, ["a", "b", "c"])
     assert seen == {"".join(route.place("ns", f"q{i}").write for i in range(200)) + "\n"}
 
@@ -75,7 +81,12 @@ def test_migration_and_previous_members_are_read_first() -> None:
     assert set(seen) == {("a",), ("b", "d"), ("a", "c"), ("b", "d", "c")}, seen
     assert ring.pools() == ["a", "b", "c", "d"]
     groups = ring.groups("ns", [q for _, q in QUEUES[:50]])
-    assert [pool for pool, _ in groups][-1] in ("c", "d") and {p for p, _ in groups} == {"a", "b", "c", "d"}
+    assert [pool for pool, _ in groups][-1] in ("c", "d") and {p for p, _ in groups} == {
+        "a",
+        "b",
+        "c",
+        "d",
+    }
 
 
 # -- end to end -------------------------------------------------------------------------------
@@ -90,7 +101,11 @@ def standalone_db(server: Server, db: int, name: str) -> PoolSettings:
 
 
 def sized(pool: PoolSettings, deployment: Deployment, ns: str, q: str) -> Sizes:
-    client = deployment.sync_client() if pool.DB == 0 else redis.Redis(port=int(pool.Addr.split(":")[1]), db=pool.DB)
+    client = (
+        deployment.sync_client()
+        if pool.DB == 0
+        else redis.Redis(port=int(pool.Addr.split(":")[1]), db=pool.DB)
+    )
     try:
         return SyncEngine(client).run(ops.sizes(EngineConfig(), ns, q))
     finally:
@@ -98,15 +113,21 @@ def sized(pool: PoolSettings, deployment: Deployment, ns: str, q: str) -> Sizes:
 
 
 @pytest.fixture
-def pools(redis_server: Server, deployment: Deployment, sync_redis: redis.Redis) -> Iterator[dict[str, PoolSettings]]:
+def pools(
+    redis_server: Server, deployment: Deployment, sync_redis: redis.Redis
+) -> Iterator[dict[str, PoolSettings]]:
     """``old`` and ``c``: standalone (DBs 1 and 3); ``new`` and ``b``: the topology under
     test (on standalone, DBs 2 and 4); ``default``: the topology under test too."""
     under_test = dataclasses.replace(deployment.pool_settings(), name="new")
     if isinstance(deployment, Server):
         under_test = dataclasses.replace(under_test, DB=2)
-    found = {"default": deployment.pool_settings(), "old": standalone_db(redis_server, 1, "old"),
-             "new": under_test, "b": dataclasses.replace(under_test, name="b"),
-             "c": standalone_db(redis_server, 3, "c")}  # fmt: skip
+    found = {
+        "default": deployment.pool_settings(),
+        "old": standalone_db(redis_server, 1, "old"),
+        "new": under_test,
+        "b": dataclasses.replace(under_test, name="b"),
+        "c": standalone_db(redis_server, 3, "c"),
+    }
     for db in (1, 2, 3):
         redis.Redis(port=redis_server.port, db=db).flushdb()
     yield found
@@ -118,8 +139,11 @@ def start(pools: dict[str, PoolSettings], **env: str) -> ServiceProcess:
 
 
 def token(admin: str, name: str) -> str:
-    r = httpx.post(f"{admin}/token/ns", params={"description": "t", "token": f"{name}:{'t' * 24}"},
-                   auth=ADMIN_AUTH)  # fmt: skip
+    r = httpx.post(
+        f"{admin}/token/ns",
+        params={"description": "t", "token": f"{name}:{'t' * 24}"},
+        auth=ADMIN_AUTH,
+    )
     assert r.status_code in (201, 400), r.text  # 400: created by an earlier start
     return f"{name}:{'t' * 24}"
 
@@ -147,8 +171,13 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
         with httpx.Client(base_url=base, headers={"X-Token": tok}, timeout=30) as api:
             dies = api.put("/api/ns/q", params={"tries": 1}, content=b"old-dies").json()["job_id"]
             assert api.get("/api/ns/q", params={"ttr_ms": 200}).json()["job_id"] == dies  # -> dead
-            before = [api.put("/api/ns/q", content=f"old-{i}".encode()).json()["job_id"] for i in range(10)]
-            late = api.put("/api/ns/q", params={"delay_ms": 8000}, content=b"old-late").json()["job_id"]
+            before = [
+                api.put("/api/ns/q", content=f"old-{i}".encode()).json()["job_id"]
+                for i in range(10)
+            ]
+            late = api.put("/api/ns/q", params={"delay_ms": 8000}, content=b"old-late").json()[
+                "job_id"
+            ]
             held = api.get("/api/ns/q", params={"ttr": 60}).json()["job_id"]  # stays reserved
             assert held == before[0]
             api.put("/api/ns/idem", params={"job_id": "kept"}, content=b"old-kept")
@@ -158,12 +187,15 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
         svc.stop(timeout=20)
     assert sized(old, deployment, "ns", "q").ready == 9
 
-    svc = start({"default": pools["default"], "old": old, "new": new},
-                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start(
+        {"default": pools["default"], "old": old, "new": new}, CLUSTER_DQ_POOL__OLD__MIGRATETO="new"
+    )
     base, admin = svc.base, svc.admin
     try:
         with httpx.Client(base_url=base, headers={"X-Token": tok}, timeout=30) as api:
-            after = [api.put("/api/ns/q", content=f"new-{i}".encode()).json()["job_id"] for i in range(5)]
+            after = [
+                api.put("/api/ns/q", content=f"new-{i}".encode()).json()["job_id"] for i in range(5)
+            ]
             assert sized(new, deployment, "ns", "q").ready == 5  # new jobs land on the new pool
             assert sized(old, deployment, "ns", "q").ready == 9
             deadline = time.monotonic() + 10  # the old pool's pump moves the dying job
@@ -177,23 +209,36 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
             for jid in ("kept", "done"):
                 r = api.put("/api/ns/idem", params={"job_id": jid}, content=b"again")
                 assert r.json() == {"msg": "published", "job_id": jid, "duplicate": True}
-            assert "duplicate" not in api.put("/api/ns/idem", params={"job_id": "fresh"}, content=b"n").json()
-            assert (sized(old, deployment, "ns", "idem").ready, sized(new, deployment, "ns", "idem").ready) == (1, 1)
+            assert (
+                "duplicate"
+                not in api.put("/api/ns/idem", params={"job_id": "fresh"}, content=b"n").json()
+            )
+            assert (
+                sized(old, deployment, "ns", "idem").ready,
+                sized(new, deployment, "ns", "idem").ready,
+            ) == (1, 1)
             assert api.get("/api/ns/idem/job/kept").json()["data"] == _b64("old-kept")
             assert api.post("/api/ns/idem/ack", json=["kept", "fresh"]).json()["acked"] == 2
             draining = httpx.get(f"{admin}/draining", params={"pool": "old"}).json()
-            assert draining == {"pool": "old", "done": False, "draining": {"old": {"ns/q": {
-                "size": 9, "delayed": 1, "reserved": 1, "dead": 1}}}}  # fmt: skip
+            assert draining == {
+                "pool": "old",
+                "done": False,
+                "draining": {"old": {"ns/q": {"size": 9, "delayed": 1, "reserved": 1, "dead": 1}}},
+            }
             assert httpx.get(f"{admin}/draining", params={"pool": "new"}).json()["done"] is True
             assert api.get("/api/ns/q/peek").json()["job_id"] == before[1]  # old pool first
-            assert api.post(f"/api/ns/q/job/{held}/touch", params={"ttr": 60}).status_code == 200  # on the old pool
+            assert (
+                api.post(f"/api/ns/q/job/{held}/touch", params={"ttr": 60}).status_code == 200
+            )  # on the old pool
             assert api.delete(f"/api/ns/q/job/{held}").status_code == 204  # ack on the old pool
             assert api.get(f"/api/ns/q/job/{held}").status_code == 404
             first = api.get("/api/ns/q", params={"ttr": 30}).json()
             assert first["job_id"] == before[1]  # the old pool is drained first
             again = api.put(f"/api/ns/q/job/{first['job_id']}", content=b"again").json()["job_id"]
             assert sized(new, deployment, "ns", "q").ready == 6  # republished onto the new pool
-            assert api.get(f"/api/ns/q/job/{first['job_id']}").status_code == 404  # acked on the old
+            assert (
+                api.get(f"/api/ns/q/job/{first['job_id']}").status_code == 404
+            )  # acked on the old
             assert api.put("/api/ns/q/deadletter", params={"limit": 5}).json()["count"] == 1
             ids = [j["job_id"] for j in drain(api, "q", 100)]
             assert set(ids[:9]) == {*before[2:], dies} and set(ids[9:]) == {*after, again}
@@ -237,14 +282,18 @@ def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
             got = api.get(f"/api/ns/{','.join(queues[:6])}", params={"ttr": 30, "count": 6}).json()
             assert sorted(j["queue"] for j in got) == queues[:6]
             for j in got:
-                assert api.put(f"/api/ns/{j['queue']}/job/{j['job_id']}", content=b"x").status_code == 201
+                assert (
+                    api.put(f"/api/ns/{j['queue']}/job/{j['job_id']}", content=b"x").status_code
+                    == 201
+                )
             info = httpx.get(f"{admin}/info", params={"pool": "big"}).json()
             assert sorted(info["ns"]) == sorted(queues)
     finally:
         svc.stop(timeout=20)
 
-    svc = start(ring, CLUSTER_DQ_RING__BIG__POOLS="old,b,c",
-                CLUSTER_DQ_RING__BIG__PREVIOUSPOOLS="old,b")  # fmt: skip
+    svc = start(
+        ring, CLUSTER_DQ_RING__BIG__POOLS="old,b,c", CLUSTER_DQ_RING__BIG__PREVIOUSPOOLS="old,b"
+    )
     base, admin = svc.base, svc.admin
     try:
         with httpx.Client(base_url=base, headers={"X-Token": tok}, timeout=30) as api:
@@ -256,8 +305,12 @@ def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
                 assert sized(ring["c"], deployment, "ns", q).ready == 1
                 assert api.get(f"/api/ns/{q}/size").json()["size"] == 2
             draining = httpx.get(f"{admin}/draining", params={"pool": "big"}).json()["draining"]
-            assert sorted(qn for queues in draining.values() for qn in queues) == sorted(f"ns/{q}" for q in moved)
-            assert all(two.place("ns", qn[3:]).write == pool for pool, qs in draining.items() for qn in qs)
+            assert sorted(qn for queues in draining.values() for qn in queues) == sorted(
+                f"ns/{q}" for q in moved
+            )
+            assert all(
+                two.place("ns", qn[3:]).write == pool for pool, qs in draining.items() for qn in qs
+            )
             for q in queues:  # nothing lost; the job on the old member first
                 first = "x" if q in queues[:6] else f"{q}-1"
                 assert [j["data"] for j in drain(api, q, 3)] == [_b64(first), _b64(f"{q}-2")], q
@@ -274,23 +327,34 @@ def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
                 s = api.get(f"/api/ns/{q}/size").json()
                 assert (s["size"], s["reserved"]) == (0, 0), q
             assert httpx.get(f"{admin}/draining", params={"pool": "big"}).json() == {
-                "pool": "big", "done": True, "draining": {}}
+                "pool": "big",
+                "done": True,
+                "draining": {},
+            }
     finally:
         svc.stop(timeout=20)
 
 
-def test_publish_and_consume_beside_the_engine(pools: dict[str, PoolSettings], deployment: Deployment) -> None:
+def test_publish_and_consume_beside_the_engine(
+    pools: dict[str, PoolSettings], deployment: Deployment
+) -> None:
     """The spec the service writes is the engine's: a job put on the old pool by the engine
     (as the Spark pipeline does) is consumed through the migrating route."""
     old = pools["old"]
     client = redis.Redis(port=int(old.Addr.split(":")[1]), db=old.DB)
-    SyncEngine(client).run(ops.publish(EngineConfig(), "ns", "bulk", [JobSpec(body=b"from-spark")], now_ms()))
+    SyncEngine(client).run(
+        ops.publish(EngineConfig(), "ns", "bulk", [JobSpec(body=b"from-spark")], now_ms())
+    )
     client.close()
-    svc = start({"default": pools["default"], "old": old, "new": pools["new"]},
-                CLUSTER_DQ_POOL__OLD__MIGRATETO="new")  # fmt: skip
+    svc = start(
+        {"default": pools["default"], "old": old, "new": pools["new"]},
+        CLUSTER_DQ_POOL__OLD__MIGRATETO="new",
+    )
     base, admin = svc.base, svc.admin
     try:
-        with httpx.Client(base_url=base, headers={"X-Token": token(admin, "old")}, timeout=30) as api:
+        with httpx.Client(
+            base_url=base, headers={"X-Token": token(admin, "old")}, timeout=30
+        ) as api:
             assert [j["data"] for j in drain(api, "bulk", 5)] == [_b64("from-spark")]
     finally:
         svc.stop(timeout=20)

@@ -104,7 +104,9 @@ def svc(redis_server: Server, standalone_redis: redis.Redis) -> Iterator[tuple[s
     svc = serve(redis_server.pool_settings())
     base, admin = svc.base, svc.admin
     ns = unique_ns()
-    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()[
+        "token"
+    ]
     yield base, admin, ns, token
     svc.stop(timeout=30)
 
@@ -135,8 +137,12 @@ def test_a_long_poll_whose_client_hung_up_reserves_nothing(
     svc: tuple[str, str, str, str], standalone_redis: redis.Redis
 ) -> None:
     base, _, ns, token = svc
-    _hang_up_long_poll(base, f"/api/{ns}/q?timeout=20&ttr=2", token,
-                       lambda: _subscribers(standalone_redis, ns, "q") == 1)  # fmt: skip
+    _hang_up_long_poll(
+        base,
+        f"/api/{ns}/q?timeout=20&ttr=2",
+        token,
+        lambda: _subscribers(standalone_redis, ns, "q") == 1,
+    )
     # Give the server a moment to hear the hang-up (its watcher then unsubscribes); without
     # the fix it never lets go, and the publish below is reserved for nobody.
     deadline = time.monotonic() + 3
@@ -149,13 +155,17 @@ def test_a_long_poll_whose_client_hung_up_reserves_nothing(
         r = api.get(f"/api/{ns}/q", params={"timeout": 10, "ttr": 30})
         assert r.status_code == 200, r.text
         assert r.json()["job_id"] == jid
-        assert (r.json()["remain_tries"], r.json()["deliveries"]) == (2, 1), r.json()  # no try spent on nobody
+        assert (r.json()["remain_tries"], r.json()["deliveries"]) == (2, 1), (
+            r.json()
+        )  # no try spent on nobody
 
 
 async def _two_pools(server: Server) -> tuple[RedisPool, RedisPool]:
     config = EngineConfig()
-    return (RedisPool.create(server.pool_settings("a"), config),
-            RedisPool.create(server.pool_settings("b"), config))  # fmt: skip
+    return (
+        RedisPool.create(server.pool_settings("a"), config),
+        RedisPool.create(server.pool_settings("b"), config),
+    )
 
 
 @pytest.mark.parametrize("phase", ["first look", "long-poll"])
@@ -184,12 +194,20 @@ async def test_a_consume_across_pools_cancelled_gives_back(
     b.hub.consume = stall  # type: ignore[method-assign]
     try:
         if phase == "first look":  # a's job is taken at once, then b stalls
-            await a.engine.run(ops.publish(a.engine.config, ns, "qa", [JobSpec(b"x", tries=3)], now_ms()))
-        consume = asyncio.create_task(_consume_across([(a, ["qa"]), (b, ["qb"])], ns, 30_000, 2, 20_000))
-        if phase == "long-poll":  # both wait; a delivers; b is being cancelled when the client leaves
+            await a.engine.run(
+                ops.publish(a.engine.config, ns, "qa", [JobSpec(b"x", tries=3)], now_ms())
+            )
+        consume = asyncio.create_task(
+            _consume_across([(a, ["qa"]), (b, ["qb"])], ns, 30_000, 2, 20_000)
+        )
+        if (
+            phase == "long-poll"
+        ):  # both wait; a delivers; b is being cancelled when the client leaves
             await stalled.wait()
             await asyncio.sleep(0.2)
-            await a.engine.run(ops.publish(a.engine.config, ns, "qa", [JobSpec(b"x", tries=3)], now_ms()))
+            await a.engine.run(
+                ops.publish(a.engine.config, ns, "qa", [JobSpec(b"x", tries=3)], now_ms())
+            )
             await let_go.wait()
         else:
             await stalled.wait()
@@ -242,7 +260,9 @@ def test_a_dead_worker_is_restarted_and_a_crash_loop_exits_non_zero(
         for _ in range(10):
             if proc.poll() is not None:
                 break
-            _wait_for(lambda: len(_workers(proc.pid)) == 2 or proc.poll() is not None, "two workers")
+            _wait_for(
+                lambda: len(_workers(proc.pid)) == 2 or proc.poll() is not None, "two workers"
+            )
             for w in _workers(proc.pid) if proc.poll() is None else ():
                 os.kill(w, signal.SIGKILL)
                 break
@@ -259,11 +279,17 @@ def test_sigterm_under_load_answers_waiters_and_leaves_nothing_reserved_or_lost(
     redis_server: Server, standalone_redis: redis.Redis, tmp_path: Path
 ) -> None:
     events = tmp_path / "events"
-    svc = serve(redis_server.pool_settings(), CLUSTER_DQ_WORKERS="2",
-                CLUSTER_DQ_LIFECYCLEDIR=str(events), CLUSTER_DQ_SHUTDOWNGRACESECOND="5")  # fmt: skip
+    svc = serve(
+        redis_server.pool_settings(),
+        CLUSTER_DQ_WORKERS="2",
+        CLUSTER_DQ_LIFECYCLEDIR=str(events),
+        CLUSTER_DQ_SHUTDOWNGRACESECOND="5",
+    )
     proc, base, admin = svc.proc, svc.base, svc.admin
     ns = unique_ns()
-    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()[
+        "token"
+    ]
     published: list[str] = []
     received: list[str] = []
     acked: list[str] = []
@@ -305,11 +331,15 @@ def test_sigterm_under_load_answers_waiters_and_leaves_nothing_reserved_or_lost(
             except httpx.HTTPError as e:
                 waiters.append(e)
 
-    threads = [threading.Thread(target=f) for f in [publisher] * 2 + [consumer] * 2 + [idle_poll] * 4]
+    threads = [
+        threading.Thread(target=f) for f in [publisher] * 2 + [consumer] * 2 + [idle_poll] * 4
+    ]
     try:
         for t in threads:
             t.start()
-        _wait_for(lambda: _subscribers(standalone_redis, ns, "idle") >= 1 and len(acked) > 20, "load")
+        _wait_for(
+            lambda: _subscribers(standalone_redis, ns, "idle") >= 1 and len(acked) > 20, "load"
+        )
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
@@ -357,7 +387,9 @@ def test_long_polls_beyond_max_waiters_get_429_at_once_and_reserve_nothing(
     svc = serve(redis_server.pool_settings(), CLUSTER_DQ_MAXWAITERS="2")
     base, admin = svc.base, svc.admin
     ns = unique_ns()
-    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()[
+        "token"
+    ]
     answers: list[int] = []
 
     def idle_poll(q: str) -> None:
@@ -368,7 +400,10 @@ def test_long_polls_beyond_max_waiters_get_429_at_once_and_reserve_nothing(
     try:
         for t in threads:
             t.start()
-        _wait_for(lambda: all(_subscribers(standalone_redis, ns, q) for q in ("idle1", "idle2")), "2 waiting")
+        _wait_for(
+            lambda: all(_subscribers(standalone_redis, ns, q) for q in ("idle1", "idle2")),
+            "2 waiting",
+        )
         with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=60) as api:
             assert api.put(f"/api/{ns}/work", content=b"x").status_code == 201
             r = api.get(f"/api/{ns}/work", params={"timeout": 10})
@@ -397,17 +432,26 @@ def _queue_series(text: str, ns: str) -> dict[str, int]:
     return out
 
 
-def test_per_queue_metric_series_are_capped(redis_server: Server, standalone_redis: redis.Redis) -> None:
+def test_per_queue_metric_series_are_capped(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
     cap, invented = 100, 2_000
-    svc = serve(redis_server.pool_settings(), CLUSTER_DQ_METRICSMAXQUEUES=str(cap),
-                CLUSTER_DQ_SIZEINTERVALSECOND="1")  # fmt: skip
+    svc = serve(
+        redis_server.pool_settings(),
+        CLUSTER_DQ_METRICSMAXQUEUES=str(cap),
+        CLUSTER_DQ_SIZEINTERVALSECOND="1",
+    )
     base, admin = svc.base, svc.admin
     ns = unique_ns()
-    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()["token"]
+    token = httpx.post(f"{admin}/token/{ns}", params={"description": "t"}, auth=ADMIN_AUTH).json()[
+        "token"
+    ]
     try:
         with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=30) as api:
             for i in range(invented):
-                assert api.put(f"/api/{ns}/q{i}", params={"ttl": 0}, content=b"x").status_code == 201
+                assert (
+                    api.put(f"/api/{ns}/q{i}", params={"ttl": 0}, content=b"x").status_code == 201
+                )
             for i in range(0, invented, 10):  # deliveries: the histograms too
                 assert api.get(f"/api/{ns}/q{i}").status_code == 200
 
@@ -416,15 +460,19 @@ def test_per_queue_metric_series_are_capped(redis_server: Server, standalone_red
 
         _wait_for(lambda: f'cluster_dq_queue_jobs{{namespace="{ns}"' in scrape(), "sizes posted")
         series = _queue_series(scrape(), ns)
-        print(f"{invented} queues, cap {cap}: {sum(series.values())} per-queue series "
-              f"over {len(series)} queue labels")  # the figure for the notes
+        print(
+            f"{invented} queues, cap {cap}: {sum(series.values())} per-queue series "
+            f"over {len(series)} queue labels"
+        )  # the figure for the notes
         assert "_other" in series
         assert len(series) <= cap + 1
     finally:
         svc.stop(timeout=30)
 
 
-async def test_a_destroyed_queue_s_series_are_removed(redis_server: Server, standalone_redis: redis.Redis) -> None:
+async def test_a_destroyed_queue_s_series_are_removed(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
     """In one process (prometheus-client's default registry); see metrics.forget_queue for
     what multiprocess mode cannot do."""
     settings = Settings(Pool={"default": redis_server.pool_settings()})

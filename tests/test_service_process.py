@@ -16,8 +16,10 @@ from cluster_dq.testing.service_process import ServiceProcess
 def test_start_wait_log_and_stop(tmp_path: Path) -> None:
     dead = free_port(19500, 20000)  # nothing listens: the service starts and says so
     env = {"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_LOGFORMAT": "text"}
-    with ServiceProcess.start(f"127.0.0.1:{dead}", env=env, log=tmp_path / "a.log") as a, \
-            ServiceProcess.start(f"127.0.0.1:{dead}", env=env, log=tmp_path / "b.log") as b:  # fmt: skip
+    with (
+        ServiceProcess.start(f"127.0.0.1:{dead}", env=env, log=tmp_path / "a.log") as a,
+        ServiceProcess.start(f"127.0.0.1:{dead}", env=env, log=tmp_path / "b.log") as b,
+    ):
         assert a.answers("/healthz") and b.answers("/healthz")
         assert len({a.port, a.admin_port, b.port, b.admin_port}) == 4
         assert "pool default unreachable at start-up" in a.logs()
@@ -26,7 +28,9 @@ def test_start_wait_log_and_stop(tmp_path: Path) -> None:
 
 def test_a_failed_start_raises_with_the_service_s_words(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"exit code 2\)[\s\S]*Shards: 1\.\.4096"):
-        ServiceProcess.start("127.0.0.1:1", env={"CLUSTER_DQ_SHARDS": "0"}, log=tmp_path / "serve.log")
+        ServiceProcess.start(
+            "127.0.0.1:1", env={"CLUSTER_DQ_SHARDS": "0"}, log=tmp_path / "serve.log"
+        )
 
 
 def test_stop_kills_what_ignores_sigterm(tmp_path: Path) -> None:

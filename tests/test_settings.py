@@ -12,11 +12,19 @@ from cluster_dq.settings import load
 
 def test_toml_and_env_overrides(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text('Port = 9000\nTTRSecond = 30\n[Accounts]\nadmin = "pw"\n'
-                   '[Pool.default]\nAddr = "127.0.0.1:7000"\n[Pool.other]\nAddr = "127.0.0.1:7001"\n'
-                   'MasterName = "m"\n')  # fmt: skip
-    s = load(cfg, {"CLUSTER_DQ_PORT": "9100", "CLUSTER_DQ_POOL__OTHER__DB": "2",
-                   "CLUSTER_DQ_ENABLEACCESSLOG": "true"})  # fmt: skip
+    cfg.write_text(
+        'Port = 9000\nTTRSecond = 30\n[Accounts]\nadmin = "pw"\n'
+        '[Pool.default]\nAddr = "127.0.0.1:7000"\n[Pool.other]\nAddr = "127.0.0.1:7001"\n'
+        'MasterName = "m"\n'
+    )
+    s = load(
+        cfg,
+        {
+            "CLUSTER_DQ_PORT": "9100",
+            "CLUSTER_DQ_POOL__OTHER__DB": "2",
+            "CLUSTER_DQ_ENABLEACCESSLOG": "true",
+        },
+    )
     assert (s.Port, s.TTRSecond, s.EnableAccessLog) == (9100, 30, True)
     assert s.Accounts == {"admin": "pw"}
     assert s.Pool["other"].DB == 2 and s.Pool["other"].kind == "sentinel"
@@ -26,10 +34,14 @@ def test_toml_and_env_overrides(tmp_path: Path) -> None:
 
 def test_rings_and_migration(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[Pool.default]\nAddr = "127.0.0.1:7000"\n[Pool.a]\nAddr = "127.0.0.1:7001"\n'
-                   '[Pool.b]\nAddr = "127.0.0.1:7002"\nMigrateTo = "a"\n'
-                   '[Ring.big]\nPools = ["a", "default"]\n')  # fmt: skip
-    s = load(cfg, {"CLUSTER_DQ_RING__BIG__PREVIOUSPOOLS": "a, b", "CLUSTER_DQ_RING__SMALL__POOLS": "b"})
+    cfg.write_text(
+        '[Pool.default]\nAddr = "127.0.0.1:7000"\n[Pool.a]\nAddr = "127.0.0.1:7001"\n'
+        '[Pool.b]\nAddr = "127.0.0.1:7002"\nMigrateTo = "a"\n'
+        '[Ring.big]\nPools = ["a", "default"]\n'
+    )
+    s = load(
+        cfg, {"CLUSTER_DQ_RING__BIG__PREVIOUSPOOLS": "a, b", "CLUSTER_DQ_RING__SMALL__POOLS": "b"}
+    )
     assert s.Ring["big"].Pools == ("a", "default") and s.Ring["big"].PreviousPools == ("a", "b")
     assert s.Ring["small"].Pools == ("b",)
     assert s.Pool["b"].MigrateTo == "a"
@@ -51,22 +63,68 @@ def test_rings_and_migration(tmp_path: Path) -> None:
         ("SizeIntervalSecond = 0", {}, "SizeIntervalSecond"),
         ("ReconcileSecond = -1", {}, "ReconcileSecond"),
         ('[Pool.default]\nAddr = "127.0.0.1:1"\nWaitReplicas = -1', {}, "WaitReplicas"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.new]\nAddr = "127.0.0.1:2"\n'
-         '[Pool.default.x]\n', {}, "Pool.default"),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.new]\nAddr = "127.0.0.1:2"\n'
+            "[Pool.default.x]\n",
+            {},
+            "Pool.default",
+        ),
         ('[Pool.default]\nAddr = "127.0.0.1:1"\nMigrateTo = "nope"', {}, "Pool.default.MigrateTo"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\nMigrateTo = "default"', {}, "Pool.default.MigrateTo"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\nMigrateTo = "default"\n[Pool.b]\nAddr = "127.0.0.1:3"\nMigrateTo = "a"', {}, "Pool.b.MigrateTo"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.a]\nPools = ["default"]', {}, "Ring.a"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = []', {}, "Ring.r.Pools"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a", "zz"]', {}, "Ring.r.Pools: unknown pool 'zz'"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a", "a"]', {}, "Ring.r.Pools: a pool is listed twice"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a"]\nPreviousPools = ["x"]', {}, "Ring.r.PreviousPools"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = 3', {}, "Ring.r.Pools: expected a list"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a"]\nWeight = 2', {}, "Ring.r.Weight"),
-        ('[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring]\nr = 1', {}, "Ring.r"),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\nMigrateTo = "default"',
+            {},
+            "Pool.default.MigrateTo",
+        ),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\nMigrateTo = "default"\n[Pool.b]\nAddr = "127.0.0.1:3"\nMigrateTo = "a"',
+            {},
+            "Pool.b.MigrateTo",
+        ),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.a]\nPools = ["default"]',
+            {},
+            "Ring.a",
+        ),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = []',
+            {},
+            "Ring.r.Pools",
+        ),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a", "zz"]',
+            {},
+            "Ring.r.Pools: unknown pool 'zz'",
+        ),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a", "a"]',
+            {},
+            "Ring.r.Pools: a pool is listed twice",
+        ),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a"]\nPreviousPools = ["x"]',
+            {},
+            "Ring.r.PreviousPools",
+        ),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = 3',
+            {},
+            "Ring.r.Pools: expected a list",
+        ),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring.r]\nPools = ["a"]\nWeight = 2',
+            {},
+            "Ring.r.Weight",
+        ),
+        (
+            '[Pool.default]\nAddr = "127.0.0.1:1"\n[Pool.a]\nAddr = "127.0.0.1:2"\n[Ring]\nr = 1',
+            {},
+            "Ring.r",
+        ),
     ],
 )
-def test_bad_settings_name_the_key(tmp_path: Path, text: str, env: dict[str, str], names: str) -> None:
+def test_bad_settings_name_the_key(
+    tmp_path: Path, text: str, env: dict[str, str], names: str
+) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)
     with pytest.raises(ConfigError) as e:
@@ -121,8 +179,10 @@ def test_settings_outside_the_api_bounds_are_refused(tmp_path: Path, text: str, 
 
 def test_settings_at_the_bounds_are_accepted(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text("TTRSecond = 1\nTimeoutSecond = 600\nTokenCacheSecond = 0\nDelaySecond = 0\n"
-                   "TTLSecond = 0\nMaxBodyBytes = 1048576\n" + P + "PoolSize = 1\nWaitTimeoutMs = 60000\n")  # fmt: skip
+    cfg.write_text(
+        "TTRSecond = 1\nTimeoutSecond = 600\nTokenCacheSecond = 0\nDelaySecond = 0\n"
+        "TTLSecond = 0\nMaxBodyBytes = 1048576\n" + P + "PoolSize = 1\nWaitTimeoutMs = 60000\n"
+    )
     s = load(cfg, {})
     assert s.TTRSecond == 1 and s.Pool["default"].PoolSize == 1
 
@@ -136,8 +196,14 @@ def test_the_engine_config_comes_from_the_settings() -> None:
     from cluster_dq.engine.commands import EngineConfig
     from cluster_dq.server import Runtime
 
-    s = load(None, {"CLUSTER_DQ_SHARDS": "4", "CLUSTER_DQ_ACKEDIDMEMORYSECOND": "5",
-                    "CLUSTER_DQ_POOL__DEFAULT__ADDR": "127.0.0.1:1"})  # fmt: skip
+    s = load(
+        None,
+        {
+            "CLUSTER_DQ_SHARDS": "4",
+            "CLUSTER_DQ_ACKEDIDMEMORYSECOND": "5",
+            "CLUSTER_DQ_POOL__DEFAULT__ADDR": "127.0.0.1:1",
+        },
+    )
     config = EngineConfig.from_settings(s)
     assert (config.shards, config.remember_acked_ms) == (4, 5_000)
     with pytest.raises(dataclasses.FrozenInstanceError):

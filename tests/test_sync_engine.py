@@ -16,9 +16,20 @@ from tests.invariants import check_queue, queue_keys
 def exercise(engine: SyncEngine) -> None:
     cfg = engine.config
     t = now_ms()
-    published = engine.run(ops.publish(cfg, "s", "q", [
-        JobSpec(b"now"), JobSpec(b"far", delay_ms=3_600_000), JobSpec(b"id", job_id="k-1"),
-    ], t), idempotent=True)  # fmt: skip
+    published = engine.run(
+        ops.publish(
+            cfg,
+            "s",
+            "q",
+            [
+                JobSpec(b"now"),
+                JobSpec(b"far", delay_ms=3_600_000),
+                JobSpec(b"id", job_id="k-1"),
+            ],
+            t,
+        ),
+        idempotent=True,
+    )
     assert [p.state for p in published] == [JobState.READY, JobState.DELAYED, JobState.READY]
     again = engine.run(ops.publish(cfg, "s", "q", [JobSpec(b"id", job_id="k-1")], t))
     assert again[0].duplicate

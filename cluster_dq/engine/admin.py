@@ -29,7 +29,9 @@ def add_token(pool: str, ns: str, token: str, description: str) -> Op[bool]:
 
 
 def tokens(pool: str, ns: str) -> Op[dict[str, str]]:
-    return {k: _text(v) for k, v in _pairs((yield Cmd(("HGETALL", AdminKeys.tokens(pool, ns))))).items()}
+    return {
+        k: _text(v) for k, v in _pairs((yield Cmd(("HGETALL", AdminKeys.tokens(pool, ns))))).items()
+    }
 
 
 def token_exists(pool: str, ns: str, token: str) -> Op[bool]:

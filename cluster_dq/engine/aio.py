@@ -93,10 +93,14 @@ class AsyncEngine:
                 found = [self.client.get_node_from_key(c.keys[0]) for c in written]
                 nodes = {n.name: n for n in found if n is not None}
                 for node in nodes.values():
-                    pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms, target_nodes=node)
+                    pipe.execute_command(
+                        "WAIT", self.wait_replicas, self.wait_timeout_ms, target_nodes=node
+                    )
             else:
                 pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-            got, missing, replicas = core.durable_replies(await pipe.execute(raise_on_error=False), len(todo))
+            got, missing, replicas = core.durable_replies(
+                await pipe.execute(raise_on_error=False), len(todo)
+            )
             for i, reply in zip(todo, got):
                 replies[i] = reply
             acked = min(acked, replicas)
@@ -144,8 +148,13 @@ class AsyncEngine:
         """Drives one operation (``core.plan`` says how each step is sent and repeated).
         ``durable`` (with ``wait_replicas`` set): the job-acknowledging scripts are confirmed
         by that many replicas, else ``NotReplicated`` is raised once the operation is done."""
-        run = core.Run(op, idempotent=idempotent, durable=durable,
-                       wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms)  # fmt: skip
+        run = core.Run(
+            op,
+            idempotent=idempotent,
+            durable=durable,
+            wait_replicas=self.wait_replicas,
+            wait_timeout_ms=self.wait_timeout_ms,
+        )
         reply: Any = None
         while (nxt := run.next(reply)) is not None:
             step, plan = nxt
@@ -179,5 +188,3 @@ class AsyncEngine:
             if not there:
                 await self.client.script_load(script.script)
         return True
-
-

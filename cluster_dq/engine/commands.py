@@ -78,8 +78,9 @@ T = TypeVar("T")
 Op = Generator[Step, Any, T]
 
 
-def _eval(script: str, keys: dict[str, Any], *, stamped: bool = False, optional: bool = False,
-          **argv: Any) -> Eval:  # fmt: skip
+def _eval(
+    script: str, keys: dict[str, Any], *, stamped: bool = False, optional: bool = False, **argv: Any
+) -> Eval:
     """One script call, its KEYS and ARGV named as in the script's header (signatures.py)."""
     sig = SIGNATURES[script]
     return Eval(script, sig.key_list(keys), sig.args(argv), stamped, optional)
@@ -89,7 +90,9 @@ class MoveSink(Protocol):
     """Told of the jobs that scripts moved on their own (due time, ttr and ttl passing), so
     the metrics can count what no request asked for."""
 
-    def moved(self, ns: str, q: str, promoted: int, retried: int, dead: int, expired: int) -> None: ...
+    def moved(
+        self, ns: str, q: str, promoted: int, retried: int, dead: int, expired: int
+    ) -> None: ...
 
 
 REMEMBER_ACKED_MS = 60_000
@@ -109,7 +112,9 @@ class EngineConfig:
     open_calls_per_tick: int = 8
     promote_limit: int = 1_000  # jobs moved per script call (keeps every script ~1 ms)
     shards: int = 16
-    remember_acked_ms: int = REMEMBER_ACKED_MS  # a publish of an id acked this recently is a duplicate
+    remember_acked_ms: int = (
+        REMEMBER_ACKED_MS  # a publish of an id acked this recently is a duplicate
+    )
     moves: MoveSink | None = None  # where consume and tick report the jobs they moved
     lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -145,7 +150,9 @@ def _signal(qk: QueueKeys, cfg: EngineConfig, at_ms: int | None) -> Eval:
     Sent only after a queue script reported that it lowered the queue's next event."""
     sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
     keys = {"schedule": sk.schedule, "pending": sk.pending, "queues": sk.queues}
-    return _eval("signal", keys, optional=True, queue=qk.qualified, at=-1 if at_ms is None else at_ms)
+    return _eval(
+        "signal", keys, optional=True, queue=qk.qualified, at=-1 if at_ms is None else at_ms
+    )
 
 
 def _bucket_of(member: bytes) -> str | None:
@@ -166,7 +173,11 @@ class _Placement:
 
 
 def _place_jobs(
-    cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int, first_key: int = FIRST_EXTRA_KEY
+    cfg: EngineConfig,
+    qk: QueueKeys,
+    specs: Sequence[JobSpec],
+    now: int,
+    first_key: int = FIRST_EXTRA_KEY,
 ) -> _Placement:
     out = _Placement()
     for spec in specs:
@@ -210,25 +221,43 @@ def _place_jobs(
     return out
 
 
-def _learn_lanes(cfg: EngineConfig, qk: QueueKeys, buckets: Sequence[str], fills: Sequence[Any]) -> None:
+def _learn_lanes(
+    cfg: EngineConfig, qk: QueueKeys, buckets: Sequence[str], fills: Sequence[Any]
+) -> None:
     for name, fill in zip(buckets, fills):
         secs, lane = name.split(":")
         cfg.learn(qk.tag, int(secs) * BUCKET_WIDTH_MS, int(lane), int(fill))
 
 
-def _publish_call(cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int) -> tuple[Eval, _Placement]:
+def _publish_call(
+    cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int
+) -> tuple[Eval, _Placement]:
     jobs = _place_jobs(cfg, qk, specs, now)
     keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in jobs.buckets]}
-    call = _eval("publish", keys, stamped=True, now=now, lane_capacity=cfg.lane_capacity,
-                 bucket_width=BUCKET_WIDTH_MS, notify=qk.notify, open_lead=cfg.open_lead_ms,
-                 remember_acked=cfg.remember_acked_ms, n=len(specs), jobs=jobs.job_args)  # fmt: skip
+    call = _eval(
+        "publish",
+        keys,
+        stamped=True,
+        now=now,
+        lane_capacity=cfg.lane_capacity,
+        bucket_width=BUCKET_WIDTH_MS,
+        notify=qk.notify,
+        open_lead=cfg.open_lead_ms,
+        remember_acked=cfg.remember_acked_ms,
+        n=len(specs),
+        jobs=jobs.job_args,
+    )
     return call, jobs
 
 
-def _published(cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, reply: replies.PublishReply) -> list[Published]:
+def _published(
+    cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, reply: replies.PublishReply
+) -> list[Published]:
     _learn_lanes(cfg, qk, list(jobs.buckets), reply.fills)
-    return [Published(id_to_text(m), c is ReplyCode.DUPLICATE, replies.job_state(c))
-            for m, c in zip(jobs.members, reply.codes)]  # fmt: skip
+    return [
+        Published(id_to_text(m), c is ReplyCode.DUPLICATE, replies.job_state(c))
+        for m, c in zip(jobs.members, reply.codes)
+    ]
 
 
 def publish(
@@ -248,11 +277,17 @@ def publish_many(
     """Many publish batches (each one queue, <= 64 jobs) in one pipeline, then the shard
     signals they call for in another: bulk loaders. On a Cluster the pipeline is split by
     node, each node's share sent at once."""
-    placed = [(qk, *_publish_call(cfg, qk, specs, now)) for qk, specs in
-              ((QueueKeys(ns, q), specs) for ns, q, specs in batches)]  # fmt: skip
+    placed = [
+        (qk, *_publish_call(cfg, qk, specs, now))
+        for qk, specs in ((QueueKeys(ns, q), specs) for ns, q, specs in batches)
+    ]
     raw = yield tuple(call for _, call, _ in placed)
     decoded = [replies.decode_publish(r, len(jobs.members)) for (_, _, jobs), r in zip(placed, raw)]
-    signals = tuple(_signal(qk, cfg, jobs.event) for (qk, _, jobs), reply in zip(placed, decoded) if reply.lowered)
+    signals = tuple(
+        _signal(qk, cfg, jobs.event)
+        for (qk, _, jobs), reply in zip(placed, decoded)
+        if reply.lowered
+    )
     if signals:
         yield signals
     return [_published(cfg, qk, jobs, reply) for (qk, _, jobs), reply in zip(placed, decoded)]
@@ -269,7 +304,9 @@ def _reserved(ns: str, q: str, deliveries: Sequence[replies.Delivery], now: int)
 
 
 MAX_CONSUME = 65_535  # jobs one consume may reserve: a lease numbers its jobs in 2 bytes
-CONSUME_CALLS_PER_QUEUE = 8  # bounded calls past expired jobs before the consume gives up on a queue
+CONSUME_CALLS_PER_QUEUE = (
+    8  # bounded calls past expired jobs before the consume gives up on a queue
+)
 
 
 def consume(
@@ -284,9 +321,18 @@ def consume(
         qk = QueueKeys(ns, q)
         opened = False
         for _ in range(CONSUME_CALLS_PER_QUEUE):
-            call = _eval("consume", {"queue": _fixed(qk)}, stamped=True, now=now, ttr=ttr_ms,
-                         count=count - len(out), limit=cfg.promote_limit, notify=qk.notify,
-                         open_lead=cfg.open_lead_ms, lease_prefix=os.urandom(6))  # fmt: skip
+            call = _eval(
+                "consume",
+                {"queue": _fixed(qk)},
+                stamped=True,
+                now=now,
+                ttr=ttr_ms,
+                count=count - len(out),
+                limit=cfg.promote_limit,
+                notify=qk.notify,
+                open_lead=cfg.open_lead_ms,
+                lease_prefix=os.urandom(6),
+            )
             reply = replies.decode_consume((yield call))
             if reply.lowered:  # the pump must look here when these reservations run out
                 yield _signal(qk, cfg, now + ttr_ms)
@@ -337,9 +383,15 @@ def _raise_conflicts(ids: Sequence[str], verdicts: Sequence[ReplyCode]) -> None:
         raise Conflict(conflicts)
 
 
-def ack(ns: str, q: str, ids: Sequence[str], now: int | None = None,
-        remember_ms: int = REMEMBER_ACKED_MS, leases: Sequence[str | None] | None = None,
-        check_only: bool = False) -> Op[list[JobState | None]]:  # fmt: skip
+def ack(
+    ns: str,
+    q: str,
+    ids: Sequence[str],
+    now: int | None = None,
+    remember_ms: int = REMEMBER_ACKED_MS,
+    leases: Sequence[str | None] | None = None,
+    check_only: bool = False,
+) -> Op[list[JobState | None]]:
     """Acks / deletes jobs in any state; returns the state each was in (None: not found).
     The acked ids are remembered for ``remember_ms``: publishing one again meanwhile is a
     duplicate (a publish retried after its reply was lost cannot bring the job back). With
@@ -351,9 +403,16 @@ def ack(ns: str, q: str, ids: Sequence[str], now: int | None = None,
     jobs: list[Arg] = []
     for i in range(len(ids)):
         jobs += [*id_args[3 * i : 3 * i + 3], _lease_arg(leases[i] if leases else None)]
-    call = _eval("ack", {"queue": _fixed(qk), "buckets": extra}, stamped=True,
-                 now=now_ms() if now is None else now, remember_acked=remember_ms,
-                 check_only="1" if check_only else "0", n=len(ids), jobs=jobs)  # fmt: skip
+    call = _eval(
+        "ack",
+        {"queue": _fixed(qk), "buckets": extra},
+        stamped=True,
+        now=now_ms() if now is None else now,
+        remember_acked=remember_ms,
+        check_only="1" if check_only else "0",
+        n=len(ids),
+        jobs=jobs,
+    )
     reply = replies.decode_ack((yield call))
     _raise_conflicts(ids, reply.codes)
     return [None if check_only else replies.job_state(c) for c in reply.codes]
@@ -365,31 +424,62 @@ def known_ids(ns: str, q: str, ids: Sequence[str], now: int, remember_ms: int) -
     before it publishes on the new one, so idempotency spans the move."""
     qk = QueueKeys(ns, q)
     members = [id_to_member(i) for i in ids]
-    replies = yield (*(Cmd(("HEXISTS", qk.jobs, m)) for m in members), Cmd(("ZMSCORE", qk.acked, *members)))
-    return [bool(int(found)) or (acked is not None and float(acked) > now - remember_ms)
-            for found, acked in zip(replies[:-1], replies[-1])]  # fmt: skip
+    replies = yield (
+        *(Cmd(("HEXISTS", qk.jobs, m)) for m in members),
+        Cmd(("ZMSCORE", qk.acked, *members)),
+    )
+    return [
+        bool(int(found)) or (acked is not None and float(acked) > now - remember_ms)
+        for found, acked in zip(replies[:-1], replies[-1])
+    ]
 
 
 def republish(
-    cfg: EngineConfig, ns: str, q: str, old_id: str, spec: JobSpec, now: int, lease: str | None = None
+    cfg: EngineConfig,
+    ns: str,
+    q: str,
+    old_id: str,
+    spec: JobSpec,
+    now: int,
+    lease: str | None = None,
 ) -> Op[tuple[JobState | None, Published]]:
     """Acks ``old_id`` and publishes ``spec`` atomically; with a ``lease``, only while that
     delivery holds the old job (else ``Conflict``, nothing changed)."""
     qk = QueueKeys(ns, q)
     new = _place_jobs(cfg, qk, [spec], now)
-    old_keys, (old_member, old_kidx, old_bucket) = _id_args(qk, [old_id], FIRST_EXTRA_KEY + len(new.buckets))
+    old_keys, (old_member, old_kidx, old_bucket) = _id_args(
+        qk, [old_id], FIRST_EXTRA_KEY + len(new.buckets)
+    )
     member, due, record, kidx, bucket, wheel = new.job_args
     keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in new.buckets] + old_keys}
-    call = _eval("republish", keys, stamped=True, now=now, lane_capacity=cfg.lane_capacity,
-                 bucket_width=BUCKET_WIDTH_MS, notify=qk.notify, old_member=old_member,
-                 old_bucket_index=old_kidx, old_bucket=old_bucket, member=member, due=due, record=record,
-                 bucket_index=kidx, bucket=bucket, wheel=wheel, open_lead=cfg.open_lead_ms,
-                 remember_acked=cfg.remember_acked_ms, lease=_lease_arg(lease))  # fmt: skip
+    call = _eval(
+        "republish",
+        keys,
+        stamped=True,
+        now=now,
+        lane_capacity=cfg.lane_capacity,
+        bucket_width=BUCKET_WIDTH_MS,
+        notify=qk.notify,
+        old_member=old_member,
+        old_bucket_index=old_kidx,
+        old_bucket=old_bucket,
+        member=member,
+        due=due,
+        record=record,
+        bucket_index=kidx,
+        bucket=bucket,
+        wheel=wheel,
+        open_lead=cfg.open_lead_ms,
+        remember_acked=cfg.remember_acked_ms,
+        lease=_lease_arg(lease),
+    )
     reply = replies.decode_republish((yield call))
     _raise_conflicts([old_id], [reply.old])
     if reply.lowered:
         yield _signal(qk, cfg, new.event)
-    published = Published(id_to_text(new.members[0]), reply.new is ReplyCode.DUPLICATE, replies.job_state(reply.new))
+    published = Published(
+        id_to_text(new.members[0]), reply.new is ReplyCode.DUPLICATE, replies.job_state(reply.new)
+    )
     return replies.job_state(reply.old), published
 
 
@@ -423,17 +513,27 @@ def peek(cfg: EngineConfig, ns: str, q: str, which: str, now: int) -> Op[Job | N
 READY_SCORE_MASK = 2**42 - 1  # a ready score is (255 - priority) * 2^42 + due ms
 
 
-def dump_page(ns: str, q: str, state: JobState, cursor: int, count: int = 500) -> Op[tuple[int, list[Job]]]:
+def dump_page(
+    ns: str, q: str, state: JobState, cursor: int, count: int = 500
+) -> Op[tuple[int, list[Job]]]:
     """One page of a queue's ready, delayed (precise zset), reserved or dead jobs, read with
     ZSCAN + HMGET while the queue keeps working (a job moving meanwhile may be seen twice or
     not at all). ``Job.due_ms``: due time (ready, delayed), ttr deadline (reserved), death
     time (dead). Returns the next cursor (0: done) and the jobs."""
     qk = QueueKeys(ns, q)
-    key = {JobState.READY: qk.ready, JobState.DELAYED: qk.delayed, JobState.RESERVED: qk.reserved,
-           JobState.DEAD: qk.dead}[state]  # fmt: skip
+    key = {
+        JobState.READY: qk.ready,
+        JobState.DELAYED: qk.delayed,
+        JobState.RESERVED: qk.reserved,
+        JobState.DEAD: qk.dead,
+    }[state]
     nxt, flat = yield Cmd(("ZSCAN", key, cursor, "COUNT", count))
     # redis-py parses ZSCAN into (member, score) pairs; a raw reply is flat
-    pairs = list(flat) if flat and isinstance(flat[0], (tuple, list)) else list(zip(flat[0::2], flat[1::2]))
+    pairs = (
+        list(flat)
+        if flat and isinstance(flat[0], (tuple, list))
+        else list(zip(flat[0::2], flat[1::2]))
+    )
     members, scores = [m for m, _ in pairs], [int(float(sc)) for _, sc in pairs]
     records = (yield Cmd(("HMGET", qk.jobs, *members))) if members else []
     jobs = []
@@ -461,7 +561,9 @@ def dump_wheel(ns: str, q: str, buckets_per_call: int = 16) -> Op[list[Job]]:
 
 def sizes(cfg: EngineConfig, ns: str, q: str) -> Op[Sizes]:
     qk = QueueKeys(ns, q)
-    return replies.decode_sizes((yield _eval("sizes", {"queue": _fixed(qk)}, open_lead=cfg.open_lead_ms)))
+    return replies.decode_sizes(
+        (yield _eval("sizes", {"queue": _fixed(qk)}, open_lead=cfg.open_lead_ms))
+    )
 
 
 def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
@@ -475,9 +577,19 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
         ready, near, names = yield (
             Cmd(("ZCARD", qk.ready)),
             Cmd(("ZCOUNT", qk.delayed, "-inf", horizon + BUCKET_WIDTH_MS)),
-            Cmd(("ZRANGE", qk.wheel, "-inf", horizon, "BYSCORE", "LIMIT", 0,
-                 cfg.open_buckets_per_call)),
-        )  # fmt: skip
+            Cmd(
+                (
+                    "ZRANGE",
+                    qk.wheel,
+                    "-inf",
+                    horizon,
+                    "BYSCORE",
+                    "LIMIT",
+                    0,
+                    cfg.open_buckets_per_call,
+                )
+            ),
+        )
         if not names:
             break
         if int(ready) + int(near) >= cfg.open_backlog:
@@ -488,8 +600,17 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
         yield _eval("open_buckets", keys, stamped=True, now=now, names=bnames)
     queue = {"queue": fixed}
     reply = yield (
-        _eval("promote_due", queue, stamped=True, now=now, limit=cfg.promote_limit, notify=qk.notify),
-        _eval("expire_reserved", queue, stamped=True, now=now, limit=cfg.promote_limit, notify=qk.notify),
+        _eval(
+            "promote_due", queue, stamped=True, now=now, limit=cfg.promote_limit, notify=qk.notify
+        ),
+        _eval(
+            "expire_reserved",
+            queue,
+            stamped=True,
+            now=now,
+            limit=cfg.promote_limit,
+            notify=qk.notify,
+        ),
         _eval("expire_ttl", queue, stamped=True, now=now, limit=cfg.promote_limit),
         _eval("next_event", queue, open_lead=cfg.open_lead_ms),
     )
@@ -497,15 +618,24 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
     expired = replies.decode_expire_reserved(reply[1])
     gone = replies.decode_count(reply[2])
     if cfg.moves:
-        cfg.moves.moved(ns, q, promoted.moved, expired.retried, expired.dead,
-                        promoted.expired + expired.expired + gone)  # fmt: skip
+        cfg.moves.moved(
+            ns,
+            q,
+            promoted.moved,
+            expired.retried,
+            expired.dead,
+            promoted.expired + expired.expired + gone,
+        )
     result = replies.decode_sizes(reply[-1])
     if held_back and result.next_event_ms is not None:
         # Consumers lag: look again soon instead of spinning on an overdue bucket.
         result = Sizes(
-            result.delayed, result.ready, result.reserved, result.dead,
+            result.delayed,
+            result.ready,
+            result.reserved,
+            result.dead,
             max(result.next_event_ms, now + 50),
-        )  # fmt: skip
+        )
     return result
 
 
@@ -536,8 +666,15 @@ def respawn(cfg: EngineConfig, ns: str, q: str, limit: int, ttl_ms: int, now: in
     done = 0
     while done < limit:
         step = min(limit - done, 500)
-        call = _eval("respawn", {"queue": _fixed(qk)}, stamped=True, now=now, limit=step, ttl=ttl_ms,
-                     notify=qk.notify)  # fmt: skip
+        call = _eval(
+            "respawn",
+            {"queue": _fixed(qk)},
+            stamped=True,
+            now=now,
+            limit=step,
+            ttl=ttl_ms,
+            notify=qk.notify,
+        )
         reply = replies.decode_respawn((yield call))
         n = reply.respawned
         if reply.lowered:
@@ -569,15 +706,22 @@ def claim(shard: int, now: int, limit: int, lease_ms: int, epoch: int) -> Op[lis
     return replies.decode_claim((yield call), epoch)
 
 
-def reschedule(shard: int, qualified: str, next_ms: int | None, epoch: int,
-               empty: bool = False) -> Op[int | None]:  # fmt: skip
+def reschedule(
+    shard: int, qualified: str, next_ms: int | None, epoch: int, empty: bool = False
+) -> Op[int | None]:
     """After a pump step: the next wake-up, folding in signals received since the claim. A
     queue the step found ``empty`` (no job in any state) leaves the shard's registry, unless a
     signal came meanwhile. Raises ``Fenced`` when ``epoch`` is not the shard's current leadership."""
     sk = ShardKeys(shard)
     keys = {"schedule": sk.schedule, "pending": sk.pending, "epoch": sk.epoch, "queues": sk.queues}
-    call = _eval("reschedule", keys, queue=qualified, next=-1 if next_ms is None else next_ms, epoch=epoch,
-                 empty="1" if empty else "0")  # fmt: skip
+    call = _eval(
+        "reschedule",
+        keys,
+        queue=qualified,
+        next=-1 if next_ms is None else next_ms,
+        epoch=epoch,
+        empty="1" if empty else "0",
+    )
     return replies.decode_reschedule((yield call), epoch)
 
 
@@ -603,10 +747,14 @@ def reconcile(cfg: EngineConfig, queues: Sequence[QueueKeys], now: int) -> Op[li
     if not have:
         return []
     scores = yield tuple(
-        Cmd(("ZSCORE", ShardKeys(shard_of(qk.qualified, cfg.shards)).schedule, qk.qualified)) for qk, _ in have
+        Cmd(("ZSCORE", ShardKeys(shard_of(qk.qualified, cfg.shards)).schedule, qk.qualified))
+        for qk, _ in have
     )
-    lost = [(qk, n) for (qk, n), s in zip(have, scores, strict=True)
-            if s is None or float(s) > max(n, now) + RECONCILE_GRACE_MS]  # fmt: skip
+    lost = [
+        (qk, n)
+        for (qk, n), s in zip(have, scores, strict=True)
+        if s is None or float(s) > max(n, now) + RECONCILE_GRACE_MS
+    ]
     if lost:
         yield tuple(_signal(qk, cfg, n) for qk, n in lost)
     return [qk.qualified for qk, _ in lost]
@@ -623,7 +771,11 @@ def sizes_of(cfg: EngineConfig, qualified: Sequence[str], chunk: int = 100) -> O
     for i in range(0, len(qualified), chunk):
         names = qualified[i : i + chunk]
         got = yield tuple(
-            _eval("sizes", {"queue": _fixed(QueueKeys(*parse_qualified(n)))}, open_lead=cfg.open_lead_ms)
+            _eval(
+                "sizes",
+                {"queue": _fixed(QueueKeys(*parse_qualified(n)))},
+                open_lead=cfg.open_lead_ms,
+            )
             for n in names
         )
         out.update((n, replies.decode_sizes(r)) for n, r in zip(names, got, strict=True))
@@ -631,7 +783,13 @@ def sizes_of(cfg: EngineConfig, qualified: Sequence[str], chunk: int = 100) -> O
 
 
 def release(
-    cfg: EngineConfig, ns: str, q: str, ids: Sequence[str], delay_ms: int, now: int, nack: bool = False,
+    cfg: EngineConfig,
+    ns: str,
+    q: str,
+    ids: Sequence[str],
+    delay_ms: int,
+    now: int,
+    nack: bool = False,
     leases: Sequence[str | None] | None = None,
 ) -> Op[list[JobState | str | None]]:
     """Gives reserved jobs back, now or after ``delay_ms``. By default (a consumer gone before
@@ -643,8 +801,16 @@ def release(
     jobs: list[Arg] = []
     for i, job_id in enumerate(ids):
         jobs += [id_to_member(job_id), _lease_arg(leases[i] if leases else None)]
-    call = _eval("release", {"queue": _fixed(qk)}, stamped=True, now=now, delay=delay_ms, notify=qk.notify,
-                 mode=int(nack), jobs=jobs)  # fmt: skip
+    call = _eval(
+        "release",
+        {"queue": _fixed(qk)},
+        stamped=True,
+        now=now,
+        delay=delay_ms,
+        notify=qk.notify,
+        mode=int(nack),
+        jobs=jobs,
+    )
     reply = replies.decode_release((yield call))
     if reply.lowered:
         yield _signal(qk, cfg, now + delay_ms)
@@ -652,13 +818,21 @@ def release(
     return ["expired" if c is ReplyCode.EXPIRED else replies.job_state(c) for c in reply.codes]
 
 
-def touch(cfg: EngineConfig, ns: str, q: str, job_id: str, ttr_ms: int, now: int,
-          lease: str | None = None) -> Op[bool]:  # fmt: skip
+def touch(
+    cfg: EngineConfig, ns: str, q: str, job_id: str, ttr_ms: int, now: int, lease: str | None = None
+) -> Op[bool]:
     """Moves a running reservation's deadline to ``now + ttr_ms``; False when the job is not
     reserved or its ttr already ran out. With a ``lease`` that does not hold it: ``Conflict``."""
     qk = QueueKeys(ns, q)
-    call = _eval("touch", {"queue": _fixed(qk)}, stamped=True, now=now, ttr=ttr_ms, member=id_to_member(job_id),
-                 lease=_lease_arg(lease))  # fmt: skip
+    call = _eval(
+        "touch",
+        {"queue": _fixed(qk)},
+        stamped=True,
+        now=now,
+        ttr=ttr_ms,
+        member=id_to_member(job_id),
+        lease=_lease_arg(lease),
+    )
     reply = replies.decode_touch((yield call))
     _raise_conflicts([job_id], [reply.code])
     if reply.lowered:
@@ -669,12 +843,23 @@ def touch(cfg: EngineConfig, ns: str, q: str, job_id: str, ttr_ms: int, now: int
 def lead(shard: int, token: str, lease_ms: int, give_up: bool = False) -> Op[int]:
     """Acquires or renews the shard's leadership: its fencing epoch, or 0 when not held."""
     sk = ShardKeys(shard)
-    call = _eval("leader", {"leader": sk.lock, "epoch": sk.epoch}, token=token, lease=lease_ms,
-                 release="1" if give_up else "0")  # fmt: skip
+    call = _eval(
+        "leader",
+        {"leader": sk.lock, "epoch": sk.epoch},
+        token=token,
+        lease=lease_ms,
+        release="1" if give_up else "0",
+    )
     return replies.decode_leader((yield call))
 
 
 def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) -> Op[bool]:
     """Takes (or gives back) one unit of a fixed-window limit; False when it is used up."""
-    call = _eval("rate_limit", {"counter": key}, limit=per_window, window=window_ms, refund="1" if refund else "0")
+    call = _eval(
+        "rate_limit",
+        {"counter": key},
+        limit=per_window,
+        window=window_ms,
+        refund="1" if refund else "0",
+    )
     return replies.decode_flag((yield call))

@@ -42,8 +42,13 @@ DURABLE_SCRIPTS = frozenset({"publish", "republish", "ack"})
 # What an attempt may raise that ``translate`` looks at (the last three only when redis-py's
 # asyncio transport leaked a closed connection as them: ``leaked_transport_race``).
 CAUGHT: tuple[type[BaseException], ...] = (
-    RedisError, OSError, RedisClusterException, AttributeError, TypeError, RuntimeError,
-)  # fmt: skip
+    RedisError,
+    OSError,
+    RedisClusterException,
+    AttributeError,
+    TypeError,
+    RuntimeError,
+)
 
 
 class Kind(enum.Enum):
@@ -58,16 +63,30 @@ class Kind(enum.Enum):
 _REFUSED_TYPES = (ReadOnlyError, TryAgainError, BusyLoadingError)
 _REFUSED_REPLIES = ("NOREPLICAS",)
 # The connection or the topology: reset, timeout, cluster down or re-slotting, socket errors.
-_TRANSIENT_TYPES = (RedisConnectionError, RedisTimeoutError, ClusterError, RedisClusterException, OSError)
+_TRANSIENT_TYPES = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterError,
+    RedisClusterException,
+    OSError,
+)
 _TRANSIENT_REPLIES = ("WAIT cannot be used with replica",)
 
 
 def classify(e: BaseException) -> Kind | None:
     """The one table: a Redis or OS error -> its kind; None for anything else (a bug)."""
     if isinstance(e, RedisFailure):  # translated already
-        return Kind.REFUSED if isinstance(e, Refused) else Kind.TRANSIENT if isinstance(e, Transient) else Kind.PERMANENT
+        return (
+            Kind.REFUSED
+            if isinstance(e, Refused)
+            else Kind.TRANSIENT
+            if isinstance(e, Transient)
+            else Kind.PERMANENT
+        )
     text = str(e)
-    if isinstance(e, _REFUSED_TYPES) or (isinstance(e, ResponseError) and text.startswith(_REFUSED_REPLIES)):
+    if isinstance(e, _REFUSED_TYPES) or (
+        isinstance(e, ResponseError) and text.startswith(_REFUSED_REPLIES)
+    ):
         return Kind.REFUSED
     if isinstance(e, _TRANSIENT_TYPES) or leaked_transport_race(e):
         return Kind.TRANSIENT
@@ -88,11 +107,15 @@ def translate(e: BaseException) -> RedisFailure | None:
         return None
     text = f"{type(e).__name__}: {e}"
     if isinstance(e, ResponseError) and str(e).startswith("NOREPLICAS"):
-        return StaleMaster(f"write refused, nothing written ({e}): the server lost its replicas, "
-                           "or is a master that a failover replaced")  # fmt: skip
+        return StaleMaster(
+            f"write refused, nothing written ({e}): the server lost its replicas, "
+            "or is a master that a failover replaced"
+        )
     if isinstance(e, ResponseError) and str(e).startswith("WAIT cannot be used with replica"):
-        return MovedDuringWait(f"the queue's slot moved during the write ({e}); the write may "
-                               "have been applied on the new master, unconfirmed")  # fmt: skip
+        return MovedDuringWait(
+            f"the queue's slot moved during the write ({e}); the write may "
+            "have been applied on the new master, unconfirmed"
+        )
     if kind is Kind.REFUSED:
         return Refused(text)
     if kind is Kind.TRANSIENT:
@@ -117,7 +140,9 @@ def leaked_transport_race(e: BaseException) -> bool:
         return False
     tb = e.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith(("redis/asyncio/connection.py", "redis/asyncio/cluster.py")):
+        if tb.tb_frame.f_code.co_filename.endswith(
+            ("redis/asyncio/connection.py", "redis/asyncio/cluster.py")
+        ):
             return True
         tb = tb.tb_next
     return False
@@ -190,7 +215,9 @@ def restamp(step: Step, now: int) -> Step:
 def queue_call(pipe: Any, call: Call, scripts: Mapping[str, Any]) -> None:
     """Adds one call to a pipeline (a script by its sha: the executor reloads what is missing)."""
     if isinstance(call, Eval):
-        pipe.execute_command("EVALSHA", scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+        pipe.execute_command(
+            "EVALSHA", scripts[call.script].sha, len(call.keys), *call.keys, *call.args
+        )
     else:
         pipe.execute_command(*call.args)
 
@@ -225,8 +252,15 @@ class Run(Generic[T]):
     """One operation being driven: hands out its steps with their plans, takes their replies,
     and keeps the fewest replicas any durable write reached."""
 
-    def __init__(self, op: Generator[Step, Any, T], *, idempotent: bool, durable: bool,
-                 wait_replicas: int, wait_timeout_ms: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        op: Generator[Step, Any, T],
+        *,
+        idempotent: bool,
+        durable: bool,
+        wait_replicas: int,
+        wait_timeout_ms: int,
+    ) -> None:
         self.op = op
         self.idempotent = idempotent
         self.durable = durable and wait_replicas > 0

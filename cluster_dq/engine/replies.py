@@ -129,9 +129,14 @@ CONSUME_HEAD = 6  # numbers before the (member, record, lease) triples
 def decode_consume(reply: Sequence[Any]) -> ConsumeReply:
     triples = iter(reply[CONSUME_HEAD:])
     return ConsumeReply(
-        int(reply[0]) == 1, int(reply[1]) == 1, int(reply[2]), int(reply[3]), int(reply[4]),
-        int(reply[5]) == 1, tuple(map(Delivery._make, zip(triples, triples, triples))),
-    )  # fmt: skip
+        int(reply[0]) == 1,
+        int(reply[1]) == 1,
+        int(reply[2]),
+        int(reply[3]),
+        int(reply[4]),
+        int(reply[5]) == 1,
+        tuple(map(Delivery._make, zip(triples, triples, triples))),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +260,9 @@ class Sizes:
 
 def decode_sizes(reply: Sequence[Any]) -> Sizes:
     nxt = int(reply[4])
-    return Sizes(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), None if nxt < 0 else nxt)
+    return Sizes(
+        int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]), None if nxt < 0 else nxt
+    )
 
 
 def _unfenced(reply: Sequence[Any], epoch: int) -> None:

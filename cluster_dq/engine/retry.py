@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tenacity import retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential_jitter
+from tenacity import (
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from cluster_dq.errors import Transient
 

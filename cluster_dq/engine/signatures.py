@@ -63,30 +63,72 @@ class _Builder:
 
 _Q, _QB = (QUEUE,), (QUEUE, "buckets...")
 
-SIGNATURES: dict[str, Signature] = {s.script: s for s in (
-    Signature("publish", _QB, ("now", "lane_capacity", "bucket_width", "notify", "open_lead",
-                               "remember_acked", "n", "jobs...")),
-    Signature("republish", _QB, ("now", "lane_capacity", "bucket_width", "notify", "old_member",
-                                 "old_bucket_index", "old_bucket", "member", "due", "record", "bucket_index",
-                                 "bucket", "wheel", "open_lead", "remember_acked", "lease")),
-    Signature("consume", _Q, ("now", "ttr", "count", "limit", "notify", "open_lead", "lease_prefix")),
-    Signature("ack", _QB, ("now", "remember_acked", "check_only", "n", "jobs...")),
-    Signature("release", _Q, ("now", "delay", "notify", "mode", "jobs...")),
-    Signature("touch", _Q, ("now", "ttr", "member", "lease")),
-    Signature("open_buckets", _QB, ("now", "names...")),
-    Signature("promote_due", _Q, ("now", "limit", "notify")),
-    Signature("expire_reserved", _Q, ("now", "limit", "notify")),
-    Signature("expire_ttl", _Q, ("now", "limit")),
-    Signature("next_event", _Q, ("open_lead",)),
-    Signature("sizes", _Q, ("open_lead",)),
-    Signature("respawn", _Q, ("now", "limit", "ttl", "notify")),
-    Signature("delete_dead", _Q, ("limit",)),
-    Signature("destroy", _QB, ("final", "names...")),
-    Signature("peek", _Q, ("which",)),
-    Signature("peek_job", (QUEUE, "bucket..."), ("member",)),
-    Signature("claim", ("schedule", "pending", "epoch"), ("now", "limit", "lease_end", "epoch")),
-    Signature("reschedule", ("schedule", "pending", "epoch", "queues"), ("queue", "next", "epoch", "empty")),
-    Signature("signal", ("schedule", "pending", "queues"), ("queue", "at")),
-    Signature("leader", ("leader", "epoch"), ("token", "lease", "release")),
-    Signature("rate_limit", ("counter",), ("limit", "window", "refund")),
-)}  # fmt: skip
+SIGNATURES: dict[str, Signature] = {
+    s.script: s
+    for s in (
+        Signature(
+            "publish",
+            _QB,
+            (
+                "now",
+                "lane_capacity",
+                "bucket_width",
+                "notify",
+                "open_lead",
+                "remember_acked",
+                "n",
+                "jobs...",
+            ),
+        ),
+        Signature(
+            "republish",
+            _QB,
+            (
+                "now",
+                "lane_capacity",
+                "bucket_width",
+                "notify",
+                "old_member",
+                "old_bucket_index",
+                "old_bucket",
+                "member",
+                "due",
+                "record",
+                "bucket_index",
+                "bucket",
+                "wheel",
+                "open_lead",
+                "remember_acked",
+                "lease",
+            ),
+        ),
+        Signature(
+            "consume", _Q, ("now", "ttr", "count", "limit", "notify", "open_lead", "lease_prefix")
+        ),
+        Signature("ack", _QB, ("now", "remember_acked", "check_only", "n", "jobs...")),
+        Signature("release", _Q, ("now", "delay", "notify", "mode", "jobs...")),
+        Signature("touch", _Q, ("now", "ttr", "member", "lease")),
+        Signature("open_buckets", _QB, ("now", "names...")),
+        Signature("promote_due", _Q, ("now", "limit", "notify")),
+        Signature("expire_reserved", _Q, ("now", "limit", "notify")),
+        Signature("expire_ttl", _Q, ("now", "limit")),
+        Signature("next_event", _Q, ("open_lead",)),
+        Signature("sizes", _Q, ("open_lead",)),
+        Signature("respawn", _Q, ("now", "limit", "ttl", "notify")),
+        Signature("delete_dead", _Q, ("limit",)),
+        Signature("destroy", _QB, ("final", "names...")),
+        Signature("peek", _Q, ("which",)),
+        Signature("peek_job", (QUEUE, "bucket..."), ("member",)),
+        Signature(
+            "claim", ("schedule", "pending", "epoch"), ("now", "limit", "lease_end", "epoch")
+        ),
+        Signature(
+            "reschedule",
+            ("schedule", "pending", "epoch", "queues"),
+            ("queue", "next", "epoch", "empty"),
+        ),
+        Signature("signal", ("schedule", "pending", "queues"), ("queue", "at")),
+        Signature("leader", ("leader", "epoch"), ("token", "lease", "release")),
+        Signature("rate_limit", ("counter",), ("limit", "window", "refund")),
+    )
+}

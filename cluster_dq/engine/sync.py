@@ -90,10 +90,14 @@ class SyncEngine:
                 found = [self.client.get_node_from_key(c.keys[0]) for c in written]  # type: ignore[no-untyped-call]
                 nodes = {n.name: n for n in found if n is not None}
                 for node in nodes.values():
-                    pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms, target_nodes=node)
+                    pipe.execute_command(
+                        "WAIT", self.wait_replicas, self.wait_timeout_ms, target_nodes=node
+                    )
             else:
                 pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-            got, missing, replicas = core.durable_replies(pipe.execute(raise_on_error=False), len(todo))
+            got, missing, replicas = core.durable_replies(
+                pipe.execute(raise_on_error=False), len(todo)
+            )
             for i, reply in zip(todo, got):
                 replies[i] = reply
             acked = min(acked, replicas)
@@ -139,8 +143,13 @@ class SyncEngine:
 
     def run(self, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
         """Drives one operation, as ``AsyncEngine.run`` does."""
-        run = core.Run(op, idempotent=idempotent, durable=durable,
-                       wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms)  # fmt: skip
+        run = core.Run(
+            op,
+            idempotent=idempotent,
+            durable=durable,
+            wait_replicas=self.wait_replicas,
+            wait_timeout_ms=self.wait_timeout_ms,
+        )
         reply: Any = None
         while (nxt := run.next(reply)) is not None:
             step, plan = nxt

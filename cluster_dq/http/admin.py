@@ -29,13 +29,16 @@ def _path_token(request: Request) -> tuple[str, str]:
     (a limit stored for it could never apply)."""
     pool, token = split_token(request.path_params["token"])
     if not well_formed(pool, token):
-        raise BadRequest("invalid token: [pool:]token, each 1 to 64 characters of [-_A-Za-z0-9]", "token")
+        raise BadRequest(
+            "invalid token: [pool:]token, each 1 to 64 characters of [-_A-Za-z0-9]", "token"
+        )
     return pool, token
 
 
 class AdminAPI:
-    def __init__(self, service: Service, settings: Settings, access_log: AccessLog,
-                 board: SizeBoard) -> None:  # fmt: skip
+    def __init__(
+        self, service: Service, settings: Settings, access_log: AccessLog, board: SizeBoard
+    ) -> None:
         self.board = board
         self.service = service
         self.settings = settings
@@ -53,8 +56,11 @@ class AdminAPI:
             user, password = "", ""
         expected = accounts.get(user)
         # Compared as bytes: compare_digest refuses str with non-ASCII characters (a 500).
-        if scheme.lower() != "basic" or expected is None or not hmac.compare_digest(
-                expected.encode(), password.encode()):  # fmt: skip
+        if (
+            scheme.lower() != "basic"
+            or expected is None
+            or not hmac.compare_digest(expected.encode(), password.encode())
+        ):
             raise Unauthorized("unauthorized")
 
     def _pool_param(self, request: Request) -> str | None:
@@ -76,9 +82,24 @@ class AdminAPI:
         if name not in self.service.routes:
             raise BadRequest("the pool was not exists", "pool")
         left = await self.service.draining(self.service.routes[name])
-        return json({"pool": name, "done": not left, "draining": {
-            pool: {qn: {"size": s.ready, "delayed": s.delayed, "reserved": s.reserved, "dead": s.dead}
-                   for qn, s in sorted(queues.items())} for pool, queues in sorted(left.items())}})  # fmt: skip
+        return json(
+            {
+                "pool": name,
+                "done": not left,
+                "draining": {
+                    pool: {
+                        qn: {
+                            "size": s.ready,
+                            "delayed": s.delayed,
+                            "reserved": s.reserved,
+                            "dead": s.dead,
+                        }
+                        for qn, s in sorted(queues.items())
+                    }
+                    for pool, queues in sorted(left.items())
+                },
+            }
+        )
 
     async def version(self, request: Request) -> Response:
         return json({"version": cluster_dq.__version__, "build_commit": "", "build_date": ""})
@@ -147,11 +168,13 @@ class AdminAPI:
         if request.method == "DELETE":
             await store.delete_limit(pool, ns, token)
             return json({"msg": "success"})
-        raw = await params.body(request, 65_536)  # a limit is a few dozen bytes; bounded all the same
+        raw = await params.body(
+            request, 65_536
+        )  # a limit is a few dozen bytes; bounded all the same
         try:
             data = jsonlib.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):
-            raise BadRequest("invalid limit body: {\"read\",\"write\",\"interval\"}", "limit") from None
+            raise BadRequest('invalid limit body: {"read","write","interval"}', "limit") from None
         lim = Limit.parse(data)
         create = request.method == "POST"
         await store.set_limit(pool, ns, token, lim, create)
@@ -163,8 +186,13 @@ class AdminAPI:
         out = []
         for key, lim in sorted((await self.service.tokens.limits(force)).items()):
             pool, ns, token = key.split("/", 2)
-            out.append({"namespace": ns, "token": token if pool == "default" else f"{pool}:{token}",
-                        "limiter": lim.as_json()})  # fmt: skip
+            out.append(
+                {
+                    "namespace": ns,
+                    "token": token if pool == "default" else f"{pool}:{token}",
+                    "limiter": lim.as_json(),
+                }
+            )
         return json(out)
 
     async def accesslog(self, request: Request) -> Response:
@@ -189,10 +217,18 @@ class AdminAPI:
             Route("/accesslog", self.accesslog, methods=["GET", "POST"]),
             Route("/token/{ns}", self.tokens, methods=["GET", "POST"]),
             Route("/token/{ns}/{token}", self.delete_token, methods=["DELETE"]),
-            Route("/token/{ns}/{token}/limit", self.limit, methods=["GET", "POST", "PUT", "DELETE"]),
+            Route(
+                "/token/{ns}/{token}/limit", self.limit, methods=["GET", "POST", "PUT", "DELETE"]
+            ),
         ]
 
 
-def create_admin_app(service: Service, settings: Settings, access_log: AccessLog,
-                     board: SizeBoard) -> Starlette:  # fmt: skip
-    return build_app(AdminAPI(service, settings, access_log, board).routes(), access_log, "admin", service.metrics)
+def create_admin_app(
+    service: Service, settings: Settings, access_log: AccessLog, board: SizeBoard
+) -> Starlette:
+    return build_app(
+        AdminAPI(service, settings, access_log, board).routes(),
+        access_log,
+        "admin",
+        service.metrics,
+    )

@@ -47,8 +47,14 @@ class DataAPI:
             raise Unauthorized("invalid token")  # by its shape: no lookup, nothing cached
         return await self.service.authorize(token, ns)
 
-    async def _limited(self, request: Request, ns: str, write: bool, ok_status: int,
-                       handler: Callable[[], Awaitable[Response]]) -> Response:  # fmt: skip
+    async def _limited(
+        self,
+        request: Request,
+        ns: str,
+        write: bool,
+        ok_status: int,
+        handler: Callable[[], Awaitable[Response]],
+    ) -> Response:
         """lmstfy's throttle: count the request, refund it unless it succeeded."""
         raw = request.headers.get("x-token") or request.query_params.get("token") or ""
         pool_name, token = split_token(raw)
@@ -232,8 +238,16 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)
         s = await self.service.sizes(route, ns, q)
-        return json({"namespace": ns, "queue": q, "size": s.ready, "delayed": s.delayed,
-                     "reserved": s.reserved, "dead": s.dead})  # fmt: skip
+        return json(
+            {
+                "namespace": ns,
+                "queue": q,
+                "size": s.ready,
+                "delayed": s.delayed,
+                "reserved": s.reserved,
+                "dead": s.dead,
+            }
+        )
 
     async def destroy(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
@@ -248,8 +262,14 @@ class DataAPI:
         if request.method in ("GET", "HEAD"):  # HEAD (added by Starlette) only reads
             s = await self.service.sizes(route, ns, q)
             head = await self.service.dead_head(route, ns, q)
-            return json({"namespace": ns, "queue": q, "deadletter_size": s.dead,
-                         "deadletter_head": head.job_id if head else ""})  # fmt: skip
+            return json(
+                {
+                    "namespace": ns,
+                    "queue": q,
+                    "deadletter_size": s.dead,
+                    "deadletter_head": head.job_id if head else "",
+                }
+            )
         limit = params.uint(qp, "limit", 1)
         if limit < 1:
             raise BadRequest("invalid limit", "limit")
@@ -311,8 +331,13 @@ def build_app(routes: list[Route], access_log: AccessLog, port: str, metrics: Me
     """A Starlette app with the error table and the request middleware (metrics labelled by
     route template, request ids, access log): the data and the admin port alike."""
     app = Starlette(routes=routes, exception_handlers=error_handlers())
-    app.add_middleware(RequestIdMiddleware, access_log=access_log, metrics=metrics, port=port,
-                       templates={r.endpoint: r.path for r in routes})  # fmt: skip
+    app.add_middleware(
+        RequestIdMiddleware,
+        access_log=access_log,
+        metrics=metrics,
+        port=port,
+        templates={r.endpoint: r.path for r in routes},
+    )
     return app
 
 

@@ -53,15 +53,24 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         if isinstance(exc, RateLimited):
             return error(str(exc), status, key="msg")
         if isinstance(exc, Conflict):
-            return json({"error": str(exc), "job_id": exc.job_id, "state": exc.state,
-                         "conflicts": [{"job_id": j, "state": st} for j, st in exc.conflicts]}, status)  # fmt: skip
+            return json(
+                {
+                    "error": str(exc),
+                    "job_id": exc.job_id,
+                    "state": exc.state,
+                    "conflicts": [{"job_id": j, "state": st} for j, st in exc.conflicts],
+                },
+                status,
+            )
         if isinstance(exc, PoolUnavailable):  # the client gets no address nor Redis error text
             log.warning("503: %s (%s)", exc, exc.detail)
         elif isinstance(exc, RedisFailure):
             log.warning("503: %s", exc)
             return error(REDIS_DOWN, status)
         elif status == 500:
-            log.error("500 on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+            log.error(
+                "500 on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc
+            )
         return error(str(exc), status)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -77,5 +86,9 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         # The client hung up while its body was being read: nobody to answer, nothing to log.
         return error("client disconnected", 400)
 
-    return {ClusterDQError: dq_error, HTTPException: http_error, ClientDisconnect: client_gone,
-            Exception: crash}  # fmt: skip
+    return {
+        ClusterDQError: dq_error,
+        HTTPException: http_error,
+        ClientDisconnect: client_gone,
+        Exception: crash,
+    }

@@ -51,8 +51,14 @@ class AccessLog:
 
 
 class RequestIdMiddleware:
-    def __init__(self, app: ASGIApp, access_log: AccessLog, metrics: Metrics, port: str = "data",
-                 templates: Mapping[Any, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: ASGIApp,
+        access_log: AccessLog,
+        metrics: Metrics,
+        port: str = "data",
+        templates: Mapping[Any, str] | None = None,
+    ) -> None:
         self.app = app
         self.access_log = access_log
         self.metrics = metrics
@@ -92,7 +98,14 @@ class RequestIdMiddleware:
             method = scope["method"]
             self.metrics.http(self.port, route, method, status, took)
             if self.access_log.enabled:
-                access.info("request", extra={
-                    "method": method, "path": scope["path"], "route": route, "status": status,
-                    "duration_ms": round(took * 1000, 3), "client": (scope.get("client") or ("", 0))[0],
-                })  # fmt: skip
+                access.info(
+                    "request",
+                    extra={
+                        "method": method,
+                        "path": scope["path"],
+                        "route": route,
+                        "status": status,
+                        "duration_ms": round(took * 1000, 3),
+                        "client": (scope.get("client") or ("", 0))[0],
+                    },
+                )

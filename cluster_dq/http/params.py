@@ -197,7 +197,11 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None]]:
     for item in parsed:
         if isinstance(item, str):
             leases.setdefault(job_id(item), None)
-        elif isinstance(item, dict) and isinstance(item.get("job_id"), str) and set(item) <= {"job_id", "lease"}:
+        elif (
+            isinstance(item, dict)
+            and isinstance(item.get("job_id"), str)
+            and set(item) <= {"job_id", "lease"}
+        ):
             given = item.get("lease")
             if given is not None and not (isinstance(given, str) and LEASE_RE.fullmatch(given)):
                 raise BadRequest("invalid lease", "lease")

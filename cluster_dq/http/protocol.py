@@ -35,7 +35,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > MAX_HEADER_BYTES or len(self.headers) >= MAX_HEADERS:
-            self._refuse(431, f"request headers too large (max {MAX_HEADERS} headers, {MAX_HEADER_BYTES} bytes)")
+            self._refuse(
+                431,
+                f"request headers too large (max {MAX_HEADERS} headers, {MAX_HEADER_BYTES} bytes)",
+            )
         super().on_header(name, value)
 
     def _refuse(self, status: int, message: str) -> None:

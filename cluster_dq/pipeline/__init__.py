@@ -37,8 +37,14 @@ def spark_session(app: str = "cluster-dq", master: str = "local[2]") -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    return (SparkSession.builder.master(master).appName(app)
-            .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-            .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.memory", "2g").config("spark.python.worker.reuse", "true")
-            .getOrCreate())  # fmt: skip
+    return (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", "2g")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )

@@ -14,19 +14,36 @@ from cluster_dq.pipeline import Target, route_of
 from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
 
-COLUMNS = ("namespace", "queue", "state", "job_id", "due_ms", "published_ms", "expire_at_ms",
-           "tries_left", "deliveries", "priority", "body")  # fmt: skip
+COLUMNS = (
+    "namespace",
+    "queue",
+    "state",
+    "job_id",
+    "due_ms",
+    "published_ms",
+    "expire_at_ms",
+    "tries_left",
+    "deliveries",
+    "priority",
+    "body",
+)
 
 
-def route_rows(route: PoolRoute[PoolSettings], ns: str, q: str, states: Sequence[str],
-               config: EngineConfig | None = None) -> Iterator[tuple[Any, ...]]:  # fmt: skip
+def route_rows(
+    route: PoolRoute[PoolSettings],
+    ns: str,
+    q: str,
+    states: Sequence[str],
+    config: EngineConfig | None = None,
+) -> Iterator[tuple[Any, ...]]:
     """The queue's jobs on every pool it may be on (a queue being drained is on two)."""
     for pool in route.place(ns, q).reads:
         yield from queue_rows(pool, ns, q, states, config)
 
 
-def queue_rows(pool: PoolSettings, ns: str, q: str, states: Sequence[str],
-               config: EngineConfig | None = None) -> Iterator[tuple[Any, ...]]:  # fmt: skip
+def queue_rows(
+    pool: PoolSettings, ns: str, q: str, states: Sequence[str], config: EngineConfig | None = None
+) -> Iterator[tuple[Any, ...]]:
     from cluster_dq.engine.sync import SyncEngine
     from cluster_dq.pools import make_sync_client
 
@@ -44,27 +61,50 @@ def queue_rows(pool: PoolSettings, ns: str, q: str, states: Sequence[str],
                 jobs_pages.append(jobs)
             for jobs in jobs_pages:
                 for j in jobs:
-                    yield (ns, q, name, j.job_id, j.due_ms, j.published_ms, j.expire_at_ms or None,
-                           j.tries_left, j.deliveries, j.priority, bytearray(j.body))  # fmt: skip
+                    yield (
+                        ns,
+                        q,
+                        name,
+                        j.job_id,
+                        j.due_ms,
+                        j.published_ms,
+                        j.expire_at_ms or None,
+                        j.tries_left,
+                        j.deliveries,
+                        j.priority,
+                        bytearray(j.body),
+                    )
     finally:
         client.close()
 
 
-def export(spark: Any, target: Target, queues: Sequence[tuple[str, str]],
-           states: Sequence[str] = ("ready", "delayed", "reserved", "dead"), path: str | None = None,
-           config: EngineConfig | None = None) -> Any:  # fmt: skip
+def export(
+    spark: Any,
+    target: Target,
+    queues: Sequence[tuple[str, str]],
+    states: Sequence[str] = ("ready", "delayed", "reserved", "dead"),
+    path: str | None = None,
+    config: EngineConfig | None = None,
+) -> Any:
     """The jobs of ``queues`` ((namespace, queue) pairs) in ``states`` as a DataFrame; also
     written to ``path`` as Parquet when given."""
     from pyspark.sql import types as T
 
-    schema = T.StructType([
-        T.StructField("namespace", T.StringType(), False), T.StructField("queue", T.StringType(), False),
-        T.StructField("state", T.StringType(), False), T.StructField("job_id", T.StringType(), False),
-        T.StructField("due_ms", T.LongType()), T.StructField("published_ms", T.LongType()),
-        T.StructField("expire_at_ms", T.LongType()), T.StructField("tries_left", T.IntegerType()),
-        T.StructField("deliveries", T.IntegerType()), T.StructField("priority", T.IntegerType()),
-        T.StructField("body", T.BinaryType()),
-    ])  # fmt: skip
+    schema = T.StructType(
+        [
+            T.StructField("namespace", T.StringType(), False),
+            T.StructField("queue", T.StringType(), False),
+            T.StructField("state", T.StringType(), False),
+            T.StructField("job_id", T.StringType(), False),
+            T.StructField("due_ms", T.LongType()),
+            T.StructField("published_ms", T.LongType()),
+            T.StructField("expire_at_ms", T.LongType()),
+            T.StructField("tries_left", T.IntegerType()),
+            T.StructField("deliveries", T.IntegerType()),
+            T.StructField("priority", T.IntegerType()),
+            T.StructField("body", T.BinaryType()),
+        ]
+    )
     wanted = list(states)
     route = route_of(target)
     rdd = spark.sparkContext.parallelize(list(queues), max(1, len(queues))).flatMap(

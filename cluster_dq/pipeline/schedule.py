@@ -51,9 +51,11 @@ class ScheduleCounts:
 
     def __str__(self) -> str:
         rate = (self.published + self.already_present) / self.seconds if self.seconds else 0
-        return (f"published {self.published:,}, already present {self.already_present:,}, rejected "
-                f"{self.rejected:,} in {self.seconds:.1f} s ({rate:,.0f} jobs/s); "
-                f"reference time {self.reference_ms} (pass it again to rerun idempotently)")  # fmt: skip
+        return (
+            f"published {self.published:,}, already present {self.already_present:,}, rejected "
+            f"{self.rejected:,} in {self.seconds:.1f} s ({rate:,.0f} jobs/s); "
+            f"reference time {self.reference_ms} (pass it again to rerun idempotently)"
+        )
 
 
 def check_row(row: Any, reference_ms: int) -> Checked:
@@ -99,7 +101,9 @@ def lanes_for(count: int, capacity: int) -> int:
 
 def derived_id(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> str:
     """A server-format id (due ms | lane | 8 bytes) that the same row always gets."""
-    digest = hashlib.blake2b(b"%s/%s\x00%d\x00" % (ns.encode(), q.encode(), due_ms) + body, digest_size=8).digest()
+    digest = hashlib.blake2b(
+        b"%s/%s\x00%d\x00" % (ns.encode(), q.encode(), due_ms) + body, digest_size=8
+    ).digest()
     lane = int.from_bytes(digest, "big") % lanes
     return encode_id(due_ms.to_bytes(6, "big") + lane.to_bytes(2, "big") + digest)
 
@@ -111,8 +115,12 @@ def spec_of(job: Checked, lanes: dict[tuple[str, str, int], int]) -> JobSpec:
     return JobSpec(body, 0, 0, tries, priority, None, job_id, due_ms=due, expire_at_ms=expire_at)
 
 
-def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
-                      lanes: dict[tuple[str, str, int], int], config: EngineConfig) -> Iterator[tuple[int, int]]:  # fmt: skip
+def publish_partition(
+    route: PoolRoute[PoolSettings],
+    rows: Iterable[Checked],
+    lanes: dict[tuple[str, str, int], int],
+    config: EngineConfig,
+) -> Iterator[tuple[int, int]]:
     """Publishes one partition's valid rows, each on the pool its route places the queue on
     (a client per pool and partition, with the deployment's ``config``: the shard a queue is
     signalled on depends on it); yields (new, present)."""
@@ -132,8 +140,9 @@ def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
         now = int(time.time() * 1000)
         # durable: with the pool's WaitReplicas, a batch its replicas did not confirm fails the
         # task (NotReplicated), and Spark's rerun finds the confirmed jobs present.
-        for published in engine.run(ops.publish_many(engine.config, batches[pool], now), idempotent=True,
-                                    durable=True):  # fmt: skip
+        for published in engine.run(
+            ops.publish_many(engine.config, batches[pool], now), idempotent=True, durable=True
+        ):
             dup = sum(1 for p in published if p.duplicate)
             present += dup
             new += len(published) - dup
@@ -151,8 +160,11 @@ def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
                 pool = route.place(*key).write
                 if pool.name not in engines:
                     engines[pool.name] = SyncEngine(
-                        make_sync_client(pool), dataclasses.replace(config, lane_hints={}),
-                        wait_replicas=pool.WaitReplicas, wait_timeout_ms=pool.WaitTimeoutMs)
+                        make_sync_client(pool),
+                        dataclasses.replace(config, lane_hints={}),
+                        wait_replicas=pool.WaitReplicas,
+                        wait_timeout_ms=pool.WaitTimeoutMs,
+                    )
                 open_batch[key] = (pool, [])
             pool, batch = open_batch[key]
             batch.append(spec_of(job, lanes))
@@ -168,9 +180,16 @@ def publish_partition(route: PoolRoute[PoolSettings], rows: Iterable[Checked],
     yield new, present
 
 
-def schedule(spark: Any, source: Any, target: Target, *, config: EngineConfig | None = None,
-             rejects_path: str | None = None, reference_ms: int | None = None,
-             progress: bool = False) -> ScheduleCounts:  # fmt: skip
+def schedule(
+    spark: Any,
+    source: Any,
+    target: Target,
+    *,
+    config: EngineConfig | None = None,
+    rejects_path: str | None = None,
+    reference_ms: int | None = None,
+    progress: bool = False,
+) -> ScheduleCounts:
     """Validates and publishes every row of ``source`` (a DataFrame or a Parquet path) to
     ``target``, a pool or a route (a ring spreads the queues over its pools). ``config``: the
     deployment's (``EngineConfig.from_settings``), as the service has it; the default suits
@@ -186,22 +205,33 @@ def schedule(spark: Any, source: Any, target: Target, *, config: EngineConfig | 
     capacity, open_lead_ms = cfg.lane_capacity, cfg.open_lead_ms
     # Lanes per (queue, 10-s window) from the window's job count: known before any publish,
     # so every task (and every rerun) derives the same ids.
-    counts = (valid.filter(lambda c: c[8] is None and c[4] > ref + open_lead_ms)
-              .map(lambda c: ((c[1], c[2], window_of(c[4])), 1)).reduceByKey(lambda a, b: a + b)
-              .collectAsMap())  # fmt: skip
+    counts = (
+        valid.filter(lambda c: c[8] is None and c[4] > ref + open_lead_ms)
+        .map(lambda c: ((c[1], c[2], window_of(c[4])), 1))
+        .reduceByKey(lambda a, b: a + b)
+        .collectAsMap()
+    )
     lanes = {k: lanes_for(n, capacity) for k, n in counts.items()}
     lanes_bc = spark.sparkContext.broadcast(lanes)
     if progress:
-        print(f"schedule: {sum(counts.values()):,} wheel jobs in {len(lanes):,} queue windows", flush=True)
+        print(
+            f"schedule: {sum(counts.values()):,} wheel jobs in {len(lanes):,} queue windows",
+            flush=True,
+        )
     route = route_of(target)
-    totals = valid.mapPartitions(lambda rows: publish_partition(route, rows, lanes_bc.value, cfg)).fold(
-        (0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1])
-    )
+    totals = valid.mapPartitions(
+        lambda rows: publish_partition(route, rows, lanes_bc.value, cfg)
+    ).fold((0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1]))
     rejected_rdd = checked.filter(lambda c: not c[0]).map(lambda c: (c[1], c[2], c[9]))
     rejected = rejected_rdd.count()
     if rejects_path is not None and rejected:
-        schema = T.StructType([T.StructField("namespace", T.StringType()), T.StructField("queue", T.StringType()),
-                               T.StructField("reason", T.StringType())])  # fmt: skip
+        schema = T.StructType(
+            [
+                T.StructField("namespace", T.StringType()),
+                T.StructField("queue", T.StringType()),
+                T.StructField("reason", T.StringType()),
+            ]
+        )
         spark.createDataFrame(rejected_rdd, schema).write.mode("overwrite").parquet(rejects_path)
     checked.unpersist()
     return ScheduleCounts(totals[0], totals[1], rejected, ref, time.monotonic() - started)

@@ -48,7 +48,9 @@ def pick_ports(first_port: int | None = None) -> tuple[int, int]:
     then share it through SO_REUSEPORT)."""
     if first_port is None:
         offset = random.randrange(0, 450)
-        return free_port(FIRST_PORT + offset, FIRST_PORT + 500), free_port(FIRST_PORT + 500 + offset, FIRST_PORT + 1000)
+        return free_port(FIRST_PORT + offset, FIRST_PORT + 500), free_port(
+            FIRST_PORT + 500 + offset, FIRST_PORT + 1000
+        )
     return free_port(first_port, first_port + 500), free_port(first_port + 500, first_port + 1000)
 
 
@@ -56,9 +58,15 @@ class ServiceProcess:
     """A running ``cluster-dq serve``: ``base`` and ``admin`` are its URLs, ``proc`` its
     supervisor process. A context manager: leaving the block stops it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, admin_port: int,
-                 log_path: Path | None = None, owned: IO[bytes] | None = None,
-                 session: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        port: int,
+        admin_port: int,
+        log_path: Path | None = None,
+        owned: IO[bytes] | None = None,
+        session: bool = False,
+    ) -> None:
         self.proc = proc
         self.port = port
         self.admin_port = admin_port
@@ -96,11 +104,15 @@ class ServiceProcess:
         variables of this process's environment. ``root``: the checkout whose code the service
         runs (default: the one imported here); it is also the working directory unless ``cwd``."""
         port, admin = ports or pick_ports(first_port)
-        environ = {k: v for k, v in os.environ.items() if inherit_settings or not k.startswith(ENV_PREFIX)}
+        environ = {
+            k: v for k, v in os.environ.items() if inherit_settings or not k.startswith(ENV_PREFIX)
+        }
         if isinstance(pool, str):
             pool = PoolSettings("default", Addr=pool)
         root = root or ROOT
-        environ.update({"PYTHONPATH": str(root), **(pool_env(pool) if pool is not None else {}), **(env or {})})
+        environ.update(
+            {"PYTHONPATH": str(root), **(pool_env(pool) if pool is not None else {}), **(env or {})}
+        )
         owned: IO[bytes] | None = None
         log_path: Path | None = None
         stderr: IO[bytes] | int | None
@@ -109,10 +121,26 @@ class ServiceProcess:
             stderr = owned
         else:
             stderr = log
-        cmd = [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", str(port), "--admin-port", str(admin), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cluster_dq.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--admin-port",
+            str(admin),
+            *args,
+        ]
         try:
-            proc = subprocess.Popen(cmd, env=environ, cwd=cwd or root, stdout=stdout, stderr=stderr,
-                                    start_new_session=session)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd,
+                env=environ,
+                cwd=cwd or root,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=session,
+            )
         except BaseException:
             if owned is not None:
                 owned.close()
@@ -192,8 +220,12 @@ class ServiceProcess:
     def __enter__(self) -> ServiceProcess:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     def __repr__(self) -> str:
