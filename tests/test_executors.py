@@ -197,7 +197,7 @@ async def test_the_same_operations_give_the_same_results(
     assert (results["publish many"][0] == "NotReplicated") is standalone, results["publish many"]
     assert results["publish again"][0][1]["duplicate"]  # not a vacuous run
     assert results["touch, wrong lease"][0] == "Conflict"
-    assert results["fenced"][0] == "ServerError" and "FENCED" in results["fenced"][1]
+    assert results["fenced"][0] == "Fenced" and "FENCED" in results["fenced"][1]
     assert results["rate limit used up"] is False and results["token again"] is False
 
 

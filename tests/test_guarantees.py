@@ -120,17 +120,15 @@ async def test_a_stale_leader_is_fenced_off(engine: AsyncEngine) -> None:
     """Leader A stalls past its lease, B takes the shard over (a new epoch): A's pump steps are
     refused by the shard's scripts, and a running pump that meets a newer epoch stops leading
     at once instead of waiting for its lease to run out."""
-    from cluster_dq.errors import (
-        ServerError,
-    )  # the script's FENCED error reply, as the engine raises it
+    from cluster_dq.errors import Fenced  # the scripts' FENCED reply code, as the engine raises it
 
     a_epoch = await engine.run(ops.lead(1, "A", 100))
     await asyncio.sleep(0.15)  # A's lease ran out while it was stalled
     b_epoch = await engine.run(ops.lead(1, "B", 10_000))
     assert b_epoch == a_epoch + 1
-    with pytest.raises(ServerError, match="FENCED"):
+    with pytest.raises(Fenced, match="FENCED"):
         await engine.run(ops.claim(1, now_ms(), 10, 1_000, a_epoch))
-    with pytest.raises(ServerError, match="FENCED"):
+    with pytest.raises(Fenced, match="FENCED"):
         await engine.run(ops.reschedule(1, "x/y", None, a_epoch))
     assert await engine.run(ops.claim(1, now_ms(), 10, 1_000, b_epoch)) == []
     await engine.run(ops.lead(1, "B", 10_000, give_up=True))
