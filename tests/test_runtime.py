@@ -234,7 +234,10 @@ def _workers(pid: int) -> set[int]:
     """The worker processes of a `cluster-dq serve` supervisor."""
     out = set()
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:  # it exited meanwhile (the crash-loop test kills workers)
+            continue
         if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
             out.add(int(child))
     return out

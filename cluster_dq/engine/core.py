@@ -6,6 +6,7 @@ and what a stale master calls for. No I/O here: the executors only send what thi
 from __future__ import annotations
 
 import enum
+import sys
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -245,7 +246,8 @@ def durable_replies(results: list[Any], sent: int) -> tuple[list[Any], list[int]
         if isinstance(r, Exception) and not isinstance(r, NoScriptError):
             raise r
     missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-    return replies, missing, min(int(w) for w in waits)
+    # (a round with no durable call sends no WAIT: it lowers nothing)
+    return replies, missing, min((int(w) for w in waits), default=sys.maxsize)
 
 
 class Run(Generic[T]):

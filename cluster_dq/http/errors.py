@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -78,6 +79,19 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         messages = {404: "api not found", 405: "method not allowed"}
         return error(messages.get(exc.status_code, exc.detail), exc.status_code)
 
+    async def untranslated(request: Request, exc: Exception) -> Response:
+        # A last line, not a path: every Redis call goes through the engine, which translates
+        # its errors. One that did not (a new path calling a client directly) is still an
+        # outage to the client, not a 500.
+        log.error(
+            "untranslated %s on %s %s: %s",
+            type(exc).__name__,
+            request.method,
+            request.url.path,
+            exc,
+        )
+        return error(REDIS_DOWN, 503)
+
     async def crash(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return error("internal error", 500)
@@ -90,5 +104,6 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
         ClusterDQError: dq_error,
         HTTPException: http_error,
         ClientDisconnect: client_gone,
+        RedisError: untranslated,
         Exception: crash,
     }
