@@ -4,11 +4,14 @@ print figures. Nothing is timed or asserted about the figures themselves."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,3 +38,14 @@ def run_command(args: list[str], timeout: float = 120) -> str:
 def test_bench_pipeline_runs() -> None:
     out = run_command(["loadtest/bench_pipeline.py", "--jobs", "2000"])
     assert re.search(r"jobs/s", out), out
+
+
+@pytest.mark.parametrize(
+    "module", sorted(p.stem for p in (ROOT / "loadtest").glob("*.py") if p.stem != "__init__")
+)
+def test_no_loadtest_module_shadows_another(module: str) -> None:
+    """``python loadtest/X.py`` puts loadtest/ first on sys.path: a module there named like a
+    standard or installed one replaces it for every import (loadtest/profile.py broke pyspark,
+    which imports cProfile, which imports profile)."""
+    assert module not in sys.stdlib_module_names
+    assert importlib.util.find_spec(module) is None, importlib.util.find_spec(module)
