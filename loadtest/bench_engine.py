@@ -3,6 +3,8 @@ lateness percentiles with consumers waiting, and the burst case (N jobs due in o
 
     python loadtest/bench_engine.py                 # full: 1,000,000 jobs for memory and burst
     python loadtest/bench_engine.py --jobs 100000   # quicker
+    python loadtest/bench_engine.py --jobs 2000 --ops 500 --late 200 --late-seconds 1 --expired 500
+                                                    # a smoke run of every section, ~15 s
 
 Each section runs on a fresh redis-server started on a loopback port and stopped after.
 Figures only; nothing is asserted.
@@ -131,7 +133,7 @@ async def throughput(n: int) -> None:
         server.kill()
 
 
-async def lateness(n: int, consumers: int = 20) -> None:
+async def lateness(n: int, spread_s: int = 20, consumers: int = 20) -> None:
     server, engine = fresh()
     hub = WaiterHub(engine)
     pump = Pump(engine)
@@ -149,8 +151,8 @@ async def lateness(n: int, consumers: int = 20) -> None:
         tasks = [asyncio.create_task(consumer()) for _ in range(consumers)]
         await asyncio.sleep(0.5)
         t0 = now_ms()
-        # n jobs due over the next ~10-30 s, published in bulks as they would be in real life
-        await load(engine, "late", n, lambda i: 2_000 + (i * 7919 % n) * 20_000 // n)
+        # n jobs due over the next 2 to 2 + spread_s s, published in bulks as in real life
+        await load(engine, "late", n, lambda i: 2_000 + (i * 7919 % n) * spread_s * 1000 // n)
         deadline = time.monotonic() + 60
         while len(late) < n and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -256,6 +258,9 @@ async def main() -> None:
     ap.add_argument("--jobs", type=int, default=1_000_000, help="jobs for memory and burst")
     ap.add_argument("--ops", type=int, default=50_000, help="jobs for the throughput runs")
     ap.add_argument("--late", type=int, default=10_000, help="jobs for the lateness run")
+    ap.add_argument(
+        "--late-seconds", type=int, default=20, help="the lateness run's jobs fall due over this"
+    )
     ap.add_argument("--expired", type=int, default=50_000, help="expired jobs ahead of a consume")
     ap.add_argument(
         "--only", choices=["memory", "throughput", "lateness", "burst", "expired"], action="append"
@@ -268,7 +273,7 @@ async def main() -> None:
     if "throughput" in only:
         await throughput(a.ops)
     if "lateness" in only:
-        await lateness(a.late)
+        await lateness(a.late, a.late_seconds)
     if "burst" in only:
         await burst(a.jobs)
     if "expired" in only:

@@ -173,12 +173,12 @@ def wrk(
         f.write(body)
         f.flush()
         env = {**os.environ, "WRK_BODY_FILE": f.name, "WRK_TOKEN": token}
-        out = subprocess.run(
+        done = subprocess.run(
             [
                 "wrk",
                 "-t2",
                 f"-c{conns}",
-                f"-d{seconds:.0f}s",
+                f"-d{max(1, round(seconds))}s",  # whole seconds; "-d0s" fails
                 "--latency",
                 "-s",
                 str(ROOT / "loadtest" / "wrk_put.lua"),
@@ -187,8 +187,12 @@ def wrk(
             env=env,
             capture_output=True,
             text=True,
-        ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+        )
+    found = re.search(r"Requests/sec:\s+([\d.]+)", done.stdout)
+    if done.returncode or not found:
+        raise SystemExit(f"wrk exited {done.returncode}: {done.stderr or done.stdout}")
+    out = done.stdout
+    rps = float(found.group(1))
     dist = out.split("Latency Distribution", 1)[-1]
     p50 = re.search(r"50%\s+(\S+)", dist).group(1)  # type: ignore[union-attr]
     p99 = re.search(r"99%\s+(\S+)", dist).group(1)  # type: ignore[union-attr]
@@ -248,7 +252,7 @@ def main() -> None:
             ).json()["token"]
             print(
                 f"{workers} worker(s), metrics {metrics}, lifecycle events {lifecycle}, "
-                f"{a.seconds:.0f} s per scenario:",
+                f"{a.seconds:g} s per scenario:",
                 flush=True,
             )
             if not a.wrk_only:

@@ -18,9 +18,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.localredis import start_cluster, start_server
 from cluster_dq.pipeline import route_of, spark_session
-from cluster_dq.pipeline.schedule import check_row, lanes_for, publish_partition, schedule
+from cluster_dq.pipeline.schedule import (
+    check_row,
+    lanes_for,
+    publish_partition,
+    schedule,
+    window_of,
+)
 
 
 def make_parquet(spark: object, path: str, n: int, due_ms: int) -> None:
@@ -83,10 +90,14 @@ def main() -> None:
         df = spark.read.parquet(path).limit(n)
         t = time.monotonic()
         rows = (check_row(r, ref) for r in df.toLocalIterator(prefetchPartitions=True))
+        config = EngineConfig()  # the one schedule() uses above: the same lanes, ids, shards
         lanes = {
-            ("bench", f"q{i}", due - due % 10_000): lanes_for(-(-n // 16), 512) for i in range(16)
+            ("bench", f"q{i}", window_of(due)): lanes_for(-(-n // 16), config.lane_capacity)
+            for i in range(16)
         }
-        ((new, present),) = publish_partition(route_of(pool), (r for r in rows if r[0]), lanes)
+        ((new, present),) = publish_partition(
+            route_of(pool), (r for r in rows if r[0]), lanes, config
+        )
         took = time.monotonic() - t
         print(
             f"single process: {new + present:,} jobs in {took:.1f} s, {(new + present) / took:,.0f} jobs/s",

@@ -1,4 +1,4 @@
-"""The locust users of the load profile (run by ``loadtest/profile.py``, or by hand):
+"""The locust users of the load profile (run by ``loadtest/load_profile.py``, or by hand):
 
     locust -f loadtest/locustfile.py --host http://127.0.0.1:PORT --dq-token TOKEN \
         --dq-publish-rate 500 --dq-consumers 20

@@ -1,13 +1,13 @@
 """The load profile's short run (CI): locust through nginx to two service instances, with
 resident delayed jobs in Redis. Figures are printed, not asserted (the full profile is
-`python loadtest/profile.py`); what must hold at any rate is checked: the whole chain works,
+`python loadtest/load_profile.py`); what must hold at any rate is checked: the whole chain works,
 no request fails, every resident job is still there."""
 
 from __future__ import annotations
 
 import pytest
 
-from loadtest.profile import profile
+from loadtest.load_profile import profile
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])

@@ -1,9 +1,9 @@
 """The load profile: locust through nginx (L7 load balancer) to several `cluster-dq serve`
 instances, with millions of delayed jobs resident in Redis.
 
-    python loadtest/profile.py                         # 10 M resident, 1,500 req/s for 10 min
-    python loadtest/profile.py --jobs 1000000 --seconds 120
-    python loadtest/profile.py --step 500 --step-seconds 30   # find the saturation point
+    python loadtest/load_profile.py                         # 10 M resident, 1,500 req/s for 10 min
+    python loadtest/load_profile.py --jobs 1000000 --seconds 120
+    python loadtest/load_profile.py --step 500 --step-seconds 30   # find the saturation point
     options: --instances 2 --cluster --rate 1500 (requests/s) --keep (leave it all running)
 
 1. Starts Redis (standalone, or a 3+3 Cluster with --cluster) and preloads ``--jobs`` delayed
