@@ -348,10 +348,9 @@ def install_bullmq() -> Path:
     if done.exists() and done.read_text() == pins:
         return CACHE / "node_modules"
     CACHE.mkdir(parents=True, exist_ok=True)
-    for name in ("package.json", "package-lock.json"):
-        shutil.copy(PEERS / name, CACHE / name)
+    shutil.copy(PEERS / "package.json", CACHE / "package.json")  # exact pins, no lock file
     print(f"installing {PEERS / 'package.json'} into {CACHE} ...", flush=True)
-    cmd = ["npm", "install", "--no-audit", "--no-fund", "--loglevel", "error"]
+    cmd = ["npm", "install", "--no-audit", "--no-fund", "--no-package-lock", "--loglevel", "error"]
     subprocess.run(cmd, cwd=CACHE, check=True, stdout=subprocess.DEVNULL)
     done.write_text(pins)
     return CACHE / "node_modules"
