@@ -104,3 +104,34 @@ async def test_a_503_says_what_may_have_happened(service: Service) -> None:
         del engine._step
     sizes = await engine.run(ops.sizes(engine.config, "svc", "q"))
     assert (sizes.ready, sizes.reserved) == (0, 1)  # the lost consume's reservation; no new job
+
+
+@pytest.mark.parametrize("bulk", [1, 5])
+async def test_a_publish_repeated_after_a_lost_reply_does_not_call_its_own_job_a_duplicate(
+    service: Service, bulk: int
+) -> None:
+    """Redis ran the publish and the reply was lost; the engine repeats it (the ids were fixed
+    before the first attempt) and finds the jobs there. Jobs whose ids the service made up can
+    only be there because of that first attempt: they are answered as published, not as
+    duplicates (a 201 with ``"duplicate": true`` for a job no one else could have made), and
+    counted once."""
+    route = service.route("default")
+    engine = service.pools["default"].engine
+    real_step = engine._step
+    lost: list[str] = []
+
+    async def lose_the_first_reply(step: Any) -> Any:
+        reply = await real_step(step)
+        if isinstance(step, Eval) and step.script == "publish" and not lost:
+            lost.append(step.script)
+            raise RedisConnectionError("reply lost")
+        return reply
+
+    engine._step = lose_the_first_reply  # type: ignore[method-assign]
+    try:
+        out = await service.publish(route, "svc", "lost", [JobSpec(b"x")] * bulk)
+    finally:
+        engine._step = real_step  # type: ignore[method-assign]
+    assert lost
+    assert [p.duplicate for p in out] == [False] * bulk
+    assert (await service.sizes(route, "svc", "lost")).ready == bulk

@@ -167,6 +167,9 @@ class _Placement:
     wheel buckets they use (name -> KEYS index) and the earliest pump event among them."""
 
     members: list[bytes] = field(default_factory=list)
+    # The ids this call made up. Such an id can only exist already if an earlier attempt of
+    # this very call wrote it (its reply lost, the call repeated): not a duplicate then.
+    made_up: list[bool] = field(default_factory=list)
     job_args: list[Arg] = field(default_factory=list)
     buckets: dict[str, int] = field(default_factory=dict)
     event: int | None = None
@@ -217,6 +220,7 @@ def _place_jobs(
         if at is not None and (out.event is None or at < out.event):
             out.event = at
         out.members.append(member)
+        out.made_up.append(spec.job_id is None)
         out.job_args += [member, due, record, kidx, bname, "1" if wheel else "0"]
     return out
 
@@ -255,8 +259,8 @@ def _published(
 ) -> list[Published]:
     _learn_lanes(cfg, qk, list(jobs.buckets), reply.fills)
     return [
-        Published(id_to_text(m), c is ReplyCode.DUPLICATE, replies.job_state(c))
-        for m, c in zip(jobs.members, reply.codes)
+        Published(id_to_text(m), c is ReplyCode.DUPLICATE and not made_up, replies.job_state(c))
+        for m, c, made_up in zip(jobs.members, reply.codes, jobs.made_up)
     ]
 
 
@@ -478,7 +482,9 @@ def republish(
     if reply.lowered:
         yield _signal(qk, cfg, new.event)
     published = Published(
-        id_to_text(new.members[0]), reply.new is ReplyCode.DUPLICATE, replies.job_state(reply.new)
+        id_to_text(new.members[0]),
+        reply.new is ReplyCode.DUPLICATE and not new.made_up[0],
+        replies.job_state(reply.new),
     )
     return replies.job_state(reply.old), published
 
