@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from cluster_dq import metrics
+from cluster_dq.coalesce import GroupCommit
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import Op, Published, Sizes
@@ -34,6 +35,7 @@ from cluster_dq.tokens import TokenStore, split_token
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+GROUP_MAX = 64  # requests whose jobs share one script call (group commit), at most
 
 
 class Service:
@@ -50,6 +52,13 @@ class Service:
         self.routes = build_routes(settings, pools)
         self.events = events
         self.tokens = TokenStore(pools["default"].engine, settings.TokenCacheSecond)
+        # One job per request (lmstfy's way): concurrent ones of a queue share a script call.
+        self._publishes: GroupCommit[tuple[str, str, str], JobSpec, Published] = GroupCommit(
+            self._publish_group, GROUP_MAX
+        )
+        self._acks: GroupCommit[tuple[str, str, str], str, JobState | None] = GroupCommit(
+            self._ack_group, GROUP_MAX
+        )
 
     def route(self, name: str) -> PoolRoute[RedisPool]:
         r = self.routes.get(name)
@@ -87,21 +96,35 @@ class Service:
             validate_spec(spec)  # all-or-nothing: refuse before writing anything
         place = route.place(ns, q)
         pool = place.write
+        if len(specs) == 1 and len(place.reads) == 1:
+            return [await self._publishes.submit((pool.name, ns, q), specs[0])]
         # A client id held by a pool being drained is a duplicate, as it would be on one pool.
         known = await self._known_elsewhere(place.reads[:-1], ns, q, specs)
         fresh = [s for s in specs if s.job_id not in known] if known else specs
-        # Safe to retry: the job ids are fixed before the first attempt.
-        now = pool.engine.clock()
-        op = ops.publish(pool.engine.config, ns, q, fresh, now)
-        out = await self._run(pool, op, idempotent=True, durable=True) if fresh else []
-        self.metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
-        if self.events:
-            self.events.published(ns, q, now, [p.job_id for p in out if not p.duplicate])
+        out = await self._publish_on(pool, ns, q, fresh) if fresh else []
         if known:
             done = iter(out)
             return [
                 Published(s.job_id, True, None) if s.job_id in known else next(done) for s in specs
             ]
+        return out
+
+    async def _publish_group(
+        self, key: tuple[str, str, str], specs: list[JobSpec]
+    ) -> list[Published]:
+        pool_name, ns, q = key
+        return await self._publish_on(self.pools[pool_name], ns, q, specs)
+
+    async def _publish_on(
+        self, pool: RedisPool, ns: str, q: str, specs: Sequence[JobSpec]
+    ) -> list[Published]:
+        # Safe to retry: the job ids are fixed before the first attempt.
+        now = pool.engine.clock()
+        op = ops.publish(pool.engine.config, ns, q, specs, now)
+        out = await self._run(pool, op, idempotent=True, durable=True)
+        self.metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
+        if self.events:
+            self.events.published(ns, q, now, [p.job_id for p in out if not p.duplicate])
         return out
 
     async def _known_elsewhere(
@@ -151,9 +174,11 @@ class Service:
     ) -> list[JobState | None]:
         """Acks jobs in any state; the state each was in (None: not found). With ``leases``
         (aligned with ``ids``): if one does not hold its job, ``Conflict`` and nothing acked."""
+        reads = route.place(ns, q).reads
+        if len(ids) == 1 and not leases and len(reads) == 1:
+            return [await self._acks.submit((reads[0].name, ns, q), ids[0])]
         states: list[JobState | None] = [None] * len(ids)
         now = 0
-        reads = route.place(ns, q).reads
         if leases and len(reads) > 1:  # all or nothing across the pools too: check them all first
             for pool in reads:
                 check = ops.ack(ns, q, ids, pool.engine.clock(), 0, leases, check_only=True)
@@ -174,6 +199,18 @@ class Service:
             found = await self._run(pool, op, idempotent=True, durable=True)
             for i, state in zip(todo, found):
                 states[i] = state
+        self.metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
+        if self.events:
+            self.events.acked(ns, q, now, [i for i, s in zip(ids, states) if s is not None])
+        return states
+
+    async def _ack_group(self, key: tuple[str, str, str], ids: list[str]) -> list[JobState | None]:
+        """Acks without leases of one queue, from concurrent requests (group commit)."""
+        pool_name, ns, q = key
+        pool = self.pools[pool_name]
+        now = pool.engine.clock()
+        op = ops.ack(ns, q, ids, now, pool.engine.config.remember_acked_ms, None)
+        states = await self._run(pool, op, idempotent=True, durable=True)
         self.metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
         if self.events:
             self.events.acked(ns, q, now, [i for i, s in zip(ids, states) if s is not None])

@@ -1,0 +1,105 @@
+"""Group commit: concurrent requests for the same thing share one script call.
+
+Most lmstfy clients publish and ack one job per request, and each request used to cost its own
+script call: a command packed, written and parsed by redis-py, a Lua invocation in Redis.
+``GroupCommit`` runs the first request for a key at once, alone (an idle service adds no wait
+and no task); requests for that key that arrive while its call is in flight wait for it to end
+and then go together, as one call of up to ``max_items``. Under load a batch holds what arrived
+during one round trip, so the cost per request falls as the load rises; at most one call per
+key is in flight, and a request waits at most one round trip longer.
+
+A batch's outcome is each member's: its result, or the batch's error for all (every member's
+own request would have failed the same way, since the call is the one it would have made).
+A member whose request is cancelled does not cancel the batch (the others still need it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+I = TypeVar("I")  # noqa: E741 (an item)
+R = TypeVar("R")
+
+
+class _Batch(Generic[I, R]):
+    __slots__ = ("items", "done")
+
+    def __init__(self, done: asyncio.Future[Sequence[R]]) -> None:
+        self.items: list[I] = []
+        self.done = done
+
+
+def _retrieved(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()  # read: no "exception was never retrieved" when every member went away
+
+
+class GroupCommit(Generic[K, I, R]):
+    """``run(key, items)`` returns one result per item, in order."""
+
+    def __init__(self, run: Callable[[K, list[I]], Awaitable[Sequence[R]]], max_items: int) -> None:
+        if max_items < 1:
+            raise ValueError("max_items must be at least 1")
+        self._run = run
+        self.max_items = max_items
+        self._waiting: dict[K, deque[_Batch[I, R]]] = {}  # keys with a call in flight
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.calls = 0  # how many calls ran, and for how many items (for benchmarks)
+        self.items = 0
+
+    def busy(self) -> int:
+        return len(self._waiting)
+
+    async def submit(self, key: K, item: I) -> R:
+        waiting = self._waiting.get(key)
+        if waiting is None:  # idle: this request runs now, alone
+            self._waiting[key] = deque()
+            try:
+                return (await self._call(key, [item]))[0]
+            finally:
+                self._next(key)
+        if not waiting or len(waiting[-1].items) >= self.max_items:
+            done: asyncio.Future[Sequence[R]] = asyncio.get_running_loop().create_future()
+            done.add_done_callback(_retrieved)
+            waiting.append(_Batch(done))
+        batch = waiting[-1]
+        index = len(batch.items)
+        batch.items.append(item)
+        return (await asyncio.shield(batch.done))[index]
+
+    async def _call(self, key: K, items: list[I]) -> Sequence[R]:
+        self.calls += 1
+        self.items += len(items)
+        return await self._run(key, items)
+
+    def _next(self, key: K) -> None:
+        """The call in flight for ``key`` ended: the next batch goes, or the key is idle."""
+        waiting = self._waiting[key]
+        if not waiting:
+            del self._waiting[key]
+            return
+        task = asyncio.get_running_loop().create_task(self._complete(key, waiting.popleft()))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _complete(self, key: K, batch: _Batch[I, R]) -> None:
+        try:
+            results = await self._call(key, batch.items)
+        except Exception as e:
+            batch.done.set_exception(e)
+        except BaseException:  # cancelled (shutdown): the members must not wait forever
+            batch.done.cancel()
+            raise
+        else:
+            if len(results) != len(batch.items):
+                batch.done.set_exception(
+                    RuntimeError(f"{len(results)} results for {len(batch.items)} items")
+                )
+            else:
+                batch.done.set_result(results)
+        finally:
+            self._next(key)
