@@ -11,6 +11,9 @@ key is in flight, and a request waits at most one round trip longer.
 A batch's outcome is each member's: its result, or the batch's error for all (every member's
 own request would have failed the same way, since the call is the one it would have made).
 A member whose request is cancelled does not cancel the batch (the others still need it).
+With ``orphan``, every call runs in a task of its own, and the result of a member that was
+cancelled before it could take it goes to ``orphan(key, result)`` (consume: reserved jobs
+nobody will get are given back, not left to their ttr).
 """
 
 from __future__ import annotations
@@ -20,17 +23,20 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
+GROUP_MAX = 64  # requests one call serves, at most (a bulk publish's 64 jobs)
+
 K = TypeVar("K", bound=Hashable)
 I = TypeVar("I")  # noqa: E741 (an item)
 R = TypeVar("R")
 
 
 class _Batch(Generic[I, R]):
-    __slots__ = ("items", "done")
+    __slots__ = ("items", "done", "gone")
 
     def __init__(self, done: asyncio.Future[Sequence[R]]) -> None:
         self.items: list[I] = []
         self.done = done
+        self.gone: list[int] = []  # members cancelled before the result came
 
 
 def _retrieved(f: asyncio.Future[Any]) -> None:
@@ -41,10 +47,16 @@ def _retrieved(f: asyncio.Future[Any]) -> None:
 class GroupCommit(Generic[K, I, R]):
     """``run(key, items)`` returns one result per item, in order."""
 
-    def __init__(self, run: Callable[[K, list[I]], Awaitable[Sequence[R]]], max_items: int) -> None:
+    def __init__(
+        self,
+        run: Callable[[K, list[I]], Awaitable[Sequence[R]]],
+        max_items: int,
+        orphan: Callable[[K, R], None] | None = None,
+    ) -> None:
         if max_items < 1:
             raise ValueError("max_items must be at least 1")
         self._run = run
+        self._orphan = orphan
         self.max_items = max_items
         self._waiting: dict[K, deque[_Batch[I, R]]] = {}  # keys with a call in flight
         self._tasks: set[asyncio.Task[None]] = set()
@@ -56,20 +68,39 @@ class GroupCommit(Generic[K, I, R]):
 
     async def submit(self, key: K, item: I) -> R:
         waiting = self._waiting.get(key)
-        if waiting is None:  # idle: this request runs now, alone
+        if waiting is None:  # idle: this request's call goes now, alone
             self._waiting[key] = deque()
-            try:
-                return (await self._call(key, [item]))[0]
-            finally:
-                self._next(key)
-        if not waiting or len(waiting[-1].items) >= self.max_items:
-            done: asyncio.Future[Sequence[R]] = asyncio.get_running_loop().create_future()
-            done.add_done_callback(_retrieved)
-            waiting.append(_Batch(done))
-        batch = waiting[-1]
+            if self._orphan is None:
+                try:
+                    return (await self._call(key, [item]))[0]
+                finally:
+                    self._next(key)
+            batch = self._new_batch()
+            self._start(key, batch)
+        elif not waiting or len(waiting[-1].items) >= self.max_items:
+            batch = self._new_batch()
+            waiting.append(batch)
+        else:
+            batch = waiting[-1]
         index = len(batch.items)
         batch.items.append(item)
-        return (await asyncio.shield(batch.done))[index]
+        try:
+            return (await asyncio.shield(batch.done))[index]
+        except asyncio.CancelledError:
+            self._abandon(key, batch, index)
+            raise
+
+    @staticmethod
+    def _new_batch() -> _Batch[I, R]:
+        done: asyncio.Future[Sequence[R]] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(_retrieved)
+        return _Batch(done)
+
+    def _abandon(self, key: K, batch: _Batch[I, R], index: int) -> None:
+        if not batch.done.done():
+            batch.gone.append(index)  # its result goes to orphan() when it comes
+        elif self._orphan and not batch.done.cancelled() and batch.done.exception() is None:
+            self._orphan(key, batch.done.result()[index])  # came, but was not taken
 
     async def _call(self, key: K, items: list[I]) -> Sequence[R]:
         self.calls += 1
@@ -82,7 +113,10 @@ class GroupCommit(Generic[K, I, R]):
         if not waiting:
             del self._waiting[key]
             return
-        task = asyncio.get_running_loop().create_task(self._complete(key, waiting.popleft()))
+        self._start(key, waiting.popleft())
+
+    def _start(self, key: K, batch: _Batch[I, R]) -> None:
+        task = asyncio.get_running_loop().create_task(self._complete(key, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -101,5 +135,8 @@ class GroupCommit(Generic[K, I, R]):
                 )
             else:
                 batch.done.set_result(results)
+                if self._orphan:
+                    for index in batch.gone:
+                        self._orphan(key, results[index])
         finally:
             self._next(key)

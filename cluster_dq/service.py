@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from cluster_dq import metrics
-from cluster_dq.coalesce import GroupCommit
+from cluster_dq.coalesce import GROUP_MAX, GroupCommit
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import Op, Published, Sizes
@@ -35,7 +35,6 @@ from cluster_dq.tokens import TokenStore, split_token
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-GROUP_MAX = 64  # requests whose jobs share one script call (group commit), at most
 
 
 class Service:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+from cluster_dq.coalesce import GROUP_MAX, GroupCommit
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.errors import Conflict, Transient
@@ -139,6 +140,10 @@ class WaiterHub:
         self._subscribing = asyncio.Lock()
         self._closed = False
         self._stopping = False  # shutting down: nothing is reserved any more
+        # One-job consumes (lmstfy's way) of the same queues and ttr share a consume call.
+        self._reserves: GroupCommit[tuple[str, tuple[str, ...], int], None, list[Job]] = (
+            GroupCommit(self._reserve_group, GROUP_MAX, orphan=self._give_back_orphan)
+        )
 
     def stop(self) -> None:
         """Shutdown: every waiting long-poll is answered now with nothing, and no consume
@@ -187,6 +192,8 @@ class WaiterHub:
         client left, a multi-pool consume took another pool's jobs) while Redis has reserved
         jobs whose reply is still on its way, they are given back, not left reserved by nobody
         until their ttr (with one try left, that would be a dead letter nobody ever saw)."""
+        if count == 1:
+            return await self._reserves.submit((namespace, tuple(queues), ttr_ms), None)
         engine = self.engine
         task = asyncio.ensure_future(
             engine.run(ops.consume(engine.config, namespace, queues, ttr_ms, count, engine.clock()))
@@ -196,6 +203,20 @@ class WaiterHub:
         except asyncio.CancelledError:
             self._background(self._give_back_when_done(namespace, task))
             raise
+
+    async def _reserve_group(
+        self, key: tuple[str, tuple[str, ...], int], members: list[None]
+    ) -> list[list[Job]]:
+        """One job for each of ``members`` if there are enough, the first members first."""
+        namespace, queues, ttr_ms = key
+        engine = self.engine
+        op = ops.consume(engine.config, namespace, queues, ttr_ms, len(members), engine.clock())
+        jobs = await engine.run(op)
+        return [[j] for j in jobs] + [[] for _ in range(len(members) - len(jobs))]
+
+    def _give_back_orphan(self, key: tuple[str, tuple[str, ...], int], jobs: list[Job]) -> None:
+        if jobs:  # its consumer was cancelled (it left) before it took them
+            self._background(self.give_back(key[0], jobs))
 
     async def _give_back_when_done(self, namespace: str, task: asyncio.Future[list[Job]]) -> None:
         try:

@@ -16,12 +16,12 @@ import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from cluster_dq.coalesce import GroupCommit
+from cluster_dq.coalesce import GROUP_MAX, GroupCommit
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.pools import RedisPool
-from cluster_dq.service import GROUP_MAX, Service
+from cluster_dq.service import Service
 from cluster_dq.settings import load
 from cluster_dq.testing.service_process import pool_env
 from tests.conftest import Deployment
@@ -91,6 +91,29 @@ async def test_a_member_that_goes_away_does_not_cancel_its_batch() -> None:
     await asyncio.sleep(0)
     run.gate.set()
     assert await staying == 30
+    assert run.calls == [("q", [1]), ("q", [2, 3])]
+    assert group.busy() == 0
+
+
+async def test_with_orphan_the_result_of_a_member_that_left_is_handed_over() -> None:
+    """Consume's case: jobs reserved for a consumer who left must be given back. Whether the
+    member left while its call was in flight or before its batch ran, its result reaches
+    ``orphan``; the others get theirs."""
+    run = Recorder()
+    orphans: list[int] = []
+    group: GroupCommit[str, int, int] = GroupCommit(
+        run, max_items=8, orphan=lambda key, r: orphans.append(r)
+    )
+    lead = asyncio.create_task(group.submit("q", 1))  # runs as a task of its own
+    await asyncio.sleep(0)
+    queued = [asyncio.create_task(group.submit("q", i)) for i in (2, 3)]
+    await asyncio.sleep(0)
+    lead.cancel()  # while its call is in flight
+    queued[0].cancel()  # before its batch ran
+    await asyncio.sleep(0)
+    run.gate.set()
+    assert await queued[1] == 30
+    assert sorted(orphans) == [10, 20]
     assert run.calls == [("q", [1]), ("q", [2, 3])]
     assert group.busy() == 0
 
@@ -174,6 +197,34 @@ async def test_a_grouped_publish_whose_reply_is_lost_is_repeated_without_doublin
     assert (await service.sizes(route, "gc", "lost")).ready == 100
     for job_id in ids[::10]:
         await service.peek_job(route, "gc", "lost", job_id)
+
+
+async def test_concurrent_one_job_consumes_share_calls_and_nothing_is_lost_or_doubled(
+    service: Service,
+) -> None:
+    """200 jobs, 260 concurrent one-job consumes (timeout 0), a fifth of them cancelled as
+    they run (their clients left): every job is delivered to exactly one consumer that stayed,
+    or back in the ready set (given back, not left reserved to its ttr); nothing is lost."""
+    route = service.route("default")
+    published = await service.publish(route, "gc", "c", [JobSpec(b"j")] * 200)
+    ids = {p.job_id for p in published}
+    hub = service.pools["default"].hub
+    tasks = [
+        asyncio.create_task(service.consume(route, "gc", ["c"], 60_000, 1, 0)) for _ in range(260)
+    ]
+    await asyncio.sleep(0)
+    for t in tasks[::5]:
+        t.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    got = [j.job_id for r in results if isinstance(r, list) for j in r]
+    assert len(got) == len(set(got)) and set(got) <= ids
+    assert hub._reserves.calls < 260 - 52  # they did share calls
+    for _ in range(100):  # the give-backs run in the background
+        await asyncio.sleep(0.02)
+        sizes = await service.sizes(route, "gc", "c")
+        if sizes.reserved == len(got):
+            break
+    assert sizes.reserved == len(got) and sizes.ready == 200 - len(got)
 
 
 def test_the_group_limit_matches_the_bulk_limit() -> None:
