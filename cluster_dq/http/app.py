@@ -17,6 +17,7 @@ from cluster_dq.clock import now_ms
 from cluster_dq.errors import BadRequest, Unauthorized
 from cluster_dq.http import params
 from cluster_dq.http.errors import error_handlers
+from cluster_dq.http.hot import HotPaths
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
 from cluster_dq.metrics import Metrics
@@ -327,10 +328,26 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-def build_app(routes: list[Route], access_log: AccessLog, port: str, metrics: Metrics) -> Starlette:
+def build_app(
+    routes: list[Route],
+    access_log: AccessLog,
+    port: str,
+    metrics: Metrics,
+    hot: DataAPI | None = None,
+) -> Starlette:
     """A Starlette app with the error table and the request middleware (metrics labelled by
-    route template, request ids, access log): the data and the admin port alike."""
-    app = Starlette(routes=routes, exception_handlers=error_handlers())
+    route template, request ids, access log): the data and the admin port alike. ``hot``: the
+    data API whose hot paths skip the router (``http/hot.py``)."""
+    handlers = error_handlers()
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    if hot is not None:  # added first: the innermost middleware, inside the request ids
+        app.add_middleware(
+            HotPaths,
+            publish=hot.publish,
+            consume=hot.consume,
+            ack=hot.ack,
+            handlers=handlers,
+        )
     app.add_middleware(
         RequestIdMiddleware,
         access_log=access_log,
@@ -342,4 +359,5 @@ def build_app(routes: list[Route], access_log: AccessLog, port: str, metrics: Me
 
 
 def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
-    return build_app(DataAPI(service, settings).routes(), access_log, "data", service.metrics)
+    api = DataAPI(service, settings)
+    return build_app(api.routes(), access_log, "data", service.metrics, hot=api)
