@@ -12,6 +12,7 @@ Every metric, with its meaning, is listed in the README (section Metrics).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from cluster_dq.settings import Settings
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+FLUSH_AT = 100_000  # buffered observations that make a flush at once
 QUEUE = ("namespace", "queue")
 LATENESS_BUCKETS = (
     0.001,
@@ -177,16 +179,57 @@ class Metrics:
 
     enabled = True
 
-    def __init__(self, max_queues: int = 1_000) -> None:
+    def __init__(self, max_queues: int = 1_000, buffered: bool = False) -> None:
         self.max_queues = max_queues
         self._queues: set[tuple[str, str]] = set()
         self._children: dict[tuple[object, ...], Any] = {}
+        # Buffered (``serve``): counts and observations add up in plain dicts and reach
+        # prometheus-client at ``flush()`` (every second, and before a scrape), so a request
+        # costs a dict update, not mmap stores (multiprocess mode) per counter and bucket.
+        self.buffered = buffered
+        self._counts: dict[Any, float] = {}
+        self._observed: dict[Any, list[float]] = {}
+        self._pending = 0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Metrics:
+    def from_settings(cls, settings: Settings, buffered: bool = False) -> Metrics:
         if not settings.EnableMetrics:
             return NoMetrics(settings.MetricsMaxQueues)
-        return cls(settings.MetricsMaxQueues)
+        return cls(settings.MetricsMaxQueues, buffered)
+
+    def _inc(self, child: Any, n: float = 1) -> None:
+        if not self.buffered:
+            child.inc(n)
+            return
+        self._counts[child] = self._counts.get(child, 0) + n
+
+    def _observe(self, child: Any, values: Sequence[float]) -> None:
+        if not self.buffered:
+            observe_many(child, values)
+            return
+        if values:
+            self._observed.setdefault(child, []).extend(values)
+            self._pending += len(values)
+            if self._pending > FLUSH_AT:  # bounded memory whatever the flush period
+                self.flush()
+
+    def flush(self) -> None:
+        """What the buffer holds, into prometheus-client (its files, in multiprocess mode)."""
+        counts, observed = self._counts, self._observed
+        self._counts, self._observed, self._pending = {}, {}, 0
+        for child, n in counts.items():
+            child.inc(n)
+        for child, values in observed.items():
+            observe_many(child, values)
+
+    async def flush_every(self, seconds: float) -> None:
+        """The buffered recorder's flusher (a task of the worker; cancelled at shutdown)."""
+        try:
+            while True:
+                await asyncio.sleep(seconds)
+                self.flush()
+        finally:
+            self.flush()
 
     def queue_labels(self, ns: str, q: str) -> tuple[str, str]:
         """The labels a queue's series get: its own, or ``(ns, "_other")`` past the cap."""
@@ -204,6 +247,7 @@ class Metrics:
         instance restarts, and keep their place under the cap, which still bounds them."""
         if (ns, q) not in self._queues or multiproc_dir():
             return
+        self.flush()  # nothing of the queue left in the buffer to bring its series back
         self._queues.discard((ns, q))
         for metric in PER_QUEUE:
             with contextlib.suppress(KeyError):
@@ -222,11 +266,11 @@ class Metrics:
 
     def count(self, counter: Counter, ns: str, q: str, n: int) -> None:
         if n:
-            self.child(counter, *self.queue_labels(ns, q)).inc(n)
+            self._inc(self.child(counter, *self.queue_labels(ns, q)), n)
 
     def http(self, port: str, route: str, method: str, status: int, seconds: float) -> None:
-        self.child(http_requests, port, route, method, str(status)).inc()
-        self.child(http_duration, port, route, method).observe(seconds)
+        self._inc(self.child(http_requests, port, route, method, str(status)))
+        self._observe(self.child(http_duration, port, route, method), (seconds,))
 
     def record_delivered(self, jobs: Iterable[Job], now_ms: int) -> None:
         per_queue: dict[tuple[str, str], tuple[list[int], list[float], list[float]]] = {}
@@ -240,9 +284,9 @@ class Metrics:
                 first.append(max(now_ms - job.published_ms, 0) / 1000)
         for (ns, q), (count_, late, first) in per_queue.items():
             ns, q = self.queue_labels(ns, q)
-            self.child(delivered, ns, q).inc(count_[0])
-            observe_many(self.child(lateness, ns, q), late)
-            observe_many(self.child(first_delivery, ns, q), first)
+            self._inc(self.child(delivered, ns, q), count_[0])
+            self._observe(self.child(lateness, ns, q), late)
+            self._observe(self.child(first_delivery, ns, q), first)
 
     def pool(self, name: str) -> PoolMetrics:
         return PoolMetrics(name, self)

@@ -41,6 +41,8 @@ from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import PoolSettings, Settings
 
+METRICS_FLUSH_SECONDS = 1.0  # how stale a scrape of another worker's counts may be
+
 log = logging.getLogger("cluster_dq.server")
 EMBEDDED_STATE = Path(tempfile.gettempdir()) / "cluster-dq-embedded.json"
 
@@ -53,7 +55,9 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.run_pump = run_pump
-        self.metrics = metrics.Metrics.from_settings(settings)
+        # Buffered: a request's counts reach the exposition within a second (or at a scrape).
+        self.metrics = metrics.Metrics.from_settings(settings, buffered=True)
+        self._flusher: asyncio.Task[None] | None = None
         config = EngineConfig.from_settings(settings)
         self.events = LifecycleLog(settings.LifecycleDir) if settings.LifecycleDir else None
         self.pools = {
@@ -70,6 +74,7 @@ class Runtime:
         self.admin_app = create_admin_app(self.service, settings, self.access_log, self.board)
 
     async def start(self) -> None:
+        self._flusher = asyncio.create_task(self.metrics.flush_every(METRICS_FLUSH_SECONDS))
         for pool in self.pools.values():
             await pool.start(
                 self.run_pump,
@@ -93,6 +98,9 @@ class Runtime:
             except Exception:
                 log.exception("pool %s did not close cleanly", pool.name)
                 clean = False
+        if self._flusher is not None:
+            self._flusher.cancel()  # its last flush runs as it ends
+            await asyncio.gather(self._flusher, return_exceptions=True)
         if self.events:
             try:
                 self.events.flush()

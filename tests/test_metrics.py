@@ -313,3 +313,41 @@ def test_a_burst_of_connections_is_spread_over_the_workers(svc: dict[str, Any]) 
     finally:
         for s in socks:
             s.close()
+
+
+async def test_a_buffered_recorder_reaches_the_exposition_at_flush_and_loses_nothing() -> None:
+    """``serve`` buffers counts and observations in the worker and flushes them every second
+    and before a scrape: between flushes nothing shows, after one everything does, exactly;
+    the flusher flushes once more as it is stopped (shutdown)."""
+    import asyncio
+
+    from prometheus_client import REGISTRY
+
+    from cluster_dq import metrics
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    rec = metrics.Metrics(10, buffered=True)
+    lbl = {"namespace": "buffered", "queue": "q"}
+    http = {"port": "data", "route": "/buffered", "method": "PUT"}
+    rec.count(metrics.published, "buffered", "q", 3)
+    rec.count(metrics.published, "buffered", "q", 2)
+    for seconds in (0.0001, 0.002, 0.3):
+        rec.http("data", "/buffered", "PUT", 201, seconds)
+    assert sample("cluster_dq_jobs_published_total", **lbl) == 0
+    assert sample("cluster_dq_http_request_duration_seconds_count", **http) == 0
+    rec.flush()
+    assert sample("cluster_dq_jobs_published_total", **lbl) == 5
+    assert sample("cluster_dq_http_request_duration_seconds_count", **http) == 3
+    assert sample("cluster_dq_http_request_duration_seconds_sum", **http) == pytest.approx(0.3021)
+    assert sample("cluster_dq_http_request_duration_seconds_bucket", le="0.001", **http) == 1
+    rec.count(metrics.published, "buffered", "q", 1)
+    flusher = asyncio.create_task(rec.flush_every(3600))
+    await asyncio.sleep(0)
+    flusher.cancel()
+    await asyncio.gather(flusher, return_exceptions=True)
+    assert sample("cluster_dq_jobs_published_total", **lbl) == 6
+    for _ in range(metrics.FLUSH_AT + 1):  # the buffer is bounded whatever the period
+        rec.http("data", "/buffered", "PUT", 201, 0.01)
+    assert sample("cluster_dq_http_request_duration_seconds_count", **http) > 3

@@ -105,6 +105,7 @@ class AdminAPI:
         return json({"version": cluster_dq.__version__, "build_commit": "", "build_date": ""})
 
     async def metrics(self, request: Request) -> Response:
+        self.service.metrics.flush()  # this worker's buffer; the others flush every second
         body, content_type = metrics.render(self.board)
         return Response(body, media_type=content_type)
 
