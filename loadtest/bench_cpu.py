@@ -136,25 +136,46 @@ def py_spy(pid: int, out: Path | None) -> Iterator[None]:
         spy.wait(30)
 
 
-def summarize(path: Path, top: int = 30) -> None:
-    """The functions holding the most samples (inclusive: a function once per stack), and
-    the most self samples, from py-spy's collapsed stacks."""
-    inclusive: Counter[str] = Counter()
+LAYERS = (  # (name, what a sampled frame's file path contains), the first match wins
+    ("request middleware (ids, metrics, access log)", "cluster_dq/http/middleware.py"),
+    ("hot-path dispatch", "cluster_dq/http/hot.py"),
+    ("handlers, parameters, responses", "cluster_dq/http/"),
+    ("engine (operations, executor, replies)", "cluster_dq/engine/"),
+    ("metrics", "cluster_dq/metrics.py"),
+    ("service, group commit, tokens, waiters, models", "cluster_dq/"),
+    ("Starlette (middleware, router, requests)", "starlette/"),
+    ("uvicorn (HTTP parsing, writes)", "uvicorn/"),
+    ("redis-py (commands, connections, parsing)", "redis/"),
+    ("prometheus-client", "prometheus_client/"),
+    ("asyncio and the event loop", "asyncio/"),
+)
+
+
+def layer_of(frame: str) -> str:
+    path = frame[frame.find("(") + 1 :]
+    return next((name for name, part in LAYERS if part in path), "other (stdlib)")
+
+
+def summarize(path: Path, top: int = 12) -> None:
+    """Where the sampled time went, by layer (a sample counts for the layer of its innermost
+    frame: time spent in a layer's own code) and the functions with the most samples of their
+    own, from py-spy's collapsed stacks."""
+    layers: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0
     for line in path.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
-        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        innermost = re.sub(r":\d+\)$", ")", stack.split(";")[-1])
         count = int(n)
         total += count
-        own[frames[-1]] += count
-        for f in set(frames):
-            inclusive[f] += count
-    print(f"\n{path.name}: {total} samples")
-    for title, table in (("inclusive", inclusive), ("self", own)):
-        print(f"  top {title}:")
-        for f, c in table.most_common(top):
-            print(f"    {100 * c / total:5.1f} %  {f}")
+        own[innermost] += count
+        layers[layer_of(innermost)] += count
+    print(f"\n{path.stem}: {total} samples")
+    for name, c in layers.most_common():
+        print(f"    {100 * c / max(total, 1):5.1f} %  {name}")
+    print("  functions, own samples:")
+    for f, c in own.most_common(top):
+        print(f"    {100 * c / max(total, 1):5.1f} %  {f}")
 
 
 @contextmanager
@@ -279,12 +300,23 @@ def main() -> None:
     ap.add_argument("--metrics", choices=["on", "off"], default="on")
     ap.add_argument("--only", default="", help="the scenarios whose name contains this text")
     ap.add_argument(
+        "--summarize",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="only print the summary of py-spy files recorded before, and exit",
+    )
+    ap.add_argument(
         "--py-spy",
         type=Path,
         metavar="DIR",
         help="sample the service worker with py-spy in the last round; stacks and a summary",
     )
     a = ap.parse_args()
+    if a.summarize:
+        for path in a.summarize:
+            summarize(path)
+        return
     wrk_binary()
     if a.py_spy:
         a.py_spy.mkdir(parents=True, exist_ok=True)
@@ -332,7 +364,8 @@ def main() -> None:
         report(results)
         if a.py_spy:
             for name in names:
-                summarize(a.py_spy / f"{name}.txt")
+                if (a.py_spy / f"{name}.txt").exists():
+                    summarize(a.py_spy / f"{name}.txt")
     finally:
         svc.stop(timeout=30)
         redis.kill()
