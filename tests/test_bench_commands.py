@@ -33,6 +33,15 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # script: (arguments after it, a figure its report must print)
 COMMANDS: dict[str, tuple[list[str], str]] = {
+    "bench_cpu.py": (
+        ["--rounds", "1", "--seconds", "1", "--connections", "4"],
+        r"publish +[\d,]+ +\d+ +[\d.]+[\s\S]*ack +[\d,]+ +\d+",
+    ),
+    "bench_peers.py": (  # installs BullMQ with npm (the registry must be reachable)
+        ["--rounds", "1", "--seconds", "1", "--warmup", "0.2", "--jobs", "500"]
+        + ["--only", "memory"],
+        r"memory: .* cluster_dq +[\d.]+ B/job[\s\S]*BullMQ +[\d.]+ B/job",
+    ),
     "bench_engine.py": (
         ["--jobs", "2000", "--ops", "500", "--late", "200", "--late-seconds", "1"]
         + ["--expired", "500"],
