@@ -17,6 +17,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
 from cluster_dq.engine.commands import EngineConfig, MoveSink
+from cluster_dq.engine.wire import use_hiredis
 from cluster_dq.errors import ConfigError, RedisFailure
 from cluster_dq.metrics import Metrics, PoolMetrics, SizeBoard
 from cluster_dq.pump import Pump
@@ -29,6 +30,12 @@ SOCKET_TIMEOUT = 5.0
 
 
 def make_client(p: PoolSettings) -> AsyncClient:
+    client = _client(p)
+    use_hiredis(client)  # commands packed in C (engine/wire.py)
+    return client
+
+
+def _client(p: PoolSettings) -> AsyncClient:
     addrs = p.addresses()
     # redis-py's own retries (3, exponential backoff from 1 s) are off: engine/retry.py is the
     # one policy, applied only where repeating is safe, with one bounded budget.
