@@ -156,12 +156,12 @@ class DataAPI:
                 busy = error("too many consumers waiting; retry later", 429, key="msg")
                 busy.headers["Retry-After"] = "1"
                 return busy
-            consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
-            if timeout_ms <= 0:
-                jobs: list[Job] | None = await consume
-            else:
+            # A first look at once: a long-poll that finds jobs needs no watch for a hang-up.
+            jobs: list[Job] | None = await self.service.consume(route, ns, queues, ttr_ms, n, 0)
+            if not jobs and timeout_ms > 0:
                 self._long_polls += 1
                 try:
+                    consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
                     jobs = await _unless_hung_up(request, consume)
                 finally:
                     self._long_polls -= 1
