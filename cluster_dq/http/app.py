@@ -43,7 +43,7 @@ class DataAPI:
 
     async def _auth(self, request: Request, ns: str, q: str | None = None) -> PoolRoute[RedisPool]:
         params.check_names(ns, q)
-        token = request.headers.get("x-token") or request.query_params.get("token")
+        token = request.headers.get("x-token") or params.query(request).get("token")
         if token and not well_formed_raw(token):
             raise Unauthorized("invalid token")  # by its shape: no lookup, nothing cached
         return await self.service.authorize(token, ns)
@@ -57,7 +57,7 @@ class DataAPI:
         handler: Callable[[], Awaitable[Response]],
     ) -> Response:
         """lmstfy's throttle: count the request, refund it unless it succeeded."""
-        raw = request.headers.get("x-token") or request.query_params.get("token") or ""
+        raw = request.headers.get("x-token") or params.query(request).get("token") or ""
         pool_name, token = split_token(raw)
         taken = await self.service.tokens.take(pool_name, ns, token, write)
         response: Response | None = None
@@ -70,7 +70,7 @@ class DataAPI:
 
     def _specs(self, request: Request) -> functools.partial[JobSpec]:
         """The job the query asks for, given its body: parsed once, built per body (bulk)."""
-        qp = request.query_params
+        qp = params.query(request)
         s = self.s
         return functools.partial(
             JobSpec,
@@ -120,7 +120,7 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         old = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)  # before the body: see publish
-        lease = params.lease(request.query_params)
+        lease = params.lease(params.query(request))
         body = await params.body(request, self.s.MaxBodyBytes)
 
         async def run() -> Response:
@@ -142,7 +142,7 @@ class DataAPI:
         route = await self._auth(request, ns)
 
         async def run() -> Response:
-            qp = request.query_params
+            qp = params.query(request)
             s = self.s
             ttr_ms = params.millis(qp, "ttr", s.TTRSecond)
             if ttr_ms == 0:  # a reservation that ends as it starts: its lease would hold nothing
@@ -183,7 +183,7 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        lease = params.lease(request.query_params)
+        lease = params.lease(params.query(request))
         await self.service.ack(route, ns, q, [jid], [lease] if lease else None)
         return Response(status_code=204)
 
@@ -205,8 +205,8 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        delay_ms = params.millis(request.query_params, "delay", 0)
-        lease = params.lease(request.query_params)
+        delay_ms = params.millis(params.query(request), "delay", 0)
+        lease = params.lease(params.query(request))
         state = await self.service.release(route, ns, q, jid, delay_ms, lease)
         return json({"msg": "released", "job_id": jid, "state": str(state)})
 
@@ -215,10 +215,10 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        ttr_ms = params.millis(request.query_params, "ttr", self.s.TTRSecond)
+        ttr_ms = params.millis(params.query(request), "ttr", self.s.TTRSecond)
         if ttr_ms < 1:
             raise BadRequest("invalid ttr", "ttr")
-        lease = params.lease(request.query_params)
+        lease = params.lease(params.query(request))
         await self.service.touch(route, ns, q, jid, ttr_ms, lease)
         return json({"msg": "touched", "job_id": jid, "ttr_ms": ttr_ms})
 
@@ -259,7 +259,7 @@ class DataAPI:
     async def deadletter(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)
-        qp = request.query_params
+        qp = params.query(request)
         if request.method in ("GET", "HEAD"):  # HEAD (added by Starlette) only reads
             s = await self.service.sizes(route, ns, q)
             head = await self.service.dead_head(route, ns, q)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import parse_qsl
 from collections.abc import Mapping
 
 from starlette.requests import Request
@@ -35,6 +36,17 @@ def ascii_uint(raw: str) -> int | None:
 
 
 LEASE_RE = re.compile(r"[0-9a-fA-F]{16}")
+
+
+def query(request: Request) -> dict[str, str]:
+    """The query string's parameters, parsed once per request into a plain dict: a repeated
+    name keeps its last value, as Starlette's ``QueryParams`` (whose lookups go through
+    ``Mapping.get`` and cost more than the parse itself)."""
+    found: dict[str, str] | None = request.scope.get("dq.query")
+    if found is None:
+        raw = request.scope.get("query_string", b"").decode("latin-1")
+        found = request.scope["dq.query"] = dict(parse_qsl(raw, keep_blank_values=True))
+    return found
 
 
 def uint(query: Mapping[str, str], name: str, default: int, maximum: int = U32) -> int:
