@@ -31,7 +31,7 @@ from cluster_dq.models import Job, JobSpec, JobState, validate_spec
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute, build_routes
 from cluster_dq.settings import Settings
-from cluster_dq.tokens import TokenStore, split_token
+from cluster_dq.tokens import TokenStore, split_token, well_formed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,8 +80,10 @@ class Service:
             raise Unauthorized("token not found")
         name, token = split_token(raw_token)
         route = self.route(name)
-        with _unavailable("default", unknown=None, what="token store: "):
-            ok = await self.tokens.valid(name, ns, token)
+        ok = self.tokens.cached(name, ns, token) if well_formed(name, token) else False
+        if ok is None:
+            with _unavailable("default", unknown=None, what="token store: "):
+                ok = await self.tokens.valid(name, ns, token)
         if not ok:
             raise Unauthorized("invalid token")
         return route

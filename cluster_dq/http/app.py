@@ -43,7 +43,7 @@ class DataAPI:
 
     async def _auth(self, request: Request, ns: str, q: str | None = None) -> PoolRoute[RedisPool]:
         params.check_names(ns, q)
-        token = request.headers.get("x-token") or params.query(request).get("token")
+        token = params.header(request, "x-token") or params.query(request).get("token")
         if token and not well_formed_raw(token):
             raise Unauthorized("invalid token")  # by its shape: no lookup, nothing cached
         return await self.service.authorize(token, ns)
@@ -57,7 +57,7 @@ class DataAPI:
         handler: Callable[[], Awaitable[Response]],
     ) -> Response:
         """lmstfy's throttle: count the request, refund it unless it succeeded."""
-        raw = request.headers.get("x-token") or params.query(request).get("token") or ""
+        raw = params.header(request, "x-token") or params.query(request).get("token") or ""
         pool_name, token = split_token(raw)
         taken = await self.service.tokens.take(pool_name, ns, token, write)
         response: Response | None = None

@@ -49,6 +49,18 @@ def query(request: Request) -> dict[str, str]:
     return found
 
 
+def header(request: Request, name: str) -> str | None:
+    """A request header's value (``name`` lower-case; the first of a repeated one, as
+    Starlette's ``Headers``), from a dict made once per request."""
+    found: dict[str, str] | None = request.scope.get("dq.headers")
+    if found is None:
+        found = {}
+        for key, value in request.scope["headers"]:
+            found.setdefault(key.decode("latin-1"), value.decode("latin-1"))
+        request.scope["dq.headers"] = found
+    return found.get(name)
+
+
 def uint(query: Mapping[str, str], name: str, default: int, maximum: int = U32) -> int:
     """lmstfy's strconv.ParseUint: a present but empty or malformed value is an error."""
     raw = query.get(name)
@@ -103,7 +115,7 @@ def job_id(raw: str) -> str:
 def attributes(request: Request) -> dict[str, str] | None:
     """lmstfy: only with ``Enable-Job-Version: YES``; ``Job-Attr-<Key>`` headers, key
     lower-cased and cut to 32 chars, first value cut to 128 chars, at most 16."""
-    if request.headers.get("enable-job-version", "").upper() != "YES":
+    if (header(request, "enable-job-version") or "").upper() != "YES":
         return None
     attrs: dict[str, str] = {}
     for key, value in request.headers.items():
@@ -117,7 +129,7 @@ def attributes(request: Request) -> dict[str, str] | None:
 
 async def body(request: Request, limit: int, what: str = "body too large") -> bytes:
     """Reads the body, never buffering more than ``limit`` bytes."""
-    declared = ascii_uint(request.headers.get("content-length") or "")
+    declared = ascii_uint(header(request, "content-length") or "")
     if declared is not None and declared > limit:
         raise BodyTooLarge(what, "body")
     chunks, size = [], 0
