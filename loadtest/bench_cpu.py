@@ -7,6 +7,7 @@ route, read the body, answer JSON) served by uvicorn with the same options in th
     python loadtest/bench_cpu.py --rounds 5 --seconds 10 --connections 32
     python loadtest/bench_cpu.py --metrics off       # the same with EnableMetrics=0
     python loadtest/bench_cpu.py --py-spy /tmp/spy   # and where the time goes (py-spy)
+    python loadtest/bench_cpu.py --before ../old     # beside an older checkout, interleaved
 
 Scenarios (one worker process each side; wrk drives them from 2 threads):
 
@@ -23,6 +24,7 @@ with apt-get when missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -275,19 +277,19 @@ def report(results: dict[str, list[Sample]]) -> None:
     bare = median(results["bare"], lambda s: s.us_per_request)
     print()
     print(
-        f"{'scenario':<10} {'req/s':>9} {'µs CPU/req':>11} {'× bare':>7} {'Redis µs/req':>13}"
+        f"{'scenario':<18} {'req/s':>9} {'µs CPU/req':>11} {'× bare':>7} {'Redis µs/req':>13}"
         f" {'non-2xx':>8}  (medians of {len(results['bare'])} rounds)"
     )
     for name, samples in results.items():
         us = median(samples, lambda s: s.us_per_request)
         print(
-            f"{name:<10} {median(samples, lambda s: s.rate):>9,.0f} {us:>11.0f} "
+            f"{name:<18} {median(samples, lambda s: s.rate):>9,.0f} {us:>11.0f} "
             f"{us / bare:>7.2f} {median(samples, lambda s: s.redis_us_per_request):>13.0f} "
             f"{sum(s.non2xx for s in samples):>8}"
         )
     print("  per round (µs CPU/req):")
     for name, samples in results.items():
-        print(f"    {name:<10} " + "  ".join(f"{s.us_per_request:.0f}" for s in samples))
+        print(f"    {name:<18} " + "  ".join(f"{s.us_per_request:.0f}" for s in samples))
 
 
 def main() -> None:
@@ -312,6 +314,12 @@ def main() -> None:
         metavar="DIR",
         help="sample the service worker with py-spy in the last round; stacks and a summary",
     )
+    ap.add_argument(
+        "--before",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also run the service of another checkout (an older commit), interleaved",
+    )
     a = ap.parse_args()
     if a.summarize:
         for path in a.summarize:
@@ -320,55 +328,62 @@ def main() -> None:
     wrk_binary()
     if a.py_spy:
         a.py_spy.mkdir(parents=True, exist_ok=True)
-    redis = start_server()
+    names = [n for n in ("publish", "consume", "ack") if a.only in n]
+    results: dict[str, list[Sample]] = {"bare": []}
     env = {
         "CLUSTER_DQ_LOGLEVEL": "warning",
         "CLUSTER_DQ_ENABLEMETRICS": "1" if a.metrics == "on" else "0",
     }
-    svc = ServiceProcess.start(f"127.0.0.1:{redis.port}", env=env, args=["--workers", "1"])
-    names = [n for n in ("publish", "consume", "ack") if a.only in n]
-    results: dict[str, list[Sample]] = {"bare": [], **{n: [] for n in names}}
-    try:
-        workers = [  # not multiprocessing's resource tracker
-            p
-            for p in psutil.Process(svc.pid).children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())
-        ]
-        bench = Bench(svc.base, svc.admin, workers, redis.process.pid)
+    with contextlib.ExitStack() as stack:
+        benches: list[tuple[str, Bench]] = []
+        for suffix, root in [("", ROOT)] + ([(" (before)", a.before)] if a.before else []):
+            redis = start_server()
+            stack.callback(redis.kill)
+            svc = ServiceProcess.start(
+                f"127.0.0.1:{redis.port}", env=env, args=["--workers", "1"], root=root
+            )
+            stack.callback(svc.stop, 30)
+            workers = [  # not multiprocessing's resource tracker
+                p
+                for p in psutil.Process(svc.pid).children(recursive=True)
+                if "resource_tracker" not in " ".join(p.cmdline())
+            ]
+            benches.append((suffix, Bench(svc.base, svc.admin, workers, redis.process.pid)))
+            results.update({n + suffix: [] for n in names})
         print(
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
             f"{a.rounds} rounds of {a.seconds:.0f} s, {a.connections} connections, "
-            f"metrics {a.metrics}",
+            f"metrics {a.metrics}" + (f", before: {a.before}" if a.before else ""),
             flush=True,
         )
-        with bare_server() as (bare_base, bare_procs):
-            for r in range(a.rounds):
-                url = f"{bare_base}/api/bench/bare"
-                results["bare"].append(
-                    bench.measure(
-                        bare_procs,
-                        lambda: run_wrk(url, "PUT", "", a.seconds, a.connections, body=BODY),
-                    )
+        bare_base, bare_procs = stack.enter_context(bare_server())
+        url = f"{bare_base}/api/bench/bare"
+        for r in range(a.rounds):
+            results["bare"].append(
+                benches[0][1].measure(
+                    bare_procs,
+                    lambda: run_wrk(url, "PUT", "", a.seconds, a.connections, body=BODY),
                 )
-                for name in names:
-                    expect = results[name][-1].rate if results[name] else 10_000
-                    spy = a.py_spy / f"{name}.txt" if a.py_spy and r == a.rounds - 1 else None
-                    results[name].append(
+            )
+            for name in names:
+                for suffix, bench in benches:
+                    key = name + suffix
+                    expect = results[key][-1].rate if results[key] else 10_000
+                    last = a.py_spy and r == a.rounds - 1 and not suffix
+                    spy = a.py_spy / f"{name}.txt" if last else None
+                    results[key].append(
                         bench.scenario(name, a.seconds, a.connections, int(expect), spy)
                     )
-                print(
-                    f"round {r + 1}: "
-                    + ", ".join(f"{n} {s[-1].us_per_request:.0f} µs" for n, s in results.items()),
-                    flush=True,
-                )
-        report(results)
-        if a.py_spy:
-            for name in names:
-                if (a.py_spy / f"{name}.txt").exists():
-                    summarize(a.py_spy / f"{name}.txt")
-    finally:
-        svc.stop(timeout=30)
-        redis.kill()
+            print(
+                f"round {r + 1}: "
+                + ", ".join(f"{n} {s[-1].us_per_request:.0f} µs" for n, s in results.items()),
+                flush=True,
+            )
+    report(results)
+    if a.py_spy:
+        for name in names:
+            if (a.py_spy / f"{name}.txt").exists():
+                summarize(a.py_spy / f"{name}.txt")
 
 
 if __name__ == "__main__":
