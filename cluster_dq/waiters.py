@@ -53,6 +53,23 @@ class _Watcher:
         self.waiters: list[Waiter] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.due_ms: int | None = None  # the earliest due time noticed since the last look
+        self._timer: asyncio.Timeout | None = None  # the sleep in progress
+
+    def noticed_due(self, due_ms: int) -> None:
+        """A job was put into DELAYED, due at ``due_ms``: the watcher's timer was set before
+        it existed, and is brought forward (no Redis round trip) when it is later."""
+        if self.due_ms is None or due_ms < self.due_ms:
+            self.due_ms = due_ms
+        timer = self._timer
+        if timer is not None:
+            when = asyncio.get_running_loop().time() + self._until(due_ms)
+            current = timer.when()
+            if current is None or when < current:
+                timer.reschedule(when)
+
+    def _until(self, t_ms: int) -> float:
+        return max((t_ms - self.hub.engine.clock()) / 1000, 0.0)
 
     async def run(self) -> None:
         try:
@@ -91,17 +108,20 @@ class _Watcher:
             self.hub._finish(w, [])
         waiter = next((w for w in self.waiters if not w.busy), None)
         if waiter is None:
-            if self.waiters:  # all busy with another queue's watcher: look again shortly
-                await asyncio.sleep(0.005)
+            if self.waiters:  # all busy with another queue's watcher: look when one is free
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SAFETY_POLL_S):
+                        await self.hub.freed.wait()
             return
         self.wake.clear()
+        self.due_ms = None
         waiter.busy = True
         try:
             jobs = await self.hub.reserve(
                 waiter.namespace, waiter.queues, waiter.ttr_ms, waiter.count
             )
         finally:
-            waiter.busy = False
+            self.hub.free(waiter)
         if jobs:
             await self.hub._deliver(waiter, jobs)
             return
@@ -116,14 +136,18 @@ class _Watcher:
             if sizes.ready:
                 return
         sleep = SAFETY_POLL_S
-        if nxt is not None:
-            sleep = min(sleep, max((nxt - engine.clock()) / 1000, 0.0))
+        for t in (nxt, self.due_ms):  # due_ms: noticed while this look was under way
+            if t is not None:
+                sleep = min(sleep, self._until(t))
         if self.waiters:
             sleep = min(sleep, max(min(w.deadline for w in self.waiters) - time.monotonic(), 0))
         if sleep > 0:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(sleep):  # not wait_for: see WaiterHub.consume
-                    await self.wake.wait()
+                async with asyncio.timeout(sleep) as self._timer:  # not wait_for: see consume
+                    try:
+                        await self.wake.wait()
+                    finally:
+                        self._timer = None
 
 
 class WaiterHub:
@@ -139,6 +163,14 @@ class WaiterHub:
         self._subscribing = asyncio.Lock()
         self._closed = False
         self._stopping = False  # shutting down: nothing is reserved any more
+        self.freed = asyncio.Event()  # set (and replaced) each time a busy waiter is free again
+
+    def free(self, waiter: Waiter) -> None:
+        """A watcher is done consuming for ``waiter``: the watchers that found every waiter
+        busy look again now."""
+        waiter.busy = False
+        freed, self.freed = self.freed, asyncio.Event()
+        freed.set()
 
     def stop(self) -> None:
         """Shutdown: every waiting long-poll is answered now with nothing, and no consume
@@ -215,8 +247,6 @@ class WaiterHub:
         if w is None:
             w = self.watchers[key] = _Watcher(self, namespace, queue)
             w.task = asyncio.create_task(w.run())
-        else:
-            w.wake.set()
         return w
 
     def _finish(self, waiter: Waiter, result: list[Job] | None) -> None:
@@ -300,7 +330,11 @@ class WaiterHub:
             if msg and msg.get("type") == "message":
                 w = self._by_channel.get(msg["channel"])
                 if w is not None:
-                    w.wake.set()
+                    data = msg["data"]
+                    if data.startswith(b"due:"):  # a delayed job: maybe an earlier timer
+                        w.noticed_due(int(data[4:]))
+                    else:  # the ready set became non-empty: look now
+                        w.wake.set()
 
     async def close(self, grace_s: float = 5.0) -> bool:
         """Answers every waiter, lets the watchers finish what is in flight (within
