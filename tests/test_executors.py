@@ -15,7 +15,7 @@ import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from cluster_dq.clock import now_ms
-from cluster_dq.engine import admin
+from cluster_dq.engine import admin, core
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Cmd, EngineConfig, Op
@@ -389,3 +389,15 @@ async def test_unreachable_and_error_replies_are_classified_alike(
         assert type(a.__cause__).__name__ == type(s.__cause__).__name__ == "ConnectionError"
     finally:
         await both.close()
+
+
+def test_a_step_that_only_reads_is_repeated_on_any_transient_error() -> None:
+    """Whatever its operation: a multi-queue consume's first look (EXISTS + HGET per queue)
+    may have run or not, it wrote nothing, so a lost reply repeats it rather than failing the
+    consume. A step that writes keeps its operation's rule."""
+    look = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("HGET", "dq:{n/a}:meta", "next")))
+    assert core.plan(look, idempotent=False, durable=False).retry_on == (Transient,)
+    sizes = ops._eval("sizes", {"queue": QueueKeys("n", "a").all_fixed()}, open_lead=5_000)
+    assert core.plan(sizes, idempotent=False, durable=False).retry_on == (Transient,)
+    write = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("DEL", "dq:{n/a}:ready")))
+    assert core.plan(write, idempotent=False, durable=False).retry_on == ()
