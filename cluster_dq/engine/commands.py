@@ -357,8 +357,9 @@ def consume(
             if not reply.stale or opened:
                 break
             # The pump is behind on this queue (failover, takeover, a lost signal): do its
-            # step here, tell the shard what comes next, and look again.
-            step = yield from tick(cfg, ns, q, now)
+            # step here, as of when the script saw it (later than ``now`` if the step was
+            # repeated), tell the shard what comes next, and look again.
+            step = yield from tick(cfg, ns, q, max(now, reply.stale))
             yield _signal(qk, cfg, step.next_event_ms)
             opened = True
         if len(out) >= count:

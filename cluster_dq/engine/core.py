@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -285,7 +285,16 @@ class Run(Generic[T]):
         self.durable = durable and wait_replicas > 0
         self.wanted, self.timeout_ms = wait_replicas, wait_timeout_ms
         self.acked = wait_replicas
+        self.repeated = False  # a step was repeated: the operation's time is the send time
         self.result: T
+
+    def stamped(self, step: Step, clock: Callable[[], int], *, repeat: bool = False) -> Step:
+        """``step`` as it is sent now. A repeat (``repeat``) is stamped at send time, and so is
+        every stamped step of the operation after it: the operation's later steps must not run
+        at a time before the repeat's (a consume repeated after a refusal found a wheel bucket
+        due to open; opening it at the first attempt's time would leave it shut)."""
+        self.repeated = self.repeated or repeat
+        return restamp(step, clock()) if self.repeated else step
 
     def next(self, reply: Any) -> tuple[Step, Plan] | None:
         """The next step and its plan, or None when the operation is done (``result``).
