@@ -54,6 +54,7 @@ class _Watcher:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.due_ms: int | None = None  # the earliest due time noticed since the last look
+        self.looked_again = False  # the last look found an event due and nothing ready
         self._timer: asyncio.Timeout | None = None  # the sleep in progress
 
     def noticed_due(self, due_ms: int) -> None:
@@ -123,18 +124,25 @@ class _Watcher:
         finally:
             self.hub.free(waiter)
         if jobs:
+            self.looked_again = False
             await self.hub._deliver(waiter, jobs)
             return
         sizes = await engine.run(ops.sizes(engine.config, self.namespace, self.queue))
         nxt = sizes.next_event_ms
         if nxt is not None and nxt <= engine.clock() and sizes.ready == 0:
-            # A wheel bucket to open, or expiries: do the pump step here, then look again.
+            if not self.looked_again:
+                # Most often a job that became due while the look was under way: look again
+                # at once (a consume promotes due jobs itself), no pump step in between.
+                self.looked_again = True
+                return
+            # Still nothing: a wheel bucket to open, or expiries: the pump step here.
             sizes = await engine.run(
                 ops.tick(engine.config, self.namespace, self.queue, engine.clock()), idempotent=True
             )
             nxt = sizes.next_event_ms
             if sizes.ready:
                 return
+        self.looked_again = False
         sleep = SAFETY_POLL_S
         for t in (nxt, self.due_ms):  # due_ms: noticed while this look was under way
             if t is not None:
