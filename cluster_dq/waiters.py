@@ -54,6 +54,24 @@ class _Watcher:
         self.waiters: list[Waiter] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.due_ms: int | None = None  # the earliest due time noticed since the last look
+        self.looked_again = False  # the last look found an event due and nothing ready
+        self._timer: asyncio.Timeout | None = None  # the sleep in progress
+
+    def noticed_due(self, due_ms: int) -> None:
+        """A job was put into DELAYED, due at ``due_ms``: the watcher's timer was set before
+        it existed, and is brought forward (no Redis round trip) when it is later."""
+        if self.due_ms is None or due_ms < self.due_ms:
+            self.due_ms = due_ms
+        timer = self._timer
+        if timer is not None:
+            when = asyncio.get_running_loop().time() + self._until(due_ms)
+            current = timer.when()
+            if current is None or when < current:
+                timer.reschedule(when)
+
+    def _until(self, t_ms: int) -> float:
+        return max((t_ms - self.hub.engine.clock()) / 1000, 0.0)
 
     async def run(self) -> None:
         try:
@@ -92,39 +110,53 @@ class _Watcher:
             self.hub._finish(w, [])
         waiter = next((w for w in self.waiters if not w.busy), None)
         if waiter is None:
-            if self.waiters:  # all busy with another queue's watcher: look again shortly
-                await asyncio.sleep(0.005)
+            if self.waiters:  # all busy with another queue's watcher: look when one is free
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SAFETY_POLL_S):
+                        await self.hub.freed.wait()
             return
         self.wake.clear()
+        self.due_ms = None
         waiter.busy = True
         try:
             jobs = await self.hub.reserve(
                 waiter.namespace, waiter.queues, waiter.ttr_ms, waiter.count
             )
         finally:
-            waiter.busy = False
+            self.hub.free(waiter)
         if jobs:
+            self.looked_again = False
             await self.hub._deliver(waiter, jobs)
             return
         sizes = await engine.run(ops.sizes(engine.config, self.namespace, self.queue))
         nxt = sizes.next_event_ms
         if nxt is not None and nxt <= engine.clock() and sizes.ready == 0:
-            # A wheel bucket to open, or expiries: do the pump step here, then look again.
+            if not self.looked_again:
+                # Most often a job that became due while the look was under way: look again
+                # at once (a consume promotes due jobs itself), no pump step in between.
+                self.looked_again = True
+                return
+            # Still nothing: a wheel bucket to open, or expiries: the pump step here.
             sizes = await engine.run(
                 ops.tick(engine.config, self.namespace, self.queue, engine.clock()), idempotent=True
             )
             nxt = sizes.next_event_ms
             if sizes.ready:
                 return
+        self.looked_again = False
         sleep = SAFETY_POLL_S
-        if nxt is not None:
-            sleep = min(sleep, max((nxt - engine.clock()) / 1000, 0.0))
+        for t in (nxt, self.due_ms):  # due_ms: noticed while this look was under way
+            if t is not None:
+                sleep = min(sleep, self._until(t))
         if self.waiters:
             sleep = min(sleep, max(min(w.deadline for w in self.waiters) - time.monotonic(), 0))
         if sleep > 0:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(sleep):  # not wait_for: see WaiterHub.consume
-                    await self.wake.wait()
+                async with asyncio.timeout(sleep) as self._timer:  # not wait_for: see consume
+                    try:
+                        await self.wake.wait()
+                    finally:
+                        self._timer = None
 
 
 class WaiterHub:
@@ -144,6 +176,14 @@ class WaiterHub:
         self._reserves: GroupCommit[tuple[str, tuple[str, ...], int], None, list[Job]] = (
             GroupCommit(self._reserve_group, GROUP_MAX, orphan=self._give_back_orphan)
         )
+        self.freed = asyncio.Event()  # set (and replaced) each time a busy waiter is free again
+
+    def free(self, waiter: Waiter) -> None:
+        """A watcher is done consuming for ``waiter``: the watchers that found every waiter
+        busy look again now."""
+        waiter.busy = False
+        freed, self.freed = self.freed, asyncio.Event()
+        freed.set()
 
     def stop(self) -> None:
         """Shutdown: every waiting long-poll is answered now with nothing, and no consume
@@ -236,8 +276,6 @@ class WaiterHub:
         if w is None:
             w = self.watchers[key] = _Watcher(self, namespace, queue)
             w.task = asyncio.create_task(w.run())
-        else:
-            w.wake.set()
         return w
 
     def _finish(self, waiter: Waiter, result: list[Job] | None) -> None:
@@ -321,7 +359,11 @@ class WaiterHub:
             if msg and msg.get("type") == "message":
                 w = self._by_channel.get(msg["channel"])
                 if w is not None:
-                    w.wake.set()
+                    data = msg["data"]
+                    if data.startswith(b"due:"):  # a delayed job: maybe an earlier timer
+                        w.noticed_due(int(data[4:]))
+                    else:  # the ready set became non-empty: look now
+                        w.wake.set()
 
     async def close(self, grace_s: float = 5.0) -> bool:
         """Answers every waiter, lets the watchers finish what is in flight (within

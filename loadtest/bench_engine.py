@@ -5,6 +5,8 @@ lateness percentiles with consumers waiting, and the burst case (N jobs due in o
     python loadtest/bench_engine.py --jobs 100000   # quicker
     python loadtest/bench_engine.py --jobs 2000 --ops 500 --late 200 --late-seconds 1 --expired 500
                                                     # a smoke run of every section, ~15 s
+    python loadtest/bench_engine.py --only lateness --queues 8 --late 5000
+                                                    # multi-queue long-polls, lateness by queue
 
 Each section runs on a fresh redis-server started on a loopback port and stopped after.
 Figures only; nothing is asserted.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import time
 from collections.abc import Awaitable, Callable
 
@@ -171,6 +174,66 @@ async def lateness(n: int, spread_s: int = 20, consumers: int = 20) -> None:
         server.kill()
 
 
+async def lateness_multi(n: int, queues: int, consumers: int = 20, rate: int = 500) -> None:
+    """The load profile's shape at engine level: ``consumers`` long-poll (timeout 1 s) all of
+    ``q0..q{queues-1}`` in that (priority) order, one job each, and ack it; a producer
+    publishes one job per call at ``rate`` jobs/s into a random queue, due 0-2 s later. There
+    is spare consumer capacity, so any lateness is the mechanism's. Per-queue percentiles."""
+    server, engine = fresh()
+    hub = WaiterHub(engine)
+    pump = Pump(engine)
+    pump.start()
+    names = [f"q{i}" for i in range(queues)]
+    late: dict[str, list[int]] = {q: [] for q in names}
+    done = 0
+    try:
+
+        async def consumer() -> None:
+            nonlocal done
+            while True:
+                for job in await hub.consume(NS, names, 60_000, 1, 1_000):
+                    late[job.queue].append(now_ms() - id_due_ms(id_to_member(job.job_id)))
+                    done += 1
+                    await engine.run(ops.ack(NS, job.queue, [job.job_id]))
+
+        tasks = [asyncio.create_task(consumer()) for _ in range(consumers)]
+        await asyncio.sleep(0.5)
+        rng = random.Random(7)
+        started, cpu = time.perf_counter(), time.process_time()
+        for i in range(n):
+            pause = started + i / rate - time.perf_counter()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            spec = JobSpec(os.urandom(BODY), delay_ms=rng.randint(0, 2_000), ttl_ms=3_600_000)
+            await engine.run(ops.publish(engine.config, NS, rng.choice(names), [spec], now_ms()))
+        deadline = time.monotonic() + 10
+        while done < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        busy = (time.process_time() - cpu) / (time.perf_counter() - started)
+        calls = (await engine.client.info("commandstats"))["cmdstat_evalsha"]["calls"]
+        every = [x for q in names for x in late[q]]
+        print(
+            f"lateness {done:,}/{n:,} jobs at {rate}/s due 0-2 s ahead over {queues} queues, "
+            f"{consumers} consumers long-polling {','.join(names)}: p50 {pct(every, 50)} ms  "
+            f"p99 {pct(every, 99)} ms  max {max(every)} ms  early {sum(x < 0 for x in every)}; "
+            f"{calls / max(done, 1):.1f} scripts per job; this process busy {busy:.0%} "
+            "(near 100 %: it is the bottleneck, and the consumers have no spare capacity)"
+        )
+        for q in names:
+            xs = late[q] or [0]
+            print(
+                f"lateness   {q}: {len(late[q]):6,} jobs  p50 {pct(xs, 50):4} ms  "
+                f"p99 {pct(xs, 99):4} ms  max {max(xs):5} ms"
+            )
+    finally:
+        await hub.close()
+        await pump.stop()
+        server.kill()
+
+
 async def burst(n: int, consumers: int = 8) -> None:
     server, engine = fresh(["--slowlog-log-slower-than", "1000", "--slowlog-max-len", "10000"])
     pump = Pump(engine)
@@ -261,6 +324,12 @@ async def main() -> None:
     ap.add_argument(
         "--late-seconds", type=int, default=20, help="the lateness run's jobs fall due over this"
     )
+    ap.add_argument(
+        "--queues",
+        type=int,
+        help="lateness: the profile's shape instead, consumers long-polling q0..qN-1",
+    )
+    ap.add_argument("--rate", type=int, default=500, help="multi-queue lateness: jobs/s")
     ap.add_argument("--expired", type=int, default=50_000, help="expired jobs ahead of a consume")
     ap.add_argument(
         "--only", choices=["memory", "throughput", "lateness", "burst", "expired"], action="append"
@@ -273,7 +342,10 @@ async def main() -> None:
     if "throughput" in only:
         await throughput(a.ops)
     if "lateness" in only:
-        await lateness(a.late, a.late_seconds)
+        if a.queues:
+            await lateness_multi(a.late, a.queues, rate=a.rate)
+        else:
+            await lateness(a.late, a.late_seconds)
     if "burst" in only:
         await burst(a.jobs)
     if "expired" in only:

@@ -17,8 +17,8 @@
   Returns: {lowered, stale, retried, dead, expired, more, member_1, record_1, lease_1, ...}
     (records as delivered;
     lowered: 1 when the queue's next pump event moved earlier, see publish.lua;
-    stale: 1 when a wheel bucket should already be open, i.e. the pump is behind: the caller
-    then opens it itself and consumes again;
+    stale: when a wheel bucket should already be open, i.e. the pump is behind, this call's
+    `now` (else 0): the caller then opens it itself, as of that time, and consumes again;
     retried, dead, expired: jobs this call moved on the way: ttr passed -> READY again, ttr
     passed with no tries left -> DEAD, ttl ended -> gone; for the metrics;
     more: 1 when the call stopped at its bound of expired jobs before `count` were reserved)
@@ -62,7 +62,7 @@ if got > 0 then lowered = lower_next(now + ttr) end
 out[1], out[3], out[4], out[5] = lowered, retried, dead, gone + gone2 + skipped
 if got < count and skipped >= limit then out[6] = 1 end
 local w = first_score(WHEEL)
-if w and w - tonumber(ARGV[6]) <= now then out[2] = 1 end
+if w and w - tonumber(ARGV[6]) <= now then out[2] = now end
 tidy()
 notify(ARGV[5], was_empty)
 return out

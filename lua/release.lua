@@ -46,7 +46,7 @@ for i = 5, #ARGV, 2 do
       redis.call('ZREM', EXPIRE, id) -- DEAD never expires (as in lmstfy)
       st = CODE.DEAD
     elseif delay > 0 then
-      redis.call('ZADD', DELAYED, now + delay, id)
+      delay_until(id, now + delay)
       lowered = math.max(lowered, lower_next(now + delay))
       st = CODE.DELAYED
     else

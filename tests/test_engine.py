@@ -265,6 +265,48 @@ async def test_multi_queue_consume_follows_listed_priority(engine: AsyncEngine) 
     assert [j.job_id for j in got] == [a]
 
 
+async def test_multi_queue_consume_goes_straight_to_the_queues_with_work(
+    engine: AsyncEngine,
+) -> None:
+    """A consume of q0..q7 looks at every queue in one round trip, then visits only those with
+    something due, in the listed order: the last queue's job does not wait for a round trip
+    per queue before it (the walk that made q7 of the load profile the latest)."""
+    t = now_ms()
+    names = [f"q{i}" for i in range(8)]
+    (late,) = await publish(engine, t - 100, JobSpec(b"7", delay_ms=50), q="q7")  # due t - 50
+    (mid,) = await publish(engine, t - 10, JobSpec(b"3"), q="q3")
+    await publish(engine, t, JobSpec(b"later", delay_ms=60_000), q="q1")  # not due: not visited
+    visited: list[str] = []  # the queues a consume script ran on
+    firsts: list[ops.Step] = []  # each consume's first step
+
+    async def drive(count: int) -> list[str]:
+        op = ops.consume(engine.config, NS, names, 30_000, count, t)
+        reply: object = None
+        while True:
+            try:
+                step = op.send(reply)
+            except StopIteration as done:
+                return [j.job_id for j in done.value]
+            if reply is None:
+                firsts.append(step)
+            calls = step if isinstance(step, tuple) else (step,)
+            visited.extend(
+                c.keys[0] for c in calls if isinstance(c, ops.Eval) and c.script == "consume"
+            )
+            reply = await engine.run(_replay(step))
+
+    assert await drive(1) == [mid]  # q3 comes before q7 (priority)
+    assert await drive(5) == [late]
+    assert visited == [QueueKeys(NS, "q3").meta, QueueKeys(NS, "q7").meta]
+    for first in firsts:  # one look at all eight queues, writing nothing
+        assert isinstance(first, tuple) and len(first) == 16
+        assert all(isinstance(c, ops.Cmd) and c.args[0] in ("EXISTS", "HGET") for c in first)
+
+
+def _replay(step: ops.Step) -> ops.Op[object]:
+    return (yield step)
+
+
 async def test_batch_consume_and_batch_ack(engine: AsyncEngine, sync_redis: redis.Redis) -> None:
     t = now_ms()
     ids = await publish(engine, t, *[JobSpec(str(i).encode()) for i in range(64)])

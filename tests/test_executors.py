@@ -15,7 +15,7 @@ import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from cluster_dq.clock import now_ms
-from cluster_dq.engine import admin
+from cluster_dq.engine import admin, core
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Cmd, EngineConfig, Op
@@ -28,9 +28,9 @@ from cluster_dq.errors import (
     StaleMaster,
     Transient,
 )
-from cluster_dq.keys import QueueKeys, shard_of
+from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys, shard_of
 from cluster_dq.localredis import Server
-from cluster_dq.models import JobSpec, JobState
+from cluster_dq.models import JobSpec, JobState, id_to_member
 from cluster_dq.pools import close_client, make_client, make_sync_client
 from cluster_dq.settings import PoolSettings
 from tests.conftest import Deployment, flush
@@ -389,3 +389,53 @@ async def test_unreachable_and_error_replies_are_classified_alike(
         assert type(a.__cause__).__name__ == type(s.__cause__).__name__ == "ConnectionError"
     finally:
         await both.close()
+
+
+def test_a_step_that_only_reads_is_repeated_on_any_transient_error() -> None:
+    """Whatever its operation: a multi-queue consume's first look (EXISTS + HGET per queue)
+    may have run or not, it wrote nothing, so a lost reply repeats it rather than failing the
+    consume. A step that writes keeps its operation's rule."""
+    look = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("HGET", "dq:{n/a}:meta", "next")))
+    assert core.plan(look, idempotent=False, durable=False).retry_on == (Transient,)
+    sizes = ops._eval("sizes", {"queue": QueueKeys("n", "a").all_fixed()}, open_lead=5_000)
+    assert core.plan(sizes, idempotent=False, durable=False).retry_on == (Transient,)
+    write = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("DEL", "dq:{n/a}:ready")))
+    assert core.plan(write, idempotent=False, durable=False).retry_on == ()
+
+
+class _RefuseFirstConsume(AsyncEngine):
+    """Refuses the first attempt of the first consume script (NOREPLICAS: nothing ran) and
+    moves its clock on meanwhile, as a refusal and its backoff take time."""
+
+    def __init__(self, client: Any, clock: list[int], stall_ms: int) -> None:
+        super().__init__(client, EngineConfig(), clock=lambda: clock[0])
+        self.now, self.stall_ms, self.refused = clock, stall_ms, False
+
+    async def _step(self, step: ops.Step) -> Any:
+        if isinstance(step, ops.Eval) and step.script == "consume" and not self.refused:
+            self.refused = True
+            self.now[0] += self.stall_ms
+            raise redis.ResponseError("NOREPLICAS Not enough good replicas to write.")
+        return await super()._step(step)
+
+
+async def test_the_steps_after_a_repeated_one_run_at_the_repeats_time(
+    engine: AsyncEngine,
+) -> None:
+    """A consume refused, then repeated 100 ms later, finds a wheel bucket that is due to open
+    by then (not yet at the consume's first time): the consume opens it itself, at the
+    repeat's time, like every step of the operation after the repeat. (It used to pick the
+    buckets to open by its first time: none, and the bucket waited for the pump.)"""
+    start = (now_ms() // BUCKET_WIDTH_MS + 2) * BUCKET_WIDTH_MS
+    first = start - engine.config.open_lead_ms - 50  # the bucket opens 50 ms after this
+    published = first - 10_000
+    spec = JobSpec(b"w", delay_ms=start + 1_000 - published, ttl_ms=0)
+    (p,) = await engine.run(ops.publish(engine.config, "st", "a", [spec], published))
+    qk = QueueKeys("st", "a")
+    assert await engine.client.zcard(qk.wheel) == 1
+    clock = [first]
+    refusing = _RefuseFirstConsume(engine.client, clock, stall_ms=100)
+    assert await refusing.run(ops.consume(refusing.config, "st", ["a"], 30_000, 1, first)) == []
+    assert refusing.refused
+    assert await engine.client.zcard(qk.wheel) == 0  # opened by the consume itself
+    assert await engine.client.zscore(qk.delayed, id_to_member(p.job_id)) == start + 1_000

@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -24,6 +25,7 @@ from cluster_dq.models import Job, JobSpec
 from cluster_dq.pools import close_client, make_client
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.pump import Pump
+from cluster_dq import waiters
 from cluster_dq.waiters import WaiterHub
 from tests.conftest import Deployment
 from tests.invariants import check_queue, queue_keys
@@ -217,6 +219,72 @@ async def test_long_poll_is_woken_by_another_instance_publishing(
     finally:
         await hub.close()
         await close_client(producer.client)
+
+
+async def test_a_long_poll_on_many_queues_wakes_for_a_later_queues_new_delayed_job(
+    engine: AsyncEngine, deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Consumers wait on q0..q7 with nothing anywhere (their watchers asleep on the safety
+    poll, made longer than the wait here), no pump runs; then another instance publishes a
+    job into q7, due shortly. The publish tells q7's watchers of the due time, which bring
+    their timers forward: the job is delivered at its due time, not at the next safety poll
+    or never (the watchers' timers were set before it existed)."""
+    monkeypatch.setattr(waiters, "SAFETY_POLL_S", 60.0)
+    hub = WaiterHub(engine)
+    producer = AsyncEngine(make_client(deployment.pool_settings()))
+    names = [f"q{i}" for i in range(8)]
+    try:
+        waiting = [
+            asyncio.create_task(hub.consume("lp", names, 30_000, 1, 20_000)) for _ in range(3)
+        ]
+        await asyncio.sleep(0.3)  # every watcher has looked and sleeps
+        t = now_ms()
+        (p,) = await producer.run(
+            ops.publish(producer.config, "lp", "q7", [JobSpec(b"7", delay_ms=300)], t)
+        )
+        done, pending = await asyncio.wait(waiting, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1, "not woken by the job's due time"
+        (got,) = done
+        assert [(j.queue, j.job_id) for j in got.result()] == [("q7", p.job_id)]
+        assert got.result()[0].extra["reserved_ms"] >= t + 300  # not early
+        for w in pending:
+            w.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        await hub.close()
+        await close_client(producer.client)
+
+
+async def test_a_new_waiter_does_not_set_every_watcher_of_its_queues_looking(
+    engine: AsyncEngine,
+) -> None:
+    """A consumer's own first look (before it waits) covered its queues: joining watchers that
+    already exist does not make each of them look again (with 20 consumers on 8 queues, each
+    consume + ack cycle cost 8 more multi-queue consumes)."""
+    hub = WaiterHub(engine)
+    names = [f"q{i}" for i in range(8)]
+    looks = 0
+    reserve = hub.reserve
+
+    async def counted(*args: Any) -> list[Job]:
+        nonlocal looks
+        looks += 1
+        return await reserve(*args)
+
+    hub.reserve = counted  # type: ignore[method-assign]
+    try:
+        first = asyncio.create_task(hub.consume("lp", names, 30_000, 1, 20_000))
+        await asyncio.sleep(0.3)  # the watchers have looked once and sleep
+        before = looks
+        second = asyncio.create_task(hub.consume("lp", names, 30_000, 1, 20_000))
+        await asyncio.sleep(0.3)
+        assert looks - before == 1  # the newcomer's own look, no watcher's
+        assert not first.done() and not second.done()
+        first.cancel()
+        second.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)
+    finally:
+        await hub.close()
 
 
 async def test_abandoned_wait_gives_the_job_back(engine: AsyncEngine) -> None:

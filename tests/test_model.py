@@ -26,6 +26,7 @@ their fix lands (see TOLERATE below); by default none (all fixed on main).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -116,6 +117,17 @@ def describe(step: Any) -> str:
     if isinstance(step, tuple):
         return "pipeline(" + ",".join(describe(s) for s in step) + ")"
     return str(step.args[0])
+
+
+def tick_at(m: Model, q: str, picked: int, now: int) -> None:
+    """The pump's step as ``ops.tick`` runs it: the wheel buckets picked by ``picked`` (its
+    own time; an earlier one when a step of it was repeated later), everything else at
+    ``now``. Opening at ``picked`` and expiring at ``now`` is what the engine does then: a job
+    whose ttl ended meanwhile is dropped by the next ``expire_ttl``."""
+    m.open_buckets(q, picked)
+    m.promote(q, now)
+    m.expire_reservations(q, now)
+    m.expire_ttl(q, now)
 
 
 class Transport:
@@ -255,8 +267,9 @@ class EngineModel(RuleBasedStateMachine):
 
     def stamps(self, t0: int, main: tuple[str, ...] = ()) -> list[int]:
         """When the request's script ran, as its ARGV says: the request's start, or, when
-        that very step was refused and repeated after the clock moved, the repeat's time (a
-        repeated step is stamped afresh; the op's other steps keep the first time)."""
+        that step (or one before it, ``main`` naming them) was refused and repeated after the
+        clock moved, the repeat's time (a repeated step is stamped afresh, and so is every
+        stamped step of the operation after it)."""
         f = self.fired()
         if f is not None and f.kind in Fault.REFUSALS and f.ms and any(n in f.step for n in main):
             return [self.clock.now, t0] if "stale-stamp" in TOLERATE else [self.clock.now]
@@ -427,9 +440,9 @@ class EngineModel(RuleBasedStateMachine):
                 )
             self.leases.append((j.queue, j.job_id, j.lease))
 
-        def apply(m: Model, when: tuple[int, ...]) -> None:
+        def apply(m: Model, when: tuple[tuple[int, int], ...]) -> None:
             rest = list(got)
-            for q, now in zip(queues, when):
+            for q, (now, then) in zip(queues, when):
                 need = count - (len(got) - len(rest))
                 if need <= 0:
                     break
@@ -442,8 +455,8 @@ class EngineModel(RuleBasedStateMachine):
                 k0 = min(need, live)
                 m.consume_script(q, now, ttr, mine[:k0], need, delivery)
                 if k0 < need and m.stale(q, now):
-                    m.tick(q, now)
-                    m.consume_script(q, now, ttr, mine[k0:], need - k0, delivery)
+                    tick_at(m, q, now, then)  # the buckets picked by the script's time
+                    m.consume_script(q, then, ttr, mine[k0:], need - k0, delivery)
                 elif len(mine) > k0:
                     raise Mismatch(
                         f"consume delivered {len(mine)} of {q}, the model has {k0} deliverable"
@@ -460,12 +473,13 @@ class EngineModel(RuleBasedStateMachine):
                         f"{j.deliveries}; model {mj.tries}, {mj.deliveries}"
                     )
 
-        # one queue's consume script may have been refused, repeated and stamped afresh
-        later = self.stamps(t0, ("consume",))[0]
-        whens = [
-            tuple(later if k == r else t0 for k in range(len(queues))) for r in range(len(queues))
-        ]
-        self.each(whens if later != t0 else [(t0,) * len(queues)], apply)
+        # A step refused and repeated after the clock moved: it and every stamped step after it
+        # run at the repeat's time. Which queues' scripts came after it (or were visited at
+        # all: the first look skips a queue with nothing due at the consume's time) is not
+        # known here: every queue's script and its pump step ran at t0 or at the later time.
+        later = self.stamps(t0, ("consume", "open_buckets", "EXISTS"))[0]
+        choices = [(t0, t0), (later, later), (t0, later)] if later != t0 else [(t0, t0)]
+        self.each(list(itertools.product(choices, repeat=len(queues))), apply)
 
     def pick(self, i: int, q: str | None = None) -> Key:
         """A known job (reserved ones more often: where holders matter), or an unknown id."""
@@ -724,7 +738,10 @@ class EngineModel(RuleBasedStateMachine):
         STATS["op tick"] += 1
         cfg = self.pool.engine.config
         self.run(self.pool.engine.run(ops.tick(cfg, NS, q, t0), idempotent=True))
-        self.each(self.stamps(t0, ("promote_due",)), lambda m, now: m.tick(q, now))
+        # A refused step repeated later: it and the steps after it run at the repeat's time;
+        # the buckets opened are still those picked by t0 (the ZRANGE is the op's, unstamped).
+        later = self.stamps(t0, ("ZCARD", "open_buckets", "promote_due"))[0]
+        self.each([later], lambda m, now: tick_at(m, q, t0, now))
 
     @rule(q=st.sampled_from(QUEUES))
     def destroy(self, q: str) -> None:

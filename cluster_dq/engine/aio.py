@@ -134,14 +134,14 @@ class AsyncEngine:
             return await self._translated(self._durable_step(step))
         return await self._translated(self._step(step))
 
-    async def _send(self, step: Step, plan: core.Plan) -> Any:
+    async def _send(self, step: Step, plan: core.Plan, run: core.Run[Any]) -> Any:
         try:  # the fast path: no retry machinery unless something failed
-            return await self._attempt(step, plan.how)
+            return await self._attempt(run.stamped(step, self.clock), plan.how)
         except plan.retry_on:
             pass
         async for attempt in AsyncRetrying(**plan.policy):
             with attempt:
-                return await self._attempt(core.restamp(step, self.clock()), plan.how)
+                return await self._attempt(run.stamped(step, self.clock, repeat=True), plan.how)
         raise AssertionError("unreachable")
 
     async def run(self, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
@@ -160,15 +160,15 @@ class AsyncEngine:
             step, plan = nxt
             if plan.how is core.How.OPTIONAL:
                 try:
-                    reply = await self._send(step, plan)
+                    reply = await self._send(step, plan, run)
                 except RedisFailure as e:
                     log.warning("%s step failed, going on without it: %s", core.describe(step), e)
                     reply = None
             elif plan.how is core.How.DURABLE:
-                reply, replicas = await self._send(step, plan)
+                reply, replicas = await self._send(step, plan, run)
                 run.confirmed(replicas)
             else:
-                reply = await self._send(step, plan)
+                reply = await self._send(step, plan, run)
         return run.result
 
     # -- health ---------------------------------------------------------------------------------

@@ -321,7 +321,18 @@ def consume(
     if not 1 <= count <= MAX_CONSUME:
         raise ValueError(f"count must be 1..{MAX_CONSUME}, got {count}")
     out: list[Job] = []
-    for q in queues:
+    visit = list(queues)
+    if len(visit) > 1:
+        # One round trip says which queues have anything to hand out now; only those are
+        # visited, still in priority order. Walking every queue in turn cost a round trip
+        # each, so the last queue's jobs always waited for all the queues before it.
+        probe: list[Call] = []
+        for q in visit:
+            qk = QueueKeys(ns, q)
+            probe += [Cmd(("EXISTS", qk.ready)), Cmd(("HGET", qk.meta, "next"))]
+        found = yield tuple(probe)
+        visit = [q for i, q in enumerate(visit) if _has_work(found[2 * i], found[2 * i + 1], now)]
+    for q in visit:
         qk = QueueKeys(ns, q)
         opened = False
         for _ in range(CONSUME_CALLS_PER_QUEUE):
@@ -350,13 +361,22 @@ def consume(
             if not reply.stale or opened:
                 break
             # The pump is behind on this queue (failover, takeover, a lost signal): do its
-            # step here, tell the shard what comes next, and look again.
-            step = yield from tick(cfg, ns, q, now)
+            # step here, as of when the script saw it (later than ``now`` if the step was
+            # repeated), tell the shard what comes next, and look again.
+            step = yield from tick(cfg, ns, q, max(now, reply.stale))
             yield _signal(qk, cfg, step.next_event_ms)
             opened = True
         if len(out) >= count:
             break
     return out
+
+
+def _has_work(ready: Any, next_event: Any, now: int) -> bool:
+    """Whether a consume at ``now`` may find something in a queue: jobs ready, or an event
+    due by META.next (a job to promote, a reservation run out, a wheel bucket to open). META.next
+    is never later than the queue's next event (every script that adds an event lowers it), so
+    a queue with work is never passed over; at worst one whose event is gone is visited."""
+    return int(ready) > 0 or (next_event is not None and int(next_event) <= now)
 
 
 def _id_args(qk: QueueKeys, ids: Sequence[str], first_key: int) -> tuple[list[str], list[Arg]]:

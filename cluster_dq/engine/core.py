@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -27,6 +27,7 @@ from tenacity import retry_if_exception_type
 
 from cluster_dq.engine.commands import Call, Eval, Step
 from cluster_dq.engine.retry import OPTIONAL_POLICY, POLICY
+from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import (
     MovedDuringWait,
     NotReplicated,
@@ -40,6 +41,12 @@ from cluster_dq.errors import (
 T = TypeVar("T")
 # The writes a client is told about: a job accepted, a job acked (a lost ack means a redelivery).
 DURABLE_SCRIPTS = frozenset({"publish", "republish", "ack"})
+# Scripts that write nothing (``flags=no-writes``): a step of only these repeats on any
+# transient error, whatever its operation (a multi-queue consume's first look, for one).
+READ_ONLY_SCRIPTS = frozenset(
+    name for name, s in load_all().items() if s.source.startswith("#!lua flags=no-writes")
+)
+READ_COMMANDS = frozenset({"EXISTS", "HGET", "ZCARD", "ZCOUNT", "ZRANGE", "SMEMBERS"})
 # What an attempt may raise that ``translate`` looks at (the last three only when redis-py's
 # asyncio transport leaked a closed connection as them: ``leaked_transport_race``).
 CAUGHT: tuple[type[BaseException], ...] = (
@@ -182,6 +189,8 @@ def plan(step: Step, *, idempotent: bool, durable: bool) -> Plan:
     replica count to wait for and the operation asked for it."""
     if isinstance(step, Eval) and step.optional:
         return Plan(How.OPTIONAL, _IDEMPOTENT, _policy(_IDEMPOTENT, OPTIONAL_POLICY))
+    if _reads_only(step):  # repeating a read is always safe
+        idempotent = True
     errors: tuple[type[BaseException], ...]
     errors = _IDEMPOTENT if idempotent else _NOT_IDEMPOTENT if isinstance(step, Eval) else ()
     policy = _policy(errors, POLICY) if errors else POLICY
@@ -189,6 +198,14 @@ def plan(step: Step, *, idempotent: bool, durable: bool) -> Plan:
         # A repeat after a lost reply finds the jobs there and reports them as duplicates.
         return Plan(How.DURABLE, errors, policy)
     return Plan(How.PLAIN, errors, policy)
+
+
+def _reads_only(step: Step) -> bool:
+    calls = step if isinstance(step, tuple) else (step,)
+    return all(
+        c.script in READ_ONLY_SCRIPTS if isinstance(c, Eval) else c.args[0] in READ_COMMANDS
+        for c in calls
+    )
 
 
 def durable_calls(step: Step) -> list[Eval]:
@@ -268,7 +285,16 @@ class Run(Generic[T]):
         self.durable = durable and wait_replicas > 0
         self.wanted, self.timeout_ms = wait_replicas, wait_timeout_ms
         self.acked = wait_replicas
+        self.repeated = False  # a step was repeated: the operation's time is the send time
         self.result: T
+
+    def stamped(self, step: Step, clock: Callable[[], int], *, repeat: bool = False) -> Step:
+        """``step`` as it is sent now. A repeat (``repeat``) is stamped at send time, and so is
+        every stamped step of the operation after it: the operation's later steps must not run
+        at a time before the repeat's (a consume repeated after a refusal found a wheel bucket
+        due to open; opening it at the first attempt's time would leave it shut)."""
+        self.repeated = self.repeated or repeat
+        return restamp(step, clock()) if self.repeated else step
 
     def next(self, reply: Any) -> tuple[Step, Plan] | None:
         """The next step and its plan, or None when the operation is done (``result``).

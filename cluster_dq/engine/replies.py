@@ -115,7 +115,7 @@ class Delivery(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class ConsumeReply:
     lowered: bool
-    stale: bool  # a wheel bucket should be open already: the pump is behind
+    stale: int  # the script's now when a wheel bucket should be open already (else 0)
     retried: int  # moved on the way: ttr passed -> READY
     dead: int  # ttr passed, no tries left -> DEAD
     expired: int  # ttl ended -> gone
@@ -130,7 +130,7 @@ def decode_consume(reply: Sequence[Any]) -> ConsumeReply:
     triples = iter(reply[CONSUME_HEAD:])
     return ConsumeReply(
         int(reply[0]) == 1,
-        int(reply[1]) == 1,
+        int(reply[1]),
         int(reply[2]),
         int(reply[3]),
         int(reply[4]),

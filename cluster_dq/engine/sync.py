@@ -131,14 +131,14 @@ class SyncEngine:
             return self._translated(lambda: self._durable_step(step))
         return self._translated(lambda: self._step(step))
 
-    def _send(self, step: Step, plan: core.Plan) -> Any:
+    def _send(self, step: Step, plan: core.Plan, run: core.Run[Any]) -> Any:
         try:  # the fast path: no retry machinery unless something failed
-            return self._attempt(step, plan.how)
+            return self._attempt(run.stamped(step, self.clock), plan.how)
         except plan.retry_on:
             pass
         for attempt in Retrying(**plan.policy):
             with attempt:
-                return self._attempt(core.restamp(step, self.clock()), plan.how)
+                return self._attempt(run.stamped(step, self.clock, repeat=True), plan.how)
         raise AssertionError("unreachable")
 
     def run(self, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
@@ -155,15 +155,15 @@ class SyncEngine:
             step, plan = nxt
             if plan.how is core.How.OPTIONAL:
                 try:
-                    reply = self._send(step, plan)
+                    reply = self._send(step, plan, run)
                 except RedisFailure as e:
                     log.warning("%s step failed, going on without it: %s", core.describe(step), e)
                     reply = None
             elif plan.how is core.How.DURABLE:
-                reply, replicas = self._send(step, plan)
+                reply, replicas = self._send(step, plan, run)
                 run.confirmed(replicas)
             else:
-                reply = self._send(step, plan)
+                reply = self._send(step, plan, run)
         return run.result
 
     def ping(self) -> bool:

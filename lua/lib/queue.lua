@@ -66,6 +66,15 @@ local function forget(id)
   return CODE.NOT_FOUND
 end
 
+-- The earliest due time of a job this call put into DELAYED (false: none): `notify` tells the
+-- queue's long-polls, whose timers were set before it existed.
+local SOONEST = false
+
+local function delay_until(id, t)
+  redis.call('ZADD', DELAYED, t, id)
+  if not SOONEST or t < SOONEST then SOONEST = t end
+end
+
 -- Keeps META.w (jobs in wheel buckets) exact, and absent at zero: nothing left behind.
 local function count_wheel(delta)
   if redis.call('HINCRBY', META, 'w', delta) <= 0 then redis.call('HDEL', META, 'w') end
@@ -212,7 +221,7 @@ local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, 
     return CODE.WHEEL, math.max(lowered, lower_next(start - lead))
   else
     redis.call('HSET', JOBS, id, rec)
-    redis.call('ZADD', DELAYED, due, id)
+    delay_until(id, due)
     lowered = math.max(lowered, lower_next(due))
     st = CODE.DELAYED
   end
@@ -267,8 +276,14 @@ local function reserved_until(id, now)
   return deadline ~= false and tonumber(deadline) > now
 end
 
+-- The queue's notice to its long-polls: '1' when READY went from empty to non-empty (take a
+-- job), else 'due:<ms>' when this call put a job into DELAYED (wake up by then: it may be
+-- earlier than anything the long-polls knew of).
 local function notify(channel, was_empty)
-  if was_empty and channel ~= '' and redis.call('EXISTS', READY) == 1 then
+  if channel == '' then return end
+  if was_empty and redis.call('EXISTS', READY) == 1 then
     redis.call('PUBLISH', channel, '1')
+  elseif SOONEST then
+    redis.call('PUBLISH', channel, 'due:' .. SOONEST)
   end
 end
