@@ -8,14 +8,19 @@ import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 
-from cluster_dq.engine.aio import AsyncClient, AsyncEngine
+from cluster_dq.engine.aio import (
+    AsyncClient,
+    AsyncEngine,
+    MarkingConnection,
+    MarkingSentinelConnection,
+)
 from cluster_dq.engine.commands import EngineConfig, MoveSink
 from cluster_dq.errors import ConfigError, RedisFailure
 from cluster_dq.metrics import Metrics, PoolMetrics, SizeBoard
@@ -40,21 +45,39 @@ def make_client(p: PoolSettings) -> AsyncClient:
     )
     if p.kind == "cluster":
         # One immediate retry inside redis-py lets it re-learn the slots after a failover.
-        return RedisCluster(
+        cluster = RedisCluster(
             startup_nodes=[ClusterNode(h, port) for h, port in addrs],
             max_connections=p.PoolSize,
             **{**common, "retry": Retry(NoBackoff(), 1)},  # type: ignore[arg-type]
         )
+        # No constructor argument for it: the nodes it makes from here on take it from here.
+        cluster.connection_kwargs["connection_class"] = MarkingConnection
+        for node in cluster.nodes_manager.startup_nodes.values():
+            node.connection_class = MarkingConnection
+        return cluster
     if p.kind == "sentinel":
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             addrs,
             sentinel_kwargs={"password": p.SentinelPassword or None, "socket_timeout": 1.0},
             **common,
         )
-        master: AsyncClient = sentinel.master_for(p.MasterName, db=p.DB, max_connections=p.PoolSize)
+        master: AsyncClient = sentinel.master_for(
+            p.MasterName,
+            db=p.DB,
+            max_connections=p.PoolSize,
+            connection_class=MarkingSentinelConnection,
+        )
         return master
     host, port = addrs[0]
-    return Redis(host=host, port=port, db=p.DB, max_connections=p.PoolSize, **common)  # type: ignore[arg-type]
+    pool = ConnectionPool(
+        connection_class=MarkingConnection,
+        host=host,
+        port=port,
+        db=p.DB,
+        max_connections=p.PoolSize,
+        **common,  # type: ignore[arg-type]
+    )
+    return Redis.from_pool(pool)
 
 
 def make_sync_client(p: PoolSettings) -> Any:

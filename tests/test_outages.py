@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
-from cluster_dq.localredis import Server, start_server
+from cluster_dq.localredis import Server, free_port, start_server
 from cluster_dq.models import JobSpec
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
@@ -30,7 +29,9 @@ NS = "out"
 
 @pytest.fixture
 def server() -> Iterator[Server]:
-    s = start_server()  # the test's own: it is killed and restarted
+    # The test's own, killed and restarted: on a port outside the range other tests pick
+    # from, so that no server started meanwhile takes it while this one is down.
+    s = start_server(free_port(20000, 21000))
     yield s
     s.stop()
 

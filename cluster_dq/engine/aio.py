@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection
+from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.exceptions import NoScriptError
 from tenacity import AsyncRetrying
 
@@ -24,6 +26,26 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 AsyncClient = Redis | RedisCluster
 Observer = Callable[[float, BaseException | None], None]  # (seconds, error) of each step
+
+
+class _MarksSent:
+    """A connection that tells the running attempt (``core.Attempt``) when it is about to
+    write: an error before that (connecting, asking Sentinel for the master) means nothing
+    of the step was sent."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.is_connected:  # type: ignore[attr-defined]
+            await self.connect()  # type: ignore[attr-defined]
+        core.mark_sent()
+        await super().send_packed_command(command, check_health)  # type: ignore[misc]
+
+
+class MarkingConnection(_MarksSent, Connection):
+    pass
+
+
+class MarkingSentinelConnection(_MarksSent, SentinelManagedConnection):
+    pass
 
 
 class AsyncEngine:
@@ -116,16 +138,21 @@ class AsyncEngine:
             await self.client.connection_pool.disconnect(inuse_connections=False)
 
     async def _translated(self, call: Awaitable[T]) -> T:
-        """The boundary: every error of an attempt leaves as the error tree's (``core``)."""
+        """The boundary: every error of an attempt leaves as the error tree's (``core``),
+        ``Unsent`` when none of the attempt reached a connection."""
+        attempt = core.Attempt()
+        token = core.ATTEMPT.set(attempt)
         try:
             return await call
         except core.CAUGHT as e:
-            err = core.translate(e)
+            err = core.translate(e, sent=attempt.sent)
             if err is None:
                 raise
             if core.forget_connections(err):
                 await self._forget_connections()
             raise err from e
+        finally:
+            core.ATTEMPT.reset(token)
 
     # -- driving an operation -----------------------------------------------------------------
 
@@ -144,16 +171,25 @@ class AsyncEngine:
                 return await self._attempt(core.restamp(step, self.clock()), plan.how)
         raise AssertionError("unreachable")
 
-    async def run(self, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
+    async def run(
+        self,
+        op: Op[T],
+        *,
+        idempotent: bool = False,
+        durable: bool = False,
+        deadline: float | None = None,
+    ) -> T:
         """Drives one operation (``core.plan`` says how each step is sent and repeated).
         ``durable`` (with ``wait_replicas`` set): the job-acknowledging scripts are confirmed
-        by that many replicas, else ``NotReplicated`` is raised once the operation is done."""
+        by that many replicas, else ``NotReplicated`` is raised once the operation is done.
+        ``deadline`` (``time.monotonic()`` s): the request's own, the budget of its repeats."""
         run = core.Run(
             op,
             idempotent=idempotent,
             durable=durable,
             wait_replicas=self.wait_replicas,
             wait_timeout_ms=self.wait_timeout_ms,
+            deadline=deadline,
         )
         reply: Any = None
         while (nxt := run.next(reply)) is not None:
