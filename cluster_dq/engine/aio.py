@@ -171,6 +171,18 @@ class AsyncEngine:
                 return await self._attempt(core.restamp(step, self.clock()), plan.how)
         raise AssertionError("unreachable")
 
+    async def _reconfirmed(self, step: Step, plan: core.Plan, replicas: int) -> int:
+        """Sends the durable step again until enough replicas confirm it, within the budget
+        (``Plan.reconfirm``); the first reply stands. The fewest replicas seen last."""
+        try:
+            async for attempt in AsyncRetrying(**core.reconfirm_policy(plan)):
+                with attempt:
+                    _, replicas = await self._attempt(core.restamp(step, self.clock()), plan.how)
+                    core.check_confirmed(replicas, self.wait_replicas)
+        except (core.Unconfirmed, RedisFailure):
+            pass  # not confirmed in time: NotReplicated, with the first reply
+        return replicas
+
     async def run(
         self,
         op: Op[T],
@@ -202,6 +214,8 @@ class AsyncEngine:
                     reply = None
             elif plan.how is core.How.DURABLE:
                 reply, replicas = await self._send(step, plan)
+                if plan.reconfirm and replicas < self.wait_replicas:
+                    replicas = await self._reconfirmed(step, plan, replicas)
                 run.confirmed(replicas)
             else:
                 reply = await self._send(step, plan)

@@ -202,6 +202,24 @@ class Plan:
     how: How
     retry_on: tuple[type[BaseException], ...]  # the errors that repeat it (empty: none)
     policy: dict[str, Any]  # tenacity's arguments for the repeats
+    # A durable step that too few replicas confirmed is sent again, within the budget, until
+    # they do; its first reply stands. Only an idempotent operation's (a repeat changes
+    # nothing): what a Cluster shard needs after a failover, until its new master has a
+    # replica again (the old master rejoining, resyncing).
+    reconfirm: bool = False
+
+
+class Unconfirmed(Exception):
+    """A repeat of a durable step (``Plan.reconfirm``) that too few replicas confirmed yet."""
+
+
+def reconfirm_policy(plan: Plan) -> dict[str, Any]:
+    return _policy((Unconfirmed, *plan.retry_on), plan.policy)
+
+
+def check_confirmed(replicas: int, wanted: int) -> None:
+    if replicas < wanted:
+        raise Unconfirmed(f"{replicas} of {wanted} replicas")
 
 
 def _policy(retry_on: tuple[type[BaseException], ...], base: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +248,7 @@ def plan(step: Step, *, idempotent: bool, durable: bool, deadline: float | None 
     policy = _policy(errors, base)
     if durable and any(c.script in DURABLE_SCRIPTS for c in durable_calls(step)):
         # A repeat after a lost reply finds the jobs there and reports them as duplicates.
-        return Plan(How.DURABLE, errors, policy)
+        return Plan(How.DURABLE, errors, policy, reconfirm=idempotent)
     return Plan(How.PLAIN, errors, policy)
 
 
