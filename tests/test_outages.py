@@ -9,6 +9,7 @@ script ran."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -17,10 +18,13 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from cluster_dq.clock import now_ms
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import EngineConfig, Eval
-from cluster_dq.localredis import Server, free_port, start_server
-from cluster_dq.models import JobSpec
-from cluster_dq.pools import RedisPool
+from cluster_dq.localredis import SentinelGroup, Server, free_port, start_server
+from cluster_dq.models import JobSpec, JobState
+from cluster_dq.pools import RedisPool, close_client, make_client
 from cluster_dq.service import Service
 from cluster_dq.settings import load
 
@@ -168,3 +172,38 @@ async def test_a_consume_refused_before_sending_is_repeated_until_its_deadline(
     finally:
         del engine._step
     assert job.job_id == published.job_id and job.deliveries == 1 and len(failures) == 2
+
+
+async def test_an_ack_that_no_replica_confirms_yet_is_confirmed_once_one_does(
+    redis_sentinel: SentinelGroup,
+) -> None:
+    """A durable ack (both replicas asked for) while one replica is stopped for 1.5 s (as a
+    Cluster shard's promoted master is without a replica until the old one rejoins): the ack
+    is sent again until both confirm it, within the budget, and answers what it found the
+    first time (reserved), not the "not found" of its repeats; no error."""
+    client = make_client(redis_sentinel.pool_settings())
+    engine = AsyncEngine(client, wait_replicas=2, wait_timeout_ms=300)
+    cfg = engine.config
+    master = redis_sentinel.master()
+    replica = next(s for s in redis_sentinel.servers if s is not master)
+    try:
+        (p,) = await engine.run(
+            ops.publish(cfg, NS, "dur", [JobSpec(b"x")], now_ms()), idempotent=True, durable=True
+        )
+        await engine.run(ops.consume(cfg, NS, ["dur"], 30_000, 1, now_ms()))
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        resume = asyncio.get_running_loop().call_later(
+            1.5, os.kill, replica.process.pid, signal.SIGCONT
+        )
+        try:
+            (state,) = await engine.run(
+                ops.ack(NS, "dur", [p.job_id], now_ms(), 60_000), idempotent=True, durable=True
+            )
+        finally:
+            resume.cancel()
+            os.kill(replica.process.pid, signal.SIGCONT)
+        assert state is JobState.RESERVED
+        assert await engine.run(ops.peek_job(NS, "dur", p.job_id)) is None  # acked
+    finally:
+        await engine.run(ops.destroy(cfg, NS, "dur"), idempotent=True)
+        await close_client(client)
