@@ -346,7 +346,8 @@ class WaiterHub:
                 log.warning(
                     "notification channel: %s: %s", type(e).__name__, e
                 )  # safety poll covers it
-                await asyncio.sleep(0.5)
+                # soon again: redis-py reconnects (to the new master) and subscribes again
+                await asyncio.sleep(0.1)
                 continue
             if msg and msg.get("type") == "message":
                 w = self._by_channel.get(msg["channel"])
