@@ -14,7 +14,8 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
         │                     once, by the engine (``engine/core.py``, ``translate``)
         ├── Transient         the connection or the topology failed: the step may have run
         │   ├── Refused       the server refused the step before running it: nothing ran
-        │   │   └── StaleMaster      NOREPLICAS: a master without its replicas
+        │   │   ├── StaleMaster      NOREPLICAS: a master without its replicas
+        │   │   └── Unsent           no connection could be made: nothing was sent
         │   └── MovedDuringWait      a durable write's WAIT met a replica (Cluster failover)
         ├── NotReplicated     a durable write that too few replicas confirmed in time
         └── ServerError       permanent: an error reply the engine has no meaning for
@@ -107,6 +108,14 @@ class StaleMaster(Refused):
     and lose them all when it becomes a replica; reservations made there would deliver jobs
     already acked on the new master. Nothing was written. The engine drops its idle
     connections, so the next one asks Sentinel for the master again."""
+
+
+class Unsent(Refused):
+    """No connection to the server could be made (refused, timed out connecting, no master
+    known to the sentinels yet, no Cluster node reachable): nothing of the step was sent, so
+    nothing ran, and it is repeated like a refused step. What a failover looks like to a new
+    connection until the new master is known (the executor knows a step was sent when the
+    connection's transport says so: ``engine/core.py``, ``Attempt``)."""
 
 
 class MovedDuringWait(Transient):

@@ -8,16 +8,16 @@ import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 
+from cluster_dq.engine import wire
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
 from cluster_dq.engine.commands import EngineConfig, MoveSink
-from cluster_dq.engine.wire import use_hiredis
 from cluster_dq.errors import ConfigError, RedisFailure
 from cluster_dq.metrics import Metrics, PoolMetrics, SizeBoard
 from cluster_dq.pump import Pump
@@ -30,12 +30,7 @@ SOCKET_TIMEOUT = 5.0
 
 
 def make_client(p: PoolSettings) -> AsyncClient:
-    client = _client(p)
-    use_hiredis(client)  # commands packed in C (engine/wire.py)
-    return client
-
-
-def _client(p: PoolSettings) -> AsyncClient:
+    """The pool's asyncio client, its connections ``engine/wire.py``'s on every topology."""
     addrs = p.addresses()
     # redis-py's own retries (3, exponential backoff from 1 s) are off: engine/retry.py is the
     # one policy, applied only where repeating is safe, with one bounded budget.
@@ -47,21 +42,36 @@ def _client(p: PoolSettings) -> AsyncClient:
     )
     if p.kind == "cluster":
         # One immediate retry inside redis-py lets it re-learn the slots after a failover.
-        return RedisCluster(
+        cluster = RedisCluster(
             startup_nodes=[ClusterNode(h, port) for h, port in addrs],
             max_connections=p.PoolSize,
             **{**common, "retry": Retry(NoBackoff(), 1)},  # type: ignore[arg-type]
         )
+        wire.use_on_cluster(cluster)
+        return cluster
     if p.kind == "sentinel":
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             addrs,
             sentinel_kwargs={"password": p.SentinelPassword or None, "socket_timeout": 1.0},
             **common,
         )
-        master: AsyncClient = sentinel.master_for(p.MasterName, db=p.DB, max_connections=p.PoolSize)
+        master: AsyncClient = sentinel.master_for(
+            p.MasterName,
+            db=p.DB,
+            max_connections=p.PoolSize,
+            connection_class=wire.SentinelConnection,
+        )
         return master
     host, port = addrs[0]
-    return Redis(host=host, port=port, db=p.DB, max_connections=p.PoolSize, **common)  # type: ignore[arg-type]
+    pool = ConnectionPool(
+        connection_class=wire.Connection,
+        host=host,
+        port=port,
+        db=p.DB,
+        max_connections=p.PoolSize,
+        **common,  # type: ignore[arg-type]
+    )
+    return Redis.from_pool(pool)
 
 
 def make_sync_client(p: PoolSettings) -> Any:

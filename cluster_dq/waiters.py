@@ -21,6 +21,7 @@ from typing import Any
 
 from cluster_dq.coalesce import GROUP_MAX, GroupCommit
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine import core
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.errors import Conflict, Transient
 from cluster_dq.keys import QueueKeys
@@ -120,15 +121,22 @@ class _Watcher:
         waiter.busy = True
         try:
             jobs = await self.hub.reserve(
-                waiter.namespace, waiter.queues, waiter.ttr_ms, waiter.count
+                waiter.namespace, waiter.queues, waiter.ttr_ms, waiter.count, waiter.deadline
             )
+        except Transient as e:
+            if not core.reserved_nothing(e):  # not repeated for it: "no job" (core's rule)
+                self.hub._finish(waiter, [])
+            raise  # the others wait on: run() looks again shortly
         finally:
             self.hub.free(waiter)
         if jobs:
             self.looked_again = False
             await self.hub._deliver(waiter, jobs)
             return
-        sizes = await engine.run(ops.sizes(engine.config, self.namespace, self.queue))
+        until = min((w.deadline for w in self.waiters), default=time.monotonic())
+        sizes = await engine.run(
+            ops.sizes(engine.config, self.namespace, self.queue), deadline=until
+        )
         nxt = sizes.next_event_ms
         if nxt is not None and nxt <= engine.clock() and sizes.ready == 0:
             if not self.looked_again:
@@ -138,7 +146,9 @@ class _Watcher:
                 return
             # Still nothing: a wheel bucket to open, or expiries: the pump step here.
             sizes = await engine.run(
-                ops.tick(engine.config, self.namespace, self.queue, engine.clock()), idempotent=True
+                ops.tick(engine.config, self.namespace, self.queue, engine.clock()),
+                idempotent=True,
+                deadline=until,
             )
             nxt = sizes.next_event_ms
             if sizes.ready:
@@ -173,7 +183,8 @@ class WaiterHub:
         self._closed = False
         self._stopping = False  # shutting down: nothing is reserved any more
         # One-job consumes (lmstfy's way) of the same queues and ttr share a consume call.
-        self._reserves: GroupCommit[tuple[str, tuple[str, ...], int], None, list[Job]] = (
+        # (each member brings its deadline: the call's repeats end at the earliest one)
+        self._reserves: GroupCommit[tuple[str, tuple[str, ...], int], float | None, list[Job]] = (
             GroupCommit(self._reserve_group, GROUP_MAX, orphan=self._give_back_orphan)
         )
         self.freed = asyncio.Event()  # set (and replaced) each time a busy waiter is free again
@@ -197,12 +208,24 @@ class WaiterHub:
     async def consume(
         self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
     ) -> list[Job]:
+        """Up to ``count`` jobs, waiting up to ``timeout_ms`` for the first. A Redis outage
+        (a failover) is not an error here: while nothing can have been reserved the consume
+        keeps trying until its deadline, as if no job were ready, and one whose reply was lost
+        answers "no job" at once (``core.reserved_nothing``)."""
         if self._stopping:
             return []
-        jobs = await self.reserve(namespace, queues, ttr_ms, count)
-        if jobs or timeout_ms <= 0:
+        # A long poll's repeats end with it; a consume that does not wait gets the budget.
+        deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
+        try:
+            jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
+        except Transient as e:
+            if not core.reserved_nothing(e):
+                log.warning("consume on %s/%s: reply lost: %s", namespace, ",".join(queues), e)
+                return []
+            jobs = []  # unreachable or refused so far: wait on, the watchers look again
+        if jobs or deadline is None or time.monotonic() >= deadline:
             return jobs
-        waiter = Waiter(namespace, queues, ttr_ms, count, time.monotonic() + timeout_ms / 1000)
+        waiter = Waiter(namespace, queues, ttr_ms, count, deadline)
         for q in queues:
             self._watcher(namespace, q).waiters.append(waiter)
         answered = False
@@ -210,7 +233,7 @@ class WaiterHub:
             # The watcher answers at the deadline; this bound only guards against a stuck one.
             # (asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
             # arrives as the answer does, and the cancelled caller would carry on.)
-            async with asyncio.timeout(timeout_ms / 1000 + 1):
+            async with asyncio.timeout(deadline - time.monotonic() + 1):
                 jobs = await asyncio.shield(waiter.future)
             answered = True
             return jobs
@@ -226,18 +249,24 @@ class WaiterHub:
             self._finish(waiter, None)
 
     async def reserve(
-        self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        ttr_ms: int,
+        count: int,
+        deadline: float | None,
     ) -> list[Job]:
         """One consume that a cancellation cannot cut in half: if the caller is cancelled (its
         client left, a multi-pool consume took another pool's jobs) while Redis has reserved
         jobs whose reply is still on its way, they are given back, not left reserved by nobody
-        until their ttr (with one try left, that would be a dead letter nobody ever saw)."""
+        until their ttr (with one try left, that would be a dead letter nobody ever saw).
+        ``deadline`` (monotonic s): a step that did not run is repeated until then (None:
+        within the retry budget)."""
         if count == 1:
-            return await self._reserves.submit((namespace, tuple(queues), ttr_ms), None)
+            return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
         engine = self.engine
-        task = asyncio.ensure_future(
-            engine.run(ops.consume(engine.config, namespace, queues, ttr_ms, count, engine.clock()))
-        )
+        op = ops.consume(engine.config, namespace, queues, ttr_ms, count, engine.clock())
+        task = asyncio.ensure_future(engine.run(op, deadline=deadline))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -245,13 +274,14 @@ class WaiterHub:
             raise
 
     async def _reserve_group(
-        self, key: tuple[str, tuple[str, ...], int], members: list[None]
+        self, key: tuple[str, tuple[str, ...], int], members: list[float | None]
     ) -> list[list[Job]]:
-        """One job for each of ``members`` if there are enough, the first members first."""
+        """One job for each of ``members`` (their deadlines) if there are enough, the first
+        members first."""
         namespace, queues, ttr_ms = key
         engine = self.engine
         op = ops.consume(engine.config, namespace, queues, ttr_ms, len(members), engine.clock())
-        jobs = await engine.run(op)
+        jobs = await engine.run(op, deadline=min(filter(None, members), default=None))
         return [[j] for j in jobs] + [[] for _ in range(len(members) - len(jobs))]
 
     def _give_back_orphan(self, key: tuple[str, tuple[str, ...], int], jobs: list[Job]) -> None:
@@ -354,7 +384,8 @@ class WaiterHub:
                 log.warning(
                     "notification channel: %s: %s", type(e).__name__, e
                 )  # safety poll covers it
-                await asyncio.sleep(0.5)
+                # soon again: redis-py reconnects (to the new master) and subscribes again
+                await asyncio.sleep(0.1)
                 continue
             if msg and msg.get("type") == "message":
                 w = self._by_channel.get(msg["channel"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import threading
@@ -65,7 +66,7 @@ SCENARIOS = (
 class Ledger:
     acked_publish: dict[str, float] = field(default_factory=dict)  # id -> due (monotonic s)
     publish_errors: Counter[str] = field(default_factory=Counter)
-    consume_errors: Counter[str] = field(default_factory=Counter)
+    consume_errors: Counter[str] = field(default_factory=Counter)  # "consume: HTTP 503", "ack: ..."
     outcomes: list[tuple[float, bool]] = field(default_factory=list)  # (t, publish ok)
     delivered: dict[str, list[float]] = field(default_factory=dict)
     ack_done: dict[str, float] = field(default_factory=dict)
@@ -188,15 +189,17 @@ async def consumer(
                 async with client.delete(
                     f"{base}/api/drill/{job['queue']}/job/{job['job_id']}", headers=h
                 ) as a:
-                    await a.read()
+                    body = (await a.read()).decode(errors="replace")
                     status = a.status
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                ledger.consume_errors[kind_of(e)] += 1
+                ledger.consume_errors[f"ack: {kind_of(e)}"] += 1
                 return
             if status == 204:
                 ledger.ack_done.setdefault(job["job_id"], time.monotonic() - t0)
             else:
-                ledger.consume_errors[kind_of(status)] += 1
+                kind = f"ack: {kind_of(status)}"
+                ledger.consume_errors[kind] += 1
+                ledger.error_examples.setdefault(kind, body[:300])
 
         i = k
         while time.monotonic() < until:
@@ -211,18 +214,21 @@ async def consumer(
                     headers=h,
                 ) as r:
                     status = r.status
-                    jobs = await r.json(content_type=None) if status == 200 else None
+                    body = await r.text()
+                    jobs = json.loads(body) if status == 200 else None
             except aiohttp.ClientConnectorError:
                 ledger.rerouted += 1  # the next round goes to the next instance
                 continue
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                ledger.consume_errors[kind_of(e)] += 1
+                ledger.consume_errors[f"consume: {kind_of(e)}"] += 1
                 await asyncio.sleep(0.05)
                 continue
             if status == 404:
                 continue
             if jobs is None:
-                ledger.consume_errors[kind_of(status)] += 1
+                kind = f"consume: {kind_of(status)}"
+                ledger.consume_errors[kind] += 1
+                ledger.error_examples.setdefault(kind, body[:300])
                 await asyncio.sleep(0.05)
                 continue
             now = time.monotonic() - t0
@@ -263,6 +269,59 @@ def kill_sentinel_master(d: Deployment, instances: list[Instance]) -> str:
     master = d.master()
     master.kill(signal.SIGKILL)
     return f"SIGKILL of the Sentinel master 127.0.0.1:{master.port}"
+
+
+Window = tuple[float | None, float | None]
+
+
+def failover_probe(d: Deployment, queue: QueueKeys) -> Callable[[], Window] | None:
+    """For a Sentinel group or a Cluster: a probe to start as the event happens, which returns
+    the seconds until a write in ``queue``'s slot is accepted by a master other than the one
+    there now (promoted, and for Sentinel with its ``min-replicas-to-write`` met), and until
+    such a write is confirmed by a replica too (``WAIT 1``: what a durable write needs); None
+    for what did not happen within 30 s."""
+    probe_key = f"{queue.meta.rsplit(':', 1)[0]}:failover-probe"
+    if isinstance(d, SentinelGroup):
+        old = d.master_port()
+
+        def writable() -> int | None:
+            port = d.master_port()
+            if port == old:
+                return None
+            with redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5) as r:
+                r.set(probe_key, 1)
+                return int(r.execute_command("WAIT", 1, 50))
+
+    elif isinstance(d, Cluster):
+        with d.sync_client() as c:
+            old = c.get_node_from_key(probe_key).port
+        others = [s.port for s in d.servers if s.port != old]
+
+        def writable() -> int | None:
+            for port in others:  # the new owner takes it; others answer MOVED (an error)
+                with redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5) as r:
+                    with contextlib.suppress(redis.RedisError):
+                        r.set(probe_key, 1)
+                        return int(r.execute_command("WAIT", 1, 50))
+            return None
+
+    else:
+        return None
+
+    def probe() -> Window:
+        start = time.monotonic()
+        taken: float | None = None
+        while time.monotonic() - start < 30:
+            with contextlib.suppress(redis.RedisError, OSError):
+                replicas = writable()
+                if replicas is not None and taken is None:
+                    taken = time.monotonic() - start
+                if replicas:
+                    return taken, time.monotonic() - start
+            time.sleep(0.02)
+        return taken, None
+
+    return probe
 
 
 def pause(server: Server, pause_s: float, master_port: Callable[[], int]) -> int:
@@ -404,7 +463,8 @@ async def run_load(
     rate: float,
     seconds: float,
     event: Any,
-) -> tuple[Ledger, float, str]:
+    probe: Callable[[], Window] | None = None,
+) -> tuple[Ledger, float, str, Window]:
     ledger = Ledger()
     t0 = time.monotonic()
     until = t0 + seconds
@@ -415,8 +475,10 @@ async def run_load(
     pub = asyncio.create_task(publisher(instances, token, queues, rate, until, ledger, t0))
     await asyncio.sleep(seconds / 3)
     event_at = time.monotonic() - t0
+    probed = asyncio.create_task(asyncio.to_thread(probe)) if probe else None
     what = await asyncio.to_thread(event)
     await pub
+    failover_s = await probed if probed else (None, None)
     # Drain: until every acknowledged job was delivered, or 15 s.
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and not set(ledger.acked_publish) <= set(ledger.delivered):
@@ -424,7 +486,7 @@ async def run_load(
     for c in consumers:
         c.cancel()
     await asyncio.gather(*consumers, return_exceptions=True)
-    return ledger, event_at, what
+    return ledger, event_at, what, failover_s
 
 
 def preload(d: Deployment, ns: str, q: str, n: int) -> None:
@@ -518,8 +580,13 @@ def drill(
             "reshard": lambda: reshard(d, instances, queues),
             "service-leader": lambda: kill_leading_instance(d, instances),
         }
-        ledger, event_at, what = asyncio.run(
-            run_load(instances, token, queues, rate, seconds, events[scenario])
+        probe = (
+            failover_probe(d, QueueKeys("drill", queues[0]))
+            if scenario in ("sentinel-master", "sentinel-pause", "cluster-master", "cluster-pause")
+            else None
+        )
+        ledger, event_at, what, failover_s = asyncio.run(
+            run_load(instances, token, queues, rate, seconds, events[scenario], probe)
         )
         lost = sorted(set(ledger.acked_publish) - set(ledger.delivered))
         # Delivered again by a consume asked for after the ack had succeeded: beyond at-least-once.
@@ -532,6 +599,14 @@ def drill(
         before = [ms for due, ms in ledger.late_ms if due < event_at]
         during = [
             ms for due, ms in ledger.late_ms if event_at <= due < event_at + max(window, 1) + 5
+        ]
+        # How long after the failover window (until writes are confirmed) jobs due during the
+        # event were delivered: the consumers' own delay once Redis is back.
+        ready_again = event_at + (failover_s[1] or failover_s[0] or 0.0)
+        excess = [
+            due + ms / 1000 - max(due, ready_again)
+            for due, ms in ledger.late_ms
+            if event_at <= due < event_at + max(window, 1) + 5
         ]
         report = {
             "scenario": scenario,
@@ -546,6 +621,7 @@ def drill(
             "consume_errors": dict(ledger.consume_errors),
             "rerouted": ledger.rerouted,
             "error_examples": ledger.error_examples,
+            "failover_s": [None if t is None else round(t, 3) for t in failover_s],
             "unavailable_s": round(window, 3),
             "unavailable_from_s": round(window_at - event_at, 3),
             "lost_acknowledged": len(lost),
@@ -566,6 +642,11 @@ def drill(
                 round(pct(during, 50), 1),
                 round(pct(during, 99), 1),
                 round(max(during, default=float("nan")), 1),
+            ),
+            "after_window_ms": (
+                round(pct(excess, 50) * 1000, 1),
+                round(pct(excess, 99) * 1000, 1),
+                round(max(excess, default=float("nan")) * 1000, 1),
             ),
         }
         if backlog:
@@ -604,6 +685,13 @@ def print_report(r: dict[str, Any]) -> None:
         f"  consume/ack errors: {r['consume_errors'] or 0}   requests re-sent to the other instance "
         f"after a refused connection (as a load balancer does): {r['rerouted']}"
     )
+    taken, confirmed = r.get("failover_s") or (None, None)
+    if taken is not None:
+        print(
+            f"  failover window (from the event): the new master of q0's slot takes writes after "
+            f"{taken:.2f} s; a replica confirms them (WAIT 1) after "
+            + (f"{confirmed:.2f} s" if confirmed is not None else "more than 30 s")
+        )
     if r["unavailable_s"]:
         print(
             f"  unavailability window: {r['unavailable_s']:.2f} s (starting {r['unavailable_from_s']:+.2f} s "
@@ -628,6 +716,11 @@ def print_report(r: dict[str, Any]) -> None:
         f" during: p50/p99/max {r['lateness_during_ms'][0]} / {r['lateness_during_ms'][1]} / "
         f"{r['lateness_during_ms'][2]} ms"
     )
+    if r.get("failover_s") and r["failover_s"][0] is not None:
+        print(
+            "  delivery of the jobs due during the event, after the failover window (or their due "
+            "time if later) p50/p99/max: {} / {} / {} ms".format(*r["after_window_ms"])
+        )
     if "backlog" in r:
         print(
             f"  backlog of q0 (jobs due in 1 h) after the event: {r['backlog'][1]:,} of {r['backlog'][0]:,}"

@@ -181,7 +181,9 @@ class Client:
         type_, status, got = await self.op(
             "consume", "GET", f"/api/{NS}/{','.join(self.run.queues)}", params, args, (200,)
         )
-        if type_ == "fail" and status == 404:  # no job: a consume that certainly took nothing
+        if (
+            type_ == "fail" and status == 404
+        ):  # no job (what a lost reply reserved: back after its ttr)
             return []
         if type_ != "ok":
             if type_ == "fail":

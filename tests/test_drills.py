@@ -18,7 +18,7 @@ def test_short_drill(scenario: str) -> None:
     assert r["published_ok"] > 500
     assert r["lost_acknowledged"] == 0, r["lost_examples"]
     errors = {**r["publish_errors"], **r["consume_errors"]}
-    assert not [k for k in errors if k.startswith("HTTP 500")], errors
+    assert not [k for k in errors if "HTTP 500" in k], errors
     # A 503 carrying a bare ResponseError is a Redis reply the engine did not understand (the
     # drill found "WAIT cannot be used with replica instances" during a Cluster failover).
     assert not [k for k in errors if "ResponseErro" in k], r["error_examples"]

@@ -53,13 +53,16 @@ def test_publish_waits_for_replicas_and_says_what_happened_when_they_lag(
     os.kill(replica.process.pid, signal.SIGSTOP)  # one replica stops acknowledging
     try:
         jid = "order-42-reminder"
-        r = httpx.put(f"{base}/api/dur/q", headers=h, params={"job_id": jid}, content=b"at risk")
+        # (each after the retry budget: an unconfirmed write is sent again until it ends)
+        r = httpx.put(
+            f"{base}/api/dur/q", headers=h, params={"job_id": jid}, content=b"at risk", timeout=30
+        )
         assert r.status_code == 503
         msg = r.json()["error"]
         assert jid in msg and "1 of 2 replicas" in msg and "same job_id is idempotent" in msg
-        r = httpx.put(f"{base}/api/dur/q/bulk", headers=h, content=b'["a","b"]')
+        r = httpx.put(f"{base}/api/dur/q/bulk", headers=h, content=b'["a","b"]', timeout=30)
         assert r.status_code == 503 and r.json()["error"].count(",") >= 1  # every id named
-        r = httpx.delete(f"{base}/api/dur/q/job/{jid}", headers=h)  # an ack is confirmed too
+        r = httpx.delete(f"{base}/api/dur/q/job/{jid}", headers=h, timeout=30)  # acks too
         assert r.status_code == 503 and "the write was applied on the master" in r.json()["error"]
     finally:
         os.kill(replica.process.pid, signal.SIGCONT)

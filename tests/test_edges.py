@@ -351,7 +351,10 @@ def test_503_shows_no_redis_address_or_exception(tmp_path: Path) -> None:
         base = svc.base
         try:
             r = httpx.put(
-                f"{base}/api/ns/q", headers={"X-Token": "some-token-0123456789"}, content=b"x"
+                f"{base}/api/ns/q",
+                headers={"X-Token": "some-token-0123456789"},
+                content=b"x",
+                timeout=30,  # the retry budget comes first
             )
         finally:
             svc.stop(timeout=20)

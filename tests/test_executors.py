@@ -27,6 +27,7 @@ from cluster_dq.errors import (
     ServerError,
     StaleMaster,
     Transient,
+    Unsent,
 )
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys, shard_of
 from cluster_dq.localredis import Server
@@ -394,13 +395,14 @@ async def test_unreachable_and_error_replies_are_classified_alike(
 def test_a_step_that_only_reads_is_repeated_on_any_transient_error() -> None:
     """Whatever its operation: a multi-queue consume's first look (EXISTS + HGET per queue)
     may have run or not, it wrote nothing, so a lost reply repeats it rather than failing the
-    consume. A step that writes keeps its operation's rule."""
+    consume. A step that writes keeps its operation's rule: repeated only when nothing of it
+    was sent (``Unsent``)."""
     look = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("HGET", "dq:{n/a}:meta", "next")))
     assert core.plan(look, idempotent=False, durable=False).retry_on == (Transient,)
     sizes = ops._eval("sizes", {"queue": QueueKeys("n", "a").all_fixed()}, open_lead=5_000)
     assert core.plan(sizes, idempotent=False, durable=False).retry_on == (Transient,)
     write = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("DEL", "dq:{n/a}:ready")))
-    assert core.plan(write, idempotent=False, durable=False).retry_on == ()
+    assert core.plan(write, idempotent=False, durable=False).retry_on == (Unsent,)
 
 
 class _RefuseFirstConsume(AsyncEngine):

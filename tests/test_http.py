@@ -454,7 +454,8 @@ def test_redis_down_gives_503_not_500(redis_server: Server) -> None:
     svc = serve(f"127.0.0.1:{dead}")
     base, admin = svc.base, svc.admin
     try:
-        r = httpx.put(f"{base}/api/ns/q", headers={"X-Token": "t"}, content=b"x")
+        # (after the retry budget: a connection refused is repeated, nothing having been sent)
+        r = httpx.put(f"{base}/api/ns/q", headers={"X-Token": "t"}, content=b"x", timeout=30)
         assert r.status_code == 503 and "unavailable" in r.json()["error"]
         assert httpx.get(f"{admin}/readyz").status_code == 503
     finally:
@@ -463,7 +464,7 @@ def test_redis_down_gives_503_not_500(redis_server: Server) -> None:
 
 def test_redis_lost_mid_flight_gives_503_on_every_route() -> None:
     """Redis dies after the token (with a rate limit) was cached: never a 500, on any route."""
-    server = start_server()
+    server = start_server(free_port(20000, 21000))  # a port no other test's server takes meanwhile
     svc = serve(f"127.0.0.1:{server.port}")
     base, admin = svc.base, svc.admin
     try:
@@ -480,6 +481,7 @@ def test_redis_lost_mid_flight_gives_503_on_every_route() -> None:
         assert httpx.put(f"{base}/api/ns/q", headers=h, content=b"x").status_code == 201
         server.kill()
         time.sleep(2.2)  # token and limit caches expired: every route must reach Redis again
+        # (a consume too: its rate limit is checked in Redis before it would wait for a job)
         calls = [
             ("PUT", "/api/ns/q"),
             ("PUT", "/api/ns/q/bulk"),

@@ -408,6 +408,14 @@ class EngineModel(RuleBasedStateMachine):
     def consume(self, queues: list[str], ttr: int, count: int) -> None:
         t0 = self.clock.now
         got, err = self.request("consume", self.svc.consume(self.route, NS, queues, ttr, count, 0))
+        f = self.fired()
+        if err is None and not got and f is not None and f.kind == "lost":
+            # A consume whose reply was lost is answered "no job", not repeated: what it may
+            # have reserved comes back after its ttr (engine/core.py, reserved_nothing).
+            STATS["no job after a lost consume reply"] += 1
+            for now in self.stamps(t0)[:1]:
+                self.model.unknown_consume(queues, now, ttr)
+            return
         if err is not None:
             assert isinstance(err, PoolUnavailable), err
             f = self.fired()

@@ -1,6 +1,7 @@
-"""Commands packed by hiredis (``cluster_dq/engine/wire.py``) are the bytes redis-py packs,
-whatever the arguments; and every topology's client opens its connections with the hiredis
-classes and works through them."""
+"""The connections of ``cluster_dq/engine/wire.py``: commands packed by hiredis are the bytes
+redis-py packs, whatever the arguments; every topology's client opens its connections with
+these classes and works through them. (What they say about a step being sent is
+tests/test_outages.py's.)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
 from cluster_dq.engine.aio import AsyncEngine
-from cluster_dq.engine.wire import HiredisConnection, HiredisSentinelConnection
+from cluster_dq.engine.wire import Connection as WireConnection
+from cluster_dq.engine.wire import SentinelConnection
 from cluster_dq.pools import close_client, make_client
 from tests.conftest import Deployment
 
@@ -31,7 +33,7 @@ argument = st.one_of(
     args=st.lists(argument, max_size=40),
 )
 def test_hiredis_packs_what_redis_py_packs(name: str | bytes, args: list[Any]) -> None:
-    ours = b"".join(HiredisConnection().pack_command(name, *args))
+    ours = b"".join(WireConnection().pack_command(name, *args))
     theirs = b"".join(Connection().pack_command(name, *args))
     if any(isinstance(a, float) for a in args):  # hiredis spells floats its own way
         assert ours.count(b"\r\n") == theirs.count(b"\r\n")
@@ -41,7 +43,7 @@ def test_hiredis_packs_what_redis_py_packs(name: str | bytes, args: list[Any]) -
 
 def test_an_argument_redis_cannot_take_is_refused_as_redis_py_refuses_it() -> None:
     with pytest.raises(DataError):
-        HiredisConnection().pack_command("SET", "k", None)
+        WireConnection().pack_command("SET", "k", None)
 
 
 async def test_every_topology_connects_with_the_hiredis_classes(deployment: Deployment) -> None:
@@ -50,11 +52,11 @@ async def test_every_topology_connects_with_the_hiredis_classes(deployment: Depl
         if isinstance(client, RedisCluster):
             await client.initialize()
             nodes = client.get_nodes()
-            assert nodes and all(n.connection_class is HiredisConnection for n in nodes)
+            assert nodes and all(n.connection_class is WireConnection for n in nodes)
         else:
             assert client.connection_pool.connection_class in (
-                HiredisConnection,
-                HiredisSentinelConnection,
+                WireConnection,
+                SentinelConnection,
             )
         engine = AsyncEngine(client)
         assert await engine.client.set("{wire}k", "v" * 10_000) is True

@@ -116,16 +116,21 @@ class AsyncEngine:
             await self.client.connection_pool.disconnect(inuse_connections=False)
 
     async def _translated(self, call: Awaitable[T]) -> T:
-        """The boundary: every error of an attempt leaves as the error tree's (``core``)."""
+        """The boundary: every error of an attempt leaves as the error tree's (``core``),
+        ``Unsent`` when none of the attempt reached a connection."""
+        attempt = core.Attempt()
+        token = core.ATTEMPT.set(attempt)
         try:
             return await call
         except core.CAUGHT as e:
-            err = core.translate(e)
+            err = core.translate(e, sent=attempt.sent)
             if err is None:
                 raise
             if core.forget_connections(err):
                 await self._forget_connections()
             raise err from e
+        finally:
+            core.ATTEMPT.reset(token)
 
     # -- driving an operation -----------------------------------------------------------------
 
@@ -144,16 +149,37 @@ class AsyncEngine:
                 return await self._attempt(run.stamped(step, self.clock, repeat=True), plan.how)
         raise AssertionError("unreachable")
 
-    async def run(self, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
+    async def _reconfirmed(self, step: Step, plan: core.Plan, replicas: int) -> int:
+        """Sends the durable step again until enough replicas confirm it, within the budget
+        (``Plan.reconfirm``); the first reply stands. The fewest replicas seen last."""
+        try:
+            async for attempt in AsyncRetrying(**core.reconfirm_policy(plan)):
+                with attempt:
+                    _, replicas = await self._attempt(core.restamp(step, self.clock()), plan.how)
+                    core.check_confirmed(replicas, self.wait_replicas)
+        except (core.Unconfirmed, RedisFailure):
+            pass  # not confirmed in time: NotReplicated, with the first reply
+        return replicas
+
+    async def run(
+        self,
+        op: Op[T],
+        *,
+        idempotent: bool = False,
+        durable: bool = False,
+        deadline: float | None = None,
+    ) -> T:
         """Drives one operation (``core.plan`` says how each step is sent and repeated).
         ``durable`` (with ``wait_replicas`` set): the job-acknowledging scripts are confirmed
-        by that many replicas, else ``NotReplicated`` is raised once the operation is done."""
+        by that many replicas, else ``NotReplicated`` is raised once the operation is done.
+        ``deadline`` (``time.monotonic()`` s): the request's own, the budget of its repeats."""
         run = core.Run(
             op,
             idempotent=idempotent,
             durable=durable,
             wait_replicas=self.wait_replicas,
             wait_timeout_ms=self.wait_timeout_ms,
+            deadline=deadline,
         )
         reply: Any = None
         while (nxt := run.next(reply)) is not None:
@@ -166,6 +192,8 @@ class AsyncEngine:
                     reply = None
             elif plan.how is core.How.DURABLE:
                 reply, replicas = await self._send(step, plan, run)
+                if plan.reconfirm and replicas < self.wait_replicas:
+                    replicas = await self._reconfirmed(step, plan, replicas)
                 run.confirmed(replicas)
             else:
                 reply = await self._send(step, plan, run)

@@ -5,6 +5,7 @@ and what a stale master calls for. No I/O here: the executors only send what thi
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import sys
 from collections.abc import Callable, Generator, Mapping
@@ -26,7 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import retry_if_exception_type
 
 from cluster_dq.engine.commands import Call, Eval, Step
-from cluster_dq.engine.retry import OPTIONAL_POLICY, POLICY
+from cluster_dq.engine.retry import OPTIONAL_POLICY, POLICY, until
 from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import (
     MovedDuringWait,
@@ -36,6 +37,7 @@ from cluster_dq.errors import (
     ServerError,
     StaleMaster,
     Transient,
+    Unsent,
 )
 
 T = TypeVar("T")
@@ -105,15 +107,19 @@ def classify(e: BaseException) -> Kind | None:
     return None
 
 
-def translate(e: BaseException) -> RedisFailure | None:
+def translate(e: BaseException, sent: bool = True) -> RedisFailure | None:
     """redis-py's (and the OS's) error -> the error tree; None when ``e`` is not one (a bug,
-    which the executor re-raises as it is). The executors call this once, at their boundary."""
+    which the executor re-raises as it is). The executors call this once, at their boundary.
+    ``sent``: whether any of the attempt reached a connection (``Attempt``); a transient
+    failure before that is ``Unsent``: nothing ran."""
     if isinstance(e, RedisFailure):
         return e
     kind = classify(e)
     if kind is None:
         return None
     text = f"{type(e).__name__}: {e}"
+    if kind is Kind.TRANSIENT and not sent:
+        return Unsent(f"nothing sent: {text}")
     if isinstance(e, ResponseError) and str(e).startswith("NOREPLICAS"):
         return StaleMaster(
             f"write refused, nothing written ({e}): the server lost its replicas, "
@@ -156,6 +162,39 @@ def leaked_transport_race(e: BaseException) -> bool:
     return False
 
 
+class Attempt:
+    """One attempt of a step: ``sent`` turns true when a connection is about to write any of
+    it (the transport calls ``mark_sent``; connecting, and asking Sentinel where the master
+    is, come before). Until then, a failure means nothing ran: the step is safe to repeat
+    whatever it is. One context variable per attempt, so concurrent attempts (tasks) never
+    see each other's, and a Cluster client's per-node tasks share their caller's."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+
+ATTEMPT: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar(
+    "cluster_dq_attempt", default=None
+)
+
+
+def mark_sent() -> None:
+    attempt = ATTEMPT.get()
+    if attempt is not None:
+        attempt.sent = True
+
+
+def reserved_nothing(e: RedisFailure) -> bool:
+    """The one rule for a consume that failed with ``e``: whether it can have reserved
+    anything. Refused (the server refused it, or nothing was sent): no, so a long poll keeps
+    waiting, as if no job were ready, until its deadline. Otherwise the reply was lost and
+    jobs may have been reserved for it: it is not repeated, and answers "no job"; what it
+    reserved comes back once the ttr ends (a try spent), as after a consumer crash."""
+    return isinstance(e, Refused)
+
+
 # -- how a step is sent --------------------------------------------------------------------
 
 
@@ -170,6 +209,24 @@ class Plan:
     how: How
     retry_on: tuple[type[BaseException], ...]  # the errors that repeat it (empty: none)
     policy: dict[str, Any]  # tenacity's arguments for the repeats
+    # A durable step that too few replicas confirmed is sent again, within the budget, until
+    # they do; its first reply stands. Only an idempotent operation's (a repeat changes
+    # nothing): what a Cluster shard needs after a failover, until its new master has a
+    # replica again (the old master rejoining, resyncing).
+    reconfirm: bool = False
+
+
+class Unconfirmed(Exception):
+    """A repeat of a durable step (``Plan.reconfirm``) that too few replicas confirmed yet."""
+
+
+def reconfirm_policy(plan: Plan) -> dict[str, Any]:
+    return _policy((Unconfirmed, *plan.retry_on), plan.policy)
+
+
+def check_confirmed(replicas: int, wanted: int) -> None:
+    if replicas < wanted:
+        raise Unconfirmed(f"{replicas} of {wanted} replicas")
 
 
 def _policy(retry_on: tuple[type[BaseException], ...], base: dict[str, Any]) -> dict[str, Any]:
@@ -178,25 +235,29 @@ def _policy(retry_on: tuple[type[BaseException], ...], base: dict[str, Any]) -> 
 
 _IDEMPOTENT = (Transient,)
 _NOT_IDEMPOTENT = (Refused,)
+_UNSENT = (Unsent,)
 
 
-def plan(step: Step, *, idempotent: bool, durable: bool) -> Plan:
+def plan(step: Step, *, idempotent: bool, durable: bool, deadline: float | None = None) -> Plan:
     """How to send ``step`` and which errors repeat it. An idempotent operation's steps repeat
     on any transient error (their arguments, job ids included, are fixed). Other steps repeat
-    only when the server refused them before running them (nothing ran), and only scripts. A
-    best-effort step gets a short budget: its operation succeeded and its caller is waiting;
-    a signal lost there is repaired by the reconcile sweep. ``durable``: the executor has a
-    replica count to wait for and the operation asked for it."""
+    only when nothing ran: the server refused them, or nothing was sent (``Unsent``; any
+    step, a script or not). A best-effort step gets a short budget: its operation succeeded
+    and its caller is waiting; a signal lost there is repaired by the reconcile sweep.
+    ``durable``: the executor has a replica count to wait for and the operation asked for it.
+    ``deadline`` (monotonic s): the request's own (a long poll's end), which replaces the
+    retry budget (``retry.until``)."""
     if isinstance(step, Eval) and step.optional:
         return Plan(How.OPTIONAL, _IDEMPOTENT, _policy(_IDEMPOTENT, OPTIONAL_POLICY))
     if _reads_only(step):  # repeating a read is always safe
         idempotent = True
     errors: tuple[type[BaseException], ...]
-    errors = _IDEMPOTENT if idempotent else _NOT_IDEMPOTENT if isinstance(step, Eval) else ()
-    policy = _policy(errors, POLICY) if errors else POLICY
+    errors = _IDEMPOTENT if idempotent else _NOT_IDEMPOTENT if isinstance(step, Eval) else _UNSENT
+    base = POLICY if deadline is None else until(deadline)
+    policy = _policy(errors, base)
     if durable and any(c.script in DURABLE_SCRIPTS for c in durable_calls(step)):
         # A repeat after a lost reply finds the jobs there and reports them as duplicates.
-        return Plan(How.DURABLE, errors, policy)
+        return Plan(How.DURABLE, errors, policy, reconfirm=idempotent)
     return Plan(How.PLAIN, errors, policy)
 
 
@@ -279,8 +340,10 @@ class Run(Generic[T]):
         durable: bool,
         wait_replicas: int,
         wait_timeout_ms: int,
+        deadline: float | None = None,
     ) -> None:
         self.op = op
+        self.deadline = deadline
         self.idempotent = idempotent
         self.durable = durable and wait_replicas > 0
         self.wanted, self.timeout_ms = wait_replicas, wait_timeout_ms
@@ -306,7 +369,9 @@ class Run(Generic[T]):
                 raise NotReplicated(self.acked, self.wanted, self.timeout_ms, stop.value) from None
             self.result = stop.value
             return None
-        return step, plan(step, idempotent=self.idempotent, durable=self.durable)
+        return step, plan(
+            step, idempotent=self.idempotent, durable=self.durable, deadline=self.deadline
+        )
 
     def confirmed(self, replicas: int) -> None:
         self.acked = min(self.acked, replicas)

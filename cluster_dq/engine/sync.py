@@ -141,6 +141,17 @@ class SyncEngine:
                 return self._attempt(run.stamped(step, self.clock, repeat=True), plan.how)
         raise AssertionError("unreachable")
 
+    def _reconfirmed(self, step: Step, plan: core.Plan, replicas: int) -> int:
+        """As ``AsyncEngine._reconfirmed``."""
+        try:
+            for attempt in Retrying(**core.reconfirm_policy(plan)):
+                with attempt:
+                    _, replicas = self._attempt(core.restamp(step, self.clock()), plan.how)
+                    core.check_confirmed(replicas, self.wait_replicas)
+        except (core.Unconfirmed, RedisFailure):
+            pass
+        return replicas
+
     def run(self, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
         """Drives one operation, as ``AsyncEngine.run`` does."""
         run = core.Run(
@@ -161,6 +172,8 @@ class SyncEngine:
                     reply = None
             elif plan.how is core.How.DURABLE:
                 reply, replicas = self._send(step, plan, run)
+                if plan.reconfirm and replicas < self.wait_replicas:
+                    replicas = self._reconfirmed(step, plan, replicas)
                 run.confirmed(replicas)
             else:
                 reply = self._send(step, plan, run)

@@ -1,11 +1,15 @@
-"""Commands packed into the Redis protocol by hiredis (C) rather than redis-py's Python packer.
+"""The connections every pool's asyncio client opens: redis-py's, with two differences.
 
-redis-py's blocking client packs with hiredis when it is installed; its asyncio connections
-pack in Python, argument by argument. A grouped publish of a dozen jobs is a hundred arguments,
-and packing them took a tenth of a request's CPU. These connection classes differ from
-redis-py's only in ``pack_command`` (pipelines pack through it too); ``use_hiredis`` points a
-client's pools at them before any connection is made, on every topology.
-``tests/test_wire.py`` checks the bytes are redis-py's own.
+- **Commands are packed by hiredis (C).** redis-py's blocking client packs with hiredis when it
+  is installed; its asyncio connections pack in Python, argument by argument, and a grouped
+  publish of a dozen jobs is a hundred arguments (a tenth of a request's CPU). Pipelines pack
+  through ``pack_command`` too. ``tests/test_wire.py`` checks the bytes are redis-py's own.
+- **They say when a step is about to be written** (``core.mark_sent``): an error before that
+  (connecting, asking Sentinel for the master) means nothing of the step reached Redis, which
+  the executor reports as ``Unsent``, safe to repeat whatever the step is.
+
+``make_client`` (``pools.py``) builds each topology's client with them; a Cluster has no
+constructor argument for its connection class, ``use_on_cluster`` sets it.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ from typing import Any
 
 import hiredis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import Connection, ConnectionPool
+from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.exceptions import DataError
 
+from cluster_dq.engine import core
 
-class _HiredisPacking:
+
+class _Wire:
     def pack_command(self, *args: Any) -> list[bytes]:
         first = args[0]
         # A command name with a space ("SCRIPT LOAD", "CLIENT KILL") goes as several
@@ -33,26 +39,23 @@ class _HiredisPacking:
         except TypeError as e:  # None, bool, a dict: what redis-py's encoder refuses too
             raise DataError(str(e)) from e
 
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.is_connected:  # type: ignore[attr-defined]
+            await self.connect()  # type: ignore[attr-defined]
+        core.mark_sent()
+        await super().send_packed_command(command, check_health)  # type: ignore[misc]
 
-class HiredisConnection(_HiredisPacking, Connection):
+
+class Connection(_Wire, RedisConnection):
     pass
 
 
-class HiredisSentinelConnection(_HiredisPacking, SentinelManagedConnection):
+class SentinelConnection(_Wire, SentinelManagedConnection):
     pass
 
 
-def use_hiredis(client: Any) -> None:
-    """Makes ``client`` (standalone, Sentinel-managed or Cluster; not connected yet) open its
-    connections with the classes above."""
-    if isinstance(client, RedisCluster):
-        manager = client.nodes_manager
-        manager.connection_kwargs["connection_class"] = HiredisConnection
-        for node in (*manager.startup_nodes.values(), *manager.nodes_cache.values()):
-            node.connection_class = HiredisConnection
-        return
-    pool: ConnectionPool = client.connection_pool
-    if pool.connection_class is SentinelManagedConnection:
-        pool.connection_class = HiredisSentinelConnection
-    elif pool.connection_class is Connection:
-        pool.connection_class = HiredisConnection
+def use_on_cluster(cluster: RedisCluster) -> None:
+    """Makes a Cluster client (not connected yet) open its connections as ``Connection``."""
+    cluster.connection_kwargs["connection_class"] = Connection
+    for node in cluster.nodes_manager.startup_nodes.values():
+        node.connection_class = Connection

@@ -1,0 +1,209 @@
+"""Consumers ride over a Redis outage shorter than their own deadline (the failover drills'
+"no consumer sees a 503"): a long-poll consume keeps waiting while Redis cannot be reached
+and an ack is repeated within the retry budget, with nothing lost or delivered twice. A
+consume whose reply was lost is not repeated: it answers "no job" and what it may have
+reserved comes back after its ttr. Redis is real: a server of the test's own, killed and
+restarted on its port (its data kept by a SAVE just before), or a reply dropped after the
+script ran."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from cluster_dq.clock import now_ms
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.commands import EngineConfig, Eval
+from cluster_dq.localredis import SentinelGroup, Server, free_port, start_server
+from cluster_dq.models import JobSpec, JobState
+from cluster_dq.pools import RedisPool, close_client, make_client
+from cluster_dq.service import Service
+from cluster_dq.settings import load
+
+NS = "out"
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    # The test's own, killed and restarted: on a port outside the range other tests pick
+    # from, so that no server started meanwhile takes it while this one is down.
+    s = start_server(free_port(20000, 21000))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+async def service(server: Server) -> AsyncIterator[Service]:
+    settings = load(None, {"CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{server.port}"})
+    pool = RedisPool.create(settings.Pool["default"], EngineConfig())
+    await pool.start(run_pump=False)
+    yield Service(settings, {"default": pool})
+    await pool.close()
+
+
+async def outage(server: Server, seconds: float) -> None:
+    """Redis down for ``seconds`` (connections refused), then back with the data it had."""
+    with server.client() as r:
+        r.save()
+    server.kill(signal.SIGKILL)
+    await asyncio.sleep(seconds)
+    await asyncio.to_thread(server.restart)
+
+
+async def test_a_long_poll_consume_waits_out_an_outage_and_gets_the_job(
+    service: Service, server: Server
+) -> None:
+    """Redis is down when the consume arrives and for 1.5 s of its 6-s long poll; a job
+    published once it is back is delivered to it: no 503, no job twice."""
+    route = service.route("default")
+    down = asyncio.create_task(outage(server, 1.5))
+    await asyncio.sleep(0.2)  # the consume meets a refused connection
+    started = time.monotonic()
+    consume = asyncio.create_task(service.consume(route, NS, ["q"], 30_000, 1, 6_000))
+    await down
+    (published,) = await service.publish(route, NS, "q", [JobSpec(b"after")])
+    jobs = await consume
+    assert [j.job_id for j in jobs] == [published.job_id]
+    assert time.monotonic() - started < 6  # delivered as it was published, not at the deadline
+    assert await service.consume(route, NS, ["q"], 30_000, 1, 0) == []
+
+
+async def test_a_consume_answers_no_job_when_the_outage_outlasts_its_timeout(
+    service: Service, server: Server
+) -> None:
+    """An outage longer than the long poll: "no job available" at the timeout (nothing can
+    have been reserved), and the job published before is still there afterwards."""
+    route = service.route("default")
+    (published,) = await service.publish(route, NS, "q", [JobSpec(b"kept")])
+    await service.consume(route, NS, ["q"], 30_000, 1, 0)  # reserved: the queue is empty now
+    with server.client() as r:
+        r.save()
+    server.kill(signal.SIGKILL)
+    try:
+        # No long poll: the pooled connection's first use finds it closed (the step may have
+        # been sent) or the connection is refused; either way, no job and no error.
+        assert await service.consume(route, NS, ["q"], 30_000, 1, 0) == []
+        started = time.monotonic()
+        assert await service.consume(route, NS, ["q"], 30_000, 1, 1_000) == []
+        assert 0.9 < time.monotonic() - started < 3  # waited out its long poll
+    finally:
+        await asyncio.to_thread(server.restart)
+    job = await service.peek_job(route, NS, "q", published.job_id)
+    assert job.deliveries == 1  # held by the first consume still: nothing lost, none spent
+
+
+async def test_an_ack_rides_over_an_outage_within_its_budget(
+    service: Service, server: Server
+) -> None:
+    """A job consumed before the outage is acked during it: the ack is repeated until Redis
+    is back (1.5 s, inside the retry budget) and the job is gone: never delivered again."""
+    route = service.route("default")
+    (published,) = await service.publish(route, NS, "q", [JobSpec(b"x", tries=3)])
+    (job,) = await service.consume(route, NS, ["q"], 1_000, 1, 0)  # ttr 1 s
+    down = asyncio.create_task(outage(server, 1.5))
+    await asyncio.sleep(0.2)
+    (state,) = await service.ack(route, NS, "q", [job.job_id])
+    await down
+    assert state is not None
+    await asyncio.sleep(1.2)  # past the ttr: an unacked job would be back
+    assert await service.consume(route, NS, ["q"], 1_000, 1, 300) == []
+    sizes = await service.sizes(route, NS, "q")
+    assert (sizes.ready, sizes.reserved, sizes.delayed) == (0, 0, 0)
+    assert published.job_id == job.job_id
+
+
+async def test_a_consume_whose_reply_was_lost_is_not_repeated(service: Service) -> None:
+    """The consume script ran (the job is reserved) and its reply was lost: the request
+    answers "no job" instead of a 503 and is not repeated (a repeat would reserve more than
+    the consumer will ever get); the job comes back after its ttr, one try spent."""
+    route = service.route("default")
+    engine = service.pools["default"].engine
+    (published,) = await service.publish(route, NS, "q", [JobSpec(b"x", tries=3)])
+    sent: list[str] = []
+    real_step = engine._step
+
+    async def lose_the_consume_reply(step: Any) -> Any:
+        reply = await real_step(step)
+        if isinstance(step, Eval) and step.script == "consume":
+            sent.append(step.script)
+            raise RedisConnectionError("reply lost")
+        return reply
+
+    engine._step = lose_the_consume_reply  # type: ignore[method-assign]
+    try:
+        assert await service.consume(route, NS, ["q"], 1_000, 1, 3_000) == []
+    finally:
+        del engine._step
+    assert sent == ["consume"]  # sent once: not repeated
+    sizes = await service.sizes(route, NS, "q")
+    assert (sizes.ready, sizes.reserved) == (0, 1)
+    (again,) = await service.consume(route, NS, ["q"], 30_000, 1, 3_000)  # after the ttr
+    assert again.job_id == published.job_id and again.deliveries == 2
+
+
+async def test_a_consume_refused_before_sending_is_repeated_until_its_deadline(
+    service: Service,
+) -> None:
+    """A connection that failed before anything was sent (no connection to the master yet):
+    nothing can have run, so the consume is repeated, within its long poll, and delivers."""
+    route = service.route("default")
+    engine = service.pools["default"].engine
+    (published,) = await service.publish(route, NS, "q", [JobSpec(b"x")])
+    failures: list[int] = []
+    real_step = engine._step
+
+    async def refuse_twice(step: Any) -> Any:
+        if isinstance(step, Eval) and step.script == "consume" and len(failures) < 2:
+            failures.append(1)
+            raise RedisConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+        return await real_step(step)
+
+    engine._step = refuse_twice  # type: ignore[method-assign]
+    try:
+        (job,) = await service.consume(route, NS, ["q"], 30_000, 1, 3_000)
+    finally:
+        del engine._step
+    assert job.job_id == published.job_id and job.deliveries == 1 and len(failures) == 2
+
+
+async def test_an_ack_that_no_replica_confirms_yet_is_confirmed_once_one_does(
+    redis_sentinel: SentinelGroup,
+) -> None:
+    """A durable ack (both replicas asked for) while one replica is stopped for 1.5 s (as a
+    Cluster shard's promoted master is without a replica until the old one rejoins): the ack
+    is sent again until both confirm it, within the budget, and answers what it found the
+    first time (reserved), not the "not found" of its repeats; no error."""
+    client = make_client(redis_sentinel.pool_settings())
+    engine = AsyncEngine(client, wait_replicas=2, wait_timeout_ms=300)
+    cfg = engine.config
+    master = redis_sentinel.master()
+    replica = next(s for s in redis_sentinel.servers if s is not master)
+    try:
+        (p,) = await engine.run(
+            ops.publish(cfg, NS, "dur", [JobSpec(b"x")], now_ms()), idempotent=True, durable=True
+        )
+        await engine.run(ops.consume(cfg, NS, ["dur"], 30_000, 1, now_ms()))
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        resume = asyncio.get_running_loop().call_later(
+            1.5, os.kill, replica.process.pid, signal.SIGCONT
+        )
+        try:
+            (state,) = await engine.run(
+                ops.ack(NS, "dur", [p.job_id], now_ms(), 60_000), idempotent=True, durable=True
+            )
+        finally:
+            resume.cancel()
+            os.kill(replica.process.pid, signal.SIGCONT)
+        assert state is JobState.RESERVED
+        assert await engine.run(ops.peek_job(NS, "dur", p.job_id)) is None  # acked
+    finally:
+        await engine.run(ops.destroy(cfg, NS, "dur"), idempotent=True)
+        await close_client(client)
