@@ -594,38 +594,24 @@ def sizes(cfg: EngineConfig, ns: str, q: str) -> Op[Sizes]:
 
 def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
     """One pump step for a queue: open wheel buckets that start soon (unless consumers lag
-    behind), promote due jobs, expire reservations and ttls. Returns sizes and next event."""
+    behind), promote due jobs, expire reservations and ttls. Returns sizes and next event.
+
+    The look for buckets to open goes in the same round trip as the promote and expiry
+    scripts: most steps find none (a job due within the open lead never enters the wheel),
+    and then the step is that one round trip. When buckets open, the scripts run once more
+    after them, for the jobs the buckets brought."""
     qk = QueueKeys(ns, q)
     fixed = _fixed(qk)
     horizon = now + cfg.open_lead_ms
-    held_back = False
-    for _ in range(cfg.open_calls_per_tick):
-        ready, near, names = yield (
-            Cmd(("ZCARD", qk.ready)),
-            Cmd(("ZCOUNT", qk.delayed, "-inf", horizon + BUCKET_WIDTH_MS)),
-            Cmd(
-                (
-                    "ZRANGE",
-                    qk.wheel,
-                    "-inf",
-                    horizon,
-                    "BYSCORE",
-                    "LIMIT",
-                    0,
-                    cfg.open_buckets_per_call,
-                )
-            ),
-        )
-        if not names:
-            break
-        if int(ready) + int(near) >= cfg.open_backlog:
-            held_back = True
-            break
-        bnames = [n.decode() for n in names]
-        keys = {"queue": fixed, "buckets": [qk.bucket(b) for b in bnames]}
-        yield _eval("open_buckets", keys, stamped=True, now=now, names=bnames)
+    probe = (
+        Cmd(("ZCARD", qk.ready)),
+        Cmd(("ZCOUNT", qk.delayed, "-inf", horizon + BUCKET_WIDTH_MS)),
+        Cmd(
+            ("ZRANGE", qk.wheel, "-inf", horizon, "BYSCORE", "LIMIT", 0, cfg.open_buckets_per_call)
+        ),
+    )
     queue = {"queue": fixed}
-    reply = yield (
+    steps = (
         _eval(
             "promote_due", queue, stamped=True, now=now, limit=cfg.promote_limit, notify=qk.notify
         ),
@@ -640,19 +626,33 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
         _eval("expire_ttl", queue, stamped=True, now=now, limit=cfg.promote_limit),
         _eval("next_event", queue, open_lead=cfg.open_lead_ms),
     )
-    promoted = replies.decode_moved(reply[0])
-    expired = replies.decode_expire_reserved(reply[1])
-    gone = replies.decode_count(reply[2])
+    first = yield (*probe, *steps)
+    (ready, near, names), replies_ = first[:3], [first[3:]]
+    held_back = opened = False
+    for _ in range(cfg.open_calls_per_tick):
+        if not names:
+            break
+        if int(ready) + int(near) >= cfg.open_backlog:
+            held_back = True
+            break
+        bnames = [n.decode() for n in names]
+        keys = {"queue": fixed, "buckets": [qk.bucket(b) for b in bnames]}
+        yield _eval("open_buckets", keys, stamped=True, now=now, names=bnames)
+        opened = True
+        ready, near, names = yield probe
+    if opened:
+        replies_.append((yield steps))
+    moved = retried = dead = expired_ = 0
+    for reply in replies_:
+        promoted = replies.decode_moved(reply[0])
+        expired = replies.decode_expire_reserved(reply[1])
+        moved += promoted.moved
+        retried += expired.retried
+        dead += expired.dead
+        expired_ += promoted.expired + expired.expired + replies.decode_count(reply[2])
     if cfg.moves:
-        cfg.moves.moved(
-            ns,
-            q,
-            promoted.moved,
-            expired.retried,
-            expired.dead,
-            promoted.expired + expired.expired + gone,
-        )
-    result = replies.decode_sizes(reply[-1])
+        cfg.moves.moved(ns, q, moved, retried, dead, expired_)
+    result = replies.decode_sizes(replies_[-1][-1])
     if held_back and result.next_event_ms is not None:
         # Consumers lag: look again soon instead of spinning on an overdue bucket.
         result = Sizes(
