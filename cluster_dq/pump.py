@@ -28,7 +28,10 @@ from cluster_dq.metrics import PoolMetrics, SizeBoard
 
 log = logging.getLogger(__name__)
 
-MIN_STEP_MS = 10
+# The soonest a queue's next pump step comes after one: a queue with a job due every few ms
+# is pumped every 50 ms, not at each job. Consumers do not wait for it: a consume promotes
+# what is due itself, and a waiting consumer's watcher wakes at a job's due time.
+MIN_STEP_MS = 50
 
 
 class Pump:
