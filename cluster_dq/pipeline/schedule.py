@@ -18,16 +18,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.engine.commands import BulkJob, EngineConfig
 from cluster_dq.errors import ClusterDQError
 from cluster_dq.http.params import check_names
-from cluster_dq.keys import BUCKET_WIDTH_MS
-from cluster_dq.models import MAX_BULK, JobSpec, encode_id, validate_spec
+from cluster_dq.keys import BUCKET_WIDTH_MS as WIDTH
+from cluster_dq.models import MAX_BULK, JobSpec, encode_id, id_to_member, validate_spec
 from cluster_dq.pipeline import Target, route_of
 from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
@@ -37,6 +37,17 @@ FILL = 0.8  # aim lanes at 80 % of a bucket's capacity: hashing spreads rows une
 MAX_LANES = 65_535
 PIPELINE_BATCHES = 32  # publish scripts per round trip (on a Cluster: split by node)
 
+COLUMNS = (
+    "namespace",
+    "queue",
+    "body",
+    "delay_s",
+    "due_ms",
+    "ttl_s",
+    "tries",
+    "priority",
+    "job_id",
+)
 # (ok, namespace, queue, body, due_ms, expire_at_ms (0 = never), tries, priority, job_id, reason)
 Checked = tuple[bool, str, str, bytes, int, int, int, int, str | None, str]
 
@@ -59,24 +70,26 @@ class ScheduleCounts:
 
 
 def check_row(row: Any, reference_ms: int) -> Checked:
-    """One input row -> a normalised job, or the reason it is refused."""
+    """One input row (a dict or a ``Row``, absent columns None) -> a normalised job, or the
+    reason it is refused."""
     get = row.asDict().get if hasattr(row, "asDict") else row.get
-    ns, q = get("namespace"), get("queue")
+    return check_values(tuple(get(c) for c in COLUMNS), reference_ms)
+
+
+def check_values(values: Sequence[Any], reference_ms: int) -> Checked:
+    """``check_row`` for the row's values in the order of ``COLUMNS``."""
+    ns, q, body, delay_s, due_ms, ttl_s, tries, priority, job_id = values
     try:
         if not isinstance(ns, str) or not isinstance(q, str):
             raise ValueError("namespace and queue are required strings")
         check_names(ns, q)
-        body = get("body")
         body = body.encode() if isinstance(body, str) else bytes(body) if body is not None else b""
-        delay_s, due_ms = get("delay_s"), get("due_ms")
         if delay_s is not None and due_ms is not None:
             raise ValueError("give delay_s or due_ms, not both")
         due = int(due_ms) if due_ms is not None else reference_ms + int((delay_s or 0) * 1000)
-        ttl_s = get("ttl_s")
         ttl_ms = int((DEFAULT_TTL_S if ttl_s is None else ttl_s) * 1000)
-        tries = int(get("tries") if get("tries") is not None else 1)
-        priority = int(get("priority") or 0)
-        job_id = get("job_id")
+        tries = int(tries if tries is not None else 1)
+        priority = int(priority or 0)
         if due < 0:
             raise ValueError("due time before 1970")
         spec = JobSpec(body, max(due - reference_ms, 0), ttl_ms, tries, priority, None, job_id)
@@ -92,20 +105,25 @@ def check_row(row: Any, reference_ms: int) -> Checked:
 
 
 def window_of(due_ms: int) -> int:
-    return due_ms - due_ms % BUCKET_WIDTH_MS
+    return due_ms - due_ms % WIDTH
 
 
 def lanes_for(count: int, capacity: int) -> int:
     return max(1, min(MAX_LANES, -(-count // int(capacity * FILL))))
 
 
-def derived_id(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> str:
-    """A server-format id (due ms | lane | 8 bytes) that the same row always gets."""
+def derived_member(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> bytes:
+    """The 16 raw bytes (due ms | lane | 8 bytes of a hash) of the id the same row always gets."""
     digest = hashlib.blake2b(
         b"%s/%s\x00%d\x00" % (ns.encode(), q.encode(), due_ms) + body, digest_size=8
     ).digest()
     lane = int.from_bytes(digest, "big") % lanes
-    return encode_id(due_ms.to_bytes(6, "big") + lane.to_bytes(2, "big") + digest)
+    return due_ms.to_bytes(6, "big") + lane.to_bytes(2, "big") + digest
+
+
+def derived_id(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> str:
+    """A server-format id (due ms | lane | 8 bytes) that the same row always gets."""
+    return encode_id(derived_member(ns, q, due_ms, body, lanes))
 
 
 def spec_of(job: Checked, lanes: dict[tuple[str, str, int], int]) -> JobSpec:
@@ -113,6 +131,16 @@ def spec_of(job: Checked, lanes: dict[tuple[str, str, int], int]) -> JobSpec:
     if job_id is None:
         job_id = derived_id(ns, q, due, body, lanes.get((ns, q, window_of(due)), 1))
     return JobSpec(body, 0, 0, tries, priority, None, job_id, due_ms=due, expire_at_ms=expire_at)
+
+
+def bulk_job(job: Checked, lanes: dict[tuple[str, str, int], int]) -> BulkJob:
+    """``spec_of`` as the engine's bulk publish takes it: the id as its stored member."""
+    _, ns, q, body, due, expire_at, tries, priority, job_id, _ = job
+    if job_id is None:
+        member = derived_member(ns, q, due, body, lanes.get((ns, q, due - due % WIDTH), 1))
+    else:
+        member = id_to_member(job_id)  # a client id, or a server-format id made for its due
+    return (member, due, expire_at, tries, priority, body)
 
 
 def publish_partition(
@@ -128,8 +156,8 @@ def publish_partition(
     from cluster_dq.pools import make_sync_client
 
     engines: dict[str, SyncEngine] = {}
-    batches: dict[str, list[tuple[str, str, list[JobSpec]]]] = {}
-    open_batch: dict[tuple[str, str], tuple[PoolSettings, list[JobSpec]]] = {}
+    batches: dict[str, list[tuple[str, str, list[BulkJob]]]] = {}
+    open_batch: dict[tuple[str, str], tuple[str, list[BulkJob]]] = {}
     new = present = 0
 
     def flush(pool: str) -> None:
@@ -140,16 +168,15 @@ def publish_partition(
         now = int(time.time() * 1000)
         # durable: with the pool's WaitReplicas, a batch its replicas did not confirm fails the
         # task (NotReplicated), and Spark's rerun finds the confirmed jobs present.
-        for published in engine.run(
-            ops.publish_many(engine.config, batches[pool], now), idempotent=True, durable=True
-        ):
-            dup = sum(1 for p in published if p.duplicate)
-            present += dup
-            new += len(published) - dup
+        dups = engine.run(
+            ops.publish_bulk(engine.config, batches[pool], now), idempotent=True, durable=True
+        )
+        present += sum(dups)
+        new += sum(len(jobs) for _, _, jobs in batches[pool]) - sum(dups)
         batches[pool].clear()
 
-    def add(pool: str, ns: str, q: str, specs: list[JobSpec]) -> None:
-        batches.setdefault(pool, []).append((ns, q, specs))
+    def add(pool: str, ns: str, q: str, jobs: list[BulkJob]) -> None:
+        batches.setdefault(pool, []).append((ns, q, jobs))
         if len(batches[pool]) >= PIPELINE_BATCHES:
             flush(pool)
 
@@ -165,19 +192,66 @@ def publish_partition(
                         wait_replicas=pool.WaitReplicas,
                         wait_timeout_ms=pool.WaitTimeoutMs,
                     )
-                open_batch[key] = (pool, [])
-            pool, batch = open_batch[key]
-            batch.append(spec_of(job, lanes))
+                open_batch[key] = (pool.name, [])
+            name, batch = open_batch[key]
+            batch.append(bulk_job(job, lanes))
             if len(batch) == MAX_BULK:
-                add(pool.name, key[0], key[1], open_batch.pop(key)[1])
-        for (ns, q), (pool, specs) in open_batch.items():
-            add(pool.name, ns, q, specs)
+                add(name, key[0], key[1], open_batch.pop(key)[1])
+        for (ns, q), (name, jobs) in open_batch.items():
+            add(name, ns, q, jobs)
         for name in engines:
             flush(name)
     finally:
         for engine in engines.values():
             engine.client.close()
     yield new, present
+
+
+def _checked_partition(
+    route: PoolRoute[PoolSettings],
+    rows: Iterable[Sequence[Any]],
+    reference_ms: int,
+    lanes: dict[tuple[str, str, int], int],
+    config: EngineConfig,
+) -> Iterator[tuple[int, int, int]]:
+    """Checks and publishes one partition's rows (values in ``COLUMNS`` order); yields (new,
+    present, rejected)."""
+    rejected = 0
+
+    def valid() -> Iterator[Checked]:
+        nonlocal rejected
+        for row in rows:
+            job = check_values(row, reference_ms)
+            if job[0]:
+                yield job
+            else:
+                rejected += 1
+
+    for new, present in publish_partition(route, valid(), lanes, config):
+        yield new, present, rejected
+
+
+def window_counts(df: Any, reference_ms: int, open_lead_ms: int) -> dict[tuple[str, str, int], int]:
+    """Rows without a ``job_id`` per (namespace, queue, 10-s window of the due time), for the
+    windows that rest in the wheel: counted in the JVM, valid rows or not (a refused row only
+    makes its window's lanes a little more), before any publish, so every task and every rerun
+    derives the same lanes."""
+    from pyspark.sql import functions as F
+
+    col = {c: F.col(c) if c in df.columns else F.lit(None) for c in COLUMNS}
+    # check_values' due time, in Spark's arithmetic (casts truncate as int() does)
+    due = F.coalesce(
+        col["due_ms"].cast("long"),
+        F.lit(reference_ms) + (F.coalesce(col["delay_s"], F.lit(0)) * 1000).cast("long"),
+    )
+    return {
+        (r[0], r[1], r[2]): r[3]
+        for r in df.select(col["namespace"].alias("ns"), col["queue"].alias("q"), due.alias("due"))
+        .where(col["job_id"].isNull() & (F.col("due") > reference_ms + open_lead_ms))
+        .groupBy("ns", "q", (F.col("due") - F.col("due") % WIDTH).alias("window"))
+        .count()
+        .collect()
+    }
 
 
 def schedule(
@@ -194,23 +268,17 @@ def schedule(
     ``target``, a pool or a route (a ring spreads the queues over its pools). ``config``: the
     deployment's (``EngineConfig.from_settings``), as the service has it; the default suits
     only a deployment with the default settings."""
+    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     started = time.monotonic()
     ref = reference_ms if reference_ms is not None else int(time.time() * 1000)
     df = spark.read.parquet(source) if isinstance(source, str) else source
-    checked = df.rdd.map(lambda row: check_row(row, ref)).cache()
-    valid = checked.filter(lambda c: c[0])
     cfg = config or EngineConfig()
-    capacity, open_lead_ms = cfg.lane_capacity, cfg.open_lead_ms
+    capacity = cfg.lane_capacity
     # Lanes per (queue, 10-s window) from the window's job count: known before any publish,
     # so every task (and every rerun) derives the same ids.
-    counts = (
-        valid.filter(lambda c: c[8] is None and c[4] > ref + open_lead_ms)
-        .map(lambda c: ((c[1], c[2], window_of(c[4])), 1))
-        .reduceByKey(lambda a, b: a + b)
-        .collectAsMap()
-    )
+    counts = window_counts(df, ref, cfg.open_lead_ms)
     lanes = {k: lanes_for(n, capacity) for k, n in counts.items()}
     lanes_bc = spark.sparkContext.broadcast(lanes)
     if progress:
@@ -219,12 +287,12 @@ def schedule(
             flush=True,
         )
     route = route_of(target)
-    totals = valid.mapPartitions(
-        lambda rows: publish_partition(route, rows, lanes_bc.value, cfg)
-    ).fold((0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1]))
-    rejected_rdd = checked.filter(lambda c: not c[0]).map(lambda c: (c[1], c[2], c[9]))
-    rejected = rejected_rdd.count()
-    if rejects_path is not None and rejected:
+    # the rows as plain values in COLUMNS order (absent columns null): one pass, no cache
+    rows = df.select(*[F.col(c) if c in df.columns else F.lit(None).alias(c) for c in COLUMNS]).rdd
+    new, present, rejected = rows.mapPartitions(
+        lambda part: _checked_partition(route, part, ref, lanes_bc.value, cfg)
+    ).fold((0, 0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1], a[2] + b[2]))
+    if rejects_path is not None and rejected:  # a second pass, only for the refused rows
         schema = T.StructType(
             [
                 T.StructField("namespace", T.StringType()),
@@ -232,6 +300,10 @@ def schedule(
                 T.StructField("reason", T.StringType()),
             ]
         )
-        spark.createDataFrame(rejected_rdd, schema).write.mode("overwrite").parquet(rejects_path)
-    checked.unpersist()
-    return ScheduleCounts(totals[0], totals[1], rejected, ref, time.monotonic() - started)
+        refused = (
+            rows.map(lambda row: check_values(row, ref))
+            .filter(lambda c: not c[0])
+            .map(lambda c: (c[1], c[2], c[9]))
+        )
+        spark.createDataFrame(refused, schema).write.mode("overwrite").parquet(rejects_path)
+    return ScheduleCounts(new, present, rejected, ref, time.monotonic() - started)
