@@ -25,7 +25,7 @@ local lead, keep, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local was_empty = redis.call('EXISTS', READY) == 0
 -- What place() (lib/queue.lua) does job by job, done once per call with the same outcome (the
 -- call is atomic): whether the queue comes into being, whether any id can have been acked,
--- each bucket's fill, its WHEEL entry, META.w and META.next. A job that goes into its bucket
+-- each bucket's fill (HLEN once), its WHEEL entry, META.w and META.next. A job that goes into its bucket
 -- is written with HSETNX, which is its duplicate check in that bucket too.
 local fresh = redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0
 local acked = redis.call('EXISTS', ACKED) == 1
@@ -78,7 +78,7 @@ for i = 1, #expiring, 2 * CHUNK do
 end
 if wheeled > 0 then count_wheel(wheeled) end
 if low then lowered = math.max(lowered, lower_next(low)) end
-for k = FIRST_EXTRA, #KEYS do out[#out + 1] = redis.call('HLEN', KEYS[k]) end
+for k = FIRST_EXTRA, #KEYS do out[#out + 1] = fill[k] or redis.call('HLEN', KEYS[k]) end
 notify(channel, was_empty)
 out[#out + 1] = lowered
 return out
