@@ -40,6 +40,7 @@ MAX_LANES = 65_535
 # keys, one lookup and WHEEL entry per bucket of up to 31 lanes) is shared by more jobs.
 JOBS_PER_CALL = 512
 PIPELINE_BATCHES = 8  # publish scripts per round trip (on a Cluster: split by node)
+HELD_JOBS = 262_144  # jobs a task holds (~80 MB) to send them sorted by wheel bucket
 
 COLUMNS = (
     "namespace",
@@ -152,6 +153,10 @@ def bulk_job(job: Checked, lanes: dict[tuple[str, str, int], int]) -> BulkJob:
     return (member, due, expire_at, tries, priority, body)
 
 
+def _bucket_order(job: BulkJob) -> tuple[int, bytes]:
+    return job[1] // WIDTH, job[0][6:8]  # a server-format id's lane (bytes 6-7)
+
+
 def publish_partition(
     route: PoolRoute[PoolSettings],
     rows: Iterable[Checked],
@@ -166,7 +171,7 @@ def publish_partition(
 
     engines: dict[str, SyncEngine] = {}
     batches: dict[str, list[tuple[str, str, list[BulkJob]]]] = {}
-    open_batch: dict[tuple[str, str], tuple[str, list[BulkJob]]] = {}
+    held: dict[tuple[str, str], tuple[str, list[BulkJob]]] = {}  # queue -> (pool, jobs)
     new = present = 0
 
     def flush(pool: str) -> None:
@@ -184,15 +189,22 @@ def publish_partition(
         new += sum(len(jobs) for _, _, jobs in batches[pool]) - sum(dups)
         batches[pool].clear()
 
-    def add(pool: str, ns: str, q: str, jobs: list[BulkJob]) -> None:
-        batches.setdefault(pool, []).append((ns, q, jobs))
-        if len(batches[pool]) >= PIPELINE_BATCHES:
-            flush(pool)
+    def send_held() -> None:
+        # each queue's jobs by wheel bucket (window, lane): a call then touches a few buckets,
+        # not one per job (a window of 10 M jobs has thousands of lanes)
+        for (ns, q), (pool, jobs) in held.items():
+            jobs.sort(key=_bucket_order)
+            for i in range(0, len(jobs), JOBS_PER_CALL):
+                batches.setdefault(pool, []).append((ns, q, jobs[i : i + JOBS_PER_CALL]))
+                if len(batches[pool]) >= PIPELINE_BATCHES:
+                    flush(pool)
+        held.clear()
 
     try:
+        count = 0
         for job in rows:
             key = (job[1], job[2])
-            if key not in open_batch:
+            if key not in held:
                 pool = route.place(*key).write
                 if pool.name not in engines:
                     engines[pool.name] = SyncEngine(
@@ -201,13 +213,12 @@ def publish_partition(
                         wait_replicas=pool.WaitReplicas,
                         wait_timeout_ms=pool.WaitTimeoutMs,
                     )
-                open_batch[key] = (pool.name, [])
-            name, batch = open_batch[key]
-            batch.append(bulk_job(job, lanes))
-            if len(batch) == JOBS_PER_CALL:
-                add(name, key[0], key[1], open_batch.pop(key)[1])
-        for (ns, q), (name, jobs) in open_batch.items():
-            add(name, ns, q, jobs)
+                held[key] = (pool.name, [])
+            held[key][1].append(bulk_job(job, lanes))
+            count += 1
+            if count % HELD_JOBS == 0:
+                send_held()
+        send_held()
         for name in engines:
             flush(name)
     finally:
