@@ -16,6 +16,8 @@ places the very same jobs and the engine reports them as already present. Two id
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -165,29 +167,43 @@ def publish_partition(
 ) -> Iterator[tuple[int, int]]:
     """Publishes one partition's valid rows, each on the pool its route places the queue on
     (a client per pool and partition, with the deployment's ``config``: the shard a queue is
-    signalled on depends on it); yields (new, present)."""
+    signalled on depends on it); yields (new, present). A sender thread does the round trips
+    while this one reads and checks the next rows (the GIL is free while it waits on Redis);
+    its failure fails the task."""
     from cluster_dq.engine.sync import SyncEngine
     from cluster_dq.pools import make_sync_client
 
     engines: dict[str, SyncEngine] = {}
     batches: dict[str, list[tuple[str, str, list[BulkJob]]]] = {}
     held: dict[tuple[str, str], tuple[str, list[BulkJob]]] = {}  # queue -> (pool, jobs)
+    sends: queue.Queue[tuple[str, list[tuple[str, str, list[BulkJob]]]] | None]
+    sends = queue.Queue(maxsize=2)
+    failed: list[BaseException] = []
     new = present = 0
 
-    def flush(pool: str) -> None:
+    def sender() -> None:
         nonlocal new, present
-        if not batches.get(pool):
-            return
-        engine = engines[pool]
-        now = int(time.time() * 1000)
-        # durable: with the pool's WaitReplicas, a batch its replicas did not confirm fails the
-        # task (NotReplicated), and Spark's rerun finds the confirmed jobs present.
-        dups = engine.run(
-            ops.publish_bulk(engine.config, batches[pool], now), idempotent=True, durable=True
-        )
-        present += sum(dups)
-        new += sum(len(jobs) for _, _, jobs in batches[pool]) - sum(dups)
-        batches[pool].clear()
+        try:
+            while (item := sends.get()) is not None:
+                pool, batch = item
+                engine = engines[pool]
+                now = int(time.time() * 1000)
+                # durable: with the pool's WaitReplicas, a batch its replicas did not confirm
+                # fails the task (NotReplicated), and Spark's rerun finds the confirmed jobs.
+                dups = engine.run(
+                    ops.publish_bulk(engine.config, batch, now), idempotent=True, durable=True
+                )
+                present += sum(dups)
+                new += sum(len(jobs) for _, _, jobs in batch) - sum(dups)
+        except BaseException as e:  # raised in the task's thread once it joins
+            failed.append(e)
+            while sends.get() is not None:  # never leave the reader blocked on a full queue
+                pass
+
+    def send(pool: str) -> None:
+        if failed:
+            raise failed[0]
+        sends.put((pool, batches.pop(pool)))
 
     def send_held() -> None:
         # each queue's jobs by wheel bucket (window, lane): a call then touches a few buckets,
@@ -197,9 +213,11 @@ def publish_partition(
             for i in range(0, len(jobs), JOBS_PER_CALL):
                 batches.setdefault(pool, []).append((ns, q, jobs[i : i + JOBS_PER_CALL]))
                 if len(batches[pool]) >= PIPELINE_BATCHES:
-                    flush(pool)
+                    send(pool)
         held.clear()
 
+    thread = threading.Thread(target=sender, name="cluster-dq-schedule-sender", daemon=True)
+    thread.start()
     try:
         count = 0
         for job in rows:
@@ -219,11 +237,15 @@ def publish_partition(
             if count % HELD_JOBS == 0:
                 send_held()
         send_held()
-        for name in engines:
-            flush(name)
+        for name in list(batches):
+            send(name)
     finally:
+        sends.put(None)
+        thread.join()
         for engine in engines.values():
             engine.client.close()
+    if failed:
+        raise failed[0]
     yield new, present
 
 
