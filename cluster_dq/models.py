@@ -180,6 +180,12 @@ class Record:
         )
         return head + extra + self.body
 
+    @staticmethod
+    def header(published: bytes, expire_at_ms: int, tries_left: int, priority: int) -> bytes:
+        """``pack``'s header for a new job without attributes (bulk writers, who pass the
+        6 bytes of the publish time once for a whole batch); the body follows it."""
+        return HEADER.pack(published, _u48(expire_at_ms), tries_left, 0, priority, 0)
+
     @classmethod
     def unpack(cls, data: bytes) -> Record:
         pub, exp, tries, deliveries, prio, flags = HEADER.unpack_from(data)

@@ -80,7 +80,7 @@ def main() -> None:
         print(f"spark local[2]: {counts}", flush=True)
         print(
             f"  wall {counts.seconds:.1f} s, {counts.published / counts.seconds:,.0f} jobs/s, "
-            f"Redis memory {per_job:.1f} B/job (target: 10 M in <= 300 s)",
+            f"Redis memory {per_job:.1f} B/job (target: 10 M in <= 120 s)",
             flush=True,
         )
         with deployment.sync_client() as c:

@@ -23,16 +23,62 @@
 local now, cap, width, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local lead, keep, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local was_empty = redis.call('EXISTS', READY) == 0
-local out, lowered = {}, 0
+-- What place() (lib/queue.lua) does job by job, done once per call with the same outcome (the
+-- call is atomic): whether the queue comes into being, whether any id can have been acked,
+-- each bucket's fill (HLEN once), its WHEEL entry, META.w and META.next. A job that goes into its bucket
+-- is written with HSETNX, which is its duplicate check in that bucket too.
+local fresh = redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0
+local acked = redis.call('EXISTS', ACKED) == 1
+local out, lowered, low, wheeled, expiring, fill, listed = {}, 0, false, 0, {}, {}, {}
 for j = 0, n - 1 do
   local b = 8 + j * 6
-  local kidx = tonumber(ARGV[b + 3])
-  local st, low = place(ARGV[b], tonumber(ARGV[b + 1]), ARGV[b + 2], kidx > 0 and KEYS[kidx],
-    ARGV[b + 4], ARGV[b + 5] == '1', now, cap, width, lead, keep)
+  local id, due, rec, kidx = ARGV[b], tonumber(ARGV[b + 1]), ARGV[b + 2], tonumber(ARGV[b + 3])
+  local bucket, st = kidx > 0 and KEYS[kidx], CODE.DUPLICATE
+  if redis.call('HEXISTS', JOBS, id) == 0 and not (acked and acked_lately(id, now, keep)) then
+    local room = false
+    if due > now and bucket and ARGV[b + 5] == '1' then
+      fill[kidx] = fill[kidx] or redis.call('HLEN', bucket)
+      room = fill[kidx] < cap
+    end
+    if room then
+      if redis.call('HSETNX', bucket, id, rec) == 1 then
+        local start = due - due % width
+        if not listed[kidx] then
+          redis.call('ZADD', WHEEL, 'NX', start, ARGV[b + 4])
+          listed[kidx] = true
+        end
+        fill[kidx], wheeled, st = fill[kidx] + 1, wheeled + 1, CODE.WHEEL
+        if not low or start - lead < low then low = start - lead end
+      end
+    elseif not (bucket and redis.call('HEXISTS', bucket, id) == 1) then
+      redis.call('HSET', JOBS, id, rec)
+      if due <= now then
+        make_ready(id, rec, due)
+        st = CODE.READY
+      else
+        redis.call('ZADD', DELAYED, due, id)
+        if not low or due < low then low = due end
+        st = CODE.DELAYED
+      end
+      local e = expire_at(rec)
+      if e > 0 then
+        expiring[#expiring + 1] = e
+        expiring[#expiring + 1] = id
+        if not low or e < low then low = e end
+      end
+    end
+    if st ~= CODE.DUPLICATE and fresh then
+      lowered, fresh = 1, false -- a queue coming into being: the caller registers it in its shard
+    end
+  end
   out[#out + 1] = st
-  lowered = math.max(lowered, low)
 end
-for k = FIRST_EXTRA, #KEYS do out[#out + 1] = redis.call('HLEN', KEYS[k]) end
+for i = 1, #expiring, 2 * CHUNK do
+  redis.call('ZADD', EXPIRE, unpack(expiring, i, math.min(i + 2 * CHUNK - 1, #expiring)))
+end
+if wheeled > 0 then count_wheel(wheeled) end
+if low then lowered = math.max(lowered, lower_next(low)) end
+for k = FIRST_EXTRA, #KEYS do out[#out + 1] = fill[k] or redis.call('HLEN', KEYS[k]) end
 notify(channel, was_empty)
 out[#out + 1] = lowered
 return out

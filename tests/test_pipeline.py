@@ -19,13 +19,13 @@ import redis
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.sync import SyncEngine
-from cluster_dq.keys import ShardKeys, shard_of
+from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.localredis import Cluster, Server
 from cluster_dq.models import JobState
 from cluster_dq.pipeline import spark_session
 from cluster_dq.pipeline.analyze import analyze
 from cluster_dq.pipeline.export import export
-from cluster_dq.pipeline.schedule import schedule
+from cluster_dq.pipeline.schedule import JOBS_PER_CALL, schedule
 from cluster_dq.pools import make_sync_client
 from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
@@ -153,6 +153,38 @@ def test_schedule_validates_publishes_and_reruns_idempotently(
     again = schedule(spark, df, target.pool_settings(), reference_ms=ref)
     assert (again.published, again.already_present, again.rejected) == (0, n, 6)
     assert sizes(target, "q2").delayed == n // 3
+
+
+def test_big_calls_fill_buckets_and_rerun_idempotently(
+    spark: Any, target: Server | Cluster
+) -> None:
+    """A bulk schedule's calls (up to JOBS_PER_CALL jobs of one queue, over several lanes)
+    with buckets that fill up (the rest of a full bucket waits in the delayed set): every job
+    placed once, identical rows are one job, and a rerun (a retried task) finds every job
+    present, wherever it went."""
+    data = [
+        {
+            **rows(1)[0],
+            **{"queue": "big", "body": f"big-{i % 1_990}", "job_id": None, "delay_s": None},
+            **{"due_ms": 4_102_444_800_000, "ttl_s": 0},  # 2100: the same ids on every run
+        }
+        for i in range(2_000)
+    ]  # the last 10 rows repeat the first 10
+    df = frame(spark, data).coalesce(1)  # one task: calls of JOBS_PER_CALL jobs
+    cfg = ops.EngineConfig(lane_capacity=64)  # 39 lanes of 64 at most: some fill up
+    ref = int(time.time() * 1000)
+    first = schedule(spark, df, target.pool_settings(), config=cfg, reference_ms=ref)
+    assert 2_000 > JOBS_PER_CALL
+    assert (first.published, first.already_present, first.rejected) == (1_990, 10, 0)
+    assert sizes(target, "big").delayed == 1_990
+    k = QueueKeys("bulk", "big")
+    with target.sync_client() as c:
+        assert 0 < c.zcard(k.delayed) < 1_990  # full buckets sent the rest to the delayed set
+        if isinstance(c, redis.Redis):
+            check_queue(c, "bulk", "big")
+    again = schedule(spark, df, target.pool_settings(), config=cfg, reference_ms=ref)
+    assert (again.published, again.already_present, again.rejected) == (0, 2_000, 0)
+    assert sizes(target, "big").delayed == 1_990
 
 
 def test_export_reads_every_state_while_queues_work(

@@ -16,18 +16,20 @@ places the very same jobs and the engine reports them as already present. Two id
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import queue
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import Any
 
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.engine.commands import BulkJob, EngineConfig
 from cluster_dq.errors import ClusterDQError
 from cluster_dq.http.params import check_names
-from cluster_dq.keys import BUCKET_WIDTH_MS
-from cluster_dq.models import MAX_BULK, JobSpec, encode_id, validate_spec
+from cluster_dq.keys import BUCKET_WIDTH_MS as WIDTH
+from cluster_dq.models import JobSpec, encode_id, id_to_member, validate_spec
 from cluster_dq.pipeline import Target, route_of
 from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
@@ -35,8 +37,24 @@ from cluster_dq.settings import PoolSettings
 DEFAULT_TTL_S = 86_400
 FILL = 0.8  # aim lanes at 80 % of a bucket's capacity: hashing spreads rows unevenly
 MAX_LANES = 65_535
-PIPELINE_BATCHES = 32  # publish scripts per round trip (on a Cluster: split by node)
+# Jobs per publish script: the service's bulk limit is MAX_BULK (64), a bulk schedule's calls
+# are bigger (~9 us of Redis per job: ~5 ms a call), so that a call's fixed work (the queue's
+# keys, one lookup and WHEEL entry per bucket of up to 31 lanes) is shared by more jobs.
+JOBS_PER_CALL = 512
+PIPELINE_BATCHES = 8  # publish scripts per round trip (on a Cluster: split by node)
+HELD_JOBS = 262_144  # jobs a task holds (~80 MB) to send them sorted by wheel bucket
 
+COLUMNS = (
+    "namespace",
+    "queue",
+    "body",
+    "delay_s",
+    "due_ms",
+    "ttl_s",
+    "tries",
+    "priority",
+    "job_id",
+)
 # (ok, namespace, queue, body, due_ms, expire_at_ms (0 = never), tries, priority, job_id, reason)
 Checked = tuple[bool, str, str, bytes, int, int, int, int, str | None, str]
 
@@ -59,24 +77,33 @@ class ScheduleCounts:
 
 
 def check_row(row: Any, reference_ms: int) -> Checked:
-    """One input row -> a normalised job, or the reason it is refused."""
+    """One input row (a dict or a ``Row``, absent columns None) -> a normalised job, or the
+    reason it is refused."""
     get = row.asDict().get if hasattr(row, "asDict") else row.get
-    ns, q = get("namespace"), get("queue")
+    return check_values(tuple(get(c) for c in COLUMNS), reference_ms)
+
+
+_names_ok: set[tuple[str, str]] = set()  # (namespace, queue) pairs that passed check_names
+
+
+def check_values(values: Sequence[Any], reference_ms: int) -> Checked:
+    """``check_row`` for the row's values in the order of ``COLUMNS``."""
+    ns, q, body, delay_s, due_ms, ttl_s, tries, priority, job_id = values
     try:
         if not isinstance(ns, str) or not isinstance(q, str):
             raise ValueError("namespace and queue are required strings")
-        check_names(ns, q)
-        body = get("body")
+        if (ns, q) not in _names_ok:
+            check_names(ns, q)
+            if len(_names_ok) >= 100_000:
+                _names_ok.clear()
+            _names_ok.add((ns, q))
         body = body.encode() if isinstance(body, str) else bytes(body) if body is not None else b""
-        delay_s, due_ms = get("delay_s"), get("due_ms")
         if delay_s is not None and due_ms is not None:
             raise ValueError("give delay_s or due_ms, not both")
         due = int(due_ms) if due_ms is not None else reference_ms + int((delay_s or 0) * 1000)
-        ttl_s = get("ttl_s")
         ttl_ms = int((DEFAULT_TTL_S if ttl_s is None else ttl_s) * 1000)
-        tries = int(get("tries") if get("tries") is not None else 1)
-        priority = int(get("priority") or 0)
-        job_id = get("job_id")
+        tries = int(tries if tries is not None else 1)
+        priority = int(priority or 0)
         if due < 0:
             raise ValueError("due time before 1970")
         spec = JobSpec(body, max(due - reference_ms, 0), ttl_ms, tries, priority, None, job_id)
@@ -92,20 +119,23 @@ def check_row(row: Any, reference_ms: int) -> Checked:
 
 
 def window_of(due_ms: int) -> int:
-    return due_ms - due_ms % BUCKET_WIDTH_MS
+    return due_ms - due_ms % WIDTH
 
 
 def lanes_for(count: int, capacity: int) -> int:
     return max(1, min(MAX_LANES, -(-count // int(capacity * FILL))))
 
 
+def derived_member(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> bytes:
+    """The 16 raw bytes (due ms | lane | 8 bytes of a hash) of the id the same row always gets."""
+    digest = blake2b(b"%s/%s\x00%d\x00%s" % (ns.encode(), q.encode(), due_ms, body), digest_size=8)
+    tail = digest.digest()
+    return due_ms.to_bytes(6, "big") + (int.from_bytes(tail) % lanes).to_bytes(2) + tail
+
+
 def derived_id(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> str:
     """A server-format id (due ms | lane | 8 bytes) that the same row always gets."""
-    digest = hashlib.blake2b(
-        b"%s/%s\x00%d\x00" % (ns.encode(), q.encode(), due_ms) + body, digest_size=8
-    ).digest()
-    lane = int.from_bytes(digest, "big") % lanes
-    return encode_id(due_ms.to_bytes(6, "big") + lane.to_bytes(2, "big") + digest)
+    return encode_id(derived_member(ns, q, due_ms, body, lanes))
 
 
 def spec_of(job: Checked, lanes: dict[tuple[str, str, int], int]) -> JobSpec:
@@ -113,6 +143,20 @@ def spec_of(job: Checked, lanes: dict[tuple[str, str, int], int]) -> JobSpec:
     if job_id is None:
         job_id = derived_id(ns, q, due, body, lanes.get((ns, q, window_of(due)), 1))
     return JobSpec(body, 0, 0, tries, priority, None, job_id, due_ms=due, expire_at_ms=expire_at)
+
+
+def bulk_job(job: Checked, lanes: dict[tuple[str, str, int], int]) -> BulkJob:
+    """``spec_of`` as the engine's bulk publish takes it: the id as its stored member."""
+    _, ns, q, body, due, expire_at, tries, priority, job_id, _ = job
+    if job_id is None:
+        member = derived_member(ns, q, due, body, lanes.get((ns, q, due - due % WIDTH), 1))
+    else:
+        member = id_to_member(job_id)  # a client id, or a server-format id made for its due
+    return (member, due, expire_at, tries, priority, body)
+
+
+def _bucket_order(job: BulkJob) -> tuple[int, bytes]:
+    return job[1] // WIDTH, job[0][6:8]  # a server-format id's lane (bytes 6-7)
 
 
 def publish_partition(
@@ -123,40 +167,62 @@ def publish_partition(
 ) -> Iterator[tuple[int, int]]:
     """Publishes one partition's valid rows, each on the pool its route places the queue on
     (a client per pool and partition, with the deployment's ``config``: the shard a queue is
-    signalled on depends on it); yields (new, present)."""
+    signalled on depends on it); yields (new, present). A sender thread does the round trips
+    while this one reads and checks the next rows (the GIL is free while it waits on Redis);
+    its failure fails the task."""
     from cluster_dq.engine.sync import SyncEngine
     from cluster_dq.pools import make_sync_client
 
     engines: dict[str, SyncEngine] = {}
-    batches: dict[str, list[tuple[str, str, list[JobSpec]]]] = {}
-    open_batch: dict[tuple[str, str], tuple[PoolSettings, list[JobSpec]]] = {}
+    batches: dict[str, list[tuple[str, str, list[BulkJob]]]] = {}
+    held: dict[tuple[str, str], tuple[str, list[BulkJob]]] = {}  # queue -> (pool, jobs)
+    sends: queue.Queue[tuple[str, list[tuple[str, str, list[BulkJob]]]] | None]
+    sends = queue.Queue(maxsize=2)
+    failed: list[BaseException] = []
     new = present = 0
 
-    def flush(pool: str) -> None:
+    def sender() -> None:
         nonlocal new, present
-        if not batches.get(pool):
-            return
-        engine = engines[pool]
-        now = int(time.time() * 1000)
-        # durable: with the pool's WaitReplicas, a batch its replicas did not confirm fails the
-        # task (NotReplicated), and Spark's rerun finds the confirmed jobs present.
-        for published in engine.run(
-            ops.publish_many(engine.config, batches[pool], now), idempotent=True, durable=True
-        ):
-            dup = sum(1 for p in published if p.duplicate)
-            present += dup
-            new += len(published) - dup
-        batches[pool].clear()
+        try:
+            while (item := sends.get()) is not None:
+                pool, batch = item
+                engine = engines[pool]
+                now = int(time.time() * 1000)
+                # durable: with the pool's WaitReplicas, a batch its replicas did not confirm
+                # fails the task (NotReplicated), and Spark's rerun finds the confirmed jobs.
+                dups = engine.run(
+                    ops.publish_bulk(engine.config, batch, now), idempotent=True, durable=True
+                )
+                present += sum(dups)
+                new += sum(len(jobs) for _, _, jobs in batch) - sum(dups)
+        except BaseException as e:  # raised in the task's thread once it joins
+            failed.append(e)
+            while sends.get() is not None:  # never leave the reader blocked on a full queue
+                pass
 
-    def add(pool: str, ns: str, q: str, specs: list[JobSpec]) -> None:
-        batches.setdefault(pool, []).append((ns, q, specs))
-        if len(batches[pool]) >= PIPELINE_BATCHES:
-            flush(pool)
+    def send(pool: str) -> None:
+        if failed:
+            raise failed[0]
+        sends.put((pool, batches.pop(pool)))
 
+    def send_held() -> None:
+        # each queue's jobs by wheel bucket (window, lane): a call then touches a few buckets,
+        # not one per job (a window of 10 M jobs has thousands of lanes)
+        for (ns, q), (pool, jobs) in held.items():
+            jobs.sort(key=_bucket_order)
+            for i in range(0, len(jobs), JOBS_PER_CALL):
+                batches.setdefault(pool, []).append((ns, q, jobs[i : i + JOBS_PER_CALL]))
+                if len(batches[pool]) >= PIPELINE_BATCHES:
+                    send(pool)
+        held.clear()
+
+    thread = threading.Thread(target=sender, name="cluster-dq-schedule-sender", daemon=True)
+    thread.start()
     try:
+        count = 0
         for job in rows:
             key = (job[1], job[2])
-            if key not in open_batch:
+            if key not in held:
                 pool = route.place(*key).write
                 if pool.name not in engines:
                     engines[pool.name] = SyncEngine(
@@ -165,19 +231,69 @@ def publish_partition(
                         wait_replicas=pool.WaitReplicas,
                         wait_timeout_ms=pool.WaitTimeoutMs,
                     )
-                open_batch[key] = (pool, [])
-            pool, batch = open_batch[key]
-            batch.append(spec_of(job, lanes))
-            if len(batch) == MAX_BULK:
-                add(pool.name, key[0], key[1], open_batch.pop(key)[1])
-        for (ns, q), (pool, specs) in open_batch.items():
-            add(pool.name, ns, q, specs)
-        for name in engines:
-            flush(name)
+                held[key] = (pool.name, [])
+            held[key][1].append(bulk_job(job, lanes))
+            count += 1
+            if count % HELD_JOBS == 0:
+                send_held()
+        send_held()
+        for name in list(batches):
+            send(name)
     finally:
+        sends.put(None)
+        thread.join()
         for engine in engines.values():
             engine.client.close()
+    if failed:
+        raise failed[0]
     yield new, present
+
+
+def _checked_partition(
+    route: PoolRoute[PoolSettings],
+    rows: Iterable[Sequence[Any]],
+    reference_ms: int,
+    lanes: dict[tuple[str, str, int], int],
+    config: EngineConfig,
+) -> Iterator[tuple[int, int, int]]:
+    """Checks and publishes one partition's rows (values in ``COLUMNS`` order); yields (new,
+    present, rejected)."""
+    rejected = 0
+
+    def valid() -> Iterator[Checked]:
+        nonlocal rejected
+        for row in rows:
+            job = check_values(row, reference_ms)
+            if job[0]:
+                yield job
+            else:
+                rejected += 1
+
+    for new, present in publish_partition(route, valid(), lanes, config):
+        yield new, present, rejected
+
+
+def window_counts(df: Any, reference_ms: int, open_lead_ms: int) -> dict[tuple[str, str, int], int]:
+    """Rows without a ``job_id`` per (namespace, queue, 10-s window of the due time), for the
+    windows that rest in the wheel: counted in the JVM, valid rows or not (a refused row only
+    makes its window's lanes a little more), before any publish, so every task and every rerun
+    derives the same lanes."""
+    from pyspark.sql import functions as F
+
+    col = {c: F.col(c) if c in df.columns else F.lit(None) for c in COLUMNS}
+    # check_values' due time, in Spark's arithmetic (casts truncate as int() does)
+    due = F.coalesce(
+        col["due_ms"].cast("long"),
+        F.lit(reference_ms) + (F.coalesce(col["delay_s"], F.lit(0)) * 1000).cast("long"),
+    )
+    return {
+        (r[0], r[1], r[2]): r[3]
+        for r in df.select(col["namespace"].alias("ns"), col["queue"].alias("q"), due.alias("due"))
+        .where(col["job_id"].isNull() & (F.col("due") > reference_ms + open_lead_ms))
+        .groupBy("ns", "q", (F.col("due") - F.col("due") % WIDTH).alias("window"))
+        .count()
+        .collect()
+    }
 
 
 def schedule(
@@ -194,23 +310,17 @@ def schedule(
     ``target``, a pool or a route (a ring spreads the queues over its pools). ``config``: the
     deployment's (``EngineConfig.from_settings``), as the service has it; the default suits
     only a deployment with the default settings."""
+    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     started = time.monotonic()
     ref = reference_ms if reference_ms is not None else int(time.time() * 1000)
     df = spark.read.parquet(source) if isinstance(source, str) else source
-    checked = df.rdd.map(lambda row: check_row(row, ref)).cache()
-    valid = checked.filter(lambda c: c[0])
     cfg = config or EngineConfig()
-    capacity, open_lead_ms = cfg.lane_capacity, cfg.open_lead_ms
+    capacity = cfg.lane_capacity
     # Lanes per (queue, 10-s window) from the window's job count: known before any publish,
     # so every task (and every rerun) derives the same ids.
-    counts = (
-        valid.filter(lambda c: c[8] is None and c[4] > ref + open_lead_ms)
-        .map(lambda c: ((c[1], c[2], window_of(c[4])), 1))
-        .reduceByKey(lambda a, b: a + b)
-        .collectAsMap()
-    )
+    counts = window_counts(df, ref, cfg.open_lead_ms)
     lanes = {k: lanes_for(n, capacity) for k, n in counts.items()}
     lanes_bc = spark.sparkContext.broadcast(lanes)
     if progress:
@@ -219,12 +329,12 @@ def schedule(
             flush=True,
         )
     route = route_of(target)
-    totals = valid.mapPartitions(
-        lambda rows: publish_partition(route, rows, lanes_bc.value, cfg)
-    ).fold((0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1]))
-    rejected_rdd = checked.filter(lambda c: not c[0]).map(lambda c: (c[1], c[2], c[9]))
-    rejected = rejected_rdd.count()
-    if rejects_path is not None and rejected:
+    # the rows as plain values in COLUMNS order (absent columns null): one pass, no cache
+    rows = df.select(*[F.col(c) if c in df.columns else F.lit(None).alias(c) for c in COLUMNS]).rdd
+    new, present, rejected = rows.mapPartitions(
+        lambda part: _checked_partition(route, part, ref, lanes_bc.value, cfg)
+    ).fold((0, 0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1], a[2] + b[2]))
+    if rejects_path is not None and rejected:  # a second pass, only for the refused rows
         schema = T.StructType(
             [
                 T.StructField("namespace", T.StringType()),
@@ -232,6 +342,10 @@ def schedule(
                 T.StructField("reason", T.StringType()),
             ]
         )
-        spark.createDataFrame(rejected_rdd, schema).write.mode("overwrite").parquet(rejects_path)
-    checked.unpersist()
-    return ScheduleCounts(totals[0], totals[1], rejected, ref, time.monotonic() - started)
+        refused = (
+            rows.map(lambda row: check_values(row, ref))
+            .filter(lambda c: not c[0])
+            .map(lambda c: (c[1], c[2], c[9]))
+        )
+        spark.createDataFrame(refused, schema).write.mode("overwrite").parquet(rejects_path)
+    return ScheduleCounts(new, present, rejected, ref, time.monotonic() - started)
