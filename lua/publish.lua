@@ -56,7 +56,7 @@ for j = 0, n - 1 do
         make_ready(id, rec, due)
         st = CODE.READY
       else
-        redis.call('ZADD', DELAYED, due, id)
+        delay_until(id, due) -- the queue's long-polls hear of its due time (notify)
         if not low or due < low then low = due end
         st = CODE.DELAYED
       end
