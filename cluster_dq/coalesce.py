@@ -30,6 +30,22 @@ I = TypeVar("I")  # noqa: E741 (an item)
 R = TypeVar("R")
 
 
+class Failed:
+    """A result that is one member's own error: ``submit`` raises it for that member alone
+    (a batch whose members must each be told something of their own, such as their job id)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _own(result: Any) -> Any:
+    if isinstance(result, Failed):
+        raise result.error
+    return result
+
+
 class _Batch(Generic[I, R]):
     __slots__ = ("items", "done", "gone")
 
@@ -72,7 +88,7 @@ class GroupCommit(Generic[K, I, R]):
             self._waiting[key] = deque()
             if self._orphan is None:
                 try:
-                    return (await self._call(key, [item]))[0]
+                    return _own((await self._call(key, [item]))[0])  # type: ignore[no-any-return]
                 finally:
                     self._next(key)
             batch = self._new_batch()
@@ -85,7 +101,7 @@ class GroupCommit(Generic[K, I, R]):
         index = len(batch.items)
         batch.items.append(item)
         try:
-            return (await asyncio.shield(batch.done))[index]
+            return _own((await asyncio.shield(batch.done))[index])  # type: ignore[no-any-return]
         except asyncio.CancelledError:
             self._abandon(key, batch, index)
             raise

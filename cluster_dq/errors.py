@@ -133,7 +133,11 @@ class NotReplicated(RedisFailure):
 
     def __init__(self, acked: int, wanted: int, timeout_ms: int, result: Any) -> None:
         super().__init__(f"{acked} of {wanted} replicas confirmed the write within {timeout_ms} ms")
-        self.acked, self.wanted, self.result = acked, wanted, result
+        self.acked, self.wanted, self.timeout_ms, self.result = acked, wanted, timeout_ms, result
+
+    def of(self, result: Any) -> NotReplicated:
+        """The same failure, about part of the result (one request's share of a batch)."""
+        return NotReplicated(self.acked, self.wanted, self.timeout_ms, result)
 
 
 class ServerError(RedisFailure):

@@ -9,10 +9,10 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from cluster_dq import metrics
-from cluster_dq.coalesce import GROUP_MAX, GroupCommit
+from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import Op, Published, Sizes
@@ -114,7 +114,18 @@ class Service:
         self, key: tuple[str, str, str], specs: list[JobSpec]
     ) -> list[Published]:
         pool_name, ns, q = key
-        return await self._publish_on(self.pools[pool_name], ns, q, specs)
+        try:
+            return await self._publish_on(self.pools[pool_name], ns, q, specs)
+        except PoolUnavailable as e:
+            cause = e.__cause__
+            if len(specs) == 1 or not isinstance(cause, NotReplicated):
+                raise
+            # Written but not confirmed: each request is told of its own job, not the batch's.
+            out: list[Any] = []
+            for published in cause.result:
+                advice = _not_replicated(cause.of([published]), idempotent=True)
+                out.append(Failed(PoolUnavailable(pool_name, e.detail, advice)))
+            return out
 
     async def _publish_on(
         self, pool: RedisPool, ns: str, q: str, specs: Sequence[JobSpec]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,6 +26,8 @@ from cluster_dq.service import Service
 from cluster_dq.settings import load
 from cluster_dq.testing.service_process import pool_env
 from tests.conftest import Deployment
+
+ULID_RE = re.compile(r"\b[0-9A-HJKMNP-TV-Z]{26}\b")
 
 # -- the primitive ----------------------------------------------------------------------------
 
@@ -229,3 +232,36 @@ async def test_concurrent_one_job_consumes_share_calls_and_nothing_is_lost_or_do
 
 def test_the_group_limit_matches_the_bulk_limit() -> None:
     assert GROUP_MAX <= ops.MAX_CONSUME and GROUP_MAX == 64
+
+
+async def test_an_unconfirmed_grouped_publish_tells_each_request_only_of_its_own_job(
+    service: Service,
+) -> None:
+    """A grouped publish written on the master but confirmed by too few replicas: each request
+    gets a 503 naming its own job, never the ids of the other clients in its batch."""
+    from cluster_dq.errors import NotReplicated, PoolUnavailable
+
+    route = service.route("default")
+    engine = service.pools["default"].engine
+    real_run = engine.run
+
+    async def unconfirmed(op: Any, **kw: Any) -> Any:
+        result = await real_run(op, **kw)
+        if isinstance(result, list) and len(result) > 1 and kw.get("durable"):
+            raise NotReplicated(0, 1, 100, result)
+        return result
+
+    engine.run = unconfirmed  # type: ignore[method-assign]
+    try:
+        out = await asyncio.gather(
+            *(service.publish(route, "gc", "unconfirmed", [JobSpec(b"u")]) for _ in range(60)),
+            return_exceptions=True,
+        )
+    finally:
+        engine.run = real_run  # type: ignore[method-assign]
+    failed = [e for e in out if isinstance(e, PoolUnavailable)]
+    assert failed, ("no grouped publish", [type(e).__name__ for e in out][:5])
+    named = [ULID_RE.findall(str(e)) for e in failed]
+    assert all(len(ids) == 1 for ids in named), named[:3]
+    assert len({ids[0] for ids in named}) == len(failed)  # each its own
+    assert all(not isinstance(e, BaseException) or isinstance(e, PoolUnavailable) for e in out)
