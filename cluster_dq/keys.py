@@ -76,6 +76,16 @@ class QueueKeys:
         return self._k("leases")
 
     @property
+    def conf(self) -> str:
+        """HASH of the queue's own settings (paused flag, defaults); survives a destroy."""
+        return self._k("conf")
+
+    @property
+    def notes(self) -> str:
+        """HASH id -> what a job carries beside its record (errors, death, progress, backoff)."""
+        return self._k("notes")
+
+    @property
     def notify(self) -> str:
         """Pub/sub channel announcing that the ready set went from empty to non-empty."""
         return self._k("notify")
@@ -95,6 +105,8 @@ class QueueKeys:
             self.expire,
             self.acked,
             self.leases,
+            self.conf,
+            self.notes,
         ]
 
 

@@ -6,8 +6,8 @@
   the call does not hold its job, nothing at all is acked (the caller names the conflicts).
   A job already gone is no conflict: acking it is what the holder wanted (and a repeat after a
   lost reply finds its own ack done).
-  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
-  KEYS[11..] buckets...: wheel buckets of the ids
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[13..] buckets...: wheel buckets of the ids
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] remember_acked: how long acked ids are remembered (ms; 0 = not at all)
   ARGV[3] check_only: '1' to check the leases only, changing nothing (a route over several

@@ -6,7 +6,7 @@
   token of this delivery, which ack, touch, release and republish may present.
   Bounded: at most `limit` expired jobs are dropped from the head of READY per call (the rest
   is left for the next call, or the pump's expire_ttl), so no call runs long whatever the data.
-  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] ttr: the reservation's time to run (ms)
   ARGV[3] count: jobs wanted

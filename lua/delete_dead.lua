@@ -1,7 +1,7 @@
 #!lua
 --[[
   Deletes the oldest `limit` dead jobs, leaving nothing of them behind.
-  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
   ARGV[1] limit: jobs per call
   Returns: number deleted
 ]]

@@ -2,10 +2,10 @@
 --[[
   Destroys a queue in every state, one bounded step at a time: each call deletes the given
   wheel buckets; the final call (when the wheel is empty) unlinks every other key.
-  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
-  KEYS[11..] buckets...: wheel buckets to delete
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[13..] buckets...: wheel buckets to delete
   ARGV[1] final: '1' for the final step
-  ARGV[2..] names...: the bucket names, in the order of KEYS[11..]
+  ARGV[2..] names...: the bucket names, in the order of KEYS[13..]
   Returns: {jobs deleted, 1 when the queue is gone else 0}
 ]]
 --@include lib/codes
@@ -22,5 +22,5 @@ for k = FIRST_EXTRA, #KEYS do
 end
 if ARGV[1] ~= '1' or redis.call('ZCARD', WHEEL) > 0 then return {deleted, 0} end
 deleted = deleted + redis.call('HLEN', JOBS)
-redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES)
+redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES, NOTES)
 return {deleted, 1}

@@ -2,7 +2,7 @@
 --[[
   Removes jobs whose ttl ended (DELAYED near-term, READY, RESERVED; DEAD never expires and
   wheel jobs cannot expire before they are opened, since ttl >= delay). Nothing is left behind.
-  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] limit: jobs per call
   Returns: number of jobs removed

@@ -1,8 +1,8 @@
 #!lua flags=no-writes
 --[[
   Looks a job up by id in any state, O(1)/O(log n).
-  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
-  KEYS[11..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] member: the job's id
   Returns: {} when absent, else {state, record, score}: state DELAYED (score = due ms),
     READY (score = ready rank), RESERVED (ttr deadline), DEAD (time of death)

@@ -2,8 +2,8 @@
 --[[
   Publishes one or more jobs of one queue (bulk: arguments are validated before the call, so
   the only per-job outcome besides success is "duplicate id", which writes nothing).
-  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
-  KEYS[11..] buckets...: wheel buckets of this call
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[13..] buckets...: wheel buckets of this call
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] lane_capacity: jobs per wheel bucket
   ARGV[3] bucket_width: the time window of a wheel bucket (ms)
@@ -14,7 +14,7 @@
   ARGV[8..] jobs...: 6 values per job: member, due_ms, record, bucket KEYS index (0 = none),
     bucket name, '1' to place the job in that bucket ('0': the bucket is only looked in for a
     duplicate: a fixed server id whose bucket may not be open yet)
-  Returns: {code_1 .. code_n, HLEN of KEYS[11], HLEN of KEYS[12], ..., lowered}
+  Returns: {code_1 .. code_n, HLEN of KEYS[13], HLEN of KEYS[14], ..., lowered}
     code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY
     lowered: 1 when the queue's next pump event moved earlier (the caller signals its shard)
 ]]

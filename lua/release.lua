@@ -7,7 +7,7 @@
   repeat cannot touch a later delivery of the same job).
   Mode 1 (release, the consumer's nack): the delivery counts, as if its ttr had passed now; a
   job with no tries left goes to DEAD, a job whose ttl ended is removed.
-  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] delay: how long until the job is ready again (ms)
   ARGV[3] notify: the queue's notify channel

@@ -1,7 +1,7 @@
 #!lua
 --[[
   DEAD -> READY for the oldest `limit` dead jobs, each with one try and a fresh ttl (as lmstfy).
-  KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] limit: jobs per call
   ARGV[3] ttl: the fresh ttl (ms, 0 = never expires)

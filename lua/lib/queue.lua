@@ -2,13 +2,14 @@
   Shared helpers, inlined by cluster_dq/engine/scripts.py right after the header of every
   script that says `--@include lib/queue` (after `--@include lib/codes`, whose CODE table they
   use). Never loaded on its own.
-  Every queue script receives the same ten fixed KEYS, in this order (the order of
+  Every queue script receives the same twelve fixed KEYS, in this order (the order of
   QueueKeys.all_fixed in cluster_dq/keys.py; tests/test_lua_contract.py checks both agree),
   then its own extras (from KEYS[FIRST_EXTRA]).
 ]]
-local META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local FIRST_EXTRA = 11
+local META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES, CONF, NOTES =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
+  KEYS[11], KEYS[12]
+local FIRST_EXTRA = 13
 local FORGET_PER_CALL = 64       -- acked ids past their memory dropped per ack (keeps it bounded)
 
 local PRIO_SHIFT = 4398046511104 -- 2^42: ready score = (255 - priority) * 2^42 + due_ms
