@@ -40,7 +40,7 @@ while got < count and skipped < limit do
     local id = popped[i]
     local rec = redis.call('HGET', JOBS, id)
     if rec and expired(rec, now) then
-      redis.call('HDEL', JOBS, id)
+      drop(id)
       redis.call('ZREM', EXPIRE, id)
       skipped = skipped + 1
     elseif rec then

@@ -8,6 +8,6 @@
 --@include lib/codes
 --@include lib/queue
 local popped = redis.call('ZPOPMIN', DEAD, tonumber(ARGV[1]))
-for i = 1, #popped, 2 do redis.call('HDEL', JOBS, popped[i]) end
+for i = 1, #popped, 2 do drop(popped[i]) end
 tidy()
 return #popped / 2

@@ -38,7 +38,7 @@ for i = 5, #ARGV, 2 do
       redis.call('HSET', JOBS, id, rec)
     end
     if nack and expired(rec, now) then
-      redis.call('HDEL', JOBS, id)
+      drop(id)
       redis.call('ZREM', EXPIRE, id)
       st = CODE.EXPIRED
     elseif nack and tries == 0 then

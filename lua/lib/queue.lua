@@ -53,9 +53,17 @@ local function make_ready(id, rec, t)
   redis.call('ZADD', READY, ready_score(rec, t), id)
 end
 
+-- Drops a job's record from JOBS and what it carries beside it in NOTES (field `<id>`: its
+-- errors and death; `p:<id>`: its progress). Returns 1, or 0 when JOBS did not hold it.
+local function drop(id)
+  if redis.call('HDEL', JOBS, id) == 0 then return 0 end
+  redis.call('HDEL', NOTES, id, 'p:' .. id)
+  return 1
+end
+
 -- Forgets a job held in JOBS (any state but the wheel); returns the state code it was in.
 local function forget(id)
-  if redis.call('HDEL', JOBS, id) == 0 then return CODE.NOT_FOUND end
+  if drop(id) == 0 then return CODE.NOT_FOUND end
   redis.call('ZREM', EXPIRE, id)
   if redis.call('ZREM', READY, id) == 1 then return CODE.READY end
   if redis.call('ZREM', RESERVED, id) == 1 then
@@ -145,7 +153,7 @@ local function promote(now, limit)
     local rec = redis.call('HGET', JOBS, id)
     if rec then
       if expired(rec, now) then
-        redis.call('HDEL', JOBS, id)
+        drop(id)
         redis.call('ZREM', EXPIRE, id)
         gone = gone + 1
       else
@@ -167,7 +175,7 @@ local function expire_reservations(now, limit)
     if not rec then
       -- cannot happen while the invariants hold; never leave a dangling member behind
     elseif expired(rec, now) then
-      redis.call('HDEL', JOBS, id)
+      drop(id)
       redis.call('ZREM', EXPIRE, id)
       gone = gone + 1
     else
