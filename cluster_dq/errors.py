@@ -5,7 +5,8 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     ├── BadRequest            user input refused, names the parameter
     │   └── BodyTooLarge
     ├── NotFound              job, queue head, pool
-    ├── Conflict              a lease that no longer holds its job (nothing changed)
+    ├── Conflict              a lease that no longer holds its job, or a state that forbids
+    │                         the operation (nothing changed)
     ├── Unauthorized
     ├── RateLimited
     ├── PoolUnavailable       what a client is told when Redis failed (the service's advice)
@@ -48,15 +49,19 @@ class Conflict(ClusterDQError):
     """A lease was given and the job is not held by that delivery any more: another delivery
     holds it, its ttr ran out, or it is in another state (``None``: gone). Nothing changed."""
 
-    def __init__(self, conflicts: list[tuple[str, str | None]]) -> None:
+    def __init__(self, conflicts: list[tuple[str, str | None]], leased: bool = True) -> None:
         self.conflicts = conflicts
         self.job_id, self.state = conflicts[0]
+        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        if not leased:  # no lease given: the job's state forbids what was asked
+            why = {"ttr_expired": "its ttr ran out"}.get(self.state or "", self.state)
+            super().__init__(f"job {self.job_id} is not reserved: {why}; nothing was changed")
+            return
         why = {
             "reserved": "held by a later delivery",
             "ttr_expired": "this delivery's ttr ran out",
             None: "gone",
         }.get(self.state, self.state)
-        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
         super().__init__(f"lease does not hold job {self.job_id}: {why}{more}; nothing was changed")
 
 

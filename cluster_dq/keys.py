@@ -86,6 +86,18 @@ class QueueKeys:
         return self._k("notes")
 
     @property
+    def results(self) -> str:
+        """HASH id -> result of a job acked with one (done ms, kept-until ms, the result's JSON),
+        kept ``ResultSecond`` after the ack; not a fixed key: only the scripts that use it get it."""
+        return self._k("results")
+
+    @property
+    def results_due(self) -> str:
+        """ZSET id -> kept-until ms of each result in ``results`` (trimmed a bounded number
+        per ack with a result)."""
+        return self._k("results_due")
+
+    @property
     def notify(self) -> str:
         """Pub/sub channel announcing that the ready set went from empty to non-empty."""
         return self._k("notify")

@@ -33,6 +33,9 @@ MAX_ATTR_VALUE = 128
 MAX_SECONDS = 2**32 - 1
 MAX_PRIORITY = 255
 CLIENT_ID_MAX_LEN = 64
+# A job's progress, or its result on ack: one JSON value, at most this many bytes as stored
+# (compact JSON, UTF-8). Small on purpose: it rides in Redis beside the job.
+MAX_NOTE_BYTES = 4096
 
 # \A..\Z with fullmatch: ``$`` would also match before a final newline ("q\n" passing as "q").
 NAME_RE = re.compile(r"\A[-_A-Za-z0-9]+\Z")
@@ -224,6 +227,7 @@ class Job:
     due_ms: int | None = None
     lease: str | None = None  # the delivery's token (consume only): ack, touch, release may show it
     extra: dict[str, int] = field(default_factory=dict)
+    progress: bytes | None = None  # the last progress a consumer recorded (JSON), peek only
 
     @classmethod
     def from_record(
@@ -235,6 +239,7 @@ class Job:
         state: JobState | None = None,
         due_ms: int | None = None,
         lease: str | None = None,
+        progress: bytes | None = None,
     ) -> Job:
         rec = Record.unpack(data)
         return cls(
@@ -251,6 +256,7 @@ class Job:
             state,
             due_ms,
             lease,
+            progress=progress,
         )
 
     def ttl_ms(self, now_ms: int) -> int:
@@ -297,3 +303,14 @@ def validate_spec(spec: JobSpec) -> None:
         raise BadRequest(
             "invalid job_id: 1-64 of [-_A-Za-z0-9], and not a 26-char server id", "job_id"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """A job acked with a result, while the result is kept (``ResultSecond``)."""
+
+    namespace: str
+    queue: str
+    job_id: str
+    done_ms: int  # when it was acked
+    result: bytes  # JSON

@@ -27,7 +27,7 @@ from cluster_dq.errors import (
 )
 from cluster_dq.keys import parse_qualified
 from cluster_dq.lifecycle import LifecycleLog
-from cluster_dq.models import Job, JobSpec, JobState, validate_spec
+from cluster_dq.models import Job, JobResult, JobSpec, JobState, validate_spec
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute, build_routes
 from cluster_dq.settings import Settings
@@ -183,11 +183,14 @@ class Service:
         q: str,
         ids: Sequence[str],
         leases: Sequence[str | None] | None = None,
+        results: Sequence[bytes | None] | None = None,
     ) -> list[JobState | None]:
         """Acks jobs in any state; the state each was in (None: not found). With ``leases``
-        (aligned with ``ids``): if one does not hold its job, ``Conflict`` and nothing acked."""
+        (aligned with ``ids``): if one does not hold its job, ``Conflict`` and nothing acked.
+        ``results`` (aligned with ``ids``, JSON or None): kept ``ResultSecond`` after the ack
+        for each job found (an ack with one goes outside the group commit)."""
         reads = route.place(ns, q).reads
-        if len(ids) == 1 and not leases and len(reads) == 1:
+        if len(ids) == 1 and not leases and not results and len(reads) == 1:
             return [await self._acks.submit((reads[0].name, ns, q), ids[0])]
         states: list[JobState | None] = [None] * len(ids)
         now = 0
@@ -207,6 +210,8 @@ class Service:
                 now,
                 pool.engine.config.remember_acked_ms,
                 [leases[i] for i in todo] if leases else None,
+                results=[results[i] for i in todo] if results else None,
+                keep_result_ms=pool.engine.config.keep_result_ms,
             )
             found = await self._run(pool, op, idempotent=True, durable=True)
             for i, state in zip(todo, found):
@@ -298,6 +303,31 @@ class Service:
                 raise
         raise NotFound("job is not reserved")
 
+    async def progress(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        job_id: str,
+        value: bytes,
+        lease: str | None = None,
+    ) -> JobState:
+        """Records a reserved job's progress (JSON, checked by the caller), replacing the last:
+        with a ``lease``, while that delivery holds the job; without, while the job is in a
+        running reservation. ``Conflict`` (where the job is) otherwise, ``NotFound`` when there
+        is no such job. Safe to repeat: the same value is written again."""
+        reads = route.place(ns, q).reads
+        for pool in reads:
+            op = ops.progress(ns, q, job_id, value, pool.engine.clock(), lease)
+            try:
+                if await self._run(pool, op, idempotent=True):
+                    return JobState.RESERVED
+            except Conflict as e:
+                if e.state is None and pool is not reads[-1]:
+                    continue  # not in this pool (a migration): it may be in the next
+                raise
+        raise NotFound("job not found")
+
     async def republish(
         self,
         route: PoolRoute[RedisPool],
@@ -352,11 +382,21 @@ class Service:
             raise NotFound("the queue is empty")
         return job
 
-    async def peek_job(self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str) -> Job:
-        job = await self._first(route, ns, q, lambda p: ops.peek_job(ns, q, job_id))
-        if job is None:
+    async def peek_job(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str
+    ) -> Job | JobResult:
+        """One job in any state (with its progress), or, once it is gone, the result it was
+        acked with while that is kept."""
+        done: JobResult | None = None
+        for pool in route.place(ns, q).reads:
+            op = ops.lookup_job(ns, q, job_id, pool.engine.clock())
+            found = await self._run(pool, op, idempotent=True)
+            if isinstance(found, Job):
+                return found
+            done = done or found
+        if done is None:
             raise NotFound("job not found")
-        return job
+        return done
 
     async def dead_head(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Job | None:
         return await self._first(

@@ -92,6 +92,8 @@ class Settings:
     # A publish of a job id acked this recently is a duplicate, not a new job: a publish retried
     # after its reply was lost in a failover cannot bring back a job already done. 0: off.
     AckedIdMemorySecond: int = 60
+    # How long the result a consumer gave on ack stays visible (peek by id) after the ack.
+    ResultSecond: int = 3600
     TokenCacheSecond: float = 2.0
     LifecycleDir: str = ""  # record job lifecycle events here (JSON lines) for analysis; "" = off
     EnableMetrics: bool = True  # off only to measure what the metrics cost
@@ -254,6 +256,7 @@ def _validate(s: Settings) -> None:
     _within("TokenCacheSecond", s.TokenCacheSecond, 0, 3600)
     _within("Shards", s.Shards, 1, 4096)
     _within("AckedIdMemorySecond", s.AckedIdMemorySecond, 0, 86_400)
+    _within("ResultSecond", s.ResultSecond, 1, 604_800)
     if s.SizeIntervalSecond <= 0:
         raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
     _within("SizeIntervalSecond", s.SizeIntervalSecond, 0, 86_400)

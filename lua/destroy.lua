@@ -1,26 +1,31 @@
 #!lua
 --[[
   Destroys a queue in every state, one bounded step at a time: each call deletes the given
-  wheel buckets; the final call (when the wheel is empty) unlinks every other key.
+  wheel buckets; the final call (when the wheel is empty) unlinks every other key, the results
+  of acked jobs included.
   KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
-  KEYS[13..] buckets...: wheel buckets to delete
+  KEYS[13] results: the results of acked jobs (HASH)
+  KEYS[14] results_due: their keep-until times (ZSET)
+  KEYS[15..] buckets...: wheel buckets to delete
   ARGV[1] final: '1' for the final step
-  ARGV[2..] names...: the bucket names, in the order of KEYS[13..]
+  ARGV[2..] names...: the bucket names, in the order of KEYS[15..]
   Returns: {jobs deleted, 1 when the queue is gone else 0}
 ]]
 --@include lib/codes
 --@include lib/queue
+local RESULTS, RESULTS_DUE, FIRST_BUCKET = KEYS[FIRST_EXTRA], KEYS[FIRST_EXTRA + 1], FIRST_EXTRA + 2
 local deleted = 0
-for k = FIRST_EXTRA, #KEYS do
+for k = FIRST_BUCKET, #KEYS do
   local n = redis.call('HLEN', KEYS[k])
   if n > 0 then
     redis.call('DEL', KEYS[k])
     count_wheel(-n)
     deleted = deleted + n
   end
-  redis.call('ZREM', WHEEL, ARGV[k - FIRST_EXTRA + 2])
+  redis.call('ZREM', WHEEL, ARGV[k - FIRST_BUCKET + 2])
 end
 if ARGV[1] ~= '1' or redis.call('ZCARD', WHEEL) > 0 then return {deleted, 0} end
 deleted = deleted + redis.call('HLEN', JOBS)
-redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES, NOTES)
+redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES, NOTES,
+  RESULTS, RESULTS_DUE)
 return {deleted, 1}

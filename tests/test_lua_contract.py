@@ -265,13 +265,15 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.peek(cfg, "ns", q, "dead", t))
     jobs = await run(ops.consume(cfg, "ns", [q], 1_000, 2, t))
     await run(ops.touch(cfg, "ns", q, jobs[1].job_id, 60_000, t, lease=jobs[1].lease))
+    await run(ops.progress("ns", q, jobs[1].job_id, b'{"step":1}', t, jobs[1].lease))
     await run(ops.release(cfg, "ns", q, [jobs[1].job_id], 0, t, leases=[jobs[1].lease]))
     await run(
         ops.ack(
             "ns", q, [jobs[0].job_id, wheel_id], t, leases=[jobs[0].lease, None], check_only=True
         )
     )
-    await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id], t))
+    await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id], t, results=[b'"done"', None]))
+    await run(ops.lookup_job("ns", q, jobs[0].job_id, t))
     await run(ops.republish(cfg, "ns", q, "id-contract", JobSpec(b"v2", delay_ms=10 * min_), t))
     await run(ops.tick(cfg, "ns", q, t + 10 * min_ - cfg.open_lead_ms))
     await run(ops.consume(cfg, "ns", [q], 10, 10, t + 10 * min_))

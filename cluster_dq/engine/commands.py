@@ -31,6 +31,7 @@ from cluster_dq.keys import (
 from cluster_dq.models import (
     MAX_BULK,
     Job,
+    JobResult,
     JobSpec,
     JobState,
     Record,
@@ -96,6 +97,7 @@ class MoveSink(Protocol):
 
 
 REMEMBER_ACKED_MS = 60_000
+KEEP_RESULT_MS = 3_600_000  # ResultSecond's default
 FIRST_EXTRA_KEY = len(QueueKeys("n", "q").all_fixed()) + 1  # KEYS index of a script's own keys
 
 
@@ -115,14 +117,20 @@ class EngineConfig:
     remember_acked_ms: int = (
         REMEMBER_ACKED_MS  # a publish of an id acked this recently is a duplicate
     )
+    keep_result_ms: int = KEEP_RESULT_MS  # how long a job's result outlives its ack
     moves: MoveSink | None = None  # where consume and tick report the jobs they moved
     lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:
         """The deployment's settings that change where and how jobs are stored: a queue's shard
-        (``Shards``) and the memory of acked ids (``AckedIdMemorySecond``)."""
-        return cls(shards=settings.Shards, remember_acked_ms=settings.AckedIdMemorySecond * 1000)
+        (``Shards``), the memory of acked ids (``AckedIdMemorySecond``) and of results
+        (``ResultSecond``)."""
+        return cls(
+            shards=settings.Shards,
+            remember_acked_ms=settings.AckedIdMemorySecond * 1000,
+            keep_result_ms=settings.ResultSecond * 1000,
+        )
 
     def hint(self, tag: str, start: int) -> int:
         return self.lane_hints.get((tag, start), 0)
@@ -475,18 +483,30 @@ def ack(
     remember_ms: int = REMEMBER_ACKED_MS,
     leases: Sequence[str | None] | None = None,
     check_only: bool = False,
+    results: Sequence[bytes | None] | None = None,
+    keep_result_ms: int = KEEP_RESULT_MS,
 ) -> Op[list[JobState | None]]:
     """Acks / deletes jobs in any state; returns the state each was in (None: not found).
     The acked ids are remembered for ``remember_ms``: publishing one again meanwhile is a
     duplicate (a publish retried after its reply was lost cannot bring the job back). With
     ``leases`` (aligned with ``ids``, None for none): if a lease does not hold its job,
     nothing is acked and ``Conflict`` names each such job. ``check_only``: the leases are
-    checked, nothing is acked."""
+    checked, nothing is acked. ``results`` (aligned with ``ids``, JSON or None): what each
+    job found gives as its result, kept ``keep_result_ms`` after the ack (``lookup_job``);
+    without any, the call carries no results keys."""
     qk = QueueKeys(ns, q)
     extra, id_args = _id_args(qk, ids, FIRST_EXTRA_KEY)
     jobs: list[Arg] = []
     for i in range(len(ids)):
-        jobs += [*id_args[3 * i : 3 * i + 3], _lease_arg(leases[i] if leases else None)]
+        jobs += [
+            *id_args[3 * i : 3 * i + 3],
+            _lease_arg(leases[i] if leases else None),
+            (results[i] or b"") if results else b"",
+        ]
+    results_index = 0
+    if results and any(results):
+        results_index = FIRST_EXTRA_KEY + len(extra)
+        extra = [*extra, qk.results, qk.results_due]
     call = _eval(
         "ack",
         {"queue": _fixed(qk), "buckets": extra},
@@ -494,6 +514,8 @@ def ack(
         now=now_ms() if now is None else now,
         remember_acked=remember_ms,
         check_only="1" if check_only else "0",
+        results=results_index,
+        keep_result=keep_result_ms,
         n=len(ids),
         jobs=jobs,
     )
@@ -569,15 +591,67 @@ def republish(
     return replies.job_state(reply.old), published
 
 
+def _peek_job_call(qk: QueueKeys, member: bytes) -> Eval:
+    bname = _bucket_of(member)
+    keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
+    return _eval("peek_job", keys, member=member)
+
+
+def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:
+    reply = replies.decode_peek_job(raw)
+    if reply is None:
+        return None
+    return Job.from_record(
+        ns, q, member, reply.record, reply.state, int(reply.score), progress=reply.progress
+    )
+
+
 def peek_job(ns: str, q: str, job_id: str) -> Op[Job | None]:
+    """One job by id in any state (with its progress, if it has one)."""
+    qk = QueueKeys(ns, q)
+    member = id_to_member(job_id)
+    return _peeked(ns, q, member, (yield _peek_job_call(qk, member)))
+
+
+def lookup_job(ns: str, q: str, job_id: str, now: int) -> Op[Job | JobResult | None]:
+    """``peek_job``, and for a job that is gone, its result while it is kept (acked with one
+    less than its keep time before ``now``): one round trip."""
+    qk = QueueKeys(ns, q)
+    member = id_to_member(job_id)
+    raw, kept = yield (_peek_job_call(qk, member), Cmd(("HGET", qk.results, member)))
+    job = _peeked(ns, q, member, raw)
+    if job is not None:
+        return job
+    done = replies.decode_result(kept)
+    if done is None or done.until_ms <= now:
+        return None  # never had one, or kept no longer (trimmed later, by an ack or PEXPIRE)
+    return JobResult(ns, q, job_id, done.done_ms, done.result)
+
+
+def progress(ns: str, q: str, job_id: str, value: bytes, now: int, lease: str | None) -> Op[bool]:
+    """Records ``value`` (JSON, checked by the caller) as the progress of a reserved job,
+    replacing the last. With a ``lease``, only while that delivery holds the job; without
+    one, while the job is in a running reservation. False: no such job (no lease given);
+    ``Conflict`` naming where the job is when the lease (or, without one, the job's state)
+    refuses it. Nothing changes unless it is recorded."""
     qk = QueueKeys(ns, q)
     member = id_to_member(job_id)
     bname = _bucket_of(member)
     keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
-    reply = replies.decode_peek_job((yield _eval("peek_job", keys, member=member)))
-    if reply is None:
-        return None
-    return Job.from_record(ns, q, member, reply.record, reply.state, int(reply.score))
+    call = _eval(
+        "progress",
+        keys,
+        stamped=True,
+        now=now,
+        member=member,
+        lease=_lease_arg(lease),
+        progress=value,
+    )
+    verdict = replies.decode_progress((yield call))
+    conflicts = replies.conflicts([job_id], [verdict])
+    if conflicts:
+        raise Conflict(conflicts, leased=lease is not None)
+    return verdict is ReplyCode.OK
 
 
 def peek(cfg: EngineConfig, ns: str, q: str, which: str, now: int) -> Op[Job | None]:
@@ -733,7 +807,12 @@ def destroy(cfg: EngineConfig, ns: str, q: str) -> Op[int]:
         names = yield Cmd(("ZRANGE", qk.wheel, 0, 63))
         bnames = [n.decode() for n in names]
         final = "1" if len(bnames) < 64 else "0"
-        keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in bnames]}
+        keys = {
+            "queue": _fixed(qk),
+            "results": qk.results,
+            "results_due": qk.results_due,
+            "buckets": [qk.bucket(b) for b in bnames],
+        }
         reply = replies.decode_destroy((yield _eval("destroy", keys, final=final, names=bnames)))
         deleted += reply.deleted
         if reply.gone:

@@ -239,12 +239,36 @@ class PeekJobReply:
     state: JobState
     record: bytes
     score: float
+    progress: bytes | None = None  # the job's NOTES field p:<id>
 
 
 def decode_peek_job(reply: Sequence[Any]) -> PeekJobReply | None:
     if not reply:
         return None
-    return PeekJobReply(JOB_STATES[_CODES[int(reply[0])]], reply[1], float(reply[2]))
+    progress = reply[3] if len(reply) > 3 else None
+    return PeekJobReply(JOB_STATES[_CODES[int(reply[0])]], reply[1], float(reply[2]), progress)
+
+
+def decode_progress(reply: Any) -> ReplyCode:
+    """OK (recorded), NOT_FOUND, or a LEASE_* code saying where the job is."""
+    return _CODES[int(reply)]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A job acked with a result, as RESULTS keeps it: ``done_ms`` (the ack), ``until_ms``
+    (kept until), ``result`` (its JSON)."""
+
+    done_ms: int
+    until_ms: int
+    result: bytes
+
+
+def decode_result(raw: bytes | None) -> Finished | None:
+    """A RESULTS value (>I6 I6 done ms, kept-until ms, then the result), or None."""
+    if raw is None or len(raw) < 12:
+        return None
+    return Finished(int.from_bytes(raw[:6], "big"), int.from_bytes(raw[6:12], "big"), raw[12:])
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,9 +105,14 @@ SIGNATURES: dict[str, Signature] = {
         Signature(
             "consume", _Q, ("now", "ttr", "count", "limit", "notify", "open_lead", "lease_prefix")
         ),
-        Signature("ack", _QB, ("now", "remember_acked", "check_only", "n", "jobs...")),
+        Signature(
+            "ack",
+            _QB,
+            ("now", "remember_acked", "check_only", "results", "keep_result", "n", "jobs..."),
+        ),
         Signature("release", _Q, ("now", "delay", "notify", "mode", "jobs...")),
         Signature("touch", _Q, ("now", "ttr", "member", "lease")),
+        Signature("progress", (QUEUE, "bucket..."), ("now", "member", "lease", "progress")),
         Signature("open_buckets", _QB, ("now", "names...")),
         Signature("promote_due", _Q, ("now", "limit", "notify")),
         Signature("expire_reserved", _Q, ("now", "limit", "notify")),
@@ -116,7 +121,9 @@ SIGNATURES: dict[str, Signature] = {
         Signature("sizes", _Q, ("open_lead",)),
         Signature("respawn", _Q, ("now", "limit", "ttl", "notify")),
         Signature("delete_dead", _Q, ("limit",)),
-        Signature("destroy", _QB, ("final", "names...")),
+        Signature(
+            "destroy", (QUEUE, "results", "results_due", "buckets..."), ("final", "names...")
+        ),
         Signature("peek", _Q, ("which",)),
         Signature("peek_job", (QUEUE, "bucket..."), ("member",)),
         Signature(

@@ -19,9 +19,16 @@ from cluster_dq.http import params
 from cluster_dq.http.errors import error_handlers
 from cluster_dq.http.hot import HotPaths
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
-from cluster_dq.http.responses import error, job_object, json
+from cluster_dq.http.responses import error, job_object, json, result_object
 from cluster_dq.metrics import Metrics
-from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BATCH_ACK, Job, JobSpec
+from cluster_dq.models import (
+    CLIENT_ID_MAX_LEN,
+    MAX_BATCH_ACK,
+    MAX_NOTE_BYTES,
+    Job,
+    JobResult,
+    JobSpec,
+)
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.service import Service
@@ -183,8 +190,12 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        lease = params.lease(params.query(request))
-        await self.service.ack(route, ns, q, [jid], [lease] if lease else None)
+        qp = params.query(request)
+        lease = params.lease(qp)
+        result = params.result(qp) if "result" in qp else None
+        await self.service.ack(
+            route, ns, q, [jid], [lease] if lease else None, [result] if result else None
+        )
         return Response(status_code=204)
 
     async def ack_many(self, request: Request) -> Response:
@@ -222,6 +233,19 @@ class DataAPI:
         await self.service.touch(route, ns, q, jid, ttr_ms, lease)
         return json({"msg": "touched", "job_id": jid, "ttr_ms": ttr_ms})
 
+    async def progress(self, request: Request) -> Response:
+        """Record a reserved job's progress (extension): a small JSON body, replacing the last."""
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        jid = params.job_id(request.path_params["job_id"])
+        route = await self._auth(request, ns, q)  # before the body: see publish
+        lease = params.lease(params.query(request))
+        raw = await params.body(
+            request, MAX_NOTE_BYTES, f"progress too large (max {MAX_NOTE_BYTES} bytes)"
+        )
+        value = params.note(raw, "progress")
+        state = await self.service.progress(route, ns, q, jid, value, lease)
+        return json({"msg": "progress saved", "job_id": jid, "state": str(state)})
+
     async def peek(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)
@@ -233,6 +257,8 @@ class DataAPI:
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
         job = await self.service.peek_job(route, ns, q, jid)
+        if isinstance(job, JobResult):
+            return json(result_object(job))
         return json(job_object(job, now_ms(), msg=False))
 
     async def size(self, request: Request) -> Response:
@@ -297,6 +323,7 @@ class DataAPI:
             Route("/api/{ns}/{q}/deadletter", self.deadletter, methods=["GET", "PUT", "DELETE"]),
             Route("/api/{ns}/{q}/job/{job_id}/release", self.release, methods=["POST"]),
             Route("/api/{ns}/{q}/job/{job_id}/touch", self.touch, methods=["POST"]),
+            Route("/api/{ns}/{q}/job/{job_id}/progress", self.progress, methods=["PUT"]),
             Route("/api/{ns}/{q}/job/{job_id}", self.republish, methods=["PUT"]),
             Route("/api/{ns}/{q}/job/{job_id}", self.ack, methods=["DELETE"]),
             Route("/api/{ns}/{q}/job/{job_id}", self.peek_job, methods=["GET"]),

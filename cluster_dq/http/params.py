@@ -6,6 +6,7 @@ import json
 import re
 from urllib.parse import parse_qsl
 from collections.abc import Mapping
+from typing import Any
 
 from starlette.requests import Request
 
@@ -18,6 +19,7 @@ from cluster_dq.models import (
     MAX_BATCH_CONSUME,
     MAX_BULK,
     MAX_NAME_LEN,
+    MAX_NOTE_BYTES,
     MAX_SECONDS,
     NAME_RE,
     decode_id,
@@ -236,3 +238,26 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None]]:
         else:
             raise err
     return list(leases), list(leases.values())
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)  # NaN, Infinity: not JSON
+
+
+def note(raw: bytes | str, what: str) -> bytes:
+    """A job's progress or result: one JSON value of at most ``MAX_NOTE_BYTES`` (as given),
+    returned as compact JSON (what is stored). Too big: 413; not JSON: 400 naming ``what``."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    if len(data) > MAX_NOTE_BYTES:
+        raise BodyTooLarge(f"{what} too large (max {MAX_NOTE_BYTES} bytes)", what)
+    try:
+        value = json.loads(data, parse_constant=_no_constant)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, deep nesting, huge numbers
+        raise BadRequest(f"invalid {what}: must be JSON", what) from None
+
+
+def result(query: Mapping[str, str]) -> bytes | None:
+    """The ``result`` an ack carries (a JSON value in the query), if the client sent one."""
+    raw = query.get("result")
+    return None if raw is None else note(raw, "result")

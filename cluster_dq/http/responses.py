@@ -7,7 +7,9 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from cluster_dq.models import Job
+import json as _json
+
+from cluster_dq.models import Job, JobResult
 
 
 def job_object(job: Job, now: int, *, msg: bool = True) -> dict[str, Any]:
@@ -31,7 +33,21 @@ def job_object(job: Job, now: int, *, msg: bool = True) -> dict[str, Any]:
     out["deliveries"] = job.deliveries
     if job.lease is not None:
         out["lease"] = job.lease  # this delivery's token: send it back on ack, touch, release
+    if job.progress is not None:
+        out["progress"] = _json.loads(job.progress)
     return out
+
+
+def result_object(done: JobResult) -> dict[str, Any]:
+    """A job acked with a result, while the result is kept."""
+    return {
+        "namespace": done.namespace,
+        "queue": done.queue,
+        "job_id": done.job_id,
+        "state": "acked",
+        "result": _json.loads(done.result),
+        "acked_at_ms": done.done_ms,
+    }
 
 
 def json(data: Any, status: int = 200) -> Response:
