@@ -31,10 +31,15 @@ def check_queue(r: redis.Redis, ns: str, q: str) -> dict[str, int]:
             assert member in expire, "a finite-ttl job is missing from the expire index"
     buckets = {b.decode() for b in r.zrange(k.wheel, 0, -1)}
     in_wheel = 0
+    wheel_ids: set[bytes] = set()
     for b in buckets:
-        n = r.hlen(k.bucket(b))
-        assert n > 0, f"wheel index names empty bucket {b}"
-        in_wheel += n
+        ids = r.hkeys(k.bucket(b))
+        assert ids, f"wheel index names empty bucket {b}"
+        in_wheel += len(ids)
+        wheel_ids.update(ids)
+    for note in r.hkeys(k.notes):  # `<id>` or `p:<id>` (a client id has no ':')
+        owner = note[2:] if note.startswith(b"p:") else note
+        assert owner in jobs or owner in wheel_ids, f"notes field {note!r} outlived its job"
     stray = {x.decode() for x in r.keys(k.bucket("*"))} - {k.bucket(b) for b in buckets}
     assert not stray, f"buckets missing from the wheel index: {stray}"
     w = int(r.hget(k.meta, "w") or 0)
