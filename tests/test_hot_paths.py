@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cluster_dq.engine.commands import EngineConfig
@@ -59,7 +59,21 @@ def apps(redis_server: Server, standalone_redis: redis.Redis) -> Iterator[Apps]:
 
 
 segment = st.sampled_from(
-    ["ns", "q", "q2", "job", "", "_x", "a b", "%2F", "é", "x" * 300, "01ARZ3NDEKTSV4RRFFQ69G5FAV"]
+    [
+        "ns",
+        "q",
+        "q2",
+        "job",
+        "",
+        "_x",
+        "a b",
+        "%2F",
+        "é",
+        "x" * 300,
+        "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        "client-1",
+        "progress",
+    ]
 )
 query = st.lists(
     st.sampled_from(
@@ -79,6 +93,8 @@ query = st.lists(
             "job_id=client-1",
             "job_id=",
             "lease=zz",
+            "result=%7B%22a%22%3A1%7D",
+            "result=x",
             "token=" + TOKEN,
             "token=bad!",
         ]
@@ -115,8 +131,18 @@ def masked(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
     path=st.lists(segment, min_size=1, max_size=5).map(lambda s: "/api/" + "/".join(s)),
     q=query,
     token=st.sampled_from([TOKEN, "", "no-such-token-0123456789", "bad token"]),
-    body=st.sampled_from([b"", b"job", b"x" * 70_000]),
+    body=st.sampled_from([b"", b"job", b"[1]", b"x" * 70_000]),
 )
+@example(method="PUT", path="/api/ns/q/job/client-1/progress", q="", token=TOKEN, body=b"[1]")
+@example(method="PUT", path="/api/ns/q/job/client-1/progress", q="", token=TOKEN, body=b"job")
+@example(
+    method="DELETE",
+    path="/api/ns/q/job/client-1",
+    q="result=%7B%22a%22%3A1%7D",
+    token=TOKEN,
+    body=b"",
+)
+@example(method="DELETE", path="/api/ns/q/job/client-1", q="result=x", token=TOKEN, body=b"")
 def test_the_hot_paths_answer_as_the_router_does(
     apps: Apps,
     standalone_redis: redis.Redis,
