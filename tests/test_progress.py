@@ -364,6 +364,53 @@ async def test_concurrent_acks_with_results_each_keep_their_own(dq: DQ) -> None:
     check_queue(dq.r, "ns", "q")
 
 
+async def test_a_batch_ack_keeps_each_jobs_result(dq: DQ) -> None:
+    ids = [await dq.publish() for _ in range(4)]
+    jobs = (await dq.api.get("/api/ns/q", params={"count": 4, "ttr_ms": 30_000})).json()
+    lease = {j["job_id"]: j["lease"] for j in jobs}
+    missing = "01M84CMJGD0005J92T828HTERV"
+    body = [
+        {"job_id": ids[0], "lease": lease[ids[0]], "result": {"n": 0}},
+        {"job_id": ids[1], "result": None},  # null is a result too
+        ids[2],
+        {"job_id": ids[3], "lease": lease[ids[3]]},
+        {"job_id": missing, "result": "nobody's"},
+    ]
+    r = await dq.api.post("/api/ns/q/ack", json=body)
+    assert r.status_code == 200
+    assert r.json() == {"msg": "acked", "acked": 4, "not_found": [missing]}
+    first, second = (await dq.peek(ids[0])).json(), (await dq.peek(ids[1])).json()
+    assert first["result"] == {"n": 0} and first["state"] == "acked"
+    assert second["result"] is None and second["state"] == "acked"
+    for jid in (ids[2], ids[3], missing):
+        assert (await dq.peek(jid)).status_code == 404
+    assert dq.r.hlen(QK.results) == 2
+    check_queue(dq.r, "ns", "q")
+
+
+@pytest.mark.parametrize(
+    ("element", "status"),
+    [
+        ({"result": "r" * MAX_NOTE_BYTES}, 413),
+        ({"result": float("nan")}, 400),
+        ({"result": 1, "extra": 2}, 400),
+    ],
+)
+async def test_a_bad_result_in_a_batch_acks_nothing(
+    dq: DQ, element: dict[str, Any], status: int
+) -> None:
+    ids = [await dq.publish() for _ in range(2)]
+    body = json.dumps([ids[0], {"job_id": ids[1], **element}])  # NaN as Python writes it
+    r = await dq.api.post("/api/ns/q/ack", content=body.encode())
+    assert r.status_code == status, r.text
+    assert (await dq.api.get("/api/ns/q/size")).json()["size"] == 2
+    assert not dq.r.exists(QK.results)
+    twice = [{"job_id": ids[0], "result": 1}, {"job_id": ids[0], "result": 2}]
+    r = await dq.api.post("/api/ns/q/ack", json=twice)
+    assert r.status_code == 400 and "different results" in r.json()["error"]
+    assert (await dq.api.get("/api/ns/q/size")).json()["size"] == 2
+
+
 async def test_destroy_removes_results(dq: DQ) -> None:
     jid = await dq.publish()
     assert (await dq.api.delete(f"/api/ns/q/job/{jid}", params={"result": "[]"})).is_success

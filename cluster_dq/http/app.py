@@ -203,10 +203,19 @@ class DataAPI:
         ``count`` jobs spends two round trips on them, not ``count + 1``."""
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)  # before the body: see publish
-        # room for {"job_id": ..., "lease": ...} elements of the longest ids
-        data = await params.body(request, MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 48) + 1024)
-        ids, leases = params.id_list(data)
-        states = await self.service.ack(route, ns, q, ids, leases if any(leases) else None)
+        # room for {"job_id": ..., "lease": ...} elements of the longest ids, and results
+        # of MaxBodyBytes together
+        room = MAX_BATCH_ACK * (CLIENT_ID_MAX_LEN + 48) + 1024 + self.s.MaxBodyBytes
+        data = await params.body(request, room)
+        ids, leases, results = params.id_list(data)
+        states = await self.service.ack(
+            route,
+            ns,
+            q,
+            ids,
+            leases if any(leases) else None,
+            results if any(results) else None,
+        )
         missing = [i for i, s in zip(ids, states) if s is None]
         return json({"msg": "acked", "acked": len(ids) - len(missing), "not_found": missing})
 

@@ -202,13 +202,14 @@ def lease(query: Mapping[str, str]) -> str | None:
     return raw.lower()
 
 
-def id_list(data: bytes) -> tuple[list[str], list[str | None]]:
+def id_list(data: bytes) -> tuple[list[str], list[str | None], list[bytes | None]]:
     """A batch ack body: a JSON array (1 to MAX_BATCH_ACK) of job ids, or of objects
-    ``{"job_id": ..., "lease": ...}`` (the lease optional), or an object holding the array as
-    ``job_ids``. Repeated ids count once. Returns the ids and their leases (None: none)."""
+    ``{"job_id": ..., "lease": ..., "result": ...}`` (lease and result optional; the result
+    any JSON value), or an object holding the array as ``job_ids``. Repeated ids count once.
+    Returns the ids, their leases (None: none) and results (compact JSON; None: none)."""
     err = BadRequest("request body should be a JSON array of job ids", "body")
     try:
-        parsed = json.loads(data)
+        parsed = json.loads(data, parse_constant=_no_constant)
     except (ValueError, RecursionError):  # bad JSON or UTF-8, deep nesting, a 5,000-digit number
         raise err from None
     if isinstance(parsed, dict) and set(parsed) == {"job_ids"}:
@@ -220,13 +221,14 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None]]:
     if len(parsed) > MAX_BATCH_ACK:
         raise BadRequest(f"too many job ids (max {MAX_BATCH_ACK})", "body")
     leases: dict[str, str | None] = {}
+    results: dict[str, bytes] = {}
     for item in parsed:
         if isinstance(item, str):
             leases.setdefault(job_id(item), None)
         elif (
             isinstance(item, dict)
             and isinstance(item.get("job_id"), str)
-            and set(item) <= {"job_id", "lease"}
+            and set(item) <= {"job_id", "lease", "result"}
         ):
             given = item.get("lease")
             if given is not None and not (isinstance(given, str) and LEASE_RE.fullmatch(given)):
@@ -235,9 +237,13 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None]]:
             if jid in leases and given and leases[jid] not in (None, given.lower()):
                 raise BadRequest(f"job {jid} is given twice with different leases", "lease")
             leases[jid] = given.lower() if given else leases.get(jid)
+            if "result" in item:
+                result = _compact(item["result"], "result")
+                if results.setdefault(jid, result) != result:
+                    raise BadRequest(f"job {jid} is given twice with different results", "result")
         else:
             raise err
-    return list(leases), list(leases.values())
+    return list(leases), list(leases.values()), [results.get(i) for i in leases]
 
 
 def _no_constant(name: str) -> Any:
@@ -252,9 +258,20 @@ def note(raw: bytes | str, what: str) -> bytes:
         raise BodyTooLarge(f"{what} too large (max {MAX_NOTE_BYTES} bytes)", what)
     try:
         value = json.loads(data, parse_constant=_no_constant)
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
     except (ValueError, RecursionError):  # bad JSON or UTF-8, deep nesting, huge numbers
         raise BadRequest(f"invalid {what}: must be JSON", what) from None
+    return _compact(value, what)
+
+
+def _compact(value: Any, what: str) -> bytes:
+    """A parsed JSON value as stored: compact UTF-8, at most ``MAX_NOTE_BYTES``."""
+    try:
+        out = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    except (ValueError, RecursionError):  # a lone surrogate (no UTF-8), deep nesting
+        raise BadRequest(f"invalid {what}: must be JSON", what) from None
+    if len(out) > MAX_NOTE_BYTES:
+        raise BodyTooLarge(f"{what} too large (max {MAX_NOTE_BYTES} bytes)", what)
+    return out
 
 
 def result(query: Mapping[str, str]) -> bytes | None:
