@@ -249,6 +249,33 @@ async def test_progress_leaves_with_the_job(dq: DQ) -> None:
     check_queue(dq.r, "ns", "q")
 
 
+async def test_progress_racing_acks_leaves_nothing_behind(dq: DQ) -> None:
+    """Progress calls racing the acks of their jobs: each is recorded before the ack (and
+    goes with the record) or refused after it; no notes field outlives its job."""
+    n = 30
+    for _ in range(n):
+        await dq.publish()
+    jobs = (await dq.api.get("/api/ns/q", params={"count": n, "ttr_ms": 30_000})).json()
+
+    async def work(job: dict[str, Any]) -> list[int]:
+        jid, lease = job["job_id"], job["lease"]
+        calls = [
+            dq.progress(jid, {"k": k}, **({"lease": lease} if k % 2 else {})) for k in range(4)
+        ]
+        ack = dq.api.delete(f"/api/ns/q/job/{jid}", params={"result": "true"})
+        answers = await asyncio.gather(*calls[:2], ack, *calls[2:])
+        return [a.status_code for a in answers]
+
+    codes = await asyncio.gather(*(work(j) for j in jobs))
+    for per_job in codes:
+        assert per_job[2] == 204
+        assert set(per_job[:2] + per_job[3:]) <= {200, 404, 409}
+    assert dq.notes() == {} and not dq.r.exists(QK.notes)
+    for j in jobs:
+        assert (await dq.peek(j["job_id"])).json()["result"] is True
+    check_queue(dq.r, "ns", "q")
+
+
 # -- results ----------------------------------------------------------------------------------
 
 
