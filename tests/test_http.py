@@ -187,7 +187,7 @@ def test_batch_ack_acks_many_ids_in_any_state(api: httpx.Client) -> None:
             400,
             "too many job ids (max 1000)",
         ),
-        (b"[" + b" " * 120_000 + b"]", 413, "body too large"),
+        (b"[" + b" " * 1_200_000 + b"]", 413, "body too large"),  # ids, leases, results
     ],
 )
 def test_bad_batch_ack_is_refused_and_acks_nothing(
