@@ -86,6 +86,11 @@ class QueueKeys:
         return self._k("notes")
 
     @property
+    def schedules(self) -> str:
+        """HASH of the queue's recurring jobs: ``d:<name>`` definition, ``s:<name>`` state."""
+        return self._k("schedules")
+
+    @property
     def notify(self) -> str:
         """Pub/sub channel announcing that the ready set went from empty to non-empty."""
         return self._k("notify")
@@ -135,6 +140,11 @@ class ShardKeys:
     def pending(self) -> str:
         """HASH ``ns/q`` -> earliest event signalled since the pump claimed the queue."""
         return self._k("pending")
+
+    @property
+    def timers(self) -> str:
+        """ZSET ``ns/q/name`` -> when a firer looks at that schedule next (recurring jobs)."""
+        return self._k("timers")
 
     @property
     def lock(self) -> str:
