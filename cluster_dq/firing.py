@@ -68,7 +68,7 @@ class Firer:
             ns, q, _ = ops.parse_member(member)
             sink = self.metrics.metrics
             sink.count(m.schedule_published, ns, q, fired.published)
-            sink.count(m.published, ns, q, fired.published)
+            sink.count(m.published, ns, q, fired.created)
             sink.count(m.schedule_missed, ns, q, fired.missed)
         if fired.missed:
             log.warning("schedule %s: %d occurrence(s) missed", member, fired.missed)

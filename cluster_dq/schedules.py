@@ -103,13 +103,13 @@ class Schedule:
 
 def occurrence_id(name: str, at_ms: int) -> str:
     """The job id of occurrence ``at_ms``: ``s-<name>-<ms>``, or with a long name
-    ``s-<name's first 32 chars>-<8 bytes of its sha1>-<ms>`` (at most 64 chars). It starts
+    ``s-<name's first 24 chars>-<8 bytes of its sha1>-<ms>`` (at most 64 chars). It starts
     with ``s-``, so it is a client id (``models.is_client_id_valid``), never a server id."""
     out = f"s-{name}-{at_ms}"
     if len(out) <= CLIENT_ID_MAX_LEN:
         return out
     digest = hashlib.sha1(name.encode()).hexdigest()[:16]
-    return f"s-{name[:32]}-{digest}-{at_ms}"
+    return f"s-{name[:24]}-{digest}-{at_ms}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +199,7 @@ def plan(schedule: Schedule, state: State, now_ms: int, remember_acked_ms: int) 
     window_start = now_ms - schedule.catch_up_ms
     skipped, fire = 0, list[int]()
     nxt = state.next_ms
-    occ = schedule.occurrences(nxt - 1)
+    occ = schedule.occurrences(nxt)  # those after nxt
     while nxt <= now_ms:
         if nxt < window_start:
             if skipped >= SKIP_BATCH:
@@ -305,14 +305,14 @@ def parse(
     try:
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise BadRequest(f"unknown time zone {tz!r}", "tz") from None
+        raise BadRequest(f"invalid tz: unknown time zone {tz!r}", "tz") from None
     if not croniter.is_valid(cron):
         raise BadRequest(f"invalid cron expression {cron!r}", "cron")
     schedule = Schedule(name, template, cron=cron, tz=tz, catch_up_ms=catch_up)
     try:
         schedule.next_after(now_ms)
     except Exception:  # croniter.CroniterError: an expression no date matches (Feb 30)
-        raise BadRequest(f"cron expression {cron!r} never fires", "cron") from None
+        raise BadRequest(f"invalid cron: {cron!r} never fires", "cron") from None
     return schedule, paused
 
 

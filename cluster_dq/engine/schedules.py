@@ -207,11 +207,13 @@ def next_timer(shard: int) -> Op[int | None]:
 
 @dataclass(frozen=True, slots=True)
 class Fired:
-    """What one firing step did: jobs it published (new ids), occurrences whose ids existed
-    already (a repeat), occurrences it counted as missed, and whether more are due now."""
+    """What one firing step did: occurrences it published (each is published by one step:
+    the one that confirms its claim), of them the jobs it created (an occurrence published
+    again after a lost reply finds its job there already), occurrences it counted as
+    missed, and whether more are due now."""
 
     published: int = 0
-    duplicates: int = 0
+    created: int = 0
     missed: int = 0
     more: bool = False
 
@@ -244,8 +246,8 @@ def fire(cfg: EngineConfig, shard: int, member: str, lease: float, now: int) -> 
     ]
     published = yield from publish(cfg, ns, q, specs, now)
     new = sum(1 for p in published if not p.duplicate)
-    confirmed = claimed.with_(flying=(), claim_ms=0, fired=claimed.fired + new)
+    confirmed = claimed.with_(flying=(), claim_ms=0, fired=claimed.fired + len(specs))
     done, _ = yield from _set(qk, name, claimed.encode(), confirmed.encode())
     if done:
         yield from _set_timer(cfg, ns, q, name, confirmed.due_at())
-    return Fired(new, len(specs) - new, missed, done and confirmed.next_ms <= now)
+    return Fired(len(specs), new, missed, done and confirmed.next_ms <= now)
