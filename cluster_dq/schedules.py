@@ -34,7 +34,7 @@ MAX_SCHEDULES_PER_QUEUE = 1_000
 MAX_SCHEDULE_PAGE = 100  # schedules listed per page
 MAX_CRON_LEN = 256
 FIRE_BATCH = 64  # occurrences published per firing step (one publish call: MAX_BULK)
-SKIP_BATCH = 1_000  # occurrences older than the catch-up window counted per firing step
+SKIP_BATCH = 256  # occurrences older than the catch-up window counted per firing step
 # How long a claimed occurrence is left to its claimer before another firer publishes it.
 CLAIM_LEASE_MS = 5_000
 
