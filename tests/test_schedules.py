@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -26,7 +26,9 @@ from cluster_dq.engine import commands as ops
 from cluster_dq.engine import schedules as sched_ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Call, EngineConfig, Eval
+from cluster_dq.clock import now_ms
 from cluster_dq.firing import Firer
+from cluster_dq.pump import Pump
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.models import is_client_id_valid, decode_id
 from cluster_dq.pools import close_client, make_client
@@ -425,6 +427,50 @@ async def test_a_cron_schedule_across_daylight_saving_changes(
                 "26 02:30 +0100",
                 "27 02:30 +0100",
             ]
+
+
+async def test_real_pumps_fire_once_across_a_killed_leader(
+    engines: tuple[FaultyEngine, FaultyEngine, Clock],
+) -> None:
+    """Two real pumps (service clock, leases in Redis) on the schedule's shard; the leader is
+    killed (its tasks cancelled, its lease left to run out) and the other takes over: the
+    jobs are consecutive occurrences, none twice, none missing."""
+    a, b, _ = engines
+    for e in (a, b):
+        e.clock = now_ms
+    schedule = Schedule("live", _template(), every_ms=1_000)
+    await _put(a, schedule)
+    pumps = [Pump(e, [SHARD], lease_ms=900, poll_ms=100, reconcile_every_s=0) for e in (a, b)]
+    for p in pumps:
+        p.start()
+    try:
+        await _wait_until(lambda: any(p.leads(SHARD) for p in pumps), "a leader")
+        await asyncio.sleep(2.5)
+        leader, other = pumps if pumps[0].leads(SHARD) else pumps[::-1]
+        for t in leader._tasks:  # killed: no lease given back
+            t.cancel()
+        await asyncio.gather(*leader._tasks, return_exceptions=True)
+        killed_at = now_ms()
+        await _wait_until(lambda: other.leads(SHARD), "the other takes over")
+        await asyncio.sleep(2.5)
+        await a.run(sched_ops.delete(a.config, NS, Q, "live"))
+    finally:
+        for p in pumps:
+            await p.stop()
+    ids = await _drain(a, now_ms())
+    times = sorted(int(i.rsplit("-", 1)[1]) for i in ids)
+    assert len(set(times)) == len(times) and times[0] < killed_at < times[-1]
+    assert times == list(range(times[0], times[-1] + 1, 1_000))
+    state_gone = await a.run(sched_ops.get(NS, Q, "live"))
+    assert state_gone is None
+
+
+async def _wait_until(check: Callable[[], bool], what: str, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.02)
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
