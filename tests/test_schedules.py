@@ -20,6 +20,7 @@ from croniter import croniter  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from cluster_dq.engine import commands as ops
@@ -183,14 +184,21 @@ class FaultyEngine(AsyncEngine):
 
     fail: tuple[str, bool] | None = None
     injected = 0
+    transient = False  # a lost reply the engine repeats (ConnectionError), not a death
+    skip = 0  # matching calls let through before the one that fails
 
     async def _call(self, call: Call) -> Any:
         if isinstance(call, Eval) and self.fail and self.fail[0] == call.script:
+            if self.skip:
+                self.skip -= 1
+                return await super()._call(call)
             _, after = self.fail
             self.fail = None
             self.injected += 1
             if after:
                 await super()._call(call)
+            if self.transient:
+                raise RedisConnectionError("injected: the reply was lost")
             raise ResponseError("injected: the firer died")
         return await super()._call(call)
 
@@ -296,6 +304,28 @@ async def test_every_occurrence_is_published_once_with_competing_firers_and_a_le
     assert sorted(seen) == sorted(expected)
     got = await a.run(sched_ops.get(NS, Q, "tick"))
     assert got is not None and got[1].missed == 0 and got[1].fired == len(expected)
+
+
+async def test_a_claim_or_confirmation_repeated_after_a_lost_reply_is_not_a_conflict(
+    engines: tuple[FaultyEngine, FaultyEngine, Clock],
+) -> None:
+    """The engine repeats a step whose reply was lost; the repeated compare-and-set finds the
+    state it set itself and counts as done, so the occurrence is published at once (not after
+    the 5-s claim lease) and confirmed."""
+    a, _, clock = engines
+    schedule = Schedule("lost", _template(), every_ms=10_000)
+    start = clock.t
+    await _put(a, schedule)
+    firer = Firer(a, lambda s: True)
+    a.transient = True
+    for skip in (0, 1):  # the claim's reply lost, then the confirmation's
+        clock.t += 10_000
+        a.skip, a.fail = skip, ("schedule_set", True)
+        await _fire_all([firer])
+        assert a.fail is None  # injected
+        assert await _drain(a, clock.t) == _expected(schedule, clock.t - 10_000, clock.t)
+    state = (await a.run(sched_ops.get(NS, Q, "lost")))[1]  # type: ignore[index]
+    assert state.fired == len(_expected(schedule, start, clock.t)) and not state.flying
 
 
 async def test_a_gap_inside_the_window_fires_every_missed_occurrence_once_beyond_it_only_the_window(
