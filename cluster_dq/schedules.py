@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter  # type: ignore[import-untyped]
+from croniter import CroniterError, croniter  # type: ignore[import-untyped]
 
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BODY, MAX_SECONDS, JobSpec, validate_spec
@@ -37,6 +37,7 @@ FIRE_BATCH = 64  # occurrences published per firing step (one publish call: MAX_
 SKIP_BATCH = 256  # occurrences older than the catch-up window counted per firing step
 # How long a claimed occurrence is left to its claimer before another firer publishes it.
 CLAIM_LEASE_MS = 5_000
+NEVER = 2**48 - 1  # the "next occurrence" of a cron expression that matches no later date
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +94,18 @@ class Schedule:
         start = datetime.fromtimestamp(after_ms / 1000, tz=timezone.utc).astimezone(zone)
         it = croniter(self.cron, start)
         while True:
-            t = int(round(it.get_next(float) * 1000))
+            try:
+                t = int(round(it.get_next(float) * 1000))
+            except CroniterError:  # no later date matches (within croniter's search)
+                return
+            if t >= NEVER:
+                return
             if t > after_ms:
                 yield t
 
     def next_after(self, after_ms: int) -> int:
-        return next(self.occurrences(after_ms))
+        """The first occurrence after ``after_ms``; ``NEVER`` when there is none."""
+        return next(self.occurrences(after_ms), NEVER)
 
 
 def occurrence_id(name: str, at_ms: int) -> str:
@@ -209,7 +216,7 @@ def plan(schedule: Schedule, state: State, now_ms: int, remember_acked_ms: int) 
             if len(fire) >= FIRE_BATCH:
                 break
             fire.append(nxt)
-        nxt = next(occ)
+        nxt = next(occ, NEVER)
     claimed = state.with_(
         next_ms=nxt,
         missed=state.missed + skipped,
@@ -309,10 +316,8 @@ def parse(
     if not croniter.is_valid(cron):
         raise BadRequest(f"invalid cron expression {cron!r}", "cron")
     schedule = Schedule(name, template, cron=cron, tz=tz, catch_up_ms=catch_up)
-    try:
-        schedule.next_after(now_ms)
-    except Exception:  # croniter.CroniterError: an expression no date matches (Feb 30)
-        raise BadRequest(f"invalid cron: {cron!r} never fires", "cron") from None
+    if schedule.next_after(now_ms) == NEVER:  # no date matches it (30 February)
+        raise BadRequest(f"invalid cron: {cron!r} never fires", "cron")
     return schedule, paused
 
 
@@ -327,7 +332,9 @@ def describe(ns: str, q: str, schedule: Schedule, state: State) -> dict[str, Any
         job=asdict(schedule.job),
         catch_up_ms=schedule.catch_up_ms,
         paused=state.paused,
-        next_at_ms=None if state.paused else (state.flying or (state.next_ms,))[0],
+        next_at_ms=None
+        if state.paused or (not state.flying and state.next_ms == NEVER)
+        else (state.flying or (state.next_ms,))[0],
         fired=state.fired,
         missed=state.missed,
     )
