@@ -621,6 +621,9 @@ def test_schedule_routes_and_real_firing(api: httpx.Client) -> None:
     assert api.post("/api/ns/sq/schedules/s0/resume").json()["paused"] is False
     assert api.delete("/api/ns/sq/schedules/s0").status_code == 204
     assert api.get("/api/ns/sq/schedules/s0").status_code == 404
+    for name in ["nightly", "s1", "s2", "s3", "s4"]:  # none of them may fire into what follows
+        assert api.delete(f"/api/ns/sq/schedules/{name}").status_code == 204
+    api.delete("/api/ns/sq")  # in case one fired meanwhile (an hour began)
 
     assert api.put("/api/ns/sq/schedules/fast", json={"every_ms": 1_000}).status_code == 201
     deadline = time.monotonic() + 20
