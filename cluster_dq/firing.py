@@ -32,7 +32,7 @@ class Firer:
         engine: AsyncEngine,
         leads: Callable[[int], bool],
         *,
-        poll_ms: int = 1_000,  # idle look: a schedule created on another instance is seen
+        poll_ms: int = 250,  # idle look: a schedule created or resumed elsewhere is seen
         metrics: PoolMetrics | None = None,
     ) -> None:
         self.engine = engine
