@@ -96,6 +96,9 @@ class QueueKeys:
         """ZSET id -> kept-until ms of each result in ``results`` (trimmed a bounded number
         per ack with a result)."""
         return self._k("results_due")
+    def schedules(self) -> str:
+        """HASH of the queue's recurring jobs: ``d:<name>`` definition, ``s:<name>`` state."""
+        return self._k("schedules")
 
     @property
     def notify(self) -> str:
@@ -147,6 +150,11 @@ class ShardKeys:
     def pending(self) -> str:
         """HASH ``ns/q`` -> earliest event signalled since the pump claimed the queue."""
         return self._k("pending")
+
+    @property
+    def timers(self) -> str:
+        """ZSET ``ns/q/name`` -> when a firer looks at that schedule next (recurring jobs)."""
+        return self._k("timers")
 
     @property
     def lock(self) -> str:

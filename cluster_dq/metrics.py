@@ -95,6 +95,16 @@ dead_lettered = Counter(
     "cluster_dq_jobs_dead_lettered", "Jobs moved to the dead-letter queue (no tries left).", QUEUE
 )
 respawned = Counter("cluster_dq_jobs_respawned", "Dead-letter jobs put back to ready.", QUEUE)
+schedule_published = Counter(
+    "cluster_dq_schedule_occurrences_published",
+    "Occurrences of recurring jobs published as new jobs.",
+    QUEUE,
+)
+schedule_missed = Counter(
+    "cluster_dq_schedule_occurrences_missed",
+    "Occurrences of recurring jobs skipped: older than the catch-up window when fired.",
+    QUEUE,
+)
 lateness = Histogram(
     "cluster_dq_job_lateness_seconds",
     "First delivery time minus due time.",

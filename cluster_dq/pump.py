@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.errors import Fenced, RedisFailure, ServerError
+from cluster_dq.firing import Firer
 from cluster_dq.keys import META_PATTERN, parse_qualified, queue_of_key
 from cluster_dq.metrics import PoolMetrics, SizeBoard
 
@@ -63,9 +64,14 @@ class Pump:
         self._tasks: list[asyncio.Task[None]] = []
         self._reported: dict[int, bool] = {}  # shard -> what the leader gauge says
         self._stopping = False
+        # Recurring jobs: fired by the leader of each shard, on timers of their own.
+        self.firer = Firer(engine, self.leads, metrics=metrics)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run_shard(s)) for s in self.shards]
+        self._tasks += [
+            asyncio.create_task(self.firer.run(s, lambda: self._stopping)) for s in self.shards
+        ]
         if self.reconcile_every_s > 0 and 0 in self.shards:
             self._tasks.append(asyncio.create_task(self._reconcile_loop()))
 

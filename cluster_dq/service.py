@@ -15,6 +15,7 @@ from cluster_dq import metrics
 from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine import schedules as schedule_ops
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import (
     Conflict,
@@ -30,6 +31,8 @@ from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.models import Job, JobResult, JobSpec, JobState, validate_spec
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute, build_routes
+from cluster_dq.schedules import describe
+from cluster_dq.schedules import parse as parse_schedule
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import TokenStore, split_token, well_formed
 
@@ -449,6 +452,51 @@ class Service:
             if n < limit:
                 n += await self._run(pool, ops.delete_dead(ns, q, limit - n))
         return n
+
+    # -- recurring jobs (they live in the queue's write pool, whose pump leaders fire them) ---
+
+    async def put_schedule(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, name: str, body: bytes
+    ) -> tuple[dict[str, Any], bool]:
+        """Creates or replaces a schedule: (the schedule as answered, whether it was new)."""
+        pool = route.place(ns, q).write
+        now = pool.engine.clock()
+        s = self.settings
+        schedule, paused = parse_schedule(
+            name, body, s.TTLSecond * 1000, s.TriesNum, now, s.MaxBodyBytes
+        )
+        op = schedule_ops.put(pool.engine.config, ns, q, schedule, paused, now)
+        state, created = await self._run(pool, op, idempotent=True)
+        return describe(ns, q, schedule, state), created
+
+    async def schedule(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, name: str
+    ) -> dict[str, Any]:
+        pool = route.place(ns, q).write
+        found = await self._run(pool, schedule_ops.get(ns, q, name), idempotent=True)
+        if found is None:
+            raise NotFound("schedule not found")
+        return describe(ns, q, *found)
+
+    async def schedules(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, cursor: int, limit: int
+    ) -> tuple[int, list[dict[str, Any]]]:
+        pool = route.place(ns, q).write
+        nxt, found = await self._run(pool, schedule_ops.page(ns, q, cursor, limit), idempotent=True)
+        return nxt, [describe(ns, q, *item) for item in found]
+
+    async def pause_schedule(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, name: str, paused: bool
+    ) -> dict[str, Any]:
+        pool = route.place(ns, q).write
+        op = schedule_ops.set_paused(pool.engine.config, ns, q, name, paused, pool.engine.clock())
+        return describe(ns, q, *(await self._run(pool, op, idempotent=True)))
+
+    async def delete_schedule(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, name: str
+    ) -> None:
+        pool = route.place(ns, q).write
+        await self._run(pool, schedule_ops.delete(pool.engine.config, ns, q, name), idempotent=True)
 
     # -- admin ------------------------------------------------------------------------------
 

@@ -24,14 +24,16 @@ import pytest
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine import schedules as schedule_ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import FIRST_EXTRA_KEY, Call, Eval
 from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.errors import Fenced
 from cluster_dq.engine.scripts import load_all, lua_codes, lua_dir
 from cluster_dq.engine.signatures import QUEUE, SIGNATURES
-from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
+from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys, shard_of
 from cluster_dq.models import JobSpec
+from cluster_dq.schedules import Schedule, Template
 
 LUA = lua_dir()
 SCRIPTS = sorted(p.stem for p in LUA.glob("*.lua"))
@@ -292,4 +294,13 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.lead(5, "contract", 1_000, give_up=True))
     await run(ops.rate_limit("dq:{admin}:rl:contract", 1, 1_000))
     await run(ops.rate_limit("dq:{admin}:rl:contract", 1, 1_000, refund=True))
+    every = Schedule("contract", Template("b"), every_ms=1_000)
+    await run(schedule_ops.put(cfg, "ns", q, every, False, t))
+    shard = shard_of(f"ns/{q}", cfg.shards)
+    for later in (5_000, 60_000):  # fired; then found paused: out of the timers
+        for member, lease in await run(schedule_ops.due(shard, t + later, 10)):
+            await run(schedule_ops.fire(cfg, shard, member, lease, t + later))
+        await run(schedule_ops.set_paused(cfg, "ns", q, "contract", True, t + later))
+    await run(schedule_ops.set_paused(cfg, "ns", q, "contract", False, t))
+    await run(schedule_ops.delete(cfg, "ns", q, "contract"))
     assert checking.seen == set(SCRIPTS), f"not exercised: {set(SCRIPTS) - checking.seen}"

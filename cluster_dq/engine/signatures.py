@@ -136,6 +136,12 @@ SIGNATURES: dict[str, Signature] = {
         ),
         Signature("signal", ("schedule", "pending", "queues"), ("queue", "at")),
         Signature("leader", ("leader", "epoch"), ("token", "lease", "release")),
+        Signature(
+            "schedule_set",
+            (QUEUE, "schedules"),
+            ("name", "expected", "state", "definition", "limit"),
+        ),
+        Signature("schedule_unindex", ("timers",), ("member", "score")),
         Signature("rate_limit", ("counter",), ("limit", "window", "refund")),
     )
 }

@@ -31,6 +31,8 @@ from cluster_dq.models import (
 )
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
+from cluster_dq.schedules import MAX_SCHEDULE_PAGE
+from cluster_dq.schedules import check_name as check_schedule_name
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import split_token, well_formed_raw
@@ -322,8 +324,55 @@ class DataAPI:
         s = await self.service.sizes(route, ns, q)
         return json({"namespace": ns, "queue": q, "size": s.dead})
 
+    # -- recurring jobs (extension) ---------------------------------------------------------
+
+    async def put_schedule(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        name = check_schedule_name(request.path_params["name"])
+        route = await self._auth(request, ns, q)  # before the body: see publish
+        body = await params.body(request, self.s.MaxBodyBytes * 2 + 4096)  # JSON-escaped body
+        out, created = await self.service.put_schedule(route, ns, q, name, body)
+        return json(out, 201 if created else 200)
+
+    async def get_schedule(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        name = check_schedule_name(request.path_params["name"])
+        route = await self._auth(request, ns, q)
+        return json(await self.service.schedule(route, ns, q, name))
+
+    async def list_schedules(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        route = await self._auth(request, ns, q)
+        qp = params.query(request)
+        cursor = params.uint(qp, "cursor", 0, 2**64 - 1)
+        limit = params.uint(qp, "limit", 100, MAX_SCHEDULE_PAGE)
+        if limit < 1:
+            raise BadRequest("invalid limit", "limit")
+        nxt, found = await self.service.schedules(route, ns, q, cursor, limit)
+        return json({"namespace": ns, "queue": q, "schedules": found, "cursor": str(nxt)})
+
+    async def delete_schedule(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        name = check_schedule_name(request.path_params["name"])
+        route = await self._auth(request, ns, q)
+        await self.service.delete_schedule(route, ns, q, name)
+        return Response(status_code=204)
+
+    async def pause_schedule(self, request: Request) -> Response:
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        name = check_schedule_name(request.path_params["name"])
+        route = await self._auth(request, ns, q)
+        paused = request.url.path.endswith("/pause")
+        return json(await self.service.pause_schedule(route, ns, q, name, paused))
+
     def routes(self) -> list[Route]:
         return [
+            Route("/api/{ns}/{q}/schedules", self.list_schedules, methods=["GET"]),
+            Route("/api/{ns}/{q}/schedules/{name}", self.put_schedule, methods=["PUT"]),
+            Route("/api/{ns}/{q}/schedules/{name}", self.get_schedule, methods=["GET"]),
+            Route("/api/{ns}/{q}/schedules/{name}", self.delete_schedule, methods=["DELETE"]),
+            Route("/api/{ns}/{q}/schedules/{name}/pause", self.pause_schedule, methods=["POST"]),
+            Route("/api/{ns}/{q}/schedules/{name}/resume", self.pause_schedule, methods=["POST"]),
             Route("/api/{ns}/{q}/bulk", self.bulk, methods=["PUT"]),
             Route("/api/{ns}/{q}/ack", self.ack_many, methods=["POST"]),
             Route("/api/{ns}/{q}/peek", self.peek, methods=["GET"]),

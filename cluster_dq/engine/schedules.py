@@ -1,0 +1,253 @@
+"""Recurring jobs as engine operations: pure step builders and reply decoding, as commands.py.
+
+A schedule lives in its queue's ``schedules`` hash (tag ``{ns/q}``); its shard's ``timers``
+zset (tag ``{shard-N}``) says when a firer looks at it next. Every change of a schedule is one
+``schedule_set`` call, a compare-and-set of its state; the timer is set in a separate step
+after it (another slot), as a publish's shard ``signal`` is. A firing step claims due
+occurrences with that compare-and-set, publishes them through ``commands.publish`` under
+their deterministic ids, then confirms them (``cluster_dq/schedules.py`` has the rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cluster_dq.engine.commands import EngineConfig, Op, _eval, _fixed, publish
+from cluster_dq.errors import BadRequest, NotFound
+from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
+from cluster_dq.schedules import (
+    CLAIM_LEASE_MS,
+    MAX_SCHEDULES_PER_QUEUE,
+    Schedule,
+    State,
+    occurrence_id,
+    plan,
+)
+from cluster_dq.engine.commands import Cmd
+
+CAS_TRIES = 8  # a request's compare-and-set against concurrent firers and writers
+
+
+def member_of(ns: str, q: str, name: str) -> str:
+    """The timer index member of a schedule: ``ns/q/name`` (no part contains ``/``)."""
+    return f"{ns}/{q}/{name}"
+
+
+def parse_member(member: str | bytes) -> tuple[str, str, str]:
+    text = member.decode() if isinstance(member, bytes) else member
+    ns, q, name = text.split("/")
+    return ns, q, name
+
+
+def _timers(cfg: EngineConfig, ns: str, q: str) -> str:
+    return ShardKeys(shard_of(f"{ns}/{q}", cfg.shards)).timers
+
+
+def _read(qk: QueueKeys, name: str) -> Op[tuple[Schedule, bytes] | None]:
+    d, s = yield Cmd(("HMGET", qk.schedules, f"d:{name}", f"s:{name}"))
+    if d is None or s is None:
+        return None
+    return Schedule.from_json(d), s
+
+
+def _set(
+    qk: QueueKeys, name: str, expected: bytes | str, state: str, definition: str = ""
+) -> Op[tuple[bool, int]]:
+    done, count = yield _eval(
+        "schedule_set",
+        {"queue": _fixed(qk), "schedules": qk.schedules},
+        name=name,
+        expected=expected,
+        state=state,
+        definition=definition,
+        limit=MAX_SCHEDULES_PER_QUEUE,
+    )
+    return int(done) == 1, int(count)
+
+
+def _set_timer(cfg: EngineConfig, ns: str, q: str, name: str, at: int | None) -> Op[None]:
+    if at is not None:
+        yield Cmd(("ZADD", _timers(cfg, ns, q), at, member_of(ns, q, name)))
+
+
+def get(ns: str, q: str, name: str) -> Op[tuple[Schedule, State] | None]:
+    found = yield from _read(QueueKeys(ns, q), name)
+    return None if found is None else (found[0], State.decode(found[1]))
+
+
+def put(
+    cfg: EngineConfig, ns: str, q: str, schedule: Schedule, paused: bool, now: int
+) -> Op[tuple[State, bool]]:
+    """Creates or replaces a schedule; (its state, whether it was created). The same
+    definition again keeps its firing state (only ``paused`` changes), so a deploy that PUTs
+    its schedules at every start neither skips nor repeats an occurrence; a changed one starts
+    afresh from ``now`` (its counts kept). Raises ``BadRequest`` when the queue is full."""
+    qk = QueueKeys(ns, q)
+    definition = schedule.to_json()
+    for _ in range(CAS_TRIES):
+        found = yield from _read(qk, schedule.name)
+        raw: bytes | str = ""
+        if found is None:
+            state = State.fresh(schedule, now, paused)
+        else:
+            old_def, raw = found
+            old = State.decode(raw)
+            if old_def == schedule:
+                state = _paused(schedule, old, paused, now)
+            else:
+                fresh = State.fresh(schedule, now, paused)
+                state = fresh.with_(fired=old.fired, missed=old.missed)
+        done, count = yield from _set(qk, schedule.name, raw, state.encode(), definition)
+        if done:
+            yield from _set_timer(cfg, ns, q, schedule.name, state.due_at())
+            return state, found is None
+        if found is None and count >= MAX_SCHEDULES_PER_QUEUE:
+            raise BadRequest(
+                f"too many schedules in this queue (at most {MAX_SCHEDULES_PER_QUEUE})", "name"
+            )
+    raise _busy()
+
+
+def _paused(schedule: Schedule, state: State, paused: bool, now: int) -> State:
+    """``state`` paused or resumed. Occurrences that passed while a schedule was paused are
+    not fired when it resumes: it goes on from the next one after ``now``."""
+    if paused or not state.paused:
+        return state.with_(paused=paused)
+    nxt = state.next_ms if state.next_ms > now else schedule.next_after(now)
+    return state.with_(paused=False, next_ms=nxt)
+
+
+def set_paused(
+    cfg: EngineConfig, ns: str, q: str, name: str, paused: bool, now: int
+) -> Op[tuple[Schedule, State]]:
+    qk = QueueKeys(ns, q)
+    for _ in range(CAS_TRIES):
+        found = yield from _read(qk, name)
+        if found is None:
+            raise NotFound("schedule not found")
+        schedule, raw = found
+        state = _paused(schedule, State.decode(raw), paused, now)
+        done, _ = yield from _set(qk, name, raw, state.encode())
+        if done:
+            # A pause leaves the timer: the firer that finds the schedule paused drops it
+            # (schedule_unindex), so a pause racing a resume cannot leave it unindexed.
+            yield from _set_timer(cfg, ns, q, name, state.due_at())
+            return schedule, state
+    raise _busy()
+
+
+def delete(cfg: EngineConfig, ns: str, q: str, name: str) -> Op[None]:
+    qk = QueueKeys(ns, q)
+    for _ in range(CAS_TRIES):
+        found = yield from _read(qk, name)
+        if found is None:
+            raise NotFound("schedule not found")
+        done, _ = yield from _set(qk, name, found[1], "")
+        if done:
+            yield Cmd(("ZREM", _timers(cfg, ns, q), member_of(ns, q, name)))
+            return
+    raise _busy()
+
+
+def _busy() -> BadRequest:
+    return BadRequest("the schedule is being changed by others; try again", "name")
+
+
+def page(ns: str, q: str, cursor: int, count: int) -> Op[tuple[int, list[tuple[Schedule, State]]]]:
+    """One page of a queue's schedules (HSCAN: a schedule changed meanwhile may be seen twice
+    or not at all). The next cursor (0: done) and the schedules."""
+    qk = QueueKeys(ns, q)
+    nxt, found = yield Cmd(("HSCAN", qk.schedules, cursor, "MATCH", "d:*", "COUNT", count))
+    pairs = list(found.items()) if isinstance(found, dict) else list(zip(found[::2], found[1::2]))
+    if not pairs:
+        return int(nxt), []
+    names = [(k.decode() if isinstance(k, bytes) else k)[2:] for k, _ in pairs]
+    states = yield Cmd(("HMGET", qk.schedules, *(f"s:{n}" for n in names)))
+    out = [
+        (Schedule.from_json(d), State.decode(s))
+        for (_, d), s in zip(pairs, states, strict=True)
+        if s is not None
+    ]
+    out.sort(key=lambda item: item[0].name)
+    return int(nxt), out
+
+
+# -- firing -----------------------------------------------------------------------------------
+
+
+def _pairs(flat: Any) -> list[tuple[Any, float]]:
+    """ZRANGE ... WITHSCORES as (member, score) pairs, however the client parsed it."""
+    items = list(flat)
+    if items and isinstance(items[0], (tuple, list)):
+        return [(m, float(s)) for m, s in items]
+    return [(m, float(s)) for m, s in zip(items[::2], items[1::2])]
+
+
+def due(shard: int, now: int, limit: int) -> Op[list[tuple[str, float]]]:
+    """Claims the shard's schedules whose timer is due: each timer is pushed to a lease
+    (``now + CLAIM_LEASE_MS``, plus half a ms so that no writer's whole-ms timer equals it),
+    where it is looked at again should the firer die. (member, lease) pairs."""
+    timers = ShardKeys(shard).timers
+    found = yield Cmd(("ZRANGE", timers, "-inf", now, "BYSCORE", "LIMIT", 0, limit))
+    if not found:
+        return []
+    lease = now + CLAIM_LEASE_MS + 0.5
+    args: list[Any] = []
+    for m in found:
+        args += [repr(lease), m]
+    yield Cmd(("ZADD", timers, "XX", *args))
+    return [(m.decode() if isinstance(m, bytes) else m, lease) for m in found]
+
+
+def next_timer(shard: int) -> Op[int | None]:
+    head = _pairs((yield Cmd(("ZRANGE", ShardKeys(shard).timers, 0, 0, "WITHSCORES"))))
+    return int(head[0][1]) if head else None
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """What one firing step did: occurrences it published (each is published by one step:
+    the one that confirms its claim), of them the jobs it created (an occurrence published
+    again after a lost reply finds its job there already), occurrences it counted as
+    missed, and whether more are due now."""
+
+    published: int = 0
+    created: int = 0
+    missed: int = 0
+    more: bool = False
+
+
+def fire(cfg: EngineConfig, shard: int, member: str, lease: float, now: int) -> Op[Fired]:
+    """One firing step of one schedule (the firer claimed its timer at ``lease``)."""
+    ns, q, name = parse_member(member)
+    qk = QueueKeys(ns, q)
+    timers = ShardKeys(shard).timers
+    found = yield from _read(qk, name)
+    state = None if found is None else State.decode(found[1])
+    if found is None or state is None or state.paused:
+        yield _eval("schedule_unindex", {"timers": timers}, member=member, score=repr(lease))
+        return Fired()
+    schedule, raw = found
+    step = plan(schedule, state, now, cfg.remember_acked_ms)
+    if step is None:
+        yield from _set_timer(cfg, ns, q, name, state.due_at())
+        return Fired()
+    claimed = step.claimed
+    done, _ = yield from _set(qk, name, raw, claimed.encode())
+    if not done:
+        return Fired()  # another firer or a writer changed it: whoever did sets its timer
+    missed = claimed.missed - state.missed
+    if not step.fire:
+        yield from _set_timer(cfg, ns, q, name, claimed.due_at())
+        return Fired(missed=missed, more=claimed.next_ms <= now)
+    specs = [
+        schedule.job.spec(occurrence_id(name, t), t + schedule.job.delay_ms) for t in step.fire
+    ]
+    published = yield from publish(cfg, ns, q, specs, now)
+    new = sum(1 for p in published if not p.duplicate)
+    confirmed = claimed.with_(flying=(), claim_ms=0, fired=claimed.fired + len(specs))
+    done, _ = yield from _set(qk, name, claimed.encode(), confirmed.encode())
+    if done:
+        yield from _set_timer(cfg, ns, q, name, confirmed.due_at())
+    return Fired(len(specs), new, missed, done and confirmed.next_ms <= now)
