@@ -96,6 +96,8 @@ class QueueKeys:
         """ZSET id -> kept-until ms of each result in ``results`` (trimmed a bounded number
         per ack with a result)."""
         return self._k("results_due")
+
+    @property
     def schedules(self) -> str:
         """HASH of the queue's recurring jobs: ``d:<name>`` definition, ``s:<name>`` state."""
         return self._k("schedules")
