@@ -14,7 +14,7 @@ from starlette.routing import Route
 import cluster_dq
 from cluster_dq import metrics
 from cluster_dq.errors import BadRequest, NotFound, Unauthorized
-from cluster_dq.http import params
+from cluster_dq.http import openapi, params
 from cluster_dq.http.app import build_app
 from cluster_dq.http.middleware import AccessLog
 from cluster_dq.http.responses import error, json
@@ -228,7 +228,10 @@ def create_admin_app(
     service: Service, settings: Settings, access_log: AccessLog, board: SizeBoard
 ) -> Starlette:
     return build_app(
-        AdminAPI(service, settings, access_log, board).routes(),
+        [
+            *AdminAPI(service, settings, access_log, board).routes(),
+            openapi.route(settings, "admin"),
+        ],
         access_log,
         "admin",
         service.metrics,
