@@ -17,6 +17,7 @@ from cluster_dq.errors import BadRequest, NotFound, Unauthorized
 from cluster_dq.http import openapi, params
 from cluster_dq.http.app import build_app
 from cluster_dq.http.middleware import AccessLog
+from cluster_dq.http.openapi_admin import admin_document
 from cluster_dq.http.responses import error, json
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.service import Service
@@ -230,7 +231,7 @@ def create_admin_app(
     return build_app(
         [
             *AdminAPI(service, settings, access_log, board).routes(),
-            openapi.route(settings, "admin"),
+            openapi.route(admin_document(settings)),
         ],
         access_log,
         "admin",

@@ -18,6 +18,7 @@ from cluster_dq.errors import BadRequest, Unauthorized
 from cluster_dq.http import openapi, params
 from cluster_dq.http.errors import error_handlers
 from cluster_dq.http.hot import HotPaths
+from cluster_dq.http.openapi_data import data_document
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json
 from cluster_dq.metrics import Metrics
@@ -367,5 +368,5 @@ def build_app(
 
 def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
     api = DataAPI(service, settings)
-    routes = [*api.routes(), openapi.route(settings, "data")]
+    routes = [*api.routes(), openapi.route(data_document(settings))]
     return build_app(routes, access_log, "data", service.metrics, hot=api)
