@@ -181,11 +181,14 @@ def uint(name: str, what: str, default: int | None, maximum: int, minimum: int =
     return param(name, "query", schema, what)
 
 
-def seconds(name: str, what: str, default: int, maximum: int = U32) -> list[Schema]:
+def seconds(
+    name: str, what: str, default: int, maximum: int = U32, minimum: int = 0, ms_minimum: int = 0
+) -> list[Schema]:
     """``name`` in seconds and ``name_ms`` in milliseconds (``params.millis``; ms wins)."""
+    ms_what = f"{what} (milliseconds; wins over `{name}`)"
     return [
-        uint(name, f"{what} (seconds)", default, maximum),
-        uint(f"{name}_ms", f"{what} (milliseconds; wins over `{name}`)", None, maximum * 1000),
+        uint(name, f"{what} (seconds)", default, maximum, minimum),
+        uint(f"{name}_ms", ms_what, None, maximum * 1000, ms_minimum),
     ]
 
 

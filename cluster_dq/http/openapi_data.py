@@ -71,24 +71,31 @@ PUBLISHED = reply(
     "published", ref("Published"), {"msg": "published", "job_id": "01M84CYQJ90007ZG2JKZ9W9AQM"}
 )
 JOB_PATH = "/api/{ns}/{q}/job/{job_id}"
-# What a client does next with the id it was given (schemathesis follows these).
-PUBLISHED["links"] = {
-    name: {
-        "operationRef": "#/paths/" + path.replace("/", "~1") + "/" + method,
-        "parameters": {
-            "ns": "$request.path.ns",
-            "q": "$request.path.q",
-            "job_id": "$response.body#/job_id",
-        },
+PEEK, ACK, REPUBLISH = (JOB_PATH, "get"), (JOB_PATH, "delete"), (JOB_PATH, "put")
+TOUCH, RELEASE = (JOB_PATH + "/touch", "post"), (JOB_PATH + "/release", "post")
+
+
+def links(values: dict[str, str], *targets: tuple[str, str]) -> Schema:
+    """What a client does next with the id it was given (schemathesis follows these)."""
+    return {
+        f"{method} {path}": {
+            "operationRef": "#/paths/" + path.replace("/", "~1") + "/" + method,
+            "parameters": values,
+        }
+        for path, method in targets
     }
-    for name, path, method in (
-        ("peek", JOB_PATH, "get"),
-        ("ack", JOB_PATH, "delete"),
-        ("republish", JOB_PATH, "put"),
-        ("touch", JOB_PATH + "/touch", "post"),
-        ("release", JOB_PATH + "/release", "post"),
-    )
-}
+
+
+_ID = {"ns": "$request.path.ns", "job_id": "$response.body#/job_id"}
+PUBLISHED["links"] = links({**_ID, "q": "$request.path.q"}, PEEK, ACK, REPUBLISH, TOUCH, RELEASE)
+# A delivery's own lease (count=1: one job object).
+DELIVERED = links(
+    {**_ID, "q": "$response.body#/queue", "lease": "$response.body#/lease"},
+    ACK,
+    REPUBLISH,
+    TOUCH,
+    RELEASE,
+)
 
 
 NS = param("ns", "path", NAME, "namespace")
@@ -174,7 +181,8 @@ def data_operations(s: Settings) -> list[Op]:
                     {"anyOf": [ref("Job"), {"type": "array", "items": ref("Job")}]},
                     JOB_EXAMPLE,
                     headers={"X-Lease": {"schema": LEASE_ID, "description": "count=1: the lease"}},
-                ),
+                )
+                | {"links": DELIVERED},
                 404: consume_404,
                 429: too_many,
             },
@@ -190,7 +198,7 @@ def data_operations(s: Settings) -> list[Op]:
                     },
                     f"queue names, comma-separated (at most {MAX_QUEUES}); first is served first",
                 ),
-                *seconds("ttr", "time to run; ttr=0 means 1 s, ttr_ms=0 is refused", s.TTRSecond),
+                *seconds("ttr", "time to run; ttr=0 means 1 s", s.TTRSecond, ms_minimum=1),
                 *seconds(
                     "timeout",
                     "long-poll: wait this long for a job",
@@ -247,7 +255,7 @@ def data_operations(s: Settings) -> list[Op]:
                 404: job_404,
                 409: E409,
             },
-            [NS, Q, JOB, *seconds("ttr", "the new time to run (not 0)", s.TTRSecond), LEASE],
+            [NS, Q, JOB, *seconds("ttr", "the new time to run", s.TTRSecond, U32, 1, 1), LEASE],
         ),
         Op(
             "POST",
