@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from schemathesis.generation.stateful import run_state_machine_as_test
+from hypothesis import HealthCheck, Phase, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -149,3 +150,35 @@ def test_data_port_conforms_to_its_document(case: schemathesis.Case, running: Ru
 def test_admin_port_conforms_to_its_document(case: schemathesis.Case, running: Running) -> None:
     headers = {"Authorization": httpx.BasicAuth(*ADMIN_AUTH)._auth_header}
     case.call_and_validate(headers=headers, checks=CHECKS)
+
+
+def test_data_port_follows_its_links(
+    data_schema: schemathesis.schemas.BaseSchema, running: Running
+) -> None:
+    """Stateful: sequences that follow the document's links (publish, then peek, touch,
+    release, republish or ack that job; consume, then ack, touch or release with the lease),
+    each answer checked against the document as above."""
+    base = data_schema.as_state_machine()
+
+    class Client(base):  # type: ignore[valid-type,misc]
+        def before_call(self, case: schemathesis.Case) -> None:
+            if "ns" in (case.path_parameters or {}):
+                case.path_parameters["ns"] = NS  # type: ignore[index]
+
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, object]:
+            return {"headers": {"X-Token": running.token}}
+
+        def validate_response(self, response: object, case: schemathesis.Case, **_: object) -> None:
+            case.validate_response(response, checks=CHECKS)  # type: ignore[arg-type]
+
+    run_state_machine_as_test(
+        Client,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=8,
+            phases=[Phase.generate],  # a replay meets another server state: no shrinking
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        ),
+    )

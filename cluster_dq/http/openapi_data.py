@@ -73,9 +73,10 @@ PUBLISHED = reply(
 JOB_PATH = "/api/{ns}/{q}/job/{job_id}"
 PEEK, ACK, REPUBLISH = (JOB_PATH, "get"), (JOB_PATH, "delete"), (JOB_PATH, "put")
 TOUCH, RELEASE = (JOB_PATH + "/touch", "post"), (JOB_PATH + "/release", "post")
+CONSUME = ("/api/{ns}/{queues}", "get")
 
 
-def links(values: dict[str, str], *targets: tuple[str, str]) -> Schema:
+def links(values: dict[str, object], *targets: tuple[str, str]) -> Schema:
     """What a client does next with the id it was given (schemathesis follows these)."""
     return {
         f"{method} {path}": {
@@ -87,7 +88,11 @@ def links(values: dict[str, str], *targets: tuple[str, str]) -> Schema:
 
 
 _ID = {"ns": "$request.path.ns", "job_id": "$response.body#/job_id"}
-PUBLISHED["links"] = links({**_ID, "q": "$request.path.q"}, PEEK, ACK, REPUBLISH, TOUCH, RELEASE)
+PUBLISHED["links"] = {
+    **links({**_ID, "q": "$request.path.q"}, PEEK, ACK, REPUBLISH, TOUCH, RELEASE),
+    # take it: one job, so the answer is one job object with its lease
+    **links({"ns": "$request.path.ns", "queues": "$request.path.q", "query.count": 1}, CONSUME),
+}
 # A delivery's own lease (count=1: one job object).
 DELIVERED = links(
     {**_ID, "q": "$response.body#/queue", "lease": "$response.body#/lease"},
