@@ -20,10 +20,7 @@ from starlette.routing import Route
 
 import cluster_dq
 from cluster_dq.http.params import LEASE_RE, U32
-from cluster_dq.models import (
-    CLIENT_ID_MAX_LEN,
-    MAX_NAME_LEN,
-)
+from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_NAME_LEN, NAME_RE
 from cluster_dq.tokens import MAX_INTERVAL, MAX_LIMIT
 
 Schema = dict[str, Any]
@@ -32,10 +29,15 @@ OPENAPI_PATH = "/openapi.json"
 
 # -- schemas ------------------------------------------------------------------------------
 
-NAME = {"type": "string", "pattern": "^[-_A-Za-z0-9]+$", "maxLength": MAX_NAME_LEN}
-QUEUE_NAME = {**NAME, "pattern": "^[-A-Za-z0-9][-_A-Za-z0-9]*$"}
+# JSON Schema patterns are ECMA regexes: ^ and $ for Python's \A and \Z.
+NAME = {
+    "type": "string",
+    "pattern": NAME_RE.pattern.replace("\\A", "^").replace("\\Z", "$"),
+    "maxLength": MAX_NAME_LEN,
+}
+QUEUE_NAME = {**NAME, "pattern": "^[-A-Za-z0-9][-_A-Za-z0-9]*$"}  # not starting with _
 # A server id (26 Crockford base32 characters) or a client's own: both fit this.
-JOB_ID = {"type": "string", "pattern": f"^[-_A-Za-z0-9]{{1,{CLIENT_ID_MAX_LEN}}}$"}
+JOB_ID = {**NAME, "maxLength": CLIENT_ID_MAX_LEN}
 LEASE_ID = {"type": "string", "pattern": f"^{LEASE_RE.pattern}$"}
 STATE = {"type": "string", "enum": ["delayed", "ready", "reserved", "dead"]}
 
@@ -133,8 +135,8 @@ def reply(
 
 
 def error(what: str, example: str, schema: str = "Error") -> Schema:
-    key = "msg" if schema == "Message" else "error"
-    return reply(what, ref(schema) if schema != "Either" else EITHER, {key: example})
+    """A 4xx/5xx: ``{"error": …}``, or lmstfy's ``{"msg": …}`` (schema "Message")."""
+    return reply(what, ref(schema), {"msg" if schema == "Message" else "error": example})
 
 
 EITHER = {"anyOf": [ref("Error"), ref("Message")]}
@@ -160,6 +162,8 @@ E409 = reply(
     },
 )
 NO_CONTENT = {"description": "done", "headers": _REQUEST_ID}
+
+
 # -- parameters ---------------------------------------------------------------------------
 
 
