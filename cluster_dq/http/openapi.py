@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 import cluster_dq
 from cluster_dq.http.params import LEASE_RE, U32
-from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_NAME_LEN, NAME_RE
+from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_NAME_LEN, NAME_RE, JobState
 from cluster_dq.tokens import MAX_INTERVAL, MAX_LIMIT
 
 Schema = dict[str, Any]
@@ -39,7 +39,7 @@ QUEUE_NAME = {**NAME, "pattern": "^[-A-Za-z0-9][-_A-Za-z0-9]*$"}  # not starting
 # A server id (26 Crockford base32 characters) or a client's own: both fit this.
 JOB_ID = {**NAME, "maxLength": CLIENT_ID_MAX_LEN}
 LEASE_ID = {"type": "string", "pattern": f"^{LEASE_RE.pattern}$"}
-STATE = {"type": "string", "enum": ["delayed", "ready", "reserved", "dead"]}
+STATE = {"type": "string", "enum": [str(s) for s in JobState]}
 
 
 def obj(required: Iterable[str] = (), **props: Schema) -> Schema:
