@@ -175,3 +175,15 @@ def test_the_hot_paths_answer_as_the_router_does(
         assert a == b, f"{method} {path}?{q}"
 
     runner.run(both())
+
+
+def test_the_document_is_left_to_the_router(apps: Apps) -> None:
+    """``GET /openapi.json`` is no hot path: the served app answers it with its document."""
+    runner, service, hot, plain = apps
+
+    async def ask() -> httpx.Response:
+        return await hot.get("/openapi.json")
+
+    r = runner.run(ask())
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert "/api/{ns}/{queues}" in r.json()["paths"]

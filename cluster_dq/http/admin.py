@@ -14,9 +14,10 @@ from starlette.routing import Route
 import cluster_dq
 from cluster_dq import metrics
 from cluster_dq.errors import BadRequest, NotFound, Unauthorized
-from cluster_dq.http import params
+from cluster_dq.http import openapi, params
 from cluster_dq.http.app import build_app
 from cluster_dq.http.middleware import AccessLog
+from cluster_dq.http.openapi_admin import admin_document
 from cluster_dq.http.responses import error, json
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.service import Service
@@ -228,7 +229,10 @@ def create_admin_app(
     service: Service, settings: Settings, access_log: AccessLog, board: SizeBoard
 ) -> Starlette:
     return build_app(
-        AdminAPI(service, settings, access_log, board).routes(),
+        [
+            *AdminAPI(service, settings, access_log, board).routes(),
+            openapi.route(admin_document(settings)),
+        ],
         access_log,
         "admin",
         service.metrics,

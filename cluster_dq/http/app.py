@@ -15,9 +15,10 @@ from starlette.routing import Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.errors import BadRequest, Unauthorized
-from cluster_dq.http import params
+from cluster_dq.http import openapi, params
 from cluster_dq.http.errors import error_handlers
 from cluster_dq.http.hot import HotPaths
+from cluster_dq.http.openapi_data import data_document
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json, result_object
 from cluster_dq.metrics import Metrics
@@ -25,6 +26,8 @@ from cluster_dq.models import (
     CLIENT_ID_MAX_LEN,
     MAX_BATCH_ACK,
     MAX_NOTE_BYTES,
+    MAX_PRIORITY,
+    MAX_TRIES,
     Job,
     JobResult,
     JobSpec,
@@ -85,8 +88,8 @@ class DataAPI:
             JobSpec,
             delay_ms=params.millis(qp, "delay", s.DelaySecond),
             ttl_ms=params.millis(qp, "ttl", s.TTLSecond),
-            tries=params.uint(qp, "tries", s.TriesNum, 65535),
-            priority=params.uint(qp, "priority", 0, 255),
+            tries=params.uint(qp, "tries", s.TriesNum, MAX_TRIES),
+            priority=params.uint(qp, "priority", 0, MAX_PRIORITY),
             attributes=params.attributes(request),
             job_id=params.job_id(qp["job_id"]) if "job_id" in qp else None,
         )
@@ -445,4 +448,5 @@ def build_app(
 
 def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
     api = DataAPI(service, settings)
-    return build_app(api.routes(), access_log, "data", service.metrics, hot=api)
+    routes = [*api.routes(), openapi.route(data_document(settings))]
+    return build_app(routes, access_log, "data", service.metrics, hot=api)

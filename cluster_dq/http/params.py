@@ -38,6 +38,7 @@ def ascii_uint(raw: str) -> int | None:
 
 
 LEASE_RE = re.compile(r"[0-9a-fA-F]{16}")
+MAX_QUEUES = 32  # queues of one consume
 
 
 def query(request: Request) -> dict[str, str]:
@@ -96,8 +97,8 @@ def queue_list(ns: str, raw: str) -> list[str]:
         raise BadRequest("invalid queue name(s)", "queue")
     for q in queues:
         check_names(ns, q)
-    if len(queues) > 32:
-        raise BadRequest("too many queues (max 32)", "queue")
+    if len(queues) > MAX_QUEUES:
+        raise BadRequest(f"too many queues (max {MAX_QUEUES})", "queue")
     return list(dict.fromkeys(queues))
 
 

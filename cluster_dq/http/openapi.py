@@ -1,0 +1,274 @@
+"""OpenAPI 3.1 building blocks: the schemas, responses and parameters the two ports' documents
+share, the ``Op`` each route is declared with, and the document and its ``/openapi.json`` route.
+
+Each port declares its routes beside nothing else: ``http/openapi_data.py`` (data port) and
+``http/openapi_admin.py`` (admin port). A new route is one more ``Op`` in its port's list;
+``tests/test_openapi.py`` fails while a route of an app is missing from its document, and runs
+schemathesis against both. Bounds come from the parsers' constants (``http/params.py``,
+``models.py``, ``tokens.py``), defaults from the running settings: one place for each."""
+
+from __future__ import annotations
+
+import json as jsonlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import cluster_dq
+from cluster_dq.http.params import LEASE_RE, U32
+from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_NAME_LEN, NAME_RE, JobState
+from cluster_dq.tokens import MAX_INTERVAL, MAX_LIMIT
+
+Schema = dict[str, Any]
+JSON = "application/json"
+OPENAPI_PATH = "/openapi.json"
+
+# -- schemas ------------------------------------------------------------------------------
+
+# JSON Schema patterns are ECMA regexes: ^ and $ for Python's \A and \Z.
+NAME = {
+    "type": "string",
+    "pattern": NAME_RE.pattern.replace("\\A", "^").replace("\\Z", "$"),
+    "maxLength": MAX_NAME_LEN,
+}
+QUEUE_NAME = {**NAME, "pattern": "^[-A-Za-z0-9][-_A-Za-z0-9]*$"}  # not starting with _
+# A server id (26 Crockford base32 characters) or a client's own: both fit this.
+JOB_ID = {**NAME, "maxLength": CLIENT_ID_MAX_LEN}
+LEASE_ID = {"type": "string", "pattern": f"^{LEASE_RE.pattern}$"}
+STATE = {"type": "string", "enum": [str(s) for s in JobState]}
+
+
+def obj(required: Iterable[str] = (), **props: Schema) -> Schema:
+    return {"type": "object", "properties": props, "required": list(required)}
+
+
+INT = {"type": "integer", "minimum": 0}
+SCHEMAS: dict[str, Schema] = {
+    "Error": obj(["error"], error={"type": "string"}),
+    "Message": obj(["msg"], msg={"type": "string"}),
+    "Conflict": obj(
+        ["error", "job_id", "state", "conflicts"],
+        error={"type": "string"},
+        job_id={"type": "string"},
+        state={"type": ["string", "null"]},
+        conflicts={
+            "type": "array",
+            "items": obj(["job_id", "state"], job_id={"type": "string"}, state={}),
+        },
+    ),
+    "Job": obj(
+        ["namespace", "queue", "job_id", "data", "ttl", "elapsed_ms", "remain_tries"],
+        msg={"type": "string", "const": "new job"},
+        namespace={"type": "string"},
+        queue={"type": "string"},
+        job_id={"type": "string"},
+        data={"type": "string", "contentEncoding": "base64", "description": "the body"},
+        ttl={**INT, "description": "seconds left before the job expires; 0: never"},
+        elapsed_ms=INT,
+        remain_tries=INT,
+        attributes={"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+        state=STATE,
+        deliveries=INT,
+        lease=LEASE_ID,
+    ),
+    "Published": obj(
+        ["msg", "job_id"],
+        msg={"const": "published"},
+        job_id={"type": "string"},
+        duplicate={"type": "boolean"},
+    ),
+    "Size": obj(
+        ["namespace", "queue", "size"],
+        namespace={"type": "string"},
+        queue={"type": "string"},
+        size=INT,
+        delayed=INT,
+        reserved=INT,
+        dead=INT,
+    ),
+    "Limit": obj(
+        ["read", "write", "interval"],
+        read={"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
+        write={"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
+        interval={"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL},
+    ),
+}
+SCHEMAS["Sizes"] = obj(
+    ["size", "delayed", "reserved", "dead"], size=INT, delayed=INT, reserved=INT, dead=INT
+)
+SCHEMAS["OpenAPI"] = obj(["openapi", "paths"], openapi={"type": "string"}, paths={})
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+# -- responses ----------------------------------------------------------------------------
+
+_REQUEST_ID = {
+    "X-Request-ID": {
+        "description": "the client's own id, when it is a sane token, or a fresh one",
+        "required": True,
+        "schema": {"type": "string"},
+    }
+}
+
+
+def reply(
+    what: str,
+    schema: Schema | None = None,
+    example: Any = None,
+    media: str = JSON,
+    headers: dict[str, Any] | None = None,
+) -> Schema:
+    out: Schema = {"description": what, "headers": {**_REQUEST_ID, **(headers or {})}}
+    if schema is not None:
+        content: Schema = {"schema": schema}
+        if example is not None:
+            content["example"] = example
+        out["content"] = {media: content}
+    return out
+
+
+def error(what: str, example: str, schema: str = "Error") -> Schema:
+    """A 4xx/5xx: ``{"error": …}``, or lmstfy's ``{"msg": …}`` (schema "Message")."""
+    return reply(what, ref(schema), {"msg" if schema == "Message" else "error": example})
+
+
+EITHER = {"anyOf": [ref("Error"), ref("Message")]}
+E400 = error("a bad parameter, name, id, lease or body; nothing was written", "invalid delay")
+E401 = error("no token, or a token unknown for this namespace", "invalid token")
+E404_POOL = error("the token names no configured pool or ring", "pool not found")
+E413 = error("a body over its limit (checked from Content-Length first)", "body too large")
+E429 = error(
+    "the token's rate limit", "token(…) produce reach the limit rate, please retry later", "Message"
+)
+E503 = error(
+    "Redis unreachable or failing over: says whether the request may have been applied",
+    "pool 'default' unavailable: redis unavailable (unreachable or failing over)",
+)
+E409 = reply(
+    "a lease that no longer holds its job: nothing was changed",
+    ref("Conflict"),
+    {
+        "error": "lease does not hold job 01M84CYQJ90007ZG2JKZ9W9AQM: gone; nothing was changed",
+        "job_id": "01M84CYQJ90007ZG2JKZ9W9AQM",
+        "state": None,
+        "conflicts": [{"job_id": "01M84CYQJ90007ZG2JKZ9W9AQM", "state": None}],
+    },
+)
+NO_CONTENT = {"description": "done", "headers": _REQUEST_ID}
+
+
+# -- parameters ---------------------------------------------------------------------------
+
+
+def param(name: str, where: str, schema: Schema, what: str, required: bool = False) -> Schema:
+    return {
+        "name": name,
+        "in": where,
+        "required": required or where == "path",
+        "description": what,
+        "schema": schema,
+    }
+
+
+def uint(name: str, what: str, default: int | None, maximum: int, minimum: int = 0) -> Schema:
+    """A query integer as ``params.uint`` reads it: 1 to 20 ASCII digits, within bounds."""
+    schema: Schema = {"type": "integer", "minimum": minimum, "maximum": maximum}
+    if default is not None:
+        schema["default"] = default
+    return param(name, "query", schema, what)
+
+
+def seconds(
+    name: str, what: str, default: int, maximum: int = U32, minimum: int = 0, ms_minimum: int = 0
+) -> list[Schema]:
+    """``name`` in seconds and ``name_ms`` in milliseconds (``params.millis``; ms wins)."""
+    ms_what = f"{what} (milliseconds; wins over `{name}`)"
+    return [
+        uint(name, f"{what} (seconds)", default, maximum, minimum),
+        uint(f"{name}_ms", ms_what, None, maximum * 1000, ms_minimum),
+    ]
+
+
+def raw_body(what: str) -> Schema:
+    return {
+        "required": False,
+        "description": what,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+
+
+def json_body(schema: Schema, example: Any, required: bool = True) -> Schema:
+    return {"required": required, "content": {JSON: {"schema": schema, "example": example}}}
+
+
+# -- operations ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    """One method of one route: what the document says about it."""
+
+    method: str
+    path: str
+    summary: str
+    responses: dict[int, Schema]
+    params: list[Schema] = field(default_factory=list)
+    body: Schema | None = None
+    auth: bool = True  # data port: the token; admin port: basic auth when accounts exist
+    tag: str = "jobs"
+
+
+def _document_op() -> Op:
+    return Op(
+        "GET",
+        OPENAPI_PATH,
+        "This document",
+        {200: reply("the OpenAPI 3.1 document of this port", ref("OpenAPI"))},
+        auth=False,
+        tag="meta",
+    )
+
+
+def document(port: str, ops: list[Op], schemes: dict[str, Schema]) -> Schema:
+    """The OpenAPI document of one port: its operations (and this document's own route);
+    an operation with ``auth`` takes any one of ``schemes``."""
+    security: list[Schema] = [{name: []} for name in schemes]
+    paths: dict[str, Schema] = {}
+    for op in [*ops, _document_op()]:
+        entry: Schema = {
+            "summary": op.summary,
+            "tags": [op.tag],
+            "parameters": op.params,
+            "responses": {str(k): v for k, v in sorted(op.responses.items())},
+            "security": security if op.auth else [],
+        }
+        if op.body is not None:
+            entry["requestBody"] = op.body
+        paths.setdefault(op.path, {})[op.method.lower()] = entry
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": f"cluster_dq {port} API",
+            "version": cluster_dq.__version__,
+            "description": "A delayed task queue, lmstfy-compatible: docs/api.md",
+        },
+        "paths": paths,
+        "components": {"schemas": SCHEMAS, "securitySchemes": schemes},
+    }
+
+
+def route(doc: Schema) -> Route:
+    """``GET /openapi.json``: ``doc``, serialised once."""
+    body = jsonlib.dumps(doc).encode()
+
+    async def serve(request: Request) -> Response:
+        return Response(body, media_type=JSON)
+
+    return Route(OPENAPI_PATH, serve, methods=["GET"])

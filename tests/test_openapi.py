@@ -1,0 +1,185 @@
+"""The OpenAPI documents (``cluster_dq/http/openapi.py``): each port serves one that names every
+route of its app, and schemathesis, driven by them, finds against a real ``cluster-dq serve``
+on a real Redis no 5xx and no answer (status, content type, headers, body) the document does
+not describe. ``DQ_SCHEMATHESIS_EXAMPLES`` sets the examples per operation (default 30)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import schemathesis
+from schemathesis.generation.stateful import run_state_machine_as_test
+from hypothesis import HealthCheck, Phase, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.http.admin import create_admin_app
+from cluster_dq.http.app import create_data_app
+from cluster_dq.http.middleware import AccessLog
+from cluster_dq.localredis import Server
+from cluster_dq.metrics import SizeBoard
+from cluster_dq.pools import RedisPool
+from cluster_dq.service import Service
+from cluster_dq.settings import load
+from cluster_dq.testing.service_process import ServiceProcess
+
+NS = "oas"  # every data request goes to the namespace the suite's token grants
+ADMIN_AUTH = ("admin", "s3cret")
+EXAMPLES = int(os.environ.get("DQ_SCHEMATHESIS_EXAMPLES", "30"))
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+ENV = {
+    "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1],
+    "CLUSTER_DQ_MAXTIMEOUTSECOND": "1",  # the document says so: no long-poll outlasts a second
+    "CLUSTER_DQ_LOGLEVEL": "warning",
+}
+
+
+class Running:
+    def __init__(self, svc: ServiceProcess, token: str) -> None:
+        self.svc, self.token = svc, token
+
+
+@pytest.fixture(scope="module")
+def running(redis_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    log = tmp_path_factory.mktemp("openapi") / "serve.log"
+    with ServiceProcess.start(f"127.0.0.1:{redis_server.port}", env=ENV, log=log) as svc:
+        r = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "oas"}, auth=ADMIN_AUTH)
+        assert r.status_code == 201, r.text
+        yield Running(svc, r.json()["token"])
+        assert "Traceback" not in svc.logs()
+
+
+@pytest.fixture(scope="module")
+def data_schema(running: Running) -> schemathesis.schemas.BaseSchema:
+    return schemathesis.openapi.from_url(f"{running.svc.base}/openapi.json")
+
+
+@pytest.fixture(scope="module")
+def admin_schema(running: Running) -> schemathesis.schemas.BaseSchema:
+    return schemathesis.openapi.from_url(f"{running.svc.admin}/openapi.json")
+
+
+def _routes(app: Starlette) -> set[tuple[str, str]]:
+    return {
+        (m, r.path)
+        for r in app.routes
+        if isinstance(r, Route)
+        for m in (r.methods or ()) - {"HEAD"}  # Starlette's own HEAD for each GET
+    }
+
+
+def _documented(doc: dict[str, dict[str, object]]) -> set[tuple[str, str]]:
+    return {(m.upper(), path) for path, ops in doc["paths"].items() for m in ops}  # type: ignore[union-attr]
+
+
+def test_each_port_documents_every_route_of_its_app(redis_server: Server, running: Running) -> None:
+    """The routes of the apps as built, against the documents as served: a route added to an
+    app without its declaration in ``http/openapi.py`` fails here (and the other way round)."""
+    s = load(None, {"CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis_server.port}"})
+    pool = RedisPool.create(s.Pool["default"], EngineConfig())
+    service = Service(s, {"default": pool})
+    log = AccessLog(False)
+    data = create_data_app(service, s, log)
+    admin = create_admin_app(service, s, log, SizeBoard(None, 30.0))
+    asyncio.run(pool.close())
+    served_data = httpx.get(f"{running.svc.base}/openapi.json").json()
+    served_admin = httpx.get(f"{running.svc.admin}/openapi.json").json()
+    for app, doc, where in (
+        (data, served_data, "openapi_data"),
+        (admin, served_admin, "openapi_admin"),
+    ):
+        routes, documented = _routes(app), _documented(doc)
+        assert not routes - documented, (
+            f"routes missing from http/{where}.py: {routes - documented}"
+        )
+        assert not documented - routes, f"documented, not served: {documented - routes}"
+    assert ("PUT", "/api/{ns}/{q}") in _routes(data) and ("GET", "/info") in _routes(admin)
+
+
+def test_documents_carry_the_served_settings(running: Running) -> None:
+    """Defaults and bounds come from the running settings and the parsers' constants."""
+    doc = httpx.get(f"{running.svc.base}/openapi.json").json()
+    assert doc["openapi"] == "3.1.0"
+    consume = doc["paths"]["/api/{ns}/{queues}"]["get"]
+    by_name = {p["name"]: p["schema"] for p in consume["parameters"]}
+    assert by_name["timeout"] == {"type": "integer", "minimum": 0, "maximum": 1, "default": 0}
+    assert by_name["count"]["maximum"] == 100 and by_name["ttr"]["default"] == 120
+    admin = httpx.get(f"{running.svc.admin}/openapi.json").json()
+    assert admin["components"]["securitySchemes"] == {"basic": {"type": "http", "scheme": "basic"}}
+    assert admin["paths"]["/limits"]["get"]["security"] == [{"basic": []}]
+    assert admin["paths"]["/healthz"]["get"]["security"] == []
+
+
+data_api = schemathesis.pytest.from_fixture("data_schema")
+admin_api = schemathesis.pytest.from_fixture("admin_schema")
+bounded = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+
+
+@data_api.parametrize()
+@bounded
+def test_data_port_conforms_to_its_document(case: schemathesis.Case, running: Running) -> None:
+    if "ns" in (case.path_parameters or {}):
+        case.path_parameters["ns"] = NS  # type: ignore[index]
+    case.call_and_validate(headers={"X-Token": running.token}, checks=CHECKS)
+
+
+@admin_api.parametrize()
+@bounded
+def test_admin_port_conforms_to_its_document(case: schemathesis.Case, running: Running) -> None:
+    headers = {"Authorization": httpx.BasicAuth(*ADMIN_AUTH)._auth_header}
+    case.call_and_validate(headers=headers, checks=CHECKS)
+
+
+def test_data_port_follows_its_links(
+    data_schema: schemathesis.schemas.BaseSchema, running: Running
+) -> None:
+    """Stateful: sequences that follow the document's links (publish, then peek, touch,
+    release, republish or ack that job; consume, then ack, touch or release with the lease),
+    each answer checked against the document as above."""
+    base = data_schema.as_state_machine()
+
+    class Client(base):  # type: ignore[valid-type,misc]
+        def before_call(self, case: schemathesis.Case) -> None:
+            if "ns" in (case.path_parameters or {}):
+                case.path_parameters["ns"] = NS  # type: ignore[index]
+
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, object]:
+            return {"headers": {"X-Token": running.token}}
+
+        def validate_response(self, response: object, case: schemathesis.Case, **_: object) -> None:
+            case.validate_response(response, checks=CHECKS)  # type: ignore[arg-type]
+
+    run_state_machine_as_test(
+        Client,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=8,
+            phases=[Phase.generate],  # a replay meets another server state: no shrinking
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        ),
+    )
