@@ -8,11 +8,12 @@ service, the Python client and the Spark pipeline share one engine.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import os
+import random
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import replies
@@ -28,6 +29,7 @@ from cluster_dq.keys import (
     parse_qualified,
     shard_of,
 )
+from cluster_dq.queueconf import QueueSettings
 from cluster_dq.models import (
     MAX_BULK,
     Job,
@@ -117,6 +119,8 @@ class EngineConfig:
     )
     moves: MoveSink | None = None  # where consume and tick report the jobs they moved
     lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
+    # the jitter draw of retry backoffs, one per script call (tests fix it)
+    draw: Callable[[], float] = field(default_factory=lambda: random.random)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:
@@ -139,6 +143,7 @@ class Published:
     job_id: str
     duplicate: bool
     state: JobState | None
+    full: bool = False  # refused: the queue holds its max_size jobs (nothing written)
 
 
 def _fixed(qk: QueueKeys) -> list[str]:
@@ -190,7 +195,7 @@ def _place_jobs(
         else:
             expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
         record = Record(
-            now, expire_at, spec.tries, 0, spec.priority, spec.body, spec.attributes
+            now, expire_at, spec.tries, 0, spec.priority, spec.body, spec.attributes, spec.backoff
         ).pack()
         start = due - due % BUCKET_WIDTH_MS
         # A wheel bucket opens only as fast as consumers drain the ready set, and what is in it
@@ -234,13 +239,15 @@ def _learn_lanes(
 
 
 def _publish_call(
-    cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int
+    cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int, whole: bool = False
 ) -> tuple[Eval, _Placement]:
     jobs = _place_jobs(cfg, qk, specs, now)
-    return _publish_eval(cfg, qk, jobs, now), jobs
+    return _publish_eval(cfg, qk, jobs, now, whole), jobs
 
 
-def _publish_eval(cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, now: int) -> Eval:
+def _publish_eval(
+    cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, now: int, whole: bool = False
+) -> Eval:
     keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in jobs.buckets]}
     return _eval(
         "publish",
@@ -252,6 +259,7 @@ def _publish_eval(cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, now: int) 
         notify=qk.notify,
         open_lead=cfg.open_lead_ms,
         remember_acked=cfg.remember_acked_ms,
+        whole="1" if whole else "0",
         n=len(jobs.members),
         jobs=jobs.job_args,
     )
@@ -262,16 +270,23 @@ def _published(
 ) -> list[Published]:
     _learn_lanes(cfg, qk, list(jobs.buckets), reply.fills)
     return [
-        Published(id_to_text(m), c is ReplyCode.DUPLICATE and not made_up, replies.job_state(c))
+        Published(
+            id_to_text(m),
+            c is ReplyCode.DUPLICATE and not made_up,
+            replies.job_state(c),
+            c is ReplyCode.FULL,
+        )
         for m, c, made_up in zip(jobs.members, reply.codes, jobs.made_up)
     ]
 
 
 def publish(
-    cfg: EngineConfig, ns: str, q: str, specs: Sequence[JobSpec], now: int
+    cfg: EngineConfig, ns: str, q: str, specs: Sequence[JobSpec], now: int, whole: bool = False
 ) -> Op[list[Published]]:
+    """Publishes ``specs`` on one queue. With the queue's max_size set, a job beyond it is
+    refused (``Published.full``): job by job in order, or, ``whole``, all of them at once."""
     qk = QueueKeys(ns, q)
-    call, jobs = _publish_call(cfg, qk, specs, now)
+    call, jobs = _publish_call(cfg, qk, specs, now, whole)
     reply = replies.decode_publish((yield call), len(jobs.members))
     if reply.lowered:
         yield _signal(qk, cfg, jobs.event)
@@ -407,6 +422,7 @@ def consume(
                 notify=qk.notify,
                 open_lead=cfg.open_lead_ms,
                 lease_prefix=os.urandom(6),
+                seed=repr(cfg.draw()),
             )
             reply = replies.decode_consume((yield call))
             if reply.lowered:  # the pump must look here when these reservations run out
@@ -682,6 +698,7 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
             now=now,
             limit=cfg.promote_limit,
             notify=qk.notify,
+            seed=repr(cfg.draw()),
         ),
         _eval("expire_ttl", queue, stamped=True, now=now, limit=cfg.promote_limit),
         _eval("next_event", queue, open_lead=cfg.open_lead_ms),
@@ -895,11 +912,12 @@ def release(
         delay=delay_ms,
         notify=qk.notify,
         mode=int(nack),
+        seed=repr(cfg.draw()),
         jobs=jobs,
     )
     reply = replies.decode_release((yield call))
-    if reply.lowered:
-        yield _signal(qk, cfg, now + delay_ms)
+    if reply.lowered:  # a delay, or a retry backoff: the shard learns the earliest anyway
+        yield _signal(qk, cfg, now + delay_ms if delay_ms else None)
     _raise_conflicts(ids, reply.codes)
     return ["expired" if c is ReplyCode.EXPIRED else replies.job_state(c) for c in reply.codes]
 
@@ -949,3 +967,59 @@ def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) 
         refund="1" if refund else "0",
     )
     return replies.decode_flag((yield call))
+
+
+def queue_settings(ns: str, q: str) -> Op[QueueSettings]:
+    """The queue's own settings (its CONF hash)."""
+    return QueueSettings.from_hash((yield Cmd(("HGETALL", QueueKeys(ns, q).conf))))
+
+
+def configure(ns: str, q: str, changes: Sequence[tuple[str, str]]) -> Op[QueueSettings]:
+    """Changes the queue's own settings (``queueconf.parse_changes``: field, value; '' removes
+    it) atomically; resuming a queue wakes its long-polls. Returns the settings after it."""
+    qk = QueueKeys(ns, q)
+    fields = [x for pair in changes for x in pair]
+    raw = yield _eval("configure", {"queue": _fixed(qk)}, notify=qk.notify, fields=fields)
+    return QueueSettings.from_hash(dict(zip(raw[0::2], raw[1::2])))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOverview:
+    """One queue as the namespace listing shows it."""
+
+    name: str
+    sizes: Sizes
+    paused: bool
+    oldest_due_ms: int | None  # the due time of the job at the head of READY
+
+
+def queues_of_namespace(shards: int, ns: str) -> Op[list[str]]:
+    """The names of the namespace's queues in the shard registries (every shard in one
+    pipeline), sorted."""
+    got = yield tuple(Cmd(("SMEMBERS", ShardKeys(s).queues)) for s in range(shards))
+    prefix = ns + "/"
+    return sorted(
+        {m.decode()[len(prefix) :] for ms in got for m in ms if m.decode().startswith(prefix)}
+    )
+
+
+def overview(cfg: EngineConfig, ns: str, queues: Sequence[str]) -> Op[list[QueueOverview]]:
+    """Sizes, paused flag and READY's head of each queue: one pipeline of read-only steps."""
+    steps: list[Call] = []
+    for q in queues:
+        qk = QueueKeys(ns, q)
+        steps += [
+            _eval("sizes", {"queue": _fixed(qk)}, open_lead=cfg.open_lead_ms),
+            Cmd(("HGET", qk.conf, "paused")),
+            Cmd(("ZRANGE", qk.ready, 0, 0, "WITHSCORES")),
+        ]
+    got = (yield tuple(steps)) if steps else []
+    out = []
+    for i, q in enumerate(queues):
+        sizes_, paused, head = got[3 * i : 3 * i + 3]
+        score = (head[0][1] if isinstance(head[0], (tuple, list)) else head[1]) if head else None
+        oldest = int(float(score)) & READY_SCORE_MASK if score is not None else None
+        out.append(
+            QueueOverview(q, replies.decode_sizes(sizes_), paused in (b"1", "1"), oldest)
+        )
+    return out

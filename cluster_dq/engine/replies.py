@@ -29,6 +29,7 @@ class ReplyCode(IntEnum):
     DUPLICATE = 6  # publish: the id is present, or was acked lately; nothing written
     EXPIRED = 7  # its ttl ended: removed (release)
     OK = 8  # the check passed (a lease holds its job; a shard step's epoch is current)
+    FULL = 9  # publish: the queue holds its max_size jobs; nothing written
     # why a lease does not hold its job; nothing changed
     LEASE_DELAYED = -1
     LEASE_READY = -2
