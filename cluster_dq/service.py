@@ -443,9 +443,7 @@ class Service:
         self._queue_settings[(ns, q)] = (time.monotonic(), got)
         return got
 
-    async def queue_defaults(
-        self, route: PoolRoute[RedisPool], ns: str, q: str
-    ) -> QueueSettings:
+    async def queue_defaults(self, route: PoolRoute[RedisPool], ns: str, q: str) -> QueueSettings:
         """The queue's settings for its default ttr and tries, read at most once per
         ``QueueSettingsCacheSecond`` by this instance (a change made through another one
         applies within that). Pause, max size and backoff are read by the scripts

@@ -137,6 +137,12 @@ async def test_a_full_queue_refuses_publishes_with_queue_full_and_writes_nothing
     (dup,) = await service.publish(route, ns, q, [JobSpec(b"a", job_id="a")])
     assert dup.duplicate
     assert snapshot(sync_redis, ns, q) == before
+    # a republish replaces its job (room enough), one of a job not there adds one: refused
+    await service.republish(route, ns, q, "a", JobSpec(b"a2", job_id="a2"))
+    before = snapshot(sync_redis, ns, q)
+    with pytest.raises(QueueFull):
+        await service.republish(route, ns, q, "gone", JobSpec(b"z", job_id="z"))
+    assert snapshot(sync_redis, ns, q) == before
     # room again once a job is gone
     (a,) = await service.consume(route, ns, [q], 30_000, 1, 0)
     await service.ack(route, ns, q, [a.job_id])

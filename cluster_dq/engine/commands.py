@@ -20,7 +20,7 @@ from cluster_dq.engine import replies
 from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
 from cluster_dq.engine.signatures import SIGNATURES
-from cluster_dq.errors import Conflict
+from cluster_dq.errors import Conflict, QueueFull
 from cluster_dq.keys import (
     BUCKET_WIDTH_MS,
     QueueKeys,
@@ -574,6 +574,8 @@ def republish(
         lease=_lease_arg(lease),
     )
     reply = replies.decode_republish((yield call))
+    if reply.new is ReplyCode.FULL:
+        raise QueueFull(ns, q)
     _raise_conflicts([old_id], [reply.old])
     if reply.lowered:
         yield _signal(qk, cfg, new.event)
@@ -1019,7 +1021,5 @@ def overview(cfg: EngineConfig, ns: str, queues: Sequence[str]) -> Op[list[Queue
         sizes_, paused, head = got[3 * i : 3 * i + 3]
         score = (head[0][1] if isinstance(head[0], (tuple, list)) else head[1]) if head else None
         oldest = int(float(score)) & READY_SCORE_MASK if score is not None else None
-        out.append(
-            QueueOverview(q, replies.decode_sizes(sizes_), paused in (b"1", "1"), oldest)
-        )
+        out.append(QueueOverview(q, replies.decode_sizes(sizes_), paused in (b"1", "1"), oldest))
     return out
