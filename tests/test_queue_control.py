@@ -344,6 +344,37 @@ async def test_a_long_poll_is_woken_when_a_backoff_ends(service: Service) -> Non
     assert back.job_id == job.job_id and now_ms() >= t + 400
 
 
+async def test_consumers_that_fail_first_tries_lose_and_duplicate_nothing_under_backoff(
+    service: Service, sync_redis: redis.Redis
+) -> None:
+    """Many consumers at once: each job's first delivery is released (it waits out a jittered
+    backoff in DELAYED, then long-polls are woken for it), its second is acked. Every job is
+    acked exactly once; nothing is left behind."""
+    route, ns, q, n = service.route("default"), "bo", "race", 40
+    await service.configure(route, ns, q, _changes("exponential", 60, 200, 500))
+    published = await service.publish(route, ns, q, [JobSpec(b"%d" % i, tries=3) for i in range(n)])
+    ids = {p.job_id for p in published}
+    acked: list[str] = []
+
+    async def consumer() -> None:
+        while len(acked) < n:
+            jobs = await service.consume(route, ns, [q], 30_000, 1, 500)
+            for job in jobs:
+                if job.deliveries == 1:
+                    state = await service.release(route, ns, q, job.job_id, 0, job.lease)
+                    assert state is JobState.DELAYED
+                else:
+                    await service.ack(route, ns, q, [job.job_id], [job.lease])
+                    acked.append(job.job_id)
+
+    async with asyncio.timeout(60):
+        await asyncio.gather(*[consumer() for _ in range(6)])
+    assert sorted(acked) == sorted(ids)  # each once
+    s = await service.sizes(route, ns, q)
+    assert (s.ready, s.delayed, s.reserved, s.dead) == (0, 0, 0, 0)
+    check_queue(sync_redis, ns, q)
+
+
 # -- settings -----------------------------------------------------------------------------
 
 BAD_SETTINGS = [
