@@ -29,6 +29,7 @@ from cluster_dq.models import JobSpec, JobState, Record, id_to_member
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import load
+from cluster_dq.waiters import WaiterHub
 from tests.conftest import Deployment
 from tests.invariants import check_queue
 from tests.test_http import ADMIN_AUTH, serve
@@ -112,6 +113,34 @@ async def test_a_paused_queue_still_takes_publishes_and_its_reservations_still_e
     got = await engine.run(ops.consume(cfg, ns, [q], 1_000, 5, t + 2_000))
     assert sorted(j.body for j in got) == [b"x", b"y"]
     check_queue(sync_redis, ns, q)
+
+
+async def test_a_long_poll_on_a_paused_queue_with_a_due_event_waits_without_spinning(
+    engine: AsyncEngine,
+) -> None:
+    """A paused queue whose head holds a job past its ttl (consume hands out nothing, so it
+    does not drop it; the pump would): the long-poll waits for a wake-up or its safety poll,
+    it does not look again and again."""
+    cfg, ns, q = engine.config, "ctl", "spin"
+    await engine.run(ops.publish(cfg, ns, q, [JobSpec(b"x", ttl_ms=50)], now_ms()))
+    await engine.run(ops.configure(ns, q, [("paused", "1")]))
+    await asyncio.sleep(0.1)  # its ttl ends: the queue's next event is due, and stays so
+    looks = 0
+    real_step = engine._step
+
+    async def counted(step: Any) -> Any:
+        nonlocal looks
+        looks += isinstance(step, ops.Eval) and step.script == "consume"
+        return await real_step(step)
+
+    engine._step = counted  # type: ignore[method-assign]
+    hub = WaiterHub(engine)
+    try:
+        assert await hub.consume(ns, [q], 30_000, 1, 1_500) == []
+    finally:
+        await hub.close()
+        engine._step = real_step  # type: ignore[method-assign]
+    assert looks <= 10, looks  # a look per safety poll (1 s), not one per event-loop turn
 
 
 # -- max size -----------------------------------------------------------------------------
