@@ -486,20 +486,22 @@ def test_settings_routes_pause_resume_max_size_and_next_attempt_at(
     assert sync_redis.hgetall(QueueKeys("ctl", q).conf) == before  # nothing changed
     r = http.patch(
         f"/api/ctl/{q}/settings",
-        json={"max_size": 1, "tries": 4, "ttr_ms": 1500, "backoff": "fixed", "backoff_ms": 700},
+        json={"max_size": 1, "tries": 4, "ttr_ms": 5000, "backoff": "fixed", "backoff_ms": 700},
     )
     assert r.status_code == 200, r.text
     assert r.json()["backoff"] == "fixed" and r.json()["tries"] == 4
     assert http.put(f"/api/ctl/{q}", content=b"a").status_code == 201
     full = http.put(f"/api/ctl/{q}", content=b"b")
     assert full.status_code == 429 and "full" in full.json()["error"]
-    # the queue's defaults: tries 4, ttr 1.5 s
+    # the queue's defaults: tries 4, ttr 5 s
     assert http.post(f"/api/ctl/{q}/pause").json()["paused"] is True
     assert http.post(f"/api/ctl/{q}/pause").json()["paused"] is True
     assert http.get(f"/api/ctl/{q}").status_code == 404  # paused: nothing
     assert http.post(f"/api/ctl/{q}/resume").json()["paused"] is False
     job = http.get(f"/api/ctl/{q}").json()
-    assert job["remain_tries"] == 3
+    assert job["remain_tries"] == 3  # the queue's tries (4), one spent
+    deadline = sync_redis.zscore(QueueKeys("ctl", q).reserved, id_to_member(job["job_id"]))
+    assert deadline is not None and deadline <= now_ms() + 5_000  # the queue's ttr, not 120 s
     rel = http.post(f"/api/ctl/{q}/job/{job['job_id']}/release", params={"lease": job["lease"]})
     assert rel.json()["state"] == "delayed"
     seen = http.get(f"/api/ctl/{q}/job/{job['job_id']}").json()

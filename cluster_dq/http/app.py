@@ -155,14 +155,13 @@ class DataAPI:
         async def run() -> Response:
             qp = params.query(request)
             s = self.s
-            ttr_s = s.TTRSecond
+            ttr_ms = params.millis(qp, "ttr", s.TTRSecond)
             if "ttr" not in qp and "ttr_ms" not in qp:  # the first queue's default, if any
                 for q in queues:
                     default = (await self.service.queue_defaults(route, ns, q)).ttr_ms
                     if default:
-                        ttr_s = -default
+                        ttr_ms = default
                         break
-            ttr_ms = -ttr_s if ttr_s < 0 else params.millis(qp, "ttr", ttr_s)
             if ttr_ms == 0:  # a reservation that ends as it starts: its lease would hold nothing
                 if "ttr_ms" in qp:
                     raise BadRequest("invalid ttr_ms", "ttr_ms")
