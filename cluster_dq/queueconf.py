@@ -106,7 +106,8 @@ def parse_changes(data: bytes) -> list[tuple[str, str]]:
                 raise BadRequest("a removed backoff takes no parameters", given[1])
             return out + [(f, "") for f in BACKOFF_FIELDS]
         for name in ("backoff_ms", "backoff_cap_ms"):
-            _int(body, name, 0, MAX_BACKOFF_MS) if name in body else None
+            if name in body:
+                _int(body, name, 0, MAX_BACKOFF_MS)  # a JSON integer (parse checks its range)
         jitter = body.get("backoff_jitter")
         if jitter is not None and (isinstance(jitter, bool) or not isinstance(jitter, int | float)):
             raise BadRequest("invalid backoff_jitter: a number 0..1", "backoff_jitter")
