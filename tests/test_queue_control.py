@@ -24,7 +24,7 @@ from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.errors import BadRequest, QueueFull
-from cluster_dq.keys import QueueKeys
+from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.models import JobSpec, JobState, Record, id_to_member
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
@@ -359,6 +359,28 @@ async def test_an_expired_reservation_and_a_release_come_back_after_the_backoff(
     s = await engine.run(ops.sizes(cfg, ns, q))
     assert (s.ready, s.delayed, s.reserved, s.dead) == (0, 0, 0, 0)
     check_queue(sync_redis, ns, q)
+
+
+@pytest.mark.parametrize("how", ["release", "consume"])
+async def test_the_shard_schedule_learns_when_a_backoff_ends(
+    engine: AsyncEngine, sync_redis: redis.Redis, how: str
+) -> None:
+    """The pump promotes a job waiting out its backoff on time even with no consumer: the
+    queue's shard is told of its due time (not just of the ttr of the consume that found it)."""
+    engine.config = dataclasses.replace(engine.config, draw=lambda: 0.0)
+    cfg, ns, q, t = engine.config, "bo", f"sched-{how}", now_ms()
+    await engine.run(ops.configure(ns, q, _changes("fixed", 2_000, 0, 0)))
+    await engine.run(ops.publish(cfg, ns, q, [JobSpec(b"x", tries=3)], t))
+    (job,) = await engine.run(ops.consume(cfg, ns, [q], 1_000, 1, t))
+    sk = ShardKeys(shard_of(f"{ns}/{q}", cfg.shards))
+    sync_redis.zadd(sk.schedule, {f"{ns}/{q}": t + 3_600_000})  # the pump's: much later
+    if how == "release":
+        await engine.run(ops.release(cfg, ns, q, [job.job_id], 0, t + 10, nack=True))
+        due = t + 10 + 2_000
+    else:  # the ttr runs out and a consume (of a long ttr) finds it
+        await engine.run(ops.consume(cfg, ns, [q], 60_000, 1, t + 1_000))
+        due = t + 1_000 + 2_000
+    assert sync_redis.zscore(sk.schedule, f"{ns}/{q}") == due
 
 
 async def test_a_long_poll_is_woken_when_a_backoff_ends(service: Service) -> None:
