@@ -18,7 +18,8 @@
   ARGV[8] seed: a random number in [0, 1): the jitter of retry backoffs (lib/queue.lua retry)
   Returns: {lowered, stale, retried, dead, expired, more, member_1, record_1, lease_1, ...}
     (records as delivered;
-    lowered: 1 when the queue's next pump event moved earlier, see publish.lua;
+    lowered: when the queue's next pump event moved earlier (see publish.lua), the earliest
+    event this call added (ms: a ttr end, a retry backoff's end), else 0;
     stale: when a wheel bucket should already be open, i.e. the pump is behind, this call's
     `now` (else 0): the caller then opens it itself, as of that time, and consumes again;
     retried, dead, expired: jobs this call moved on the way: ttr passed -> READY again, ttr
@@ -60,7 +61,7 @@ while got < count and skipped < limit do
   end
 end
 local lowered = backoff
-if got > 0 then lowered = math.max(lowered, lower_next(now + ttr)) end
+if got > 0 and lower_next(now + ttr) == 1 then lowered = earliest(lowered, now + ttr) end
 out[1], out[3], out[4], out[5] = lowered, retried, dead, gone + gone2 + skipped
 if got < count and skipped >= limit then out[6] = 1 end
 local w = first_score(WHEEL)

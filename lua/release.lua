@@ -16,8 +16,8 @@
   ARGV[5] seed: a random number in [0, 1): the jitter of retry backoffs (lib/queue.lua retry)
   ARGV[6..] jobs...: 2 values per job: member, lease ('' = none)
   Returns: {code per job: NOT_FOUND (not reserved, left alone), DELAYED, READY, DEAD, EXPIRED
-    (ttl ended), or a LEASE_* code (the lease does not hold the job, left alone); lowered
-    (see publish.lua)}
+    (ttl ended), or a LEASE_* code (the lease does not hold the job, left alone); lowered:
+    when the queue's next pump event moved earlier, the earliest event added (ms), else 0}
 ]]
 --@include lib/codes
 --@include lib/queue
@@ -50,12 +50,12 @@ for i = 6, #ARGV, 2 do
       st = CODE.DEAD
     elseif delay > 0 then
       delay_until(id, now + delay)
-      lowered = math.max(lowered, lower_next(now + delay))
+      if lower_next(now + delay) == 1 then lowered = earliest(lowered, now + delay) end
       st = CODE.DELAYED
     elseif nack then
       local low
       st, low = retry(id, rec, now, draw(seed, retried))
-      lowered, retried = math.max(lowered, low), retried + 1
+      lowered, retried = earliest(lowered, low), retried + 1
     else
       make_ready(id, rec, now)
       st = CODE.READY

@@ -425,8 +425,8 @@ def consume(
                 seed=repr(cfg.draw()),
             )
             reply = replies.decode_consume((yield call))
-            if reply.lowered:  # the pump must look here when these reservations run out
-                yield _signal(qk, cfg, now + ttr_ms)
+            if reply.lowered:  # these reservations' end, or a retry backoff's: the earliest
+                yield _signal(qk, cfg, reply.lowered)
             if cfg.moves and (reply.retried or reply.dead or reply.expired):
                 cfg.moves.moved(ns, q, 0, reply.retried, reply.dead, reply.expired)
             out += _reserved(ns, q, reply.deliveries, now)
@@ -918,8 +918,8 @@ def release(
         jobs=jobs,
     )
     reply = replies.decode_release((yield call))
-    if reply.lowered:  # a delay, or a retry backoff: the shard learns the earliest anyway
-        yield _signal(qk, cfg, now + delay_ms if delay_ms else None)
+    if reply.lowered:  # the delay's end, or a retry backoff's: the earliest
+        yield _signal(qk, cfg, reply.lowered)
     _raise_conflicts(ids, reply.codes)
     return ["expired" if c is ReplyCode.EXPIRED else replies.job_state(c) for c in reply.codes]
 

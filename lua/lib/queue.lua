@@ -212,22 +212,31 @@ local function draw(seed, k)
   return (seed + k * 0.6180339887498949) % 1
 end
 
+-- The earlier of two event times, 0 meaning none.
+local function earliest(a, b)
+  if a == 0 or (b ~= 0 and b < a) then return b end
+  return a
+end
+
 -- A job that failed an attempt and has tries left: back to READY at once, or, with a backoff,
 -- into DELAYED until its next attempt (long-polls and META.next learn of it). Returns the
--- state it went to (CODE.READY or CODE.DELAYED) and the `lowered` flag (see lower_next).
+-- state it went to (CODE.READY or CODE.DELAYED) and, when it lowered META.next, that time
+-- (else 0): the caller signals the shard with it.
 local function retry(id, rec, now, r)
   local _, _, _, deliveries = header(rec)
   local wait = retry_wait(rec, deliveries, r)
   if wait > 0 then
     delay_until(id, now + wait)
-    return CODE.DELAYED, lower_next(now + wait)
+    if lower_next(now + wait) == 1 then return CODE.DELAYED, now + wait end
+    return CODE.DELAYED, 0
   end
   make_ready(id, rec, now)
   return CODE.READY, 0
 end
 
 -- RESERVED -> READY (tries left; DELAYED with a retry backoff) or DEAD (none left) once the
--- ttr deadline passed. Returns back, dead, gone and the `lowered` flag.
+-- ttr deadline passed. Returns back, dead, gone and the earliest time it lowered META.next
+-- to (0: none; see retry).
 local function expire_reservations(now, limit, seed)
   local due = redis.call('ZRANGE', RESERVED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
   local back, dead, gone, lowered = 0, 0, 0, 0
@@ -243,7 +252,7 @@ local function expire_reservations(now, limit, seed)
       local _, _, tries = header(rec)
       if tries > 0 then
         local _, low = retry(id, rec, now, draw(seed, back))
-        lowered = math.max(lowered, low)
+        lowered = earliest(lowered, low)
         back = back + 1
       else
         redis.call('ZADD', DEAD, now, id)
