@@ -181,6 +181,22 @@ async def test_a_full_queue_refuses_publishes_with_queue_full_and_writes_nothing
     check_queue(sync_redis, ns, q)
 
 
+async def test_a_bulk_schedule_batch_beyond_max_size_writes_nothing(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    cfg, ns, t = engine.config, "ctl", now_ms()
+    await engine.run(ops.configure(ns, "full-bulk", [("max_size", "2")]))
+    jobs = [(b"job-%d" % i, t, 0, 1, 0, b"x") for i in range(3)]
+    before = snapshot(sync_redis, ns, "full-bulk")
+    with pytest.raises(QueueFull):
+        await engine.run(
+            ops.publish_bulk(cfg, [(ns, "other", jobs[:1]), (ns, "full-bulk", jobs)], t)
+        )
+    assert snapshot(sync_redis, ns, "full-bulk") == before
+    assert sync_redis.hlen(QueueKeys(ns, "other").jobs) == 1  # another queue's batch stands
+    assert await engine.run(ops.publish_bulk(cfg, [(ns, "full-bulk", jobs[:2])], t)) == [0]
+
+
 async def test_concurrent_publishes_never_take_a_queue_beyond_its_max_size(
     service: Service, sync_redis: redis.Redis
 ) -> None:

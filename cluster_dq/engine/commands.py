@@ -362,13 +362,18 @@ def publish_bulk(
 ) -> Op[list[int]]:
     """``publish_many`` for a bulk schedule (ids made by the writer, each batch one queue; up
     to 512 jobs keep a call near 5 ms): the same scripts and signals; returns how many jobs
-    of each batch were present already (the rest are new)."""
+    of each batch were present already (the rest are new). A batch that would take its queue
+    beyond its max_size writes nothing and raises ``QueueFull`` (the others are written: a
+    rerun is idempotent)."""
     placed = []
     for ns, q, jobs in batches:
         qk = QueueKeys(ns, q)
         placement = _place_bulk(cfg, jobs, now)
-        placed.append((qk, _publish_eval(cfg, qk, placement, now), placement))
+        placed.append((qk, _publish_eval(cfg, qk, placement, now, whole=True), placement))
     decoded = yield from _publish_pipelined(cfg, placed)
+    for (qk, _, _), reply in zip(placed, decoded):
+        if ReplyCode.FULL in reply.codes:  # that batch wrote nothing; the others stand
+            raise QueueFull(*parse_qualified(qk.qualified))
     return [sum(c is ReplyCode.DUPLICATE for c in reply.codes) for reply in decoded]
 
 
