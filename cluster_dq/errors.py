@@ -9,6 +9,7 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     │                         the operation (nothing changed)
     ├── Unauthorized
     ├── RateLimited
+    ├── QueueFull             a publish beyond the queue's max_size (nothing written)
     ├── PoolUnavailable       what a client is told when Redis failed (the service's advice)
     ├── ConfigError           bad settings at start-up (names the key)
     └── RedisFailure          a Redis step failed: redis-py's and the OS's errors, translated
@@ -71,6 +72,17 @@ class Unauthorized(ClusterDQError):
 
 class RateLimited(ClusterDQError):
     pass
+
+
+class QueueFull(ClusterDQError):
+    """A publish that would take the queue beyond its ``max_size`` (jobs in all states):
+    refused, nothing of the request written."""
+
+    def __init__(self, ns: str, q: str, max_size: int | None = None) -> None:
+        limit = f" ({max_size} jobs)" if max_size is not None else ""
+        super().__init__(
+            f"queue {ns}/{q} is full: it holds its max_size{limit}; nothing was published"
+        )
 
 
 class PoolUnavailable(ClusterDQError):

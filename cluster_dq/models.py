@@ -6,8 +6,9 @@ the wheel bucket that holds a delayed job is derived from the id alone (O(1) loo
 Client-chosen ids are any other name; they never live in the wheel (see lua/README.md).
 
 The record (a hash value) is ``>I6 I6 H H B B`` = published_ms, expire_at_ms (0 = never),
-tries_left, deliveries, priority, flags, followed by [u16 attr_len + attrs JSON] when flags&1,
-then the body. Lua reads and rewrites the fixed header only.
+tries_left, deliveries, priority, flags, followed by the job's retry backoff (``>B I I H``,
+cluster_dq.backoff) when flags&2, then [u16 attr_len + attrs JSON] when flags&1, then the
+body. Lua reads and rewrites the fixed header only (and reads the backoff).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import struct
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from cluster_dq.backoff import SECTION as BACKOFF_SECTION
+from cluster_dq.backoff import Backoff
 from cluster_dq.errors import BadRequest, BodyTooLarge
 
 MAX_NAME_LEN = 255
@@ -45,6 +48,7 @@ _WHEEL_ID_RE = re.compile(r"\A[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
 HEADER = struct.Struct(">6s6sHHBB")
 HEADER_SIZE = HEADER.size  # 18
 FLAG_ATTRS = 1
+FLAG_BACKOFF = 2
 
 
 class JobState(StrEnum):
@@ -154,6 +158,7 @@ class JobSpec:
     # when a partition happens to publish.
     due_ms: int | None = None
     expire_at_ms: int | None = None
+    backoff: Backoff | None = None  # the job's own retry backoff (else its queue's, if any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,14 +170,18 @@ class Record:
     priority: int
     body: bytes
     attributes: dict[str, str] | None = None
+    backoff: Backoff | None = None
 
     def pack(self) -> bytes:
         flags = 0
         extra = b""
+        if self.backoff is not None:
+            flags |= FLAG_BACKOFF
+            extra = self.backoff.pack()
         if self.attributes:
             flags |= FLAG_ATTRS
             blob = json.dumps(self.attributes, separators=(",", ":")).encode()
-            extra = len(blob).to_bytes(2, "big") + blob
+            extra += len(blob).to_bytes(2, "big") + blob
         head = HEADER.pack(
             _u48(self.published_ms),
             _u48(self.expire_at_ms),
@@ -193,7 +202,10 @@ class Record:
     def unpack(cls, data: bytes) -> Record:
         pub, exp, tries, deliveries, prio, flags = HEADER.unpack_from(data)
         rest = data[HEADER_SIZE:]
-        attrs = None
+        attrs, backoff = None, None
+        if flags & FLAG_BACKOFF:
+            backoff = Backoff.unpack_from(rest, 0)
+            rest = rest[BACKOFF_SECTION.size :]
         if flags & FLAG_ATTRS:
             n = int.from_bytes(rest[:2], "big")
             attrs = json.loads(rest[2 : 2 + n])
@@ -206,6 +218,7 @@ class Record:
             prio,
             bytes(rest),
             attrs,
+            backoff,
         )
 
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from cluster_dq.errors import (
     NotFound,
     NotReplicated,
     PoolUnavailable,
+    QueueFull,
     RedisFailure,
     Refused,
     Unauthorized,
@@ -30,6 +32,7 @@ from cluster_dq.keys import parse_qualified
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.models import Job, JobResult, JobSpec, JobState, validate_spec
 from cluster_dq.pools import RedisPool
+from cluster_dq.queueconf import QueueSettings
 from cluster_dq.routing import PoolRoute, build_routes
 from cluster_dq.schedules import describe
 from cluster_dq.schedules import parse as parse_schedule
@@ -61,6 +64,8 @@ class Service:
         self._acks: GroupCommit[tuple[str, str, str], str, JobState | None] = GroupCommit(
             self._ack_group, GROUP_MAX
         )
+        # (ns, q) -> (monotonic s when read, the queue's settings): its default ttr and tries
+        self._queue_settings: dict[tuple[str, str], tuple[float, QueueSettings]] = {}
 
     def route(self, name: str) -> PoolRoute[RedisPool]:
         r = self.routes.get(name)
@@ -105,7 +110,10 @@ class Service:
         # A client id held by a pool being drained is a duplicate, as it would be on one pool.
         known = await self._known_elsewhere(place.reads[:-1], ns, q, specs)
         fresh = [s for s in specs if s.job_id not in known] if known else specs
-        out = await self._publish_on(pool, ns, q, fresh) if fresh else []
+        # one request's jobs: all or none of them when the queue's max_size would be passed
+        out = await self._publish_on(pool, ns, q, fresh, whole=True) if fresh else []
+        if any(p.full for p in out):
+            raise QueueFull(ns, q)
         if known:
             done = iter(out)
             return [
@@ -118,7 +126,10 @@ class Service:
     ) -> list[Published]:
         pool_name, ns, q = key
         try:
-            return await self._publish_on(self.pools[pool_name], ns, q, specs)
+            done = await self._publish_on(self.pools[pool_name], ns, q, specs)
+            # job by job: each request of the group is told of its own (QueueFull: 429)
+            told: list[Any] = [Failed(QueueFull(ns, q)) if p.full else p for p in done]
+            return told
         except PoolUnavailable as e:
             cause = e.__cause__
             if len(specs) == 1 or not isinstance(cause, NotReplicated):
@@ -131,15 +142,16 @@ class Service:
             return out
 
     async def _publish_on(
-        self, pool: RedisPool, ns: str, q: str, specs: Sequence[JobSpec]
+        self, pool: RedisPool, ns: str, q: str, specs: Sequence[JobSpec], whole: bool = False
     ) -> list[Published]:
         # Safe to retry: the job ids are fixed before the first attempt.
         now = pool.engine.clock()
-        op = ops.publish(pool.engine.config, ns, q, specs, now)
+        op = ops.publish(pool.engine.config, ns, q, specs, now, whole)
         out = await self._run(pool, op, idempotent=True, durable=True)
-        self.metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
+        new = [p.job_id for p in out if not p.duplicate and not p.full]
+        self.metrics.count(metrics.published, ns, q, len(new))
         if self.events:
-            self.events.published(ns, q, now, [p.job_id for p in out if not p.duplicate])
+            self.events.published(ns, q, now, new)
         return out
 
     async def _known_elsewhere(
@@ -498,6 +510,70 @@ class Service:
         pool = route.place(ns, q).write
         await self._run(pool, schedule_ops.delete(pool.engine.config, ns, q, name), idempotent=True)
 
+    # -- queue control ----------------------------------------------------------------------
+
+    async def queue_settings(self, route: PoolRoute[RedisPool], ns: str, q: str) -> QueueSettings:
+        """The queue's own settings, as the pool that takes its new jobs holds them."""
+        pool = route.place(ns, q).write
+        got = await self._run(pool, ops.queue_settings(ns, q), idempotent=True)
+        self._queue_settings[(ns, q)] = (time.monotonic(), got)
+        return got
+
+    async def configure(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, changes: Sequence[tuple[str, str]]
+    ) -> QueueSettings:
+        """Changes the queue's own settings (validated: ``queueconf.parse_changes``) on every
+        pool that holds its jobs (a migration: the pools drained too, the write pool last),
+        and answers them. Idempotent: pause and resume twice change nothing more."""
+        got = QueueSettings()
+        for pool in route.place(ns, q).reads:
+            got = await self._run(pool, ops.configure(ns, q, changes), idempotent=True)
+        self._queue_settings[(ns, q)] = (time.monotonic(), got)
+        return got
+
+    async def queue_defaults(self, route: PoolRoute[RedisPool], ns: str, q: str) -> QueueSettings:
+        """The queue's settings for its default ttr and tries, read at most once per
+        ``QueueSettingsCacheSecond`` by this instance (a change made through another one
+        applies within that). Pause, max size and backoff are read by the scripts
+        themselves, atomically, never from here."""
+        hit = self._queue_settings.get((ns, q))
+        if hit is not None and time.monotonic() - hit[0] < self.settings.QueueSettingsCacheSecond:
+            return hit[1]
+        if len(self._queue_settings) > 100_000:
+            self._queue_settings.clear()
+        return await self.queue_settings(route, ns, q)
+
+    async def list_queues(
+        self, route: PoolRoute[RedisPool], ns: str, cursor: str, limit: int
+    ) -> tuple[list[tuple[ops.QueueOverview, int]], str]:
+        """One page of the namespace's queues, by name after ``cursor`` (the last name of the
+        previous page; '' = from the start): each with its overview summed over the pools
+        that hold it, and the time of the look. Returns the page and the next cursor ('' =
+        done). Names come from the shard registries of every pool of the route, which hold
+        every queue with jobs (a queue without any may be missing)."""
+        names: set[str] = set()
+        for pool in route.pools():
+            shards = pool.engine.config.shards
+            op = ops.queues_of_namespace(shards, ns)
+            names.update(await self._run(pool, op, idempotent=True))
+        ordered = sorted(n for n in names if n > cursor)
+        page, more = ordered[:limit], len(ordered) > limit
+        out: list[tuple[ops.QueueOverview, int]] = []
+        if page:
+            by_pool: dict[str, tuple[RedisPool, list[str]]] = {}
+            for q in page:
+                for pool in route.place(ns, q).reads:
+                    by_pool.setdefault(pool.name, (pool, []))[1].append(q)
+            merged: dict[str, ops.QueueOverview] = {}
+            now = 0
+            for pool, qs in by_pool.values():
+                now = pool.engine.clock()
+                look = ops.overview(pool.engine.config, ns, qs)
+                for o in await self._run(pool, look, idempotent=True):
+                    merged[o.name] = _merge(merged.get(o.name), o)
+            out = [(merged[q], now) for q in page if q in merged]
+        return out, page[-1] if more and page else ""
+
     # -- admin ------------------------------------------------------------------------------
 
     async def info(self, route: PoolRoute[RedisPool]) -> dict[str, list[str]]:
@@ -524,6 +600,27 @@ class Service:
                     if s.delayed or s.ready or s.reserved or s.dead:
                         out.setdefault(pool.name, {})[qualified] = s
         return out
+
+
+def _merge(a: ops.QueueOverview | None, b: ops.QueueOverview) -> ops.QueueOverview:
+    """One queue's overview over the pools that hold it (a migration, a ring moving it)."""
+    if a is None:
+        return b
+    x, y = a.sizes, b.sizes
+    events = [t for t in (x.next_event_ms, y.next_event_ms) if t is not None]
+    dues = [t for t in (a.oldest_due_ms, b.oldest_due_ms) if t is not None]
+    return ops.QueueOverview(
+        a.name,
+        Sizes(
+            x.delayed + y.delayed,
+            x.ready + y.ready,
+            x.reserved + y.reserved,
+            x.dead + y.dead,
+            min(events) if events else None,
+        ),
+        a.paused or b.paused,
+        min(dues) if dues else None,
+    )
 
 
 UNKNOWN = "the request may or may not have been applied"

@@ -283,6 +283,8 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.respawn(cfg, "ns", q, 1, 0, t))
     await run(ops.delete_dead("ns", q, 100))
     await run(ops.sizes_of(cfg, [f"ns/{q}"]))
+    await run(ops.configure("ns", q, [("paused", "1"), ("max_size", "100")]))
+    await run(ops.configure("ns", q, [("paused", ""), ("max_size", "")]))
     await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=min_ + BUCKET_WIDTH_MS)], t))
     await run(ops.destroy(cfg, "ns", q))
     await run(ops.sizes(cfg, "ns", q))

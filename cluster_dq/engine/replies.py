@@ -29,6 +29,7 @@ class ReplyCode(IntEnum):
     DUPLICATE = 6  # publish: the id is present, or was acked lately; nothing written
     EXPIRED = 7  # its ttl ended: removed (release)
     OK = 8  # the check passed (a lease holds its job; a shard step's epoch is current)
+    FULL = 9  # publish: the queue holds its max_size jobs; nothing written
     # why a lease does not hold its job; nothing changed
     LEASE_DELAYED = -1
     LEASE_READY = -2
@@ -114,7 +115,7 @@ class Delivery(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ConsumeReply:
-    lowered: bool
+    lowered: int  # the earliest event the call added, when it lowered META.next (ms), else 0
     stale: int  # the script's now when a wheel bucket should be open already (else 0)
     retried: int  # moved on the way: ttr passed -> READY
     dead: int  # ttr passed, no tries left -> DEAD
@@ -129,7 +130,7 @@ CONSUME_HEAD = 6  # numbers before the (member, record, lease) triples
 def decode_consume(reply: Sequence[Any]) -> ConsumeReply:
     triples = iter(reply[CONSUME_HEAD:])
     return ConsumeReply(
-        int(reply[0]) == 1,
+        int(reply[0]),
         int(reply[1]),
         int(reply[2]),
         int(reply[3]),
@@ -151,11 +152,11 @@ def decode_ack(reply: Sequence[Any]) -> AckReply:
 @dataclass(frozen=True, slots=True)
 class ReleaseReply:
     codes: tuple[ReplyCode, ...]  # per job: NOT_FOUND, DELAYED, READY, DEAD, EXPIRED or LEASE_*
-    lowered: bool
+    lowered: int  # the earliest event the call added, when it lowered META.next (ms), else 0
 
 
 def decode_release(reply: Sequence[Any]) -> ReleaseReply:
-    return ReleaseReply(codes(reply[:-1]), int(reply[-1]) == 1)
+    return ReleaseReply(codes(reply[:-1]), int(reply[-1]))
 
 
 @dataclass(frozen=True, slots=True)

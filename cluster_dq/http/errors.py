@@ -19,6 +19,7 @@ from cluster_dq.errors import (
     Conflict,
     NotFound,
     PoolUnavailable,
+    QueueFull,
     RateLimited,
     RedisFailure,
     Unauthorized,
@@ -34,6 +35,7 @@ STATUS: dict[type[Exception], int] = {
     NotFound: 404,
     Conflict: 409,
     RateLimited: 429,
+    QueueFull: 429,
     PoolUnavailable: 503,
     # A Redis failure no use case gave advice for (a rate-limit count, the admin API): the
     # outcome is unknown; the client gets no address nor Redis error text.

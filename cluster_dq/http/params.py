@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from cluster_dq.backoff import Backoff
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.models import (
     MAX_ATTR_KEY,
@@ -279,3 +280,27 @@ def result(query: Mapping[str, str]) -> bytes | None:
     """The ``result`` an ack carries (a JSON value in the query), if the client sent one."""
     raw = query.get("result")
     return None if raw is None else note(raw, "result")
+
+
+def backoff(query: Mapping[str, str]) -> Backoff | None:
+    """A job's own retry backoff (``backoff=none|fixed|exponential``, ``backoff_ms``,
+    ``backoff_cap_ms``, ``backoff_jitter`` 0..1); None when the request gives none."""
+    if "backoff" not in query:
+        for name in ("backoff_ms", "backoff_cap_ms", "backoff_jitter"):
+            if name in query:
+                raise BadRequest(f"{name} needs backoff (none, fixed or exponential)", name)
+        return None
+    return Backoff.parse(
+        query["backoff"],
+        query.get("backoff_ms"),
+        query.get("backoff_cap_ms"),
+        query.get("backoff_jitter"),
+    )
+
+
+def cursor(query: Mapping[str, str]) -> str:
+    """A listing's cursor: '' or the name the previous page ended with."""
+    raw = query.get("cursor", "")
+    if raw and (len(raw.encode()) > MAX_NAME_LEN or not NAME_RE.fullmatch(raw)):
+        raise BadRequest("invalid cursor", "cursor")
+    return raw

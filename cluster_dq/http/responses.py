@@ -31,6 +31,8 @@ def job_object(job: Job, now: int, *, msg: bool = True) -> dict[str, Any]:
     if job.state is not None:
         out["state"] = str(job.state)
     out["deliveries"] = job.deliveries
+    if job.state == "delayed" and job.deliveries and job.due_ms is not None:
+        out["next_attempt_at"] = job.due_ms  # waiting out a retry backoff (or a release delay)
     if job.lease is not None:
         out["lease"] = job.lease  # this delivery's token: send it back on ack, touch, release
     if job.progress is not None:

@@ -18,6 +18,7 @@ local CODE = {
   DUPLICATE = 6,          -- publish: the id is present, or was acked lately; nothing written
   EXPIRED = 7,            -- its ttl ended: removed (release)
   OK = 8,                 -- the check passed (a lease holds its job; a shard step's epoch is current)
+  FULL = 9,               -- publish: the queue holds its max_size jobs; nothing written
   -- why a lease does not hold its job (lease_check in lib/queue.lua); nothing changed
   LEASE_DELAYED = -1,     -- the job is delayed
   LEASE_READY = -2,       -- the job is ready
