@@ -12,17 +12,18 @@
   ARGV[2] delay: how long until the job is ready again (ms)
   ARGV[3] notify: the queue's notify channel
   ARGV[4] mode: '0' give back, '1' release (nack)
-  ARGV[5..] jobs...: 2 values per job: member, lease ('' = none)
+  ARGV[5] error: the consumer's error text, kept as each released job's last error ('' = none)
+  ARGV[6..] jobs...: 2 values per job: member, lease ('' = none)
   Returns: {code per job: NOT_FOUND (not reserved, left alone), DELAYED, READY, DEAD, EXPIRED
     (ttl ended), or a LEASE_* code (the lease does not hold the job, left alone); lowered
     (see publish.lua)}
 ]]
 --@include lib/codes
 --@include lib/queue
-local now, delay, nack = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1'
+local now, delay, nack, err = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1', ARGV[5]
 local was_empty = redis.call('EXISTS', READY) == 0
 local out, lowered = {}, 0
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
   local st, why = CODE.NOT_FOUND, CODE.OK
   if lease ~= '' then why = lease_check(id, lease, now) end
@@ -42,8 +43,7 @@ for i = 5, #ARGV, 2 do
       redis.call('ZREM', EXPIRE, id)
       st = CODE.EXPIRED
     elseif nack and tries == 0 then
-      redis.call('ZADD', DEAD, now, id)
-      redis.call('ZREM', EXPIRE, id) -- DEAD never expires (as in lmstfy)
+      kill(id, DIED_NACKED, now, err)
       st = CODE.DEAD
     elseif delay > 0 then
       delay_until(id, now + delay)
@@ -54,6 +54,7 @@ for i = 5, #ARGV, 2 do
       st = CODE.READY
     end
   end
+  if st == CODE.DELAYED or st == CODE.READY then note_error(id, err) end
   out[#out + 1] = st
 end
 tidy()

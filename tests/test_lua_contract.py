@@ -24,6 +24,8 @@ import pytest
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine import control
+from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import FIRST_EXTRA_KEY, Call, Eval
 from cluster_dq.engine.replies import ReplyCode
@@ -280,6 +282,16 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.delete_dead("ns", q, 100))
     await run(ops.sizes_of(cfg, [f"ns/{q}"]))
     await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=min_ + BUCKET_WIDTH_MS)], t))
+    a, b = await run(
+        ops.publish(cfg, "ns", q, [JobSpec(b"a", delay_ms=10 * min_), JobSpec(b"b")], t)
+    )
+    await run(control.reschedule_job(cfg, "ns", q, a.job_id, t + 5_000, t))
+    await run(control.bury("ns", q, a.job_id, "why", t))
+    await run(control.bury("ns", q, b.job_id, "", t))
+    await run(control.dead_page("ns", q, None, 10))
+    await run(control.kick(cfg, "ns", q, a.job_id, 0, 1, 0, t))
+    await run(control.redrive_dead(cfg, "ns", q, DeadFilter(), None, 10, 0, 1, 0, t))
+    await run(control.purge_dead("ns", q, DeadFilter(), None, 10))
     await run(ops.destroy(cfg, "ns", q))
     await run(ops.sizes(cfg, "ns", q))
     epoch = await run(ops.lead(5, "contract", 1_000))

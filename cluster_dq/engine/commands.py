@@ -33,6 +33,7 @@ from cluster_dq.models import (
     Job,
     JobSpec,
     JobState,
+    Note,
     Record,
     has_fixed_server_id,
     id_due_ms,
@@ -577,7 +578,9 @@ def peek_job(ns: str, q: str, job_id: str) -> Op[Job | None]:
     reply = replies.decode_peek_job((yield _eval("peek_job", keys, member=member)))
     if reply is None:
         return None
-    return Job.from_record(ns, q, member, reply.record, reply.state, int(reply.score))
+    return Job.from_record(
+        ns, q, member, reply.record, reply.state, int(reply.score), note=Note.unpack(reply.note)
+    )
 
 
 def peek(cfg: EngineConfig, ns: str, q: str, which: str, now: int) -> Op[Job | None]:
@@ -877,12 +880,14 @@ def release(
     now: int,
     nack: bool = False,
     leases: Sequence[str | None] | None = None,
+    error: str = "",
 ) -> Op[list[JobState | str | None]]:
     """Gives reserved jobs back, now or after ``delay_ms``. By default (a consumer gone before
     it got them) the try is restored; ``nack`` (a consumer's release) counts the delivery as a
     ttr expiry would: no tries left -> DEAD. The state each job went to; ``"expired"`` when
     its ttl had ended (removed), None when it was not reserved (or its ttr had run out). With
-    ``leases``: a job whose lease does not hold it is left alone, and ``Conflict`` names it."""
+    ``leases``: a job whose lease does not hold it is left alone, and ``Conflict`` names it.
+    ``error``: a text kept as each released job's last error (its NOTES field)."""
     qk = QueueKeys(ns, q)
     jobs: list[Arg] = []
     for i, job_id in enumerate(ids):
@@ -895,6 +900,7 @@ def release(
         delay=delay_ms,
         notify=qk.notify,
         mode=int(nack),
+        error=error.encode(),
         jobs=jobs,
     )
     reply = replies.decode_release((yield call))

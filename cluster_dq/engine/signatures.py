@@ -106,7 +106,7 @@ SIGNATURES: dict[str, Signature] = {
             "consume", _Q, ("now", "ttr", "count", "limit", "notify", "open_lead", "lease_prefix")
         ),
         Signature("ack", _QB, ("now", "remember_acked", "check_only", "n", "jobs...")),
-        Signature("release", _Q, ("now", "delay", "notify", "mode", "jobs...")),
+        Signature("release", _Q, ("now", "delay", "notify", "mode", "error", "jobs...")),
         Signature("touch", _Q, ("now", "ttr", "member", "lease")),
         Signature("open_buckets", _QB, ("now", "names...")),
         Signature("promote_due", _Q, ("now", "limit", "notify")),
@@ -119,6 +119,39 @@ SIGNATURES: dict[str, Signature] = {
         Signature("destroy", _QB, ("final", "names...")),
         Signature("peek", _Q, ("which",)),
         Signature("peek_job", (QUEUE, "bucket..."), ("member",)),
+        Signature("bury", (QUEUE, "bucket..."), ("now", "member", "bucket_name", "lease", "text")),
+        Signature(
+            "kick", (QUEUE, "bucket..."), ("now", "member", "delay", "tries", "ttl", "notify")
+        ),
+        Signature(
+            "reschedule_job",
+            (QUEUE, "bucket..."),
+            ("now", "member", "bucket_name", "due", "notify"),
+        ),
+        Signature("dead_page", _Q, ("after_score", "after_member", "limit")),
+        Signature(
+            "redrive_dead",
+            _Q,
+            (
+                "now",
+                "after_score",
+                "after_member",
+                "from",
+                "to",
+                "reason",
+                "limit",
+                "examine",
+                "delay",
+                "tries",
+                "ttl",
+                "notify",
+            ),
+        ),
+        Signature(
+            "purge_dead",
+            _Q,
+            ("after_score", "after_member", "from", "to", "reason", "limit", "examine"),
+        ),
         Signature(
             "claim", ("schedule", "pending", "epoch"), ("now", "limit", "lease_end", "epoch")
         ),

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from cluster_dq.clock import now_ms
 from cluster_dq.errors import BadRequest, Unauthorized
 from cluster_dq.http import params
+from cluster_dq.http.control import ControlAPI
 from cluster_dq.http.errors import error_handlers
 from cluster_dq.http.hot import HotPaths
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
@@ -207,7 +208,8 @@ class DataAPI:
         route = await self._auth(request, ns, q)
         delay_ms = params.millis(params.query(request), "delay", 0)
         lease = params.lease(params.query(request))
-        state = await self.service.release(route, ns, q, jid, delay_ms, lease)
+        err = await params.text(request, "error")  # kept as the job's last error
+        state = await self.service.release(route, ns, q, jid, delay_ms, lease, err)
         return json({"msg": "released", "job_id": jid, "state": str(state)})
 
     async def touch(self, request: Request) -> Response:
@@ -289,6 +291,7 @@ class DataAPI:
 
     def routes(self) -> list[Route]:
         return [
+            *ControlAPI(self).routes(),
             Route("/api/{ns}/{q}/bulk", self.bulk, methods=["PUT"]),
             Route("/api/{ns}/{q}/ack", self.ack_many, methods=["POST"]),
             Route("/api/{ns}/{q}/peek", self.peek, methods=["GET"]),
