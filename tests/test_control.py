@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the HTTP fixtures are imported from test_http and used as arguments)
 """Per-job control and the dead letter against real Redis, on every topology: bury, kick,
 reschedule one job by id; deaths and last errors; the dead-letter cursor, filtered redrive and
 purge. Every refusal changes nothing (a snapshot of the queue's keys before and after); races
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
@@ -22,6 +24,7 @@ from cluster_dq.errors import BadRequest, Conflict, WrongState
 from cluster_dq.keys import ShardKeys, QueueKeys, shard_of
 from cluster_dq.models import Job, JobSpec, JobState, id_to_member
 from tests.invariants import check_queue, queue_keys
+from tests.test_http import api, service  # noqa: F401  (fixtures)
 
 NS, Q = "ns", "q"
 MIN = 60_000
@@ -605,3 +608,149 @@ async def test_redrive_while_jobs_die_loses_and_duplicates_nothing(
     got = await consume(engine, t, count=100) + await consume(engine, t, count=100)
     assert sorted(j.job_id for j in got) == sorted(first + later)
     check_queue(sync_redis, NS, Q)
+
+
+# -- over HTTP -------------------------------------------------------------------------------
+
+
+def _size(api: httpx.Client) -> dict[str, int]:
+    r = api.get("/api/ns/q/size")
+    assert r.status_code == 200
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_http_tour_bury_with_a_reason_list_and_kick_back(api: httpx.Client) -> None:
+    jid = api.put("/api/ns/q", params={"tries": 3}, content=b"payload").json()["job_id"]
+    lease = api.get("/api/ns/q", params={"ttr": 30}).json()["lease"]
+    r = api.post(
+        f"/api/ns/q/job/{jid}/bury", params={"lease": lease}, json={"reason": "bad input ü"}
+    )
+    assert r.status_code == 200, r.text
+    job = r.json()
+    assert (job["job_id"], job["state"], job["reason"], job["last_error"]) == (
+        jid,
+        "dead",
+        "buried",
+        "bad input ü",
+    )
+    assert job["deliveries"] == 1 and job["died_at"] > 0
+    shown = api.get(f"/api/ns/q/job/{jid}").json()
+    assert {k: shown[k] for k in ("state", "reason", "last_error", "died_at")} == {
+        k: job[k] for k in ("state", "reason", "last_error", "died_at")
+    }
+    listed = api.get("/api/ns/q/deadletter/jobs").json()
+    assert listed["cursor"] is None
+    (entry,) = listed["jobs"]
+    assert entry == {
+        "job_id": jid,
+        "reason": "buried",
+        "died_at": job["died_at"],
+        "deliveries": 1,
+        "last_error": "bad input ü",
+        "size": 7,
+        "published_at": entry["published_at"],
+    }
+    r = api.post(f"/api/ns/q/deadletter/{jid}/kick", params={"tries": 2})
+    assert r.status_code == 200 and r.json()["state"] == "ready"
+    assert r.json()["remain_tries"] == 2 and r.json()["last_error"] == "bad input ü"
+    assert "reason" not in r.json()
+    assert api.get("/api/ns/q", params={"ttr": 30}).json()["job_id"] == jid
+
+
+def test_http_refusals_are_clear_and_change_nothing(
+    api: httpx.Client, sync_redis: redis.Redis
+) -> None:
+    jid = api.put("/api/ns/q", content=b"x").json()["job_id"]
+    dead = api.put("/api/ns/q", content=b"y").json()["job_id"]
+    assert api.post(f"/api/ns/q/job/{dead}/bury", params={"reason": "r"}).status_code == 200
+    before = snapshot(sync_redis)
+    cases = [
+        ("post", f"/api/ns/q/job/{jid}/bury", {"reason": "x" * 1025}, None, 400, "reason"),
+        ("post", f"/api/ns/q/job/{jid}/bury", {}, {"reason": "ü" * 513}, 400, "reason"),
+        ("post", f"/api/ns/q/job/{jid}/bury", {}, {"reason": 5}, 400, "reason"),
+        ("post", f"/api/ns/q/job/{jid}/bury", {}, {"why": "x"}, 400, "body"),
+        ("post", f"/api/ns/q/job/{jid}/bury", {"lease": "zz"}, None, 400, "lease"),
+        ("post", f"/api/ns/q/job/{dead}/bury", {}, None, 409, "dead"),
+        ("post", "/api/ns/q/job/nobody/bury", {}, None, 404, "not found"),
+        ("post", f"/api/ns/q/deadletter/{jid}/kick", {}, None, 409, "ready"),
+        ("post", "/api/ns/q/deadletter/nobody/kick", {}, None, 404, "not found"),
+        ("post", f"/api/ns/q/deadletter/{dead}/kick", {"tries": 0}, None, 400, "tries"),
+        ("post", f"/api/ns/q/deadletter/{dead}/kick", {"delay": 5, "ttl": 5}, None, 400, "ttl"),
+        ("post", f"/api/ns/q/job/{jid}/reschedule", {}, None, 400, "exactly one"),
+        ("post", f"/api/ns/q/job/{jid}/reschedule", {"delay": 1, "at": 5}, None, 400, "one"),
+        ("post", f"/api/ns/q/job/{jid}/reschedule", {"at": "x"}, None, 400, "at"),
+        ("post", f"/api/ns/q/job/{dead}/reschedule", {"delay": 1}, None, 409, "dead"),
+        ("post", "/api/ns/q/job/nobody/reschedule", {"delay": 1}, None, 404, "not found"),
+        ("get", "/api/ns/q/deadletter/jobs", {"limit": 0}, None, 400, "limit"),
+        ("get", "/api/ns/q/deadletter/jobs", {"limit": 1001}, None, 400, "limit"),
+        ("get", "/api/ns/q/deadletter/jobs", {"cursor": "zz"}, None, 400, "cursor"),
+        ("get", "/api/ns/q/deadletter/jobs", {"cursor": "1::"}, None, 400, "cursor"),
+        ("post", "/api/ns/q/deadletter/redrive", {"reason": "bogus"}, None, 400, "reason"),
+        ("post", "/api/ns/q/deadletter/redrive", {"from": 5, "to": 4}, None, 400, "from"),
+        ("post", "/api/ns/q/deadletter/purge", {"limit": 1001}, None, 400, "limit"),
+    ]
+    for method, path, params, body, status, text in cases:
+        r = getattr(api, method)(path, params=params, **({"json": body} if body else {}))
+        assert r.status_code == status, (path, params, r.text)
+        assert text in r.json()["error"], (path, params, r.text)
+        if status == 409:
+            assert r.json()["state"] == text
+    assert snapshot(sync_redis) == before
+
+
+def test_http_release_keeps_an_error_text_and_is_lmstfys_without_one(api: httpx.Client) -> None:
+    jid = api.put("/api/ns/q", params={"tries": 3}, content=b"x").json()["job_id"]
+    api.get("/api/ns/q", params={"ttr": 30})
+    r = api.post(f"/api/ns/q/job/{jid}/release")
+    assert r.json() == {"msg": "released", "job_id": jid, "state": "ready"}
+    assert "last_error" not in api.get(f"/api/ns/q/job/{jid}").json()
+    api.get("/api/ns/q", params={"ttr": 30})
+    r = api.post(f"/api/ns/q/job/{jid}/release", params={"error": "timeout calling X"})
+    assert r.json() == {"msg": "released", "job_id": jid, "state": "ready"}
+    assert api.get(f"/api/ns/q/job/{jid}").json()["last_error"] == "timeout calling X"
+    api.get("/api/ns/q", params={"ttr": 30})
+    r = api.post(f"/api/ns/q/job/{jid}/release", json={"error": "gave up"})
+    assert r.json()["state"] == "dead"
+    job = api.get(f"/api/ns/q/job/{jid}").json()
+    assert (job["reason"], job["last_error"], job["deliveries"]) == (
+        "tries_exhausted",
+        "gave up",
+        3,
+    )
+    r = api.post(f"/api/ns/q/job/{jid}/release", params={"error": "x" * 1025})
+    assert r.status_code == 400
+
+
+def test_http_reschedule_redrive_and_purge_loop_with_a_cursor(api: httpx.Client) -> None:
+    jid = api.put("/api/ns/q", params={"delay": 600}, content=b"x").json()["job_id"]
+    r = api.post(f"/api/ns/q/job/{jid}/reschedule", params={"at": 0})
+    assert r.status_code == 200 and r.json()["state"] == "ready"
+    r = api.post(f"/api/ns/q/job/{jid}/reschedule", params={"delay_ms": 60_000})
+    assert r.status_code == 200 and r.json()["state"] == "delayed"
+    short = api.put("/api/ns/q", params={"ttl": 10}, content=b"x").json()["job_id"]
+    r = api.post(f"/api/ns/q/job/{short}/reschedule", params={"delay": 20})
+    assert r.status_code == 400 and "ttl" in r.json()["error"]
+    ids = api.put("/api/ns/q/bulk", json=list(range(25))).json()["job_ids"]
+    for i in ids:
+        assert api.post(f"/api/ns/q/job/{i}/bury").status_code == 200
+    moved, cursor, calls = 0, None, 0
+    while True:
+        params = {"limit": 4, "reason": "buried", "delay": 1}
+        r = api.post(
+            "/api/ns/q/deadletter/redrive",
+            params={**params, **({"cursor": cursor} if cursor else {})},
+        )
+        assert r.status_code == 200, r.text
+        moved += r.json()["count"]
+        calls += 1
+        cursor = r.json()["cursor"]
+        assert r.json()["more"] == (cursor is not None)
+        if cursor is None:
+            break
+    assert moved == 25 and calls >= 7
+    assert _size(api)["delayed"] == 26 and _size(api)["dead"] == 0
+    for i in ids[:5]:
+        api.post(f"/api/ns/q/job/{i}/bury")
+    r = api.post("/api/ns/q/deadletter/purge", params={"limit": 1000})
+    assert r.json() == {"msg": "purged", "count": 5, "more": False, "cursor": None}
+    assert _size(api)["dead"] == 0

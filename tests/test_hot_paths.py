@@ -30,7 +30,10 @@ from cluster_dq.settings import load
 
 TOKEN = "hot-paths-token-0123456789"
 ULID = re.compile(r"\b[0-9A-HJKMNP-TV-Z]{26}\b")
-TIMES = {"elapsed_ms", "ttl", "ttl_ms", "published_at", "published_ms", "reserved_ms", "due_ms"}
+TIMES = {
+    *("elapsed_ms", "ttl", "ttl_ms", "published_at", "published_ms", "reserved_ms", "due_ms"),
+    "died_at",
+}
 
 
 Apps = tuple[asyncio.Runner, Service, httpx.AsyncClient, httpx.AsyncClient]
@@ -59,7 +62,11 @@ def apps(redis_server: Server, standalone_redis: redis.Redis) -> Iterator[Apps]:
 
 
 segment = st.sampled_from(
-    ["ns", "q", "q2", "job", "", "_x", "a b", "%2F", "é", "x" * 300, "01ARZ3NDEKTSV4RRFFQ69G5FAV"]
+    [
+        *("ns", "q", "q2", "job", "", "_x", "a b", "%2F", "é", "x" * 300),
+        "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        *("client-1", "bury", "reschedule", "deadletter", "kick", "jobs", "redrive", "purge"),
+    ]
 )
 query = st.lists(
     st.sampled_from(
@@ -81,6 +88,9 @@ query = st.lists(
             "lease=zz",
             "token=" + TOKEN,
             "token=bad!",
+            "reason=x",
+            "at=5",
+            "limit=1001",
         ]
     ),
     max_size=4,
