@@ -2,7 +2,8 @@
 --[[
   One page of the dead letter, oldest death first, from just after a cursor position (score =
   time of death, member): an entry that stays dead is listed exactly once over a walk, however
-  the dead letter changes meanwhile. Bodies are not sent, only their size.
+  the dead letter changes meanwhile. Bodies are not sent, only their size. A page stops early
+  (`more`) once it has read 8 MB of records: large bodies make shorter pages, never long calls.
   KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
   ARGV[1] after_score: the cursor's time of death (ms; -1 = from the start)
   ARGV[2] after_member: the cursor's member ('' = before every member at that score)
@@ -16,13 +17,14 @@ local score, member, limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local from = 0
 if score >= 0 then from = dead_rank_after(score, member) end
 local got = redis.call('ZRANGE', DEAD, from, from + limit, 'WITHSCORES')
-local out = {0}
+local out, bytes = {0}, 0
 for i = 1, #got, 2 do
-  if i > 2 * limit then
+  local id = got[i]
+  if i > 2 * limit or (i > 1 and bytes > RECORD_BYTES_PER_CALL) then
     out[1] = 1
     break
   end
-  local id = got[i]
+  bytes = bytes + redis.call('HSTRLEN', JOBS, id)
   local rec = redis.call('HGET', JOBS, id) or ''
   local head = 18 -- the fixed header, then the attributes (flags & 1), then the body
   if #rec >= 18 and string.byte(rec, 18) % 2 == 1 then head = 20 + struct.unpack('>H', rec, 19) end

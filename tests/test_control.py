@@ -22,7 +22,7 @@ from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.control import DeadFilter
 from cluster_dq.errors import BadRequest, Conflict, WrongState
 from cluster_dq.keys import ShardKeys, QueueKeys, shard_of
-from cluster_dq.models import Job, JobSpec, JobState, id_to_member
+from cluster_dq.models import MAX_BODY, Job, JobSpec, JobState, id_to_member
 from tests.invariants import check_queue, queue_keys
 from tests.test_http import api, service  # noqa: F401  (fixtures)
 
@@ -453,6 +453,24 @@ async def test_a_sweep_examines_a_bounded_number_of_entries_per_call(
     second = await engine.run(control.purge_dead(NS, Q, filt, first.after, 1_000))
     assert second.count == 5 and not second.more
     assert (await engine.run(ops.sizes(engine.config, NS, Q))).dead == control.DEAD_EXAMINE
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_large_bodies_make_shorter_pages_not_longer_calls(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    ids = await publish(engine, t, *[JobSpec(bytes(MAX_BODY)) for _ in range(12)])
+    for jid in ids:
+        await bury(engine, jid, "", t)
+    page, after = await engine.run(control.dead_page(NS, Q, None, 100))
+    assert 1 <= len(page) < 12 and after is not None
+    assert all(d.size == MAX_BODY for d in page)
+    assert sorted(await _walk(engine, 100)) == sorted(ids)
+    moved = await engine.run(
+        control.redrive_dead(engine.config, NS, Q, DeadFilter(), None, 100, 0, 1, 0, t)
+    )
+    assert 1 <= moved.count < 12 and moved.more
     check_queue(sync_redis, NS, Q)
 
 

@@ -401,6 +401,10 @@ local function revive(id, rec, now, due, tries, ttl)
   return st, lowered, rec
 end
 
+-- Bytes of records one call of dead_page or redrive_dead reads at most (past its first job):
+-- bodies of up to 1 MB must not make a call of 1,000 jobs copy a gigabyte.
+local RECORD_BYTES_PER_CALL = 8388608
+
 -- The dead entries one sweep (redrive, purge) examines, flat {member, score, ...}: from just
 -- after the cursor (score, member), or from the time of death `from` when there is none (score
 -- -1), at most `examine` of them.
@@ -417,7 +421,9 @@ end
 -- Walks a dead window up to the time of death `to`, calling act(id) on each entry whose reason
 -- is `reason` (-1: any) until `limit` were acted on. Returns the number acted on, `more` (1:
 -- entries may follow the last one examined) and the last one examined (score -1: none).
-local function sweep_dead(got, to, reason, limit, examine, act)
+-- `full()`, when given, says the call has done enough (bytes of records rewritten): it stops
+-- there, as at `limit`.
+local function sweep_dead(got, to, reason, limit, examine, act, full)
   local done, more, last_s, last_m = 0, 0, -1, ''
   local ended = false
   for i = 1, #got, 2 do
@@ -426,7 +432,7 @@ local function sweep_dead(got, to, reason, limit, examine, act)
       ended = true
       break
     end
-    if done >= limit then
+    if done >= limit or (full and full()) then
       more, ended = 1, true
       break
     end
