@@ -247,7 +247,8 @@ class Service:
         delivery holds it (else ``Conflict``). Not repeated by the retry policy: once the job
         is back, another consumer may hold it, and a blind repeat would release *that*
         reservation (or, with a lease, answer a conflict for a release that happened). A reply
-        lost in transit is a 503 that says the release may have happened."""
+        lost in transit is a 503 that says the release may have happened. ``error``: a text
+        kept as the job's last error."""
         reads = route.place(ns, q).reads
         for pool in reads:
             op = ops.release(

@@ -289,6 +289,36 @@ async def test_reschedule_moves_ready_delayed_and_wheel_jobs_and_the_pump_follow
     check_queue(sync_redis, NS, Q)
 
 
+async def test_reschedule_tells_waiting_consumers_of_the_new_due_time(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """Long-polls set their timers from what they heard: a job brought forward must be
+    announced (`due:<ms>`, or `1` when READY was empty and is not any more)."""
+    t = now_ms()
+    far, other = await publish(
+        engine, t, JobSpec(b"far", delay_ms=30 * MIN), JobSpec(b"other", delay_ms=30 * MIN)
+    )
+    sub = sync_redis.pubsub()
+    sub.subscribe(QueueKeys(NS, Q).notify)
+
+    def heard() -> list[bytes]:
+        out = []
+        for _ in range(50):
+            msg = sub.get_message(timeout=0.1)
+            if msg is None and out:
+                break
+            if msg is not None and msg["type"] == "message":
+                out.append(msg["data"])
+        return out
+
+    heard()  # the subscription's own confirmation
+    await engine.run(control.reschedule_job(engine.config, NS, Q, far, t + 2_000, t))
+    assert heard() == [f"due:{t + 2_000}".encode()]
+    await engine.run(control.reschedule_job(engine.config, NS, Q, other, t, t))
+    assert heard() == [b"1"]
+    sub.close()
+
+
 async def test_reschedule_refusals_change_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
