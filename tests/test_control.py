@@ -351,13 +351,14 @@ async def test_reschedule_refusals_change_nothing(
 async def _walk(engine: AsyncEngine, limit: int, between: Any = None) -> list[str]:
     seen: list[str] = []
     after = None
-    while True:
+    for _ in range(10_000):  # a cursor that does not move on fails here, not by hanging
         page, after = await engine.run(control.dead_page(NS, Q, after, limit))
         seen += [d.job_id for d in page]
         if between is not None:
             await between()
         if after is None:
             return seen
+    raise AssertionError("the walk does not end")
 
 
 async def test_listing_shows_each_dead_job_once_oldest_first_even_at_one_death_time(
@@ -447,7 +448,7 @@ async def test_filtered_redrive_and_purge_match_a_model(
     filt = DeadFilter(reason, t + lo, t + hi)
     want = {j for j, (at, why) in model.items() if lo <= at - t <= hi and reason in (None, why)}
     done, after, calls = 0, None, 0
-    while True:
+    while calls < 1_000:  # a cursor that does not move on fails below, not by hanging
         if purge:
             step = control.purge_dead(NS, Q, filt, after, limit)
         else:
@@ -459,11 +460,77 @@ async def test_filtered_redrive_and_purge_match_a_model(
         if not reply.more:
             break
         after = reply.after
+    assert not reply.more, "the sweep does not end"
     assert done == len(want)
     listed = set(await _walk(engine, 7))
     assert listed == set(model) - want
     s = await engine.run(ops.sizes(engine.config, NS, Q))
     assert s.ready == (0 if purge else len(want))
+    check_queue(sync_redis, NS, Q)
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    initial=st.lists(st.integers(0, 2), min_size=0, max_size=20),
+    churn=st.lists(
+        st.tuples(st.sampled_from(["bury", "kick", "ack"]), st.integers(0, 2), st.integers(0, 99)),
+        max_size=30,
+    ),
+    limit=st.integers(1, 5),
+)
+async def test_a_walk_lists_in_cursor_order_every_job_dead_throughout_exactly_once(
+    engine: AsyncEngine,
+    sync_redis: redis.Redis,
+    initial: list[int],
+    churn: list[tuple[str, int, int]],
+    limit: int,
+) -> None:
+    await engine.run(ops.destroy(engine.config, NS, Q))
+    t = now_ms()
+    dead: dict[str, int] = {}  # job -> time of death (the model)
+    for at in initial:
+        (jid,) = await publish(engine, t, JobSpec(b"j"))
+        await bury(engine, jid, "", t + at)
+        dead[jid] = t + at
+    ever_left: set[str] = set()
+    ever_dead, at_start = set(dead), set(dead)
+    steps = iter(churn)
+
+    async def between() -> None:  # a few writes between two pages
+        for op, at, pick in (s for _, s in zip(range(2), steps)):
+            victims = sorted(dead)
+            if op == "bury" or not victims:
+                (jid,) = await publish(engine, t, JobSpec(b"n"))
+                await bury(engine, jid, "", t + at)
+                dead[jid] = t + at
+                ever_dead.add(jid)
+                continue
+            jid = victims[pick % len(victims)]
+            if op == "kick":
+                await engine.run(control.kick(engine.config, NS, Q, jid, 0, 1, 0, t))
+            else:
+                await engine.run(ops.ack(NS, Q, [jid]))
+            del dead[jid]
+            ever_left.add(jid)
+
+    seen: list[tuple[int, bytes, str]] = []
+    after = None
+    for _ in range(1_000):  # a cursor that does not move on fails here, not by hanging
+        page, after = await engine.run(control.dead_page(NS, Q, after, limit))
+        seen += [(d.died_ms, id_to_member(d.job_id), d.job_id) for d in page]
+        await between()
+        if after is None:
+            break
+    assert after is None, "the walk does not end"
+    positions = [(died, member) for died, member, _ in seen]
+    assert positions == sorted(set(positions)), "not in cursor order, or a job twice"
+    listed = {jid for _, _, jid in seen}
+    assert at_start - ever_left <= listed, "a job dead the whole walk was skipped"
+    assert listed <= ever_dead
     check_queue(sync_redis, NS, Q)
 
 
@@ -637,7 +704,7 @@ async def test_redrive_while_jobs_die_loses_and_duplicates_nothing(
 
     async def redrive_all() -> int:
         n, after = 0, None
-        while True:
+        for _ in range(1_000):  # a cursor that does not move on fails, not hangs
             reply = await engine.run(
                 control.redrive_dead(cfg, NS, Q, DeadFilter(), after, 7, 0, 1, 0, t)
             )
@@ -645,6 +712,7 @@ async def test_redrive_while_jobs_die_loses_and_duplicates_nothing(
             if not reply.more:
                 return n
             after = reply.after
+        raise AssertionError("the redrive does not end")
 
     async def kill_all() -> None:
         for jid in later:
@@ -782,7 +850,7 @@ def test_http_reschedule_redrive_and_purge_loop_with_a_cursor(api: httpx.Client)
     for i in ids:
         assert api.post(f"/api/ns/q/job/{i}/bury").status_code == 200
     moved, cursor, calls = 0, None, 0
-    while True:
+    while calls < 100:  # a cursor that does not move on fails below, not by hanging
         params = {"limit": 4, "reason": "buried", "delay": 1}
         r = api.post(
             "/api/ns/q/deadletter/redrive",
