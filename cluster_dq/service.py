@@ -588,12 +588,12 @@ def _parse_cursor(cursor: str | None, pools: int) -> tuple[int, control.After | 
     if cursor is None:
         return 0, None
     parts = cursor.split(":", 2)
-    index = params_uint(parts[0]) if len(parts) == 3 else None
+    index = _uint(parts[0]) if len(parts) == 3 else None
     if index is None or index >= pools:
         raise BadRequest("invalid cursor", "cursor")
     if parts[1] == "" and parts[2] == "":
         return index, None
-    score = params_uint(parts[1])
+    score = _uint(parts[1])
     if score is None or not parts[2] or len(parts[2]) > 64:
         raise BadRequest("invalid cursor", "cursor")
     return index, (score, id_to_member(parts[2]))
@@ -607,7 +607,7 @@ def _next_cursor(index: int, after: control.After | None, pools: int) -> str | N
     return None
 
 
-def params_uint(raw: str) -> int | None:
+def _uint(raw: str) -> int | None:
     return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 20 else None
 
 
