@@ -33,7 +33,7 @@ from cluster_dq.errors import Fenced
 from cluster_dq.engine.scripts import load_all, lua_codes, lua_dir
 from cluster_dq.engine.signatures import QUEUE, SIGNATURES
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
-from cluster_dq.models import JobSpec
+from cluster_dq.models import DEATH_REASONS, JobSpec
 
 LUA = lua_dir()
 SCRIPTS = sorted(p.stem for p in LUA.glob("*.lua"))
@@ -303,3 +303,14 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.rate_limit("dq:{admin}:rl:contract", 1, 1_000))
     await run(ops.rate_limit("dq:{admin}:rl:contract", 1, 1_000, refund=True))
     assert checking.seen == set(SCRIPTS), f"not exercised: {set(SCRIPTS) - checking.seen}"
+
+
+def test_death_reasons_agree_with_lib_queue() -> None:
+    """The reason codes of a job's death (NOTES) are written in lib/queue.lua (DIED_*) and named
+    in cluster_dq/models.py (DEATH_REASONS): both must agree."""
+    lib = (lua_dir() / "lib" / "queue.lua").read_text()
+    found = {
+        int(code): name
+        for code, name in re.findall(r"^local DIED_\w+ = (\d+)\s+-- (\w+):", lib, re.MULTILINE)
+    }
+    assert found and found == DEATH_REASONS
