@@ -5,8 +5,8 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     ├── BadRequest            user input refused, names the parameter
     │   └── BodyTooLarge
     ├── NotFound              job, queue head, pool
-    ├── Conflict              a lease that no longer holds its job, or a state that forbids
-    │                         the operation (nothing changed)
+    ├── Conflict              a lease that no longer holds its job (nothing changed)
+    ├── WrongState            the job's state forbids the operation (nothing changed)
     ├── Unauthorized
     ├── RateLimited
     ├── QueueFull             a publish beyond the queue's max_size (nothing written)
@@ -64,6 +64,19 @@ class Conflict(ClusterDQError):
             None: "gone",
         }.get(self.state, self.state)
         super().__init__(f"lease does not hold job {self.job_id}: {why}{more}; nothing was changed")
+
+
+class WrongState(ClusterDQError):
+    """A per-job operation (bury, kick, reschedule) that the job's state forbids: e.g. a bury
+    of a dead job, a kick of one that is not dead. ``state``: where the job is. Nothing
+    changed."""
+
+    def __init__(self, job_id: str, state: str | None, operation: str, allowed: str) -> None:
+        self.job_id, self.state, self.operation = job_id, state, operation
+        super().__init__(
+            f"cannot {operation} job {job_id}: it is {state or 'in no state'}, "
+            f"{operation} needs {allowed}; nothing was changed"
+        )
 
 
 class Unauthorized(ClusterDQError):

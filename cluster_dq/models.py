@@ -222,6 +222,50 @@ class Record:
         )
 
 
+# Why a job died: the reason codes of its NOTES field (lua/lib/queue.lua, DIED_*).
+DEATH_REASONS: dict[int, str] = {1: "ttr_expired", 2: "tries_exhausted", 3: "buried"}
+DEATH_CODES: dict[str, int] = {name: code for code, name in DEATH_REASONS.items()}
+UNKNOWN_REASON = "unknown"  # a dead job with no recorded death (code 0)
+MAX_NOTE_TEXT = 1024  # bytes (UTF-8) of a bury reason or a release's error text
+_NOTE = struct.Struct(">B6s")
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """What a job carries beside its record (its NOTES field): why and when it died (reason
+    code 0 and ``died_ms`` 0 while alive) and the last error text it was given."""
+
+    reason_code: int = 0
+    died_ms: int = 0
+    last_error: str | None = None
+
+    @property
+    def reason(self) -> str:
+        return DEATH_REASONS.get(self.reason_code, UNKNOWN_REASON)
+
+    @classmethod
+    def unpack(cls, data: bytes | None) -> Note | None:
+        if not data:
+            return None
+        code, died = _NOTE.unpack_from(data)
+        text = data[_NOTE.size :].decode("utf-8", "replace")
+        return cls(code, int.from_bytes(died, "big"), text or None)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One dead job as the dead-letter listing shows it (no body: its size)."""
+
+    job_id: str
+    reason: str
+    died_ms: int
+    deliveries: int
+    last_error: str | None
+    size: int
+    published_ms: int
+    attributes: dict[str, str] | None
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A job as the engine returns it."""
@@ -241,6 +285,7 @@ class Job:
     lease: str | None = None  # the delivery's token (consume only): ack, touch, release may show it
     extra: dict[str, int] = field(default_factory=dict)
     progress: bytes | None = None  # the last progress a consumer recorded (JSON), peek only
+    note: Note | None = None  # death and last error, where a lookup by id read them
 
     @classmethod
     def from_record(
@@ -253,6 +298,7 @@ class Job:
         due_ms: int | None = None,
         lease: str | None = None,
         progress: bytes | None = None,
+        note: Note | None = None,
     ) -> Job:
         rec = Record.unpack(data)
         return cls(
@@ -270,6 +316,7 @@ class Job:
             due_ms,
             lease,
             progress=progress,
+            note=note,
         )
 
     def ttl_ms(self, now_ms: int) -> int:

@@ -17,8 +17,11 @@ from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import schedules as schedule_ops
+from cluster_dq.engine import control
+from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import (
+    BadRequest,
     Conflict,
     NotFound,
     NotReplicated,
@@ -30,7 +33,16 @@ from cluster_dq.errors import (
 )
 from cluster_dq.keys import parse_qualified
 from cluster_dq.lifecycle import LifecycleLog
-from cluster_dq.models import Job, JobResult, JobSpec, JobState, validate_spec
+from cluster_dq.models import (
+    DeadLetter,
+    Job,
+    JobResult,
+    JobSpec,
+    JobState,
+    id_to_member,
+    id_to_text,
+    validate_spec,
+)
 from cluster_dq.pools import RedisPool
 from cluster_dq.queueconf import QueueSettings
 from cluster_dq.routing import PoolRoute, build_routes
@@ -256,13 +268,15 @@ class Service:
         job_id: str,
         delay_ms: int,
         lease: str | None = None,
+        error: str = "",
     ) -> JobState | str:
         """A consumer's nack: the reserved job goes back now or after ``delay_ms``, its
         delivery counted (no tries left: dead letter); with a ``lease``, only while that
         delivery holds it (else ``Conflict``). Not repeated by the retry policy: once the job
         is back, another consumer may hold it, and a blind repeat would release *that*
         reservation (or, with a lease, answer a conflict for a release that happened). A reply
-        lost in transit is a 503 that says the release may have happened."""
+        lost in transit is a 503 that says the release may have happened. ``error``: a text
+        kept as the job's last error."""
         reads = route.place(ns, q).reads
         for pool in reads:
             op = ops.release(
@@ -274,6 +288,7 @@ class Service:
                 pool.engine.clock(),
                 nack=True,
                 leases=[lease],
+                error=error,
             )
             try:
                 (state,) = await self._run(pool, op, durable=True)
@@ -375,6 +390,143 @@ class Service:
         else:
             self.metrics.count(metrics.acked, ns, q, acked is not None)
         return published
+
+    # -- per-job control and the dead letter -------------------------------------------------
+
+    async def _on_job(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        make: Callable[[RedisPool], Op[Job | None]],
+    ) -> Job:
+        """Runs a per-job script on each pool the queue's jobs may be in (one, but during a
+        migration) until one finds the job. Not repeated by the retry policy: a repeat after a
+        lost reply would find the job moved and answer 409 for a move that happened."""
+        reads = route.place(ns, q).reads
+        for pool in reads:
+            try:
+                job = await self._run(pool, make(pool), durable=True)
+            except Conflict as e:
+                if e.state is None and pool is not reads[-1]:
+                    continue  # not in this pool (a migration): it may be in the next
+                raise
+            if job is not None:
+                return job
+        raise NotFound("job not found")
+
+    async def bury(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        job_id: str,
+        text: str,
+        lease: str | None = None,
+    ) -> Job:
+        """A reserved, ready or delayed job -> dead letter, reason ``buried``, ``text`` kept as
+        its last error; with a ``lease``, only while that delivery holds it."""
+        job = await self._on_job(
+            route, ns, q, lambda p: control.bury(ns, q, job_id, text, p.engine.clock(), lease)
+        )
+        self.metrics.count(metrics.dead_lettered, ns, q, 1)
+        return job
+
+    async def kick(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        job_id: str,
+        delay_ms: int,
+        tries: int,
+        ttl_ms: int,
+    ) -> Job:
+        """One dead job back to ready (or delayed by ``delay_ms``), with ``tries`` and a fresh
+        ttl."""
+        return await self._on_job(
+            route,
+            ns,
+            q,
+            lambda p: control.kick(
+                p.engine.config, ns, q, job_id, delay_ms, tries, ttl_ms, p.engine.clock()
+            ),
+        )
+
+    async def reschedule(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, due: Callable[[int], int]
+    ) -> Job:
+        """A ready or delayed job's new due time: ``due(now)`` (ms), now being the clock of
+        the pool the job is in."""
+        return await self._on_job(
+            route,
+            ns,
+            q,
+            lambda p: control.reschedule_job(
+                p.engine.config, ns, q, job_id, due(p.engine.clock()), p.engine.clock()
+            ),
+        )
+
+    async def dead_jobs(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, cursor: str | None, limit: int
+    ) -> tuple[list[DeadLetter], str | None]:
+        """One page of the dead letter, oldest death first, and the cursor of the next (None:
+        done). A job that stays dead during a walk is listed exactly once."""
+        reads = route.place(ns, q).reads
+        index, after = _parse_cursor(cursor, len(reads))
+        pool = reads[index]
+        page, nxt = await self._run(pool, control.dead_page(ns, q, after, limit), idempotent=True)
+        return page, _next_cursor(index, nxt, len(reads))
+
+    async def redrive(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        filt: DeadFilter,
+        cursor: str | None,
+        limit: int,
+        delay_ms: int,
+        tries: int,
+        ttl_ms: int,
+    ) -> tuple[int, str | None]:
+        """One bounded step of a filtered redrive: how many moved, and the cursor to go on
+        from (None: done)."""
+        reads = route.place(ns, q).reads
+        index, after = _parse_cursor(cursor, len(reads))
+        pool = reads[index]
+        op = control.redrive_dead(
+            pool.engine.config,
+            ns,
+            q,
+            filt,
+            after,
+            limit,
+            delay_ms,
+            tries,
+            ttl_ms,
+            pool.engine.clock(),
+        )
+        reply = await self._run(pool, op, durable=True)
+        self.metrics.count(metrics.respawned, ns, q, reply.count)
+        return reply.count, _next_cursor(index, reply.after if reply.more else None, len(reads))
+
+    async def purge(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        filt: DeadFilter,
+        cursor: str | None,
+        limit: int,
+    ) -> tuple[int, str | None]:
+        """One bounded step of a filtered delete of dead jobs: how many deleted, and the cursor
+        to go on from (None: done). Safe to repeat."""
+        reads = route.place(ns, q).reads
+        index, after = _parse_cursor(cursor, len(reads))
+        op = control.purge_dead(ns, q, filt, after, limit)
+        reply = await self._run(reads[index], op, idempotent=True, durable=True)
+        return reply.count, _next_cursor(index, reply.after if reply.more else None, len(reads))
 
     async def _first(
         self,
@@ -621,6 +773,35 @@ def _merge(a: ops.QueueOverview | None, b: ops.QueueOverview) -> ops.QueueOvervi
         a.paused or b.paused,
         min(dues) if dues else None,
     )
+
+
+def _parse_cursor(cursor: str | None, pools: int) -> tuple[int, control.After | None]:
+    """A dead-letter cursor: ``<pool index>:<time of death ms>:<job id>`` (the index counts the
+    pools the queue is read from: one, but during a migration); ``<index>::`` starts a pool."""
+    if cursor is None:
+        return 0, None
+    parts = cursor.split(":", 2)
+    index = _uint(parts[0]) if len(parts) == 3 else None
+    if index is None or index >= pools:
+        raise BadRequest("invalid cursor", "cursor")
+    if parts[1] == "" and parts[2] == "":
+        return index, None
+    score = _uint(parts[1])
+    if score is None or not parts[2] or len(parts[2]) > 64:
+        raise BadRequest("invalid cursor", "cursor")
+    return index, (score, id_to_member(parts[2]))
+
+
+def _next_cursor(index: int, after: control.After | None, pools: int) -> str | None:
+    if after is not None:
+        return f"{index}:{after[0]}:{id_to_text(after[1])}"
+    if index + 1 < pools:
+        return f"{index + 1}::"
+    return None
+
+
+def _uint(raw: str) -> int | None:
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 20 else None
 
 
 UNKNOWN = "the request may or may not have been applied"

@@ -41,6 +41,7 @@ TIMES = {
     "oldest_due_ms",
     "lateness_ms",
     "next_attempt_at",
+    "died_at",
 }
 
 
@@ -87,6 +88,7 @@ segment = st.sampled_from(
         "settings",
         "pause",
         "resume",
+        *("bury", "reschedule", "deadletter", "kick", "jobs", "redrive", "purge"),
     ]
 )
 query = st.lists(
@@ -115,6 +117,9 @@ query = st.lists(
             "cursor=q",
             "backoff=fixed",
             "backoff_ms=10",
+            "reason=x",
+            "at=5",
+            "limit=1001",
         ]
     ),
     max_size=4,

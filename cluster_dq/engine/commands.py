@@ -36,6 +36,7 @@ from cluster_dq.models import (
     JobResult,
     JobSpec,
     JobState,
+    Note,
     Record,
     has_fixed_server_id,
     id_due_ms,
@@ -625,7 +626,14 @@ def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:
     if reply is None:
         return None
     return Job.from_record(
-        ns, q, member, reply.record, reply.state, int(reply.score), progress=reply.progress
+        ns,
+        q,
+        member,
+        reply.record,
+        reply.state,
+        int(reply.score),
+        progress=reply.progress,
+        note=Note.unpack(reply.note),
     )
 
 
@@ -980,12 +988,14 @@ def release(
     now: int,
     nack: bool = False,
     leases: Sequence[str | None] | None = None,
+    error: str = "",
 ) -> Op[list[JobState | str | None]]:
     """Gives reserved jobs back, now or after ``delay_ms``. By default (a consumer gone before
     it got them) the try is restored; ``nack`` (a consumer's release) counts the delivery as a
     ttr expiry would: no tries left -> DEAD. The state each job went to; ``"expired"`` when
     its ttl had ended (removed), None when it was not reserved (or its ttr had run out). With
-    ``leases``: a job whose lease does not hold it is left alone, and ``Conflict`` names it."""
+    ``leases``: a job whose lease does not hold it is left alone, and ``Conflict`` names it.
+    ``error``: a text kept as each released job's last error (its NOTES field)."""
     qk = QueueKeys(ns, q)
     jobs: list[Arg] = []
     for i, job_id in enumerate(ids):
@@ -999,6 +1009,7 @@ def release(
         notify=qk.notify,
         mode=int(nack),
         seed=repr(cfg.draw()),
+        error=error.encode(),
         jobs=jobs,
     )
     reply = replies.decode_release((yield call))

@@ -39,6 +39,10 @@ class ReplyCode(IntEnum):
     LEASE_GONE = -6  # acked, expired, destroyed
     # a shard step (claim, reschedule) carrying an older leadership epoch; nothing changed
     FENCED = -7
+    # a per-job operation (bury, kick, reschedule) that the job's state forbids; nothing changed
+    FORBIDDEN = -8
+    # reschedule: the new due time is at or past the job's ttl end; nothing changed
+    TOO_LATE = -9
 
 
 _CODES = {int(c): c for c in ReplyCode}  # a dict lookup: cheaper than ReplyCode(x)
@@ -240,14 +244,17 @@ class PeekJobReply:
     state: JobState
     record: bytes
     score: float
+    note: bytes  # its NOTES field (b"": none)
     progress: bytes | None = None  # the job's NOTES field p:<id>
 
 
 def decode_peek_job(reply: Sequence[Any]) -> PeekJobReply | None:
     if not reply:
         return None
-    progress = reply[3] if len(reply) > 3 else None
-    return PeekJobReply(JOB_STATES[_CODES[int(reply[0])]], reply[1], float(reply[2]), progress)
+    progress = reply[4] if len(reply) > 4 else None
+    return PeekJobReply(
+        JOB_STATES[_CODES[int(reply[0])]], reply[1], float(reply[2]), reply[3], progress
+    )
 
 
 def decode_progress(reply: Any) -> ReplyCode:
@@ -270,6 +277,66 @@ def decode_result(raw: bytes | None) -> Finished | None:
     if raw is None or len(raw) < 12:
         return None
     return Finished(int.from_bytes(raw[:6], "big"), int.from_bytes(raw[6:12], "big"), raw[12:])
+
+
+@dataclass(frozen=True, slots=True)
+class JobMoveReply:
+    """bury, kick, reschedule_job: one job moved by id."""
+
+    code: ReplyCode  # OK (moved), NOT_FOUND, FORBIDDEN, TOO_LATE or LEASE_*
+    state: JobState | None  # where the job is afterwards (None: nowhere)
+    record: bytes  # b"": none
+    note: bytes  # its NOTES field (b"": none)
+    lowered: bool
+
+
+def decode_job_move(reply: Sequence[Any]) -> JobMoveReply:
+    c, st, record, note, lowered = reply
+    return JobMoveReply(
+        _CODES[int(c)], JOB_STATES.get(_CODES[int(st)]), record, note, int(lowered) == 1
+    )
+
+
+class DeadEntry(NamedTuple):
+    """One dead job as dead_page lists it."""
+
+    member: bytes
+    died_ms: int  # its score in DEAD
+    head: bytes  # the record without its body
+    size: int  # body bytes
+    note: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeadPageReply:
+    more: bool
+    entries: tuple[DeadEntry, ...]
+
+
+def decode_dead_page(reply: Sequence[Any]) -> DeadPageReply:
+    rest = reply[1:]
+    entries = tuple(
+        DeadEntry(rest[i], int(rest[i + 1]), rest[i + 2], int(rest[i + 3]), rest[i + 4])
+        for i in range(0, len(rest), 5)
+    )
+    return DeadPageReply(int(reply[0]) == 1, entries)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReply:
+    """redrive_dead, purge_dead."""
+
+    count: int  # jobs moved / deleted
+    more: bool  # call again from the cursor
+    after: tuple[int, bytes] | None  # the last entry examined (the cursor), None: none
+    lowered: bool
+
+
+def decode_sweep(reply: Sequence[Any]) -> SweepReply:
+    score = int(reply[2])
+    after = None if score < 0 else (score, bytes(reply[3]))
+    lowered = len(reply) > 4 and int(reply[4]) == 1
+    return SweepReply(int(reply[0]), int(reply[1]) == 1, after, lowered)
 
 
 @dataclass(frozen=True, slots=True)

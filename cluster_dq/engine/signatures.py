@@ -113,7 +113,7 @@ SIGNATURES: dict[str, Signature] = {
             _QB,
             ("now", "remember_acked", "check_only", "results", "keep_result", "n", "jobs..."),
         ),
-        Signature("release", _Q, ("now", "delay", "notify", "mode", "seed", "jobs...")),
+        Signature("release", _Q, ("now", "delay", "notify", "mode", "seed", "error", "jobs...")),
         Signature("touch", _Q, ("now", "ttr", "member", "lease")),
         Signature("progress", (QUEUE, "bucket..."), ("now", "member", "lease", "progress")),
         Signature("open_buckets", _QB, ("now", "names...")),
@@ -130,6 +130,39 @@ SIGNATURES: dict[str, Signature] = {
         ),
         Signature("peek", _Q, ("which",)),
         Signature("peek_job", (QUEUE, "bucket..."), ("member",)),
+        Signature("bury", (QUEUE, "bucket..."), ("now", "member", "bucket_name", "lease", "text")),
+        Signature(
+            "kick", (QUEUE, "bucket..."), ("now", "member", "delay", "tries", "ttl", "notify")
+        ),
+        Signature(
+            "reschedule_job",
+            (QUEUE, "bucket..."),
+            ("now", "member", "bucket_name", "due", "notify"),
+        ),
+        Signature("dead_page", _Q, ("after_score", "after_member", "limit")),
+        Signature(
+            "redrive_dead",
+            _Q,
+            (
+                "now",
+                "after_score",
+                "after_member",
+                "from",
+                "to",
+                "reason",
+                "limit",
+                "examine",
+                "delay",
+                "tries",
+                "ttl",
+                "notify",
+            ),
+        ),
+        Signature(
+            "purge_dead",
+            _Q,
+            ("after_score", "after_member", "from", "to", "reason", "limit", "examine"),
+        ),
         Signature(
             "claim", ("schedule", "pending", "epoch"), ("now", "limit", "lease_end", "epoch")
         ),

@@ -17,6 +17,7 @@ from cluster_dq.clock import now_ms
 from cluster_dq.errors import BadRequest, Unauthorized
 from cluster_dq import queueconf
 from cluster_dq.http import openapi, params
+from cluster_dq.http.control import ControlAPI
 from cluster_dq.http.errors import error_handlers
 from cluster_dq.http.hot import HotPaths
 from cluster_dq.http.openapi_data import data_document
@@ -249,7 +250,8 @@ class DataAPI:
         route = await self._auth(request, ns, q)
         delay_ms = params.millis(params.query(request), "delay", 0)
         lease = params.lease(params.query(request))
-        state = await self.service.release(route, ns, q, jid, delay_ms, lease)
+        err = await params.text(request, "error")  # kept as the job's last error
+        state = await self.service.release(route, ns, q, jid, delay_ms, lease, err)
         return json({"msg": "released", "job_id": jid, "state": str(state)})
 
     async def touch(self, request: Request) -> Response:
@@ -444,6 +446,7 @@ class DataAPI:
             Route("/api/{ns}/{q}/settings", self.settings, methods=["GET", "PATCH", "PUT"]),
             Route("/api/{ns}/{q}/pause", self.pause, methods=["POST"]),
             Route("/api/{ns}/{q}/resume", self.pause, methods=["POST"]),
+            *ControlAPI(self).routes(),
             Route("/api/{ns}/{q}/bulk", self.bulk, methods=["PUT"]),
             Route("/api/{ns}/{q}/ack", self.ack_many, methods=["POST"]),
             Route("/api/{ns}/{q}/peek", self.peek, methods=["GET"]),

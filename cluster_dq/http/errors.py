@@ -23,6 +23,7 @@ from cluster_dq.errors import (
     RateLimited,
     RedisFailure,
     Unauthorized,
+    WrongState,
 )
 from cluster_dq.http.responses import error, json
 
@@ -34,6 +35,7 @@ STATUS: dict[type[Exception], int] = {
     Unauthorized: 401,
     NotFound: 404,
     Conflict: 409,
+    WrongState: 409,
     RateLimited: 429,
     QueueFull: 429,
     PoolUnavailable: 503,
@@ -65,6 +67,8 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
                 },
                 status,
             )
+        if isinstance(exc, WrongState):
+            return json({"error": str(exc), "job_id": exc.job_id, "state": exc.state}, status)
         if isinstance(exc, PoolUnavailable):  # the client gets no address nor Redis error text
             log.warning("503: %s (%s)", exc, exc.detail)
         elif isinstance(exc, RedisFailure):

@@ -28,4 +28,8 @@ local CODE = {
   LEASE_GONE = -6,        -- the job is gone (acked, expired, destroyed)
   -- a shard step (claim, reschedule) carrying an older leadership epoch; nothing changed
   FENCED = -7,
+  -- a per-job operation (bury, kick, reschedule) that the job's state forbids; nothing changed
+  FORBIDDEN = -8,
+  -- reschedule: the new due time is at or past the job's ttl end; nothing changed
+  TOO_LATE = -9,
 }
