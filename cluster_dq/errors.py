@@ -7,6 +7,7 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     ├── NotFound              job, queue head, pool
     ├── Conflict              a lease that no longer holds its job (nothing changed)
     ├── WrongState            the job's state forbids the operation (nothing changed)
+    ├── Contended             others kept changing it meanwhile; nothing changed, try again
     ├── Unauthorized
     ├── RateLimited
     ├── QueueFull             a publish beyond the queue's max_size (nothing written)
@@ -77,6 +78,11 @@ class WrongState(ClusterDQError):
             f"cannot {operation} job {job_id}: it is {state or 'in no state'}, "
             f"{operation} needs {allowed}; nothing was changed"
         )
+
+
+class Contended(ClusterDQError):
+    """A compare-and-set that lost to concurrent writers every time it tried (a schedule
+    changed by other requests and firers meanwhile). Nothing changed; repeating is safe."""
 
 
 class Unauthorized(ClusterDQError):
