@@ -216,10 +216,11 @@ class DataAPI:
         qp = params.query(request)
         lease = params.lease(qp)
         result = params.result(qp)
-        await self.service.ack(
+        (was,) = await self.service.ack(
             route, ns, q, [jid], [lease] if lease else None, [result] if result else None
         )
-        return Response(status_code=204)
+        # lmstfy's answer (204, no body), with the state the job was cancelled in (extension)
+        return Response(status_code=204, headers={"X-Job-State": str(was) if was else "none"})
 
     async def ack_many(self, request: Request) -> Response:
         """Batch ack (extension): many ids in one request and one script, so a consumer of
