@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import os
 import random
@@ -615,10 +615,24 @@ def republish(
     return replies.job_state(reply.old), published
 
 
-def _peek_job_call(qk: QueueKeys, member: bytes) -> Eval:
+class ById(NamedTuple):
+    """What a script acting on one job by id is given: the job's member, the name of the wheel
+    bucket its id names ('' for a client id) and the keys (the queue's, then that bucket)."""
+
+    member: bytes
+    bucket_name: str
+    keys: dict[str, Any]
+
+
+def by_id(qk: QueueKeys, member: bytes) -> ById:
     bname = _bucket_of(member)
-    keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
-    return _eval("peek_job", keys, member=member)
+    return ById(
+        member, bname or "", {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
+    )
+
+
+def _peek_job_call(qk: QueueKeys, member: bytes) -> Eval:
+    return _eval("peek_job", by_id(qk, member).keys, member=member)
 
 
 def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:
@@ -667,11 +681,9 @@ def progress(ns: str, q: str, job_id: str, value: bytes, now: int, lease: str | 
     refuses it. Nothing changes unless it is recorded."""
     qk = QueueKeys(ns, q)
     member = id_to_member(job_id)
-    bname = _bucket_of(member)
-    keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
     call = _eval(
         "progress",
-        keys,
+        by_id(qk, member).keys,
         stamped=True,
         now=now,
         member=member,

@@ -12,7 +12,7 @@ from cluster_dq.engine import replies
 from cluster_dq.engine.commands import (
     EngineConfig,
     Op,
-    _bucket_of,
+    by_id,
     _eval,
     _fixed,
     _lease_arg,
@@ -69,16 +69,14 @@ def bury(
     None: no such job. ``WrongState`` when it is dead already; with a ``lease`` that does not
     hold it, ``Conflict``. Nothing changed then."""
     qk = QueueKeys(ns, q)
-    member = id_to_member(job_id)
-    bname = _bucket_of(member)
-    keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
+    member, bname, keys = by_id(qk, id_to_member(job_id))
     call = _eval(
         "bury",
         keys,
         stamped=True,
         now=now,
         member=member,
-        bucket_name=bname or "",
+        bucket_name=bname,
         lease=_lease_arg(lease),
         text=text.encode(),
     )
@@ -99,9 +97,7 @@ def kick(
     """DEAD -> READY (or DELAYED for ``delay_ms``) with ``tries`` and a fresh ttl (0 = never).
     None: no such job; ``WrongState`` when it is not dead (nothing changed)."""
     qk = QueueKeys(ns, q)
-    member = id_to_member(job_id)
-    bname = _bucket_of(member)
-    keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
+    member, _, keys = by_id(qk, id_to_member(job_id))
     call = _eval(
         "kick",
         keys,
@@ -127,16 +123,14 @@ def reschedule_job(
     None: no such job; ``WrongState`` when it is reserved or dead; ``BadRequest`` when the
     due time is at or past its ttl end. Nothing changed then."""
     qk = QueueKeys(ns, q)
-    member = id_to_member(job_id)
-    bname = _bucket_of(member)
-    keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
+    member, bname, keys = by_id(qk, id_to_member(job_id))
     call = _eval(
         "reschedule_job",
         keys,
         stamped=True,
         now=now,
         member=member,
-        bucket_name=bname or "",
+        bucket_name=bname,
         due=due_ms,
         notify=qk.notify,
     )
