@@ -15,6 +15,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cluster_dq.backoff import Backoff
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import control
@@ -380,6 +381,32 @@ async def test_listing_shows_each_dead_job_once_oldest_first_even_at_one_death_t
     assert (first.reason, first.last_error, first.died_ms) == ("buried", "early", t - 100)
     assert first.size == ids.index(first.job_id) + 1 and first.published_ms == t
     assert page[-1].reason == "ttr_expired" and page[-1].deliveries == 1
+
+
+async def test_listing_reads_a_dead_job_with_its_own_backoff_and_attributes(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """The record's backoff section (flags & 2) sits between the header and the attributes:
+    the listing must step over it (it used to cut the record at the header: a 500)."""
+    t = now_ms()
+    backoff = Backoff(2, 1_000, 60_000, 250)
+    specs = [
+        JobSpec(b"body-1", backoff=backoff),
+        JobSpec(b"body-22", backoff=backoff, attributes={"k": "v"}),
+        JobSpec(b"body-333", attributes={"k": "w"}),
+    ]
+    ids = await publish(engine, t, *specs)
+    for jid in ids:
+        await bury(engine, jid, "why", t)
+    page, after = await engine.run(control.dead_page(NS, Q, None, 10))
+    assert after is None
+    got = {d.job_id: (d.size, d.attributes, d.reason, d.last_error) for d in page}
+    assert got == {
+        ids[0]: (6, None, "buried", "why"),
+        ids[1]: (7, {"k": "v"}, "buried", "why"),
+        ids[2]: (8, {"k": "w"}, "buried", "why"),
+    }
+    check_queue(sync_redis, NS, Q)
 
 
 async def test_listing_cursor_is_stable_while_jobs_die_and_are_kicked(
