@@ -533,6 +533,11 @@ BAD: list[tuple[str, Any, str]] = [
     ("/api/ns/sq/schedules/x", {"cron": "61 * * * *"}, "cron"),
     ("/api/ns/sq/schedules/x", {"cron": "* * * *"}, "cron"),
     ("/api/ns/sq/schedules/x", {"cron": "0 0 30 2 *"}, "cron"),
+    # croniter's random fields: a new draw at every evaluation, so no two firing steps (or
+    # instances) agree on the next occurrence
+    ("/api/ns/sq/schedules/x", {"cron": "R R * * *"}, "cron"),
+    ("/api/ns/sq/schedules/x", {"cron": "0 r(1-5) * * *"}, "cron"),
+    ("/api/ns/sq/schedules/x", {"cron": "R/15 * * * *"}, "cron"),
     ("/api/ns/sq/schedules/x", {"cron": "*/5 * * * *", "tz": "Mars/Olympus"}, "tz"),
     ("/api/ns/sq/schedules/x", {"cron": "*/5 * * * *", "every_ms": 5000}, "cron"),
     ("/api/ns/sq/schedules/x", {}, "cron"),
