@@ -26,6 +26,7 @@ from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BODY, MAX_SECONDS, JobSpec, validate_spec
 
 SCHEDULE_NAME_RE = re.compile(r"\A[-_A-Za-z0-9]{1,64}\Z")
+_RANDOM_FIELD = re.compile(r"[rR](?:\(|/|\Z)")  # croniter's random field: R, R(a-b), R/n
 MIN_EVERY_MS = 1_000
 MAX_EVERY_MS = MAX_SECONDS * 1000
 DEFAULT_CATCH_UP_MS = 3_600_000  # 1 h
@@ -315,6 +316,10 @@ def parse(
         raise BadRequest(f"invalid tz: unknown time zone {tz!r}", "tz") from None
     if not croniter.is_valid(cron):
         raise BadRequest(f"invalid cron expression {cron!r}", "cron")
+    if any(_RANDOM_FIELD.match(f) for f in cron.split()):
+        # croniter draws a random value for `R` at every evaluation: no two firing steps (nor
+        # two instances) would agree on the next occurrence
+        raise BadRequest(f"invalid cron: {cron!r} has a random (R) field", "cron")
     schedule = Schedule(name, template, cron=cron, tz=tz, catch_up_ms=catch_up)
     if schedule.next_after(now_ms) == NEVER:  # no date matches it (30 February)
         raise BadRequest(f"invalid cron: {cron!r} never fires", "cron")
