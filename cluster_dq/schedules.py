@@ -38,6 +38,10 @@ FIRE_BATCH = 64  # occurrences published per firing step (one publish call: MAX_
 SKIP_BATCH = 256  # occurrences older than the catch-up window counted per firing step
 # How long a claimed occurrence is left to its claimer before another firer publishes it.
 CLAIM_LEASE_MS = 5_000
+# An occurrence published at most this late is on time, whatever ``catch_up_ms`` (even 0): a
+# firer never wakes at its very millisecond (its timer, a leader's poll, other schedules
+# fired first in the same step).
+ON_TIME_MS = 2_000
 NEVER = 2**48 - 1  # the "next occurrence" of a cron expression that matches no later date
 
 

@@ -36,6 +36,7 @@ from cluster_dq.pools import close_client, make_client
 from cluster_dq.schedules import (
     CLAIM_LEASE_MS,
     FIRE_BATCH,
+    ON_TIME_MS,
     Schedule,
     State,
     Template,
@@ -355,6 +356,36 @@ async def test_a_gap_inside_the_window_fires_every_missed_occurrence_once_beyond
     state = (await a.run(sched_ops.get(NS, Q, "gap")))[1]  # type: ignore[index]
     assert state.missed == len(_expected(schedule, before, clock.t - 60_000 - 1))
     assert state.missed > 0
+
+
+async def test_catch_up_zero_still_fires_occurrences_a_firer_reaches_a_moment_late(
+    engines: tuple[FaultyEngine, FaultyEngine, Clock],
+) -> None:
+    """``catch_up_ms: 0`` means "publish nothing after a downtime", not "miss everything": a
+    firer never wakes at the occurrence's very millisecond (its timer, a leader's poll, a
+    step that fires others first), and an occurrence a moment late is on time. It used to
+    count every occurrence missed: a schedule that never fired."""
+    a, _, clock = engines
+    schedule = Schedule("punctual", _template(), every_ms=1_000, catch_up_ms=0)
+    start = clock.t
+    await _put(a, schedule)
+    firer = Firer(a, lambda s: True)
+    seen: list[str] = []
+    for _ in range(5):
+        nxt = schedule.next_after(clock.t)
+        clock.t = nxt + 40  # each occurrence reached 40 ms late
+        await _fire_all([firer])
+        seen += await _drain(a, clock.t)
+    assert seen == _expected(schedule, start, clock.t)
+    state = (await a.run(sched_ops.get(NS, Q, "punctual")))[1]  # type: ignore[index]
+    assert (state.fired, state.missed) == (5, 0)
+    # a real downtime still skips: only what is at most ON_TIME_MS late is published
+    before = clock.t
+    clock.t += 60_000
+    await _fire_all([firer])
+    assert await _drain(a, clock.t) == _expected(schedule, clock.t - ON_TIME_MS - 1, clock.t)
+    state = (await a.run(sched_ops.get(NS, Q, "punctual")))[1]  # type: ignore[index]
+    assert state.missed == len(_expected(schedule, before, clock.t - ON_TIME_MS - 1)) > 50
 
 
 async def test_thousands_of_due_occurrences_fire_in_bounded_batches(
