@@ -188,8 +188,8 @@ class Plan:
 def plan(schedule: Schedule, state: State, now_ms: int, remember_acked_ms: int) -> Plan | None:
     """The occurrence rule. None: nothing to do now.
 
-    - occurrences at or before ``now_ms`` are due; those older than ``catch_up_ms`` are
-      skipped and counted as missed (at most ``SKIP_BATCH`` per step);
+    - occurrences at or before ``now_ms`` are due; those older than ``catch_up_ms`` (and
+      than ``ON_TIME_MS``) are skipped and counted as missed (at most ``SKIP_BATCH`` per step);
     - at most ``FIRE_BATCH`` due occurrences are claimed per step;
     - occurrences claimed by a firer that did not confirm them within ``CLAIM_LEASE_MS`` are
       claimed again and published again under the same ids (a publish of an id that exists,
@@ -208,7 +208,7 @@ def plan(schedule: Schedule, state: State, now_ms: int, remember_acked_ms: int) 
         return Plan(lost, ())
     if state.next_ms > now_ms:
         return None
-    window_start = now_ms - schedule.catch_up_ms
+    window_start = now_ms - max(schedule.catch_up_ms, ON_TIME_MS)
     skipped, fire = 0, list[int]()
     nxt = state.next_ms
     occ = schedule.occurrences(nxt)  # those after nxt
