@@ -138,6 +138,23 @@ async def test_bury_refusals_change_nothing(engine: AsyncEngine, sync_redis: red
     check_queue(sync_redis, NS, Q)
 
 
+async def test_bury_of_a_job_past_its_ttl_finds_nothing_and_keeps_nothing_forever(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A job whose ttl has ended is gone (a release says `expired`), even before the pump
+    removes it: a bury must not make it a dead job, which would never expire."""
+    t = now_ms()
+    ready, delayed = await publish(
+        engine, t, JobSpec(b"r", ttl_ms=1_000), JobSpec(b"d", delay_ms=500, ttl_ms=1_000)
+    )
+    before = snapshot(sync_redis)
+    for jid in (ready, delayed):
+        assert await engine.run(control.bury(NS, Q, jid, "late", t + 1_500)) is None
+    assert snapshot(sync_redis) == before
+    assert (await engine.run(ops.sizes(engine.config, NS, Q))).dead == 0
+    check_queue(sync_redis, NS, Q)
+
+
 # -- deaths and last errors ------------------------------------------------------------------
 
 
