@@ -388,6 +388,28 @@ async def test_catch_up_zero_still_fires_occurrences_a_firer_reaches_a_moment_la
     assert state.missed == len(_expected(schedule, before, clock.t - ON_TIME_MS - 1)) > 50
 
 
+async def test_an_occurrence_refused_by_a_full_queue_is_counted_missed_not_fired(
+    engines: tuple[FaultyEngine, FaultyEngine, Clock],
+) -> None:
+    """A queue at its max_size refuses an occurrence's job: the schedule must not count it
+    fired (it used to: `fired` grew while no job was written)."""
+    a, _, clock = engines
+    await a.run(ops.configure(NS, Q, [("max_size", "2")]))
+    schedule = Schedule("capped", _template(), every_ms=1_000, catch_up_ms=60_000)
+    start = clock.t
+    await _put(a, schedule)
+    firer = Firer(a, lambda s: True)
+    clock.t += 5_000
+    await _fire_all([firer])
+    due = _expected(schedule, start, clock.t)
+    assert len(due) == 5
+    sizes = await a.run(ops.sizes(a.config, NS, Q))
+    assert sizes.ready == 2
+    state = (await a.run(sched_ops.get(NS, Q, "capped")))[1]  # type: ignore[index]
+    assert (state.fired, state.missed) == (2, 3)
+    assert await _drain(a, clock.t) == due[:2]
+
+
 async def test_thousands_of_due_occurrences_fire_in_bounded_batches(
     engines: tuple[FaultyEngine, FaultyEngine, Clock],
 ) -> None:
