@@ -914,3 +914,32 @@ def test_http_reschedule_redrive_and_purge_loop_with_a_cursor(api: httpx.Client)
     r = api.post("/api/ns/q/deadletter/purge", params={"limit": 1000})
     assert r.json() == {"msg": "purged", "count": 5, "more": False, "cursor": None}
     assert _size(api)["dead"] == 0
+
+
+def test_http_a_redrive_walk_ends_while_the_jobs_it_moved_die_again(api: httpx.Client) -> None:
+    """A walk redrives what was dead when it began: a job it moved that dies again meanwhile
+    (its consumer still fails) is not redriven again by the same walk. It used to be: with
+    jobs that keep failing, the walk never ended and redrove them over and over."""
+    ids = [api.put("/api/ns/rw", content=b"x").json()["job_id"] for _ in range(3)]
+    for jid in ids:
+        assert api.post(f"/api/ns/rw/job/{jid}/bury").status_code == 200
+    redriven: list[str] = []
+    cursor, calls = None, 0
+    while calls < 30:
+        r = api.post(
+            "/api/ns/rw/deadletter/redrive",
+            params={"limit": 1, **({"cursor": cursor} if cursor else {})},
+        )
+        assert r.status_code == 200, r.text
+        calls += 1
+        got = api.get("/api/ns/rw", params={"ttr": 30})  # its consumer fails it at once
+        if got.status_code == 200:
+            redriven.append(got.json()["job_id"])
+            r2 = api.post(f"/api/ns/rw/job/{got.json()['job_id']}/release")
+            assert r2.json()["state"] == "dead"
+        cursor = r.json()["cursor"]
+        if cursor is None:
+            break
+    assert cursor is None and calls <= 4, (calls, redriven)
+    assert sorted(redriven) == sorted(ids)
+    assert _size(api)["dead"] == 3
