@@ -942,4 +942,4 @@ def test_http_a_redrive_walk_ends_while_the_jobs_it_moved_die_again(api: httpx.C
             break
     assert cursor is None and calls <= 4, (calls, redriven)
     assert sorted(redriven) == sorted(ids)
-    assert _size(api)["dead"] == 3
+    assert api.get("/api/ns/rw/size").json()["dead"] == 3
