@@ -45,6 +45,7 @@ class MJob:
     client_id: bool = False
     lease: str | None = None  # reserved: the lease of the delivery holding it (None: unknown)
     reason: str = ""  # dead: why it died (ttr_expired, tries_exhausted, buried)
+    error: str = ""  # the last error text it was given (a bury's, a release's); kept after
 
     def score(self) -> int:
         """What peek_job reports as the job's score in its state."""
@@ -200,6 +201,19 @@ class Model:
                 return "reserved"
             return "ttr_expired" if j.deadline <= now else ""
         return j.state
+
+    def reschedule(self, q: str, job_id: str, due: int, now: int) -> str:
+        """reschedule_job.lua: '' when done, else why not (gone, forbidden, too_late)."""
+        j = self.jobs.get((q, job_id))
+        if j is None:
+            return "gone"
+        if j.state not in (READY, DELAYED):
+            return "forbidden"
+        if j.expire_at and max(due, now) >= j.expire_at:
+            return "too_late"
+        j.wheel = None  # out of its wheel bucket, into the delayed zset (or ready)
+        j.state, j.due = (DELAYED if due > now else READY), due
+        return ""
 
     def reserve(
         self, j: MJob, now: int, ttr: int, delivery: int | None, lease: str | None = None

@@ -663,14 +663,19 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each(self.stamps(t0, ("touch",)), apply)
 
-    @rule(i=picks, delay=st.sampled_from([0, 0, 20, 6_000]), leased=st.booleans())
-    def release(self, i: int, delay: int, leased: bool) -> None:
+    @rule(
+        i=picks,
+        delay=st.sampled_from([0, 0, 20, 6_000]),
+        leased=st.booleans(),
+        error=st.sampled_from(["", "", "boom", "bang"]),
+    )
+    def release(self, i: int, delay: int, leased: bool, error: str) -> None:
         d = self.pick_lease(i) if leased else None
         q, job_id = d[:2] if d is not None else self.pick(i)
         lease = d[2] if d is not None else None
         t0 = self.clock.now
         state, err = self.request(
-            "release", self.svc.release(self.route, NS, q, job_id, delay, lease)
+            "release", self.svc.release(self.route, NS, q, job_id, delay, lease, error)
         )
         unknown = isinstance(err, PoolUnavailable)
         if unknown:
@@ -712,6 +717,7 @@ class EngineModel(RuleBasedStateMachine):
                 j.state, j.due, want = DELAYED, now + delay, JobState.DELAYED
             else:
                 j.state, j.due, want = READY, now, JobState.READY
+            j.error = error or j.error  # its last error ('' keeps the one it had)
             if not unknown and state != want:
                 raise Mismatch(f"release {job_id} went to {state}, model {want}")
 
@@ -745,6 +751,7 @@ class EngineModel(RuleBasedStateMachine):
             elif err is not None or job is None or job.state is not JobState.DEAD:
                 raise Mismatch(f"bury {job_id}: engine {job or err}, model {j.state} -> dead")
             j.state, j.died, j.reason, j.holder, j.lease = DEAD, now, "buried", None, None
+            j.error = "why"  # the bury's text
             j.wheel = None
 
         self.each(self.stamps(t0, ("bury",)), apply)
@@ -774,6 +781,53 @@ class EngineModel(RuleBasedStateMachine):
             j.state, j.due = (DELAYED, now + delay) if delay else (READY, now)
 
         self.each(self.stamps(t0, ("kick",)), apply)
+
+    @rule(
+        i=picks,
+        d=st.sampled_from([-500, 0, 40, 3_000, 9_000, 31_000, 70_000]),
+        absolute=st.booleans(),
+    )
+    def reschedule(self, i: int, d: int, absolute: bool) -> None:
+        """A new due time by id: ``now + d`` (the pool's clock), or the fixed time ``t0 + d``."""
+        live = sorted(
+            k for k, j in self.model.jobs.items() if j is not None and j.state in (READY, DELAYED)
+        )
+        q, job_id = live[i % len(live)] if live and i % 3 else self.pick(i)
+        t0 = self.clock.now
+        job, err = self.request(
+            "reschedule",
+            self.svc.reschedule(
+                self.route, NS, q, job_id, (lambda _: t0 + d) if absolute else (lambda n: n + d)
+            ),
+        )
+        unknown = isinstance(err, PoolUnavailable)
+        if unknown and self.fired() is None:
+            raise Mismatch(f"reschedule answered 503 without a fault: {err}")
+
+        def apply(m: Model, now: int) -> None:
+            due = t0 + d if absolute else now + d
+            j = m.jobs.get((q, job_id))
+            before = None if j is None else MJob(**vars(j))
+            why = m.reschedule(q, job_id, due, now)
+            if unknown:
+                if not why:
+                    m.allow((q, job_id), before)
+                return
+            wanted = {"gone": NotFound, "forbidden": WrongState, "too_late": BadRequest}.get(why)
+            if wanted is not None:
+                if not isinstance(err, wanted):
+                    raise Mismatch(
+                        f"reschedule {job_id} to {due}: engine {job or err}, model {why}"
+                    )
+                return
+            j = m.jobs[(q, job_id)]
+            assert j is not None
+            if err is not None or job is None or job.state.value != j.state:
+                raise Mismatch(
+                    f"reschedule {job_id} to {due}: engine {job or err}, model {j.state}"
+                )
+
+        self.each(self.stamps(t0, ("reschedule_job",)), apply)
 
     @rule(q=st.sampled_from(QUEUES))
     def peek(self, q: str) -> None:
@@ -975,6 +1029,7 @@ def matches(o: MJob | None, job: Any, in_wheel: bool) -> bool:
         and o.expire_at == job.expire_at_ms
         and o.score() == job.due_ms
         and (o.state != DEAD or (job.note is not None and job.note.reason == o.reason))
+        and o.error == ((job.note and job.note.last_error) or "")
     )
 
 
@@ -983,7 +1038,8 @@ def summary(job: Any) -> str:
         return "gone"
     return (
         f"{job.state.value} tries={job.tries_left} deliveries={job.deliveries} "
-        f"expire={job.expire_at_ms} score={job.due_ms} reason={job.note and job.note.reason}"
+        f"expire={job.expire_at_ms} score={job.due_ms} reason={job.note and job.note.reason} "
+        f"error={job.note and job.note.last_error}"
     )
 
 
@@ -992,7 +1048,7 @@ def summary_m(o: MJob | None) -> str:
         return "gone"
     return (
         f"{o.state} tries={o.tries} deliveries={o.deliveries} expire={o.expire_at} score={o.score()}"
-        f" reason={o.reason or None}{' wheel' if o.wheel is not None else ''}"
+        f" reason={o.reason or None} error={o.error or None}{' wheel' if o.wheel is not None else ''}"
     )
 
 
