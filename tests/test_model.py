@@ -48,6 +48,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
+from cluster_dq.engine.control import FOREVER_MS, DeadFilter
 from cluster_dq.errors import BadRequest, Conflict, NotFound, PoolUnavailable, WrongState
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec, JobState, id_to_member
@@ -932,6 +933,109 @@ class EngineModel(RuleBasedStateMachine):
                                 m.allow((o.queue, o.job_id), other)
 
         self.each(self.stamps(t0, ("respawn",)), apply)
+
+    def dead_order(self, m: Model, q: str, filt: DeadFilter | None = None) -> list[MJob]:
+        """The dead letter of ``q`` as the scripts walk it (time of death, then member bytes),
+        keeping those ``filt`` matches."""
+        dead = sorted(m.of(q, DEAD), key=lambda j: (j.died, id_to_member(j.job_id)))
+        if filt is None:
+            return dead
+        return [
+            j
+            for j in dead
+            if filt.from_ms <= j.died <= filt.to_ms and filt.reason in (None, j.reason)
+        ]
+
+    @rule(q=st.sampled_from(QUEUES), limit=st.integers(1, 3))
+    def dead_listing(self, q: str, limit: int) -> None:
+        """Walks the whole dead-letter listing with its cursor: every dead job once, in order,
+        with its reason, time of death, deliveries and last error."""
+        listed: list[Any] = []
+        cursor: str | None = None
+        for _ in range(30):
+            out, err = self.request(
+                "dead_page", self.svc.dead_jobs(self.route, NS, q, cursor, limit)
+            )
+            self.no_503_when_retried("dead_page", err)
+            page, cursor = out
+            if len(page) > limit:
+                raise Mismatch(f"a dead page of {len(page)} jobs, limit {limit}")
+            listed += page
+            if cursor is None:
+                break
+        got = [(d.job_id, d.reason, d.died_ms, d.deliveries, d.last_error or "") for d in listed]
+
+        def apply(m: Model, _: int) -> None:
+            want = [
+                (j.job_id, j.reason, j.died, j.deliveries, j.error) for j in self.dead_order(m, q)
+            ]
+            if got != want:
+                raise Mismatch(f"dead letter of {q}: engine lists {got}, model {want}")
+
+        self.each([0], apply)
+
+    @rule(
+        q=st.sampled_from(QUEUES),
+        limit=st.integers(1, 3),
+        reason=st.sampled_from([None, "ttr_expired", "tries_exhausted", "buried"]),
+        since=st.sampled_from([None, 5_000]),
+        until=st.sampled_from([None, 1_000]),
+        delete=st.booleans(),
+        delay=st.sampled_from([0, 6_000]),
+        tries=st.integers(1, 2),
+        ttl=st.sampled_from([0, 60_000]),
+    )
+    def dead_sweep(
+        self,
+        q: str,
+        limit: int,
+        reason: str | None,
+        since: int | None,
+        until: int | None,
+        delete: bool,
+        delay: int,
+        tries: int,
+        ttl: int,
+    ) -> None:
+        """One bounded call of a filtered redrive or purge, from the start of the dead letter."""
+        t0 = self.clock.now
+        filt = DeadFilter(
+            reason,
+            0 if since is None else t0 - since,
+            FOREVER_MS if until is None else t0 - until,
+        )
+        name = "purge_dead" if delete else "redrive_dead"
+        call = (
+            self.svc.purge(self.route, NS, q, filt, None, limit)
+            if delete
+            else self.svc.redrive(self.route, NS, q, filt, None, limit, delay, tries, ttl)
+        )
+        out, err = self.request(name, call)
+        unknown = isinstance(err, PoolUnavailable)
+        if delete:
+            self.no_503_when_retried(name, err)
+        elif unknown and self.fired() is None:
+            raise Mismatch(f"{name} answered 503 without a fault: {err}")
+        # purge is repeated after a lost reply: the repeat takes the next ones that match
+        lost = delete and self.fired() is not None and self.fired().kind == "lost"
+
+        def apply(m: Model, now: int) -> None:
+            match = self.dead_order(m, q, filt)
+            k = min(limit, len(match))
+            if not (unknown or lost) and (out is None or out[0] != k):
+                raise Mismatch(f"{name} of {q} ({filt}): {out and out[0]}, model {k}")
+            for idx, j in enumerate(match[: 2 * limit if lost else k]):
+                key = (j.queue, j.job_id)
+                if unknown or idx >= k:
+                    m.allow(key, j)
+                if delete:
+                    m.gone(j)
+                else:
+                    j.tries, j.reason = tries, ""
+                    j.expire_at = now + ttl if ttl else 0
+                    j.state, j.due = (DELAYED, now + delay) if delay else (READY, now)
+
+        self.each(self.stamps(t0, (name,)), apply)
 
     @rule(ms=st.sampled_from([1, 29, 30, 31, 499, 1_000, 4_000, 6_000, 20_000, 61_000]))
     def advance(self, ms: int) -> None:
