@@ -76,6 +76,8 @@ class Model:
     jobs: dict[Key, MJob | None] = field(default_factory=dict)  # None: gone, not yet observed
     alts: dict[Key, list[MJob | None]] = field(default_factory=dict)  # other allowed outcomes
     acked: dict[Key, int] = field(default_factory=dict)  # client ids acked -> when
+    paused: set[str] = field(default_factory=set)  # queues whose CONF says paused
+    max_size: dict[str, int] = field(default_factory=dict)  # CONF max_size per queue
 
     def copy(self) -> Model:
         return copy.deepcopy(self)
@@ -146,6 +148,12 @@ class Model:
             return True
         at = self.acked.get((q, job_id))
         return at is not None and now - at < self.remember_acked_ms
+
+    def full(self, q: str, new: int, leaving: int = 0) -> bool:
+        """publish.lua / republish.lua: ``new`` jobs would take ``q`` past its max_size (every
+        state counts, wheel included; ``leaving``: jobs the same call removes)."""
+        cap = self.max_size.get(q)
+        return cap is not None and len(self.of(q)) - leaving + new > cap
 
     def place(
         self,
@@ -228,6 +236,8 @@ class Model:
         """consume.lua on ``q``: checks the engine's choice ``got`` (in its order) and applies it."""
         self.expire_reservations(q, now)
         self.promote(q, now)
+        if q in self.paused:
+            need = 0  # a paused queue hands out nothing (its jobs still move on in time)
         ready = self.of(q, READY)
         live = [j for j in ready if not j.expired(now)]
         by_key = {(j.queue, j.job_id): j for j in ready}
@@ -281,7 +291,12 @@ class Model:
             for key, old in before.items():
                 after = self.jobs.get(key)
                 self.allow(key, old)
-                if after is not None and after.state == READY and not after.expired(now):
+                if (
+                    after is not None
+                    and after.state == READY
+                    and not after.expired(now)
+                    and q not in self.paused
+                ):
                     taken = copy.deepcopy(after)
                     self.reserve(taken, now, ttr, None)
                     self.allow(key, taken)

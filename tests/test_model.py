@@ -49,7 +49,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
 from cluster_dq.engine.control import FOREVER_MS, DeadFilter
-from cluster_dq.errors import BadRequest, Conflict, NotFound, PoolUnavailable, WrongState
+from cluster_dq.errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    PoolUnavailable,
+    QueueFull,
+    WrongState,
+)
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec, JobState, id_to_member
 from cluster_dq.pools import RedisPool
@@ -243,6 +250,8 @@ class EngineModel(RuleBasedStateMachine):
         but the expiring memory of acked ids."""
         self.net.armed = None
         for q in QUEUES:
+            if q in self.model.paused or q in self.model.max_size:  # a destroy keeps CONF
+                self.run(self.svc.configure(self.route, NS, q, [("paused", ""), ("max_size", "")]))
             keys = [k[1] for k in self.model.jobs if k[0] == q and self.model.jobs[k] is not None]
             if keys and q == "a":
                 self.run(self.svc.ack(self.route, NS, q, keys))
@@ -260,7 +269,7 @@ class EngineModel(RuleBasedStateMachine):
         STATS[f"op {name}"] += 1
         try:
             return self.run(coro), None
-        except (PoolUnavailable, NotFound, BadRequest, Conflict, WrongState) as e:
+        except (PoolUnavailable, NotFound, BadRequest, Conflict, WrongState, QueueFull) as e:
             return None, e
 
     def fired(self) -> Any:
@@ -351,6 +360,16 @@ class EngineModel(RuleBasedStateMachine):
                 raise Mismatch(f"publish refused: {err}")
             return  # refused whole: nothing changed (the next observation checks it)
         self.no_503_when_retried("publish", err)
+        if isinstance(err, QueueFull):
+
+            def refused(m: Model, now: int) -> None:
+                new = sum(1 for s in specs if s.job_id is None or not m.duplicate(q, s.job_id, now))
+                if not m.full(q, new):
+                    raise Mismatch(f"publish of {new} new jobs refused as full: {err}")
+
+            self.each(self.stamps(t0, ("publish",)), refused)
+            STATS["429 publish"] += 1
+            return  # refused whole: nothing written
         assert out is not None and len(out) == len(specs)
         if (
             any(s.ttl_ms and s.ttl_ms <= s.delay_ms for s in specs)
@@ -360,6 +379,9 @@ class EngineModel(RuleBasedStateMachine):
         lost = self.fired() is not None and self.fired().kind == "lost"
 
         def apply(m: Model, now: int) -> None:
+            new = sum(1 for s in specs if s.job_id is None or not m.duplicate(q, s.job_id, now))
+            if m.full(q, new) and not lost:
+                raise Mismatch(f"publish of {new} new jobs past max_size {m.max_size[q]} taken")
             for spec, p in zip(specs, out):
                 if spec.job_id is not None and p.job_id != spec.job_id:
                     raise Mismatch(f"client id {spec.job_id} published as {p.job_id}")
@@ -461,6 +483,9 @@ class EngineModel(RuleBasedStateMachine):
                 probe.expire_reservations(q, now)
                 probe.promote(q, now)
                 live = sum(1 for j in probe.of(q, READY) if not j.expired(now))
+                if q in m.paused:
+                    live = 0
+                    STATS["consume of a paused queue"] += 1
                 k0 = min(need, live)
                 m.consume_script(q, now, ttr, mine[:k0], need, delivery)
                 if k0 < need and m.stale(q, now):
@@ -606,7 +631,7 @@ class EngineModel(RuleBasedStateMachine):
             "republish", self.svc.republish(self.route, NS, q, old, spec, lease)
         )
         unknown = isinstance(err, PoolUnavailable)
-        if lease is None:
+        if lease is None and not isinstance(err, QueueFull):
             self.no_503_when_retried("republish", err)
         elif unknown:
             if self.fired() is None or "may" not in str(err):
@@ -622,6 +647,15 @@ class EngineModel(RuleBasedStateMachine):
                 self.expect_conflict(err, [(old, why)] if why else [])
             if why:
                 return
+            placed = new_id is None or m.jobs.get((q, new_id)) is None
+            full = m.full(q, 1 if placed else 0, 1 if m.jobs.get((q, old)) else 0)
+            if full != isinstance(err, QueueFull) and not unknown:
+                raise Mismatch(
+                    f"republish {old} -> {new_id}: engine {out or err}, model full={full}"
+                )
+            if full:
+                STATS["429 republish"] += 1
+                return  # nothing changed
             existed = m.remove(q, old, now) is not None
             if existed and new_id == old and "same-id" not in TOLERATE:
                 m.acked.pop((q, old), None)  # replaced, not a duplicate of itself (issue 13 #1)
@@ -1036,6 +1070,30 @@ class EngineModel(RuleBasedStateMachine):
                     j.state, j.due = (DELAYED, now + delay) if delay else (READY, now)
 
         self.each(self.stamps(t0, (name,)), apply)
+
+    @rule(
+        q=st.sampled_from(QUEUES),
+        field=st.sampled_from(["paused", "max_size"]),
+        value=st.sampled_from(["", "", "1", "3", "6"]),
+    )
+    def configure(self, q: str, field: str, value: str) -> None:
+        """Pause / resume a queue (``paused`` '1' / ''), or set / remove its max_size."""
+        if field == "paused" and value not in ("", "1"):
+            value = "1"
+        got, err = self.request(
+            "configure", self.svc.configure(self.route, NS, q, [(field, value)])
+        )
+        self.no_503_when_retried("configure", err)
+        assert got is not None
+        m = self.model
+        if field == "paused":
+            (m.paused.add if value else m.paused.discard)(q)
+        elif value:
+            m.max_size[q] = int(value)
+        else:
+            m.max_size.pop(q, None)
+        if got.paused != (q in m.paused) or got.max_size != m.max_size.get(q):
+            raise Mismatch(f"settings of {q}: engine {got}, model {m.paused} {m.max_size}")
 
     @rule(ms=st.sampled_from([1, 29, 30, 31, 499, 1_000, 4_000, 6_000, 20_000, 61_000]))
     def advance(self, ms: int) -> None:
