@@ -762,8 +762,14 @@ class EngineModel(RuleBasedStateMachine):
     @rule(i=picks, leased=st.booleans())
     def bury(self, i: int, leased: bool) -> None:
         d = self.pick_lease(i) if leased else None
-        q, job_id = d[:2] if d is not None else self.pick(i)
-        lease = d[2] if d is not None else None
+        live = sorted(k for k, j in self.model.jobs.items() if j is not None and j.state != DEAD)
+        lease: str | None = None
+        if d is not None:
+            q, job_id, lease = d
+        elif live and i % 3:
+            q, job_id = live[i % len(live)]  # mostly a job it can bury: dead letters want some
+        else:
+            q, job_id = self.pick(i)
         t0 = self.clock.now
         job, err = self.request("bury", self.svc.bury(self.route, NS, q, job_id, "why", lease))
         unknown = isinstance(err, PoolUnavailable)
@@ -818,30 +824,23 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each(self.stamps(t0, ("kick",)), apply)
 
-    @rule(
-        i=picks,
-        d=st.sampled_from([-500, 0, 40, 3_000, 9_000, 31_000, 70_000]),
-        absolute=st.booleans(),
-    )
-    def reschedule(self, i: int, d: int, absolute: bool) -> None:
-        """A new due time by id: ``now + d`` (the pool's clock), or the fixed time ``t0 + d``."""
+    @rule(i=picks, d=st.sampled_from([-500, 0, 40, 3_000, 9_000, 31_000, 70_000]))
+    def reschedule(self, i: int, d: int) -> None:
+        """A new due time by id, ``d`` from now (negative: a time already past)."""
         live = sorted(
             k for k, j in self.model.jobs.items() if j is not None and j.state in (READY, DELAYED)
         )
         q, job_id = live[i % len(live)] if live and i % 3 else self.pick(i)
         t0 = self.clock.now
         job, err = self.request(
-            "reschedule",
-            self.svc.reschedule(
-                self.route, NS, q, job_id, (lambda _: t0 + d) if absolute else (lambda n: n + d)
-            ),
+            "reschedule", self.svc.reschedule(self.route, NS, q, job_id, lambda n: n + d)
         )
         unknown = isinstance(err, PoolUnavailable)
         if unknown and self.fired() is None:
             raise Mismatch(f"reschedule answered 503 without a fault: {err}")
 
         def apply(m: Model, now: int) -> None:
-            due = t0 + d if absolute else now + d
+            due = t0 + d  # from the request's time, as a publish's delay (a repeat keeps it)
             j = m.jobs.get((q, job_id))
             before = None if j is None else MJob(**vars(j))
             why = m.reschedule(q, job_id, due, now)
@@ -969,6 +968,12 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each(self.stamps(t0, ("respawn",)), apply)
 
+    def deadest(self, q: str) -> str:
+        """``q``, or the other queue when only that one has dead jobs (sweeps want some)."""
+        if self.model.of(q, DEAD):
+            return q
+        return next((o for o in QUEUES if self.model.of(o, DEAD)), q)
+
     def dead_order(self, m: Model, q: str, filt: DeadFilter | None = None) -> list[MJob]:
         """The dead letter of ``q`` as the scripts walk it (time of death, then member bytes),
         keeping those ``filt`` matches."""
@@ -985,6 +990,7 @@ class EngineModel(RuleBasedStateMachine):
     def dead_listing(self, q: str, limit: int) -> None:
         """Walks the whole dead-letter listing with its cursor: every dead job once, in order,
         with its reason, time of death, deliveries and last error."""
+        q = self.deadest(q)
         listed: list[Any] = []
         cursor: str | None = None
         for _ in range(30):
@@ -1009,6 +1015,7 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each([0], apply)
 
+    @precondition(lambda self: any(j and j.state == DEAD for j in self.model.jobs.values()))
     @rule(
         q=st.sampled_from(QUEUES),
         limit=st.integers(1, 3),
@@ -1033,6 +1040,7 @@ class EngineModel(RuleBasedStateMachine):
         ttl: int,
     ) -> None:
         """One bounded call of a filtered redrive or purge, from the start of the dead letter."""
+        q = self.deadest(q)
         t0 = self.clock.now
         filt = DeadFilter(
             reason,
@@ -1057,6 +1065,7 @@ class EngineModel(RuleBasedStateMachine):
         def apply(m: Model, now: int) -> None:
             match = self.dead_order(m, q, filt)
             k = min(limit, len(match))
+            STATS[f"{name}: {'some' if k else 'none'} of {len(m.of(q, DEAD))} dead matched"] += 1
             if not (unknown or lost) and (out is None or out[0] != k):
                 raise Mismatch(f"{name} of {q} ({filt}): {out and out[0]}, model {k}")
             for idx, j in enumerate(match[: 2 * limit if lost else k]):
