@@ -151,9 +151,10 @@ class Model:
 
     def full(self, q: str, new: int, leaving: int = 0) -> bool:
         """publish.lua / republish.lua: ``new`` jobs would take ``q`` past its max_size (every
-        state counts, wheel included; ``leaving``: jobs the same call removes)."""
+        state counts, wheel included; ``leaving``: jobs the same call removes). A call that
+        adds nothing (duplicates only) is never refused, even by a queue over a lowered cap."""
         cap = self.max_size.get(q)
-        return cap is not None and len(self.of(q)) - leaving + new > cap
+        return cap is not None and new > 0 and len(self.of(q)) - leaving + new > cap
 
     def place(
         self,

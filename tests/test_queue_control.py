@@ -181,6 +181,25 @@ async def test_a_full_queue_refuses_publishes_with_queue_full_and_writes_nothing
     check_queue(sync_redis, ns, q)
 
 
+async def test_a_bulk_of_duplicates_is_not_refused_by_a_queue_over_its_max_size(
+    service: Service, sync_redis: redis.Redis
+) -> None:
+    """Duplicates do not count, in a bulk as in a single publish, even when the queue holds
+    more than a max_size lowered since (found by tests/test_model.py)."""
+    route, ns, q = service.route("default"), "ctl", "over"
+    await service.publish(route, ns, q, [JobSpec(b"a", job_id="a"), JobSpec(b"b", job_id="b")])
+    await service.configure(route, ns, q, [("max_size", "1")])
+    before = snapshot(sync_redis, ns, q)
+    (one,) = await service.publish(route, ns, q, [JobSpec(b"a", job_id="a")])
+    both = await service.publish(
+        route, ns, q, [JobSpec(b"a", job_id="a"), JobSpec(b"b", job_id="b")]
+    )
+    assert one.duplicate and all(p.duplicate for p in both)
+    assert snapshot(sync_redis, ns, q) == before
+    await service.configure(route, ns, q, [("max_size", "")])
+    await service.destroy(route, ns, q)
+
+
 async def test_a_bulk_schedule_batch_beyond_max_size_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
