@@ -7,7 +7,13 @@ Time moves only when a rule says so (a fake clock). Faults are rules too: the ne
 next request loses its reply after running, fails before sending, is refused (NOREPLICAS,
 TRYAGAIN, READONLY, LOADING) or stalls; the model then checks what the retry policy promises.
 
-After every step: each job's state, tries, deliveries, ttl end and score (peek_job) are one of
+Operations: publish, bulk, consume, ack (batch, leases), republish, touch, release (with an
+error text), bury, kick, reschedule by id, peek, pump steps, destroy, respawn / delete of dead
+letters, the dead-letter listing by cursor, filtered redrive and purge, pause / resume and
+max_size (issue 17). Not modelled yet: retry backoff, progress, results on ack.
+
+After every step: each job's state, tries, deliveries, ttl end, score (peek_job), death reason
+and last error are one of
 the outcomes the model allows, the sizes are exact, and tests/invariants.py::check_queue holds.
 At the end everything is deleted and nothing but the expiring acked-ids memory may remain.
 
@@ -19,6 +25,8 @@ Default (CI): bounded, standalone, ~60-90 s. A long run (e.g. 30 min, both topol
         .venv/bin/python -m pytest tests/test_model.py -x -q -s
 
 A failure prints the shrunk sequence of rules (Hypothesis's reproduction) and the model's notes.
+``DQ_MODEL_SHRINK=0`` skips shrinking (a deliberately broken script, to see the test fail,
+is reported in seconds instead of minutes).
 ``DQ_MODEL_TOLERATE`` (comma-separated) lists known engine defects the model tolerates until
 their fix lands (see TOLERATE below); by default none (all fixed on main).
 """
