@@ -17,6 +17,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster_dq.backoff import Backoff
 from cluster_dq.keys import BUCKET_WIDTH_MS
 
 DELAYED, READY, RESERVED, DEAD = "delayed", "ready", "reserved", "dead"
@@ -46,6 +47,7 @@ class MJob:
     lease: str | None = None  # reserved: the lease of the delivery holding it (None: unknown)
     reason: str = ""  # dead: why it died (ttr_expired, tries_exhausted, buried)
     error: str = ""  # the last error text it was given (a bury's, a release's); kept after
+    backoff: Backoff | None = None  # its own retry backoff (else its queue's)
 
     def score(self) -> int:
         """What peek_job reports as the job's score in its state."""
@@ -78,6 +80,7 @@ class Model:
     acked: dict[Key, int] = field(default_factory=dict)  # client ids acked -> when
     paused: set[str] = field(default_factory=set)  # queues whose CONF says paused
     max_size: dict[str, int] = field(default_factory=dict)  # CONF max_size per queue
+    backoff: dict[str, Backoff] = field(default_factory=dict)  # CONF backoff per queue
 
     def copy(self) -> Model:
         return copy.deepcopy(self)
@@ -98,6 +101,13 @@ class Model:
 
     # -- what the scripts do on the way (mirrors lib/queue.lua) -----------------------------
 
+    def retry(self, j: MJob, now: int) -> None:
+        """lib/queue.lua retry: a failed attempt with tries left waits out its backoff (its
+        own, else its queue's; jitter 0 here) in DELAYED, or is READY at once."""
+        b = j.backoff or self.backoff.get(j.queue)
+        wait = b.wait_ms(j.deliveries, 0.0) if b else 0
+        j.state, j.due = (DELAYED, now + wait) if wait > 0 else (READY, now)
+
     def expire_reservations(self, q: str, now: int) -> None:
         for j in self.of(q, RESERVED):
             if j.deadline <= now:
@@ -105,7 +115,7 @@ class Model:
                 if j.expired(now):
                     self.gone(j)
                 elif j.tries > 0:
-                    j.state, j.due = READY, now
+                    self.retry(j, now)
                 else:
                     j.state, j.died, j.reason = DEAD, now, "ttr_expired"
 
@@ -167,6 +177,7 @@ class Model:
         ttl: int,
         tries: int,
         priority: int,
+        backoff: Backoff | None = None,
     ) -> str:
         """A new job (the caller checked it is not a duplicate); its published state. ``base``:
         the request's time (due and ttl count from it); ``now``: when the script ran (a
@@ -183,6 +194,7 @@ class Model:
             0,
             base + ttl if ttl else 0,
             client_id=client,
+            backoff=backoff,
         )
         # only priority-0 jobs rest in the wheel (a priority job must not wait behind a backlog)
         if j.state == DELAYED and not client and priority == 0 and start > base + OPEN_LEAD_MS:

@@ -54,6 +54,7 @@ from hypothesis.stateful import (
 from redis.exceptions import BusyLoadingError, ReadOnlyError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from cluster_dq.backoff import Backoff
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
 from cluster_dq.engine.control import FOREVER_MS, DeadFilter
@@ -210,6 +211,8 @@ ttrs = st.sampled_from([1, 30, 500, 4_000, 20_000])
 ids = st.one_of(st.none(), st.none(), st.sampled_from(["c1", "c2", "c3"]))
 prios = st.sampled_from([0, 0, 0, 3, 255])
 picks = st.integers(0, 1_000)
+# retry backoffs without jitter (the wait is then exact); kind 0: none, not even the queue's
+backoffs = st.sampled_from([None, None, None, Backoff(1, 700), Backoff(2, 300, 1_000), Backoff(0)])
 
 
 class EngineModel(RuleBasedStateMachine):
@@ -259,8 +262,10 @@ class EngineModel(RuleBasedStateMachine):
         but the expiring memory of acked ids."""
         self.net.armed = None
         for q in QUEUES:
-            if q in self.model.paused or q in self.model.max_size:  # a destroy keeps CONF
-                self.run(self.svc.configure(self.route, NS, q, [("paused", ""), ("max_size", "")]))
+            if q in self.model.paused or q in self.model.max_size or q in self.model.backoff:
+                conf = ["paused", "max_size", "backoff", "backoff_ms", "backoff_cap_ms"]
+                conf.append("backoff_jitter")  # (a destroy keeps CONF)
+                self.run(self.svc.configure(self.route, NS, q, [(f, "") for f in conf]))
             keys = [k[1] for k in self.model.jobs if k[0] == q and self.model.jobs[k] is not None]
             if keys and q == "a":
                 self.run(self.svc.ack(self.route, NS, q, keys))
@@ -334,11 +339,19 @@ class EngineModel(RuleBasedStateMachine):
         ttl=ttls,
         tries=st.integers(1, 3),
         prio=prios,
+        backoff=backoffs,
     )
     def publish(
-        self, q: str, job_id: str | None, delay: int, ttl: int, tries: int, prio: int
+        self,
+        q: str,
+        job_id: str | None,
+        delay: int,
+        ttl: int,
+        tries: int,
+        prio: int,
+        backoff: Backoff | None,
     ) -> None:
-        self.publish_bulk(q, [(job_id, delay, ttl, tries, prio)])
+        self.publish_bulk(q, [(job_id, delay, ttl, tries, prio)], backoff)
 
     @rule(
         q=st.sampled_from(QUEUES),
@@ -349,7 +362,12 @@ class EngineModel(RuleBasedStateMachine):
     def bulk(self, q: str, specs: list[tuple[str | None, int, int, int, int]]) -> None:
         self.publish_bulk(q, specs)
 
-    def publish_bulk(self, q: str, raw: list[tuple[str | None, int, int, int, int]]) -> None:
+    def publish_bulk(
+        self,
+        q: str,
+        raw: list[tuple[str | None, int, int, int, int]],
+        backoff: Backoff | None = None,
+    ) -> None:
         specs = [
             JobSpec(
                 b"x",
@@ -358,6 +376,7 @@ class EngineModel(RuleBasedStateMachine):
                 tries=n,
                 priority=p,
                 job_id=i,
+                backoff=backoff,
             )
             for i, d, t, n, p in raw
         ]
@@ -417,6 +436,7 @@ class EngineModel(RuleBasedStateMachine):
                     spec.ttl_ms,
                     spec.tries,
                     spec.priority,
+                    spec.backoff,
                 )
                 want = JobState.READY if state == READY else JobState.DELAYED
                 if p.state is not None and p.state != want:
@@ -472,6 +492,7 @@ class EngineModel(RuleBasedStateMachine):
             return
         self.deliveries += 1
         delivery = self.deliveries
+        STATS["jobs delivered"] += len(got)
         note(f"consume #{delivery} -> {[(j.queue, j.job_id, j.lease) for j in got]}")
         for j in got:
             if j.lease is None or len(j.lease) != 16 or any(j.lease == x[2] for x in self.leases):
@@ -752,6 +773,7 @@ class EngineModel(RuleBasedStateMachine):
                 return
             assert j is not None
             j.holder, j.lease = None, None
+            STATS[f"release of a held job, tries left {j.tries}, delay {delay}"] += 1
             if j.expired(now):
                 m.gone(j)
                 want: Any = "expired"
@@ -760,7 +782,9 @@ class EngineModel(RuleBasedStateMachine):
             elif delay > 0:
                 j.state, j.due, want = DELAYED, now + delay, JobState.DELAYED
             else:
-                j.state, j.due, want = READY, now, JobState.READY
+                m.retry(j, now)  # its backoff, if any
+                STATS[f"release to {j.state} (backoff {j.backoff or m.backoff.get(q)})"] += 1
+                want = JobState.READY if j.state == READY else JobState.DELAYED
             j.error = error or j.error  # its last error ('' keeps the one it had)
             if not unknown and state != want:
                 raise Mismatch(f"release {job_id} went to {state}, model {want}")
@@ -1091,26 +1115,46 @@ class EngineModel(RuleBasedStateMachine):
 
     @rule(
         q=st.sampled_from(QUEUES),
-        field=st.sampled_from(["paused", "max_size"]),
-        value=st.sampled_from(["", "", "1", "3", "6"]),
+        setting=st.sampled_from(
+            [("paused", "1"), ("paused", ""), ("paused", ""), ("max_size", "4")]
+            + [("max_size", "8"), ("max_size", ""), ("backoff", "1"), ("backoff", "2")]
+            + [("backoff", ""), ("backoff", "")]
+        ),
     )
-    def configure(self, q: str, field: str, value: str) -> None:
-        """Pause / resume a queue (``paused`` '1' / ''), or set / remove its max_size."""
-        if field == "paused" and value not in ("", "1"):
-            value = "1"
-        got, err = self.request(
-            "configure", self.svc.configure(self.route, NS, q, [(field, value)])
-        )
+    def configure(self, q: str, setting: tuple[str, str]) -> None:
+        """Pause / resume a queue (``paused`` '1' / ''), set / remove its max_size, or its
+        retry backoff (fixed 500 ms, exponential from 100 ms up to 800 ms; no jitter)."""
+        field, value = setting  # (mostly resumed and unlimited: deliveries matter more)
+        changes = [(field, value)]
+        if field == "backoff":
+            b = None if not value else Backoff(1, 500) if value == "1" else Backoff(2, 100, 800)
+            kind = "" if b is None else "fixed" if b.kind == 1 else "exponential"
+            changes = [
+                ("backoff", kind),
+                ("backoff_ms", str(b.base_ms) if b else ""),
+                ("backoff_cap_ms", str(b.cap_ms) if b else ""),
+                ("backoff_jitter", "0" if b else ""),
+            ]
+        got, err = self.request("configure", self.svc.configure(self.route, NS, q, changes))
         self.no_503_when_retried("configure", err)
         assert got is not None
         m = self.model
         if field == "paused":
             (m.paused.add if value else m.paused.discard)(q)
+        elif field == "backoff":
+            if b:
+                m.backoff[q] = b
+            else:
+                m.backoff.pop(q, None)
         elif value:
             m.max_size[q] = int(value)
         else:
             m.max_size.pop(q, None)
-        if got.paused != (q in m.paused) or got.max_size != m.max_size.get(q):
+        if (
+            got.paused != (q in m.paused)
+            or got.max_size != m.max_size.get(q)
+            or got.backoff != m.backoff.get(q)
+        ):
             raise Mismatch(f"settings of {q}: engine {got}, model {m.paused} {m.max_size}")
 
     @rule(ms=st.sampled_from([1, 29, 30, 31, 499, 1_000, 4_000, 6_000, 20_000, 61_000]))
