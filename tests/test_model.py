@@ -10,7 +10,8 @@ TRYAGAIN, READONLY, LOADING) or stalls; the model then checks what the retry pol
 Operations: publish, bulk, consume, ack (batch, leases), republish, touch, release (with an
 error text), bury, kick, reschedule by id, peek, pump steps, destroy, respawn / delete of dead
 letters, the dead-letter listing by cursor, filtered redrive and purge, pause / resume and
-max_size (issue 17). Not modelled yet: retry backoff, progress, results on ack.
+max_size, retry backoff without jitter (a job's own, a queue's) (issue 17). Not modelled yet:
+backoff jitter, progress, results on ack.
 
 After every step: each job's state, tries, deliveries, ttl end, score (peek_job), death reason
 and last error are one of
