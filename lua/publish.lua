@@ -48,7 +48,7 @@ if room then
         new = new + 1
       end
     end
-    if new > room then
+    if new > 0 and new > room then -- nothing new (duplicates only): never full
       for _ = 1, n do out[#out + 1] = CODE.FULL end
       for k = FIRST_EXTRA, #KEYS do out[#out + 1] = redis.call('HLEN', KEYS[k]) end
       out[#out + 1] = 0

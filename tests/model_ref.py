@@ -17,6 +17,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster_dq.backoff import Backoff
 from cluster_dq.keys import BUCKET_WIDTH_MS
 
 DELAYED, READY, RESERVED, DEAD = "delayed", "ready", "reserved", "dead"
@@ -45,6 +46,8 @@ class MJob:
     client_id: bool = False
     lease: str | None = None  # reserved: the lease of the delivery holding it (None: unknown)
     reason: str = ""  # dead: why it died (ttr_expired, tries_exhausted, buried)
+    error: str = ""  # the last error text it was given (a bury's, a release's); kept after
+    backoff: Backoff | None = None  # its own retry backoff (else its queue's)
 
     def score(self) -> int:
         """What peek_job reports as the job's score in its state."""
@@ -75,6 +78,9 @@ class Model:
     jobs: dict[Key, MJob | None] = field(default_factory=dict)  # None: gone, not yet observed
     alts: dict[Key, list[MJob | None]] = field(default_factory=dict)  # other allowed outcomes
     acked: dict[Key, int] = field(default_factory=dict)  # client ids acked -> when
+    paused: set[str] = field(default_factory=set)  # queues whose CONF says paused
+    max_size: dict[str, int] = field(default_factory=dict)  # CONF max_size per queue
+    backoff: dict[str, Backoff] = field(default_factory=dict)  # CONF backoff per queue
 
     def copy(self) -> Model:
         return copy.deepcopy(self)
@@ -95,6 +101,13 @@ class Model:
 
     # -- what the scripts do on the way (mirrors lib/queue.lua) -----------------------------
 
+    def retry(self, j: MJob, now: int) -> None:
+        """lib/queue.lua retry: a failed attempt with tries left waits out its backoff (its
+        own, else its queue's; jitter 0 here) in DELAYED, or is READY at once."""
+        b = j.backoff or self.backoff.get(j.queue)
+        wait = b.wait_ms(j.deliveries, 0.0) if b else 0
+        j.state, j.due = (DELAYED, now + wait) if wait > 0 else (READY, now)
+
     def expire_reservations(self, q: str, now: int) -> None:
         for j in self.of(q, RESERVED):
             if j.deadline <= now:
@@ -102,7 +115,7 @@ class Model:
                 if j.expired(now):
                     self.gone(j)
                 elif j.tries > 0:
-                    j.state, j.due = READY, now
+                    self.retry(j, now)
                 else:
                     j.state, j.died, j.reason = DEAD, now, "ttr_expired"
 
@@ -146,6 +159,13 @@ class Model:
         at = self.acked.get((q, job_id))
         return at is not None and now - at < self.remember_acked_ms
 
+    def full(self, q: str, new: int, leaving: int = 0) -> bool:
+        """publish.lua / republish.lua: ``new`` jobs would take ``q`` past its max_size (every
+        state counts, wheel included; ``leaving``: jobs the same call removes). A call that
+        adds nothing (duplicates only) is never refused, even by a queue over a lowered cap."""
+        cap = self.max_size.get(q)
+        return cap is not None and new > 0 and len(self.of(q)) - leaving + new > cap
+
     def place(
         self,
         q: str,
@@ -157,6 +177,7 @@ class Model:
         ttl: int,
         tries: int,
         priority: int,
+        backoff: Backoff | None = None,
     ) -> str:
         """A new job (the caller checked it is not a duplicate); its published state. ``base``:
         the request's time (due and ttl count from it); ``now``: when the script ran (a
@@ -173,6 +194,7 @@ class Model:
             0,
             base + ttl if ttl else 0,
             client_id=client,
+            backoff=backoff,
         )
         # only priority-0 jobs rest in the wheel (a priority job must not wait behind a backlog)
         if j.state == DELAYED and not client and priority == 0 and start > base + OPEN_LEAD_MS:
@@ -201,6 +223,19 @@ class Model:
             return "ttr_expired" if j.deadline <= now else ""
         return j.state
 
+    def reschedule(self, q: str, job_id: str, due: int, now: int) -> str:
+        """reschedule_job.lua: '' when done, else why not (gone, forbidden, too_late)."""
+        j = self.jobs.get((q, job_id))
+        if j is None:
+            return "gone"
+        if j.state not in (READY, DELAYED):
+            return "forbidden"
+        if j.expire_at and max(due, now) >= j.expire_at:
+            return "too_late"
+        j.wheel = None  # out of its wheel bucket, into the delayed zset (or ready)
+        j.state, j.due = (DELAYED if due > now else READY), due
+        return ""
+
     def reserve(
         self, j: MJob, now: int, ttr: int, delivery: int | None, lease: str | None = None
     ) -> None:
@@ -214,6 +249,8 @@ class Model:
         """consume.lua on ``q``: checks the engine's choice ``got`` (in its order) and applies it."""
         self.expire_reservations(q, now)
         self.promote(q, now)
+        if q in self.paused:
+            need = 0  # a paused queue hands out nothing (its jobs still move on in time)
         ready = self.of(q, READY)
         live = [j for j in ready if not j.expired(now)]
         by_key = {(j.queue, j.job_id): j for j in ready}
@@ -267,7 +304,12 @@ class Model:
             for key, old in before.items():
                 after = self.jobs.get(key)
                 self.allow(key, old)
-                if after is not None and after.state == READY and not after.expired(now):
+                if (
+                    after is not None
+                    and after.state == READY
+                    and not after.expired(now)
+                    and q not in self.paused
+                ):
                     taken = copy.deepcopy(after)
                     self.reserve(taken, now, ttr, None)
                     self.allow(key, taken)

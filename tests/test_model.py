@@ -7,7 +7,14 @@ Time moves only when a rule says so (a fake clock). Faults are rules too: the ne
 next request loses its reply after running, fails before sending, is refused (NOREPLICAS,
 TRYAGAIN, READONLY, LOADING) or stalls; the model then checks what the retry policy promises.
 
-After every step: each job's state, tries, deliveries, ttl end and score (peek_job) are one of
+Operations: publish, bulk, consume, ack (batch, leases), republish, touch, release (with an
+error text), bury, kick, reschedule by id, peek, pump steps, destroy, respawn / delete of dead
+letters, the dead-letter listing by cursor, filtered redrive and purge, pause / resume and
+max_size, retry backoff without jitter (a job's own, a queue's) (issue 17). Not modelled yet:
+backoff jitter, progress, results on ack.
+
+After every step: each job's state, tries, deliveries, ttl end, score (peek_job), death reason
+and last error are one of
 the outcomes the model allows, the sizes are exact, and tests/invariants.py::check_queue holds.
 At the end everything is deleted and nothing but the expiring acked-ids memory may remain.
 
@@ -19,6 +26,8 @@ Default (CI): bounded, standalone, ~60-90 s. A long run (e.g. 30 min, both topol
         .venv/bin/python -m pytest tests/test_model.py -x -q -s
 
 A failure prints the shrunk sequence of rules (Hypothesis's reproduction) and the model's notes.
+``DQ_MODEL_SHRINK=0`` skips shrinking (a deliberately broken script, to see the test fail,
+is reported in seconds instead of minutes).
 ``DQ_MODEL_TOLERATE`` (comma-separated) lists known engine defects the model tolerates until
 their fix lands (see TOLERATE below); by default none (all fixed on main).
 """
@@ -34,7 +43,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, note, settings
+from hypothesis import HealthCheck, Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -46,9 +55,18 @@ from hypothesis.stateful import (
 from redis.exceptions import BusyLoadingError, ReadOnlyError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from cluster_dq.backoff import Backoff
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
-from cluster_dq.errors import BadRequest, Conflict, NotFound, PoolUnavailable, WrongState
+from cluster_dq.engine.control import FOREVER_MS, DeadFilter
+from cluster_dq.errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    PoolUnavailable,
+    QueueFull,
+    WrongState,
+)
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec, JobState, id_to_member
 from cluster_dq.pools import RedisPool
@@ -63,6 +81,7 @@ QUEUES = ("a", "b")
 EXAMPLES = int(os.environ.get("DQ_MODEL_EXAMPLES", "150"))
 STEPS = int(os.environ.get("DQ_MODEL_STEPS", "40"))
 TOPOLOGY = os.environ.get("DQ_MODEL_TOPOLOGY", "standalone")
+SHRINK = os.environ.get("DQ_MODEL_SHRINK", "1") != "0"  # 0: report the first failure as found
 # Engine defects the model can be told to tolerate (DQ_MODEL_TOLERATE=a,b). Each was found by
 # this model (issue 13); all are fixed on main and none is tolerated by default:
 #   touch-expired  touch/release of a reservation whose ttr passed (not yet moved) succeed (#6)
@@ -193,6 +212,8 @@ ttrs = st.sampled_from([1, 30, 500, 4_000, 20_000])
 ids = st.one_of(st.none(), st.none(), st.sampled_from(["c1", "c2", "c3"]))
 prios = st.sampled_from([0, 0, 0, 3, 255])
 picks = st.integers(0, 1_000)
+# retry backoffs without jitter (the wait is then exact); kind 0: none, not even the queue's
+backoffs = st.sampled_from([None, None, None, Backoff(1, 700), Backoff(2, 300, 1_000), Backoff(0)])
 
 
 class EngineModel(RuleBasedStateMachine):
@@ -242,6 +263,10 @@ class EngineModel(RuleBasedStateMachine):
         but the expiring memory of acked ids."""
         self.net.armed = None
         for q in QUEUES:
+            if q in self.model.paused or q in self.model.max_size or q in self.model.backoff:
+                conf = ["paused", "max_size", "backoff", "backoff_ms", "backoff_cap_ms"]
+                conf.append("backoff_jitter")  # (a destroy keeps CONF)
+                self.run(self.svc.configure(self.route, NS, q, [(f, "") for f in conf]))
             keys = [k[1] for k in self.model.jobs if k[0] == q and self.model.jobs[k] is not None]
             if keys and q == "a":
                 self.run(self.svc.ack(self.route, NS, q, keys))
@@ -259,7 +284,7 @@ class EngineModel(RuleBasedStateMachine):
         STATS[f"op {name}"] += 1
         try:
             return self.run(coro), None
-        except (PoolUnavailable, NotFound, BadRequest, Conflict, WrongState) as e:
+        except (PoolUnavailable, NotFound, BadRequest, Conflict, WrongState, QueueFull) as e:
             return None, e
 
     def fired(self) -> Any:
@@ -315,11 +340,19 @@ class EngineModel(RuleBasedStateMachine):
         ttl=ttls,
         tries=st.integers(1, 3),
         prio=prios,
+        backoff=backoffs,
     )
     def publish(
-        self, q: str, job_id: str | None, delay: int, ttl: int, tries: int, prio: int
+        self,
+        q: str,
+        job_id: str | None,
+        delay: int,
+        ttl: int,
+        tries: int,
+        prio: int,
+        backoff: Backoff | None,
     ) -> None:
-        self.publish_bulk(q, [(job_id, delay, ttl, tries, prio)])
+        self.publish_bulk(q, [(job_id, delay, ttl, tries, prio)], backoff)
 
     @rule(
         q=st.sampled_from(QUEUES),
@@ -330,7 +363,12 @@ class EngineModel(RuleBasedStateMachine):
     def bulk(self, q: str, specs: list[tuple[str | None, int, int, int, int]]) -> None:
         self.publish_bulk(q, specs)
 
-    def publish_bulk(self, q: str, raw: list[tuple[str | None, int, int, int, int]]) -> None:
+    def publish_bulk(
+        self,
+        q: str,
+        raw: list[tuple[str | None, int, int, int, int]],
+        backoff: Backoff | None = None,
+    ) -> None:
         specs = [
             JobSpec(
                 b"x",
@@ -339,6 +377,7 @@ class EngineModel(RuleBasedStateMachine):
                 tries=n,
                 priority=p,
                 job_id=i,
+                backoff=backoff,
             )
             for i, d, t, n, p in raw
         ]
@@ -350,6 +389,16 @@ class EngineModel(RuleBasedStateMachine):
                 raise Mismatch(f"publish refused: {err}")
             return  # refused whole: nothing changed (the next observation checks it)
         self.no_503_when_retried("publish", err)
+        if isinstance(err, QueueFull):
+
+            def refused(m: Model, now: int) -> None:
+                new = sum(1 for s in specs if s.job_id is None or not m.duplicate(q, s.job_id, now))
+                if not m.full(q, new):
+                    raise Mismatch(f"publish of {new} new jobs refused as full: {err}")
+
+            self.each(self.stamps(t0, ("publish",)), refused)
+            STATS["429 publish"] += 1
+            return  # refused whole: nothing written
         assert out is not None and len(out) == len(specs)
         if (
             any(s.ttl_ms and s.ttl_ms <= s.delay_ms for s in specs)
@@ -359,6 +408,9 @@ class EngineModel(RuleBasedStateMachine):
         lost = self.fired() is not None and self.fired().kind == "lost"
 
         def apply(m: Model, now: int) -> None:
+            new = sum(1 for s in specs if s.job_id is None or not m.duplicate(q, s.job_id, now))
+            if m.full(q, new) and not lost:
+                raise Mismatch(f"publish of {new} new jobs past max_size {m.max_size[q]} taken")
             for spec, p in zip(specs, out):
                 if spec.job_id is not None and p.job_id != spec.job_id:
                     raise Mismatch(f"client id {spec.job_id} published as {p.job_id}")
@@ -385,6 +437,7 @@ class EngineModel(RuleBasedStateMachine):
                     spec.ttl_ms,
                     spec.tries,
                     spec.priority,
+                    spec.backoff,
                 )
                 want = JobState.READY if state == READY else JobState.DELAYED
                 if p.state is not None and p.state != want:
@@ -440,6 +493,7 @@ class EngineModel(RuleBasedStateMachine):
             return
         self.deliveries += 1
         delivery = self.deliveries
+        STATS["jobs delivered"] += len(got)
         note(f"consume #{delivery} -> {[(j.queue, j.job_id, j.lease) for j in got]}")
         for j in got:
             if j.lease is None or len(j.lease) != 16 or any(j.lease == x[2] for x in self.leases):
@@ -460,6 +514,9 @@ class EngineModel(RuleBasedStateMachine):
                 probe.expire_reservations(q, now)
                 probe.promote(q, now)
                 live = sum(1 for j in probe.of(q, READY) if not j.expired(now))
+                if q in m.paused:
+                    live = 0
+                    STATS["consume of a paused queue"] += 1
                 k0 = min(need, live)
                 m.consume_script(q, now, ttr, mine[:k0], need, delivery)
                 if k0 < need and m.stale(q, now):
@@ -605,7 +662,7 @@ class EngineModel(RuleBasedStateMachine):
             "republish", self.svc.republish(self.route, NS, q, old, spec, lease)
         )
         unknown = isinstance(err, PoolUnavailable)
-        if lease is None:
+        if lease is None and not isinstance(err, QueueFull):
             self.no_503_when_retried("republish", err)
         elif unknown:
             if self.fired() is None or "may" not in str(err):
@@ -621,6 +678,15 @@ class EngineModel(RuleBasedStateMachine):
                 self.expect_conflict(err, [(old, why)] if why else [])
             if why:
                 return
+            placed = new_id is None or m.jobs.get((q, new_id)) is None
+            full = m.full(q, 1 if placed else 0, 1 if m.jobs.get((q, old)) else 0)
+            if full != isinstance(err, QueueFull) and not unknown:
+                raise Mismatch(
+                    f"republish {old} -> {new_id}: engine {out or err}, model full={full}"
+                )
+            if full:
+                STATS["429 republish"] += 1
+                return  # nothing changed
             existed = m.remove(q, old, now) is not None
             if existed and new_id == old and "same-id" not in TOLERATE:
                 m.acked.pop((q, old), None)  # replaced, not a duplicate of itself (issue 13 #1)
@@ -663,14 +729,19 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each(self.stamps(t0, ("touch",)), apply)
 
-    @rule(i=picks, delay=st.sampled_from([0, 0, 20, 6_000]), leased=st.booleans())
-    def release(self, i: int, delay: int, leased: bool) -> None:
+    @rule(
+        i=picks,
+        delay=st.sampled_from([0, 0, 20, 6_000]),
+        leased=st.booleans(),
+        error=st.sampled_from(["", "", "boom", "bang"]),
+    )
+    def release(self, i: int, delay: int, leased: bool, error: str) -> None:
         d = self.pick_lease(i) if leased else None
         q, job_id = d[:2] if d is not None else self.pick(i)
         lease = d[2] if d is not None else None
         t0 = self.clock.now
         state, err = self.request(
-            "release", self.svc.release(self.route, NS, q, job_id, delay, lease)
+            "release", self.svc.release(self.route, NS, q, job_id, delay, lease, error)
         )
         unknown = isinstance(err, PoolUnavailable)
         if unknown:
@@ -703,6 +774,7 @@ class EngineModel(RuleBasedStateMachine):
                 return
             assert j is not None
             j.holder, j.lease = None, None
+            STATS[f"release of a held job, tries left {j.tries}, delay {delay}"] += 1
             if j.expired(now):
                 m.gone(j)
                 want: Any = "expired"
@@ -711,7 +783,10 @@ class EngineModel(RuleBasedStateMachine):
             elif delay > 0:
                 j.state, j.due, want = DELAYED, now + delay, JobState.DELAYED
             else:
-                j.state, j.due, want = READY, now, JobState.READY
+                m.retry(j, now)  # its backoff, if any
+                STATS[f"release to {j.state} (backoff {j.backoff or m.backoff.get(q)})"] += 1
+                want = JobState.READY if j.state == READY else JobState.DELAYED
+            j.error = error or j.error  # its last error ('' keeps the one it had)
             if not unknown and state != want:
                 raise Mismatch(f"release {job_id} went to {state}, model {want}")
 
@@ -720,8 +795,14 @@ class EngineModel(RuleBasedStateMachine):
     @rule(i=picks, leased=st.booleans())
     def bury(self, i: int, leased: bool) -> None:
         d = self.pick_lease(i) if leased else None
-        q, job_id = d[:2] if d is not None else self.pick(i)
-        lease = d[2] if d is not None else None
+        live = sorted(k for k, j in self.model.jobs.items() if j is not None and j.state != DEAD)
+        lease: str | None = None
+        if d is not None:
+            q, job_id, lease = d
+        elif live and i % 3:
+            q, job_id = live[i % len(live)]  # mostly a job it can bury: dead letters want some
+        else:
+            q, job_id = self.pick(i)
         t0 = self.clock.now
         job, err = self.request("bury", self.svc.bury(self.route, NS, q, job_id, "why", lease))
         unknown = isinstance(err, PoolUnavailable)
@@ -745,6 +826,7 @@ class EngineModel(RuleBasedStateMachine):
             elif err is not None or job is None or job.state is not JobState.DEAD:
                 raise Mismatch(f"bury {job_id}: engine {job or err}, model {j.state} -> dead")
             j.state, j.died, j.reason, j.holder, j.lease = DEAD, now, "buried", None, None
+            j.error = "why"  # the bury's text
             j.wheel = None
 
         self.each(self.stamps(t0, ("bury",)), apply)
@@ -774,6 +856,46 @@ class EngineModel(RuleBasedStateMachine):
             j.state, j.due = (DELAYED, now + delay) if delay else (READY, now)
 
         self.each(self.stamps(t0, ("kick",)), apply)
+
+    @rule(i=picks, d=st.sampled_from([-500, 0, 40, 3_000, 9_000, 31_000, 70_000]))
+    def reschedule(self, i: int, d: int) -> None:
+        """A new due time by id, ``d`` from now (negative: a time already past)."""
+        live = sorted(
+            k for k, j in self.model.jobs.items() if j is not None and j.state in (READY, DELAYED)
+        )
+        q, job_id = live[i % len(live)] if live and i % 3 else self.pick(i)
+        t0 = self.clock.now
+        job, err = self.request(
+            "reschedule", self.svc.reschedule(self.route, NS, q, job_id, lambda n: n + d)
+        )
+        unknown = isinstance(err, PoolUnavailable)
+        if unknown and self.fired() is None:
+            raise Mismatch(f"reschedule answered 503 without a fault: {err}")
+
+        def apply(m: Model, now: int) -> None:
+            due = t0 + d  # from the request's time, as a publish's delay (a repeat keeps it)
+            j = m.jobs.get((q, job_id))
+            before = None if j is None else MJob(**vars(j))
+            why = m.reschedule(q, job_id, due, now)
+            if unknown:
+                if not why:
+                    m.allow((q, job_id), before)
+                return
+            wanted = {"gone": NotFound, "forbidden": WrongState, "too_late": BadRequest}.get(why)
+            if wanted is not None:
+                if not isinstance(err, wanted):
+                    raise Mismatch(
+                        f"reschedule {job_id} to {due}: engine {job or err}, model {why}"
+                    )
+                return
+            j = m.jobs[(q, job_id)]
+            assert j is not None
+            if err is not None or job is None or job.state.value != j.state:
+                raise Mismatch(
+                    f"reschedule {job_id} to {due}: engine {job or err}, model {j.state}"
+                )
+
+        self.each(self.stamps(t0, ("reschedule_job",)), apply)
 
     @rule(q=st.sampled_from(QUEUES))
     def peek(self, q: str) -> None:
@@ -879,6 +1001,163 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each(self.stamps(t0, ("respawn",)), apply)
 
+    def deadest(self, q: str) -> str:
+        """``q``, or the other queue when only that one has dead jobs (sweeps want some)."""
+        if self.model.of(q, DEAD):
+            return q
+        return next((o for o in QUEUES if self.model.of(o, DEAD)), q)
+
+    def dead_order(self, m: Model, q: str, filt: DeadFilter | None = None) -> list[MJob]:
+        """The dead letter of ``q`` as the scripts walk it (time of death, then member bytes),
+        keeping those ``filt`` matches."""
+        dead = sorted(m.of(q, DEAD), key=lambda j: (j.died, id_to_member(j.job_id)))
+        if filt is None:
+            return dead
+        return [
+            j
+            for j in dead
+            if filt.from_ms <= j.died <= filt.to_ms and filt.reason in (None, j.reason)
+        ]
+
+    @rule(q=st.sampled_from(QUEUES), limit=st.integers(1, 3))
+    def dead_listing(self, q: str, limit: int) -> None:
+        """Walks the whole dead-letter listing with its cursor: every dead job once, in order,
+        with its reason, time of death, deliveries and last error."""
+        q = self.deadest(q)
+        listed: list[Any] = []
+        cursor: str | None = None
+        for _ in range(30):
+            out, err = self.request(
+                "dead_page", self.svc.dead_jobs(self.route, NS, q, cursor, limit)
+            )
+            self.no_503_when_retried("dead_page", err)
+            page, cursor = out
+            if len(page) > limit:
+                raise Mismatch(f"a dead page of {len(page)} jobs, limit {limit}")
+            listed += page
+            if cursor is None:
+                break
+        got = [(d.job_id, d.reason, d.died_ms, d.deliveries, d.last_error or "") for d in listed]
+
+        def apply(m: Model, _: int) -> None:
+            want = [
+                (j.job_id, j.reason, j.died, j.deliveries, j.error) for j in self.dead_order(m, q)
+            ]
+            if got != want:
+                raise Mismatch(f"dead letter of {q}: engine lists {got}, model {want}")
+
+        self.each([0], apply)
+
+    @precondition(lambda self: any(j and j.state == DEAD for j in self.model.jobs.values()))
+    @rule(
+        q=st.sampled_from(QUEUES),
+        limit=st.integers(1, 3),
+        reason=st.sampled_from([None, "ttr_expired", "tries_exhausted", "buried"]),
+        since=st.sampled_from([None, 5_000]),
+        until=st.sampled_from([None, 1_000]),
+        delete=st.booleans(),
+        delay=st.sampled_from([0, 6_000]),
+        tries=st.integers(1, 2),
+        ttl=st.sampled_from([0, 60_000]),
+    )
+    def dead_sweep(
+        self,
+        q: str,
+        limit: int,
+        reason: str | None,
+        since: int | None,
+        until: int | None,
+        delete: bool,
+        delay: int,
+        tries: int,
+        ttl: int,
+    ) -> None:
+        """One bounded call of a filtered redrive or purge, from the start of the dead letter."""
+        q = self.deadest(q)
+        t0 = self.clock.now
+        filt = DeadFilter(
+            reason,
+            0 if since is None else t0 - since,
+            FOREVER_MS if until is None else t0 - until,
+        )
+        name = "purge_dead" if delete else "redrive_dead"
+        call = (
+            self.svc.purge(self.route, NS, q, filt, None, limit)
+            if delete
+            else self.svc.redrive(self.route, NS, q, filt, None, limit, delay, tries, ttl)
+        )
+        out, err = self.request(name, call)
+        unknown = isinstance(err, PoolUnavailable)
+        if delete:
+            self.no_503_when_retried(name, err)
+        elif unknown and self.fired() is None:
+            raise Mismatch(f"{name} answered 503 without a fault: {err}")
+        # purge is repeated after a lost reply: the repeat takes the next ones that match
+        lost = delete and self.fired() is not None and self.fired().kind == "lost"
+
+        def apply(m: Model, now: int) -> None:
+            match = self.dead_order(m, q, filt)
+            k = min(limit, len(match))
+            STATS[f"{name}: {'some' if k else 'none'} of {len(m.of(q, DEAD))} dead matched"] += 1
+            if not (unknown or lost) and (out is None or out[0] != k):
+                raise Mismatch(f"{name} of {q} ({filt}): {out and out[0]}, model {k}")
+            for idx, j in enumerate(match[: 2 * limit if lost else k]):
+                key = (j.queue, j.job_id)
+                if unknown or idx >= k:
+                    m.allow(key, j)
+                if delete:
+                    m.gone(j)
+                else:
+                    j.tries, j.reason = tries, ""
+                    j.expire_at = now + ttl if ttl else 0
+                    j.state, j.due = (DELAYED, now + delay) if delay else (READY, now)
+
+        self.each(self.stamps(t0, (name,)), apply)
+
+    @rule(
+        q=st.sampled_from(QUEUES),
+        setting=st.sampled_from(
+            [("paused", "1"), ("paused", ""), ("paused", ""), ("max_size", "4")]
+            + [("max_size", "8"), ("max_size", ""), ("backoff", "1"), ("backoff", "2")]
+            + [("backoff", ""), ("backoff", "")]
+        ),
+    )
+    def configure(self, q: str, setting: tuple[str, str]) -> None:
+        """Pause / resume a queue (``paused`` '1' / ''), set / remove its max_size, or its
+        retry backoff (fixed 500 ms, exponential from 100 ms up to 800 ms; no jitter)."""
+        field, value = setting  # (mostly resumed and unlimited: deliveries matter more)
+        changes = [(field, value)]
+        if field == "backoff":
+            b = None if not value else Backoff(1, 500) if value == "1" else Backoff(2, 100, 800)
+            kind = "" if b is None else "fixed" if b.kind == 1 else "exponential"
+            changes = [
+                ("backoff", kind),
+                ("backoff_ms", str(b.base_ms) if b else ""),
+                ("backoff_cap_ms", str(b.cap_ms) if b else ""),
+                ("backoff_jitter", "0" if b else ""),
+            ]
+        got, err = self.request("configure", self.svc.configure(self.route, NS, q, changes))
+        self.no_503_when_retried("configure", err)
+        assert got is not None
+        m = self.model
+        if field == "paused":
+            (m.paused.add if value else m.paused.discard)(q)
+        elif field == "backoff":
+            if b:
+                m.backoff[q] = b
+            else:
+                m.backoff.pop(q, None)
+        elif value:
+            m.max_size[q] = int(value)
+        else:
+            m.max_size.pop(q, None)
+        if (
+            got.paused != (q in m.paused)
+            or got.max_size != m.max_size.get(q)
+            or got.backoff != m.backoff.get(q)
+        ):
+            raise Mismatch(f"settings of {q}: engine {got}, model {m.paused} {m.max_size}")
+
     @rule(ms=st.sampled_from([1, 29, 30, 31, 499, 1_000, 4_000, 6_000, 20_000, 61_000]))
     def advance(self, ms: int) -> None:
         self.clock.now += ms
@@ -975,6 +1254,7 @@ def matches(o: MJob | None, job: Any, in_wheel: bool) -> bool:
         and o.expire_at == job.expire_at_ms
         and o.score() == job.due_ms
         and (o.state != DEAD or (job.note is not None and job.note.reason == o.reason))
+        and o.error == ((job.note and job.note.last_error) or "")
     )
 
 
@@ -983,7 +1263,8 @@ def summary(job: Any) -> str:
         return "gone"
     return (
         f"{job.state.value} tries={job.tries_left} deliveries={job.deliveries} "
-        f"expire={job.expire_at_ms} score={job.due_ms} reason={job.note and job.note.reason}"
+        f"expire={job.expire_at_ms} score={job.due_ms} reason={job.note and job.note.reason} "
+        f"error={job.note and job.note.last_error}"
     )
 
 
@@ -992,7 +1273,7 @@ def summary_m(o: MJob | None) -> str:
         return "gone"
     return (
         f"{o.state} tries={o.tries} deliveries={o.deliveries} expire={o.expire_at} score={o.score()}"
-        f" reason={o.reason or None}{' wheel' if o.wheel is not None else ''}"
+        f" reason={o.reason or None} error={o.error or None}{' wheel' if o.wheel is not None else ''}"
     )
 
 
@@ -1026,6 +1307,10 @@ def test_engine_matches_the_model(deployment_for_model: Any) -> None:
             database=None,
             suppress_health_check=list(HealthCheck),
             derandomize=False,
+            # no explain phase: tracing every line of the engine while re-running the shrunk
+            # case takes minutes here; the shrunk rule sequence is the reproduction
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+            + ([Phase.shrink] if SHRINK else []),
         ),
     )
 

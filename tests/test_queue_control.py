@@ -181,6 +181,48 @@ async def test_a_full_queue_refuses_publishes_with_queue_full_and_writes_nothing
     check_queue(sync_redis, ns, q)
 
 
+async def test_the_dead_letter_lists_jobs_with_their_own_backoff(
+    service: Service, sync_redis: redis.Redis
+) -> None:
+    """A dead job whose record carries its own retry backoff (and attributes) is listed with
+    its deliveries and attributes (found by tests/test_model.py: the listing cut the record
+    before the backoff section and could not decode it)."""
+    route, ns, q = service.route("default"), "ctl", "dead-backoff"
+    specs = [
+        JobSpec(b"a", job_id="a", backoff=Backoff(1, 700)),
+        JobSpec(b"b", job_id="b", backoff=Backoff(2, 300, 1_000), attributes={"k": "v"}),
+    ]
+    await service.publish(route, ns, q, specs)
+    for job_id in ("a", "b"):
+        await service.bury(route, ns, q, job_id, "why")
+    page, _ = await service.dead_jobs(route, ns, q, None, 10)
+    assert sorted((d.job_id, d.reason, d.deliveries, d.size) for d in page) == [
+        ("a", "buried", 0, 1),
+        ("b", "buried", 0, 1),
+    ]
+    assert [d.attributes for d in sorted(page, key=lambda d: d.job_id)] == [None, {"k": "v"}]
+    await service.destroy(route, ns, q)
+
+
+async def test_a_bulk_of_duplicates_is_not_refused_by_a_queue_over_its_max_size(
+    service: Service, sync_redis: redis.Redis
+) -> None:
+    """Duplicates do not count, in a bulk as in a single publish, even when the queue holds
+    more than a max_size lowered since (found by tests/test_model.py)."""
+    route, ns, q = service.route("default"), "ctl", "over"
+    await service.publish(route, ns, q, [JobSpec(b"a", job_id="a"), JobSpec(b"b", job_id="b")])
+    await service.configure(route, ns, q, [("max_size", "1")])
+    before = snapshot(sync_redis, ns, q)
+    (one,) = await service.publish(route, ns, q, [JobSpec(b"a", job_id="a")])
+    both = await service.publish(
+        route, ns, q, [JobSpec(b"a", job_id="a"), JobSpec(b"b", job_id="b")]
+    )
+    assert one.duplicate and all(p.duplicate for p in both)
+    assert snapshot(sync_redis, ns, q) == before
+    await service.configure(route, ns, q, [("max_size", "")])
+    await service.destroy(route, ns, q)
+
+
 async def test_a_bulk_schedule_batch_beyond_max_size_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
