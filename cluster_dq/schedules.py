@@ -259,7 +259,7 @@ def parse(
     check_name(name)
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, nesting deeper than Python goes
         raise BadRequest("the body must be a JSON object", "body") from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object", "body")
@@ -275,7 +275,11 @@ def parse(
     body = job.get("body", "")
     if not isinstance(body, str):
         raise BadRequest("job.body must be a string", "job.body")
-    if len(body.encode()) > max_body:
+    try:
+        size = len(body.encode())
+    except UnicodeEncodeError:  # JSON allows a lone surrogate ("\\ud800"); UTF-8 does not
+        raise BadRequest("job.body must be UTF-8 text (no lone surrogate)", "job.body") from None
+    if size > max_body:
         raise BodyTooLarge("job.body too large", "job.body")
     template = Template(
         body,
