@@ -23,7 +23,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter  # type: ignore[import-untyped]
 
 from cluster_dq.errors import BadRequest, BodyTooLarge
-from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BODY, MAX_SECONDS, JobSpec, validate_spec
+from cluster_dq.models import (
+    CLIENT_ID_MAX_LEN,
+    MAX_BODY,
+    MAX_PRIORITY,
+    MAX_SECONDS,
+    MAX_TRIES,
+    JobSpec,
+    validate_spec,
+)
 
 SCHEDULE_NAME_RE = re.compile(r"\A[-_A-Za-z0-9]{1,64}\Z")
 MIN_EVERY_MS = 1_000
@@ -33,6 +41,8 @@ MAX_CATCH_UP_MS = 7 * 86_400_000  # 7 days
 MAX_SCHEDULES_PER_QUEUE = 1_000
 MAX_SCHEDULE_PAGE = 100  # schedules listed per page
 MAX_CRON_LEN = 256
+MAX_TZ_LEN = 64
+MAX_START_MS = 2**47  # every_ms's anchor
 FIRE_BATCH = 64  # occurrences published per firing step (one publish call: MAX_BULK)
 SKIP_BATCH = 256  # occurrences older than the catch-up window counted per firing step
 # How long a claimed occurrence is left to its claimer before another firer publishes it.
@@ -285,8 +295,8 @@ def parse(
         body,
         _int(job, "delay_ms", 0, 0, MAX_SECONDS * 1000),
         _int(job, "ttl_ms", default_ttl_ms, 0, MAX_SECONDS * 1000),
-        _int(job, "tries", default_tries, 0, 65_535),
-        _int(job, "priority", 0, 0, 255),
+        _int(job, "tries", default_tries, 0, MAX_TRIES),
+        _int(job, "priority", 0, 0, MAX_PRIORITY),
     )
     validate_spec(template.spec("s-check", now_ms + template.delay_ms))
     paused = data.get("paused", False)
@@ -301,7 +311,7 @@ def parse(
             if key in data:
                 raise BadRequest(f"{key} goes with cron, not every_ms", key)
         every = _int(data, "every_ms", 0, MIN_EVERY_MS, MAX_EVERY_MS)
-        start = _int(data, "start_ms", 0, 0, 2**47)
+        start = _int(data, "start_ms", 0, 0, MAX_START_MS)
         return Schedule(
             name, template, every_ms=every, start_ms=start, catch_up_ms=catch_up
         ), paused
@@ -311,7 +321,7 @@ def parse(
     if not isinstance(cron, str) or len(cron) > MAX_CRON_LEN or len(cron.split()) != 5:
         if not (isinstance(cron, str) and cron.startswith("@") and len(cron) <= MAX_CRON_LEN):
             raise BadRequest("invalid cron: five fields, or an @alias", "cron")
-    if not isinstance(tz, str) or not tz or len(tz) > 64:
+    if not isinstance(tz, str) or not tz or len(tz) > MAX_TZ_LEN:
         raise BadRequest("invalid tz: an IANA time zone name", "tz")
     try:
         ZoneInfo(tz)

@@ -14,6 +14,7 @@ import pytest
 import schemathesis
 from schemathesis.generation.stateful import run_state_machine_as_test
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import FlakyStrategyDefinition
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -38,6 +39,7 @@ from cluster_dq.testing.service_process import ServiceProcess
 NS = "oas"  # every data request goes to the namespace the suite's token grants
 ADMIN_AUTH = ("admin", "s3cret")
 EXAMPLES = int(os.environ.get("DQ_SCHEMATHESIS_EXAMPLES", "30"))
+STATEFUL_RUNS = 3  # runs of the state machine cut short by the server's state (see below)
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -170,16 +172,31 @@ def test_data_port_follows_its_links(
             return {"headers": {"X-Token": running.token}}
 
         def validate_response(self, response: object, case: schemathesis.Case, **_: object) -> None:
-            case.validate_response(response, checks=CHECKS)  # type: ignore[arg-type]
+            try:
+                case.validate_response(response, checks=CHECKS)  # type: ignore[arg-type]
+            except BaseException as e:
+                failures.append(e)
+                raise
 
-    run_state_machine_as_test(
-        Client,
-        settings=settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=8,
-            phases=[Phase.generate],  # a replay meets another server state: no shrinking
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-            database=None,
-        ),
-    )
+    failures: list[BaseException] = []
+    for _ in range(STATEFUL_RUNS):
+        try:
+            run_state_machine_as_test(
+                Client,
+                settings=settings(
+                    max_examples=EXAMPLES,
+                    stateful_step_count=8,
+                    phases=[Phase.generate],  # a replay meets another server state: no shrinking
+                    deadline=None,
+                    suppress_health_check=list(HealthCheck),
+                    database=None,
+                ),
+            )
+            return
+        except FlakyStrategyDefinition:
+            # The server's state made a step answer otherwise than in an earlier sequence that
+            # began alike (a schedule PUT again is a 200, not a 201; a queue consumed since is
+            # a 404), so other links were open: not a defect. schemathesis's own runner counts
+            # it a success unless a check failed; here, a fresh run goes on with the rest.
+            if failures:
+                raise failures[0] from None

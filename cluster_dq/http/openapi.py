@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 import cluster_dq
 from cluster_dq.http.params import LEASE_RE, U32
+from cluster_dq.http.protocol import MAX_URL_BYTES
 from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_NAME_LEN, NAME_RE, JobState
 from cluster_dq.tokens import MAX_INTERVAL, MAX_LIMIT
 
@@ -74,6 +75,16 @@ SCHEMAS: dict[str, Schema] = {
         state=STATE,
         deliveries=INT,
         lease=LEASE_ID,
+        progress={"description": "the last progress a consumer recorded (any JSON value)"},
+    ),
+    "Acked": obj(
+        ["namespace", "queue", "job_id", "state", "result", "acked_at_ms"],
+        namespace={"type": "string"},
+        queue={"type": "string"},
+        job_id={"type": "string"},
+        state={"const": "acked"},
+        result={"description": "the result given on ack (any JSON value)"},
+        acked_at_ms={**INT, "description": "the ack's time, Unix milliseconds"},
     ),
     "Published": obj(
         ["msg", "job_id"],
@@ -144,6 +155,16 @@ E400 = error("a bad parameter, name, id, lease or body; nothing was written", "i
 E401 = error("no token, or a token unknown for this namespace", "invalid token")
 E404_POOL = error("the token names no configured pool or ring", "pool not found")
 E413 = error("a body over its limit (checked from Content-Length first)", "body too large")
+# Refused by the HTTP parser (``http/protocol.py``), before the app: no request id.
+E414 = {
+    "description": f"a request line over {MAX_URL_BYTES} bytes (path and query, percent-encoded)",
+    "content": {
+        JSON: {
+            "schema": ref("Error"),
+            "example": {"error": f"request line too long (max {MAX_URL_BYTES} bytes)"},
+        }
+    },
+}
 E429 = error(
     "the token's rate limit", "token(…) produce reach the limit rate, please retry later", "Message"
 )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 
 from cluster_dq.http.openapi import (
+    JSON,
     E400,
     E401,
     E404_POOL,
     E409,
     E413,
+    E414,
     E429,
     E503,
     EITHER,
@@ -37,8 +39,21 @@ from cluster_dq.models import (
     MAX_BATCH_CONSUME,
     MAX_BULK,
     MAX_NAME_LEN,
+    MAX_NOTE_BYTES,
     MAX_PRIORITY,
+    MAX_SECONDS,
     MAX_TRIES,
+)
+from cluster_dq.schedules import (
+    DEFAULT_CATCH_UP_MS,
+    MAX_CATCH_UP_MS,
+    MAX_CRON_LEN,
+    MAX_EVERY_MS,
+    MAX_SCHEDULE_PAGE,
+    MAX_START_MS,
+    MAX_TZ_LEN,
+    MIN_EVERY_MS,
+    SCHEDULE_NAME_RE,
 )
 from cluster_dq.settings import Settings
 
@@ -73,6 +88,7 @@ PUBLISHED = reply(
 JOB_PATH = "/api/{ns}/{q}/job/{job_id}"
 PEEK, ACK, REPUBLISH = (JOB_PATH, "get"), (JOB_PATH, "delete"), (JOB_PATH, "put")
 TOUCH, RELEASE = (JOB_PATH + "/touch", "post"), (JOB_PATH + "/release", "post")
+PROGRESS = (JOB_PATH + "/progress", "put")
 CONSUME = ("/api/{ns}/{queues}", "get")
 
 
@@ -89,7 +105,7 @@ def links(values: dict[str, object], *targets: tuple[str, str]) -> Schema:
 
 _ID = {"ns": "$request.path.ns", "job_id": "$response.body#/job_id"}
 PUBLISHED["links"] = {
-    **links({**_ID, "q": "$request.path.q"}, PEEK, ACK, REPUBLISH, TOUCH, RELEASE),
+    **links({**_ID, "q": "$request.path.q"}, PEEK, ACK, REPUBLISH, TOUCH, RELEASE, PROGRESS),
     # take it: one job, so the answer is one job object with its lease
     **links({"ns": "$request.path.ns", "queues": "$request.path.q", "query.count": 1}, CONSUME),
 }
@@ -100,6 +116,7 @@ DELIVERED = links(
     REPUBLISH,
     TOUCH,
     RELEASE,
+    PROGRESS,
 )
 
 
@@ -107,6 +124,14 @@ NS = param("ns", "path", NAME, "namespace")
 Q = param("q", "path", QUEUE_NAME, "queue")
 JOB = param("job_id", "path", JOB_ID, "job id")
 LEASE = param("lease", "query", LEASE_ID, "the lease of the delivery that holds the job")
+RESULT = param(
+    "result",
+    "query",
+    {"type": "string", "maxLength": MAX_NOTE_BYTES, "contentMediaType": JSON},
+    f"one JSON value, at most {MAX_NOTE_BYTES} bytes of UTF-8 (413 above; 414 when the "
+    "request line outgrows its limit first), kept ResultSecond after the ack and shown by a "
+    "peek of the job meanwhile",
+)
 
 
 def job_spec(s: Settings, with_id: bool = True) -> list[Schema]:
@@ -217,8 +242,8 @@ def data_operations(s: Settings) -> list[Op]:
             "DELETE",
             "/api/{ns}/{q}/job/{job_id}",
             "Ack (delete) a job in any state; 204 also when it does not exist",
-            {**common, 204: NO_CONTENT, 409: E409},
-            [NS, Q, JOB, LEASE],
+            {**common, 204: NO_CONTENT, 409: E409, 413: E413, 414: E414},
+            [NS, Q, JOB, LEASE, RESULT],
         ),
         Op(
             "POST",
@@ -240,7 +265,13 @@ def data_operations(s: Settings) -> list[Op]:
                 413: E413,
             },
             [NS, Q],
-            json_body(_ack_body(), [{"job_id": "01M84CYQJ90007ZG2JKZ9W9AQM", "lease": None}]),
+            json_body(
+                _ack_body(),
+                [
+                    {"job_id": "01M84CYQJ90007ZG2JKZ9W9AQM", "lease": None},
+                    {"job_id": "01M84CYQJ90007ZG2JKZ9W9AQN", "result": {"total": 42}},
+                ],
+            ),
         ),
         Op(
             "POST",
@@ -297,8 +328,62 @@ def data_operations(s: Settings) -> list[Op]:
             "GET",
             "/api/{ns}/{q}/job/{job_id}",
             "One job by id, in any state",
-            {**common, 200: peeked, 404: error("no such job or unknown pool", "job not found")},
+            {
+                **common,
+                200: reply(
+                    "the job (nothing changes), or, for ResultSecond after an ack with a "
+                    "result, that result",
+                    {"anyOf": [ref("Job"), ref("Acked")]},
+                    PEEKED_EXAMPLE,
+                ),
+                404: error("no such job (nor a kept result), or unknown pool", "job not found"),
+            },
             [NS, Q, JOB],
+        ),
+        Op(
+            "PUT",
+            "/api/{ns}/{q}/job/{job_id}/progress",
+            "Record a reserved job's progress (one JSON value), replacing the last",
+            {
+                **common,
+                200: reply(
+                    "saved",
+                    obj(
+                        ["msg", "job_id", "state"],
+                        msg={"const": "progress saved"},
+                        job_id={"type": "string"},
+                        state={"const": "reserved"},
+                    ),
+                    {
+                        "msg": "progress saved",
+                        "job_id": "01M84CYQJ90007ZG2JKZ9W9AQM",
+                        "state": "reserved",
+                    },
+                ),
+                404: error("no lease given and no such job, or unknown pool", "job not found"),
+                409: reply(
+                    "the lease does not hold the job, or (no lease) the job is not in a "
+                    "running reservation: nothing was changed",
+                    ref("Conflict"),
+                    {
+                        "error": "job 01M84CYQJ90007ZG2JKZ9W9AQM is not reserved: ready; "
+                        "nothing was changed",
+                        "job_id": "01M84CYQJ90007ZG2JKZ9W9AQM",
+                        "state": "ready",
+                        "conflicts": [{"job_id": "01M84CYQJ90007ZG2JKZ9W9AQM", "state": "ready"}],
+                    },
+                ),
+                413: error(
+                    f"progress over {MAX_NOTE_BYTES} bytes",
+                    f"progress too large (max {MAX_NOTE_BYTES} bytes)",
+                ),
+            },
+            [NS, Q, JOB, LEASE],
+            {
+                "required": True,
+                "description": f"one JSON value, at most {MAX_NOTE_BYTES} bytes as sent",
+                "content": {JSON: {"schema": {}, "example": {"done": 120, "of": 500}}},
+            },
         ),
         Op(
             "GET",
@@ -370,6 +455,207 @@ def data_operations(s: Settings) -> list[Op]:
             [NS, Q],
             tag="dead letter",
         ),
+        *schedule_operations(s, common),
+    ]
+
+
+SCHEDULE_PATH = "/api/{ns}/{q}/schedules/{name}"
+SCHEDULE_EXAMPLE = {
+    "namespace": "demo",
+    "queue": "reports",
+    "name": "nightly",
+    "cron": "0 3 * * *",
+    "tz": "Europe/Paris",
+    "job": {"body": "build", "delay_ms": 0, "ttl_ms": 86400000, "tries": 3, "priority": 0},
+    "catch_up_ms": DEFAULT_CATCH_UP_MS,
+    "paused": False,
+    "next_at_ms": 1795744800000,
+    "fired": 12,
+    "missed": 0,
+}
+
+
+def _ms(what: str, maximum: int, minimum: int = 0) -> Schema:
+    return {"type": "integer", "minimum": minimum, "maximum": maximum, "description": what}
+
+
+def schedule_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
+    """The recurring-job routes (``schedules.parse`` reads the PUT body)."""
+    name = param(
+        "name",
+        "path",
+        {
+            "type": "string",
+            "pattern": SCHEDULE_NAME_RE.pattern.replace("\\A", "^").replace("\\Z", "$"),
+        },
+        "the schedule's name",
+    )
+    job = {
+        "type": "object",
+        "description": "the job each occurrence publishes (a publish's limits)",
+        "properties": {
+            "body": {"type": "string", "description": f"UTF-8, at most {s.MaxBodyBytes} bytes"},
+            "delay_ms": _ms("ready this long after the occurrence", MAX_SECONDS * 1000),
+            "ttl_ms": _ms("counted from the publish; 0: never; else > delay_ms", MAX_SECONDS * 1000)
+            | {"default": s.TTLSecond * 1000},
+            "tries": {"type": "integer", "minimum": 1, "maximum": MAX_TRIES, "default": s.TriesNum},
+            "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
+        },
+        "additionalProperties": False,
+    }
+    shared = {
+        "catch_up_ms": _ms("occurrences at most this old are still published late", MAX_CATCH_UP_MS)
+        | {"default": DEFAULT_CATCH_UP_MS},
+        "paused": {"type": "boolean", "default": False, "description": "create it paused"},
+        "job": job,
+    }
+    cron = {
+        "type": "string",
+        "maxLength": MAX_CRON_LEN,
+        "description": "five fields (croniter's) or an @alias",
+    }
+    tz = {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_TZ_LEN,
+        "default": "UTC",
+        "description": "an IANA time zone",
+    }
+    every = _ms("occurrences at start_ms + k * every_ms", MAX_EVERY_MS, MIN_EVERY_MS)
+    start = _ms("every_ms's anchor (ms since the epoch)", MAX_START_MS) | {"default": 0}
+    body = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"cron": cron, "tz": tz, **shared},
+                "required": ["cron"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {"every_ms": every, "start_ms": start, **shared},
+                "required": ["every_ms"],
+                "additionalProperties": False,
+            },
+        ]
+    }
+    schedule = obj(
+        ["namespace", "queue", "name", "job", "catch_up_ms", "paused", "next_at_ms"]
+        + ["fired", "missed"],
+        namespace={"type": "string"},
+        queue={"type": "string"},
+        name={"type": "string"},
+        cron={"type": "string"},
+        tz={"type": "string"},
+        every_ms=INT,
+        start_ms=INT,
+        job=obj(
+            ["body", "delay_ms", "ttl_ms", "tries", "priority"],
+            body={"type": "string"},
+            delay_ms=INT,
+            ttl_ms=INT,
+            tries=INT,
+            priority=INT,
+        ),
+        catch_up_ms=INT,
+        paused={"type": "boolean"},
+        next_at_ms={
+            "type": ["integer", "null"],
+            "description": "the next occurrence to publish; null while paused or never",
+        },
+        fired={**INT, "description": "occurrences published"},
+        missed={**INT, "description": "occurrences skipped: older than catch_up_ms"},
+    )
+    the_schedule = reply("the schedule", schedule, SCHEDULE_EXAMPLE)
+    by_name: dict[str, object] = {
+        "ns": "$request.path.ns",
+        "q": "$request.path.q",
+        "name": "$response.body#/name",
+    }
+    targets = [(SCHEDULE_PATH, m) for m in ("get", "delete")] + [
+        (SCHEDULE_PATH + "/pause", "post"),
+        (SCHEDULE_PATH + "/resume", "post"),
+    ]
+    saved = links(by_name, *targets)
+    missing = error("no such schedule, or unknown pool", "schedule not found")
+    return [
+        Op(
+            "GET",
+            "/api/{ns}/{q}/schedules",
+            "List a queue's schedules, a page at a time (HSCAN: in no set order)",
+            {
+                **common,
+                200: reply(
+                    'one page; go on with cursor until it is "0"',
+                    obj(
+                        ["namespace", "queue", "schedules", "cursor"],
+                        namespace={"type": "string"},
+                        queue={"type": "string"},
+                        schedules={"type": "array", "items": schedule},
+                        cursor={"type": "string", "pattern": "^[0-9]+$"},
+                    ),
+                    {
+                        "namespace": "demo",
+                        "queue": "reports",
+                        "schedules": [SCHEDULE_EXAMPLE],
+                        "cursor": "0",
+                    },
+                ),
+            },
+            [
+                NS,
+                Q,
+                uint("cursor", "0 to start, then the cursor answered", 0, 2**64 - 1),
+                uint("limit", "a hint, as HSCAN's COUNT", MAX_SCHEDULE_PAGE, MAX_SCHEDULE_PAGE, 1),
+            ],
+            tag="schedules",
+        ),
+        Op(
+            "PUT",
+            SCHEDULE_PATH,
+            "Create or replace a schedule (the same definition again changes only paused)",
+            {
+                **common,
+                200: the_schedule | {"links": saved},
+                201: reply("created", schedule, SCHEDULE_EXAMPLE) | {"links": saved},
+                413: E413,
+            },
+            [NS, Q, name],
+            json_body(body, {"cron": "0 3 * * *", "tz": "Europe/Paris", "job": {"body": "build"}}),
+            tag="schedules",
+        ),
+        Op(
+            "GET",
+            SCHEDULE_PATH,
+            "One schedule",
+            {**common, 200: the_schedule, 404: missing},
+            [NS, Q, name],
+            tag="schedules",
+        ),
+        Op(
+            "DELETE",
+            SCHEDULE_PATH,
+            "Delete a schedule (jobs already published stay)",
+            {**common, 204: NO_CONTENT, 404: missing},
+            [NS, Q, name],
+            tag="schedules",
+        ),
+        Op(
+            "POST",
+            SCHEDULE_PATH + "/pause",
+            "Stop firing",
+            {**common, 200: the_schedule, 404: missing},
+            [NS, Q, name],
+            tag="schedules",
+        ),
+        Op(
+            "POST",
+            SCHEDULE_PATH + "/resume",
+            "Fire again, from the next occurrence after now",
+            {**common, 200: the_schedule, 404: missing},
+            [NS, Q, name],
+            tag="schedules",
+        ),
     ]
 
 
@@ -379,7 +665,14 @@ def _ack_body() -> Schema:
             JOB_ID,
             {
                 "type": "object",
-                "properties": {"job_id": JOB_ID, "lease": {"anyOf": [LEASE_ID, {"type": "null"}]}},
+                "properties": {
+                    "job_id": JOB_ID,
+                    "lease": {"anyOf": [LEASE_ID, {"type": "null"}]},
+                    "result": {
+                        "description": f"kept ResultSecond after the ack; any JSON value, "
+                        f"at most {MAX_NOTE_BYTES} bytes compact"
+                    },
+                },
                 "required": ["job_id"],
                 "additionalProperties": False,
             },
