@@ -5,10 +5,12 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     ├── BadRequest            user input refused, names the parameter
     │   └── BodyTooLarge
     ├── NotFound              job, queue head, pool
-    ├── Conflict              a lease that no longer holds its job, or a state that forbids
-    │                         the operation (nothing changed)
+    ├── Conflict              a lease that no longer holds its job (nothing changed)
+    ├── WrongState            the job's state forbids the operation (nothing changed)
+    ├── Contended             others kept changing it meanwhile; nothing changed, try again
     ├── Unauthorized
     ├── RateLimited
+    ├── QueueFull             a publish beyond the queue's max_size (nothing written)
     ├── PoolUnavailable       what a client is told when Redis failed (the service's advice)
     ├── ConfigError           bad settings at start-up (names the key)
     └── RedisFailure          a Redis step failed: redis-py's and the OS's errors, translated
@@ -65,12 +67,41 @@ class Conflict(ClusterDQError):
         super().__init__(f"lease does not hold job {self.job_id}: {why}{more}; nothing was changed")
 
 
+class WrongState(ClusterDQError):
+    """A per-job operation (bury, kick, reschedule) that the job's state forbids: e.g. a bury
+    of a dead job, a kick of one that is not dead. ``state``: where the job is. Nothing
+    changed."""
+
+    def __init__(self, job_id: str, state: str | None, operation: str, allowed: str) -> None:
+        self.job_id, self.state, self.operation = job_id, state, operation
+        super().__init__(
+            f"cannot {operation} job {job_id}: it is {state or 'in no state'}, "
+            f"{operation} needs {allowed}; nothing was changed"
+        )
+
+
+class Contended(ClusterDQError):
+    """A compare-and-set that lost to concurrent writers every time it tried (a schedule
+    changed by other requests and firers meanwhile). Nothing changed; repeating is safe."""
+
+
 class Unauthorized(ClusterDQError):
     pass
 
 
 class RateLimited(ClusterDQError):
     pass
+
+
+class QueueFull(ClusterDQError):
+    """A publish that would take the queue beyond its ``max_size`` (jobs in all states):
+    refused, nothing of the request written."""
+
+    def __init__(self, ns: str, q: str, max_size: int | None = None) -> None:
+        limit = f" ({max_size} jobs)" if max_size is not None else ""
+        super().__init__(
+            f"queue {ns}/{q} is full: it holds its max_size{limit}; nothing was published"
+        )
 
 
 class PoolUnavailable(ClusterDQError):

@@ -6,8 +6,9 @@ the wheel bucket that holds a delayed job is derived from the id alone (O(1) loo
 Client-chosen ids are any other name; they never live in the wheel (see lua/README.md).
 
 The record (a hash value) is ``>I6 I6 H H B B`` = published_ms, expire_at_ms (0 = never),
-tries_left, deliveries, priority, flags, followed by [u16 attr_len + attrs JSON] when flags&1,
-then the body. Lua reads and rewrites the fixed header only.
+tries_left, deliveries, priority, flags, followed by the job's retry backoff (``>B I I H``,
+cluster_dq.backoff) when flags&2, then [u16 attr_len + attrs JSON] when flags&1, then the
+body. Lua reads and rewrites the fixed header only (and reads the backoff).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import struct
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from cluster_dq.backoff import SECTION as BACKOFF_SECTION
+from cluster_dq.backoff import Backoff
 from cluster_dq.errors import BadRequest, BodyTooLarge
 
 MAX_NAME_LEN = 255
@@ -45,6 +48,7 @@ _WHEEL_ID_RE = re.compile(r"\A[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
 HEADER = struct.Struct(">6s6sHHBB")
 HEADER_SIZE = HEADER.size  # 18
 FLAG_ATTRS = 1
+FLAG_BACKOFF = 2
 
 
 class JobState(StrEnum):
@@ -154,6 +158,7 @@ class JobSpec:
     # when a partition happens to publish.
     due_ms: int | None = None
     expire_at_ms: int | None = None
+    backoff: Backoff | None = None  # the job's own retry backoff (else its queue's, if any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,14 +170,18 @@ class Record:
     priority: int
     body: bytes
     attributes: dict[str, str] | None = None
+    backoff: Backoff | None = None
 
     def pack(self) -> bytes:
         flags = 0
         extra = b""
+        if self.backoff is not None:
+            flags |= FLAG_BACKOFF
+            extra = self.backoff.pack()
         if self.attributes:
             flags |= FLAG_ATTRS
             blob = json.dumps(self.attributes, separators=(",", ":")).encode()
-            extra = len(blob).to_bytes(2, "big") + blob
+            extra += len(blob).to_bytes(2, "big") + blob
         head = HEADER.pack(
             _u48(self.published_ms),
             _u48(self.expire_at_ms),
@@ -193,7 +202,10 @@ class Record:
     def unpack(cls, data: bytes) -> Record:
         pub, exp, tries, deliveries, prio, flags = HEADER.unpack_from(data)
         rest = data[HEADER_SIZE:]
-        attrs = None
+        attrs, backoff = None, None
+        if flags & FLAG_BACKOFF:
+            backoff = Backoff.unpack_from(rest, 0)
+            rest = rest[BACKOFF_SECTION.size :]
         if flags & FLAG_ATTRS:
             n = int.from_bytes(rest[:2], "big")
             attrs = json.loads(rest[2 : 2 + n])
@@ -206,7 +218,52 @@ class Record:
             prio,
             bytes(rest),
             attrs,
+            backoff,
         )
+
+
+# Why a job died: the reason codes of its NOTES field (lua/lib/queue.lua, DIED_*).
+DEATH_REASONS: dict[int, str] = {1: "ttr_expired", 2: "tries_exhausted", 3: "buried"}
+DEATH_CODES: dict[str, int] = {name: code for code, name in DEATH_REASONS.items()}
+UNKNOWN_REASON = "unknown"  # a dead job with no recorded death (code 0)
+MAX_NOTE_TEXT = 1024  # bytes (UTF-8) of a bury reason or a release's error text
+_NOTE = struct.Struct(">B6s")
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """What a job carries beside its record (its NOTES field): why and when it died (reason
+    code 0 and ``died_ms`` 0 while alive) and the last error text it was given."""
+
+    reason_code: int = 0
+    died_ms: int = 0
+    last_error: str | None = None
+
+    @property
+    def reason(self) -> str:
+        return DEATH_REASONS.get(self.reason_code, UNKNOWN_REASON)
+
+    @classmethod
+    def unpack(cls, data: bytes | None) -> Note | None:
+        if not data:
+            return None
+        code, died = _NOTE.unpack_from(data)
+        text = data[_NOTE.size :].decode("utf-8", "replace")
+        return cls(code, int.from_bytes(died, "big"), text or None)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One dead job as the dead-letter listing shows it (no body: its size)."""
+
+    job_id: str
+    reason: str
+    died_ms: int
+    deliveries: int
+    last_error: str | None
+    size: int
+    published_ms: int
+    attributes: dict[str, str] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +285,7 @@ class Job:
     lease: str | None = None  # the delivery's token (consume only): ack, touch, release may show it
     extra: dict[str, int] = field(default_factory=dict)
     progress: bytes | None = None  # the last progress a consumer recorded (JSON), peek only
+    note: Note | None = None  # death and last error, where a lookup by id read them
 
     @classmethod
     def from_record(
@@ -240,6 +298,7 @@ class Job:
         due_ms: int | None = None,
         lease: str | None = None,
         progress: bytes | None = None,
+        note: Note | None = None,
     ) -> Job:
         rec = Record.unpack(data)
         return cls(
@@ -257,6 +316,7 @@ class Job:
             due_ms,
             lease,
             progress=progress,
+            note=note,
         )
 
     def ttl_ms(self, now_ms: int) -> int:

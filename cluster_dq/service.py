@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -16,20 +17,34 @@ from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import schedules as schedule_ops
+from cluster_dq.engine import control
+from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import (
+    BadRequest,
     Conflict,
     NotFound,
     NotReplicated,
     PoolUnavailable,
+    QueueFull,
     RedisFailure,
     Refused,
     Unauthorized,
 )
 from cluster_dq.keys import parse_qualified
 from cluster_dq.lifecycle import LifecycleLog
-from cluster_dq.models import Job, JobResult, JobSpec, JobState, validate_spec
+from cluster_dq.models import (
+    DeadLetter,
+    Job,
+    JobResult,
+    JobSpec,
+    JobState,
+    id_to_member,
+    id_to_text,
+    validate_spec,
+)
 from cluster_dq.pools import RedisPool
+from cluster_dq.queueconf import QueueSettings
 from cluster_dq.routing import PoolRoute, build_routes
 from cluster_dq.schedules import describe
 from cluster_dq.schedules import parse as parse_schedule
@@ -61,6 +76,8 @@ class Service:
         self._acks: GroupCommit[tuple[str, str, str], str, JobState | None] = GroupCommit(
             self._ack_group, GROUP_MAX
         )
+        # (ns, q) -> (monotonic s when read, the queue's settings): its default ttr and tries
+        self._queue_settings: dict[tuple[str, str], tuple[float, QueueSettings]] = {}
 
     def route(self, name: str) -> PoolRoute[RedisPool]:
         r = self.routes.get(name)
@@ -105,7 +122,10 @@ class Service:
         # A client id held by a pool being drained is a duplicate, as it would be on one pool.
         known = await self._known_elsewhere(place.reads[:-1], ns, q, specs)
         fresh = [s for s in specs if s.job_id not in known] if known else specs
-        out = await self._publish_on(pool, ns, q, fresh) if fresh else []
+        # one request's jobs: all or none of them when the queue's max_size would be passed
+        out = await self._publish_on(pool, ns, q, fresh, whole=True) if fresh else []
+        if any(p.full for p in out):
+            raise QueueFull(ns, q)
         if known:
             done = iter(out)
             return [
@@ -118,7 +138,10 @@ class Service:
     ) -> list[Published]:
         pool_name, ns, q = key
         try:
-            return await self._publish_on(self.pools[pool_name], ns, q, specs)
+            done = await self._publish_on(self.pools[pool_name], ns, q, specs)
+            # job by job: each request of the group is told of its own (QueueFull: 429)
+            told: list[Any] = [Failed(QueueFull(ns, q)) if p.full else p for p in done]
+            return told
         except PoolUnavailable as e:
             cause = e.__cause__
             if len(specs) == 1 or not isinstance(cause, NotReplicated):
@@ -131,15 +154,16 @@ class Service:
             return out
 
     async def _publish_on(
-        self, pool: RedisPool, ns: str, q: str, specs: Sequence[JobSpec]
+        self, pool: RedisPool, ns: str, q: str, specs: Sequence[JobSpec], whole: bool = False
     ) -> list[Published]:
         # Safe to retry: the job ids are fixed before the first attempt.
         now = pool.engine.clock()
-        op = ops.publish(pool.engine.config, ns, q, specs, now)
+        op = ops.publish(pool.engine.config, ns, q, specs, now, whole)
         out = await self._run(pool, op, idempotent=True, durable=True)
-        self.metrics.count(metrics.published, ns, q, sum(1 for p in out if not p.duplicate))
+        new = [p.job_id for p in out if not p.duplicate and not p.full]
+        self.metrics.count(metrics.published, ns, q, len(new))
         if self.events:
-            self.events.published(ns, q, now, [p.job_id for p in out if not p.duplicate])
+            self.events.published(ns, q, now, new)
         return out
 
     async def _known_elsewhere(
@@ -244,13 +268,15 @@ class Service:
         job_id: str,
         delay_ms: int,
         lease: str | None = None,
+        error: str = "",
     ) -> JobState | str:
         """A consumer's nack: the reserved job goes back now or after ``delay_ms``, its
         delivery counted (no tries left: dead letter); with a ``lease``, only while that
         delivery holds it (else ``Conflict``). Not repeated by the retry policy: once the job
         is back, another consumer may hold it, and a blind repeat would release *that*
         reservation (or, with a lease, answer a conflict for a release that happened). A reply
-        lost in transit is a 503 that says the release may have happened."""
+        lost in transit is a 503 that says the release may have happened. ``error``: a text
+        kept as the job's last error."""
         reads = route.place(ns, q).reads
         for pool in reads:
             op = ops.release(
@@ -262,6 +288,7 @@ class Service:
                 pool.engine.clock(),
                 nack=True,
                 leases=[lease],
+                error=error,
             )
             try:
                 (state,) = await self._run(pool, op, durable=True)
@@ -363,6 +390,143 @@ class Service:
         else:
             self.metrics.count(metrics.acked, ns, q, acked is not None)
         return published
+
+    # -- per-job control and the dead letter -------------------------------------------------
+
+    async def _on_job(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        make: Callable[[RedisPool], Op[Job | None]],
+    ) -> Job:
+        """Runs a per-job script on each pool the queue's jobs may be in (one, but during a
+        migration) until one finds the job. Not repeated by the retry policy: a repeat after a
+        lost reply would find the job moved and answer 409 for a move that happened."""
+        reads = route.place(ns, q).reads
+        for pool in reads:
+            try:
+                job = await self._run(pool, make(pool), durable=True)
+            except Conflict as e:
+                if e.state is None and pool is not reads[-1]:
+                    continue  # not in this pool (a migration): it may be in the next
+                raise
+            if job is not None:
+                return job
+        raise NotFound("job not found")
+
+    async def bury(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        job_id: str,
+        text: str,
+        lease: str | None = None,
+    ) -> Job:
+        """A reserved, ready or delayed job -> dead letter, reason ``buried``, ``text`` kept as
+        its last error; with a ``lease``, only while that delivery holds it."""
+        job = await self._on_job(
+            route, ns, q, lambda p: control.bury(ns, q, job_id, text, p.engine.clock(), lease)
+        )
+        self.metrics.count(metrics.dead_lettered, ns, q, 1)
+        return job
+
+    async def kick(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        job_id: str,
+        delay_ms: int,
+        tries: int,
+        ttl_ms: int,
+    ) -> Job:
+        """One dead job back to ready (or delayed by ``delay_ms``), with ``tries`` and a fresh
+        ttl."""
+        return await self._on_job(
+            route,
+            ns,
+            q,
+            lambda p: control.kick(
+                p.engine.config, ns, q, job_id, delay_ms, tries, ttl_ms, p.engine.clock()
+            ),
+        )
+
+    async def reschedule(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, job_id: str, due: Callable[[int], int]
+    ) -> Job:
+        """A ready or delayed job's new due time: ``due(now)`` (ms), now being the clock of
+        the pool the job is in."""
+        return await self._on_job(
+            route,
+            ns,
+            q,
+            lambda p: control.reschedule_job(
+                p.engine.config, ns, q, job_id, due(p.engine.clock()), p.engine.clock()
+            ),
+        )
+
+    async def dead_jobs(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, cursor: str | None, limit: int
+    ) -> tuple[list[DeadLetter], str | None]:
+        """One page of the dead letter, oldest death first, and the cursor of the next (None:
+        done). A job that stays dead during a walk is listed exactly once."""
+        reads = route.place(ns, q).reads
+        index, after = _parse_cursor(cursor, len(reads))
+        pool = reads[index]
+        page, nxt = await self._run(pool, control.dead_page(ns, q, after, limit), idempotent=True)
+        return page, _next_cursor(index, nxt, len(reads))
+
+    async def redrive(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        filt: DeadFilter,
+        cursor: str | None,
+        limit: int,
+        delay_ms: int,
+        tries: int,
+        ttl_ms: int,
+    ) -> tuple[int, str | None]:
+        """One bounded step of a filtered redrive: how many moved, and the cursor to go on
+        from (None: done)."""
+        reads = route.place(ns, q).reads
+        index, after = _parse_cursor(cursor, len(reads))
+        pool = reads[index]
+        op = control.redrive_dead(
+            pool.engine.config,
+            ns,
+            q,
+            filt,
+            after,
+            limit,
+            delay_ms,
+            tries,
+            ttl_ms,
+            pool.engine.clock(),
+        )
+        reply = await self._run(pool, op, durable=True)
+        self.metrics.count(metrics.respawned, ns, q, reply.count)
+        return reply.count, _next_cursor(index, reply.after if reply.more else None, len(reads))
+
+    async def purge(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        filt: DeadFilter,
+        cursor: str | None,
+        limit: int,
+    ) -> tuple[int, str | None]:
+        """One bounded step of a filtered delete of dead jobs: how many deleted, and the cursor
+        to go on from (None: done). Safe to repeat."""
+        reads = route.place(ns, q).reads
+        index, after = _parse_cursor(cursor, len(reads))
+        op = control.purge_dead(ns, q, filt, after, limit)
+        reply = await self._run(reads[index], op, idempotent=True, durable=True)
+        return reply.count, _next_cursor(index, reply.after if reply.more else None, len(reads))
 
     async def _first(
         self,
@@ -498,6 +662,70 @@ class Service:
         pool = route.place(ns, q).write
         await self._run(pool, schedule_ops.delete(pool.engine.config, ns, q, name), idempotent=True)
 
+    # -- queue control ----------------------------------------------------------------------
+
+    async def queue_settings(self, route: PoolRoute[RedisPool], ns: str, q: str) -> QueueSettings:
+        """The queue's own settings, as the pool that takes its new jobs holds them."""
+        pool = route.place(ns, q).write
+        got = await self._run(pool, ops.queue_settings(ns, q), idempotent=True)
+        self._queue_settings[(ns, q)] = (time.monotonic(), got)
+        return got
+
+    async def configure(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, changes: Sequence[tuple[str, str]]
+    ) -> QueueSettings:
+        """Changes the queue's own settings (validated: ``queueconf.parse_changes``) on every
+        pool that holds its jobs (a migration: the pools drained too, the write pool last),
+        and answers them. Idempotent: pause and resume twice change nothing more."""
+        got = QueueSettings()
+        for pool in route.place(ns, q).reads:
+            got = await self._run(pool, ops.configure(ns, q, changes), idempotent=True)
+        self._queue_settings[(ns, q)] = (time.monotonic(), got)
+        return got
+
+    async def queue_defaults(self, route: PoolRoute[RedisPool], ns: str, q: str) -> QueueSettings:
+        """The queue's settings for its default ttr and tries, read at most once per
+        ``QueueSettingsCacheSecond`` by this instance (a change made through another one
+        applies within that). Pause, max size and backoff are read by the scripts
+        themselves, atomically, never from here."""
+        hit = self._queue_settings.get((ns, q))
+        if hit is not None and time.monotonic() - hit[0] < self.settings.QueueSettingsCacheSecond:
+            return hit[1]
+        if len(self._queue_settings) > 100_000:
+            self._queue_settings.clear()
+        return await self.queue_settings(route, ns, q)
+
+    async def list_queues(
+        self, route: PoolRoute[RedisPool], ns: str, cursor: str, limit: int
+    ) -> tuple[list[tuple[ops.QueueOverview, int]], str]:
+        """One page of the namespace's queues, by name after ``cursor`` (the last name of the
+        previous page; '' = from the start): each with its overview summed over the pools
+        that hold it, and the time of the look. Returns the page and the next cursor ('' =
+        done). Names come from the shard registries of every pool of the route, which hold
+        every queue with jobs (a queue without any may be missing)."""
+        names: set[str] = set()
+        for pool in route.pools():
+            shards = pool.engine.config.shards
+            op = ops.queues_of_namespace(shards, ns)
+            names.update(await self._run(pool, op, idempotent=True))
+        ordered = sorted(n for n in names if n > cursor)
+        page, more = ordered[:limit], len(ordered) > limit
+        out: list[tuple[ops.QueueOverview, int]] = []
+        if page:
+            by_pool: dict[str, tuple[RedisPool, list[str]]] = {}
+            for q in page:
+                for pool in route.place(ns, q).reads:
+                    by_pool.setdefault(pool.name, (pool, []))[1].append(q)
+            merged: dict[str, ops.QueueOverview] = {}
+            now = 0
+            for pool, qs in by_pool.values():
+                now = pool.engine.clock()
+                look = ops.overview(pool.engine.config, ns, qs)
+                for o in await self._run(pool, look, idempotent=True):
+                    merged[o.name] = _merge(merged.get(o.name), o)
+            out = [(merged[q], now) for q in page if q in merged]
+        return out, page[-1] if more and page else ""
+
     # -- admin ------------------------------------------------------------------------------
 
     async def info(self, route: PoolRoute[RedisPool]) -> dict[str, list[str]]:
@@ -524,6 +752,56 @@ class Service:
                     if s.delayed or s.ready or s.reserved or s.dead:
                         out.setdefault(pool.name, {})[qualified] = s
         return out
+
+
+def _merge(a: ops.QueueOverview | None, b: ops.QueueOverview) -> ops.QueueOverview:
+    """One queue's overview over the pools that hold it (a migration, a ring moving it)."""
+    if a is None:
+        return b
+    x, y = a.sizes, b.sizes
+    events = [t for t in (x.next_event_ms, y.next_event_ms) if t is not None]
+    dues = [t for t in (a.oldest_due_ms, b.oldest_due_ms) if t is not None]
+    return ops.QueueOverview(
+        a.name,
+        Sizes(
+            x.delayed + y.delayed,
+            x.ready + y.ready,
+            x.reserved + y.reserved,
+            x.dead + y.dead,
+            min(events) if events else None,
+        ),
+        a.paused or b.paused,
+        min(dues) if dues else None,
+    )
+
+
+def _parse_cursor(cursor: str | None, pools: int) -> tuple[int, control.After | None]:
+    """A dead-letter cursor: ``<pool index>:<time of death ms>:<job id>`` (the index counts the
+    pools the queue is read from: one, but during a migration); ``<index>::`` starts a pool."""
+    if cursor is None:
+        return 0, None
+    parts = cursor.split(":", 2)
+    index = _uint(parts[0]) if len(parts) == 3 else None
+    if index is None or index >= pools:
+        raise BadRequest("invalid cursor", "cursor")
+    if parts[1] == "" and parts[2] == "":
+        return index, None
+    score = _uint(parts[1])
+    if score is None or not parts[2] or len(parts[2]) > 64:
+        raise BadRequest("invalid cursor", "cursor")
+    return index, (score, id_to_member(parts[2]))
+
+
+def _next_cursor(index: int, after: control.After | None, pools: int) -> str | None:
+    if after is not None:
+        return f"{index}:{after[0]}:{id_to_text(after[1])}"
+    if index + 1 < pools:
+        return f"{index + 1}::"
+    return None
+
+
+def _uint(raw: str) -> int | None:
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 20 else None
 
 
 UNKNOWN = "the request may or may not have been applied"

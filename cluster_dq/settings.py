@@ -95,6 +95,9 @@ class Settings:
     # How long the result a consumer gave on ack stays visible (peek by id) after the ack.
     ResultSecond: int = 3600
     TokenCacheSecond: float = 2.0
+    # How long an instance keeps a queue's default ttr and tries (its settings) before it reads
+    # them again: a change made through another instance applies within this. 0: every request.
+    QueueSettingsCacheSecond: float = 1.0
     LifecycleDir: str = ""  # record job lifecycle events here (JSON lines) for analysis; "" = off
     EnableMetrics: bool = True  # off only to measure what the metrics cost
     SizeIntervalSecond: float = 10.0  # how often shard leaders measure their queues (metrics)
@@ -254,6 +257,7 @@ def _validate(s: Settings) -> None:
     _within("TimeoutSecond", s.TimeoutSecond, 0, s.MaxTimeoutSecond, " (MaxTimeoutSecond)")
     _within("MaxBodyBytes", s.MaxBodyBytes, 1, MAX_BODY, " (the largest job body)")
     _within("TokenCacheSecond", s.TokenCacheSecond, 0, 3600)
+    _within("QueueSettingsCacheSecond", s.QueueSettingsCacheSecond, 0, 3600)
     _within("Shards", s.Shards, 1, 4096)
     _within("AckedIdMemorySecond", s.AckedIdMemorySecond, 0, 86_400)
     _within("ResultSecond", s.ResultSecond, 1, 604_800)

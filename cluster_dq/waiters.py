@@ -138,6 +138,10 @@ class _Watcher:
             ops.sizes(engine.config, self.namespace, self.queue), deadline=until
         )
         nxt = sizes.next_event_ms
+        if sizes.ready and nxt is not None and nxt <= engine.clock():
+            # Jobs ready and none handed out: the queue is paused (consume.lua), and what is
+            # due there is the pump's. Wait for resume's wake-up ('1') or the safety poll.
+            nxt = None
         if nxt is not None and nxt <= engine.clock() and sizes.ready == 0:
             if not self.looked_again:
                 # Most often a job that became due while the look was under way: look again

@@ -2,7 +2,8 @@
 --[[
   READY -> RESERVED for up to `count` jobs, in priority then due order. First moves what is
   due (DELAYED -> READY) and expires passed reservations, so a consumer never waits on the
-  pump. Each reserved job has its tries decremented, its ttr deadline set and a lease: the
+  pump. A paused queue (CONF `paused`) hands out nothing; the rest is done all the same.
+  Each reserved job has its tries decremented, its ttr deadline set and a lease: the
   token of this delivery, which ack, touch, release and republish may present.
   Bounded: at most `limit` expired jobs are dropped from the head of READY per call (the rest
   is left for the next call, or the pump's expire_ttl), so no call runs long whatever the data.
@@ -14,9 +15,11 @@
   ARGV[5] notify: the queue's notify channel
   ARGV[6] open_lead: how long before its window a wheel bucket opens (ms)
   ARGV[7] lease_prefix: 6 random bytes; the i-th job reserved by this call gets prefix .. u16(i)
+  ARGV[8] seed: a random number in [0, 1): the jitter of retry backoffs (lib/queue.lua retry)
   Returns: {lowered, stale, retried, dead, expired, more, member_1, record_1, lease_1, ...}
     (records as delivered;
-    lowered: 1 when the queue's next pump event moved earlier, see publish.lua;
+    lowered: when the queue's next pump event moved earlier (see publish.lua), the earliest
+    event this call added (ms: a ttr end, a retry backoff's end), else 0;
     stale: when a wheel bucket should already be open, i.e. the pump is behind, this call's
     `now` (else 0): the caller then opens it itself, as of that time, and consumes again;
     retried, dead, expired: jobs this call moved on the way: ttr passed -> READY again, ttr
@@ -28,11 +31,11 @@
 local now, ttr, count, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix = ARGV[7]
 local was_empty = redis.call('EXISTS', READY) == 0
-local retried, dead, gone = expire_reservations(now, limit)
+local retried, dead, gone, backoff = expire_reservations(now, limit, tonumber(ARGV[8]))
 local _, gone2 = promote(now, limit)
-local H = 6
 local out = {0, 0, 0, 0, 0, 0}
 local got, skipped = 0, 0
+if redis.call('HGET', CONF, 'paused') == '1' then count = 0 end
 while got < count and skipped < limit do
   local popped = redis.call('ZPOPMIN', READY, math.min(count - got, limit - skipped))
   if #popped == 0 then break end
@@ -57,8 +60,8 @@ while got < count and skipped < limit do
     end
   end
 end
-local lowered = 0
-if got > 0 then lowered = lower_next(now + ttr) end
+local lowered = backoff
+if got > 0 and lower_next(now + ttr) == 1 then lowered = earliest(lowered, now + ttr) end
 out[1], out[3], out[4], out[5] = lowered, retried, dead, gone + gone2 + skipped
 if got < count and skipped >= limit then out[6] = 1 end
 local w = first_score(WHEEL)

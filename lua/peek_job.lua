@@ -4,9 +4,10 @@
   KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
   KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] member: the job's id
-  Returns: {} when absent, else {state, record, score, progress}: state DELAYED (score = due
-    ms), READY (score = ready rank), RESERVED (ttr deadline), DEAD (time of death); progress:
-    the job's NOTES field `p:<id>`, or nil
+  Returns: {} when absent, else {state, record, score, note, progress}: state DELAYED (score =
+    due ms), READY (score = ready rank), RESERVED (ttr deadline), DEAD (time of death); note:
+    its NOTES field (death and last error, '' when none); progress: its NOTES field `p:<id>`,
+    or nil
 ]]
 --@include lib/codes
 --@include lib/queue
@@ -16,12 +17,12 @@ if rec then
   local states = {{CODE.READY, READY}, {CODE.RESERVED, RESERVED}, {CODE.DELAYED, DELAYED}, {CODE.DEAD, DEAD}}
   for _, s in ipairs(states) do
     local score = redis.call('ZSCORE', s[2], id)
-    if score then return {s[1], rec, score, redis.call('HGET', NOTES, 'p:' .. id)} end
+    if score then return {s[1], rec, score, redis.call('HGET', NOTES, id) or '', redis.call('HGET', NOTES, 'p:' .. id)} end
   end
   return {}
 end
 if KEYS[FIRST_EXTRA] then
   rec = redis.call('HGET', KEYS[FIRST_EXTRA], id)
-  if rec then return {CODE.DELAYED, rec, tostring(struct.unpack('>I6', id))} end
+  if rec then return {CODE.DELAYED, rec, tostring(struct.unpack('>I6', id)), ''} end
 end
 return {}

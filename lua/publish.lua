@@ -10,18 +10,21 @@
   ARGV[4] notify: the queue's notify channel
   ARGV[5] open_lead: how long before its window a wheel bucket opens (ms)
   ARGV[6] remember_acked: how long acked ids are remembered (ms)
-  ARGV[7] n: the number of jobs
-  ARGV[8..] jobs...: 6 values per job: member, due_ms, record, bucket KEYS index (0 = none),
+  ARGV[7] whole: '1' all the jobs or none when they would take the queue beyond its max_size
+    (one request's bulk), '0' job by job in order (a group of one-job requests)
+  ARGV[8] n: the number of jobs
+  ARGV[9..] jobs...: 6 values per job: member, due_ms, record, bucket KEYS index (0 = none),
     bucket name, '1' to place the job in that bucket ('0': the bucket is only looked in for a
     duplicate: a fixed server id whose bucket may not be open yet)
   Returns: {code_1 .. code_n, HLEN of KEYS[13], HLEN of KEYS[14], ..., lowered}
-    code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY
+    code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY, FULL (the queue holds
+    CONF max_size jobs, in all states: nothing written for it)
     lowered: 1 when the queue's next pump event moved earlier (the caller signals its shard)
 ]]
 --@include lib/codes
 --@include lib/queue
 local now, cap, width, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local lead, keep, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local lead, keep, whole, n = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1', tonumber(ARGV[8])
 local was_empty = redis.call('EXISTS', READY) == 0
 -- What place() (lib/queue.lua) does job by job, done once per call with the same outcome (the
 -- call is atomic): whether the queue comes into being, whether any id can have been acked,
@@ -30,17 +33,44 @@ local was_empty = redis.call('EXISTS', READY) == 0
 local fresh = redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0
 local acked = redis.call('EXISTS', ACKED) == 1
 local out, lowered, low, wheeled, expiring, fill, listed = {}, 0, false, 0, {}, {}, {}
+-- The queue's max_size (CONF): `room` = jobs it may still take (false: no limit); every state
+-- counts (JOBS and the wheel), a duplicate does not.
+local room = tonumber(redis.call('HGET', CONF, 'max_size') or '')
+if room then
+  room = room - redis.call('HLEN', JOBS) - tonumber(redis.call('HGET', META, 'w') or '0')
+  if whole then
+    local new = 0
+    for j = 0, n - 1 do
+      local b = 9 + j * 6
+      local id, kidx = ARGV[b], tonumber(ARGV[b + 3])
+      if redis.call('HEXISTS', JOBS, id) == 0 and not (acked and acked_lately(id, now, keep))
+          and not (kidx > 0 and redis.call('HEXISTS', KEYS[kidx], id) == 1) then
+        new = new + 1
+      end
+    end
+    if new > room then
+      for _ = 1, n do out[#out + 1] = CODE.FULL end
+      for k = FIRST_EXTRA, #KEYS do out[#out + 1] = redis.call('HLEN', KEYS[k]) end
+      out[#out + 1] = 0
+      return out
+    end
+  end
+end
 for j = 0, n - 1 do
-  local b = 8 + j * 6
+  local b = 9 + j * 6
   local id, due, rec, kidx = ARGV[b], tonumber(ARGV[b + 1]), ARGV[b + 2], tonumber(ARGV[b + 3])
   local bucket, st = kidx > 0 and KEYS[kidx], CODE.DUPLICATE
-  if redis.call('HEXISTS', JOBS, id) == 0 and not (acked and acked_lately(id, now, keep)) then
-    local room = false
+  if redis.call('HEXISTS', JOBS, id) == 1 or (acked and acked_lately(id, now, keep)) then
+    -- a duplicate: nothing written
+  elseif room and room <= 0 then
+    if not (bucket and redis.call('HEXISTS', bucket, id) == 1) then st = CODE.FULL end
+  else
+    local fits = false
     if due > now and bucket and ARGV[b + 5] == '1' then
       fill[kidx] = fill[kidx] or redis.call('HLEN', bucket)
-      room = fill[kidx] < cap
+      fits = fill[kidx] < cap
     end
-    if room then
+    if fits then
       if redis.call('HSETNX', bucket, id, rec) == 1 then
         local start = due - due % width
         if not listed[kidx] then
@@ -67,8 +97,11 @@ for j = 0, n - 1 do
         if not low or e < low then low = e end
       end
     end
-    if st ~= CODE.DUPLICATE and fresh then
-      lowered, fresh = 1, false -- a queue coming into being: the caller registers it in its shard
+    if st ~= CODE.DUPLICATE then
+      if fresh then
+        lowered, fresh = 1, false -- a queue coming into being: the caller registers it in its shard
+      end
+      if room then room = room - 1 end
     end
   end
   out[#out + 1] = st

@@ -6,23 +6,27 @@
   is gone before it got the job (always with the lease of the reservation given back, so a
   repeat cannot touch a later delivery of the same job).
   Mode 1 (release, the consumer's nack): the delivery counts, as if its ttr had passed now; a
-  job with no tries left goes to DEAD, a job whose ttl ended is removed.
+  job with no tries left goes to DEAD, a job whose ttl ended is removed; released without a
+  delay, a job with a retry backoff (its own or its queue's) waits it out in DELAYED.
   KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] delay: how long until the job is ready again (ms)
   ARGV[3] notify: the queue's notify channel
   ARGV[4] mode: '0' give back, '1' release (nack)
-  ARGV[5..] jobs...: 2 values per job: member, lease ('' = none)
+  ARGV[5] seed: a random number in [0, 1): the jitter of retry backoffs (lib/queue.lua retry)
+  ARGV[6] error: the consumer's error text, kept as each released job's last error ('' = none)
+  ARGV[7..] jobs...: 2 values per job: member, lease ('' = none)
   Returns: {code per job: NOT_FOUND (not reserved, left alone), DELAYED, READY, DEAD, EXPIRED
-    (ttl ended), or a LEASE_* code (the lease does not hold the job, left alone); lowered
-    (see publish.lua)}
+    (ttl ended), or a LEASE_* code (the lease does not hold the job, left alone); lowered:
+    when the queue's next pump event moved earlier, the earliest event added (ms), else 0}
 ]]
 --@include lib/codes
 --@include lib/queue
-local now, delay, nack = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1'
+local now, delay, nack, err = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1', ARGV[6]
 local was_empty = redis.call('EXISTS', READY) == 0
+local seed, retried = tonumber(ARGV[5]), 0
 local out, lowered = {}, 0
-for i = 5, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
   local st, why = CODE.NOT_FOUND, CODE.OK
   if lease ~= '' then why = lease_check(id, lease, now) end
@@ -42,18 +46,22 @@ for i = 5, #ARGV, 2 do
       redis.call('ZREM', EXPIRE, id)
       st = CODE.EXPIRED
     elseif nack and tries == 0 then
-      redis.call('ZADD', DEAD, now, id)
-      redis.call('ZREM', EXPIRE, id) -- DEAD never expires (as in lmstfy)
+      kill(id, DIED_NACKED, now, err)
       st = CODE.DEAD
     elseif delay > 0 then
       delay_until(id, now + delay)
-      lowered = math.max(lowered, lower_next(now + delay))
+      if lower_next(now + delay) == 1 then lowered = earliest(lowered, now + delay) end
       st = CODE.DELAYED
+    elseif nack then
+      local low
+      st, low = retry(id, rec, now, draw(seed, retried))
+      lowered, retried = earliest(lowered, low), retried + 1
     else
       make_ready(id, rec, now)
       st = CODE.READY
     end
   end
+  if st == CODE.DELAYED or st == CODE.READY then note_error(id, err) end
   out[#out + 1] = st
 end
 tidy()

@@ -23,7 +23,8 @@
   ARGV[16] lease: the lease of the old job's delivery ('' = none)
   Returns: {old job's code (NOT_FOUND, DELAYED, READY, RESERVED, DEAD), new job's code (as
     publish), lowered (as publish)}, or {LEASE_* code, NOT_FOUND, 0} when the lease no longer
-    holds the old job; nothing changed then
+    holds the old job, or {FULL, FULL, 0} when the new job would take the queue beyond its
+    max_size (CONF; the old job counts as gone); nothing changed then
 ]]
 --@include lib/codes
 --@include lib/queue
@@ -33,8 +34,17 @@ if ARGV[16] ~= '' then
   local why = lease_check(ARGV[5], ARGV[16], now)
   if why ~= CODE.OK then return {why, CODE.NOT_FOUND, 0} end
 end
-local was_empty = redis.call('EXISTS', READY) == 0
 local okidx, nkidx = tonumber(ARGV[6]), tonumber(ARGV[11])
+local max = tonumber(redis.call('HGET', CONF, 'max_size') or '')
+if max and redis.call('HEXISTS', JOBS, ARGV[8]) == 0 then
+  local n = redis.call('HLEN', JOBS) + tonumber(redis.call('HGET', META, 'w') or '0')
+  if redis.call('HEXISTS', JOBS, ARGV[5]) == 1
+      or (okidx > 0 and redis.call('HEXISTS', KEYS[okidx], ARGV[5]) == 1) then
+    n = n - 1
+  end
+  if n >= max then return {CODE.FULL, CODE.FULL, 0} end
+end
+local was_empty = redis.call('EXISTS', READY) == 0
 local old = remove_job(ARGV[5], okidx > 0 and KEYS[okidx], ARGV[7])
 if old ~= CODE.NOT_FOUND then
   if ARGV[5] == ARGV[8] then

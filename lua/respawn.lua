@@ -1,6 +1,7 @@
 #!lua
 --[[
-  DEAD -> READY for the oldest `limit` dead jobs, each with one try and a fresh ttl (as lmstfy).
+  DEAD -> READY for the oldest `limit` dead jobs, each with one try and a fresh ttl (as lmstfy);
+  each forgets its death (NOTES), keeps its last error.
   KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] limit: jobs per call
@@ -22,6 +23,7 @@ for _, id in ipairs(ids) do
     rec = with_tries_expire(rec, 1, exp)
     redis.call('HSET', JOBS, id, rec)
     make_ready(id, rec, now)
+    forget_death(id)
     if exp > 0 then
       redis.call('ZADD', EXPIRE, exp, id)
       lowered = math.max(lowered, lower_next(exp))

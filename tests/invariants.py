@@ -29,6 +29,18 @@ def check_queue(r: redis.Redis, ns: str, q: str) -> dict[str, int]:
         exp = int.from_bytes(rec[6:12], "big")
         if member not in zsets["dead"] and exp:
             assert member in expire, "a finite-ttl job is missing from the expire index"
+    for field, note in r.hgetall(k.notes).items():
+        # no NOTES field outlives its job: `<id>` (death, last error) and `p:<id>` (progress)
+        owner = field[2:] if field.startswith(b"p:") else field
+        assert owner in jobs, f"a NOTES field outlives its job: {field!r}"
+        if not field.startswith(b"p:"):
+            assert len(note) >= 7, f"a malformed note: {field!r}"
+            died = note[0] != 0 or int.from_bytes(note[1:7], "big") != 0
+            assert died == (field in zsets["dead"]), f"a death noted of a live job: {field!r}"
+            assert died or len(note) > 7, f"an empty note kept: {field!r}"
+    for member in zsets["dead"]:
+        note = r.hget(k.notes, member)
+        assert note is not None and note[0] != 0, f"a dead job without its death: {member!r}"
     buckets = {b.decode() for b in r.zrange(k.wheel, 0, -1)}
     in_wheel = 0
     wheel_ids: set[bytes] = set()

@@ -44,6 +44,7 @@ class MJob:
     holder: int | None = None  # reserved: the delivery (consume number) holding it
     client_id: bool = False
     lease: str | None = None  # reserved: the lease of the delivery holding it (None: unknown)
+    reason: str = ""  # dead: why it died (ttr_expired, tries_exhausted, buried)
 
     def score(self) -> int:
         """What peek_job reports as the job's score in its state."""
@@ -103,7 +104,7 @@ class Model:
                 elif j.tries > 0:
                     j.state, j.due = READY, now
                 else:
-                    j.state, j.died = DEAD, now
+                    j.state, j.died, j.reason = DEAD, now, "ttr_expired"
 
     def promote(self, q: str, now: int) -> None:
         for j in self.of(q, DELAYED):

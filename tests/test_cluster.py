@@ -12,6 +12,8 @@ from typing import Any
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine import control
+from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Call, Eval
 from cluster_dq.engine.scripts import load_all
@@ -86,6 +88,24 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
         assert s.dead >= 1
         assert await run(ops.respawn(cfg, "ns", q, 1, 0, t)) == 1
         assert await run(ops.delete_dead("ns", q, 100)) >= 0
+        a, b = await run(
+            ops.publish(cfg, "ns", q, [JobSpec(b"a", delay_ms=10 * MIN), JobSpec(b"b")], t)
+        )
+        moved = await run(control.reschedule_job(cfg, "ns", q, a.job_id, t + 5_000, t))
+        assert moved is not None and moved.state is JobState.DELAYED
+        for jid in (a.job_id, b.job_id):
+            buried = await run(control.bury("ns", q, jid, "why", t))
+            assert buried is not None and buried.state is JobState.DEAD
+        page, _ = await run(control.dead_page("ns", q, None, 10))
+        assert {d.job_id for d in page} >= {a.job_id, b.job_id}
+        kicked = await run(control.kick(cfg, "ns", q, a.job_id, 0, 1, 0, t))
+        assert kicked is not None and kicked.state is JobState.READY
+        redriven = await run(
+            control.redrive_dead(cfg, "ns", q, DeadFilter("buried"), None, 10, 0, 1, 0, t)
+        )
+        assert redriven.count == 1
+        await run(control.bury("ns", q, b.job_id, "", t))
+        assert (await run(control.purge_dead("ns", q, DeadFilter(), None, 10))).count >= 1
         await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=MIN + BUCKET_WIDTH_MS)], t))
         assert await run(ops.destroy(cfg, "ns", q)) >= 1
         assert await run(ops.sizes(cfg, "ns", q)) == ops.Sizes(0, 0, 0, 0, None)

@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from cluster_dq.coalesce import GROUP_MAX, GroupCommit
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
+from cluster_dq.engine.signatures import SIGNATURES
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
@@ -181,7 +182,7 @@ async def test_a_grouped_publish_whose_reply_is_lost_is_repeated_without_doublin
     async def lose_a_grouped_reply(step: Any) -> Any:
         reply = await real_step(step)
         if isinstance(step, Eval) and step.script == "publish" and not lost:
-            n = int(step.args[6]) if len(step.args) > 6 else 0  # ARGV n
+            n = int(step.args[SIGNATURES["publish"].argv.index("n")])  # ARGV n
             if n > 1:
                 lost.append(n)
                 raise RedisConnectionError("reply lost")

@@ -30,7 +30,19 @@ from cluster_dq.settings import load
 
 TOKEN = "hot-paths-token-0123456789"
 ULID = re.compile(r"\b[0-9A-HJKMNP-TV-Z]{26}\b")
-TIMES = {"elapsed_ms", "ttl", "ttl_ms", "published_at", "published_ms", "reserved_ms", "due_ms"}
+TIMES = {
+    "elapsed_ms",
+    "ttl",
+    "ttl_ms",
+    "published_at",
+    "published_ms",
+    "reserved_ms",
+    "due_ms",
+    "oldest_due_ms",
+    "lateness_ms",
+    "next_attempt_at",
+    "died_at",
+}
 
 
 Apps = tuple[asyncio.Runner, Service, httpx.AsyncClient, httpx.AsyncClient]
@@ -73,6 +85,10 @@ segment = st.sampled_from(
         "01ARZ3NDEKTSV4RRFFQ69G5FAV",
         "client-1",
         "progress",
+        "settings",
+        "pause",
+        "resume",
+        *("bury", "reschedule", "deadletter", "kick", "jobs", "redrive", "purge"),
     ]
 )
 query = st.lists(
@@ -97,6 +113,13 @@ query = st.lists(
             "result=x",
             "token=" + TOKEN,
             "token=bad!",
+            "limit=2",
+            "cursor=q",
+            "backoff=fixed",
+            "backoff_ms=10",
+            "reason=x",
+            "at=5",
+            "limit=1001",
         ]
     ),
     max_size=4,
@@ -109,7 +132,10 @@ def masked(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
         body: Any = json.loads(text)
     except ValueError:
         body = text
-    for item in body if isinstance(body, list) else [body]:
+    items = body if isinstance(body, list) else [body]
+    if isinstance(body, dict) and isinstance(body.get("queues"), list):  # a queue listing
+        items = [body, *body["queues"]]
+    for item in items:
         if isinstance(item, dict):
             for k in TIMES & item.keys():
                 item[k] = "<time>"
@@ -127,7 +153,7 @@ def masked(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
-    method=st.sampled_from(["PUT", "GET", "DELETE", "HEAD", "POST"]),
+    method=st.sampled_from(["PUT", "GET", "DELETE", "HEAD", "POST", "PATCH"]),
     path=st.lists(segment, min_size=1, max_size=5).map(lambda s: "/api/" + "/".join(s)),
     q=query,
     token=st.sampled_from([TOKEN, "", "no-such-token-0123456789", "bad token"]),

@@ -97,6 +97,33 @@ def test_publish_consume_ack_lmstfy_shapes(api: httpx.Client) -> None:
     assert size(api)["size"] == 0 and size(api)["reserved"] == 0
 
 
+def test_a_delete_says_the_state_it_cancelled_the_job_in(api: httpx.Client) -> None:
+    """DELETE …/job/{id} is lmstfy's 204 in every state; its X-Job-State header says which
+    state the job was cancelled in, or `none` when there was no such job."""
+
+    def publish(**query: Any) -> str:
+        return str(api.put("/api/ns/cancel", params=query, content=b"x").json()["job_id"])
+
+    ready, delayed, wheel = publish(), publish(delay_ms=2_000), publish(delay=3_600)
+    reserved, dead = publish(), publish(job_id="cancel-dead")
+    api.get("/api/ns/cancel", params={"ttr_ms": 60_000})  # takes the oldest ready: `ready`
+    api.delete(f"/api/ns/cancel/job/{ready}")
+    assert api.get("/api/ns/cancel", params={"ttr_ms": 60_000}).json()["job_id"] == reserved
+    r = api.post(f"/api/ns/cancel/job/{dead}/bury", params={"reason": "x"})
+    assert r.status_code == 200, r.text
+    ready = publish()
+    for jid, state in [
+        (ready, "ready"),
+        (delayed, "delayed"),
+        (wheel, "delayed"),
+        (reserved, "reserved"),
+        (dead, "dead"),
+        (dead, "none"),
+    ]:
+        r = api.delete(f"/api/ns/cancel/job/{jid}")
+        assert (r.status_code, r.headers["x-job-state"], r.content) == (204, state, b""), jid
+
+
 def test_ttl_zero_means_forever_and_delay_is_honoured(api: httpx.Client) -> None:
     jid = api.put("/api/ns/q", params={"ttl": 0, "delay_ms": 300}, content=b"x").json()["job_id"]
     assert api.get("/api/ns/q").status_code == 404  # not due yet

@@ -25,6 +25,8 @@ import pytest
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import schedules as schedule_ops
+from cluster_dq.engine import control
+from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import FIRST_EXTRA_KEY, Call, Eval
 from cluster_dq.engine.replies import ReplyCode
@@ -32,7 +34,7 @@ from cluster_dq.errors import Fenced
 from cluster_dq.engine.scripts import load_all, lua_codes, lua_dir
 from cluster_dq.engine.signatures import QUEUE, SIGNATURES
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys, shard_of
-from cluster_dq.models import JobSpec
+from cluster_dq.models import DEATH_REASONS, JobSpec
 from cluster_dq.schedules import Schedule, Template
 
 LUA = lua_dir()
@@ -283,7 +285,19 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.respawn(cfg, "ns", q, 1, 0, t))
     await run(ops.delete_dead("ns", q, 100))
     await run(ops.sizes_of(cfg, [f"ns/{q}"]))
+    await run(ops.configure("ns", q, [("paused", "1"), ("max_size", "100")]))
+    await run(ops.configure("ns", q, [("paused", ""), ("max_size", "")]))
     await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=min_ + BUCKET_WIDTH_MS)], t))
+    a, b = await run(
+        ops.publish(cfg, "ns", q, [JobSpec(b"a", delay_ms=10 * min_), JobSpec(b"b")], t)
+    )
+    await run(control.reschedule_job(cfg, "ns", q, a.job_id, t + 5_000, t))
+    await run(control.bury("ns", q, a.job_id, "why", t))
+    await run(control.bury("ns", q, b.job_id, "", t))
+    await run(control.dead_page("ns", q, None, 10))
+    await run(control.kick(cfg, "ns", q, a.job_id, 0, 1, 0, t))
+    await run(control.redrive_dead(cfg, "ns", q, DeadFilter(), None, 10, 0, 1, 0, t))
+    await run(control.purge_dead("ns", q, DeadFilter(), None, 10))
     await run(ops.destroy(cfg, "ns", q))
     await run(ops.sizes(cfg, "ns", q))
     epoch = await run(ops.lead(5, "contract", 1_000))
@@ -304,3 +318,14 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(schedule_ops.set_paused(cfg, "ns", q, "contract", False, t))
     await run(schedule_ops.delete(cfg, "ns", q, "contract"))
     assert checking.seen == set(SCRIPTS), f"not exercised: {set(SCRIPTS) - checking.seen}"
+
+
+def test_death_reasons_agree_with_lib_queue() -> None:
+    """The reason codes of a job's death (NOTES) are written in lib/queue.lua (DIED_*) and named
+    in cluster_dq/models.py (DEATH_REASONS): both must agree."""
+    lib = (lua_dir() / "lib" / "queue.lua").read_text()
+    found = {
+        int(code): name
+        for code, name in re.findall(r"^local DIED_\w+ = (\d+)\s+-- (\w+):", lib, re.MULTILINE)
+    }
+    assert found and found == DEATH_REASONS

@@ -48,7 +48,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
-from cluster_dq.errors import BadRequest, Conflict, NotFound, PoolUnavailable
+from cluster_dq.errors import BadRequest, Conflict, NotFound, PoolUnavailable, WrongState
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec, JobState, id_to_member
 from cluster_dq.pools import RedisPool
@@ -259,7 +259,7 @@ class EngineModel(RuleBasedStateMachine):
         STATS[f"op {name}"] += 1
         try:
             return self.run(coro), None
-        except (PoolUnavailable, NotFound, BadRequest, Conflict) as e:
+        except (PoolUnavailable, NotFound, BadRequest, Conflict, WrongState) as e:
             return None, e
 
     def fired(self) -> Any:
@@ -707,7 +707,7 @@ class EngineModel(RuleBasedStateMachine):
                 m.gone(j)
                 want: Any = "expired"
             elif j.tries == 0:
-                j.state, j.died, want = DEAD, now, JobState.DEAD
+                j.state, j.died, j.reason, want = DEAD, now, "tries_exhausted", JobState.DEAD
             elif delay > 0:
                 j.state, j.due, want = DELAYED, now + delay, JobState.DELAYED
             else:
@@ -716,6 +716,64 @@ class EngineModel(RuleBasedStateMachine):
                 raise Mismatch(f"release {job_id} went to {state}, model {want}")
 
         self.each(self.stamps(t0, ("release",)), apply)
+
+    @rule(i=picks, leased=st.booleans())
+    def bury(self, i: int, leased: bool) -> None:
+        d = self.pick_lease(i) if leased else None
+        q, job_id = d[:2] if d is not None else self.pick(i)
+        lease = d[2] if d is not None else None
+        t0 = self.clock.now
+        job, err = self.request("bury", self.svc.bury(self.route, NS, q, job_id, "why", lease))
+        unknown = isinstance(err, PoolUnavailable)
+        if unknown and self.fired() is None:
+            raise Mismatch(f"bury answered 503 without a fault: {err}")
+
+        def apply(m: Model, now: int) -> None:
+            why = self.conflict(m, q, job_id, lease, now)
+            if not unknown:
+                self.expect_conflict(err, [(job_id, why)] if why else [])
+            if why:
+                return
+            j = m.jobs.get((q, job_id))
+            if j is None or j.state == DEAD:
+                wanted = NotFound if j is None else WrongState
+                if not unknown and not isinstance(err, wanted):
+                    raise Mismatch(f"bury {job_id}: engine {job or err}, model {wanted.__name__}")
+                return
+            if unknown:
+                m.allow((q, job_id), j)
+            elif err is not None or job is None or job.state is not JobState.DEAD:
+                raise Mismatch(f"bury {job_id}: engine {job or err}, model {j.state} -> dead")
+            j.state, j.died, j.reason, j.holder, j.lease = DEAD, now, "buried", None, None
+            j.wheel = None
+
+        self.each(self.stamps(t0, ("bury",)), apply)
+
+    @rule(i=picks, delay=st.sampled_from([0, 20, 6_000]), tries=st.integers(1, 2))
+    def kick(self, i: int, delay: int, tries: int) -> None:
+        dead = sorted(k for k, j in self.model.jobs.items() if j is not None and j.state == DEAD)
+        q, job_id = dead[i % len(dead)] if dead and i % 4 else self.pick(i)
+        t0 = self.clock.now
+        job, err = self.request("kick", self.svc.kick(self.route, NS, q, job_id, delay, tries, 0))
+        unknown = isinstance(err, PoolUnavailable)
+        if unknown and self.fired() is None:
+            raise Mismatch(f"kick answered 503 without a fault: {err}")
+
+        def apply(m: Model, now: int) -> None:
+            j = m.jobs.get((q, job_id))
+            if j is None or j.state != DEAD:
+                wanted = NotFound if j is None else WrongState
+                if not unknown and not isinstance(err, wanted):
+                    raise Mismatch(f"kick {job_id}: engine {job or err}, model {wanted.__name__}")
+                return
+            if unknown:
+                m.allow((q, job_id), j)
+            elif err is not None or job is None:
+                raise Mismatch(f"kick {job_id}: engine {err}, model dead -> back")
+            j.tries, j.expire_at, j.reason = tries, 0, ""
+            j.state, j.due = (DELAYED, now + delay) if delay else (READY, now)
+
+        self.each(self.stamps(t0, ("kick",)), apply)
 
     @rule(q=st.sampled_from(QUEUES))
     def peek(self, q: str) -> None:
@@ -802,7 +860,7 @@ class EngineModel(RuleBasedStateMachine):
                 if delete:
                     m.gone(j)
                 else:
-                    j.state, j.tries, j.due = READY, 1, now
+                    j.state, j.tries, j.due, j.reason = READY, 1, now, ""
                     j.expire_at = now + ttl if ttl else 0
                 if tie or unknown:
                     m.allow(key, before)
@@ -815,6 +873,7 @@ class EngineModel(RuleBasedStateMachine):
                                 m.allow((o.queue, o.job_id), None)
                             else:
                                 other.state, other.tries, other.due = READY, 1, now
+                                other.reason = ""
                                 other.expire_at = now + ttl if ttl else 0
                                 m.allow((o.queue, o.job_id), other)
 
@@ -915,6 +974,7 @@ def matches(o: MJob | None, job: Any, in_wheel: bool) -> bool:
         and o.deliveries == job.deliveries
         and o.expire_at == job.expire_at_ms
         and o.score() == job.due_ms
+        and (o.state != DEAD or (job.note is not None and job.note.reason == o.reason))
     )
 
 
@@ -923,7 +983,7 @@ def summary(job: Any) -> str:
         return "gone"
     return (
         f"{job.state.value} tries={job.tries_left} deliveries={job.deliveries} "
-        f"expire={job.expire_at_ms} score={job.due_ms}"
+        f"expire={job.expire_at_ms} score={job.due_ms} reason={job.note and job.note.reason}"
     )
 
 
@@ -932,7 +992,7 @@ def summary_m(o: MJob | None) -> str:
         return "gone"
     return (
         f"{o.state} tries={o.tries} deliveries={o.deliveries} expire={o.expire_at} score={o.score()}"
-        f"{' wheel' if o.wheel is not None else ''}"
+        f" reason={o.reason or None}{' wheel' if o.wheel is not None else ''}"
     )
 
 

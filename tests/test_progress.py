@@ -180,7 +180,8 @@ async def test_progress_of_a_job_that_is_not_reserved_is_409_or_404(dq: DQ) -> N
     dq.clock.t += 200
     r = await dq.progress(late, 1)
     assert r.status_code == 409 and r.json()["state"] == "ttr_expired"
-    assert dq.notes() == {}  # nothing written by any refusal
+    # nothing written by any refusal: the only note is the dead job's death (its field, no p:)
+    assert list(dq.notes()) == [b"dies"]
     check_queue(dq.r, "ns", "q")
 
 

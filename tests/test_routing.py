@@ -288,6 +288,17 @@ def test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added(
                 )
             info = httpx.get(f"{admin}/info", params={"pool": "big"}).json()
             assert sorted(info["ns"]) == sorted(queues)
+            # the namespace's listing spans the ring's members: each queue once, by name
+            listed: list[dict[str, Any]] = []
+            cursor = ""
+            while True:
+                page = api.get("/api/ns", params={"limit": 7, "cursor": cursor}).json()
+                listed += page["queues"]
+                cursor = page["cursor"]
+                if not cursor:
+                    break
+            assert [x["queue"] for x in listed] == sorted(queues)
+            assert sum(x["ready"] for x in listed) == len(queues)
     finally:
         svc.stop(timeout=20)
 

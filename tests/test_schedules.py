@@ -28,6 +28,7 @@ from cluster_dq.engine import schedules as sched_ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Call, EngineConfig, Eval
 from cluster_dq.clock import now_ms
+from cluster_dq.errors import Contended
 from cluster_dq.firing import Firer
 from cluster_dq.pump import Pump
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
@@ -657,3 +658,21 @@ def test_schedule_routes_and_real_firing(api: httpx.Client) -> None:
         range(times[0], times[0] + 1_000 * len(times), 1_000)
     )
     assert api.delete("/api/ns/sq/schedules/fast").status_code == 204
+
+
+def test_a_put_that_loses_every_compare_and_set_is_a_409_that_changed_nothing() -> None:
+    """A schedule changed by others between each read and its compare-and-set, every time the
+    PUT tries: the PUT gives up with Contended (409: repeat it), not a 400 blaming the input."""
+    op = sched_ops.put(
+        EngineConfig(), NS, Q, Schedule("busy", Template("b"), every_ms=1_000), False, 0
+    )
+    step = next(op)
+    tries = 0
+    with pytest.raises(Contended):
+        while True:
+            if isinstance(step, Eval):  # schedule_set: lost to another writer
+                tries += 1
+                step = op.send([0, 1])
+            else:  # the read: absent each time (deleted again by the other writer)
+                step = op.send([None, None])
+    assert tries == sched_ops.CAS_TRIES

@@ -8,18 +8,19 @@ service, the Python client and the Spark pipeline share one engine.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import os
+import random
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import replies
 from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
 from cluster_dq.engine.signatures import SIGNATURES
-from cluster_dq.errors import Conflict
+from cluster_dq.errors import Conflict, QueueFull
 from cluster_dq.keys import (
     BUCKET_WIDTH_MS,
     QueueKeys,
@@ -28,12 +29,14 @@ from cluster_dq.keys import (
     parse_qualified,
     shard_of,
 )
+from cluster_dq.queueconf import QueueSettings
 from cluster_dq.models import (
     MAX_BULK,
     Job,
     JobResult,
     JobSpec,
     JobState,
+    Note,
     Record,
     has_fixed_server_id,
     id_due_ms,
@@ -120,6 +123,8 @@ class EngineConfig:
     keep_result_ms: int = KEEP_RESULT_MS  # how long a job's result outlives its ack
     moves: MoveSink | None = None  # where consume and tick report the jobs they moved
     lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
+    # the jitter draw of retry backoffs, one per script call (tests fix it)
+    draw: Callable[[], float] = field(default_factory=lambda: random.random)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:
@@ -147,6 +152,7 @@ class Published:
     job_id: str
     duplicate: bool
     state: JobState | None
+    full: bool = False  # refused: the queue holds its max_size jobs (nothing written)
 
 
 def _fixed(qk: QueueKeys) -> list[str]:
@@ -198,7 +204,7 @@ def _place_jobs(
         else:
             expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
         record = Record(
-            now, expire_at, spec.tries, 0, spec.priority, spec.body, spec.attributes
+            now, expire_at, spec.tries, 0, spec.priority, spec.body, spec.attributes, spec.backoff
         ).pack()
         start = due - due % BUCKET_WIDTH_MS
         # A wheel bucket opens only as fast as consumers drain the ready set, and what is in it
@@ -242,13 +248,15 @@ def _learn_lanes(
 
 
 def _publish_call(
-    cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int
+    cfg: EngineConfig, qk: QueueKeys, specs: Sequence[JobSpec], now: int, whole: bool = False
 ) -> tuple[Eval, _Placement]:
     jobs = _place_jobs(cfg, qk, specs, now)
-    return _publish_eval(cfg, qk, jobs, now), jobs
+    return _publish_eval(cfg, qk, jobs, now, whole), jobs
 
 
-def _publish_eval(cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, now: int) -> Eval:
+def _publish_eval(
+    cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, now: int, whole: bool = False
+) -> Eval:
     keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in jobs.buckets]}
     return _eval(
         "publish",
@@ -260,6 +268,7 @@ def _publish_eval(cfg: EngineConfig, qk: QueueKeys, jobs: _Placement, now: int) 
         notify=qk.notify,
         open_lead=cfg.open_lead_ms,
         remember_acked=cfg.remember_acked_ms,
+        whole="1" if whole else "0",
         n=len(jobs.members),
         jobs=jobs.job_args,
     )
@@ -270,16 +279,23 @@ def _published(
 ) -> list[Published]:
     _learn_lanes(cfg, qk, list(jobs.buckets), reply.fills)
     return [
-        Published(id_to_text(m), c is ReplyCode.DUPLICATE and not made_up, replies.job_state(c))
+        Published(
+            id_to_text(m),
+            c is ReplyCode.DUPLICATE and not made_up,
+            replies.job_state(c),
+            c is ReplyCode.FULL,
+        )
         for m, c, made_up in zip(jobs.members, reply.codes, jobs.made_up)
     ]
 
 
 def publish(
-    cfg: EngineConfig, ns: str, q: str, specs: Sequence[JobSpec], now: int
+    cfg: EngineConfig, ns: str, q: str, specs: Sequence[JobSpec], now: int, whole: bool = False
 ) -> Op[list[Published]]:
+    """Publishes ``specs`` on one queue. With the queue's max_size set, a job beyond it is
+    refused (``Published.full``): job by job in order, or, ``whole``, all of them at once."""
     qk = QueueKeys(ns, q)
-    call, jobs = _publish_call(cfg, qk, specs, now)
+    call, jobs = _publish_call(cfg, qk, specs, now, whole)
     reply = replies.decode_publish((yield call), len(jobs.members))
     if reply.lowered:
         yield _signal(qk, cfg, jobs.event)
@@ -355,13 +371,18 @@ def publish_bulk(
 ) -> Op[list[int]]:
     """``publish_many`` for a bulk schedule (ids made by the writer, each batch one queue; up
     to 512 jobs keep a call near 5 ms): the same scripts and signals; returns how many jobs
-    of each batch were present already (the rest are new)."""
+    of each batch were present already (the rest are new). A batch that would take its queue
+    beyond its max_size writes nothing and raises ``QueueFull`` (the others are written: a
+    rerun is idempotent)."""
     placed = []
     for ns, q, jobs in batches:
         qk = QueueKeys(ns, q)
         placement = _place_bulk(cfg, jobs, now)
-        placed.append((qk, _publish_eval(cfg, qk, placement, now), placement))
+        placed.append((qk, _publish_eval(cfg, qk, placement, now, whole=True), placement))
     decoded = yield from _publish_pipelined(cfg, placed)
+    for (qk, _, _), reply in zip(placed, decoded):
+        if ReplyCode.FULL in reply.codes:  # that batch wrote nothing; the others stand
+            raise QueueFull(*parse_qualified(qk.qualified))
     return [sum(c is ReplyCode.DUPLICATE for c in reply.codes) for reply in decoded]
 
 
@@ -415,10 +436,11 @@ def consume(
                 notify=qk.notify,
                 open_lead=cfg.open_lead_ms,
                 lease_prefix=os.urandom(6),
+                seed=repr(cfg.draw()),
             )
             reply = replies.decode_consume((yield call))
-            if reply.lowered:  # the pump must look here when these reservations run out
-                yield _signal(qk, cfg, now + ttr_ms)
+            if reply.lowered:  # these reservations' end, or a retry backoff's: the earliest
+                yield _signal(qk, cfg, reply.lowered)
             if cfg.moves and (reply.retried or reply.dead or reply.expired):
                 cfg.moves.moved(ns, q, 0, reply.retried, reply.dead, reply.expired)
             out += _reserved(ns, q, reply.deliveries, now)
@@ -580,6 +602,8 @@ def republish(
         lease=_lease_arg(lease),
     )
     reply = replies.decode_republish((yield call))
+    if reply.new is ReplyCode.FULL:
+        raise QueueFull(ns, q)
     _raise_conflicts([old_id], [reply.old])
     if reply.lowered:
         yield _signal(qk, cfg, new.event)
@@ -591,10 +615,24 @@ def republish(
     return replies.job_state(reply.old), published
 
 
-def _peek_job_call(qk: QueueKeys, member: bytes) -> Eval:
+class ById(NamedTuple):
+    """What a script acting on one job by id is given: the job's member, the name of the wheel
+    bucket its id names ('' for a client id) and the keys (the queue's, then that bucket)."""
+
+    member: bytes
+    bucket_name: str
+    keys: dict[str, Any]
+
+
+def by_id(qk: QueueKeys, member: bytes) -> ById:
     bname = _bucket_of(member)
-    keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
-    return _eval("peek_job", keys, member=member)
+    return ById(
+        member, bname or "", {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
+    )
+
+
+def _peek_job_call(qk: QueueKeys, member: bytes) -> Eval:
+    return _eval("peek_job", by_id(qk, member).keys, member=member)
 
 
 def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:
@@ -602,7 +640,14 @@ def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:
     if reply is None:
         return None
     return Job.from_record(
-        ns, q, member, reply.record, reply.state, int(reply.score), progress=reply.progress
+        ns,
+        q,
+        member,
+        reply.record,
+        reply.state,
+        int(reply.score),
+        progress=reply.progress,
+        note=Note.unpack(reply.note),
     )
 
 
@@ -636,11 +681,9 @@ def progress(ns: str, q: str, job_id: str, value: bytes, now: int, lease: str | 
     refuses it. Nothing changes unless it is recorded."""
     qk = QueueKeys(ns, q)
     member = id_to_member(job_id)
-    bname = _bucket_of(member)
-    keys = {"queue": _fixed(qk), "bucket": [qk.bucket(bname)] if bname else []}
     call = _eval(
         "progress",
-        keys,
+        by_id(qk, member).keys,
         stamped=True,
         now=now,
         member=member,
@@ -756,6 +799,7 @@ def tick(cfg: EngineConfig, ns: str, q: str, now: int) -> Op[Sizes]:
             now=now,
             limit=cfg.promote_limit,
             notify=qk.notify,
+            seed=repr(cfg.draw()),
         ),
         _eval("expire_ttl", queue, stamped=True, now=now, limit=cfg.promote_limit),
         _eval("next_event", queue, open_lead=cfg.open_lead_ms),
@@ -956,12 +1000,14 @@ def release(
     now: int,
     nack: bool = False,
     leases: Sequence[str | None] | None = None,
+    error: str = "",
 ) -> Op[list[JobState | str | None]]:
     """Gives reserved jobs back, now or after ``delay_ms``. By default (a consumer gone before
     it got them) the try is restored; ``nack`` (a consumer's release) counts the delivery as a
     ttr expiry would: no tries left -> DEAD. The state each job went to; ``"expired"`` when
     its ttl had ended (removed), None when it was not reserved (or its ttr had run out). With
-    ``leases``: a job whose lease does not hold it is left alone, and ``Conflict`` names it."""
+    ``leases``: a job whose lease does not hold it is left alone, and ``Conflict`` names it.
+    ``error``: a text kept as each released job's last error (its NOTES field)."""
     qk = QueueKeys(ns, q)
     jobs: list[Arg] = []
     for i, job_id in enumerate(ids):
@@ -974,11 +1020,13 @@ def release(
         delay=delay_ms,
         notify=qk.notify,
         mode=int(nack),
+        seed=repr(cfg.draw()),
+        error=error.encode(),
         jobs=jobs,
     )
     reply = replies.decode_release((yield call))
-    if reply.lowered:
-        yield _signal(qk, cfg, now + delay_ms)
+    if reply.lowered:  # the delay's end, or a retry backoff's: the earliest
+        yield _signal(qk, cfg, reply.lowered)
     _raise_conflicts(ids, reply.codes)
     return ["expired" if c is ReplyCode.EXPIRED else replies.job_state(c) for c in reply.codes]
 
@@ -1028,3 +1076,57 @@ def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) 
         refund="1" if refund else "0",
     )
     return replies.decode_flag((yield call))
+
+
+def queue_settings(ns: str, q: str) -> Op[QueueSettings]:
+    """The queue's own settings (its CONF hash)."""
+    return QueueSettings.from_hash((yield Cmd(("HGETALL", QueueKeys(ns, q).conf))))
+
+
+def configure(ns: str, q: str, changes: Sequence[tuple[str, str]]) -> Op[QueueSettings]:
+    """Changes the queue's own settings (``queueconf.parse_changes``: field, value; '' removes
+    it) atomically; resuming a queue wakes its long-polls. Returns the settings after it."""
+    qk = QueueKeys(ns, q)
+    fields = [x for pair in changes for x in pair]
+    raw = yield _eval("configure", {"queue": _fixed(qk)}, notify=qk.notify, fields=fields)
+    return QueueSettings.from_hash(dict(zip(raw[0::2], raw[1::2])))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOverview:
+    """One queue as the namespace listing shows it."""
+
+    name: str
+    sizes: Sizes
+    paused: bool
+    oldest_due_ms: int | None  # the due time of the job at the head of READY
+
+
+def queues_of_namespace(shards: int, ns: str) -> Op[list[str]]:
+    """The names of the namespace's queues in the shard registries (every shard in one
+    pipeline), sorted."""
+    got = yield tuple(Cmd(("SMEMBERS", ShardKeys(s).queues)) for s in range(shards))
+    prefix = ns + "/"
+    return sorted(
+        {m.decode()[len(prefix) :] for ms in got for m in ms if m.decode().startswith(prefix)}
+    )
+
+
+def overview(cfg: EngineConfig, ns: str, queues: Sequence[str]) -> Op[list[QueueOverview]]:
+    """Sizes, paused flag and READY's head of each queue: one pipeline of read-only steps."""
+    steps: list[Call] = []
+    for q in queues:
+        qk = QueueKeys(ns, q)
+        steps += [
+            _eval("sizes", {"queue": _fixed(qk)}, open_lead=cfg.open_lead_ms),
+            Cmd(("HGET", qk.conf, "paused")),
+            Cmd(("ZRANGE", qk.ready, 0, 0, "WITHSCORES")),
+        ]
+    got = (yield tuple(steps)) if steps else []
+    out = []
+    for i, q in enumerate(queues):
+        sizes_, paused, head = got[3 * i : 3 * i + 3]
+        score = (head[0][1] if isinstance(head[0], (tuple, list)) else head[1]) if head else None
+        oldest = int(float(score)) & READY_SCORE_MASK if score is not None else None
+        out.append(QueueOverview(q, replies.decode_sizes(sizes_), paused in (b"1", "1"), oldest))
+    return out

@@ -29,6 +29,7 @@ class ReplyCode(IntEnum):
     DUPLICATE = 6  # publish: the id is present, or was acked lately; nothing written
     EXPIRED = 7  # its ttl ended: removed (release)
     OK = 8  # the check passed (a lease holds its job; a shard step's epoch is current)
+    FULL = 9  # publish: the queue holds its max_size jobs; nothing written
     # why a lease does not hold its job; nothing changed
     LEASE_DELAYED = -1
     LEASE_READY = -2
@@ -38,6 +39,10 @@ class ReplyCode(IntEnum):
     LEASE_GONE = -6  # acked, expired, destroyed
     # a shard step (claim, reschedule) carrying an older leadership epoch; nothing changed
     FENCED = -7
+    # a per-job operation (bury, kick, reschedule) that the job's state forbids; nothing changed
+    FORBIDDEN = -8
+    # reschedule: the new due time is at or past the job's ttl end; nothing changed
+    TOO_LATE = -9
 
 
 _CODES = {int(c): c for c in ReplyCode}  # a dict lookup: cheaper than ReplyCode(x)
@@ -114,7 +119,7 @@ class Delivery(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ConsumeReply:
-    lowered: bool
+    lowered: int  # the earliest event the call added, when it lowered META.next (ms), else 0
     stale: int  # the script's now when a wheel bucket should be open already (else 0)
     retried: int  # moved on the way: ttr passed -> READY
     dead: int  # ttr passed, no tries left -> DEAD
@@ -129,7 +134,7 @@ CONSUME_HEAD = 6  # numbers before the (member, record, lease) triples
 def decode_consume(reply: Sequence[Any]) -> ConsumeReply:
     triples = iter(reply[CONSUME_HEAD:])
     return ConsumeReply(
-        int(reply[0]) == 1,
+        int(reply[0]),
         int(reply[1]),
         int(reply[2]),
         int(reply[3]),
@@ -151,11 +156,11 @@ def decode_ack(reply: Sequence[Any]) -> AckReply:
 @dataclass(frozen=True, slots=True)
 class ReleaseReply:
     codes: tuple[ReplyCode, ...]  # per job: NOT_FOUND, DELAYED, READY, DEAD, EXPIRED or LEASE_*
-    lowered: bool
+    lowered: int  # the earliest event the call added, when it lowered META.next (ms), else 0
 
 
 def decode_release(reply: Sequence[Any]) -> ReleaseReply:
-    return ReleaseReply(codes(reply[:-1]), int(reply[-1]) == 1)
+    return ReleaseReply(codes(reply[:-1]), int(reply[-1]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,14 +244,17 @@ class PeekJobReply:
     state: JobState
     record: bytes
     score: float
+    note: bytes  # its NOTES field (b"": none)
     progress: bytes | None = None  # the job's NOTES field p:<id>
 
 
 def decode_peek_job(reply: Sequence[Any]) -> PeekJobReply | None:
     if not reply:
         return None
-    progress = reply[3] if len(reply) > 3 else None
-    return PeekJobReply(JOB_STATES[_CODES[int(reply[0])]], reply[1], float(reply[2]), progress)
+    progress = reply[4] if len(reply) > 4 else None
+    return PeekJobReply(
+        JOB_STATES[_CODES[int(reply[0])]], reply[1], float(reply[2]), reply[3], progress
+    )
 
 
 def decode_progress(reply: Any) -> ReplyCode:
@@ -269,6 +277,66 @@ def decode_result(raw: bytes | None) -> Finished | None:
     if raw is None or len(raw) < 12:
         return None
     return Finished(int.from_bytes(raw[:6], "big"), int.from_bytes(raw[6:12], "big"), raw[12:])
+
+
+@dataclass(frozen=True, slots=True)
+class JobMoveReply:
+    """bury, kick, reschedule_job: one job moved by id."""
+
+    code: ReplyCode  # OK (moved), NOT_FOUND, FORBIDDEN, TOO_LATE or LEASE_*
+    state: JobState | None  # where the job is afterwards (None: nowhere)
+    record: bytes  # b"": none
+    note: bytes  # its NOTES field (b"": none)
+    lowered: bool
+
+
+def decode_job_move(reply: Sequence[Any]) -> JobMoveReply:
+    c, st, record, note, lowered = reply
+    return JobMoveReply(
+        _CODES[int(c)], JOB_STATES.get(_CODES[int(st)]), record, note, int(lowered) == 1
+    )
+
+
+class DeadEntry(NamedTuple):
+    """One dead job as dead_page lists it."""
+
+    member: bytes
+    died_ms: int  # its score in DEAD
+    head: bytes  # the record without its body
+    size: int  # body bytes
+    note: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeadPageReply:
+    more: bool
+    entries: tuple[DeadEntry, ...]
+
+
+def decode_dead_page(reply: Sequence[Any]) -> DeadPageReply:
+    rest = reply[1:]
+    entries = tuple(
+        DeadEntry(rest[i], int(rest[i + 1]), rest[i + 2], int(rest[i + 3]), rest[i + 4])
+        for i in range(0, len(rest), 5)
+    )
+    return DeadPageReply(int(reply[0]) == 1, entries)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReply:
+    """redrive_dead, purge_dead."""
+
+    count: int  # jobs moved / deleted
+    more: bool  # call again from the cursor
+    after: tuple[int, bytes] | None  # the last entry examined (the cursor), None: none
+    lowered: bool
+
+
+def decode_sweep(reply: Sequence[Any]) -> SweepReply:
+    score = int(reply[2])
+    after = None if score < 0 else (score, bytes(reply[3]))
+    lowered = len(reply) > 4 and int(reply[4]) == 1
+    return SweepReply(int(reply[0]), int(reply[1]) == 1, after, lowered)
 
 
 @dataclass(frozen=True, slots=True)

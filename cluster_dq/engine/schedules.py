@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster_dq.engine.commands import EngineConfig, Op, _eval, _fixed, publish
-from cluster_dq.errors import BadRequest, NotFound
+from cluster_dq.errors import BadRequest, Contended, NotFound
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.schedules import (
     CLAIM_LEASE_MS,
@@ -150,8 +150,10 @@ def delete(cfg: EngineConfig, ns: str, q: str, name: str) -> Op[None]:
     raise _busy()
 
 
-def _busy() -> BadRequest:
-    return BadRequest("the schedule is being changed by others; try again", "name")
+def _busy() -> Contended:
+    return Contended(
+        "the schedule kept being changed by others meanwhile; nothing was changed, try again"
+    )
 
 
 def page(ns: str, q: str, cursor: int, count: int) -> Op[tuple[int, list[tuple[Schedule, State]]]]:

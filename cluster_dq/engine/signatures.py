@@ -76,6 +76,7 @@ SIGNATURES: dict[str, Signature] = {
                 "notify",
                 "open_lead",
                 "remember_acked",
+                "whole",
                 "n",
                 "jobs...",
             ),
@@ -103,19 +104,22 @@ SIGNATURES: dict[str, Signature] = {
             ),
         ),
         Signature(
-            "consume", _Q, ("now", "ttr", "count", "limit", "notify", "open_lead", "lease_prefix")
+            "consume",
+            _Q,
+            ("now", "ttr", "count", "limit", "notify", "open_lead", "lease_prefix", "seed"),
         ),
         Signature(
             "ack",
             _QB,
             ("now", "remember_acked", "check_only", "results", "keep_result", "n", "jobs..."),
         ),
-        Signature("release", _Q, ("now", "delay", "notify", "mode", "jobs...")),
+        Signature("release", _Q, ("now", "delay", "notify", "mode", "seed", "error", "jobs...")),
         Signature("touch", _Q, ("now", "ttr", "member", "lease")),
         Signature("progress", (QUEUE, "bucket..."), ("now", "member", "lease", "progress")),
         Signature("open_buckets", _QB, ("now", "names...")),
         Signature("promote_due", _Q, ("now", "limit", "notify")),
-        Signature("expire_reserved", _Q, ("now", "limit", "notify")),
+        Signature("expire_reserved", _Q, ("now", "limit", "notify", "seed")),
+        Signature("configure", _Q, ("notify", "fields...")),
         Signature("expire_ttl", _Q, ("now", "limit")),
         Signature("next_event", _Q, ("open_lead",)),
         Signature("sizes", _Q, ("open_lead",)),
@@ -126,6 +130,39 @@ SIGNATURES: dict[str, Signature] = {
         ),
         Signature("peek", _Q, ("which",)),
         Signature("peek_job", (QUEUE, "bucket..."), ("member",)),
+        Signature("bury", (QUEUE, "bucket..."), ("now", "member", "bucket_name", "lease", "text")),
+        Signature(
+            "kick", (QUEUE, "bucket..."), ("now", "member", "delay", "tries", "ttl", "notify")
+        ),
+        Signature(
+            "reschedule_job",
+            (QUEUE, "bucket..."),
+            ("now", "member", "bucket_name", "due", "notify"),
+        ),
+        Signature("dead_page", _Q, ("after_score", "after_member", "limit")),
+        Signature(
+            "redrive_dead",
+            _Q,
+            (
+                "now",
+                "after_score",
+                "after_member",
+                "from",
+                "to",
+                "reason",
+                "limit",
+                "examine",
+                "delay",
+                "tries",
+                "ttl",
+                "notify",
+            ),
+        ),
+        Signature(
+            "purge_dead",
+            _Q,
+            ("after_score", "after_member", "from", "to", "reason", "limit", "examine"),
+        ),
         Signature(
             "claim", ("schedule", "pending", "epoch"), ("now", "limit", "lease_end", "epoch")
         ),

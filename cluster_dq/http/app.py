@@ -15,7 +15,9 @@ from starlette.routing import Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.errors import BadRequest, Unauthorized
+from cluster_dq import queueconf
 from cluster_dq.http import openapi, params
+from cluster_dq.http.control import ControlAPI
 from cluster_dq.http.errors import error_handlers
 from cluster_dq.http.hot import HotPaths
 from cluster_dq.http.openapi_data import data_document
@@ -41,6 +43,7 @@ from cluster_dq.settings import Settings
 from cluster_dq.tokens import split_token, well_formed_raw
 
 log = logging.getLogger("cluster_dq.http")
+MAX_LIST = 1000  # queues per page of a namespace listing
 Handler = Callable[[Request], Awaitable[Response]]
 T = TypeVar("T")
 
@@ -80,15 +83,22 @@ class DataAPI:
             if taken and (response is None or response.status_code != ok_status):
                 await self.service.tokens.refund(pool_name, ns, token, write)
 
-    def _specs(self, request: Request) -> functools.partial[JobSpec]:
-        """The job the query asks for, given its body: parsed once, built per body (bulk)."""
+    async def _specs(
+        self, request: Request, route: PoolRoute[RedisPool], ns: str, q: str
+    ) -> functools.partial[JobSpec]:
+        """The job the query asks for, given its body: parsed once, built per body (bulk).
+        Without ``tries``, the queue's default (its settings), else the service's."""
         qp = params.query(request)
         s = self.s
+        tries = s.TriesNum
+        if "tries" not in qp:
+            tries = (await self.service.queue_defaults(route, ns, q)).tries or tries
         return functools.partial(
             JobSpec,
             delay_ms=params.millis(qp, "delay", s.DelaySecond),
             ttl_ms=params.millis(qp, "ttl", s.TTLSecond),
-            tries=params.uint(qp, "tries", s.TriesNum, MAX_TRIES),
+            tries=params.uint(qp, "tries", tries, MAX_TRIES),
+            backoff=params.backoff(qp),
             priority=params.uint(qp, "priority", 0, MAX_PRIORITY),
             attributes=params.attributes(request),
             job_id=params.job_id(qp["job_id"]) if "job_id" in qp else None,
@@ -105,7 +115,8 @@ class DataAPI:
         body = await params.body(request, self.s.MaxBodyBytes)
 
         async def run() -> Response:
-            (p,) = await self.service.publish(route, ns, q, [self._specs(request)(body)])
+            spec = await self._specs(request, route, ns, q)
+            (p,) = await self.service.publish(route, ns, q, [spec(body)])
             out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
             if p.duplicate:
                 out["duplicate"] = True  # idempotent publish: this id already exists
@@ -119,7 +130,7 @@ class DataAPI:
         data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)
 
         async def run() -> Response:
-            spec = self._specs(request)
+            spec = await self._specs(request, route, ns, q)
             if spec.keywords["job_id"] is not None:
                 raise BadRequest("job_id is not allowed in bulk publish", "job_id")
             bodies = params.bulk_elements(data, self.s.MaxBodyBytes)
@@ -136,7 +147,8 @@ class DataAPI:
         body = await params.body(request, self.s.MaxBodyBytes)
 
         async def run() -> Response:
-            p = await self.service.republish(route, ns, q, old, self._specs(request)(body), lease)
+            spec = await self._specs(request, route, ns, q)
+            p = await self.service.republish(route, ns, q, old, spec(body), lease)
             out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
             if p.duplicate:
                 out["duplicate"] = True  # the new id already existed: nothing new was published
@@ -157,6 +169,12 @@ class DataAPI:
             qp = params.query(request)
             s = self.s
             ttr_ms = params.millis(qp, "ttr", s.TTRSecond)
+            if "ttr" not in qp and "ttr_ms" not in qp:  # the first queue's default, if any
+                for q in queues:
+                    default = (await self.service.queue_defaults(route, ns, q)).ttr_ms
+                    if default:
+                        ttr_ms = default
+                        break
             if ttr_ms == 0:  # a reservation that ends as it starts: its lease would hold nothing
                 if "ttr_ms" in qp:
                     raise BadRequest("invalid ttr_ms", "ttr_ms")
@@ -198,10 +216,11 @@ class DataAPI:
         qp = params.query(request)
         lease = params.lease(qp)
         result = params.result(qp)
-        await self.service.ack(
+        (was,) = await self.service.ack(
             route, ns, q, [jid], [lease] if lease else None, [result] if result else None
         )
-        return Response(status_code=204)
+        # lmstfy's answer (204, no body), with the state the job was cancelled in (extension)
+        return Response(status_code=204, headers={"X-Job-State": str(was) if was else "none"})
 
     async def ack_many(self, request: Request) -> Response:
         """Batch ack (extension): many ids in one request and one script, so a consumer of
@@ -232,7 +251,8 @@ class DataAPI:
         route = await self._auth(request, ns, q)
         delay_ms = params.millis(params.query(request), "delay", 0)
         lease = params.lease(params.query(request))
-        state = await self.service.release(route, ns, q, jid, delay_ms, lease)
+        err = await params.text(request, "error")  # kept as the job's last error
+        state = await self.service.release(route, ns, q, jid, delay_ms, lease, err)
         return json({"msg": "released", "job_id": jid, "state": str(state)})
 
     async def touch(self, request: Request) -> Response:
@@ -368,6 +388,54 @@ class DataAPI:
         paused = request.url.path.endswith("/pause")
         return json(await self.service.pause_schedule(route, ns, q, name, paused))
 
+    # -- queue control (extension) ----------------------------------------------------------
+
+    async def settings(self, request: Request) -> Response:
+        """A queue's own settings: read (GET) or changed (PATCH, PUT: the fields given)."""
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        route = await self._auth(request, ns, q)
+        if request.method in ("GET", "HEAD"):
+            got = await self.service.queue_settings(route, ns, q)
+        else:
+            data = await params.body(request, 64 * 1024)
+            got = await self.service.configure(route, ns, q, queueconf.parse_changes(data))
+        return json({"namespace": ns, "queue": q, **got.as_json()})
+
+    async def pause(self, request: Request) -> Response:
+        """Pause (``/pause``) or resume (``/resume``) a queue; idempotent; its settings."""
+        ns, q = request.path_params["ns"], request.path_params["q"]
+        route = await self._auth(request, ns, q)
+        paused = request.url.path.endswith("/pause")
+        changes = [("paused", "1" if paused else "")]
+        got = await self.service.configure(route, ns, q, changes)
+        return json({"namespace": ns, "queue": q, **got.as_json()})
+
+    async def queues(self, request: Request) -> Response:
+        """The namespace's queues, a page at a time (by name), with sizes and lateness."""
+        ns = request.path_params["ns"]
+        route = await self._auth(request, ns)
+        qp = params.query(request)
+        limit = params.uint(qp, "limit", 100)
+        if not 1 <= limit <= MAX_LIST:
+            raise BadRequest(f"invalid limit: 1..{MAX_LIST}", "limit")
+        page, nxt = await self.service.list_queues(route, ns, params.cursor(qp), limit)
+        out = []
+        for o, now in page:
+            s = o.sizes
+            out.append(
+                {
+                    "queue": o.name,
+                    "ready": s.ready,
+                    "delayed": s.delayed,
+                    "reserved": s.reserved,
+                    "dead": s.dead,
+                    "paused": o.paused,
+                    "oldest_due_ms": o.oldest_due_ms,
+                    "lateness_ms": None if o.oldest_due_ms is None else now - o.oldest_due_ms,
+                }
+            )
+        return json({"namespace": ns, "queues": out, "cursor": nxt})
+
     def routes(self) -> list[Route]:
         return [
             Route("/api/{ns}/{q}/schedules", self.list_schedules, methods=["GET"]),
@@ -376,6 +444,10 @@ class DataAPI:
             Route("/api/{ns}/{q}/schedules/{name}", self.delete_schedule, methods=["DELETE"]),
             Route("/api/{ns}/{q}/schedules/{name}/pause", self.pause_schedule, methods=["POST"]),
             Route("/api/{ns}/{q}/schedules/{name}/resume", self.pause_schedule, methods=["POST"]),
+            Route("/api/{ns}/{q}/settings", self.settings, methods=["GET", "PATCH", "PUT"]),
+            Route("/api/{ns}/{q}/pause", self.pause, methods=["POST"]),
+            Route("/api/{ns}/{q}/resume", self.pause, methods=["POST"]),
+            *ControlAPI(self).routes(),
             Route("/api/{ns}/{q}/bulk", self.bulk, methods=["PUT"]),
             Route("/api/{ns}/{q}/ack", self.ack_many, methods=["POST"]),
             Route("/api/{ns}/{q}/peek", self.peek, methods=["GET"]),
@@ -391,6 +463,7 @@ class DataAPI:
             Route("/api/{ns}/{q}", self.publish, methods=["PUT"]),
             Route("/api/{ns}/{q}", self.destroy, methods=["DELETE"]),
             Route("/api/{ns}/{queues}", self.consume, methods=["GET"]),
+            Route("/api/{ns}", self.queues, methods=["GET"]),
         ]
 
 

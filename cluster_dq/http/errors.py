@@ -17,11 +17,14 @@ from cluster_dq.errors import (
     BodyTooLarge,
     ClusterDQError,
     Conflict,
+    Contended,
     NotFound,
     PoolUnavailable,
+    QueueFull,
     RateLimited,
     RedisFailure,
     Unauthorized,
+    WrongState,
 )
 from cluster_dq.http.responses import error, json
 
@@ -33,7 +36,10 @@ STATUS: dict[type[Exception], int] = {
     Unauthorized: 401,
     NotFound: 404,
     Conflict: 409,
+    WrongState: 409,
+    Contended: 409,
     RateLimited: 429,
+    QueueFull: 429,
     PoolUnavailable: 503,
     # A Redis failure no use case gave advice for (a rate-limit count, the admin API): the
     # outcome is unknown; the client gets no address nor Redis error text.
@@ -63,6 +69,8 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
                 },
                 status,
             )
+        if isinstance(exc, WrongState):
+            return json({"error": str(exc), "job_id": exc.job_id, "state": exc.state}, status)
         if isinstance(exc, PoolUnavailable):  # the client gets no address nor Redis error text
             log.warning("503: %s (%s)", exc, exc.detail)
         elif isinstance(exc, RedisFailure):

@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from cluster_dq.backoff import Backoff
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.models import (
     MAX_ATTR_KEY,
@@ -20,6 +21,7 @@ from cluster_dq.models import (
     MAX_BULK,
     MAX_NAME_LEN,
     MAX_NOTE_BYTES,
+    MAX_NOTE_TEXT,
     MAX_SECONDS,
     NAME_RE,
     decode_id,
@@ -279,3 +281,64 @@ def result(query: Mapping[str, str]) -> bytes | None:
     """The ``result`` an ack carries (a JSON value in the query), if the client sent one."""
     raw = query.get("result")
     return None if raw is None else note(raw, "result")
+
+
+def backoff(query: Mapping[str, str]) -> Backoff | None:
+    """A job's own retry backoff (``backoff=none|fixed|exponential``, ``backoff_ms``,
+    ``backoff_cap_ms``, ``backoff_jitter`` 0..1); None when the request gives none."""
+    if "backoff" not in query:
+        for name in ("backoff_ms", "backoff_cap_ms", "backoff_jitter"):
+            if name in query:
+                raise BadRequest(f"{name} needs backoff (none, fixed or exponential)", name)
+        return None
+    return Backoff.parse(
+        query["backoff"],
+        query.get("backoff_ms"),
+        query.get("backoff_cap_ms"),
+        query.get("backoff_jitter"),
+    )
+
+
+def cursor(query: Mapping[str, str]) -> str:
+    """A listing's cursor: '' or the name the previous page ended with."""
+    raw = query.get("cursor", "")
+    if raw and (len(raw.encode()) > MAX_NAME_LEN or not NAME_RE.fullmatch(raw)):
+        raise BadRequest("invalid cursor", "cursor")
+    return raw
+
+
+async def text(request: Request, name: str) -> str:
+    """A short free text (a bury reason, a release's error): the query's ``name``, else the
+    member ``name`` of a JSON object body (``Content-Type: application/json``); '' when
+    neither has it. At most ``MAX_NOTE_TEXT`` bytes of UTF-8."""
+    qp = query(request)
+    value: object = qp.get(name)
+    if value is None and "json" in (header(request, "content-type") or ""):
+        data = await body(request, MAX_NOTE_TEXT * 6 + 1024)
+        if data.strip():
+            try:
+                parsed = json.loads(data)
+            except (ValueError, RecursionError):
+                raise BadRequest(f"request body should be a JSON object with {name}", "body")
+            if not isinstance(parsed, dict) or not set(parsed) <= {name}:
+                raise BadRequest(f"request body should be a JSON object with {name}", "body")
+            value = parsed.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadRequest(f"invalid {name}: a string", name)
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_NOTE_TEXT:
+        raise BadRequest(f"{name} too long (max {MAX_NOTE_TEXT} bytes of UTF-8)", name)
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise BadRequest(f"invalid {name}: not UTF-8", name) from None
+    return value
+
+
+def bounded(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    """An integer parameter in ``low..high`` (400 naming it otherwise)."""
+    value = uint(query, name, default, high)
+    if value < low:
+        raise BadRequest(f"invalid {name}: {low} to {high}", name)
+    return value

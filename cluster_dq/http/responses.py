@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 import json as _json
 
-from cluster_dq.models import Job, JobResult
+from cluster_dq.models import UNKNOWN_REASON, DeadLetter, Job, JobResult
 
 
 def job_object(job: Job, now: int, *, msg: bool = True) -> dict[str, Any]:
@@ -31,6 +31,15 @@ def job_object(job: Job, now: int, *, msg: bool = True) -> dict[str, Any]:
     if job.state is not None:
         out["state"] = str(job.state)
     out["deliveries"] = job.deliveries
+    if job.state == "delayed" and job.deliveries and job.due_ms is not None:
+        out["next_attempt_at"] = job.due_ms  # waiting out a retry backoff (or a release delay)
+    note = job.note
+    if job.state == "dead":  # why and when it died (a death recorded before notes: unknown)
+        out["reason"] = note.reason if note else UNKNOWN_REASON
+        out["died_at"] = note.died_ms if note and note.died_ms else job.due_ms
+        out["last_error"] = note.last_error if note else None
+    elif note is not None and note.last_error is not None:
+        out["last_error"] = note.last_error
     if job.lease is not None:
         out["lease"] = job.lease  # this delivery's token: send it back on ack, touch, release
     if job.progress is not None:
@@ -56,3 +65,18 @@ def json(data: Any, status: int = 200) -> Response:
 
 def error(message: str, status: int, key: str = "error") -> Response:
     return JSONResponse({key: message}, status_code=status)
+
+
+def dead_letter_object(d: DeadLetter) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "job_id": d.job_id,
+        "reason": d.reason,
+        "died_at": d.died_ms,
+        "deliveries": d.deliveries,
+        "last_error": d.last_error,
+        "size": d.size,
+        "published_at": d.published_ms,
+    }
+    if d.attributes:
+        out["attributes"] = d.attributes
+    return out

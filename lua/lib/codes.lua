@@ -18,6 +18,7 @@ local CODE = {
   DUPLICATE = 6,          -- publish: the id is present, or was acked lately; nothing written
   EXPIRED = 7,            -- its ttl ended: removed (release)
   OK = 8,                 -- the check passed (a lease holds its job; a shard step's epoch is current)
+  FULL = 9,               -- publish: the queue holds its max_size jobs; nothing written
   -- why a lease does not hold its job (lease_check in lib/queue.lua); nothing changed
   LEASE_DELAYED = -1,     -- the job is delayed
   LEASE_READY = -2,       -- the job is ready
@@ -27,4 +28,8 @@ local CODE = {
   LEASE_GONE = -6,        -- the job is gone (acked, expired, destroyed)
   -- a shard step (claim, reschedule) carrying an older leadership epoch; nothing changed
   FENCED = -7,
+  -- a per-job operation (bury, kick, reschedule) that the job's state forbids; nothing changed
+  FORBIDDEN = -8,
+  -- reschedule: the new due time is at or past the job's ttl end; nothing changed
+  TOO_LATE = -9,
 }

@@ -61,6 +61,51 @@ local function drop(id)
   return 1
 end
 
+-- NOTES field `<id>`: why and when the job died and its last error, packed '>BI6' (reason
+-- code, died at ms; both 0 while the job is alive) then the error text. A job with neither has
+-- no field. Reason codes (cluster_dq/models.py DEATH_REASONS mirrors them):
+local DIED_TTR = 1      -- ttr_expired: its last try's reservation ran out
+local DIED_NACKED = 2   -- tries_exhausted: its last try was released (nacked) by the consumer
+local DIED_BURIED = 3   -- buried: a consumer or an operator buried it
+
+local function note_of(id)
+  local n = redis.call('HGET', NOTES, id)
+  if not n then return 0, 0, '' end
+  local why, at = struct.unpack('>BI6', n)
+  return why, at, string.sub(n, 8)
+end
+
+local function set_note(id, why, at, err)
+  if why == 0 and err == '' then
+    redis.call('HDEL', NOTES, id)
+  else
+    redis.call('HSET', NOTES, id, struct.pack('>BI6', why, at) .. err)
+  end
+end
+
+-- Keeps `err` as the job's last error ('' = leave it as it is).
+local function note_error(id, err)
+  if err == '' then return end
+  local why, at = note_of(id)
+  set_note(id, why, at, err)
+end
+
+-- A job whose record is in JOBS, already out of its state, goes to DEAD: why, when, and its
+-- last error (`err`, or the one it had when '').
+local function kill(id, why, now, err)
+  redis.call('ZADD', DEAD, now, id)
+  redis.call('ZREM', EXPIRE, id) -- DEAD never expires (as in lmstfy)
+  local _, _, had = note_of(id)
+  if err == '' then err = had end
+  set_note(id, why, now, err)
+end
+
+-- A job leaves DEAD alive: its death is forgotten, its last error kept.
+local function forget_death(id)
+  local why, _, err = note_of(id)
+  if why ~= 0 then set_note(id, 0, 0, err) end
+end
+
 -- Forgets a job held in JOBS (any state but the wheel); returns the state code it was in.
 local function forget(id)
   if drop(id) == 0 then return CODE.NOT_FOUND end
@@ -166,10 +211,80 @@ local function promote(now, limit)
   return moved, gone
 end
 
--- RESERVED -> READY (tries left) or DEAD (none left) once the ttr deadline passed.
-local function expire_reservations(now, limit)
+-- Retry backoff: how long a job waits before its next attempt after a failed one (a ttr that
+-- ran out, a release without a delay). The job's own rule (record flags & 2: `>B I4 I4 H` =
+-- kind, base ms, cap ms, jitter in thousandths, right after the header) or else the queue's
+-- (CONF backoff fields, read once per call); kind 0 = none, 1 = fixed, 2 = exponential.
+-- `r` in [0, 1) comes from the caller (ARGV), never math.random: the scripts stay
+-- deterministic. Mirrored by cluster_dq.backoff.wait_ms.
+local QUEUE_BACKOFF = nil -- {kind, base, cap, jitter} of CONF, false: none; read on first use
+local BACKOFF_KINDS = {fixed = 1, exponential = 2}
+
+local function queue_backoff()
+  if QUEUE_BACKOFF == nil then
+    local c = redis.call('HMGET', CONF, 'backoff', 'backoff_ms', 'backoff_cap_ms', 'backoff_jitter')
+    QUEUE_BACKOFF = false
+    if c[1] and BACKOFF_KINDS[c[1]] then
+      QUEUE_BACKOFF = {BACKOFF_KINDS[c[1]], tonumber(c[2]) or 0, tonumber(c[3]) or 0,
+        (tonumber(c[4]) or 0) / 1000}
+    end
+  end
+  return QUEUE_BACKOFF
+end
+
+local function retry_wait(rec, deliveries, r)
+  local kind, base, cap, jitter
+  if string.byte(rec, 18) % 4 >= 2 then
+    kind, base, cap, jitter = struct.unpack('>BI4I4H', rec, 19)
+    jitter = jitter / 1000
+  else
+    local c = queue_backoff()
+    if not c then return 0 end
+    kind, base, cap, jitter = c[1], c[2], c[3], c[4]
+  end
+  if kind == 0 or base <= 0 then return 0 end
+  local d = base
+  if kind == 2 then
+    d = base * 2 ^ math.min(math.max(deliveries - 1, 0), 40)
+    if cap > 0 and d > cap then d = cap end
+  end
+  return d - math.floor(d * jitter * r)
+end
+
+-- The k-th job (0-based) retried by one call: its jitter draw, spread over [0, 1) from the
+-- call's one random value (the golden ratio's fraction keeps successive draws apart).
+local function draw(seed, k)
+  return (seed + k * 0.6180339887498949) % 1
+end
+
+-- The earlier of two event times, 0 meaning none.
+local function earliest(a, b)
+  if a == 0 or (b ~= 0 and b < a) then return b end
+  return a
+end
+
+-- A job that failed an attempt and has tries left: back to READY at once, or, with a backoff,
+-- into DELAYED until its next attempt (long-polls and META.next learn of it). Returns the
+-- state it went to (CODE.READY or CODE.DELAYED) and, when it lowered META.next, that time
+-- (else 0): the caller signals the shard with it.
+local function retry(id, rec, now, r)
+  local _, _, _, deliveries = header(rec)
+  local wait = retry_wait(rec, deliveries, r)
+  if wait > 0 then
+    delay_until(id, now + wait)
+    if lower_next(now + wait) == 1 then return CODE.DELAYED, now + wait end
+    return CODE.DELAYED, 0
+  end
+  make_ready(id, rec, now)
+  return CODE.READY, 0
+end
+
+-- RESERVED -> READY (tries left; DELAYED with a retry backoff) or DEAD (none left) once the
+-- ttr deadline passed. Returns back, dead, gone and the earliest time it lowered META.next
+-- to (0: none; see retry).
+local function expire_reservations(now, limit, seed)
   local due = redis.call('ZRANGE', RESERVED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-  local back, dead, gone = 0, 0, 0
+  local back, dead, gone, lowered = 0, 0, 0, 0
   for _, id in ipairs(due) do
     local rec = redis.call('HGET', JOBS, id)
     if not rec then
@@ -181,11 +296,11 @@ local function expire_reservations(now, limit)
     else
       local _, _, tries = header(rec)
       if tries > 0 then
-        make_ready(id, rec, now)
+        local _, low = retry(id, rec, now, draw(seed, back))
+        lowered = earliest(lowered, low)
         back = back + 1
       else
-        redis.call('ZADD', DEAD, now, id)
-        redis.call('ZREM', EXPIRE, id) -- DEAD never expires (as in lmstfy)
+        kill(id, DIED_TTR, now, '')
         dead = dead + 1
       end
     end
@@ -196,7 +311,7 @@ local function expire_reservations(now, limit)
       redis.call('HDEL', LEASES, unpack(due, i, math.min(i + CHUNK - 1, #due)))
     end
   end
-  return back, dead, gone
+  return back, dead, gone, lowered
 end
 
 -- Whether `id` was acked less than `keep` ms before `now`.
@@ -295,4 +410,109 @@ local function notify(channel, was_empty)
   elseif SOONEST then
     redis.call('PUBLISH', channel, 'due:' .. SOONEST)
   end
+end
+
+-- Where a job held in JOBS is: its state code and score (NOT_FOUND: in none, which the
+-- invariants rule out).
+local function state_of(id)
+  for _, st in ipairs({{CODE.READY, READY}, {CODE.RESERVED, RESERVED}, {CODE.DELAYED, DELAYED},
+      {CODE.DEAD, DEAD}}) do
+    local score = redis.call('ZSCORE', st[2], id)
+    if score then return st[1], score end
+  end
+  return CODE.NOT_FOUND, false
+end
+
+-- Whether member `a` sorts at or before `b` in a sorted set at equal scores (memcmp order; Lua's
+-- own `<` on strings follows the locale).
+local function bytes_le(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a <= #b
+end
+
+-- The rank in DEAD of the first entry after position (score, member) in DEAD's order, whether
+-- that entry still exists or not: a cursor that survives concurrent writes. O(log^2 n).
+-- member '' means "before every member at this score".
+local function dead_rank_after(score, member)
+  local lo = redis.call('ZCOUNT', DEAD, '-inf', '(' .. score)
+  if member == '' then return lo end
+  local hi = redis.call('ZCOUNT', DEAD, '-inf', score)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if bytes_le(redis.call('ZRANGE', DEAD, mid, mid)[1], member) then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+
+-- DEAD -> READY (due <= now) or DELAYED (due later), with `tries` and a fresh ttl (ms, 0 =
+-- never): kick and redrive. Forgets its death, keeps its last error. Returns its state code,
+-- the `lowered` flag and the new record.
+local function revive(id, rec, now, due, tries, ttl)
+  redis.call('ZREM', DEAD, id)
+  local exp = 0
+  if ttl > 0 then exp = now + ttl end
+  rec = with_tries_expire(rec, tries, exp)
+  redis.call('HSET', JOBS, id, rec)
+  local st, lowered = CODE.READY, 0
+  if due > now then
+    delay_until(id, due)
+    lowered = lower_next(due)
+    st = CODE.DELAYED
+  else
+    make_ready(id, rec, now)
+  end
+  if exp > 0 then
+    redis.call('ZADD', EXPIRE, exp, id)
+    lowered = math.max(lowered, lower_next(exp))
+  end
+  forget_death(id)
+  return st, lowered, rec
+end
+
+-- Bytes of records one call of dead_page or redrive_dead reads at most (past its first job):
+-- bodies of up to 1 MB must not make a call of 1,000 jobs copy a gigabyte.
+local RECORD_BYTES_PER_CALL = 8388608
+
+-- The dead entries one sweep (redrive, purge) examines, flat {member, score, ...}: from just
+-- after the cursor (score, member), or from the time of death `from` when there is none (score
+-- -1), at most `examine` of them.
+local function dead_window(score, member, from, examine)
+  local r
+  if score >= 0 then
+    r = dead_rank_after(score, member)
+  else
+    r = redis.call('ZCOUNT', DEAD, '-inf', '(' .. from)
+  end
+  return redis.call('ZRANGE', DEAD, r, r + examine - 1, 'WITHSCORES')
+end
+
+-- Walks a dead window up to the time of death `to`, calling act(id) on each entry whose reason
+-- is `reason` (-1: any) until `limit` were acted on. Returns the number acted on, `more` (1:
+-- entries may follow the last one examined) and the last one examined (score -1: none).
+-- `full()`, when given, says the call has done enough (bytes of records rewritten): it stops
+-- there, as at `limit`.
+local function sweep_dead(got, to, reason, limit, examine, act, full)
+  local done, more, last_s, last_m = 0, 0, -1, ''
+  local ended = false
+  for i = 1, #got, 2 do
+    local id, t = got[i], tonumber(got[i + 1])
+    if t > to then
+      ended = true
+      break
+    end
+    if done >= limit or (full and full()) then
+      more, ended = 1, true
+      break
+    end
+    last_s, last_m = t, id
+    if reason < 0 or note_of(id) == reason then
+      act(id)
+      done = done + 1
+    end
+  end
+  if not ended and #got >= 2 * examine then more = 1 end
+  return done, more, last_s, last_m
 end

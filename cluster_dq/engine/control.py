@@ -1,0 +1,258 @@
+"""Pure engine operations for per-job control and the dead letter: bury, kick, reschedule one
+job by id; list, redrive and purge dead jobs with a cursor. Steps and reply decoding only, no
+I/O (the executors in aio.py / sync.py run them), as in ``commands.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cluster_dq.engine import replies
+from cluster_dq.engine.commands import (
+    EngineConfig,
+    Op,
+    by_id,
+    _eval,
+    _fixed,
+    _lease_arg,
+    _raise_conflicts,
+    _signal,
+)
+from cluster_dq.engine.replies import ReplyCode
+from cluster_dq.errors import BadRequest, WrongState
+from cluster_dq.keys import QueueKeys
+from cluster_dq.models import (
+    DEATH_CODES,
+    UNKNOWN_REASON,
+    DeadLetter,
+    Job,
+    Note,
+    Record,
+    id_to_member,
+    id_to_text,
+)
+
+DEAD_EXAMINE = 1_000  # dead entries one redrive or purge call looks at, matching or not
+MAX_DEAD_PAGE = 1_000  # dead jobs per listing page / per redrive or purge call
+FOREVER_MS = 2**53  # "no upper bound" for a time of death
+
+# A position in the dead letter: (time of death ms, member); the next page starts after it.
+After = tuple[int, bytes]
+
+
+def _moved_job(
+    ns: str, q: str, job_id: str, reply: replies.JobMoveReply, operation: str, allowed: str
+) -> Job | None:
+    """The job a per-job script answered with; None when there is none. Raises ``WrongState``
+    (state forbids), ``BadRequest`` (reschedule past the ttl) or ``Conflict`` (a lease)."""
+    if reply.code is ReplyCode.NOT_FOUND:
+        return None
+    if reply.code is ReplyCode.FORBIDDEN:
+        raise WrongState(job_id, reply.state and str(reply.state), operation, allowed)
+    if reply.code is ReplyCode.TOO_LATE:
+        raise BadRequest(
+            f"the new due time of job {job_id} is at or past the end of its ttl; "
+            "nothing was changed",
+            "at",
+        )
+    _raise_conflicts([job_id], [reply.code])
+    return Job.from_record(
+        ns, q, id_to_member(job_id), reply.record, reply.state, note=Note.unpack(reply.note)
+    )
+
+
+def bury(
+    ns: str, q: str, job_id: str, text: str, now: int, lease: str | None = None
+) -> Op[Job | None]:
+    """RESERVED / READY / DELAYED -> DEAD (reason ``buried``, ``text`` kept as its last error).
+    None: no such job. ``WrongState`` when it is dead already; with a ``lease`` that does not
+    hold it, ``Conflict``. Nothing changed then."""
+    qk = QueueKeys(ns, q)
+    member, bname, keys = by_id(qk, id_to_member(job_id))
+    call = _eval(
+        "bury",
+        keys,
+        stamped=True,
+        now=now,
+        member=member,
+        bucket_name=bname,
+        lease=_lease_arg(lease),
+        text=text.encode(),
+    )
+    reply = replies.decode_job_move((yield call))
+    return _moved_job(ns, q, job_id, reply, "bury", "reserved, ready or delayed")
+
+
+def kick(
+    cfg: EngineConfig,
+    ns: str,
+    q: str,
+    job_id: str,
+    delay_ms: int,
+    tries: int,
+    ttl_ms: int,
+    now: int,
+) -> Op[Job | None]:
+    """DEAD -> READY (or DELAYED for ``delay_ms``) with ``tries`` and a fresh ttl (0 = never).
+    None: no such job; ``WrongState`` when it is not dead (nothing changed)."""
+    qk = QueueKeys(ns, q)
+    member, _, keys = by_id(qk, id_to_member(job_id))
+    call = _eval(
+        "kick",
+        keys,
+        stamped=True,
+        now=now,
+        member=member,
+        delay=delay_ms,
+        tries=tries,
+        ttl=ttl_ms,
+        notify=qk.notify,
+    )
+    reply = replies.decode_job_move((yield call))
+    job = _moved_job(ns, q, job_id, reply, "kick", "dead")
+    if reply.lowered:
+        yield _signal(qk, cfg, _earliest(now, delay_ms, ttl_ms))
+    return job
+
+
+def reschedule_job(
+    cfg: EngineConfig, ns: str, q: str, job_id: str, due_ms: int, now: int
+) -> Op[Job | None]:
+    """READY / DELAYED -> DELAYED until ``due_ms`` (READY when that is not after ``now``).
+    None: no such job; ``WrongState`` when it is reserved or dead; ``BadRequest`` when the
+    due time is at or past its ttl end. Nothing changed then."""
+    qk = QueueKeys(ns, q)
+    member, bname, keys = by_id(qk, id_to_member(job_id))
+    call = _eval(
+        "reschedule_job",
+        keys,
+        stamped=True,
+        now=now,
+        member=member,
+        bucket_name=bname,
+        due=due_ms,
+        notify=qk.notify,
+    )
+    reply = replies.decode_job_move((yield call))
+    job = _moved_job(ns, q, job_id, reply, "reschedule", "ready or delayed")
+    if reply.lowered:
+        at = [t for t in (due_ms if due_ms > now else None, job and job.expire_at_ms) if t]
+        yield _signal(qk, cfg, min(at) if at else now)
+    return job
+
+
+def _earliest(now: int, delay_ms: int, ttl_ms: int) -> int:
+    at = [now + t for t in (delay_ms, ttl_ms) if t > 0]
+    return min(at) if at else now
+
+
+@dataclass(frozen=True, slots=True)
+class DeadFilter:
+    """Which dead jobs a redrive or purge acts on: a reason (None: any; ``unknown``: none
+    recorded) and a time-of-death range, both ends included."""
+
+    reason: str | None = None
+    from_ms: int = 0
+    to_ms: int = FOREVER_MS
+
+    def reason_code(self) -> int:
+        if self.reason is None:
+            return -1
+        if self.reason == UNKNOWN_REASON:
+            return 0
+        return DEATH_CODES[self.reason]
+
+
+def _after_args(after: After | None) -> dict[str, Any]:
+    return {
+        "after_score": -1 if after is None else after[0],
+        "after_member": b"" if after is None else after[1],
+    }
+
+
+def _range_args(filt: DeadFilter) -> dict[str, Any]:
+    return {"from": filt.from_ms, "to": filt.to_ms, "reason": filt.reason_code()}
+
+
+def dead_page(
+    ns: str, q: str, after: After | None, limit: int
+) -> Op[tuple[list[DeadLetter], After | None]]:
+    """Up to ``limit`` dead jobs, oldest death first, from just after ``after``; and where the
+    next page starts (None: this was the last)."""
+    qk = QueueKeys(ns, q)
+    call = _eval("dead_page", {"queue": _fixed(qk)}, **_after_args(after), limit=limit)
+    reply = replies.decode_dead_page((yield call))
+    out = []
+    for e in reply.entries:
+        note = Note.unpack(e.note) or Note()
+        if e.head:
+            rec = Record.unpack(e.head)
+            deliveries, published, attrs = rec.deliveries, rec.published_ms, rec.attributes
+        else:  # cannot happen while the invariants hold
+            deliveries, published, attrs = 0, 0, None
+        out.append(
+            DeadLetter(
+                id_to_text(e.member),
+                note.reason,
+                e.died_ms,
+                deliveries,
+                note.last_error,
+                e.size,
+                published,
+                attrs,
+            )
+        )
+    last = reply.entries[-1] if reply.entries else None
+    nxt = (last.died_ms, bytes(last.member)) if reply.more and last else None
+    return out, nxt
+
+
+def redrive_dead(
+    cfg: EngineConfig,
+    ns: str,
+    q: str,
+    filt: DeadFilter,
+    after: After | None,
+    limit: int,
+    delay_ms: int,
+    tries: int,
+    ttl_ms: int,
+    now: int,
+) -> Op[replies.SweepReply]:
+    """One bounded step of a filtered redrive (as ``kick`` on each matching dead job)."""
+    qk = QueueKeys(ns, q)
+    call = _eval(
+        "redrive_dead",
+        {"queue": _fixed(qk)},
+        stamped=True,
+        now=now,
+        **_after_args(after),
+        **_range_args(filt),
+        limit=limit,
+        examine=DEAD_EXAMINE,
+        delay=delay_ms,
+        tries=tries,
+        ttl=ttl_ms,
+        notify=qk.notify,
+    )
+    reply = replies.decode_sweep((yield call))
+    if reply.lowered:
+        yield _signal(qk, cfg, _earliest(now, delay_ms, ttl_ms))
+    return reply
+
+
+def purge_dead(
+    ns: str, q: str, filt: DeadFilter, after: After | None, limit: int
+) -> Op[replies.SweepReply]:
+    """One bounded step of a filtered delete of dead jobs."""
+    qk = QueueKeys(ns, q)
+    call = _eval(
+        "purge_dead",
+        {"queue": _fixed(qk)},
+        **_after_args(after),
+        **_range_args(filt),
+        limit=limit,
+        examine=DEAD_EXAMINE,
+    )
+    return replies.decode_sweep((yield call))
