@@ -555,6 +555,24 @@ def test_settings_routes_pause_resume_max_size_and_next_attempt_at(
     assert http.get("/api/ctl", params={"cursor": "a{b"}).status_code == 400
 
 
+def test_odd_digits_and_deep_nesting_are_400s_not_500s(
+    http: httpx.Client, sync_redis: redis.Redis
+) -> None:
+    """Found documenting the routes for OpenAPI: backoff_ms took str.isdigit()'s word for it
+    ("²" is a digit to it, and int() refuses it; int() also refuses 5,000 digits), and the
+    settings body was parsed without catching RecursionError: each was a 500."""
+    q = uuid.uuid4().hex[:10]
+    for name in ("backoff_ms", "backoff_cap_ms"):
+        for value in ("\u00b2", "1" * 5000):
+            query = {"backoff": "fixed", "backoff_ms": "10", name: value}
+            r = http.put(f"/api/ctl/{q}", params=query, content=b"x")
+            assert r.status_code == 400 and name in r.json()["error"], (name, r.text)
+    r = http.patch(f"/api/ctl/{q}/settings", content=b"[" * 50_000)
+    assert r.status_code == 400 and "JSON object" in r.json()["error"], r.text
+    assert sync_redis.hgetall(QueueKeys("ctl", q).conf) == {}
+    assert http.get(f"/api/ctl/{q}/size").json()["size"] == 0
+
+
 # -- the namespace's queue listing --------------------------------------------------------
 
 
