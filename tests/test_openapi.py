@@ -159,8 +159,9 @@ def test_data_port_follows_its_links(
     data_schema: schemathesis.schemas.BaseSchema, running: Running
 ) -> None:
     """Stateful: sequences that follow the document's links (publish, then peek, touch,
-    release, republish or ack that job; consume, then ack, touch or release with the lease),
-    each answer checked against the document as above."""
+    release, progress, republish, bury, reschedule or ack that job; consume, then ack, touch,
+    release, progress or bury with the lease; bury, then kick; a schedule PUT, then read,
+    pause, resume or delete it), each answer checked against the document as above."""
     base = data_schema.as_state_machine()
 
     class Client(base):  # type: ignore[valid-type,misc]

@@ -97,6 +97,8 @@ JOB_PATH = "/api/{ns}/{q}/job/{job_id}"
 PEEK, ACK, REPUBLISH = (JOB_PATH, "get"), (JOB_PATH, "delete"), (JOB_PATH, "put")
 TOUCH, RELEASE = (JOB_PATH + "/touch", "post"), (JOB_PATH + "/release", "post")
 PROGRESS = (JOB_PATH + "/progress", "put")
+BURY, RESCHEDULE = (JOB_PATH + "/bury", "post"), (JOB_PATH + "/reschedule", "post")
+KICK = ("/api/{ns}/{q}/deadletter/{job_id}/kick", "post")
 CONSUME = ("/api/{ns}/{queues}", "get")
 
 
@@ -113,7 +115,17 @@ def links(values: dict[str, object], *targets: tuple[str, str]) -> Schema:
 
 _ID = {"ns": "$request.path.ns", "job_id": "$response.body#/job_id"}
 PUBLISHED["links"] = {
-    **links({**_ID, "q": "$request.path.q"}, PEEK, ACK, REPUBLISH, TOUCH, RELEASE, PROGRESS),
+    **links(
+        {**_ID, "q": "$request.path.q"},
+        PEEK,
+        ACK,
+        REPUBLISH,
+        TOUCH,
+        RELEASE,
+        PROGRESS,
+        BURY,
+        RESCHEDULE,
+    ),
     # take it: one job, so the answer is one job object with its lease
     **links({"ns": "$request.path.ns", "queues": "$request.path.q", "query.count": 1}, CONSUME),
 }
@@ -125,7 +137,10 @@ DELIVERED = links(
     TOUCH,
     RELEASE,
     PROGRESS,
+    BURY,
 )
+# A job moved by bury, kick or reschedule: look at it, move it on (kick it once buried).
+MOVED = links({**_ID, "q": "$request.path.q"}, PEEK, ACK, KICK, BURY, RESCHEDULE)
 
 
 NS = param("ns", "path", NAME, "namespace")
@@ -562,7 +577,7 @@ def control_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
         "died_at": 1795466635814,
         "last_error": "malformed payload: no customer id",
     }
-    moved = reply("the job in its new state", ref("Job"), dead_job)
+    moved = reply("the job in its new state", ref("Job"), dead_job) | {"links": MOVED}
     no_job = error("no such job, or unknown pool", "job not found")
     cursor = param(
         "cursor",
@@ -619,7 +634,8 @@ def control_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
             "Give a ready or delayed job a new due time (exactly one of delay, delay_ms, at)",
             {
                 **common,
-                200: reply("the job, delayed until then (or ready)", ref("Job"), PEEKED_EXAMPLE),
+                200: reply("the job, delayed until then (or ready)", ref("Job"), PEEKED_EXAMPLE)
+                | {"links": MOVED},
                 404: no_job,
                 409: E409_STATE,
             },
@@ -638,7 +654,8 @@ def control_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
             "Move one dead job back to ready (or delayed), with fresh tries and ttl",
             {
                 **common,
-                200: reply("the job, ready or delayed", ref("Job"), PEEKED_EXAMPLE),
+                200: reply("the job, ready or delayed", ref("Job"), PEEKED_EXAMPLE)
+                | {"links": MOVED},
                 404: no_job,
                 409: E409_STATE,
             },
