@@ -321,17 +321,14 @@ class Service:
         lease: str | None = None,
     ) -> None:
         """Moves the reservation's deadline to now + ``ttr_ms`` (a consumer still working)."""
-        reads = route.place(ns, q).reads
-        for pool in reads:
-            op = ops.touch(pool.engine.config, ns, q, job_id, ttr_ms, pool.engine.clock(), lease)
-            try:
-                if await self._run(pool, op, idempotent=True, durable=True):
-                    return
-            except Conflict as e:
-                if e.state is None and pool is not reads[-1]:
-                    continue  # not in this pool (a migration): it may be in the next
-                raise
-        raise NotFound("job is not reserved")
+        await self._on_job(
+            route,
+            ns,
+            q,
+            lambda p: ops.touch(p.engine.config, ns, q, job_id, ttr_ms, p.engine.clock(), lease),
+            idempotent=True,
+            missing="job is not reserved",
+        )
 
     async def progress(
         self,
@@ -346,17 +343,15 @@ class Service:
         with a ``lease``, while that delivery holds the job; without, while the job is in a
         running reservation. ``Conflict`` (where the job is) otherwise, ``NotFound`` when there
         is no such job. Safe to repeat: the same value is written again."""
-        reads = route.place(ns, q).reads
-        for pool in reads:
-            op = ops.progress(ns, q, job_id, value, pool.engine.clock(), lease)
-            try:
-                if await self._run(pool, op, idempotent=True):
-                    return JobState.RESERVED
-            except Conflict as e:
-                if e.state is None and pool is not reads[-1]:
-                    continue  # not in this pool (a migration): it may be in the next
-                raise
-        raise NotFound("job not found")
+        await self._on_job(
+            route,
+            ns,
+            q,
+            lambda p: ops.progress(ns, q, job_id, value, p.engine.clock(), lease),
+            idempotent=True,
+            durable=False,
+        )
+        return JobState.RESERVED
 
     async def republish(
         self,
@@ -398,22 +393,29 @@ class Service:
         route: PoolRoute[RedisPool],
         ns: str,
         q: str,
-        make: Callable[[RedisPool], Op[Job | None]],
-    ) -> Job:
-        """Runs a per-job script on each pool the queue's jobs may be in (one, but during a
-        migration) until one finds the job. Not repeated by the retry policy: a repeat after a
-        lost reply would find the job moved and answer 409 for a move that happened."""
+        make: Callable[[RedisPool], Op[T | None]],
+        *,
+        idempotent: bool = False,
+        durable: bool = True,
+        missing: str = "job not found",
+    ) -> T:
+        """Runs a per-job operation on each pool the queue's jobs may be in (one, but during a
+        migration) until one finds the job (an answer that is neither None nor False);
+        ``NotFound`` (``missing``) when none does. A ``Conflict`` saying the job is in no state
+        there moves on to the next pool. Moves (bury, kick, reschedule) are not idempotent: a
+        repeat after a lost reply would find the job moved and answer 409 for a move that
+        happened."""
         reads = route.place(ns, q).reads
         for pool in reads:
             try:
-                job = await self._run(pool, make(pool), durable=True)
+                got = await self._run(pool, make(pool), idempotent=idempotent, durable=durable)
             except Conflict as e:
                 if e.state is None and pool is not reads[-1]:
                     continue  # not in this pool (a migration): it may be in the next
                 raise
-            if job is not None:
-                return job
-        raise NotFound("job not found")
+            if got is not None and got is not False:
+                return got
+        raise NotFound(missing)
 
     async def bury(
         self,
