@@ -26,12 +26,15 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.engine.control import MAX_DEAD_PAGE
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
 from cluster_dq.http.middleware import AccessLog
+from cluster_dq.http.params import MAX_LIST
 from cluster_dq.localredis import Server
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.pools import RedisPool
+from cluster_dq.schedules import MAX_SCHEDULE_PAGE
 from cluster_dq.service import Service
 from cluster_dq.settings import load
 from cluster_dq.testing.service_process import ServiceProcess
@@ -124,6 +127,16 @@ def test_documents_carry_the_served_settings(running: Running) -> None:
     by_name = {p["name"]: p["schema"] for p in consume["parameters"]}
     assert by_name["timeout"] == {"type": "integer", "minimum": 0, "maximum": 1, "default": 0}
     assert by_name["count"]["maximum"] == 100 and by_name["ttr"]["default"] == 120
+    paths = doc["paths"]
+    for path, bound in [
+        ("/api/{ns}/{q}/schedules", MAX_SCHEDULE_PAGE),
+        ("/api/{ns}/{q}/deadletter/jobs", MAX_DEAD_PAGE),
+        ("/api/{ns}", MAX_LIST),
+    ]:
+        by_name = {p["name"]: p["schema"] for p in paths[path]["get"]["parameters"]}
+        assert by_name["limit"]["maximum"] == bound and by_name["limit"]["minimum"] == 1
+    ack = paths["/api/{ns}/{q}/job/{job_id}"]["delete"]["responses"]["204"]
+    assert ack["headers"]["X-Job-State"]["required"] is True
     admin = httpx.get(f"{running.svc.admin}/openapi.json").json()
     assert admin["components"]["securitySchemes"] == {"basic": {"type": "http", "scheme": "basic"}}
     assert admin["paths"]["/limits"]["get"]["security"] == [{"basic": []}]

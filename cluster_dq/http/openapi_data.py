@@ -582,7 +582,7 @@ def control_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
     cursor = param(
         "cursor",
         "query",
-        {"type": "string", "maxLength": 128},
+        {"type": "string"},
         "where the previous page or call stopped (as answered); absent: from the start",
     )
     limit = uint("limit", "per page / per call", DEFAULT_PAGE, MAX_DEAD_PAGE, 1)
