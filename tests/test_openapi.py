@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 
 import httpx
+import jsonschema_rs
 import pytest
 import schemathesis
 from schemathesis.generation.stateful import run_state_machine_as_test
@@ -141,6 +142,77 @@ def test_documents_carry_the_served_settings(running: Running) -> None:
     assert admin["components"]["securitySchemes"] == {"basic": {"type": "http", "scheme": "basic"}}
     assert admin["paths"]["/limits"]["get"]["security"] == [{"basic": []}]
     assert admin["paths"]["/healthz"]["get"]["security"] == []
+
+
+def test_a_job_s_life_answers_as_documented(running: Running) -> None:
+    """Answers that generated requests seldom reach, each checked against its status's
+    schema and required headers: progress, release with an error and a backoff
+    (next_attempt_at, last_error), an ack with a result and the acked peek, bury, kick and
+    their 409s, the dead-letter listing, a full queue's 429, settings, pause, schedules."""
+    headers = {"X-Token": running.token}
+    with httpx.Client(base_url=running.svc.base, headers=headers, timeout=30) as c:
+        _a_job_s_life(c)
+
+
+def _a_job_s_life(c: httpx.Client) -> None:
+    doc = c.get("/openapi.json").json()
+    q = f"/api/{NS}/life"
+
+    def check(method: str, path: str, status: int, r: httpx.Response) -> dict[str, object]:
+        assert r.status_code == status, (method, path, r.status_code, r.text)
+        documented = doc["paths"][path][method]["responses"][str(status)]
+        for name, header in documented.get("headers", {}).items():
+            assert not header.get("required") or name in r.headers, (path, name)
+        if "content" not in documented:
+            return {}
+        schema = {**documented["content"]["application/json"]["schema"]}
+        jsonschema_rs.validate({**schema, "components": doc["components"]}, r.json())
+        return r.json()  # type: ignore[no-any-return]
+
+    job_path, put_job = "/api/{ns}/{q}/job/{job_id}", "/api/{ns}/{q}"
+    params = {"tries": 3, "backoff": "fixed", "backoff_ms": 60_000}
+    jid = check("put", put_job, 201, c.put(q, params=params, content=b"x"))["job_id"]
+    lease = c.get(q).json()["lease"]
+    progress = c.put(f"{q}/job/{jid}/progress", params={"lease": lease}, json={"done": 1})
+    check("put", job_path + "/progress", 200, progress)
+    assert check("get", job_path, 200, c.get(f"{q}/job/{jid}"))["progress"] == {"done": 1}
+    released = c.post(f"{q}/job/{jid}/release", params={"lease": lease, "error": "boom"})
+    check("post", job_path + "/release", 200, released)
+    seen = check("get", job_path, 200, c.get(f"{q}/job/{jid}"))
+    assert seen["last_error"] == "boom" and seen["next_attempt_at"]
+    check("put", job_path + "/progress", 409, c.put(f"{q}/job/{jid}/progress", json=2))
+    moved = c.post(f"{q}/job/{jid}/reschedule", params={"delay": 0})
+    check("post", job_path + "/reschedule", 200, moved)
+    lease = c.get(q).json()["lease"]
+    acked = c.delete(f"{q}/job/{jid}", params={"lease": lease, "result": '{"total": 42}'})
+    check("delete", job_path, 204, acked)
+    assert acked.headers["X-Job-State"] == "reserved"
+    assert check("get", job_path, 200, c.get(f"{q}/job/{jid}"))["state"] == "acked"
+    check("post", job_path + "/reschedule", 404, c.post(f"{q}/job/{jid}/reschedule?delay=0"))
+    other = check("put", put_job, 201, c.put(q, content=b"y"))["job_id"]
+    batch = c.post(f"{q}/ack", json=[{"job_id": other, "result": [1]}, jid])
+    check("post", "/api/{ns}/{q}/ack", 200, batch)
+    dead = check("put", put_job, 201, c.put(q, content=b"z"))["job_id"]
+    bury = job_path + "/bury"
+    check("post", bury, 200, c.post(f"{q}/job/{dead}/bury", json={"reason": "bad"}))
+    check("post", bury, 409, c.post(f"{q}/job/{dead}/bury"))
+    check("post", job_path + "/reschedule", 409, c.post(f"{q}/job/{dead}/reschedule?at=1"))
+    check("get", "/api/{ns}/{q}/deadletter/jobs", 200, c.get(f"{q}/deadletter/jobs"))
+    kick = "/api/{ns}/{q}/deadletter/{job_id}/kick"
+    check("post", kick, 200, c.post(f"{q}/deadletter/{dead}/kick"))
+    check("post", kick, 409, c.post(f"{q}/deadletter/{dead}/kick"))
+    check("get", "/api/{ns}", 200, c.get(f"/api/{NS}"))
+    full = {"max_size": 1, "backoff": "exponential", "backoff_ms": 5, "backoff_jitter": 0.5}
+    check("patch", "/api/{ns}/{q}/settings", 200, c.patch(f"{q}/settings", json=full))
+    check("put", put_job, 429, c.put(q, content=b"w"))
+    check("post", "/api/{ns}/{q}/pause", 200, c.post(f"{q}/pause"))
+    check("delete", "/api/{ns}/{q}", 204, c.delete(q))
+    every = {"every_ms": 3_600_000, "job": {"body": "t"}}
+    sched = "/api/{ns}/{q}/schedules/{name}"
+    check("put", sched, 201, c.put(f"{q}/schedules/life", json=every))
+    check("get", "/api/{ns}/{q}/schedules", 200, c.get(f"{q}/schedules"))
+    check("post", sched + "/pause", 200, c.post(f"{q}/schedules/life/pause"))
+    check("delete", sched, 204, c.delete(f"{q}/schedules/life"))
 
 
 data_api = schemathesis.pytest.from_fixture("data_schema")

@@ -295,7 +295,13 @@ def data_operations(s: Settings) -> list[Op]:
                     },
                     f"queue names, comma-separated (at most {MAX_QUEUES}); first is served first",
                 ),
-                *seconds("ttr", "time to run; ttr=0 means 1 s", s.TTRSecond, ms_minimum=1),
+                *seconds(
+                    "ttr",
+                    "time to run; ttr=0 means 1 s; without ttr, the first listed queue's ttr_ms "
+                    "setting, else this default",
+                    s.TTRSecond,
+                    ms_minimum=1,
+                ),
                 *seconds(
                     "timeout",
                     "long-poll: wait this long for a job",
@@ -643,7 +649,8 @@ def control_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
                 NS,
                 Q,
                 JOB,
-                *seconds("delay", "due this long from now", 0),
+                uint("delay", "due this long from now (seconds)", None, U32),
+                uint("delay_ms", "due this long from now (milliseconds)", None, U32 * 1000),
                 uint("at", "due at this time (Unix ms)", None, MAX_AT_MS),
             ],
             tag="job control",
