@@ -207,6 +207,8 @@ def _a_job_s_life(c: httpx.Client) -> None:
     check("put", put_job, 429, c.put(q, content=b"w"))
     check("post", "/api/{ns}/{q}/pause", 200, c.post(f"{q}/pause"))
     check("delete", "/api/{ns}/{q}", 204, c.delete(q))
+    clear = {"max_size": None, "backoff": None, "paused": False}  # a destroy keeps settings
+    check("put", "/api/{ns}/{q}/settings", 200, c.put(f"{q}/settings", json=clear))
     every = {"every_ms": 3_600_000, "job": {"body": "t"}}
     sched = "/api/{ns}/{q}/schedules/{name}"
     check("put", sched, 201, c.put(f"{q}/schedules/life", json=every))
