@@ -194,6 +194,7 @@ def job_spec(s: Settings, with_id: bool = True) -> list[Schema]:
             f"deliveries allowed (default: the queue's tries setting, else {s.TriesNum})",
             None,
             MAX_TRIES,
+            1,  # validate_spec: "tries shouldn't be zero"
         ),
         uint("priority", "higher is delivered first within a queue", 0, MAX_PRIORITY),
         *BACKOFF,
