@@ -375,6 +375,26 @@ async def test_thousands_of_due_occurrences_fire_in_bounded_batches(
     assert sizes.ready == len(_expected(schedule, start, clock.t)) == 2_000
 
 
+async def test_occurrences_a_full_queue_refuses_are_missed_not_fired(
+    engines: tuple[FaultyEngine, FaultyEngine, Clock],
+) -> None:
+    """A queue at its max_size refuses an occurrence's job (nothing written): that occurrence
+    was not published, so it counts as missed, not fired (it counted as fired, and as a
+    job created: the schedule's answer said 5 fired with 2 jobs in the queue)."""
+    a, _, clock = engines
+    schedule = Schedule("full", _template(), every_ms=1_000, catch_up_ms=3_600_000)
+    await _put(a, schedule)
+    await a.run(ops.configure(NS, Q, [("max_size", "2")]))
+    firer = Firer(a, lambda s: True)
+    clock.t += 5_000  # 5 occurrences due; room for 2
+    while await firer.fire_shard(SHARD) == 0:
+        pass
+    found = await a.run(sched_ops.get(NS, Q, "full"))
+    assert found is not None
+    sizes = await a.run(ops.sizes(a.config, NS, Q))
+    assert (sizes.ready, found[1].fired, found[1].missed) == (2, 2, 3)
+
+
 async def test_pause_resume_and_delete_stop_and_restart_firing(
     engines: tuple[FaultyEngine, FaultyEngine, Clock],
 ) -> None:

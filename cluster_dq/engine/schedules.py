@@ -247,9 +247,16 @@ def fire(cfg: EngineConfig, shard: int, member: str, lease: float, now: int) -> 
         schedule.job.spec(occurrence_id(name, t), t + schedule.job.delay_ms) for t in step.fire
     ]
     published = yield from publish(cfg, ns, q, specs, now)
-    new = sum(1 for p in published if not p.duplicate)
-    confirmed = claimed.with_(flying=(), claim_ms=0, fired=claimed.fired + len(specs))
+    # A queue at its max_size refuses a job (nothing written): that occurrence is missed.
+    full = sum(1 for p in published if p.full)
+    new = sum(1 for p in published if not p.duplicate and not p.full)
+    confirmed = claimed.with_(
+        flying=(),
+        claim_ms=0,
+        fired=claimed.fired + len(specs) - full,
+        missed=claimed.missed + full,
+    )
     done, _ = yield from _set(qk, name, claimed.encode(), confirmed.encode())
     if done:
         yield from _set_timer(cfg, ns, q, name, confirmed.due_at())
-    return Fired(len(specs), new, missed, done and confirmed.next_ms <= now)
+    return Fired(len(specs) - full, new, missed + full, done and confirmed.next_ms <= now)

@@ -984,7 +984,11 @@ def schedule_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
             "description": "the next occurrence to publish; null while paused or never",
         },
         fired={**INT, "description": "occurrences published"},
-        missed={**INT, "description": "occurrences skipped: older than catch_up_ms"},
+        missed={
+            **INT,
+            "description": "occurrences skipped: older than catch_up_ms, or refused by a "
+            "full queue (max_size)",
+        },
     )
     the_schedule = reply("the schedule", schedule, SCHEDULE_EXAMPLE)
     by_name: dict[str, object] = {
