@@ -247,8 +247,12 @@ def test_data_port_follows_its_links(
 ) -> None:
     """Stateful: sequences that follow the document's links (publish, then peek, touch,
     release, progress, republish, bury, reschedule or ack that job; consume, then ack, touch,
-    release, progress or bury with the lease; bury, then kick; a schedule PUT, then read,
-    pause, resume or delete it), each answer checked against the document as above."""
+    release, progress or bury with the lease; a schedule PUT, then read, pause, resume or
+    delete it), each answer checked against the document as above."""
+    # The document's own links only: schemathesis would infer more (a job_id in an answer
+    # feeds every route taking one), and start every sequence from the POSTs among them
+    # (bury, kick, reschedule with ids that exist nowhere), never from publish or consume.
+    data_schema.config.phases.stateful.inference.algorithms = []
     base = data_schema.as_state_machine()
 
     class Client(base):  # type: ignore[valid-type,misc]
