@@ -32,7 +32,7 @@ class Firer:
         engine: AsyncEngine,
         leads: Callable[[int], bool],
         *,
-        poll_ms: int = 250,  # idle look: a schedule created or resumed elsewhere is seen
+        poll_ms: int = 1_000,  # idle look: a schedule created or resumed elsewhere is seen
         metrics: PoolMetrics | None = None,
     ) -> None:
         self.engine = engine
@@ -43,7 +43,9 @@ class Firer:
     async def fire_shard(self, shard: int) -> int:
         """Runs the shard's due firing steps once; returns ms until the next is due."""
         now = self.engine.clock()
-        due = await self.engine.run(ops.due(shard, now, BATCH), idempotent=True)
+        due, head = await self.engine.run(ops.look(shard, now, BATCH), idempotent=True)
+        if not due:  # idle: one round trip, then sleep until the earliest timer
+            return self._wait(head)
         more = len(due) >= BATCH
         for member, lease in due:
             if not self.leads(shard):
@@ -52,7 +54,10 @@ class Firer:
             more = more or fired.more
         if more:
             return 0
-        head = await self.engine.run(ops.next_timer(shard), idempotent=True)
+        return self._wait(await self.engine.run(ops.next_timer(shard), idempotent=True))
+
+    def _wait(self, head: int | None) -> int:
+        """ms to sleep before the next look: until the earliest timer, ``poll_ms`` at most."""
         if head is None:
             return self.poll_ms
         return max(0, min(head - self.engine.clock(), self.poll_ms))

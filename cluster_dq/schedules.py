@@ -34,6 +34,7 @@ from cluster_dq.models import (
 )
 
 SCHEDULE_NAME_RE = re.compile(r"\A[-_A-Za-z0-9]{1,64}\Z")
+_RANDOM_FIELD = re.compile(r"[rR](?:\(|/|\Z)")  # croniter's random field: R, R(a-b), R/n
 MIN_EVERY_MS = 1_000
 MAX_EVERY_MS = MAX_SECONDS * 1000
 DEFAULT_CATCH_UP_MS = 3_600_000  # 1 h
@@ -47,6 +48,10 @@ FIRE_BATCH = 64  # occurrences published per firing step (one publish call: MAX_
 SKIP_BATCH = 256  # occurrences older than the catch-up window counted per firing step
 # How long a claimed occurrence is left to its claimer before another firer publishes it.
 CLAIM_LEASE_MS = 5_000
+# An occurrence published at most this late is on time, whatever ``catch_up_ms`` (even 0): a
+# firer never wakes at its very millisecond (its timer, a leader's poll, other schedules
+# fired first in the same step).
+ON_TIME_MS = 2_000
 NEVER = 2**48 - 1  # the "next occurrence" of a cron expression that matches no later date
 
 
@@ -193,8 +198,8 @@ class Plan:
 def plan(schedule: Schedule, state: State, now_ms: int, remember_acked_ms: int) -> Plan | None:
     """The occurrence rule. None: nothing to do now.
 
-    - occurrences at or before ``now_ms`` are due; those older than ``catch_up_ms`` are
-      skipped and counted as missed (at most ``SKIP_BATCH`` per step);
+    - occurrences at or before ``now_ms`` are due; those older than ``catch_up_ms`` (and
+      than ``ON_TIME_MS``) are skipped and counted as missed (at most ``SKIP_BATCH`` per step);
     - at most ``FIRE_BATCH`` due occurrences are claimed per step;
     - occurrences claimed by a firer that did not confirm them within ``CLAIM_LEASE_MS`` are
       claimed again and published again under the same ids (a publish of an id that exists,
@@ -213,7 +218,7 @@ def plan(schedule: Schedule, state: State, now_ms: int, remember_acked_ms: int) 
         return Plan(lost, ())
     if state.next_ms > now_ms:
         return None
-    window_start = now_ms - schedule.catch_up_ms
+    window_start = now_ms - max(schedule.catch_up_ms, ON_TIME_MS)
     skipped, fire = 0, list[int]()
     nxt = state.next_ms
     occ = schedule.occurrences(nxt)  # those after nxt
@@ -329,6 +334,10 @@ def parse(
         raise BadRequest(f"invalid tz: unknown time zone {tz!r}", "tz") from None
     if not croniter.is_valid(cron):
         raise BadRequest(f"invalid cron expression {cron!r}", "cron")
+    if any(_RANDOM_FIELD.match(f) for f in cron.split()):
+        # croniter draws a random value for `R` at every evaluation: no two firing steps (nor
+        # two instances) would agree on the next occurrence
+        raise BadRequest(f"invalid cron: {cron!r} has a random (R) field", "cron")
     schedule = Schedule(name, template, cron=cron, tz=tz, catch_up_ms=catch_up)
     if schedule.next_after(now_ms) == NEVER:  # no date matches it (30 February)
         raise BadRequest(f"invalid cron: {cron!r} never fires", "cron")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -475,7 +476,7 @@ class Service:
         """One page of the dead letter, oldest death first, and the cursor of the next (None:
         done). A job that stays dead during a walk is listed exactly once."""
         reads = route.place(ns, q).reads
-        index, after = _parse_cursor(cursor, len(reads))
+        index, after, _ = _parse_cursor(cursor, len(reads))
         pool = reads[index]
         page, nxt = await self._run(pool, control.dead_page(ns, q, after, limit), idempotent=True)
         return page, _next_cursor(index, nxt, len(reads))
@@ -493,10 +494,11 @@ class Service:
         ttl_ms: int,
     ) -> tuple[int, str | None]:
         """One bounded step of a filtered redrive: how many moved, and the cursor to go on
-        from (None: done)."""
+        from (None: done). A walk acts on what was dead when it began (``_walk_end``)."""
         reads = route.place(ns, q).reads
-        index, after = _parse_cursor(cursor, len(reads))
+        index, after, end = _parse_cursor(cursor, len(reads))
         pool = reads[index]
+        filt, end = _walk_end(filt, cursor, end, reads[0].engine.clock())
         op = control.redrive_dead(
             pool.engine.config,
             ns,
@@ -511,7 +513,8 @@ class Service:
         )
         reply = await self._run(pool, op, durable=True)
         self.metrics.count(metrics.respawned, ns, q, reply.count)
-        return reply.count, _next_cursor(index, reply.after if reply.more else None, len(reads))
+        nxt = reply.after if reply.more else None
+        return reply.count, _next_cursor(index, nxt, len(reads), end)
 
     async def purge(
         self,
@@ -523,12 +526,14 @@ class Service:
         limit: int,
     ) -> tuple[int, str | None]:
         """One bounded step of a filtered delete of dead jobs: how many deleted, and the cursor
-        to go on from (None: done). Safe to repeat."""
+        to go on from (None: done). Safe to repeat. A walk acts on what was dead when it began."""
         reads = route.place(ns, q).reads
-        index, after = _parse_cursor(cursor, len(reads))
+        index, after, end = _parse_cursor(cursor, len(reads))
+        filt, end = _walk_end(filt, cursor, end, reads[0].engine.clock())
         op = control.purge_dead(ns, q, filt, after, limit)
         reply = await self._run(reads[index], op, idempotent=True, durable=True)
-        return reply.count, _next_cursor(index, reply.after if reply.more else None, len(reads))
+        nxt = reply.after if reply.more else None
+        return reply.count, _next_cursor(index, nxt, len(reads), end)
 
     async def _first(
         self,
@@ -777,29 +782,47 @@ def _merge(a: ops.QueueOverview | None, b: ops.QueueOverview) -> ops.QueueOvervi
     )
 
 
-def _parse_cursor(cursor: str | None, pools: int) -> tuple[int, control.After | None]:
+def _parse_cursor(cursor: str | None, pools: int) -> tuple[int, control.After | None, int | None]:
     """A dead-letter cursor: ``<pool index>:<time of death ms>:<job id>`` (the index counts the
-    pools the queue is read from: one, but during a migration); ``<index>::`` starts a pool."""
+    pools the queue is read from: one, but during a migration); ``<index>::`` starts a pool.
+    A sweep's (redrive, purge) ends with ``:<end ms>``, the time its walk began."""
     if cursor is None:
-        return 0, None
-    parts = cursor.split(":", 2)
-    index = _uint(parts[0]) if len(parts) == 3 else None
-    if index is None or index >= pools:
+        return 0, None, None
+    parts = cursor.split(":")
+    index = _uint(parts[0]) if len(parts) in (3, 4) else None
+    end = _uint(parts[3]) if len(parts) == 4 else None
+    if index is None or index >= pools or (len(parts) == 4 and end is None):
         raise BadRequest("invalid cursor", "cursor")
     if parts[1] == "" and parts[2] == "":
-        return index, None
+        return index, None, end
     score = _uint(parts[1])
     if score is None or not parts[2] or len(parts[2]) > 64:
         raise BadRequest("invalid cursor", "cursor")
-    return index, (score, id_to_member(parts[2]))
+    return index, (score, id_to_member(parts[2])), end
 
 
-def _next_cursor(index: int, after: control.After | None, pools: int) -> str | None:
+def _next_cursor(
+    index: int, after: control.After | None, pools: int, end: int | None = None
+) -> str | None:
+    tail = "" if end is None else f":{end}"
     if after is not None:
-        return f"{index}:{after[0]}:{id_to_text(after[1])}"
+        return f"{index}:{after[0]}:{id_to_text(after[1])}{tail}"
     if index + 1 < pools:
-        return f"{index + 1}::"
+        return f"{index + 1}::{tail}"
     return None
+
+
+def _walk_end(
+    filt: control.DeadFilter, cursor: str | None, end: int | None, now: int
+) -> tuple[control.DeadFilter, int | None]:
+    """A sweep walks what was dead when it began (its first call: ``now``; then the end its
+    cursor carries): a job it redrives that dies again meanwhile is not met again, so a walk
+    over jobs that keep failing ends."""
+    if cursor is None:
+        end = now
+    if end is None or end >= filt.to_ms:
+        return filt, end
+    return dataclasses.replace(filt, to_ms=end), end
 
 
 def _uint(raw: str) -> int | None:

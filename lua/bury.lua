@@ -11,8 +11,8 @@
   ARGV[3] bucket_name: its wheel bucket's name ('' = none)
   ARGV[4] lease: the lease of its delivery ('' = none)
   ARGV[5] text: why it was buried ('' = keep its last error)
-  Returns: {OK / NOT_FOUND / FORBIDDEN (already dead) / a LEASE_* code, the state code it is
-    in afterwards (0: none), its record ('' when none), its note ('' when none), lowered (0)}
+  Returns: {OK / NOT_FOUND (none, or past its ttl) / FORBIDDEN (already dead) / a LEASE_* code,
+    the state code it is in afterwards (0: none), its record ('' when none), its note ('' when none), lowered (0)}
 ]]
 --@include lib/codes
 --@include lib/queue
@@ -28,12 +28,14 @@ if rec then
   if st == CODE.DEAD or st == CODE.NOT_FOUND then
     return {CODE.FORBIDDEN, st, rec, redis.call('HGET', NOTES, id) or '', 0}
   end
+  -- past its ttl: gone (the pump removes it), never dead, which would keep it for good
+  if expired(rec, now) then return {CODE.NOT_FOUND, 0, '', '', 0} end
   local key = ({[CODE.READY] = READY, [CODE.RESERVED] = RESERVED, [CODE.DELAYED] = DELAYED})[st]
   redis.call('ZREM', key, id)
   if st == CODE.RESERVED then redis.call('HDEL', LEASES, id) end
 else
   if bucket then rec = redis.call('HGET', bucket, id) end
-  if not rec then return {CODE.NOT_FOUND, 0, '', '', 0} end
+  if not rec or expired(rec, now) then return {CODE.NOT_FOUND, 0, '', '', 0} end
   unwheel(bucket, bname, id)
   redis.call('HSET', JOBS, id, rec)
 end

@@ -26,8 +26,14 @@ for i = 1, #got, 2 do
   end
   bytes = bytes + redis.call('HSTRLEN', JOBS, id)
   local rec = redis.call('HGET', JOBS, id) or ''
-  local head = 18 -- the fixed header, then the attributes (flags & 1), then the body
-  if #rec >= 18 and string.byte(rec, 18) % 2 == 1 then head = 20 + struct.unpack('>H', rec, 19) end
+  -- the fixed header, then the job's backoff (flags & 2, 11 bytes), then the attributes
+  -- (flags & 1: u16 length and JSON), then the body
+  local head = 18
+  if #rec >= 18 then
+    local flags = string.byte(rec, 18)
+    if flags % 4 >= 2 then head = head + 11 end
+    if flags % 2 == 1 then head = head + 2 + struct.unpack('>H', rec, head + 1) end
+  end
   out[#out + 1] = id
   out[#out + 1] = got[i + 1]
   out[#out + 1] = string.sub(rec, 1, head)

@@ -15,6 +15,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cluster_dq.backoff import Backoff
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import control
@@ -134,6 +135,23 @@ async def test_bury_refusals_change_nothing(engine: AsyncEngine, sync_redis: red
     assert await engine.run(control.bury(NS, Q, "no-such-job", "x", t)) is None
     assert await engine.run(control.bury(NS, Q, "0" * 26, "x", t)) is None  # a wheel-shaped id
     assert snapshot(sync_redis) == before
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_bury_of_a_job_past_its_ttl_finds_nothing_and_keeps_nothing_forever(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A job whose ttl has ended is gone (a release says `expired`), even before the pump
+    removes it: a bury must not make it a dead job, which would never expire."""
+    t = now_ms()
+    ready, delayed = await publish(
+        engine, t, JobSpec(b"r", ttl_ms=1_000), JobSpec(b"d", delay_ms=500, ttl_ms=1_000)
+    )
+    before = snapshot(sync_redis)
+    for jid in (ready, delayed):
+        assert await engine.run(control.bury(NS, Q, jid, "late", t + 1_500)) is None
+    assert snapshot(sync_redis) == before
+    assert (await engine.run(ops.sizes(engine.config, NS, Q))).dead == 0
     check_queue(sync_redis, NS, Q)
 
 
@@ -380,6 +398,32 @@ async def test_listing_shows_each_dead_job_once_oldest_first_even_at_one_death_t
     assert (first.reason, first.last_error, first.died_ms) == ("buried", "early", t - 100)
     assert first.size == ids.index(first.job_id) + 1 and first.published_ms == t
     assert page[-1].reason == "ttr_expired" and page[-1].deliveries == 1
+
+
+async def test_listing_reads_a_dead_job_with_its_own_backoff_and_attributes(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """The record's backoff section (flags & 2) sits between the header and the attributes:
+    the listing must step over it (it used to cut the record at the header: a 500)."""
+    t = now_ms()
+    backoff = Backoff(2, 1_000, 60_000, 250)
+    specs = [
+        JobSpec(b"body-1", backoff=backoff),
+        JobSpec(b"body-22", backoff=backoff, attributes={"k": "v"}),
+        JobSpec(b"body-333", attributes={"k": "w"}),
+    ]
+    ids = await publish(engine, t, *specs)
+    for jid in ids:
+        await bury(engine, jid, "why", t)
+    page, after = await engine.run(control.dead_page(NS, Q, None, 10))
+    assert after is None
+    got = {d.job_id: (d.size, d.attributes, d.reason, d.last_error) for d in page}
+    assert got == {
+        ids[0]: (6, None, "buried", "why"),
+        ids[1]: (7, {"k": "v"}, "buried", "why"),
+        ids[2]: (8, {"k": "w"}, "buried", "why"),
+    }
+    check_queue(sync_redis, NS, Q)
 
 
 async def test_listing_cursor_is_stable_while_jobs_die_and_are_kicked(
@@ -870,3 +914,32 @@ def test_http_reschedule_redrive_and_purge_loop_with_a_cursor(api: httpx.Client)
     r = api.post("/api/ns/q/deadletter/purge", params={"limit": 1000})
     assert r.json() == {"msg": "purged", "count": 5, "more": False, "cursor": None}
     assert _size(api)["dead"] == 0
+
+
+def test_http_a_redrive_walk_ends_while_the_jobs_it_moved_die_again(api: httpx.Client) -> None:
+    """A walk redrives what was dead when it began: a job it moved that dies again meanwhile
+    (its consumer still fails) is not redriven again by the same walk. It used to be: with
+    jobs that keep failing, the walk never ended and redrove them over and over."""
+    ids = [api.put("/api/ns/rw", content=b"x").json()["job_id"] for _ in range(3)]
+    for jid in ids:
+        assert api.post(f"/api/ns/rw/job/{jid}/bury").status_code == 200
+    redriven: list[str] = []
+    cursor, calls = None, 0
+    while calls < 30:
+        r = api.post(
+            "/api/ns/rw/deadletter/redrive",
+            params={"limit": 1, **({"cursor": cursor} if cursor else {})},
+        )
+        assert r.status_code == 200, r.text
+        calls += 1
+        got = api.get("/api/ns/rw", params={"ttr": 30})  # its consumer fails it at once
+        if got.status_code == 200:
+            redriven.append(got.json()["job_id"])
+            r2 = api.post(f"/api/ns/rw/job/{got.json()['job_id']}/release")
+            assert r2.json()["state"] == "dead"
+        cursor = r.json()["cursor"]
+        if cursor is None:
+            break
+    assert cursor is None and calls <= 4, (calls, redriven)
+    assert sorted(redriven) == sorted(ids)
+    assert api.get("/api/ns/rw/size").json()["dead"] == 3

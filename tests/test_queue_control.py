@@ -377,6 +377,29 @@ async def test_an_expired_reservation_and_a_release_come_back_after_the_backoff(
     check_queue(sync_redis, ns, q)
 
 
+async def test_a_backoff_without_a_cap_never_sets_a_due_time_past_the_latest_one(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """The longest base (2^32 - 1 ms), no cap, the 41st delivery: base * 2^40 ms is about
+    2^72, far past any due time a record or a reschedule can hold (2^48 - 1), and past what a
+    double holds exactly. The job's next attempt is the latest due time instead."""
+    engine.config = dataclasses.replace(engine.config, draw=lambda: 0.0)
+    cfg, ns, q, t = engine.config, "bo", "far", now_ms()
+    qk = QueueKeys(ns, q)
+    backoff = Backoff(2, 2**32 - 1, 0, 0)
+    rec = Record(t - 10, 0, 5, 41, 0, b"body", None, backoff)
+    member = id_to_member("job-far")
+    sync_redis.hset(qk.jobs, member, rec.pack())
+    sync_redis.zadd(qk.reserved, {member: t + 10_000})
+    sync_redis.hset(qk.leases, member, b"L" * 8)
+    (state,) = await engine.run(ops.release(cfg, ns, q, ["job-far"], 0, t, nack=True))
+    assert state is JobState.DELAYED
+    assert sync_redis.zscore(qk.delayed, member) == 2**48 - 1
+    peeked = await engine.run(ops.peek_job(ns, q, "job-far"))
+    assert peeked is not None and peeked.due_ms == 2**48 - 1
+    check_queue(sync_redis, ns, q)
+
+
 @pytest.mark.parametrize("how", ["release", "consume"])
 async def test_the_shard_schedule_learns_when_a_backoff_ends(
     engine: AsyncEngine, sync_redis: redis.Redis, how: str

@@ -186,20 +186,32 @@ def _pairs(flat: Any) -> list[tuple[Any, float]]:
     return [(m, float(s)) for m, s in zip(items[::2], items[1::2])]
 
 
-def due(shard: int, now: int, limit: int) -> Op[list[tuple[str, float]]]:
+def look(shard: int, now: int, limit: int) -> Op[tuple[list[tuple[str, float]], int | None]]:
     """Claims the shard's schedules whose timer is due: each timer is pushed to a lease
     (``now + CLAIM_LEASE_MS``, plus half a ms so that no writer's whole-ms timer equals it),
-    where it is looked at again should the firer die. (member, lease) pairs."""
+    where it is looked at again should the firer die. (member, lease) pairs, and, when none
+    is due, the shard's earliest timer (ms; None: no timer) from the same round trip, so an
+    idle look costs one."""
     timers = ShardKeys(shard).timers
-    found = yield Cmd(("ZRANGE", timers, "-inf", now, "BYSCORE", "LIMIT", 0, limit))
+    found, head = yield (
+        Cmd(("ZRANGE", timers, "-inf", now, "BYSCORE", "LIMIT", 0, limit)),
+        Cmd(("ZRANGE", timers, 0, 0, "WITHSCORES")),
+    )
     if not found:
-        return []
+        first = _pairs(head)
+        return [], int(first[0][1]) if first else None
     lease = now + CLAIM_LEASE_MS + 0.5
     args: list[Any] = []
     for m in found:
         args += [repr(lease), m]
     yield Cmd(("ZADD", timers, "XX", *args))
-    return [(m.decode() if isinstance(m, bytes) else m, lease) for m in found]
+    return [(m.decode() if isinstance(m, bytes) else m, lease) for m in found], None
+
+
+def due(shard: int, now: int, limit: int) -> Op[list[tuple[str, float]]]:
+    """``look``'s claimed schedules only."""
+    claimed, _ = yield from look(shard, now, limit)
+    return claimed
 
 
 def next_timer(shard: int) -> Op[int | None]:
@@ -247,16 +259,15 @@ def fire(cfg: EngineConfig, shard: int, member: str, lease: float, now: int) -> 
         schedule.job.spec(occurrence_id(name, t), t + schedule.job.delay_ms) for t in step.fire
     ]
     published = yield from publish(cfg, ns, q, specs, now)
-    # A queue at its max_size refuses a job (nothing written): that occurrence is missed.
-    full = sum(1 for p in published if p.full)
     new = sum(1 for p in published if not p.duplicate and not p.full)
+    refused = sum(1 for p in published if p.full)  # the queue is at its max_size: missed
     confirmed = claimed.with_(
         flying=(),
         claim_ms=0,
-        fired=claimed.fired + len(specs) - full,
-        missed=claimed.missed + full,
+        fired=claimed.fired + len(specs) - refused,
+        missed=claimed.missed + refused,
     )
     done, _ = yield from _set(qk, name, claimed.encode(), confirmed.encode())
     if done:
         yield from _set_timer(cfg, ns, q, name, confirmed.due_at())
-    return Fired(len(specs) - full, new, missed + full, done and confirmed.next_ms <= now)
+    return Fired(len(specs) - refused, new, missed + refused, done and confirmed.next_ms <= now)

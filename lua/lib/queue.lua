@@ -267,12 +267,16 @@ end
 -- into DELAYED until its next attempt (long-polls and META.next learn of it). Returns the
 -- state it went to (CODE.READY or CODE.DELAYED) and, when it lowered META.next, that time
 -- (else 0): the caller signals the shard with it.
+local LATEST_DUE = 281474976710655 -- 2^48 - 1: the latest due time (a record's u48)
+
 local function retry(id, rec, now, r)
   local _, _, _, deliveries = header(rec)
   local wait = retry_wait(rec, deliveries, r)
   if wait > 0 then
-    delay_until(id, now + wait)
-    if lower_next(now + wait) == 1 then return CODE.DELAYED, now + wait end
+    -- an uncapped exponential wait can pass any due time (base * 2^40 ~ 2^72 ms)
+    local due = math.min(now + wait, LATEST_DUE)
+    delay_until(id, due)
+    if lower_next(due) == 1 then return CODE.DELAYED, due end
     return CODE.DELAYED, 0
   end
   make_ready(id, rec, now)
