@@ -13,13 +13,15 @@ from typing import Any
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import control
+from cluster_dq.engine import schedules as schedule_ops
 from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Call, Eval
 from cluster_dq.engine.scripts import load_all
-from cluster_dq.keys import BUCKET_WIDTH_MS
+from cluster_dq.keys import BUCKET_WIDTH_MS, shard_of
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.pump import Pump
+from cluster_dq.schedules import Schedule, Template
 from cluster_dq.waiters import WaiterHub
 
 MIN = 60_000
@@ -72,11 +74,13 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
         jobs = await run(ops.consume(cfg, "ns", [q], 1_000, 2, t))
         assert len(jobs) == 2
         assert await run(ops.touch(cfg, "ns", q, jobs[1].job_id, 60_000, t)) is True
+        assert await run(ops.progress("ns", q, jobs[1].job_id, b'{"step":1}', t, jobs[1].lease))
         assert await run(ops.release(cfg, "ns", q, [jobs[1].job_id], 0, t)) == [JobState.READY]
-        assert await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id])) == [
-            JobState.RESERVED,
-            JobState.DELAYED,
-        ]
+        acked = await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id], t, results=[b'"ok"', None]))
+        assert acked == [JobState.RESERVED, JobState.DELAYED]
+        await run(ops.configure("ns", q, [("paused", "1"), ("max_size", "100")]))
+        assert await run(ops.consume(cfg, "ns", [q], 1_000, 1, t)) == []  # paused
+        await run(ops.configure("ns", q, [("paused", ""), ("max_size", "")]))
         old, new = await run(
             ops.republish(cfg, "ns", q, f"id-{q}", JobSpec(b"v2", delay_ms=10 * MIN), t)
         )
@@ -117,6 +121,17 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
     await run(ops.reschedule(3, "ns/x", None, epoch))
     await run(ops.publish(cfg, "ns", "ttl", [JobSpec(b"x", ttl_ms=5)], t))
     await run(ops.tick(cfg, "ns", "ttl", t + 10))
+    every = Schedule("c", Template("b"), every_ms=1_000)
+    await run(schedule_ops.put(cfg, "ns", "sched", every, False, t))
+    shard = shard_of("ns/sched", cfg.shards)
+    fired = 0
+    for member, lease in await run(schedule_ops.due(shard, t + 5_000, 10)):
+        fired += (await run(schedule_ops.fire(cfg, shard, member, lease, t + 5_000))).published
+    assert fired >= 1
+    await run(schedule_ops.set_paused(cfg, "ns", "sched", "c", True, t + 5_000))
+    for member, lease in await run(schedule_ops.due(shard, t + 60_000, 10)):  # found paused:
+        await run(schedule_ops.fire(cfg, shard, member, lease, t + 60_000))  # out of the timers
+    await run(schedule_ops.delete(cfg, "ns", "sched", "c"))
     assert engine.seen == set(load_all()), (
         f"not run on the cluster: {set(load_all()) - engine.seen}"
     )
