@@ -201,9 +201,6 @@ E414 = {
         }
     },
 }
-E429 = error(
-    "the token's rate limit", "token(…) produce reach the limit rate, please retry later", "Message"
-)
 E503 = error(
     "Redis unreachable or failing over: says whether the request may have been applied",
     "pool 'default' unavailable: redis unavailable (unreachable or failing over)",
