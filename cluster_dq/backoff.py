@@ -5,6 +5,7 @@ section, the queue settings and the tests. No I/O."""
 from __future__ import annotations
 
 import math
+import re
 import struct
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ MAX_BACKOFF_MS = 2**32 - 1  # a u32 in the record
 MAX_DOUBLINGS = 40  # 2^40 times any base is past any cap: no overflow, same in Lua
 SECTION = struct.Struct(">BIIH")  # kind, base ms, cap ms (0 = none), jitter in thousandths
 GOLDEN = 0.6180339887498949
+_DIGITS = re.compile(r"[0-9]{1,20}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,9 @@ class Backoff:
 def _ms(text: str | None, name: str, low: int) -> int:
     if text is None:
         return 0
-    if not text.isdigit() or not low <= int(text) <= MAX_BACKOFF_MS:
+    # ASCII digits, length-bounded: str.isdigit() accepts "²", which int() refuses (a 500),
+    # and int() refuses over 4,300 digits.
+    if not _DIGITS.fullmatch(text) or not low <= int(text) <= MAX_BACKOFF_MS:
         raise BadRequest(f"invalid {name}: an integer {low}..{MAX_BACKOFF_MS}", name)
     return int(text)
 

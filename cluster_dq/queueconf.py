@@ -78,7 +78,7 @@ def parse_changes(data: bytes) -> list[tuple[str, str]]:
     and its parameters change together: a backoff is given whole, or removed with null."""
     try:
         body = json.loads(data or b"{}")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, nesting deeper than Python goes
         raise BadRequest("the body must be a JSON object", "body") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object", "body")

@@ -23,7 +23,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter  # type: ignore[import-untyped]
 
 from cluster_dq.errors import BadRequest, BodyTooLarge
-from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_BODY, MAX_SECONDS, JobSpec, validate_spec
+from cluster_dq.models import (
+    CLIENT_ID_MAX_LEN,
+    MAX_BODY,
+    MAX_PRIORITY,
+    MAX_SECONDS,
+    MAX_TRIES,
+    JobSpec,
+    validate_spec,
+)
 
 SCHEDULE_NAME_RE = re.compile(r"\A[-_A-Za-z0-9]{1,64}\Z")
 _RANDOM_FIELD = re.compile(r"[rR](?:\(|/|\Z)")  # croniter's random field: R, R(a-b), R/n
@@ -34,6 +42,8 @@ MAX_CATCH_UP_MS = 7 * 86_400_000  # 7 days
 MAX_SCHEDULES_PER_QUEUE = 1_000
 MAX_SCHEDULE_PAGE = 100  # schedules listed per page
 MAX_CRON_LEN = 256
+MAX_TZ_LEN = 64
+MAX_START_MS = 2**47  # every_ms's anchor
 FIRE_BATCH = 64  # occurrences published per firing step (one publish call: MAX_BULK)
 SKIP_BATCH = 256  # occurrences older than the catch-up window counted per firing step
 # How long a claimed occurrence is left to its claimer before another firer publishes it.
@@ -264,7 +274,7 @@ def parse(
     check_name(name)
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, nesting deeper than Python goes
         raise BadRequest("the body must be a JSON object", "body") from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object", "body")
@@ -280,14 +290,18 @@ def parse(
     body = job.get("body", "")
     if not isinstance(body, str):
         raise BadRequest("job.body must be a string", "job.body")
-    if len(body.encode()) > max_body:
+    try:
+        size = len(body.encode())
+    except UnicodeEncodeError:  # JSON allows a lone surrogate ("\\ud800"); UTF-8 does not
+        raise BadRequest("job.body must be UTF-8 text (no lone surrogate)", "job.body") from None
+    if size > max_body:
         raise BodyTooLarge("job.body too large", "job.body")
     template = Template(
         body,
         _int(job, "delay_ms", 0, 0, MAX_SECONDS * 1000),
         _int(job, "ttl_ms", default_ttl_ms, 0, MAX_SECONDS * 1000),
-        _int(job, "tries", default_tries, 0, 65_535),
-        _int(job, "priority", 0, 0, 255),
+        _int(job, "tries", default_tries, 0, MAX_TRIES),
+        _int(job, "priority", 0, 0, MAX_PRIORITY),
     )
     validate_spec(template.spec("s-check", now_ms + template.delay_ms))
     paused = data.get("paused", False)
@@ -302,7 +316,7 @@ def parse(
             if key in data:
                 raise BadRequest(f"{key} goes with cron, not every_ms", key)
         every = _int(data, "every_ms", 0, MIN_EVERY_MS, MAX_EVERY_MS)
-        start = _int(data, "start_ms", 0, 0, 2**47)
+        start = _int(data, "start_ms", 0, 0, MAX_START_MS)
         return Schedule(
             name, template, every_ms=every, start_ms=start, catch_up_ms=catch_up
         ), paused
@@ -312,7 +326,7 @@ def parse(
     if not isinstance(cron, str) or len(cron) > MAX_CRON_LEN or len(cron.split()) != 5:
         if not (isinstance(cron, str) and cron.startswith("@") and len(cron) <= MAX_CRON_LEN):
             raise BadRequest("invalid cron: five fields, or an @alias", "cron")
-    if not isinstance(tz, str) or not tz or len(tz) > 64:
+    if not isinstance(tz, str) or not tz or len(tz) > MAX_TZ_LEN:
         raise BadRequest("invalid tz: an IANA time zone name", "tz")
     try:
         ZoneInfo(tz)

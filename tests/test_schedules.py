@@ -641,6 +641,24 @@ def test_not_json_and_unknown_schedules(api: httpx.Client, sync_redis: redis.Red
     assert httpx.get(f"{str(api.base_url).rstrip('/')}/api/ns/sq/schedules").status_code == 401
 
 
+def test_bodies_python_cannot_take_are_refused_not_500s(
+    api: httpx.Client, sync_redis: redis.Redis
+) -> None:
+    """JSON allows a lone surrogate in a string ("\\ud800"), which UTF-8 cannot encode, and
+    nests arrays deeper than Python's recursion limit: both were 500s (found documenting the
+    route for OpenAPI). Now a 400 naming the field, and nothing written."""
+    for raw, field in [
+        (b'{"every_ms": 5000, "job": {"body": "\\ud800"}}', "job.body"),
+        (b'{"cron": "* * * * *", "job": {"body": "a\\udfffb"}}', "job.body"),
+        (b"[" * 100_000, "body"),
+        (b'{"every_ms": 5000, "job": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "body"),
+    ]:
+        r = api.put("/api/ns/sq/schedules/x", content=raw)
+        assert r.status_code == 400, r.text
+        assert field in r.json()["error"]
+    assert _raw(sync_redis) == {}
+
+
 def test_schedule_routes_and_real_firing(api: httpx.Client) -> None:
     """Create, read, list (paged), pause, resume, replace, delete; and the running service's
     pump fires an every-second schedule on its own, each job under its occurrence's id."""

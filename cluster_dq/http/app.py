@@ -43,7 +43,6 @@ from cluster_dq.settings import Settings
 from cluster_dq.tokens import split_token, well_formed_raw
 
 log = logging.getLogger("cluster_dq.http")
-MAX_LIST = 1000  # queues per page of a namespace listing
 Handler = Callable[[Request], Awaitable[Response]]
 T = TypeVar("T")
 
@@ -416,8 +415,8 @@ class DataAPI:
         route = await self._auth(request, ns)
         qp = params.query(request)
         limit = params.uint(qp, "limit", 100)
-        if not 1 <= limit <= MAX_LIST:
-            raise BadRequest(f"invalid limit: 1..{MAX_LIST}", "limit")
+        if not 1 <= limit <= params.MAX_LIST:
+            raise BadRequest(f"invalid limit: 1..{params.MAX_LIST}", "limit")
         page, nxt = await self.service.list_queues(route, ns, params.cursor(qp), limit)
         out = []
         for o, now in page:

@@ -20,7 +20,15 @@ from starlette.routing import Route
 
 import cluster_dq
 from cluster_dq.http.params import LEASE_RE, U32
-from cluster_dq.models import CLIENT_ID_MAX_LEN, MAX_NAME_LEN, NAME_RE, JobState
+from cluster_dq.http.protocol import MAX_URL_BYTES
+from cluster_dq.models import (
+    CLIENT_ID_MAX_LEN,
+    DEATH_REASONS,
+    MAX_NAME_LEN,
+    NAME_RE,
+    UNKNOWN_REASON,
+    JobState,
+)
 from cluster_dq.tokens import MAX_INTERVAL, MAX_LIMIT
 
 Schema = dict[str, Any]
@@ -40,6 +48,7 @@ QUEUE_NAME = {**NAME, "pattern": "^[-A-Za-z0-9][-_A-Za-z0-9]*$"}  # not starting
 JOB_ID = {**NAME, "maxLength": CLIENT_ID_MAX_LEN}
 LEASE_ID = {"type": "string", "pattern": f"^{LEASE_RE.pattern}$"}
 STATE = {"type": "string", "enum": [str(s) for s in JobState]}
+REASON = {"type": "string", "enum": [*DEATH_REASONS.values(), UNKNOWN_REASON]}
 
 
 def obj(required: Iterable[str] = (), **props: Schema) -> Schema:
@@ -74,6 +83,44 @@ SCHEMAS: dict[str, Schema] = {
         state=STATE,
         deliveries=INT,
         lease=LEASE_ID,
+        progress={"description": "the last progress a consumer recorded (any JSON value)"},
+        next_attempt_at={
+            **INT,
+            "description": "a delayed job that was delivered before: when it is due again "
+            "(a retry backoff or a release delay), Unix ms",
+        },
+        reason={**REASON, "description": "a dead job: why it died"},
+        died_at={**INT, "description": "a dead job: when it died, Unix ms"},
+        last_error={
+            "type": ["string", "null"],
+            "description": "the last error text a release or a bury gave it",
+        },
+    ),
+    "WrongState": obj(
+        ["error", "job_id", "state"],
+        error={"type": "string"},
+        job_id={"type": "string"},
+        state={"anyOf": [STATE, {"type": "null"}], "description": "where the job is"},
+    ),
+    "DeadLetter": obj(
+        ["job_id", "reason", "died_at", "deliveries", "last_error", "size", "published_at"],
+        job_id={"type": "string"},
+        reason=REASON,
+        died_at={**INT, "description": "Unix ms"},
+        deliveries=INT,
+        last_error={"type": ["string", "null"]},
+        size={**INT, "description": "the body's size in bytes"},
+        published_at={**INT, "description": "Unix ms"},
+        attributes={"type": "object", "additionalProperties": {"type": "string"}},
+    ),
+    "Acked": obj(
+        ["namespace", "queue", "job_id", "state", "result", "acked_at_ms"],
+        namespace={"type": "string"},
+        queue={"type": "string"},
+        job_id={"type": "string"},
+        state={"const": "acked"},
+        result={"description": "the result given on ack (any JSON value)"},
+        acked_at_ms={**INT, "description": "the ack's time, Unix milliseconds"},
     ),
     "Published": obj(
         ["msg", "job_id"],
@@ -144,9 +191,16 @@ E400 = error("a bad parameter, name, id, lease or body; nothing was written", "i
 E401 = error("no token, or a token unknown for this namespace", "invalid token")
 E404_POOL = error("the token names no configured pool or ring", "pool not found")
 E413 = error("a body over its limit (checked from Content-Length first)", "body too large")
-E429 = error(
-    "the token's rate limit", "token(…) produce reach the limit rate, please retry later", "Message"
-)
+# Refused by the HTTP parser (``http/protocol.py``), before the app: no request id.
+E414 = {
+    "description": f"a request line over {MAX_URL_BYTES} bytes (path and query, percent-encoded)",
+    "content": {
+        JSON: {
+            "schema": ref("Error"),
+            "example": {"error": f"request line too long (max {MAX_URL_BYTES} bytes)"},
+        }
+    },
+}
 E503 = error(
     "Redis unreachable or failing over: says whether the request may have been applied",
     "pool 'default' unavailable: redis unavailable (unreachable or failing over)",
@@ -160,6 +214,20 @@ E409 = reply(
         "state": None,
         "conflicts": [{"job_id": "01M84CYQJ90007ZG2JKZ9W9AQM", "state": None}],
     },
+)
+E409_STATE = reply(
+    "the job's state forbids the operation: nothing was changed",
+    ref("WrongState"),
+    {
+        "error": "cannot kick job 01M84CYQJ90007ZG2JKZ9W9AQM: it is ready, kick needs dead; "
+        "nothing was changed",
+        "job_id": "01M84CYQJ90007ZG2JKZ9W9AQM",
+        "state": "ready",
+    },
+)
+E409_BUSY = error(
+    "others kept changing it meanwhile: nothing was changed; repeating is safe",
+    "the schedule kept being changed by others meanwhile; nothing was changed, try again",
 )
 NO_CONTENT = {"description": "done", "headers": _REQUEST_ID}
 

@@ -41,6 +41,7 @@ def ascii_uint(raw: str) -> int | None:
 
 LEASE_RE = re.compile(r"[0-9a-fA-F]{16}")
 MAX_QUEUES = 32  # queues of one consume
+MAX_LIST = 1000  # queues per page of a namespace listing
 
 
 def query(request: Request) -> dict[str, str]:
