@@ -816,8 +816,9 @@ class EngineModel(RuleBasedStateMachine):
             if why:
                 return
             j = m.jobs.get((q, job_id))
-            if j is None or j.state == DEAD:
-                wanted = NotFound if j is None else WrongState
+            if j is None or j.state == DEAD or j.expired(now):
+                # past its ttl: found nowhere (the pump removes it), never made dead for good
+                wanted = WrongState if j is not None and j.state == DEAD else NotFound
                 if not unknown and not isinstance(err, wanted):
                     raise Mismatch(f"bury {job_id}: engine {job or err}, model {wanted.__name__}")
                 return
