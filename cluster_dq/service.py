@@ -20,6 +20,7 @@ from cluster_dq.engine import commands as ops
 from cluster_dq.engine import schedules as schedule_ops
 from cluster_dq.engine import control
 from cluster_dq.engine.control import DeadFilter
+from cluster_dq.engine.replies import SweepReply
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import (
     BadRequest,
@@ -495,26 +496,16 @@ class Service:
     ) -> tuple[int, str | None]:
         """One bounded step of a filtered redrive: how many moved, and the cursor to go on
         from (None: done). A walk acts on what was dead when it began (``_walk_end``)."""
-        reads = route.place(ns, q).reads
-        index, after, end = _parse_cursor(cursor, len(reads))
-        pool = reads[index]
-        filt, end = _walk_end(filt, cursor, end, reads[0].engine.clock())
-        op = control.redrive_dead(
-            pool.engine.config,
-            ns,
-            q,
-            filt,
-            after,
-            limit,
-            delay_ms,
-            tries,
-            ttl_ms,
-            pool.engine.clock(),
-        )
-        reply = await self._run(pool, op, durable=True)
-        self.metrics.count(metrics.respawned, ns, q, reply.count)
-        nxt = reply.after if reply.more else None
-        return reply.count, _next_cursor(index, nxt, len(reads), end)
+
+        def make(pool: RedisPool, filt: DeadFilter, after: control.After | None) -> Op[SweepReply]:
+            config, now = pool.engine.config, pool.engine.clock()
+            return control.redrive_dead(
+                config, ns, q, filt, after, limit, delay_ms, tries, ttl_ms, now
+            )
+
+        count, nxt = await self._sweep(route, ns, q, filt, cursor, make, idempotent=False)
+        self.metrics.count(metrics.respawned, ns, q, count)
+        return count, nxt
 
     async def purge(
         self,
@@ -527,11 +518,30 @@ class Service:
     ) -> tuple[int, str | None]:
         """One bounded step of a filtered delete of dead jobs: how many deleted, and the cursor
         to go on from (None: done). Safe to repeat. A walk acts on what was dead when it began."""
+
+        def make(pool: RedisPool, filt: DeadFilter, after: control.After | None) -> Op[SweepReply]:
+            return control.purge_dead(ns, q, filt, after, limit)
+
+        return await self._sweep(route, ns, q, filt, cursor, make, idempotent=True)
+
+    async def _sweep(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        filt: DeadFilter,
+        cursor: str | None,
+        make: Callable[[RedisPool, DeadFilter, control.After | None], Op[SweepReply]],
+        idempotent: bool,
+    ) -> tuple[int, str | None]:
+        """One bounded step of a walk of the dead letter that acts on what it finds (redrive,
+        purge): it goes on from ``cursor`` on the read pool the cursor names, acts only on jobs
+        dead when the walk began (``_walk_end``), and answers the count and the next cursor."""
         reads = route.place(ns, q).reads
         index, after, end = _parse_cursor(cursor, len(reads))
         filt, end = _walk_end(filt, cursor, end, reads[0].engine.clock())
-        op = control.purge_dead(ns, q, filt, after, limit)
-        reply = await self._run(reads[index], op, idempotent=True, durable=True)
+        pool = reads[index]
+        reply = await self._run(pool, make(pool, filt, after), idempotent=idempotent, durable=True)
         nxt = reply.after if reply.more else None
         return reply.count, _next_cursor(index, nxt, len(reads), end)
 
