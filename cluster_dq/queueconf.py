@@ -44,6 +44,11 @@ class QueueSettings:
             )
         return cls(h.get("paused") == "1", num("ttr"), num("tries"), num("max_size"), backoff)
 
+    def as_changes(self) -> list[tuple[str, str]]:
+        """The changes that set exactly these settings (``configure``), e.g. to write them on
+        the pool a queue is moving to."""
+        return parse_changes(json.dumps(self.as_json()).encode())
+
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "paused": self.paused,

@@ -47,7 +47,7 @@ from cluster_dq.models import (
 )
 from cluster_dq.pools import RedisPool
 from cluster_dq.queueconf import QueueSettings
-from cluster_dq.routing import PoolRoute, build_routes
+from cluster_dq.routing import Placement, PoolRoute, build_routes
 from cluster_dq.schedules import describe
 from cluster_dq.schedules import parse as parse_schedule
 from cluster_dq.settings import Settings
@@ -80,6 +80,7 @@ class Service:
         )
         # (ns, q) -> (monotonic s when read, the queue's settings): its default ttr and tries
         self._queue_settings: dict[tuple[str, str], tuple[float, QueueSettings]] = {}
+        self._carried: dict[tuple[str, str, str], float] = {}  # see _carry_settings
 
     def route(self, name: str) -> PoolRoute[RedisPool]:
         r = self.routes.get(name)
@@ -121,6 +122,7 @@ class Service:
         pool = place.write
         if len(specs) == 1 and len(place.reads) == 1:
             return [await self._publishes.submit((pool.name, ns, q), specs[0])]
+        await self._carry_settings(place, ns, q)
         # A client id held by a pool being drained is a duplicate, as it would be on one pool.
         known = await self._known_elsewhere(place.reads[:-1], ns, q, specs)
         fresh = [s for s in specs if s.job_id not in known] if known else specs
@@ -683,10 +685,35 @@ class Service:
 
     async def queue_settings(self, route: PoolRoute[RedisPool], ns: str, q: str) -> QueueSettings:
         """The queue's own settings, as the pool that takes its new jobs holds them."""
-        pool = route.place(ns, q).write
-        got = await self._run(pool, ops.queue_settings(ns, q), idempotent=True)
+        place = route.place(ns, q)
+        await self._carry_settings(place, ns, q)
+        got = await self._run(place.write, ops.queue_settings(ns, q), idempotent=True)
         self._queue_settings[(ns, q)] = (time.monotonic(), got)
         return got
+
+    async def _carry_settings(self, place: Placement[RedisPool], ns: str, q: str) -> None:
+        """A queue that moves (a migration, a ring member added) takes its settings along: a
+        pool it moves to that holds none yet gets those of the first pool it is drained from
+        that has some, before the queue's first job is written there (its scripts read them:
+        pause, max size, backoff). Looked at once per ``QueueSettingsCacheSecond`` per queue
+        by each instance, and only while the queue moves; ``configure`` writes every pool."""
+        if len(place.reads) == 1:
+            return
+        key = (place.write.name, ns, q)
+        seen = self._carried.get(key)
+        if seen is not None and time.monotonic() - seen < self.settings.QueueSettingsCacheSecond:
+            return
+        none = QueueSettings()
+        if await self._run(place.write, ops.queue_settings(ns, q), idempotent=True) == none:
+            for pool in place.reads[:-1]:
+                old = await self._run(pool, ops.queue_settings(ns, q), idempotent=True)
+                if old != none:
+                    op = ops.configure(ns, q, old.as_changes())
+                    await self._run(place.write, op, idempotent=True)
+                    break
+        if len(self._carried) > 100_000:
+            self._carried.clear()
+        self._carried[key] = time.monotonic()
 
     async def configure(
         self, route: PoolRoute[RedisPool], ns: str, q: str, changes: Sequence[tuple[str, str]]

@@ -369,3 +369,51 @@ def test_publish_and_consume_beside_the_engine(
             assert [j["data"] for j in drain(api, "bulk", 5)] == [_b64("from-spark")]
     finally:
         svc.stop(timeout=20)
+
+
+def test_a_queues_settings_follow_it_to_the_pool_it_moves_to(
+    pools: dict[str, PoolSettings], deployment: Deployment
+) -> None:
+    """A paused queue with a max size, default tries and a backoff, set while it lived on
+    ``old``: once it migrates, the jobs written on ``new`` obey the same settings (its scripts
+    read them there), even when no request reads the settings first."""
+    old, new = pools["old"], pools["new"]
+    settings = {
+        "tries": 5,
+        "max_size": 3,
+        "backoff": "fixed",
+        "backoff_ms": 2_000,
+    }
+    svc = start({"default": pools["default"], "old": old})
+    try:
+        tok = token(svc.admin, "old")
+        with httpx.Client(base_url=svc.base, headers={"X-Token": tok}, timeout=30) as api:
+            assert api.patch("/api/ns/moving/settings", json=settings).status_code == 200
+            assert api.post("/api/ns/moving/pause").status_code == 200
+    finally:
+        svc.stop(timeout=20)
+
+    svc = start(
+        {"default": pools["default"], "old": old, "new": new}, CLUSTER_DQ_POOL__OLD__MIGRATETO="new"
+    )
+    try:
+        with httpx.Client(base_url=svc.base, headers={"X-Token": tok}, timeout=30) as api:
+            # tries given: the publish itself has no need of the queue's defaults
+            first = api.put("/api/ns/moving", params={"tries": 2}, content=b"a")
+            assert first.status_code == 201, first.text
+            assert sized(new, deployment, "ns", "moving").ready == 1
+            assert api.get("/api/ns/moving", params={"ttr": 30}).status_code == 404  # paused
+            got = api.get("/api/ns/moving/settings").json()
+            assert {k: got[k] for k in settings} == settings and got["paused"] is True
+            assert api.post("/api/ns/moving/resume").status_code == 200
+            second = api.put("/api/ns/moving", content=b"b").json()["job_id"]
+            api.put("/api/ns/moving", content=b"c")
+            full = api.put("/api/ns/moving", content=b"d")
+            assert full.status_code == 429, full.text  # max_size 3, on the new pool
+            job = api.get(f"/api/ns/moving/job/{second}").json()
+            assert job["remain_tries"] == 5  # the queue's default tries
+            consumed = api.get("/api/ns/moving", params={"ttr": 30}).json()
+            r = api.post(f"/api/ns/moving/job/{consumed['job_id']}/release")
+            assert r.status_code == 200 and r.json()["state"] == "delayed", r.text  # the backoff
+    finally:
+        svc.stop(timeout=20)
