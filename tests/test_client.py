@@ -47,6 +47,7 @@ from cluster_dq.client import (
 )
 from cluster_dq.client._core import Reply, Safety, error_from
 from cluster_dq.client._retry import policy, repeatable, wait
+from cluster_dq.localredis import free_port, start_server
 from cluster_dq.testing.service_process import ServiceProcess
 from tests.conftest import Deployment
 
@@ -652,6 +653,42 @@ async def test_a_lost_consume_reply_is_repeated(
     assert await c.size("q") == Sizes(0, 0, 2, 0)
     assert first != second
     await close(c)
+
+
+async def test_a_real_503_says_what_is_safe_and_the_client_follows_it() -> None:
+    """Redis dies under a running service (its token cached): each 503 is decoded from the
+    service's own words, and only what is safe to repeat is repeated."""
+    server = start_server(free_port(21000, 22000))
+    env = {"CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_TOKENCACHESECOND": "60"}
+    svc = ServiceProcess.start(f"127.0.0.1:{server.port}", env=env, timeout=20)
+    try:
+        token = new_token(svc)
+        async with AsyncClient(svc.base, token, NS) as c:
+            jid = await c.publish("down", b"x", tries=2)
+            job = await c.consume("down", ttr=60)
+        server.kill()
+        counted = {name: LoseReplies(lambda r: False, lose=0) for name in ("id", "anon", "rel")}
+
+        async def attempt(name: str, retries: int, call: Any) -> tuple[BaseException, int]:
+            async with AsyncClient(
+                svc.base, token, NS, transport=counted[name], retries=retries
+            ) as c:
+                with pytest.raises(Unavailable) as e:
+                    await call(c)
+            return e.value, len(counted[name].seen)
+
+        (fixed, n_fixed), (anon, n_anon), (rel, n_rel) = await asyncio.gather(
+            attempt("id", 1, lambda c: c.publish("down", b"y", job_id="down-1")),
+            attempt("anon", 3, lambda c: c.publish("down", b"z")),
+            attempt("rel", 3, lambda c: c.release("down", jid, lease=job.lease)),
+        )
+        assert isinstance(fixed, Unavailable) and fixed.safe_to_repeat and n_fixed == 2
+        assert isinstance(anon, Unavailable) and anon.maybe_applied and n_anon == 1
+        assert isinstance(rel, Unavailable) and n_rel == 1
+        assert not rel.safe_to_repeat and rel.maybe_applied and "look the job up" in rel.message
+    finally:
+        svc.stop(timeout=20)
+        server.kill()
 
 
 # -- configuration and the two shells ---------------------------------------------------------
