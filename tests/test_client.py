@@ -800,3 +800,41 @@ def test_sync_and_async_clients_have_the_same_verbs(sync_cls: type, async_cls: t
         assert params == aio[name], name
         fn = getattr(async_cls, name)
         assert inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn), name
+
+
+UNASYNC = [
+    ("async def ", "def "),
+    ("await ", ""),
+    ("AsyncRetrying", "Retrying"),
+    ("AsyncIterator", "Iterator"),
+    ("AsyncBaseTransport", "BaseTransport"),
+    ("AsyncClient", "Client"),
+    ("aclose", "close"),
+    ("__aenter__", "__enter__"),
+    ("__aexit__", "__exit__"),
+    ("the asyncio client", "the blocking client"),
+]
+
+
+def test_the_blocking_client_is_the_async_one_without_await() -> None:
+    """As httpcore's unasync: sync.py is aio.py with async/await taken out, so the two shells
+    cannot drift apart (no verb, argument or default differs)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "cluster_dq" / "client"
+    text = (package / "aio.py").read_text()
+    for old, new in UNASYNC:
+        text = text.replace(old, new)
+    ruff = [str(Path(sys.executable).parent / "ruff")]
+    for step in (["check", "--select", "I", "--fix", "--quiet"], ["format"]):
+        run = subprocess.run(
+            [*ruff, *step, "--stdin-filename", str(package / "sync.py"), "-"],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        text = run.stdout
+    assert text == (package / "sync.py").read_text()
