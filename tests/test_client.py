@@ -23,6 +23,7 @@ from cluster_dq.client import (
     BadRequest,
     Client,
     Conflict,
+    Contended,
     DeadJob,
     DeadPage,
     DQError,
@@ -473,6 +474,7 @@ def test_the_retry_table() -> None:
         (unavailable(advice["release"]), True, False),
         (RateLimited("slow down", retry_after=1.0), True, True),
         (RateLimited("slow down"), True, True),
+        (Contended("lost to concurrent writers", 409), True, True),
         (QueueFull("full", 429), False, False),
         (BadRequest("bad", 400), False, False),
         (Unauthorized("no", 401), False, False),
@@ -485,6 +487,29 @@ def test_the_retry_table() -> None:
     ]
     for exc, idem, once in table:
         assert (repeatable(IDEM, exc), repeatable(ONCE, exc)) == (idem, once), exc
+
+
+def test_409_decoding() -> None:
+    """Each 409 the service's own error table writes decodes into its class and state."""
+    from cluster_dq.errors import ClusterDQError
+    from cluster_dq.errors import Conflict as ServerConflict
+    from cluster_dq.errors import Contended as ServerContended
+    from cluster_dq.errors import WrongState as ServerWrongState
+    from cluster_dq.http.errors import error_handlers
+
+    async def answer(exc: Exception) -> Reply:
+        response = await error_handlers()[ClusterDQError](None, exc)  # type: ignore[arg-type]
+        return Reply(response.status_code, response.headers, bytes(response.body))
+
+    for exc, cls, state in [
+        (ServerConflict([("j", "reserved")]), LeaseLost, "reserved"),
+        (ServerConflict([("j", None)]), LeaseLost, None),
+        (ServerWrongState("j", "dead", "bury", "reserved"), WrongState, "dead"),
+        (ServerContended("schedule changed meanwhile"), Contended, None),
+    ]:
+        got = error_from(asyncio.run(answer(exc)))
+        assert type(got) is cls and got.status == 409, exc
+        assert isinstance(got, Conflict) and got.state == state
 
 
 def test_429_status_decoding() -> None:

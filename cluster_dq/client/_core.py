@@ -18,6 +18,7 @@ import httpx
 from cluster_dq.client.errors import (
     BadRequest,
     Conflict,
+    Contended,
     DQError,
     LeaseLost,
     NotFound,
@@ -158,6 +159,8 @@ def error_from(reply: Reply) -> DQError:
             return LeaseLost(msg, status, body, state)
         if isinstance(body, dict) and "state" in body:
             return WrongState(msg, status, body, state)
+        if isinstance(body, dict) and set(body) == {"error"}:  # no job named: a contended write
+            return Contended(msg, status, body)
         return Conflict(msg, status, body, state)
     if status == 413:
         return TooLarge(msg, status, body)
