@@ -6,6 +6,7 @@ one), configuration from the environment. Both the sync and the async client."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -130,6 +131,7 @@ async def test_publish_consume_ack_round_trip(dq: Any) -> None:
     assert job.remain_tries == 2 and job.deliveries == 1 and job.state == "reserved"
     assert job.attributes == {"tenant": "acme"} and isinstance(job.lease, str)
     assert 98 <= job.ttl <= 100 and isinstance(job.elapsed_ms, int)
+    assert job in {job} and job == dataclasses.replace(job)  # hashable, though it holds a dict
     assert await dq.consume("q") is None  # nothing else ready
     await dq.ack("q", job.id, lease=job.lease)
     assert await dq.get_job("q", jid) is None
@@ -800,6 +802,28 @@ def test_configuration_from_the_environment(
     with Client(namespace="other") as c:  # an argument wins over the environment
         with pytest.raises(Unauthorized):
             c.publish("env", b"x")
+
+
+def test_admin_configuration_from_the_environment(
+    service: ServiceProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CLUSTER_DQ_ADMIN_URL", raising=False)
+    with pytest.raises(ValueError, match="CLUSTER_DQ_ADMIN_URL"):
+        AdminClient()
+    monkeypatch.setenv("CLUSTER_DQ_ADMIN_URL", service.admin)
+    monkeypatch.setenv("CLUSTER_DQ_ADMIN_AUTH", "no-colon")
+    with pytest.raises(ValueError, match="user:password"):
+        AdminClient()
+    monkeypatch.setenv("CLUSTER_DQ_ADMIN_AUTH", ":".join(ADMIN_AUTH))
+    with AdminClient() as admin:
+        token = admin.create_token(NS, "from the environment")
+        assert token in admin.tokens(NS)
+        admin.delete_token(NS, token)
+    monkeypatch.delenv("CLUSTER_DQ_ADMIN_AUTH")
+    with AdminClient() as admin:  # no basic auth: the token routes refuse
+        assert admin.healthz()
+        with pytest.raises(Unauthorized):
+            admin.tokens(NS)
 
 
 async def test_async_context_manager(service: ServiceProcess, token: str) -> None:
