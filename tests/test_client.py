@@ -361,12 +361,17 @@ async def test_bad_input_is_bad_request_or_value_error(dq: Any) -> None:
     assert "ttl" in e.value.message and e.value.status == 400
     with pytest.raises(BadRequest):
         await dq.publish("_q", b"x")
+    with pytest.raises(BadRequest) as e:
+        await dq.publish("q", b"x", job_id="no/slash")
+    assert "job id" in e.value.message
     for bad in (
         lambda: dq.publish("q", b"x", delay=-1),
         lambda: dq.publish("q", 42),
         lambda: dq.consume_many("q", 0),
         lambda: dq.consume([]),
         lambda: dq.publish_many("q", [b"not json"]),
+        lambda: dq.publish_many("q", b'["one body"]'),
+        lambda: dq.publish("q", b"x", job_id=""),
         lambda: dq.reschedule("q", "id"),
         lambda: dq.ack_many("q", []),
     ):

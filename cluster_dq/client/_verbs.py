@@ -119,7 +119,8 @@ def publish(
     params = _job_params(delay, ttl, tries, priority) + backoff_params(backoff)
     headers: dict[str, str] = {}
     if job_id is not None:
-        params.append(("job_id", segment(job_id, "job_id")))
+        segment(job_id, "job_id")  # a non-empty string; the service checks its characters
+        params.append(("job_id", job_id))
     if attributes:
         headers["Enable-Job-Version"] = "YES"
         for k, val in attributes.items():
@@ -151,6 +152,8 @@ def publish_many(
 ) -> Call[list[str]]:
     """The bulk route: each body must be one JSON text (the service stores each element's raw
     JSON text), all published or none."""
+    if isinstance(bodies, bytes | str):
+        raise ValueError("bodies must be a list of bodies, not one body: use publish()")
     parts = []
     for i, b in enumerate(bodies):
         raw = as_bytes(b, f"bodies[{i}]")
