@@ -468,6 +468,38 @@ def test_503_bodies_decode_into_safe_to_repeat_and_maybe_applied() -> None:
     assert isinstance(bare, Unavailable) and bare.maybe_applied and not bare.safe_to_repeat
 
 
+def test_every_503_of_the_service_decodes_to_what_happened() -> None:
+    """Over every Redis failure the service may meet, for idempotent and other requests, the
+    503 it writes (its own ``_unavailable``) decodes so that the client repeats a once-only
+    call only when nothing ran on Redis, and reads `safe` only where the service said so."""
+    from cluster_dq import errors as server
+    from cluster_dq.service import _unavailable
+
+    failures = [
+        server.Transient("reset"),
+        server.Refused("TRYAGAIN"),
+        server.StaleMaster("NOREPLICAS"),
+        server.Unsent("refused"),
+        server.MovedDuringWait("moved"),
+        server.ServerError("OOM", "OOM"),
+        server.RedisFailure("?"),
+        server.NotReplicated(0, 1, 100, None),
+    ]
+    for failure in failures:
+        for idempotent in (True, False):
+            for unknown in ("the request may or may not have been applied", None):
+                try:
+                    with _unavailable("default", idempotent=idempotent, unknown=unknown):
+                        raise failure
+                except server.PoolUnavailable as e:
+                    got = unavailable(e.advice)
+                nothing_ran = isinstance(failure, server.Refused)
+                assert got.maybe_applied or nothing_ran, (failure, idempotent, unknown)
+                assert not got.safe_to_repeat or idempotent or nothing_ran, (failure, idempotent)
+                if repeatable(ONCE, got):
+                    assert nothing_ran and not idempotent, (failure, idempotent, unknown)
+
+
 def test_the_retry_table() -> None:
     """Each failure against each safety: repeated only when a repeat can do no harm."""
     advice = service_advice()
