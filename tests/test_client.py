@@ -374,6 +374,8 @@ async def test_bad_input_is_bad_request_or_value_error(dq: Any) -> None:
         lambda: dq.publish("q", b"x", job_id=""),
         lambda: dq.reschedule("q", "id"),
         lambda: dq.ack_many("q", []),
+        lambda: dq.progress("q", "id", {1, 2}),
+        lambda: dq.ack("q", "id", result=float("nan")),
     ):
         with pytest.raises(ValueError):
             await bad()

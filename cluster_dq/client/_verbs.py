@@ -232,7 +232,9 @@ def consume_many(
 def ack(
     ns: str, queue: str, job_id: str, *, lease: str | None = None, result: Any = None
 ) -> Call[None]:
-    params = query(lease=lease, result=None if result is None else json_body(result).decode())
+    params = query(
+        lease=lease, result=None if result is None else json_body(result, "result").decode()
+    )
     return Call("DELETE", _job(ns, queue, job_id), no_content, params)
 
 
@@ -297,7 +299,7 @@ def progress(
         no_content,
         query(lease=lease),
         JSON,
-        json_body(value),
+        json_body(value, "progress"),
     )
 
 
