@@ -926,3 +926,18 @@ def test_the_blocking_client_is_the_async_one_without_await() -> None:
         )
         text = run.stdout
     assert text == (package / "sync.py").read_text()
+
+
+def test_the_client_imports_nothing_of_the_service() -> None:
+    """A producer process pays for httpx and tenacity, not for redis-py or Starlette."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cluster_dq.client; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('redis', 'starlette', 'uvicorn', 'prometheus_client') "
+        "or (m.startswith('cluster_dq.') and not m.startswith('cluster_dq.client'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
