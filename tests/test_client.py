@@ -183,6 +183,28 @@ async def test_touch_release_progress(dq: Any) -> None:
     assert await dq.release("q", jid, lease=job.lease, keep_try=True) == "ready"
 
 
+async def test_priority_backoff_and_queue_order(dq: Any) -> None:
+    low = await dq.publish("p", b"low")
+    high = await dq.publish("p", b"high", priority=5, tries=2, backoff=Backoff("fixed", 30))
+    await dq.publish("first", b"x")
+    got = await dq.consume(["first", "p"], ttr=30)
+    assert got.queue == "first"  # the listed order is the priority
+    job = await dq.consume(["first", "p"], ttr=30)
+    assert job.id == high  # a higher priority is delivered first within a queue
+    assert await dq.release("p", high, lease=job.lease) == "delayed"  # its own backoff
+    seen = await dq.get_job("p", high)
+    assert seen.next_attempt_at is not None and 20 < seen.next_attempt_at - time.time() <= 30
+    none = await dq.publish("p", b"none", tries=2, backoff=Backoff("none"))
+    assert (await dq.consume("p", ttr=30)).id == low
+    job = await dq.consume("p", ttr=30)
+    assert job.id == none and await dq.release("p", none, lease=job.lease) == "ready"
+    expo = Backoff("exponential", 1.5, cap=60, jitter=0.25)
+    jid = await dq.publish("p", b"e", tries=3, backoff=expo)  # every field as the service takes it
+    with pytest.raises(BadRequest):
+        await dq.publish("p", b"e", backoff=Backoff("exponential", 1, jitter=2))
+    assert (await dq.get_job("p", jid)).state == "ready"
+
+
 async def test_bury_kick_reschedule_cancel(dq: Any) -> None:
     jid = await dq.publish("q", b"x")
     dead = await dq.bury("q", jid, reason="malformed")
@@ -300,6 +322,7 @@ async def test_admin_client(kind: str, service: ServiceProcess, sync_redis: redi
     else:
         admin = AsyncAdminClient(service.admin, ADMIN_AUTH)
     assert await admin.healthz() is True
+    assert (await admin.readyz())["status"] == "ok"
     assert isinstance(await admin.version(), str)
     assert await admin.pools() == ["default"]
     token = await admin.create_token(NS, "from the client")
