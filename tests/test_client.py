@@ -148,6 +148,18 @@ async def test_text_json_delay_and_result(dq: Any) -> None:
     assert done is not None and done.state == "acked" and done.result == {"total": 1}
 
 
+async def test_republish(dq: Any) -> None:
+    jid = await dq.publish("q", b"step 1")
+    job = await dq.consume("q", ttr=30)
+    new = await dq.republish("q", jid, b"step 2", lease=job.lease, delay=60)
+    assert new != jid and await dq.get_job("q", jid) is None
+    assert (await dq.get_job("q", new)).state == "delayed"
+    assert await dq.republish("q", new, "step 3", new_job_id="step-3") == "step-3"
+    assert (await dq.get_job("q", "step-3")).body == b"step 3"
+    with pytest.raises(LeaseLost):
+        await dq.republish("q", "step-3", b"x", lease=job.lease)
+
+
 async def test_publish_with_job_id_is_idempotent(dq: Any) -> None:
     assert await dq.publish("q", b"a", job_id="order-42") == "order-42"
     assert await dq.publish("q", b"a", job_id="order-42") == "order-42"

@@ -178,6 +178,37 @@ def publish_many(
     )
 
 
+def republish(
+    ns: str,
+    queue: str,
+    job_id: str,
+    body: bytes | str,
+    *,
+    lease: str | None = None,
+    delay: float = 0.0,
+    ttl: float | None = None,
+    tries: int | None = None,
+    new_job_id: str | None = None,
+) -> Call[str]:
+    """lmstfy's republish: acks ``job_id`` and publishes ``body`` as a new job, atomically."""
+    params = _job_params(delay, ttl, tries) + query(lease=lease)
+    if new_job_id is not None:
+        segment(new_job_id, "new_job_id")
+        params.append(("job_id", new_job_id))
+    # Repeatable only with the new id fixed and no lease (a repeat with a lease would find it
+    # no longer holding the job and answer a conflict for a republish that happened).
+    safe = new_job_id is not None and lease is None
+    return Call(
+        "PUT",
+        _job(ns, queue, job_id),
+        lambda r: str(expect(r, 201)["job_id"]),
+        params,
+        {},
+        as_bytes(body),
+        Safety.IDEMPOTENT if safe else ONCE,
+    )
+
+
 def _consume_path(ns: str, queues: str | Sequence[str]) -> str:
     names = [queues] if isinstance(queues, str) else list(queues)
     if not names:
