@@ -360,6 +360,25 @@ async def test_admin_client(kind: str, service: ServiceProcess, sync_redis: redi
     await close(wrong)
 
 
+async def test_one_client_shared_by_threads_and_tasks(service: ServiceProcess, token: str) -> None:
+    """A Client shared by threads, an AsyncClient by tasks, each with fewer connections than
+    callers: every job is published once, consumed once and acked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Client(service.base, token, NS, max_connections=3) as c:
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(lambda i: c.publish("shared", f"{i}", job_id=f"t-{i}"), range(40)))
+        assert ids == [f"t-{i}" for i in range(40)]
+    async with AsyncClient(service.base, token, NS, max_connections=3) as ac:
+        more = await asyncio.gather(*(ac.publish("shared", f"a{i}") for i in range(40)))
+        assert len(set(more)) == 40
+        got = await asyncio.gather(*(ac.consume_many("shared", 10, ttr=60) for _ in range(8)))
+        jobs = [j for batch in got for j in batch]
+        assert sorted(j.id for j in jobs) == sorted(ids + more)
+        await asyncio.gather(*(ac.ack_many("shared", b) for b in got if b))
+        assert (await ac.size("shared")).total == 0
+
+
 # -- the error tree, provoked for real --------------------------------------------------------
 
 
