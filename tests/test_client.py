@@ -584,6 +584,52 @@ def test_the_retry_table() -> None:
         assert (repeatable(IDEM, exc), repeatable(ONCE, exc)) == (idem, once), exc
 
 
+def test_each_verb_is_classified_as_docs_client_md_says() -> None:
+    from cluster_dq.client import _admin as a
+    from cluster_dq.client import _control as ctl
+    from cluster_dq.client import _verbs as v
+
+    idempotent = [
+        v.publish("n", "q", b"x", job_id="fixed"),
+        v.republish("n", "q", "old", b"x", new_job_id="fixed"),
+        v.consume("n", "q"),
+        v.consume_many("n", ["q", "r"], 10),
+        v.ack("n", "q", "j", lease="l"),
+        v.ack_many("n", "q", [("j", "l")]),
+        v.cancel("n", "q", "j"),
+        v.touch("n", "q", "j", lease="l"),
+        v.progress("n", "q", "j", 1, lease="l"),
+        v.peek("n", "q"),
+        v.get_job("n", "q", "j"),
+        v.size("n", "q"),
+        v.destroy("n", "q"),
+        ctl.settings("n", "q"),
+        ctl.update_settings("n", "q", tries=2),
+        ctl.pause("n", "q"),
+        ctl.put_schedule("n", "q", "s", every=60),
+        ctl.delete_schedule("n", "q", "s"),
+        ctl.dead_jobs("n", "q"),
+        a.delete_token("n", "t"),
+    ]
+    once = [
+        v.publish("n", "q", b"x"),
+        v.publish_many("n", "q", [b"1"]),
+        v.republish("n", "q", "old", b"x"),
+        v.republish("n", "q", "old", b"x", lease="l", new_job_id="fixed"),
+        v.release("n", "q", "j", lease="l"),
+        v.bury("n", "q", "j"),
+        v.kick("n", "q", "j"),
+        v.reschedule("n", "q", "j", delay=1),
+        ctl.respawn("n", "q"),
+        ctl.dead_delete("n", "q"),
+        ctl.redrive("n", "q"),
+        ctl.purge("n", "q"),
+        a.create_token("n", "d"),
+    ]
+    assert [c.path for c in idempotent if c.safety is not IDEM] == []
+    assert [c.path for c in once if c.safety is not ONCE] == []
+
+
 def test_409_decoding() -> None:
     """Each 409 the service's own error table writes decodes into its class and state."""
     from cluster_dq.errors import ClusterDQError
