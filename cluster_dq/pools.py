@@ -248,6 +248,64 @@ class RedisPool:
         return clean
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterShard:
+    """A Cluster master as this instance's client sees it: its address, replicas, slots."""
+
+    primary: str
+    replicas: tuple[str, ...]
+    slots: tuple[tuple[int, int], ...]  # inclusive ranges
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """What a pool is made of, as this instance's client sees it (no extra round trip for a
+    Cluster: its slot map; one question to the sentinels for a Sentinel group)."""
+
+    name: str
+    kind: str  # standalone, sentinel, cluster
+    addresses: tuple[str, ...]  # as configured (sentinels, seeds)
+    master: str = ""  # standalone: the server; sentinel: the current master
+    shards: tuple[ClusterShard, ...] = ()
+    error: str = ""  # the sentinels could not be asked
+
+    def owner(self, slot: int) -> str:
+        """The Cluster master serving ``slot`` ('' when none, or not a Cluster)."""
+        for shard in self.shards:
+            if any(lo <= slot <= hi for lo, hi in shard.slots):
+                return shard.primary
+        return ""
+
+
+async def describe(pool: RedisPool) -> Topology:
+    p = pool.settings
+    addrs = tuple(f"{h}:{port}" for h, port in p.addresses())
+    client = pool.engine.client
+    if isinstance(client, RedisCluster):
+        ranges: dict[str, list[list[int]]] = {}
+        replicas: dict[str, tuple[str, ...]] = {}
+        for slot, nodes in sorted(client.nodes_manager.slots_cache.items()):
+            primary = nodes[0].name
+            replicas[primary] = tuple(sorted(n.name for n in nodes[1:]))
+            spans = ranges.setdefault(primary, [])
+            if spans and spans[-1][1] == slot - 1:
+                spans[-1][1] = slot
+            else:
+                spans.append([slot, slot])
+        shards = tuple(
+            ClusterShard(name, replicas[name], tuple((lo, hi) for lo, hi in spans))
+            for name, spans in sorted(ranges.items(), key=lambda kv: kv[1][0][0])
+        )
+        return Topology(pool.name, "cluster", addrs, shards=shards)
+    if p.kind == "sentinel":
+        try:
+            host, port = await client.connection_pool.get_master_address()  # type: ignore[attr-defined]
+        except (RedisError, OSError) as e:
+            return Topology(pool.name, "sentinel", addrs, error=f"{type(e).__name__}: {e}")
+        return Topology(pool.name, "sentinel", addrs, master=f"{host}:{port}")
+    return Topology(pool.name, "standalone", addrs, master=addrs[0])
+
+
 def _said(e: RedisFailure) -> str:
     """What Redis said (the error the engine translated), for /readyz."""
     cause = e.__cause__ or e

@@ -18,7 +18,7 @@ from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import schedules as schedule_ops
-from cluster_dq.engine import control
+from cluster_dq.engine import control, insight
 from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import (
@@ -732,6 +732,50 @@ class Service:
                     merged[o.name] = _merge(merged.get(o.name), o)
             out = [(merged[q], now) for q in page if q in merged]
         return out, page[-1] if more and page else ""
+
+    # -- read-only looks for the dashboard's panels -------------------------------------------
+
+    async def delayed_span(
+        self, route: PoolRoute[RedisPool], ns: str, q: str
+    ) -> insight.DelayedSpan | None:
+        """Earliest and latest due time of the queue's delayed jobs, over the pools holding it."""
+        spans = [
+            s
+            for p in route.place(ns, q).reads
+            if (s := await self._run(p, insight.delayed_span(ns, q), idempotent=True))
+        ]
+        if not spans:
+            return None
+        return insight.DelayedSpan(min(s.first_ms for s in spans), max(s.last_ms for s in spans))
+
+    async def delayed_counts(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, edges: Sequence[int]
+    ) -> insight.DelayedCounts:
+        """Delayed jobs per due-time bin between ``edges`` (``insight.delayed_counts``)."""
+        counts, outside, unread = [0] * (len(edges) - 1), 0, 0
+        for pool in route.place(ns, q).reads:
+            got = await self._run(pool, insight.delayed_counts(ns, q, edges), idempotent=True)
+            counts = [a + b for a, b in zip(counts, got.counts)]
+            outside, unread = outside + got.outside, unread + got.unread
+        return insight.DelayedCounts(counts, outside, unread)
+
+    async def delayed_between(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, start: int, end: int, limit: int
+    ) -> list[insight.DelayedJob]:
+        """Up to ``limit`` delayed jobs due in ``[start, end)``, soonest first."""
+        out: list[insight.DelayedJob] = []
+        for pool in route.place(ns, q).reads:
+            op = insight.delayed_between(ns, q, start, end, limit)
+            out += await self._run(pool, op, idempotent=True)
+        return sorted(out, key=lambda j: (j.due_ms, j.job_id))[:limit]
+
+    async def pump_leaders(self, pool_name: str) -> list[insight.Leader]:
+        """Each shard's pump lease in the pool: who holds it, for how long, its epoch."""
+        pool = self.pools.get(pool_name)
+        if pool is None:
+            raise NotFound("pool not found")
+        op = insight.leaders(pool.engine.config.shards)
+        return await self._run(pool, op, idempotent=True)
 
     # -- admin ------------------------------------------------------------------------------
 

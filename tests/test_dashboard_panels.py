@@ -1,0 +1,325 @@
+"""The data of the dashboard's own panels, on every topology: the delay timeline (the precise
+zset and the wheel buckets, drill-down, a bucket's reschedule guarded by each job's state), dead
+letters grouped by error fingerprint and a group's redrive, the counter ring behind the
+lateness and redelivery charts, and the topology view (pool kind, Sentinel master, Cluster
+slots, pump leaders)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from cluster_dq.clock import now_ms
+from cluster_dq.dashboard import panels
+from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.errors import BadRequest, NotFound
+from cluster_dq.keys import QueueKeys, shard_of
+from cluster_dq.localredis import Cluster, SentinelGroup
+from cluster_dq.models import JobSpec, JobState, id_due_ms_of_text
+from cluster_dq.pools import RedisPool
+from cluster_dq.service import Service
+from cluster_dq.settings import load
+from tests.conftest import Deployment
+
+NS = "dash"
+
+
+@pytest.fixture
+async def service(sync_redis: redis.Redis, deployment: Deployment) -> AsyncIterator[Service]:
+    base = load(None, {})
+    settings = dataclasses.replace(base, Pool={"default": deployment.pool_settings()})
+    pool = RedisPool.create(settings.Pool["default"], EngineConfig())
+    await pool.start(run_pump=False)
+    yield Service(settings, {"default": pool})
+    await pool.close()
+
+
+async def publish(service: Service, q: str, n: int, **spec: Any) -> list[str]:
+    route = service.route("default")
+    out = await service.publish(route, NS, q, [JobSpec(b"x", **spec) for _ in range(n)])
+    return [p.job_id for p in out]
+
+
+def bin_of(t: panels.Timeline, due: int) -> panels.Bin:
+    (found,) = [b for b in t.bins if b.start_ms <= due < b.end_ms]
+    return found
+
+
+# -- delay timeline --------------------------------------------------------------------------
+
+
+async def test_the_timeline_counts_the_precise_zset_and_the_wheel(service: Service) -> None:
+    """Jobs due in 2 s rest in the precise zset, jobs due in 2 h in wheel buckets, a client id
+    due in 1 h in the zset too: each is counted once, in the bin of its due time."""
+    route = service.route("default")
+    soon = await publish(service, "tl", 3, delay_ms=2_000)
+    later = await publish(service, "tl", 4, delay_ms=2 * 3_600_000, ttl_ms=0)
+    await service.publish(route, NS, "tl", [JobSpec(b"c", delay_ms=3_600_000, job_id="mine-1")])
+    now = now_ms()
+    t = await panels.timeline(service, route, NS, "tl", now)
+    assert t.width_ms == 5 * panels.MINUTE  # 2 h in at most 60 bins
+    assert (t.total, t.outside, t.unread) == (8, 0, 0)
+    assert all(b.end_ms - b.start_ms == t.width_ms for b in t.bins)
+    dues = [id_due_ms_of_text(j) for j in soon + later]
+    assert bin_of(t, dues[0] or 0).count == 3
+    assert bin_of(t, dues[-1] or 0).count == 4
+    assert bin_of(t, now + 3_600_000).count == 1
+    assert sum(b.count for b in t.bins) == 8
+
+
+async def test_narrow_bins_read_a_wheel_bucket_job_by_job(service: Service) -> None:
+    """Under a minute of range the bins are 1 s wide, narrower than a wheel bucket (10 s): the
+    bucket's jobs are placed by the due time their ids carry."""
+    route = service.route("default")
+    a = await publish(service, "narrow", 2, delay_ms=20_000)
+    b = await publish(service, "narrow", 1, delay_ms=40_000)
+    t = await panels.timeline(service, route, NS, "narrow", now_ms())
+    assert t.width_ms == panels.SECOND and t.total == 3
+    for job_id in a + b:
+        due = id_due_ms_of_text(job_id) or 0
+        assert bin_of(t, due).count >= 1
+    assert sum(b.count for b in t.bins) == 3
+
+
+async def test_an_empty_queue_has_an_empty_timeline(service: Service) -> None:
+    route = service.route("default")
+    await publish(service, "none", 2)  # ready, not delayed
+    t = await panels.timeline(service, route, NS, "none", now_ms())
+    assert (t.bins, t.total) == ([], 0)
+
+
+async def test_a_bucket_drills_down_and_reschedules_through_each_jobs_state(
+    service: Service,
+) -> None:
+    """The drill-down lists the bin's jobs; rescheduling the bin moves each through the per-job
+    reschedule: a job whose ttl ends before its new due time is refused and left where it was,
+    the others move, and each move is audited."""
+    route = service.route("default")
+    hour = 3_600_000
+    moved = await publish(service, "resched", 3, delay_ms=2 * hour, ttl_ms=0)
+    (short,) = await publish(service, "resched", 1, delay_ms=2 * hour, ttl_ms=2 * hour + 60_000)
+    await publish(service, "resched", 2, delay_ms=10 * 60_000)  # in another bin, untouched
+    t = await panels.timeline(service, route, NS, "resched", now_ms())
+    b = bin_of(t, id_due_ms_of_text(short) or 0)
+    listed = await panels.bucket_jobs(service, route, NS, "resched", b.start_ms, b.end_ms)
+    assert sorted(j.job_id for j in listed) == sorted(moved + [short])
+    assert all(j.in_wheel for j in listed)
+    audited: list[tuple[str, str, str]] = []
+
+    async def audit(action: str, target: str, detail: str) -> None:
+        audited.append((action, target, detail))
+
+    out = await panels.reschedule_bucket(
+        service, route, NS, "resched", b.start_ms, b.end_ms, shift_ms=hour, audit=audit
+    )
+    assert sorted(out.changed) == sorted(moved)
+    assert [j for j, _ in out.skipped] == [short]
+    assert "past the end of its ttl" in out.skipped[0][1]
+    assert sorted(t for _, t, _ in audited) == sorted(f"{NS}/resched/{j}" for j in moved)
+    assert {a for a, _, _ in audited} == {"reschedule"}
+    due = id_due_ms_of_text(moved[0]) or 0  # one publish call: one due time
+    later = await service.delayed_between(route, NS, "resched", due + hour, due + hour + 1, 10)
+    assert sorted(j.job_id for j in later) == sorted(moved)
+    for job_id in moved:
+        job = await service.peek_job(route, NS, "resched", job_id)
+        assert getattr(job, "state", None) is JobState.DELAYED
+    after = await panels.bucket_jobs(service, route, NS, "resched", b.start_ms, b.end_ms)
+    assert [j.job_id for j in after] == [short]
+    # "run now": the bin's job becomes ready at once
+    out = await panels.reschedule_bucket(
+        service, route, NS, "resched", b.start_ms, b.end_ms, to_ms=0
+    )
+    assert out.changed == [short]
+    job = await service.peek_job(route, NS, "resched", short)
+    assert getattr(job, "state", None) is JobState.READY
+
+
+async def test_bad_timeline_input_is_refused(service: Service) -> None:
+    route = service.route("default")
+    with pytest.raises(BadRequest):
+        await panels.bucket_jobs(service, route, NS, "q", 10, 5)
+    with pytest.raises(BadRequest):
+        await panels.reschedule_bucket(service, route, NS, "q", 0, 10)
+    with pytest.raises(BadRequest):
+        await panels.reschedule_bucket(service, route, NS, "q", 0, 10, shift_ms=1, to_ms=1)
+
+
+def test_bin_widths_suit_the_range() -> None:
+    assert panels.choose_width(30_000) == panels.SECOND
+    assert panels.choose_width(59 * 60_000) == panels.MINUTE
+    assert panels.choose_width(20 * 3_600_000) == 30 * panels.MINUTE
+    assert panels.choose_width(40 * panels.DAY) == panels.DAY
+    assert panels.choose_width(10**15) == panels.WIDTHS[-1]
+
+
+# -- dead letters by fingerprint ---------------------------------------------------------------
+
+
+def test_fingerprints_normalise_what_varies() -> None:
+    f = panels.fingerprint
+    assert f("order 42 failed after 3.5s") == f("order 7 failed after 12s")
+    assert f("user 'bob' not found") == f('user "alice" not found') == "user <str> not found"
+    assert f("job 3f2a9c1e-0b7d-4e6f-8a21-9c0d1e2f3a4b gone") == "job <uuid> gone"
+    assert f("bad hash deadbeef42 at 0x1F") == "bad hash <hex> at <hex>"
+    assert f("card expired") != f("card declined")
+
+
+async def test_dead_letters_group_by_reason_and_fingerprint_and_a_group_redrives(
+    service: Service,
+) -> None:
+    route = service.route("default")
+    ids = await publish(service, "dl", 6, tries=3)
+    errors = [
+        "order 42 failed: timeout after 30s",
+        "order 7 failed: timeout after 5s",
+        "order 9 failed: timeout after 1s",
+        "user 'bob' not found",
+        "user 'alice' not found",
+        "card expired",
+    ]
+    for job_id, text in zip(ids, errors):
+        await service.bury(route, NS, "dl", job_id, text)
+    got = await panels.dead_groups(service, route, NS, "dl")
+    assert got.complete and got.examined == 6
+    shapes = [(g.reason, g.fingerprint, g.count) for g in got.groups]
+    assert shapes == [
+        ("buried", "order <n> failed: timeout after <n>s", 3),
+        ("buried", "user <str> not found", 2),
+        ("buried", "card expired", 1),
+    ]
+    orders = got.groups[0]
+    assert orders.sample_error == errors[0] and sorted(orders.sample_ids) == sorted(ids[:3])
+    assert orders.first_died_ms <= orders.last_died_ms
+    audited: list[str] = []
+    out = await panels.redrive_group(
+        service,
+        route,
+        NS,
+        "dl",
+        orders.id,
+        tries=2,
+        ttl_ms=60_000,
+        limit=2,
+        audit=lambda action, target, detail: audited.append(f"{action} {target}"),
+    )
+    assert len(out.changed) == 2 and out.examined == 6 and not out.skipped
+    assert audited == [f"kick {NS}/dl/{j}" for j in out.changed]
+    for job_id in out.changed:
+        job = await service.peek_job(route, NS, "dl", job_id)
+        assert getattr(job, "state", None) is JobState.READY
+        assert getattr(job, "tries_left", None) == 2
+    after = await panels.dead_groups(service, route, NS, "dl")
+    assert {g.fingerprint: g.count for g in after.groups}[orders.fingerprint] == 1
+    assert (await service.sizes(route, NS, "dl")).dead == 4
+    with pytest.raises(BadRequest):
+        await panels.redrive_group(service, route, NS, "dl", "nope", tries=1, ttl_ms=0)
+
+
+async def test_a_grouping_walk_is_bounded(service: Service) -> None:
+    route = service.route("default")
+    for job_id in await publish(service, "many", 5):
+        await service.bury(route, NS, "many", job_id, f"row {job_id} bad")
+    got = await panels.dead_groups(service, route, NS, "many", most=3)
+    assert (got.examined, got.complete) == (3, False)
+    # server ids are Crockford base32: the walked three group as the same error (digits gone)
+    assert sum(g.count for g in got.groups) == 3
+
+
+# -- lateness and redeliveries ---------------------------------------------------------------
+
+
+async def test_the_counter_ring_shows_deliveries_redeliveries_and_lateness(
+    service: Service,
+) -> None:
+    """Two samples around a first delivery, a ttr expiry and a redelivery: the chart's point
+    counts them (from the service's own counters, as a scrape sees them)."""
+    route = service.route("default")
+    q = f"ring-{uuid.uuid4().hex[:8]}"  # the counters are process-wide: a queue of its own
+    ring = panels.CounterRing(every_s=3600, keep=10)
+    try:
+        ring.watch(NS, q)
+        ring.sample()
+        await publish(service, q, 1, tries=3)
+        (first,) = await service.consume(route, NS, [q], 100, 1, 0)
+        await asyncio.sleep(0.25)
+        (again,) = await service.consume(route, NS, [q], 60_000, 1, 0)
+        assert (first.job_id, again.deliveries) == (again.job_id, 2)
+        ring.sample()
+        (p,) = ring.series(NS, q)[-1:]
+        assert (p.delivered, p.redelivered, p.ttr_expired, p.dead) == (2, 1, 1, 0)
+        assert p.late_p99_ms is not None and p.late_mean_ms is not None
+        assert panels.polyline([0, p.delivered]).count(",") == 2
+    finally:
+        await ring.close()
+
+
+def test_the_ring_is_bounded() -> None:
+    reads: list[list[tuple[str, str]]] = []
+
+    def read(queues: Any) -> dict[tuple[str, str], panels.Sample]:
+        reads.append(list(queues))
+        return {k: panels.Sample(0.0, {"delivered": 1.0}, ()) for k in queues}
+
+    ring = panels.CounterRing(every_s=1, keep=3, max_queues=2, read=read)
+    ring._task = asyncio.Future()  # type: ignore[assignment]  # no loop: sample by hand
+    for q in ("a", "b", "c"):
+        ring.watch(NS, q)
+    assert sorted(ring.rings) == [(NS, "b"), (NS, "c")]
+    for _ in range(5):
+        ring.sample()
+    assert all(len(r) == 3 for r in ring.rings.values())
+
+
+# -- topology ---------------------------------------------------------------------------------
+
+
+async def test_topology_shows_the_pool_its_slots_and_pump_leaders(
+    service: Service, deployment: Deployment
+) -> None:
+    await publish(service, "placed", 1)
+    pool = service.pools["default"]
+    leader = RedisPool.create(pool.settings, EngineConfig())
+    await leader.start(run_pump=True, reconcile_every_s=0)
+    try:
+        assert leader.pump is not None
+        for _ in range(100):  # the pump takes its 16 leases within a renewal period
+            leads = await service.pump_leaders("default")
+            if all(lead.holder for lead in leads):
+                break
+            await asyncio.sleep(0.05)
+        (view,) = await panels.topology(service)
+    finally:
+        await leader.close()
+    topo = view.topology
+    assert topo.kind == deployment.pool_settings().kind
+    assert [lead.shard for lead in view.leaders] == list(range(16))
+    assert {lead.holder for lead in view.leaders} == {leader.pump.token}
+    assert all(0 < lead.ttl_ms <= 3_000 and lead.epoch >= 1 for lead in view.leaders)
+    (placed,) = [p for p in view.queues if p.queue == "placed"]
+    shard = shard_of(f"{NS}/placed", 16)
+    assert (placed.namespace, placed.shard, placed.leader) == (NS, shard, leader.pump.token)
+    assert view.leaders[shard].queues >= 1
+    if isinstance(deployment, Cluster):
+        assert len(topo.shards) == 3 and all(len(s.replicas) == 1 for s in topo.shards)
+        covered = sum(hi - lo + 1 for s in topo.shards for lo, hi in s.slots)
+        assert covered == 16384
+        assert placed.slot == key_slot(QueueKeys(NS, "placed").meta.encode())
+        owner = deployment.sync_client().get_node_from_key(QueueKeys(NS, "placed").meta)
+        assert placed.node == f"{owner.host}:{owner.port}"
+    elif isinstance(deployment, SentinelGroup):
+        assert topo.master == f"127.0.0.1:{deployment.master_port()}"
+        assert placed.slot is None and placed.node == topo.master
+    else:
+        assert topo.master == topo.addresses[0] and placed.node == topo.master
+
+
+async def test_leaders_of_an_unknown_pool_are_not_found(service: Service) -> None:
+    with pytest.raises(NotFound):
+        await service.pump_leaders("nope")
