@@ -476,3 +476,30 @@ def render(board: SizeBoard) -> tuple[bytes, str]:
         main = CollectorRegistry(auto_describe=False)
         MultiProcessCollector(main, directory)  # type: ignore[no-untyped-call]
     return generate_latest(main) + generate_latest(board.registry), CONTENT_TYPE_LATEST
+
+
+RATE_COUNTERS = {"published": published, "delivered": delivered, "acked": acked}
+
+
+def queue_totals() -> dict[tuple[str, str], dict[str, float]]:
+    """The counts of ``RATE_COUNTERS`` per (namespace, queue), summed over every worker of
+    this instance as a scrape sums them (flush the caller's buffer first): the dashboard's
+    rates are their differences over time."""
+    directory = multiproc_dir()
+    registry: Any = REGISTRY
+    if directory:
+        registry = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(registry, directory)  # type: ignore[no-untyped-call]
+    wanted = {c._name.removesuffix("_total"): kind for kind, c in RATE_COUNTERS.items()}
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for family in registry.collect():
+        kind = wanted.get(family.name.removesuffix("_total"))
+        if kind is None:
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue  # the _created samples
+            key = (sample.labels["namespace"], sample.labels["queue"])
+            row = out.setdefault(key, dict.fromkeys(RATE_COUNTERS, 0.0))
+            row[kind] += sample.value
+    return out

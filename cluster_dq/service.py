@@ -18,6 +18,7 @@ from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import schedules as schedule_ops
+from cluster_dq.engine import admin as admin_ops
 from cluster_dq.engine import control, insight
 from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.commands import Op, Published, Sizes
@@ -577,6 +578,18 @@ class Service:
             route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "dead", p.engine.clock())
         )
 
+    async def heads(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, state: JobState, limit: int
+    ) -> list[Job]:
+        """The first ``limit`` ready jobs (delivery order) or delayed jobs (due order) of the
+        queue, over the pools that hold it; read-only (the dashboard's look)."""
+        out: list[Job] = []
+        for pool in route.place(ns, q).reads:
+            out += await self._run(pool, ops.heads(ns, q, state, limit), idempotent=True)
+        if state is JobState.DELAYED:
+            out.sort(key=lambda j: j.due_ms or 0)
+        return out[:limit]
+
     async def sizes(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Sizes:
         total = Sizes(0, 0, 0, 0, None)
         for pool in route.place(ns, q).reads:
@@ -778,6 +791,19 @@ class Service:
         return await self._run(pool, op, idempotent=True)
 
     # -- admin ------------------------------------------------------------------------------
+
+    async def record_audit(self, pool: str, entry: str, cap: int) -> None:
+        """Appends one audit entry (JSON) to ``pool``'s audit log, kept to ``cap`` entries.
+        Not repeated: a repeat after a lost reply would log the change twice."""
+        target = self.pools.get(pool) or self.pools["default"]
+        await self._run(target, admin_ops.audit_append(entry, cap))
+
+    async def audit_log(self, limit: int) -> list[str]:
+        """The newest ``limit`` audit entries (JSON) of every pool, each pool's newest first."""
+        out: list[str] = []
+        for pool in self.pools.values():
+            out += await self._run(pool, admin_ops.audit_entries(limit), idempotent=True)
+        return out
 
     async def info(self, route: PoolRoute[RedisPool]) -> dict[str, list[str]]:
         """``{namespace: [queues]}`` from the shard registries of every pool of the route."""
