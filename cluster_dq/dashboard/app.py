@@ -328,9 +328,12 @@ def create_dashboard(service: Service, settings: Settings, board: SizeBoard) -> 
 
 def mount(dashboard: Dashboard) -> Mount:
     """The dashboard at /ui, with its pages and actions (views.py)."""
+    from cluster_dq.dashboard.panel_views import PanelViews
     from cluster_dq.dashboard.views import Views
 
-    return Mount("/ui", app=dashboard.app(Views(dashboard).routes()))
+    return Mount(
+        "/ui", app=dashboard.app(Views(dashboard).routes() + PanelViews(dashboard).routes())
+    )
 
 
 def _same_origin(origin: str, request: Request) -> bool:

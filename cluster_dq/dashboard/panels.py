@@ -2,7 +2,7 @@
 reschedule), lateness and redelivery charts sampled from the service's counters, dead letters
 grouped by error fingerprint (with a group's redrive), and the topology view. Every read and
 every change goes through the service (``cluster_dq/service.py``); nothing here talks to Redis.
-The pages themselves are in ``panel_routes.py``."""
+The pages themselves are in ``panel_views.py``."""
 
 from __future__ import annotations
 
@@ -414,12 +414,14 @@ class CounterRing:
         max_queues: int = 32,
         read: Callable[[Iterable[tuple[str, str]]], dict[tuple[str, str], Sample]] = read_counters,
         flush: Callable[[], None] | None = None,
+        stopping: asyncio.Event | None = None,
     ) -> None:
         self.every_s = every_s
         self.keep = keep
         self.max_queues = max_queues
         self.read = read
         self.flush = flush
+        self.stopping = stopping or asyncio.Event()  # set: the worker is shutting down
         self.rings: dict[tuple[str, str], deque[Sample]] = {}
         self.viewed: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -432,7 +434,7 @@ class CounterRing:
             self.viewed.pop(oldest, None)
         self.rings.setdefault(key, deque(maxlen=self.keep))
         self.viewed[key] = time.monotonic()
-        if self._task is None or self._task.done():
+        if (self._task is None or self._task.done()) and not self.stopping.is_set():
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     def sample(self) -> None:
@@ -451,9 +453,10 @@ class CounterRing:
         return points(list(self.rings.get((ns, q), ())))
 
     async def _run(self) -> None:
-        while self.rings:
+        while self.rings and not self.stopping.is_set():
             self.sample()
-            await asyncio.sleep(self.every_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.every_s)
 
     async def close(self) -> None:
         if self._task is not None:
