@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from redis.crc import key_slot
@@ -26,7 +28,9 @@ from cluster_dq.models import JobSpec, JobState, id_due_ms_of_text
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import load
+from cluster_dq.testing.service_process import ServiceProcess
 from tests.conftest import Deployment
+from tests.test_http import ADMIN_AUTH, serve
 
 NS = "dash"
 
@@ -323,3 +327,114 @@ async def test_topology_shows_the_pool_its_slots_and_pump_leaders(
 async def test_leaders_of_an_unknown_pool_are_not_found(service: Service) -> None:
     with pytest.raises(NotFound):
         await service.pump_leaders("nope")
+
+
+# -- the pages, through a real `cluster-dq serve` ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(deployment: Deployment) -> Iterator[ServiceProcess]:
+    svc = serve(deployment.pool_settings())
+    yield svc
+    svc.stop(timeout=20)
+
+
+@pytest.fixture
+def clients(
+    served: ServiceProcess, sync_redis: redis.Redis
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """(the data API with a token of ``NS``, the dashboard with the admin account)."""
+    token = httpx.post(
+        f"{served.admin}/token/{NS}", params={"description": "panels"}, auth=ADMIN_AUTH
+    ).json()["token"]
+    with (
+        httpx.Client(base_url=served.base, headers={"X-Token": token}, timeout=30) as api,
+        httpx.Client(base_url=served.admin, auth=ADMIN_AUTH, timeout=30) as ui,
+    ):
+        yield api, ui
+
+
+def csrf(ui: httpx.Client) -> str:
+    ui.get("/ui/topology")  # any page sets the cookie
+    return str(ui.cookies.get("dq_csrf"))
+
+
+def test_the_timeline_page_drills_down_and_reschedules_a_bin(
+    clients: tuple[httpx.Client, httpx.Client],
+) -> None:
+    api, ui = clients
+    jid = api.put(f"/api/{NS}/page", params={"delay": 7200}, content=b"x").json()["job_id"]
+    due = id_due_ms_of_text(jid) or 0
+    page = ui.get(f"/ui/timeline/{NS}/page")
+    assert page.status_code == 200 and 'id="timeline-total">1<' in page.text
+    (start, end) = [
+        (int(s), int(e))
+        for s, e in re.findall(r'data-start="(\d+)" data-end="(\d+)" data-count="1"', page.text)
+    ][0]
+    assert start <= due < end
+    drill = ui.get(f"/ui/timeline/{NS}/page", params={"start": start, "end": end})
+    assert f'data-job-id="{jid}"' in drill.text
+    form = {"csrf": csrf(ui), "start": str(start), "end": str(end), "shift": "-3600"}
+    assert (
+        ui.post(f"/ui/timeline/{NS}/page/reschedule", data={**form, "csrf": "x"}).status_code == 403
+    )
+    r = ui.post(f"/ui/timeline/{NS}/page/reschedule", data=form)
+    assert r.status_code == 303
+    moved = ui.get(
+        f"/ui/timeline/{NS}/page", params={"start": due - 3_600_000, "end": due - 3_599_999}
+    )
+    assert f'data-job-id="{jid}"' in moved.text
+    assert (
+        f'data-job-id="{jid}"'
+        not in ui.get(f"/ui/timeline/{NS}/page", params={"start": start, "end": end}).text
+    )
+    assert "job.reschedule" in ui.get("/ui/audit").text
+    for bad in ({"start": "x", "end": "1"}, {"start": "5", "end": "1"}):
+        r = ui.get(f"/ui/timeline/{NS}/page", params=bad)
+        assert r.status_code == 400 and "Traceback" not in r.text
+    r = ui.post(f"/ui/timeline/{NS}/page/reschedule", data={**form, "shift": "soon"})
+    assert r.status_code == 400
+    assert ui.get("/ui/timeline/bad name/q").status_code in (400, 404)
+
+
+def test_the_dead_letter_groups_page_redrives_a_group(
+    clients: tuple[httpx.Client, httpx.Client],
+) -> None:
+    api, ui = clients
+    ids = [api.put(f"/api/{NS}/dead", content=b"x").json()["job_id"] for _ in range(3)]
+    for jid, why in zip(ids, ["order 1 failed", "order 2 failed", "card expired"]):
+        assert api.post(f"/api/{NS}/dead/job/{jid}/bury", params={"reason": why}).status_code == 200
+    frag = ui.get(f"/ui/panels/deadgroups/{NS}/dead")
+    assert frag.status_code == 200 and "order &lt;n&gt; failed" in frag.text
+    gid = panels.group_id("buried", "order <n> failed")
+    assert f'data-group="{gid}" data-reason="buried" data-count="2"' in frag.text
+    r = ui.post(
+        f"/ui/deadletter/{NS}/dead/groups/redrive",
+        data={"csrf": csrf(ui), "group": gid, "tries": "2"},
+    )
+    assert r.status_code == 303
+    states = [api.get(f"/api/{NS}/dead/job/{j}").json()["state"] for j in ids]
+    assert states == ["ready", "ready", "dead"]
+    assert "job.kick" in ui.get("/ui/audit").text
+    r = ui.post(f"/ui/deadletter/{NS}/dead/groups/redrive", data={"csrf": csrf(ui), "group": "?"})
+    assert r.status_code == 400
+
+
+def test_the_charts_and_topology_pages(
+    clients: tuple[httpx.Client, httpx.Client], deployment: Deployment
+) -> None:
+    api, ui = clients
+    api.put(f"/api/{NS}/charts", content=b"x")
+    frag = ui.get(f"/ui/panels/charts/{NS}/charts")
+    assert frag.status_code == 200 and 'id="chart-lateness"' in frag.text
+    assert "/ui/panels/charts/" in ui.get(f"/ui/queue/{NS}/charts").text  # the queue page loads it
+    page = ui.get("/ui/topology")
+    assert page.status_code == 200
+    kind = deployment.pool_settings().kind
+    assert f'data-kind="{kind}"' in page.text
+    assert f'data-queue="{NS}/charts"' in page.text
+    holders = re.findall(r'class="leader" data-shard="\d+" data-holder="([^"]*)"', page.text)
+    assert len(holders) == 16
+    if kind == "cluster":
+        slot = key_slot(QueueKeys(NS, "charts").meta.encode())
+        assert f'data-queue="{NS}/charts" data-slot="{slot}"' in page.text
