@@ -282,18 +282,18 @@ async def describe(pool: RedisPool) -> Topology:
     addrs = tuple(f"{h}:{port}" for h, port in p.addresses())
     client = pool.engine.client
     if isinstance(client, RedisCluster):
-        ranges: dict[str, list[list[int]]] = {}
+        try:  # one node's CLUSTER SLOTS (replicas included; the client's own map has none)
+            reply: Any = await client.cluster_slots(target_nodes=RedisCluster.RANDOM)
+        except (RedisError, OSError) as e:
+            return Topology(pool.name, "cluster", addrs, error=f"{type(e).__name__}: {e}")
+        ranges: dict[str, list[tuple[int, int]]] = {}
         replicas: dict[str, tuple[str, ...]] = {}
-        for slot, nodes in sorted(client.nodes_manager.slots_cache.items()):
-            primary = nodes[0].name
-            replicas[primary] = tuple(sorted(n.name for n in nodes[1:]))
-            spans = ranges.setdefault(primary, [])
-            if spans and spans[-1][1] == slot - 1:
-                spans[-1][1] = slot
-            else:
-                spans.append([slot, slot])
+        for (lo, hi), nodes in sorted(reply.items()):
+            primary = _address(nodes["primary"])
+            replicas[primary] = tuple(sorted(_address(r) for r in nodes.get("replicas", [])))
+            ranges.setdefault(primary, []).append((int(lo), int(hi)))
         shards = tuple(
-            ClusterShard(name, replicas[name], tuple((lo, hi) for lo, hi in spans))
+            ClusterShard(name, replicas[name], tuple(spans))
             for name, spans in sorted(ranges.items(), key=lambda kv: kv[1][0][0])
         )
         return Topology(pool.name, "cluster", addrs, shards=shards)
@@ -304,6 +304,11 @@ async def describe(pool: RedisPool) -> Topology:
             return Topology(pool.name, "sentinel", addrs, error=f"{type(e).__name__}: {e}")
         return Topology(pool.name, "sentinel", addrs, master=f"{host}:{port}")
     return Topology(pool.name, "standalone", addrs, master=addrs[0])
+
+
+def _address(node: Any) -> str:
+    host, port = node[0], node[1]
+    return f"{host.decode() if isinstance(host, bytes) else host}:{port}"
 
 
 def _said(e: RedisFailure) -> str:
