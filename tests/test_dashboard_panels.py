@@ -92,6 +92,23 @@ async def test_narrow_bins_read_a_wheel_bucket_job_by_job(service: Service) -> N
     assert sum(b.count for b in t.bins) == 3
 
 
+async def test_the_bins_cover_a_range_whose_first_bin_starts_a_width_early(
+    service: Service,
+) -> None:
+    """Bins start on a multiple of their width: with "now" just before a minute ends and a job
+    due a little under an hour later, 60 one-minute bins from that minute's start would end
+    before the job; the bins widen instead, and the job is in one."""
+    route = service.route("default")
+    await service.publish(route, NS, "edge", [JobSpec(b"e", delay_ms=3_600_000, job_id="e-1")])
+    job = await service.peek_job(route, NS, "edge", "e-1")
+    due = getattr(job, "due_ms", None)
+    assert due is not None
+    now = (due - 3_599_990) // 60_000 * 60_000 + 59_999  # 59.999 s into a minute
+    t = await panels.timeline(service, route, NS, "edge", now)
+    assert (t.total, t.outside, bin_of(t, due).count) == (1, 0, 1)
+    assert t.width_ms == 5 * panels.MINUTE
+
+
 async def test_an_empty_queue_has_an_empty_timeline(service: Service) -> None:
     route = service.route("default")
     await publish(service, "none", 2)  # ready, not delayed

@@ -108,6 +108,9 @@ async def timeline(service: Service, route: Route, ns: str, q: str, now_ms: int)
         return Timeline(now_ms, SECOND, [], 0, 0)
     first = min(span.first_ms, now_ms)
     width = choose_width(span.last_ms - first + 1)
+    # bins start on a multiple of their width: the first one may begin up to a width early
+    while (span.last_ms - first // width * width) // width + 1 > MAX_BINS and width < WIDTHS[-1]:
+        width = WIDTHS[WIDTHS.index(width) + 1]
     start = first // width * width
     n = min(MAX_BINS, (span.last_ms - start) // width + 1)
     edges = [start + i * width for i in range(n + 1)]
