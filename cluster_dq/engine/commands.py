@@ -778,9 +778,9 @@ def heads(ns: str, q: str, state: JobState, limit: int) -> Op[list[Job]]:
         ]
     near, wheel = yield (
         Cmd(("ZRANGE", qk.delayed, 0, limit - 1, "WITHSCORES")),
-        Cmd(("ZRANGE", qk.wheel, 0, 7, "WITHSCORES")),
+        Cmd(("ZRANGE", qk.wheel, 0, limit - 1, "WITHSCORES")),
     )
-    near_pairs, wheel_pairs = _pairs(near), _pairs(wheel)
+    near_pairs = _pairs(near)
     members = [m for m, _ in near_pairs]
     records = (yield Cmd(("HMGET", qk.jobs, *members))) if members else []
     out = [
@@ -788,10 +788,19 @@ def heads(ns: str, q: str, state: JobState, limit: int) -> Op[list[Job]]:
         for (m, sc), rec in zip(near_pairs, records)
         if rec is not None
     ]
-    first = [_text(b) for b, sc in wheel_pairs if sc == wheel_pairs[0][1]]
-    for flat in (yield tuple(Cmd(("HGETALL", qk.bucket(b))) for b in first)) if first else ():
-        items = flat.items() if isinstance(flat, dict) else zip(flat[0::2], flat[1::2])
-        out += [Job.from_record(ns, q, m, rec, state, id_due_ms(m)) for m, rec in items]
+    # Buckets in due order (lanes of one span share a score), read a span at a time until
+    # ``limit`` jobs came from them: each holds at least one, so ``limit`` buckets suffice.
+    spans: dict[float, list[str]] = {}
+    for b, sc in _pairs(wheel):
+        spans.setdefault(sc, []).append(_text(b))
+    found = 0
+    for names in spans.values():
+        for flat in (yield tuple(Cmd(("HGETALL", qk.bucket(b))) for b in names)):
+            items = list(flat.items() if isinstance(flat, dict) else zip(flat[0::2], flat[1::2]))
+            out += [Job.from_record(ns, q, m, rec, state, id_due_ms(m)) for m, rec in items]
+            found += len(items)
+        if found >= limit:
+            break
     out.sort(key=lambda j: j.due_ms or 0)
     return out[:limit]
 
