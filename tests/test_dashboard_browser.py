@@ -257,3 +257,28 @@ def test_the_delay_timeline_and_a_bins_reschedule(
     assert len(holders) == 16 and all(holders)
     shot(browser, "topology")
     api.delete(f"/api/{NS}/{Q}")
+
+
+def test_the_charts_follow_deliveries_and_redeliveries(
+    served: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
+) -> None:
+    """The queue page's charts: a first delivery, its ttr running out and a redelivery appear
+    in the next sample (one every 5 s), with no reload."""
+    page = Page(browser, served.admin)
+    q = "charted"
+    page.open(f"/queue/{NS}/{q}")
+    page.wait(lambda: page.all("#charts"), "the charts fragment")
+    jid = api.put(f"/api/{NS}/{q}", params={"tries": 2}, content=b"c").json()["job_id"]
+    assert api.get(f"/api/{NS}/{q}", params={"ttr_ms": 100}).json()["job_id"] == jid
+    again = api.get(f"/api/{NS}/{q}", params={"ttr": 60, "timeout": 5}).json()
+    assert (again["job_id"], again["deliveries"]) == (jid, 2)
+
+    def counted() -> bool:
+        found = page.all("#charts #redelivered")
+        return bool(found) and found[0].text == "1" and page.find("#delivered").text == "2"
+
+    WebDriverWait(browser, 15, poll_frequency=0.2).until(lambda _: counted(), "the next sample")
+    assert page.find("#ttr-expired").text == "1"
+    assert page.find("#chart-redelivery polyline.l-redo").get_attribute("points")
+    shot(browser, "charts")
+    api.delete(f"/api/{NS}/{q}/job/{jid}")

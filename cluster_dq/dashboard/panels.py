@@ -435,7 +435,8 @@ class CounterRing:
             oldest = min(self.viewed, key=lambda k: self.viewed[k])
             self.rings.pop(oldest, None)
             self.viewed.pop(oldest, None)
-        self.rings.setdefault(key, deque(maxlen=self.keep))
+        if key not in self.rings:  # its first sample now: the next one shows what came since
+            self.rings[key] = deque(self.read([key]).values(), maxlen=self.keep)
         self.viewed[key] = time.monotonic()
         if (self._task is None or self._task.done()) and not self.stopping.is_set():
             self._task = asyncio.get_running_loop().create_task(self._run())
