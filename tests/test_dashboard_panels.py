@@ -19,7 +19,7 @@ import redis
 from redis.crc import key_slot
 
 from cluster_dq.clock import now_ms
-from cluster_dq.dashboard import panels
+from cluster_dq.dashboard import charts, panels
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import BadRequest, NotFound
 from cluster_dq.keys import QueueKeys, shard_of
@@ -263,7 +263,7 @@ async def test_the_counter_ring_shows_deliveries_redeliveries_and_lateness(
     counts them (from the service's own counters, as a scrape sees them)."""
     route = service.route("default")
     q = f"ring-{uuid.uuid4().hex[:8]}"  # the counters are process-wide: a queue of its own
-    ring = panels.CounterRing(every_s=3600, keep=10)
+    ring = charts.CounterRing(every_s=3600, keep=10)
     try:
         ring.watch(NS, q)  # its first sample, at once (the ring's loop may be mid-period)
         ring._task.cancel()  # type: ignore[union-attr]  # samples by hand from here
@@ -276,7 +276,7 @@ async def test_the_counter_ring_shows_deliveries_redeliveries_and_lateness(
         (p,) = ring.series(NS, q)[-1:]
         assert (p.delivered, p.redelivered, p.ttr_expired, p.dead) == (2, 1, 1, 0)
         assert p.late_p99_ms is not None and p.late_mean_ms is not None
-        assert panels.polyline([0, p.delivered]).count(",") == 2
+        assert charts.polyline([0, p.delivered]).count(",") == 2
     finally:
         await ring.close()
 
@@ -284,11 +284,11 @@ async def test_the_counter_ring_shows_deliveries_redeliveries_and_lateness(
 def test_the_ring_is_bounded() -> None:
     reads: list[list[tuple[str, str]]] = []
 
-    def read(queues: Any) -> dict[tuple[str, str], panels.Sample]:
+    def read(queues: Any) -> dict[tuple[str, str], charts.Sample]:
         reads.append(list(queues))
-        return {k: panels.Sample(0.0, {"delivered": 1.0}, ()) for k in queues}
+        return {k: charts.Sample(0.0, {"delivered": 1.0}, ()) for k in queues}
 
-    ring = panels.CounterRing(every_s=1, keep=3, max_queues=2, read=read)
+    ring = charts.CounterRing(every_s=1, keep=3, max_queues=2, read=read)
     ring._task = asyncio.Future()  # type: ignore[assignment]  # no loop: sample by hand
     for q in ("a", "b", "c"):
         ring.watch(NS, q)

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from cluster_dq.clock import now_ms
-from cluster_dq.dashboard import audit, panels
+from cluster_dq.dashboard import audit, charts, panels
 from cluster_dq.dashboard.app import Dashboard
 from cluster_dq.errors import BadRequest
 from cluster_dq.http import params
@@ -46,7 +46,7 @@ class PanelViews:
         self.d = dashboard
         self.service = dashboard.service
         self.settings = dashboard.settings
-        self.ring = panels.CounterRing(
+        self.ring = charts.CounterRing(
             flush=dashboard.service.metrics.flush, stopping=dashboard.stopping
         )
 
@@ -136,11 +136,11 @@ class PanelViews:
         self.ring.watch(ns, q)
         series = self.ring.series(ns, q)
         lines = {
-            "p99": panels.polyline([p.late_p99_ms for p in series]),
-            "mean": panels.polyline([p.late_mean_ms for p in series]),
-            "redelivered": panels.polyline([p.redelivered for p in series]),
-            "ttr": panels.polyline([p.ttr_expired for p in series]),
-            "dead": panels.polyline([p.dead for p in series]),
+            "p99": charts.polyline([p.late_p99_ms for p in series]),
+            "mean": charts.polyline([p.late_mean_ms for p in series]),
+            "redelivered": charts.polyline([p.redelivered for p in series]),
+            "ttr": charts.polyline([p.ttr_expired for p in series]),
+            "dead": charts.polyline([p.dead for p in series]),
         }
         last = series[-1] if series else None
         totals = {
