@@ -20,6 +20,7 @@ from redis.crc import key_slot
 
 from cluster_dq.clock import now_ms
 from cluster_dq.dashboard import charts, panels
+from cluster_dq.engine import insight
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import BadRequest, NotFound
 from cluster_dq.keys import QueueKeys, shard_of
@@ -107,6 +108,19 @@ async def test_the_bins_cover_a_range_whose_first_bin_starts_a_width_early(
     t = await panels.timeline(service, route, NS, "edge", now)
     assert (t.total, t.outside, bin_of(t, due).count) == (1, 0, 1)
     assert t.width_ms == 5 * panels.MINUTE
+
+
+async def test_wheel_buckets_past_the_bound_are_counted_not_placed(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look reads a bounded number of wheel buckets; the jobs of the others are reported as
+    unread (the bucket count is exact), never lost from the total."""
+    route = service.route("default")
+    await publish(service, "bound", 2, delay_ms=2 * 3_600_000)
+    await publish(service, "bound", 3, delay_ms=3 * 3_600_000)
+    monkeypatch.setattr(insight, "MAX_WHEEL_BUCKETS", 1)
+    t = await panels.timeline(service, route, NS, "bound", now_ms())
+    assert (sum(b.count for b in t.bins), t.unread, t.total) == (2, 3, 5)
 
 
 async def test_an_empty_queue_has_an_empty_timeline(service: Service) -> None:
