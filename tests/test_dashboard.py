@@ -383,6 +383,14 @@ def test_bad_input_is_a_clear_error_page(
     assert sizes(api, "q") == {"size": 0, "delayed": 0, "reserved": 0, "dead": 0}
 
 
+def test_what_a_request_carries_is_escaped_on_every_page(ui: httpx.Client) -> None:
+    r = ui.get("/", params={"pool": '"><script>alert(1)</script>'})
+    assert r.status_code == 404 and "pool not found" in error_message(r)
+    assert "<script>alert" not in r.text
+    r = ui.get("/job", params={"ns": NS, "q": "q", "id": "<img src=x>"})
+    assert r.status_code == 400 and "<img" not in r.text
+
+
 # -- security -----------------------------------------------------------------------------------
 
 

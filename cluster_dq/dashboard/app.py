@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
@@ -183,7 +183,7 @@ class Dashboard:
             "csrf": token,
             "flash": flash,
             "pool": pool,
-            "pool_q": "" if pool == "default" else f"pool={pool}",
+            "pool_q": "" if pool == "default" else urlencode({"pool": pool}),
             "now_ms": now_ms(),
             **context,
         }
