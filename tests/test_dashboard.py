@@ -508,6 +508,10 @@ def test_the_stream_sends_the_current_sizes(api: httpx.Client, ui: httpx.Client)
     got = first_event(ui, "/events", ns=NS)
     assert {r["q"]: r["ready"] for r in got["queues"]} == {"live": 1, "other": 1}
     assert ui.get("/events", params={"ns": "bad!"}).status_code == 400
+    assert ui.get("/events", params={"q": "live"}).status_code == 400  # q needs its ns
+    head = ui.head("/events", params={"ns": NS})  # answered whole: the connection goes on
+    assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
+    assert ui.get("/").status_code == 200
 
 
 def test_the_stream_reports_rates_from_the_counters(api: httpx.Client, ui: httpx.Client) -> None:

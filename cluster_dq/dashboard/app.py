@@ -241,6 +241,9 @@ class Dashboard:
             params.check_names(ns, q)
         elif q:
             raise BadRequest("q needs ns", "q")
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        if request.method == "HEAD":  # headers only: a stream would never complete the reply
+            return Response(media_type="text/event-stream", headers=headers)
 
         async def stream() -> AsyncIterator[str]:
             yield "retry: 2000\n\n"
@@ -256,11 +259,7 @@ class Dashboard:
                     pass
             yield "event: bye\ndata: {}\n\n"
 
-        return StreamingResponse(
-            stream(),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     async def _sizes_event(
         self, route: PoolRoute[RedisPool], ns: str, q: str | None
