@@ -10,6 +10,8 @@ import html
 import json
 import re
 import threading
+import time
+from pathlib import Path
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 import redis
 
 from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.localredis import Server
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
@@ -272,12 +275,15 @@ def test_dead_letters_listed_redriven_and_purged_by_filter(
     assert sizes(api, q) == {"size": 3, "delayed": 0, "reserved": 0, "dead": 1}
     r = post(ui, f"/deadletter/{NS}/{q}/purge", reason="buried")
     assert flash(r).startswith("0 dead job(s) purged")
-    r = post(ui, f"/deadletter/{NS}/{q}/purge", reason=other, to=str(2**48))
+    r = post(ui, f"/deadletter/{NS}/{q}/purge", reason=other, to="2000-01-01T00:00")
+    assert flash(r).startswith("0 dead job(s) purged")  # it died after that
+    r = post(ui, f"/deadletter/{NS}/{q}/purge", reason=other, to="2200-01-01T00:00")
     assert flash(r).startswith("1 dead job(s) purged")
     assert sizes(api, q)["dead"] == 0
-    outcomes = [(e["action"], e["outcome"]) for e in audit_rows(ui)[:3]]
+    outcomes = [(e["action"], e["outcome"]) for e in audit_rows(ui)[:4]]
     assert outcomes == [
         ("deadletter.purge", "ok: 1"),
+        ("deadletter.purge", "ok: 0"),
         ("deadletter.purge", "ok: 0"),
         ("deadletter.redrive", "ok: 3"),
     ]
@@ -355,6 +361,7 @@ def test_an_action_that_lost_a_race_changes_nothing_and_says_where_the_job_is(
         ("POST", "/queue/shop/q/publish", {"body": "x", "tries": "0"}, 400, "tries"),
         ("POST", "/job/shop/q/01M84CYQJ90007ZG2JKZ9W9AQM/kick", {"state": "ready"}, 400, "kick"),
         ("POST", "/deadletter/shop/q/purge", {"reason": "nope"}, 400, "reason"),
+        ("POST", "/deadletter/shop/q/redrive", {"from": "yesterday"}, 400, "invalid from"),
         ("POST", "/tokens/shop/create", {"description": ""}, 400, "description"),
     ],
 )
@@ -374,6 +381,14 @@ def test_bad_input_is_a_clear_error_page(
     assert r.status_code == status, r.text
     assert says in error_message(r)
     assert sizes(api, "q") == {"size": 0, "delayed": 0, "reserved": 0, "dead": 0}
+
+
+def test_what_a_request_carries_is_escaped_on_every_page(ui: httpx.Client) -> None:
+    r = ui.get("/", params={"pool": '"><script>alert(1)</script>'})
+    assert r.status_code == 404 and "pool not found" in error_message(r)
+    assert "<script>alert" not in r.text
+    r = ui.get("/job", params={"ns": NS, "q": "q", "id": "<img src=x>"})
+    assert r.status_code == 400 and "<img" not in r.text
 
 
 # -- security -----------------------------------------------------------------------------------
@@ -493,9 +508,54 @@ def test_the_stream_sends_the_current_sizes(api: httpx.Client, ui: httpx.Client)
     got = first_event(ui, "/events", ns=NS)
     assert {r["q"]: r["ready"] for r in got["queues"]} == {"live": 1, "other": 1}
     assert ui.get("/events", params={"ns": "bad!"}).status_code == 400
+    assert ui.get("/events", params={"q": "live"}).status_code == 400  # q needs its ns
+    head = ui.head("/events", params={"ns": NS})  # answered whole: the connection goes on
+    assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
+    assert ui.get("/").status_code == 200
 
 
-def test_an_open_stream_does_not_hold_up_a_graceful_stop(redis_server: Any) -> None:
+def test_the_stream_reports_rates_from_the_counters(api: httpx.Client, ui: httpx.Client) -> None:
+    assert ui.get(f"/queue/{NS}/rated").status_code == 200  # a sample of the counters
+    for _ in range(4):
+        publish(api, "rated")
+    consume(api, "rated")
+    time.sleep(0.6)  # rates are differences between samples at least 0.5 s apart
+    (row,) = first_event(ui, "/events", ns=NS, q="rated")["queues"]
+    assert row["published_rate"] > 0 and row["delivered_rate"] > 0
+    assert row["published_rate"] > row["delivered_rate"]  # 4 published, 1 delivered
+    assert row["acked_rate"] == 0
+
+
+def test_without_accounts_the_dashboard_is_open_and_logs_changes_as_anonymous(
+    redis_server: Server, standalone_redis: redis.Redis, tmp_path: Path
+) -> None:
+    svc = ServiceProcess.start(
+        f"127.0.0.1:{redis_server.port}",
+        env={"CLUSTER_DQ_LOGLEVEL": "warning"},
+        log=tmp_path / "service.log",
+        inherit_settings=False,
+        timeout=20,
+    )
+    try:
+        with httpx.Client(base_url=f"{svc.admin}/ui", follow_redirects=True) as ui:
+            assert ui.get("/").status_code == 200
+            r = post(ui, f"/queue/{NS}/open/publish", body="x")
+            assert "published" in flash(r)
+            (entry,) = audit_rows(ui)
+            assert (entry["user"], entry["action"]) == ("anonymous", "job.publish")
+    finally:
+        svc.stop(timeout=20)
+    lines = [json.loads(x) for x in svc.logs().splitlines() if x.startswith("{")]
+    (logged,) = [x for x in lines if x["logger"] == "cluster_dq.audit"]
+    assert (logged["user"], logged["action"], logged["outcome"]) == (
+        "anonymous",
+        "job.publish",
+        "ok",
+    )
+    assert logged["target"] == entry["target"]
+
+
+def test_an_open_stream_does_not_hold_up_a_graceful_stop(redis_server: Server) -> None:
     """The worker ends its streams when it begins to stop: with a stream open, SIGTERM still
     ends the service cleanly (exit 0) long before its grace period would cut the stream."""
     svc = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_SHUTDOWNGRACESECOND="60")

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
@@ -68,7 +68,11 @@ class Rates:
     def now(self) -> dict[tuple[str, str], dict[str, float]]:
         self.service.metrics.flush()
         t = time.monotonic()
-        totals = metrics.queue_totals()
+        try:
+            totals = metrics.queue_totals()
+        except OSError as e:  # a worker's counter file removed meanwhile: no rates this time
+            log.warning("rates not read: %s", e)
+            return {}
         while self._samples and t - self._samples[0][0] > 6 * RATE_WINDOW_S:
             self._samples.popleft()
         base = next(
@@ -179,7 +183,7 @@ class Dashboard:
             "csrf": token,
             "flash": flash,
             "pool": pool,
-            "pool_q": "" if pool == "default" else f"pool={pool}",
+            "pool_q": "" if pool == "default" else urlencode({"pool": pool}),
             "now_ms": now_ms(),
             **context,
         }
@@ -237,6 +241,9 @@ class Dashboard:
             params.check_names(ns, q)
         elif q:
             raise BadRequest("q needs ns", "q")
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        if request.method == "HEAD":  # headers only: a stream would never complete the reply
+            return Response(media_type="text/event-stream", headers=headers)
 
         async def stream() -> AsyncIterator[str]:
             yield "retry: 2000\n\n"
@@ -252,11 +259,7 @@ class Dashboard:
                     pass
             yield "event: bye\ndata: {}\n\n"
 
-        return StreamingResponse(
-            stream(),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     async def _sizes_event(
         self, route: PoolRoute[RedisPool], ns: str, q: str | None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -77,6 +78,27 @@ def text(form: FormData, name: str, limit: int = 1024) -> str:
     if len(raw.encode()) > limit:
         raise BadRequest(f"{name} too long (max {limit} bytes)", name)
     return raw
+
+
+def moment(form: FormData, name: str, default: int) -> int:
+    """A time of the form: ms since the epoch, or an ISO date and time (UTC unless it
+    says otherwise, as a browser's datetime-local field sends it); empty: ``default``."""
+    raw = form.get(name)
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return default
+    value = params.ascii_uint(raw.strip()) if isinstance(raw, str) else None
+    if value is None and isinstance(raw, str):
+        try:
+            when = datetime.fromisoformat(raw.strip())
+        except ValueError:
+            when = None
+        if when is not None:
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=timezone.utc)
+            value = round(when.timestamp() * 1000)
+    if value is None or not 0 <= value <= FOREVER_MS:
+        raise BadRequest(f"invalid {name}: ms since the epoch, or a date and time", name)
+    return value
 
 
 def preview(body: bytes) -> tuple[str, str, bool]:
@@ -382,8 +404,8 @@ class Views:
         reason = text(form, "reason", 64) or None
         if reason is not None and reason not in DEATH_CODES and reason != UNKNOWN_REASON:
             raise BadRequest("invalid reason", "reason")
-        start = integer(form, "from", 0, 0, FOREVER_MS)
-        end = integer(form, "to", FOREVER_MS, 0, FOREVER_MS)
+        start = moment(form, "from", 0)
+        end = moment(form, "to", FOREVER_MS)
         if start > end:
             raise BadRequest("invalid range: from is after to", "from")
         filt = DeadFilter(reason, start, end)
