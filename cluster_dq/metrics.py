@@ -95,6 +95,9 @@ dead_lettered = Counter(
     "cluster_dq_jobs_dead_lettered", "Jobs moved to the dead-letter queue (no tries left).", QUEUE
 )
 respawned = Counter("cluster_dq_jobs_respawned", "Dead-letter jobs put back to ready.", QUEUE)
+released = Counter(
+    "cluster_dq_jobs_released", "Reserved jobs given back by their consumer (release).", QUEUE
+)
 schedule_published = Counter(
     "cluster_dq_schedule_occurrences_published",
     "Occurrences of recurring jobs published as new jobs.",
@@ -168,6 +171,7 @@ PER_QUEUE = (
     ttl_expired,
     dead_lettered,
     respawned,
+    released,
     lateness,
     first_delivery,
 )

@@ -308,6 +308,7 @@ class Service:
                     ),
                 ) from e
             if state is not None:
+                self.metrics.count(metrics.released, ns, q, 1)
                 self.metrics.count(metrics.dead_lettered, ns, q, state is JobState.DEAD)
                 self.metrics.count(metrics.ttl_expired, ns, q, state == "expired")
                 return state

@@ -281,14 +281,15 @@ async def test_the_counter_ring_shows_deliveries_redeliveries_and_lateness(
     try:
         ring.watch(NS, q)  # its first sample, at once (the ring's loop may be mid-period)
         ring._task.cancel()  # type: ignore[union-attr]  # samples by hand from here
-        await publish(service, q, 1, tries=3)
+        await publish(service, q, 1, tries=2)
         (first,) = await service.consume(route, NS, [q], 100, 1, 0)
         await asyncio.sleep(0.25)
         (again,) = await service.consume(route, NS, [q], 60_000, 1, 0)
         assert (first.job_id, again.deliveries) == (again.job_id, 2)
+        await service.release(route, NS, q, again.job_id, 0)  # its last try: dead
         ring.sample()
         (p,) = ring.series(NS, q)[-1:]
-        assert (p.delivered, p.redelivered, p.ttr_expired, p.dead) == (2, 1, 1, 0)
+        assert (p.delivered, p.redelivered, p.ttr_expired, p.released, p.dead) == (2, 1, 1, 1, 1)
         assert p.late_p99_ms is not None and p.late_mean_ms is not None
         assert charts.polyline([0, p.delivered]).count(",") == 2
     finally:

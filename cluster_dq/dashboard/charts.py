@@ -20,6 +20,7 @@ FAMILIES = {
     "cluster_dq_jobs_delivered_total": "delivered",
     "cluster_dq_jobs_ttr_expired_total": "ttr_expired",
     "cluster_dq_jobs_dead_lettered_total": "dead",
+    "cluster_dq_jobs_released_total": "released",
     "cluster_dq_publish_to_first_delivery_seconds_count": "first",
     "cluster_dq_job_lateness_seconds_count": "late_count",
     "cluster_dq_job_lateness_seconds_sum": "late_sum",
@@ -45,6 +46,7 @@ class Point:
     delivered: float
     redelivered: float  # deliveries that were not a job's first (ttr expiries, releases)
     ttr_expired: float
+    released: float
     dead: float
     late_mean_ms: float | None
     late_p99_ms: float | None  # the upper bound of the bucket holding the 99th percentile
@@ -108,6 +110,7 @@ def points(samples: list[Sample]) -> list[Point]:
                 delivered,
                 max(delivered - first, 0.0),
                 d("ttr_expired"),
+                d("released"),
                 d("dead"),
                 total / count * 1000 if count > 0 else None,
                 p99,

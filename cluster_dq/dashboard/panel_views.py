@@ -140,6 +140,7 @@ class PanelViews:
             "mean": charts.polyline([p.late_mean_ms for p in series]),
             "redelivered": charts.polyline([p.redelivered for p in series]),
             "ttr": charts.polyline([p.ttr_expired for p in series]),
+            "released": charts.polyline([p.released for p in series]),
             "dead": charts.polyline([p.dead for p in series]),
         }
         last = series[-1] if series else None
@@ -147,6 +148,7 @@ class PanelViews:
             "delivered": sum(p.delivered for p in series),
             "redelivered": sum(p.redelivered for p in series),
             "ttr_expired": sum(p.ttr_expired for p in series),
+            "released": sum(p.released for p in series),
             "dead": sum(p.dead for p in series),
         }
         return self.d.render(
@@ -163,7 +165,8 @@ class PanelViews:
                 "minutes": self.ring.keep * self.ring.every_s / 60,
                 "peak_late": max((p.late_p99_ms or 0.0 for p in series), default=0.0),
                 "peak_redo": max(
-                    (max(p.redelivered, p.ttr_expired, p.dead) for p in series), default=0.0
+                    (max(p.redelivered, p.ttr_expired, p.released, p.dead) for p in series),
+                    default=0.0,
                 ),
             },
         )
