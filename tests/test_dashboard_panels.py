@@ -292,6 +292,7 @@ async def test_the_counter_ring_shows_deliveries_redeliveries_and_lateness(
         assert (p.delivered, p.redelivered, p.ttr_expired, p.released, p.dead) == (2, 1, 1, 1, 1)
         assert p.late_p99_ms is not None and p.late_mean_ms is not None
         assert charts.polyline([0, p.delivered]).count(",") == 2
+        assert charts.polyline([p.delivered]) == "0.0,1.0 300.0,1.0"  # one point: a flat line
     finally:
         await ring.close()
 

@@ -186,9 +186,11 @@ class CounterRing:
 
 def polyline(values: list[float | None], width: int = 300, height: int = 60) -> str:
     """SVG polyline points for a small chart: x evenly spread, y scaled to the largest value
-    (a gap, None, is drawn at zero)."""
+    (a gap, None, is drawn at zero; one value is a flat line)."""
     if not values:
         return ""
+    if len(values) == 1:  # one interval so far: a flat line across, not an invisible point
+        values = values * 2
     top = max((v for v in values if v is not None), default=0.0) or 1.0
     step = width / max(len(values) - 1, 1)
     return " ".join(
