@@ -1,6 +1,6 @@
 """The dashboard in a real headless Chromium (Debian's ``chromium`` + ``chromium-driver``,
 driven by Selenium) against a real ``cluster-dq serve`` on a real redis-server: a job's life
-clicked through (publish, bury, dead letters and their fingerprint group, kick, consumed by a
+clicked through (publish, bury, dead letters and their fingerprint group, the group redriven, consumed by a
 worker over the data API, acked from the page), a race with the page, pause and resume, live
 numbers without a reload, and the delay timeline (a delayed job in its bin, the bin
 rescheduled). One topology (standalone) is enough here: the pages' data is covered on all three
@@ -160,9 +160,10 @@ def test_a_job_clicked_through_its_life(
     assert "order <n> failed: card <n> expired" in group.text
     shot(browser, "dead-letters-and-groups")
 
-    # kick it back from the dead letters, then a worker takes it over the data API
-    row.find_element(By.CSS_SELECTOR, "form.dead-kick button").click()
-    assert "kicked" in page.flash()
+    # kick it back with its group's redrive, then a worker takes it over the data API
+    group.find_element(By.CSS_SELECTOR, "form.group-redrive button").click()
+    assert "kicked 1 job(s) of group" in page.flash()
+    assert not page.all(f'#dead-jobs tr[data-job-id="{jid}"]')
     got = api.get(f"/api/{NS}/{Q}", params={"ttr": 60})
     assert got.status_code == 200 and got.json()["job_id"] == jid
     page.open(f"/job/{NS}/{Q}/{jid}")
