@@ -1,10 +1,11 @@
 """The dashboard in a real headless Chromium (Debian's ``chromium`` + ``chromium-driver``,
 driven by Selenium) against a real ``cluster-dq serve`` on a real redis-server: a job's life
-clicked through (publish, bury, dead letters and their fingerprint group, the group redriven, consumed by a
-worker over the data API, acked from the page), a race with the page, pause and resume, live
-numbers without a reload, and the delay timeline (a delayed job in its bin, the bin
-rescheduled). One topology (standalone) is enough here: the pages' data is covered on all three
-by the httpx tests of ``tests/test_dashboard_panels.py`` and the dashboard's own suite.
+clicked through (publish, bury, the dead letters and the job's fingerprint group, the group
+redriven, consumed by a worker over the data API, acked from the page), a race with the page,
+pause and resume, live numbers without a reload, the charts following a redelivery, and the
+delay timeline (a delayed job in its bin, the bin rescheduled). One topology (standalone) is
+enough here: the pages' data is covered on all three by the httpx tests of
+``tests/test_dashboard_panels.py`` and the dashboard's own suite.
 
 A PNG screenshot of each step goes to ``build/screenshots/`` at the repository's root, named by
 step; the paths are printed (``-s`` shows them)."""
