@@ -24,7 +24,7 @@ from cluster_dq.engine import insight
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import BadRequest, NotFound
 from cluster_dq.keys import QueueKeys, shard_of
-from cluster_dq.localredis import Cluster, SentinelGroup
+from cluster_dq.localredis import Cluster, SentinelGroup, Server
 from cluster_dq.models import JobSpec, JobState, id_due_ms_of_text
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
@@ -475,3 +475,36 @@ def test_the_charts_and_topology_pages(
     if kind == "cluster":
         slot = key_slot(QueueKeys(NS, "charts").meta.encode())
         assert f'data-queue="{NS}/charts" data-slot="{slot}"' in page.text
+
+
+def test_read_only_hides_and_refuses_the_panels_actions(redis_server: Server) -> None:
+    """With DashboardReadOnly, the timeline and the groups offer no action, and an action sent
+    anyway is a 403 that changes nothing. (One topology: the switch is the dashboard's own.)"""
+    svc = serve(redis_server.pool_settings(), CLUSTER_DQ_DASHBOARDREADONLY="true")
+    try:
+        token = httpx.post(
+            f"{svc.admin}/token/{NS}", params={"description": "ro"}, auth=ADMIN_AUTH
+        ).json()["token"]
+        with (
+            httpx.Client(base_url=svc.base, headers={"X-Token": token}, timeout=30) as api,
+            httpx.Client(base_url=svc.admin, auth=ADMIN_AUTH, timeout=30) as ui,
+        ):
+            jid = api.put(f"/api/{NS}/ro", params={"delay": 600}, content=b"x").json()["job_id"]
+            dead = api.put(f"/api/{NS}/ro", content=b"x").json()["job_id"]
+            api.post(f"/api/{NS}/ro/job/{dead}/bury", params={"reason": "no"})
+            due = id_due_ms_of_text(jid) or 0
+            page = ui.get(f"/ui/timeline/{NS}/ro", params={"start": due, "end": due + 1})
+            assert f'data-job-id="{jid}"' in page.text and "bucket-shift" not in page.text
+            assert "group-redrive" not in ui.get(f"/ui/panels/deadgroups/{NS}/ro").text
+            token_ = csrf(ui)
+            form = {"csrf": token_, "start": str(due), "end": str(due + 1), "to": "now"}
+            assert ui.post(f"/ui/timeline/{NS}/ro/reschedule", data=form).status_code == 403
+            gid = panels.group_id("buried", "no")
+            r = ui.post(
+                f"/ui/deadletter/{NS}/ro/groups/redrive", data={"csrf": token_, "group": gid}
+            )
+            assert r.status_code == 403
+            states = [api.get(f"/api/{NS}/ro/job/{j}").json()["state"] for j in (jid, dead)]
+            assert states == ["delayed", "dead"]
+    finally:
+        svc.stop(timeout=20)
