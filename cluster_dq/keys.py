@@ -199,3 +199,8 @@ class AdminKeys:
     @staticmethod
     def counter(pool: str, ns: str, token: str, kind: str) -> str:
         return f"{PREFIX}:{AdminKeys.TAG}:rl:{pool}/{ns}/{token}:{kind}"
+
+    @staticmethod
+    def audit() -> str:
+        """The dashboard's audit log of its pool: a capped list, newest first."""
+        return f"{PREFIX}:{AdminKeys.TAG}:audit"

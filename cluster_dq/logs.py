@@ -63,3 +63,5 @@ def setup(level: str = "info", fmt: str = "json") -> None:
     root.setLevel(level.upper())
     for noisy in ("uvicorn.access",):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The dashboard's audit trail is written whatever the level: it is a record, not noise.
+    logging.getLogger("cluster_dq.audit").setLevel(logging.INFO)

@@ -95,6 +95,9 @@ dead_lettered = Counter(
     "cluster_dq_jobs_dead_lettered", "Jobs moved to the dead-letter queue (no tries left).", QUEUE
 )
 respawned = Counter("cluster_dq_jobs_respawned", "Dead-letter jobs put back to ready.", QUEUE)
+released = Counter(
+    "cluster_dq_jobs_released", "Reserved jobs given back by their consumer (release).", QUEUE
+)
 schedule_published = Counter(
     "cluster_dq_schedule_occurrences_published",
     "Occurrences of recurring jobs published as new jobs.",
@@ -168,6 +171,7 @@ PER_QUEUE = (
     ttl_expired,
     dead_lettered,
     respawned,
+    released,
     lateness,
     first_delivery,
 )
@@ -476,3 +480,30 @@ def render(board: SizeBoard) -> tuple[bytes, str]:
         main = CollectorRegistry(auto_describe=False)
         MultiProcessCollector(main, directory)  # type: ignore[no-untyped-call]
     return generate_latest(main) + generate_latest(board.registry), CONTENT_TYPE_LATEST
+
+
+RATE_COUNTERS = {"published": published, "delivered": delivered, "acked": acked}
+
+
+def queue_totals() -> dict[tuple[str, str], dict[str, float]]:
+    """The counts of ``RATE_COUNTERS`` per (namespace, queue), summed over every worker of
+    this instance as a scrape sums them (flush the caller's buffer first): the dashboard's
+    rates are their differences over time."""
+    directory = multiproc_dir()
+    registry: Any = REGISTRY
+    if directory:
+        registry = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(registry, directory)  # type: ignore[no-untyped-call]
+    wanted = {c._name.removesuffix("_total"): kind for kind, c in RATE_COUNTERS.items()}
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for family in registry.collect():
+        kind = wanted.get(family.name.removesuffix("_total"))
+        if kind is None:
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue  # the _created samples
+            key = (sample.labels["namespace"], sample.labels["queue"])
+            row = out.setdefault(key, dict.fromkeys(RATE_COUNTERS, 0.0))
+            row[kind] += sample.value
+    return out

@@ -248,6 +248,69 @@ class RedisPool:
         return clean
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterShard:
+    """A Cluster master as this instance's client sees it: its address, replicas, slots."""
+
+    primary: str
+    replicas: tuple[str, ...]
+    slots: tuple[tuple[int, int], ...]  # inclusive ranges
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """What a pool is made of, as this instance's client sees it (no extra round trip for a
+    Cluster: its slot map; one question to the sentinels for a Sentinel group)."""
+
+    name: str
+    kind: str  # standalone, sentinel, cluster
+    addresses: tuple[str, ...]  # as configured (sentinels, seeds)
+    master: str = ""  # standalone: the server; sentinel: the current master
+    shards: tuple[ClusterShard, ...] = ()
+    error: str = ""  # the sentinels could not be asked
+
+    def owner(self, slot: int) -> str:
+        """The Cluster master serving ``slot`` ('' when none, or not a Cluster)."""
+        for shard in self.shards:
+            if any(lo <= slot <= hi for lo, hi in shard.slots):
+                return shard.primary
+        return ""
+
+
+async def describe(pool: RedisPool) -> Topology:
+    p = pool.settings
+    addrs = tuple(f"{h}:{port}" for h, port in p.addresses())
+    client = pool.engine.client
+    if isinstance(client, RedisCluster):
+        try:  # one node's CLUSTER SLOTS (replicas included; the client's own map has none)
+            reply: Any = await client.cluster_slots(target_nodes=RedisCluster.RANDOM)
+        except (RedisError, OSError) as e:
+            return Topology(pool.name, "cluster", addrs, error=f"{type(e).__name__}: {e}")
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        replicas: dict[str, tuple[str, ...]] = {}
+        for (lo, hi), nodes in sorted(reply.items()):
+            primary = _address(nodes["primary"])
+            replicas[primary] = tuple(sorted(_address(r) for r in nodes.get("replicas", [])))
+            ranges.setdefault(primary, []).append((int(lo), int(hi)))
+        shards = tuple(
+            ClusterShard(name, replicas[name], tuple(spans))
+            for name, spans in sorted(ranges.items(), key=lambda kv: kv[1][0][0])
+        )
+        return Topology(pool.name, "cluster", addrs, shards=shards)
+    if p.kind == "sentinel":
+        try:
+            host, port = await client.connection_pool.get_master_address()  # type: ignore[attr-defined]
+        except (RedisError, OSError) as e:
+            return Topology(pool.name, "sentinel", addrs, error=f"{type(e).__name__}: {e}")
+        return Topology(pool.name, "sentinel", addrs, master=f"{host}:{port}")
+    return Topology(pool.name, "standalone", addrs, master=addrs[0])
+
+
+def _address(node: Any) -> str:
+    host, port = node[0], node[1]
+    return f"{host.decode() if isinstance(host, bytes) else host}:{port}"
+
+
 def _said(e: RedisFailure) -> str:
     """What Redis said (the error the engine translated), for /readyz."""
     cause = e.__cause__ or e

@@ -87,6 +87,7 @@ class Runtime:
         """Shutdown, first step: waiting long-polls are answered now, nothing more is reserved."""
         for pool in self.pools.values():
             pool.hub.stop()
+        self.admin_app.state.dashboard.stop()  # its live streams end, not holding the stop up
 
     async def close(self) -> bool:
         """Pumps stopped, jobs of gone consumers given back, lifecycle events flushed. True

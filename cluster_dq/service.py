@@ -18,7 +18,8 @@ from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.metrics import Metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import schedules as schedule_ops
-from cluster_dq.engine import control
+from cluster_dq.engine import admin as admin_ops
+from cluster_dq.engine import control, insight
 from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.replies import SweepReply
 from cluster_dq.engine.commands import Op, Published, Sizes
@@ -310,6 +311,7 @@ class Service:
                     ),
                 ) from e
             if state is not None:
+                self.metrics.count(metrics.released, ns, q, 1)
                 self.metrics.count(metrics.dead_lettered, ns, q, state is JobState.DEAD)
                 self.metrics.count(metrics.ttl_expired, ns, q, state == "expired")
                 return state
@@ -589,6 +591,18 @@ class Service:
             route, ns, q, lambda p: ops.peek(p.engine.config, ns, q, "dead", p.engine.clock())
         )
 
+    async def heads(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, state: JobState, limit: int
+    ) -> list[Job]:
+        """The first ``limit`` ready jobs (delivery order) or delayed jobs (due order) of the
+        queue, over the pools that hold it; read-only (the dashboard's look)."""
+        out: list[Job] = []
+        for pool in route.place(ns, q).reads:
+            out += await self._run(pool, ops.heads(ns, q, state, limit), idempotent=True)
+        if state is JobState.DELAYED:
+            out.sort(key=lambda j: j.due_ms or 0)
+        return out[:limit]
+
     async def sizes(self, route: PoolRoute[RedisPool], ns: str, q: str) -> Sizes:
         total = Sizes(0, 0, 0, 0, None)
         for pool in route.place(ns, q).reads:
@@ -770,7 +784,64 @@ class Service:
             out = [(merged[q], now) for q in page if q in merged]
         return out, page[-1] if more and page else ""
 
+    # -- read-only looks for the dashboard's panels -------------------------------------------
+
+    async def delayed_span(
+        self, route: PoolRoute[RedisPool], ns: str, q: str
+    ) -> insight.DelayedSpan | None:
+        """Earliest and latest due time of the queue's delayed jobs, over the pools holding it."""
+        spans = [
+            s
+            for p in route.place(ns, q).reads
+            if (s := await self._run(p, insight.delayed_span(ns, q), idempotent=True))
+        ]
+        if not spans:
+            return None
+        return insight.DelayedSpan(min(s.first_ms for s in spans), max(s.last_ms for s in spans))
+
+    async def delayed_counts(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, edges: Sequence[int]
+    ) -> insight.DelayedCounts:
+        """Delayed jobs per due-time bin between ``edges`` (``insight.delayed_counts``)."""
+        counts, outside, unread = [0] * (len(edges) - 1), 0, 0
+        for pool in route.place(ns, q).reads:
+            got = await self._run(pool, insight.delayed_counts(ns, q, edges), idempotent=True)
+            counts = [a + b for a, b in zip(counts, got.counts)]
+            outside, unread = outside + got.outside, unread + got.unread
+        return insight.DelayedCounts(counts, outside, unread)
+
+    async def delayed_between(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, start: int, end: int, limit: int
+    ) -> list[insight.DelayedJob]:
+        """Up to ``limit`` delayed jobs due in ``[start, end)``, soonest first."""
+        out: list[insight.DelayedJob] = []
+        for pool in route.place(ns, q).reads:
+            op = insight.delayed_between(ns, q, start, end, limit)
+            out += await self._run(pool, op, idempotent=True)
+        return sorted(out, key=lambda j: (j.due_ms, j.job_id))[:limit]
+
+    async def pump_leaders(self, pool_name: str) -> list[insight.Leader]:
+        """Each shard's pump lease in the pool: who holds it, for how long, its epoch."""
+        pool = self.pools.get(pool_name)
+        if pool is None:
+            raise NotFound("pool not found")
+        op = insight.leaders(pool.engine.config.shards)
+        return await self._run(pool, op, idempotent=True)
+
     # -- admin ------------------------------------------------------------------------------
+
+    async def record_audit(self, pool: str, entry: str, cap: int) -> None:
+        """Appends one audit entry (JSON) to ``pool``'s audit log, kept to ``cap`` entries.
+        Not repeated: a repeat after a lost reply would log the change twice."""
+        target = self.pools.get(pool) or self.pools["default"]
+        await self._run(target, admin_ops.audit_append(entry, cap))
+
+    async def audit_log(self, limit: int) -> list[str]:
+        """The newest ``limit`` audit entries (JSON) of every pool, each pool's newest first."""
+        out: list[str] = []
+        for pool in self.pools.values():
+            out += await self._run(pool, admin_ops.audit_entries(limit), idempotent=True)
+        return out
 
     async def info(self, route: PoolRoute[RedisPool]) -> dict[str, list[str]]:
         """``{namespace: [queues]}`` from the shard registries of every pool of the route."""

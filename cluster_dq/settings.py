@@ -111,6 +111,9 @@ class Settings:
     # Distinct (namespace, queue) label pairs of the per-queue metrics per worker; the
     # queues beyond it are counted under queue="_other".
     MetricsMaxQueues: int = 1_000
+    # The web dashboard (admin port, /ui) shows everything and changes nothing: its action
+    # buttons are hidden and its actions refused with 403.
+    DashboardReadOnly: bool = False
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)
     Ring: dict[str, RingSettings] = field(default_factory=dict)

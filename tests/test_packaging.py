@@ -60,6 +60,10 @@ def test_the_wheel_holds_every_module_and_script(tmp_path: Path) -> None:
     wanted |= {
         "cluster_dq/" + str(p.relative_to(ROOT)) for p in (ROOT / "lua").rglob("*") if p.is_file()
     }
+    ui = ROOT / "cluster_dq" / "dashboard"  # the dashboard's templates and static files
+    wanted |= {
+        str(p.relative_to(ROOT)) for d in ("templates", "static") for p in (ui / d).iterdir()
+    }
     assert not sorted(wanted - shipped), f"not in the wheel: {sorted(wanted - shipped)}"
     # Installed (no checkout around it): the engine finds every script inside the package.
     target = tmp_path / "installed"

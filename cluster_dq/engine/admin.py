@@ -65,3 +65,13 @@ def set_limit(pool: str, ns: str, token: str, blob: str, create: bool) -> Op[boo
 
 def delete_limit(pool: str, ns: str, token: str) -> Op[None]:
     yield Cmd(("HDEL", AdminKeys.limits(), limit_field(pool, ns, token)))
+
+
+def audit_append(entry: str, cap: int) -> Op[None]:
+    """One audit entry (JSON) at the head of the pool's audit list, kept to ``cap`` entries."""
+    yield (Cmd(("LPUSH", AdminKeys.audit(), entry)), Cmd(("LTRIM", AdminKeys.audit(), 0, cap - 1)))
+
+
+def audit_entries(limit: int) -> Op[list[str]]:
+    """The newest ``limit`` audit entries of the pool (JSON), newest first."""
+    return [_text(v) for v in (yield Cmd(("LRANGE", AdminKeys.audit(), 0, limit - 1)))]

@@ -762,6 +762,60 @@ def dump_wheel(ns: str, q: str, buckets_per_call: int = 16) -> Op[list[Job]]:
     return out
 
 
+def heads(ns: str, q: str, state: JobState, limit: int) -> Op[list[Job]]:
+    """The first ``limit`` jobs of a queue's ready set (in delivery order) or of its delayed
+    jobs (by due time: the near-term zset and the earliest wheel buckets), read-only: a look
+    for the dashboard, not a step of any transition."""
+    qk = QueueKeys(ns, q)
+    if state is JobState.READY:
+        pairs = _pairs((yield Cmd(("ZRANGE", qk.ready, 0, limit - 1, "WITHSCORES"))))
+        members = [m for m, _ in pairs]
+        records = (yield Cmd(("HMGET", qk.jobs, *members))) if members else []
+        return [
+            Job.from_record(ns, q, m, rec, state, int(float(sc)) & READY_SCORE_MASK)
+            for (m, sc), rec in zip(pairs, records)
+            if rec is not None
+        ]
+    near, wheel = yield (
+        Cmd(("ZRANGE", qk.delayed, 0, limit - 1, "WITHSCORES")),
+        Cmd(("ZRANGE", qk.wheel, 0, limit - 1, "WITHSCORES")),
+    )
+    near_pairs = _pairs(near)
+    members = [m for m, _ in near_pairs]
+    records = (yield Cmd(("HMGET", qk.jobs, *members))) if members else []
+    out = [
+        Job.from_record(ns, q, m, rec, state, int(float(sc)))
+        for (m, sc), rec in zip(near_pairs, records)
+        if rec is not None
+    ]
+    # Buckets in due order (lanes of one span share a score), read a span at a time until
+    # ``limit`` jobs came from them: each holds at least one, so ``limit`` buckets suffice.
+    spans: dict[float, list[str]] = {}
+    for b, sc in _pairs(wheel):
+        spans.setdefault(sc, []).append(_text(b))
+    found = 0
+    for names in spans.values():
+        for flat in (yield tuple(Cmd(("HGETALL", qk.bucket(b))) for b in names)):
+            items = list(flat.items() if isinstance(flat, dict) else zip(flat[0::2], flat[1::2]))
+            out += [Job.from_record(ns, q, m, rec, state, id_due_ms(m)) for m, rec in items]
+            found += len(items)
+        if found >= limit:
+            break
+    out.sort(key=lambda j: j.due_ms or 0)
+    return out[:limit]
+
+
+def _pairs(reply: Any) -> list[tuple[bytes, float]]:
+    """A ZRANGE WITHSCORES reply as (member, score) pairs (redis-py parses it; RESP is flat)."""
+    if reply and isinstance(reply[0], (tuple, list)):
+        return [(m, float(sc)) for m, sc in reply]
+    return [(m, float(sc)) for m, sc in zip(reply[0::2], reply[1::2])]
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
 def sizes(cfg: EngineConfig, ns: str, q: str) -> Op[Sizes]:
     qk = QueueKeys(ns, q)
     return replies.decode_sizes(

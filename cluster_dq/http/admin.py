@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import json as jsonlib
-import hmac
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -13,9 +11,11 @@ from starlette.routing import Route
 
 import cluster_dq
 from cluster_dq import metrics
-from cluster_dq.errors import BadRequest, NotFound, Unauthorized
+from cluster_dq.dashboard import app as dashboard
+from cluster_dq.errors import BadRequest, NotFound
 from cluster_dq.http import openapi, params
 from cluster_dq.http.app import build_app
+from cluster_dq.http.auth import basic_auth
 from cluster_dq.http.middleware import AccessLog
 from cluster_dq.http.openapi_admin import admin_document
 from cluster_dq.http.responses import error, json
@@ -46,23 +46,7 @@ class AdminAPI:
         self.access_log = access_log
 
     def _basic_auth(self, request: Request) -> None:
-        accounts = self.settings.Accounts
-        if not accounts:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, blob = header.partition(" ")
-        try:
-            user, _, password = base64.b64decode(blob).decode().partition(":")
-        except ValueError:  # binascii.Error, UnicodeDecodeError, a non-ASCII blob: all bad input
-            user, password = "", ""
-        expected = accounts.get(user)
-        # Compared as bytes: compare_digest refuses str with non-ASCII characters (a 500).
-        if (
-            scheme.lower() != "basic"
-            or expected is None
-            or not hmac.compare_digest(expected.encode(), password.encode())
-        ):
-            raise Unauthorized("unauthorized")
+        basic_auth(self.settings.Accounts, request)
 
     def _pool_param(self, request: Request) -> str | None:
         pool = request.query_params.get("pool") or None
@@ -228,12 +212,18 @@ class AdminAPI:
 def create_admin_app(
     service: Service, settings: Settings, access_log: AccessLog, board: SizeBoard
 ) -> Starlette:
-    return build_app(
+    """The admin port: the admin API, its OpenAPI document and the dashboard (``/ui``; its
+    ``Dashboard`` is ``app.state.dashboard``, whose ``stop()`` ends its live streams)."""
+    ui = dashboard.create_dashboard(service, settings, board)
+    app = build_app(
         [
             *AdminAPI(service, settings, access_log, board).routes(),
             openapi.route(admin_document(settings)),
+            dashboard.mount(ui),
         ],
         access_log,
         "admin",
         service.metrics,
     )
+    app.state.dashboard = ui
+    return app

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.errors import BadRequest, Unauthorized
@@ -489,7 +489,7 @@ async def _disconnect(request: Request) -> None:
 
 
 def build_app(
-    routes: list[Route],
+    routes: Sequence[BaseRoute],
     access_log: AccessLog,
     port: str,
     metrics: Metrics,
@@ -513,9 +513,20 @@ def build_app(
         access_log=access_log,
         metrics=metrics,
         port=port,
-        templates={r.endpoint: r.path for r in routes},
+        templates=_templates(routes),
     )
     return app
+
+
+def _templates(routes: Sequence[BaseRoute], prefix: str = "") -> dict[Any, str]:
+    """Each endpoint's route template (the metrics' label), mounted apps' routes included."""
+    out: dict[Any, str] = {}
+    for r in routes:
+        if isinstance(r, Route):
+            out[r.endpoint] = prefix + r.path
+        elif isinstance(r, Mount):
+            out.update(_templates(r.routes, prefix + r.path))
+    return out
 
 
 def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:

@@ -1,6 +1,7 @@
 # Sourced by deploy/dev/test and deploy/dev/serve: makes a fresh Debian machine ready.
 # Installs with apt-get what is missing (redis-server; Java for the spark extra; nginx for the
-# test and loadtest extras), and the package into ./.venv.
+# test and loadtest extras; chromium and chromium-driver for the test extra), and the package
+# into ./.venv.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 EXTRAS="${EXTRAS-test}"
@@ -21,6 +22,12 @@ if [[ ",$EXTRAS," == *",test,"* || ",$EXTRAS," == *",loadtest,"* ]] \
     && ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
   echo "bootstrap: installing nginx (apt-get)" >&2
   "$ROOT/deploy/dev/apt-install" nginx-light:nginx
+fi
+
+# the dashboard's browser tests drive a real headless Chromium through chromedriver
+if [[ ",$EXTRAS," == *",test,"* ]] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
+  echo "bootstrap: installing chromium and chromium-driver (apt-get)" >&2
+  "$ROOT/deploy/dev/apt-install" chromium chromium-driver
 fi
 
 VENV="$ROOT/.venv"

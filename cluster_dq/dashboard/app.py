@@ -1,0 +1,363 @@
+"""The dashboard's Starlette sub-app (mounted at ``/ui`` on the admin port) and what every
+page and action shares: basic auth (as the admin API), CSRF protection, the read-only mode,
+flash messages, error pages, rates, and the live sizes (server-sent events)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from starlette.applications import Starlette
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from cluster_dq import metrics
+from cluster_dq.clock import now_ms
+from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, Unauthorized
+from cluster_dq.http import params
+from cluster_dq.http.auth import basic_auth
+from cluster_dq.http.errors import status_of
+from cluster_dq.metrics import SizeBoard
+from cluster_dq.routing import PoolRoute
+from cluster_dq.pools import RedisPool
+from cluster_dq.service import Service
+from cluster_dq.settings import Settings
+
+log = logging.getLogger("cluster_dq.dashboard")
+HERE = Path(__file__).resolve().parent
+CSRF_COOKIE = "dq_csrf"
+CSRF_FIELD = "csrf"
+FLASH_COOKIE = "dq_flash"
+MAX_FORM_BYTES = 2 * 1024 * 1024  # a publish form carries a body of up to MaxBodyBytes
+SSE_PERIOD_S = 1.0
+SSE_MAX_QUEUES = 200  # queues one stream reports
+RATE_WINDOW_S = 10.0  # rates are averaged over about this long
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Forbidden(Exception):
+    """An action refused by the dashboard itself (CSRF, read-only): 403, nothing changed."""
+
+
+class Rates:
+    """Published / delivered / acked per second per queue, from this instance's counters
+    (every worker's, as a scrape sums them): differences between samples taken when a page
+    or a stream asks, over about ``RATE_WINDOW_S``."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self._samples: deque[tuple[float, dict[tuple[str, str], dict[str, float]]]] = deque()
+
+    def now(self) -> dict[tuple[str, str], dict[str, float]]:
+        self.service.metrics.flush()
+        t = time.monotonic()
+        try:
+            totals = metrics.queue_totals()
+        except OSError as e:  # a worker's counter file removed meanwhile: no rates this time
+            log.warning("rates not read: %s", e)
+            return {}
+        while self._samples and t - self._samples[0][0] > 6 * RATE_WINDOW_S:
+            self._samples.popleft()
+        base = next(
+            (s for s in self._samples if t - s[0] <= RATE_WINDOW_S and t - s[0] >= 0.5), None
+        )
+        if not self._samples or t - self._samples[-1][0] >= 0.5:
+            self._samples.append((t, totals))
+        if base is None:
+            return {}
+        dt = t - base[0]
+        out: dict[tuple[str, str], dict[str, float]] = {}
+        for key, row in totals.items():
+            before = base[1].get(key, {})
+            out[key] = {k: max(v - before.get(k, 0.0), 0.0) / dt for k, v in row.items()}
+        return out
+
+
+class AuthMiddleware:
+    """Every request under /ui authenticates as the admin API does; the user is kept in
+    ``scope["state"]["user"]`` (the audit log's who). A browser is asked for credentials."""
+
+    def __init__(self, app: ASGIApp, accounts: dict[str, str]) -> None:
+        self.app = app
+        self.accounts = accounts
+
+    @property
+    def routes(self) -> list[BaseRoute]:  # what Mount.routes shows (the metrics' route labels)
+        return list(getattr(self.app, "routes", []))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            user = basic_auth(self.accounts, Request(scope))
+        except Unauthorized:
+            response = Response(
+                "authentication required\n",
+                401,
+                headers={"WWW-Authenticate": 'Basic realm="cluster_dq dashboard"'},
+                media_type="text/plain",
+            )
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})["user"] = user
+        await self.app(scope, receive, send)
+
+
+class Dashboard:
+    """One per worker process: ``app()`` is the ASGI app mounted at /ui; ``stop()`` ends the
+    live streams (called when the worker begins its shutdown)."""
+
+    def __init__(self, service: Service, settings: Settings, board: SizeBoard) -> None:
+        self.service = service
+        self.settings = settings
+        self.board = board
+        self.read_only = settings.DashboardReadOnly
+        self.templates = Jinja2Templates(directory=HERE / "templates")
+        self.templates.env.autoescape = True
+        self.templates.env.globals["read_only"] = self.read_only
+        self.stopping = asyncio.Event()
+        self.rates = Rates(service)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def route(self, request: Request) -> tuple[str, PoolRoute[RedisPool]]:
+        """The pool (or ring) a page is about: ``?pool=``, ``default`` when absent."""
+        name = request.query_params.get("pool") or "default"
+        return name, self.service.route(name)
+
+    def user(self, request: Request) -> str:
+        return str(request.scope.get("state", {}).get("user", "anonymous"))
+
+    async def action_form(self, request: Request) -> FormData:
+        """The form of a state-changing request, once it passed the checks every action
+        passes: not read-only, same origin, and the CSRF token of the session."""
+        if self.read_only:
+            raise Forbidden("the dashboard is read-only (DashboardReadOnly): nothing was changed")
+        origin = request.headers.get("origin")
+        if origin is not None and not _same_origin(origin, request):
+            raise Forbidden("cross-origin request refused: nothing was changed")
+        try:
+            form = await request.form(max_part_size=MAX_FORM_BYTES)
+        except Exception as e:  # python-multipart's and starlette's parse errors alike
+            raise BadRequest(f"unreadable form: {e}", "form") from None
+        sent = form.get(CSRF_FIELD)
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        if (
+            not isinstance(sent, str)
+            or not cookie
+            or not hmac.compare_digest(sent.encode(), cookie.encode())
+        ):
+            raise Forbidden("missing or wrong CSRF token (reload the page): nothing was changed")
+        return form
+
+    # -- responses --------------------------------------------------------------------------
+
+    def render(
+        self, request: Request, name: str, context: dict[str, Any], status: int = 200
+    ) -> Response:
+        token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        flash = _read_flash(request.cookies.get(FLASH_COOKIE))
+        pool = request.query_params.get("pool") or "default"
+        ctx = {
+            "csrf": token,
+            "flash": flash,
+            "pool": pool,
+            "pool_q": "" if pool == "default" else urlencode({"pool": pool}),
+            "now_ms": now_ms(),
+            **context,
+        }
+        response = self.templates.TemplateResponse(request, name, ctx, status_code=status)
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Frame-Options"] = "DENY"
+        if CSRF_COOKIE not in request.cookies:
+            response.set_cookie(CSRF_COOKIE, token, path="/ui", httponly=True, samesite="strict")
+        if flash is not None:
+            response.delete_cookie(FLASH_COOKIE, path="/ui")
+        return response
+
+    def redirect(self, url: str, flash: str | None = None, level: str = "info") -> Response:
+        """303 to ``url`` (a page of the dashboard), with a message shown there once."""
+        response = RedirectResponse(url, status_code=303)
+        if flash is not None:
+            blob = base64.urlsafe_b64encode(json.dumps([level, flash[:2000]]).encode()).decode()
+            response.set_cookie(FLASH_COOKIE, blob, path="/ui", httponly=True, samesite="strict")
+        return response
+
+    def error_page(self, request: Request, status: int, message: str) -> Response:
+        return self.render(request, "error.html", {"status": status, "message": message}, status)
+
+    def page(self, handler: Handler) -> Handler:
+        """A page or action handler with the dashboard's error pages: a refused input is a
+        400/404/409 page saying why, Redis trouble a 503 page, never a 500 traceback."""
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Forbidden as e:
+                return self.error_page(request, 403, str(e))
+            except ClusterDQError as e:
+                status = status_of(e)
+                if isinstance(e, PoolUnavailable):
+                    log.warning("dashboard 503: %s (%s)", e, e.detail)
+                elif status >= 500:
+                    log.warning("dashboard %d: %s", status, e)
+                    return self.error_page(request, 503, "redis unavailable; try again")
+                return self.error_page(request, status, str(e))
+
+        guarded.__name__ = handler.__name__
+        return guarded
+
+    # -- live sizes -------------------------------------------------------------------------
+
+    async def events(self, request: Request) -> Response:
+        """``text/event-stream``: every second, an event ``sizes`` with the sizes, paused flags
+        and rates of the queues of ``?ns=`` (all of it, or only ``?q=``) until the client
+        leaves or the worker shuts down."""
+        _, route = self.route(request)
+        ns = request.query_params.get("ns", "")
+        q = request.query_params.get("q") or None
+        if ns:
+            params.check_names(ns, q)
+        elif q:
+            raise BadRequest("q needs ns", "q")
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        if request.method == "HEAD":  # headers only: a stream would never complete the reply
+            return Response(media_type="text/event-stream", headers=headers)
+
+        async def stream() -> AsyncIterator[str]:
+            yield "retry: 2000\n\n"
+            while not self.stopping.is_set():
+                try:
+                    data = await self._sizes_event(route, ns, q)
+                    yield f"event: sizes\ndata: {json.dumps(data)}\n\n"
+                except ClusterDQError as e:
+                    yield f"event: trouble\ndata: {json.dumps(str(e))}\n\n"
+                try:
+                    await asyncio.wait_for(self.stopping.wait(), SSE_PERIOD_S)
+                except TimeoutError:
+                    pass
+            yield "event: bye\ndata: {}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    async def _sizes_event(
+        self, route: PoolRoute[RedisPool], ns: str, q: str | None
+    ) -> dict[str, Any]:
+        rows = await self.queue_rows(route, ns, q)
+        return {"at_ms": now_ms(), "queues": rows[:SSE_MAX_QUEUES]}
+
+    async def queue_rows(
+        self, route: PoolRoute[RedisPool], ns: str, q: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every queue of ``ns`` (every namespace when ``ns`` is '') or only ``q``: sizes by
+        state, paused, oldest due and lateness, rates."""
+        if ns:
+            namespaces = [ns]
+        else:
+            namespaces = list((await self.service.info(route)).keys())
+        rates = self.rates.now()
+        rows: list[dict[str, Any]] = []
+        for name in namespaces:
+            if q is not None:
+                found, _ = await self.service.list_queues(route, name, _before(q), 1)
+                page = [(o, t) for o, t in found if o.name == q]
+            else:
+                page, _ = await self.service.list_queues(route, name, "", params.MAX_LIST)
+            for o, t in page:
+                s = o.sizes
+                r = rates.get((name, o.name), {})
+                rows.append(
+                    {
+                        "ns": name,
+                        "q": o.name,
+                        "ready": s.ready,
+                        "delayed": s.delayed,
+                        "reserved": s.reserved,
+                        "dead": s.dead,
+                        "paused": o.paused,
+                        "oldest_due_ms": o.oldest_due_ms,
+                        "lateness_ms": None if o.oldest_due_ms is None else t - o.oldest_due_ms,
+                        "published_rate": r.get("published"),
+                        "delivered_rate": r.get("delivered"),
+                        "acked_rate": r.get("acked"),
+                    }
+                )
+        return rows
+
+    # -- the app ----------------------------------------------------------------------------
+
+    def app(self, routes: list[BaseRoute]) -> ASGIApp:
+        async def not_found(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, HTTPException)
+            messages = {404: "no such page", 405: "method not allowed (actions are POST forms)"}
+            message = messages.get(exc.status_code, str(exc.detail))
+            return self.error_page(request, exc.status_code, message)
+
+        app = Starlette(
+            routes=[
+                *routes,
+                Route("/events", self.page(self.events), methods=["GET"]),
+                Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+            ],
+            exception_handlers={HTTPException: not_found},
+        )
+        return AuthMiddleware(app, dict(self.settings.Accounts))
+
+
+def create_dashboard(service: Service, settings: Settings, board: SizeBoard) -> Dashboard:
+    return Dashboard(service, settings, board)
+
+
+def mount(dashboard: Dashboard) -> Mount:
+    """The dashboard at /ui, with its pages and actions (views.py)."""
+    from cluster_dq.dashboard.panel_views import PanelViews
+    from cluster_dq.dashboard.views import Views
+
+    return Mount(
+        "/ui", app=dashboard.app(Views(dashboard).routes() + PanelViews(dashboard).routes())
+    )
+
+
+def _same_origin(origin: str, request: Request) -> bool:
+    """The ``Origin`` of a form post names this very server (scheme, host and port)."""
+    parts = urlsplit(origin)
+    host = request.headers.get("host", "")
+    return parts.scheme in ("http", "https") and parts.netloc == host and bool(host)
+
+
+def _read_flash(raw: str | None) -> tuple[str, str] | None:
+    if not raw:
+        return None
+    try:
+        level, text = json.loads(base64.urlsafe_b64decode(raw.encode()))
+    except (ValueError, TypeError):
+        return None
+    if level not in ("info", "ok", "warn", "error") or not isinstance(text, str):
+        return None
+    return level, text
+
+
+def _before(name: str) -> str:
+    """The listing cursor that starts a page at ``name`` (the names sort byte-wise)."""
+    return name[:-1] + chr(ord(name[-1]) - 1) + "\U0010ffff" if name else ""
