@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 import redis
 
 from cluster_dq.engine.commands import EngineConfig
-from cluster_dq.localredis import Server
+from cluster_dq.localredis import Server, free_port, start_server
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
@@ -546,13 +547,40 @@ def test_without_accounts_the_dashboard_is_open_and_logs_changes_as_anonymous(
     finally:
         svc.stop(timeout=20)
     lines = [json.loads(x) for x in svc.logs().splitlines() if x.startswith("{")]
-    (logged,) = [x for x in lines if x["logger"] == "cluster_dq.audit"]
+    (logged,) = [x for x in lines if x["logger"] == "cluster_dq.audit" and "action" in x]
     assert (logged["user"], logged["action"], logged["outcome"]) == (
         "anonymous",
         "job.publish",
         "ok",
     )
     assert logged["target"] == entry["target"]
+
+
+def test_a_change_whose_outcome_redis_left_unknown_is_audited_as_unknown(tmp_path: Path) -> None:
+    """Redis gone under an action: a 503 page (never a 500), and the audit log line says the
+    outcome is unknown (the Redis copy cannot be written then; the log line is)."""
+    own = start_server(free_port(22000, 23000))  # killed by this test
+    svc = ServiceProcess.start(
+        f"127.0.0.1:{own.port}",
+        env={"CLUSTER_DQ_LOGLEVEL": "warning"},
+        log=tmp_path / "service.log",
+        inherit_settings=False,
+        timeout=20,
+        session=True,  # killed whole: a graceful stop without Redis is not this test's subject
+    )
+    try:
+        with httpx.Client(base_url=f"{svc.admin}/ui", follow_redirects=True, timeout=60) as ui:
+            assert ui.get(f"/queue/{NS}/gone").status_code == 200
+            own.kill(signal.SIGKILL)
+            r = post(ui, f"/queue/{NS}/gone/pause")
+            assert r.status_code == 503 and "unavailable" in error_message(r)
+    finally:
+        svc.kill()
+        own.kill()
+    lines = [json.loads(x) for x in svc.logs().splitlines() if x.startswith("{")]
+    (logged,) = [x for x in lines if x["logger"] == "cluster_dq.audit" and "action" in x]
+    assert (logged["action"], logged["target"]) == ("queue.pause", f"{NS}/gone")
+    assert logged["outcome"].startswith("unknown: ")
 
 
 def test_an_open_stream_does_not_hold_up_a_graceful_stop(redis_server: Server) -> None:

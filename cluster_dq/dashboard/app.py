@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cluster_dq import metrics
 from cluster_dq.clock import now_ms
+from cluster_dq.dashboard import audit
 from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, Unauthorized
 from cluster_dq.http import params
 from cluster_dq.http.auth import basic_auth
@@ -171,6 +172,11 @@ class Dashboard:
             raise Forbidden("missing or wrong CSRF token (reload the page): nothing was changed")
         return form
 
+    def intend(self, request: Request, action: str, target: str, pool: str) -> None:
+        """Names the change a request is about to make: if Redis fails under it, the audit log
+        says so (outcome unknown), as it says what happened to every change that ran."""
+        request.state.intent = (action, target, pool)
+
     # -- responses --------------------------------------------------------------------------
 
     def render(
@@ -218,6 +224,13 @@ class Dashboard:
                 return self.error_page(request, 403, str(e))
             except ClusterDQError as e:
                 status = status_of(e)
+                intent = getattr(request.state, "intent", None)
+                if status >= 500 and intent is not None:
+                    action, target, pool = intent
+                    outcome = f"unknown: {e}"
+                    await audit.record(
+                        self.service, self.user(request), action, target, outcome, pool
+                    )
                 if isinstance(e, PoolUnavailable):
                     log.warning("dashboard 503: %s (%s)", e, e.detail)
                 elif status >= 500:
