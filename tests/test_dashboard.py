@@ -271,6 +271,17 @@ def test_dead_letters_listed_redriven_and_purged_by_filter(
     assert rows == {**dict.fromkeys(buried, "buried"), released: other}
     assert "bad 1" in page.text and "boom" in page.text
 
+    page = ui.get(f"/job/{NS}/{q}/{buried[1]}")
+    assert re.search(r'id="job-reason">buried<', page.text)
+    assert re.search(r'id="job-last-error">bad 1<', page.text)
+    assert re.findall(r'data-action="(\w+)"', page.text) == ["kick", "cancel"]
+
+    r = post(ui, f"/job/{NS}/{q}/{buried[0]}/kick", state="dead", back="deadletter")
+    assert r.url.path.endswith(f"/deadletter/{NS}/{q}") and "kicked" in flash(r)
+    assert state_of(api, q, buried[0]) == "ready"
+    r = post(ui, f"/job/{NS}/{q}/{buried[0]}/bury", state="ready", reason="again")
+    assert state_of(api, q, buried[0]) == "dead"
+
     r = post(ui, f"/deadletter/{NS}/{q}/redrive", reason="buried", tries="2")
     assert flash(r).startswith("3 dead job(s) redriven")
     assert sizes(api, q) == {"size": 3, "delayed": 0, "reserved": 0, "dead": 1}
