@@ -345,7 +345,17 @@ def test_an_action_that_lost_a_race_changes_nothing_and_says_where_the_job_is(
     r = post(ui, f"/job/{NS}/{q}/{moved}/reschedule", state="ready", delay="60")
     assert "was not rescheduled" in flash(r) and "it is reserved now" in flash(r)
     assert state_of(api, q, moved) == "reserved"
-    outcomes = [e["outcome"] for e in audit_rows(ui)]
+    again = publish(api, q, tries=2)
+    api.get(f"/api/{NS}/{q}", params={"ttr_ms": 1000})  # its first delivery will time out
+    page = ui.get(f"/job/{NS}/{q}/{again}")
+    form = re.search(r'id="action-ack".*?</form>', page.text, re.S)
+    assert form is not None and 'name="deliveries" value="1"' in form.group(0)
+    taken = api.get(f"/api/{NS}/{q}", params={"ttr": 60, "timeout": 10}).json()
+    assert (taken["job_id"], taken["deliveries"]) == (again, 2)  # another consumer holds it
+    r = post(ui, f"/job/{NS}/{q}/{again}/ack", state="reserved", deliveries="1")
+    assert "was not acked: it is reserved again (delivery 2)" in flash(r)
+    assert state_of(api, q, again) == "reserved"
+    outcomes = [e["outcome"] for e in audit_rows(ui)][1:]
     assert outcomes == [
         "lost race: it is reserved now",
         "lost race: it is gone (acked, deleted or expired)",

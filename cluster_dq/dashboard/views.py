@@ -32,7 +32,9 @@ from cluster_dq.models import (
     JobSpec,
     JobState,
 )
+from cluster_dq.pools import RedisPool
 from cluster_dq.queueconf import parse_changes
+from cluster_dq.routing import PoolRoute
 from cluster_dq.tokens import Limit, well_formed
 
 BODY_PREVIEW = 4096  # characters of a body shown
@@ -297,8 +299,8 @@ class Views:
 
     async def job_action(self, request: Request) -> Response:
         """bury, kick, reschedule, cancel, ack: only while the job is in the state the page
-        showed (a hidden field); a job that moved meanwhile is left alone, and the flash
-        says where it is now."""
+        showed, after as many deliveries (hidden fields); a job that moved meanwhile is left
+        alone, and the flash says where it is now."""
         ns, q = self._names(request)
         jid = params.job_id(request.path_params["job_id"])
         action = request.path_params["action"]
@@ -317,6 +319,7 @@ class Views:
         delay_ms = seconds(form, "delay", 0)
         tries = integer(form, "tries", 1, 1, MAX_TRIES)
         ttl_ms = seconds(form, "ttl", self.settings.TTLSecond * 1000)
+        seen = integer(form, "deliveries", -1, 0, MAX_TRIES) if form.get("deliveries") else None
         if action == "kick" and ttl_ms and ttl_ms <= delay_ms:
             raise BadRequest("ttl must be longer than delay", "ttl")
 
@@ -336,6 +339,8 @@ class Views:
             return await lost("acked")
         if str(current.state) != expected:
             return await lost(str(current.state))
+        if seen is not None and current.deliveries != seen:  # taken again since the page
+            return await lost(f"{current.state} again (delivery {current.deliveries})")
         try:
             outcome = await self._act(route, action, ns, q, jid, reason, delay_ms, tries, ttl_ms)
         except (WrongState, Conflict) as e:
@@ -348,7 +353,7 @@ class Views:
 
     async def _act(
         self,
-        route: Any,
+        route: PoolRoute[RedisPool],
         action: str,
         ns: str,
         q: str,
