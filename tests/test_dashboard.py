@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 import redis
 
 from cluster_dq.engine.commands import EngineConfig
-from cluster_dq.localredis import Server
+from cluster_dq.localredis import Server, free_port, start_server
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
@@ -270,6 +271,17 @@ def test_dead_letters_listed_redriven_and_purged_by_filter(
     assert rows == {**dict.fromkeys(buried, "buried"), released: other}
     assert "bad 1" in page.text and "boom" in page.text
 
+    page = ui.get(f"/job/{NS}/{q}/{buried[1]}")
+    assert re.search(r'id="job-reason">buried<', page.text)
+    assert re.search(r'id="job-last-error">bad 1<', page.text)
+    assert re.findall(r'data-action="(\w+)"', page.text) == ["kick", "cancel"]
+
+    r = post(ui, f"/job/{NS}/{q}/{buried[0]}/kick", state="dead", back="deadletter")
+    assert r.url.path.endswith(f"/deadletter/{NS}/{q}") and "kicked" in flash(r)
+    assert state_of(api, q, buried[0]) == "ready"
+    r = post(ui, f"/job/{NS}/{q}/{buried[0]}/bury", state="ready", reason="again")
+    assert state_of(api, q, buried[0]) == "dead"
+
     r = post(ui, f"/deadletter/{NS}/{q}/redrive", reason="buried", tries="2")
     assert flash(r).startswith("3 dead job(s) redriven")
     assert sizes(api, q) == {"size": 3, "delayed": 0, "reserved": 0, "dead": 1}
@@ -333,7 +345,17 @@ def test_an_action_that_lost_a_race_changes_nothing_and_says_where_the_job_is(
     r = post(ui, f"/job/{NS}/{q}/{moved}/reschedule", state="ready", delay="60")
     assert "was not rescheduled" in flash(r) and "it is reserved now" in flash(r)
     assert state_of(api, q, moved) == "reserved"
-    outcomes = [e["outcome"] for e in audit_rows(ui)]
+    again = publish(api, q, tries=2)
+    api.get(f"/api/{NS}/{q}", params={"ttr_ms": 1000})  # its first delivery will time out
+    page = ui.get(f"/job/{NS}/{q}/{again}")
+    form = re.search(r'id="action-ack".*?</form>', page.text, re.S)
+    assert form is not None and 'name="deliveries" value="1"' in form.group(0)
+    taken = api.get(f"/api/{NS}/{q}", params={"ttr": 60, "timeout": 10}).json()
+    assert (taken["job_id"], taken["deliveries"]) == (again, 2)  # another consumer holds it
+    r = post(ui, f"/job/{NS}/{q}/{again}/ack", state="reserved", deliveries="1")
+    assert "was not acked: it is reserved again (delivery 2)" in flash(r)
+    assert state_of(api, q, again) == "reserved"
+    outcomes = [e["outcome"] for e in audit_rows(ui)][1:]
     assert outcomes == [
         "lost race: it is reserved now",
         "lost race: it is gone (acked, deleted or expired)",
@@ -546,13 +568,40 @@ def test_without_accounts_the_dashboard_is_open_and_logs_changes_as_anonymous(
     finally:
         svc.stop(timeout=20)
     lines = [json.loads(x) for x in svc.logs().splitlines() if x.startswith("{")]
-    (logged,) = [x for x in lines if x["logger"] == "cluster_dq.audit"]
+    (logged,) = [x for x in lines if x["logger"] == "cluster_dq.audit" and "action" in x]
     assert (logged["user"], logged["action"], logged["outcome"]) == (
         "anonymous",
         "job.publish",
         "ok",
     )
     assert logged["target"] == entry["target"]
+
+
+def test_a_change_whose_outcome_redis_left_unknown_is_audited_as_unknown(tmp_path: Path) -> None:
+    """Redis gone under an action: a 503 page (never a 500), and the audit log line says the
+    outcome is unknown (the Redis copy cannot be written then; the log line is)."""
+    own = start_server(free_port(22000, 23000))  # killed by this test
+    svc = ServiceProcess.start(
+        f"127.0.0.1:{own.port}",
+        env={"CLUSTER_DQ_LOGLEVEL": "warning"},
+        log=tmp_path / "service.log",
+        inherit_settings=False,
+        timeout=20,
+        session=True,  # killed whole: a graceful stop without Redis is not this test's subject
+    )
+    try:
+        with httpx.Client(base_url=f"{svc.admin}/ui", follow_redirects=True, timeout=60) as ui:
+            assert ui.get(f"/queue/{NS}/gone").status_code == 200
+            own.kill(signal.SIGKILL)
+            r = post(ui, f"/queue/{NS}/gone/pause")
+            assert r.status_code == 503 and "unavailable" in error_message(r)
+    finally:
+        svc.kill()
+        own.kill()
+    lines = [json.loads(x) for x in svc.logs().splitlines() if x.startswith("{")]
+    (logged,) = [x for x in lines if x["logger"] == "cluster_dq.audit" and "action" in x]
+    assert (logged["action"], logged["target"]) == ("queue.pause", f"{NS}/gone")
+    assert logged["outcome"].startswith("unknown: ")
 
 
 def test_an_open_stream_does_not_hold_up_a_graceful_stop(redis_server: Server) -> None:

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cluster_dq import metrics
 from cluster_dq.clock import now_ms
+from cluster_dq.dashboard import audit
 from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, Unauthorized
 from cluster_dq.http import params
 from cluster_dq.http.auth import basic_auth
@@ -48,6 +49,7 @@ MAX_FORM_BYTES = 2 * 1024 * 1024  # a publish form carries a body of up to MaxBo
 SSE_PERIOD_S = 1.0
 SSE_MAX_QUEUES = 200  # queues one stream reports
 RATE_WINDOW_S = 10.0  # rates are averaged over about this long
+RATE_MIN_GAP_S = 0.5  # the counters are read at most this often
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -64,10 +66,13 @@ class Rates:
     def __init__(self, service: Service) -> None:
         self.service = service
         self._samples: deque[tuple[float, dict[tuple[str, str], dict[str, float]]]] = deque()
+        self._last: tuple[float, dict[tuple[str, str], dict[str, float]]] | None = None
 
     def now(self) -> dict[tuple[str, str], dict[str, float]]:
-        self.service.metrics.flush()
         t = time.monotonic()
+        if self._last is not None and t - self._last[0] < RATE_MIN_GAP_S:
+            return self._last[1]  # several streams and pages: one read of the counters
+        self.service.metrics.flush()
         try:
             totals = metrics.queue_totals()
         except OSError as e:  # a worker's counter file removed meanwhile: no rates this time
@@ -75,18 +80,15 @@ class Rates:
             return {}
         while self._samples and t - self._samples[0][0] > 6 * RATE_WINDOW_S:
             self._samples.popleft()
-        base = next(
-            (s for s in self._samples if t - s[0] <= RATE_WINDOW_S and t - s[0] >= 0.5), None
-        )
-        if not self._samples or t - self._samples[-1][0] >= 0.5:
-            self._samples.append((t, totals))
-        if base is None:
-            return {}
-        dt = t - base[0]
+        base = next((s for s in self._samples if RATE_MIN_GAP_S <= t - s[0] <= RATE_WINDOW_S), None)
+        self._samples.append((t, totals))
         out: dict[tuple[str, str], dict[str, float]] = {}
-        for key, row in totals.items():
-            before = base[1].get(key, {})
-            out[key] = {k: max(v - before.get(k, 0.0), 0.0) / dt for k, v in row.items()}
+        if base is not None:
+            dt = t - base[0]
+            for key, row in totals.items():
+                before = base[1].get(key, {})
+                out[key] = {k: max(v - before.get(k, 0.0), 0.0) / dt for k, v in row.items()}
+        self._last = (t, out)
         return out
 
 
@@ -171,6 +173,11 @@ class Dashboard:
             raise Forbidden("missing or wrong CSRF token (reload the page): nothing was changed")
         return form
 
+    def intend(self, request: Request, action: str, target: str, pool: str) -> None:
+        """Names the change a request is about to make: if Redis fails under it, the audit log
+        says so (outcome unknown), as it says what happened to every change that ran."""
+        request.state.intent = (action, target, pool)
+
     # -- responses --------------------------------------------------------------------------
 
     def render(
@@ -218,6 +225,13 @@ class Dashboard:
                 return self.error_page(request, 403, str(e))
             except ClusterDQError as e:
                 status = status_of(e)
+                intent = getattr(request.state, "intent", None)
+                if status >= 500 and intent is not None:
+                    action, target, pool = intent
+                    outcome = f"unknown: {e}"
+                    await audit.record(
+                        self.service, self.user(request), action, target, outcome, pool
+                    )
                 if isinstance(e, PoolUnavailable):
                     log.warning("dashboard 503: %s (%s)", e, e.detail)
                 elif status >= 500:

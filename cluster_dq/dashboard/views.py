@@ -32,7 +32,9 @@ from cluster_dq.models import (
     JobSpec,
     JobState,
 )
+from cluster_dq.pools import RedisPool
 from cluster_dq.queueconf import parse_changes
+from cluster_dq.routing import PoolRoute
 from cluster_dq.tokens import Limit, well_formed
 
 BODY_PREVIEW = 4096  # characters of a body shown
@@ -195,6 +197,7 @@ class Views:
         pool, route = self.d.route(request)
         form = await self.d.action_form(request)
         body = text(form, "body", self.settings.MaxBodyBytes).encode()
+        self.d.intend(request, "job.publish", f"{ns}/{q}", pool)
         conf = await self.service.queue_defaults(route, ns, q)
         spec = JobSpec(
             body,
@@ -217,8 +220,9 @@ class Views:
         pool, route = self.d.route(request)
         await self.d.action_form(request)
         paused = request.url.path.endswith("/pause")
-        await self.service.configure(route, ns, q, [("paused", "1" if paused else "")])
         action = "queue.pause" if paused else "queue.resume"
+        self.d.intend(request, action, f"{ns}/{q}", pool)
+        await self.service.configure(route, ns, q, [("paused", "1" if paused else "")])
         await self._audit(request, action, f"{ns}/{q}", "ok", pool)
         what = "paused: nothing is delivered" if paused else "resumed"
         return self.d.redirect(self._url(request, f"/queue/{ns}/{q}"), f"{ns}/{q} {what}", "ok")
@@ -240,6 +244,7 @@ class Views:
             else:
                 body[key] = integer(form, name, 0, 0, 2**53)
         changes = parse_changes(json.dumps(body).encode())
+        self.d.intend(request, "queue.settings", f"{ns}/{q}", pool)
         try:
             got = await self.service.configure(route, ns, q, changes)
         except BadRequest as e:
@@ -294,8 +299,8 @@ class Views:
 
     async def job_action(self, request: Request) -> Response:
         """bury, kick, reschedule, cancel, ack: only while the job is in the state the page
-        showed (a hidden field); a job that moved meanwhile is left alone, and the flash
-        says where it is now."""
+        showed, after as many deliveries (hidden fields); a job that moved meanwhile is left
+        alone, and the flash says where it is now."""
         ns, q = self._names(request)
         jid = params.job_id(request.path_params["job_id"])
         action = request.path_params["action"]
@@ -314,6 +319,7 @@ class Views:
         delay_ms = seconds(form, "delay", 0)
         tries = integer(form, "tries", 1, 1, MAX_TRIES)
         ttl_ms = seconds(form, "ttl", self.settings.TTLSecond * 1000)
+        seen = integer(form, "deliveries", -1, 0, MAX_TRIES) if form.get("deliveries") else None
         if action == "kick" and ttl_ms and ttl_ms <= delay_ms:
             raise BadRequest("ttl must be longer than delay", "ttl")
 
@@ -324,6 +330,7 @@ class Views:
             message = f"job {jid} was not {_past(action)}: {where}; nothing was changed"
             return self.d.redirect(job_url if now else queue_url, message, "warn")
 
+        self.d.intend(request, f"job.{action}", target, pool)
         try:
             current = await self.service.peek_job(route, ns, q, jid)
         except NotFound:
@@ -332,6 +339,8 @@ class Views:
             return await lost("acked")
         if str(current.state) != expected:
             return await lost(str(current.state))
+        if seen is not None and current.deliveries != seen:  # taken again since the page
+            return await lost(f"{current.state} again (delivery {current.deliveries})")
         try:
             outcome = await self._act(route, action, ns, q, jid, reason, delay_ms, tries, ttl_ms)
         except (WrongState, Conflict) as e:
@@ -344,7 +353,7 @@ class Views:
 
     async def _act(
         self,
-        route: Any,
+        route: PoolRoute[RedisPool],
         action: str,
         ns: str,
         q: str,
@@ -411,6 +420,9 @@ class Views:
         filt = DeadFilter(reason, start, end)
         tries = integer(form, "tries", 1, 1, MAX_TRIES)
         ttl_ms = self.settings.TTLSecond * 1000
+        what = "redriven" if redrive else "purged"
+        described = f"reason={reason or 'any'} from={start} to={end}"
+        self.d.intend(request, f"deadletter.{what[:-1]}", f"{ns}/{q} {described}", pool)
         total, cursor, steps = 0, None, 0
         while True:
             if redrive:
@@ -422,8 +434,6 @@ class Views:
             total, steps = total + n, steps + 1
             if cursor is None or steps >= 1000:
                 break
-        what = "redriven" if redrive else "purged"
-        described = f"reason={reason or 'any'} from={start} to={end}"
         more = "" if cursor is None else " (stopped after 1000 steps: run it again)"
         await self._audit(
             request, f"deadletter.{what[:-1]}", f"{ns}/{q} {described}", f"ok: {total}", pool
@@ -457,6 +467,7 @@ class Views:
         store = self.service.tokens
         back = self._url(request, "/tokens", ns=ns)
         action = request.path_params["action"]
+        self.d.intend(request, f"token.{action}", f"{ns} (pool {pool})", pool)
         if action == "create":
             description = text(form, "description", 1024).strip()
             if not description:
