@@ -30,6 +30,22 @@ from cluster_dq.localredis import (
 )
 from cluster_dq.pools import close_client, make_client
 
+# The long run's share (``./deploy/dev/test-long`` runs every test): each is a further topology
+# or size of a guarantee the default run already shows with another, left out of the default
+# run (marked ``long``, deselected by pyproject's ``-m "not long"``) to keep it near 15 minutes.
+LONG = (
+    # the same consumers' guarantees without failover run on standalone and Cluster
+    "tests/test_guarantees.py::test_many_consumers_random_delays_ttrs_and_tries[sentinel]",
+    # without durable publish a failover may lose acknowledged writes: only reported
+    "tests/test_history.py::test_history_redis_master_killed[sentinel-not-durable]",
+    "tests/test_history.py::test_history_redis_master_killed[cluster-not-durable]",
+    # the commands' CLI around functions tests/test_drills.py and test_history.py run in-process
+    "tests/test_bench_commands.py::test_command_runs_small_and_prints_figures[drill.py]",
+    "tests/test_bench_commands.py::test_command_runs_small_and_prints_figures[history.py]",
+    # the pipeline's own tests run Spark on every topology; this is its benchmark's CLI
+    "tests/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_pipeline.py]",
+)
+
 Deployment = Server | Cluster | SentinelGroup
 TOPOLOGIES = os.environ.get("DQ_TOPOLOGIES", "standalone,cluster,sentinel").split(",")
 FIXTURE_OF = {
@@ -132,3 +148,24 @@ async def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> AsyncIterator[
     handle = asyncio.get_running_loop().call_later(after, dump)
     yield
     handle.cancel()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests of ``LONG``; an entry that names a test of a collected file that does
+    not exist is an error (the list must not go stale when a test is renamed)."""
+    ids = {item.nodeid: item for item in items}
+    files = {item.nodeid.split("::")[0] for item in items}
+    for nodeid in LONG:
+        item = ids.get(nodeid)
+        if item is not None:
+            item.add_marker(pytest.mark.long)
+        elif nodeid.split("::")[0] in files and _whole_files(config):
+            topology = nodeid.rsplit("[", 1)[-1].rstrip("]").split("-")[0]
+            if topology in ("standalone", "cluster", "sentinel") and topology not in TOPOLOGIES:
+                continue  # narrowed away by DQ_TOPOLOGIES
+            raise pytest.UsageError(f"tests/conftest.py LONG names no test: {nodeid}")
+
+
+def _whole_files(config: pytest.Config) -> bool:
+    """Whether whole test files were asked for: no single tests, no ``-k``."""
+    return not config.getoption("keyword") and not any("::" in a for a in config.args)
