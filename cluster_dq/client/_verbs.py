@@ -1,0 +1,360 @@
+"""Every data-port verb as a pure function: its arguments -> a ``Call`` (the request and the
+decoder of its reply). The sync and async clients send these and nothing else."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from cluster_dq.client._core import (
+    JSON,
+    Call,
+    Reply,
+    Safety,
+    absent,
+    as_bytes,
+    check,
+    expect,
+    integer,
+    json_body,
+    millis,
+    ms_to_s,
+    opt,
+    query,
+    segment,
+)
+from cluster_dq.client.models import Backoff, Job, Sizes
+
+ONCE = Safety.ONCE
+ATTR_KEY = re.compile(r"[-_A-Za-z0-9]{1,32}")
+ATTR_VALUE = re.compile(r"[\x20-\x7e]*")  # what an HTTP header carries as it is
+
+
+def queue_path(ns: str, queue: str) -> str:
+    return f"/api/{segment(ns, 'namespace')}/{segment(queue, 'queue')}"
+
+
+def _job(ns: str, queue: str, job_id: str) -> str:
+    return f"{queue_path(ns, queue)}/job/{segment(job_id, 'job_id')}"
+
+
+def job_of(o: Mapping[str, Any]) -> Job:
+    """The service's job object -> ``Job``."""
+    return Job(
+        namespace=o["namespace"],
+        queue=o["queue"],
+        id=o["job_id"],
+        body=base64.b64decode(o["data"]) if "data" in o else b"",
+        ttl=float(o.get("ttl", 0)),
+        elapsed_ms=int(o.get("elapsed_ms", 0)),
+        remain_tries=int(o.get("remain_tries", 0)),
+        attributes=o.get("attributes"),
+        state=o.get("state"),
+        deliveries=int(o.get("deliveries", 0)),
+        lease=o.get("lease"),
+        progress=o.get("progress"),
+        last_error=o.get("last_error"),
+        next_attempt_at=ms_to_s(o.get("next_attempt_at")),
+        reason=o.get("reason"),
+        died_at=ms_to_s(o.get("died_at")),
+        result=o.get("result"),
+    )
+
+
+def _job_reply(reply: Reply) -> Job:
+    return job_of(expect(reply, 200))
+
+
+def _job_or_none(reply: Reply) -> Job | None:
+    return None if absent(reply) else job_of(expect(reply, 200))
+
+
+def no_content(reply: Reply) -> None:
+    check(reply, 200, 201, 204)
+
+
+def backoff_params(b: Backoff | None) -> list[tuple[str, str]]:
+    if b is None:
+        return []
+    if b.kind == "none":
+        return [("backoff", "none")]
+    return query(
+        backoff=b.kind,
+        backoff_ms=millis(b.base, "backoff base"),
+        backoff_cap_ms=millis(b.cap, "backoff cap") if b.cap else None,
+        backoff_jitter=repr(float(b.jitter)) if b.jitter else None,
+    )
+
+
+def _job_params(
+    delay: float, ttl: float | None, tries: int | None, priority: int | None = None
+) -> list[tuple[str, str]]:
+    return query(
+        delay_ms=millis(delay, "delay"),
+        ttl_ms=opt(millis, ttl, "ttl"),
+        tries=opt(integer, tries, "tries"),
+        priority=opt(integer, priority, "priority"),
+    )
+
+
+# -- the hot verbs ----------------------------------------------------------------------------
+
+
+def publish(
+    ns: str,
+    queue: str,
+    body: bytes | str,
+    *,
+    delay: float = 0.0,
+    ttl: float | None = None,
+    tries: int | None = None,
+    job_id: str | None = None,
+    attributes: Mapping[str, str] | None = None,
+    backoff: Backoff | None = None,
+    priority: int | None = None,
+) -> Call[str]:
+    params = _job_params(delay, ttl, tries, priority) + backoff_params(backoff)
+    headers: dict[str, str] = {}
+    if job_id is not None:
+        params.append(("job_id", segment(job_id, "job_id")))
+    if attributes:
+        headers["Enable-Job-Version"] = "YES"
+        for k, val in attributes.items():
+            if not isinstance(k, str) or not ATTR_KEY.fullmatch(k):
+                raise ValueError(f"attribute key {k!r}: 1 to 32 characters of [-_A-Za-z0-9]")
+            if not isinstance(val, str) or not ATTR_VALUE.fullmatch(val):
+                raise ValueError(f"attribute {k}: the value must be printable ASCII, not {val!r}")
+            headers[f"Job-Attr-{k}"] = val
+    return Call(
+        "PUT",
+        queue_path(ns, queue),
+        lambda r: str(expect(r, 201)["job_id"]),
+        params,
+        headers,
+        as_bytes(body),
+        # a fixed id makes a repeat a duplicate (201, nothing new); a server-made one does not
+        Safety.IDEMPOTENT if job_id is not None else ONCE,
+    )
+
+
+def publish_many(
+    ns: str,
+    queue: str,
+    bodies: Iterable[bytes | str],
+    *,
+    delay: float = 0.0,
+    ttl: float | None = None,
+    tries: int | None = None,
+) -> Call[list[str]]:
+    """The bulk route: each body must be one JSON text (the service stores each element's raw
+    JSON text), all published or none."""
+    parts = []
+    for i, b in enumerate(bodies):
+        raw = as_bytes(b, f"bodies[{i}]")
+        try:
+            json.loads(raw)
+        except ValueError:
+            raise ValueError(
+                f"bodies[{i}] is not a JSON text: publish_many sends a JSON array whose "
+                "elements become the bodies; use publish() for other bodies"
+            ) from None
+        parts.append(raw)
+    if not parts:
+        raise ValueError("bodies is empty: give 1 to 64 JSON texts")
+    return Call(
+        "PUT",
+        f"{queue_path(ns, queue)}/bulk",
+        lambda r: [str(i) for i in expect(r, 201)["job_ids"]],
+        _job_params(delay, ttl, tries),
+        JSON,
+        b"[" + b",".join(parts) + b"]",
+        ONCE,
+    )
+
+
+def _consume_path(ns: str, queues: str | Sequence[str]) -> str:
+    names = [queues] if isinstance(queues, str) else list(queues)
+    if not names:
+        raise ValueError("queues is empty: give at least one queue")
+    return f"/api/{segment(ns, 'namespace')}/" + ",".join(segment(q, "queue") for q in names)
+
+
+def _consume_params(ttr: float | None, timeout: float, count: int) -> list[tuple[str, str]]:
+    return query(
+        ttr_ms=opt(millis, ttr, "ttr"),
+        timeout_ms=millis(timeout, "timeout"),
+        count=integer(count, "count") if count != 1 else None,
+    )
+
+
+def consume(
+    ns: str, queues: str | Sequence[str], *, ttr: float | None = None, timeout: float = 0.0
+) -> Call[Job | None]:
+    # Repeated after a lost reply: what it reserved comes back after its ttr (a try spent).
+    return Call(
+        "GET",
+        _consume_path(ns, queues),
+        _job_or_none,
+        _consume_params(ttr, timeout, 1),
+        wait=timeout,
+    )
+
+
+def consume_many(
+    ns: str,
+    queues: str | Sequence[str],
+    count: int,
+    *,
+    ttr: float | None = None,
+    timeout: float = 0.0,
+) -> Call[list[Job]]:
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 100:
+        raise ValueError(f"count must be an integer 1..100, not {count!r}")
+
+    def decode(r: Reply) -> list[Job]:
+        if absent(r):
+            return []
+        got = expect(r, 200)
+        return [job_of(o) for o in (got if isinstance(got, list) else [got])]
+
+    params = _consume_params(ttr, timeout, count)
+    if count == 1:
+        params.append(("count", "1"))
+    return Call("GET", _consume_path(ns, queues), decode, params, wait=timeout)
+
+
+def ack(
+    ns: str, queue: str, job_id: str, *, lease: str | None = None, result: Any = None
+) -> Call[None]:
+    params = query(lease=lease, result=None if result is None else json_body(result).decode())
+    return Call("DELETE", _job(ns, queue, job_id), no_content, params)
+
+
+def cancel(ns: str, queue: str, job_id: str) -> Call[str | None]:
+    def decode(r: Reply) -> str | None:
+        check(r, 204)
+        state = r.headers.get("x-job-state")
+        return None if state in (None, "none") else state
+
+    return Call("DELETE", _job(ns, queue, job_id), decode)
+
+
+def ack_many(ns: str, queue: str, jobs: Iterable[Job | tuple[str, str | None]]) -> Call[None]:
+    items: list[dict[str, str]] = []
+    for j in jobs:
+        jid, lease = (j.id, j.lease) if isinstance(j, Job) else j
+        items.append({"job_id": jid} if lease is None else {"job_id": jid, "lease": lease})
+    if not items:
+        raise ValueError("jobs is empty: nothing to ack")
+    return Call("POST", f"{queue_path(ns, queue)}/ack", no_content, [], JSON, json_body(items))
+
+
+def touch(
+    ns: str, queue: str, job_id: str, *, lease: str | None = None, ttr: float | None = None
+) -> Call[None]:
+    params = query(ttr_ms=opt(millis, ttr, "ttr"), lease=lease)
+    return Call("POST", f"{_job(ns, queue, job_id)}/touch", no_content, params)
+
+
+def release(
+    ns: str,
+    queue: str,
+    job_id: str,
+    *,
+    lease: str | None = None,
+    delay: float | None = None,
+    error: str | None = None,
+    keep_try: bool = False,
+) -> Call[str]:
+    params = query(
+        delay_ms=opt(millis, delay, "delay"), lease=lease, keep_try="1" if keep_try else None
+    )
+    content = None if error is None else json_body({"error": error})
+    return Call(
+        "POST",
+        f"{_job(ns, queue, job_id)}/release",
+        lambda r: str(expect(r, 200)["state"]),
+        params,
+        JSON if content else {},
+        content,
+        # a blind repeat could release a later delivery's reservation
+        ONCE,
+    )
+
+
+def progress(
+    ns: str, queue: str, job_id: str, value: Any, *, lease: str | None = None
+) -> Call[None]:
+    return Call(
+        "PUT",
+        f"{_job(ns, queue, job_id)}/progress",
+        no_content,
+        query(lease=lease),
+        JSON,
+        json_body(value),
+    )
+
+
+def bury(
+    ns: str, queue: str, job_id: str, *, reason: str | None = None, lease: str | None = None
+) -> Call[Job]:
+    content = None if reason is None else json_body({"reason": reason})
+    return Call(
+        "POST",
+        f"{_job(ns, queue, job_id)}/bury",
+        _job_reply,
+        query(lease=lease),
+        JSON if content else {},
+        content,
+        ONCE,
+    )
+
+
+def kick(
+    ns: str,
+    queue: str,
+    job_id: str,
+    *,
+    delay: float | None = None,
+    tries: int | None = None,
+    ttl: float | None = None,
+) -> Call[Job]:
+    params = query(
+        delay_ms=opt(millis, delay, "delay"),
+        tries=opt(integer, tries, "tries"),
+        ttl_ms=opt(millis, ttl, "ttl"),
+    )
+    path = f"{queue_path(ns, queue)}/deadletter/{segment(job_id, 'job_id')}/kick"
+    return Call("POST", path, _job_reply, params, safety=ONCE)
+
+
+def reschedule(
+    ns: str, queue: str, job_id: str, *, delay: float | None = None, at: float | None = None
+) -> Call[Job]:
+    if (delay is None) == (at is None):
+        raise ValueError("give exactly one of delay (seconds from now) and at (epoch seconds)")
+    params = query(delay_ms=opt(millis, delay, "delay"), at=opt(millis, at, "at"))
+    return Call("POST", f"{_job(ns, queue, job_id)}/reschedule", _job_reply, params, safety=ONCE)
+
+
+def peek(ns: str, queue: str) -> Call[Job | None]:
+    return Call("GET", f"{queue_path(ns, queue)}/peek", _job_or_none)
+
+
+def get_job(ns: str, queue: str, job_id: str) -> Call[Job | None]:
+    return Call("GET", _job(ns, queue, job_id), _job_or_none)
+
+
+def size(ns: str, queue: str) -> Call[Sizes]:
+    def decode(r: Reply) -> Sizes:
+        o = expect(r, 200)
+        return Sizes(o["size"], o.get("delayed", 0), o.get("reserved", 0), o.get("dead", 0))
+
+    return Call("GET", f"{queue_path(ns, queue)}/size", decode)
+
+
+def destroy(ns: str, queue: str) -> Call[None]:
+    return Call("DELETE", queue_path(ns, queue), no_content)

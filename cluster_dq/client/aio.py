@@ -1,0 +1,418 @@
+"""``AsyncClient``: the asyncio client of the data port. Each method sends one call of the pure
+core (``_verbs``) through ``_send``, under the one retry rule (``_retry``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from tenacity import AsyncRetrying
+
+from cluster_dq.client import _control as c
+from cluster_dq.client import _verbs as v
+from cluster_dq.client._core import (
+    NAMESPACE_ENV,
+    TOKEN_ENV,
+    URL_ENV,
+    Call,
+    Reply,
+    finish,
+    setting,
+    shell_options,
+    transport_error,
+)
+from cluster_dq.client._retry import policy
+from cluster_dq.client.models import (
+    Backoff,
+    DeadJob,
+    DeadPage,
+    Job,
+    QueueInfo,
+    QueuePage,
+    QueueSettings,
+    Schedule,
+    SchedulePage,
+    Sizes,
+    Sweep,
+)
+
+T = TypeVar("T")
+
+
+class _Shell:
+    """The I/O of one port: an httpx pool, the retry loop, the translation of failures."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        timeout: float | None,
+        retries: int,
+    ) -> None:
+        self._http, self._timeout, self._retries = http, timeout, retries
+
+    async def _send(self, call: Call[T]) -> T:
+        done: T = await AsyncRetrying(**policy(call.safety, self._retries))(self._once, call)
+        return done
+
+    async def _once(self, call: Call[T]) -> T:
+        timeout = None if self._timeout is None else self._timeout + call.wait
+        try:
+            r = await self._http.request(
+                call.method,
+                call.path,
+                params=tuple(call.params),
+                headers=call.headers,
+                content=call.content,
+                timeout=timeout,
+            )
+        except httpx.TransportError as e:
+            raise transport_error(e) from e
+        return finish(call, Reply(r.status_code, r.headers, r.content))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self: _S) -> _S:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+_S = TypeVar("_S", bound=_Shell)
+
+
+def _http(
+    url: str,
+    headers: Mapping[str, str],
+    timeout: float | None,
+    max_connections: int,
+    transport: httpx.AsyncBaseTransport | None,
+    auth: tuple[str, str] | None = None,
+) -> httpx.AsyncClient:
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections
+    )
+    return httpx.AsyncClient(
+        base_url=url,
+        headers=headers,
+        timeout=timeout,
+        limits=limits,
+        transport=transport,
+        auth=auth,
+    )
+
+
+class AsyncClient(_Shell):
+    """The data port of one namespace. ``url``, ``token``, ``namespace`` default to
+    CLUSTER_DQ_URL, CLUSTER_DQ_TOKEN, CLUSTER_DQ_NAMESPACE. Times are float seconds."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        namespace: str | None = None,
+        *,
+        timeout: float | None = 30.0,
+        max_connections: int = 100,
+        retries: int = 3,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        shell_options(timeout, max_connections, retries)
+        env = os.environ
+        self.url = setting(url, env, URL_ENV, "service url")
+        self.namespace = setting(namespace, env, NAMESPACE_ENV, "namespace")
+        headers = {"X-Token": setting(token, env, TOKEN_ENV, "token")}
+        http = _http(self.url, headers, timeout, max_connections, transport)
+        super().__init__(http, timeout, retries)
+
+    async def publish(
+        self,
+        queue: str,
+        body: bytes | str,
+        *,
+        delay: float = 0.0,
+        ttl: float | None = None,
+        tries: int | None = None,
+        job_id: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        backoff: Backoff | None = None,
+        priority: int | None = None,
+    ) -> str:
+        return await self._send(
+            v.publish(
+                self.namespace,
+                queue,
+                body,
+                delay=delay,
+                ttl=ttl,
+                tries=tries,
+                job_id=job_id,
+                attributes=attributes,
+                backoff=backoff,
+                priority=priority,
+            )
+        )
+
+    async def publish_many(
+        self,
+        queue: str,
+        bodies: Iterable[bytes | str],
+        *,
+        delay: float = 0.0,
+        ttl: float | None = None,
+        tries: int | None = None,
+    ) -> list[str]:
+        return await self._send(
+            v.publish_many(self.namespace, queue, bodies, delay=delay, ttl=ttl, tries=tries)
+        )
+
+    async def consume(
+        self, queues: str | Sequence[str], *, ttr: float | None = None, timeout: float = 0.0
+    ) -> Job | None:
+        return await self._send(v.consume(self.namespace, queues, ttr=ttr, timeout=timeout))
+
+    async def consume_many(
+        self,
+        queues: str | Sequence[str],
+        count: int,
+        *,
+        ttr: float | None = None,
+        timeout: float = 0.0,
+    ) -> list[Job]:
+        return await self._send(
+            v.consume_many(self.namespace, queues, count, ttr=ttr, timeout=timeout)
+        )
+
+    async def ack(
+        self, queue: str, job_id: str, *, lease: str | None = None, result: Any = None
+    ) -> None:
+        return await self._send(v.ack(self.namespace, queue, job_id, lease=lease, result=result))
+
+    async def ack_many(self, queue: str, jobs: Iterable[Job | tuple[str, str | None]]) -> None:
+        return await self._send(v.ack_many(self.namespace, queue, jobs))
+
+    async def touch(
+        self, queue: str, job_id: str, *, lease: str | None = None, ttr: float | None = None
+    ) -> None:
+        return await self._send(v.touch(self.namespace, queue, job_id, lease=lease, ttr=ttr))
+
+    async def release(
+        self,
+        queue: str,
+        job_id: str,
+        *,
+        lease: str | None = None,
+        delay: float | None = None,
+        error: str | None = None,
+        keep_try: bool = False,
+    ) -> str:
+        call = v.release(
+            self.namespace, queue, job_id, lease=lease, delay=delay, error=error, keep_try=keep_try
+        )
+        return await self._send(call)
+
+    async def progress(
+        self, queue: str, job_id: str, value: Any, *, lease: str | None = None
+    ) -> None:
+        return await self._send(v.progress(self.namespace, queue, job_id, value, lease=lease))
+
+    async def bury(
+        self, queue: str, job_id: str, *, reason: str | None = None, lease: str | None = None
+    ) -> Job:
+        return await self._send(v.bury(self.namespace, queue, job_id, reason=reason, lease=lease))
+
+    async def kick(
+        self,
+        queue: str,
+        job_id: str,
+        *,
+        delay: float | None = None,
+        tries: int | None = None,
+        ttl: float | None = None,
+    ) -> Job:
+        return await self._send(
+            v.kick(self.namespace, queue, job_id, delay=delay, tries=tries, ttl=ttl)
+        )
+
+    async def reschedule(
+        self, queue: str, job_id: str, *, delay: float | None = None, at: float | None = None
+    ) -> Job:
+        return await self._send(v.reschedule(self.namespace, queue, job_id, delay=delay, at=at))
+
+    async def cancel(self, queue: str, job_id: str) -> str | None:
+        return await self._send(v.cancel(self.namespace, queue, job_id))
+
+    async def peek(self, queue: str) -> Job | None:
+        return await self._send(v.peek(self.namespace, queue))
+
+    async def get_job(self, queue: str, job_id: str) -> Job | None:
+        return await self._send(v.get_job(self.namespace, queue, job_id))
+
+    async def size(self, queue: str) -> Sizes:
+        return await self._send(v.size(self.namespace, queue))
+
+    async def destroy(self, queue: str) -> None:
+        return await self._send(v.destroy(self.namespace, queue))
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    async def dead_jobs(
+        self, queue: str, *, cursor: str | None = None, limit: int = 100
+    ) -> DeadPage:
+        return await self._send(c.dead_jobs(self.namespace, queue, cursor=cursor, limit=limit))
+
+    async def iter_dead(self, queue: str, *, limit: int = 100) -> AsyncIterator[DeadJob]:
+        """Every dead job of the queue, page by page (each job that stays dead once)."""
+        cursor: str | None = None
+        while True:
+            page = await self._send(c.dead_jobs(self.namespace, queue, cursor=cursor, limit=limit))
+            for job in page.jobs:
+                yield job
+            if not page.more:
+                return
+            cursor = page.cursor
+
+    async def redrive(
+        self,
+        queue: str,
+        *,
+        reason: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Sweep:
+        call = c.redrive(
+            self.namespace,
+            queue,
+            reason=reason,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+        return await self._send(call)
+
+    async def purge(
+        self,
+        queue: str,
+        *,
+        reason: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Sweep:
+        call = c.purge(
+            self.namespace,
+            queue,
+            reason=reason,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+        return await self._send(call)
+
+    async def dead_size(self, queue: str) -> int:
+        return await self._send(c.dead_size(self.namespace, queue))
+
+    async def dead_peek(self, queue: str) -> tuple[int, str | None]:
+        return await self._send(c.dead_peek(self.namespace, queue))
+
+    async def respawn(self, queue: str, *, limit: int = 1, ttl: float | None = None) -> int:
+        return await self._send(c.respawn(self.namespace, queue, limit=limit, ttl=ttl))
+
+    async def dead_delete(self, queue: str, *, limit: int = 1) -> None:
+        return await self._send(c.dead_delete(self.namespace, queue, limit=limit))
+
+    # -- queue control --------------------------------------------------------------------------
+
+    async def settings(self, queue: str) -> QueueSettings:
+        return await self._send(c.settings(self.namespace, queue))
+
+    async def update_settings(self, queue: str, **changes: Any) -> QueueSettings:
+        return await self._send(c.update_settings(self.namespace, queue, **changes))
+
+    async def pause(self, queue: str) -> QueueSettings:
+        return await self._send(c.pause(self.namespace, queue))
+
+    async def resume(self, queue: str) -> QueueSettings:
+        return await self._send(c.pause(self.namespace, queue, paused=False))
+
+    async def queues(self, *, cursor: str | None = None, limit: int = 100) -> QueuePage:
+        return await self._send(c.queues(self.namespace, cursor=cursor, limit=limit))
+
+    async def iter_queues(self, *, limit: int = 100) -> AsyncIterator[QueueInfo]:
+        """Every queue of the namespace, by name, page by page."""
+        cursor: str | None = None
+        while True:
+            page = await self._send(c.queues(self.namespace, cursor=cursor, limit=limit))
+            for info in page.queues:
+                yield info
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    # -- recurring jobs -------------------------------------------------------------------------
+
+    async def put_schedule(
+        self,
+        queue: str,
+        name: str,
+        *,
+        cron: str | None = None,
+        tz: str | None = None,
+        every: float | None = None,
+        start_at: float | None = None,
+        catch_up: float | None = None,
+        paused: bool = False,
+        body: str = "",
+        delay: float | None = None,
+        ttl: float | None = None,
+        tries: int | None = None,
+        priority: int | None = None,
+    ) -> Schedule:
+        call = c.put_schedule(
+            self.namespace,
+            queue,
+            name,
+            cron=cron,
+            tz=tz,
+            every=every,
+            start_at=start_at,
+            catch_up=catch_up,
+            paused=paused,
+            body=body,
+            delay=delay,
+            ttl=ttl,
+            tries=tries,
+            priority=priority,
+        )
+        return await self._send(call)
+
+    async def get_schedule(self, queue: str, name: str) -> Schedule | None:
+        return await self._send(c.get_schedule(self.namespace, queue, name))
+
+    async def list_schedules(
+        self, queue: str, *, cursor: str | None = None, limit: int = 100
+    ) -> SchedulePage:
+        return await self._send(c.list_schedules(self.namespace, queue, cursor=cursor, limit=limit))
+
+    async def delete_schedule(self, queue: str, name: str) -> None:
+        return await self._send(c.delete_schedule(self.namespace, queue, name))
+
+    async def pause_schedule(self, queue: str, name: str) -> Schedule:
+        return await self._send(c.pause_schedule(self.namespace, queue, name))
+
+    async def resume_schedule(self, queue: str, name: str) -> Schedule:
+        return await self._send(c.pause_schedule(self.namespace, queue, name, paused=False))

@@ -1,0 +1,408 @@
+"""``Client``: the blocking client of the data port. Each method sends one call of the pure
+core (``_verbs``) through ``_send``, under the one retry rule (``_retry``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from tenacity import Retrying
+
+from cluster_dq.client import _control as c
+from cluster_dq.client import _verbs as v
+from cluster_dq.client._core import (
+    NAMESPACE_ENV,
+    TOKEN_ENV,
+    URL_ENV,
+    Call,
+    Reply,
+    finish,
+    setting,
+    shell_options,
+    transport_error,
+)
+from cluster_dq.client._retry import policy
+from cluster_dq.client.models import (
+    Backoff,
+    DeadJob,
+    DeadPage,
+    Job,
+    QueueInfo,
+    QueuePage,
+    QueueSettings,
+    Schedule,
+    SchedulePage,
+    Sizes,
+    Sweep,
+)
+
+T = TypeVar("T")
+
+
+class _Shell:
+    """The I/O of one port: an httpx pool, the retry loop, the translation of failures."""
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        timeout: float | None,
+        retries: int,
+    ) -> None:
+        self._http, self._timeout, self._retries = http, timeout, retries
+
+    def _send(self, call: Call[T]) -> T:
+        done: T = Retrying(**policy(call.safety, self._retries))(self._once, call)
+        return done
+
+    def _once(self, call: Call[T]) -> T:
+        timeout = None if self._timeout is None else self._timeout + call.wait
+        try:
+            r = self._http.request(
+                call.method,
+                call.path,
+                params=tuple(call.params),
+                headers=call.headers,
+                content=call.content,
+                timeout=timeout,
+            )
+        except httpx.TransportError as e:
+            raise transport_error(e) from e
+        return finish(call, Reply(r.status_code, r.headers, r.content))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+_S = TypeVar("_S", bound=_Shell)
+
+
+def _http(
+    url: str,
+    headers: Mapping[str, str],
+    timeout: float | None,
+    max_connections: int,
+    transport: httpx.BaseTransport | None,
+    auth: tuple[str, str] | None = None,
+) -> httpx.Client:
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections
+    )
+    return httpx.Client(
+        base_url=url,
+        headers=headers,
+        timeout=timeout,
+        limits=limits,
+        transport=transport,
+        auth=auth,
+    )
+
+
+class Client(_Shell):
+    """The data port of one namespace. ``url``, ``token``, ``namespace`` default to
+    CLUSTER_DQ_URL, CLUSTER_DQ_TOKEN, CLUSTER_DQ_NAMESPACE. Times are float seconds."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        namespace: str | None = None,
+        *,
+        timeout: float | None = 30.0,
+        max_connections: int = 100,
+        retries: int = 3,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        shell_options(timeout, max_connections, retries)
+        env = os.environ
+        self.url = setting(url, env, URL_ENV, "service url")
+        self.namespace = setting(namespace, env, NAMESPACE_ENV, "namespace")
+        headers = {"X-Token": setting(token, env, TOKEN_ENV, "token")}
+        http = _http(self.url, headers, timeout, max_connections, transport)
+        super().__init__(http, timeout, retries)
+
+    def publish(
+        self,
+        queue: str,
+        body: bytes | str,
+        *,
+        delay: float = 0.0,
+        ttl: float | None = None,
+        tries: int | None = None,
+        job_id: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        backoff: Backoff | None = None,
+        priority: int | None = None,
+    ) -> str:
+        return self._send(
+            v.publish(
+                self.namespace,
+                queue,
+                body,
+                delay=delay,
+                ttl=ttl,
+                tries=tries,
+                job_id=job_id,
+                attributes=attributes,
+                backoff=backoff,
+                priority=priority,
+            )
+        )
+
+    def publish_many(
+        self,
+        queue: str,
+        bodies: Iterable[bytes | str],
+        *,
+        delay: float = 0.0,
+        ttl: float | None = None,
+        tries: int | None = None,
+    ) -> list[str]:
+        return self._send(
+            v.publish_many(self.namespace, queue, bodies, delay=delay, ttl=ttl, tries=tries)
+        )
+
+    def consume(
+        self, queues: str | Sequence[str], *, ttr: float | None = None, timeout: float = 0.0
+    ) -> Job | None:
+        return self._send(v.consume(self.namespace, queues, ttr=ttr, timeout=timeout))
+
+    def consume_many(
+        self,
+        queues: str | Sequence[str],
+        count: int,
+        *,
+        ttr: float | None = None,
+        timeout: float = 0.0,
+    ) -> list[Job]:
+        return self._send(v.consume_many(self.namespace, queues, count, ttr=ttr, timeout=timeout))
+
+    def ack(self, queue: str, job_id: str, *, lease: str | None = None, result: Any = None) -> None:
+        return self._send(v.ack(self.namespace, queue, job_id, lease=lease, result=result))
+
+    def ack_many(self, queue: str, jobs: Iterable[Job | tuple[str, str | None]]) -> None:
+        return self._send(v.ack_many(self.namespace, queue, jobs))
+
+    def touch(
+        self, queue: str, job_id: str, *, lease: str | None = None, ttr: float | None = None
+    ) -> None:
+        return self._send(v.touch(self.namespace, queue, job_id, lease=lease, ttr=ttr))
+
+    def release(
+        self,
+        queue: str,
+        job_id: str,
+        *,
+        lease: str | None = None,
+        delay: float | None = None,
+        error: str | None = None,
+        keep_try: bool = False,
+    ) -> str:
+        call = v.release(
+            self.namespace, queue, job_id, lease=lease, delay=delay, error=error, keep_try=keep_try
+        )
+        return self._send(call)
+
+    def progress(self, queue: str, job_id: str, value: Any, *, lease: str | None = None) -> None:
+        return self._send(v.progress(self.namespace, queue, job_id, value, lease=lease))
+
+    def bury(
+        self, queue: str, job_id: str, *, reason: str | None = None, lease: str | None = None
+    ) -> Job:
+        return self._send(v.bury(self.namespace, queue, job_id, reason=reason, lease=lease))
+
+    def kick(
+        self,
+        queue: str,
+        job_id: str,
+        *,
+        delay: float | None = None,
+        tries: int | None = None,
+        ttl: float | None = None,
+    ) -> Job:
+        return self._send(v.kick(self.namespace, queue, job_id, delay=delay, tries=tries, ttl=ttl))
+
+    def reschedule(
+        self, queue: str, job_id: str, *, delay: float | None = None, at: float | None = None
+    ) -> Job:
+        return self._send(v.reschedule(self.namespace, queue, job_id, delay=delay, at=at))
+
+    def cancel(self, queue: str, job_id: str) -> str | None:
+        return self._send(v.cancel(self.namespace, queue, job_id))
+
+    def peek(self, queue: str) -> Job | None:
+        return self._send(v.peek(self.namespace, queue))
+
+    def get_job(self, queue: str, job_id: str) -> Job | None:
+        return self._send(v.get_job(self.namespace, queue, job_id))
+
+    def size(self, queue: str) -> Sizes:
+        return self._send(v.size(self.namespace, queue))
+
+    def destroy(self, queue: str) -> None:
+        return self._send(v.destroy(self.namespace, queue))
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    def dead_jobs(self, queue: str, *, cursor: str | None = None, limit: int = 100) -> DeadPage:
+        return self._send(c.dead_jobs(self.namespace, queue, cursor=cursor, limit=limit))
+
+    def iter_dead(self, queue: str, *, limit: int = 100) -> Iterator[DeadJob]:
+        """Every dead job of the queue, page by page (each job that stays dead once)."""
+        cursor: str | None = None
+        while True:
+            page = self._send(c.dead_jobs(self.namespace, queue, cursor=cursor, limit=limit))
+            for job in page.jobs:
+                yield job
+            if not page.more:
+                return
+            cursor = page.cursor
+
+    def redrive(
+        self,
+        queue: str,
+        *,
+        reason: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Sweep:
+        call = c.redrive(
+            self.namespace,
+            queue,
+            reason=reason,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+        return self._send(call)
+
+    def purge(
+        self,
+        queue: str,
+        *,
+        reason: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Sweep:
+        call = c.purge(
+            self.namespace,
+            queue,
+            reason=reason,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+        return self._send(call)
+
+    def dead_size(self, queue: str) -> int:
+        return self._send(c.dead_size(self.namespace, queue))
+
+    def dead_peek(self, queue: str) -> tuple[int, str | None]:
+        return self._send(c.dead_peek(self.namespace, queue))
+
+    def respawn(self, queue: str, *, limit: int = 1, ttl: float | None = None) -> int:
+        return self._send(c.respawn(self.namespace, queue, limit=limit, ttl=ttl))
+
+    def dead_delete(self, queue: str, *, limit: int = 1) -> None:
+        return self._send(c.dead_delete(self.namespace, queue, limit=limit))
+
+    # -- queue control --------------------------------------------------------------------------
+
+    def settings(self, queue: str) -> QueueSettings:
+        return self._send(c.settings(self.namespace, queue))
+
+    def update_settings(self, queue: str, **changes: Any) -> QueueSettings:
+        return self._send(c.update_settings(self.namespace, queue, **changes))
+
+    def pause(self, queue: str) -> QueueSettings:
+        return self._send(c.pause(self.namespace, queue))
+
+    def resume(self, queue: str) -> QueueSettings:
+        return self._send(c.pause(self.namespace, queue, paused=False))
+
+    def queues(self, *, cursor: str | None = None, limit: int = 100) -> QueuePage:
+        return self._send(c.queues(self.namespace, cursor=cursor, limit=limit))
+
+    def iter_queues(self, *, limit: int = 100) -> Iterator[QueueInfo]:
+        """Every queue of the namespace, by name, page by page."""
+        cursor: str | None = None
+        while True:
+            page = self._send(c.queues(self.namespace, cursor=cursor, limit=limit))
+            for info in page.queues:
+                yield info
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    # -- recurring jobs -------------------------------------------------------------------------
+
+    def put_schedule(
+        self,
+        queue: str,
+        name: str,
+        *,
+        cron: str | None = None,
+        tz: str | None = None,
+        every: float | None = None,
+        start_at: float | None = None,
+        catch_up: float | None = None,
+        paused: bool = False,
+        body: str = "",
+        delay: float | None = None,
+        ttl: float | None = None,
+        tries: int | None = None,
+        priority: int | None = None,
+    ) -> Schedule:
+        call = c.put_schedule(
+            self.namespace,
+            queue,
+            name,
+            cron=cron,
+            tz=tz,
+            every=every,
+            start_at=start_at,
+            catch_up=catch_up,
+            paused=paused,
+            body=body,
+            delay=delay,
+            ttl=ttl,
+            tries=tries,
+            priority=priority,
+        )
+        return self._send(call)
+
+    def get_schedule(self, queue: str, name: str) -> Schedule | None:
+        return self._send(c.get_schedule(self.namespace, queue, name))
+
+    def list_schedules(
+        self, queue: str, *, cursor: str | None = None, limit: int = 100
+    ) -> SchedulePage:
+        return self._send(c.list_schedules(self.namespace, queue, cursor=cursor, limit=limit))
+
+    def delete_schedule(self, queue: str, name: str) -> None:
+        return self._send(c.delete_schedule(self.namespace, queue, name))
+
+    def pause_schedule(self, queue: str, name: str) -> Schedule:
+        return self._send(c.pause_schedule(self.namespace, queue, name))
+
+    def resume_schedule(self, queue: str, name: str) -> Schedule:
+        return self._send(c.pause_schedule(self.namespace, queue, name, paused=False))
