@@ -49,13 +49,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    bury_on = tuple(find(t) for t in args.bury_on)
+    handler, bury_on = find(args.handler), tuple(find(t) for t in args.bury_on)
     client = AsyncClient(args.url, args.token, args.namespace, max_connections=64)
     async with client:
         worker = Worker(
             client,
             args.queue,
-            find(args.handler),
+            handler,
             concurrency=args.concurrency,
             ttr=args.ttr,
             batch=args.batch,
