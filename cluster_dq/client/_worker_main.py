@@ -13,6 +13,7 @@ from typing import Any
 import uvloop
 
 from cluster_dq.client.aio import AsyncClient
+from cluster_dq.client.errors import DQError
 from cluster_dq.client.worker import Worker
 
 
@@ -79,5 +80,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.path.insert(0, "")  # handlers are found from the current directory, as python -m does
     try:
         uvloop.run(serve(args))
-    except ValueError as e:  # a bad setting: said in one line, not a traceback
+    except (ValueError, DQError) as e:  # a bad setting, a refused token: one line, no traceback
         raise SystemExit(f"error: {e}") from None

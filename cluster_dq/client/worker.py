@@ -488,6 +488,7 @@ class Worker:
 
     def _report(self, d: Any, what: str) -> None:
         self.counts[what] += 1
+        self._room.set()  # a confirmed ack may unblock a consume held back by the backlog
         if self._metrics is not None:
             self._metrics.count(d.job.queue, what)
             if what == "acked":
