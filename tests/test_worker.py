@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from cluster_dq.client import AsyncClient, Backoff, Job, Unauthorized
+from cluster_dq.client import AsyncClient, Backoff, BadRequest, Job, Unauthorized
 from cluster_dq.client.outcomes import (
     MAX_TEXT,
     Acked,
@@ -492,7 +492,7 @@ async def test_the_test_mode_decides_as_the_real_worker(
 
 
 async def test_a_refused_token_stops_the_worker_with_its_error(
-    solo_service: tuple[str, str],
+    solo_service: tuple[str, str], solo: AsyncClient
 ) -> None:
     """Topology-insensitive (the token check is the service's, before any Redis work):
     standalone only. Bad settings are refused when the worker is made."""
@@ -505,6 +505,8 @@ async def test_a_refused_token_stops_the_worker_with_its_error(
                 Worker(client, "q", lambda job: None, **bad)
         with pytest.raises(ValueError, match="queues"):
             Worker(client, [], lambda job: None)
+    with pytest.raises(BadRequest, match="queue"):  # a name the service refuses
+        await asyncio.wait_for(Worker(solo, "_hidden", lambda job: None).serve(), 30)
 
 
 # -- the rule itself ----------------------------------------------------------------------

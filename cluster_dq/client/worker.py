@@ -16,7 +16,7 @@ import logging
 import signal
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,15 +26,8 @@ from prometheus_client import CollectorRegistry
 from cluster_dq.client._acks import AckBatcher
 from cluster_dq.client._wmetrics import WorkerMetrics, metrics_for
 from cluster_dq.client.aio import AsyncClient
-from cluster_dq.client.errors import (
-    BadRequest,
-    Conflict,
-    DQError,
-    NotFound,
-    TransportError,
-    Unauthorized,
-    Unavailable,
-)
+from cluster_dq.client._send import renew, send_outcome
+from cluster_dq.client.errors import QueueFull, RateLimited, TransportError, Unavailable
 from cluster_dq.client.models import Job
 from cluster_dq.client.outcomes import (
     Acked,
@@ -167,9 +160,14 @@ class Worker:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._signalled)
-        await self.start()
-        await self._stopping.wait()
-        await self.stop()
+        try:
+            await self.start()
+            await self._stopping.wait()
+            await self.stop()
+        finally:
+            if signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
         if self._fatal is not None:
             raise self._fatal
 
@@ -220,16 +218,16 @@ class Worker:
                 jobs = await self.client.consume_many(
                     self.queues, min(free, self.batch), ttr=self.ttr, timeout=self.poll_timeout
                 )
-            except (Unauthorized, BadRequest, NotFound) as e:
-                log.error("consume refused, worker stops: %s", e)
-                self._fatal = e
-                self._stopping.set()
-                break
-            except DQError as e:
+            except (TransportError, Unavailable, RateLimited, QueueFull) as e:
                 log.warning("consume failed (again in %.1f s): %s", pause, e)
                 await self._sleep(pause)
                 pause = min(pause * 2, 5.0)
                 continue
+            except Exception as e:  # refused (a token, a name): repeating cannot help
+                log.error("consume refused, worker stops: %s", e)
+                self._fatal = e
+                self._stopping.set()
+                break
             pause = 0.1
             for job in jobs:
                 d = _Delivery(job, sent, self.ttr)
@@ -285,60 +283,10 @@ class Worker:
             else:
                 self._acks.add(d)
             return
-        job, lease = d.job, d.job.lease
-        if isinstance(outcome, Acked):
-            what, send = (
-                "acked",
-                self._call(self.client.ack, job, lease=lease, result=outcome.result),
-            )
-        elif isinstance(outcome, Snoozed):
-            what = "snoozed"
-            send = self._call(
-                self.client.release,
-                job,
-                lease=lease,
-                delay=outcome.delay,
-                error=outcome.error,
-                keep_try=True,
-            )
-        elif isinstance(outcome, Released):
-            what = "released"
-            send = self._call(
-                self.client.release, job, lease=lease, delay=outcome.delay, error=outcome.error
-            )
-        else:
-            what = "buried"
-            send = self._call(self.client.bury, job, lease=lease, reason=outcome.reason)
-        self._report(d, await send or what)
+        self._report(d, await send_outcome(self.client, d.job, outcome))
         self._held.discard(d)  # only now: a stop waits for it while it is held
         self._room.set()
         self._gauge()
-
-    async def _call(self, verb: Callable[..., Awaitable[Any]], job: Job, **kw: Any) -> str:
-        """One settling request with the job's lease: '' when done, ``lost`` when the lease
-        no longer holds the job, ``failed`` when the service did not confirm it. Repeated
-        after an unknown outcome (with a lease, a repeat cannot touch a later delivery; a
-        conflict then means the first one was applied)."""
-        unknown = False
-        for pause in (0.1, 0.5, 2.0, None):
-            try:
-                await verb(job.queue, job.id, **kw)
-                return ""
-            except (Conflict, NotFound) as e:
-                if unknown and job.lease:
-                    return ""
-                log.warning("job %s of %s: %s", job.id, job.queue, e)
-                return "lost"
-            except (TransportError, Unavailable) as e:
-                if not job.lease or pause is None:
-                    log.error("job %s of %s: outcome not confirmed: %s", job.id, job.queue, e)
-                    return "failed"
-                unknown = True
-                await asyncio.sleep(pause)
-            except DQError as e:
-                log.error("job %s of %s: refused: %s", job.id, job.queue, e)
-                return "failed"
-        return "failed"
 
     async def _beat(self) -> None:
         """Touches every held job whose reservation is past half its ttr."""
@@ -352,18 +300,11 @@ class Worker:
 
     async def _touch(self, d: _Delivery) -> None:
         sent = time.monotonic()
-        try:
-            await self.client.touch(d.job.queue, d.job.id, lease=d.job.lease, ttr=self.ttr)
-        except (Conflict, NotFound) as e:
-            if not d.settled:
-                d.lost = True
-                log.warning(
-                    "job %s of %s taken back, will not be acked: %s", d.job.id, d.job.queue, e
-                )
-        except DQError as e:
-            log.warning("touch of job %s of %s failed (tried again): %s", d.job.id, d.job.queue, e)
-        else:
+        what = await renew(self.client, d.job, self.ttr)
+        if what == "":
             d.renewed, d.deadline = sent, sent + self.ttr
+        elif what == "lost" and not d.settled:
+            d.lost = True
 
     async def _shutdown(self) -> None:
         deadline = time.monotonic() + (0.0 if self._forced.is_set() else self.shutdown_timeout)
