@@ -72,6 +72,7 @@ async def bench(
             noop,
             concurrency=a.concurrency,
             batch=100,
+            consumers=a.consumers,
             ack_batch=a.ack_batch,
             poll_timeout=1.0,
             heartbeat=False,
@@ -95,7 +96,8 @@ async def bench(
         await serving
     per_k = [(x - y) / max(done, 1) * 1000 for x, y in zip(after, before, strict=True)]
     print(
-        f"worker (concurrency {a.concurrency}, consume 100, acks of {a.ack_batch}): {done} acked in "
+        f"worker (concurrency {a.concurrency}, {a.consumers} consumes of 100 in flight, acks of "
+        f"{a.ack_batch}): {done} acked in "
         f"{took:.2f} s: {done / took:,.0f} jobs/s"
     )
     print(
@@ -112,6 +114,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0, help="stop the worker after this")
     ap.add_argument("--concurrency", type=int, default=300)
     ap.add_argument("--service-workers", type=int, default=1)
+    ap.add_argument("--consumers", type=int, default=3, help="consumes in flight at once")
     ap.add_argument("--ack-batch", type=int, default=300, help="acks per batch ack request")
     ap.add_argument("--profile", action="store_true", help="cProfile the worker phase")
     a = ap.parse_args()

@@ -325,11 +325,12 @@ async def test_each_outcome_leaves_the_job_as_said(client: AsyncClient) -> None:
 # -- concurrency --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize(("kind", "consumers"), [("async", 1), ("sync", 1), ("async", 3)])
 async def test_never_more_handlers_at_once_than_the_concurrency(
-    solo: AsyncClient, kind: str
+    solo: AsyncClient, kind: str, consumers: int
 ) -> None:
-    """Topology-insensitive (the limit is the worker's own): standalone only."""
+    """Topology-insensitive (the limit is the worker's own): standalone only. With several
+    consumes in flight, the slots each one asks for count as taken."""
     client = solo
     await client.publish_many("conc", ["1"] * 40)
     now, peak, lock = 0, 0, threading.Lock()
@@ -356,9 +357,10 @@ async def test_never_more_handlers_at_once_than_the_concurrency(
         leave()
 
     handler = ahandle if kind == "async" else shandle
-    worker = Worker(client, "conc", handler, concurrency=3, batch=100, poll_timeout=0.2)
+    worker = Worker(client, "conc", handler, concurrency=3, consumers=consumers, poll_timeout=0.2)
     await run_until(worker, lambda: worker.counts["acked"] >= 40)
     assert peak == 3 and worker.counts["acked"] == 40
+    assert len(worker._held) == 0 and worker._asked == 0
     assert (await client.size("conc")).total == 0
 
 

@@ -75,7 +75,8 @@ class Worker:
 
     ``concurrency``: jobs held at once (handlers running or waiting); ``ttr``: each
     delivery's time to run, renewed by a touch while a handler runs past half of it;
-    ``batch``: jobs per consume (1..100); ``poll_timeout``: a consume's long-poll;
+    ``batch``: jobs per consume (1..100); ``consumers``: consumes in flight at once (more
+    overlap the service's work with the handlers'); ``poll_timeout``: a consume's long-poll;
     ``bury_on``: exception classes that bury the job instead of releasing it;
     ``ack_delay`` / ``ack_batch``: acks wait at most this long, or until this many;
     ``shutdown_timeout``: how long a stop lets running handlers finish before giving their
@@ -90,6 +91,7 @@ class Worker:
         concurrency: int = 16,
         ttr: float = 60.0,
         batch: int = 100,
+        consumers: int = 1,
         poll_timeout: float = 5.0,
         bury_on: tuple[type[BaseException], ...] = (),
         ack_delay: float = 0.005,
@@ -102,12 +104,15 @@ class Worker:
             raise ValueError(f"concurrency must be 1..100000, not {concurrency}")
         if not 1 <= batch <= 100:
             raise ValueError(f"batch must be 1..100, not {batch}")
+        if not 1 <= consumers <= 16:
+            raise ValueError(f"consumers must be 1..16, not {consumers}")
         if not ttr > 0 or not poll_timeout >= 0 or not shutdown_timeout >= 0:
             raise ValueError("ttr must be > 0; poll_timeout and shutdown_timeout >= 0")
         self.client, self.queues = client, [queues] if isinstance(queues, str) else list(queues)
         if not self.queues:
             raise ValueError("queues is empty: give at least one queue")
         self.concurrency, self.ttr, self.batch = concurrency, ttr, batch
+        self.consumers = consumers
         self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
         self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
         self._handler: Handler | None = None
@@ -125,6 +130,8 @@ class Worker:
         self._room = asyncio.Event()
         self._arrived = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._fetchers: list[asyncio.Task[None]] = []
+        self._asked = 0  # slots promised to the consumes in flight
         self._executor: ThreadPoolExecutor | None = None
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
@@ -149,7 +156,11 @@ class Worker:
         if self._handler is not None and not self._async:
             self._executor = ThreadPoolExecutor(self.concurrency, "dq-worker")
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._fetch(), name="dq-worker-fetch"))
+        self._fetchers = [
+            loop.create_task(self._fetch(), name=f"dq-worker-fetch-{i}")
+            for i in range(self.consumers)
+        ]
+        self._tasks.extend(self._fetchers)
         if self.heartbeat:
             self._tasks.append(loop.create_task(self._beat(), name="dq-worker-heartbeat"))
 
@@ -208,15 +219,16 @@ class Worker:
     async def _fetch(self) -> None:
         pause = 0.1
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._held)
+            free = self.concurrency - len(self._held) - self._asked
             if free <= 0 or self._acks.waiting >= self._backlog:
                 self._room.clear()
                 await self._room.wait()
                 continue
-            sent = time.monotonic()
+            sent, asked = time.monotonic(), min(free, self.batch)
+            self._asked += asked
             try:
                 jobs = await self.client.consume_many(
-                    self.queues, min(free, self.batch), ttr=self.ttr, timeout=self.poll_timeout
+                    self.queues, asked, ttr=self.ttr, timeout=self.poll_timeout
                 )
             except (TransportError, Unavailable, RateLimited, QueueFull) as e:
                 log.warning("consume failed (again in %.1f s): %s", pause, e)
@@ -228,6 +240,10 @@ class Worker:
                 self._fatal = e
                 self._stopping.set()
                 break
+            finally:
+                self._asked -= asked
+            if len(jobs) < asked:
+                self._room.set()  # the slots not filled are free for another consume
             pause = 0.1
             for job in jobs:
                 d = _Delivery(job, sent, self.ttr)
@@ -308,7 +324,7 @@ class Worker:
 
     async def _shutdown(self) -> None:
         deadline = time.monotonic() + (0.0 if self._forced.is_set() else self.shutdown_timeout)
-        fetch = self._tasks[0] if self._tasks else None
+        fetching = self._fetchers
         while not self._forced.is_set():
             # running: a handler's task, or a job the iterator gave out, not settled yet
             busy = [
@@ -317,19 +333,19 @@ class Worker:
                 if (d.task is not None and not d.task.done()) or d.job.id in self._yielded
             ]
             left = deadline - time.monotonic()
-            if (not busy and (fetch is None or fetch.done())) or left <= 0:
+            polls = [t for t in fetching if not t.done()]
+            if (not busy and not polls) or left <= 0:
                 break
             self._room.clear()
             wake: list[asyncio.Future[Any]] = [
                 asyncio.ensure_future(e.wait()) for e in (self._room, self._forced)
             ]
-            if fetch is not None and not fetch.done():
-                wake.append(fetch)
+            wake.extend(polls)
             await asyncio.wait(wake, timeout=left, return_when="FIRST_COMPLETED")
             for w in wake[:2]:
                 w.cancel()
-        if fetch is not None and not fetch.done():
-            fetch.cancel()  # a long-poll still waiting: what it may reserve comes back after ttr
+        for t in fetching:  # a long-poll still waiting: what it reserves comes back after ttr
+            t.cancel()
         # whatever is still held goes back without spending a try
         back = [d for d in self._held if not d.settled]
         for d in back:
