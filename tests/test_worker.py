@@ -72,13 +72,17 @@ def solo_service(redis_server: Server) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture
-async def solo(
-    solo_service: tuple[str, str], standalone_redis: redis.Redis
-) -> AsyncIterator[AsyncClient]:
-    """A client of ``solo_service`` over a flushed Redis."""
+def solo_dq(solo_service: tuple[str, str], standalone_redis: redis.Redis) -> tuple[str, str]:
+    """(data URL, token) of ``solo_service``, over a flushed Redis."""
     base, admin = solo_service
     r = httpx.post(f"{admin}/token/{NS}", params={"description": "worker"}, auth=ADMIN_AUTH)
-    async with AsyncClient(base, r.json()["token"], NS, timeout=30) as c:
+    return base, str(r.json()["token"])
+
+
+@pytest.fixture
+async def solo(solo_dq: tuple[str, str]) -> AsyncIterator[AsyncClient]:
+    """A client of ``solo_service`` over a flushed Redis."""
+    async with AsyncClient(solo_dq[0], solo_dq[1], NS, timeout=30) as c:
         yield c
 
 
@@ -208,6 +212,37 @@ async def test_a_second_stop_forces_it(client: AsyncClient) -> None:
     job = await client.get_job("force", jid)
     assert job is not None and (job.state, job.remain_tries, job.deliveries) == ("ready", 1, 0)
     assert worker.counts["snoozed"] == 1
+
+
+async def test_a_second_signal_forces_the_stop(
+    solo_dq: tuple[str, str], solo: AsyncClient, tmp_path: Path
+) -> None:
+    """Topology-insensitive (signal handling is the worker process's own): standalone only.
+    With a shutdown timeout of 10 minutes, a second SIGTERM ends the wait: the running jobs
+    are given back with their tries and the process exits."""
+    log = tmp_path / "log"
+    ids = [await solo.publish("sig", b"600", tries=2) for _ in range(2)]
+    args = ["--queue", "sig", "--shutdown-timeout", "600", "--poll-timeout", "0.5"]
+    proc = worker_process(solo_dq, log, *args)
+    try:
+        wait_for(lambda: len(lines(log, "start")) == 2)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None  # still waiting for the handlers
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 0, log.with_suffix(".stderr").read_text()
+    for jid in ids:
+        job = await solo.get_job("sig", jid)
+        assert job is not None and (job.state, job.remain_tries, job.deliveries) == (
+            "ready",
+            2,
+            0,
+        )
 
 
 # -- heartbeats ---------------------------------------------------------------------------
