@@ -565,3 +565,16 @@ def test_decide_maps_returns_and_exceptions_onto_outcomes() -> None:
         Retry(float("nan"))
     assert clip("é" * 600) == "é" * 512 and len(clip("ab" * 600).encode()) == MAX_TEXT
     assert run_job(lambda job: job.json()["n"] + 1, {"n": 1}) == Acked(2)
+
+
+def test_the_worker_and_its_test_mode_import_nothing_of_the_service() -> None:
+    """A worker needs the client only; prometheus_client only when metrics are asked for."""
+    code = (
+        "import sys; from cluster_dq.client import Worker; import cluster_dq.client.testing; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('redis', 'starlette', 'uvicorn', 'prometheus_client') "
+        "or (m.startswith('cluster_dq.') and not m.startswith('cluster_dq.client'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr
