@@ -42,6 +42,7 @@ from cluster_dq.client.outcomes import (
 from cluster_dq.client.testing import arun_job, run_job
 from cluster_dq.client.worker import Worker
 from cluster_dq.localredis import Server
+from cluster_dq.testing.service_process import ServiceProcess
 from tests.test_http import ADMIN_AUTH, serve, service  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,6 +246,50 @@ async def test_a_second_signal_forces_the_stop(
         )
 
 
+async def test_acks_wait_out_a_service_restart(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
+    """Handlers finish while the service is down: their acks are kept and repeated (with
+    their leases) until the service is back, and only then count as done; none is lost or
+    acked twice. Topology-insensitive (the worker's retry, one service process): standalone."""
+    suite = {"CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_LOGLEVEL": "warning"}
+    svc = ServiceProcess.start(redis_server.pool_settings(), env=suite, timeout=20)
+    try:
+        r = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "w"}, auth=ADMIN_AUTH)
+        go, started = asyncio.Event(), []
+
+        async def wait(job: Job) -> None:
+            started.append(job.id)
+            await go.wait()
+
+        async with AsyncClient(svc.base, r.json()["token"], NS, retries=1) as client:
+            ids = set(await client.publish_many("down", ["1"] * 20))
+            worker = Worker(client, "down", wait, concurrency=20, ttr=60, poll_timeout=0.2)
+            serving = asyncio.create_task(worker.serve())
+            until = time.monotonic() + 30
+            while len(started) < 20:
+                assert time.monotonic() < until, started
+                await asyncio.sleep(0.02)
+            ports = svc.port, svc.admin_port
+            svc.stop(timeout=20)
+            go.set()  # the handlers return: their acks cannot be sent now
+            await asyncio.sleep(1.0)
+            assert worker.counts["acked"] == 0 and worker.counts["failed"] == 0
+            svc = ServiceProcess.start(
+                redis_server.pool_settings(), env=suite, ports=ports, timeout=20
+            )
+            until = time.monotonic() + 30
+            while worker.counts["acked"] < 20:
+                assert not serving.done() and time.monotonic() < until, worker.counts
+                await asyncio.sleep(0.05)
+            await worker.stop()
+            await serving
+            assert worker.counts == {**worker.counts, "acked": 20, "lost": 0, "failed": 0}
+            assert set(started) == ids and (await client.size("down")).total == 0
+    finally:
+        svc.stop(timeout=20)
+
+
 # -- heartbeats ---------------------------------------------------------------------------
 
 
@@ -281,8 +326,9 @@ async def test_a_job_taken_back_during_its_handler_is_not_acked(client: AsyncCli
     assert await client.release("taken", jid) == "ready"  # no lease: lmstfy's release
     other = await client.consume("taken", ttr=60, timeout=5)
     assert other is not None and other.id == jid
+    until = time.monotonic() + 30
     while worker.counts["lost"] == 0:
-        assert not serving.done()
+        assert not serving.done() and time.monotonic() < until, worker.counts
         await asyncio.sleep(0.05)
     await worker.stop()
     await serving
