@@ -459,6 +459,8 @@ async def test_the_iterator_form_settles_each_job_as_told(solo: AsyncClient) -> 
         async for job in worker:
             kind = job.text
             if kind == "ack":
+                with pytest.raises(ValueError, match="not JSON"):
+                    await worker.ack(job, {1, 2})  # refused: the job is still to settle
                 confirmed.append(await worker.ack(job, wait=True))
             elif kind == "release":
                 await worker.release(job, delay=30, error="later")

@@ -398,8 +398,11 @@ class Worker:
 
     async def ack(self, job: Job, result: Any = None, *, wait: bool = False) -> str:
         """Acks a job the iterator gave (batched; ``result``: JSON, sent at once). With
-        ``wait``, returns once the service confirmed it: ``acked``, ``lost`` or ``failed``."""
+        ``wait``, returns once the service confirmed it: ``acked``, ``lost`` or ``failed``.
+        A result that is not JSON, or too large, is a ValueError (the job stays held)."""
         outcome = decide(result)
+        if isinstance(outcome, Released):
+            raise ValueError(outcome.error)
         d = self._claim(job)
         if d is None:
             return "lost"
