@@ -87,7 +87,9 @@ async def solo(solo_dq: tuple[str, str]) -> AsyncIterator[AsyncClient]:
         yield c
 
 
-def worker_process(dq: tuple[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+def worker_process(
+    dq: tuple[str, str], log: Path, *args: str, handler: str = "tests.worker_jobs:sleepy"
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -96,7 +98,7 @@ def worker_process(dq: tuple[str, str], log: Path, *args: str) -> subprocess.Pop
         "CLUSTER_DQ_NAMESPACE": NS,
         "DQ_WORKER_LOG": str(log),
     }
-    cmd = [sys.executable, "-m", "cluster_dq.client.worker", "tests.worker_jobs:sleepy", *args]
+    cmd = [sys.executable, "-m", "cluster_dq.client.worker", handler, *args]
     with open(log.with_suffix(".stderr"), "ab") as err:  # the child keeps its own copy
         return subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=err)
 
@@ -288,6 +290,29 @@ async def test_acks_wait_out_a_service_restart(
             assert set(started) == ids and (await client.size("down")).total == 0
     finally:
         svc.stop(timeout=20)
+
+
+async def test_a_sync_handler_still_running_does_not_hold_the_process(
+    solo_dq: tuple[str, str], solo: AsyncClient, tmp_path: Path
+) -> None:
+    """A thread cannot be cancelled: past the shutdown timeout its job is given back and the
+    process exits all the same. Topology-insensitive: standalone only."""
+    log = tmp_path / "log"
+    jid = await solo.publish("thread", b"600", tries=1)
+    args = ["--queue", "thread", "--shutdown-timeout", "0.5", "--poll-timeout", "0.5"]
+    proc = worker_process(solo_dq, log, *args, handler="tests.worker_jobs:sleepy_sync")
+    try:
+        wait_for(lambda: len(lines(log, "start")) == 1)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 0, log.with_suffix(".stderr").read_text()
+    assert "still running" in log.with_suffix(".stderr").read_text()
+    job = await solo.get_job("thread", jid)
+    assert job is not None and (job.state, job.remain_tries) == ("ready", 1)
 
 
 # -- heartbeats ---------------------------------------------------------------------------
