@@ -82,7 +82,8 @@ class Worker:
     ``bury_on``: exception classes that bury the job instead of releasing it;
     ``ack_delay`` / ``ack_batch``: acks wait at most this long, or until this many;
     ``shutdown_timeout``: how long a stop lets running handlers finish before giving their
-    jobs back; ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
+    jobs back; ``results``: a handler's return value is the ack's result (False: ignored);
+    ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
 
     def __init__(
         self,
@@ -100,6 +101,7 @@ class Worker:
         ack_batch: int = 100,
         shutdown_timeout: float = 30.0,
         heartbeat: bool = True,
+        results: bool = True,
         metrics: bool | CollectorRegistry = False,
     ) -> None:
         if not 1 <= concurrency <= 100_000:
@@ -117,6 +119,7 @@ class Worker:
         self.consumers = consumers
         self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
         self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
+        self.results = results
         self._handler: Handler | None = None
         self._async = True
         if handler is not None:
@@ -283,7 +286,7 @@ class Worker:
             if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
                 log.warning("job %s of %s failed: %s", d.job.id, d.job.queue, e, exc_info=e)
         else:
-            outcome = decide(returned) if returned is not None else _ACKED
+            outcome = _ACKED if returned is None or not self.results else decide(returned)
         if self._metrics is not None:
             self._metrics.duration.labels(d.job.queue).observe(time.perf_counter() - d.started)
         if d.settled:  # the shutdown gave it back meanwhile
