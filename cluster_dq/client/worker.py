@@ -1,0 +1,382 @@
+"""``Worker``: runs jobs of one or more queues through an ``AsyncClient``. It owns the loop:
+batch consume up to its free slots (long-poll), batch acks, heartbeats (touch) for handlers
+running past half their ttr, the outcome of each job (``outcomes.decide``), and a graceful
+shutdown that leaves nothing reserved. Two forms: a handler (async, or sync in a thread), or
+``async for job in worker`` with ``ack`` / ``release`` / ``snooze`` / ``bury`` or a
+``worker.settle(job)`` block per job. See docs/worker.md.
+
+    python -m cluster_dq.client.worker module:function --queue q [--concurrency 16] ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from cluster_dq.client._acks import AckBatcher
+from cluster_dq.client._iterform import GIVE_BACK, Delivery, IteratorForm
+from cluster_dq.client.aio import AsyncClient
+from cluster_dq.client._send import renew, send_outcome
+from cluster_dq.client.errors import QueueFull, RateLimited, TransportError, Unavailable
+from cluster_dq.client.models import Job
+from cluster_dq.client.outcomes import (
+    Acked,
+    Bury,
+    Buried,
+    Outcome,
+    Released,
+    Retry,
+    Snooze,
+    decide,
+)
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from cluster_dq.client._wmetrics import WorkerMetrics
+
+__all__ = ["Bury", "Retry", "Snooze", "Worker"]
+
+log = logging.getLogger("cluster_dq.worker")
+Handler = Callable[[Job], Any]
+
+
+def _is_async(handler: Handler) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)
+    )
+
+
+class Worker(IteratorForm):
+    """Consumes ``queues`` (listed order = priority) and runs each job through ``handler``.
+
+    ``concurrency``: jobs held at once (handlers running or waiting); ``ttr``: each
+    delivery's time to run, renewed by a touch while a handler runs past half of it;
+    ``batch``: jobs per consume (1..100); ``consumers``: consumes in flight at once (more
+    overlap the service's work with the handlers'); ``poll_timeout``: a consume's long-poll;
+    ``bury_on``: exception classes that bury the job instead of releasing it;
+    ``ack_delay`` / ``ack_batch``: acks wait at most this long, or until this many;
+    ``shutdown_timeout``: how long a stop lets running handlers finish before giving their
+    jobs back; ``results``: a handler's return value is the ack's result (False: ignored);
+    ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        queues: str | Sequence[str],
+        handler: Handler | None = None,
+        *,
+        concurrency: int = 16,
+        ttr: float = 60.0,
+        batch: int = 100,
+        consumers: int = 1,
+        poll_timeout: float = 5.0,
+        bury_on: tuple[type[BaseException], ...] = (),
+        ack_delay: float = 0.005,
+        ack_batch: int = 100,
+        shutdown_timeout: float = 30.0,
+        heartbeat: bool = True,
+        results: bool = True,
+        metrics: bool | CollectorRegistry = False,
+    ) -> None:
+        if not 1 <= concurrency <= 100_000:
+            raise ValueError(f"concurrency must be 1..100000, not {concurrency}")
+        if not 1 <= batch <= 100:
+            raise ValueError(f"batch must be 1..100, not {batch}")
+        if not 1 <= consumers <= 16:
+            raise ValueError(f"consumers must be 1..16, not {consumers}")
+        if not ttr > 0 or not poll_timeout >= 0 or not shutdown_timeout >= 0:
+            raise ValueError("ttr must be > 0; poll_timeout and shutdown_timeout >= 0")
+        self.client, self.queues = client, [queues] if isinstance(queues, str) else list(queues)
+        if not self.queues:
+            raise ValueError("queues is empty: give at least one queue")
+        self.concurrency, self.ttr, self.batch = concurrency, ttr, batch
+        self.consumers = consumers
+        self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
+        self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
+        self.results = results
+        self._handler: Handler | None = None
+        self._async = True
+        if handler is not None:
+            self.handler(handler)
+        self._metrics: WorkerMetrics | None = None
+        if metrics is not False:  # prometheus_client is imported only then
+            from cluster_dq.client._wmetrics import metrics_for
+
+            self._metrics = metrics_for(None if metrics is True else metrics)
+        self._acks = AckBatcher(client, self._report, ack_delay, ack_batch)
+        self._backlog = max(1000, 10 * ack_batch)  # unconfirmed acks before consuming pauses
+        self._held: set[Delivery] = set()
+        self._ready: deque[Delivery] = deque()  # iterator form: consumed, not yet yielded
+        self._yielded: dict[str, Delivery] = {}  # iterator form: given out, not settled
+        self._room = asyncio.Event()
+        self._arrived = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._fetchers: list[asyncio.Task[None]] = []
+        self._asked = 0  # slots promised to the consumes in flight
+        self._executor: ThreadPoolExecutor | None = None
+        self._stopping = asyncio.Event()
+        self._forced = asyncio.Event()
+        self._closing: asyncio.Task[None] | None = None
+        self._fatal: BaseException | None = None
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("acked", "released", "snoozed", "buried", "lost", "failed"), 0
+        )
+
+    def handler(self, fn: Handler) -> Handler:
+        """Sets the handler (usable as a decorator): ``async def`` runs on the loop, a plain
+        function in a thread. Returns ``fn`` unchanged."""
+        self._handler, self._async = fn, _is_async(fn)
+        return fn
+
+    # -- running --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Starts consuming (the handler form, or the iterator's background work)."""
+        if self._tasks:
+            return
+        if self._handler is not None and not self._async:
+            self._executor = ThreadPoolExecutor(self.concurrency, "dq-worker")
+        loop = asyncio.get_running_loop()
+        self._fetchers = [
+            loop.create_task(self._fetch(), name=f"dq-worker-fetch-{i}")
+            for i in range(self.consumers)
+        ]
+        self._tasks.extend(self._fetchers)
+        if self.heartbeat:
+            self._tasks.append(loop.create_task(self._beat(), name="dq-worker-heartbeat"))
+
+    async def serve(self, signals: bool = False) -> None:
+        """Runs until ``stop()`` (or, with ``signals``, SIGTERM/SIGINT; a second one forces
+        the stop), then shuts down; raises what made it stop on its own (a refused token)."""
+        if signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._signalled)
+        try:
+            await self.start()
+            await self._stopping.wait()
+            await self.stop()
+        finally:
+            if signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        if self._fatal is not None:
+            raise self._fatal
+
+    def run(self) -> None:
+        """``serve(signals=True)`` in a new event loop: the blocking entry point."""
+        asyncio.run(self.serve(signals=True))
+
+    def _signalled(self) -> None:
+        if self._stopping.is_set():
+            log.warning("second signal: stopping now, running jobs given back")
+            self._forced.set()
+        else:
+            log.info("signal: stopping (running jobs get %.1f s)", self.shutdown_timeout)
+            self._stopping.set()
+
+    async def stop(self, force: bool = False) -> None:
+        """Stops consuming, lets running handlers finish within ``shutdown_timeout`` (none
+        with ``force``), gives back the jobs still held without spending a try, sends the
+        pending acks. Returns when nothing is left reserved by this worker."""
+        self._stopping.set()
+        if force:
+            self._forced.set()
+        self._room.set()
+        self._arrived.set()
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(self._shutdown())
+        await asyncio.shield(self._closing)
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- the loops ------------------------------------------------------------------------
+
+    async def _fetch(self) -> None:
+        pause = 0.1
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._held) - self._asked
+            if free <= 0 or self._acks.waiting >= self._backlog:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            sent, asked = time.monotonic(), min(free, self.batch)
+            self._asked += asked
+            try:
+                jobs = await self.client.consume_many(
+                    self.queues, asked, ttr=self.ttr, timeout=self.poll_timeout
+                )
+            except (TransportError, Unavailable, RateLimited, QueueFull) as e:
+                log.warning("consume failed (again in %.1f s): %s", pause, e)
+                await self._sleep(pause)
+                pause = min(pause * 2, 5.0)
+                continue
+            except Exception as e:  # refused (a token, a name): repeating cannot help
+                log.error("consume refused, worker stops: %s", e)
+                self._fatal = e
+                self._stopping.set()
+                break
+            finally:
+                self._asked -= asked
+            if len(jobs) < asked:
+                self._room.set()  # the slots not filled are free for another consume
+            pause = 0.1
+            for job in jobs:
+                d = Delivery(job, sent, self.ttr)
+                self._held.add(d)
+                if self._stopping.is_set():
+                    continue  # given back by the shutdown
+                if self._handler is None:
+                    self._ready.append(d)
+                else:
+                    d.task = asyncio.get_running_loop().create_task(self._run(d))
+            if jobs:
+                self._gauge()
+                self._arrived.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _run(self, d: Delivery) -> None:
+        handler = self._handler
+        assert handler is not None
+        d.started = time.perf_counter()
+        try:
+            if self._async:
+                returned = await handler(d.job)
+            else:
+                loop = asyncio.get_running_loop()
+                returned = await loop.run_in_executor(self._executor, handler, d.job)
+        except Exception as e:
+            outcome = decide(exc=e, bury_on=self.bury_on)
+            if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
+                log.warning("job %s of %s failed: %s", d.job.id, d.job.queue, e, exc_info=e)
+        else:
+            outcome = _ACKED if returned is None or not self.results else decide(returned)
+        if self._metrics is not None:
+            self._metrics.duration.labels(d.job.queue).observe(time.perf_counter() - d.started)
+        if d.settled:  # the shutdown gave it back meanwhile
+            return
+        await self._finish(d, outcome)
+
+    async def _finish(self, d: Delivery, outcome: Outcome) -> None:
+        """Sends the outcome of a job (once: the first caller claims it)."""
+        if d.settled:
+            return
+        d.settled = True
+        if d.lost or (type(outcome) is Acked and outcome.result is None):
+            self._held.discard(d)
+            self._room.set()
+            if d.lost:
+                self._report(d, "lost")
+            else:
+                self._acks.add(d)
+            return
+        self._report(d, await send_outcome(self.client, d.job, outcome))
+        self._held.discard(d)  # only now: a stop waits for it while it is held
+        self._room.set()
+        self._gauge()
+
+    async def _beat(self) -> None:
+        """Touches every held job whose reservation is past half its ttr."""
+        tick = max(0.02, min(1.0, self.ttr / 8))
+        while True:
+            await asyncio.sleep(tick)
+            due = time.monotonic() - self.ttr / 2
+            stale = [d for d in self._held if d.renewed <= due and not d.settled and not d.lost]
+            if stale:
+                await asyncio.gather(*(self._touch(d) for d in stale))
+
+    async def _touch(self, d: Delivery) -> None:
+        sent = time.monotonic()
+        what = await renew(self.client, d.job, self.ttr)
+        if what == "":
+            d.renewed, d.deadline = sent, sent + self.ttr
+        elif what == "lost" and not d.settled:
+            d.lost = True
+
+    async def _shutdown(self) -> None:
+        deadline = time.monotonic() + (0.0 if self._forced.is_set() else self.shutdown_timeout)
+        fetching = self._fetchers
+        while not self._forced.is_set():
+            # running: a handler's task, or a job the iterator gave out, not settled yet
+            busy = [
+                d
+                for d in self._held
+                if (d.task is not None and not d.task.done()) or d.job.id in self._yielded
+            ]
+            left = deadline - time.monotonic()
+            polls = [t for t in fetching if not t.done()]
+            if (not busy and not polls) or left <= 0:
+                break
+            self._room.clear()
+            wake: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(e.wait()) for e in (self._room, self._forced)
+            ]
+            wake.extend(polls)
+            await asyncio.wait(wake, timeout=left, return_when="FIRST_COMPLETED")
+            for w in wake[:2]:
+                w.cancel()
+        for t in fetching:  # a long-poll still waiting: what it reserves comes back after ttr
+            t.cancel()
+        # whatever is still held goes back without spending a try
+        back = [d for d in self._held if not d.settled]
+        for d in back:
+            if d.task is not None:
+                d.task.cancel()
+        self._ready.clear()
+        await asyncio.gather(*(self._finish(d, GIVE_BACK) for d in back))
+        await self._acks.drain()
+        for t in self._tasks:
+            t.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._gauge()
+        log.info("worker stopped: %s", self.counts)
+
+    # -- accounting -----------------------------------------------------------------------
+
+    def _report(self, d: Any, what: str) -> None:
+        self.counts[what] += 1
+        self._room.set()  # a confirmed ack may unblock a consume held back by the backlog
+        if self._metrics is not None:
+            self._metrics.count(d.job.queue, what)
+            if what == "acked":
+                self._gauge()
+        done: asyncio.Future[str] | None = d.done
+        if done is not None and not done.done():
+            done.set_result(what)
+
+    def _gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.in_flight.set(len(self._held))
+
+
+_ACKED = Acked()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m cluster_dq.client.worker module:function --queue q ...``"""
+    from cluster_dq.client._worker_main import main as run
+
+    run(argv)
+
+
+if __name__ == "__main__":
+    main()
