@@ -17,6 +17,7 @@ import cProfile
 import os
 import pstats
 import time
+from typing import Any
 
 import psutil
 import uvloop
@@ -66,6 +67,19 @@ async def bench(
         async def noop(job: Job) -> None:
             return None
 
+        calls = {"consume": 0, "ack": 0}
+        consume_many, ack_many = client.consume_many, client.ack_many
+
+        async def counted_consume(*args: Any, **kwargs: Any) -> Any:
+            calls["consume"] += 1
+            return await consume_many(*args, **kwargs)
+
+        async def counted_ack(*args: Any, **kwargs: Any) -> Any:
+            calls["ack"] += 1
+            return await ack_many(*args, **kwargs)
+
+        client.consume_many = counted_consume  # type: ignore[method-assign]
+        client.ack_many = counted_ack  # type: ignore[method-assign]
         worker = Worker(
             client,
             QUEUE,
@@ -95,6 +109,10 @@ async def bench(
         await worker.stop()
         await serving
     per_k = [(x - y) / max(done, 1) * 1000 for x, y in zip(after, before, strict=True)]
+    print(
+        f"requests: {calls['consume']:,} consumes ({done / max(calls['consume'], 1):.0f} jobs "
+        f"each), {calls['ack']:,} batch acks ({done / max(calls['ack'], 1):.0f} jobs each)"
+    )
     print(
         f"worker (concurrency {a.concurrency}, {a.consumers} consume(s) of 100 in flight, acks of "
         f"{a.ack_batch}): {done} acked in "
