@@ -72,9 +72,13 @@ class Call(Generic[T]):
 
 
 def segment(value: str, what: str) -> str:
-    """One path segment, quoted (a name with '/' must not name another route)."""
+    """One path segment, quoted (a name with '/' must not name another route). "." and ".."
+    are refused: the URL would fold them into the parent route (``ack(q, "..")`` would be
+    ``DELETE`` of the queue itself); no name of the service is made of dots."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, not {value!r}")
+    if value in (".", ".."):
+        raise ValueError(f"{what} {value!r} is not a name (a URL folds it into its parent)")
     return quote(value, safe="")
 
 

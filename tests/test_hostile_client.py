@@ -1,0 +1,57 @@
+"""Hostile and careless use of cluster_dq.client against a real `cluster-dq serve`: every
+misuse is a clear exception before sending, or the service's clear error, and changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cluster_dq.client import BadRequest, Sizes
+from tests import test_client as tc
+
+# test_client's fixtures: the service (module scope), a token, a sync or async client
+service, token, dq = tc.service, tc.token, tc.dq
+
+
+async def test_dot_segments_never_reach_another_route(dq: Any) -> None:
+    """A job id (or queue) "." / ".." would be folded by the URL into the parent route:
+    ack("q", "..") became DELETE /api/ns/q (destroy the queue)."""
+    await dq.publish("q", b"keep")
+    for bad in (
+        lambda: dq.ack("q", ".."),
+        lambda: dq.cancel("q", ".."),
+        lambda: dq.touch("q", "."),
+        lambda: dq.get_job("q", ".."),
+        lambda: dq.size(".."),
+        lambda: dq.destroy("."),
+        lambda: dq.publish("..", b"x"),
+        lambda: dq.bury("q", "."),
+    ):
+        with pytest.raises(ValueError, match="not a name"):
+            await bad()
+    assert await dq.size("q") == Sizes(ready=1, delayed=0, reserved=0, dead=0)
+
+
+async def test_ack_many_refuses_jobs_of_another_queue_and_malformed_items(dq: Any) -> None:
+    """A Job of another queue was sent by id to ``queue``: 204, nothing acked, the job still
+    reserved; a malformed item was a bare unpacking TypeError."""
+    await dq.publish("other", b"x")
+    got = await dq.consume("other", ttr=60)
+    with pytest.raises(ValueError, match="of queue cns/other, not cns/q"):
+        await dq.ack_many("q", [got])
+    for bad in ([("id",)], [1], ["abc"], [None], [(1, None)], [("id", 5)], [("..", None)]):
+        with pytest.raises(ValueError, match=r"jobs\[0\]"):
+            await dq.ack_many("q", bad)
+    assert await dq.size("other") == Sizes(ready=0, delayed=0, reserved=1, dead=0)
+    await dq.ack_many("other", [got])
+    assert await dq.size("other") == Sizes(ready=0, delayed=0, reserved=0, dead=0)
+
+
+async def test_a_long_poll_beyond_the_services_limit_is_its_400(dq: Any) -> None:
+    """The sync client added 1e12 s to its socket timeout: OverflowError before sending."""
+    for timeout in (1e12, 3601):
+        with pytest.raises(BadRequest, match="timeout"):
+            await dq.consume("q", timeout=timeout)
+        with pytest.raises(BadRequest, match="timeout"):
+            await dq.consume_many("q", 3, timeout=timeout)
