@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from cluster_dq.client import BadRequest, Sizes
+from cluster_dq.client import AdminClient, AsyncClient, BadRequest, Client, Sizes
 from tests import test_client as tc
 
 # test_client's fixtures: the service (module scope), a token, a sync or async client
 service, token, dq = tc.service, tc.token, tc.dq
+NS = tc.NS
 
 
 async def test_dot_segments_never_reach_another_route(dq: Any) -> None:
@@ -55,3 +56,19 @@ async def test_a_long_poll_beyond_the_services_limit_is_its_400(dq: Any) -> None
             await dq.consume("q", timeout=timeout)
         with pytest.raises(BadRequest, match="timeout"):
             await dq.consume_many("q", 3, timeout=timeout)
+
+
+@pytest.mark.parametrize("cls", [Client, AsyncClient])
+def test_a_token_or_url_that_cannot_be_sent_is_refused_at_construction(cls: type) -> None:
+    """A token with a line break was sent (a header injection, or h11's protocol error seen
+    as a reply lost, ``sent=True``); a non-ASCII one was a bare UnicodeEncodeError; a
+    malformed url was httpx's InvalidURL (not a ValueError)."""
+    url = "http://127.0.0.1:1"
+    for bad in ("a\r\nX-Evil: 1", "a\nb", "t\u00f8ken", "tab\there"):
+        with pytest.raises(ValueError, match="token must be printable ASCII"):
+            cls(url, bad, NS)
+    for bad_url in ("http://[::1", "http://host:port", "http://", "http://a b/"):
+        with pytest.raises(ValueError, match="service url"):
+            cls(bad_url, "t" * 24, NS)
+    with pytest.raises(ValueError, match="admin url"):
+        AdminClient("http://:99")

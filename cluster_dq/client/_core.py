@@ -247,9 +247,22 @@ def setting(given: str | None, env: Mapping[str, str], name: str, what: str) -> 
         raise ValueError(f"no {what}: pass it, or set {name}")
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, not {value!r}")
-    if what.endswith("url") and not value.startswith(("http://", "https://")):
-        raise ValueError(f"{what} must start with http:// or https://, not {value!r}")
+    if what.endswith("url"):
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"{what} must start with http:// or https://, not {value!r}")
+        try:
+            host = httpx.URL(value).host
+        except httpx.InvalidURL as e:
+            raise ValueError(f"{what} {value!r} is not a URL: {e}") from None
+        if not host or not _HOST.fullmatch(host):
+            raise ValueError(f"{what} {value!r} names no host")
+    elif not _HEADER_SAFE.fullmatch(value):  # sent in a header: a line break would inject one
+        raise ValueError(f"{what} must be printable ASCII, not {value!r}")
     return value
+
+
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
+_HOST = re.compile(r"[-._:A-Za-z0-9\[\]]+")
 
 
 def shell_options(timeout: float | None, max_connections: int, retries: int) -> None:
