@@ -72,3 +72,17 @@ def test_a_token_or_url_that_cannot_be_sent_is_refused_at_construction(cls: type
             cls(bad_url, "t" * 24, NS)
     with pytest.raises(ValueError, match="admin url"):
         AdminClient("http://:99")
+
+
+async def test_a_sweeps_sub_millisecond_bounds_never_widen_it(dq: Any) -> None:
+    """``from``/``to`` are inclusive whole ms: ``since`` must round up, ``until`` down. Rounded
+    to the nearest, ``purge(until=died_at - 0.0004)`` purged the job that died 0.4 ms after
+    ``until``, and ``redrive(since=died_at + 0.0004)`` redrove one that died before."""
+    jid = await dq.publish("sweep", b"x")
+    await dq.bury("sweep", jid, reason="boom")
+    (dead,) = (await dq.dead_jobs("sweep")).jobs
+    assert dead.died_at is not None
+    assert (await dq.purge("sweep", until=dead.died_at - 0.0004)).count == 0
+    assert (await dq.redrive("sweep", since=dead.died_at + 0.0004)).count == 0
+    assert await dq.dead_size("sweep") == 1
+    assert (await dq.redrive("sweep", since=dead.died_at, until=dead.died_at)).count == 1

@@ -91,6 +91,26 @@ def millis(seconds: float, what: str) -> str:
     return str(round(seconds * 1000))
 
 
+def _whole_ms(seconds: float, what: str) -> tuple[int, float]:
+    """(nearest whole ms, exact ms); a float's noise (1.001 * 1000 = 1000.9999…) is no
+    fraction."""
+    ms = int(millis(seconds, what))
+    exact = seconds * 1000
+    return ms, (ms if abs(exact - ms) < 1e-6 else exact)
+
+
+def millis_up(seconds: float, what: str) -> str:
+    """The first whole ms at or after ``seconds``: an inclusive lower bound never widened."""
+    ms, exact = _whole_ms(seconds, what)
+    return str(math.ceil(exact) if exact != ms else ms)
+
+
+def millis_down(seconds: float, what: str) -> str:
+    """The last whole ms at or before ``seconds``: an inclusive upper bound never widened."""
+    ms, exact = _whole_ms(seconds, what)
+    return str(math.floor(exact) if exact != ms else ms)
+
+
 def integer(value: int, what: str) -> str:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} must be an integer, not {value!r}")
