@@ -509,3 +509,16 @@ def test_read_only_hides_and_refuses_the_panels_actions(redis_server: Server) ->
             assert states == ["delayed", "dead"]
     finally:
         svc.stop(timeout=20)
+
+
+def test_every_panel_refuses_an_unknown_pool(clients: tuple[httpx.Client, httpx.Client]) -> None:
+    """The charts fragment ignored ``?pool=``: an unknown pool answered 200 (and a chart of
+    the default pool's counters) where every other panel answers 404."""
+    _, ui = clients
+    for path in (
+        f"/ui/panels/charts/{NS}/q",
+        f"/ui/panels/deadgroups/{NS}/q",
+        f"/ui/timeline/{NS}/q",
+    ):
+        r = ui.get(path, params={"pool": "no-such-pool"})
+        assert r.status_code == 404 and "pool" in r.text, path
