@@ -3,11 +3,14 @@ misuse is a clear exception before sending, or the service's clear error, and ch
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import pytest
 
 from cluster_dq.client import AdminClient, AsyncClient, BadRequest, Client, Sizes
+from cluster_dq.testing.service_process import ServiceProcess
 from tests import test_client as tc
 
 # test_client's fixtures: the service (module scope), a token, a sync or async client
@@ -86,3 +89,28 @@ async def test_a_sweeps_sub_millisecond_bounds_never_widen_it(dq: Any) -> None:
     assert (await dq.redrive("sweep", since=dead.died_at + 0.0004)).count == 0
     assert await dq.dead_size("sweep") == 1
     assert (await dq.redrive("sweep", since=dead.died_at, until=dead.died_at)).count == 1
+
+
+def test_an_async_client_used_in_a_second_event_loop_says_so(
+    service: ServiceProcess, token: str
+) -> None:
+    """docs/client.md: an AsyncClient lives in one event loop. Its pooled connections belong
+    to that loop: used from another one it raised "Event loop is closed" (or, with the first
+    loop still running in another thread, worked on another loop's sockets)."""
+    c = AsyncClient(service.base, token, NS)
+    assert asyncio.run(c.size("q")).ready == 0
+    with pytest.raises(RuntimeError, match="one AsyncClient per event loop"):
+        asyncio.run(c.size("q"))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        d = AsyncClient(service.base, token, NS)
+        asyncio.run_coroutine_threadsafe(d.size("q"), loop).result(30)
+        with pytest.raises(RuntimeError, match="one AsyncClient per event loop"):
+            asyncio.run(asyncio.wait_for(d.size("q"), 30))
+        asyncio.run_coroutine_threadsafe(d.aclose(), loop).result(30)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

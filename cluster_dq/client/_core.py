@@ -4,6 +4,7 @@ turns an error reply into the error tree. The sync and async shells only send ca
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import math
@@ -317,3 +318,18 @@ def transport_error(exc: Exception) -> TransportError:
     connection could not be made (nothing of the request left this process)."""
     unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
     return TransportError(f"{type(exc).__name__}: {exc}", sent=not unsent)
+
+
+def same_loop(http: httpx.Client | httpx.AsyncClient, bound: object) -> object:
+    """The event loop an ``AsyncClient`` is bound to: the one it first ran in (its pooled
+    connections belong to it). Used from another loop: a RuntimeError saying so, before
+    anything is sent. A blocking client has none."""
+    if not isinstance(http, httpx.AsyncClient):
+        return None
+    loop = asyncio.get_running_loop()
+    if bound is not None and bound is not loop:
+        raise RuntimeError(
+            "this AsyncClient was first used in another event loop, whose connections it "
+            "holds: make one AsyncClient per event loop (docs/client.md)"
+        )
+    return loop
