@@ -114,3 +114,17 @@ def test_an_async_client_used_in_a_second_event_loop_says_so(
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e12, float("nan"), -1.0])
+def test_an_unusable_client_timeout_is_refused_at_construction(timeout: float) -> None:
+    """timeout=inf (or 1e12) was taken, then every request of the blocking client raised
+    OverflowError from the socket ("timestamp out of range"); None is the way to no limit."""
+    url = "http://127.0.0.1:1"
+    for make_one in (
+        lambda: Client(url, "t" * 24, NS, timeout=timeout),
+        lambda: AsyncClient(url, "t" * 24, NS, timeout=timeout),
+        lambda: AdminClient(url, timeout=timeout),
+    ):
+        with pytest.raises(ValueError, match="timeout"):
+            make_one()

@@ -286,12 +286,20 @@ _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 _HOST = re.compile(r"[-._:A-Za-z0-9\[\]]+")
 
 
+MAX_TIMEOUT = 30 * 86_400.0  # seconds; None for no limit
+
+
 def shell_options(timeout: float | None, max_connections: int, retries: int) -> None:
     """Refuses options a shell cannot work with, naming them."""
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_TIMEOUT  # inf or 1e12: the socket's OverflowError
     ):
-        raise ValueError(f"timeout must be a number of seconds > 0, or None, not {timeout!r}")
+        raise ValueError(
+            f"timeout must be a number of seconds > 0 and <= {MAX_TIMEOUT:.0f}, or None (no "
+            f"limit), not {timeout!r}"
+        )
     if isinstance(max_connections, bool) or not isinstance(max_connections, int):
         raise ValueError(f"max_connections must be an integer >= 1, not {max_connections!r}")
     if max_connections < 1:
