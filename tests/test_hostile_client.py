@@ -31,6 +31,8 @@ async def test_dot_segments_never_reach_another_route(dq: Any) -> None:
         lambda: dq.destroy("."),
         lambda: dq.publish("..", b"x"),
         lambda: dq.bury("q", "."),
+        lambda: dq.delete_schedule("q", ".."),  # DELETE /api/ns/q/schedules/.. -> the queue
+        lambda: dq.get_schedule("q", "."),
     ):
         with pytest.raises(ValueError, match="not a name"):
             await bad()
