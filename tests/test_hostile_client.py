@@ -130,3 +130,16 @@ def test_an_unusable_client_timeout_is_refused_at_construction(timeout: float) -
     ):
         with pytest.raises(ValueError, match="timeout"):
             make_one()
+
+
+def test_a_time_too_large_for_a_float_is_a_value_error() -> None:
+    """delay=10**400 (an int no float holds) raised OverflowError from math.isfinite."""
+    with Client("http://127.0.0.1:1", "t" * 24, NS) as c:
+        for call in (
+            lambda: c.publish("q", b"x", delay=10**400),
+            lambda: c.publish("q", b"x", ttl=-(10**400)),
+            lambda: c.consume("q", timeout=10**400),
+            lambda: c.purge("q", since=10**400),
+        ):
+            with pytest.raises(ValueError, match="finite number of seconds"):
+                call()

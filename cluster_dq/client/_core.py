@@ -87,7 +87,11 @@ def millis(seconds: float, what: str) -> str:
     """Float seconds as the service's whole milliseconds (rounded to the nearest)."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ValueError(f"{what} must be a number of seconds, not {seconds!r}")
-    if not math.isfinite(seconds) or seconds < 0:
+    try:
+        finite = math.isfinite(seconds)  # an int beyond a float's range: OverflowError
+    except OverflowError:
+        finite = False
+    if not finite or seconds < 0:
         raise ValueError(f"{what} must be a finite number of seconds >= 0, not {seconds!r}")
     return str(round(seconds * 1000))
 
