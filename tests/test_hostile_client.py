@@ -7,6 +7,7 @@ import asyncio
 import threading
 from typing import Any
 
+import httpx
 import pytest
 
 from cluster_dq.client import AdminClient, AsyncClient, BadRequest, Client, Sizes
@@ -99,7 +100,9 @@ def test_an_async_client_used_in_a_second_event_loop_says_so(
     """docs/client.md: an AsyncClient lives in one event loop. Its pooled connections belong
     to that loop: used from another one it raised "Event loop is closed" (or, with the first
     loop still running in another thread, worked on another loop's sockets)."""
-    c = AsyncClient(service.base, token, NS)
+    # no connection kept: none is left behind in the closed loop
+    once = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+    c = AsyncClient(service.base, token, NS, transport=once)
     assert asyncio.run(c.size("q")).ready == 0
     with pytest.raises(RuntimeError, match="one AsyncClient per event loop"):
         asyncio.run(c.size("q"))
