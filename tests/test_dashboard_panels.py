@@ -177,6 +177,29 @@ async def test_a_bucket_drills_down_and_reschedules_through_each_jobs_state(
     assert getattr(job, "state", None) is JobState.READY
 
 
+async def test_made_ready_now_is_due_now_not_at_the_epoch(service: Service) -> None:
+    """ "Make them ready now" (to=now, sent as 0) and a shift into the past gave the jobs a due
+    time of 1970 or hours ago: each went ahead of every job already waiting in the queue, and
+    its delivery counted decades of lateness in the lateness chart. Now due at the pool's now
+    at the earliest: behind what was ready before them."""
+    route = service.route("default")
+    (waiting,) = await publish(service, "rnow", 1)
+    (soon,) = await publish(service, "rnow", 1, delay_ms=600_000)
+    (later,) = await publish(service, "rnow", 1, delay_ms=900_000)
+    await asyncio.sleep(0.01)
+    due_soon, due_later = id_due_ms_of_text(soon) or 0, id_due_ms_of_text(later) or 0
+    out = await panels.reschedule_bucket(
+        service, route, NS, "rnow", due_soon, due_soon + 1, to_ms=0
+    )
+    assert out.changed == [soon]
+    out = await panels.reschedule_bucket(
+        service, route, NS, "rnow", due_later, due_later + 1, shift_ms=-10 * panels.DAY
+    )
+    assert out.changed == [later]
+    order = [j.job_id for j in await service.consume(route, NS, ["rnow"], 30_000, 3, 0)]
+    assert order == [waiting, soon, later]
+
+
 async def test_bad_timeline_input_is_refused(service: Service) -> None:
     route = service.route("default")
     with pytest.raises(BadRequest):
