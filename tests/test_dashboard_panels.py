@@ -179,9 +179,8 @@ async def test_a_bucket_drills_down_and_reschedules_through_each_jobs_state(
 
 async def test_made_ready_now_is_due_now_not_at_the_epoch(service: Service) -> None:
     """ "Make them ready now" (to=now, sent as 0) and a shift into the past gave the jobs a due
-    time of 1970 or hours ago: each went ahead of every job already waiting in the queue, and
-    its delivery counted decades of lateness in the lateness chart. Now due at the pool's now
-    at the earliest: behind what was ready before them."""
+    time of 1970 or hours ago: each went ahead of every job already waiting in the queue. Now
+    due at the pool's now at the earliest: behind what was ready before them."""
     route = service.route("default")
     (waiting,) = await publish(service, "rnow", 1)
     (soon,) = await publish(service, "rnow", 1, delay_ms=600_000)
