@@ -282,7 +282,8 @@ def setting(given: str | None, env: Mapping[str, str], name: str, what: str) -> 
         if not host or any(c.isspace() or not c.isprintable() for c in value):
             raise ValueError(f"{what} {value!r} names no host, or has spaces")
     elif not _HEADER_SAFE.fullmatch(value):  # sent in a header: a line break would inject one
-        raise ValueError(f"{what} must be printable ASCII with no spaces, not {value!r}")
+        shown = "(not shown: a secret)" if what == "token" else repr(value)
+        raise ValueError(f"{what} must be printable ASCII with no spaces, not {shown}")
     return value
 
 
