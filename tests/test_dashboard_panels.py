@@ -572,3 +572,19 @@ def test_the_charts_survive_an_unreadable_counter_file(redis_server: Server) -> 
                 assert r.status_code == 200 and 'id="charts"' in r.text, (q, r.status_code)
     finally:
         svc.stop(timeout=20)
+
+
+def test_jobs_due_past_the_last_bin_are_told_not_hidden(
+    clients: tuple[httpx.Client, httpx.Client],
+) -> None:
+    """60 bins of a year end 60 years out; a delay may be 136 years (2**32-1 s). Such a job was
+    in the total and in no bin, and the page did not say where it was."""
+    api, ui = clients
+    for delay in (60, 2**32 - 1):
+        r = api.put(f"/api/{NS}/far", params={"delay": delay, "ttl": 0}, content=b"x")
+        assert r.status_code == 201
+    page = ui.get(f"/ui/timeline/{NS}/far")
+    assert page.status_code == 200 and 'id="timeline-total">2<' in page.text
+    counts = [int(c) for c in re.findall(r'data-count="(\d+)"', page.text)]
+    assert sum(counts) == 1
+    assert re.search(r'id="timeline-outside">1 job\(s\) due after', page.text), page.text[:3000]
