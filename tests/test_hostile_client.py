@@ -147,3 +147,19 @@ def test_a_time_too_large_for_a_float_is_a_value_error() -> None:
         ):
             with pytest.raises(ValueError, match="finite number of seconds"):
                 call()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_lost_republish_reply_with_a_new_job_id_is_repeated_to_its_answer(
+    kind: str, service: ServiceProcess, token: str
+) -> None:
+    """docs/client.md: a republish with ``new_job_id`` and no lease is safe to repeat."""
+    faults = tc.LoseReplies(lambda r: r.method == "PUT" and "/job/" in r.url.path)
+    c = tc.faulty(kind, service, token, faults)
+    old = await c.publish("rp", b"old")
+    assert await c.republish("rp", old, b"new", new_job_id="rp-new-1") == "rp-new-1"
+    assert len(faults.seen) == 3  # the publish, the republish whose reply was lost, its repeat
+    assert await c.size("rp") == Sizes(1, 0, 0, 0)
+    got = await c.get_job("rp", "rp-new-1")
+    assert got is not None and got.body == b"new"
+    await tc.close(c)
