@@ -288,3 +288,27 @@ def test_the_charts_follow_deliveries_and_redeliveries(
     )
     shot(browser, "charts")
     api.delete(f"/api/{NS}/{q}/job/{jid}")
+
+
+def test_a_panel_that_fails_shows_the_reason_not_a_page_inside_the_page(
+    served: ServiceProcess, browser: WebDriver, shot: Any
+) -> None:
+    """A fragment answered with an error page (here a 400: a bad queue name) was put into the
+    panel whole, with its nav bar and scripts: a page inside the page. The panel now says
+    why, as text, and keeps the page's own nav the only one."""
+    page = Page(browser, served.admin)
+    page.open(f"/queue/{NS}/{Q}")
+    page.wait(lambda: page.all("#charts"), "the charts fragment")
+    browser.execute_script(
+        "var el = document.createElement('div'); el.id = 'broken-panel';"
+        "el.dataset.panelSrc = '/ui/panels/deadgroups/" + NS + "/bad%20name';"
+        "document.querySelector('main').appendChild(el);"
+        "var s = document.createElement('script'); s.src = '/ui/static/panels.js?again';"
+        "document.body.appendChild(s);"
+    )
+    page.wait(lambda: page.all("#broken-panel.panel-error"), "the panel marked failed")
+    shot(browser, "broken-panel")
+    broken = page.find("#broken-panel")
+    assert len(page.all("#nav-overview")) == 1  # no second page (nav) inside the panel
+    assert not broken.find_elements(By.CSS_SELECTOR, "nav, header, main, script, a")
+    assert "queue name" in broken.text and len(broken.text) < 300

@@ -11,6 +11,7 @@ import dataclasses
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -174,6 +175,28 @@ async def test_a_bucket_drills_down_and_reschedules_through_each_jobs_state(
     assert out.changed == [short]
     job = await service.peek_job(route, NS, "resched", short)
     assert getattr(job, "state", None) is JobState.READY
+
+
+async def test_made_ready_now_is_due_now_not_at_the_epoch(service: Service) -> None:
+    """ "Make them ready now" (to=now, sent as 0) and a shift into the past gave the jobs a due
+    time of 1970 or hours ago: each went ahead of every job already waiting in the queue. Now
+    due at the pool's now at the earliest: behind what was ready before them."""
+    route = service.route("default")
+    (waiting,) = await publish(service, "rnow", 1)
+    (soon,) = await publish(service, "rnow", 1, delay_ms=600_000)
+    (later,) = await publish(service, "rnow", 1, delay_ms=900_000)
+    await asyncio.sleep(0.01)
+    due_soon, due_later = id_due_ms_of_text(soon) or 0, id_due_ms_of_text(later) or 0
+    out = await panels.reschedule_bucket(
+        service, route, NS, "rnow", due_soon, due_soon + 1, to_ms=0
+    )
+    assert out.changed == [soon]
+    out = await panels.reschedule_bucket(
+        service, route, NS, "rnow", due_later, due_later + 1, shift_ms=-10 * panels.DAY
+    )
+    assert out.changed == [later]
+    order = [j.job_id for j in await service.consume(route, NS, ["rnow"], 30_000, 3, 0)]
+    assert order == [waiting, soon, later]
 
 
 async def test_bad_timeline_input_is_refused(service: Service) -> None:
@@ -509,3 +532,59 @@ def test_read_only_hides_and_refuses_the_panels_actions(redis_server: Server) ->
             assert states == ["delayed", "dead"]
     finally:
         svc.stop(timeout=20)
+
+
+def test_every_panel_refuses_an_unknown_pool(clients: tuple[httpx.Client, httpx.Client]) -> None:
+    """The charts fragment ignored ``?pool=``: an unknown pool answered 200 (and a chart of
+    the default pool's counters) where every other panel answers 404."""
+    _, ui = clients
+    for path in (
+        f"/ui/panels/charts/{NS}/q",
+        f"/ui/panels/deadgroups/{NS}/q",
+        f"/ui/timeline/{NS}/q",
+    ):
+        r = ui.get(path, params={"pool": "no-such-pool"})
+        assert r.status_code == 404 and "pool" in r.text, path
+
+
+def _metrics_dir(svc: ServiceProcess) -> Path:
+    """The prometheus multiprocess directory of this service's workers (their environment)."""
+    for child in Path(f"/proc/{svc.proc.pid}/task/{svc.proc.pid}/children").read_text().split():
+        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        for kv in env:
+            if kv.startswith(b"PROMETHEUS_MULTIPROC_DIR="):
+                return Path(kv.split(b"=", 1)[1].decode())
+    raise AssertionError("no worker with a metrics directory")
+
+
+def test_the_charts_survive_an_unreadable_counter_file(redis_server: Server) -> None:
+    """Workers sum their counters through files another worker may remove meanwhile (a dead
+    worker's are): the charts read them with no guard, so an unreadable one (here a
+    directory named like a counter file) made the fragment a 500. The overview's rates
+    already skip such a read; the charts now do too (no new sample that time)."""
+    svc = serve(redis_server.pool_settings())
+    try:
+        with httpx.Client(base_url=svc.admin, auth=ADMIN_AUTH, timeout=30) as ui:
+            assert ui.get(f"/ui/panels/charts/{NS}/before").status_code == 200
+            (_metrics_dir(svc) / "counter_unreadable.db").mkdir()
+            for q in ("before", "after"):
+                r = ui.get(f"/ui/panels/charts/{NS}/{q}")
+                assert r.status_code == 200 and 'id="charts"' in r.text, (q, r.status_code)
+    finally:
+        svc.stop(timeout=20)
+
+
+def test_jobs_due_past_the_last_bin_are_told_not_hidden(
+    clients: tuple[httpx.Client, httpx.Client],
+) -> None:
+    """60 bins of a year end 60 years out; a delay may be 136 years (2**32-1 s). Such a job was
+    in the total and in no bin, and the page did not say where it was."""
+    api, ui = clients
+    for delay in (60, 2**32 - 1):
+        r = api.put(f"/api/{NS}/far", params={"delay": delay, "ttl": 0}, content=b"x")
+        assert r.status_code == 201
+    page = ui.get(f"/ui/timeline/{NS}/far")
+    assert page.status_code == 200 and 'id="timeline-total">2<' in page.text
+    counts = [int(c) for c in re.findall(r'data-count="(\d+)"', page.text)]
+    assert sum(counts) == 1
+    assert re.search(r'id="timeline-outside">1 job\(s\) due after', page.text), page.text[:3000]

@@ -16,6 +16,8 @@ from cluster_dq.client._core import (
     integer,
     json_body,
     millis,
+    millis_down,
+    millis_up,
     ms_to_s,
     opt,
     query,
@@ -83,7 +85,7 @@ def _sweep(
         cursor=cursor,
         limit=opt(integer, limit, "limit"),
         # the filter is on whole milliseconds: `from` rounds up, `to` down, none is widened
-        **{"from": opt(millis, since, "since"), "to": opt(millis, until, "until")},
+        **{"from": opt(millis_up, since, "since"), "to": opt(millis_down, until, "until")},
     )
     # A repeat of a step already applied acts on the next jobs of the walk: not repeated.
     return Call("POST", f"{queue_path(ns, queue)}/deadletter/{what}", decode, params, safety=ONCE)

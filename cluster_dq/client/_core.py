@@ -4,6 +4,7 @@ turns an error reply into the error tree. The sync and async shells only send ca
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import math
@@ -72,9 +73,13 @@ class Call(Generic[T]):
 
 
 def segment(value: str, what: str) -> str:
-    """One path segment, quoted (a name with '/' must not name another route)."""
+    """One path segment, quoted (a name with '/' must not name another route). "." and ".."
+    are refused: the URL would fold them into the parent route (``ack(q, "..")`` would be
+    ``DELETE`` of the queue itself); no name of the service is made of dots."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, not {value!r}")
+    if value in (".", ".."):
+        raise ValueError(f"{what} {value!r} is not a name (a URL folds it into its parent)")
     return quote(value, safe="")
 
 
@@ -82,9 +87,33 @@ def millis(seconds: float, what: str) -> str:
     """Float seconds as the service's whole milliseconds (rounded to the nearest)."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ValueError(f"{what} must be a number of seconds, not {seconds!r}")
-    if not math.isfinite(seconds) or seconds < 0:
+    try:
+        finite = math.isfinite(seconds)  # an int beyond a float's range: OverflowError
+    except OverflowError:
+        finite = False
+    if not finite or seconds < 0:
         raise ValueError(f"{what} must be a finite number of seconds >= 0, not {seconds!r}")
     return str(round(seconds * 1000))
+
+
+def _whole_ms(seconds: float, what: str) -> tuple[int, float]:
+    """(nearest whole ms, exact ms); a float's noise (1.001 * 1000 = 1000.9999…) is no
+    fraction."""
+    ms = int(millis(seconds, what))
+    exact = seconds * 1000
+    return ms, (ms if abs(exact - ms) < 1e-6 else exact)
+
+
+def millis_up(seconds: float, what: str) -> str:
+    """The first whole ms at or after ``seconds``: an inclusive lower bound never widened."""
+    ms, exact = _whole_ms(seconds, what)
+    return str(math.ceil(exact) if exact != ms else ms)
+
+
+def millis_down(seconds: float, what: str) -> str:
+    """The last whole ms at or before ``seconds``: an inclusive upper bound never widened."""
+    ms, exact = _whole_ms(seconds, what)
+    return str(math.floor(exact) if exact != ms else ms)
 
 
 def integer(value: int, what: str) -> str:
@@ -243,17 +272,38 @@ def setting(given: str | None, env: Mapping[str, str], name: str, what: str) -> 
         raise ValueError(f"no {what}: pass it, or set {name}")
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, not {value!r}")
-    if what.endswith("url") and not value.startswith(("http://", "https://")):
-        raise ValueError(f"{what} must start with http:// or https://, not {value!r}")
+    if what.endswith("url"):
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"{what} must start with http:// or https://, not {value!r}")
+        try:
+            host = httpx.URL(value).host
+        except httpx.InvalidURL as e:
+            raise ValueError(f"{what} {value!r} is not a URL: {e}") from None
+        if not host or any(c.isspace() or not c.isprintable() for c in value):
+            raise ValueError(f"{what} {value!r} names no host, or has spaces")
+    elif not _HEADER_SAFE.fullmatch(value):  # sent in a header: a line break would inject one
+        shown = "(not shown: a secret)" if what == "token" else repr(value)
+        raise ValueError(f"{what} must be printable ASCII with no spaces, not {shown}")
     return value
+
+
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
+
+
+MAX_TIMEOUT = 30 * 86_400.0  # seconds; None for no limit
 
 
 def shell_options(timeout: float | None, max_connections: int, retries: int) -> None:
     """Refuses options a shell cannot work with, naming them."""
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_TIMEOUT  # inf or 1e12: the socket's OverflowError
     ):
-        raise ValueError(f"timeout must be a number of seconds > 0, or None, not {timeout!r}")
+        raise ValueError(
+            f"timeout must be a number of seconds > 0 and <= {MAX_TIMEOUT:.0f}, or None (no "
+            f"limit), not {timeout!r}"
+        )
     if isinstance(max_connections, bool) or not isinstance(max_connections, int):
         raise ValueError(f"max_connections must be an integer >= 1, not {max_connections!r}")
     if max_connections < 1:
@@ -280,3 +330,18 @@ def transport_error(exc: Exception) -> TransportError:
     connection could not be made (nothing of the request left this process)."""
     unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
     return TransportError(f"{type(exc).__name__}: {exc}", sent=not unsent)
+
+
+def same_loop(http: httpx.Client | httpx.AsyncClient, bound: object) -> object:
+    """The event loop an ``AsyncClient`` is bound to: the one it first ran in (its pooled
+    connections belong to it). Used from another loop: a RuntimeError saying so, before
+    anything is sent. A blocking client has none."""
+    if not isinstance(http, httpx.AsyncClient):
+        return None
+    loop = asyncio.get_running_loop()
+    if bound is not None and bound is not loop:
+        raise RuntimeError(
+            "this AsyncClient was first used in another event loop, whose connections it "
+            "holds: make one AsyncClient per event loop (docs/client.md)"
+        )
+    return loop

@@ -216,6 +216,11 @@ def _consume_path(ns: str, queues: str | Sequence[str]) -> str:
     return f"/api/{segment(ns, 'namespace')}/" + ",".join(segment(q, "queue") for q in names)
 
 
+# The longest long poll the service accepts (a longer one is its 400): the most the client
+# adds to its own timeout (an unbounded one overflows the socket's timeout).
+LONGEST_POLL = 3600.0
+
+
 def _consume_params(ttr: float | None, timeout: float, count: int) -> list[tuple[str, str]]:
     return query(
         ttr_ms=opt(millis, ttr, "ttr"),
@@ -233,7 +238,7 @@ def consume(
         _consume_path(ns, queues),
         _job_or_none,
         _consume_params(ttr, timeout, 1),
-        wait=timeout,
+        wait=min(timeout, LONGEST_POLL),
     )
 
 
@@ -257,7 +262,7 @@ def consume_many(
     params = _consume_params(ttr, timeout, count)
     if count == 1:
         params.append(("count", "1"))
-    return Call("GET", _consume_path(ns, queues), decode, params, wait=timeout)
+    return Call("GET", _consume_path(ns, queues), decode, params, wait=min(timeout, LONGEST_POLL))
 
 
 def ack(
@@ -279,9 +284,23 @@ def cancel(ns: str, queue: str, job_id: str) -> Call[str | None]:
 
 
 def ack_many(ns: str, queue: str, jobs: Iterable[Job | tuple[str, str | None]]) -> Call[None]:
+    """Acks a batch of ``queue``: a ``Job`` of another queue or namespace is refused (the
+    service would ack nothing of it and answer 204)."""
     items: list[dict[str, str]] = []
-    for j in jobs:
-        jid, lease = (j.id, j.lease) if isinstance(j, Job) else j
+    for i, j in enumerate(jobs):
+        if isinstance(j, Job):
+            if (j.namespace, j.queue) != (ns, queue):
+                raise ValueError(
+                    f"jobs[{i}] is job {j.id} of queue {j.namespace}/{j.queue}, not {ns}/{queue}"
+                )
+            jid, lease = j.id, j.lease
+        elif isinstance(j, tuple) and len(j) == 2:
+            jid, lease = j
+        else:
+            raise ValueError(f"jobs[{i}] must be a Job or a (job_id, lease) pair, not {j!r}")
+        segment(jid, f"jobs[{i}] job_id")
+        if lease is not None and not isinstance(lease, str):
+            raise ValueError(f"jobs[{i}] lease must be a string or None, not {lease!r}")
         items.append({"job_id": jid} if lease is None else {"job_id": jid, "lease": lease})
     if not items:
         raise ValueError("jobs is empty: nothing to ack")

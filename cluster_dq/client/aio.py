@@ -20,6 +20,7 @@ from cluster_dq.client._core import (
     Call,
     Reply,
     finish,
+    same_loop,
     setting,
     shell_options,
     transport_error,
@@ -52,12 +53,14 @@ class _Shell:
         retries: int,
     ) -> None:
         self._http, self._timeout, self._retries = http, timeout, retries
+        self._loop: object = None  # the event loop it is bound to (_core.same_loop)
 
     async def _send(self, call: Call[T]) -> T:
         done: T = await AsyncRetrying(**policy(call.safety, self._retries))(self._once, call)
         return done
 
     async def _once(self, call: Call[T]) -> T:
+        self._loop = same_loop(self._http, self._loop)
         timeout = None if self._timeout is None else self._timeout + call.wait
         try:
             r = await self._http.request(

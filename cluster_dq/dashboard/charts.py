@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -26,6 +27,7 @@ FAMILIES = {
     "cluster_dq_job_lateness_seconds_sum": "late_sum",
 }
 LATE_BOUNDS = (*LATENESS_BUCKETS, float("inf"))
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +153,7 @@ class CounterRing:
             self.rings.pop(oldest, None)
             self.viewed.pop(oldest, None)
         if key not in self.rings:  # its first sample now: the next one shows what came since
-            self.rings[key] = deque(self.read([key]).values(), maxlen=self.keep)
+            self.rings[key] = deque(self._read([key]).values(), maxlen=self.keep)
         self.viewed[key] = time.monotonic()
         if (self._task is None or self._task.done()) and not self.stopping.is_set():
             self._task = asyncio.get_running_loop().create_task(self._run())
@@ -165,8 +167,17 @@ class CounterRing:
             return
         if self.flush is not None:
             self.flush()
-        for key, s in self.read(list(self.rings)).items():
+        for key, s in self._read(list(self.rings)).items():
             self.rings[key].append(s)
+
+    def _read(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Sample]:
+        """The counters, or none this time: a worker's counter file removed (or unreadable)
+        while it was read is an OSError, as for the overview's rates."""
+        try:
+            return self.read(keys)
+        except OSError as e:
+            log.warning("chart counters not read: %s", e)
+            return {}
 
     def series(self, ns: str, q: str) -> list[Point]:
         return points(list(self.rings.get((ns, q), ())))

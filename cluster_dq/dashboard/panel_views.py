@@ -133,6 +133,7 @@ class PanelViews:
     async def charts(self, request: Request) -> Response:
         """A fragment (the queue page loads it, and again every few seconds)."""
         ns, q = self._names(request)
+        self.d.route(request)  # an unknown ?pool= is a 404, as on every other page
         self.ring.watch(ns, q)
         series = self.ring.series(ns, q)
         lines = {

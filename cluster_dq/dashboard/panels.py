@@ -147,8 +147,10 @@ async def reschedule_bucket(
     audit: Audit | None = None,
 ) -> Outcome:
     """Gives the bucket's jobs (at most ``BUCKET_JOBS``) a new due time: each one's own plus
-    ``shift_ms``, or ``to_ms`` for all; each through the service's per-job reschedule, so a
-    job that left the delayed state meanwhile is refused by its state and skipped."""
+    ``shift_ms``, or ``to_ms`` for all, never before the pool's now (a due time in the past
+    would put the job ahead of those already waiting and count its delivery as that late:
+    ``to_ms=0`` is "ready now"); each through the service's per-job reschedule, so a job that
+    left the delayed state meanwhile is refused by its state and skipped."""
     if (shift_ms is None) == (to_ms is None):
         raise BadRequest("give exactly one of shift and to", "shift")
     out = Outcome()
@@ -156,9 +158,9 @@ async def reschedule_bucket(
         out.examined += 1
         due = job.due_ms + shift_ms if shift_ms is not None else to_ms
         assert due is not None
-        new_due = max(due, 0)
+        set_to: list[int] = []
         try:
-            moved = await service.reschedule(route, ns, q, job.job_id, _fixed_time(new_due))
+            moved = await service.reschedule(route, ns, q, job.job_id, _not_before_now(due, set_to))
         except (NotFound, WrongState, BadRequest) as e:
             out.skipped.append((job.job_id, str(e)))
             continue
@@ -167,13 +169,20 @@ async def reschedule_bucket(
             audit,
             "reschedule",
             f"{ns}/{q}/{job.job_id}",
-            f"from the timeline: due {job.due_ms} -> {new_due} ({moved.state})",
+            f"from the timeline: due {job.due_ms} -> {set_to[-1]} ({moved.state})",
         )
     return out
 
 
-def _fixed_time(at: int) -> Callable[[int], int]:
-    return lambda now: at
+def _not_before_now(at: int, chosen: list[int]) -> Callable[[int], int]:
+    """The due time for the service's reschedule: ``at``, or the pool's now when that is
+    later (kept in ``chosen`` for the audit)."""
+
+    def due(now: int) -> int:
+        chosen.append(max(at, now))
+        return chosen[-1]
+
+    return due
 
 
 # -- dead letters by fingerprint -------------------------------------------------------------

@@ -1,20 +1,36 @@
 // Loads the panels' fragments into the elements that name them (data-panel-src), and again
-// every data-panel-refresh ms when asked. Plain JS, no library.
+// every data-panel-refresh ms when asked. Plain JS, no library. A fragment that fails (an
+// error page: 400, 404, 503…) is not put in the panel (it is a whole page, nav and all): the
+// panel says why as text, or, when it already shows a fragment, keeps it and is marked.
 (function () {
   "use strict";
+  function reason(status, text) {
+    var doc = new DOMParser().parseFromString(text, "text/html");
+    var said = doc.getElementById("error-message");
+    return (said && said.textContent.trim()) || "HTTP " + status;
+  }
+  function failed(el, why) {
+    el.classList.add("panel-error");
+    el.dataset.panelError = why;
+    if (!el.dataset.panelLoaded) el.textContent = "could not load this panel: " + why;
+    else el.title = "not refreshed: " + why;
+  }
   function load(el) {
     fetch(el.dataset.panelSrc, { credentials: "same-origin", headers: { Accept: "text/html" } })
-      .then(function (r) { return r.text().then(function (t) { return [r.ok, t]; }); })
+      .then(function (r) { return r.text().then(function (t) { return [r.ok, t, r.status]; }); })
       .then(function (got) {
-        el.innerHTML = got[1];
+        if (!got[0]) { failed(el, reason(got[2], got[1])); return; }
+        el.innerHTML = got[1];  // the service's own fragment, escaped by its templates
         el.querySelectorAll("time[data-ms]").forEach(function (t) {
           var ms = Number(t.getAttribute("data-ms"));
           if (ms > 0) t.textContent = new Date(ms).toLocaleString();
         });
         el.dataset.panelLoaded = String(Date.now());
-        el.classList.toggle("panel-error", !got[0]);
+        el.classList.remove("panel-error");
+        delete el.dataset.panelError;
+        el.removeAttribute("title");
       })
-      .catch(function () { el.classList.add("panel-error"); });
+      .catch(function () { failed(el, "the dashboard did not answer"); });
   }
   function start() {
     document.querySelectorAll("[data-panel-src]").forEach(function (el) {
