@@ -472,14 +472,41 @@ def multiproc_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
+class _Workers:
+    """The counters of every worker of this instance (their multiprocess files), read as a
+    scrape reads them. A worker that died has its files removed by the supervisor: a file
+    listed but gone is left out, and one removed while it was read (FileNotFoundError) has the
+    files listed and read again."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = Path(directory)
+
+    def collect(self) -> Iterable[Metric]:
+        for attempt in range(5):
+            files = [str(p) for p in self.directory.glob("*.db") if p.exists()]
+            try:
+                merge = MultiProcessCollector.merge
+                merged: Iterable[Metric] = merge(files, accumulate=True)  # type: ignore[no-untyped-call]
+                return merged
+            except FileNotFoundError:
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def _counters() -> Any:
+    """The registry of this instance's counters: every worker's (in a multiprocess run)."""
+    directory = multiproc_dir()
+    if not directory:
+        return REGISTRY
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Workers(directory))
+    return registry
+
+
 def render(board: SizeBoard) -> tuple[bytes, str]:
     """The exposition of every worker of this instance, and the content type."""
-    directory = multiproc_dir()
-    main = REGISTRY
-    if directory:
-        main = CollectorRegistry(auto_describe=False)
-        MultiProcessCollector(main, directory)  # type: ignore[no-untyped-call]
-    return generate_latest(main) + generate_latest(board.registry), CONTENT_TYPE_LATEST
+    return generate_latest(_counters()) + generate_latest(board.registry), CONTENT_TYPE_LATEST
 
 
 RATE_COUNTERS = {"published": published, "delivered": delivered, "acked": acked}
@@ -489,11 +516,7 @@ def queue_totals() -> dict[tuple[str, str], dict[str, float]]:
     """The counts of ``RATE_COUNTERS`` per (namespace, queue), summed over every worker of
     this instance as a scrape sums them (flush the caller's buffer first): the dashboard's
     rates are their differences over time."""
-    directory = multiproc_dir()
-    registry: Any = REGISTRY
-    if directory:
-        registry = CollectorRegistry(auto_describe=False)
-        MultiProcessCollector(registry, directory)  # type: ignore[no-untyped-call]
+    registry = _counters()
     wanted = {c._name.removesuffix("_total"): kind for kind, c in RATE_COUNTERS.items()}
     out: dict[tuple[str, str], dict[str, float]] = {}
     for family in registry.collect():

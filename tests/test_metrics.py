@@ -4,6 +4,8 @@ through HTTP, and /metrics (summed over both workers), /readyz and the access lo
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from cluster_dq import metrics
 from cluster_dq.localredis import Server
 from tests.test_http import ADMIN_AUTH, serve
 
@@ -351,3 +354,21 @@ async def test_a_buffered_recorder_reaches_the_exposition_at_flush_and_loses_not
     for _ in range(metrics.FLUSH_AT + 1):  # the buffer is bounded whatever the period
         rec.http("data", "/buffered", "PUT", 201, 0.01)
     assert sample("cluster_dq_http_request_duration_seconds_count", **http) > 3
+
+
+def test_a_worker_file_gone_while_a_scrape_reads_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead worker's counter files are removed by the supervisor: one listed but gone when
+    read (here a dangling link, gone every time) is left out of the scrape instead of making
+    /metrics (and the dashboard's rates) fail, and the live workers' counters are all there."""
+    worker = (
+        "from prometheus_client import Counter\n"
+        "Counter('probe_jobs', 'probe', ['queue']).labels('q').inc(7)\n"
+    )
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", worker], env=env, check=True)
+    (tmp_path / "counter_999999.db").symlink_to(tmp_path / "gone.db")
+    monkeypatch.setenv(metrics.MULTIPROC_ENV, str(tmp_path))
+    text = metrics.render(metrics.SizeBoard(None, 60))[0].decode()
+    assert 'probe_jobs_total{queue="q"} 7.0' in text
