@@ -34,17 +34,40 @@ from cluster_dq.pools import close_client, make_client
 # or size of a guarantee the default run already shows with another, left out of the default
 # run (marked ``long``, deselected by pyproject's ``-m "not long"``) to keep it near 15 minutes.
 LONG = (
-    # the same consumers' guarantees without failover run on standalone and Cluster
-    "tests/test_guarantees.py::test_many_consumers_random_delays_ttrs_and_tries[sentinel]",
     # without durable publish a failover may lose acknowledged writes: only reported
     "tests/test_history.py::test_history_redis_master_killed[sentinel-not-durable]",
     "tests/test_history.py::test_history_redis_master_killed[cluster-not-durable]",
     # the commands' CLI around functions tests/test_drills.py and test_history.py run in-process
     "tests/test_bench_commands.py::test_command_runs_small_and_prints_figures[drill.py]",
     "tests/test_bench_commands.py::test_command_runs_small_and_prints_figures[history.py]",
+    # the load profile's short run is tests/test_loadtest.py's, in-process; this is its CLI
+    "tests/test_bench_commands.py::test_command_runs_small_and_prints_figures[load_profile.py]",
     # the pipeline's own tests run Spark on every topology; this is its benchmark's CLI
     "tests/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_pipeline.py]",
 )
+
+# Suites of the HTTP surface (the service, its client, worker and dashboard) run on Sentinel in
+# the long run only: behind Sentinel the service runs the same scripts on one master as on a
+# standalone server, over a connection Sentinel names. What Sentinel itself changes (discovery,
+# failover, replicas, durable writes) is tested in the default run by the engine and guarantee
+# suites on Sentinel and by test_durable, test_outages, test_drills and test_history.
+LONG_ON_SENTINEL = {
+    f"tests/{name}.py"
+    for name in (
+        "test_http",
+        "test_control",
+        "test_progress",
+        "test_schedules",
+        "test_queue_control",
+        "test_review_findings",
+        "test_dashboard",
+        "test_dashboard_panels",
+        "test_client",
+        "test_hostile_client",
+        "test_worker",
+        "test_cli",
+    )
+}
 
 Deployment = Server | Cluster | SentinelGroup
 TOPOLOGIES = os.environ.get("DQ_TOPOLOGIES", "standalone,cluster,sentinel").split(",")
@@ -151,8 +174,13 @@ async def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> AsyncIterator[
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks the tests of ``LONG``; an entry that names a test of a collected file that does
+    """Marks the tests of ``LONG`` and the Sentinel runs of ``LONG_ON_SENTINEL``; an entry that names a test of a collected file that does
     not exist is an error (the list must not go stale when a test is renamed)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on = callspec.params.get("deployment") if callspec is not None else None
+        if on == "sentinel" and item.nodeid.split("::")[0] in LONG_ON_SENTINEL:
+            item.add_marker(pytest.mark.long)
     ids = {item.nodeid: item for item in items}
     files = {item.nodeid.split("::")[0] for item in items}
     for nodeid in LONG:
