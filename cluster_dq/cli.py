@@ -13,6 +13,7 @@ import cluster_dq
 from cluster_dq import logs, settings as settings_mod
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ClusterDQError, ConfigError
+from cluster_dq.progress import spark_progress
 from cluster_dq.routing import build_routes
 from cluster_dq.settings import PoolSettings, Settings
 from cluster_dq.tokens import TokenStore
@@ -104,15 +105,16 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
 
             where = ", ".join(f"{p.name} ({p.Addr})" for p in route.pools())
             print(f"schedule: {args.inputs[0]} -> {args.pool}: {where}", flush=True)
-            counts = schedule(
-                spark,
-                args.inputs[0],
-                route,
-                config=config,
-                rejects_path=args.rejects,
-                reference_ms=args.at,
-                progress=True,
-            )
+            with spark_progress(spark, "schedule"):
+                counts = schedule(
+                    spark,
+                    args.inputs[0],
+                    route,
+                    config=config,
+                    rejects_path=args.rejects,
+                    reference_ms=args.at,
+                    progress=True,
+                )
             print(f"schedule: {counts}")
             if counts.rejected and args.rejects:
                 print(f"schedule: refused rows and reasons in {args.rejects}")
@@ -125,10 +127,16 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
                 if not q:
                     raise ConfigError(f"export: {name!r} is not namespace/queue")
                 queues.append((ns, q))
-            df = export(spark, route, queues, args.states.split(","), args.out, config)
-            df.groupBy("namespace", "queue", "state").count().orderBy(
-                "namespace", "queue", "state"
-            ).show(100, False)
+            with spark_progress(spark, "export"):
+                df = export(spark, route, queues, args.states.split(","), args.out, config)
+                summary = (
+                    df.groupBy("namespace", "queue", "state")
+                    .count()
+                    .orderBy("namespace", "queue", "state")
+                    .collect()
+                )
+            for row in summary:
+                print(f"export: {row['namespace']}/{row['queue']} {row['state']}: {row['count']:,}")
             if args.out:
                 print(f"export: written to {args.out}")
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
@@ -323,6 +324,9 @@ def test_cli_schedule_prints_counts(spark: Any, redis_server: Server, tmp_path: 
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "published 30, already present 0, rejected 6" in out.stdout, out.stdout
+    # stderr is no terminal here: progress comes as plain lines, the last one complete
+    done = re.findall(r"^schedule: (\d+)/(\d+) tasks$", out.stderr, re.M)
+    assert done and done[-1][0] == done[-1][1] != "0", out.stderr[-2000:]
 
 
 def test_cli_schedule_signals_the_shard_of_the_configured_shard_count(
