@@ -16,17 +16,29 @@ import pytest
 import redis
 
 from cluster_dq.client import (
+    AdminClient,
+    AsyncAdminClient,
     AsyncClient,
+    Backoff,
     BadRequest,
     Client,
     Conflict,
+    DeadJob,
+    DeadPage,
     DQError,
     Job,
     LeaseLost,
     NotFound,
     QueueFull,
+    QueueInfo,
+    QueuePage,
+    QueueSettings,
     RateLimited,
+    Schedule,
+    SchedulePage,
     Sizes,
+    Sweep,
+    TokenLimit,
     TooLarge,
     TransportError,
     Unauthorized,
@@ -180,6 +192,133 @@ async def test_bury_kick_reschedule_cancel(dq: Any) -> None:
     assert await dq.cancel("q", jid) == "delayed"
     assert await dq.cancel("q", jid) is None
     await dq.destroy("q")
+
+
+async def drain(dq: Any, name: str, *args: Any, **kwargs: Any) -> list[Any]:
+    """Everything an iter_* verb yields, from either client."""
+    if isinstance(dq, Sync):
+        return list(await getattr(dq, name)(*args, **kwargs))
+    return [x async for x in getattr(dq, name)(*args, **kwargs)]
+
+
+async def test_dead_letters(dq: Any) -> None:
+    ids = [await dq.publish("dl", f"{i}", job_id=f"dl-{i}") for i in range(5)]
+    before = time.time()
+    for i, jid in enumerate(ids):
+        await dq.bury("dl", jid, reason=f"bad {i}")
+    assert await dq.dead_size("dl") == 5
+    assert await dq.dead_peek("dl") == (5, ids[0])
+    page = await dq.dead_jobs("dl", limit=2)
+    assert isinstance(page, DeadPage) and page.more and page.cursor is not None
+    first = page.jobs[0]
+    assert isinstance(first, DeadJob) and (first.id, first.reason) == (ids[0], "buried")
+    assert first.last_error == "bad 0" and first.size > 0 and first.died_at is not None
+    assert first.died_at >= before - 5 and first.published_at is not None
+    assert [j.id for j in await drain(dq, "iter_dead", "dl", limit=2)] == ids
+    swept = await dq.redrive("dl", reason="buried", limit=2)
+    assert isinstance(swept, Sweep) and swept.count == 2 and swept.more
+    rest = await dq.redrive("dl", reason="buried", limit=2, cursor=swept.cursor)
+    assert rest.count == 2
+    assert (await dq.size("dl")).ready == 4 and await dq.dead_size("dl") == 1
+    nothing = await dq.purge("dl", reason="ttr_expired")
+    assert (nothing.count, nothing.more, nothing.cursor) == (0, False, None)
+    assert (await dq.purge("dl", since=before - 60, until=time.time() + 60)).count == 1
+    for jid in ids[:2]:
+        await dq.bury("dl", jid)
+    assert await dq.respawn("dl", limit=1, ttl=60) == 1
+    await dq.dead_delete("dl", limit=5)
+    assert await dq.dead_peek("dl") == (0, None)
+    assert (await dq.size("dl")).ready == 3
+
+
+async def test_queue_settings_pause_and_listing(dq: Any) -> None:
+    backoff = Backoff("exponential", base=0.5, cap=30, jitter=0.2)
+    got = await dq.update_settings("s1", ttr=2.5, tries=3, max_size=10, backoff=backoff)
+    assert isinstance(got, QueueSettings) and (got.namespace, got.queue) == (NS, "s1")
+    assert (got.ttr, got.tries, got.max_size, got.backoff) == (2.5, 3, 10, backoff)
+    assert await dq.settings("s1") == got
+    cleared = await dq.update_settings("s1", backoff=None, max_size=None)
+    assert cleared.backoff is None and cleared.max_size is None and cleared.tries == 3
+    assert (await dq.pause("s1")).paused
+    await dq.publish("s1", b"x")
+    assert await dq.consume("s1") is None  # paused: nothing delivered
+    assert not (await dq.resume("s1")).paused
+    job = await dq.consume("s1")
+    assert job is not None and job.remain_tries == 2  # the queue's tries
+    with pytest.raises(ValueError, match="unknown setting"):
+        await dq.update_settings("s1", colour="red")
+    with pytest.raises(BadRequest):
+        await dq.update_settings("s1", tries=0)
+    await dq.publish("s2", b"x")
+    await dq.publish("s3", b"x", delay=60)
+    page = await dq.queues(limit=1)
+    assert isinstance(page, QueuePage) and len(page.queues) == 1 and page.cursor
+    infos = {q.name: q for q in await drain(dq, "iter_queues", limit=1)}
+    assert set(infos) == {"s1", "s2", "s3"}
+    s2 = infos["s2"]
+    assert isinstance(s2, QueueInfo) and (s2.ready, s2.paused) == (1, False)
+    assert s2.lateness is not None and s2.oldest_due_at is not None
+    assert infos["s3"].delayed == 1 and infos["s3"].lateness is None
+
+
+async def test_schedules(dq: Any) -> None:
+    every = await dq.put_schedule("r", "beat", every=3600, body="tick", tries=2, ttl=600)
+    assert isinstance(every, Schedule) and (every.every, every.cron) == (3600.0, None)
+    assert every.job.body == "tick" and every.job.tries == 2 and every.job.ttl == 600.0
+    assert every.next_at is not None and every.next_at > time.time() - 5
+    cron = await dq.put_schedule("r", "nightly", cron="0 3 * * *", tz="Europe/Paris", paused=True)
+    assert (cron.cron, cron.tz, cron.paused, cron.next_at) == (
+        "0 3 * * *",
+        "Europe/Paris",
+        True,
+        None,
+    )
+    assert await dq.get_schedule("r", "beat") == every
+    page = await dq.list_schedules("r")
+    assert isinstance(page, SchedulePage) and page.cursor is None
+    assert {x.name for x in page.schedules} == {"beat", "nightly"}
+    assert (await dq.pause_schedule("r", "beat")).paused
+    assert not (await dq.resume_schedule("r", "beat")).paused
+    await dq.delete_schedule("r", "beat")
+    assert await dq.get_schedule("r", "beat") is None
+    with pytest.raises(BadRequest):
+        await dq.put_schedule("r", "bad", cron="not a cron")
+    with pytest.raises(NotFound):
+        await dq.pause_schedule("r", "beat")
+    with pytest.raises(ValueError):
+        await dq.put_schedule("r", "both", cron="* * * * *", every=60)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_admin_client(kind: str, service: ServiceProcess, sync_redis: redis.Redis) -> None:
+    if kind == "sync":
+        admin: Any = Sync(AdminClient(service.admin, ADMIN_AUTH))
+    else:
+        admin = AsyncAdminClient(service.admin, ADMIN_AUTH)
+    assert await admin.healthz() is True
+    assert isinstance(await admin.version(), str)
+    assert await admin.pools() == ["default"]
+    token = await admin.create_token(NS, "from the client")
+    assert (await admin.tokens(NS))[token] == "from the client"
+    lim = await admin.set_limit(NS, token, read=10, write=5, interval=2)
+    assert lim == TokenLimit(NS, token, 10, 5, 2)
+    assert lim in await admin.limits()
+    await admin.delete_limit(NS, token)
+    async with AsyncClient(service.base, token, NS) as c:
+        await c.publish("adm", b"x")
+    assert "adm" in (await admin.info()).get(NS, [])
+    assert "cluster_dq_" in await admin.metrics_text()
+    await admin.delete_token(NS, token)
+    assert token not in await admin.tokens(NS)
+    if kind == "sync":
+        admin.client.close()
+        wrong: Any = Sync(AdminClient(service.admin, ("admin", "wrong")))
+    else:
+        await admin.aclose()
+        wrong = AsyncAdminClient(service.admin, ("admin", "wrong"))
+    with pytest.raises(Unauthorized):
+        await wrong.create_token(NS, "x")
+    await close(wrong)
 
 
 # -- the error tree, provoked for real --------------------------------------------------------
@@ -545,16 +684,20 @@ async def test_async_context_manager(service: ServiceProcess, token: str) -> Non
         assert await c.cancel("ctx", "ctx-1") == "ready"
 
 
-def test_sync_and_async_clients_have_the_same_verbs() -> None:
-    def verbs(cls: type) -> dict[str, inspect.Signature]:
+@pytest.mark.parametrize(
+    "sync_cls, async_cls", [(Client, AsyncClient), (AdminClient, AsyncAdminClient)]
+)
+def test_sync_and_async_clients_have_the_same_verbs(sync_cls: type, async_cls: type) -> None:
+    def verbs(cls: type) -> dict[str, list[inspect.Parameter]]:
         return {
-            n: inspect.signature(f)
+            n: list(inspect.signature(f).parameters.values())
             for n, f in inspect.getmembers(cls, inspect.isfunction)
             if not n.startswith("_") and n not in ("close", "aclose")
         }
 
-    sync, aio = verbs(Client), verbs(AsyncClient)
-    assert sync.keys() == aio.keys() and len(sync) >= 17
-    for name, sig in sync.items():
-        assert str(sig) == str(aio[name]), name
-        assert inspect.iscoroutinefunction(getattr(AsyncClient, name)), name
+    sync, aio = verbs(sync_cls), verbs(async_cls)
+    assert sync.keys() == aio.keys() and len(sync) >= 10
+    for name, params in sync.items():
+        assert params == aio[name], name
+        fn = getattr(async_cls, name)
+        assert inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn), name

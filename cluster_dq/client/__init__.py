@@ -2,6 +2,7 @@
 the data port, ``AdminClient`` / ``AsyncAdminClient`` for the admin port, over one pure core
 (``_core``, ``_verbs``) and one retry rule (``_retry``). See docs/client.md."""
 
+from cluster_dq.client.admin import AdminClient, AsyncAdminClient
 from cluster_dq.client.aio import AsyncClient
 from cluster_dq.client.errors import (
     BadRequest,
@@ -35,6 +36,8 @@ from cluster_dq.client.models import (
 from cluster_dq.client.sync import Client
 
 __all__ = [
+    "AdminClient",
+    "AsyncAdminClient",
     "AsyncClient",
     "Backoff",
     "BadRequest",

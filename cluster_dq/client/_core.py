@@ -176,11 +176,20 @@ def error_from(reply: Reply) -> DQError:
     return DQError(msg, status, body)
 
 
-def expect(reply: Reply, *ok: int) -> Any:
-    """The JSON body of a reply with one of the ``ok`` statuses; else its error."""
+def check(reply: Reply, *ok: int) -> None:
+    """Raises the reply's error unless its status is one of ``ok``."""
     if reply.status not in ok:
         raise error_from(reply)
-    return reply.json()
+
+
+def expect(reply: Reply, *ok: int) -> Any:
+    """The JSON body of a reply with one of the ``ok`` statuses; else its error."""
+    check(reply, *ok)
+    try:
+        return reply.json()
+    except ValueError:  # not the service (a proxy's page?): say so, no decoder traceback
+        text = reply.content[:80].decode(errors="replace")
+        raise DQError(f"the answer is not JSON: {text!r}", reply.status) from None
 
 
 _ABSENT = {"no job available", "the queue is empty", "job not found", "schedule not found"}

@@ -15,6 +15,7 @@ from cluster_dq.client._core import (
     Safety,
     absent,
     as_bytes,
+    check,
     expect,
     integer,
     json_body,
@@ -29,12 +30,12 @@ from cluster_dq.client.models import Backoff, Job, Sizes
 ONCE = Safety.ONCE
 
 
-def _q(ns: str, queue: str) -> str:
+def queue_path(ns: str, queue: str) -> str:
     return f"/api/{segment(ns, 'namespace')}/{segment(queue, 'queue')}"
 
 
 def _job(ns: str, queue: str, job_id: str) -> str:
-    return f"{_q(ns, queue)}/job/{segment(job_id, 'job_id')}"
+    return f"{queue_path(ns, queue)}/job/{segment(job_id, 'job_id')}"
 
 
 def job_of(o: Mapping[str, Any]) -> Job:
@@ -68,8 +69,8 @@ def _job_or_none(reply: Reply) -> Job | None:
     return None if absent(reply) else job_of(expect(reply, 200))
 
 
-def _nothing(reply: Reply) -> None:
-    expect(reply, 200, 201, 204)
+def no_content(reply: Reply) -> None:
+    check(reply, 200, 201, 204)
 
 
 def backoff_params(b: Backoff | None) -> list[tuple[str, str]]:
@@ -121,7 +122,7 @@ def publish(
         headers.update({f"Job-Attr-{k}": str(v) for k, v in attributes.items()})
     return Call(
         "PUT",
-        _q(ns, queue),
+        queue_path(ns, queue),
         lambda r: str(expect(r, 201)["job_id"]),
         params,
         headers,
@@ -157,7 +158,7 @@ def publish_many(
         raise ValueError("bodies is empty: give 1 to 64 JSON texts")
     return Call(
         "PUT",
-        f"{_q(ns, queue)}/bulk",
+        f"{queue_path(ns, queue)}/bulk",
         lambda r: [str(i) for i in expect(r, 201)["job_ids"]],
         _job_params(delay, ttl, tries),
         JSON,
@@ -221,12 +222,12 @@ def ack(
     ns: str, queue: str, job_id: str, *, lease: str | None = None, result: Any = None
 ) -> Call[None]:
     params = query(lease=lease, result=None if result is None else json_body(result).decode())
-    return Call("DELETE", _job(ns, queue, job_id), _nothing, params)
+    return Call("DELETE", _job(ns, queue, job_id), no_content, params)
 
 
 def cancel(ns: str, queue: str, job_id: str) -> Call[str | None]:
     def decode(r: Reply) -> str | None:
-        expect(r, 204)
+        check(r, 204)
         state = r.headers.get("x-job-state")
         return None if state in (None, "none") else state
 
@@ -240,14 +241,14 @@ def ack_many(ns: str, queue: str, jobs: Iterable[Job | tuple[str, str | None]]) 
         items.append({"job_id": jid} if lease is None else {"job_id": jid, "lease": lease})
     if not items:
         raise ValueError("jobs is empty: nothing to ack")
-    return Call("POST", f"{_q(ns, queue)}/ack", _nothing, [], JSON, json_body(items))
+    return Call("POST", f"{queue_path(ns, queue)}/ack", no_content, [], JSON, json_body(items))
 
 
 def touch(
     ns: str, queue: str, job_id: str, *, lease: str | None = None, ttr: float | None = None
 ) -> Call[None]:
     params = query(ttr_ms=opt(millis, ttr, "ttr"), lease=lease)
-    return Call("POST", f"{_job(ns, queue, job_id)}/touch", _nothing, params)
+    return Call("POST", f"{_job(ns, queue, job_id)}/touch", no_content, params)
 
 
 def release(
@@ -282,7 +283,7 @@ def progress(
     return Call(
         "PUT",
         f"{_job(ns, queue, job_id)}/progress",
-        _nothing,
+        no_content,
         query(lease=lease),
         JSON,
         json_body(value),
@@ -318,7 +319,7 @@ def kick(
         tries=opt(integer, tries, "tries"),
         ttl_ms=opt(millis, ttl, "ttl"),
     )
-    path = f"{_q(ns, queue)}/deadletter/{segment(job_id, 'job_id')}/kick"
+    path = f"{queue_path(ns, queue)}/deadletter/{segment(job_id, 'job_id')}/kick"
     return Call("POST", path, _job_reply, params, safety=ONCE)
 
 
@@ -332,7 +333,7 @@ def reschedule(
 
 
 def peek(ns: str, queue: str) -> Call[Job | None]:
-    return Call("GET", f"{_q(ns, queue)}/peek", _job_or_none)
+    return Call("GET", f"{queue_path(ns, queue)}/peek", _job_or_none)
 
 
 def get_job(ns: str, queue: str, job_id: str) -> Call[Job | None]:
@@ -344,8 +345,8 @@ def size(ns: str, queue: str) -> Call[Sizes]:
         o = expect(r, 200)
         return Sizes(o["size"], o.get("delayed", 0), o.get("reserved", 0), o.get("dead", 0))
 
-    return Call("GET", f"{_q(ns, queue)}/size", decode)
+    return Call("GET", f"{queue_path(ns, queue)}/size", decode)
 
 
 def destroy(ns: str, queue: str) -> Call[None]:
-    return Call("DELETE", _q(ns, queue), _nothing)
+    return Call("DELETE", queue_path(ns, queue), no_content)

@@ -4,13 +4,14 @@ core (``_verbs``) through ``_send``, under the one retry rule (``_retry``)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
 from tenacity import AsyncRetrying
 
+from cluster_dq.client import _control as c
 from cluster_dq.client import _verbs as v
 from cluster_dq.client._core import (
     NAMESPACE_ENV,
@@ -22,7 +23,19 @@ from cluster_dq.client._core import (
     transport_error,
 )
 from cluster_dq.client._retry import policy
-from cluster_dq.client.models import Backoff, Job, Sizes
+from cluster_dq.client.models import (
+    Backoff,
+    DeadJob,
+    DeadPage,
+    Job,
+    QueueInfo,
+    QueuePage,
+    QueueSettings,
+    Schedule,
+    SchedulePage,
+    Sizes,
+    Sweep,
+)
 
 T = TypeVar("T")
 
@@ -246,3 +259,157 @@ class AsyncClient(_Shell):
 
     async def destroy(self, queue: str) -> None:
         return await self._send(v.destroy(self.namespace, queue))
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    async def dead_jobs(
+        self, queue: str, *, cursor: str | None = None, limit: int = 100
+    ) -> DeadPage:
+        return await self._send(c.dead_jobs(self.namespace, queue, cursor=cursor, limit=limit))
+
+    async def iter_dead(self, queue: str, *, limit: int = 100) -> AsyncIterator[DeadJob]:
+        """Every dead job of the queue, page by page (each job that stays dead once)."""
+        cursor: str | None = None
+        while True:
+            page = await self._send(c.dead_jobs(self.namespace, queue, cursor=cursor, limit=limit))
+            for job in page.jobs:
+                yield job
+            if not page.more:
+                return
+            cursor = page.cursor
+
+    async def redrive(
+        self,
+        queue: str,
+        *,
+        reason: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Sweep:
+        call = c.redrive(
+            self.namespace,
+            queue,
+            reason=reason,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+        return await self._send(call)
+
+    async def purge(
+        self,
+        queue: str,
+        *,
+        reason: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Sweep:
+        call = c.purge(
+            self.namespace,
+            queue,
+            reason=reason,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+        return await self._send(call)
+
+    async def dead_size(self, queue: str) -> int:
+        return await self._send(c.dead_size(self.namespace, queue))
+
+    async def dead_peek(self, queue: str) -> tuple[int, str | None]:
+        return await self._send(c.dead_peek(self.namespace, queue))
+
+    async def respawn(self, queue: str, *, limit: int = 1, ttl: float | None = None) -> int:
+        return await self._send(c.respawn(self.namespace, queue, limit=limit, ttl=ttl))
+
+    async def dead_delete(self, queue: str, *, limit: int = 1) -> None:
+        return await self._send(c.dead_delete(self.namespace, queue, limit=limit))
+
+    # -- queue control --------------------------------------------------------------------------
+
+    async def settings(self, queue: str) -> QueueSettings:
+        return await self._send(c.settings(self.namespace, queue))
+
+    async def update_settings(self, queue: str, **changes: Any) -> QueueSettings:
+        return await self._send(c.update_settings(self.namespace, queue, **changes))
+
+    async def pause(self, queue: str) -> QueueSettings:
+        return await self._send(c.pause(self.namespace, queue))
+
+    async def resume(self, queue: str) -> QueueSettings:
+        return await self._send(c.pause(self.namespace, queue, paused=False))
+
+    async def queues(self, *, cursor: str | None = None, limit: int = 100) -> QueuePage:
+        return await self._send(c.queues(self.namespace, cursor=cursor, limit=limit))
+
+    async def iter_queues(self, *, limit: int = 100) -> AsyncIterator[QueueInfo]:
+        """Every queue of the namespace, by name, page by page."""
+        cursor: str | None = None
+        while True:
+            page = await self._send(c.queues(self.namespace, cursor=cursor, limit=limit))
+            for info in page.queues:
+                yield info
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    # -- recurring jobs -------------------------------------------------------------------------
+
+    async def put_schedule(
+        self,
+        queue: str,
+        name: str,
+        *,
+        cron: str | None = None,
+        tz: str | None = None,
+        every: float | None = None,
+        start_at: float | None = None,
+        catch_up: float | None = None,
+        paused: bool = False,
+        body: str = "",
+        delay: float | None = None,
+        ttl: float | None = None,
+        tries: int | None = None,
+        priority: int | None = None,
+    ) -> Schedule:
+        call = c.put_schedule(
+            self.namespace,
+            queue,
+            name,
+            cron=cron,
+            tz=tz,
+            every=every,
+            start_at=start_at,
+            catch_up=catch_up,
+            paused=paused,
+            body=body,
+            delay=delay,
+            ttl=ttl,
+            tries=tries,
+            priority=priority,
+        )
+        return await self._send(call)
+
+    async def get_schedule(self, queue: str, name: str) -> Schedule | None:
+        return await self._send(c.get_schedule(self.namespace, queue, name))
+
+    async def list_schedules(
+        self, queue: str, *, cursor: str | None = None, limit: int = 100
+    ) -> SchedulePage:
+        return await self._send(c.list_schedules(self.namespace, queue, cursor=cursor, limit=limit))
+
+    async def delete_schedule(self, queue: str, name: str) -> None:
+        return await self._send(c.delete_schedule(self.namespace, queue, name))
+
+    async def pause_schedule(self, queue: str, name: str) -> Schedule:
+        return await self._send(c.pause_schedule(self.namespace, queue, name))
+
+    async def resume_schedule(self, queue: str, name: str) -> Schedule:
+        return await self._send(c.pause_schedule(self.namespace, queue, name, paused=False))
