@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     command: Callable[[argparse.Namespace], int] = COMMANDS[args.cmd]
     try:
         return command(args)
-    except UsageError as e:
+    except (UsageError, ValueError) as e:  # ValueError: an argument the client refused
         return _fail(str(e), 2)
     except TransportError as e:
         return _fail(f"cannot reach the service: {e.message}", 1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
 import threading
@@ -295,3 +297,47 @@ def test_an_unreachable_service_exits_1_with_one_line() -> None:
         assert out.returncode == 1, (argv, out.stderr)
         assert out.stderr.startswith("cluster-dq: cannot reach the service"), out.stderr
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def in_terminal(argv: list[str], answer: bytes) -> tuple[int, str]:
+    """Runs the console script with stdin, stdout and stderr on a pseudo-terminal, answering
+    ``answer`` to its question; its exit status and everything it wrote."""
+    master, slave = pty.openpty()
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", "COLUMNS": "100"}
+    proc = subprocess.Popen(
+        [str(CONSOLE_SCRIPT), *argv], stdin=slave, stdout=slave, stderr=slave, env=environ
+    )
+    os.close(slave)
+    out, asked = b"", False
+    try:
+        while select.select([master], [], [], 60)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the process ended and closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            if not asked and b"[y/N]" in out:
+                os.write(master, answer)
+                asked = True
+        return proc.wait(timeout=60), out.decode(errors="replace")
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_dlq_in_a_terminal_asks_and_shows_a_progress_bar(
+    client: Client, env: dict[str, str]
+) -> None:
+    for i in range(3):
+        bury(client, "q", f"b{i}", "bad")
+    code, out = in_terminal(["dlq", "delete", "q"], b"n\n")
+    assert code == 2 and "[y/N]" in out and "not confirmed" in out, out
+    assert client.size("q").dead == 3
+    code, out = in_terminal(["dlq", "redrive", "q", "--reason", "buried"], b"y\n")
+    assert code == 0, out
+    assert "redrive the dead jobs of" in out and "3/3" in out, out  # the bar's count
+    assert f"3 dead job(s) of {client.namespace}/q redriven" in out
+    assert sizes_of(client, "q") == {"ready": 3, "delayed": 0, "reserved": 0, "dead": 0}
