@@ -47,6 +47,7 @@ from cluster_dq.client import (
 )
 from cluster_dq.client._core import Reply, Safety, error_from
 from cluster_dq.client._retry import policy, repeatable, wait
+from cluster_dq.localredis import free_port, start_server
 from cluster_dq.testing.service_process import ServiceProcess
 from tests.conftest import Deployment
 
@@ -652,6 +653,104 @@ async def test_a_lost_consume_reply_is_repeated(
     assert await c.size("q") == Sizes(0, 0, 2, 0)
     assert first != second
     await close(c)
+
+
+async def test_a_real_503_says_what_is_safe_and_the_client_follows_it() -> None:
+    """Redis dies under a running service (its token cached): each 503 is decoded from the
+    service's own words, and only what is safe to repeat is repeated."""
+    server = start_server(free_port(21000, 22000))
+    env = {
+        "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1],
+        "CLUSTER_DQ_TOKENCACHESECOND": "60",
+        "CLUSTER_DQ_MAXWAITERS": "0",  # every long-poll: 429 with Retry-After: 1
+    }
+    svc = ServiceProcess.start(f"127.0.0.1:{server.port}", env=env, timeout=20)
+    try:
+        token = new_token(svc)
+        async with AsyncClient(svc.base, token, NS) as c:
+            jid = await c.publish("down", b"x", tries=2)
+            job = await c.consume("down", ttr=60)
+        busy = LoseReplies(lambda r: False, lose=0)
+        with Client(svc.base, token, NS, retries=1, transport=busy) as sc:
+            with pytest.raises(RateLimited) as limited:
+                sc.consume("down", timeout=5)
+        assert limited.value.retry_after == 1.0 and len(busy.seen) == 2  # waited, repeated
+        server.kill()
+        counted = {name: LoseReplies(lambda r: False, lose=0) for name in ("id", "anon", "rel")}
+
+        async def attempt(name: str, retries: int, call: Any) -> tuple[BaseException, int]:
+            async with AsyncClient(
+                svc.base, token, NS, transport=counted[name], retries=retries
+            ) as c:
+                with pytest.raises(Unavailable) as e:
+                    await call(c)
+            return e.value, len(counted[name].seen)
+
+        (fixed, n_fixed), (anon, n_anon), (rel, n_rel) = await asyncio.gather(
+            attempt("id", 1, lambda c: c.publish("down", b"y", job_id="down-1")),
+            attempt("anon", 3, lambda c: c.publish("down", b"z")),
+            attempt("rel", 3, lambda c: c.release("down", jid, lease=job.lease)),
+        )
+        assert isinstance(fixed, Unavailable) and fixed.safe_to_repeat and n_fixed == 2
+        assert isinstance(anon, Unavailable) and anon.maybe_applied and n_anon == 1
+        assert isinstance(rel, Unavailable) and n_rel == 1
+        assert not rel.safe_to_repeat and rel.maybe_applied and "look the job up" in rel.message
+    finally:
+        svc.stop(timeout=20)
+        server.kill()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_long_poll_longer_than_the_client_timeout(
+    kind: str, service: ServiceProcess, token: str
+) -> None:
+    """The client's timeout is per request on top of the long poll's own wait."""
+    c = make(kind, service.base, token, timeout=0.3)
+    assert await c.consume("idle", timeout=0.8) is None
+    assert await c.consume_many("idle", 5, timeout=0.8) == []
+    await close(c)
+
+
+def test_an_unexpected_answer_is_a_dq_error() -> None:
+    from cluster_dq.client import _verbs
+    from cluster_dq.client._core import finish
+
+    call = _verbs.size("ns", "q")
+    with pytest.raises(DQError, match="unexpected answer to GET /api/ns/q/size"):
+        finish(call, Reply(200, {}, b'{"queue": "q"}'))
+    with pytest.raises(DQError, match="not JSON"):
+        finish(call, Reply(200, {}, b"<html>proxy</html>"))
+    bad_gateway = error_from(Reply(502, {}, b"<html>Bad Gateway</html>"))
+    assert isinstance(bad_gateway, Unavailable) and "Bad Gateway" in bad_gateway.message
+    assert bad_gateway.maybe_applied and not bad_gateway.safe_to_repeat
+
+
+def test_options_and_arguments_are_checked_before_sending() -> None:
+    url, tok = "http://127.0.0.1:1", "t" * 24
+    for kwargs in ({"retries": -1}, {"timeout": 0}, {"max_connections": 0}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            Client(url, tok, NS, **kwargs)
+    with pytest.raises(ValueError, match="http://"):
+        AsyncClient("127.0.0.1:7777", tok, NS)
+    with Client(url, tok, NS) as c:
+        for call in (
+            lambda: c.publish("q", b"x", attributes={"bad key": "v"}),
+            lambda: c.publish("q", b"x", attributes={"k": "line\nbreak"}),
+            lambda: c.publish("q", b"x", ttl=float("nan")),
+            lambda: c.consume("q", ttr=True),  # type: ignore[arg-type]
+            lambda: c.publish("", b"x"),
+            lambda: c.update_settings("q"),
+            lambda: c.update_settings("q", backoff="fixed"),
+        ):
+            with pytest.raises(ValueError):
+                call()
+
+
+def test_a_refused_connection_surfaces_unsent_after_the_retries() -> None:
+    with Client(f"http://127.0.0.1:{free_port(22000, 23000)}", "t" * 24, NS, retries=1) as c:
+        with pytest.raises(TransportError) as e:
+            c.size("q")
+    assert e.value.sent is False and e.value.status == 0
 
 
 # -- configuration and the two shells ---------------------------------------------------------

@@ -205,6 +205,20 @@ def absent(reply: Reply) -> bool:
         return False
 
 
+def finish(call: Call[T], reply: Reply) -> T:
+    """The call's result from its reply; an answer of an unexpected shape (not the service, or
+    another version of it) is a ``DQError`` naming the call, not a decoder's traceback."""
+    try:
+        return call.decode(reply)
+    except DQError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise DQError(
+            f"unexpected answer to {call.method} {call.path}: {type(e).__name__}: {e}",
+            reply.status,
+        ) from e
+
+
 def ms_to_s(value: Any) -> float | None:
     return None if value is None else value / 1000
 
@@ -220,7 +234,25 @@ def setting(given: str | None, env: Mapping[str, str], name: str, what: str) -> 
     value = given if given is not None else env.get(name)
     if not value:
         raise ValueError(f"no {what}: pass it, or set {name}")
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, not {value!r}")
+    if what.endswith("url") and not value.startswith(("http://", "https://")):
+        raise ValueError(f"{what} must start with http:// or https://, not {value!r}")
     return value
+
+
+def shell_options(timeout: float | None, max_connections: int, retries: int) -> None:
+    """Refuses options a shell cannot work with, naming them."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise ValueError(f"timeout must be a number of seconds > 0, or None, not {timeout!r}")
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+        raise ValueError(f"max_connections must be an integer >= 1, not {max_connections!r}")
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be an integer >= 1, not {max_connections!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, not {retries!r}")
 
 
 def admin_auth(given: tuple[str, str] | None, env: Mapping[str, str]) -> tuple[str, str] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,8 @@ from cluster_dq.client._core import (
 from cluster_dq.client.models import Backoff, Job, Sizes
 
 ONCE = Safety.ONCE
+ATTR_KEY = re.compile(r"[-_A-Za-z0-9]{1,32}")
+ATTR_VALUE = re.compile(r"[\x20-\x7e]*")  # what an HTTP header carries as it is
 
 
 def queue_path(ns: str, queue: str) -> str:
@@ -119,7 +122,12 @@ def publish(
         params.append(("job_id", segment(job_id, "job_id")))
     if attributes:
         headers["Enable-Job-Version"] = "YES"
-        headers.update({f"Job-Attr-{k}": str(v) for k, v in attributes.items()})
+        for k, val in attributes.items():
+            if not isinstance(k, str) or not ATTR_KEY.fullmatch(k):
+                raise ValueError(f"attribute key {k!r}: 1 to 32 characters of [-_A-Za-z0-9]")
+            if not isinstance(val, str) or not ATTR_VALUE.fullmatch(val):
+                raise ValueError(f"attribute {k}: the value must be printable ASCII, not {val!r}")
+            headers[f"Job-Attr-{k}"] = val
     return Call(
         "PUT",
         queue_path(ns, queue),

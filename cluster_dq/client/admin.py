@@ -11,7 +11,7 @@ import httpx
 
 from cluster_dq.client import _admin as a
 from cluster_dq.client import aio, sync
-from cluster_dq.client._core import ADMIN_URL_ENV, admin_auth, setting
+from cluster_dq.client._core import ADMIN_URL_ENV, admin_auth, setting, shell_options
 from cluster_dq.client.models import TokenLimit
 
 
@@ -29,6 +29,7 @@ class AdminClient(sync._Shell):
         retries: int = 3,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        shell_options(timeout, 10, retries)
         self.url, basic = _settings(url, auth)
         http = sync._http(self.url, {}, timeout, 10, transport, basic)
         super().__init__(http, timeout, retries)
@@ -85,6 +86,7 @@ class AsyncAdminClient(aio._Shell):
         retries: int = 3,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        shell_options(timeout, 10, retries)
         self.url, basic = _settings(url, auth)
         http = aio._http(self.url, {}, timeout, 10, transport, basic)
         super().__init__(http, timeout, retries)

@@ -19,7 +19,9 @@ from cluster_dq.client._core import (
     URL_ENV,
     Call,
     Reply,
+    finish,
     setting,
+    shell_options,
     transport_error,
 )
 from cluster_dq.client._retry import policy
@@ -68,7 +70,7 @@ class _Shell:
             )
         except httpx.TransportError as e:
             raise transport_error(e) from e
-        return call.decode(Reply(r.status_code, r.headers, r.content))
+        return finish(call, Reply(r.status_code, r.headers, r.content))
 
     def close(self) -> None:
         self._http.close()
@@ -124,6 +126,7 @@ class Client(_Shell):
         retries: int = 3,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        shell_options(timeout, max_connections, retries)
         env = os.environ
         self.url = setting(url, env, URL_ENV, "service url")
         self.namespace = setting(namespace, env, NAMESPACE_ENV, "namespace")
