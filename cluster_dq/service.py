@@ -270,10 +270,12 @@ class Service:
         delay_ms: int,
         lease: str | None = None,
         error: str = "",
+        keep_try: bool = False,
     ) -> JobState | str:
         """A consumer's nack: the reserved job goes back now or after ``delay_ms``, its
-        delivery counted (no tries left: dead letter); with a ``lease``, only while that
-        delivery holds it (else ``Conflict``). Not repeated by the retry policy: once the job
+        delivery counted (no tries left: dead letter); with ``keep_try`` (a snooze) the
+        delivery is not counted and its try is restored, so the job never dies of it; with a
+        ``lease``, only while that delivery holds it (else ``Conflict``). Not repeated by the retry policy: once the job
         is back, another consumer may hold it, and a blind repeat would release *that*
         reservation (or, with a lease, answer a conflict for a release that happened). A reply
         lost in transit is a 503 that says the release may have happened. ``error``: a text
@@ -287,7 +289,7 @@ class Service:
                 [job_id],
                 delay_ms,
                 pool.engine.clock(),
-                nack=True,
+                nack=not keep_try,
                 leases=[lease],
                 error=error,
             )

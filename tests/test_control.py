@@ -881,6 +881,53 @@ def test_http_release_keeps_an_error_text_and_is_lmstfys_without_one(api: httpx.
     assert r.status_code == 400
 
 
+def test_http_keep_try_release_is_a_snooze_that_spends_no_try(
+    api: httpx.Client, sync_redis: redis.Redis
+) -> None:
+    """`keep_try=1`: the delivery is not counted and the try is restored, so the job comes back
+    as it was (a job on its last try does not die); the error text is kept; a stale lease is
+    a 409 that changes nothing; a bad value is a 400 that changes nothing."""
+    jid = api.put("/api/ns/q", params={"tries": 2}, content=b"x").json()["job_id"]
+    first = api.get("/api/ns/q", params={"ttr": 30}).json()
+    assert (first["remain_tries"], first["deliveries"]) == (1, 1)
+    r = api.post(
+        f"/api/ns/q/job/{jid}/release",
+        params={"keep_try": 1, "lease": first["lease"], "error": "busy, later"},
+    )
+    assert r.json() == {"msg": "released", "job_id": jid, "state": "ready"}
+    peeked = api.get(f"/api/ns/q/job/{jid}").json()
+    assert (peeked["state"], peeked["remain_tries"], peeked["deliveries"]) == ("ready", 2, 0)
+    assert peeked["last_error"] == "busy, later"
+    again = api.get("/api/ns/q", params={"ttr": 30}).json()
+    assert (again["job_id"], again["remain_tries"], again["deliveries"]) == (jid, 1, 1)
+    # a stale lease (the first delivery's): 409, nothing changes
+    before = snapshot(sync_redis)
+    r = api.post(f"/api/ns/q/job/{jid}/release", params={"keep_try": 1, "lease": first["lease"]})
+    assert r.status_code == 409 and r.json()["state"] == "reserved", r.text
+    for bad in ("2", "yes", "", "-1", "true"):
+        r = api.post(f"/api/ns/q/job/{jid}/release", params={"keep_try": bad})
+        assert r.status_code == 400 and "keep_try" in r.json()["error"], (bad, r.text)
+    assert snapshot(sync_redis) == before
+    # the last try: a plain release would kill it (see above); a keep_try release does not,
+    # with a delay too
+    api.post(f"/api/ns/q/job/{jid}/release")  # spends the first try: 1 left
+    last = api.get("/api/ns/q", params={"ttr": 30}).json()
+    assert (last["remain_tries"], last["deliveries"]) == (0, 2)
+    r = api.post(
+        f"/api/ns/q/job/{jid}/release",
+        params={"keep_try": "1", "lease": last["lease"], "delay_ms": 200},
+    )
+    assert r.json()["state"] == "delayed"
+    peeked = api.get(f"/api/ns/q/job/{jid}").json()
+    assert (peeked["state"], peeked["remain_tries"], peeked["deliveries"]) == ("delayed", 1, 1)
+    assert api.get("/api/ns/q/deadletter/size").json()["size"] == 0
+    got = api.get("/api/ns/q", params={"ttr": 30, "timeout": 5}).json()
+    assert (got["job_id"], got["remain_tries"], got["deliveries"]) == (jid, 0, 2)
+    # keep_try=0 is the plain release: the last try's delivery counts, the job dies
+    r = api.post(f"/api/ns/q/job/{jid}/release", params={"keep_try": 0, "lease": got["lease"]})
+    assert r.json()["state"] == "dead"
+
+
 def test_http_reschedule_redrive_and_purge_loop_with_a_cursor(api: httpx.Client) -> None:
     jid = api.put("/api/ns/q", params={"delay": 600}, content=b"x").json()["job_id"]
     r = api.post(f"/api/ns/q/job/{jid}/reschedule", params={"at": 0})

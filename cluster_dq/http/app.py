@@ -244,14 +244,17 @@ class DataAPI:
 
     async def release(self, request: Request) -> Response:
         """Nack (extension): give a reserved job back now or after ``delay``/``delay_ms``;
-        its delivery counts, so the last try goes to the dead letter."""
+        its delivery counts, so the last try goes to the dead letter. With ``keep_try=1``
+        (a snooze) it does not: the try is restored and the job cannot die of it."""
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
         route = await self._auth(request, ns, q)
-        delay_ms = params.millis(params.query(request), "delay", 0)
-        lease = params.lease(params.query(request))
+        qp = params.query(request)
+        delay_ms = params.millis(qp, "delay", 0)
+        lease = params.lease(qp)
+        keep_try = params.flag(qp, "keep_try")
         err = await params.text(request, "error")  # kept as the job's last error
-        state = await self.service.release(route, ns, q, jid, delay_ms, lease, err)
+        state = await self.service.release(route, ns, q, jid, delay_ms, lease, err, keep_try)
         return json({"msg": "released", "job_id": jid, "state": str(state)})
 
     async def touch(self, request: Request) -> Response:

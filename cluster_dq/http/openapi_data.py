@@ -393,6 +393,13 @@ def data_operations(s: Settings) -> list[Op]:
                 *seconds("delay", "ready again after this", 0),
                 LEASE,
                 text_param("error", "kept as the job's last_error"),
+                uint(
+                    "keep_try",
+                    "1: a snooze: the delivery is not counted and its try is restored "
+                    "(never dead, no backoff)",
+                    0,
+                    1,
+                ),
             ],
             text_body("error", "upstream timed out"),
         ),

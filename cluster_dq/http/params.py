@@ -337,6 +337,11 @@ async def text(request: Request, name: str) -> str:
     return value
 
 
+def flag(query: Mapping[str, str], name: str) -> bool:
+    """A switch read as an integer (``uint``): 1 on, 0 or absent off; else a 400 naming it."""
+    return uint(query, name, 0, 1) == 1
+
+
 def bounded(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
     """An integer parameter in ``low..high`` (400 naming it otherwise)."""
     value = uint(query, name, default, high)

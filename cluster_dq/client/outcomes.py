@@ -1,0 +1,123 @@
+"""What happens to a job after its handler: the exceptions a handler raises to say so
+(``Retry``, ``Snooze``, ``Bury``), the four outcomes, and ``decide``, the one rule that maps a
+handler's return or exception onto an outcome (used by ``Worker`` and by ``testing.run_job``).
+
+    return value            -> Acked(result)      ack, the value as its result (None: none)
+    raise Retry(delay)      -> Released           release; the delivery counts (a try spent)
+    raise Snooze(delay)     -> Snoozed            release with keep_try: no try spent
+    raise Bury(reason)      -> Buried             to the dead letter with the reason
+    raise one of bury_on    -> Buried             reason: "<Type>: <message>"
+    raise any other         -> Released           error: "<Type>: <message>", no delay (the
+                                                  job's retry backoff applies server-side)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+MAX_TEXT = 1024  # bytes of UTF-8: the service's limit for an error text or a bury reason
+MAX_RESULT = 4096  # bytes of compact JSON: the service's limit for an ack's result
+
+
+def _seconds(delay: float) -> float:
+    """A delay as the service takes it; a bad one is the handler's error (a ValueError)."""
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 2**32:
+        raise ValueError(f"delay must be a number of seconds >= 0, not {delay!r}")
+    return float(delay)
+
+
+class Retry(Exception):
+    """Give the job back to be tried again, after ``delay`` seconds (None: at once, or after
+    the job's retry backoff); the delivery counts, so the last try goes to the dead letter.
+    ``error``: kept as the job's last error."""
+
+    def __init__(self, delay: float | None = None, error: str | None = None) -> None:
+        super().__init__(error or "retry")
+        self.delay, self.error = None if delay is None else _seconds(delay), error
+
+
+class Snooze(Exception):
+    """Give the job back for ``delay`` seconds without spending a try (not now, later: a
+    rate limit, a dependency not ready yet). ``error``: kept as the job's last error."""
+
+    def __init__(self, delay: float, error: str | None = None) -> None:
+        super().__init__(error or f"snooze {delay} s")
+        self.delay, self.error = _seconds(delay), error
+
+
+class Bury(Exception):
+    """Send the job to the dead letter now: it can never succeed. ``reason`` is kept."""
+
+    def __init__(self, reason: str = "buried") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    result: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    delay: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snoozed:
+    delay: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Buried:
+    reason: str
+
+
+Outcome = Acked | Released | Snoozed | Buried
+
+
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8, on a character boundary."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return text.encode("utf-8", "replace").decode()
+    return raw[:limit].decode("utf-8", "ignore")
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as an error text: its type and message, within the service's limit."""
+    message = str(exc)
+    return clip(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+
+
+def decide(
+    returned: Any = None,
+    exc: BaseException | None = None,
+    bury_on: tuple[type[BaseException], ...] = (),
+) -> Outcome:
+    """The outcome of a handler that returned ``returned`` or raised ``exc`` (an
+    ``Exception``; cancellation and interpreter exits are the caller's business). A return
+    value that is not JSON, or over the service's 4,096 bytes, is the handler's error."""
+    if exc is None:
+        if returned is None:
+            return Acked()
+        try:
+            size = len(json.dumps(returned, separators=(",", ":"), allow_nan=False).encode())
+        except (TypeError, ValueError) as e:
+            return Released(error=clip(f"result is not JSON: {type(e).__name__}: {e}"))
+        if size > MAX_RESULT:
+            return Released(error=f"result too large: {size} bytes of JSON (max {MAX_RESULT})")
+        return Acked(returned)
+    if isinstance(exc, Snooze):
+        return Snoozed(exc.delay, None if exc.error is None else clip(exc.error))
+    if isinstance(exc, Retry):
+        return Released(exc.delay, None if exc.error is None else clip(exc.error))
+    if isinstance(exc, Bury):
+        return Buried(clip(exc.reason))
+    if bury_on and isinstance(exc, bury_on):
+        return Buried(describe(exc))
+    return Released(error=describe(exc))

@@ -1,0 +1,89 @@
+"""Test mode for a worker's handlers: ``run_job`` runs a handler on a made-up job in-process,
+with no service, and returns the outcome the real ``Worker`` would send, decided by the same
+rule (``outcomes.decide``): ``Acked(result)``, ``Released(delay, error)``,
+``Snoozed(delay, error)`` or ``Buried(reason)``.
+
+    from cluster_dq.client.testing import run_job, Acked
+    assert run_job(handler, {"order": 42}) == Acked()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from cluster_dq.client.models import Job
+from cluster_dq.client.outcomes import Acked, Buried, Outcome, Released, Snoozed, decide
+from cluster_dq.client.worker import Handler, _is_async
+
+__all__ = ["Acked", "Buried", "Outcome", "Released", "Snoozed", "arun_job", "make_job", "run_job"]
+
+
+def make_job(
+    body: bytes | str | Any = b"",
+    *,
+    queue: str = "test",
+    namespace: str = "test",
+    job_id: str = "01TESTJOB0000000000000000A",
+    remain_tries: int = 0,
+    deliveries: int = 1,
+    attributes: Mapping[str, str] | None = None,
+    last_error: str | None = None,
+) -> Job:
+    """A job as a consume would give it. ``body``: bytes, text, or any JSON value (encoded)."""
+    if isinstance(body, str):
+        raw = body.encode()
+    elif isinstance(body, bytes | bytearray):
+        raw = bytes(body)
+    else:
+        raw = json.dumps(body).encode()
+    return Job(
+        namespace=namespace,
+        queue=queue,
+        id=job_id,
+        body=raw,
+        ttl=0.0,
+        elapsed_ms=0,
+        remain_tries=remain_tries,
+        attributes=dict(attributes) if attributes else None,
+        state="reserved",
+        deliveries=deliveries,
+        lease="0123456789abcdef",
+        last_error=last_error,
+    )
+
+
+async def arun_job(
+    handler: Handler,
+    body: bytes | str | Any = b"",
+    *,
+    bury_on: tuple[type[BaseException], ...] = (),
+    job: Job | None = None,
+    **job_fields: Any,
+) -> Outcome:
+    """``run_job`` inside a running event loop (a sync handler runs in a thread, as in the
+    worker)."""
+    job = job if job is not None else make_job(body, **job_fields)
+    try:
+        if _is_async(handler):
+            returned = await handler(job)
+        else:
+            returned = await asyncio.get_running_loop().run_in_executor(None, handler, job)
+    except Exception as e:
+        return decide(exc=e, bury_on=bury_on)
+    return decide(returned)
+
+
+def run_job(
+    handler: Handler,
+    body: bytes | str | Any = b"",
+    *,
+    bury_on: tuple[type[BaseException], ...] = (),
+    job: Job | None = None,
+    **job_fields: Any,
+) -> Outcome:
+    """Runs ``handler`` on one job (``job``, or one made by ``make_job(body, **job_fields)``)
+    and returns its outcome. Not inside a running event loop: use ``arun_job`` there."""
+    return asyncio.run(arun_job(handler, body, bury_on=bury_on, job=job, **job_fields))

@@ -1,0 +1,515 @@
+"""``Worker``: runs jobs of one or more queues through an ``AsyncClient``. It owns the loop:
+batch consume up to its free slots (long-poll), batch acks, heartbeats (touch) for handlers
+running past half their ttr, the outcome of each job (``outcomes.decide``), and a graceful
+shutdown that leaves nothing reserved. Two forms: a handler (async, or sync in a thread), or
+``async for job in worker`` with ``ack`` / ``release`` / ``snooze`` / ``bury`` or a
+``worker.settle(job)`` block per job. See docs/worker.md.
+
+    python -m cluster_dq.client.worker module:function --queue q [--concurrency 16] ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from cluster_dq.client._acks import AckBatcher
+from cluster_dq.client._wmetrics import WorkerMetrics, metrics_for
+from cluster_dq.client.aio import AsyncClient
+from cluster_dq.client.errors import (
+    BadRequest,
+    Conflict,
+    DQError,
+    NotFound,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+)
+from cluster_dq.client.models import Job
+from cluster_dq.client.outcomes import (
+    Acked,
+    Bury,
+    Buried,
+    Outcome,
+    Released,
+    Retry,
+    Snooze,
+    Snoozed,
+    decide,
+)
+
+__all__ = ["Bury", "Retry", "Snooze", "Worker"]
+
+log = logging.getLogger("cluster_dq.worker")
+Handler = Callable[[Job], Any]
+_GIVE_BACK = Snoozed(0.0)  # a stop gives held jobs back: no try spent, last error kept
+
+
+class _Delivery:
+    """One job this worker holds, from its consume until its outcome is sent."""
+
+    __slots__ = ("job", "renewed", "deadline", "lost", "settled", "task", "started", "done")
+
+    def __init__(self, job: Job, sent: float, ttr: float) -> None:
+        self.job = job
+        self.renewed = sent  # when the reservation was last (re)started, at the latest
+        self.deadline = sent + ttr  # after this, the lease cannot hold any more
+        self.lost = False  # a touch found the lease gone: the job was taken back
+        self.settled = False  # its outcome is claimed (by the handler's end or the shutdown)
+        self.task: asyncio.Task[None] | None = None
+        self.started = 0.0
+        self.done: asyncio.Future[str] | None = None  # iterator form: the ack's confirmation
+
+
+def _is_async(handler: Handler) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)
+    )
+
+
+class Worker:
+    """Consumes ``queues`` (listed order = priority) and runs each job through ``handler``.
+
+    ``concurrency``: jobs held at once (handlers running or waiting); ``ttr``: each
+    delivery's time to run, renewed by a touch while a handler runs past half of it;
+    ``batch``: jobs per consume (1..100); ``poll_timeout``: a consume's long-poll;
+    ``bury_on``: exception classes that bury the job instead of releasing it;
+    ``ack_delay`` / ``ack_batch``: acks wait at most this long, or until this many;
+    ``shutdown_timeout``: how long a stop lets running handlers finish before giving their
+    jobs back; ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        queues: str | Sequence[str],
+        handler: Handler | None = None,
+        *,
+        concurrency: int = 16,
+        ttr: float = 60.0,
+        batch: int = 100,
+        poll_timeout: float = 5.0,
+        bury_on: tuple[type[BaseException], ...] = (),
+        ack_delay: float = 0.005,
+        ack_batch: int = 100,
+        shutdown_timeout: float = 30.0,
+        heartbeat: bool = True,
+        metrics: bool | CollectorRegistry = False,
+    ) -> None:
+        if not 1 <= concurrency <= 100_000:
+            raise ValueError(f"concurrency must be 1..100000, not {concurrency}")
+        if not 1 <= batch <= 100:
+            raise ValueError(f"batch must be 1..100, not {batch}")
+        if not ttr > 0 or not poll_timeout >= 0 or not shutdown_timeout >= 0:
+            raise ValueError("ttr must be > 0; poll_timeout and shutdown_timeout >= 0")
+        self.client, self.queues = client, [queues] if isinstance(queues, str) else list(queues)
+        if not self.queues:
+            raise ValueError("queues is empty: give at least one queue")
+        self.concurrency, self.ttr, self.batch = concurrency, ttr, batch
+        self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
+        self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
+        self._handler: Handler | None = None
+        self._async = True
+        if handler is not None:
+            self.handler(handler)
+        self._metrics: WorkerMetrics | None = None
+        if metrics is not False:
+            self._metrics = metrics_for(None if metrics is True else metrics)
+        self._acks = AckBatcher(client, self._report, ack_delay, ack_batch)
+        self._backlog = max(1000, 10 * ack_batch)  # unconfirmed acks before consuming pauses
+        self._held: set[_Delivery] = set()
+        self._ready: deque[_Delivery] = deque()  # iterator form: consumed, not yet yielded
+        self._yielded: dict[str, _Delivery] = {}  # iterator form: given out, not settled
+        self._room = asyncio.Event()
+        self._arrived = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._stopping = asyncio.Event()
+        self._forced = asyncio.Event()
+        self._closing: asyncio.Task[None] | None = None
+        self._fatal: BaseException | None = None
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("acked", "released", "snoozed", "buried", "lost", "failed"), 0
+        )
+
+    def handler(self, fn: Handler) -> Handler:
+        """Sets the handler (usable as a decorator): ``async def`` runs on the loop, a plain
+        function in a thread. Returns ``fn`` unchanged."""
+        self._handler, self._async = fn, _is_async(fn)
+        return fn
+
+    # -- running --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Starts consuming (the handler form, or the iterator's background work)."""
+        if self._tasks:
+            return
+        if self._handler is not None and not self._async:
+            self._executor = ThreadPoolExecutor(self.concurrency, "dq-worker")
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._fetch(), name="dq-worker-fetch"))
+        if self.heartbeat:
+            self._tasks.append(loop.create_task(self._beat(), name="dq-worker-heartbeat"))
+
+    async def serve(self, signals: bool = False) -> None:
+        """Runs until ``stop()`` (or, with ``signals``, SIGTERM/SIGINT; a second one forces
+        the stop), then shuts down; raises what made it stop on its own (a refused token)."""
+        if signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._signalled)
+        await self.start()
+        await self._stopping.wait()
+        await self.stop()
+        if self._fatal is not None:
+            raise self._fatal
+
+    def run(self) -> None:
+        """``serve(signals=True)`` in a new event loop: the blocking entry point."""
+        asyncio.run(self.serve(signals=True))
+
+    def _signalled(self) -> None:
+        if self._stopping.is_set():
+            log.warning("second signal: stopping now, running jobs given back")
+            self._forced.set()
+        else:
+            log.info("signal: stopping (running jobs get %.1f s)", self.shutdown_timeout)
+            self._stopping.set()
+
+    async def stop(self, force: bool = False) -> None:
+        """Stops consuming, lets running handlers finish within ``shutdown_timeout`` (none
+        with ``force``), gives back the jobs still held without spending a try, sends the
+        pending acks. Returns when nothing is left reserved by this worker."""
+        self._stopping.set()
+        if force:
+            self._forced.set()
+        self._room.set()
+        self._arrived.set()
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(self._shutdown())
+        await asyncio.shield(self._closing)
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- the loops ------------------------------------------------------------------------
+
+    async def _fetch(self) -> None:
+        pause = 0.1
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._held)
+            if free <= 0 or self._acks.waiting >= self._backlog:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            sent = time.monotonic()
+            try:
+                jobs = await self.client.consume_many(
+                    self.queues, min(free, self.batch), ttr=self.ttr, timeout=self.poll_timeout
+                )
+            except (Unauthorized, BadRequest, NotFound) as e:
+                log.error("consume refused, worker stops: %s", e)
+                self._fatal = e
+                self._stopping.set()
+                break
+            except DQError as e:
+                log.warning("consume failed (again in %.1f s): %s", pause, e)
+                await self._sleep(pause)
+                pause = min(pause * 2, 5.0)
+                continue
+            pause = 0.1
+            for job in jobs:
+                d = _Delivery(job, sent, self.ttr)
+                self._held.add(d)
+                if self._stopping.is_set():
+                    continue  # given back by the shutdown
+                if self._handler is None:
+                    self._ready.append(d)
+                else:
+                    d.task = asyncio.get_running_loop().create_task(self._run(d))
+            if jobs:
+                self._gauge()
+                self._arrived.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _run(self, d: _Delivery) -> None:
+        handler = self._handler
+        assert handler is not None
+        d.started = time.perf_counter()
+        try:
+            if self._async:
+                returned = await handler(d.job)
+            else:
+                loop = asyncio.get_running_loop()
+                returned = await loop.run_in_executor(self._executor, handler, d.job)
+        except Exception as e:
+            outcome = decide(exc=e, bury_on=self.bury_on)
+            if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
+                log.warning("job %s of %s failed: %s", d.job.id, d.job.queue, e, exc_info=e)
+        else:
+            outcome = decide(returned) if returned is not None else _ACKED
+        if self._metrics is not None:
+            self._metrics.duration.labels(d.job.queue).observe(time.perf_counter() - d.started)
+        if d.settled:  # the shutdown gave it back meanwhile
+            return
+        await self._finish(d, outcome)
+
+    async def _finish(self, d: _Delivery, outcome: Outcome) -> None:
+        """Sends the outcome of a job (once: the first caller claims it)."""
+        if d.settled:
+            return
+        d.settled = True
+        if d.lost or (type(outcome) is Acked and outcome.result is None):
+            self._held.discard(d)
+            self._room.set()
+            if d.lost:
+                self._report(d, "lost")
+            else:
+                self._acks.add(d)
+            return
+        job, lease = d.job, d.job.lease
+        if isinstance(outcome, Acked):
+            what, send = (
+                "acked",
+                self._call(self.client.ack, job, lease=lease, result=outcome.result),
+            )
+        elif isinstance(outcome, Snoozed):
+            what = "snoozed"
+            send = self._call(
+                self.client.release,
+                job,
+                lease=lease,
+                delay=outcome.delay,
+                error=outcome.error,
+                keep_try=True,
+            )
+        elif isinstance(outcome, Released):
+            what = "released"
+            send = self._call(
+                self.client.release, job, lease=lease, delay=outcome.delay, error=outcome.error
+            )
+        else:
+            what = "buried"
+            send = self._call(self.client.bury, job, lease=lease, reason=outcome.reason)
+        self._report(d, await send or what)
+        self._held.discard(d)  # only now: a stop waits for it while it is held
+        self._room.set()
+        self._gauge()
+
+    async def _call(self, verb: Callable[..., Awaitable[Any]], job: Job, **kw: Any) -> str:
+        """One settling request with the job's lease: '' when done, ``lost`` when the lease
+        no longer holds the job, ``failed`` when the service did not confirm it. Repeated
+        after an unknown outcome (with a lease, a repeat cannot touch a later delivery; a
+        conflict then means the first one was applied)."""
+        unknown = False
+        for pause in (0.1, 0.5, 2.0, None):
+            try:
+                await verb(job.queue, job.id, **kw)
+                return ""
+            except (Conflict, NotFound) as e:
+                if unknown and job.lease:
+                    return ""
+                log.warning("job %s of %s: %s", job.id, job.queue, e)
+                return "lost"
+            except (TransportError, Unavailable) as e:
+                if not job.lease or pause is None:
+                    log.error("job %s of %s: outcome not confirmed: %s", job.id, job.queue, e)
+                    return "failed"
+                unknown = True
+                await asyncio.sleep(pause)
+            except DQError as e:
+                log.error("job %s of %s: refused: %s", job.id, job.queue, e)
+                return "failed"
+        return "failed"
+
+    async def _beat(self) -> None:
+        """Touches every held job whose reservation is past half its ttr."""
+        tick = max(0.02, min(1.0, self.ttr / 8))
+        while True:
+            await asyncio.sleep(tick)
+            due = time.monotonic() - self.ttr / 2
+            stale = [d for d in self._held if d.renewed <= due and not d.settled and not d.lost]
+            if stale:
+                await asyncio.gather(*(self._touch(d) for d in stale))
+
+    async def _touch(self, d: _Delivery) -> None:
+        sent = time.monotonic()
+        try:
+            await self.client.touch(d.job.queue, d.job.id, lease=d.job.lease, ttr=self.ttr)
+        except (Conflict, NotFound) as e:
+            if not d.settled:
+                d.lost = True
+                log.warning(
+                    "job %s of %s taken back, will not be acked: %s", d.job.id, d.job.queue, e
+                )
+        except DQError as e:
+            log.warning("touch of job %s of %s failed (tried again): %s", d.job.id, d.job.queue, e)
+        else:
+            d.renewed, d.deadline = sent, sent + self.ttr
+
+    async def _shutdown(self) -> None:
+        deadline = time.monotonic() + (0.0 if self._forced.is_set() else self.shutdown_timeout)
+        fetch = self._tasks[0] if self._tasks else None
+        while not self._forced.is_set():
+            # running: a handler's task, or a job the iterator gave out, not settled yet
+            busy = [
+                d
+                for d in self._held
+                if (d.task is not None and not d.task.done()) or d.job.id in self._yielded
+            ]
+            left = deadline - time.monotonic()
+            if (not busy and (fetch is None or fetch.done())) or left <= 0:
+                break
+            self._room.clear()
+            wake: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(e.wait()) for e in (self._room, self._forced)
+            ]
+            if fetch is not None and not fetch.done():
+                wake.append(fetch)
+            await asyncio.wait(wake, timeout=left, return_when="FIRST_COMPLETED")
+            for w in wake[:2]:
+                w.cancel()
+        if fetch is not None and not fetch.done():
+            fetch.cancel()  # a long-poll still waiting: what it may reserve comes back after ttr
+        # whatever is still held goes back without spending a try
+        back = [d for d in self._held if not d.settled]
+        for d in back:
+            if d.task is not None:
+                d.task.cancel()
+        self._ready.clear()
+        await asyncio.gather(*(self._finish(d, _GIVE_BACK) for d in back))
+        await self._acks.drain()
+        for t in self._tasks:
+            t.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._gauge()
+        log.info("worker stopped: %s", self.counts)
+
+    # -- the iterator form ----------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[Job]:
+        if self._handler is not None:
+            raise TypeError("a worker with a handler runs it; iterate over one without")
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Job]:
+        await self.start()
+        while True:
+            while not self._ready:
+                if self._stopping.is_set():
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+            if self._stopping.is_set():
+                return
+            d = self._ready.popleft()
+            d.started = time.perf_counter()
+            self._yielded[d.job.id] = d
+            yield d.job
+
+    def _claim(self, job: Job) -> _Delivery | None:
+        d = self._yielded.get(job.id)
+        if d is None or d.job is not job:
+            raise ValueError(f"job {job.id} is not one this worker gave out, or it is settled")
+        del self._yielded[job.id]
+        if self._metrics is not None:
+            self._metrics.duration.labels(job.queue).observe(time.perf_counter() - d.started)
+        return None if d.settled else d
+
+    async def ack(self, job: Job, result: Any = None, *, wait: bool = False) -> str:
+        """Acks a job the iterator gave (batched; ``result``: JSON, sent at once). With
+        ``wait``, returns once the service confirmed it: ``acked``, ``lost`` or ``failed``."""
+        outcome = decide(result)
+        d = self._claim(job)
+        if d is None:
+            return "lost"
+        if wait:
+            d.done = asyncio.get_running_loop().create_future()
+        await self._finish(d, outcome)
+        return await d.done if d.done is not None else "sent"
+
+    async def release(self, job: Job, delay: float | None = None, error: str | None = None) -> None:
+        """Gives the job back to be tried again (the delivery counts)."""
+        await self._settle_with(job, decide(exc=Retry(delay, error)))
+
+    async def snooze(self, job: Job, delay: float, error: str | None = None) -> None:
+        """Gives the job back for ``delay`` seconds without spending a try."""
+        await self._settle_with(job, decide(exc=Snooze(delay, error)))
+
+    async def bury(self, job: Job, reason: str = "buried") -> None:
+        """Sends the job to the dead letter."""
+        await self._settle_with(job, decide(exc=Bury(reason)))
+
+    async def _settle_with(self, job: Job, outcome: Outcome) -> None:
+        d = self._claim(job)
+        if d is not None:
+            await self._finish(d, outcome)
+
+    @asynccontextmanager
+    async def settle(self, job: Job) -> AsyncIterator[Job]:
+        """``async with worker.settle(job):`` the block is the handler: leaving it acks the
+        job (unless it was settled inside), an exception settles it as a handler's would
+        (``decide``) and is not raised further; a cancellation gives the job back."""
+        try:
+            yield job
+        except Exception as e:
+            if job.id in self._yielded:
+                await self._settle_with(job, decide(exc=e, bury_on=self.bury_on))
+            if not isinstance(e, Retry | Snooze | Bury):
+                log.warning("job %s of %s failed: %s", job.id, job.queue, e, exc_info=e)
+        except BaseException:
+            if job.id in self._yielded:
+                await asyncio.shield(self._settle_with(job, _GIVE_BACK))
+            raise
+        else:
+            if job.id in self._yielded:
+                await self.ack(job)
+
+    # -- accounting -----------------------------------------------------------------------
+
+    def _report(self, d: Any, what: str) -> None:
+        self.counts[what] += 1
+        if self._metrics is not None:
+            self._metrics.count(d.job.queue, what)
+            if what == "acked":
+                self._gauge()
+        done: asyncio.Future[str] | None = d.done
+        if done is not None and not done.done():
+            done.set_result(what)
+
+    def _gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.in_flight.set(len(self._held))
+
+
+_ACKED = Acked()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m cluster_dq.client.worker module:function --queue q ...``"""
+    from cluster_dq.client._worker_main import main as run
+
+    run(argv)
+
+
+if __name__ == "__main__":
+    main()
