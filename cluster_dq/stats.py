@@ -23,6 +23,7 @@ COUNTERS = {
     "cluster_dq_jobs_acked": "acked",
 }
 RATES = tuple(COUNTERS.values())
+HEADERS = ("pub/s", "cons/s", "ack/s")  # short: the table fits 80 columns
 
 
 @dataclass(frozen=True)
@@ -125,27 +126,30 @@ def stats_doc(
 def stats_table(
     ns: str, rows: list[StatsRow], before: Sample | None, after: Sample | None
 ) -> Table:
+    """The refreshing table: a paused queue is marked after its name; fits 80 columns."""
+    from rich import box
     from rich.table import Table
 
     window = f"rates over {after.at - before.at:.1f} s" if before and after else "no rates"
-    table = Table(title=f"namespace {ns} ({window})", title_justify="left")
-    table.add_column("queue")
-    for name in ("ready", "delayed", "reserved", "dead"):
-        table.add_column(name, justify="right")
-    table.add_column("paused")
-    table.add_column("lateness", justify="right")
-    for kind in RATES:
-        table.add_column(f"{kind}/s", justify="right")
+    table = Table(
+        title=f"namespace {ns} ({window})",
+        title_justify="left",
+        box=box.SIMPLE,
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    table.add_column("queue", overflow="fold")
+    for name in ("ready", "delayed", "reserved", "dead", "lateness", *HEADERS):
+        table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
         rates = [f"{r.rates[k]:.1f}" if r.rates is not None else "-" for k in RATES]
         table.add_row(
-            r.queue,
+            f"{r.queue} (paused)" if r.paused else r.queue,
             f"{r.ready:,}",
             f"{r.delayed:,}",
             f"{r.reserved:,}",
             f"{r.dead:,}",
-            "yes" if r.paused else "",
-            f"{r.lateness:.3f} s" if r.lateness is not None else "-",
+            f"{r.lateness:.1f}s" if r.lateness is not None else "-",
             *rates,
         )
     return table

@@ -8,6 +8,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -299,18 +300,21 @@ def test_an_unreachable_service_exits_1_with_one_line() -> None:
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
 
 
-def in_terminal(argv: list[str], answer: bytes) -> tuple[int, str]:
+def in_terminal(
+    argv: list[str], answer: bytes = b"", interrupt_at: tuple[bytes, int] | None = None
+) -> tuple[int, str]:
     """Runs the console script with stdin, stdout and stderr on a pseudo-terminal, answering
-    ``answer`` to its question; its exit status and everything it wrote."""
+    ``answer`` to its question, and sending SIGINT once ``interrupt_at``'s text was written
+    that many times; its exit status and everything it wrote."""
     master, slave = pty.openpty()
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", "COLUMNS": "100"}
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", "COLUMNS": "80"}
     proc = subprocess.Popen(
         [str(CONSOLE_SCRIPT), *argv], stdin=slave, stdout=slave, stderr=slave, env=environ
     )
     os.close(slave)
-    out, asked = b"", False
+    out, asked, deadline = b"", False, time.monotonic() + 60
     try:
-        while select.select([master], [], [], 60)[0]:
+        while time.monotonic() < deadline and select.select([master], [], [], 60)[0]:
             try:
                 chunk = os.read(master, 4096)
             except OSError:  # EIO: the process ended and closed the terminal
@@ -321,6 +325,9 @@ def in_terminal(argv: list[str], answer: bytes) -> tuple[int, str]:
             if not asked and b"[y/N]" in out:
                 os.write(master, answer)
                 asked = True
+            if interrupt_at and out.count(interrupt_at[0]) >= interrupt_at[1]:
+                proc.send_signal(signal.SIGINT)
+                interrupt_at = None
         return proc.wait(timeout=60), out.decode(errors="replace")
     finally:
         os.close(master)
@@ -341,3 +348,40 @@ def test_dlq_in_a_terminal_asks_and_shows_a_progress_bar(
     assert "redrive the dead jobs of" in out and "3/3" in out, out  # the bar's count
     assert f"3 dead job(s) of {client.namespace}/q redriven" in out
     assert sizes_of(client, "q") == {"ready": 3, "delayed": 0, "reserved": 0, "dead": 0}
+
+
+def test_stats_watch_refreshes_until_interrupted(client: Client, env: dict[str, str]) -> None:
+    client.publish("q", "x")
+    environ = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [str(CONSOLE_SCRIPT), "stats", "--watch", "0.2", "--json"],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        docs = [json.loads(proc.stdout.readline()) for _ in range(3)]  # one document a refresh
+        client.publish("q", "y")
+        for _ in range(50):  # a later refresh sees the new job
+            doc = json.loads(proc.stdout.readline())
+            if doc["queues"][0]["ready"] == 2:
+                break
+        else:
+            pytest.fail(f"50 refreshes and still {doc}")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [d["queues"][0]["ready"] for d in docs] == [1, 1, 1]
+    assert all(0 < d["rate_window"] < 5 for d in docs) and doc["queues"][0]["queue"] == "q"
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+def test_stats_watch_in_a_terminal_redraws_a_table(client: Client, env: dict[str, str]) -> None:
+    client.publish("orders", "x")
+    code, out = in_terminal(["stats", "--watch", "0.2"], interrupt_at=(b"ack/s", 3))
+    assert code == 130 and "Traceback" not in out, out
+    assert f"namespace {client.namespace} (rates over" in out and "orders" in out
