@@ -6,6 +6,7 @@ one), configuration from the environment. Both the sync and the async client."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,6 +24,7 @@ from cluster_dq.client import (
     BadRequest,
     Client,
     Conflict,
+    Contended,
     DeadJob,
     DeadPage,
     DQError,
@@ -129,6 +131,7 @@ async def test_publish_consume_ack_round_trip(dq: Any) -> None:
     assert job.remain_tries == 2 and job.deliveries == 1 and job.state == "reserved"
     assert job.attributes == {"tenant": "acme"} and isinstance(job.lease, str)
     assert 98 <= job.ttl <= 100 and isinstance(job.elapsed_ms, int)
+    assert job in {job} and job == dataclasses.replace(job)  # hashable, though it holds a dict
     assert await dq.consume("q") is None  # nothing else ready
     await dq.ack("q", job.id, lease=job.lease)
     assert await dq.get_job("q", jid) is None
@@ -143,6 +146,18 @@ async def test_text_json_delay_and_result(dq: Any) -> None:
     await dq.ack("q", job.id, result={"total": 1})
     done = await dq.get_job("q", job.id)
     assert done is not None and done.state == "acked" and done.result == {"total": 1}
+
+
+async def test_republish(dq: Any) -> None:
+    jid = await dq.publish("q", b"step 1")
+    job = await dq.consume("q", ttr=30)
+    new = await dq.republish("q", jid, b"step 2", lease=job.lease, delay=60)
+    assert new != jid and await dq.get_job("q", jid) is None
+    assert (await dq.get_job("q", new)).state == "delayed"
+    assert await dq.republish("q", new, "step 3", new_job_id="step-3") == "step-3"
+    assert (await dq.get_job("q", "step-3")).body == b"step 3"
+    with pytest.raises(LeaseLost):
+        await dq.republish("q", "step-3", b"x", lease=job.lease)
 
 
 async def test_publish_with_job_id_is_idempotent(dq: Any) -> None:
@@ -178,6 +193,28 @@ async def test_touch_release_progress(dq: Any) -> None:
     assert job.state == "ready"
     job = await dq.consume("q", ttr=30)
     assert await dq.release("q", jid, lease=job.lease, keep_try=True) == "ready"
+
+
+async def test_priority_backoff_and_queue_order(dq: Any) -> None:
+    low = await dq.publish("p", b"low")
+    high = await dq.publish("p", b"high", priority=5, tries=2, backoff=Backoff("fixed", 30))
+    await dq.publish("first", b"x")
+    got = await dq.consume(["first", "p"], ttr=30)
+    assert got.queue == "first"  # the listed order is the priority
+    job = await dq.consume(["first", "p"], ttr=30)
+    assert job.id == high  # a higher priority is delivered first within a queue
+    assert await dq.release("p", high, lease=job.lease) == "delayed"  # its own backoff
+    seen = await dq.get_job("p", high)
+    assert seen.next_attempt_at is not None and 20 < seen.next_attempt_at - time.time() <= 30
+    none = await dq.publish("p", b"none", tries=2, backoff=Backoff("none"))
+    assert (await dq.consume("p", ttr=30)).id == low
+    job = await dq.consume("p", ttr=30)
+    assert job.id == none and await dq.release("p", none, lease=job.lease) == "ready"
+    expo = Backoff("exponential", 1.5, cap=60, jitter=0.25)
+    jid = await dq.publish("p", b"e", tries=3, backoff=expo)  # every field as the service takes it
+    with pytest.raises(BadRequest):
+        await dq.publish("p", b"e", backoff=Backoff("exponential", 1, jitter=2))
+    assert (await dq.get_job("p", jid)).state == "ready"
 
 
 async def test_bury_kick_reschedule_cancel(dq: Any) -> None:
@@ -297,6 +334,7 @@ async def test_admin_client(kind: str, service: ServiceProcess, sync_redis: redi
     else:
         admin = AsyncAdminClient(service.admin, ADMIN_AUTH)
     assert await admin.healthz() is True
+    assert (await admin.readyz())["status"] == "ok"
     assert isinstance(await admin.version(), str)
     assert await admin.pools() == ["default"]
     token = await admin.create_token(NS, "from the client")
@@ -320,6 +358,25 @@ async def test_admin_client(kind: str, service: ServiceProcess, sync_redis: redi
     with pytest.raises(Unauthorized):
         await wrong.create_token(NS, "x")
     await close(wrong)
+
+
+async def test_one_client_shared_by_threads_and_tasks(service: ServiceProcess, token: str) -> None:
+    """A Client shared by threads, an AsyncClient by tasks, each with fewer connections than
+    callers: every job is published once, consumed once and acked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Client(service.base, token, NS, max_connections=3) as c:
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(lambda i: c.publish("shared", f"{i}", job_id=f"t-{i}"), range(40)))
+        assert ids == [f"t-{i}" for i in range(40)]
+    async with AsyncClient(service.base, token, NS, max_connections=3) as ac:
+        more = await asyncio.gather(*(ac.publish("shared", f"a{i}") for i in range(40)))
+        assert len(set(more)) == 40
+        got = await asyncio.gather(*(ac.consume_many("shared", 10, ttr=60) for _ in range(8)))
+        jobs = [j for batch in got for j in batch]
+        assert sorted(j.id for j in jobs) == sorted(ids + more)
+        await asyncio.gather(*(ac.ack_many("shared", b) for b in got if b))
+        assert (await ac.size("shared")).total == 0
 
 
 # -- the error tree, provoked for real --------------------------------------------------------
@@ -358,14 +415,21 @@ async def test_bad_input_is_bad_request_or_value_error(dq: Any) -> None:
     assert "ttl" in e.value.message and e.value.status == 400
     with pytest.raises(BadRequest):
         await dq.publish("_q", b"x")
+    with pytest.raises(BadRequest) as e:
+        await dq.publish("q", b"x", job_id="no/slash")
+    assert "job id" in e.value.message
     for bad in (
         lambda: dq.publish("q", b"x", delay=-1),
         lambda: dq.publish("q", 42),
         lambda: dq.consume_many("q", 0),
         lambda: dq.consume([]),
         lambda: dq.publish_many("q", [b"not json"]),
+        lambda: dq.publish_many("q", b'["one body"]'),
+        lambda: dq.publish("q", b"x", job_id=""),
         lambda: dq.reschedule("q", "id"),
         lambda: dq.ack_many("q", []),
+        lambda: dq.progress("q", "id", {1, 2}),
+        lambda: dq.ack("q", "id", result=float("nan")),
     ):
         with pytest.raises(ValueError):
             await bad()
@@ -460,6 +524,38 @@ def test_503_bodies_decode_into_safe_to_repeat_and_maybe_applied() -> None:
     assert isinstance(bare, Unavailable) and bare.maybe_applied and not bare.safe_to_repeat
 
 
+def test_every_503_of_the_service_decodes_to_what_happened() -> None:
+    """Over every Redis failure the service may meet, for idempotent and other requests, the
+    503 it writes (its own ``_unavailable``) decodes so that the client repeats a once-only
+    call only when nothing ran on Redis, and reads `safe` only where the service said so."""
+    from cluster_dq import errors as server
+    from cluster_dq.service import _unavailable
+
+    failures = [
+        server.Transient("reset"),
+        server.Refused("TRYAGAIN"),
+        server.StaleMaster("NOREPLICAS"),
+        server.Unsent("refused"),
+        server.MovedDuringWait("moved"),
+        server.ServerError("OOM", "OOM"),
+        server.RedisFailure("?"),
+        server.NotReplicated(0, 1, 100, None),
+    ]
+    for failure in failures:
+        for idempotent in (True, False):
+            for unknown in ("the request may or may not have been applied", None):
+                try:
+                    with _unavailable("default", idempotent=idempotent, unknown=unknown):
+                        raise failure
+                except server.PoolUnavailable as e:
+                    got = unavailable(e.advice)
+                nothing_ran = isinstance(failure, server.Refused)
+                assert got.maybe_applied or nothing_ran, (failure, idempotent, unknown)
+                assert not got.safe_to_repeat or idempotent or nothing_ran, (failure, idempotent)
+                if repeatable(ONCE, got):
+                    assert nothing_ran and not idempotent, (failure, idempotent, unknown)
+
+
 def test_the_retry_table() -> None:
     """Each failure against each safety: repeated only when a repeat can do no harm."""
     advice = service_advice()
@@ -473,6 +569,7 @@ def test_the_retry_table() -> None:
         (unavailable(advice["release"]), True, False),
         (RateLimited("slow down", retry_after=1.0), True, True),
         (RateLimited("slow down"), True, True),
+        (Contended("lost to concurrent writers", 409), True, True),
         (QueueFull("full", 429), False, False),
         (BadRequest("bad", 400), False, False),
         (Unauthorized("no", 401), False, False),
@@ -485,6 +582,75 @@ def test_the_retry_table() -> None:
     ]
     for exc, idem, once in table:
         assert (repeatable(IDEM, exc), repeatable(ONCE, exc)) == (idem, once), exc
+
+
+def test_each_verb_is_classified_as_docs_client_md_says() -> None:
+    from cluster_dq.client import _admin as a
+    from cluster_dq.client import _control as ctl
+    from cluster_dq.client import _verbs as v
+
+    idempotent = [
+        v.publish("n", "q", b"x", job_id="fixed"),
+        v.republish("n", "q", "old", b"x", new_job_id="fixed"),
+        v.consume("n", "q"),
+        v.consume_many("n", ["q", "r"], 10),
+        v.ack("n", "q", "j", lease="l"),
+        v.ack_many("n", "q", [("j", "l")]),
+        v.cancel("n", "q", "j"),
+        v.touch("n", "q", "j", lease="l"),
+        v.progress("n", "q", "j", 1, lease="l"),
+        v.peek("n", "q"),
+        v.get_job("n", "q", "j"),
+        v.size("n", "q"),
+        v.destroy("n", "q"),
+        ctl.settings("n", "q"),
+        ctl.update_settings("n", "q", tries=2),
+        ctl.pause("n", "q"),
+        ctl.put_schedule("n", "q", "s", every=60),
+        ctl.delete_schedule("n", "q", "s"),
+        ctl.dead_jobs("n", "q"),
+        a.delete_token("n", "t"),
+    ]
+    once = [
+        v.publish("n", "q", b"x"),
+        v.publish_many("n", "q", [b"1"]),
+        v.republish("n", "q", "old", b"x"),
+        v.republish("n", "q", "old", b"x", lease="l", new_job_id="fixed"),
+        v.release("n", "q", "j", lease="l"),
+        v.bury("n", "q", "j"),
+        v.kick("n", "q", "j"),
+        v.reschedule("n", "q", "j", delay=1),
+        ctl.respawn("n", "q"),
+        ctl.dead_delete("n", "q"),
+        ctl.redrive("n", "q"),
+        ctl.purge("n", "q"),
+        a.create_token("n", "d"),
+    ]
+    assert [c.path for c in idempotent if c.safety is not IDEM] == []
+    assert [c.path for c in once if c.safety is not ONCE] == []
+
+
+def test_409_decoding() -> None:
+    """Each 409 the service's own error table writes decodes into its class and state."""
+    from cluster_dq.errors import ClusterDQError
+    from cluster_dq.errors import Conflict as ServerConflict
+    from cluster_dq.errors import Contended as ServerContended
+    from cluster_dq.errors import WrongState as ServerWrongState
+    from cluster_dq.http.errors import error_handlers
+
+    async def answer(exc: Exception) -> Reply:
+        response = await error_handlers()[ClusterDQError](None, exc)  # type: ignore[arg-type]
+        return Reply(response.status_code, response.headers, bytes(response.body))
+
+    for exc, cls, state in [
+        (ServerConflict([("j", "reserved")]), LeaseLost, "reserved"),
+        (ServerConflict([("j", None)]), LeaseLost, None),
+        (ServerWrongState("j", "dead", "bury", "reserved"), WrongState, "dead"),
+        (ServerContended("schedule changed meanwhile"), Contended, None),
+    ]:
+        got = error_from(asyncio.run(answer(exc)))
+        assert type(got) is cls and got.status == 409, exc
+        assert isinstance(got, Conflict) and got.state == state
 
 
 def test_429_status_decoding() -> None:
@@ -643,15 +809,19 @@ async def test_a_lost_release_reply_is_not_repeated_a_lost_ack_is(
 async def test_a_lost_consume_reply_is_repeated(
     kind: str, service: ServiceProcess, token: str
 ) -> None:
-    """The lost delivery's job stays reserved until its ttr; the repeat takes the next one."""
+    """The lost delivery's job stays reserved until its ttr, then comes back (a try spent);
+    the repeat takes the next one."""
     faults = LoseReplies(lambda r: r.method == "GET" and "/size" not in r.url.path)
     c = faulty(kind, service, token, faults)
-    first = await c.publish("q", b"1")
-    second = await c.publish("q", b"2")
-    job = await c.consume("q", ttr=30)
+    first = await c.publish("q", b"1", tries=2)
+    second = await c.publish("q", b"2", tries=2)
+    job = await c.consume("q", ttr=0.5)
     assert job is not None and job.id == second and len(faults.seen) == 4
     assert await c.size("q") == Sizes(0, 0, 2, 0)
-    assert first != second
+    await c.ack("q", second)  # no lease: whatever a slow machine made of its ttr
+    back = await c.consume("q", ttr=30, timeout=10)
+    assert back is not None and back.id == first
+    assert back.deliveries == 2 and back.remain_tries == 0
     await close(c)
 
 
@@ -777,6 +947,28 @@ def test_configuration_from_the_environment(
             c.publish("env", b"x")
 
 
+def test_admin_configuration_from_the_environment(
+    service: ServiceProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CLUSTER_DQ_ADMIN_URL", raising=False)
+    with pytest.raises(ValueError, match="CLUSTER_DQ_ADMIN_URL"):
+        AdminClient()
+    monkeypatch.setenv("CLUSTER_DQ_ADMIN_URL", service.admin)
+    monkeypatch.setenv("CLUSTER_DQ_ADMIN_AUTH", "no-colon")
+    with pytest.raises(ValueError, match="user:password"):
+        AdminClient()
+    monkeypatch.setenv("CLUSTER_DQ_ADMIN_AUTH", ":".join(ADMIN_AUTH))
+    with AdminClient() as admin:
+        token = admin.create_token(NS, "from the environment")
+        assert token in admin.tokens(NS)
+        admin.delete_token(NS, token)
+    monkeypatch.delenv("CLUSTER_DQ_ADMIN_AUTH")
+    with AdminClient() as admin:  # no basic auth: the token routes refuse
+        assert admin.healthz()
+        with pytest.raises(Unauthorized):
+            admin.tokens(NS)
+
+
 async def test_async_context_manager(service: ServiceProcess, token: str) -> None:
     async with AsyncClient(service.base, token, NS) as c:
         assert await c.publish("ctx", b"x", job_id="ctx-1") == "ctx-1"
@@ -800,3 +992,56 @@ def test_sync_and_async_clients_have_the_same_verbs(sync_cls: type, async_cls: t
         assert params == aio[name], name
         fn = getattr(async_cls, name)
         assert inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn), name
+
+
+UNASYNC = [
+    ("async def ", "def "),
+    ("await ", ""),
+    ("AsyncRetrying", "Retrying"),
+    ("AsyncIterator", "Iterator"),
+    ("AsyncBaseTransport", "BaseTransport"),
+    ("AsyncClient", "Client"),
+    ("aclose", "close"),
+    ("__aenter__", "__enter__"),
+    ("__aexit__", "__exit__"),
+    ("the asyncio client", "the blocking client"),
+]
+
+
+def test_the_blocking_client_is_the_async_one_without_await() -> None:
+    """As httpcore's unasync: sync.py is aio.py with async/await taken out, so the two shells
+    cannot drift apart (no verb, argument or default differs)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "cluster_dq" / "client"
+    text = (package / "aio.py").read_text()
+    for old, new in UNASYNC:
+        text = text.replace(old, new)
+    ruff = [str(Path(sys.executable).parent / "ruff")]
+    for step in (["check", "--select", "I", "--fix", "--quiet"], ["format"]):
+        run = subprocess.run(
+            [*ruff, *step, "--stdin-filename", str(package / "sync.py"), "-"],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        text = run.stdout
+    assert text == (package / "sync.py").read_text()
+
+
+def test_the_client_imports_nothing_of_the_service() -> None:
+    """A producer process pays for httpx and tenacity, not for redis-py or Starlette."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cluster_dq.client; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('redis', 'starlette', 'uvicorn', 'prometheus_client') "
+        "or (m.startswith('cluster_dq.') and not m.startswith('cluster_dq.client'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -7,6 +7,7 @@ from cluster_dq.client.aio import AsyncClient
 from cluster_dq.client.errors import (
     BadRequest,
     Conflict,
+    Contended,
     DQError,
     LeaseLost,
     NotFound,
@@ -43,6 +44,7 @@ __all__ = [
     "BadRequest",
     "Client",
     "Conflict",
+    "Contended",
     "DQError",
     "DeadJob",
     "DeadPage",

@@ -18,6 +18,7 @@ import httpx
 from cluster_dq.client.errors import (
     BadRequest,
     Conflict,
+    Contended,
     DQError,
     LeaseLost,
     NotFound,
@@ -109,8 +110,11 @@ def as_bytes(body: bytes | str, what: str = "body") -> bytes:
     raise ValueError(f"{what} must be bytes or str, not {type(body).__name__}")
 
 
-def json_body(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+def json_body(value: Any, what: str = "value") -> bytes:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be JSON (no NaN, no sets or objects): {e}") from None
 
 
 JSON = {"Content-Type": "application/json"}
@@ -129,9 +133,10 @@ def _message(body: Any, reply: Reply) -> str:
 
 def _seconds(raw: str | None) -> float | None:
     try:
-        return float(raw) if raw is not None else None
+        value = float(raw) if raw is not None else None
     except ValueError:
         return None  # an HTTP date: the exponential wait applies
+    return value if value is not None and math.isfinite(value) else None
 
 
 # What a 503 of the service says (cluster_dq/service.py ``_outcome``, ``_not_replicated``).
@@ -158,6 +163,8 @@ def error_from(reply: Reply) -> DQError:
             return LeaseLost(msg, status, body, state)
         if isinstance(body, dict) and "state" in body:
             return WrongState(msg, status, body, state)
+        if isinstance(body, dict) and set(body) == {"error"}:  # no job named: a contended write
+            return Contended(msg, status, body)
         return Conflict(msg, status, body, state)
     if status == 413:
         return TooLarge(msg, status, body)

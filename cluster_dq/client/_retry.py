@@ -6,6 +6,7 @@ A failure is repeated when repeating it cannot do harm:
 - nothing reached the server (the connection could not be made), or the service says the
   request was refused before it ran: any call;
 - a rate limit (429 other than a full queue): nothing was done; wait ``Retry-After``;
+- a write that lost to concurrent writers (409 ``Contended``): nothing was done;
 - the reply was lost, or a 503 whose outcome is unknown: only an ``IDEMPOTENT`` call (reads,
   acks, touch, a publish with a fixed ``job_id``, consume: what a lost consume reserved comes
   back after its ttr). A ``ONCE`` call (a publish without ``job_id``, release, bury, kick…)
@@ -26,7 +27,7 @@ from tenacity import (
 )
 
 from cluster_dq.client._core import Safety
-from cluster_dq.client.errors import QueueFull, RateLimited, TransportError, Unavailable
+from cluster_dq.client.errors import Contended, QueueFull, RateLimited, TransportError, Unavailable
 
 FIRST_WAIT = 0.1  # seconds, doubled per attempt, with up to JITTER added at random
 MAX_WAIT = 5.0
@@ -38,7 +39,7 @@ def repeatable(safety: Safety, exc: BaseException) -> bool:
     """Whether a call of this ``safety`` that failed with ``exc`` may be sent again."""
     if isinstance(exc, QueueFull):
         return False
-    if isinstance(exc, RateLimited):
+    if isinstance(exc, RateLimited | Contended):  # nothing was done
         return True
     if isinstance(exc, TransportError):
         return not exc.sent or safety is Safety.IDEMPOTENT

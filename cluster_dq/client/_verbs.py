@@ -119,7 +119,8 @@ def publish(
     params = _job_params(delay, ttl, tries, priority) + backoff_params(backoff)
     headers: dict[str, str] = {}
     if job_id is not None:
-        params.append(("job_id", segment(job_id, "job_id")))
+        segment(job_id, "job_id")  # a non-empty string; the service checks its characters
+        params.append(("job_id", job_id))
     if attributes:
         headers["Enable-Job-Version"] = "YES"
         for k, val in attributes.items():
@@ -151,6 +152,8 @@ def publish_many(
 ) -> Call[list[str]]:
     """The bulk route: each body must be one JSON text (the service stores each element's raw
     JSON text), all published or none."""
+    if isinstance(bodies, bytes | str):
+        raise ValueError("bodies must be a list of bodies, not one body: use publish()")
     parts = []
     for i, b in enumerate(bodies):
         raw = as_bytes(b, f"bodies[{i}]")
@@ -172,6 +175,37 @@ def publish_many(
         JSON,
         b"[" + b",".join(parts) + b"]",
         ONCE,
+    )
+
+
+def republish(
+    ns: str,
+    queue: str,
+    job_id: str,
+    body: bytes | str,
+    *,
+    lease: str | None = None,
+    delay: float = 0.0,
+    ttl: float | None = None,
+    tries: int | None = None,
+    new_job_id: str | None = None,
+) -> Call[str]:
+    """lmstfy's republish: acks ``job_id`` and publishes ``body`` as a new job, atomically."""
+    params = _job_params(delay, ttl, tries) + query(lease=lease)
+    if new_job_id is not None:
+        segment(new_job_id, "new_job_id")
+        params.append(("job_id", new_job_id))
+    # Repeatable only with the new id fixed and no lease (a repeat with a lease would find it
+    # no longer holding the job and answer a conflict for a republish that happened).
+    safe = new_job_id is not None and lease is None
+    return Call(
+        "PUT",
+        _job(ns, queue, job_id),
+        lambda r: str(expect(r, 201)["job_id"]),
+        params,
+        {},
+        as_bytes(body),
+        Safety.IDEMPOTENT if safe else ONCE,
     )
 
 
@@ -229,7 +263,9 @@ def consume_many(
 def ack(
     ns: str, queue: str, job_id: str, *, lease: str | None = None, result: Any = None
 ) -> Call[None]:
-    params = query(lease=lease, result=None if result is None else json_body(result).decode())
+    params = query(
+        lease=lease, result=None if result is None else json_body(result, "result").decode()
+    )
     return Call("DELETE", _job(ns, queue, job_id), no_content, params)
 
 
@@ -294,7 +330,7 @@ def progress(
         no_content,
         query(lease=lease),
         JSON,
-        json_body(value),
+        json_body(value, "progress"),
     )
 
 

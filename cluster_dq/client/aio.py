@@ -175,6 +175,31 @@ class AsyncClient(_Shell):
             v.publish_many(self.namespace, queue, bodies, delay=delay, ttl=ttl, tries=tries)
         )
 
+    async def republish(
+        self,
+        queue: str,
+        job_id: str,
+        body: bytes | str,
+        *,
+        lease: str | None = None,
+        delay: float = 0.0,
+        ttl: float | None = None,
+        tries: int | None = None,
+        new_job_id: str | None = None,
+    ) -> str:
+        call = v.republish(
+            self.namespace,
+            queue,
+            job_id,
+            body,
+            lease=lease,
+            delay=delay,
+            ttl=ttl,
+            tries=tries,
+            new_job_id=new_job_id,
+        )
+        return await self._send(call)
+
     async def consume(
         self, queues: str | Sequence[str], *, ttr: float | None = None, timeout: float = 0.0
     ) -> Job | None:

@@ -7,7 +7,8 @@ reach it, as one class (decoded from the response by ``_core.error_from``).
     ├── NotFound            404: no such pool, job, schedule or route
     ├── Conflict            409: .state, where the job is (None: gone or not said)
     │   ├── LeaseLost       the lease no longer holds the job; nothing changed
-    │   └── WrongState      the job's state forbids the operation; nothing changed
+    │   ├── WrongState      the job's state forbids the operation; nothing changed
+    │   └── Contended       others kept changing it meanwhile (a schedule); nothing changed
     ├── TooLarge            413: a body, result or progress over its limit
     ├── RateLimited         429: .retry_after (seconds, or None); nothing was done
     ├── QueueFull           429: the queue holds its max_size; nothing was published
@@ -59,6 +60,11 @@ class LeaseLost(Conflict):
 
 class WrongState(Conflict):
     """A per-job operation (bury, kick, reschedule) that the job's state forbids."""
+
+
+class Contended(Conflict):
+    """A write that kept losing to concurrent changes of the same thing (a schedule changed by
+    other requests and firers meanwhile): nothing changed, and repeating it is safe."""
 
 
 class TooLarge(DQError):

@@ -21,16 +21,17 @@ class Job:
     ttl: float
     elapsed_ms: int
     remain_tries: int
-    attributes: dict[str, str] | None = None
+    # hash=False: a Job hashes (sets, dict keys) though these may hold dicts
+    attributes: dict[str, str] | None = field(default=None, hash=False)
     state: str | None = None
     deliveries: int = 0
     lease: str | None = None
-    progress: Any = None
+    progress: Any = field(default=None, hash=False)
     last_error: str | None = None
     next_attempt_at: float | None = None
     reason: str | None = None
     died_at: float | None = None
-    result: Any = None
+    result: Any = field(default=None, hash=False)
 
     @property
     def text(self) -> str:
@@ -65,7 +66,7 @@ class DeadJob:
     last_error: str | None
     size: int
     published_at: float | None
-    attributes: dict[str, str] | None = None
+    attributes: dict[str, str] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
