@@ -61,6 +61,10 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         r"spark local\[2\]: published 2,000[\s\S]*single process: 2,000 jobs in .* jobs/s",
     ),
     "bench_sweep.py": (["--queues", "300"], r"sweep, 30 signals lost: [\d.]+ s, 30 queue"),
+    "bench_worker.py": (
+        ["--jobs", "2000"],
+        r"worker \(concurrency \d+.*\): 2000 acked in .* jobs/s",
+    ),
     "drill.py": (
         ["service-leader", "--rate", "50", "--seconds", "2", "--backlog", "200", "--queues", "2"],
         r"published \(2xx\): [\d,]+[\s\S]*acknowledged jobs never delivered: 0",

@@ -23,8 +23,9 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
-from cluster_dq.client import AsyncClient, Backoff, Job
+from cluster_dq.client import AsyncClient, Backoff, BadRequest, Job, Unauthorized
 from cluster_dq.client.outcomes import (
     MAX_TEXT,
     Acked,
@@ -218,10 +219,10 @@ async def test_a_handler_running_three_ttrs_keeps_its_job(client: AsyncClient) -
 
     async def slow(job: Job) -> str:
         deliveries.append(job.deliveries)
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(6.0)  # 3 ttrs
         return "ok"
 
-    worker = Worker(client, "beat", slow, ttr=1.0, concurrency=2, poll_timeout=0.2)
+    worker = Worker(client, "beat", slow, ttr=2.0, concurrency=2, poll_timeout=0.2)
     await run_until(worker, lambda: worker.counts["acked"] >= 1)
     assert deliveries == [1] and worker.counts == {**worker.counts, "acked": 1, "lost": 0}
     job = await client.get_job("beat", jid)  # acked with its result
@@ -282,8 +283,17 @@ async def test_each_outcome_leaves_the_job_as_said(client: AsyncClient) -> None:
             raise RuntimeError("é" * 2000)
         return None
 
-    worker = Worker(client, "out", handle, bury_on=(ValueError,), poll_timeout=0.2)
+    registry = CollectorRegistry()
+    worker = Worker(
+        client, "out", handle, bury_on=(ValueError,), poll_timeout=0.2, metrics=registry
+    )
     await run_until(worker, lambda: sum(worker.counts.values()) >= len(behaviours))
+    for outcome, n in worker.counts.items():
+        labels = {"queue": "out", "outcome": outcome}
+        assert (registry.get_sample_value("cluster_dq_worker_jobs_total", labels) or 0) == n
+    ran = registry.get_sample_value("cluster_dq_worker_handler_seconds_count", {"queue": "out"})
+    assert ran == len(behaviours)
+    assert registry.get_sample_value("cluster_dq_worker_in_flight") == 0
     assert worker.counts == {
         "acked": 2,
         "released": 3,
@@ -315,11 +325,12 @@ async def test_each_outcome_leaves_the_job_as_said(client: AsyncClient) -> None:
 # -- concurrency --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize(("kind", "consumers"), [("async", 1), ("sync", 1), ("async", 3)])
 async def test_never_more_handlers_at_once_than_the_concurrency(
-    solo: AsyncClient, kind: str
+    solo: AsyncClient, kind: str, consumers: int
 ) -> None:
-    """Topology-insensitive (the limit is the worker's own): standalone only."""
+    """Topology-insensitive (the limit is the worker's own): standalone only. With several
+    consumes in flight, the slots each one asks for count as taken."""
     client = solo
     await client.publish_many("conc", ["1"] * 40)
     now, peak, lock = 0, 0, threading.Lock()
@@ -346,9 +357,10 @@ async def test_never_more_handlers_at_once_than_the_concurrency(
         leave()
 
     handler = ahandle if kind == "async" else shandle
-    worker = Worker(client, "conc", handler, concurrency=3, batch=100, poll_timeout=0.2)
+    worker = Worker(client, "conc", handler, concurrency=3, consumers=consumers, poll_timeout=0.2)
     await run_until(worker, lambda: worker.counts["acked"] >= 40)
     assert peak == 3 and worker.counts["acked"] == 40
+    assert len(worker._held) == 0 and worker._asked == 0
     assert (await client.size("conc")).total == 0
 
 
@@ -479,6 +491,24 @@ async def test_the_test_mode_decides_as_the_real_worker(
         assert seen == expected(outcome), (body, outcome)
         if isinstance(outcome, Acked) and job is not None:
             assert job.result == outcome.result
+
+
+async def test_a_refused_token_stops_the_worker_with_its_error(
+    solo_service: tuple[str, str], solo: AsyncClient
+) -> None:
+    """Topology-insensitive (the token check is the service's, before any Redis work):
+    standalone only. Bad settings are refused when the worker is made."""
+    async with AsyncClient(solo_service[0], "01NOSUCHTOKEN0000000000000", NS) as client:
+        worker = Worker(client, "q", lambda job: None, poll_timeout=0.1)
+        with pytest.raises(Unauthorized):
+            await asyncio.wait_for(worker.serve(), 30)
+        for bad in ({"concurrency": 0}, {"batch": 101}, {"ttr": 0}, {"ack_batch": 1001}):
+            with pytest.raises(ValueError):
+                Worker(client, "q", lambda job: None, **bad)
+        with pytest.raises(ValueError, match="queues"):
+            Worker(client, [], lambda job: None)
+    with pytest.raises(BadRequest, match="queue"):  # a name the service refuses
+        await asyncio.wait_for(Worker(solo, "_hidden", lambda job: None).serve(), 30)
 
 
 # -- the rule itself ----------------------------------------------------------------------

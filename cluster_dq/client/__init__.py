@@ -1,6 +1,8 @@
 """The Python client of cluster_dq: ``Client`` (blocking) and ``AsyncClient`` (asyncio) for
 the data port, ``AdminClient`` / ``AsyncAdminClient`` for the admin port, over one pure core
-(``_core``, ``_verbs``) and one retry rule (``_retry``). See docs/client.md."""
+(``_core``, ``_verbs``) and one retry rule (``_retry``). See docs/client.md; the ``Worker`` (with ``Retry``, ``Snooze``, ``Bury``): docs/worker.md."""
+
+from typing import TYPE_CHECKING, Any
 
 from cluster_dq.client.admin import AdminClient, AsyncAdminClient
 from cluster_dq.client.aio import AsyncClient
@@ -34,7 +36,22 @@ from cluster_dq.client.models import (
     Sweep,
     TokenLimit,
 )
+from cluster_dq.client.outcomes import Bury, Retry, Snooze
 from cluster_dq.client.sync import Client
+
+if TYPE_CHECKING:
+    from cluster_dq.client.worker import Worker
+
+
+def __getattr__(name: str) -> Any:
+    # Worker is imported on first use: `python -m cluster_dq.client.worker` must find its
+    # module not yet imported (runpy warns otherwise)
+    if name == "Worker":
+        from cluster_dq.client.worker import Worker
+
+        return Worker
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AdminClient",
@@ -42,6 +59,7 @@ __all__ = [
     "AsyncClient",
     "Backoff",
     "BadRequest",
+    "Bury",
     "Client",
     "Conflict",
     "Contended",
@@ -56,15 +74,18 @@ __all__ = [
     "QueuePage",
     "QueueSettings",
     "RateLimited",
+    "Retry",
     "Schedule",
     "ScheduleJob",
     "SchedulePage",
     "Sizes",
+    "Snooze",
     "Sweep",
     "TokenLimit",
     "TooLarge",
     "TransportError",
     "Unauthorized",
     "Unavailable",
+    "Worker",
     "WrongState",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import uvloop
 
 from cluster_dq.client.aio import AsyncClient
+from cluster_dq.client.errors import DQError
 from cluster_dq.client.worker import Worker
 
 
@@ -31,7 +32,11 @@ def find(target: str) -> Any:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cluster_dq.client.worker", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m cluster_dq.client.worker",
+        description="Runs a Worker over the queues with the handler named module:function "
+        "until SIGTERM or SIGINT (a second one forces the stop).",
+    )
     p.add_argument("handler", help="module:function, async or not, taking a Job")
     p.add_argument("--queue", "-q", action="append", required=True, help="repeat: priority order")
     p.add_argument("--url", help="default: CLUSTER_DQ_URL")
@@ -40,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--ttr", type=float, default=60.0, help="seconds; renewed while running")
     p.add_argument("--batch", type=int, default=100, help="jobs per consume, 1..100")
+    p.add_argument("--consumers", type=int, default=1, help="consumes in flight at once")
     p.add_argument("--poll-timeout", type=float, default=5.0, help="long-poll seconds")
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
     p.add_argument("--bury-on", action="append", default=[], help="module:ExceptionClass")
@@ -49,16 +55,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    bury_on = tuple(find(t) for t in args.bury_on)
+    handler, bury_on = find(args.handler), tuple(find(t) for t in args.bury_on)
     client = AsyncClient(args.url, args.token, args.namespace, max_connections=64)
     async with client:
         worker = Worker(
             client,
             args.queue,
-            find(args.handler),
+            handler,
             concurrency=args.concurrency,
             ttr=args.ttr,
             batch=args.batch,
+            consumers=args.consumers,
             poll_timeout=args.poll_timeout,
             shutdown_timeout=args.shutdown_timeout,
             bury_on=bury_on,
@@ -79,5 +86,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.path.insert(0, "")  # handlers are found from the current directory, as python -m does
     try:
         uvloop.run(serve(args))
-    except ValueError as e:  # a bad setting: said in one line, not a traceback
+    except (ValueError, DQError) as e:  # a bad setting, a refused token: one line, no traceback
         raise SystemExit(f"error: {e}") from None

@@ -16,7 +16,7 @@ import logging
 import signal
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,15 +26,8 @@ from prometheus_client import CollectorRegistry
 from cluster_dq.client._acks import AckBatcher
 from cluster_dq.client._wmetrics import WorkerMetrics, metrics_for
 from cluster_dq.client.aio import AsyncClient
-from cluster_dq.client.errors import (
-    BadRequest,
-    Conflict,
-    DQError,
-    NotFound,
-    TransportError,
-    Unauthorized,
-    Unavailable,
-)
+from cluster_dq.client._send import renew, send_outcome
+from cluster_dq.client.errors import QueueFull, RateLimited, TransportError, Unavailable
 from cluster_dq.client.models import Job
 from cluster_dq.client.outcomes import (
     Acked,
@@ -82,7 +75,8 @@ class Worker:
 
     ``concurrency``: jobs held at once (handlers running or waiting); ``ttr``: each
     delivery's time to run, renewed by a touch while a handler runs past half of it;
-    ``batch``: jobs per consume (1..100); ``poll_timeout``: a consume's long-poll;
+    ``batch``: jobs per consume (1..100); ``consumers``: consumes in flight at once (more
+    overlap the service's work with the handlers'); ``poll_timeout``: a consume's long-poll;
     ``bury_on``: exception classes that bury the job instead of releasing it;
     ``ack_delay`` / ``ack_batch``: acks wait at most this long, or until this many;
     ``shutdown_timeout``: how long a stop lets running handlers finish before giving their
@@ -97,6 +91,7 @@ class Worker:
         concurrency: int = 16,
         ttr: float = 60.0,
         batch: int = 100,
+        consumers: int = 1,
         poll_timeout: float = 5.0,
         bury_on: tuple[type[BaseException], ...] = (),
         ack_delay: float = 0.005,
@@ -109,12 +104,15 @@ class Worker:
             raise ValueError(f"concurrency must be 1..100000, not {concurrency}")
         if not 1 <= batch <= 100:
             raise ValueError(f"batch must be 1..100, not {batch}")
+        if not 1 <= consumers <= 16:
+            raise ValueError(f"consumers must be 1..16, not {consumers}")
         if not ttr > 0 or not poll_timeout >= 0 or not shutdown_timeout >= 0:
             raise ValueError("ttr must be > 0; poll_timeout and shutdown_timeout >= 0")
         self.client, self.queues = client, [queues] if isinstance(queues, str) else list(queues)
         if not self.queues:
             raise ValueError("queues is empty: give at least one queue")
         self.concurrency, self.ttr, self.batch = concurrency, ttr, batch
+        self.consumers = consumers
         self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
         self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
         self._handler: Handler | None = None
@@ -132,6 +130,8 @@ class Worker:
         self._room = asyncio.Event()
         self._arrived = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._fetchers: list[asyncio.Task[None]] = []
+        self._asked = 0  # slots promised to the consumes in flight
         self._executor: ThreadPoolExecutor | None = None
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
@@ -156,7 +156,11 @@ class Worker:
         if self._handler is not None and not self._async:
             self._executor = ThreadPoolExecutor(self.concurrency, "dq-worker")
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._fetch(), name="dq-worker-fetch"))
+        self._fetchers = [
+            loop.create_task(self._fetch(), name=f"dq-worker-fetch-{i}")
+            for i in range(self.consumers)
+        ]
+        self._tasks.extend(self._fetchers)
         if self.heartbeat:
             self._tasks.append(loop.create_task(self._beat(), name="dq-worker-heartbeat"))
 
@@ -167,9 +171,14 @@ class Worker:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._signalled)
-        await self.start()
-        await self._stopping.wait()
-        await self.stop()
+        try:
+            await self.start()
+            await self._stopping.wait()
+            await self.stop()
+        finally:
+            if signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
         if self._fatal is not None:
             raise self._fatal
 
@@ -210,26 +219,31 @@ class Worker:
     async def _fetch(self) -> None:
         pause = 0.1
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._held)
+            free = self.concurrency - len(self._held) - self._asked
             if free <= 0 or self._acks.waiting >= self._backlog:
                 self._room.clear()
                 await self._room.wait()
                 continue
-            sent = time.monotonic()
+            sent, asked = time.monotonic(), min(free, self.batch)
+            self._asked += asked
             try:
                 jobs = await self.client.consume_many(
-                    self.queues, min(free, self.batch), ttr=self.ttr, timeout=self.poll_timeout
+                    self.queues, asked, ttr=self.ttr, timeout=self.poll_timeout
                 )
-            except (Unauthorized, BadRequest, NotFound) as e:
-                log.error("consume refused, worker stops: %s", e)
-                self._fatal = e
-                self._stopping.set()
-                break
-            except DQError as e:
+            except (TransportError, Unavailable, RateLimited, QueueFull) as e:
                 log.warning("consume failed (again in %.1f s): %s", pause, e)
                 await self._sleep(pause)
                 pause = min(pause * 2, 5.0)
                 continue
+            except Exception as e:  # refused (a token, a name): repeating cannot help
+                log.error("consume refused, worker stops: %s", e)
+                self._fatal = e
+                self._stopping.set()
+                break
+            finally:
+                self._asked -= asked
+            if len(jobs) < asked:
+                self._room.set()  # the slots not filled are free for another consume
             pause = 0.1
             for job in jobs:
                 d = _Delivery(job, sent, self.ttr)
@@ -285,60 +299,10 @@ class Worker:
             else:
                 self._acks.add(d)
             return
-        job, lease = d.job, d.job.lease
-        if isinstance(outcome, Acked):
-            what, send = (
-                "acked",
-                self._call(self.client.ack, job, lease=lease, result=outcome.result),
-            )
-        elif isinstance(outcome, Snoozed):
-            what = "snoozed"
-            send = self._call(
-                self.client.release,
-                job,
-                lease=lease,
-                delay=outcome.delay,
-                error=outcome.error,
-                keep_try=True,
-            )
-        elif isinstance(outcome, Released):
-            what = "released"
-            send = self._call(
-                self.client.release, job, lease=lease, delay=outcome.delay, error=outcome.error
-            )
-        else:
-            what = "buried"
-            send = self._call(self.client.bury, job, lease=lease, reason=outcome.reason)
-        self._report(d, await send or what)
+        self._report(d, await send_outcome(self.client, d.job, outcome))
         self._held.discard(d)  # only now: a stop waits for it while it is held
         self._room.set()
         self._gauge()
-
-    async def _call(self, verb: Callable[..., Awaitable[Any]], job: Job, **kw: Any) -> str:
-        """One settling request with the job's lease: '' when done, ``lost`` when the lease
-        no longer holds the job, ``failed`` when the service did not confirm it. Repeated
-        after an unknown outcome (with a lease, a repeat cannot touch a later delivery; a
-        conflict then means the first one was applied)."""
-        unknown = False
-        for pause in (0.1, 0.5, 2.0, None):
-            try:
-                await verb(job.queue, job.id, **kw)
-                return ""
-            except (Conflict, NotFound) as e:
-                if unknown and job.lease:
-                    return ""
-                log.warning("job %s of %s: %s", job.id, job.queue, e)
-                return "lost"
-            except (TransportError, Unavailable) as e:
-                if not job.lease or pause is None:
-                    log.error("job %s of %s: outcome not confirmed: %s", job.id, job.queue, e)
-                    return "failed"
-                unknown = True
-                await asyncio.sleep(pause)
-            except DQError as e:
-                log.error("job %s of %s: refused: %s", job.id, job.queue, e)
-                return "failed"
-        return "failed"
 
     async def _beat(self) -> None:
         """Touches every held job whose reservation is past half its ttr."""
@@ -352,22 +316,15 @@ class Worker:
 
     async def _touch(self, d: _Delivery) -> None:
         sent = time.monotonic()
-        try:
-            await self.client.touch(d.job.queue, d.job.id, lease=d.job.lease, ttr=self.ttr)
-        except (Conflict, NotFound) as e:
-            if not d.settled:
-                d.lost = True
-                log.warning(
-                    "job %s of %s taken back, will not be acked: %s", d.job.id, d.job.queue, e
-                )
-        except DQError as e:
-            log.warning("touch of job %s of %s failed (tried again): %s", d.job.id, d.job.queue, e)
-        else:
+        what = await renew(self.client, d.job, self.ttr)
+        if what == "":
             d.renewed, d.deadline = sent, sent + self.ttr
+        elif what == "lost" and not d.settled:
+            d.lost = True
 
     async def _shutdown(self) -> None:
         deadline = time.monotonic() + (0.0 if self._forced.is_set() else self.shutdown_timeout)
-        fetch = self._tasks[0] if self._tasks else None
+        fetching = self._fetchers
         while not self._forced.is_set():
             # running: a handler's task, or a job the iterator gave out, not settled yet
             busy = [
@@ -376,19 +333,19 @@ class Worker:
                 if (d.task is not None and not d.task.done()) or d.job.id in self._yielded
             ]
             left = deadline - time.monotonic()
-            if (not busy and (fetch is None or fetch.done())) or left <= 0:
+            polls = [t for t in fetching if not t.done()]
+            if (not busy and not polls) or left <= 0:
                 break
             self._room.clear()
             wake: list[asyncio.Future[Any]] = [
                 asyncio.ensure_future(e.wait()) for e in (self._room, self._forced)
             ]
-            if fetch is not None and not fetch.done():
-                wake.append(fetch)
+            wake.extend(polls)
             await asyncio.wait(wake, timeout=left, return_when="FIRST_COMPLETED")
             for w in wake[:2]:
                 w.cancel()
-        if fetch is not None and not fetch.done():
-            fetch.cancel()  # a long-poll still waiting: what it may reserve comes back after ttr
+        for t in fetching:  # a long-poll still waiting: what it reserves comes back after ttr
+            t.cancel()
         # whatever is still held goes back without spending a try
         back = [d for d in self._held if not d.settled]
         for d in back:
@@ -488,6 +445,7 @@ class Worker:
 
     def _report(self, d: Any, what: str) -> None:
         self.counts[what] += 1
+        self._room.set()  # a confirmed ack may unblock a consume held back by the backlog
         if self._metrics is not None:
             self._metrics.count(d.job.queue, what)
             if what == "acked":

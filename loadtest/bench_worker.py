@@ -1,0 +1,136 @@
+"""Worker benchmark: starts a redis-server and `cluster-dq serve`, publishes ``--jobs`` no-op
+jobs through the bulk route (64 per request), then runs one client ``Worker`` (batch consume
+of 100, batch ack) over them and prints jobs/s and the CPU seconds per 1,000 jobs of the
+service, Redis and the worker process.
+
+    python loadtest/bench_worker.py                          # 200,000 jobs
+    python loadtest/bench_worker.py --jobs 50000 --seconds 5 # stops after 5 s of work
+
+Figures only; nothing is asserted. Everything shares the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import pstats
+import time
+
+import psutil
+import uvloop
+
+from cluster_dq.client import AsyncClient, Job
+from cluster_dq.client.worker import Worker
+from cluster_dq.localredis import start_server
+from cluster_dq.testing.service_process import ServiceProcess
+
+NS, QUEUE = "bench", "noop"
+
+
+def cpu(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        t = p.cpu_times()
+        total += t.user + t.system
+    return total
+
+
+async def preload(client: AsyncClient, jobs: int, conns: int = 8) -> None:
+    left = jobs
+
+    async def one() -> None:
+        nonlocal left
+        while left > 0:
+            n = min(64, left)
+            left -= n
+            await client.publish_many(QUEUE, ["0"] * n)
+
+    await asyncio.gather(*(one() for _ in range(conns)))
+
+
+async def bench(
+    base: str,
+    token: str,
+    a: argparse.Namespace,
+    service: list[psutil.Process],
+    redis: psutil.Process,
+) -> None:
+    async with AsyncClient(base, token, NS, max_connections=64, timeout=60) as client:
+        t = time.perf_counter()
+        await preload(client, a.jobs)
+        took = time.perf_counter() - t
+        print(f"preload: {a.jobs} jobs in {took:.1f} s ({a.jobs / took:,.0f} jobs/s, bulk of 64)")
+
+        async def noop(job: Job) -> None:
+            return None
+
+        worker = Worker(
+            client,
+            QUEUE,
+            noop,
+            concurrency=a.concurrency,
+            batch=100,
+            consumers=a.consumers,
+            ack_batch=a.ack_batch,
+            poll_timeout=1.0,
+            heartbeat=False,
+        )
+        profile = cProfile.Profile() if a.profile else None
+        before = cpu(service), cpu([redis]), time.process_time()
+        t = time.perf_counter()
+        if profile:
+            profile.enable()
+        serving = asyncio.create_task(worker.serve())
+        stop = t + a.seconds
+        while worker.counts["acked"] < a.jobs and time.perf_counter() < stop:
+            await asyncio.sleep(0.01)
+        took = time.perf_counter() - t
+        done = worker.counts["acked"]
+        after = cpu(service), cpu([redis]), time.process_time()
+        if profile:
+            profile.disable()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        await worker.stop()
+        await serving
+    per_k = [(x - y) / max(done, 1) * 1000 for x, y in zip(after, before, strict=True)]
+    print(
+        f"worker (concurrency {a.concurrency}, {a.consumers} consumes of 100 in flight, acks of "
+        f"{a.ack_batch}): {done} acked in "
+        f"{took:.2f} s: {done / took:,.0f} jobs/s"
+    )
+    print(
+        f"CPU seconds per 1,000 jobs: service {per_k[0]:.3f}, redis {per_k[1]:.3f}, "
+        f"worker {per_k[2]:.3f} ({os.cpu_count()} cores)"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--jobs", type=int, default=200_000)
+    ap.add_argument("--seconds", type=float, default=60.0, help="stop the worker after this")
+    ap.add_argument("--concurrency", type=int, default=300)
+    ap.add_argument("--service-workers", type=int, default=1)
+    ap.add_argument("--consumers", type=int, default=3, help="consumes in flight at once")
+    ap.add_argument("--ack-batch", type=int, default=300, help="acks per batch ack request")
+    ap.add_argument("--profile", action="store_true", help="cProfile the worker phase")
+    a = ap.parse_args()
+    redis = start_server()
+    try:
+        env = {"CLUSTER_DQ_LOGLEVEL": "warning"}
+        args = ["--workers", str(a.service_workers)]
+        with ServiceProcess.start(f"127.0.0.1:{redis.port}", env=env, args=args) as svc:
+            procs = [psutil.Process(svc.pid), *psutil.Process(svc.pid).children(recursive=True)]
+            import httpx
+
+            token = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "b"}).json()
+            uvloop.run(bench(svc.base, token["token"], a, procs, psutil.Process(redis.process.pid)))
+    finally:
+        redis.kill()
+
+
+if __name__ == "__main__":
+    main()
