@@ -12,8 +12,7 @@ import asyncio
 import sys
 import time
 
-from cluster_dq.client import AsyncClient, Job
-from cluster_dq.client.worker import Bury, Retry, Snooze, Worker
+from cluster_dq.client import AsyncClient, Bury, Job, Retry, Snooze, Worker
 
 RATE = 4  # orders per second the (pretend) downstream accepts
 
