@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"{e.message} (HTTP {e.status})", 1)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `cluster-dq jobs dead q | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _fail(message: str, status: int) -> int:
