@@ -312,11 +312,7 @@ def _confirm(question: str) -> None:
 
 def pause(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        if args.cmd == "pause":
-            client.pause(args.queue)
-        else:
-            client.resume(args.queue)
-        settings = client.settings(args.queue)
+        settings = (client.pause if args.cmd == "pause" else client.resume)(args.queue)
     state = "paused" if settings.paused else "running"
     if args.json:
         _print_json({"queue": f"{client.namespace}/{args.queue}", "paused": settings.paused})
