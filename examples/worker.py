@@ -14,7 +14,7 @@ import time
 
 from cluster_dq.client import AsyncClient, Bury, Job, Retry, Snooze, Worker
 
-RATE = 4  # orders per second the (pretend) downstream accepts
+RATE = 2  # orders per second the (pretend) downstream accepts
 
 
 class Limiter:

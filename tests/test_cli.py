@@ -4,6 +4,7 @@ console script in a subprocess. What they print is checked against what the serv
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pty
@@ -21,9 +22,10 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster_dq.cli import main
+from cluster_dq.cli import main, when_arg
 from cluster_dq.client import Client
 from cluster_dq.localredis import free_port
+from cluster_dq.stats import Sample, parse_counters, rate
 from tests.conftest import Deployment
 from tests.test_http import ADMIN_AUTH, serve
 
@@ -385,3 +387,33 @@ def test_stats_watch_in_a_terminal_redraws_a_table(client: Client, env: dict[str
     code, out = in_terminal(["stats", "--watch", "0.2"], interrupt_at=(b"ack/s", 3))
     assert code == 130 and "Traceback" not in out, out
     assert f"namespace {client.namespace} (rates over" in out and "orders" in out
+
+
+def test_times_for_since_and_until() -> None:
+    assert when_arg("1795466640") == 1795466640.0
+    assert when_arg("2026-11-23T08:00") == when_arg("2026-11-23T09:00+01:00") == 1795420800.0
+    assert time.time() - 7200 - 5 < when_arg("2h") <= time.time() - 7200
+    assert when_arg("90s") < when_arg("1m") + 1 and when_arg("7d") < when_arg("1d")
+    for bad in ("yesterday", "2h ago", "-5m", "2026-13-01"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            when_arg(bad)
+
+
+def test_rates_from_two_samples_of_the_counters() -> None:
+    text = """# HELP cluster_dq_jobs_published Jobs published (new ids).
+# TYPE cluster_dq_jobs_published counter
+cluster_dq_jobs_published_total{namespace="ns",queue="q"} 10.0
+cluster_dq_jobs_published_total{namespace="other",queue="q"} 99.0
+# TYPE cluster_dq_jobs_acked counter
+cluster_dq_jobs_acked_total{namespace="ns",queue="q"} 4.0
+# TYPE cluster_dq_jobs_delivered counter
+cluster_dq_jobs_delivered_total{namespace="ns",queue="q"} 6.0
+"""
+    before = Sample(100.0, parse_counters(text))
+    assert before.counts[("published", "ns", "q")] == 10 and len(before.counts) == 4
+    after = Sample(102.0, {**before.counts, ("published", "ns", "q"): 30.0})
+    assert rate("published", "ns", "q", before, after) == 10.0
+    assert rate("acked", "ns", "q", before, after) == 0.0
+    assert rate("published", "ns", "new", before, after) == 0.0
+    restarted = Sample(102.0, {("published", "ns", "q"): 4.0})  # the instance restarted
+    assert rate("published", "ns", "q", before, restarted) == 2.0
