@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     except (UsageError, ValueError) as e:  # ValueError: an argument the client refused
         return _fail(str(e), 2)
     except TransportError as e:
-        return _fail(f"cannot reach the service: {e.message}", 1)
+        where = getattr(e, "where", None) or args.url or os.environ.get("CLUSTER_DQ_URL")
+        return _fail(f"cannot reach {where}: {e.message}", 1)
     except DQError as e:
         return _fail(f"{e.message} (HTTP {e.status})", 1)
     except KeyboardInterrupt:
@@ -75,6 +76,17 @@ def _admin(args: argparse.Namespace) -> AdminClient | None:
         raise UsageError(str(e)) from None
 
 
+def _sample(admin: AdminClient | None) -> Sample | None:
+    """The admin port's counters now (None without an admin URL)."""
+    if admin is None:
+        return None
+    try:
+        return sample(admin)
+    except TransportError as e:
+        e.where = admin.url  # type: ignore[attr-defined]  # the message names the admin port
+        raise
+
+
 def _print_json(doc: Any) -> None:
     print(json.dumps(doc, ensure_ascii=False), flush=True)
 
@@ -87,7 +99,7 @@ def stats(args: argparse.Namespace) -> int:
     with _client(args) as client:
         admin = _admin(args)
         try:
-            previous: Sample | None = sample(admin) if admin is not None else None
+            previous: Sample | None = _sample(admin)
             if args.watch is None:
                 if previous is not None:
                     time.sleep(interval)
@@ -103,7 +115,7 @@ def stats(args: argparse.Namespace) -> int:
 def _show_stats(
     args: argparse.Namespace, client: Client, admin: AdminClient | None, previous: Sample | None
 ) -> Sample | None:
-    current = sample(admin) if admin is not None else None
+    current = _sample(admin)
     rows = rows_of(client.namespace, list(client.iter_queues()), previous, current)
     if args.json:
         _print_json(stats_doc(client.namespace, rows, previous, current))
@@ -132,7 +144,7 @@ def _watch(
     with Live(auto_refresh=False) as live:
         while True:
             time.sleep(interval)
-            current = sample(admin) if admin is not None else None
+            current = _sample(admin)
             rows: list[StatsRow] = rows_of(
                 client.namespace, list(client.iter_queues()), previous, current
             )

@@ -298,7 +298,9 @@ def test_an_unreachable_service_exits_1_with_one_line() -> None:
             [str(CONSOLE_SCRIPT), *argv], env=environ, capture_output=True, text=True, timeout=120
         )
         assert out.returncode == 1, (argv, out.stderr)
-        assert out.stderr.startswith("cluster-dq: cannot reach the service"), out.stderr
+        assert out.stderr.startswith(f"cluster-dq: cannot reach http://127.0.0.1:{port}: "), (
+            out.stderr
+        )
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
 
 
@@ -417,3 +419,13 @@ cluster_dq_jobs_delivered_total{namespace="ns",queue="q"} 6.0
     assert rate("published", "ns", "new", before, after) == 0.0
     restarted = Sample(102.0, {("published", "ns", "q"): 4.0})  # the instance restarted
     assert rate("published", "ns", "q", before, restarted) == 2.0
+
+
+def test_an_unreachable_admin_port_is_named(
+    client: Client, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port(19_500, 20_000)
+    monkeypatch.setenv("CLUSTER_DQ_ADMIN_URL", f"http://127.0.0.1:{port}")
+    code, out, err = cli(capsys, "stats")
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert err.startswith(f"cluster-dq: cannot reach http://127.0.0.1:{port}: "), err
