@@ -42,6 +42,7 @@ from cluster_dq.client.outcomes import (
 from cluster_dq.client.testing import arun_job, run_job
 from cluster_dq.client.worker import Worker
 from cluster_dq.localredis import Server
+from cluster_dq.testing.service_process import ServiceProcess
 from tests.test_http import ADMIN_AUTH, serve, service  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,17 +73,23 @@ def solo_service(redis_server: Server) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture
-async def solo(
-    solo_service: tuple[str, str], standalone_redis: redis.Redis
-) -> AsyncIterator[AsyncClient]:
-    """A client of ``solo_service`` over a flushed Redis."""
+def solo_dq(solo_service: tuple[str, str], standalone_redis: redis.Redis) -> tuple[str, str]:
+    """(data URL, token) of ``solo_service``, over a flushed Redis."""
     base, admin = solo_service
     r = httpx.post(f"{admin}/token/{NS}", params={"description": "worker"}, auth=ADMIN_AUTH)
-    async with AsyncClient(base, r.json()["token"], NS, timeout=30) as c:
+    return base, str(r.json()["token"])
+
+
+@pytest.fixture
+async def solo(solo_dq: tuple[str, str]) -> AsyncIterator[AsyncClient]:
+    """A client of ``solo_service`` over a flushed Redis."""
+    async with AsyncClient(solo_dq[0], solo_dq[1], NS, timeout=30) as c:
         yield c
 
 
-def worker_process(dq: tuple[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+def worker_process(
+    dq: tuple[str, str], log: Path, *args: str, handler: str = "tests.worker_jobs:sleepy"
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -91,7 +98,7 @@ def worker_process(dq: tuple[str, str], log: Path, *args: str) -> subprocess.Pop
         "CLUSTER_DQ_NAMESPACE": NS,
         "DQ_WORKER_LOG": str(log),
     }
-    cmd = [sys.executable, "-m", "cluster_dq.client.worker", "tests.worker_jobs:sleepy", *args]
+    cmd = [sys.executable, "-m", "cluster_dq.client.worker", handler, *args]
     with open(log.with_suffix(".stderr"), "ab") as err:  # the child keeps its own copy
         return subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=err)
 
@@ -210,6 +217,104 @@ async def test_a_second_stop_forces_it(client: AsyncClient) -> None:
     assert worker.counts["snoozed"] == 1
 
 
+async def test_a_second_signal_forces_the_stop(
+    solo_dq: tuple[str, str], solo: AsyncClient, tmp_path: Path
+) -> None:
+    """Topology-insensitive (signal handling is the worker process's own): standalone only.
+    With a shutdown timeout of 10 minutes, a second SIGTERM ends the wait: the running jobs
+    are given back with their tries and the process exits."""
+    log = tmp_path / "log"
+    ids = [await solo.publish("sig", b"600", tries=2) for _ in range(2)]
+    args = ["--queue", "sig", "--shutdown-timeout", "600", "--poll-timeout", "0.5"]
+    proc = worker_process(solo_dq, log, *args)
+    try:
+        wait_for(lambda: len(lines(log, "start")) == 2)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None  # still waiting for the handlers
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 0, log.with_suffix(".stderr").read_text()
+    for jid in ids:
+        job = await solo.get_job("sig", jid)
+        assert job is not None and (job.state, job.remain_tries, job.deliveries) == (
+            "ready",
+            2,
+            0,
+        )
+
+
+async def test_acks_wait_out_a_service_restart(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
+    """Handlers finish while the service is down: their acks are kept and repeated (with
+    their leases) until the service is back, and only then count as done; none is lost or
+    acked twice. Topology-insensitive (the worker's retry, one service process): standalone."""
+    suite = {"CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_LOGLEVEL": "warning"}
+    svc = ServiceProcess.start(redis_server.pool_settings(), env=suite, timeout=20)
+    try:
+        r = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "w"}, auth=ADMIN_AUTH)
+        go, started = asyncio.Event(), []
+
+        async def wait(job: Job) -> None:
+            started.append(job.id)
+            await go.wait()
+
+        async with AsyncClient(svc.base, r.json()["token"], NS, retries=1) as client:
+            ids = set(await client.publish_many("down", ["1"] * 20))
+            worker = Worker(client, "down", wait, concurrency=20, ttr=60, poll_timeout=0.2)
+            serving = asyncio.create_task(worker.serve())
+            until = time.monotonic() + 30
+            while len(started) < 20:
+                assert time.monotonic() < until, started
+                await asyncio.sleep(0.02)
+            ports = svc.port, svc.admin_port
+            svc.stop(timeout=20)
+            go.set()  # the handlers return: their acks cannot be sent now
+            await asyncio.sleep(1.0)
+            assert worker.counts["acked"] == 0 and worker.counts["failed"] == 0
+            svc = ServiceProcess.start(
+                redis_server.pool_settings(), env=suite, ports=ports, timeout=20
+            )
+            until = time.monotonic() + 30
+            while worker.counts["acked"] < 20:
+                assert not serving.done() and time.monotonic() < until, worker.counts
+                await asyncio.sleep(0.05)
+            await worker.stop()
+            await serving
+            assert worker.counts == {**worker.counts, "acked": 20, "lost": 0, "failed": 0}
+            assert set(started) == ids and (await client.size("down")).total == 0
+    finally:
+        svc.stop(timeout=20)
+
+
+async def test_a_sync_handler_still_running_does_not_hold_the_process(
+    solo_dq: tuple[str, str], solo: AsyncClient, tmp_path: Path
+) -> None:
+    """A thread cannot be cancelled: past the shutdown timeout its job is given back and the
+    process exits all the same. Topology-insensitive: standalone only."""
+    log = tmp_path / "log"
+    jid = await solo.publish("thread", b"600", tries=1)
+    args = ["--queue", "thread", "--shutdown-timeout", "0.5", "--poll-timeout", "0.5"]
+    proc = worker_process(solo_dq, log, *args, handler="tests.worker_jobs:sleepy_sync")
+    try:
+        wait_for(lambda: len(lines(log, "start")) == 1)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 0, log.with_suffix(".stderr").read_text()
+    assert "still running" in log.with_suffix(".stderr").read_text()
+    job = await solo.get_job("thread", jid)
+    assert job is not None and (job.state, job.remain_tries) == ("ready", 1)
+
+
 # -- heartbeats ---------------------------------------------------------------------------
 
 
@@ -246,8 +351,9 @@ async def test_a_job_taken_back_during_its_handler_is_not_acked(client: AsyncCli
     assert await client.release("taken", jid) == "ready"  # no lease: lmstfy's release
     other = await client.consume("taken", ttr=60, timeout=5)
     assert other is not None and other.id == jid
+    until = time.monotonic() + 30
     while worker.counts["lost"] == 0:
-        assert not serving.done()
+        assert not serving.done() and time.monotonic() < until, worker.counts
         await asyncio.sleep(0.05)
     await worker.stop()
     await serving
@@ -378,6 +484,8 @@ async def test_the_iterator_form_settles_each_job_as_told(solo: AsyncClient) -> 
         async for job in worker:
             kind = job.text
             if kind == "ack":
+                with pytest.raises(ValueError, match="not JSON"):
+                    await worker.ack(job, {1, 2})  # refused: the job is still to settle
                 confirmed.append(await worker.ack(job, wait=True))
             elif kind == "release":
                 await worker.release(job, delay=30, error="later")
@@ -530,3 +638,16 @@ def test_decide_maps_returns_and_exceptions_onto_outcomes() -> None:
         Retry(float("nan"))
     assert clip("é" * 600) == "é" * 512 and len(clip("ab" * 600).encode()) == MAX_TEXT
     assert run_job(lambda job: job.json()["n"] + 1, {"n": 1}) == Acked(2)
+
+
+def test_the_worker_and_its_test_mode_import_nothing_of_the_service() -> None:
+    """A worker needs the client only; prometheus_client only when metrics are asked for."""
+    code = (
+        "import sys; from cluster_dq.client import Worker; import cluster_dq.client.testing; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('redis', 'starlette', 'uvicorn', 'prometheus_client') "
+        "or (m.startswith('cluster_dq.') and not m.startswith('cluster_dq.client'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from cluster_dq.client.models import Job
 
@@ -19,4 +20,11 @@ async def sleepy(job: Job) -> None:
     """Sleeps the body's number of seconds."""
     note("start", job)
     await asyncio.sleep(float(job.body))
+    note("done", job)
+
+
+def sleepy_sync(job: Job) -> None:
+    """``sleepy`` as a plain function (run in a thread)."""
+    note("start", job)
+    time.sleep(float(job.body))
     note("done", job)

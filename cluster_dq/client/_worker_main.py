@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,3 +90,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         uvloop.run(serve(args))
     except (ValueError, DQError) as e:  # a bad setting, a refused token: one line, no traceback
         raise SystemExit(f"error: {e}") from None
+    stuck = [t.name for t in threading.enumerate() if t.name.startswith("dq-worker")]
+    if stuck:
+        # sync handlers still running past the stop: their jobs were given back already,
+        # and the interpreter would wait for their threads at exit
+        logging.getLogger("cluster_dq.worker").warning(
+            "exiting with %d handler thread(s) still running", len(stuck)
+        )
+        logging.shutdown()
+        os._exit(0)

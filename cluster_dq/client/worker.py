@@ -19,12 +19,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
-
-from prometheus_client import CollectorRegistry
+from typing import TYPE_CHECKING, Any
 
 from cluster_dq.client._acks import AckBatcher
-from cluster_dq.client._wmetrics import WorkerMetrics, metrics_for
 from cluster_dq.client.aio import AsyncClient
 from cluster_dq.client._send import renew, send_outcome
 from cluster_dq.client.errors import QueueFull, RateLimited, TransportError, Unavailable
@@ -40,6 +37,11 @@ from cluster_dq.client.outcomes import (
     Snoozed,
     decide,
 )
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from cluster_dq.client._wmetrics import WorkerMetrics
 
 __all__ = ["Bury", "Retry", "Snooze", "Worker"]
 
@@ -120,7 +122,9 @@ class Worker:
         if handler is not None:
             self.handler(handler)
         self._metrics: WorkerMetrics | None = None
-        if metrics is not False:
+        if metrics is not False:  # prometheus_client is imported only then
+            from cluster_dq.client._wmetrics import metrics_for
+
             self._metrics = metrics_for(None if metrics is True else metrics)
         self._acks = AckBatcher(client, self._report, ack_delay, ack_batch)
         self._backlog = max(1000, 10 * ack_batch)  # unconfirmed acks before consuming pauses
@@ -394,8 +398,11 @@ class Worker:
 
     async def ack(self, job: Job, result: Any = None, *, wait: bool = False) -> str:
         """Acks a job the iterator gave (batched; ``result``: JSON, sent at once). With
-        ``wait``, returns once the service confirmed it: ``acked``, ``lost`` or ``failed``."""
+        ``wait``, returns once the service confirmed it: ``acked``, ``lost`` or ``failed``.
+        A result that is not JSON, or too large, is a ValueError (the job stays held)."""
         outcome = decide(result)
+        if isinstance(outcome, Released):
+            raise ValueError(outcome.error)
         d = self._claim(job)
         if d is None:
             return "lost"
