@@ -51,10 +51,10 @@ def _configure(environment: Any, **_: Any) -> None:
     Producer.wait_time = constant_throughput(rate)  # type: ignore[assignment]
 
 
-# Not on cluster_dq.client: measured at the same low rate (4 producers at 60 jobs/s and 4
-# consumers, 15 s each, one standalone service), locust spent ~710 us of CPU per request with
-# FastHttpUser, ~1,290 us with HttpUser and ~1,400 us with a User calling the sync Client and
-# firing events.request (publish p50 3-4 ms vs 5-10 ms). locust runs on one core: at the
+# Not on cluster_dq.client: at the same low rate (`python loadtest/bench_locust.py`: 4 producers
+# at 60 jobs/s, 4 consumers, 15 s each, one service) locust spent ~680-710 us of CPU per request
+# here, ~1,290 us with HttpUser, and ~1,400-1,650 us with the same users on the sync Client
+# (loadtest/locust_client.py; publish p50 3-4 ms vs 5-10 ms). locust runs on one core: at the
 # profile's 1,500 req/s the Client would make locust the bottleneck and its latency the figure.
 class _DQUser(FastHttpUser):
     abstract = True
