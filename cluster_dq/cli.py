@@ -214,13 +214,19 @@ def _operator_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     c.add_argument("--token", help="namespace token (default: $CLUSTER_DQ_TOKEN)")
     c.add_argument("--namespace", help="namespace (default: $CLUSTER_DQ_NAMESPACE)")
     c.add_argument("--timeout", type=positive_float, default=30.0, help="per request, seconds")
-    c.add_argument("--json", action="store_true", help="print JSON")
+    conn.add_argument("--json", action="store_true", help="print JSON")
     st = sub.add_parser("stats", parents=[conn], help="queue sizes and rates of a namespace")
     st.add_argument("--admin-url", help="admin API, for rates (default: $CLUSTER_DQ_ADMIN_URL)")
     st.add_argument("--admin-auth", help="user:password (default: $CLUSTER_DQ_ADMIN_AUTH)")
-    st.add_argument("--watch", type=positive_float, metavar="SECONDS", help="refresh every …")
     st.add_argument(
-        "--interval", type=positive_float, default=1.0, help="rate window without --watch"
+        "--watch", type=positive_float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C"
+    )
+    st.add_argument(
+        "--interval",
+        type=positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="rate window without --watch (default 1)",
     )
     jp = sub.add_parser("jobs", help="look at jobs: peek, get, dead")
     jsub = jp.add_subparsers(dest="action", required=True)
