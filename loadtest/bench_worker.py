@@ -96,7 +96,7 @@ async def bench(
         await serving
     per_k = [(x - y) / max(done, 1) * 1000 for x, y in zip(after, before, strict=True)]
     print(
-        f"worker (concurrency {a.concurrency}, {a.consumers} consumes of 100 in flight, acks of "
+        f"worker (concurrency {a.concurrency}, {a.consumers} consume(s) of 100 in flight, acks of "
         f"{a.ack_batch}): {done} acked in "
         f"{took:.2f} s: {done / took:,.0f} jobs/s"
     )

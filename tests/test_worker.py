@@ -571,9 +571,9 @@ def expected(outcome: Outcome) -> tuple[Any, ...] | None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(st.lists(BEHAVIOURS, min_size=1, max_size=10), st.booleans())
+@given(st.lists(BEHAVIOURS, min_size=1, max_size=10), st.booleans(), st.booleans())
 async def test_the_test_mode_decides_as_the_real_worker(
-    solo: AsyncClient, behaviours: list[tuple[str, Any]], sync: bool
+    solo: AsyncClient, behaviours: list[tuple[str, Any]], sync: bool, results: bool
 ) -> None:
     """For handlers that return or raise at random, ``run_job`` gives the outcome whose
     effect the real worker leaves on the service. Topology-insensitive (the decision is the
@@ -588,10 +588,10 @@ async def test_the_test_mode_decides_as_the_real_worker(
         return behave(job)
 
     handler: Any = behave if sync else ahandler
-    worker = Worker(client, "tm", handler, bury_on=(ValueError,), poll_timeout=0.1)
+    worker = Worker(client, "tm", handler, bury_on=(ValueError,), results=results, poll_timeout=0.1)
     await run_until(worker, lambda: sum(worker.counts.values()) >= len(ids))
     for body, jid in zip(bodies, ids, strict=True):
-        outcome = await arun_job(handler, body.encode(), bury_on=(ValueError,))
+        outcome = await arun_job(handler, body.encode(), bury_on=(ValueError,), results=results)
         job = await client.get_job("tm", jid)
         seen = None
         if job is not None and job.state != "acked":
@@ -638,6 +638,7 @@ def test_decide_maps_returns_and_exceptions_onto_outcomes() -> None:
         Retry(float("nan"))
     assert clip("é" * 600) == "é" * 512 and len(clip("ab" * 600).encode()) == MAX_TEXT
     assert run_job(lambda job: job.json()["n"] + 1, {"n": 1}) == Acked(2)
+    assert run_job(lambda job: {1}, results=False) == Acked()
 
 
 def test_the_worker_and_its_test_mode_import_nothing_of_the_service() -> None:

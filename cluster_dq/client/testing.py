@@ -60,6 +60,7 @@ async def arun_job(
     body: bytes | str | Any = b"",
     *,
     bury_on: tuple[type[BaseException], ...] = (),
+    results: bool = True,
     job: Job | None = None,
     **job_fields: Any,
 ) -> Outcome:
@@ -73,7 +74,7 @@ async def arun_job(
             returned = await asyncio.get_running_loop().run_in_executor(None, handler, job)
     except Exception as e:
         return decide(exc=e, bury_on=bury_on)
-    return decide(returned)
+    return decide(returned if results else None)
 
 
 def run_job(
@@ -81,9 +82,12 @@ def run_job(
     body: bytes | str | Any = b"",
     *,
     bury_on: tuple[type[BaseException], ...] = (),
+    results: bool = True,
     job: Job | None = None,
     **job_fields: Any,
 ) -> Outcome:
     """Runs ``handler`` on one job (``job``, or one made by ``make_job(body, **job_fields)``)
-    and returns its outcome. Not inside a running event loop: use ``arun_job`` there."""
-    return asyncio.run(arun_job(handler, body, bury_on=bury_on, job=job, **job_fields))
+    and returns its outcome; ``bury_on`` and ``results`` as the ``Worker``'s. Not inside a running event loop: use ``arun_job`` there."""
+    return asyncio.run(
+        arun_job(handler, body, bury_on=bury_on, results=results, job=job, **job_fields)
+    )

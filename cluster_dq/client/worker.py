@@ -16,12 +16,12 @@ import logging
 import signal
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from cluster_dq.client._acks import AckBatcher
+from cluster_dq.client._iterform import GIVE_BACK, Delivery, IteratorForm
 from cluster_dq.client.aio import AsyncClient
 from cluster_dq.client._send import renew, send_outcome
 from cluster_dq.client.errors import QueueFull, RateLimited, TransportError, Unavailable
@@ -34,7 +34,6 @@ from cluster_dq.client.outcomes import (
     Released,
     Retry,
     Snooze,
-    Snoozed,
     decide,
 )
 
@@ -47,23 +46,6 @@ __all__ = ["Bury", "Retry", "Snooze", "Worker"]
 
 log = logging.getLogger("cluster_dq.worker")
 Handler = Callable[[Job], Any]
-_GIVE_BACK = Snoozed(0.0)  # a stop gives held jobs back: no try spent, last error kept
-
-
-class _Delivery:
-    """One job this worker holds, from its consume until its outcome is sent."""
-
-    __slots__ = ("job", "renewed", "deadline", "lost", "settled", "task", "started", "done")
-
-    def __init__(self, job: Job, sent: float, ttr: float) -> None:
-        self.job = job
-        self.renewed = sent  # when the reservation was last (re)started, at the latest
-        self.deadline = sent + ttr  # after this, the lease cannot hold any more
-        self.lost = False  # a touch found the lease gone: the job was taken back
-        self.settled = False  # its outcome is claimed (by the handler's end or the shutdown)
-        self.task: asyncio.Task[None] | None = None
-        self.started = 0.0
-        self.done: asyncio.Future[str] | None = None  # iterator form: the ack's confirmation
 
 
 def _is_async(handler: Handler) -> bool:
@@ -72,7 +54,7 @@ def _is_async(handler: Handler) -> bool:
     )
 
 
-class Worker:
+class Worker(IteratorForm):
     """Consumes ``queues`` (listed order = priority) and runs each job through ``handler``.
 
     ``concurrency``: jobs held at once (handlers running or waiting); ``ttr``: each
@@ -82,7 +64,8 @@ class Worker:
     ``bury_on``: exception classes that bury the job instead of releasing it;
     ``ack_delay`` / ``ack_batch``: acks wait at most this long, or until this many;
     ``shutdown_timeout``: how long a stop lets running handlers finish before giving their
-    jobs back; ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
+    jobs back; ``results``: a handler's return value is the ack's result (False: ignored);
+    ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
 
     def __init__(
         self,
@@ -100,6 +83,7 @@ class Worker:
         ack_batch: int = 100,
         shutdown_timeout: float = 30.0,
         heartbeat: bool = True,
+        results: bool = True,
         metrics: bool | CollectorRegistry = False,
     ) -> None:
         if not 1 <= concurrency <= 100_000:
@@ -117,6 +101,7 @@ class Worker:
         self.consumers = consumers
         self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
         self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
+        self.results = results
         self._handler: Handler | None = None
         self._async = True
         if handler is not None:
@@ -128,9 +113,9 @@ class Worker:
             self._metrics = metrics_for(None if metrics is True else metrics)
         self._acks = AckBatcher(client, self._report, ack_delay, ack_batch)
         self._backlog = max(1000, 10 * ack_batch)  # unconfirmed acks before consuming pauses
-        self._held: set[_Delivery] = set()
-        self._ready: deque[_Delivery] = deque()  # iterator form: consumed, not yet yielded
-        self._yielded: dict[str, _Delivery] = {}  # iterator form: given out, not settled
+        self._held: set[Delivery] = set()
+        self._ready: deque[Delivery] = deque()  # iterator form: consumed, not yet yielded
+        self._yielded: dict[str, Delivery] = {}  # iterator form: given out, not settled
         self._room = asyncio.Event()
         self._arrived = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -250,7 +235,7 @@ class Worker:
                 self._room.set()  # the slots not filled are free for another consume
             pause = 0.1
             for job in jobs:
-                d = _Delivery(job, sent, self.ttr)
+                d = Delivery(job, sent, self.ttr)
                 self._held.add(d)
                 if self._stopping.is_set():
                     continue  # given back by the shutdown
@@ -268,7 +253,7 @@ class Worker:
         except TimeoutError:
             pass
 
-    async def _run(self, d: _Delivery) -> None:
+    async def _run(self, d: Delivery) -> None:
         handler = self._handler
         assert handler is not None
         d.started = time.perf_counter()
@@ -283,14 +268,14 @@ class Worker:
             if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
                 log.warning("job %s of %s failed: %s", d.job.id, d.job.queue, e, exc_info=e)
         else:
-            outcome = decide(returned) if returned is not None else _ACKED
+            outcome = _ACKED if returned is None or not self.results else decide(returned)
         if self._metrics is not None:
             self._metrics.duration.labels(d.job.queue).observe(time.perf_counter() - d.started)
         if d.settled:  # the shutdown gave it back meanwhile
             return
         await self._finish(d, outcome)
 
-    async def _finish(self, d: _Delivery, outcome: Outcome) -> None:
+    async def _finish(self, d: Delivery, outcome: Outcome) -> None:
         """Sends the outcome of a job (once: the first caller claims it)."""
         if d.settled:
             return
@@ -318,7 +303,7 @@ class Worker:
             if stale:
                 await asyncio.gather(*(self._touch(d) for d in stale))
 
-    async def _touch(self, d: _Delivery) -> None:
+    async def _touch(self, d: Delivery) -> None:
         sent = time.monotonic()
         what = await renew(self.client, d.job, self.ttr)
         if what == "":
@@ -356,7 +341,7 @@ class Worker:
             if d.task is not None:
                 d.task.cancel()
         self._ready.clear()
-        await asyncio.gather(*(self._finish(d, _GIVE_BACK) for d in back))
+        await asyncio.gather(*(self._finish(d, GIVE_BACK) for d in back))
         await self._acks.drain()
         for t in self._tasks:
             t.cancel()
@@ -364,89 +349,6 @@ class Worker:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._gauge()
         log.info("worker stopped: %s", self.counts)
-
-    # -- the iterator form ----------------------------------------------------------------
-
-    def __aiter__(self) -> AsyncIterator[Job]:
-        if self._handler is not None:
-            raise TypeError("a worker with a handler runs it; iterate over one without")
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Job]:
-        await self.start()
-        while True:
-            while not self._ready:
-                if self._stopping.is_set():
-                    return
-                self._arrived.clear()
-                await self._arrived.wait()
-            if self._stopping.is_set():
-                return
-            d = self._ready.popleft()
-            d.started = time.perf_counter()
-            self._yielded[d.job.id] = d
-            yield d.job
-
-    def _claim(self, job: Job) -> _Delivery | None:
-        d = self._yielded.get(job.id)
-        if d is None or d.job is not job:
-            raise ValueError(f"job {job.id} is not one this worker gave out, or it is settled")
-        del self._yielded[job.id]
-        if self._metrics is not None:
-            self._metrics.duration.labels(job.queue).observe(time.perf_counter() - d.started)
-        return None if d.settled else d
-
-    async def ack(self, job: Job, result: Any = None, *, wait: bool = False) -> str:
-        """Acks a job the iterator gave (batched; ``result``: JSON, sent at once). With
-        ``wait``, returns once the service confirmed it: ``acked``, ``lost`` or ``failed``.
-        A result that is not JSON, or too large, is a ValueError (the job stays held)."""
-        outcome = decide(result)
-        if isinstance(outcome, Released):
-            raise ValueError(outcome.error)
-        d = self._claim(job)
-        if d is None:
-            return "lost"
-        if wait:
-            d.done = asyncio.get_running_loop().create_future()
-        await self._finish(d, outcome)
-        return await d.done if d.done is not None else "sent"
-
-    async def release(self, job: Job, delay: float | None = None, error: str | None = None) -> None:
-        """Gives the job back to be tried again (the delivery counts)."""
-        await self._settle_with(job, decide(exc=Retry(delay, error)))
-
-    async def snooze(self, job: Job, delay: float, error: str | None = None) -> None:
-        """Gives the job back for ``delay`` seconds without spending a try."""
-        await self._settle_with(job, decide(exc=Snooze(delay, error)))
-
-    async def bury(self, job: Job, reason: str = "buried") -> None:
-        """Sends the job to the dead letter."""
-        await self._settle_with(job, decide(exc=Bury(reason)))
-
-    async def _settle_with(self, job: Job, outcome: Outcome) -> None:
-        d = self._claim(job)
-        if d is not None:
-            await self._finish(d, outcome)
-
-    @asynccontextmanager
-    async def settle(self, job: Job) -> AsyncIterator[Job]:
-        """``async with worker.settle(job):`` the block is the handler: leaving it acks the
-        job (unless it was settled inside), an exception settles it as a handler's would
-        (``decide``) and is not raised further; a cancellation gives the job back."""
-        try:
-            yield job
-        except Exception as e:
-            if job.id in self._yielded:
-                await self._settle_with(job, decide(exc=e, bury_on=self.bury_on))
-            if not isinstance(e, Retry | Snooze | Bury):
-                log.warning("job %s of %s failed: %s", job.id, job.queue, e, exc_info=e)
-        except BaseException:
-            if job.id in self._yielded:
-                await asyncio.shield(self._settle_with(job, _GIVE_BACK))
-            raise
-        else:
-            if job.id in self._yielded:
-                await self.ack(job)
 
     # -- accounting -----------------------------------------------------------------------
 
