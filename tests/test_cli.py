@@ -169,6 +169,10 @@ def test_jobs_peek_get_and_a_missing_job(
     assert peek["body_encoding"] == "base64" and peek["body"] == "/wAgYmluYXJ5"
     got = cli_json(capsys, "jobs", "get", "q", "order-42")
     assert got["id"] == "order-42" and got["queue"] == "q"
+    code, out, _ = cli(capsys, "jobs", "get", "q", "order-42")
+    fields = dict(line.strip().split(": ", 1) for line in out.splitlines())
+    assert code == 0 and fields["id"] == "order-42" and fields["state"] == "ready"
+    assert fields["body (base64)"] == "/wAgYmluYXJ5" and "lease" not in fields
     code, out, err = cli(capsys, "jobs", "get", "q", "no-such-job")
     assert (code, out) == (1, "") and err == "cluster-dq: job no-such-job: not found\n"
     code, out, err = cli(capsys, "jobs", "peek", "empty")
