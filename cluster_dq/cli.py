@@ -1,18 +1,23 @@
-"""``cluster-dq``: serve, token, pipeline, version. Parses arguments and calls the package."""
+"""``cluster-dq``: serve, token, pipeline, version, and the operator commands (stats, jobs,
+dlq, pause, resume; run by ``ops.py``). Parses arguments and calls the package."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import contextlib
 import dataclasses
+import re
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import cluster_dq
 from cluster_dq import logs, settings as settings_mod
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ClusterDQError, ConfigError
+from cluster_dq.progress import spark_progress
 from cluster_dq.routing import build_routes
 from cluster_dq.settings import PoolSettings, Settings
 from cluster_dq.tokens import TokenStore
@@ -104,15 +109,16 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
 
             where = ", ".join(f"{p.name} ({p.Addr})" for p in route.pools())
             print(f"schedule: {args.inputs[0]} -> {args.pool}: {where}", flush=True)
-            counts = schedule(
-                spark,
-                args.inputs[0],
-                route,
-                config=config,
-                rejects_path=args.rejects,
-                reference_ms=args.at,
-                progress=True,
-            )
+            with spark_progress(spark, "schedule"):
+                counts = schedule(
+                    spark,
+                    args.inputs[0],
+                    route,
+                    config=config,
+                    rejects_path=args.rejects,
+                    reference_ms=args.at,
+                    progress=True,
+                )
             print(f"schedule: {counts}")
             if counts.rejected and args.rejects:
                 print(f"schedule: refused rows and reasons in {args.rejects}")
@@ -125,10 +131,16 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
                 if not q:
                     raise ConfigError(f"export: {name!r} is not namespace/queue")
                 queues.append((ns, q))
-            df = export(spark, route, queues, args.states.split(","), args.out, config)
-            df.groupBy("namespace", "queue", "state").count().orderBy(
-                "namespace", "queue", "state"
-            ).show(100, False)
+            with spark_progress(spark, "export"):
+                df = export(spark, route, queues, args.states.split(","), args.out, config)
+                summary = (
+                    df.groupBy("namespace", "queue", "state")
+                    .count()
+                    .orderBy("namespace", "queue", "state")
+                    .collect()
+                )
+            for row in summary:
+                print(f"export: {row['namespace']}/{row['queue']} {row['state']}: {row['count']:,}")
             if args.out:
                 print(f"export: written to {args.out}")
         else:
@@ -141,6 +153,106 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
         return 0
     finally:
         spark.stop()
+
+
+# -- argument types of the operator commands -------------------------------------------------
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def when_arg(text: str) -> float:
+    """A time for --since / --until: epoch seconds, an ISO 8601 date or time (UTC unless it
+    says otherwise), or a duration ago (``90s``, ``30m``, ``2h``, ``7d``)."""
+    ago = _AGO.match(text)
+    if ago:
+        return time.time() - float(ago[1]) * _UNIT[ago[2]]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time: give epoch seconds, ISO 8601 (2026-11-23T08:00) or 2h / 30m"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return n
+
+
+def positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = 0.0
+    if not 0 < x < 1e6:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return x
+
+
+OPERATOR_COMMANDS = ("stats", "jobs", "dlq", "pause", "resume")
+REASONS = ("ttr_expired", "tries_exhausted", "buried", "unknown")
+
+
+def _operator_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """stats, jobs, dlq, pause, resume: they talk to a running service (``ops.py``)."""
+    conn = argparse.ArgumentParser(add_help=False)
+    c = conn.add_argument_group("service")
+    c.add_argument("--url", help="data API (default: $CLUSTER_DQ_URL)")
+    c.add_argument("--token", help="namespace token (default: $CLUSTER_DQ_TOKEN)")
+    c.add_argument("--namespace", help="namespace (default: $CLUSTER_DQ_NAMESPACE)")
+    c.add_argument("--timeout", type=positive_float, default=30.0, help="per request, seconds")
+    conn.add_argument("--json", action="store_true", help="print JSON")
+    st = sub.add_parser("stats", parents=[conn], help="queue sizes and rates of a namespace")
+    st.add_argument("--admin-url", help="admin API, for rates (default: $CLUSTER_DQ_ADMIN_URL)")
+    st.add_argument("--admin-auth", help="user:password (default: $CLUSTER_DQ_ADMIN_AUTH)")
+    st.add_argument(
+        "--watch", type=positive_float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C"
+    )
+    st.add_argument(
+        "--interval",
+        type=positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="rate window without --watch (default 1)",
+    )
+    jp = sub.add_parser("jobs", help="look at jobs: peek, get, dead")
+    jsub = jp.add_subparsers(dest="action", required=True)
+    jsub.add_parser("peek", parents=[conn], help="the head of the ready queue").add_argument(
+        "queue"
+    )
+    jg = jsub.add_parser("get", parents=[conn], help="one job by id")
+    jg.add_argument("queue")
+    jg.add_argument("id")
+    jd = jsub.add_parser("dead", parents=[conn], help="the dead letter, oldest death first")
+    jd.add_argument("queue")
+    jd.add_argument("--limit", type=positive_int, help="at most this many jobs")
+    jd.add_argument("--reason", choices=REASONS)
+    dp = sub.add_parser("dlq", help="redrive or delete dead jobs")
+    dsub = dp.add_subparsers(dest="action", required=True)
+    for action, what in (("redrive", "back to ready"), ("delete", "for good")):
+        d = dsub.add_parser(action, parents=[conn], help=f"dead jobs that match, {what}")
+        d.add_argument("queue")
+        d.add_argument("--reason", choices=REASONS)
+        d.add_argument("--since", type=when_arg, help="died at or after (epoch s, ISO, 2h)")
+        d.add_argument("--until", type=when_arg, help="died at or before (epoch s, ISO, 2h)")
+        d.add_argument("--limit", type=positive_int, help="at most this many jobs")
+        d.add_argument("--dry-run", action="store_true", help="count the jobs that match")
+        d.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    for name, what in (("pause", "stop deliveries"), ("resume", "deliver again")):
+        sub.add_parser(name, parents=[conn], help=f"{what} from a queue").add_argument("queue")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,10 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         "--pool", default="default", help="schedule/export: a pool or ring, as tokens name them"
     )
     sub.add_parser("version", help="print the version")
+    _operator_parsers(sub)
     args = ap.parse_args(argv)
     if args.cmd == "version":
         print(cluster_dq.__version__)
         return 0
+    if args.cmd in OPERATOR_COMMANDS:
+        from cluster_dq import ops
+
+        return ops.run(args)
     try:
         s = _settings(args)
         logs.setup(s.LogLevel, s.LogFormat)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import aiohttp  # not cluster_dq.client: its retries would hide the errors a drill counts
 import httpx
 import redis
 

@@ -51,6 +51,11 @@ def _configure(environment: Any, **_: Any) -> None:
     Producer.wait_time = constant_throughput(rate)  # type: ignore[assignment]
 
 
+# Not on cluster_dq.client: at the same low rate (`python loadtest/bench_locust.py`: 4 producers
+# at 60 jobs/s, 4 consumers, 15 s each, one service) locust spent ~680-710 us of CPU per request
+# here, ~1,290 us with HttpUser, and ~1,400-1,650 us with the same users on the sync Client
+# (loadtest/locust_client.py; publish p50 3-4 ms vs 5-10 ms). locust runs on one core: at the
+# profile's 1,500 req/s the Client would make locust the bottleneck and its latency the figure.
 class _DQUser(FastHttpUser):
     abstract = True
     connection_timeout = 5.0

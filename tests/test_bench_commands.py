@@ -55,6 +55,11 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         ["--requests", "300", "--bodies", "1", "--conns", "4"],
         r"after 300 junk-token requests: VmRSS +[\d.]+ MB",
     ),
+    "bench_locust.py": (
+        ["--seconds", "2", "--rate", "20"],
+        r"locustfile.py:[\s\S]*locust CPU: [\d.]+ s for [1-9][\d,]* requests[\s\S]*"
+        r"locust_client.py:[\s\S]*locust CPU: [\d.]+ s for [1-9][\d,]* requests",
+    ),
     "bench_metrics.py": (["--updates", "2000"], r"one HTTP publish: [\d.]+ us"),
     "bench_pipeline.py": (
         ["--jobs", "2000"],

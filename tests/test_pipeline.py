@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
@@ -294,7 +295,9 @@ def test_analyze_turns_a_services_event_log_into_figures(
     assert row["retry_rate"] == 0 and row["delivery_to_ack_p50_ms"] >= 0
 
 
-def test_cli_schedule_prints_counts(spark: Any, redis_server: Server, tmp_path: Path) -> None:
+def test_cli_schedule_and_export_print_counts(
+    spark: Any, redis_server: Server, tmp_path: Path
+) -> None:
     with redis_server.client() as c:
         c.flushall()
     path = str(tmp_path / "jobs.parquet")
@@ -323,6 +326,23 @@ def test_cli_schedule_prints_counts(spark: Any, redis_server: Server, tmp_path: 
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "published 30, already present 0, rejected 6" in out.stdout, out.stdout
+    # stderr is no terminal here: progress comes as plain lines, the last one complete
+    done = re.findall(r"^schedule: (\d+)/(\d+) tasks$", out.stderr, re.M)
+    assert done and done[-1][0] == done[-1][1] != "0", out.stderr[-2000:]
+    out = subprocess.run(
+        [sys.executable, "-m", "cluster_dq.cli", "pipeline", "export", "bulk/q0", "bulk/q1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-2:] == [
+        "export: bulk/q0 ready: 10",
+        "export: bulk/q1 ready: 10",
+    ]
+    assert re.search(r"^export: (\d+)/\1 tasks$", out.stderr, re.M), out.stderr[-2000:]
+    assert "[Stage " not in out.stderr  # Spark's own console bar is off: ours says it
 
 
 def test_cli_schedule_signals_the_shard_of_the_configured_shard_count(
