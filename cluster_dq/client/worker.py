@@ -35,6 +35,7 @@ from cluster_dq.client.outcomes import (
     Retry,
     Snooze,
     decide,
+    describe,
 )
 
 if TYPE_CHECKING:
@@ -194,6 +195,9 @@ class Worker(IteratorForm):
         self._arrived.set()
         if self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(self._shutdown())
+        me = asyncio.current_task()
+        if me is not None and any(d.task is me for d in self._held):
+            return  # a handler stopping its worker: the shutdown waits for it, not it for that
         await asyncio.shield(self._closing)
 
     async def __aenter__(self) -> Worker:
@@ -267,6 +271,20 @@ class Worker(IteratorForm):
             outcome = decide(exc=e, bury_on=self.bury_on)
             if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
                 log.warning("job %s of %s failed: %s", d.job.id, d.job.queue, e, exc_info=e)
+        except asyncio.CancelledError as e:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the shutdown cancelled it: the job is given back there
+            # raised by the handler itself (an inner task cancelled): the handler failed
+            log.warning("job %s of %s failed: handler raised CancelledError", d.job.id, d.job.queue)
+            outcome = Released(error=describe(e))
+        except (KeyboardInterrupt, SystemExit) as e:
+            # not the job's fault: it goes back unspent, and the worker stops gracefully
+            # (serve() raises this once nothing is left reserved)
+            log.error("handler raised %r: worker stops", e)
+            outcome = GIVE_BACK
+            self._fatal = self._fatal or e
+            self._stopping.set()
         else:
             outcome = _ACKED if returned is None or not self.results else decide(returned)
         if self._metrics is not None:

@@ -1,0 +1,68 @@
+# ruff: noqa: F811  (the HTTP fixtures are imported from test_worker and used as arguments)
+"""Hostile handlers and careless callers against the ``Worker`` on a real service: whatever a
+handler raises or does, its job is settled or given back (never left reserved by a running
+worker), and a graceful stop leaves nothing reserved."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from cluster_dq.client import AsyncClient, Job
+from cluster_dq.client.worker import Worker
+from tests.test_worker import run_until, solo, solo_dq, solo_service  # noqa: F401
+
+
+async def reserved(client: AsyncClient, q: str) -> int:
+    return (await client.size(q)).reserved
+
+
+async def test_a_handler_raising_cancelled_error_does_not_keep_its_job(solo: AsyncClient) -> None:
+    await solo.publish("hc", "x", tries=3)
+    calls: list[int] = []
+
+    async def handle(job: Job) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise asyncio.CancelledError()  # raised by the handler, not a cancel of the worker
+        return None
+
+    worker = Worker(solo, "hc", handle, concurrency=1, poll_timeout=0.2, ttr=5)
+    await run_until(worker, lambda: worker.counts["acked"] >= 1, timeout=4)
+    assert await reserved(solo, "hc") == 0
+
+
+async def test_a_sync_handler_raising_system_exit_gives_its_job_back_and_stops_the_worker(
+    solo: AsyncClient,
+) -> None:
+    jid = await solo.publish("hx", "x", tries=2)
+
+    def handle(job: Job) -> Any:
+        raise SystemExit(3)
+
+    worker = Worker(solo, "hx", handle, concurrency=2, poll_timeout=0.2, ttr=5)
+    with pytest.raises(SystemExit):  # in this task: a task raising it would end the loop
+        await worker.serve()
+    assert await reserved(solo, "hx") == 0
+    job = await solo.get_job("hx", jid)
+    assert job is not None and job.state == "ready"  # given back, not released as failed
+
+
+async def test_stop_called_from_inside_a_handler_returns_and_the_job_is_acked(
+    solo: AsyncClient,
+) -> None:
+    await solo.publish("hs", "x")
+
+    async def handle(job: Job) -> Any:
+        await worker.stop()
+        return None
+
+    worker = Worker(solo, "hs", handle, poll_timeout=0.2, ttr=5, shutdown_timeout=20)
+    t0 = time.monotonic()
+    await asyncio.wait_for(worker.serve(), 10)
+    assert time.monotonic() - t0 < 5
+    assert worker.counts["acked"] == 1
+    assert await reserved(solo, "hs") == 0
