@@ -25,7 +25,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster_dq import metrics
 from cluster_dq.clock import now_ms
@@ -159,8 +159,16 @@ class Dashboard:
         origin = request.headers.get("origin")
         if origin is not None and not _same_origin(origin, request):
             raise Forbidden("cross-origin request refused: nothing was changed")
+        # read within a bound first (413 from Content-Length alone): the form parser would
+        # buffer a url-encoded body of any size
+        limit = max(MAX_FORM_BYTES, 3 * self.settings.MaxBodyBytes + 65536)  # %XX: 3 bytes
+        data = await params.body(request, limit, f"form too large (max {limit} bytes)")
+
+        async def replay() -> Message:
+            return {"type": "http.request", "body": data, "more_body": False}
+
         try:
-            form = await request.form(max_part_size=MAX_FORM_BYTES)
+            form = await Request(request.scope, replay).form(max_part_size=MAX_FORM_BYTES)
         except Exception as e:  # python-multipart's and starlette's parse errors alike
             raise BadRequest(f"unreadable form: {e}", "form") from None
         sent = form.get(CSRF_FIELD)
