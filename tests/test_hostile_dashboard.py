@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import time
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ from tests.test_dashboard import (  # noqa: F401  (fixtures)
     sizes,
     ui,
 )
+from cluster_dq.dashboard.app import SSE_MAX_STREAMS
 from tests.test_http import ADMIN_AUTH
 from cluster_dq.testing.service_process import ServiceProcess
 
@@ -144,3 +146,42 @@ def test_a_form_declaring_a_huge_length_is_refused_before_it_is_read(
         except TimeoutError:
             head = b"(no reply within 3 s)"
     assert head.startswith(b"HTTP/1.1 413"), head[:200]
+
+
+def test_live_streams_are_bounded_and_a_closed_one_frees_its_place(
+    service: ServiceProcess, ui: httpx.Client
+) -> None:
+    url = httpx.URL(service.admin)
+    auth = base64.b64encode(f"{ADMIN_AUTH[0]}:{ADMIN_AUTH[1]}".encode()).decode()
+    request = (
+        f"GET /ui/events HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+        f"Authorization: Basic {auth}\r\n\r\n"
+    ).encode()
+
+    def open_stream() -> tuple[socket.socket, bytes]:
+        s = socket.create_connection((url.host, url.port), timeout=5)
+        s.sendall(request)
+        return s, s.recv(200)
+
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(SSE_MAX_STREAMS):
+            s, head = open_stream()
+            opened.append(s)
+            assert head.startswith(b"HTTP/1.1 200"), head
+        s, head = open_stream()
+        opened.append(s)
+        assert head.startswith(b"HTTP/1.1 503"), head  # never-reading clients hold no more
+        for s in opened[:5]:
+            s.close()
+        deadline = time.monotonic() + 5
+        while True:  # the server notices the closed ones within a second
+            s, head = open_stream()
+            opened.append(s)
+            if head.startswith(b"HTTP/1.1 200"):
+                break
+            assert time.monotonic() < deadline, head
+            time.sleep(0.2)
+    finally:
+        for s in opened:
+            s.close()

@@ -48,6 +48,7 @@ FLASH_COOKIE = "dq_flash"
 MAX_FORM_BYTES = 2 * 1024 * 1024  # a publish form carries a body of up to MaxBodyBytes
 SSE_PERIOD_S = 1.0
 SSE_MAX_QUEUES = 200  # queues one stream reports
+SSE_MAX_STREAMS = 32  # streams open at once per worker process (each reads Redis every second)
 RATE_WINDOW_S = 10.0  # rates are averaged over about this long
 RATE_MIN_GAP_S = 0.5  # the counters are read at most this often
 
@@ -137,6 +138,7 @@ class Dashboard:
         self.templates.env.globals["read_only"] = self.read_only
         self.stopping = asyncio.Event()
         self.rates = Rates(service)
+        self.streams = 0  # live-size streams open in this worker process
 
     def stop(self) -> None:
         self.stopping.set()
@@ -267,6 +269,13 @@ class Dashboard:
         if request.method == "HEAD":  # headers only: a stream would never complete the reply
             return Response(media_type="text/event-stream", headers=headers)
 
+        if self.streams >= SSE_MAX_STREAMS:
+            page = self.error_page(
+                request, 503, f"too many live streams open ({SSE_MAX_STREAMS}); try again later"
+            )
+            page.headers["Retry-After"] = "10"
+            return page
+
         async def stream() -> AsyncIterator[str]:
             yield "retry: 2000\n\n"
             while not self.stopping.is_set():
@@ -281,7 +290,8 @@ class Dashboard:
                     pass
             yield "event: bye\ndata: {}\n\n"
 
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+        self.streams += 1
+        return _Counted(self, stream(), media_type="text/event-stream", headers=headers)
 
     async def _sizes_event(
         self, route: PoolRoute[RedisPool], ns: str, q: str | None
@@ -345,6 +355,21 @@ class Dashboard:
             exception_handlers={HTTPException: not_found},
         )
         return AuthMiddleware(app, dict(self.settings.Accounts))
+
+
+class _Counted(StreamingResponse):
+    """A live-size stream that counts itself open until it ends, however it ends (the
+    client left, the worker stops, or the client left before it began)."""
+
+    def __init__(self, dashboard: Dashboard, content: AsyncIterator[str], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.dashboard = dashboard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.dashboard.streams -= 1
 
 
 def create_dashboard(service: Service, settings: Settings, board: SizeBoard) -> Dashboard:
