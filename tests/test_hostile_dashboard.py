@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import time
 
@@ -185,3 +186,23 @@ def test_live_streams_are_bounded_and_a_closed_one_frees_its_place(
     finally:
         for s in opened:
             s.close()
+
+
+@pytest.mark.parametrize("planted", ["", "short", "x" * 3000], ids=["empty", "short", "long"])
+def test_an_empty_or_malformed_csrf_cookie_is_replaced_not_a_lockout(
+    service: ServiceProcess, api: httpx.Client, planted: str
+) -> None:
+    """A session whose token cookie is empty or malformed gets a fresh token with its next
+    page (before: the page's forms carried a token the cookie never matched, every action a
+    403 until the cookie was removed by hand)."""
+    with httpx.Client(
+        base_url=f"{service.admin}/ui", auth=ADMIN_AUTH, follow_redirects=True, timeout=30
+    ) as browser:
+        browser.cookies.set("dq_csrf", planted, path="/ui")
+        page = browser.get(f"/queue/{NS}/q")
+        assert page.status_code == 200
+        (token,) = set(re.findall(r'name="csrf" value="([^"]*)"', page.text))
+        assert token and token != planted
+        r = browser.post(f"/queue/{NS}/q/publish", data={"csrf": token, "body": "x"})
+        assert r.status_code == 200, error_message(r)
+    assert sizes(api, "q")["size"] == 1

@@ -9,6 +9,7 @@ import base64
 import hmac
 import json
 import logging
+import re
 import secrets
 import time
 from collections import deque
@@ -45,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 CSRF_COOKIE = "dq_csrf"
 CSRF_FIELD = "csrf"
 FLASH_COOKIE = "dq_flash"
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32)
 MAX_FORM_BYTES = 2 * 1024 * 1024  # a publish form carries a body of up to MaxBodyBytes
 SSE_PERIOD_S = 1.0
 SSE_MAX_QUEUES = 200  # queues one stream reports
@@ -174,7 +176,7 @@ class Dashboard:
         except Exception as e:  # python-multipart's and starlette's parse errors alike
             raise BadRequest(f"unreadable form: {e}", "form") from None
         sent = form.get(CSRF_FIELD)
-        cookie = request.cookies.get(CSRF_COOKIE, "")
+        cookie = _csrf_cookie(request) or ""
         if (
             not isinstance(sent, str)
             or not cookie
@@ -193,7 +195,8 @@ class Dashboard:
     def render(
         self, request: Request, name: str, context: dict[str, Any], status: int = 200
     ) -> Response:
-        token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        kept = _csrf_cookie(request)
+        token = kept or secrets.token_urlsafe(32)
         flash = _read_flash(request.cookies.get(FLASH_COOKIE))
         pool = request.query_params.get("pool") or "default"
         ctx = {
@@ -207,7 +210,7 @@ class Dashboard:
         response = self.templates.TemplateResponse(request, name, ctx, status_code=status)
         response.headers["Cache-Control"] = "no-store"
         response.headers["X-Frame-Options"] = "DENY"
-        if CSRF_COOKIE not in request.cookies:
+        if kept is None:  # none yet, or an empty or malformed one: replaced
             response.set_cookie(CSRF_COOKIE, token, path="/ui", httponly=True, samesite="strict")
         if flash is not None:
             response.delete_cookie(FLASH_COOKIE, path="/ui")
@@ -391,6 +394,12 @@ def _same_origin(origin: str, request: Request) -> bool:
     parts = urlsplit(origin)
     host = request.headers.get("host", "")
     return parts.scheme in ("http", "https") and parts.netloc == host and bool(host)
+
+
+def _csrf_cookie(request: Request) -> str | None:
+    """The session's CSRF token when its cookie holds one this dashboard could have made."""
+    token = request.cookies.get(CSRF_COOKIE, "")
+    return token if _TOKEN_RE.fullmatch(token) else None
 
 
 def _read_flash(raw: str | None) -> tuple[str, str] | None:
