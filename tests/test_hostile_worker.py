@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cluster_dq.client import AsyncClient, Job
+from cluster_dq.client.outcomes import Bury, Retry
 from cluster_dq.client.worker import Worker
 from tests.test_worker import run_until, solo, solo_dq, solo_service  # noqa: F401
 
@@ -66,3 +67,43 @@ async def test_stop_called_from_inside_a_handler_returns_and_the_job_is_acked(
     assert time.monotonic() - t0 < 5
     assert worker.counts["acked"] == 1
     assert await reserved(solo, "hs") == 0
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+def _deep(n: int) -> Any:
+    value: Any = []
+    for _ in range(n):
+        value = [value]
+    return value
+
+
+async def test_outcomes_that_cannot_be_described_still_settle_the_job(solo: AsyncClient) -> None:
+    """Careless handlers: a result too deep for JSON, an exception whose ``str`` raises, a Bury
+    or Retry with a text that is not a string. Each job is still settled (before: the
+    handler's task died deciding, the job stayed held and touched for ever and the slot with
+    it, so with concurrency 1 nothing ran after the first)."""
+    kinds = ["deep", "unprintable", "bury_none", "retry_bytes", "ok"]
+    for kind in kinds:
+        await solo.publish("hd", kind, tries=5)
+
+    def handle(job: Job) -> Any:
+        kind = job.text
+        if kind == "deep":
+            return _deep(100_000)
+        if kind == "unprintable":
+            raise _Unprintable()
+        if kind == "bury_none":
+            raise Bury(None)  # type: ignore[arg-type]
+        if kind == "retry_bytes":
+            raise Retry(30, error=b"bytes")  # type: ignore[arg-type]
+        return None
+
+    worker = Worker(solo, "hd", handle, concurrency=1, poll_timeout=0.2, ttr=5)
+    await run_until(worker, lambda: sum(worker.counts.values()) >= len(kinds), timeout=5)
+    assert worker.counts["acked"] == 1 and worker.counts["buried"] == 1, worker.counts
+    assert worker.counts["released"] >= 3  # the ones released at once may come back
+    assert await reserved(solo, "hd") == 0

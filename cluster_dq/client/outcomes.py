@@ -80,8 +80,20 @@ class Buried:
 Outcome = Acked | Released | Snoozed | Buried
 
 
+def _text(value: object) -> str:
+    """``value`` as a string, even one whose ``__str__`` raises (a careless exception)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
 def clip(text: str, limit: int = MAX_TEXT) -> str:
-    """``text`` cut to at most ``limit`` bytes of UTF-8, on a character boundary."""
+    """``text`` cut to at most ``limit`` bytes of UTF-8, on a character boundary (anything
+    else a careless handler gave as a text: as ``str`` shows it)."""
+    text = _text(text)
     raw = text.encode("utf-8", "replace")
     if len(raw) <= limit:
         return text.encode("utf-8", "replace").decode()
@@ -90,7 +102,7 @@ def clip(text: str, limit: int = MAX_TEXT) -> str:
 
 def describe(exc: BaseException) -> str:
     """An exception as an error text: its type and message, within the service's limit."""
-    message = str(exc)
+    message = _text(exc)
     return clip(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
 
 
@@ -107,7 +119,7 @@ def decide(
             return Acked()
         try:
             size = len(json.dumps(returned, separators=(",", ":"), allow_nan=False).encode())
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RecursionError) as e:  # RecursionError: too deep
             return Released(error=clip(f"result is not JSON: {type(e).__name__}: {e}"))
         if size > MAX_RESULT:
             return Released(error=f"result too large: {size} bytes of JSON (max {MAX_RESULT})")

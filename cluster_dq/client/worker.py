@@ -270,7 +270,9 @@ class Worker(IteratorForm):
         except Exception as e:
             outcome = decide(exc=e, bury_on=self.bury_on)
             if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
-                log.warning("job %s of %s failed: %s", d.job.id, d.job.queue, e, exc_info=e)
+                log.warning(
+                    "job %s of %s failed: %s", d.job.id, d.job.queue, describe(e), exc_info=e
+                )
         except asyncio.CancelledError as e:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
