@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from cluster_dq.client import AsyncClient, Job
-from cluster_dq.client.outcomes import Bury, Retry
+from cluster_dq.client.outcomes import Bury, Released, Retry
+from cluster_dq.client.testing import run_job
 from cluster_dq.client.worker import Worker
 from tests.test_worker import run_until, solo, solo_dq, solo_service  # noqa: F401
 
@@ -107,3 +108,12 @@ async def test_outcomes_that_cannot_be_described_still_settle_the_job(solo: Asyn
     assert worker.counts["acked"] == 1 and worker.counts["buried"] == 1, worker.counts
     assert worker.counts["released"] >= 3  # the ones released at once may come back
     assert await reserved(solo, "hd") == 0
+
+
+def test_the_test_mode_releases_a_handler_that_raises_cancelled_error() -> None:
+    """As the real worker does (before: the CancelledError went through ``run_job``)."""
+
+    async def handle(job: Job) -> Any:
+        raise asyncio.CancelledError()
+
+    assert run_job(handle, "x") == Released(error="CancelledError")
