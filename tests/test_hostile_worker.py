@@ -117,3 +117,15 @@ def test_the_test_mode_releases_a_handler_that_raises_cancelled_error() -> None:
         raise asyncio.CancelledError()
 
     assert run_job(handle, "x") == Released(error="CancelledError")
+
+
+async def test_a_worker_stopped_before_it_started_starts_nothing(solo: AsyncClient) -> None:
+    """stop() before start(): a later start() or serve() returns at once and leaves no task
+    running (before: the heartbeat loop started and ran for ever, nothing left to cancel it)."""
+    worker = Worker(solo, "hb", lambda job: None, poll_timeout=0.2)
+    await worker.stop()
+    await worker.stop()  # twice: still fine
+    await asyncio.wait_for(worker.serve(), 2)
+    await asyncio.sleep(0.05)
+    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("dq-worker")]
+    assert left == []

@@ -140,8 +140,9 @@ class Worker(IteratorForm):
     # -- running --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Starts consuming (the handler form, or the iterator's background work)."""
-        if self._tasks:
+        """Starts consuming (the handler form, or the iterator's background work); a worker
+        that was stopped stays stopped."""
+        if self._tasks or self._closing is not None:
             return
         if self._handler is not None and not self._async:
             self._executor = ThreadPoolExecutor(self.concurrency, "dq-worker")
