@@ -206,3 +206,24 @@ def test_an_empty_or_malformed_csrf_cookie_is_replaced_not_a_lockout(
         r = browser.post(f"/queue/{NS}/q/publish", data={"csrf": token, "body": "x"})
         assert r.status_code == 200, error_message(r)
     assert sizes(api, "q")["size"] == 1
+
+
+def test_forged_posts_are_refused_and_change_nothing(api: httpx.Client, ui: httpx.Client) -> None:
+    token = ui.cookies["dq_csrf"]
+    path = f"/queue/{NS}/q/publish"
+    refused = [
+        # a form posted as text/plain (what a cross-site form may send without a preflight)
+        ui.post(path, content=f"csrf={token}&body=x", headers={"Content-Type": "text/plain"}),
+        ui.post(path, data={"csrf": token, "body": "x"}, headers={"Origin": "null"}),
+        ui.post(path, data={"csrf": token, "body": "x"}, headers={"Origin": "file://"}),
+        ui.post(  # the right token, not from this host and port
+            path, data={"csrf": token, "body": "x"}, headers={"Origin": "http://127.0.0.1:1"}
+        ),
+        ui.post(path, data={"csrf": token.upper(), "body": "x"}),
+        ui.post(path, data={"csrf": token[:-1], "body": "x"}),
+        ui.get(path, params={"csrf": token, "body": "x"}),  # no action through GET
+        ui.request("PUT", path, data={"csrf": token, "body": "x"}),
+        ui.post(path + "?_method=GET", data={"csrf": "x", "body": "x"}),
+    ]
+    assert [r.status_code for r in refused] == [403] * 6 + [405] * 2 + [403]
+    assert sizes(api, "q") == EMPTY
