@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,15 @@ from cluster_dq.client import AsyncClient, Job
 from cluster_dq.client.outcomes import Bury, Released, Retry
 from cluster_dq.client.testing import run_job
 from cluster_dq.client.worker import Worker
-from tests.test_worker import run_until, solo, solo_dq, solo_service  # noqa: F401
+from tests.test_worker import (  # noqa: F401  (fixtures)
+    run_until,
+    solo,
+    solo_dq,
+    solo_service,
+    worker_process,
+)
+
+EXITS = "tests.worker_jobs:exits_sync"
 
 
 async def reserved(client: AsyncClient, q: str) -> int:
@@ -129,3 +138,27 @@ async def test_a_worker_stopped_before_it_started_starts_nothing(solo: AsyncClie
     await asyncio.sleep(0.05)
     left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("dq-worker")]
     assert left == []
+
+
+async def test_a_handler_calling_sys_exit_ends_the_process_with_its_code_past_stuck_threads(
+    solo_dq: tuple[str, str], solo: AsyncClient, tmp_path: Path
+) -> None:
+    """``python -m cluster_dq.client.worker``: a handler's ``sys.exit(3)`` stops the worker
+    gracefully, every job goes back unspent, and the process exits 3 at once even while
+    another handler's thread still sleeps (before: the exit waited for that thread)."""
+    log = tmp_path / "log"
+    slow = await solo.publish("exit", b"600", tries=1)
+    await asyncio.sleep(0.05)
+    bye = await solo.publish("exit", b"exit", tries=1)
+    args = ["--queue", "exit", "--concurrency", "2", "--shutdown-timeout", "0.5"]
+    proc = worker_process(solo_dq, log, *args, "--poll-timeout", "0.5", handler=EXITS)
+    try:
+        code = proc.wait(15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 3, log.with_suffix(".stderr").read_text()
+    for jid in (slow, bye):
+        job = await solo.get_job("exit", jid)
+        assert job is not None and (job.state, job.remain_tries) == ("ready", 1)
