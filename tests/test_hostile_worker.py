@@ -162,3 +162,22 @@ async def test_a_handler_calling_sys_exit_ends_the_process_with_its_code_past_st
     for jid in (slow, bye):
         job = await solo.get_job("exit", jid)
         assert job is not None and (job.state, job.remain_tries) == ("ready", 1)
+
+
+async def test_a_ttr_too_short_to_renew_is_refused_and_the_shortest_one_holds(
+    solo: AsyncClient,
+) -> None:
+    """A ttr under the heartbeat's reach is a ValueError at once (before: taken, then every
+    job lost to its reservation's end while its handler ran, over and over); the shortest
+    one accepted keeps a job whose handler runs five ttrs."""
+    for ttr in (0.0001, 0.01, 0.05):
+        with pytest.raises(ValueError, match="ttr"):
+            Worker(solo, "short", lambda job: None, ttr=ttr)
+    await solo.publish("short", "x", tries=1)
+
+    async def handle(job: Job) -> Any:
+        await asyncio.sleep(0.5)
+
+    worker = Worker(solo, "short", handle, ttr=0.1, poll_timeout=0.2)
+    await run_until(worker, lambda: sum(worker.counts.values()) >= 1, timeout=5)
+    assert worker.counts["acked"] == 1, worker.counts

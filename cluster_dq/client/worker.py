@@ -47,6 +47,7 @@ __all__ = ["Bury", "Retry", "Snooze", "Worker"]
 
 log = logging.getLogger("cluster_dq.worker")
 Handler = Callable[[Job], Any]
+MIN_TTR = 0.1  # seconds: a heartbeat (every 20 ms at the least) cannot renew a shorter one
 
 
 def _is_async(handler: Handler) -> bool:
@@ -93,8 +94,8 @@ class Worker(IteratorForm):
             raise ValueError(f"batch must be 1..100, not {batch}")
         if not 1 <= consumers <= 16:
             raise ValueError(f"consumers must be 1..16, not {consumers}")
-        if not ttr > 0 or not poll_timeout >= 0 or not shutdown_timeout >= 0:
-            raise ValueError("ttr must be > 0; poll_timeout and shutdown_timeout >= 0")
+        if not ttr >= MIN_TTR or not poll_timeout >= 0 or not shutdown_timeout >= 0:
+            raise ValueError(f"ttr must be >= {MIN_TTR}; poll_timeout and shutdown_timeout >= 0")
         self.client, self.queues = client, [queues] if isinstance(queues, str) else list(queues)
         if not self.queues:
             raise ValueError("queues is empty: give at least one queue")
