@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cluster_dq.client import AsyncClient, Job
-from cluster_dq.client.outcomes import Bury, Released, Retry
+from cluster_dq.client.outcomes import Bury, Released, Retry, Snooze
 from cluster_dq.client.testing import run_job
 from cluster_dq.client.worker import Worker
 from tests.test_worker import (  # noqa: F401  (fixtures)
@@ -181,3 +181,15 @@ async def test_a_ttr_too_short_to_renew_is_refused_and_the_shortest_one_holds(
     worker = Worker(solo, "short", handle, ttr=0.1, poll_timeout=0.2)
     await run_until(worker, lambda: sum(worker.counts.values()) >= 1, timeout=5)
     assert worker.counts["acked"] == 1, worker.counts
+
+
+def test_a_delay_the_service_would_refuse_is_the_handlers_error_at_once() -> None:
+    """Retry/Snooze delays past the service's 4,294,967,295 s are a ValueError when raised
+    (before: accepted up to 2**32, then a 400 on release: the outcome ``failed``, the job
+    held until its ttr ran out); NaN, infinities and negatives too."""
+    for bad in (4294967295.4, 2**32 - 0.001, float("nan"), float("inf"), -1, -0.001, True):
+        with pytest.raises(ValueError):
+            Retry(bad)
+        with pytest.raises(ValueError):
+            Snooze(bad)
+    assert Retry(4294967295).delay == 4294967295.0 and Snooze(0).delay == 0.0

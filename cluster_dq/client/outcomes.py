@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_TEXT = 1024  # bytes of UTF-8: the service's limit for an error text or a bury reason
+MAX_DELAY = 2**32 - 1  # seconds: the service's largest delay (a 400 above)
 MAX_RESULT = 4096  # bytes of compact JSON: the service's limit for an ack's result
 
 
 def _seconds(delay: float) -> float:
     """A delay as the service takes it; a bad one is the handler's error (a ValueError)."""
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 2**32:
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= MAX_DELAY:
         raise ValueError(f"delay must be a number of seconds >= 0, not {delay!r}")
     return float(delay)
 
