@@ -25,6 +25,7 @@ from tests.test_dashboard import (  # noqa: F401  (fixtures)
     ui,
 )
 from cluster_dq.dashboard.app import SSE_MAX_STREAMS
+from cluster_dq.http.params import MAX_LIST
 from tests.test_http import ADMIN_AUTH
 from cluster_dq.testing.service_process import ServiceProcess
 
@@ -227,3 +228,18 @@ def test_forged_posts_are_refused_and_change_nothing(api: httpx.Client, ui: http
     ]
     assert [r.status_code for r in refused] == [403] * 6 + [405] * 2 + [403]
     assert sizes(api, "q") == EMPTY
+
+
+def test_the_overview_says_when_a_namespace_has_more_queues_than_it_lists(
+    api: httpx.Client, ui: httpx.Client
+) -> None:
+    """(Before: the first 1,000 queues were listed and nothing said there were more.)"""
+    with httpx.Client(base_url=api.base_url, headers=api.headers, timeout=30) as c:
+        for i in range(MAX_LIST + 1):
+            assert c.put(f"/api/{NS}/q{i:05d}", content=b"x").status_code == 201
+    r = ui.get("/", params={"ns": NS})
+    assert r.status_code == 200
+    assert r.text.count("data-queue-link=") == MAX_LIST
+    assert f"first {MAX_LIST} queues" in r.text
+    r = ui.get("/")
+    assert f"first {MAX_LIST} queues" in r.text

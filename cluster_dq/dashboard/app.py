@@ -303,10 +303,15 @@ class Dashboard:
         return {"at_ms": now_ms(), "queues": rows[:SSE_MAX_QUEUES]}
 
     async def queue_rows(
-        self, route: PoolRoute[RedisPool], ns: str, q: str | None = None
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str | None = None,
+        cut: set[str] | None = None,
     ) -> list[dict[str, Any]]:
         """Every queue of ``ns`` (every namespace when ``ns`` is '') or only ``q``: sizes by
-        state, paused, oldest due and lateness, rates."""
+        state, paused, oldest due and lateness, rates. Up to ``MAX_LIST`` queues of each
+        namespace: those with more are added to ``cut``."""
         if ns:
             namespaces = [ns]
         else:
@@ -318,7 +323,9 @@ class Dashboard:
                 found, _ = await self.service.list_queues(route, name, _before(q), 1)
                 page = [(o, t) for o, t in found if o.name == q]
             else:
-                page, _ = await self.service.list_queues(route, name, "", params.MAX_LIST)
+                page, more = await self.service.list_queues(route, name, "", params.MAX_LIST)
+                if more and cut is not None:
+                    cut.add(name)
             for o, t in page:
                 s = o.sizes
                 r = rates.get((name, o.name), {})
