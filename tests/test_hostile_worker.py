@@ -6,6 +6,7 @@ worker), and a graceful stop leaves nothing reserved."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from cluster_dq.client.outcomes import Bury, Released, Retry, Snooze
 from cluster_dq.client.testing import run_job
 from cluster_dq.client.worker import Worker
 from tests.test_worker import (  # noqa: F401  (fixtures)
+    NS,
     run_until,
     solo,
     solo_dq,
@@ -193,3 +195,26 @@ def test_a_delay_the_service_would_refuse_is_the_handlers_error_at_once() -> Non
         with pytest.raises(ValueError):
             Snooze(bad)
     assert Retry(4294967295).delay == 4294967295.0 and Snooze(0).delay == 0.0
+
+
+def test_settings_that_could_only_fail_later_are_a_value_error_at_once() -> None:
+    """(Before: an infinite ttr or poll_timeout was taken and the first consume stopped the
+    worker; a NaN or infinite ack_delay held every ack until the leases ran out, each job then
+    run again.)"""
+    client = AsyncClient("http://127.0.0.1:9", "t", NS)
+    bad: list[dict[str, Any]] = [
+        {"ttr": math.inf},
+        {"ttr": math.nan},
+        {"ttr": 2.0**32},
+        {"poll_timeout": math.inf},
+        {"poll_timeout": -1},
+        {"shutdown_timeout": math.nan},
+        {"ack_delay": math.nan},
+        {"ack_delay": math.inf},
+        {"ack_delay": -0.1},
+        {"ack_delay": 30.0, "ttr": 60.0},
+    ]
+    for kw in bad:
+        with pytest.raises((ValueError, TypeError)):
+            Worker(client, "q", lambda job: None, **kw)
+    Worker(client, "q", lambda job: None, ack_delay=0.0, shutdown_timeout=math.inf)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import signal
 import time
 from collections import deque
@@ -27,6 +28,7 @@ from cluster_dq.client._send import renew, send_outcome
 from cluster_dq.client.errors import QueueFull, RateLimited, TransportError, Unavailable
 from cluster_dq.client.models import Job
 from cluster_dq.client.outcomes import (
+    MAX_DELAY,
     Acked,
     Bury,
     Buried,
@@ -94,8 +96,11 @@ class Worker(IteratorForm):
             raise ValueError(f"batch must be 1..100, not {batch}")
         if not 1 <= consumers <= 16:
             raise ValueError(f"consumers must be 1..16, not {consumers}")
-        if not ttr >= MIN_TTR or not poll_timeout >= 0 or not shutdown_timeout >= 0:
-            raise ValueError(f"ttr must be >= {MIN_TTR}; poll_timeout and shutdown_timeout >= 0")
+        if not MIN_TTR <= ttr <= MAX_DELAY or not 0 <= poll_timeout < math.inf:
+            raise ValueError(f"ttr must be {MIN_TTR}..{MAX_DELAY} s, poll_timeout finite >= 0")
+        if not shutdown_timeout >= 0 or not 0 <= ack_delay <= ttr / 4:
+            # an ack held longer could reach the service after the lease ran out (lost)
+            raise ValueError("shutdown_timeout must be >= 0, ack_delay 0..ttr/4")
         self.client, self.queues = client, [queues] if isinstance(queues, str) else list(queues)
         if not self.queues:
             raise ValueError("queues is empty: give at least one queue")
