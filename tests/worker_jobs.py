@@ -28,3 +28,12 @@ def sleepy_sync(job: Job) -> None:
     note("start", job)
     time.sleep(float(job.body))
     note("done", job)
+
+
+def exits_sync(job: Job) -> None:
+    """Body ``exit``: ``sys.exit(3)``; else ``sleepy_sync``."""
+    note("start", job)
+    if job.body == b"exit":
+        raise SystemExit(3)
+    time.sleep(float(job.body))
+    note("done", job)

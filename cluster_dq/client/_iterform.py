@@ -13,7 +13,16 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from cluster_dq.client.models import Job
-from cluster_dq.client.outcomes import Bury, Outcome, Released, Retry, Snooze, Snoozed, decide
+from cluster_dq.client.outcomes import (
+    Bury,
+    Outcome,
+    Released,
+    Retry,
+    Snooze,
+    Snoozed,
+    decide,
+    describe,
+)
 
 if TYPE_CHECKING:
     from cluster_dq.client._wmetrics import WorkerMetrics
@@ -127,7 +136,7 @@ class IteratorForm:
             if job.id in self._yielded:
                 await self._settle_with(job, decide(exc=e, bury_on=self.bury_on))
             if not isinstance(e, Retry | Snooze | Bury):
-                log.warning("job %s of %s failed: %s", job.id, job.queue, e, exc_info=e)
+                log.warning("job %s of %s failed: %s", job.id, job.queue, describe(e), exc_info=e)
         except BaseException:
             if job.id in self._yielded:
                 await asyncio.shield(self._settle_with(job, GIVE_BACK))

@@ -86,10 +86,17 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         start_http_server(args.metrics_port, addr="127.0.0.1")
     sys.path.insert(0, "")  # handlers are found from the current directory, as python -m does
+    code: int = 0
     try:
         uvloop.run(serve(args))
     except (ValueError, DQError) as e:  # a bad setting, a refused token: one line, no traceback
         raise SystemExit(f"error: {e}") from None
+    except SystemExit as e:  # a handler's sys.exit(): the worker stopped gracefully first
+        if isinstance(e.code, int) or e.code is None:
+            code = e.code or 0
+        else:  # sys.exit("message"): said on stderr, status 1, as Python does
+            print(e.code, file=sys.stderr)
+            code = 1
     stuck = [t.name for t in threading.enumerate() if t.name.startswith("dq-worker")]
     if stuck:
         # sync handlers still running past the stop: their jobs were given back already,
@@ -98,4 +105,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             "exiting with %d handler thread(s) still running", len(stuck)
         )
         logging.shutdown()
-        os._exit(0)
+        os._exit(code)
+    if code:
+        raise SystemExit(code)

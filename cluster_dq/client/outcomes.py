@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_TEXT = 1024  # bytes of UTF-8: the service's limit for an error text or a bury reason
+MAX_DELAY = 2**32 - 1  # seconds: the service's largest delay (a 400 above)
 MAX_RESULT = 4096  # bytes of compact JSON: the service's limit for an ack's result
 
 
 def _seconds(delay: float) -> float:
     """A delay as the service takes it; a bad one is the handler's error (a ValueError)."""
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 2**32:
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= MAX_DELAY:
         raise ValueError(f"delay must be a number of seconds >= 0, not {delay!r}")
     return float(delay)
 
@@ -80,8 +81,20 @@ class Buried:
 Outcome = Acked | Released | Snoozed | Buried
 
 
+def _text(value: object) -> str:
+    """``value`` as a string, even one whose ``__str__`` raises (a careless exception)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
 def clip(text: str, limit: int = MAX_TEXT) -> str:
-    """``text`` cut to at most ``limit`` bytes of UTF-8, on a character boundary."""
+    """``text`` cut to at most ``limit`` bytes of UTF-8, on a character boundary (anything
+    else a careless handler gave as a text: as ``str`` shows it)."""
+    text = _text(text)
     raw = text.encode("utf-8", "replace")
     if len(raw) <= limit:
         return text.encode("utf-8", "replace").decode()
@@ -90,7 +103,7 @@ def clip(text: str, limit: int = MAX_TEXT) -> str:
 
 def describe(exc: BaseException) -> str:
     """An exception as an error text: its type and message, within the service's limit."""
-    message = str(exc)
+    message = _text(exc)
     return clip(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
 
 
@@ -107,7 +120,7 @@ def decide(
             return Acked()
         try:
             size = len(json.dumps(returned, separators=(",", ":"), allow_nan=False).encode())
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RecursionError) as e:  # RecursionError: too deep
             return Released(error=clip(f"result is not JSON: {type(e).__name__}: {e}"))
         if size > MAX_RESULT:
             return Released(error=f"result too large: {size} bytes of JSON (max {MAX_RESULT})")

@@ -15,7 +15,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from cluster_dq.client.models import Job
-from cluster_dq.client.outcomes import Acked, Buried, Outcome, Released, Snoozed, decide
+from cluster_dq.client.outcomes import (
+    Acked,
+    Buried,
+    Outcome,
+    Released,
+    Snoozed,
+    decide,
+    describe,
+)
 from cluster_dq.client.worker import Handler, _is_async
 
 __all__ = ["Acked", "Buried", "Outcome", "Released", "Snoozed", "arun_job", "make_job", "run_job"]
@@ -74,6 +82,11 @@ async def arun_job(
             returned = await asyncio.get_running_loop().run_in_executor(None, handler, job)
     except Exception as e:
         return decide(exc=e, bury_on=bury_on)
+    except asyncio.CancelledError as e:  # the handler's own, not a cancel of this call
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return Released(error=describe(e))
     return decide(returned if results else None)
 
 

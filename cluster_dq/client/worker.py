@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import signal
 import time
 from collections import deque
@@ -27,6 +28,7 @@ from cluster_dq.client._send import renew, send_outcome
 from cluster_dq.client.errors import QueueFull, RateLimited, TransportError, Unavailable
 from cluster_dq.client.models import Job
 from cluster_dq.client.outcomes import (
+    MAX_DELAY,
     Acked,
     Bury,
     Buried,
@@ -35,6 +37,7 @@ from cluster_dq.client.outcomes import (
     Retry,
     Snooze,
     decide,
+    describe,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +49,7 @@ __all__ = ["Bury", "Retry", "Snooze", "Worker"]
 
 log = logging.getLogger("cluster_dq.worker")
 Handler = Callable[[Job], Any]
+MIN_TTR = 0.1  # seconds: a heartbeat (every 20 ms at the least) cannot renew a shorter one
 
 
 def _is_async(handler: Handler) -> bool:
@@ -92,8 +96,11 @@ class Worker(IteratorForm):
             raise ValueError(f"batch must be 1..100, not {batch}")
         if not 1 <= consumers <= 16:
             raise ValueError(f"consumers must be 1..16, not {consumers}")
-        if not ttr > 0 or not poll_timeout >= 0 or not shutdown_timeout >= 0:
-            raise ValueError("ttr must be > 0; poll_timeout and shutdown_timeout >= 0")
+        if not MIN_TTR <= ttr <= MAX_DELAY or not 0 <= poll_timeout < math.inf:
+            raise ValueError(f"ttr must be {MIN_TTR}..{MAX_DELAY} s, poll_timeout finite >= 0")
+        if not shutdown_timeout >= 0 or not 0 <= ack_delay <= ttr / 4:
+            # an ack held longer could reach the service after the lease ran out (lost)
+            raise ValueError("shutdown_timeout must be >= 0, ack_delay 0..ttr/4")
         self.client, self.queues = client, [queues] if isinstance(queues, str) else list(queues)
         if not self.queues:
             raise ValueError("queues is empty: give at least one queue")
@@ -139,8 +146,9 @@ class Worker(IteratorForm):
     # -- running --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Starts consuming (the handler form, or the iterator's background work)."""
-        if self._tasks:
+        """Starts consuming (the handler form, or the iterator's background work); a worker
+        that was stopped stays stopped."""
+        if self._tasks or self._closing is not None:
             return
         if self._handler is not None and not self._async:
             self._executor = ThreadPoolExecutor(self.concurrency, "dq-worker")
@@ -194,6 +202,9 @@ class Worker(IteratorForm):
         self._arrived.set()
         if self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(self._shutdown())
+        me = asyncio.current_task()
+        if me is not None and any(d.task is me for d in self._held):
+            return  # a handler stopping its worker: the shutdown waits for it, not it for that
         await asyncio.shield(self._closing)
 
     async def __aenter__(self) -> Worker:
@@ -266,7 +277,23 @@ class Worker(IteratorForm):
         except Exception as e:
             outcome = decide(exc=e, bury_on=self.bury_on)
             if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
-                log.warning("job %s of %s failed: %s", d.job.id, d.job.queue, e, exc_info=e)
+                log.warning(
+                    "job %s of %s failed: %s", d.job.id, d.job.queue, describe(e), exc_info=e
+                )
+        except asyncio.CancelledError as e:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the shutdown cancelled it: the job is given back there
+            # raised by the handler itself (an inner task cancelled): the handler failed
+            log.warning("job %s of %s failed: handler raised CancelledError", d.job.id, d.job.queue)
+            outcome = Released(error=describe(e))
+        except (KeyboardInterrupt, SystemExit) as e:
+            # not the job's fault: it goes back unspent, and the worker stops gracefully
+            # (serve() raises this once nothing is left reserved)
+            log.error("handler raised %r: worker stops", e)
+            outcome = GIVE_BACK
+            self._fatal = self._fatal or e
+            self._stopping.set()
         else:
             outcome = _ACKED if returned is None or not self.results else decide(returned)
         if self._metrics is not None:

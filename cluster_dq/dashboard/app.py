@@ -9,6 +9,7 @@ import base64
 import hmac
 import json
 import logging
+import re
 import secrets
 import time
 from collections import deque
@@ -25,7 +26,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster_dq import metrics
 from cluster_dq.clock import now_ms
@@ -45,9 +46,11 @@ HERE = Path(__file__).resolve().parent
 CSRF_COOKIE = "dq_csrf"
 CSRF_FIELD = "csrf"
 FLASH_COOKIE = "dq_flash"
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32)
 MAX_FORM_BYTES = 2 * 1024 * 1024  # a publish form carries a body of up to MaxBodyBytes
 SSE_PERIOD_S = 1.0
 SSE_MAX_QUEUES = 200  # queues one stream reports
+SSE_MAX_STREAMS = 32  # streams open at once per worker process (each reads Redis every second)
 RATE_WINDOW_S = 10.0  # rates are averaged over about this long
 RATE_MIN_GAP_S = 0.5  # the counters are read at most this often
 
@@ -137,6 +140,7 @@ class Dashboard:
         self.templates.env.globals["read_only"] = self.read_only
         self.stopping = asyncio.Event()
         self.rates = Rates(service)
+        self.streams = 0  # live-size streams open in this worker process
 
     def stop(self) -> None:
         self.stopping.set()
@@ -159,12 +163,20 @@ class Dashboard:
         origin = request.headers.get("origin")
         if origin is not None and not _same_origin(origin, request):
             raise Forbidden("cross-origin request refused: nothing was changed")
+        # read within a bound first (413 from Content-Length alone): the form parser would
+        # buffer a url-encoded body of any size
+        limit = max(MAX_FORM_BYTES, 3 * self.settings.MaxBodyBytes + 65536)  # %XX: 3 bytes
+        data = await params.body(request, limit, f"form too large (max {limit} bytes)")
+
+        async def replay() -> Message:
+            return {"type": "http.request", "body": data, "more_body": False}
+
         try:
-            form = await request.form(max_part_size=MAX_FORM_BYTES)
+            form = await Request(request.scope, replay).form(max_part_size=MAX_FORM_BYTES)
         except Exception as e:  # python-multipart's and starlette's parse errors alike
             raise BadRequest(f"unreadable form: {e}", "form") from None
         sent = form.get(CSRF_FIELD)
-        cookie = request.cookies.get(CSRF_COOKIE, "")
+        cookie = _csrf_cookie(request) or ""
         if (
             not isinstance(sent, str)
             or not cookie
@@ -183,7 +195,8 @@ class Dashboard:
     def render(
         self, request: Request, name: str, context: dict[str, Any], status: int = 200
     ) -> Response:
-        token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        kept = _csrf_cookie(request)
+        token = kept or secrets.token_urlsafe(32)
         flash = _read_flash(request.cookies.get(FLASH_COOKIE))
         pool = request.query_params.get("pool") or "default"
         ctx = {
@@ -197,7 +210,7 @@ class Dashboard:
         response = self.templates.TemplateResponse(request, name, ctx, status_code=status)
         response.headers["Cache-Control"] = "no-store"
         response.headers["X-Frame-Options"] = "DENY"
-        if CSRF_COOKIE not in request.cookies:
+        if kept is None:  # none yet, or an empty or malformed one: replaced
             response.set_cookie(CSRF_COOKIE, token, path="/ui", httponly=True, samesite="strict")
         if flash is not None:
             response.delete_cookie(FLASH_COOKIE, path="/ui")
@@ -259,6 +272,13 @@ class Dashboard:
         if request.method == "HEAD":  # headers only: a stream would never complete the reply
             return Response(media_type="text/event-stream", headers=headers)
 
+        if self.streams >= SSE_MAX_STREAMS:
+            page = self.error_page(
+                request, 503, f"too many live streams open ({SSE_MAX_STREAMS}); try again later"
+            )
+            page.headers["Retry-After"] = "10"
+            return page
+
         async def stream() -> AsyncIterator[str]:
             yield "retry: 2000\n\n"
             while not self.stopping.is_set():
@@ -273,7 +293,8 @@ class Dashboard:
                     pass
             yield "event: bye\ndata: {}\n\n"
 
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+        self.streams += 1
+        return _Counted(self, stream(), media_type="text/event-stream", headers=headers)
 
     async def _sizes_event(
         self, route: PoolRoute[RedisPool], ns: str, q: str | None
@@ -282,10 +303,15 @@ class Dashboard:
         return {"at_ms": now_ms(), "queues": rows[:SSE_MAX_QUEUES]}
 
     async def queue_rows(
-        self, route: PoolRoute[RedisPool], ns: str, q: str | None = None
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str | None = None,
+        cut: set[str] | None = None,
     ) -> list[dict[str, Any]]:
         """Every queue of ``ns`` (every namespace when ``ns`` is '') or only ``q``: sizes by
-        state, paused, oldest due and lateness, rates."""
+        state, paused, oldest due and lateness, rates. Up to ``MAX_LIST`` queues of each
+        namespace: those with more are added to ``cut``."""
         if ns:
             namespaces = [ns]
         else:
@@ -297,7 +323,9 @@ class Dashboard:
                 found, _ = await self.service.list_queues(route, name, _before(q), 1)
                 page = [(o, t) for o, t in found if o.name == q]
             else:
-                page, _ = await self.service.list_queues(route, name, "", params.MAX_LIST)
+                page, more = await self.service.list_queues(route, name, "", params.MAX_LIST)
+                if more and cut is not None:
+                    cut.add(name)
             for o, t in page:
                 s = o.sizes
                 r = rates.get((name, o.name), {})
@@ -339,6 +367,21 @@ class Dashboard:
         return AuthMiddleware(app, dict(self.settings.Accounts))
 
 
+class _Counted(StreamingResponse):
+    """A live-size stream that counts itself open until it ends, however it ends (the
+    client left, the worker stops, or the client left before it began)."""
+
+    def __init__(self, dashboard: Dashboard, content: AsyncIterator[str], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.dashboard = dashboard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.dashboard.streams -= 1
+
+
 def create_dashboard(service: Service, settings: Settings, board: SizeBoard) -> Dashboard:
     return Dashboard(service, settings, board)
 
@@ -358,6 +401,12 @@ def _same_origin(origin: str, request: Request) -> bool:
     parts = urlsplit(origin)
     host = request.headers.get("host", "")
     return parts.scheme in ("http", "https") and parts.netloc == host and bool(host)
+
+
+def _csrf_cookie(request: Request) -> str | None:
+    """The session's CSRF token when its cookie holds one this dashboard could have made."""
+    token = request.cookies.get(CSRF_COOKIE, "")
+    return token if _TOKEN_RE.fullmatch(token) else None
 
 
 def _read_flash(raw: str | None) -> tuple[str, str] | None:

@@ -144,7 +144,8 @@ class Views:
         ns = request.query_params.get("ns", "")
         if ns:
             params.check_names(ns)
-        rows = await self.d.queue_rows(route, ns)
+        cut: set[str] = set()
+        rows = await self.d.queue_rows(route, ns, cut=cut)
         namespaces: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
             namespaces.setdefault(row["ns"], []).append(row)
@@ -154,6 +155,8 @@ class Views:
             {
                 "namespaces": namespaces,
                 "ns_filter": ns,
+                "cut": cut,
+                "max_list": params.MAX_LIST,
                 "pools": sorted(self.service.routes),
                 "events_url": self._url(request, "/events", **({"ns": ns} if ns else {})),
             },
