@@ -63,9 +63,12 @@ LONG_ON_SENTINEL = {
         "test_dashboard",
         "test_dashboard_panels",
         "test_client",
-        "test_hostile_client",
         "test_worker",
         "test_cli",
+        "test_hostile_client",
+        "test_hostile_worker",
+        "test_hostile_dashboard",
+        "test_hostile_dashboard_core",
     )
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
@@ -82,9 +83,11 @@ def text(form: FormData, name: str, limit: int = 1024) -> str:
     return raw
 
 
-def moment(form: FormData, name: str, default: int) -> int:
+def moment(form: FormData, name: str, default: int, upper: bool = False) -> int:
     """A time of the form: ms since the epoch, or an ISO date and time (UTC unless it
-    says otherwise, as a browser's datetime-local field sends it); empty: ``default``."""
+    says otherwise, as a browser's datetime-local field sends it); empty: ``default``. A
+    bound of a range, both ends inclusive, is rounded inward to the ms: up for a lower bound,
+    down for an ``upper`` one (a range never takes in a job that died outside it)."""
     raw = form.get(name)
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return default
@@ -97,7 +100,8 @@ def moment(form: FormData, name: str, default: int) -> int:
         if when is not None:
             if when.tzinfo is None:
                 when = when.replace(tzinfo=timezone.utc)
-            value = round(when.timestamp() * 1000)
+            exact = when.timestamp() * 1000
+            value = math.floor(exact) if upper else math.ceil(exact)
     if value is None or not 0 <= value <= FOREVER_MS:
         raise BadRequest(f"invalid {name}: ms since the epoch, or a date and time", name)
     return value
@@ -417,7 +421,7 @@ class Views:
         if reason is not None and reason not in DEATH_CODES and reason != UNKNOWN_REASON:
             raise BadRequest("invalid reason", "reason")
         start = moment(form, "from", 0)
-        end = moment(form, "to", FOREVER_MS)
+        end = moment(form, "to", FOREVER_MS, upper=True)
         if start > end:
             raise BadRequest("invalid range: from is after to", "from")
         filt = DeadFilter(reason, start, end)
