@@ -36,3 +36,18 @@ def test_a_purge_up_to_an_instant_spares_a_job_that_died_after_it(redis_server: 
             assert size == 1, "the job that died after 'to' was purged"
     finally:
         svc.stop(timeout=20)
+
+
+def test_a_settings_form_with_no_field_is_refused_not_saved(redis_server: Server) -> None:
+    """A settings POST that names no setting said "settings saved" and audited a change that
+    was none; it is a 400 naming what the form takes, and nothing is audited."""
+    svc = serve(redis_server.pool_settings())
+    try:
+        with httpx.Client(base_url=svc.admin, auth=ADMIN_AUTH, timeout=30) as ui:
+            ui.get("/ui/audit")
+            form = {"csrf": str(ui.cookies.get("dq_csrf"))}
+            r = ui.post(f"/ui/queue/{NS}/empty/settings", data=form)
+            assert r.status_code == 400 and "nothing to change" in r.text, r.text
+            assert "queue.settings" not in ui.get("/ui/audit").text
+    finally:
+        svc.stop(timeout=20)

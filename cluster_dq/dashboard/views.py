@@ -250,6 +250,8 @@ class Views:
                 body[key] = seconds(form, "ttr", 0)
             else:
                 body[key] = integer(form, name, 0, 0, 2**53)
+        if not body:
+            raise BadRequest("nothing to change: give ttr, tries or max_size", "settings")
         changes = parse_changes(json.dumps(body).encode())
         self.d.intend(request, "queue.settings", f"{ns}/{q}", pool)
         try:
