@@ -51,3 +51,23 @@ def test_a_settings_form_with_no_field_is_refused_not_saved(redis_server: Server
             assert "queue.settings" not in ui.get("/ui/audit").text
     finally:
         svc.stop(timeout=20)
+
+
+def test_a_limit_for_a_token_that_does_not_exist_is_not_found(redis_server: Server) -> None:
+    """A limit set or removed for a well-formed token that does not exist answered "limit
+    removed" (or stored a limit no request could ever meet); it is a 404, and nothing is
+    stored or audited as done."""
+    svc = serve(redis_server.pool_settings())
+    try:
+        with httpx.Client(base_url=svc.admin, auth=ADMIN_AUTH, timeout=30) as ui:
+            ui.get("/ui/audit")
+            csrf = str(ui.cookies.get("dq_csrf"))
+            ghost = "nosuchtoken0000000000000000"
+            for fields in ({}, {"read": "10", "write": "5", "interval": "2"}):
+                form = {"csrf": csrf, "token": ghost, **fields}
+                r = ui.post(f"/ui/tokens/{NS}/limit", data=form)
+                assert r.status_code == 404 and "token not found" in r.text, r.text
+            assert ui.get(f"/token/{NS}/{ghost}/limit").status_code == 404
+            assert "token.limit" not in ui.get("/ui/audit").text
+    finally:
+        svc.stop(timeout=20)

@@ -493,6 +493,8 @@ class Views:
             await self._audit(request, "token.delete", f"{ns}/{token[:6]}…", "ok", pool)
             return self.d.redirect(back, "token deleted", "ok")
         if action == "limit":
+            if not await store.valid(pool, ns, token):  # a limit it could never apply to
+                raise NotFound("token not found")
             raw = {k: form.get(k, "") for k in ("read", "write", "interval")}
             if not any(isinstance(v, str) and v.strip() for v in raw.values()):
                 await store.delete_limit(pool, ns, token)
