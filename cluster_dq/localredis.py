@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -57,8 +58,11 @@ def redis_server_binary() -> str:
 
 def free_port(start: int = 17000, end: int = 18000) -> int:
     """A free loopback port whose cluster-bus twin (+10000) is free too (the callers' ranges
-    never include Redis's default ports)."""
-    for port in range(start, end):
+    never include Redis's default ports). The scan starts at a random place in the range, so
+    two processes looking at once (test runs side by side) rarely pick the same port between
+    the check and the bind."""
+    first = random.randrange(start, end)
+    for port in [*range(first, end), *range(start, first)]:
         if all(_port_free(p) for p in (port, port + 10000)):
             return port
     raise RuntimeError(f"no free port in {start}-{end}")
