@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
-import random
 import socket
 import subprocess
 import sys
