@@ -16,9 +16,18 @@ from cluster_dq.clock import now_ms
 from cluster_dq.logs import current_scope
 from cluster_dq.metrics import Metrics
 from cluster_dq.models import encode_id
+from cluster_dq.tokens import mask
 
 access = logging.getLogger("cluster_dq.access")
 _REQUEST_ID_RE = re.compile(rb"[-_.:/+=A-Za-z0-9]{1,64}")
+# The admin API's paths that name a token: /token/{ns}/{token}[/limit]
+_TOKEN_PATH_RE = re.compile(r"^(/token/[^/]*/)([^/]+)")
+
+
+def loggable_path(path: str) -> str:
+    """A request's path as a log line shows it: a token in it masked (``tokens.mask``). The
+    query string (where the data port may carry ``?token=``) is never logged."""
+    return _TOKEN_PATH_RE.sub(lambda m: m.group(1) + mask(m.group(2)), path, count=1)
 
 
 def request_id() -> str:
@@ -102,7 +111,7 @@ class RequestIdMiddleware:
                     "request",
                     extra={
                         "method": method,
-                        "path": scope["path"],
+                        "path": loggable_path(scope["path"]),
                         "route": route,
                         "status": status,
                         "duration_ms": round(took * 1000, 3),
