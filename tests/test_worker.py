@@ -530,7 +530,13 @@ BEHAVIOURS = st.one_of(
     st.tuples(st.just("bury"), st.text(min_size=1, max_size=1500)),
     st.tuples(st.just("raise-value"), st.text(max_size=1500)),
     st.tuples(st.just("raise-key"), st.text(max_size=50)),
+    st.tuples(st.just("raise-generator-exit"), st.text(max_size=50)),
+    st.tuples(st.just("raise-base"), st.text(max_size=50)),
 )
+
+
+class Abort(BaseException):
+    """An exception of a handler's own outside ``Exception``."""
 
 
 def behave(job: Job) -> Any:
@@ -552,6 +558,10 @@ def behave(job: Job) -> Any:
         raise Bury(arg)
     if kind == "raise-value":
         raise ValueError(arg)
+    if kind == "raise-generator-exit":
+        raise GeneratorExit(arg)
+    if kind == "raise-base":
+        raise Abort(arg)
     raise KeyError(arg)
 
 
@@ -631,6 +641,8 @@ def test_decide_maps_returns_and_exceptions_onto_outcomes() -> None:
     assert decide(exc=ValueError("v"), bury_on=(ValueError,)) == Buried("ValueError: v")
     assert decide(exc=ValueError("v")) == Released(None, "ValueError: v")
     assert decide(exc=KeyError()) == Released(None, "KeyError")
+    assert decide(exc=GeneratorExit()) == Released(None, "GeneratorExit")
+    assert decide(exc=Abort("x"), bury_on=(Abort,)) == Buried("Abort: x")
     assert isinstance(decide({1}), Released) and isinstance(decide(float("nan")), Released)
     with pytest.raises(ValueError, match="delay"):
         Snooze(-1)

@@ -265,21 +265,18 @@ class Worker(IteratorForm):
             pass
 
     async def _run(self, d: Delivery) -> None:
+        # a task's own coroutine (never awaited by another): whatever the handler raises
+        # reaches this frame, a GeneratorExit thrown into the task from a future included
         handler = self._handler
         assert handler is not None
         d.started = time.perf_counter()
+        outcome: Outcome
         try:
             if self._async:
                 returned = await handler(d.job)
             else:
                 loop = asyncio.get_running_loop()
                 returned = await loop.run_in_executor(self._executor, handler, d.job)
-        except Exception as e:
-            outcome = decide(exc=e, bury_on=self.bury_on)
-            if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
-                log.warning(
-                    "job %s of %s failed: %s", d.job.id, d.job.queue, describe(e), exc_info=e
-                )
         except asyncio.CancelledError as e:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -294,6 +291,12 @@ class Worker(IteratorForm):
             outcome = GIVE_BACK
             self._fatal = self._fatal or e
             self._stopping.set()
+        except BaseException as e:  # an Exception, GeneratorExit, a class of the handler's own
+            outcome = decide(exc=e, bury_on=self.bury_on)
+            if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
+                log.warning(
+                    "job %s of %s failed: %s", d.job.id, d.job.queue, describe(e), exc_info=e
+                )
         else:
             outcome = _ACKED if returned is None or not self.results else decide(returned)
         if self._metrics is not None:
