@@ -168,16 +168,48 @@ async def test_a_foreign_origin_is_refused(
         assert await tokens_of(admin) == {}
 
 
-async def test_the_same_origin_and_preflighted_requests_pass(served: Served) -> None:
-    """A page of this very server (its Origin or Referer), and a request a browser could only
-    send after a CORS preflight this server never answers (application/json)."""
+@pytest.mark.parametrize(
+    "headers",
+    [
+        # <a ping="http://127.0.0.1:7778/token/shop?token=01EVIL..."> (a click sends it, with
+        # the browser's credentials, body "PING", no preflight)
+        {"Origin": "https://evil.example", "Content-Type": "text/ping", "Ping-From": "x"},
+        # a page's own CSP: report-uri http://127.0.0.1:7778/token/shop?token=01EVIL...
+        {"Origin": "https://evil.example", "Content-Type": "application/csp-report"},
+        {"Origin": "null", "Content-Type": "text/ping"},
+        {"Origin": "https://evil.example", "Content-Type": "application/json"},
+    ],
+    ids=["ping", "csp-report", "ping-null", "json"],
+)
+async def test_a_foreign_origin_is_refused_whatever_the_content_type(
+    served: Served, headers: dict[str, str]
+) -> None:
+    """A browser sends some cross-site POSTs of its own with a type no page could set without
+    a preflight (a link's ``ping``, a CSP violation report): the content type proves nothing,
+    a foreign ``Origin`` is refused on every state-changing request."""
+    async with served() as (admin, _):
+        r = await admin.post(
+            f"/token/{NS}",
+            params={"token": EVIL, "description": "x"},
+            content=b"PING",
+            headers=headers,
+        )
+        refused(r, "cross-site")
+        r = await admin.post("/accesslog?status=enable", content=b"{}", headers=headers)
+        refused(r, "cross-site")
+        assert await tokens_of(admin) == {}
+        assert (await admin.get("/accesslog")).json() == {"status": "disabled"}
+
+
+async def test_the_same_origin_passes(served: Served) -> None:
+    """A page of this very server (its Origin or Referer)."""
     async with served() as (admin, _):
         for i, headers in enumerate(
             [
                 {"Origin": ADMIN, "Content-Type": "text/plain"},
                 {"Origin": ADMIN, "Content-Type": "application/x-www-form-urlencoded"},
                 {"Referer": f"{ADMIN}/docs", "Content-Type": "text/plain"},
-                {"Origin": "https://evil.example", "Content-Type": "application/json"},
+                {"Origin": ADMIN, "Content-Type": "application/json"},
             ]
         ):
             r = await admin.post(
