@@ -460,6 +460,30 @@ async def test_no_full_token_in_a_log_line(
         assert token not in line and junk not in line, line
 
 
+async def test_no_full_token_in_the_log_line_of_an_odd_path(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Paths that name a token but match no route are logged masked too: an admin URL set with
+    a trailing slash (``//token/...``), an encoded ``/`` in the namespace, a trailing slash."""
+    caplog.set_level(logging.DEBUG)
+    async with served(EnableAccessLog=True) as (admin, _):
+        token = await new_token(admin)
+        for method, path in [
+            ("DELETE", f"//token/{NS}/{token}"),
+            ("GET", f"//token/{NS}/{token}/limit"),
+            ("GET", f"/token/{NS}%2Fx/{token}/limit"),
+            ("GET", f"/token//{NS}/{token}/limit"),
+            ("DELETE", f"/token/{NS}/{token}/"),
+        ]:
+            r = await admin.request(method, f"{ADMIN}{path}")
+            assert r.status_code in (307, 404), (path, r.text)
+    records = [r for r in caplog.records if r.name.startswith("cluster_dq")]
+    paths = [r.__dict__["path"] for r in records if r.name == "cluster_dq.access"]
+    assert len(paths) >= 6 and f"//token/{NS}/{token[:6]}…" in paths, paths
+    for line in [JsonFormatter().format(rec) for rec in records]:
+        assert token not in line, line
+
+
 # -- (10) health ----------------------------------------------------------------------------------
 
 
