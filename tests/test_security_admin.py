@@ -431,6 +431,26 @@ async def test_no_full_token_in_any_dashboard_page(served: Served, sync_redis: r
                 assert token not in str(r.headers), (path, token)
 
 
+async def test_a_reference_acts_only_in_its_own_namespace(served: Served) -> None:
+    """A row's reference names one token of one namespace of one pool: posted for another
+    namespace (which has a token of its own) it finds nothing, and nothing is deleted."""
+    async with served() as (admin, _):
+        mine = await new_token(admin)
+        r = await admin.post("/token/other", params={"description": "theirs"})
+        assert r.status_code == 201
+        theirs = r.json()["token"]
+        assert (await admin.get("/ui/")).status_code == 200
+        csrf = admin.cookies["dq_csrf"]
+        ref = reference("default", NS, mine)
+        assert ref in (await admin.get("/ui/tokens", params={"ns": NS})).text
+        r = await admin.post("/ui/tokens/other/delete", data={"csrf": csrf, "ref": ref})
+        assert r.status_code == 404, r.text
+        r = await admin.post(f"/ui/tokens/{NS}/delete?pool=nope", data={"csrf": csrf, "ref": ref})
+        assert r.status_code in (400, 404), r.text
+        assert list(await tokens_of(admin)) == [mine]
+        assert list((await admin.get("/token/other")).json()["tokens"]) == [theirs]
+
+
 async def test_no_full_token_in_a_log_line(
     served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
