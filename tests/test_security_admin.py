@@ -25,6 +25,7 @@ from cluster_dq.localredis import free_port
 from cluster_dq.logs import JsonFormatter
 from cluster_dq.server import Runtime
 from cluster_dq.settings import PoolSettings, Settings, load
+from cluster_dq.tokens import reference
 from tests.conftest import Deployment
 
 ADMIN = "http://127.0.0.1:7778"  # the Host the requests carry (the transport's base url)
@@ -168,16 +169,48 @@ async def test_a_foreign_origin_is_refused(
         assert await tokens_of(admin) == {}
 
 
-async def test_the_same_origin_and_preflighted_requests_pass(served: Served) -> None:
-    """A page of this very server (its Origin or Referer), and a request a browser could only
-    send after a CORS preflight this server never answers (application/json)."""
+@pytest.mark.parametrize(
+    "headers",
+    [
+        # <a ping="http://127.0.0.1:7778/token/shop?token=01EVIL..."> (a click sends it, with
+        # the browser's credentials, body "PING", no preflight)
+        {"Origin": "https://evil.example", "Content-Type": "text/ping", "Ping-From": "x"},
+        # a page's own CSP: report-uri http://127.0.0.1:7778/token/shop?token=01EVIL...
+        {"Origin": "https://evil.example", "Content-Type": "application/csp-report"},
+        {"Origin": "null", "Content-Type": "text/ping"},
+        {"Origin": "https://evil.example", "Content-Type": "application/json"},
+    ],
+    ids=["ping", "csp-report", "ping-null", "json"],
+)
+async def test_a_foreign_origin_is_refused_whatever_the_content_type(
+    served: Served, headers: dict[str, str]
+) -> None:
+    """A browser sends some cross-site POSTs of its own with a type no page could set without
+    a preflight (a link's ``ping``, a CSP violation report): the content type proves nothing,
+    a foreign ``Origin`` is refused on every state-changing request."""
+    async with served() as (admin, _):
+        r = await admin.post(
+            f"/token/{NS}",
+            params={"token": EVIL, "description": "x"},
+            content=b"PING",
+            headers=headers,
+        )
+        refused(r, "cross-site")
+        r = await admin.post("/accesslog?status=enable", content=b"{}", headers=headers)
+        refused(r, "cross-site")
+        assert await tokens_of(admin) == {}
+        assert (await admin.get("/accesslog")).json() == {"status": "disabled"}
+
+
+async def test_the_same_origin_passes(served: Served) -> None:
+    """A page of this very server (its Origin or Referer)."""
     async with served() as (admin, _):
         for i, headers in enumerate(
             [
                 {"Origin": ADMIN, "Content-Type": "text/plain"},
                 {"Origin": ADMIN, "Content-Type": "application/x-www-form-urlencoded"},
                 {"Referer": f"{ADMIN}/docs", "Content-Type": "text/plain"},
-                {"Origin": "https://evil.example", "Content-Type": "application/json"},
+                {"Origin": ADMIN, "Content-Type": "application/json"},
             ]
         ):
             r = await admin.post(
@@ -307,6 +340,9 @@ async def test_read_only_changes_nothing_on_the_admin_port(
         assert r.status_code == 403 and "read-only" in r.text
         page = await admin.get("/ui/tokens", params={"ns": NS})
         assert page.status_code == 200 and "seeded" in page.text and EVIL not in page.text
+        # nor its reference: an unsalted SHA-256 of a token chosen by a person (a custom
+        # token) is guessed offline; a read-only page has no action that would need it
+        assert reference("default", NS, EVIL) not in page.text and "data-ref" not in page.text
         assert (await admin.get("/accesslog")).json() == {"status": "disabled"}
         r = await data.get(f"/api/{NS}/q/size", headers={"X-Token": EVIL})
         assert r.status_code == 200  # the data port is not the admin port: it still works
@@ -395,6 +431,26 @@ async def test_no_full_token_in_any_dashboard_page(served: Served, sync_redis: r
                 assert token not in str(r.headers), (path, token)
 
 
+async def test_a_reference_acts_only_in_its_own_namespace(served: Served) -> None:
+    """A row's reference names one token of one namespace of one pool: posted for another
+    namespace (which has a token of its own) it finds nothing, and nothing is deleted."""
+    async with served() as (admin, _):
+        mine = await new_token(admin)
+        r = await admin.post("/token/other", params={"description": "theirs"})
+        assert r.status_code == 201
+        theirs = r.json()["token"]
+        assert (await admin.get("/ui/")).status_code == 200
+        csrf = admin.cookies["dq_csrf"]
+        ref = reference("default", NS, mine)
+        assert ref in (await admin.get("/ui/tokens", params={"ns": NS})).text
+        r = await admin.post("/ui/tokens/other/delete", data={"csrf": csrf, "ref": ref})
+        assert r.status_code == 404, r.text
+        r = await admin.post(f"/ui/tokens/{NS}/delete?pool=nope", data={"csrf": csrf, "ref": ref})
+        assert r.status_code in (400, 404), r.text
+        assert list(await tokens_of(admin)) == [mine]
+        assert list((await admin.get("/token/other")).json()["tokens"]) == [theirs]
+
+
 async def test_no_full_token_in_a_log_line(
     served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -426,6 +482,30 @@ async def test_no_full_token_in_a_log_line(
     assert len(paths) >= 10
     for line in lines:
         assert token not in line and junk not in line, line
+
+
+async def test_no_full_token_in_the_log_line_of_an_odd_path(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Paths that name a token but match no route are logged masked too: an admin URL set with
+    a trailing slash (``//token/...``), an encoded ``/`` in the namespace, a trailing slash."""
+    caplog.set_level(logging.DEBUG)
+    async with served(EnableAccessLog=True) as (admin, _):
+        token = await new_token(admin)
+        for method, path in [
+            ("DELETE", f"//token/{NS}/{token}"),
+            ("GET", f"//token/{NS}/{token}/limit"),
+            ("GET", f"/token/{NS}%2Fx/{token}/limit"),
+            ("GET", f"/token//{NS}/{token}/limit"),
+            ("DELETE", f"/token/{NS}/{token}/"),
+        ]:
+            r = await admin.request(method, f"{ADMIN}{path}")
+            assert r.status_code in (307, 404), (path, r.text)
+    records = [r for r in caplog.records if r.name.startswith("cluster_dq")]
+    paths = [r.__dict__["path"] for r in records if r.name == "cluster_dq.access"]
+    assert len(paths) >= 6 and f"//token/{NS}/{token[:6]}…" in paths, paths
+    for line in [JsonFormatter().format(rec) for rec in records]:
+        assert token not in line, line
 
 
 # -- (10) health ----------------------------------------------------------------------------------

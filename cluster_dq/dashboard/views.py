@@ -454,7 +454,9 @@ class Views:
 
     async def tokens(self, request: Request) -> Response:
         """A namespace's tokens, each masked (``tokens.mask``) with its description, limit
-        and the opaque reference its row's actions carry (no page holds a token in full)."""
+        and the opaque reference its row's actions carry (no page holds a token in full). A
+        read-only page has no actions, and no references: a reference is a hash of the token,
+        and a token a person chose can be guessed from it offline."""
         ns = request.query_params.get("ns", "")
         pool, _ = self.d.route(request)
         rows: list[dict[str, Any]] = []
@@ -466,7 +468,7 @@ class Views:
                 rows.append(
                     {
                         "masked": mask(t),
-                        "ref": reference(pool, ns, t),
+                        "ref": None if self.d.read_only else reference(pool, ns, t),
                         "description": desc,
                         "limit": every.get(f"{pool}/{ns}/{t}"),
                     }

@@ -75,7 +75,7 @@ class AdminAPI:
                 why = cross_site(request.method, request.headers)
                 if why is not None:
                     raise Forbidden(
-                        f"cross-site request refused ({why}; send no Origin, or a JSON body):"
+                        f"cross-site request refused ({why}; a client sends no Origin):"
                         " nothing was changed"
                     )
             return await handler(request)

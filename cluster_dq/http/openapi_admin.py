@@ -49,9 +49,9 @@ def admin_operations(s: Settings) -> list[Op]:
     # a change: refused on a read-only port and from a page on another site (http/origin.py)
     e403 = error(
         "a change on a read-only admin port (AdminReadOnly), or one a page on another site"
-        " could have sent (a foreign Origin or Referer, a form's content type): nothing changed",
-        "cross-site request refused (Origin is not this server; send no Origin, or a JSON"
-        " body): nothing was changed",
+        " could have sent (a foreign Origin or Referer): nothing changed",
+        "cross-site request refused (Origin is not this server; a client sends no Origin):"
+        " nothing was changed",
     )
     changes = {**guarded, 403: e403}
     limit = reply("the limit", ref("Limit"), {"read": 100, "write": 50, "interval": 1})

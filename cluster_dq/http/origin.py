@@ -1,11 +1,14 @@
 """Cross-site requests: the one decision the admin API and the dashboard share.
 
-A page on any origin can make a browser send a POST (a form, or ``fetch`` in ``no-cors``
-mode) with the credentials the browser holds for the admin port, as long as the request is
-"simple": its content type one a form can send, or none. Anything else (another method, a
-JSON body, a custom header) needs a CORS preflight first, which this server never answers, so
-the browser never sends it. A browser says where such a request comes from in ``Origin`` (or,
-in older browsers and a few cases, only in ``Referer``); curl and the clients send neither.
+A page on any origin can make a browser send a POST (a form, ``fetch`` in ``no-cors`` mode)
+with the credentials the browser holds for the admin port. The content type proves nothing:
+besides the three a form can send, the browser sends POSTs of its own to a URL the page names
+with types no page could set (a link's ``ping``: ``text/ping``; a CSP violation report:
+``application/csp-report``), all without a preflight. A browser says where a POST comes from
+in ``Origin`` (or, in older browsers and a few cases, only in ``Referer``); curl and the
+clients send neither. So a state-changing request with a foreign one is refused, whatever its
+content type (a page that sent JSON after a preflight would be refused too: this server
+answers no preflight, so no browser sends one).
 """
 
 from __future__ import annotations
@@ -14,9 +17,6 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 STATE_CHANGING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
-# The content types a page on another origin can send without a preflight
-# (https://fetch.spec.whatwg.org/#cors-safelisted-request-header).
-SIMPLE_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -50,16 +50,10 @@ def foreign(headers: Mapping[str, str]) -> str | None:
     return f"{what} is not this server"
 
 
-def needs_preflight(headers: Mapping[str, str]) -> bool:
-    """A browser sends this request from another origin only after a CORS preflight: its
-    content type is none a form can send. (No content type: a bodiless ``fetch`` sends none.)"""
-    raw = headers.get("content-type")
-    return raw is not None and raw.split(";", 1)[0].strip().lower() not in SIMPLE_TYPES
-
-
 def cross_site(method: str, headers: Mapping[str, str]) -> str | None:
     """Why a request is refused as one a page on another site could have made its visitor's
-    browser send: state-changing, with no preflight, from a foreign origin. None: allowed."""
-    if method.upper() not in STATE_CHANGING or needs_preflight(headers):
+    browser send: state-changing, from a foreign origin (whatever its content type: see
+    above). None: allowed."""
+    if method.upper() not in STATE_CHANGING:
         return None
     return foreign(headers)
