@@ -197,7 +197,7 @@ class Service:
             "jobs may have been reserved for this request and not delivered; "
             "they are delivered again once their ttr ends"
         )
-        with _unavailable(route.name, unknown=unknown):
+        with _unavailable(route.name, unknown=unknown, nothing=NOTHING_RESERVED):
             if len(groups) == 1:
                 jobs = await groups[0][0].hub.consume(ns, queues, ttr_ms, count, timeout_ms)
             else:
@@ -304,6 +304,8 @@ class Service:
                     continue  # not in this pool (a migration): it may be in the next
                 raise
             except PoolUnavailable as e:
+                if nothing_written(e):
+                    raise  # it says so, and that repeating is safe
                 raise PoolUnavailable(
                     pool.name,
                     e.detail,
@@ -940,22 +942,49 @@ def _uint(raw: str) -> int | None:
 
 
 UNKNOWN = "the request may or may not have been applied"
+# Said when nothing of the request can have reached Redis (the client's ``Unavailable`` reads
+# "nothing was written" and "repeating it is safe": it repeats even a once-only call).
+NOTHING_WRITTEN = (
+    "nothing was written (redis refused or could not be reached); repeating it is safe"
+)
+NOTHING_RESERVED = (
+    "nothing was written: no job was reserved for this request (redis refused or could not "
+    "be reached); repeating it is safe"
+)
 
 
 @contextlib.contextmanager
 def _unavailable(
-    pool: str, *, idempotent: bool = False, unknown: str | None = UNKNOWN, what: str = ""
+    pool: str,
+    *,
+    idempotent: bool = False,
+    unknown: str | None = UNKNOWN,
+    what: str = "",
+    nothing: str = NOTHING_WRITTEN,
 ) -> Iterator[None]:
     """The one place a Redis failure (the engine's error tree) becomes what the client is told:
     ``PoolUnavailable``, with advice on what may have happened (``unknown``: the advice when
-    the outcome is unknown; None: no advice at all)."""
+    the outcome is unknown; None: no advice then; ``nothing``: when nothing was written)."""
     try:
         yield
     except NotReplicated as e:
         raise PoolUnavailable(pool, str(e), _not_replicated(e, idempotent)) from e
     except RedisFailure as e:
-        advice = "" if unknown is None else _outcome(e, idempotent, unknown)
+        if nothing_written(e):
+            advice = nothing
+        else:
+            advice = "" if unknown is None else _outcome(e, idempotent, unknown)
         raise PoolUnavailable(pool, f"{what}{e}", advice) from e
+
+
+def nothing_written(e: BaseException | None) -> bool:
+    """Whether a failure (a ``RedisFailure``, or the ``PoolUnavailable`` made of one) can have
+    written nothing: the engine says so, or, where no engine did, the server refused it."""
+    if isinstance(e, PoolUnavailable):
+        e = e.__cause__
+    if not isinstance(e, RedisFailure) or isinstance(e, NotReplicated):
+        return False
+    return e.nothing_written if e.nothing_written is not None else isinstance(e, Refused)
 
 
 def _not_replicated(e: NotReplicated, idempotent: bool) -> str:
@@ -974,9 +1003,9 @@ def _not_replicated(e: NotReplicated, idempotent: bool) -> str:
 
 
 def _outcome(e: RedisFailure, idempotent: bool, unknown: str) -> str:
-    """What a 503 tells the client of its request."""
-    if isinstance(e, Refused) and not idempotent:  # the only errors repeated then: nothing ran
-        return "the request was refused before it ran: nothing was written; repeating it is safe"
+    """What a 503 tells the client of its request (when something may have been written)."""
+    if nothing_written(e):
+        return NOTHING_WRITTEN
     if idempotent:
         return "the request may have been applied; repeating it is safe"
     return unknown
@@ -991,9 +1020,14 @@ async def _consume_across(
     given back at once, without spending a try."""
     jobs: list[Job] = []
     taken: list[tuple[RedisPool, list[Job]]] = []  # what the first look reserved, by pool
+    unreachable: list[Refused] = []  # pools the first look could not reach (nothing reserved)
     try:
         for pool, qs in groups:
-            got = await pool.hub.consume(ns, qs, ttr_ms, count - len(jobs), 0)
+            try:
+                got = await pool.hub.consume(ns, qs, ttr_ms, count - len(jobs), 0)
+            except Refused as e:  # the others may have jobs; the long poll looks again
+                unreachable.append(e)
+                continue
             taken.append((pool, got))
             jobs += got
             if len(jobs) >= count:
@@ -1003,6 +1037,8 @@ async def _consume_across(
             _give_back_later(pool, ns, got)
         raise
     if jobs or timeout_ms <= 0:
+        if not jobs and unreachable:
+            raise unreachable[0]
         return jobs
     tasks = {
         asyncio.create_task(pool.hub.consume(ns, qs, ttr_ms, count, timeout_ms)): pool

@@ -349,7 +349,20 @@ class Run(Generic[T]):
         self.wanted, self.timeout_ms = wait_replicas, wait_timeout_ms
         self.acked = wait_replicas
         self.repeated = False  # a step was repeated: the operation's time is the send time
+        # A step that may write was sent (it succeeded, or failed after being sent): a
+        # failure of the operation may have been applied (``RedisFailure.nothing_written``).
+        self.maybe_written = False
         self.result: T
+
+    def attempted(self, step: Step, error: BaseException | None) -> None:
+        """One attempt of ``step`` ended (``error``: how it failed, None: it succeeded)."""
+        if not self.maybe_written and not _reads_only(step):
+            self.maybe_written = not isinstance(error, Refused)
+
+    def failed(self, e: RedisFailure) -> RedisFailure:
+        """The operation ends with ``e``: what it may have written is said on it."""
+        e.nothing_written = not self.maybe_written
+        return e
 
     def stamped(self, step: Step, clock: Callable[[], int], *, repeat: bool = False) -> Step:
         """``step`` as it is sent now. A repeat (``repeat``) is stamped at send time, and so is
