@@ -331,6 +331,7 @@ async def test_a_request_gets_one_retry_budget_during_an_outage(
     above: a promise, not a figure."""
     rt, token = runtime
     async with http(rt, token) as c:
+        assert (await c.get("/api/out/q/size")).status_code == 200  # the token known
         await down(server)
         for method, path in (("PUT", "/api/out/q"), ("GET", "/api/out/q/size")):
             started = time.monotonic()
