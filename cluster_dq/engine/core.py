@@ -48,7 +48,30 @@ DURABLE_SCRIPTS = frozenset({"publish", "republish", "ack"})
 READ_ONLY_SCRIPTS = frozenset(
     name for name, s in load_all().items() if s.source.startswith("#!lua flags=no-writes")
 )
-READ_COMMANDS = frozenset({"EXISTS", "HGET", "ZCARD", "ZCOUNT", "ZRANGE", "SMEMBERS"})
+# Commands that write nothing: a step of only these repeats on any transient error, and its
+# failure never says "may have been applied" (``Run.attempted``).
+READ_COMMANDS = frozenset(
+    {
+        "EXISTS",
+        "GET",
+        "HEXISTS",
+        "HGET",
+        "HGETALL",
+        "HKEYS",
+        "HMGET",
+        "HSCAN",
+        "LRANGE",
+        "PTTL",
+        "SCARD",
+        "SMEMBERS",
+        "ZCARD",
+        "ZCOUNT",
+        "ZMSCORE",
+        "ZRANGE",
+        "ZSCAN",
+        "ZSCORE",
+    }
+)
 # What an attempt may raise that ``translate`` looks at (the last three only when redis-py's
 # asyncio transport leaked a closed connection as them: ``leaked_transport_race``).
 CAUGHT: tuple[type[BaseException], ...] = (
