@@ -21,6 +21,7 @@ from cluster_dq.engine import schedules as schedule_ops
 from cluster_dq.engine import admin as admin_ops
 from cluster_dq.engine import control, insight
 from cluster_dq.engine.control import DeadFilter
+from cluster_dq.firing import carry_settings, move_schedule
 from cluster_dq.engine.replies import SweepReply
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import (
@@ -49,7 +50,7 @@ from cluster_dq.models import (
 from cluster_dq.pools import RedisPool
 from cluster_dq.queueconf import QueueSettings
 from cluster_dq.routing import Placement, PoolRoute, build_routes
-from cluster_dq.schedules import describe
+from cluster_dq.schedules import MAX_SCHEDULE_PAGE, describe
 from cluster_dq.schedules import parse as parse_schedule
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import TokenStore, split_token, well_formed
@@ -81,7 +82,7 @@ class Service:
         )
         # (ns, q) -> (monotonic s when read, the queue's settings): its default ttr and tries
         self._queue_settings: dict[tuple[str, str], tuple[float, QueueSettings]] = {}
-        self._carried: dict[tuple[str, str, str], float] = {}  # see _carry_settings
+        self._carried: dict[tuple[str, str, str, str], float] = {}  # see _carry_due
 
     def route(self, name: str) -> PoolRoute[RedisPool]:
         r = self.routes.get(name)
@@ -656,11 +657,18 @@ class Service:
 
     # -- recurring jobs (they live in the queue's write pool, whose pump leaders fire them) ---
 
+    async def _schedules_pool(self, route: PoolRoute[RedisPool], ns: str, q: str) -> RedisPool:
+        """The pool that holds the queue's schedules (its write pool), those of a pool it is
+        moving from brought over first."""
+        place = route.place(ns, q)
+        await self._carry_schedules(place, ns, q)
+        return place.write
+
     async def put_schedule(
         self, route: PoolRoute[RedisPool], ns: str, q: str, name: str, body: bytes
     ) -> tuple[dict[str, Any], bool]:
         """Creates or replaces a schedule: (the schedule as answered, whether it was new)."""
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         now = pool.engine.clock()
         s = self.settings
         schedule, paused = parse_schedule(
@@ -673,7 +681,7 @@ class Service:
     async def schedule(
         self, route: PoolRoute[RedisPool], ns: str, q: str, name: str
     ) -> dict[str, Any]:
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         found = await self._run(pool, schedule_ops.get(ns, q, name), idempotent=True)
         if found is None:
             raise NotFound("schedule not found")
@@ -682,21 +690,21 @@ class Service:
     async def schedules(
         self, route: PoolRoute[RedisPool], ns: str, q: str, cursor: int, limit: int
     ) -> tuple[int, list[dict[str, Any]]]:
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         nxt, found = await self._run(pool, schedule_ops.page(ns, q, cursor, limit), idempotent=True)
         return nxt, [describe(ns, q, *item) for item in found]
 
     async def pause_schedule(
         self, route: PoolRoute[RedisPool], ns: str, q: str, name: str, paused: bool
     ) -> dict[str, Any]:
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         op = schedule_ops.set_paused(pool.engine.config, ns, q, name, paused, pool.engine.clock())
         return describe(ns, q, *(await self._run(pool, op, idempotent=True)))
 
     async def delete_schedule(
         self, route: PoolRoute[RedisPool], ns: str, q: str, name: str
     ) -> None:
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         await self._run(pool, schedule_ops.delete(pool.engine.config, ns, q, name), idempotent=True)
 
     # -- queue control ----------------------------------------------------------------------
@@ -714,24 +722,45 @@ class Service:
         pool it moves to that holds none yet gets those of the first pool it is drained from
         that has some, before the queue's first job is written there (its scripts read them:
         pause, max size, backoff). Looked at once per ``QueueSettingsCacheSecond`` per queue
-        by each instance, and only while the queue moves; ``configure`` writes every pool."""
-        if len(place.reads) == 1:
+        by each instance, and only while the queue moves; ``configure`` writes every pool.
+        (A migrating pool's firer carries them too, with the queue's schedules.)"""
+        if len(place.reads) == 1 or not self._carry_due("settings", place, ns, q):
             return
-        key = (place.write.name, ns, q)
+        with _unavailable(place.write.name, idempotent=True):
+            for pool in place.reads[:-1]:
+                if await carry_settings(pool.engine, place.write.engine, ns, q):
+                    break
+
+    async def _carry_schedules(self, place: Placement[RedisPool], ns: str, q: str) -> None:
+        """A queue that moves takes its schedules along (``firing.move_schedule``), with its
+        settings: before a request reads or changes them on the pool it moves to. A migrating
+        pool's firer moves those with a timer anyway; this also moves paused ones, and one
+        that a request would otherwise put beside a copy still firing in the old pool."""
+        if len(place.reads) == 1 or not self._carry_due("schedules", place, ns, q):
+            return
+        with _unavailable(place.write.name, idempotent=True):
+            for pool in place.reads[:-1]:
+                cursor = 0
+                while True:
+                    cursor, found = await pool.engine.run(
+                        schedule_ops.page(ns, q, cursor, MAX_SCHEDULE_PAGE), idempotent=True
+                    )
+                    for schedule, _ in found:
+                        await move_schedule(pool.engine, place.write.engine, ns, q, schedule.name)
+                    if cursor == 0:
+                        break
+
+    def _carry_due(self, what: str, place: Placement[RedisPool], ns: str, q: str) -> bool:
+        """Whether this instance looks again at what a moving queue carries (once per
+        ``QueueSettingsCacheSecond``)."""
+        key = (what, place.write.name, ns, q)
         seen = self._carried.get(key)
         if seen is not None and time.monotonic() - seen < self.settings.QueueSettingsCacheSecond:
-            return
-        none = QueueSettings()
-        if await self._run(place.write, ops.queue_settings(ns, q), idempotent=True) == none:
-            for pool in place.reads[:-1]:
-                old = await self._run(pool, ops.queue_settings(ns, q), idempotent=True)
-                if old != none:
-                    op = ops.configure(ns, q, old.as_changes())
-                    await self._run(place.write, op, idempotent=True)
-                    break
+            return False
         if len(self._carried) > 100_000:
             self._carried.clear()
         self._carried[key] = time.monotonic()
+        return True
 
     async def configure(
         self, route: PoolRoute[RedisPool], ns: str, q: str, changes: Sequence[tuple[str, str]]

@@ -689,11 +689,11 @@ def test_settings_without_a_backoff_are_carried_whole() -> None:
     """A queue's settings as written on the pool it moves to (``as_changes``): with no
     backoff, the other settings still go (before: "a removed backoff takes no parameters",
     and a migrating queue with, say, only a max_size carried nothing: its publishes failed)."""
-    for settings in (
+    for own in (
         QueueSettings(tries=4, max_size=10),
         QueueSettings(paused=True, ttr_ms=5_000),
         QueueSettings(),
     ):
-        changes = dict(settings.as_changes())
+        changes = dict(own.as_changes())
         carried = QueueSettings.from_hash({k: v for k, v in changes.items() if v != ""})
-        assert carried == settings
+        assert carried == own
