@@ -361,3 +361,20 @@ async def test_the_client_repeats_a_once_only_call_that_was_not_applied(
             await client.publish("q", b"x")
     assert e.value.safe_to_repeat and not e.value.maybe_applied
     assert len(seen) == 3  # the first try and two repeats
+
+
+async def test_a_dashboard_page_during_an_outage_says_nothing_was_written(
+    runtime: tuple[Runtime, str], server: Server
+) -> None:
+    """A dashboard page (a GET: it reads) while Redis is down: a 503 page that says nothing
+    was written and that trying again is safe (before: "may have been applied")."""
+    rt, token = runtime
+    async with http(rt, token) as c:
+        job = (await c.put("/api/out/q", content=b"x")).json()["job_id"]
+    await down(server)
+    transport = httpx.ASGITransport(app=rt.admin_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as ui:
+        for path in (f"/ui/job/{NS}/q/{job}", f"/ui/queue/{NS}/q"):
+            r = await ui.get(path)
+            assert r.status_code == 503, (path, r.status_code)
+            assert NOT_APPLIED in r.text and "may have been applied" not in r.text, path
