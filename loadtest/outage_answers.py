@@ -1,6 +1,6 @@
 """What each kind of request is answered while the pool's Redis is down, and how long that
 takes: a ``cluster-dq serve`` against a redis-server of its own, which is killed (SIGKILL)
-once a token, a job and a reservation exist. Prints one line per request: verb, status, the
+once a token, a job and a reservation exist (and the caches have expired). Prints one line per request: verb, status, the
 seconds it took, and the advice of a 503.
 
     .venv/bin/python loadtest/outage_answers.py
@@ -35,6 +35,7 @@ def main() -> None:
         api.put("/api/out/q", content=b"y")
         api.get("/api/out/q", params={"ttr": 60})
         server.kill(signal.SIGKILL)
+        time.sleep(2.5)  # past the token (2 s) and queue settings (1 s) caches, as in an outage
         tries = [
             ("consume timeout=2", "GET", "/api/out/q", {"timeout": 2}),
             ("consume timeout=0", "GET", "/api/out/q", {"timeout": 0}),
@@ -43,7 +44,7 @@ def main() -> None:
             ("ack", "DELETE", f"/api/out/q/job/{job}", {}),
             ("peek job", "GET", f"/api/out/q/job/{job}", {}),
             ("size", "GET", "/api/out/q/size", {}),
-            ("release", "PUT", f"/api/out/q/job/{job}/release", {}),
+            ("release", "POST", f"/api/out/q/job/{job}/release", {}),
         ]
         for what, method, path, params in tries:
             started = time.monotonic()
