@@ -40,8 +40,10 @@ class _Wire:
             raise DataError(str(e)) from e
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        reader = self._reader  # type: ignore[attr-defined]
-        if reader is not None and reader.at_eof():
+        reader, writer = self._reader, self._writer  # type: ignore[attr-defined]
+        if reader is not None and (
+            reader.at_eof() or reader.exception() is not None or writer.is_closing()
+        ):
             # The server closed this pooled connection (it died, or dropped the client): what
             # is written to it cannot reach Redis. Connect afresh instead, so that a server
             # that is down is a refused connection (``Unsent``: nothing sent), not a step sent
