@@ -55,7 +55,7 @@ async def move_schedule(src: AsyncEngine, dst: AsyncEngine, ns: str, q: str, nam
     that name already; (4) it is removed from ``src``. Each step is safe to repeat: a move cut
     short is finished by the next one (the firer's, or a request's for the queue's
     schedules). True when the schedule was on ``src``."""
-    marked = await src.run(ops.mark_moving(ns, q, name), idempotent=True)
+    marked = await src.run(ops.mark_moving(src.config, ns, q, name), idempotent=True)
     if marked is None:
         return False
     schedule, moving = marked

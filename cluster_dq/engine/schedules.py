@@ -19,6 +19,7 @@ from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.schedules import (
     CLAIM_LEASE_MS,
     MAX_SCHEDULES_PER_QUEUE,
+    NEVER,
     Schedule,
     State,
     occurrence_id,
@@ -164,11 +165,13 @@ def was_paused(state: State) -> bool:
     return state.gen == f"{MOVING}1"
 
 
-def mark_moving(ns: str, q: str, name: str) -> Op[tuple[Schedule, State] | None]:
+def mark_moving(cfg: EngineConfig, ns: str, q: str, name: str) -> Op[tuple[Schedule, State] | None]:
     """A move's first step, on the pool the queue leaves: the schedule stops firing there (one
     compare-and-set: paused, under the generation ``MOVING``, which keeps the user's pause;
-    a firer's claim or confirmation made before it fails). Its definition and that state;
-    None when there is no such schedule. A schedule marked already is answered as it is."""
+    a firer's claim or confirmation made after it fails). Its definition and that state;
+    None when there is no such schedule. A schedule marked already is answered as it is.
+    Its timer is set to ``NEVER``: no firer takes it as due (and drops it as paused), and the
+    migrating pool's firer, which looks at every timer, finishes a move cut short."""
     qk = QueueKeys(ns, q)
     for _ in range(CAS_TRIES):
         found = yield from _read(qk, name)
@@ -181,6 +184,7 @@ def mark_moving(ns: str, q: str, name: str) -> Op[tuple[Schedule, State] | None]
         moving = state.with_(gen=f"{MOVING}{int(state.paused)}", paused=True)
         done, _ = yield from _set(qk, name, raw, moving.encode())
         if done:
+            yield from _set_timer(cfg, ns, q, name, NEVER)
             return schedule, moving
     raise _busy()
 
@@ -193,7 +197,14 @@ def adopt(cfg: EngineConfig, ns: str, q: str, schedule: Schedule, state: State) 
     done, _ = yield from _set(qk, schedule.name, "", state.encode(), schedule.to_json())
     if done:
         yield from _set_timer(cfg, ns, q, schedule.name, state.due_at())
-    return done
+        return True
+    if (yield from _read(qk, schedule.name)) is None:  # refused: the queue is full there
+        raise BadRequest(
+            f"too many schedules in this queue on the pool it moves to "
+            f"(at most {MAX_SCHEDULES_PER_QUEUE}): schedule {schedule.name} not moved",
+            "name",
+        )
+    return False
 
 
 def forget_moved(cfg: EngineConfig, ns: str, q: str, name: str, moving: State) -> Op[None]:
