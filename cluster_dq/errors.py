@@ -129,7 +129,13 @@ class ConfigError(ClusterDQError):
 
 
 class RedisFailure(ClusterDQError):
-    """A step sent to Redis failed. The text names the Redis error (for logs, never a client)."""
+    """A step sent to Redis failed. The text names the Redis error (for logs, never a client).
+    ``nothing_written``: set by the engine when its operation failed: True when no step of it
+    that may write can have reached Redis (every attempt of such a step was refused before it
+    ran, or never sent; reads write nothing), so repeating the request is safe whatever it
+    is; None when no engine said (then only a ``Refused`` error says nothing ran)."""
+
+    nothing_written: bool | None = None
 
 
 class Transient(RedisFailure):

@@ -207,8 +207,11 @@ class TokenStore:
         now = time.monotonic()
         if hit and hit[1] > now:
             return hit[0]
+        # With an answer to fall back on, one quick look: an outage does not spend the
+        # request's retry budget here (the request's own steps need it).
+        quick = time.monotonic() if hit else None
         try:
-            ok = await self.engine.run(admin.token_exists(pool, ns, token))
+            ok = await self.engine.run(admin.token_exists(pool, ns, token), deadline=quick)
         except RedisFailure:
             if hit:  # Redis failing over: the last answer stands until it is back (never a 503)
                 return hit[0]
@@ -222,8 +225,9 @@ class TokenStore:
     async def limits(self, force: bool = False) -> dict[str, Limit]:
         now = time.monotonic()
         if force or now - self._limits_at > self.cache_seconds:
-            try:
-                raw = await self.engine.run(admin.limits())
+            try:  # (as in ``valid``: with known limits to fall back on, one quick look)
+                quick = None if force else time.monotonic()
+                raw = await self.engine.run(admin.limits(), deadline=quick)
             except RedisFailure:
                 if force:
                     raise

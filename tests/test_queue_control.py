@@ -24,6 +24,7 @@ from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.errors import BadRequest, QueueFull
+from cluster_dq.queueconf import QueueSettings
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.models import JobSpec, JobState, Record, id_to_member
 from cluster_dq.pools import RedisPool
@@ -682,3 +683,17 @@ async def test_the_listing_pages_every_existing_queue_exactly_once_while_queues_
     assert len(seen) == len(set(seen))  # never twice
     assert set(existing) <= set(seen)  # every pre-existing one
     assert seen == sorted(seen)
+
+
+def test_settings_without_a_backoff_are_carried_whole() -> None:
+    """A queue's settings as written on the pool it moves to (``as_changes``): with no
+    backoff, the other settings still go (before: "a removed backoff takes no parameters",
+    and a migrating queue with, say, only a max_size carried nothing: its publishes failed)."""
+    for own in (
+        QueueSettings(tries=4, max_size=10),
+        QueueSettings(paused=True, ttr_ms=5_000),
+        QueueSettings(),
+    ):
+        changes = dict(own.as_changes())
+        carried = QueueSettings.from_hash({k: v for k, v in changes.items() if v != ""})
+        assert carried == own

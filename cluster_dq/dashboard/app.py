@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cluster_dq import metrics
 from cluster_dq.clock import now_ms
 from cluster_dq.dashboard import audit
+from cluster_dq.engine import retry
 from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, Unauthorized
 from cluster_dq.http import params
 from cluster_dq.http.auth import basic_auth
@@ -285,7 +286,9 @@ class Dashboard:
             yield "retry: 2000\n\n"
             while not self.stopping.is_set():
                 try:
-                    data = await self._sizes_event(route, ns, q)
+                    # each look its own retry budget (the request's ran out long ago)
+                    with retry.request_deadline(time.monotonic() + retry.BUDGET_S):
+                        data = await self._sizes_event(route, ns, q)
                     yield f"event: sizes\ndata: {json.dumps(data)}\n\n"
                 except ClusterDQError as e:
                     yield f"event: trouble\ndata: {json.dumps(str(e))}\n\n"

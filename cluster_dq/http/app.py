@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -14,6 +15,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from cluster_dq.clock import now_ms
+from cluster_dq.engine import retry
 from cluster_dq.errors import BadRequest, Unauthorized
 from cluster_dq import queueconf
 from cluster_dq.http import openapi, params
@@ -160,6 +162,18 @@ class DataAPI:
             response = error("method not allowed", 405)
             response.headers["Allow"] = "GET"
             return response
+        # A long poll's budget is its timeout, for every Redis step of the request (token,
+        # limits, queue settings, the looks): answered when its time runs out, Redis or not.
+        try:
+            qp = params.query(request)
+            timeout_ms = params.millis(qp, "timeout", self.s.TimeoutSecond, self.s.MaxTimeoutSecond)
+        except BadRequest:
+            timeout_ms = 0  # refused below, after the token (as every parameter is)
+        budget = timeout_ms / 1000 if timeout_ms > 0 else retry.BUDGET_S
+        with retry.request_deadline(time.monotonic() + budget):
+            return await self._consume(request)
+
+    async def _consume(self, request: Request) -> Response:
         ns = request.path_params["ns"]
         queues = params.queue_list(ns, request.path_params["queues"])
         route = await self._auth(request, ns)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster_dq.clock import now_ms
+from cluster_dq.engine import retry
 from cluster_dq.logs import current_scope
 from cluster_dq.metrics import Metrics
 from cluster_dq.models import encode_id
@@ -111,7 +112,10 @@ class RequestIdMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            # One retry budget for the whole request, whatever its number of Redis steps
+            # (a long-poll consume sets its own: its timeout).
+            with retry.request_deadline(time.monotonic() + retry.BUDGET_S):
+                await self.app(scope, receive, send_with_id)
         except Exception:
             status = status or 500
             raise
