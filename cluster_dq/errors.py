@@ -11,6 +11,7 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     ├── Unauthorized
     ├── Forbidden             refused whoever asks: a cross-site request, a read-only port
     ├── RateLimited
+    ├── WriteLimited          refused to a token with a write limit (a schedule): 403
     ├── QueueFull             a publish beyond the queue's max_size (nothing written)
     ├── PoolUnavailable       what a client is told when Redis failed (the service's advice)
     ├── ConfigError           bad settings at start-up (names the key)
@@ -97,6 +98,11 @@ class Unauthorized(ClusterDQError):
 
 class RateLimited(ClusterDQError):
     pass
+
+
+class WriteLimited(ClusterDQError):
+    """What a token with a write limit may not do at all (start a schedule, whose firings
+    would publish past the limit): refused, nothing changed."""
 
 
 class QueueFull(ClusterDQError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 from cluster_dq.http.openapi import (
     JSON,
@@ -72,7 +73,7 @@ TOKEN = {
 
 
 def data_document(s: Settings) -> Schema:
-    return document("data", data_operations(s), TOKEN)
+    return document("data", with_write_limits(data_operations(s)), TOKEN)
 
 
 JOB_EXAMPLE = {
@@ -549,6 +550,34 @@ def data_operations(s: Settings) -> list[Op]:
         *control_operations(s, common),
         *queue_operations(s, common),
     ]
+
+
+# Requests that change a queue but are not counted against the token's write limit: they finish
+# a delivery its consume counted (docs/api.md#rate-limits). Every other one but a GET is.
+NOT_COUNTED = {ACK, TOUCH, RELEASE, PROGRESS, ("/api/{ns}/{q}/ack", "post")}
+E429_WRITE = error(
+    "the token's write limit: nothing was changed",
+    "token(01M84CYQJ90007ZG2JKZ9W9AQM) produce reach the limit rate, please retry later",
+    "Message",
+)
+E403_WRITE = error(
+    "the token has a write limit: a schedule would publish past it; nothing was written",
+    "token(01M84CYQJ90007ZG2JKZ9W9AQM) has a write limit: a schedule would publish past it",
+)
+
+
+def with_write_limits(ops: list[Op]) -> list[Op]:
+    """Every counted write may answer the token's 429; creating, replacing or resuming a
+    schedule, a token with a write limit's 403."""
+    starts_schedule = ((SCHEDULE_PATH, "put"), (SCHEDULE_PATH + "/resume", "post"))
+    out = []
+    for op in ops:
+        key = (op.path, op.method.lower())
+        if op.method not in ("GET", "HEAD") and key not in NOT_COUNTED:
+            extra = {403: E403_WRITE} if key in starts_schedule else {}
+            op = replace(op, responses={429: E429_WRITE, **extra, **op.responses})
+        out.append(op)
+    return out
 
 
 def text_param(name: str, what: str) -> Schema:
