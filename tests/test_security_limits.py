@@ -3,14 +3,17 @@
 - a token at its write limit is refused (429) by every verb that changes a queue, not only by
   publish: operator verbs (kick, redrive, respawn, purge, bury, reschedule, destroy), queue
   settings, pause and resume, schedules; nothing changes. A token with a write limit cannot
-  create or resume a schedule at all (a schedule publishes without asking the limit).
+  create or resume a schedule at all (a schedule publishes without asking the limit);
+- one namespace's long-polls cannot take every waiting slot of a worker
+  (``MaxWaitersPerNamespace``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -18,6 +21,7 @@ import pytest
 import redis
 
 from cluster_dq.keys import QueueKeys
+from cluster_dq.localredis import Server
 from tests.conftest import Deployment
 from tests.test_http import ADMIN_AUTH, serve
 
@@ -169,3 +173,64 @@ def test_a_token_with_a_write_limit_cannot_create_or_resume_a_schedule(
     assert prod.delete(f"/api/{NS}/{q}/schedules/tick").status_code == 204
     assert sync_redis.exists(QueueKeys(NS, q).schedules) == 0
 
+
+# -- item 8: each namespace its share of a worker's long-polls --------------------------------
+
+
+def _subscribers(client: redis.Redis, ns: str, q: str) -> int:
+    channel = QueueKeys(ns, q).notify
+    return int(dict(client.pubsub_numsub(channel))[channel.encode()])
+
+
+def _wait_for(check: Callable[[], bool], what: str, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.02)
+
+
+def test_a_namespace_that_fills_its_share_of_long_polls_locks_no_other_out(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
+    """Namespace A fills its share of the worker's long-polls (MaxWaitersPerNamespace): its next
+    long-poll gets the 429 it got before when all MaxWaiters were taken, while namespace B's
+    long-poll still waits and gets its job."""
+    svc = serve(
+        redis_server.pool_settings(),
+        CLUSTER_DQ_MAXWAITERS="4",
+        CLUSTER_DQ_MAXWAITERSPERNAMESPACE="2",
+    )
+    a, b = f"wa{uuid.uuid4().hex[:8]}", f"wb{uuid.uuid4().hex[:8]}"
+    tokens = {ns: new_token(svc.admin, ns) for ns in (a, b)}
+    answers: dict[str, int] = {}
+
+    def poll(ns: str, q: str, timeout: int) -> None:
+        with httpx.Client(base_url=svc.base, headers={"X-Token": tokens[ns]}, timeout=60) as api:
+            r = api.get(f"/api/{ns}/{q}", params={"timeout": timeout})
+            answers[f"{ns}/{q}"] = r.status_code
+
+    hogs = [threading.Thread(target=poll, args=(a, f"idle{i}", 4)) for i in range(2)]
+    try:
+        for t in hogs:
+            t.start()
+        _wait_for(
+            lambda: all(_subscribers(standalone_redis, a, f"idle{i}") for i in range(2)),
+            "A's two long-polls waiting",
+        )
+        with httpx.Client(base_url=svc.base, headers={"X-Token": tokens[a]}, timeout=30) as api:
+            r = api.get(f"/api/{a}/more", params={"timeout": 4})
+            assert r.status_code == 429 and "waiting" in r.json()["msg"], r.text
+            assert int(r.headers["retry-after"]) >= 1
+        waiter = threading.Thread(target=poll, args=(b, "work", 20))
+        waiter.start()
+        _wait_for(lambda: _subscribers(standalone_redis, b, "work") > 0, "B's long-poll waiting")
+        with httpx.Client(base_url=svc.base, headers={"X-Token": tokens[b]}, timeout=30) as api:
+            assert api.put(f"/api/{b}/work", content=b"x").status_code == 201
+        waiter.join(timeout=30)
+        assert answers[f"{b}/work"] == 200  # waited, and got its job
+        for t in hogs:
+            t.join(timeout=30)
+        assert answers[f"{a}/idle0"] == answers[f"{a}/idle1"] == 404
+    finally:
+        svc.stop(timeout=30)

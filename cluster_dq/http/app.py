@@ -41,6 +41,7 @@ from cluster_dq.schedules import check_name as check_schedule_name
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import split_token, well_formed_raw
+from cluster_dq.waiters import Admission
 
 log = logging.getLogger("cluster_dq.http")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -51,7 +52,8 @@ class DataAPI:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
         self.s = settings
-        self._long_polls = 0  # consumes with a timeout running now (bounded by MaxWaiters)
+        # consumes with a timeout running now (MaxWaiters, MaxWaitersPerNamespace)
+        self._long_polls = Admission(settings.MaxWaiters, settings.MaxWaitersPerNamespace)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -205,20 +207,22 @@ class DataAPI:
                 ttr_ms = 1_000  # lmstfy's ttr=0: "ready again at the pump's next 1-s tick"
             timeout_ms = params.millis(qp, "timeout", s.TimeoutSecond, s.MaxTimeoutSecond)
             n = params.count(qp)
-            if timeout_ms > 0 and self._long_polls >= s.MaxWaiters:
-                # Bounded memory and tasks per worker: refuse at once, before reserving anything.
-                busy = error("too many consumers waiting; retry later", 429, key="msg")
+            refusal = self._long_polls.refusal(ns) if timeout_ms > 0 else None
+            if refusal:
+                # Bounded memory and tasks per worker, and a share of them per namespace:
+                # refuse at once, before reserving anything.
+                busy = error(refusal, 429, key="msg")
                 busy.headers["Retry-After"] = "1"
                 return busy
             # A first look at once: a long-poll that finds jobs needs no watch for a hang-up.
             jobs: list[Job] | None = await self.service.consume(route, ns, queues, ttr_ms, n, 0)
             if not jobs and timeout_ms > 0:
-                self._long_polls += 1
+                self._long_polls.enter(ns)
                 try:
                     consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
                     jobs = await _unless_hung_up(request, consume)
                 finally:
-                    self._long_polls -= 1
+                    self._long_polls.leave(ns)
             if jobs is None:
                 return Response(status_code=499)  # nobody to answer; nothing was kept for them
             if not jobs:
