@@ -436,12 +436,13 @@ class DataAPI:
         return json({"namespace": ns, "queue": q, **got.as_json()})
 
     async def pause(self, request: Request) -> Response:
-        """Pause (``/pause``) or resume (``/resume``) a queue; idempotent; its settings."""
+        """Pause (``/pause``) or resume (``/resume``) a queue; idempotent; its settings. A queue
+        that does not exist is a 404 unless ``create=1``."""
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)
         paused = request.url.path.endswith("/pause")
-        changes = [("paused", "1" if paused else "")]
-        got = await self.service.configure(route, ns, q, changes)
+        create = params.flag(params.query(request), "create")
+        got = await self.service.pause(route, ns, q, paused, create)
         return json({"namespace": ns, "queue": q, **got.as_json()})
 
     async def queues(self, request: Request) -> Response:

@@ -828,6 +828,14 @@ def queue_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
         },
         lateness_ms={"type": ["integer", "null"], "description": "how long ago that was"},
     )
+    unknown_queue = error(
+        "the queue does not exist (no job, settings or schedule), or the pool is unknown; "
+        "nothing was written",
+        "queue demo/ordres not found (no job, settings or schedule); nothing was changed. …",
+    )
+    create = uint(
+        "create", "1: the queue need not exist yet (a pause before its first publish)", 0, 1
+    )
     return [
         Op(
             "GET",
@@ -854,16 +862,16 @@ def queue_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
             "POST",
             "/api/{ns}/{q}/pause",
             "Pause the queue: publishes still accepted, consumes get nothing from it",
-            {**common, 200: the_settings},
-            [NS, Q],
+            {**common, 200: the_settings, 404: unknown_queue},
+            [NS, Q, create],
             tag="queue control",
         ),
         Op(
             "POST",
             "/api/{ns}/{q}/resume",
             "Resume the queue (wakes waiting long-polls)",
-            {**common, 200: the_settings},
-            [NS, Q],
+            {**common, 200: the_settings, 404: unknown_queue},
+            [NS, Q, create],
             tag="queue control",
         ),
         Op(
