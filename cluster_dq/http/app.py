@@ -52,10 +52,13 @@ class DataAPI:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
         self.s = settings
-        # consumes with a timeout running now (MaxWaiters, MaxWaitersPerNamespace)
-        self._long_polls = Admission(settings.MaxWaiters, settings.MaxWaitersPerNamespace)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    @functools.cached_property
+    def _long_polls(self) -> Admission:
+        """The consumes with a timeout running now (MaxWaiters, MaxWaitersPerNamespace)."""
+        return Admission(self.s.MaxWaiters, self.s.MaxWaitersPerNamespace)
 
     async def _auth(self, request: Request, ns: str, q: str | None = None) -> PoolRoute[RedisPool]:
         params.check_names(ns, q)
