@@ -25,7 +25,6 @@ from cluster_dq.errors import (
     RateLimited,
     RedisFailure,
     Unauthorized,
-    WriteLimited,
     WrongState,
 )
 from cluster_dq.http.middleware import loggable_path
@@ -43,7 +42,6 @@ STATUS: dict[type[Exception], int] = {
     WrongState: 409,
     Contended: 409,
     RateLimited: 429,
-    WriteLimited: 403,
     QueueFull: 429,
     PoolUnavailable: 503,
     # A Redis failure no use case gave advice for (a rate-limit count, the admin API): the
