@@ -10,6 +10,7 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     ├── Contended             others kept changing it meanwhile; nothing changed, try again
     ├── Unauthorized
     ├── Forbidden             refused whoever asks: a cross-site request, a read-only port
+    │   └── WriteLimited      refused to any token with a write limit (a schedule)
     ├── RateLimited
     ├── QueueFull             a publish beyond the queue's max_size (nothing written)
     ├── PoolUnavailable       what a client is told when Redis failed (the service's advice)
@@ -97,6 +98,11 @@ class Unauthorized(ClusterDQError):
 
 class RateLimited(ClusterDQError):
     pass
+
+
+class WriteLimited(Forbidden):
+    """What a token with a write limit may not do at all (start a schedule, whose firings
+    would publish past the limit): refused, nothing changed."""
 
 
 class QueueFull(ClusterDQError):

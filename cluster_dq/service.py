@@ -774,6 +774,25 @@ class Service:
         self._queue_settings[(ns, q)] = (time.monotonic(), got)
         return got
 
+    async def pause(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, paused: bool, create: bool = False
+    ) -> QueueSettings:
+        """Pauses or resumes a queue. One that does not exist on any pool that holds it (no job,
+        no settings, no schedule: a typo, most likely) is a NotFound and nothing is written,
+        unless ``create`` (a pause asked for before the queue's first publish)."""
+        if not create:
+            reads = route.place(ns, q).reads
+            for pool in reads:
+                if await self._run(pool, ops.queue_known(ns, q), idempotent=True):
+                    break
+            else:
+                raise NotFound(
+                    f"queue {ns}/{q} not found (no job, settings or schedule); nothing was "
+                    "changed. To pause a queue before its first publish, pass create=1 "
+                    "(cluster-dq pause --create)"
+                )
+        return await self.configure(route, ns, q, [("paused", "1" if paused else "")])
+
     async def queue_defaults(self, route: PoolRoute[RedisPool], ns: str, q: str) -> QueueSettings:
         """The queue's settings for its default ttr and tries, read at most once per
         ``QueueSettingsCacheSecond`` by this instance (a change made through another one

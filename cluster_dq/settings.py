@@ -108,6 +108,9 @@ class Settings:
     # for at most this long (the supervisor waits this + 15 s before it kills a worker).
     ShutdownGraceSecond: float = 10.0
     MaxWaiters: int = 10_000  # long-polls waiting at once per worker; beyond: 429, Retry-After
+    # Of those, at most this many for any one namespace (a tenant's share: one namespace's
+    # long-polls cannot lock the others out); beyond: 429. At least MaxWaiters: no share.
+    MaxWaitersPerNamespace: int = 2_500
     # Distinct (namespace, queue) label pairs of the per-queue metrics per worker; the
     # queues beyond it are counted under queue="_other".
     MetricsMaxQueues: int = 1_000
@@ -280,6 +283,7 @@ def _validate(s: Settings) -> None:
             f"ShutdownGraceSecond: more than 0, at most 600, got {s.ShutdownGraceSecond}"
         )
     _within("MaxWaiters", s.MaxWaiters, 0, 10_000_000, " (0: no long-polls)")
+    _within("MaxWaitersPerNamespace", s.MaxWaitersPerNamespace, 1, 10_000_000)
     _within("MetricsMaxQueues", s.MetricsMaxQueues, 0, 1_000_000, " (0: no per-queue series)")
     for kind, names in (("Pool", s.Pool), ("Ring", s.Ring)):
         for name in names:  # a token names it before its ':'

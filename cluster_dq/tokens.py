@@ -260,6 +260,11 @@ class TokenStore:
         await self.engine.run(admin.delete_limit(pool, ns, token))
         self._limits_at = 0.0
 
+    async def limits_writes(self, pool: str, ns: str, token: str) -> bool:
+        """Whether the token's writes are limited (a limit with ``write`` above 0)."""
+        limit = (await self.limits()).get(f"{pool}/{ns}/{token}")
+        return limit is not None and limit.write > 0
+
     async def take(self, pool: str, ns: str, token: str, write: bool) -> bool:
         """Counts one request against the token's limit; True when a unit was taken."""
         limit = (await self.limits()).get(f"{pool}/{ns}/{token}")

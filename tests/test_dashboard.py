@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import Server, free_port, start_server
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.pools import RedisPool
@@ -228,6 +229,19 @@ def test_every_job_action_changes_the_job_and_is_audited(
         ("job.bury", f"{NS}/{q}/{to_bury}"),
     ]
     assert all(e["outcome"].startswith("ok") and e["user"] == "admin" for e in rows)
+
+
+def test_pausing_a_queue_that_does_not_exist_flashes_an_error_and_writes_nothing(
+    api: httpx.Client, ui: httpx.Client, sync_redis: redis.Redis
+) -> None:
+    for verb in ("pause", "resume"):
+        r = post(ui, f"/queue/{NS}/nosuch/{verb}")
+        assert r.status_code == 200 and 'data-level="error"' in r.text, r.text
+        assert f"{NS}/nosuch" in flash(r) and "not found" in flash(r), flash(r)
+    assert sync_redis.exists(QueueKeys(NS, "nosuch").conf) == 0
+    assert api.get(f"/api/{NS}/nosuch/settings").json()["paused"] is False
+    outcomes = [e["outcome"] for e in audit_rows(ui)]
+    assert all(o.startswith("refused") for o in outcomes[:2]), outcomes
 
 
 def test_pause_resume_and_queue_settings(api: httpx.Client, ui: httpx.Client) -> None:

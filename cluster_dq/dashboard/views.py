@@ -229,10 +229,15 @@ class Views:
         paused = request.url.path.endswith("/pause")
         action = "queue.pause" if paused else "queue.resume"
         self.d.intend(request, action, f"{ns}/{q}", pool)
-        await self.service.configure(route, ns, q, [("paused", "1" if paused else "")])
+        back = self._url(request, f"/queue/{ns}/{q}")
+        try:
+            await self.service.pause(route, ns, q, paused)
+        except NotFound as e:  # a typo: nothing written (the API's create=1 pauses a new queue)
+            await self._audit(request, action, f"{ns}/{q}", f"refused: {e}", pool)
+            return self.d.redirect(back, str(e), "error")
         await self._audit(request, action, f"{ns}/{q}", "ok", pool)
         what = "paused: nothing is delivered" if paused else "resumed"
-        return self.d.redirect(self._url(request, f"/queue/{ns}/{q}"), f"{ns}/{q} {what}", "ok")
+        return self.d.redirect(back, f"{ns}/{q} {what}", "ok")
 
     async def configure(self, request: Request) -> Response:
         """The queue's own settings: ttr (s), tries, max size; an empty field removes it."""
