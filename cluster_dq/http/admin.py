@@ -27,6 +27,7 @@ from cluster_dq.settings import Settings
 from cluster_dq.tokens import Limit, mask, split_token, well_formed
 
 Handler = Callable[[Request], Awaitable[Response]]
+MAX_TOKEN_FORM = 65_536  # a description and a token: a few hundred bytes; bounded all the same
 
 
 def _path_token(request: Request) -> tuple[str, str]:
@@ -160,7 +161,7 @@ class AdminAPI:
             found = await store.list(pool or "default", ns)
             prefix = f"{pool}:" if pool else ""
             return json({"tokens": {prefix + t: d for t, d in found.items()}})
-        form = await request.form()
+        form = await params.form(request, MAX_TOKEN_FORM, MAX_TOKEN_FORM)
         description = request.query_params.get("description") or form.get("description")
         if not description or not isinstance(description, str):
             raise BadRequest("invalid description", "description")
@@ -190,6 +191,8 @@ class AdminAPI:
         ns = request.path_params["ns"]
         params.check_names(ns)
         pool, token = _path_token(request)
+        if pool not in self.service.routes:  # a limit stored for it could never apply
+            raise BadRequest("the pool was not exists", "pool")
         store = self.service.tokens
         if request.method in ("GET", "HEAD"):
             try:
