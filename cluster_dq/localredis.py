@@ -27,6 +27,7 @@ from typing import Any
 import redis
 from redis.sentinel import Sentinel
 
+from cluster_dq import envvars
 from cluster_dq.settings import PoolSettings
 
 MASTER_NAME = "dq-master"
@@ -390,7 +391,7 @@ def migrate_slot(
 
 
 STATE_DIR = Path(
-    os.environ.get("CLUSTER_DQ_LOCAL_DIR", Path(tempfile.gettempdir()) / "cluster-dq-local")
+    os.environ.get(envvars.LOCAL_DIR, Path(tempfile.gettempdir()) / "cluster-dq-local")
 )
 BASE_PORTS = {"standalone": 17379, "cluster": 17001, "sentinel": 17101}
 Deployment = Server | Cluster | SentinelGroup

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cluster_dq import envvars
 from cluster_dq.errors import ConfigError
 from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 
@@ -176,6 +177,8 @@ def _env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
     }
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        if name in envvars.NOT_SETTINGS:  # the client's (the README has users export them)
             continue
         path = name[len(ENV_PREFIX) :].split("__")
         if len(path) == 1 and path[0] in top:

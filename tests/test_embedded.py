@@ -3,6 +3,7 @@ redis-server, prints a working token and curl lines, serves, and stops its Redis
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -15,9 +16,20 @@ import httpx
 import pytest
 
 from cluster_dq.localredis import free_port
-from cluster_dq.testing.service_process import ServiceProcess
+from cluster_dq.testing.service_process import ServiceProcess, pick_ports
 
 ROOT = Path(__file__).resolve().parents[1]
+CONSOLE_SCRIPT = Path(sys.executable).parent / "cluster-dq"
+
+
+def console(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """``.venv/bin/cluster-dq argv`` in a shell whose environment is ``env`` (and nothing of
+    this process's ``CLUSTER_DQ_*``), as the README runs it."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_DQ_")}
+    environ.update(PYTHONPATH=str(ROOT), **env)
+    return subprocess.run(
+        [str(CONSOLE_SCRIPT), *argv], env=environ, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
@@ -128,3 +140,31 @@ def embedded_redis_pids() -> set[int]:
         except OSError:
             continue
     return out
+
+
+def test_the_readme_sequence_with_the_client_variables_exported(tmp_path: Path) -> None:
+    """The README exports CLUSTER_DQ_URL, _TOKEN, _NAMESPACE, _ADMIN_URL (and _ADMIN_AUTH)
+    for the client and the operator commands; the same shell runs `serve` and `token`."""
+    port, admin = pick_ports()
+    shell = {
+        "CLUSTER_DQ_URL": f"http://127.0.0.1:{port}",
+        "CLUSTER_DQ_TOKEN": "01M84CYB1XRC6XC6YRM8P6CD3H",
+        "CLUSTER_DQ_NAMESPACE": "demo",
+        "CLUSTER_DQ_ADMIN_URL": f"http://127.0.0.1:{admin}",
+        "CLUSTER_DQ_ADMIN_AUTH": "ops:secret",
+        "CLUSTER_DQ_LOGLEVEL": "warning",
+        "TMPDIR": str(tmp_path),  # this serve's embedded state, apart from other test runs'
+    }
+    with ServiceProcess.start(
+        env=shell, inherit_settings=False, ports=(port, admin), log=tmp_path / "serve.log"
+    ) as svc:
+        created = console(shell, "token", "create", "demo", "--description", "readme")
+        assert created.returncode == 0, created.stderr
+        shell["CLUSTER_DQ_TOKEN"] = token = created.stdout.strip()
+        listed = console(shell, "token", "list", "demo")
+        assert listed.returncode == 0 and f"{token}\treadme" in listed.stdout, listed.stderr
+        r = httpx.put(f"{svc.base}/api/demo/orders", headers={"X-Token": token}, content=b"x")
+        assert r.status_code == 201, r.text
+        stats = console(shell, "stats", "--json")
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["queues"][0]["ready"] == 1
