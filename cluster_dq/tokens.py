@@ -18,6 +18,7 @@ import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass
 
 from cluster_dq.clock import now_ms
@@ -25,6 +26,7 @@ from cluster_dq.engine import admin
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.errors import BadRequest, NotFound, RateLimited, RedisFailure
+from cluster_dq.http.params import check_names
 from cluster_dq.keys import AdminKeys
 from cluster_dq.settings import ROUTE_NAME_RE
 from cluster_dq.models import encode_id
@@ -132,19 +134,32 @@ class TokenStore:
         self,
         engine: AsyncEngine,
         cache_seconds: float = 2.0,
+        routes: Container[str] = ("default",),
         max_entries: int = 2 * CACHE_ENTRIES,
         max_bytes: int = 2 * CACHE_BYTES,
     ) -> None:
         """``max_entries``/``max_bytes`` bound the whole cache; half goes to valid tokens and
-        half to refusals, so refusals never evict a valid token."""
+        half to refusals, so refusals never evict a valid token. ``routes``: the names a
+        token may carry before its ':' (the pools and rings)."""
         self.engine = engine
+        self.routes = routes
         self.cache_seconds = cache_seconds
         self._good = _LRU(max_entries - max_entries // 2, max_bytes - max_bytes // 2)
         self._bad = _LRU(max_entries // 2, max_bytes // 2)
         self._limits: dict[str, Limit] = {}
         self._limits_at = 0.0
 
+    def _check(self, pool: str, ns: str) -> None:
+        """The namespace and the pool (or ring) a token command names, refused as the admin
+        API refuses them: the one check of every caller (admin API, dashboard, CLI)."""
+        check_names(ns)
+        if pool not in self.routes:
+            raise BadRequest("the pool was not exists", "pool")
+
     async def create(self, pool: str, ns: str, description: str, token: str | None) -> str:
+        self._check(pool, ns)
+        if not description:
+            raise BadRequest("invalid description", "description")
         if token is None:
             token = new_token()
         elif len(token) < MIN_CUSTOM_TOKEN:
@@ -159,12 +174,16 @@ class TokenStore:
         return token
 
     async def list(self, pool: str, ns: str) -> dict[str, str]:
+        self._check(pool, ns)
         return await self.engine.run(admin.tokens(pool, ns))
 
-    async def delete(self, pool: str, ns: str, token: str) -> None:
-        await self.engine.run(admin.delete_token(pool, ns, token))
+    async def delete(self, pool: str, ns: str, token: str) -> bool:
+        """False when there was no such token (nothing changed)."""
+        self._check(pool, ns)
+        existed = await self.engine.run(admin.delete_token(pool, ns, token))
         self._good.pop((pool, ns, token))
         self._bad.pop((pool, ns, token))
+        return existed
 
     def cache_size(self) -> tuple[int, int]:
         """(entries, estimated bytes) the validity cache holds."""

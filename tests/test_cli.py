@@ -24,8 +24,10 @@ import pytest
 
 from cluster_dq.cli import main, when_arg
 from cluster_dq.client import Client
+from cluster_dq.keys import AdminKeys
 from cluster_dq.localredis import free_port
 from cluster_dq.stats import Sample, parse_counters, rate
+from cluster_dq.testing.service_process import pool_env
 from tests.conftest import Deployment
 from tests.test_http import ADMIN_AUTH, serve
 
@@ -248,6 +250,55 @@ def test_pause_and_resume(client: Client, capsys: pytest.CaptureFixture[str]) ->
     assert cli_json(capsys, "pause", "q")["paused"] is True  # idempotent
     assert cli_json(capsys, "resume", "q")["paused"] is False
     assert client.consume("q", ttr=30) is not None
+
+
+@pytest.fixture
+def pool_configured(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token commands' settings: the suite's Redis as the default pool, nothing else."""
+    for name in [k for k in os.environ if k.startswith("CLUSTER_DQ_")]:
+        monkeypatch.delenv(name)
+    for name, value in pool_env(deployment.pool_settings()).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CLUSTER_DQ_LOGLEVEL", "warning")  # the suite's requests, not logged
+
+
+@pytest.mark.usefixtures("pool_configured")
+def test_token_create_refuses_what_the_admin_api_refuses_and_writes_nothing(
+    service: tuple[str, str], sync_redis: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, admin = service
+    ns = f"tok{uuid.uuid4().hex[:10]}"
+    cases = [  # the command's arguments; the same request to the admin API
+        (["bad/ns"], "/token/bad.ns", {"description": "x"}),
+        ([ns, "--pool", "nope"], f"/token/{ns}", {"description": "x", "pool": "nope"}),
+        ([ns, "short"], f"/token/{ns}", {"description": "x", "token": "short"}),
+        ([ns, "--description", ""], f"/token/{ns}", {"description": ""}),
+    ]
+    for args, path, params in cases:
+        answer = httpx.post(admin + path, params=params, auth=ADMIN_AUTH)
+        assert answer.status_code == 400, answer.text
+        code, out, err = cli(capsys, "token", "create", *args)
+        assert (code, out, err) == (2, "", f"cluster-dq: {answer.json()['error']}\n"), args
+    for pool, name in (("default", "bad/ns"), ("nope", ns), ("default", ns)):
+        assert not sync_redis.exists(AdminKeys.tokens(pool, name)), (pool, name)
+
+
+@pytest.mark.usefixtures("pool_configured")
+def test_token_options_in_any_order_and_deleting_an_unknown_token(
+    service: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns, custom = f"tok{uuid.uuid4().hex[:10]}", f"custom-{uuid.uuid4().hex}"
+    assert cli(capsys, "token", "create", ns, "--description", "x", custom) == (
+        0,
+        f"{custom}\n",
+        "",
+    )
+    assert cli(capsys, "token", "list", "--pool", "default", ns) == (0, f"{custom}\tx\n", "")
+    assert cli(capsys, "token", "delete", ns, "--pool", "default", custom) == (0, "", "")
+    code, out, err = cli(capsys, "token", "delete", ns, custom)
+    assert (code, out) == (1, "") and err.count("\n") == 1, err
+    assert err.startswith(f"cluster-dq: no token {custom[:6]}") and ns in err, err
+    assert cli(capsys, "token", "list", ns) == (0, "", "")
 
 
 def test_the_console_script_against_the_service(client: Client, env: dict[str, str]) -> None:
