@@ -30,6 +30,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         for k, v in (
             ("Port", getattr(args, "port", None)),
             ("AdminPort", getattr(args, "admin_port", None)),
+            ("EmbeddedRedisPort", getattr(args, "redis_port", None)),
             ("Host", getattr(args, "host", None)),
             ("Workers", getattr(args, "workers", None)),
         )
@@ -227,6 +228,7 @@ class _Parser(argparse.ArgumentParser):
             self._mixing = False
 
 
+EMBEDDED_PORT_HELP = "no pool configured: the data port of the embedded serve to use"
 OPERATOR_COMMANDS = ("stats", "jobs", "dlq", "pause", "resume")
 REASONS = ("ttr_expired", "tries_exhausted", "buried", "unknown")
 
@@ -289,12 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--port", type=int)
     sp.add_argument("--admin-port", type=int)
     sp.add_argument("--workers", type=int)
+    sp.add_argument("--redis-port", type=int, help="no pool configured: the embedded Redis's port")
     tp = sub.add_parser("token", help="create, list or delete namespace tokens")
     tp.add_argument("action", choices=["create", "list", "delete"])
     tp.add_argument("namespace")
     tp.add_argument("token", nargs="?", help="delete: the token; create: an optional custom one")
     tp.add_argument("--description", default="created by cluster-dq token")
     tp.add_argument("--pool", default="default")
+    tp.add_argument("--port", type=int, help=EMBEDDED_PORT_HELP)
     pp = sub.add_parser("pipeline", help="Spark: bulk schedule, export, analyze (extra [spark])")
     pp.add_argument("action", choices=["schedule", "export", "analyze"])
     pp.add_argument(
@@ -309,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "--states", default="ready,delayed,reserved,dead", help="export: states to read"
     )
     pp.add_argument("--master", default="local[2]", help="Spark master")
+    pp.add_argument("--port", type=int, help=EMBEDDED_PORT_HELP)
     pp.add_argument(
         "--pool", default="default", help="schedule/export: a pool or ring, as tokens name them"
     )
@@ -331,12 +336,11 @@ def main(argv: list[str] | None = None) -> int:
             return server.run(s, on_ready=_banner)
         if args.cmd == "pipeline" and args.action == "analyze":
             return _pipeline(s, args)
-        if s.embedded:
-            from cluster_dq.server import embedded_addr
+        if s.embedded:  # the Redis of the embedded serve on the named data port, or the only one
+            from cluster_dq import embedded
 
-            addr = embedded_addr()
-            if addr is None:
-                raise ConfigError("no pool configured and no embedded server running")
+            named = args.port is not None or s.Port != Settings().Port
+            addr = embedded.find(s.Port if named else None).addr
             s = dataclasses.replace(s, Pool={"default": PoolSettings("default", Addr=addr)})
         if args.cmd == "pipeline":
             return _pipeline(s, args)

@@ -78,6 +78,9 @@ class Settings:
     Port: int = 7777
     AdminHost: str = "127.0.0.1"
     AdminPort: int = 7778
+    # Embedded mode (no pool configured): the port of the redis-server ``serve`` starts on
+    # 127.0.0.1. 0: a free port of 17000-17999.
+    EmbeddedRedisPort: int = 0
     Workers: int = 1
     LogLevel: str = "info"
     LogFormat: str = "json"
@@ -244,10 +247,12 @@ def _within(where: str, value: float, low: float, high: float, note: str = "") -
 def _validate(s: Settings) -> None:
     """Every setting against the bounds the API applies to the same value: a default the API
     would refuse as a parameter (a negative ttr, a timeout above the maximum) is refused here."""
-    for key in ("Port", "AdminPort"):
+    for key in ("Port", "AdminPort", "EmbeddedRedisPort"):
         port = getattr(s, key)
         if not 0 <= port <= 65535:
             raise ConfigError(f"{key}: {port} is not a port")
+    if s.EmbeddedRedisPort and s.Pool:
+        raise ConfigError("EmbeddedRedisPort: only in embedded mode (no pool configured)")
     _within("Workers", s.Workers, 1, 256)
     if s.LogFormat not in ("json", "text"):
         raise ConfigError(f"LogFormat: 'json' or 'text', got {s.LogFormat!r}")

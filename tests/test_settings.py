@@ -238,3 +238,17 @@ def test_the_client_variables_are_left_to_the_client() -> None:
 def test_a_near_miss_of_a_client_variable_or_a_setting_is_still_refused(name: str) -> None:
     with pytest.raises(ConfigError, match=f"unknown environment setting {name}$"):
         load(None, {**README_CLIENT_VARIABLES, name: "1"})
+
+
+def test_the_embedded_redis_port() -> None:
+    assert load(None, {}).EmbeddedRedisPort == 0  # a free port
+    assert load(None, {"CLUSTER_DQ_EMBEDDEDREDISPORT": "17555"}).EmbeddedRedisPort == 17555
+    for env, message in (
+        ({"CLUSTER_DQ_EMBEDDEDREDISPORT": "70000"}, "EmbeddedRedisPort: 70000 is not a port"),
+        (
+            {"CLUSTER_DQ_EMBEDDEDREDISPORT": "17555", "CLUSTER_DQ_POOL__DEFAULT__ADDR": "h:1"},
+            "EmbeddedRedisPort: only in embedded mode",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load(None, env)
