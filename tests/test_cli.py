@@ -27,6 +27,7 @@ from cluster_dq.client import Client
 from cluster_dq.keys import AdminKeys
 from cluster_dq.localredis import free_port
 from cluster_dq.stats import Sample, parse_counters, rate
+from cluster_dq.testing import default_sigint
 from cluster_dq.testing.service_process import pool_env
 from tests.conftest import Deployment
 from tests.test_http import ADMIN_AUTH, serve
@@ -359,6 +360,18 @@ def test_an_unreachable_service_exits_1_with_one_line() -> None:
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
 
 
+@pytest.fixture
+def runner_ignores_sigint() -> Iterator[None]:
+    """For a test that interrupts a child, the worst case always: this process with SIGINT
+    ignored, as a background job of a non-interactive shell (``nohup``, ``cmd &``) starts, and
+    an ignored signal stays ignored in the children it starts. (Ctrl-C waits for the test.)"""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def in_terminal(
     argv: list[str], answer: bytes = b"", interrupt_at: tuple[bytes, int] | None = None
 ) -> tuple[int, str]:
@@ -368,7 +381,12 @@ def in_terminal(
     master, slave = pty.openpty()
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", "COLUMNS": "80"}
     proc = subprocess.Popen(
-        [str(CONSOLE_SCRIPT), *argv], stdin=slave, stdout=slave, stderr=slave, env=environ
+        [str(CONSOLE_SCRIPT), *argv],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=environ,
+        preexec_fn=default_sigint,
     )
     os.close(slave)
     out, asked, deadline = b"", False, time.monotonic() + 60
@@ -392,6 +410,7 @@ def in_terminal(
         os.close(master)
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
 
 
 def test_dlq_in_a_terminal_asks_and_shows_a_progress_bar(
@@ -409,6 +428,7 @@ def test_dlq_in_a_terminal_asks_and_shows_a_progress_bar(
     assert sizes_of(client, "q") == {"ready": 3, "delayed": 0, "reserved": 0, "dead": 0}
 
 
+@pytest.mark.usefixtures("runner_ignores_sigint")
 def test_stats_watch_refreshes_until_interrupted(client: Client, env: dict[str, str]) -> None:
     client.publish("q", "x")
     environ = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -418,6 +438,7 @@ def test_stats_watch_refreshes_until_interrupted(client: Client, env: dict[str, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     try:
         assert proc.stdout is not None
@@ -434,11 +455,13 @@ def test_stats_watch_refreshes_until_interrupted(client: Client, env: dict[str, 
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate()
     assert [d["queues"][0]["ready"] for d in docs] == [1, 1, 1]
     assert all(0 < d["rate_window"] < 5 for d in docs) and doc["queues"][0]["queue"] == "q"
     assert proc.returncode == 130 and "Traceback" not in err, err
 
 
+@pytest.mark.usefixtures("runner_ignores_sigint")
 def test_stats_watch_in_a_terminal_redraws_a_table(client: Client, env: dict[str, str]) -> None:
     client.publish("orders", "x")
     code, out = in_terminal(["stats", "--watch", "0.2"], interrupt_at=(b"ack/s", 3))
