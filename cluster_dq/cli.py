@@ -20,7 +20,7 @@ from cluster_dq.errors import ClusterDQError, ConfigError
 from cluster_dq.progress import spark_progress
 from cluster_dq.routing import build_routes
 from cluster_dq.settings import PoolSettings, Settings
-from cluster_dq.tokens import TokenStore
+from cluster_dq.tokens import TokenStore, mask
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -90,7 +90,7 @@ async def _token_cmd(s: Settings, args: argparse.Namespace) -> int:
                 print(f"{tok}\t{desc}")
         elif not await store.delete(args.pool, args.namespace, args.token):
             print(
-                f"cluster-dq: no token {args.token[:6]}… in namespace {args.namespace} "
+                f"cluster-dq: no token {mask(args.token)} in namespace {args.namespace} "
                 f"(pool {args.pool})",
                 file=sys.stderr,
             )

@@ -9,6 +9,7 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     ├── WrongState            the job's state forbids the operation (nothing changed)
     ├── Contended             others kept changing it meanwhile; nothing changed, try again
     ├── Unauthorized
+    ├── Forbidden             refused whoever asks: a cross-site request, a read-only port
     ├── RateLimited
     ├── QueueFull             a publish beyond the queue's max_size (nothing written)
     ├── PoolUnavailable       what a client is told when Redis failed (the service's advice)
@@ -45,6 +46,11 @@ class BodyTooLarge(BadRequest):
 
 class NotFound(ClusterDQError):
     pass
+
+
+class Forbidden(ClusterDQError):
+    """Refused whatever the credentials: a request a page on another site could have made,
+    a change on a read-only admin port. Nothing changed."""
 
 
 class Conflict(ClusterDQError):

@@ -115,12 +115,19 @@ class Settings:
     # Distinct (namespace, queue) label pairs of the per-queue metrics per worker; the
     # queues beyond it are counted under queue="_other".
     MetricsMaxQueues: int = 1_000
-    # The web dashboard (admin port, /ui) shows everything and changes nothing: its action
-    # buttons are hidden and its actions refused with 403.
+    # The admin port (admin API and dashboard) shows and changes nothing it should not: every
+    # state-changing request is a 403, the dashboard hides its actions, no token value is
+    # listed. ``DashboardReadOnly`` is its old name (either turns it on).
+    AdminReadOnly: bool = False
     DashboardReadOnly: bool = False
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)
     Ring: dict[str, RingSettings] = field(default_factory=dict)
+
+    @property
+    def read_only(self) -> bool:
+        """``AdminReadOnly``, or its old name ``DashboardReadOnly``."""
+        return self.AdminReadOnly or self.DashboardReadOnly
 
     @property
     def embedded(self) -> bool:

@@ -12,6 +12,7 @@ tokens) bounded in entries and bytes, so a flood of junk cannot push valid token
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +42,20 @@ _CUSTOM_RE = re.compile(r"[-_A-Za-z0-9]{%d,%d}" % (MIN_CUSTOM_TOKEN, MAX_TOKEN))
 ENTRY_OVERHEAD = 256
 CACHE_ENTRIES = 10_000  # per LRU (valid answers, refusals)
 CACHE_BYTES = 4 * 1024 * 1024  # per LRU
+MASK_CHARS = 6  # what a page or a log line shows of a token: its first characters, then "…"
+
+
+def mask(token: str) -> str:
+    """A token as a page or a log line shows it: its first ``MASK_CHARS`` characters and an
+    ellipsis (a server-made token's are its creation time; a ``pool:`` prefix is kept)."""
+    pool, sep, bare = token.rpartition(":")
+    return f"{pool}{sep}{bare[:MASK_CHARS]}…"
+
+
+def reference(pool: str, ns: str, token: str) -> str:
+    """An opaque name for one token (the dashboard's forms carry it instead of the token):
+    the first 128 bits of a SHA-256 of pool, namespace and token."""
+    return hashlib.sha256(f"cluster_dq token\0{pool}\0{ns}\0{token}".encode()).hexdigest()[:32]
 
 
 def split_token(raw: str) -> tuple[str, str]:
@@ -177,6 +192,13 @@ class TokenStore:
         self._check(pool, ns)
         return await self.engine.run(admin.tokens(pool, ns))
 
+    async def by_reference(self, pool: str, ns: str, ref: str) -> str:
+        """The token of ``ns`` whose ``reference`` is ``ref`` (NotFound: none)."""
+        for token in await self.list(pool, ns):
+            if reference(pool, ns, token) == ref:
+                return token
+        raise NotFound("token not found")
+
     async def delete(self, pool: str, ns: str, token: str) -> bool:
         """False when there was no such token (nothing changed)."""
         self._check(pool, ns)
@@ -230,7 +252,8 @@ class TokenStore:
                 try:  # one bad record (written by hand or by an older version) spoils no other
                     fresh[k] = Limit.parse(json.loads(v))
                 except (ValueError, BadRequest) as e:
-                    log.warning("rate limit %s ignored: %s", k, e)
+                    where, _, token = k.rpartition("/")
+                    log.warning("rate limit %s/%s ignored: %s", where, mask(token), e)
             self._limits, self._limits_at = fresh, now
         return self._limits
 
