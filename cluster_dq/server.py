@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import multiprocessing
 import os
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import uvicorn
 
-from cluster_dq import logs, metrics
+from cluster_dq import embedded, logs, metrics
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ConfigError
 from cluster_dq.http.admin import create_admin_app
@@ -36,15 +35,13 @@ from cluster_dq.http.middleware import AccessLog, SharedFlag
 from cluster_dq.http.protocol import BoundedHttpToolsProtocol
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.localredis import Server as RedisServer
-from cluster_dq.localredis import start_server
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
-from cluster_dq.settings import PoolSettings, Settings
+from cluster_dq.settings import Settings
 
 METRICS_FLUSH_SECONDS = 1.0  # how stale a scrape of another worker's counts may be
 
 log = logging.getLogger("cluster_dq.server")
-EMBEDDED_STATE = Path(tempfile.gettempdir()) / "cluster-dq-embedded.json"
 
 
 class Runtime:
@@ -265,25 +262,6 @@ class Ports:
         return socks[0], socks[1]
 
 
-def start_embedded(settings: Settings) -> tuple[Settings, RedisServer]:
-    """No pool configured: a local redis-server on a free loopback port (AOF on)."""
-    workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-embedded-"))
-    redis = start_server(workdir=workdir, extra=["--appendonly", "yes"])
-    pool = PoolSettings("default", Addr=f"127.0.0.1:{redis.port}")
-    EMBEDDED_STATE.write_text(json.dumps({"addr": pool.Addr, "pid": os.getpid()}))
-    return dataclasses.replace(settings, Pool={"default": pool}), redis
-
-
-def embedded_addr() -> str | None:
-    """The address of a running embedded server's Redis, for the ``token`` commands."""
-    try:
-        state = json.loads(EMBEDDED_STATE.read_text())
-        os.kill(int(state["pid"]), 0)
-        return str(state["addr"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 async def _preflight(settings: Settings) -> None:
     """Refuses to start against an evicting Redis; an unreachable one only warns."""
     from redis.exceptions import RedisError
@@ -304,6 +282,7 @@ async def _preflight(settings: Settings) -> None:
 def run(settings: Settings, on_ready: object = None) -> int:
     """Supervisor: binds both ports, starts the workers, stops everything on SIGINT/SIGTERM."""
     redis: RedisServer | None = None
+    instance: embedded.Instance | None = None  # embedded mode: this serve's state file
     workers: list[multiprocessing.process.BaseProcess] = []
     metrics_dir: Path | None = None
     holders: list[socket.socket] = []  # the ports, held until the end
@@ -317,9 +296,14 @@ def run(settings: Settings, on_ready: object = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         if settings.embedded:
-            settings, redis = start_embedded(settings)
+            settings, redis = embedded.start(settings)
         asyncio.run(_preflight(settings))
         ports = Ports.bind(settings, holders)
+        if redis is not None:
+            instance = embedded.Instance(
+                os.getpid(), ports.data[1], ports.admin[1], settings.Pool["default"].Addr
+            )
+            instance.record()
         ctx = multiprocessing.get_context("spawn")
         # Workers sum their metrics through this directory (prometheus-client multiprocess).
         metrics_dir = Path(tempfile.mkdtemp(prefix="cluster-dq-metrics-"))
@@ -390,10 +374,10 @@ def run(settings: Settings, on_ready: object = None) -> int:
             sock.close()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+        if instance is not None:
+            instance.forget()
         if redis is not None:
             redis.kill(signal.SIGTERM)
-            with contextlib.suppress(OSError):
-                EMBEDDED_STATE.unlink()
     return 1 if failed else 0
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cluster_dq import envvars
 from cluster_dq.errors import ConfigError
 from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 
@@ -77,6 +78,9 @@ class Settings:
     Port: int = 7777
     AdminHost: str = "127.0.0.1"
     AdminPort: int = 7778
+    # Embedded mode (no pool configured): the port of the redis-server ``serve`` starts on
+    # 127.0.0.1. 0: a free port of 17000-17999.
+    EmbeddedRedisPort: int = 0
     Workers: int = 1
     LogLevel: str = "info"
     LogFormat: str = "json"
@@ -187,6 +191,8 @@ def _env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
             continue
+        if name in envvars.NOT_SETTINGS:  # the client's (the README has users export them)
+            continue
         path = name[len(ENV_PREFIX) :].split("__")
         if len(path) == 1 and path[0] in top:
             data[top[path[0]]] = value
@@ -251,10 +257,12 @@ def _within(where: str, value: float, low: float, high: float, note: str = "") -
 def _validate(s: Settings) -> None:
     """Every setting against the bounds the API applies to the same value: a default the API
     would refuse as a parameter (a negative ttr, a timeout above the maximum) is refused here."""
-    for key in ("Port", "AdminPort"):
+    for key in ("Port", "AdminPort", "EmbeddedRedisPort"):
         port = getattr(s, key)
         if not 0 <= port <= 65535:
             raise ConfigError(f"{key}: {port} is not a port")
+    if s.EmbeddedRedisPort and s.Pool:
+        raise ConfigError("EmbeddedRedisPort: only in embedded mode (no pool configured)")
     _within("Workers", s.Workers, 1, 256)
     if s.LogFormat not in ("json", "text"):
         raise ConfigError(f"LogFormat: 'json' or 'text', got {s.LogFormat!r}")

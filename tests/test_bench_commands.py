@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster_dq.testing import default_sigint
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -102,6 +104,7 @@ def run_command(args: list[str], timeout: float = 180) -> str:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=default_sigint,  # the SIGINT below works however the suite was started
     )
     try:
         out, err = proc.communicate(timeout=timeout)
