@@ -163,6 +163,7 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
         stop()
 
     watchdog = asyncio.create_task(orphan_watch())
+    log.info("worker started", extra={"pid": os.getpid()})
     tasks = [asyncio.create_task(s.serve(sockets=[s.sock])) for s in servers]  # type: ignore[attr-defined]
     clean = True
     try:
