@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import resource
 import multiprocessing
 import os
 import shutil
@@ -30,10 +31,11 @@ import uvicorn
 from cluster_dq import logs, metrics
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ConfigError
+from cluster_dq.http import hosts
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
 from cluster_dq.http.middleware import AccessLog, SharedFlag
-from cluster_dq.http.protocol import BoundedHttpToolsProtocol
+from cluster_dq.http.protocol import Edge, protocol
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.localredis import Server as RedisServer
 from cluster_dq.localredis import start_server
@@ -117,15 +119,15 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _uvicorn(app: object, sock: socket.socket) -> _Server:
+def _uvicorn(app: object, sock: socket.socket, settings: Settings, edge: Edge) -> _Server:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         log_config=None,
         access_log=False,
         lifespan="off",
         loop="uvloop",
-        http=BoundedHttpToolsProtocol,
-        timeout_keep_alive=75,
+        http=protocol(edge),
+        timeout_keep_alive=settings.KeepAliveTimeoutSecond,
         proxy_headers=False,
         server_header=False,
     )
@@ -142,7 +144,11 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
     data_sock, admin_sock = ports.listeners()
     runtime = Runtime(settings, access_flag=access_flag)
     await runtime.start()
-    servers = [_uvicorn(runtime.data_app, data_sock), _uvicorn(runtime.admin_app, admin_sock)]
+    edge = Edge.of(settings)
+    servers = [
+        _uvicorn(runtime.data_app, data_sock, settings, edge),
+        _uvicorn(runtime.admin_app, admin_sock, settings, edge),
+    ]
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
@@ -193,8 +199,30 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
     return clean
 
 
+def _file_limit(settings: Settings) -> None:
+    """Room for ``MaxConnections`` on both ports (and Redis, files): the soft limit on open
+    files is raised toward the hard one; what is still short is said once."""
+    need = 2 * settings.MaxConnections + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    if soft < need:
+        log.warning(
+            "open files limited to %d: MaxConnections (%d per port) needs %d; past the limit, "
+            "accepting a connection fails",
+            soft,
+            settings.MaxConnections,
+            need,
+        )
+
+
 def _worker(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
     logs.setup(settings.LogLevel, settings.LogFormat)
+    _file_limit(settings)
     import uvloop
 
     if not uvloop.run(_serve(settings, ports, access_flag)):
@@ -339,6 +367,8 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 "workers": settings.Workers,
             },
         )
+        if (warning := hosts.start_warning(settings)) is not None:
+            log.warning(warning)
         if callable(on_ready):
             try:
                 on_ready(settings, ports.data[1], ports.admin[1], redis is not None)

@@ -12,12 +12,17 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from cluster_dq.errors import ConfigError
+from cluster_dq.http import hosts
+from cluster_dq.http.hosts import LOOPBACK, AllowedHosts, effective
 from cluster_dq.localredis import Server
+from cluster_dq.settings import Settings, load
 from cluster_dq.testing.service_process import ServiceProcess
 from tests.test_http import ADMIN_AUTH, serve
 
@@ -149,3 +154,251 @@ def test_unfinished_huge_headers_do_not_grow_the_worker(served: ServiceProcess) 
         for sock in socks:
             sock.close()
     assert grown < 16 * 1024, f"worker RSS grew by {grown} KiB"
+
+
+# -- (2) the Host allowlist on both ports -----------------------------------------------------
+
+REBIND = "rebind.attacker.example"
+
+
+@pytest.fixture(scope="module")
+def token(served: ServiceProcess) -> str:
+    r = httpx.post(f"{served.admin}/token/edge", params={"description": "x"}, auth=ADMIN_AUTH)
+    assert r.status_code == 201
+    return str(r.json()["token"])
+
+
+def refused_host(r: httpx.Response) -> bool:
+    return r.status_code == 400 and "Host" in r.json()["error"]
+
+
+def test_a_foreign_host_is_refused_on_the_data_port_hot_paths_included(
+    served: ServiceProcess, token: str
+) -> None:
+    """DNS rebinding: a page whose name now points at 127.0.0.1 sends its own Host."""
+    headers = {"X-Token": token, "Host": f"{REBIND}:{served.port}"}
+    r = httpx.put(f"{served.base}/api/edge/q", content=b"x", headers=headers)
+    assert refused_host(r), r.text  # publish: a hot path, past Starlette's router
+    assert refused_host(httpx.get(f"{served.base}/api/edge/q", headers=headers))  # consume
+    r = httpx.delete(f"{served.base}/api/edge/q/job/01M8DSGZ1K27127VBJD3RMCRF0", headers=headers)
+    assert refused_host(r)  # ack
+    assert refused_host(httpx.get(f"{served.base}/api/edge/q/size", headers=headers))  # routed
+    # nothing was published: the same requests with this server's name work
+    r = httpx.get(f"{served.base}/api/edge/q/size", headers={"X-Token": token})
+    assert r.status_code == 200 and r.json()["size"] == 0, r.text
+
+
+def test_a_foreign_host_is_refused_on_the_admin_port_and_the_dashboard(
+    served: ServiceProcess,
+) -> None:
+    host = {"Host": f"{REBIND}:{served.admin_port}"}
+    assert refused_host(httpx.get(f"{served.admin}/token/shop", headers=host, auth=ADMIN_AUTH))
+    assert refused_host(httpx.get(f"{served.admin}/ui/", headers=host, auth=ADMIN_AUTH))
+    # the dashboard's CSRF check compared Origin with this Host: same "origin", so it passed
+    assert refused_host(httpx.get(f"{served.admin}/ui/tokens", headers=host, auth=ADMIN_AUTH))
+    r = httpx.post(
+        f"{served.admin}/ui/tokens/shop/create",
+        headers={**host, "Origin": f"http://{REBIND}:{served.admin_port}"},
+        data={"namespace": "shop"},
+        auth=ADMIN_AUTH,
+    )
+    assert refused_host(r)
+    assert httpx.get(f"{served.admin}/token/shop", auth=ADMIN_AUTH).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "LocalHost", "127.0.0.1", "[::1]", "localhost.", "127.0.0.1:{port}"]
+)
+def test_the_loopback_names_with_or_without_a_port_are_served(
+    served: ServiceProcess, host: str
+) -> None:
+    for port in (served.port, served.admin_port):
+        name = host.format(port=port)
+        for value in (name, f"{name}:{port}") if "{" not in host else (name,):
+            r = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"Host": value})
+            assert r.status_code in (200, 404) and "Host" not in r.text, (value, r.text)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"", b"localhost:x", b"localhost:1:2", b"[::1", b"[::1]x", b"127.0.0.1.evil", b"evil:7777"],
+)
+def test_a_malformed_or_foreign_host_value_is_refused(served: ServiceProcess, value: bytes) -> None:
+    with connect(served.admin) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: " + value + b"\r\n\r\n")
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"Host" in answer, answer
+
+
+def test_a_missing_or_doubled_host_is_refused_in_http_1_1(served: ServiceProcess) -> None:
+    for head in (
+        b"GET /healthz HTTP/1.1\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: " + REBIND.encode() + b"\r\n\r\n",
+    ):
+        with connect(served.admin) as sock:
+            sock.sendall(head)
+            answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"Host" in answer, answer
+    with connect(served.admin) as sock:  # HTTP/1.0 has no Host; browsers always send one
+        sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 200 ")
+
+
+def test_allowed_hosts_lists_the_names_a_load_balancer_sends(
+    redis_server: Server, tmp_path: Path
+) -> None:
+    svc = serve(
+        f"127.0.0.1:{redis_server.port}",
+        stderr=tmp_path / "serve.log",
+        CLUSTER_DQ_ALLOWEDHOSTS="dq.example.com, *.lb.example, 127.0.0.1, admin.example:8443",
+    )
+    try:
+        for host, ok in [
+            ("dq.example.com", True),
+            ("DQ.example.com:8080", True),
+            ("a.lb.example", True),
+            ("b.a.lb.example:80", True),
+            ("lb.example", False),  # *.domain: the names under it
+            ("admin.example:8443", True),
+            ("admin.example", False),  # that port only
+            ("admin.example:443", False),
+            (f"127.0.0.1:{svc.admin_port}", True),
+            ("localhost", False),  # the list replaces the default
+        ]:
+            r = httpx.get(f"{svc.admin}/healthz", headers={"Host": host})
+            assert (r.status_code == 200) is ok, (host, r.status_code, r.text)
+        for _ in range(3):
+            assert httpx.get(f"{svc.admin}/healthz", headers={"Host": "other"}).status_code == 400
+    finally:
+        svc.stop(timeout=20)
+    # an operator sees which names were refused: each once
+    refused = [json.loads(line) for line in svc.logs().splitlines() if "AllowedHosts" in line]
+    assert sorted(r["host"] for r in refused) == sorted(
+        ["lb.example", "admin.example", "admin.example:443", "localhost", "other"]
+    ), refused
+
+
+def test_the_default_allowed_hosts_are_loopback_and_the_listen_hosts() -> None:
+    assert effective(Settings()) == LOOPBACK
+    assert effective(Settings(Host="0.0.0.0", AdminHost="::")) == LOOPBACK  # wildcards: no name
+    assert effective(Settings(Host="10.0.0.5", AdminHost="fd00::5")) == (
+        *LOOPBACK,
+        "10.0.0.5",
+        "[fd00::5]",
+    )
+    assert effective(Settings(AllowedHosts=("DQ.example",))) == ("dq.example",)
+    assert AllowedHosts(["*"]).permits(None) and AllowedHosts(["*"]).permits(b"anything")
+
+
+@pytest.mark.parametrize("bad", ["dq example", "http://dq", "dq/x", "*.", "a:b:c", "**"])
+def test_a_bad_allowed_hosts_entry_is_refused_by_name(bad: str) -> None:
+    with pytest.raises(ConfigError, match="AllowedHosts"):
+        load(environ={"CLUSTER_DQ_ALLOWEDHOSTS": f"localhost,{bad}"})
+
+
+def test_a_wildcard_listen_host_with_the_default_list_warns_at_start() -> None:
+    assert hosts.start_warning(Settings()) is None
+    assert hosts.start_warning(Settings(Host="0.0.0.0", AllowedHosts=("dq",))) is None
+    warning = hosts.start_warning(Settings(AdminHost="0.0.0.0"))
+    assert warning is not None and "AllowedHosts" in warning
+
+
+# -- (4) slow and idle connections ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def timed(redis_server: Server) -> Iterator[tuple[ServiceProcess, str]]:
+    """A service with one-second header, body and keep-alive timeouts, and a token."""
+    svc = serve(
+        f"127.0.0.1:{redis_server.port}",
+        CLUSTER_DQ_HEADERTIMEOUTSECOND="1",
+        CLUSTER_DQ_BODYTIMEOUTSECOND="1",
+        CLUSTER_DQ_KEEPALIVETIMEOUTSECOND="1",
+    )
+    r = httpx.post(f"{svc.admin}/token/slow", params={"description": "x"}, auth=ADMIN_AUTH)
+    assert r.status_code == 201
+    yield svc, str(r.json()["token"])
+    svc.stop(timeout=20)
+
+
+def test_a_connection_that_sends_nothing_is_closed(timed: tuple[ServiceProcess, str]) -> None:
+    for url in (timed[0].base, timed[0].admin):
+        with connect(url) as sock:
+            assert read_until_closed(sock, timeout=10) == b""  # closed, not answered
+
+
+def test_a_request_head_trickled_past_the_header_timeout_is_408(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    """Slowloris: a byte now and then keeps no connection open past HeaderTimeoutSecond."""
+    with connect(timed[0].base) as sock:
+        sock.sendall(b"GET /api/slow/q HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        for _ in range(40):
+            if select.select([sock], [], [], 0.25)[0]:
+                break
+            try:
+                sock.sendall(b"a")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        answer = read_until_closed(sock, timeout=10)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+
+
+def test_a_body_that_stops_coming_is_cut_and_nothing_is_published(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    svc, token = timed
+    with connect(svc.base) as sock:
+        sock.sendall(
+            b"PUT /api/slow/body HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: "
+            + token.encode()
+            + b"\r\nContent-Length: 100\r\n\r\n0123456789"
+        )
+        read_until_closed(sock, timeout=10)  # closed (the app saw a disconnect)
+    r = httpx.get(f"{svc.base}/api/slow/body/size", headers={"X-Token": token})
+    assert r.json()["size"] == 0
+
+
+def test_an_idle_keep_alive_connection_is_closed(timed: tuple[ServiceProcess, str]) -> None:
+    with connect(timed[0].admin) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = read_until_closed(sock, timeout=10)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1") == 1
+
+
+def test_a_long_poll_outlives_every_connection_timeout(timed: tuple[ServiceProcess, str]) -> None:
+    """A long-poll has a complete request: it waits its own timeout (3 s here, three times
+    each connection timeout), and gets the job published while it waits."""
+    svc, token = timed
+    headers = {"X-Token": token}
+    with httpx.Client(base_url=svc.base, headers=headers, timeout=30) as client:
+        r = client.get("/api/slow/poll", params={"timeout": 3})
+        assert r.status_code == 404, r.text  # lmstfy: no job within the timeout
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(client.get, "/api/slow/poll", params={"timeout": 5})
+            time.sleep(2.5)
+            assert httpx.put(f"{svc.base}/api/slow/poll", content=b"late", headers=headers)
+            r = waiting.result()
+        assert r.status_code == 200 and r.json()["data"] == "bGF0ZQ==", r.text  # base64("late")
+
+
+def test_connections_beyond_max_connections_are_refused(redis_server: Server) -> None:
+    svc = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_MAXCONNECTIONS="5")
+    held: list[socket.socket] = []
+    try:
+        held = [connect(svc.base) for _ in range(5)]
+        for sock in held:  # each is served
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 404 ")
+        with connect(svc.base) as extra:
+            answer = read_until_closed(extra, timeout=10)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"MaxConnections" in answer, answer
+        # the admin port has its own bound: operators still get in
+        assert httpx.get(f"{svc.admin}/healthz").status_code == 200
+        held.pop().close()
+        time.sleep(0.3)
+        assert httpx.get(f"{svc.base}/healthz").status_code == 404  # room again
+    finally:
+        for sock in held:
+            sock.close()
+        svc.stop(timeout=20)
