@@ -200,9 +200,10 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
 
 
 def _file_limit(settings: Settings) -> None:
-    """Room for ``MaxConnections`` on both ports (and Redis, files): the soft limit on open
-    files is raised toward the hard one; what is still short is said once."""
-    need = 2 * settings.MaxConnections + 1024
+    """Room for ``MaxConnections`` on the data port (and Redis, files; the admin port is the
+    operators'): the soft limit on open files is raised toward the hard one; what is still
+    short is said once."""
+    need = settings.MaxConnections + 1024
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return
@@ -212,7 +213,7 @@ def _file_limit(settings: Settings) -> None:
         soft = target
     if soft < need:
         log.warning(
-            "open files limited to %d: MaxConnections (%d per port) needs %d; past the limit, "
+            "open files limited to %d: MaxConnections (%d) needs %d; past the limit, "
             "accepting a connection fails",
             soft,
             settings.MaxConnections,

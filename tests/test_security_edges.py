@@ -344,6 +344,24 @@ def test_a_request_head_trickled_past_the_header_timeout_is_408(
     assert answer.startswith(b"HTTP/1.1 408 "), answer
 
 
+def test_a_second_request_head_on_a_kept_connection_is_timed_too(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    with connect(timed[0].admin) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        first = b""
+        while not first.endswith(b"}"):  # the whole first answer (a JSON body)
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        for _ in range(40):  # past the keep-alive timeout too: only the head timeout ends it
+            if select.select([sock], [], [], 0.25)[0]:
+                break
+            sock.sendall(b"a")
+        answer = read_until_closed(sock, timeout=10)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+
+
 def test_a_body_that_stops_coming_is_cut_and_nothing_is_published(
     timed: tuple[ServiceProcess, str],
 ) -> None:

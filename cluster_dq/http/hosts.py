@@ -18,6 +18,7 @@ from cluster_dq.settings import Settings
 LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
 WILDCARD_LISTEN = ("", "0.0.0.0", "::", "[::]")
 _PORT_RE = re.compile(rb"[0-9]{1,5}")
+MAX_SEEN = 1024  # permitted Host values remembered as sent, per worker
 
 
 def bracketed(host: str) -> str:
@@ -54,7 +55,7 @@ def start_warning(settings: Settings) -> str | None:
 
 
 class AllowedHosts:
-    """``permits(host)``: one or two set lookups on the raw header value."""
+    """``permits(host)``: one set lookup for a value permitted before, as sent."""
 
     def __init__(self, entries: Iterable[str]) -> None:
         entries = [e.lower() for e in entries]
@@ -64,6 +65,7 @@ class AllowedHosts:
         }
         self.with_port = {e.encode() for e in entries if _has_port(e)}
         self.suffixes = tuple(e[1:].encode() for e in entries if e.startswith("*."))
+        self.seen: set[bytes] = set()  # raw values permitted so far (refusals are not kept)
 
     def permits(self, host: bytes | None) -> bool:
         """``host``: the request's ``Host`` header (None: there was none)."""
@@ -71,8 +73,15 @@ class AllowedHosts:
             return True
         if host is None:
             return False
-        if host in self.names or host in self.with_port:  # as sent: the usual case
+        if host in self.seen:  # a value permitted before, as sent: the usual case
             return True
+        if self._permits(host):
+            if len(self.seen) < MAX_SEEN:
+                self.seen.add(host)
+            return True
+        return False
+
+    def _permits(self, host: bytes) -> bool:
         host = host.lower()
         if host.startswith(b"["):
             end = host.find(b"]") + 1

@@ -164,6 +164,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._in_head:
             if not self._message_ended:
                 self._head_bytes += len(data)
+            # a head begun and not complete: its time runs from now (a head that comes
+            # whole in one read, the usual case, never sets a timer)
+            if self._head_bytes and self._timer is None and self.edge is not None:
+                if not self.transport.is_closing():
+                    self._arm(self.edge.header_timeout, self._head_timed_out)
         elif self.edge is not None and not self.transport.is_closing():
             self._arm(self.edge.body_timeout, self._body_timed_out)  # a body is to come
 
@@ -172,8 +177,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._refusal, self._header_bytes = None, 0
-        if self._timer is None and self.edge is not None:
-            self._arm(self.edge.header_timeout, self._head_timed_out)
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > MAX_URL_BYTES:
