@@ -134,6 +134,29 @@ def test_a_huge_header_field_is_refused_after_little_data(served: ServiceProcess
     assert sent <= 256 * 1024  # refused soon after 64 KiB, not at the end of the field
 
 
+def test_a_huge_trailer_field_is_cut_after_little_data(served: ServiceProcess) -> None:
+    """A chunked body's trailer fields are headers too, buffered the same way by httptools,
+    after the head: 16 MiB of one trailer field were read (and held) whole."""
+    (worker,) = worker_pids(served)
+    before = rss_kib(worker)
+    with connect(served.base) as sock:
+        sock.sendall(
+            b"PUT /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: junk-token-0000000000\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: "
+        )
+        sent, cut = 0, False
+        while sent < 16 * MB:
+            try:
+                sock.sendall(b"t" * 65536)
+            except (BrokenPipeError, ConnectionResetError):
+                cut = True
+                break
+            sent += 65536
+        grown = rss_kib(worker) - before
+    assert cut and sent <= 4 * MB, sent  # closed soon after the bound, not at the field's end
+    assert grown < 8 * 1024, f"worker RSS grew by {grown} KiB"
+
+
 def test_unfinished_huge_headers_do_not_grow_the_worker(served: ServiceProcess) -> None:
     """Four unfinished 16 MiB header fields held +80 MiB in the worker."""
     (worker,) = worker_pids(served)

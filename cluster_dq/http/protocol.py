@@ -84,7 +84,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """One connection. httptools hands a header to ``on_header`` only once its name and value
     are complete, buffering them across reads: the checks there came after a 32 MiB field was
     read whole. So the bytes fed to the parser while a request head is incomplete are counted
-    too, and a head past ``MAX_HEAD_BYTES`` is refused (431) before the parser sees more."""
+    too, and a head past ``MAX_HEAD_BYTES`` is refused (431) before the parser sees more. The
+    trailer fields of a chunked body are buffered the same way: reads in a body that bring no
+    body byte are counted, and past ``MAX_HEAD_BYTES`` the connection is closed."""
 
     edge: Edge | None = None  # set by ``protocol(edge)``; None: no host, time or count rules
     _refusal: tuple[int, str] | None = None
@@ -92,6 +94,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _in_head = True  # the parser is between requests or inside a request head
     _head_bytes = 0  # bytes fed while in a head (an undercount by at most one read, never more)
     _message_ended = False
+    _body_seen = False  # the last read brought body bytes
+    _framing = 0  # bytes read in a body since its last body byte (chunk framing, trailers)
     _timer: asyncio.TimerHandle | None = None  # the head or body timeout, when one runs
 
     # -- connections --------------------------------------------------------------------------
@@ -144,8 +148,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if not self._in_head:
+            self._body_seen = False
             super().data_received(data)
-            if not self._in_head and self.edge is not None and not self.transport.is_closing():
+            if self._in_head or self.transport.is_closing():
+                return
+            # still in the body: reads that bring no body byte are framing, or the trailer
+            # fields of a chunked body, which httptools buffers like headers: bounded alike
+            self._framing = 0 if self._body_seen else self._framing + len(data)
+            if self._framing > MAX_HEAD_BYTES:
+                self.transport.close()  # the response may have begun: no answer, a cut
+                return
+            if self.edge is not None:
                 self._arm(self.edge.body_timeout, self._body_timed_out)  # more body to come
             return
         room = MAX_HEAD_BYTES - self._head_bytes
@@ -189,8 +202,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(431, TOO_LARGE)
         super().on_header(name, value)
 
+    def on_body(self, body: bytes) -> None:
+        self._body_seen = True
+        super().on_body(body)
+
     def on_headers_complete(self) -> None:
-        self._in_head, self._head_bytes = False, 0
+        self._in_head, self._head_bytes, self._framing = False, 0, 0
         if self.edge is not None:
             self._disarm()
             self._check_host()
