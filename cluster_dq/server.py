@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import resource
 import multiprocessing
 import os
 import shutil
@@ -29,10 +30,11 @@ import uvicorn
 from cluster_dq import embedded, logs, metrics
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ConfigError
+from cluster_dq.http import hosts
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
 from cluster_dq.http.middleware import AccessLog, SharedFlag
-from cluster_dq.http.protocol import BoundedHttpToolsProtocol
+from cluster_dq.http.protocol import Edge, protocol
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.localredis import Server as RedisServer
 from cluster_dq.pools import RedisPool
@@ -116,15 +118,15 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _uvicorn(app: object, sock: socket.socket) -> _Server:
+def _uvicorn(app: object, sock: socket.socket, settings: Settings, edge: Edge) -> _Server:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         log_config=None,
         access_log=False,
         lifespan="off",
         loop="uvloop",
-        http=BoundedHttpToolsProtocol,
-        timeout_keep_alive=75,
+        http=protocol(edge),
+        timeout_keep_alive=settings.KeepAliveTimeoutSecond,
         proxy_headers=False,
         server_header=False,
     )
@@ -141,7 +143,11 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
     data_sock, admin_sock = ports.listeners()
     runtime = Runtime(settings, access_flag=access_flag)
     await runtime.start()
-    servers = [_uvicorn(runtime.data_app, data_sock), _uvicorn(runtime.admin_app, admin_sock)]
+    edge = Edge.of(settings)
+    servers = [
+        _uvicorn(runtime.data_app, data_sock, settings, edge),
+        _uvicorn(runtime.admin_app, admin_sock, settings, edge),
+    ]
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
@@ -162,6 +168,7 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
         stop()
 
     watchdog = asyncio.create_task(orphan_watch())
+    log.info("worker started", extra={"pid": os.getpid()})
     tasks = [asyncio.create_task(s.serve(sockets=[s.sock])) for s in servers]  # type: ignore[attr-defined]
     clean = True
     try:
@@ -191,8 +198,31 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
     return clean
 
 
+def _file_limit(settings: Settings) -> None:
+    """Room for ``MaxConnections`` on the data port (and Redis, files; the admin port is the
+    operators'): the soft limit on open files is raised toward the hard one; what is still
+    short is said once."""
+    need = settings.MaxConnections + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    if soft < need:
+        log.warning(
+            "open files limited to %d: MaxConnections (%d) needs %d; past the limit, "
+            "accepting a connection fails",
+            soft,
+            settings.MaxConnections,
+            need,
+        )
+
+
 def _worker(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
     logs.setup(settings.LogLevel, settings.LogFormat)
+    _file_limit(settings)
     import uvloop
 
     if not uvloop.run(_serve(settings, ports, access_flag)):
@@ -324,6 +354,8 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 "workers": settings.Workers,
             },
         )
+        if (warning := hosts.start_warning(settings)) is not None:
+            log.warning(warning)
         if callable(on_ready):
             try:
                 on_ready(settings, ports.data[1], ports.admin[1], redis is not None)

@@ -22,6 +22,10 @@ from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 ENV_PREFIX = "CLUSTER_DQ_"
 # A pool or ring name: what a token ``name:token`` may carry before its ':'.
 ROUTE_NAME_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")
+# An ``AllowedHosts`` entry (lower-cased): *, [*.]name[:port] or [v6addr][:port]; see http/hosts.py
+HOST_ENTRY_RE = re.compile(
+    r"\*|(\*\.)?[-_a-z0-9]+(\.[-_a-z0-9]+)*\.?(:[0-9]{1,5})?|\[[0-9a-f:.]+\](:[0-9]{1,5})?"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,20 @@ class Settings:
     # listed. ``DashboardReadOnly`` is its old name (either turns it on).
     AdminReadOnly: bool = False
     DashboardReadOnly: bool = False
+    # The Host header values both ports answer (DNS rebinding); anything else: 400 before any
+    # routing. Empty: the loopback names and Host/AdminHost unless they are wildcard
+    # addresses. Behind a load balancer: the names clients use. "*": any (no check).
+    AllowedHosts: tuple[str, ...] = ()
+    # Slow and idle connections (per connection): a request head must arrive within
+    # HeaderTimeoutSecond (from the connection, or from a request's first byte); a body may
+    # pause at most BodyTimeoutSecond between two reads; an idle keep-alive connection is
+    # closed after KeepAliveTimeoutSecond. A request whose head is complete (a long-poll) has
+    # no timeout but its own. Each port of a worker holds at most MaxConnections open
+    # connections; one more is answered 503 and closed.
+    HeaderTimeoutSecond: float = 10.0
+    BodyTimeoutSecond: float = 30.0
+    KeepAliveTimeoutSecond: int = 75
+    MaxConnections: int = 12_000
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)
     Ring: dict[str, RingSettings] = field(default_factory=dict)
@@ -293,6 +311,15 @@ def _validate(s: Settings) -> None:
     _within("MaxWaiters", s.MaxWaiters, 0, 10_000_000, " (0: no long-polls)")
     _within("MaxWaitersPerNamespace", s.MaxWaitersPerNamespace, 1, 10_000_000)
     _within("MetricsMaxQueues", s.MetricsMaxQueues, 0, 1_000_000, " (0: no per-queue series)")
+    _within("HeaderTimeoutSecond", s.HeaderTimeoutSecond, 0.01, 3600)
+    _within("BodyTimeoutSecond", s.BodyTimeoutSecond, 0.01, 3600)
+    _within("KeepAliveTimeoutSecond", s.KeepAliveTimeoutSecond, 1, 3600)
+    _within("MaxConnections", s.MaxConnections, 1, 1_000_000)
+    for entry in s.AllowedHosts:
+        if not HOST_ENTRY_RE.fullmatch(entry.lower()):
+            raise ConfigError(
+                f"AllowedHosts: {entry!r} is not a host, host:port, [v6addr], *.domain or *"
+            )
     for kind, names in (("Pool", s.Pool), ("Ring", s.Ring)):
         for name in names:  # a token names it before its ':'
             if not ROUTE_NAME_RE.fullmatch(name):

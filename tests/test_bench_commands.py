@@ -67,6 +67,10 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         ["--jobs", "2000"],
         r"spark local\[2\]: published 2,000[\s\S]*single process: 2,000 jobs in .* jobs/s",
     ),
+    "bench_slow_clients.py": (
+        ["--connections", "10", "--seconds", "2", "--idle", "0.5", "--header-timeout", "1"],
+        r"10 slow connections +VmRSS +[\d.]+ MB[\s\S]*closed \d+ of \d+ silent connections",
+    ),
     "bench_sweep.py": (["--queues", "300"], r"sweep, 30 signals lost: [\d.]+ s, 30 queue"),
     "bench_worker.py": (
         ["--jobs", "2000"],
