@@ -8,8 +8,10 @@ data port. The scrape's time is measured by ``loadtest/bench_scrape.py``, not as
 
 from __future__ import annotations
 
+import asyncio
 import random
 import string
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +20,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster_dq import metrics
+from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.http.admin import create_admin_app
+from cluster_dq.http.app import create_data_app
+from cluster_dq.http.middleware import AccessLog
 from cluster_dq.localredis import Server
+from cluster_dq.metrics import SizeBoard
+from cluster_dq.pools import RedisPool
+from cluster_dq.service import Service
+from cluster_dq.settings import load
 from tests.test_http import ADMIN_AUTH, serve
 
 # What llhttp (httptools, the workers' parser) accepts as a method; CONNECT takes host:port.
@@ -136,3 +146,67 @@ def test_a_401_on_random_queues_adds_no_per_queue_series(svc: tuple[str, str, st
     assert any(
         s.labels.get("namespace") == "sec" and s.labels.get("queue") == "mine" for s in after
     )
+
+
+@pytest.fixture
+def apps(redis_server: Server) -> Iterator[tuple[asyncio.Runner, Service, Any, Any]]:
+    """The data and the admin app of one service, in one event loop (as a worker serves
+    both ports), called in process."""
+    settings = load(None, {"CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{redis_server.port}"})
+    with asyncio.Runner() as runner:
+        pool = RedisPool.create(settings.Pool["default"], EngineConfig())
+        runner.run(pool.start(run_pump=False))
+        service = Service(settings, {"default": pool})
+        log = AccessLog(False)
+        data = create_data_app(service, settings, log)
+        admin = create_admin_app(service, settings, log, SizeBoard(None, 30.0))
+        try:
+            yield runner, service, data, admin
+        finally:
+            runner.run(pool.close())
+
+
+def test_a_data_request_is_answered_while_a_scrape_renders(
+    apps: tuple[asyncio.Runner, Service, Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A render held in progress (it waits for an event the test sets): a data request on the
+    same event loop gets its answer meanwhile, and scrapes that arrive during the render share
+    it (one render, not one each). Rendered on the event loop, the held render would block
+    the loop, and the data request would be answered only after the scrape."""
+    runner, service, data_app, admin_app = apps
+    entered, release = threading.Event(), threading.Event()
+    renders = []
+    real = metrics.render
+
+    def held_render(board: SizeBoard) -> tuple[bytes, str]:
+        renders.append(threading.get_ident())
+        entered.set()
+        release.wait(10)
+        return real(board)
+
+    monkeypatch.setattr(metrics, "render", held_render)
+
+    async def scenario() -> None:
+        token = await service.tokens.create("default", "ns", "test", "scrape-token-0123456789")
+        data = httpx.AsyncClient(transport=httpx.ASGITransport(data_app), base_url="http://dq")
+        admin = httpx.AsyncClient(transport=httpx.ASGITransport(admin_app), base_url="http://dq")
+        async with data, admin:
+            scrapes = [asyncio.create_task(admin.get("/metrics")) for _ in range(3)]
+            for _ in range(1000):
+                if entered.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            assert entered.is_set()
+            r = await data.put("/api/ns/q", params={"token": token}, content=b"job")
+            assert r.status_code == 201
+            assert not any(s.done() for s in scrapes), "the scrape blocked the event loop"
+            release.set()
+            answers = await asyncio.gather(*scrapes)
+        assert all(a.status_code == 200 for a in answers)
+        assert all(b"cluster_dq_http_requests" in a.content for a in answers)
+        assert len(renders) == 1 and renders[0] != threading.get_ident()
+
+    try:
+        runner.run(scenario())
+    finally:
+        release.set()
