@@ -181,6 +181,37 @@ PER_QUEUE = (
 
 OTHER = "_other"
 
+# The HTTP labels take few values whatever a client sends (issue 25). A request that no route
+# serves (its path matches none: 404; or its method is not the route's: 405; the parser takes
+# ~35 methods) is route "unmatched", method "other", untimed. Otherwise the route is the route
+# template, never the raw path, and the method one the route serves. The status is one of the
+# codes the app gives, or its class ("4xx"). A request refused for its token (401) is counted,
+# not timed. So the series are bounded by the routes, not by the requests: whatever a client
+# sends, its odd requests share four series (two ports, 404 and 405), and one refused for its
+# token adds one counter per (route, method) served.
+UNMATCHED = "unmatched"
+OTHER_HTTP = "other"
+STATUSES = frozenset(
+    (200, 201, 204, 303, 304, 400, 401, 403, 404, 405, 408, 409, 413, 414, 415, 421, 429, 431)
+    + (499, 500, 503, 504)
+)
+UNTIMED = frozenset((401,))
+
+
+def status_label(status: int) -> str:
+    """A status's label: its code if the app gives it, else its class ("5xx"), else "other"."""
+    if status in STATUSES:
+        return str(status)
+    return f"{status // 100}xx" if 100 <= status <= 599 else OTHER_HTTP
+
+
+def http_labels(route: str, served: frozenset[str], method: str) -> tuple[str, str]:
+    """(route, method) labels of a request matched to ``route`` (a template, or "unmatched"),
+    which serves the methods ``served``."""
+    if method in served:
+        return route, method
+    return UNMATCHED, OTHER_HTTP
+
 
 class Metrics:
     """What one process records, passed to whatever records (``Service``, ``RedisPool``, the
@@ -283,8 +314,11 @@ class Metrics:
             self._inc(self.child(counter, *self.queue_labels(ns, q)), n)
 
     def http(self, port: str, route: str, method: str, status: int, seconds: float) -> None:
-        self._inc(self.child(http_requests, port, route, method, str(status)))
-        self._observe(self.child(http_duration, port, route, method), (seconds,))
+        """One request, labelled by ``http_labels``; the status is folded here. Timed unless
+        no route served it or its token was refused."""
+        self._inc(self.child(http_requests, port, route, method, status_label(status)))
+        if route != UNMATCHED and status not in UNTIMED:
+            self._observe(self.child(http_duration, port, route, method), (seconds,))
 
     def record_delivered(self, jobs: Iterable[Job], now_ms: int) -> None:
         per_queue: dict[tuple[str, str], tuple[list[int], list[float], list[float]]] = {}
@@ -507,6 +541,42 @@ def _counters() -> Any:
 def render(board: SizeBoard) -> tuple[bytes, str]:
     """The exposition of every worker of this instance, and the content type."""
     return generate_latest(_counters()) + generate_latest(board.registry), CONTENT_TYPE_LATEST
+
+
+class Exposition:
+    """What ``/metrics`` answers, rendered off the event loop: reading every worker's files
+    and formatting the text runs in a thread, so the worker's other requests (the data port
+    is served by the same loop) go on meanwhile. Scrapes that arrive while a render runs
+    share it, and a render is reused for ``REUSE`` times as long as it took after it ended
+    (a 20 ms render: 80 ms), so scrapes back to back or in parallel keep rendering to at most
+    a fifth of the worker's time, never a thread each."""
+
+    REUSE = 4.0
+
+    def __init__(self, board: SizeBoard) -> None:
+        self.board = board
+        self._running: asyncio.Future[tuple[bytes, str]] | None = None
+        self._last: tuple[bytes, str] | None = None
+        self._fresh_until = 0.0
+
+    async def render(self) -> tuple[bytes, str]:
+        if self._last is not None and time.monotonic() < self._fresh_until:
+            return self._last
+        running = self._running
+        if running is None:
+            running = self._running = asyncio.ensure_future(self._render())
+        # Shielded: a scraper that goes away does not cancel the render the others wait for.
+        return await asyncio.shield(running)
+
+    async def _render(self) -> tuple[bytes, str]:
+        started = time.monotonic()
+        try:
+            self._last = await asyncio.to_thread(render, self.board)
+        finally:
+            self._running = None
+        ended = time.monotonic()
+        self._fresh_until = ended + self.REUSE * (ended - started)
+        return self._last
 
 
 RATE_COUNTERS = {"published": published, "delivered": delivered, "acked": acked}

@@ -63,6 +63,10 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         r"locust_client.py:[\s\S]*locust CPU: [\d.]+ s for [1-9][\d,]* requests",
     ),
     "bench_metrics.py": (["--updates", "2000"], r"one HTTP publish: [\d.]+ us"),
+    "bench_scrape.py": (
+        ["--odd", "50", "--scrapes", "3", "--gap", "0.1", "--data", "10"],
+        r"after them: +\d+ series[\s\S]*scrape \(3\): +p50 +[\d.]+ ms[\s\S]*scraping: +p50",
+    ),
     "bench_pipeline.py": (
         ["--jobs", "2000"],
         r"spark local\[2\]: published 2,000[\s\S]*single process: 2,000 jobs in .* jobs/s",

@@ -106,6 +106,10 @@ def test_counters_histograms_and_sizes_follow_the_traffic(svc: dict[str, Any]) -
         s = scrape(svc["admin"])
         ok = value(s, "cluster_dq_queue_jobs", queue="work", state="ready") == 5
         ok = ok and value(s, "cluster_dq_queue_jobs", queue="dies", state="ready") == 1
+        # The respawn's counter reaches the files at its worker's next flush (within 1 s), which
+        # may come after the shard leader's next size post: wait for both.
+        name = "cluster_dq_jobs_respawned_total"
+        ok = ok and value(s, name, queue="dies") - value(before, name, queue="dies") == 1
         return s if ok else None
 
     after = wait_for(sizes_fresh)

@@ -46,6 +46,7 @@ class AdminAPI:
         self, service: Service, settings: Settings, access_log: AccessLog, board: SizeBoard
     ) -> None:
         self.board = board
+        self.exposition = metrics.Exposition(board)
         self.service = service
         self.settings = settings
         self.access_log = access_log
@@ -121,7 +122,7 @@ class AdminAPI:
 
     async def metrics(self, request: Request) -> Response:
         self.service.metrics.flush()  # this worker's buffer; the others flush every second
-        body, content_type = metrics.render(self.board)
+        body, content_type = await self.exposition.render()  # in a thread, off the loop
         return Response(body, media_type=content_type)
 
     async def pools(self, request: Request) -> Response:

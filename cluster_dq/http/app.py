@@ -596,14 +596,22 @@ def _token_of(request: Request) -> tuple[str, str]:
     )
 
 
-def _templates(routes: Sequence[BaseRoute], prefix: str = "") -> dict[Any, str]:
-    """Each endpoint's route template (the metrics' label), mounted apps' routes included."""
-    out: dict[Any, str] = {}
+def _templates(
+    routes: Sequence[BaseRoute], prefix: str = ""
+) -> dict[Any, tuple[str, frozenset[str]]]:
+    """Each endpoint's route template and the methods it serves (the metrics' labels),
+    mounted apps' routes included."""
+    out: dict[Any, tuple[str, frozenset[str]]] = {}
     for r in routes:
         if isinstance(r, Route):
-            out[r.endpoint] = prefix + r.path
-        elif isinstance(r, Mount):
+            served = frozenset(r.methods or ())
+            if r.endpoint in out:  # one endpoint behind two routes (pause and resume)
+                served |= out[r.endpoint][1]
+            out[r.endpoint] = (prefix + r.path, served)
+        elif isinstance(r, Mount) and r.routes:
             out.update(_templates(r.routes, prefix + r.path))
+        elif isinstance(r, Mount):  # an app with no routes (static files): its endpoint
+            out[r.app] = (prefix + r.path + "/{path}", frozenset(("GET", "HEAD")))
     return out
 
 

@@ -1,5 +1,6 @@
 """ASGI middleware: an ``X-Request-ID`` (ULID) on every response, the HTTP metrics (by route
-template, never the raw path), the request context of every log line, and the access log."""
+template, never the raw path; what no route serves is route "unmatched", method "other"), the
+request context of every log line, and the access log."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import retry
 from cluster_dq.logs import current_scope
-from cluster_dq.metrics import Metrics
+from cluster_dq.metrics import UNMATCHED, Metrics, http_labels
 from cluster_dq.models import encode_id
 from cluster_dq.tokens import mask
 
@@ -44,6 +45,9 @@ def loggable_path(path: str) -> str:
         elif part != "limit":
             parts[i] = mask(part)
     return head.group(0) + "/".join(parts)
+
+
+_UNMATCHED = (UNMATCHED, frozenset[str]())
 
 
 def request_id() -> str:
@@ -82,7 +86,7 @@ class RequestIdMiddleware:
         access_log: AccessLog,
         metrics: Metrics,
         port: str = "data",
-        templates: Mapping[Any, str] | None = None,
+        templates: Mapping[Any, tuple[str, frozenset[str]]] | None = None,
     ) -> None:
         self.app = app
         self.access_log = access_log
@@ -122,9 +126,9 @@ class RequestIdMiddleware:
         finally:
             took = time.perf_counter() - started
             status = status or 499  # the client went away before an answer
-            route = self.templates.get(scope.get("endpoint"), "unmatched")
             method = scope["method"]
-            self.metrics.http(self.port, route, method, status, took)
+            route, served = self.templates.get(scope.get("endpoint"), _UNMATCHED)
+            self.metrics.http(self.port, *http_labels(route, served, method), status, took)
             if self.access_log.enabled:
                 access.info(
                     "request",
