@@ -3,11 +3,12 @@ takes: a ``cluster-dq serve`` against a redis-server of its own, which is killed
 once a token, a job and a reservation exist (and the caches have expired). Prints one line per request: verb, status, the
 seconds it took, and the advice of a 503.
 
-    .venv/bin/python loadtest/outage_answers.py
+    .venv/bin/python loadtest/outage_answers.py [--only size,publish]
 """
 
 from __future__ import annotations
 
+import argparse
 import signal
 import time
 
@@ -20,6 +21,9 @@ AUTH = ("admin", "s3cret")
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated requests (their first word)")
+    only = {w for w in parser.parse_args().only.split(",") if w}
     server = start_server(free_port(21000, 22000))
     env = {
         "CLUSTER_DQ_ACCOUNTS__ADMIN": AUTH[1],
@@ -47,6 +51,8 @@ def main() -> None:
             ("release", "POST", f"/api/out/q/job/{job}/release", {}),
         ]
         for what, method, path, params in tries:
+            if only and what.split()[0] not in only:
+                continue
             started = time.monotonic()
             r = api.request(method, path, params=params, content=b"z" if method == "PUT" else None)
             took = time.monotonic() - started

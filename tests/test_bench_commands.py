@@ -67,6 +67,7 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         ["--odd", "50", "--scrapes", "3", "--gap", "0.1", "--data", "10"],
         r"after them: +\d+ series[\s\S]*scrape \(3\): +p50 +[\d.]+ ms[\s\S]*scraping: +p50",
     ),
+    "outage_answers.py": (["--only", "size"], r"size +503 +[\d.]+ s .*nothing was written"),
     "bench_pipeline.py": (
         ["--jobs", "2000"],
         r"spark local\[2\]: published 2,000[\s\S]*single process: 2,000 jobs in .* jobs/s",
