@@ -169,6 +169,28 @@ def test_the_job_page_shows_the_job(api: httpx.Client, ui: httpx.Client) -> None
     assert found.status_code == 200 and f'data-job-id="{binary_id}"' in found.text
 
 
+def test_a_ready_jobs_due_time_is_its_due_time_whatever_its_priority(
+    api: httpx.Client, ui: httpx.Client
+) -> None:
+    """A ready job's score carries its priority above its due ms: the job page showed a job of
+    priority below 255 as due in the year ~37,565 (the score unmasked)."""
+    before = int(time.time() * 1000)
+    jobs = {prio: publish(api, "prio", b"x", priority=prio) for prio in (0, 100, 255)}
+    after = int(time.time() * 1000)
+    for prio, jid in jobs.items():
+        page = ui.get(f"/job/{NS}/prio/{jid}")
+        assert page.status_code == 200 and 'data-state="ready"' in page.text
+        due = re.search(r'id="job-due"><time[^>]* data-ms="(\d+)"', page.text)
+        assert due is not None, page.text
+        assert before - 1000 <= int(due.group(1)) <= after + 1000, (prio, due.group(1))
+    queue = ui.get(f"/queue/{NS}/prio")  # the ready heads, in delivery order
+    shown = [int(ms) for ms in re.findall(r'due <time[^>]* data-ms="(\d+)"', queue.text)]
+    assert len(shown) == 3 and all(before - 1000 <= ms <= after + 1000 for ms in shown)
+    listed = api.get(f"/api/{NS}").json()["queues"]
+    (row,) = [r for r in listed if r["queue"] == "prio"]
+    assert before - 1000 <= row["oldest_due_ms"] <= after + 1000
+
+
 # -- actions ------------------------------------------------------------------------------------
 
 
