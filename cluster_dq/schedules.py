@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter  # type: ignore[import-untyped]
 
+from cluster_dq import userjson
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.models import (
     CLIENT_ID_MAX_LEN,
@@ -272,10 +273,7 @@ def parse(
     """A PUT body -> (definition, paused). Refuses anything wrong with a ``BadRequest``
     naming the field, before anything is written."""
     check_name(name)
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):  # bad JSON or UTF-8, nesting deeper than Python goes
-        raise BadRequest("the body must be a JSON object", "body") from None
+    data = userjson.parse(raw, "body", "the body must be a JSON object")
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object", "body")
     unknown = sorted(set(data) - _KEYS)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json as jsonlib
-
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 import cluster_dq
-from cluster_dq import metrics
+from cluster_dq import metrics, userjson
 from cluster_dq.dashboard import app as dashboard
 from cluster_dq.errors import BadRequest, NotFound
 from cluster_dq.http import openapi, params
@@ -157,10 +155,7 @@ class AdminAPI:
         raw = await params.body(
             request, 65_536
         )  # a limit is a few dozen bytes; bounded all the same
-        try:
-            data = jsonlib.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise BadRequest('invalid limit body: {"read","write","interval"}', "limit") from None
+        data = userjson.parse(raw, "limit", 'invalid limit body: {"read","write","interval"}')
         lim = Limit.parse(data)
         create = request.method == "POST"
         await store.set_limit(pool, ns, token, lim, create)
