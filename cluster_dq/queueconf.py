@@ -82,7 +82,7 @@ def parse_changes(data: bytes) -> list[tuple[str, str]]:
     """A settings request's JSON object -> (CONF field, value) pairs, '' = remove. Refuses
     anything unknown or out of range, naming it, before anything is written. ``backoff``
     and its parameters change together: a backoff is given whole, or removed with null."""
-    body = userjson.parse(data or b"{}", "body", "the body must be a JSON object")
+    body = userjson.parse(data or b"{}", "body", "the body must be a JSON object", by_field=True)
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object", "body")
     unknown = sorted(set(body) - set(FIELDS))

@@ -273,7 +273,7 @@ def parse(
     """A PUT body -> (definition, paused). Refuses anything wrong with a ``BadRequest``
     naming the field, before anything is written."""
     check_name(name)
-    data = userjson.parse(raw, "body", "the body must be a JSON object")
+    data = userjson.parse(raw, "body", "the body must be a JSON object", by_field=True)
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object", "body")
     unknown = sorted(set(data) - _KEYS)

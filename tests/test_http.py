@@ -406,14 +406,14 @@ JSON_ROUTES = {
     "progress": ("PUT", "/api/ns/q/job/@JID@/progress", {"lease": "@LEASE@"}, '{"done": @N@}', "progress"),
     "ack result": ("DELETE", "/api/ns/q/job/@JID@", {"result": "@N@"}, None, "result"),
     "ack result, lease": ("DELETE", "/api/ns/q/job/@JID@", {"result": "[@N@]", "lease": "@LEASE@"}, None, "result"),
-    "batch ack": ("POST", "/api/ns/q/ack", {}, '[{"job_id": "@JID@", "result": @N@}]', "body"),
+    "batch ack": ("POST", "/api/ns/q/ack", {}, '[{"job_id": "@JID@", "result": @N@}]', "result"),
     "bulk": ("PUT", "/api/ns/q/bulk", {}, '[{"a": @N@}]', "body"),
-    "schedule": ("PUT", "/api/ns/q/schedules/s", {}, '{"every_ms": @N@, "job": {"body": "x"}}', "body"),
-    "settings": ("PATCH", "/api/ns/q/settings", {}, '{"backoff": "fixed", "backoff_ms": 5, "backoff_jitter": @N@}', "body"),
-    "bury": ("POST", "/api/ns/q/job/@JID@/bury", {"lease": "@LEASE@"}, '{"reason": @N@}', "body"),
-    "release": ("POST", "/api/ns/q/job/@JID@/release", {"lease": "@LEASE@"}, '{"error": @N@}', "body"),
-    "limit": ("POST", "@ADMIN@/token/ns/@TOKEN@/limit", {}, '{"read": @N@, "write": 1, "interval": 1}', "limit"),
-    "limit, put": ("PUT", "@ADMIN@/token/ns/@TOKEN@/limit", {}, '{"read": 1, "write": @N@, "interval": 1}', "limit"),
+    "schedule": ("PUT", "/api/ns/q/schedules/s", {}, '{"every_ms": @N@, "job": {"body": "x"}}', "every_ms"),
+    "settings": ("PATCH", "/api/ns/q/settings", {}, '{"backoff": "fixed", "backoff_ms": 5, "backoff_jitter": @N@}', "backoff_jitter"),
+    "bury": ("POST", "/api/ns/q/job/@JID@/bury", {"lease": "@LEASE@"}, '{"reason": @N@}', "reason"),
+    "release": ("POST", "/api/ns/q/job/@JID@/release", {"lease": "@LEASE@"}, '{"error": @N@}', "error"),
+    "limit": ("POST", "@ADMIN@/token/ns/@TOKEN@/limit", {}, '{"read": @N@, "write": 1, "interval": 1}', "read"),
+    "limit, put": ("PUT", "@ADMIN@/token/ns/@TOKEN@/limit", {}, '{"read": 1, "write": @N@, "interval": 1}', "write"),
 }  # fmt: skip
 
 

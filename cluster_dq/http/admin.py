@@ -155,7 +155,9 @@ class AdminAPI:
         raw = await params.body(
             request, 65_536
         )  # a limit is a few dozen bytes; bounded all the same
-        data = userjson.parse(raw, "limit", 'invalid limit body: {"read","write","interval"}')
+        data = userjson.parse(
+            raw, "limit", 'invalid limit body: {"read","write","interval"}', by_field=True
+        )
         lim = Limit.parse(data)
         create = request.method == "POST"
         await store.set_limit(pool, ns, token, lim, create)

@@ -216,7 +216,7 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None], list[bytes | None
     Returns the ids, their leases (None: none) and results (compact JSON; None: none)."""
     message = "request body should be a JSON array of job ids"
     err = BadRequest(message, "body")
-    parsed = userjson.parse(data, "body", message)
+    parsed = userjson.parse(data, "body", message, by_field=True)
     if isinstance(parsed, dict) and set(parsed) == {"job_ids"}:
         parsed = parsed["job_ids"]
     if not isinstance(parsed, list):
@@ -312,7 +312,7 @@ async def text(request: Request, name: str) -> str:
         data = await body(request, MAX_NOTE_TEXT * 6 + 1024)
         if data.strip():
             parsed = userjson.parse(
-                data, "body", f"request body should be a JSON object with {name}"
+                data, "body", f"request body should be a JSON object with {name}", by_field=True
             )
             if not isinstance(parsed, dict) or not set(parsed) <= {name}:
                 raise BadRequest(f"request body should be a JSON object with {name}", "body")
