@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -18,9 +17,10 @@ from typing import Any
 from cluster_dq.errors import ConfigError
 from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 
-ENV_PREFIX = "CLUSTER_DQ_"
 # A pool or ring name: what a token ``name:token`` may carry before its ':'.
-ROUTE_NAME_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")
+from cluster_dq.names import ROUTE_NAME_RE
+
+ENV_PREFIX = "CLUSTER_DQ_"
 
 
 @dataclass(frozen=True, slots=True)

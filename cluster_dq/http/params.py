@@ -11,7 +11,7 @@ from typing import Any
 from starlette.requests import Request
 
 from cluster_dq.backoff import Backoff
-from cluster_dq import userjson
+from cluster_dq import names, userjson
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.models import (
     MAX_ATTR_KEY,
@@ -25,8 +25,6 @@ from cluster_dq.models import (
     MAX_NOTE_TEXT,
     MAX_SECONDS,
     NAME_RE,
-    decode_id,
-    is_client_id_valid,
 )
 
 U32 = MAX_SECONDS
@@ -87,12 +85,13 @@ def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int =
 
 
 def check_names(ns: str, q: str | None = None) -> None:
-    if len(ns.encode()) > MAX_NAME_LEN or (q is not None and len(q.encode()) > MAX_NAME_LEN):
-        raise BadRequest("namespace or queue name too long", "namespace")
-    if not NAME_RE.fullmatch(ns):
-        raise BadRequest("namespace name contains forbidden characters", "namespace")
-    if q is not None and (not NAME_RE.fullmatch(q) or q.startswith("_")):
-        raise BadRequest("queue name contains forbidden characters", "queue")
+    """The rules of ``cluster_dq/names.py``, which the Python client applies before sending."""
+    problem = names.namespace(ns)
+    if problem:
+        raise BadRequest(problem, "namespace")
+    problem = names.queue(q) if q is not None else None
+    if problem:
+        raise BadRequest(problem, "queue")
 
 
 def queue_list(ns: str, raw: str) -> list[str]:
@@ -114,8 +113,10 @@ def count(query: Mapping[str, str]) -> int:
 
 
 def job_id(raw: str) -> str:
-    if decode_id(raw) is None and not is_client_id_valid(raw):
-        raise BadRequest("invalid job id", "job_id")
+    """A server-made id or a client's (``names.job_id``)."""
+    problem = names.job_id(raw)
+    if problem:
+        raise BadRequest(problem, "job_id")
     return raw
 
 
