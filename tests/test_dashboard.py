@@ -12,6 +12,7 @@ import re
 import signal
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -321,6 +322,64 @@ def test_dead_letters_listed_redriven_and_purged_by_filter(
         ("deadletter.purge", "ok: 0"),
         ("deadletter.redrive", "ok: 3"),
     ]
+
+
+UTC_SHOWN = re.compile(
+    r'<time datetime="(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)" data-ms="(\d+)">'
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) UTC</time>"
+)
+
+
+def shown_times(page: str) -> list[tuple[int, str]]:
+    """Every time a page shows, as (ms, its text): each one UTC, labelled, its ISO-8601 form
+    in ``datetime`` and its ms in ``data-ms`` agreeing; no <time> shown any other way."""
+    found = UTC_SHOWN.findall(page)
+    assert len(found) == page.count("<time"), page
+    out = []
+    for iso, ms, text in found:
+        at = datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
+        assert iso == at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(ms) % 1000:03d}Z"
+        assert text == iso[:-1].replace("T", " ")
+        out.append((int(ms), text + " UTC"))
+    return out
+
+
+def test_times_are_utc_and_labelled_and_the_sweep_form_takes_what_pages_show(
+    api: httpx.Client, ui: httpx.Client
+) -> None:
+    """Pages showed browser-local times with no zone, the purge form took UTC and the audit
+    log epoch ms: an operator who copied a time purged the wrong window. Every page shows UTC
+    ISO-8601 labelled "UTC", and the form takes what a page shows."""
+    q = "times"
+    first = publish(api, q, b"a")
+    api.post(f"/api/{NS}/{q}/job/{first}/bury", params={"reason": "one"})
+    time.sleep(0.005)  # two times of death, at least a ms apart
+    second = publish(api, q, b"b")
+    api.post(f"/api/{NS}/{q}/job/{second}/bury", params={"reason": "two"})
+    died = {jid: api.get(f"/api/{NS}/{q}/job/{jid}").json()["died_at"] for jid in (first, second)}
+    assert died[first] < died[second]
+
+    page = ui.get(f"/deadletter/{NS}/{q}").text
+    shown = dict(shown_times(page))
+    assert set(shown) >= set(died.values())
+    assert "(UTC" in page  # the form's fields say which zone they take
+    job_page = ui.get(f"/job/{NS}/{q}/{second}").text
+    assert died[second] in dict(shown_times(job_page))
+
+    # the second one's time of death as the page shows it: from there on, only it is purged
+    r = post(ui, f"/deadletter/{NS}/{q}/purge", **{"from": shown[died[second]]})
+    assert flash(r).startswith("1 dead job(s) purged"), flash(r)
+    assert state_of(api, q, first) == "dead" and state_of(api, q, second) is None
+    # and up to the first one's (inclusive), as the ISO form of its datetime attribute
+    iso = datetime.fromtimestamp(died[first] / 1000, tz=timezone.utc).isoformat()
+    r = post(ui, f"/deadletter/{NS}/{q}/purge", to=iso.replace("+00:00", "Z"))
+    assert flash(r).startswith("1 dead job(s) purged"), flash(r)
+
+    audit = ui.get("/audit").text
+    times = shown_times(audit)
+    assert len(times) == len(audit_rows(ui)) >= 2
+    (target,) = [e["target"] for e in audit_rows(ui) if e["action"] == "deadletter.purge"][1:]
+    assert f"from={shown[died[second]]}" in target, target  # not epoch ms
 
 
 def test_tokens_created_limited_and_deleted(api: httpx.Client, ui: httpx.Client) -> None:
