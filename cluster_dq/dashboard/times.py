@@ -38,10 +38,9 @@ def iso(ms: int) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
-def parse(raw: str, upper: bool = False) -> int | None:
+def moment(raw: str) -> datetime | None:
     """A date and time as the pages show it (``… UTC``) or in ISO-8601 (UTC unless it names
-    its offset) -> ms since the epoch, rounded inward for a range's bound (up; down when
-    ``upper``), or None when it is neither."""
+    its offset), or None when it is neither."""
     text = raw.strip()
     if text.upper().endswith(_LABEL.strip()):
         text = text[: -len(_LABEL.strip())].rstrip()
@@ -49,8 +48,15 @@ def parse(raw: str, upper: bool = False) -> int | None:
         when = datetime.fromisoformat(text)
     except ValueError:
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def parse(raw: str, upper: bool = False) -> int | None:
+    """``moment`` as ms since the epoch, rounded inward for a range's bound (up; down when
+    ``upper``), or None."""
+    when = moment(raw)
+    if when is None:
+        return None
     delta = when - _EPOCH  # exact, in whole microseconds (a float's timestamp is not)
     us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     return us // 1000 if upper else -(-us // 1000)
