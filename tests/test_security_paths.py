@@ -14,8 +14,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from cluster_dq import names
-from cluster_dq.client import AdminClient, Client, Sizes, TransportError
+from cluster_dq.client import AdminClient, Client, InvalidName, Sizes, TransportError
 from cluster_dq.http.paths import MESSAGE
 from cluster_dq.localredis import free_port
 from cluster_dq.testing.service_process import ServiceProcess
@@ -56,8 +55,9 @@ async def test_an_encoded_slash_is_no_dead_letter_delete(
     for path in (f"/api/{NS}/wk%2Fdeadletter", f"/api/{NS}/wk%5Cdeadletter"):
         r = raw(service, token, "DELETE", path)
         assert (r.status_code, r.json()) == (400, REFUSED), r.text
-    with pytest.raises(ValueError, match="queue 'wk/deadletter'"):
+    with pytest.raises(InvalidName, match="queue 'wk/deadletter'") as e:
         await dq.destroy("wk/deadletter")
+    assert isinstance(e.value, ValueError) and e.value.status == 400
     assert await dq.size("wk") == Sizes(ready=0, delayed=0, reserved=0, dead=1)
     assert (await dq.get_job("wk", dead)).state == "dead"
 
@@ -67,7 +67,7 @@ async def test_an_encoded_slash_is_no_bulk_publish(
 ) -> None:
     r = raw(service, token, "PUT", f"/api/{NS}/wk%2Fbulk", b"[1, 2]")
     assert (r.status_code, r.json()) == (400, REFUSED), r.text
-    with pytest.raises(ValueError, match="queue 'wk/bulk'"):
+    with pytest.raises(InvalidName, match="queue 'wk/bulk'"):
         await dq.publish("wk/bulk", b"[1, 2]")
     assert await dq.size("wk") == Sizes(ready=0, delayed=0, reserved=0, dead=0)
     assert (await dq.queues()).queues == []
@@ -92,9 +92,18 @@ def test_encoded_dots_and_separators_are_refused_on_the_admin_port(
     assert r.status_code == 200  # the token still works
 
 
-def test_other_encodings_still_reach_the_route_and_its_check() -> None:
-    """Only the separators are refused before routing: ``%21`` is the route's own 400."""
-    assert names.queue("q!") == "queue name contains forbidden characters"
+def test_other_encodings_still_reach_the_route_and_its_check(
+    service: ServiceProcess, token: str
+) -> None:
+    """Only the separators are refused before routing: another escape (``%21``, ``%25``)
+    reaches the route, whose own check names the parameter."""
+    for path, message in (
+        (f"/api/{NS}/q%21", "queue name contains forbidden characters"),
+        (f"/api/{NS}/q%252F", "queue name contains forbidden characters"),  # a literal "%2F"
+        (f"/api/{NS}/q/job/a%20b", "invalid job id"),
+    ):
+        r = raw(service, token, "PUT" if path.count("/") == 3 else "DELETE", path, b"x")
+        assert (r.status_code, r.json()) == (400, {"error": message}), (path, r.text)
 
 
 CANDIDATES = [
@@ -123,23 +132,23 @@ CANDIDATES = [
 def test_the_client_refuses_before_sending_every_name_the_service_refuses(
     service: ServiceProcess, token: str, name: str
 ) -> None:
-    """For each name, as a namespace, queue, job id and schedule name: the service's answer
-    (400 or not) and the client's (a ValueError before sending, or a request sent to a port
-    nobody listens on: a TransportError) agree."""
+    """For each name, as a namespace, queue, job id, schedule name and token: the service's
+    answer (400 or not) and the client's (``InvalidName``, a BadRequest and ValueError, before
+    sending; or a request sent to a port nobody listens on: a TransportError) agree."""
     nowhere = f"http://127.0.0.1:{free_port()}"
     seg = quote(name, safe="").replace(".", "%2E")  # as sent: a URL folds a bare "." away
-    cases = [
+    cases = [  # a namespace that no header can carry is refused by the constructor already
         (f"/api/{seg}/q/size", lambda c: Client(nowhere, token, name, retries=0).size("q")),
         (f"/api/{NS}/{seg}/size", lambda c: c.size(name)),
         (f"/api/{NS}/q/job/{seg}", lambda c: c.get_job("q", name)),
         (f"/api/{NS}/q/schedules/{seg}", lambda c: c.get_schedule("q", name)),
     ]
     with Client(nowhere, token, NS, retries=0) as client:
-        for path, call in cases:
+        for i, (path, call) in enumerate(cases):
             r = raw(service, token, "GET", path)
             refused = r.status_code == 400
             if refused:
-                with pytest.raises(ValueError):
+                with pytest.raises(ValueError if i == 0 else InvalidName):
                     call(client)
             else:
                 with pytest.raises(TransportError):
@@ -148,5 +157,5 @@ def test_the_client_refuses_before_sending_every_name_the_service_refuses(
     admin = AdminClient(nowhere, tc.ADMIN_AUTH, retries=0)
     with httpx.Client(auth=tc.ADMIN_AUTH, timeout=10) as http:
         r = http.request("DELETE", httpx.URL(f"{service.admin}/token/{NS}/{seg}/limit"))
-    with pytest.raises(ValueError if r.status_code == 400 else TransportError):
+    with pytest.raises(InvalidName if r.status_code == 400 else TransportError):
         admin.delete_limit(NS, name)

@@ -21,6 +21,7 @@ from cluster_dq.client.errors import (
     Conflict,
     Contended,
     DQError,
+    InvalidName,
     LeaseLost,
     NotFound,
     QueueFull,
@@ -82,7 +83,7 @@ def segment(value: str, what: str, rule: Callable[[str], str | None]) -> str:
         raise ValueError(f"{what} must be a non-empty string, not {value!r}")
     problem = rule(value)
     if problem:
-        raise ValueError(f"{what} {value!r} is not a name the service accepts: {problem}")
+        raise InvalidName(f"{what} {value!r} is not a name the service accepts: {problem}", 400)
     return quote(value, safe="")
 
 
