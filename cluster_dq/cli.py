@@ -250,7 +250,10 @@ def _operator_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         d.add_argument("--dry-run", action="store_true", help="count the jobs that match")
         d.add_argument("--yes", "-y", action="store_true", help="do not ask")
     for name, what in (("pause", "stop deliveries"), ("resume", "deliver again")):
-        sub.add_parser(name, parents=[conn], help=f"{what} from a queue").add_argument("queue")
+        p = sub.add_parser(name, parents=[conn], help=f"{what} from a queue")
+        p.add_argument("queue")
+        if name == "pause":  # a queue that does not exist (a typo?) is refused without it
+            p.add_argument("--create", action="store_true", help="pause a queue not yet used")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,8 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     ├── WrongState            the job's state forbids the operation (nothing changed)
     ├── Contended             others kept changing it meanwhile; nothing changed, try again
     ├── Unauthorized
+    ├── Forbidden             refused whoever asks: a cross-site request, a read-only port
+    │   └── WriteLimited      refused to any token with a write limit (a schedule)
     ├── RateLimited
     ├── QueueFull             a publish beyond the queue's max_size (nothing written)
     ├── PoolUnavailable       what a client is told when Redis failed (the service's advice)
@@ -45,6 +47,11 @@ class BodyTooLarge(BadRequest):
 
 class NotFound(ClusterDQError):
     pass
+
+
+class Forbidden(ClusterDQError):
+    """Refused whatever the credentials: a request a page on another site could have made,
+    a change on a read-only admin port. Nothing changed."""
 
 
 class Conflict(ClusterDQError):
@@ -93,6 +100,11 @@ class RateLimited(ClusterDQError):
     pass
 
 
+class WriteLimited(Forbidden):
+    """What a token with a write limit may not do at all (start a schedule, whose firings
+    would publish past the limit): refused, nothing changed."""
+
+
 class QueueFull(ClusterDQError):
     """A publish that would take the queue beyond its ``max_size`` (jobs in all states):
     refused, nothing of the request written."""
@@ -123,7 +135,13 @@ class ConfigError(ClusterDQError):
 
 
 class RedisFailure(ClusterDQError):
-    """A step sent to Redis failed. The text names the Redis error (for logs, never a client)."""
+    """A step sent to Redis failed. The text names the Redis error (for logs, never a client).
+    ``nothing_written``: set by the engine when its operation failed: True when no step of it
+    that may write can have reached Redis (every attempt of such a step was refused before it
+    ran, or never sent; reads write nothing), so repeating the request is safe whatever it
+    is; None when no engine said (then only a ``Refused`` error says nothing ran)."""
+
+    nothing_written: bool | None = None
 
 
 class Transient(RedisFailure):

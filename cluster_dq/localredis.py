@@ -62,7 +62,8 @@ def free_port(start: int = 17000, end: int = 18000) -> int:
     two processes looking at once (test runs side by side) rarely pick the same port between
     the check and the bind."""
     first = random.randrange(start, end)
-    for port in [*range(first, end), *range(start, first)]:
+    order: list[int] = [*range(first, end), *range(start, first)]
+    for port in order:
         if all(_port_free(p) for p in (port, port + 10000)):
             return port
     raise RuntimeError(f"no free port in {start}-{end}")

@@ -324,7 +324,10 @@ def _confirm(question: str) -> None:
 
 def pause(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        settings = (client.pause if args.cmd == "pause" else client.resume)(args.queue)
+        if args.cmd == "pause":
+            settings = client.pause(args.queue, create=args.create)
+        else:
+            settings = client.resume(args.queue)
     state = "paused" if settings.paused else "running"
     if args.json:
         _print_json({"queue": f"{client.namespace}/{args.queue}", "paused": settings.paused})

@@ -209,7 +209,10 @@ class RedisPool:
         board: SizeBoard | None = None,
         sizes_every_s: float = 10.0,
         reconcile_every_s: float = 60.0,
+        migrate_to: RedisPool | None = None,
     ) -> None:
+        """``migrate_to``: the pool this one migrates to (``MigrateTo``), where its pump
+        moves the schedules it holds instead of firing them."""
         # The supervisor checked the Redis settings (server._preflight); a pool that is down
         # now answers 503 and /readyz says so until it is back.
         if isinstance(self.engine.client, RedisCluster):
@@ -224,6 +227,7 @@ class RedisPool:
                 board=board,
                 sizes_every_s=sizes_every_s,
                 reconcile_every_s=reconcile_every_s,
+                move_schedules_to=migrate_to.engine if migrate_to is not None else None,
             )
             self.pump.start()
 

@@ -48,6 +48,7 @@ class Pump:
         board: SizeBoard | None = None,
         sizes_every_s: float = 10.0,
         reconcile_every_s: float = 60.0,
+        move_schedules_to: AsyncEngine | None = None,
     ) -> None:
         self.engine = engine
         self.shards = list(shards if shards is not None else range(engine.config.shards))
@@ -65,7 +66,8 @@ class Pump:
         self._reported: dict[int, bool] = {}  # shard -> what the leader gauge says
         self._stopping = False
         # Recurring jobs: fired by the leader of each shard, on timers of their own.
-        self.firer = Firer(engine, self.leads, metrics=metrics)
+        # (a pool that migrates moves them to its new pool instead: ``Firer.move_to``)
+        self.firer = Firer(engine, self.leads, metrics=metrics, move_to=move_schedules_to)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run_shard(s)) for s in self.shards]

@@ -47,8 +47,12 @@ class QueueSettings:
 
     def as_changes(self) -> list[tuple[str, str]]:
         """The changes that set exactly these settings (``configure``), e.g. to write them on
-        the pool a queue is moving to."""
-        return parse_changes(json.dumps(self.as_json()).encode())
+        the pool a queue is moving to. (No backoff: the backoff alone, null, removes it with
+        its parameters; given with them, it was refused, and no setting moved.)"""
+        body = self.as_json()
+        if self.backoff is None:
+            body = {k: v for k, v in body.items() if k not in BACKOFF_FIELDS or k == "backoff"}
+        return parse_changes(json.dumps(body).encode())
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -76,11 +76,13 @@ class Runtime:
     async def start(self) -> None:
         self._flusher = asyncio.create_task(self.metrics.flush_every(METRICS_FLUSH_SECONDS))
         for pool in self.pools.values():
+            target = pool.settings.MigrateTo
             await pool.start(
                 self.run_pump,
                 self.board,
                 self.settings.SizeIntervalSecond,
                 self.settings.ReconcileSecond,
+                migrate_to=self.pools[target] if target else None,
             )
 
     def stop_consuming(self) -> None:

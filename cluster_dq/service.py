@@ -21,6 +21,7 @@ from cluster_dq.engine import schedules as schedule_ops
 from cluster_dq.engine import admin as admin_ops
 from cluster_dq.engine import control, insight
 from cluster_dq.engine.control import DeadFilter
+from cluster_dq.firing import carry_settings, move_schedule
 from cluster_dq.engine.replies import SweepReply
 from cluster_dq.engine.commands import Op, Published, Sizes
 from cluster_dq.errors import (
@@ -49,7 +50,7 @@ from cluster_dq.models import (
 from cluster_dq.pools import RedisPool
 from cluster_dq.queueconf import QueueSettings
 from cluster_dq.routing import Placement, PoolRoute, build_routes
-from cluster_dq.schedules import describe
+from cluster_dq.schedules import MAX_SCHEDULE_PAGE, describe
 from cluster_dq.schedules import parse as parse_schedule
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import TokenStore, split_token, well_formed
@@ -81,7 +82,7 @@ class Service:
         )
         # (ns, q) -> (monotonic s when read, the queue's settings): its default ttr and tries
         self._queue_settings: dict[tuple[str, str], tuple[float, QueueSettings]] = {}
-        self._carried: dict[tuple[str, str, str], float] = {}  # see _carry_settings
+        self._carried: dict[tuple[str, str, str, str], float] = {}  # see _carry_due
 
     def route(self, name: str) -> PoolRoute[RedisPool]:
         r = self.routes.get(name)
@@ -197,7 +198,7 @@ class Service:
             "jobs may have been reserved for this request and not delivered; "
             "they are delivered again once their ttr ends"
         )
-        with _unavailable(route.name, unknown=unknown):
+        with _unavailable(route.name, unknown=unknown, nothing=NOTHING_RESERVED):
             if len(groups) == 1:
                 jobs = await groups[0][0].hub.consume(ns, queues, ttr_ms, count, timeout_ms)
             else:
@@ -304,6 +305,8 @@ class Service:
                     continue  # not in this pool (a migration): it may be in the next
                 raise
             except PoolUnavailable as e:
+                if nothing_written(e):
+                    raise  # it says so, and that repeating is safe
                 raise PoolUnavailable(
                     pool.name,
                     e.detail,
@@ -654,11 +657,18 @@ class Service:
 
     # -- recurring jobs (they live in the queue's write pool, whose pump leaders fire them) ---
 
+    async def _schedules_pool(self, route: PoolRoute[RedisPool], ns: str, q: str) -> RedisPool:
+        """The pool that holds the queue's schedules (its write pool), those of a pool it is
+        moving from brought over first."""
+        place = route.place(ns, q)
+        await self._carry_schedules(place, ns, q)
+        return place.write
+
     async def put_schedule(
         self, route: PoolRoute[RedisPool], ns: str, q: str, name: str, body: bytes
     ) -> tuple[dict[str, Any], bool]:
         """Creates or replaces a schedule: (the schedule as answered, whether it was new)."""
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         now = pool.engine.clock()
         s = self.settings
         schedule, paused = parse_schedule(
@@ -671,7 +681,7 @@ class Service:
     async def schedule(
         self, route: PoolRoute[RedisPool], ns: str, q: str, name: str
     ) -> dict[str, Any]:
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         found = await self._run(pool, schedule_ops.get(ns, q, name), idempotent=True)
         if found is None:
             raise NotFound("schedule not found")
@@ -680,21 +690,21 @@ class Service:
     async def schedules(
         self, route: PoolRoute[RedisPool], ns: str, q: str, cursor: int, limit: int
     ) -> tuple[int, list[dict[str, Any]]]:
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         nxt, found = await self._run(pool, schedule_ops.page(ns, q, cursor, limit), idempotent=True)
         return nxt, [describe(ns, q, *item) for item in found]
 
     async def pause_schedule(
         self, route: PoolRoute[RedisPool], ns: str, q: str, name: str, paused: bool
     ) -> dict[str, Any]:
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         op = schedule_ops.set_paused(pool.engine.config, ns, q, name, paused, pool.engine.clock())
         return describe(ns, q, *(await self._run(pool, op, idempotent=True)))
 
     async def delete_schedule(
         self, route: PoolRoute[RedisPool], ns: str, q: str, name: str
     ) -> None:
-        pool = route.place(ns, q).write
+        pool = await self._schedules_pool(route, ns, q)
         await self._run(pool, schedule_ops.delete(pool.engine.config, ns, q, name), idempotent=True)
 
     # -- queue control ----------------------------------------------------------------------
@@ -712,24 +722,45 @@ class Service:
         pool it moves to that holds none yet gets those of the first pool it is drained from
         that has some, before the queue's first job is written there (its scripts read them:
         pause, max size, backoff). Looked at once per ``QueueSettingsCacheSecond`` per queue
-        by each instance, and only while the queue moves; ``configure`` writes every pool."""
-        if len(place.reads) == 1:
+        by each instance, and only while the queue moves; ``configure`` writes every pool.
+        (A migrating pool's firer carries them too, with the queue's schedules.)"""
+        if len(place.reads) == 1 or not self._carry_due("settings", place, ns, q):
             return
-        key = (place.write.name, ns, q)
+        with _unavailable(place.write.name, idempotent=True):
+            for pool in place.reads[:-1]:
+                if await carry_settings(pool.engine, place.write.engine, ns, q):
+                    break
+
+    async def _carry_schedules(self, place: Placement[RedisPool], ns: str, q: str) -> None:
+        """A queue that moves takes its schedules along (``firing.move_schedule``), with its
+        settings: before a request reads or changes them on the pool it moves to. A migrating
+        pool's firer moves those with a timer anyway; this also moves paused ones, and one
+        that a request would otherwise put beside a copy still firing in the old pool."""
+        if len(place.reads) == 1 or not self._carry_due("schedules", place, ns, q):
+            return
+        with _unavailable(place.write.name, idempotent=True):
+            for pool in place.reads[:-1]:
+                cursor = 0
+                while True:
+                    cursor, found = await pool.engine.run(
+                        schedule_ops.page(ns, q, cursor, MAX_SCHEDULE_PAGE), idempotent=True
+                    )
+                    for schedule, _ in found:
+                        await move_schedule(pool.engine, place.write.engine, ns, q, schedule.name)
+                    if cursor == 0:
+                        break
+
+    def _carry_due(self, what: str, place: Placement[RedisPool], ns: str, q: str) -> bool:
+        """Whether this instance looks again at what a moving queue carries (once per
+        ``QueueSettingsCacheSecond``)."""
+        key = (what, place.write.name, ns, q)
         seen = self._carried.get(key)
         if seen is not None and time.monotonic() - seen < self.settings.QueueSettingsCacheSecond:
-            return
-        none = QueueSettings()
-        if await self._run(place.write, ops.queue_settings(ns, q), idempotent=True) == none:
-            for pool in place.reads[:-1]:
-                old = await self._run(pool, ops.queue_settings(ns, q), idempotent=True)
-                if old != none:
-                    op = ops.configure(ns, q, old.as_changes())
-                    await self._run(place.write, op, idempotent=True)
-                    break
+            return False
         if len(self._carried) > 100_000:
             self._carried.clear()
         self._carried[key] = time.monotonic()
+        return True
 
     async def configure(
         self, route: PoolRoute[RedisPool], ns: str, q: str, changes: Sequence[tuple[str, str]]
@@ -742,6 +773,25 @@ class Service:
             got = await self._run(pool, ops.configure(ns, q, changes), idempotent=True)
         self._queue_settings[(ns, q)] = (time.monotonic(), got)
         return got
+
+    async def pause(
+        self, route: PoolRoute[RedisPool], ns: str, q: str, paused: bool, create: bool = False
+    ) -> QueueSettings:
+        """Pauses or resumes a queue. One that does not exist on any pool that holds it (no job,
+        no settings, no schedule: a typo, most likely) is a NotFound and nothing is written,
+        unless ``create`` (a pause asked for before the queue's first publish)."""
+        if not create:
+            reads = route.place(ns, q).reads
+            for pool in reads:
+                if await self._run(pool, ops.queue_known(ns, q), idempotent=True):
+                    break
+            else:
+                raise NotFound(
+                    f"queue {ns}/{q} not found (no job, settings or schedule); nothing was "
+                    "changed. To pause a queue before its first publish, pass create=1 "
+                    "(cluster-dq pause --create)"
+                )
+        return await self.configure(route, ns, q, [("paused", "1" if paused else "")])
 
     async def queue_defaults(self, route: PoolRoute[RedisPool], ns: str, q: str) -> QueueSettings:
         """The queue's settings for its default ttr and tries, read at most once per
@@ -940,22 +990,49 @@ def _uint(raw: str) -> int | None:
 
 
 UNKNOWN = "the request may or may not have been applied"
+# Said when nothing of the request can have reached Redis (the client's ``Unavailable`` reads
+# "nothing was written" and "repeating it is safe": it repeats even a once-only call).
+NOTHING_WRITTEN = (
+    "nothing was written (redis refused or could not be reached); repeating it is safe"
+)
+NOTHING_RESERVED = (
+    "nothing was written: no job was reserved for this request (redis refused or could not "
+    "be reached); repeating it is safe"
+)
 
 
 @contextlib.contextmanager
 def _unavailable(
-    pool: str, *, idempotent: bool = False, unknown: str | None = UNKNOWN, what: str = ""
+    pool: str,
+    *,
+    idempotent: bool = False,
+    unknown: str | None = UNKNOWN,
+    what: str = "",
+    nothing: str = NOTHING_WRITTEN,
 ) -> Iterator[None]:
     """The one place a Redis failure (the engine's error tree) becomes what the client is told:
     ``PoolUnavailable``, with advice on what may have happened (``unknown``: the advice when
-    the outcome is unknown; None: no advice at all)."""
+    the outcome is unknown; None: no advice then; ``nothing``: when nothing was written)."""
     try:
         yield
     except NotReplicated as e:
         raise PoolUnavailable(pool, str(e), _not_replicated(e, idempotent)) from e
     except RedisFailure as e:
-        advice = "" if unknown is None else _outcome(e, idempotent, unknown)
+        if nothing_written(e):
+            advice = nothing
+        else:
+            advice = "" if unknown is None else _outcome(e, idempotent, unknown)
         raise PoolUnavailable(pool, f"{what}{e}", advice) from e
+
+
+def nothing_written(e: BaseException | None) -> bool:
+    """Whether a failure (a ``RedisFailure``, or the ``PoolUnavailable`` made of one) can have
+    written nothing: the engine says so, or, where no engine did, the server refused it."""
+    if isinstance(e, PoolUnavailable):
+        e = e.__cause__
+    if not isinstance(e, RedisFailure) or isinstance(e, NotReplicated):
+        return False
+    return e.nothing_written if e.nothing_written is not None else isinstance(e, Refused)
 
 
 def _not_replicated(e: NotReplicated, idempotent: bool) -> str:
@@ -974,9 +1051,9 @@ def _not_replicated(e: NotReplicated, idempotent: bool) -> str:
 
 
 def _outcome(e: RedisFailure, idempotent: bool, unknown: str) -> str:
-    """What a 503 tells the client of its request."""
-    if isinstance(e, Refused) and not idempotent:  # the only errors repeated then: nothing ran
-        return "the request was refused before it ran: nothing was written; repeating it is safe"
+    """What a 503 tells the client of its request (when something may have been written)."""
+    if nothing_written(e):
+        return NOTHING_WRITTEN
     if idempotent:
         return "the request may have been applied; repeating it is safe"
     return unknown
@@ -991,9 +1068,14 @@ async def _consume_across(
     given back at once, without spending a try."""
     jobs: list[Job] = []
     taken: list[tuple[RedisPool, list[Job]]] = []  # what the first look reserved, by pool
+    unreachable: list[Refused] = []  # pools the first look could not reach (nothing reserved)
     try:
         for pool, qs in groups:
-            got = await pool.hub.consume(ns, qs, ttr_ms, count - len(jobs), 0)
+            try:
+                got = await pool.hub.consume(ns, qs, ttr_ms, count - len(jobs), 0)
+            except Refused as e:  # the others may have jobs; the long poll looks again
+                unreachable.append(e)
+                continue
             taken.append((pool, got))
             jobs += got
             if len(jobs) >= count:
@@ -1003,6 +1085,8 @@ async def _consume_across(
             _give_back_later(pool, ns, got)
         raise
     if jobs or timeout_ms <= 0:
+        if not jobs and unreachable:
+            raise unreachable[0]
         return jobs
     tasks = {
         asyncio.create_task(pool.hub.consume(ns, qs, ttr_ms, count, timeout_ms)): pool

@@ -108,15 +108,25 @@ class Settings:
     # for at most this long (the supervisor waits this + 15 s before it kills a worker).
     ShutdownGraceSecond: float = 10.0
     MaxWaiters: int = 10_000  # long-polls waiting at once per worker; beyond: 429, Retry-After
+    # Of those, at most this many for any one namespace (a tenant's share: one namespace's
+    # long-polls cannot lock the others out); beyond: 429. At least MaxWaiters: no share.
+    MaxWaitersPerNamespace: int = 2_500
     # Distinct (namespace, queue) label pairs of the per-queue metrics per worker; the
     # queues beyond it are counted under queue="_other".
     MetricsMaxQueues: int = 1_000
-    # The web dashboard (admin port, /ui) shows everything and changes nothing: its action
-    # buttons are hidden and its actions refused with 403.
+    # The admin port (admin API and dashboard) shows and changes nothing it should not: every
+    # state-changing request is a 403, the dashboard hides its actions, no token value is
+    # listed. ``DashboardReadOnly`` is its old name (either turns it on).
+    AdminReadOnly: bool = False
     DashboardReadOnly: bool = False
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)
     Ring: dict[str, RingSettings] = field(default_factory=dict)
+
+    @property
+    def read_only(self) -> bool:
+        """``AdminReadOnly``, or its old name ``DashboardReadOnly``."""
+        return self.AdminReadOnly or self.DashboardReadOnly
 
     @property
     def embedded(self) -> bool:
@@ -273,6 +283,7 @@ def _validate(s: Settings) -> None:
             f"ShutdownGraceSecond: more than 0, at most 600, got {s.ShutdownGraceSecond}"
         )
     _within("MaxWaiters", s.MaxWaiters, 0, 10_000_000, " (0: no long-polls)")
+    _within("MaxWaitersPerNamespace", s.MaxWaitersPerNamespace, 1, 10_000_000)
     _within("MetricsMaxQueues", s.MetricsMaxQueues, 0, 1_000_000, " (0: no per-queue series)")
     for kind, names in (("Pool", s.Pool), ("Ring", s.Ring)):
         for name in names:  # a token names it before its ':'

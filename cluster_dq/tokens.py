@@ -12,6 +12,7 @@ tokens) bounded in entries and bytes, so a flood of junk cannot push valid token
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -39,6 +40,20 @@ _CUSTOM_RE = re.compile(r"[-_A-Za-z0-9]{%d,%d}" % (MIN_CUSTOM_TOKEN, MAX_TOKEN))
 ENTRY_OVERHEAD = 256
 CACHE_ENTRIES = 10_000  # per LRU (valid answers, refusals)
 CACHE_BYTES = 4 * 1024 * 1024  # per LRU
+MASK_CHARS = 6  # what a page or a log line shows of a token: its first characters, then "…"
+
+
+def mask(token: str) -> str:
+    """A token as a page or a log line shows it: its first ``MASK_CHARS`` characters and an
+    ellipsis (a server-made token's are its creation time; a ``pool:`` prefix is kept)."""
+    pool, sep, bare = token.rpartition(":")
+    return f"{pool}{sep}{bare[:MASK_CHARS]}…"
+
+
+def reference(pool: str, ns: str, token: str) -> str:
+    """An opaque name for one token (the dashboard's forms carry it instead of the token):
+    the first 128 bits of a SHA-256 of pool, namespace and token."""
+    return hashlib.sha256(f"cluster_dq token\0{pool}\0{ns}\0{token}".encode()).hexdigest()[:32]
 
 
 def split_token(raw: str) -> tuple[str, str]:
@@ -161,6 +176,13 @@ class TokenStore:
     async def list(self, pool: str, ns: str) -> dict[str, str]:
         return await self.engine.run(admin.tokens(pool, ns))
 
+    async def by_reference(self, pool: str, ns: str, ref: str) -> str:
+        """The token of ``ns`` whose ``reference`` is ``ref`` (NotFound: none)."""
+        for token in await self.list(pool, ns):
+            if reference(pool, ns, token) == ref:
+                return token
+        raise NotFound("token not found")
+
     async def delete(self, pool: str, ns: str, token: str) -> None:
         await self.engine.run(admin.delete_token(pool, ns, token))
         self._good.pop((pool, ns, token))
@@ -185,8 +207,11 @@ class TokenStore:
         now = time.monotonic()
         if hit and hit[1] > now:
             return hit[0]
+        # With an answer to fall back on, one quick look: an outage does not spend the
+        # request's retry budget here (the request's own steps need it).
+        quick = time.monotonic() if hit else None
         try:
-            ok = await self.engine.run(admin.token_exists(pool, ns, token))
+            ok = await self.engine.run(admin.token_exists(pool, ns, token), deadline=quick)
         except RedisFailure:
             if hit:  # Redis failing over: the last answer stands until it is back (never a 503)
                 return hit[0]
@@ -200,8 +225,9 @@ class TokenStore:
     async def limits(self, force: bool = False) -> dict[str, Limit]:
         now = time.monotonic()
         if force or now - self._limits_at > self.cache_seconds:
-            try:
-                raw = await self.engine.run(admin.limits())
+            try:  # (as in ``valid``: with known limits to fall back on, one quick look)
+                quick = None if force else time.monotonic()
+                raw = await self.engine.run(admin.limits(), deadline=quick)
             except RedisFailure:
                 if force:
                     raise
@@ -211,7 +237,8 @@ class TokenStore:
                 try:  # one bad record (written by hand or by an older version) spoils no other
                     fresh[k] = Limit.parse(json.loads(v))
                 except (ValueError, BadRequest) as e:
-                    log.warning("rate limit %s ignored: %s", k, e)
+                    where, _, token = k.rpartition("/")
+                    log.warning("rate limit %s/%s ignored: %s", where, mask(token), e)
             self._limits, self._limits_at = fresh, now
         return self._limits
 
@@ -232,6 +259,11 @@ class TokenStore:
     async def delete_limit(self, pool: str, ns: str, token: str) -> None:
         await self.engine.run(admin.delete_limit(pool, ns, token))
         self._limits_at = 0.0
+
+    async def limits_writes(self, pool: str, ns: str, token: str) -> bool:
+        """Whether the token's writes are limited (a limit with ``write`` above 0)."""
+        limit = (await self.limits()).get(f"{pool}/{ns}/{token}")
+        return limit is not None and limit.write > 0
 
     async def take(self, pool: str, ns: str, token: str, write: bool) -> bool:
         """Counts one request against the token's limit; True when a unit was taken."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from cluster_dq.coalesce import GROUP_MAX, GroupCommit
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine import core
+from cluster_dq.engine import core, retry
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.errors import Conflict, Transient
 from cluster_dq.keys import QueueKeys
@@ -31,6 +31,38 @@ log = logging.getLogger(__name__)
 
 SAFETY_POLL_S = 1.0
 GIVE_BACK_GRACE_S = 2.0
+
+
+class Admission:
+    """How many long-polls a worker lets wait at once: ``total`` in all (``MaxWaiters``), and at
+    most ``per_namespace`` of them (``MaxWaitersPerNamespace``) for any one namespace, so a
+    tenant that fills its share is refused (429) while the others still get in. Counts only:
+    no I/O, nothing kept for a namespace with none waiting."""
+
+    def __init__(self, total: int, per_namespace: int) -> None:
+        self.total, self.per_namespace = total, min(per_namespace, total)
+        self.waiting = 0
+        self.by_namespace: dict[str, int] = {}
+
+    def refusal(self, ns: str) -> str | None:
+        """Why a new long-poll of ``ns`` may not wait now (None: it may)."""
+        if self.waiting >= self.total:
+            return "too many consumers waiting; retry later"
+        if self.by_namespace.get(ns, 0) >= self.per_namespace:
+            return f"too many consumers of namespace {ns} waiting; retry later"
+        return None
+
+    def enter(self, ns: str) -> None:
+        self.waiting += 1
+        self.by_namespace[ns] = self.by_namespace.get(ns, 0) + 1
+
+    def leave(self, ns: str) -> None:
+        self.waiting -= 1
+        left = self.by_namespace[ns] - 1
+        if left:
+            self.by_namespace[ns] = left
+        else:
+            del self.by_namespace[ns]
 
 
 @dataclass(eq=False)
@@ -44,6 +76,9 @@ class Waiter:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     busy: bool = False
+    # The last look for it could not reach Redis (nothing reserved): at its deadline it is
+    # answered with that error, not "no job" (the queue was not looked at).
+    unreachable: Transient | None = None
 
 
 class _Watcher:
@@ -108,7 +143,7 @@ class _Watcher:
         engine = self.hub.engine
         now = time.monotonic()
         for w in [w for w in self.waiters if w.deadline <= now or w.future.done()]:
-            self.hub._finish(w, [])
+            self.hub._expire(w)
         waiter = next((w for w in self.waiters if not w.busy), None)
         if waiter is None:
             if self.waiters:  # all busy with another queue's watcher: look when one is free
@@ -126,9 +161,12 @@ class _Watcher:
         except Transient as e:
             if not core.reserved_nothing(e):  # not repeated for it: "no job" (core's rule)
                 self.hub._finish(waiter, [])
+            else:
+                waiter.unreachable = e
             raise  # the others wait on: run() looks again shortly
         finally:
             self.hub.free(waiter)
+        waiter.unreachable = None
         if jobs:
             self.looked_again = False
             await self.hub._deliver(waiter, jobs)
@@ -215,21 +253,26 @@ class WaiterHub:
         """Up to ``count`` jobs, waiting up to ``timeout_ms`` for the first. A Redis outage
         (a failover) is not an error here: while nothing can have been reserved the consume
         keeps trying until its deadline, as if no job were ready, and one whose reply was lost
-        answers "no job" at once (``core.reserved_nothing``)."""
+        answers "no job" at once (``core.reserved_nothing``). If Redis is still unreachable
+        when its time runs out, that error is raised (nothing was reserved; the service says
+        so in a 503): the queue was not looked at, "no job" would not be true."""
         if self._stopping:
             return []
         # A long poll's repeats end with it; a consume that does not wait gets the budget.
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
+        unreachable: Transient | None = None
         try:
             jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
         except Transient as e:
             if not core.reserved_nothing(e):
                 log.warning("consume on %s/%s: reply lost: %s", namespace, ",".join(queues), e)
                 return []
-            jobs = []  # unreachable or refused so far: wait on, the watchers look again
+            if deadline is None or time.monotonic() >= deadline:
+                raise
+            jobs, unreachable = [], e  # unreachable or refused so far: the watchers look again
         if jobs or deadline is None or time.monotonic() >= deadline:
             return jobs
-        waiter = Waiter(namespace, queues, ttr_ms, count, deadline)
+        waiter = Waiter(namespace, queues, ttr_ms, count, deadline, unreachable=unreachable)
         for q in queues:
             self._watcher(namespace, q).waiters.append(waiter)
         answered = False
@@ -247,7 +290,12 @@ class WaiterHub:
         finally:
             if not waiter.future.done():
                 waiter.future.cancel()
-            elif not answered and not waiter.future.cancelled() and waiter.future.result():
+            elif (
+                not answered
+                and not waiter.future.cancelled()
+                and waiter.future.exception() is None
+                and waiter.future.result()
+            ):
                 # cancelled (the client left) just as jobs were reserved for it: give them back
                 self._background(self.give_back(namespace, waiter.future.result()))
             self._finish(waiter, None)
@@ -300,7 +348,7 @@ class WaiterHub:
         await self.give_back(namespace, jobs)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
+        task = asyncio.create_task(work, context=retry.detached())
         self._background_tasks.add(task)  # awaited (or cancelled) by close() with the rest
         task.add_done_callback(self._background_tasks.discard)
 
@@ -309,8 +357,15 @@ class WaiterHub:
         w = self.watchers.get(key)
         if w is None:
             w = self.watchers[key] = _Watcher(self, namespace, queue)
-            w.task = asyncio.create_task(w.run())
+            w.task = asyncio.create_task(w.run(), context=retry.detached())  # serves others
         return w
+
+    def _expire(self, waiter: Waiter) -> None:
+        """``waiter``'s deadline passed: "no job", or, when its last look could not reach
+        Redis, that error."""
+        if waiter.unreachable is not None and not waiter.future.done():
+            waiter.future.set_exception(waiter.unreachable)
+        self._finish(waiter, [])
 
     def _finish(self, waiter: Waiter, result: list[Job] | None) -> None:
         if result is not None and not waiter.future.done():
@@ -357,7 +412,7 @@ class WaiterHub:
         async with self._subscribing:  # one pub/sub connection: one subscriber at a time
             await self._pubsub.subscribe(channel)
         if self._reader is None or self._reader.done():
-            self._reader = asyncio.create_task(self._read())
+            self._reader = asyncio.create_task(self._read(), context=retry.detached())
 
     def _retire(self, watcher: _Watcher) -> None:
         key = (watcher.namespace, watcher.queue)

@@ -278,6 +278,21 @@ def test_bad_arguments_exit_2_with_a_message(capsys: pytest.CaptureFixture[str])
         assert "error: argument" in err or "invalid choice" in err, (argv, err)
 
 
+def test_pause_of_a_queue_that_does_not_exist_exits_1_with_one_line_and_writes_nothing(
+    client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for verb in ("pause", "resume"):
+        code, out, err = cli(capsys, verb, "nosuch")
+        assert code == 1 and out == "" and err.count("\n") == 1, (code, out, err)
+        assert err.startswith("cluster-dq: ") and f"{client.namespace}/nosuch" in err
+    assert client.queues().queues == []  # nothing was written
+    assert client.settings("nosuch").paused is False
+    code, out, _ = cli(capsys, "pause", "nosuch", "--create")  # before its first publish
+    assert (code, out) == (0, f"{client.namespace}/nosuch: paused\n")
+    client.publish("nosuch", "x")
+    assert client.consume("nosuch") is None
+
+
 def test_a_missing_setting_exits_2_with_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

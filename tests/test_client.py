@@ -553,7 +553,7 @@ def test_every_503_of_the_service_decodes_to_what_happened() -> None:
                 assert got.maybe_applied or nothing_ran, (failure, idempotent, unknown)
                 assert not got.safe_to_repeat or idempotent or nothing_ran, (failure, idempotent)
                 if repeatable(ONCE, got):
-                    assert nothing_ran and not idempotent, (failure, idempotent, unknown)
+                    assert nothing_ran, (failure, idempotent, unknown)
 
 
 def test_the_retry_table() -> None:
@@ -846,6 +846,7 @@ async def test_a_real_503_says_what_is_safe_and_the_client_follows_it() -> None:
                 sc.consume("down", timeout=5)
         assert limited.value.retry_after == 1.0 and len(busy.seen) == 2  # waited, repeated
         server.kill()
+        time.sleep(0.5)  # the service has seen its connections closed: each call is refused
         counted = {name: LoseReplies(lambda r: False, lose=0) for name in ("id", "anon", "rel")}
 
         async def attempt(name: str, retries: int, call: Any) -> tuple[BaseException, int]:
@@ -858,13 +859,16 @@ async def test_a_real_503_says_what_is_safe_and_the_client_follows_it() -> None:
 
         (fixed, n_fixed), (anon, n_anon), (rel, n_rel) = await asyncio.gather(
             attempt("id", 1, lambda c: c.publish("down", b"y", job_id="down-1")),
-            attempt("anon", 3, lambda c: c.publish("down", b"z")),
-            attempt("rel", 3, lambda c: c.release("down", jid, lease=job.lease)),
+            attempt("anon", 2, lambda c: c.publish("down", b"z")),
+            attempt("rel", 2, lambda c: c.release("down", jid, lease=job.lease)),
         )
         assert isinstance(fixed, Unavailable) and fixed.safe_to_repeat and n_fixed == 2
-        assert isinstance(anon, Unavailable) and anon.maybe_applied and n_anon == 1
-        assert isinstance(rel, Unavailable) and n_rel == 1
-        assert not rel.safe_to_repeat and rel.maybe_applied and "look the job up" in rel.message
+        # Once-only calls, repeated: the service says nothing was written (the connection to
+        # Redis was refused). A release whose reply was lost says "look the job up" instead
+        # (test_503_bodies_decode_into_safe_to_repeat_and_maybe_applied).
+        assert isinstance(anon, Unavailable) and not anon.maybe_applied and n_anon == 3
+        assert isinstance(rel, Unavailable) and not rel.maybe_applied and n_rel == 3
+        assert rel.safe_to_repeat and "nothing was written" in rel.message
     finally:
         svc.stop(timeout=20)
         server.kill()

@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import Server, free_port, start_server
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.pools import RedisPool
@@ -253,6 +254,19 @@ def test_every_job_action_changes_the_job_and_is_audited(
     assert all(e["outcome"].startswith("ok") and e["user"] == "admin" for e in rows)
 
 
+def test_pausing_a_queue_that_does_not_exist_flashes_an_error_and_writes_nothing(
+    api: httpx.Client, ui: httpx.Client, sync_redis: redis.Redis
+) -> None:
+    for verb in ("pause", "resume"):
+        r = post(ui, f"/queue/{NS}/nosuch/{verb}")
+        assert r.status_code == 200 and 'data-level="error"' in r.text, r.text
+        assert f"{NS}/nosuch" in flash(r) and "not found" in flash(r), flash(r)
+    assert sync_redis.exists(QueueKeys(NS, "nosuch").conf) == 0
+    assert api.get(f"/api/{NS}/nosuch/settings").json()["paused"] is False
+    outcomes = [e["outcome"] for e in audit_rows(ui)]
+    assert all(o.startswith("refused") for o in outcomes[:2]), outcomes
+
+
 def test_pause_resume_and_queue_settings(api: httpx.Client, ui: httpx.Client) -> None:
     q = "ctl"
     publish(api, q)
@@ -396,9 +410,13 @@ def test_tokens_created_limited_and_deleted(api: httpx.Client, ui: httpx.Client)
     ).json()
     assert got == {"read": 10, "write": 5, "interval": 2}
     page = ui.get("/tokens", params={"ns": NS})
-    assert f'data-token="{t}"' in page.text and "ui made" in page.text
-    post(ui, f"/tokens/{NS}/delete", token=t)
-    assert f'data-token="{t}"' not in ui.get("/tokens", params={"ns": NS}).text
+    assert f"<code>{t[:6]}…</code>" in page.text and "ui made" in page.text
+    assert t not in page.text  # masked; its row's actions name it by an opaque reference
+    found = re.search(r'<tr data-ref="(\w+)">\s*<td><code>[^<]*</code></td><td>ui made', page.text)
+    assert found is not None
+    post(ui, f"/tokens/{NS}/delete", ref=found.group(1))
+    assert found.group(1) not in ui.get("/tokens", params={"ns": NS}).text
+    assert api.get(f"/api/{NS}/q/size", headers={"X-Token": t}).status_code == 401
     assert [e["action"] for e in audit_rows(ui)] == ["token.delete", "token.limit", "token.create"]
 
 

@@ -6,6 +6,7 @@ worker), and a graceful stop leaves nothing reserved."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cluster_dq.client import AsyncClient, Job
+from cluster_dq.client import AsyncClient, Backoff, Job
 from cluster_dq.client.outcomes import Bury, Released, Retry, Snooze
 from cluster_dq.client.testing import run_job
 from cluster_dq.client.worker import Worker
@@ -128,6 +129,66 @@ def test_the_test_mode_releases_a_handler_that_raises_cancelled_error() -> None:
         raise asyncio.CancelledError()
 
     assert run_job(handle, "x") == Released(error="CancelledError")
+
+
+class _Abort(BaseException):
+    """A custom exception outside ``Exception`` (as some libraries define their own)."""
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_a_handler_raising_a_base_exception_releases_its_job_and_frees_its_slot(
+    solo: AsyncClient, sync: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``GeneratorExit`` or a class of its own deriving from ``BaseException``: the job is
+    released with the error as any exception's, a line is logged, and the slot runs the next
+    job (before: the handler's task died with it, no line, the job held and touched for as
+    long as the worker lived, and with concurrency 1 nothing ran after it)."""
+    backoff = Backoff("fixed", 60.0)  # released jobs stay delayed: their last error is seen
+    gen = await solo.publish("hbase", "generator-exit", tries=2, backoff=backoff)
+    own = await solo.publish("hbase", "abort", tries=2, backoff=backoff)
+    ok = await solo.publish("hbase", "ok", tries=2, backoff=backoff)
+    ran: list[str] = []
+
+    def act(job: Job) -> Any:
+        ran.append(job.id)
+        if job.text == "generator-exit":
+            raise GeneratorExit()
+        if job.text == "abort":
+            raise _Abort("gave up")
+        return None
+
+    async def ahandle(job: Job) -> Any:
+        return act(job)
+
+    handler: Any = act if sync else ahandle
+    worker = Worker(solo, "hbase", handler, concurrency=1, poll_timeout=0.2, ttr=5)
+    with caplog.at_level(logging.WARNING, logger="cluster_dq.worker"):
+        await run_until(worker, lambda: sum(worker.counts.values()) >= 3, timeout=10)
+    assert sorted(ran) == sorted([gen, own, ok])  # one slot: each ran after the one before
+    assert worker.counts == {**worker.counts, "released": 2, "acked": 1}, worker.counts
+    assert await reserved(solo, "hbase") == 0
+    for jid, error in ((gen, "GeneratorExit"), (own, "_Abort: gave up")):
+        job = await solo.get_job("hbase", jid)
+        assert job is not None and (job.state, job.remain_tries, job.last_error) == (
+            "delayed",
+            1,
+            error,
+        )
+        said = [r.getMessage() for r in caplog.records if jid in r.getMessage()]
+        assert said and error in said[0], caplog.text
+
+
+def test_the_test_mode_releases_a_handler_raising_a_base_exception() -> None:
+    """As the real worker does (before: the exception went through ``run_job``)."""
+
+    async def ahandle(job: Job) -> Any:
+        raise GeneratorExit()
+
+    def handle(job: Job) -> Any:
+        raise _Abort("gave up")
+
+    assert run_job(ahandle, "x") == Released(error="GeneratorExit")
+    assert run_job(handle, "x") == Released(error="_Abort: gave up")
 
 
 async def test_a_worker_stopped_before_it_started_starts_nothing(solo: AsyncClient) -> None:

@@ -157,7 +157,7 @@ def test_readyz_reloads_flushed_scripts(svc: dict[str, Any], redis_server: Serve
     assert httpx.get(f"{svc['admin']}/healthz").json() == {"status": "ok"}
     client = redis.Redis(port=redis_server.port)
     client.script_flush()
-    r = httpx.get(f"{svc['admin']}/readyz")
+    r = httpx.get(f"{svc['admin']}/readyz", auth=ADMIN_AUTH)  # the pools: to an admin only
     assert r.status_code == 200 and r.json()["pools"]["default"] == {"redis": True, "scripts": True}
     assert client.script_exists(*[s for s in _shas()]) == [True] * len(_shas())
 

@@ -24,6 +24,7 @@ from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.errors import BadRequest, QueueFull
+from cluster_dq.queueconf import QueueSettings
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.models import JobSpec, JobState, Record, id_to_member
 from cluster_dq.pools import RedisPool
@@ -622,6 +623,36 @@ def test_settings_routes_pause_resume_max_size_and_next_attempt_at(
     assert http.get("/api/ctl", params={"cursor": "a{b"}).status_code == 400
 
 
+def test_pausing_a_queue_that_does_not_exist_is_a_404_that_writes_nothing(
+    http: httpx.Client, sync_redis: redis.Redis
+) -> None:
+    """A typo must not "succeed" while the real queue keeps delivering. A queue is known while
+    it holds a job (any state), settings of its own or a schedule; else a pause or resume is a
+    404 naming it and writes nothing (no CONF left behind), unless asked for with create=1."""
+    q = "typo" + uuid.uuid4().hex[:8]
+    keys = QueueKeys("ctl", q)
+    for verb in ("pause", "resume"):
+        r = http.post(f"/api/ctl/{q}/{verb}")
+        assert r.status_code == 404, r.text
+        assert f"ctl/{q}" in r.json()["error"] and "create=1" in r.json()["error"]
+        assert sync_redis.exists(*keys.all_fixed(), keys.schedules) == 0
+    # pausing before the first publish, asked for: the first job waits
+    r = http.post(f"/api/ctl/{q}/pause", params={"create": "1"})
+    assert r.status_code == 200 and r.json()["paused"] is True, r.text
+    assert http.put(f"/api/ctl/{q}", content=b"x").status_code == 201
+    assert http.get(f"/api/ctl/{q}").status_code == 404  # paused: nothing delivered
+    assert http.post(f"/api/ctl/{q}/resume").json()["paused"] is False  # known now
+    assert http.get(f"/api/ctl/{q}").status_code == 200
+    # known by its settings alone (no job yet), or by a schedule alone
+    with_settings, with_schedule = "set" + uuid.uuid4().hex[:8], "sch" + uuid.uuid4().hex[:8]
+    assert http.patch(f"/api/ctl/{with_settings}/settings", json={"tries": 2}).status_code == 200
+    assert http.post(f"/api/ctl/{with_settings}/pause").json()["paused"] is True
+    body = {"every_ms": 60_000, "paused": True}
+    assert http.put(f"/api/ctl/{with_schedule}/schedules/s", json=body).status_code == 201
+    assert http.post(f"/api/ctl/{with_schedule}/pause").json()["paused"] is True
+    assert http.post(f"/api/ctl/{q}/pause", params={"create": "x"}).status_code == 400
+
+
 def test_odd_digits_and_deep_nesting_are_400s_not_500s(
     http: httpx.Client, sync_redis: redis.Redis
 ) -> None:
@@ -682,3 +713,17 @@ async def test_the_listing_pages_every_existing_queue_exactly_once_while_queues_
     assert len(seen) == len(set(seen))  # never twice
     assert set(existing) <= set(seen)  # every pre-existing one
     assert seen == sorted(seen)
+
+
+def test_settings_without_a_backoff_are_carried_whole() -> None:
+    """A queue's settings as written on the pool it moves to (``as_changes``): with no
+    backoff, the other settings still go (before: "a removed backoff takes no parameters",
+    and a migrating queue with, say, only a max_size carried nothing: its publishes failed)."""
+    for own in (
+        QueueSettings(tries=4, max_size=10),
+        QueueSettings(paused=True, ttr_ms=5_000),
+        QueueSettings(),
+    ):
+        changes = dict(own.as_changes())
+        carried = QueueSettings.from_hash({k: v for k, v in changes.items() if v != ""})
+        assert carried == own

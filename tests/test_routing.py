@@ -21,6 +21,7 @@ import redis
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine import schedules as sched_ops
 from cluster_dq.engine.commands import EngineConfig, Sizes
 from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.localredis import Server
@@ -101,13 +102,19 @@ def standalone_db(server: Server, db: int, name: str) -> PoolSettings:
 
 
 def sized(pool: PoolSettings, deployment: Deployment, ns: str, q: str) -> Sizes:
+    return on_pool(pool, deployment, ops.sizes(EngineConfig(), ns, q))
+
+
+def on_pool(pool: PoolSettings, deployment: Deployment, op: Any) -> Any:
+    """One engine operation, run on ``pool`` directly (what it holds, not what the service
+    says)."""
     client = (
         deployment.sync_client()
         if pool.DB == 0
         else redis.Redis(port=int(pool.Addr.split(":")[1]), db=pool.DB)
     )
     try:
-        return SyncEngine(client).run(ops.sizes(EngineConfig(), ns, q))
+        return SyncEngine(client).run(op)
     finally:
         client.close()
 
@@ -417,3 +424,56 @@ def test_a_queues_settings_follow_it_to_the_pool_it_moves_to(
             assert r.status_code == 200 and r.json()["state"] == "delayed", r.text  # the backoff
     finally:
         svc.stop(timeout=20)
+
+
+def test_a_queues_schedules_move_with_it_and_fire_once_per_occurrence(
+    pools: dict[str, PoolSettings], deployment: Deployment
+) -> None:
+    """A queue with a schedule firing every second, a paused one and settings, on ``old``;
+    then ``old`` migrates to ``new``. With no request for the queue, the migrating pool's
+    firer moves the firing schedule (and the settings with it) to ``new``, where it goes on;
+    a request for the queue's schedules brings the paused one over. Every occurrence from the
+    first on is published exactly once over both pools: none twice, none missed, although
+    both pools' firers run."""
+    old, new = pools["old"], pools["new"]
+    every = {"every_ms": 1_000, "job": {"body": "tick"}}
+    settings = {"tries": 4, "max_size": 1_000}
+    svc = start({"default": pools["default"], "old": old})
+    try:
+        tok = token(svc.admin, "old")
+        with httpx.Client(base_url=svc.base, headers={"X-Token": tok}, timeout=30) as api:
+            assert api.patch("/api/ns/sched/settings", json=settings).status_code == 200
+            r = api.put("/api/ns/sched/schedules/tick", json=every)
+            assert r.status_code == 201, r.text
+            r = api.put("/api/ns/sched/schedules/idle", json={**every, "paused": True})
+            assert r.status_code == 201, r.text
+            time.sleep(2.5)  # a few occurrences fired on old
+    finally:
+        svc.stop(timeout=20)
+    assert sized(old, deployment, "ns", "sched").ready >= 2
+
+    svc = start(
+        {"default": pools["default"], "old": old, "new": new}, CLUSTER_DQ_POOL__OLD__MIGRATETO="new"
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while on_pool(new, deployment, sched_ops.get("ns", "sched", "tick")) is None:
+            assert time.monotonic() < deadline, "the schedule never reached the new pool"
+            time.sleep(0.2)
+        assert on_pool(old, deployment, sched_ops.get("ns", "sched", "tick")) is None
+        got = on_pool(new, deployment, ops.queue_settings("ns", "sched")).as_json()
+        assert {k: got[k] for k in settings} == settings  # carried with the schedule
+        time.sleep(3)  # occurrences fire on new
+        with httpx.Client(base_url=svc.base, headers={"X-Token": tok}, timeout=30) as api:
+            listed = api.get("/api/ns/sched/schedules").json()["schedules"]
+            assert {(s["name"], s["paused"]) for s in listed} == {("tick", False), ("idle", True)}
+            assert on_pool(old, deployment, sched_ops.page("ns", "sched", 0, 100))[1] == []
+            assert sized(new, deployment, "ns", "sched").ready >= 2
+            jobs = drain(api, "sched", 1_000)
+    finally:
+        svc.stop(timeout=20)
+    ids = [j["job_id"] for j in jobs]
+    assert len(ids) == len(set(ids)), Counter(ids).most_common(3)  # none fired twice
+    times = sorted(int(i.rsplit("-", 1)[1]) for i in ids)
+    assert len(times) >= 6
+    assert [b - a for a, b in zip(times, times[1:])] == [1_000] * (len(times) - 1)  # none missed

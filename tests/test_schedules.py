@@ -31,8 +31,10 @@ from cluster_dq.clock import now_ms
 from cluster_dq.errors import Contended
 from cluster_dq.firing import Firer
 from cluster_dq.pump import Pump
+from cluster_dq.settings import PoolSettings
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.models import is_client_id_valid, decode_id
+from cluster_dq.localredis import Server
 from cluster_dq.pools import close_client, make_client
 from cluster_dq.schedules import (
     CLAIM_LEASE_MS,
@@ -734,3 +736,59 @@ def test_a_put_that_loses_every_compare_and_set_is_a_409_that_changed_nothing() 
             else:  # the read: absent each time (deleted again by the other writer)
                 step = op.send([None, None])
     assert tries == sched_ops.CAS_TRIES
+
+
+@pytest.fixture
+async def old_pool(
+    redis_server: Server, engines: tuple[FaultyEngine, FaultyEngine, Clock]
+) -> AsyncIterator[FaultyEngine]:
+    """A second pool (standalone, DB 9) on the engines' clock: the pool a queue moves from."""
+    with redis.Redis(port=redis_server.port, db=9) as r:
+        r.flushdb()
+    client = make_client(PoolSettings("old", Addr=f"127.0.0.1:{redis_server.port}", DB=9))
+    e = FaultyEngine(client, EngineConfig(), clock=engines[2])
+    yield e
+    await close_client(client)
+
+
+async def test_a_schedule_moved_to_a_new_pool_publishes_each_occurrence_once(
+    engines: tuple[FaultyEngine, FaultyEngine, Clock], old_pool: FaultyEngine
+) -> None:
+    """A queue's schedule moves from ``old`` (standalone) to the pool under test while an
+    occurrence is claimed on ``old`` and not published (its firer died), and while a firer of
+    ``old`` that knows nothing of the move (an instance not restarted yet) goes on firing
+    there, and while the first move dies half-way (marked on ``old``, not yet on the new
+    pool): over both pools, every occurrence reaches a consumer exactly once, none missed;
+    the new pool holds the schedule with its counts, the old one nothing."""
+    new, _, clock = engines
+    old = old_pool
+    schedule = Schedule("tick", _template(), every_ms=7_000, catch_up_ms=600_000)
+    start = clock.t
+    await _put(old, schedule)
+    seen: list[str] = []
+    firer = Firer(old, lambda s: True)
+    for _ in range(5):  # fired on old
+        clock.t += 7_000
+        await _fire_all([firer])
+        seen += await _drain(old, clock.t)
+    clock.t += 7_000
+    old.fail = ("publish", False)  # claims the occurrence, dies before publishing it
+    await _fire_all([firer])
+    state = (await old.run(sched_ops.get(NS, Q, "tick")))[1]  # type: ignore[index]
+    assert state.flying  # claimed, not confirmed
+    mover = Firer(old, lambda s: True, move_to=new)
+    stale = Firer(old, lambda s: True)  # an instance that does not know of the move yet
+    on_new = Firer(new, lambda s: True)
+    new.fail = ("schedule_set", False)  # the first move dies before the new pool has it
+    for step in range(30):
+        clock.t += [300, 2_000, 6_900, 7_000, 450][step % 5]
+        await _fire_all([stale, mover, on_new] if step % 2 else [mover, stale, on_new])
+        seen += await _drain(old, clock.t) + await _drain(new, clock.t)
+    assert new.injected == 1  # the first move did die half-way
+    expected = _expected(schedule, start, clock.t)
+    assert len(seen) == len(set(seen)), "an occurrence was published twice"
+    assert sorted(seen) == sorted(expected)
+    assert await old.run(sched_ops.get(NS, Q, "tick")) is None
+    moved = await new.run(sched_ops.get(NS, Q, "tick"))
+    assert moved is not None and moved[0] == schedule
+    assert moved[1].fired == len(expected) and moved[1].missed == 0

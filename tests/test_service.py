@@ -67,11 +67,11 @@ async def test_a_release_whose_reply_is_lost_is_not_repeated_onto_another_consum
 
 
 async def test_a_503_says_what_may_have_happened(service: Service) -> None:
-    """SPEC §2.7: a 503 says whether the outcome is unknown. A publish (idempotent: an earlier
-    attempt may have run) may have been applied and is safe to repeat. A consume is answered
-    "no job" instead (lmstfy's batch consume answers 404 on errors too): one whose reply was
-    lost may have reserved jobs nobody got, which come back after their ttr; one refused by a
-    stale master on every attempt reserved nothing."""
+    """SPEC §2.7: a 503 says whether the outcome is unknown. A consume whose reply was lost
+    is answered "no job" (lmstfy's batch consume answers 404 on errors too): it may have
+    reserved jobs nobody got, which come back after their ttr. Refused by a stale master on
+    every attempt, nothing ran: a consume says no job was reserved, a publish that nothing
+    was written, both that repeating is safe."""
     route = service.route("default")
     engine = service.pools["default"].engine
     await service.publish(route, "svc", "q", [JobSpec(b"x", tries=3)])
@@ -96,8 +96,9 @@ async def test_a_503_says_what_may_have_happened(service: Service) -> None:
 
     engine._step = refuse  # type: ignore[method-assign]
     try:
-        assert await service.consume(route, "svc", ["q"], 30_000, 1, 0) == []
-        with pytest.raises(PoolUnavailable, match="may have been applied; repeating it is safe"):
+        with pytest.raises(PoolUnavailable, match="no job was reserved .*repeating it is safe"):
+            await service.consume(route, "svc", ["q"], 30_000, 1, 0)
+        with pytest.raises(PoolUnavailable, match="nothing was written .*repeating it is safe"):
             await service.publish(route, "svc", "q", [JobSpec(b"y")])
     finally:
         del engine._step

@@ -37,3 +37,33 @@ def exits_sync(job: Job) -> None:
         raise SystemExit(3)
     time.sleep(float(job.body))
     note("done", job)
+
+
+async def stubborn(job: Job) -> None:
+    """Sleeps, and swallows every cancellation (a careless handler): never ends."""
+    note("start", job)
+    while True:
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            note("cancelled", job)
+
+
+def main() -> None:
+    """``python -m tests.worker_jobs HANDLER QUEUE SHUTDOWN_TIMEOUT``: a program of its own
+    calling ``Worker.run()`` (the library's entry point, not the command's), then returning."""
+    import logging
+    import sys
+
+    from cluster_dq.client import AsyncClient, Worker
+
+    logging.basicConfig(level=logging.INFO)
+    name, queue, timeout = sys.argv[1:4]
+    client = AsyncClient()  # CLUSTER_DQ_URL, _TOKEN, _NAMESPACE
+    worker = Worker(client, queue, globals()[name], shutdown_timeout=float(timeout))
+    worker.run()
+    print("run() returned", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()

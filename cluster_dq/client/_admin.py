@@ -97,7 +97,9 @@ def healthz() -> Call[bool]:
 
 
 def readyz() -> Call[dict[str, Any]]:
-    """Every pool's readiness; a pool that is not ready answers 503 (``Unavailable``)."""
+    """Ready or not (``status``) and, to the admin role (the client's basic auth when the
+    server has accounts), every pool's readiness (``pools``); a pool that is not ready
+    answers 503 (``Unavailable``)."""
     return Call("GET", "/readyz", lambda r: dict(expect(r, 200)))
 
 

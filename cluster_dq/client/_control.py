@@ -201,8 +201,10 @@ def update_settings(ns: str, queue: str, **changes: Any) -> Call[QueueSettings]:
     return Call("PATCH", f"{queue_path(ns, queue)}/settings", _settings, [], JSON, json_body(body))
 
 
-def pause(ns: str, queue: str, paused: bool = True) -> Call[QueueSettings]:
-    return Call("POST", f"{queue_path(ns, queue)}/{'pause' if paused else 'resume'}", _settings)
+def pause(ns: str, queue: str, paused: bool = True, create: bool = False) -> Call[QueueSettings]:
+    """A queue that does not exist is a 404 (``NotFound``) unless ``create``."""
+    path = f"{queue_path(ns, queue)}/{'pause' if paused else 'resume'}"
+    return Call("POST", path, _settings, params=[("create", "1")] if create else [])
 
 
 def queues(ns: str, *, cursor: str | None = None, limit: int = 100) -> Call[QueuePage]:

@@ -8,12 +8,12 @@ import importlib
 import logging
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import uvloop
 
+from cluster_dq.client import _runner
 from cluster_dq.client.aio import AsyncClient
 from cluster_dq.client.errors import DQError
 from cluster_dq.client.worker import Worker
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.path.insert(0, "")  # handlers are found from the current directory, as python -m does
     code: int = 0
     try:
-        uvloop.run(serve(args))
+        _runner.run_loop(serve(args), uvloop.new_event_loop)
     except (ValueError, DQError) as e:  # a bad setting, a refused token: one line, no traceback
         raise SystemExit(f"error: {e}") from None
     except SystemExit as e:  # a handler's sys.exit(): the worker stopped gracefully first
@@ -97,14 +97,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:  # sys.exit("message"): said on stderr, status 1, as Python does
             print(e.code, file=sys.stderr)
             code = 1
-    stuck = [t.name for t in threading.enumerate() if t.name.startswith("dq-worker")]
-    if stuck:
-        # sync handlers still running past the stop: their jobs were given back already,
-        # and the interpreter would wait for their threads at exit
+    threads, tasks = len(_runner.busy), len(_runner.abandoned)
+    if threads or tasks:
+        # handlers still running past the stop (named in the worker's line): their jobs were
+        # given back and the acks sent; nothing is left to wait for, and an interpreter's
+        # exit could still trip on a thread (a lock held, a daemon writing at finalization)
         logging.getLogger("cluster_dq.worker").warning(
-            "exiting with %d handler thread(s) still running", len(stuck)
+            "exiting now with %d handler thread(s) and %d task(s) still running",
+            threads,
+            tasks,
         )
         logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)
     if code:
         raise SystemExit(code)

@@ -371,8 +371,11 @@ class AsyncClient(_Shell):
     async def update_settings(self, queue: str, **changes: Any) -> QueueSettings:
         return await self._send(c.update_settings(self.namespace, queue, **changes))
 
-    async def pause(self, queue: str) -> QueueSettings:
-        return await self._send(c.pause(self.namespace, queue))
+    async def pause(self, queue: str, *, create: bool = False) -> QueueSettings:
+        """Stops deliveries from ``queue``. One that does not exist (no job, settings or
+        schedule) is ``NotFound`` and nothing changes, unless ``create`` (pause it before its
+        first publish)."""
+        return await self._send(c.pause(self.namespace, queue, create=create))
 
     async def resume(self, queue: str) -> QueueSettings:
         return await self._send(c.pause(self.namespace, queue, paused=False))

@@ -8,7 +8,14 @@ handler's return or exception onto an outcome (used by ``Worker`` and by ``testi
     raise Bury(reason)      -> Buried             to the dead letter with the reason
     raise one of bury_on    -> Buried             reason: "<Type>: <message>"
     raise any other         -> Released           error: "<Type>: <message>", no delay (the
-                                                  job's retry backoff applies server-side)
+                                                  job's retry backoff applies server-side);
+                                                  any BaseException too (GeneratorExit, a
+                                                  class of the handler's own)
+
+The caller handles three exceptions before this rule: a ``CancelledError`` from cancelling
+the handler's task (the shutdown gives its job back; one the handler raised itself is
+released as any other), and ``SystemExit`` / ``KeyboardInterrupt`` (the job is given back
+unspent and the worker stops).
 """
 
 from __future__ import annotations
@@ -112,9 +119,10 @@ def decide(
     exc: BaseException | None = None,
     bury_on: tuple[type[BaseException], ...] = (),
 ) -> Outcome:
-    """The outcome of a handler that returned ``returned`` or raised ``exc`` (an
-    ``Exception``; cancellation and interpreter exits are the caller's business). A return
-    value that is not JSON, or over the service's 4,096 bytes, is the handler's error."""
+    """The outcome of a handler that returned ``returned`` or raised ``exc`` (any
+    exception; the cancellation of its task and interpreter exits are the caller's business,
+    see above). A return value that is not JSON, or over the service's 4,096 bytes, is the
+    handler's error."""
     if exc is None:
         if returned is None:
             return Acked()

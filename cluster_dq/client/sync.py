@@ -361,8 +361,11 @@ class Client(_Shell):
     def update_settings(self, queue: str, **changes: Any) -> QueueSettings:
         return self._send(c.update_settings(self.namespace, queue, **changes))
 
-    def pause(self, queue: str) -> QueueSettings:
-        return self._send(c.pause(self.namespace, queue))
+    def pause(self, queue: str, *, create: bool = False) -> QueueSettings:
+        """Stops deliveries from ``queue``. One that does not exist (no job, settings or
+        schedule) is ``NotFound`` and nothing changes, unless ``create`` (pause it before its
+        first publish)."""
+        return self._send(c.pause(self.namespace, queue, create=create))
 
     def resume(self, queue: str) -> QueueSettings:
         return self._send(c.pause(self.namespace, queue, paused=False))

@@ -75,19 +75,32 @@ async def arun_job(
     """``run_job`` inside a running event loop (a sync handler runs in a thread, as in the
     worker)."""
     job = job if job is not None else make_job(body, **job_fields)
+    returned, exc = await asyncio.get_running_loop().create_task(_call(handler, job))
+    if exc is None:
+        return decide(returned if results else None)
+    if isinstance(exc, asyncio.CancelledError):  # the handler's own, not a cancel of this call
+        return Released(error=describe(exc))
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        raise exc  # the worker gives the job back unspent and stops: here, the test stops
+    return decide(exc=exc, bury_on=bury_on)
+
+
+async def _call(handler: Handler, job: Job) -> tuple[Any, BaseException | None]:
+    """The handler's return value or exception, run as a task's own coroutine (as the
+    worker runs it): an exception an awaited future ends with is thrown into the outermost
+    coroutine of the task, and a ``GeneratorExit`` thrown there closes the frames it awaits
+    through instead of reaching them."""
     try:
         if _is_async(handler):
-            returned = await handler(job)
-        else:
-            returned = await asyncio.get_running_loop().run_in_executor(None, handler, job)
-    except Exception as e:
-        return decide(exc=e, bury_on=bury_on)
-    except asyncio.CancelledError as e:  # the handler's own, not a cancel of this call
+            return await handler(job), None
+        return await asyncio.get_running_loop().run_in_executor(None, handler, job), None
+    except asyncio.CancelledError as e:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
-            raise
-        return Released(error=describe(e))
-    return decide(returned if results else None)
+            raise  # this call was cancelled
+        return None, e
+    except BaseException as e:  # any other, KeyboardInterrupt and SystemExit too (see above)
+        return None, e
 
 
 def run_job(

@@ -18,11 +18,11 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from cluster_dq.client._acks import AckBatcher
 from cluster_dq.client._iterform import GIVE_BACK, Delivery, IteratorForm
+from cluster_dq.client._runner import DaemonThreads, run_loop
 from cluster_dq.client.aio import AsyncClient
 from cluster_dq.client._send import renew, send_outcome
 from cluster_dq.client.errors import QueueFull, RateLimited, TransportError, Unavailable
@@ -128,7 +128,7 @@ class Worker(IteratorForm):
         self._tasks: list[asyncio.Task[None]] = []
         self._fetchers: list[asyncio.Task[None]] = []
         self._asked = 0  # slots promised to the consumes in flight
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: DaemonThreads | None = None
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
         self._closing: asyncio.Task[None] | None = None
@@ -151,7 +151,7 @@ class Worker(IteratorForm):
         if self._tasks or self._closing is not None:
             return
         if self._handler is not None and not self._async:
-            self._executor = ThreadPoolExecutor(self.concurrency, "dq-worker")
+            self._executor = DaemonThreads(self.concurrency, "dq-worker")
         loop = asyncio.get_running_loop()
         self._fetchers = [
             loop.create_task(self._fetch(), name=f"dq-worker-fetch-{i}")
@@ -180,8 +180,11 @@ class Worker(IteratorForm):
             raise self._fatal
 
     def run(self) -> None:
-        """``serve(signals=True)`` in a new event loop: the blocking entry point."""
-        asyncio.run(self.serve(signals=True))
+        """``serve(signals=True)`` in a new event loop: the blocking entry point. Returns once
+        nothing is reserved, at the latest ``shutdown_timeout`` after the stop plus a second
+        for cancelled handlers to end: one that does not is left behind, never resumed; a sync
+        handler still running keeps its thread, a daemon one (see docs/worker.md)."""
+        run_loop(self.serve(signals=True))
 
     def _signalled(self) -> None:
         if self._stopping.is_set():
@@ -253,7 +256,9 @@ class Worker(IteratorForm):
                 if self._handler is None:
                     self._ready.append(d)
                 else:
-                    d.task = asyncio.get_running_loop().create_task(self._run(d))
+                    d.task = asyncio.get_running_loop().create_task(
+                        self._run(d), name=f"dq-worker-job {job.queue}/{job.id}"
+                    )
             if jobs:
                 self._gauge()
                 self._arrived.set()
@@ -265,21 +270,18 @@ class Worker(IteratorForm):
             pass
 
     async def _run(self, d: Delivery) -> None:
+        # a task's own coroutine (never awaited by another): whatever the handler raises
+        # reaches this frame, a GeneratorExit thrown into the task from a future included
         handler = self._handler
         assert handler is not None
         d.started = time.perf_counter()
+        outcome: Outcome
         try:
             if self._async:
                 returned = await handler(d.job)
             else:
                 loop = asyncio.get_running_loop()
                 returned = await loop.run_in_executor(self._executor, handler, d.job)
-        except Exception as e:
-            outcome = decide(exc=e, bury_on=self.bury_on)
-            if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
-                log.warning(
-                    "job %s of %s failed: %s", d.job.id, d.job.queue, describe(e), exc_info=e
-                )
         except asyncio.CancelledError as e:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -294,6 +296,15 @@ class Worker(IteratorForm):
             outcome = GIVE_BACK
             self._fatal = self._fatal or e
             self._stopping.set()
+        except BaseException as e:  # an Exception, GeneratorExit, a class of the handler's own
+            tb = e.__traceback__
+            if isinstance(e, GeneratorExit) and tb is not None and tb.tb_next is None:
+                raise  # raised in this frame: this coroutine is closed (a task left behind)
+            outcome = decide(exc=e, bury_on=self.bury_on)
+            if isinstance(outcome, Released | Buried) and not isinstance(e, Retry | Bury):
+                log.warning(
+                    "job %s of %s failed: %s", d.job.id, d.job.queue, describe(e), exc_info=e
+                )
         else:
             outcome = _ACKED if returned is None or not self.results else decide(returned)
         if self._metrics is not None:
@@ -364,6 +375,7 @@ class Worker(IteratorForm):
             t.cancel()
         # whatever is still held goes back without spending a try
         back = [d for d in self._held if not d.settled]
+        self._say_running(back)
         for d in back:
             if d.task is not None:
                 d.task.cancel()
@@ -376,6 +388,31 @@ class Worker(IteratorForm):
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._gauge()
         log.info("worker stopped: %s", self.counts)
+
+    def _say_running(self, back: list[Delivery]) -> None:
+        """One line naming the jobs given back while their handler still runs."""
+        running = [
+            d
+            for d in back
+            if (d.task is not None and not d.task.done()) or d.job.id in self._yielded
+        ]
+        if not running:
+            return
+        why = (
+            "stop forced"
+            if self._forced.is_set()
+            else f"shutdown timeout ({self.shutdown_timeout:g} s)"
+        )
+        jobs = ", ".join(f"{d.job.queue}/{d.job.id}" for d in running[:SAY_JOBS])
+        if len(running) > SAY_JOBS:
+            jobs += f" and {len(running) - SAY_JOBS} more"
+        if self._handler is None:
+            what = f"{len(running)} job(s) given out by the iterator not settled"
+        else:
+            what = f"handler {_name(self._handler)} still running on {len(running)} job(s)"
+            if not self._async:  # a thread cannot be stopped: it runs on, as a daemon
+                what += " (its threads run on; they do not hold the process at exit)"
+        log.warning("%s: %s, given back without spending a try: %s", why, what, jobs)
 
     # -- accounting -----------------------------------------------------------------------
 
@@ -396,6 +433,14 @@ class Worker(IteratorForm):
 
 
 _ACKED = Acked()
+SAY_JOBS = 20  # jobs named in the stop's line, at most
+
+
+def _name(handler: Handler) -> str:
+    """``module:qualname`` of a handler (as the command takes it), else its repr."""
+    module = getattr(handler, "__module__", None)
+    qualname = getattr(handler, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname else repr(handler)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
@@ -31,10 +31,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cluster_dq import metrics
 from cluster_dq.clock import now_ms
 from cluster_dq.dashboard import audit, times
+from cluster_dq.engine import retry
 from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, Unauthorized
 from cluster_dq.http import params
 from cluster_dq.http.auth import basic_auth
 from cluster_dq.http.errors import status_of
+from cluster_dq.http.origin import foreign
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.routing import PoolRoute
 from cluster_dq.pools import RedisPool
@@ -134,7 +136,7 @@ class Dashboard:
         self.service = service
         self.settings = settings
         self.board = board
-        self.read_only = settings.DashboardReadOnly
+        self.read_only = settings.read_only
         self.templates = Jinja2Templates(directory=HERE / "templates")
         self.templates.env.autoescape = True
         self.templates.env.globals["read_only"] = self.read_only
@@ -161,10 +163,11 @@ class Dashboard:
         """The form of a state-changing request, once it passed the checks every action
         passes: not read-only, same origin, and the CSRF token of the session."""
         if self.read_only:
-            raise Forbidden("the dashboard is read-only (DashboardReadOnly): nothing was changed")
-        origin = request.headers.get("origin")
-        if origin is not None and not _same_origin(origin, request):
-            raise Forbidden("cross-origin request refused: nothing was changed")
+            raise Forbidden("the dashboard is read-only (AdminReadOnly): nothing was changed")
+        # the admin API's check (http/origin.py), for every content type: a form needs no more
+        why = foreign(request.headers)
+        if why is not None:
+            raise Forbidden(f"cross-origin request refused ({why}): nothing was changed")
         # read within a bound first (413 from Content-Length alone): the form parser would
         # buffer a url-encoded body of any size
         limit = max(MAX_FORM_BYTES, 3 * self.settings.MaxBodyBytes + 65536)  # %XX: 3 bytes
@@ -285,7 +288,9 @@ class Dashboard:
             yield "retry: 2000\n\n"
             while not self.stopping.is_set():
                 try:
-                    data = await self._sizes_event(route, ns, q)
+                    # each look its own retry budget (the request's ran out long ago)
+                    with retry.request_deadline(time.monotonic() + retry.BUDGET_S):
+                        data = await self._sizes_event(route, ns, q)
                     yield f"event: sizes\ndata: {json.dumps(data)}\n\n"
                 except ClusterDQError as e:
                     yield f"event: trouble\ndata: {json.dumps(str(e))}\n\n"
@@ -396,13 +401,6 @@ def mount(dashboard: Dashboard) -> Mount:
     return Mount(
         "/ui", app=dashboard.app(Views(dashboard).routes() + PanelViews(dashboard).routes())
     )
-
-
-def _same_origin(origin: str, request: Request) -> bool:
-    """The ``Origin`` of a form post names this very server (scheme, host and port)."""
-    parts = urlsplit(origin)
-    host = request.headers.get("host", "")
-    return parts.scheme in ("http", "https") and parts.netloc == host and bool(host)
 
 
 def _csrf_cookie(request: Request) -> str | None:

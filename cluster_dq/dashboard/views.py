@@ -34,7 +34,7 @@ from cluster_dq.models import (
 from cluster_dq.pools import RedisPool
 from cluster_dq.queueconf import parse_changes
 from cluster_dq.routing import PoolRoute
-from cluster_dq.tokens import Limit, well_formed
+from cluster_dq.tokens import Limit, mask, reference, well_formed
 
 BODY_PREVIEW = 4096  # characters of a body shown
 HEADS = 10  # ready and delayed jobs shown on a queue page
@@ -223,10 +223,15 @@ class Views:
         paused = request.url.path.endswith("/pause")
         action = "queue.pause" if paused else "queue.resume"
         self.d.intend(request, action, f"{ns}/{q}", pool)
-        await self.service.configure(route, ns, q, [("paused", "1" if paused else "")])
+        back = self._url(request, f"/queue/{ns}/{q}")
+        try:
+            await self.service.pause(route, ns, q, paused)
+        except NotFound as e:  # a typo: nothing written (the API's create=1 pauses a new queue)
+            await self._audit(request, action, f"{ns}/{q}", f"refused: {e}", pool)
+            return self.d.redirect(back, str(e), "error")
         await self._audit(request, action, f"{ns}/{q}", "ok", pool)
         what = "paused: nothing is delivered" if paused else "resumed"
-        return self.d.redirect(self._url(request, f"/queue/{ns}/{q}"), f"{ns}/{q} {what}", "ok")
+        return self.d.redirect(back, f"{ns}/{q} {what}", "ok")
 
     async def configure(self, request: Request) -> Response:
         """The queue's own settings: ttr (s), tries, max size; an empty field removes it."""
@@ -447,20 +452,27 @@ class Views:
     # -- tokens and limits ------------------------------------------------------------------
 
     async def tokens(self, request: Request) -> Response:
+        """A namespace's tokens, each masked (``tokens.mask``) with its description, limit
+        and the opaque reference its row's actions carry (no page holds a token in full). A
+        read-only page has no actions, and no references: a reference is a hash of the token,
+        and a token a person chose can be guessed from it offline."""
         ns = request.query_params.get("ns", "")
         pool, _ = self.d.route(request)
-        found: dict[str, str] = {}
-        limits: dict[str, Limit] = {}
+        rows: list[dict[str, Any]] = []
         if ns:
             params.check_names(ns)
             found = await self.service.tokens.list(pool, ns)
             every = await self.service.tokens.limits(force=True)
-            limits = {t: every[f"{pool}/{ns}/{t}"] for t in found if f"{pool}/{ns}/{t}" in every}
-        return self.d.render(
-            request,
-            "tokens.html",
-            {"ns": ns, "tokens": found, "limits": limits},
-        )
+            for t, desc in sorted(found.items(), key=lambda kv: (kv[1], kv[0])):
+                rows.append(
+                    {
+                        "masked": mask(t),
+                        "ref": None if self.d.read_only else reference(pool, ns, t),
+                        "description": desc,
+                        "limit": every.get(f"{pool}/{ns}/{t}"),
+                    }
+                )
+        return self.d.render(request, "tokens.html", {"ns": ns, "tokens": rows})
 
     async def token_action(self, request: Request) -> Response:
         ns = request.path_params["ns"]
@@ -477,14 +489,20 @@ class Views:
                 raise BadRequest("a description is required", "description")
             custom = text(form, "token", 64).strip() or None
             token = await store.create(pool, ns, description, custom)
-            await self._audit(request, "token.create", f"{ns}/{token[:6]}…", "ok", pool)
+            await self._audit(request, "token.create", f"{ns}/{mask(token)}", "ok", pool)
+            # the one time the dashboard shows a token in full (a flash: once, never stored)
             return self.d.redirect(back, f"token created: {token}", "ok")
-        token = text(form, "token", 64)
-        if not well_formed(pool, token):
-            raise BadRequest("invalid token", "token")
+        # a row's reference (the tokens page), or the token itself (typed by an operator)
+        ref = text(form, "ref", 64).strip()
+        if ref:
+            token = await store.by_reference(pool, ns, ref)
+        else:
+            token = text(form, "token", 64)
+            if not well_formed(pool, token):
+                raise BadRequest("invalid token", "token")
         if action == "delete":
             await store.delete(pool, ns, token)
-            await self._audit(request, "token.delete", f"{ns}/{token[:6]}…", "ok", pool)
+            await self._audit(request, "token.delete", f"{ns}/{mask(token)}", "ok", pool)
             return self.d.redirect(back, "token deleted", "ok")
         if action == "limit":
             if not await store.valid(pool, ns, token):  # a limit it could never apply to
@@ -504,7 +522,7 @@ class Views:
                 )
                 await store.set_limit(pool, ns, token, limit, create=False)
                 outcome = json.dumps(limit.as_json())
-            await self._audit(request, "token.limit", f"{ns}/{token[:6]}…", f"ok: {outcome}", pool)
+            await self._audit(request, "token.limit", f"{ns}/{mask(token)}", f"ok: {outcome}", pool)
             return self.d.redirect(back, f"limit {outcome}", "ok")
         raise NotFound("no such action")
 

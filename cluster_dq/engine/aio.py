@@ -15,7 +15,7 @@ from redis.exceptions import NoScriptError
 from tenacity import AsyncRetrying
 
 from cluster_dq.clock import now_ms
-from cluster_dq.engine import core
+from cluster_dq.engine import core, retry
 from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
 from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import RedisFailure
@@ -134,28 +134,40 @@ class AsyncEngine:
 
     # -- driving an operation -----------------------------------------------------------------
 
-    async def _attempt(self, step: Step, how: core.How) -> Any:
-        if how is core.How.DURABLE:
-            return await self._translated(self._durable_step(step))
-        return await self._translated(self._step(step))
+    async def _attempt(self, step: Step, how: core.How, run: core.Run[Any]) -> Any:
+        try:
+            if how is core.How.DURABLE:
+                reply = await self._translated(self._durable_step(step))
+            else:
+                reply = await self._translated(self._step(step))
+        except RedisFailure as e:
+            run.attempted(step, e)
+            raise
+        run.attempted(step, None)
+        return reply
 
     async def _send(self, step: Step, plan: core.Plan, run: core.Run[Any]) -> Any:
         try:  # the fast path: no retry machinery unless something failed
-            return await self._attempt(run.stamped(step, self.clock), plan.how)
+            return await self._attempt(run.stamped(step, self.clock), plan.how, run)
         except plan.retry_on:
             pass
         async for attempt in AsyncRetrying(**plan.policy):
             with attempt:
-                return await self._attempt(run.stamped(step, self.clock, repeat=True), plan.how)
+                return await self._attempt(
+                    run.stamped(step, self.clock, repeat=True), plan.how, run
+                )
         raise AssertionError("unreachable")
 
-    async def _reconfirmed(self, step: Step, plan: core.Plan, replicas: int) -> int:
+    async def _reconfirmed(
+        self, step: Step, plan: core.Plan, replicas: int, run: core.Run[Any]
+    ) -> int:
         """Sends the durable step again until enough replicas confirm it, within the budget
         (``Plan.reconfirm``); the first reply stands. The fewest replicas seen last."""
         try:
             async for attempt in AsyncRetrying(**core.reconfirm_policy(plan)):
                 with attempt:
-                    _, replicas = await self._attempt(core.restamp(step, self.clock()), plan.how)
+                    restamped = core.restamp(step, self.clock())
+                    _, replicas = await self._attempt(restamped, plan.how, run)
                     core.check_confirmed(replicas, self.wait_replicas)
         except (core.Unconfirmed, RedisFailure):
             pass  # not confirmed in time: NotReplicated, with the first reply
@@ -172,15 +184,23 @@ class AsyncEngine:
         """Drives one operation (``core.plan`` says how each step is sent and repeated).
         ``durable`` (with ``wait_replicas`` set): the job-acknowledging scripts are confirmed
         by that many replicas, else ``NotReplicated`` is raised once the operation is done.
-        ``deadline`` (``time.monotonic()`` s): the request's own, the budget of its repeats."""
+        ``deadline`` (``time.monotonic()`` s): the request's own, the budget of its repeats
+        (the request's deadline at the latest: ``retry.bounded``). A failure says whether the
+        operation may have written anything (``RedisFailure.nothing_written``)."""
         run = core.Run(
             op,
             idempotent=idempotent,
             durable=durable,
             wait_replicas=self.wait_replicas,
             wait_timeout_ms=self.wait_timeout_ms,
-            deadline=deadline,
+            deadline=retry.bounded(deadline),
         )
+        try:
+            return await self._drive(run)
+        except RedisFailure as e:
+            raise run.failed(e)
+
+    async def _drive(self, run: core.Run[T]) -> T:
         reply: Any = None
         while (nxt := run.next(reply)) is not None:
             step, plan = nxt
@@ -193,7 +213,7 @@ class AsyncEngine:
             elif plan.how is core.How.DURABLE:
                 reply, replicas = await self._send(step, plan, run)
                 if plan.reconfirm and replicas < self.wait_replicas:
-                    replicas = await self._reconfirmed(step, plan, replicas)
+                    replicas = await self._reconfirmed(step, plan, replicas, run)
                 run.confirmed(replicas)
             else:
                 reply = await self._send(step, plan, run)

@@ -1140,6 +1140,13 @@ def queue_settings(ns: str, q: str) -> Op[QueueSettings]:
     return QueueSettings.from_hash((yield Cmd(("HGETALL", QueueKeys(ns, q).conf))))
 
 
+def queue_known(ns: str, q: str) -> Op[bool]:
+    """Whether the queue exists here: a job in any state (JOBS, or META counting wheel jobs),
+    settings of its own (CONF) or a schedule. A name nothing was written to is unknown."""
+    qk = QueueKeys(ns, q)
+    return bool((yield Cmd(("EXISTS", qk.jobs, qk.meta, qk.conf, qk.schedules))))
+
+
 def configure(ns: str, q: str, changes: Sequence[tuple[str, str]]) -> Op[QueueSettings]:
     """Changes the queue's own settings (``queueconf.parse_changes``: field, value; '' removes
     it) atomically; resuming a queue wakes its long-polls. Returns the settings after it."""

@@ -48,7 +48,30 @@ DURABLE_SCRIPTS = frozenset({"publish", "republish", "ack"})
 READ_ONLY_SCRIPTS = frozenset(
     name for name, s in load_all().items() if s.source.startswith("#!lua flags=no-writes")
 )
-READ_COMMANDS = frozenset({"EXISTS", "HGET", "ZCARD", "ZCOUNT", "ZRANGE", "SMEMBERS"})
+# Commands that write nothing: a step of only these repeats on any transient error, and its
+# failure never says "may have been applied" (``Run.attempted``).
+READ_COMMANDS = frozenset(
+    {
+        "EXISTS",
+        "GET",
+        "HEXISTS",
+        "HGET",
+        "HGETALL",
+        "HKEYS",
+        "HMGET",
+        "HSCAN",
+        "LRANGE",
+        "PTTL",
+        "SCARD",
+        "SMEMBERS",
+        "ZCARD",
+        "ZCOUNT",
+        "ZMSCORE",
+        "ZRANGE",
+        "ZSCAN",
+        "ZSCORE",
+    }
+)
 # What an attempt may raise that ``translate`` looks at (the last three only when redis-py's
 # asyncio transport leaked a closed connection as them: ``leaked_transport_race``).
 CAUGHT: tuple[type[BaseException], ...] = (
@@ -349,7 +372,20 @@ class Run(Generic[T]):
         self.wanted, self.timeout_ms = wait_replicas, wait_timeout_ms
         self.acked = wait_replicas
         self.repeated = False  # a step was repeated: the operation's time is the send time
+        # A step that may write was sent (it succeeded, or failed after being sent): a
+        # failure of the operation may have been applied (``RedisFailure.nothing_written``).
+        self.maybe_written = False
         self.result: T
+
+    def attempted(self, step: Step, error: BaseException | None) -> None:
+        """One attempt of ``step`` ended (``error``: how it failed, None: it succeeded)."""
+        if not self.maybe_written and not _reads_only(step):
+            self.maybe_written = not isinstance(error, Refused)
+
+    def failed(self, e: RedisFailure) -> RedisFailure:
+        """The operation ends with ``e``: what it may have written is said on it."""
+        e.nothing_written = not self.maybe_written
+        return e
 
     def stamped(self, step: Step, clock: Callable[[], int], *, repeat: bool = False) -> Step:
         """``step`` as it is sent now. A repeat (``repeat``) is stamped at send time, and so is

@@ -11,15 +11,25 @@ refused before running it (``Refused``: NOREPLICAS, READONLY, TRYAGAIN, LOADING)
 which nothing was sent (``Unsent``: connection refused, no master known yet, what a failover
 looks like until the new master is known).
 
-The budget is ``POLICY``'s ~5 s (a Sentinel failover measured ~2.4 s, a Cluster one up to
-~4.5 s on a loaded host), or, for a request with a deadline of its own (a long-poll consume:
-its timeout), that deadline (``until``): a consume rides over an outage shorter than its long
-poll, and answers "no job" at its end if Redis is still unreachable.
+The budget is ``POLICY``'s ~5 s (``BUDGET_S``; a Sentinel failover measured ~2.4 s, a Cluster
+one up to ~4.5 s on a loaded host), or, for a request with a deadline of its own (a long-poll
+consume: its timeout), that deadline (``until``): a consume rides over an outage shorter than
+its long poll, and answers at its end (a 503 saying nothing was reserved) if Redis is still
+unreachable.
+
+A request's budget is one, whatever the number of its steps (token, rate limits, queue
+settings, the operation: before, each had ~5 s, and a request during an outage took 10-15 s):
+the HTTP layer sets the request's deadline (``request_deadline``) and every step the engine
+runs meanwhile repeats until that deadline at the latest (``bounded``). A task a request
+starts for others (a long-poll watcher) runs ``detached`` from it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from tenacity import (
@@ -37,10 +47,11 @@ from cluster_dq.errors import Transient
 # 0.5-s maximum.) The budget is time, not attempts: ~5 s covers a Sentinel failover (~2.4 s
 # measured) and most Cluster ones (~2.5-4.5 s).
 _WAIT = wait_exponential_jitter(multiplier=0.02, max=0.1, jitter=0.02)
+BUDGET_S = 5.0
 POLICY: dict[str, Any] = dict(
     retry=retry_if_exception_type(Transient),
     wait=_WAIT,
-    stop=stop_after_delay(5.0),
+    stop=stop_after_delay(BUDGET_S),
     reraise=True,
 )
 # A best-effort step (a shard signal) gets a short budget.
@@ -58,3 +69,35 @@ def until(deadline: float) -> dict[str, Any]:
         return time.monotonic() >= deadline
 
     return {**POLICY, "wait": wait, "stop": stop}
+
+
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "cluster_dq_request_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def request_deadline(deadline: float | None) -> Iterator[None]:
+    """Within: the deadline (``time.monotonic()`` s) of every repeat of the engine's steps,
+    replacing the one set before (a long poll sets its own, past the default budget)."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def bounded(deadline: float | None) -> float | None:
+    """A step's deadline: its own (None: ``POLICY``'s budget), the request's at the latest."""
+    outer = _DEADLINE.get()
+    if outer is None:
+        return deadline
+    return outer if deadline is None else min(deadline, outer)
+
+
+def detached() -> contextvars.Context:
+    """The current context without a request's deadline: for a task that a request starts
+    and that outlives it, serving others (a long-poll watcher, a give-back)."""
+    ctx = contextvars.copy_context()
+    ctx.run(_DEADLINE.set, None)
+    return ctx

@@ -19,6 +19,7 @@ from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.schedules import (
     CLAIM_LEASE_MS,
     MAX_SCHEDULES_PER_QUEUE,
+    NEVER,
     Schedule,
     State,
     occurrence_id,
@@ -148,6 +149,80 @@ def delete(cfg: EngineConfig, ns: str, q: str, name: str) -> Op[None]:
             yield Cmd(("ZREM", _timers(cfg, ns, q), member_of(ns, q, name)))
             return
     raise _busy()
+
+
+# -- a queue moving to another pool (``firing.move_schedule`` drives these, pool by pool) ------
+
+MOVING = "moving"  # the generation of a schedule being moved away: "moving0", "moving1"
+
+
+def is_moving(state: State) -> bool:
+    return state.gen.startswith(MOVING)
+
+
+def was_paused(state: State) -> bool:
+    """Whether a schedule being moved was paused by its user before the move began."""
+    return state.gen == f"{MOVING}1"
+
+
+def mark_moving(cfg: EngineConfig, ns: str, q: str, name: str) -> Op[tuple[Schedule, State] | None]:
+    """A move's first step, on the pool the queue leaves: the schedule stops firing there (one
+    compare-and-set: paused, under the generation ``MOVING``, which keeps the user's pause;
+    a firer's claim or confirmation made after it fails). Its definition and that state;
+    None when there is no such schedule. A schedule marked already is answered as it is.
+    Its timer is set to ``NEVER``: no firer takes it as due (and drops it as paused), and the
+    migrating pool's firer, which looks at every timer, finishes a move cut short."""
+    qk = QueueKeys(ns, q)
+    for _ in range(CAS_TRIES):
+        found = yield from _read(qk, name)
+        if found is None:
+            return None
+        schedule, raw = found
+        state = State.decode(raw)
+        if is_moving(state):
+            return schedule, state
+        moving = state.with_(gen=f"{MOVING}{int(state.paused)}", paused=True)
+        done, _ = yield from _set(qk, name, raw, moving.encode())
+        if done:
+            yield from _set_timer(cfg, ns, q, name, NEVER)
+            return schedule, moving
+    raise _busy()
+
+
+def adopt(cfg: EngineConfig, ns: str, q: str, schedule: Schedule, state: State) -> Op[bool]:
+    """A move's second step, on the pool the queue moves to: the schedule with the state it
+    had, unless one of that name is there already (a move done before; or a PUT made there
+    since, which stands). True when this step put it there."""
+    qk = QueueKeys(ns, q)
+    done, _ = yield from _set(qk, schedule.name, "", state.encode(), schedule.to_json())
+    if done:
+        yield from _set_timer(cfg, ns, q, schedule.name, state.due_at())
+        return True
+    if (yield from _read(qk, schedule.name)) is None:  # refused: the queue is full there
+        raise BadRequest(
+            f"too many schedules in this queue on the pool it moves to "
+            f"(at most {MAX_SCHEDULES_PER_QUEUE}): schedule {schedule.name} not moved",
+            "name",
+        )
+    return False
+
+
+def forget_moved(cfg: EngineConfig, ns: str, q: str, name: str, moving: State) -> Op[None]:
+    """A move's last step, on the pool the queue left: the schedule goes, if it is still as
+    ``mark_moving`` left it, and so does its timer."""
+    yield from _set(QueueKeys(ns, q), name, moving.encode(), "")
+    yield Cmd(("ZREM", _timers(cfg, ns, q), member_of(ns, q, name)))
+
+
+def drop_timer(cfg: EngineConfig, ns: str, q: str, name: str) -> Op[None]:
+    """The timer of a schedule that is not there any more."""
+    yield Cmd(("ZREM", _timers(cfg, ns, q), member_of(ns, q, name)))
+
+
+def timers(shard: int, limit: int) -> Op[list[str]]:
+    """The shard's first ``limit`` timer members, due or not (``ns/q/name``)."""
+    found = yield Cmd(("ZRANGE", ShardKeys(shard).timers, 0, limit - 1))
+    return [m.decode() if isinstance(m, bytes) else m for m in found]
 
 
 def _busy() -> Contended:

@@ -40,6 +40,15 @@ class _Wire:
             raise DataError(str(e)) from e
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        reader, writer = self._reader, self._writer  # type: ignore[attr-defined]
+        if reader is not None and (
+            reader.at_eof() or reader.exception() is not None or writer.is_closing()
+        ):
+            # The server closed this pooled connection (it died, or dropped the client): what
+            # is written to it cannot reach Redis. Connect afresh instead, so that a server
+            # that is down is a refused connection (``Unsent``: nothing sent), not a step sent
+            # whose reply was lost (the client would be told it may have been applied).
+            await self.disconnect()  # type: ignore[attr-defined]
         if not self.is_connected:  # type: ignore[attr-defined]
             await self.connect()  # type: ignore[attr-defined]
         core.mark_sent()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -10,17 +12,20 @@ from starlette.routing import Route
 import cluster_dq
 from cluster_dq import metrics, userjson
 from cluster_dq.dashboard import app as dashboard
-from cluster_dq.errors import BadRequest, NotFound
+from cluster_dq.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from cluster_dq.http import openapi, params
 from cluster_dq.http.app import build_app
 from cluster_dq.http.auth import basic_auth
 from cluster_dq.http.middleware import AccessLog
+from cluster_dq.http.origin import STATE_CHANGING, cross_site
 from cluster_dq.http.openapi_admin import admin_document
 from cluster_dq.http.responses import error, json
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.tokens import Limit, split_token, well_formed
+from cluster_dq.tokens import Limit, mask, split_token, well_formed
+
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _path_token(request: Request) -> tuple[str, str]:
@@ -45,6 +50,37 @@ class AdminAPI:
 
     def _basic_auth(self, request: Request) -> None:
         basic_auth(self.settings.Accounts, request)
+
+    def _is_admin(self, request: Request) -> bool:
+        """The request has the admin role: basic auth when accounts are set (anyone who
+        reaches the admin port when none are)."""
+        try:
+            basic_auth(self.settings.Accounts, request)
+        except Unauthorized:
+            return False
+        return True
+
+    def _guarded(self, handler: Handler) -> Handler:
+        """Every admin route: a state-changing request is refused (403, nothing changed) on a
+        read-only port, and when a page on another site could have made it
+        (``http/origin.py``, the dashboard's check too)."""
+
+        async def guarded(request: Request) -> Response:
+            if request.method in STATE_CHANGING:
+                if self.settings.read_only:
+                    raise Forbidden(
+                        "the admin port is read-only (AdminReadOnly): nothing was changed"
+                    )
+                why = cross_site(request.method, request.headers)
+                if why is not None:
+                    raise Forbidden(
+                        f"cross-site request refused ({why}; a client sends no Origin):"
+                        " nothing was changed"
+                    )
+            return await handler(request)
+
+        guarded.__name__ = handler.__name__
+        return guarded
 
     def _pool_param(self, request: Request) -> str | None:
         pool = request.query_params.get("pool") or None
@@ -99,9 +135,14 @@ class AdminAPI:
         return json({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
+        """Ready or not (200/503); which pool and what Redis said only to the admin role (an
+        error names addresses)."""
         states = {name: await p.ready() for name, p in self.service.pools.items()}
         ok = all(s["redis"] and s["scripts"] for s in states.values())
-        return json({"status": "ok" if ok else "unavailable", "pools": states}, 200 if ok else 503)
+        out: dict[str, object] = {"status": "ok" if ok else "unavailable"}
+        if self._is_admin(request):
+            out["pools"] = states
+        return json(out, 200 if ok else 503)
 
     async def tokens(self, request: Request) -> Response:
         self._basic_auth(request)
@@ -110,6 +151,11 @@ class AdminAPI:
         pool = self._pool_param(request)
         store = self.service.tokens
         if request.method in ("GET", "HEAD"):  # HEAD (added by Starlette) only reads
+            if self.settings.read_only:  # the answer is keyed by token: no mask would do
+                raise Forbidden(
+                    "the admin port is read-only (AdminReadOnly): token values are not listed"
+                    " (the dashboard shows them masked)"
+                )
             found = await store.list(pool or "default", ns)
             prefix = f"{pool}:" if pool else ""
             return json({"tokens": {prefix + t: d for t, d in found.items()}})
@@ -169,6 +215,8 @@ class AdminAPI:
         out = []
         for key, lim in sorted((await self.service.tokens.limits(force)).items()):
             pool, ns, token = key.split("/", 2)
+            if self.settings.read_only:
+                token = mask(token)
             out.append(
                 {
                     "namespace": ns,
@@ -188,22 +236,22 @@ class AdminAPI:
         return json({"status": "enabled" if self.access_log.enabled else "disabled"})
 
     def routes(self) -> list[Route]:
-        return [
-            Route("/info", self.info, methods=["GET"]),
-            Route("/version", self.version, methods=["GET"]),
-            Route("/draining", self.draining, methods=["GET"]),
-            Route("/metrics", self.metrics, methods=["GET"]),
-            Route("/pools", self.pools, methods=["GET"]),
-            Route("/healthz", self.healthz, methods=["GET"]),
-            Route("/readyz", self.readyz, methods=["GET"]),
-            Route("/limits", self.limits, methods=["GET"]),
-            Route("/accesslog", self.accesslog, methods=["GET", "POST"]),
-            Route("/token/{ns}", self.tokens, methods=["GET", "POST"]),
-            Route("/token/{ns}/{token}", self.delete_token, methods=["DELETE"]),
-            Route(
-                "/token/{ns}/{token}/limit", self.limit, methods=["GET", "POST", "PUT", "DELETE"]
-            ),
+        """Every route guarded (``_guarded``): the admin port has no unguarded change."""
+        table: list[tuple[str, Handler, list[str]]] = [
+            ("/info", self.info, ["GET"]),
+            ("/version", self.version, ["GET"]),
+            ("/draining", self.draining, ["GET"]),
+            ("/metrics", self.metrics, ["GET"]),
+            ("/pools", self.pools, ["GET"]),
+            ("/healthz", self.healthz, ["GET"]),
+            ("/readyz", self.readyz, ["GET"]),
+            ("/limits", self.limits, ["GET"]),
+            ("/accesslog", self.accesslog, ["GET", "POST"]),
+            ("/token/{ns}", self.tokens, ["GET", "POST"]),
+            ("/token/{ns}/{token}", self.delete_token, ["DELETE"]),
+            ("/token/{ns}/{token}/limit", self.limit, ["GET", "POST", "PUT", "DELETE"]),
         ]
+        return [Route(path, self._guarded(h), methods=methods) for path, h, methods in table]
 
 
 def create_admin_app(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -14,7 +15,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from cluster_dq.clock import now_ms
-from cluster_dq.errors import BadRequest, Unauthorized
+from cluster_dq.engine import retry
+from cluster_dq.errors import BadRequest, Unauthorized, WriteLimited
 from cluster_dq import queueconf
 from cluster_dq.http import openapi, params
 from cluster_dq.http.control import ControlAPI
@@ -42,6 +44,7 @@ from cluster_dq.schedules import check_name as check_schedule_name
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import split_token, well_formed_raw
+from cluster_dq.waiters import Admission
 
 log = logging.getLogger("cluster_dq.http")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -52,9 +55,13 @@ class DataAPI:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
         self.s = settings
-        self._long_polls = 0  # consumes with a timeout running now (bounded by MaxWaiters)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    @functools.cached_property
+    def _long_polls(self) -> Admission:
+        """The consumes with a timeout running now (MaxWaiters, MaxWaitersPerNamespace)."""
+        return Admission(self.s.MaxWaiters, self.s.MaxWaitersPerNamespace)
 
     async def _auth(self, request: Request, ns: str, q: str | None = None) -> PoolRoute[RedisPool]:
         params.check_names(ns, q)
@@ -68,20 +75,45 @@ class DataAPI:
         request: Request,
         ns: str,
         write: bool,
-        ok_status: int,
         handler: Callable[[], Awaitable[Response]],
     ) -> Response:
-        """lmstfy's throttle: count the request, refund it unless it succeeded."""
-        raw = params.header(request, "x-token") or params.query(request).get("token") or ""
-        pool_name, token = split_token(raw)
+        """lmstfy's throttle: count the request, refund it unless it succeeded (2xx)."""
+        pool_name, token = _token_of(request)
         taken = await self.service.tokens.take(pool_name, ns, token, write)
         response: Response | None = None
         try:
             response = await handler()
             return response
         finally:
-            if taken and (response is None or response.status_code != ok_status):
+            if taken and (response is None or not 200 <= response.status_code < 300):
                 await self.service.tokens.refund(pool_name, ns, token, write)
+
+    def write(self, handler: Handler, leased_is_free: bool = False) -> Handler:
+        """The route counted as a write against its token's limit, as a publish is (its GET
+        and HEAD, which only read, are not). Every verb that changes a queue is a write but
+        finishing a delivery (ack, release, touch, progress; with ``leased_is_free``, the
+        route given the delivery's lease): the rule and why in docs/api.md#rate-limits."""
+
+        @functools.wraps(handler)
+        async def counted(request: Request) -> Response:
+            if request.method in ("GET", "HEAD") or (
+                leased_is_free and params.query(request).get("lease")
+            ):
+                return await handler(request)
+            ns = request.path_params["ns"]
+            return await self._limited(request, ns, True, lambda: handler(request))
+
+        return counted
+
+    async def _no_write_limit(self, request: Request, ns: str) -> None:
+        """A token with a write limit may not start a schedule: its firings would publish
+        without asking the limit (docs/api.md#rate-limits)."""
+        pool_name, token = _token_of(request)
+        if await self.service.tokens.limits_writes(pool_name, ns, token):
+            raise WriteLimited(
+                f"token({token}) has a write limit: a schedule would publish past it; "
+                "ask an operator (a token without a write limit) to create or resume it"
+            )
 
     async def _specs(
         self, request: Request, route: PoolRoute[RedisPool], ns: str, q: str
@@ -122,7 +154,7 @@ class DataAPI:
                 out["duplicate"] = True  # idempotent publish: this id already exists
             return json(out, 201)
 
-        return await self._limited(request, ns, True, 201, run)
+        return await self._limited(request, ns, True, run)
 
     async def bulk(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
@@ -137,7 +169,7 @@ class DataAPI:
             published = await self.service.publish(route, ns, q, [spec(b) for b in bodies])
             return json({"msg": "published", "job_ids": [p.job_id for p in published]}, 201)
 
-        return await self._limited(request, ns, True, 201, run)
+        return await self._limited(request, ns, True, run)
 
     async def republish(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
@@ -154,13 +186,25 @@ class DataAPI:
                 out["duplicate"] = True  # the new id already existed: nothing new was published
             return json(out, 201)
 
-        return await self._limited(request, ns, True, 201, run)  # a write, as publish
+        return await self._limited(request, ns, True, run)  # a write, as publish
 
     async def consume(self, request: Request) -> Response:
         if request.method == "HEAD":  # Starlette adds HEAD to GET routes; this GET takes jobs
             response = error("method not allowed", 405)
             response.headers["Allow"] = "GET"
             return response
+        # A long poll's budget is its timeout, for every Redis step of the request (token,
+        # limits, queue settings, the looks): answered when its time runs out, Redis or not.
+        try:
+            qp = params.query(request)
+            timeout_ms = params.millis(qp, "timeout", self.s.TimeoutSecond, self.s.MaxTimeoutSecond)
+        except BadRequest:
+            timeout_ms = 0  # refused below, after the token (as every parameter is)
+        budget = timeout_ms / 1000 if timeout_ms > 0 else retry.BUDGET_S
+        with retry.request_deadline(time.monotonic() + budget):
+            return await self._consume(request)
+
+    async def _consume(self, request: Request) -> Response:
         ns = request.path_params["ns"]
         queues = params.queue_list(ns, request.path_params["queues"])
         route = await self._auth(request, ns)
@@ -181,20 +225,22 @@ class DataAPI:
                 ttr_ms = 1_000  # lmstfy's ttr=0: "ready again at the pump's next 1-s tick"
             timeout_ms = params.millis(qp, "timeout", s.TimeoutSecond, s.MaxTimeoutSecond)
             n = params.count(qp)
-            if timeout_ms > 0 and self._long_polls >= s.MaxWaiters:
-                # Bounded memory and tasks per worker: refuse at once, before reserving anything.
-                busy = error("too many consumers waiting; retry later", 429, key="msg")
+            refusal = self._long_polls.refusal(ns) if timeout_ms > 0 else None
+            if refusal:
+                # Bounded memory and tasks per worker, and a share of them per namespace:
+                # refuse at once, before reserving anything.
+                busy = error(refusal, 429, key="msg")
                 busy.headers["Retry-After"] = "1"
                 return busy
             # A first look at once: a long-poll that finds jobs needs no watch for a hang-up.
             jobs: list[Job] | None = await self.service.consume(route, ns, queues, ttr_ms, n, 0)
             if not jobs and timeout_ms > 0:
-                self._long_polls += 1
+                self._long_polls.enter(ns)
                 try:
                     consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
                     jobs = await _unless_hung_up(request, consume)
                 finally:
-                    self._long_polls -= 1
+                    self._long_polls.leave(ns)
             if jobs is None:
                 return Response(status_code=499)  # nobody to answer; nothing was kept for them
             if not jobs:
@@ -207,7 +253,7 @@ class DataAPI:
                 return response
             return json([job_object(j, now) for j in jobs])
 
-        return await self._limited(request, ns, False, 200, run)
+        return await self._limited(request, ns, False, run)
 
     async def ack(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
@@ -356,6 +402,7 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         name = check_schedule_name(request.path_params["name"])
         route = await self._auth(request, ns, q)  # before the body: see publish
+        await self._no_write_limit(request, ns)
         body = await params.body(request, self.s.MaxBodyBytes * 2 + 4096)  # JSON-escaped body
         out, created = await self.service.put_schedule(route, ns, q, name, body)
         return json(out, 201 if created else 200)
@@ -389,6 +436,8 @@ class DataAPI:
         name = check_schedule_name(request.path_params["name"])
         route = await self._auth(request, ns, q)
         paused = request.url.path.endswith("/pause")
+        if not paused:
+            await self._no_write_limit(request, ns)
         return json(await self.service.pause_schedule(route, ns, q, name, paused))
 
     # -- queue control (extension) ----------------------------------------------------------
@@ -405,12 +454,13 @@ class DataAPI:
         return json({"namespace": ns, "queue": q, **got.as_json()})
 
     async def pause(self, request: Request) -> Response:
-        """Pause (``/pause``) or resume (``/resume``) a queue; idempotent; its settings."""
+        """Pause (``/pause``) or resume (``/resume``) a queue; idempotent; its settings. A queue
+        that does not exist is a 404 unless ``create=1``."""
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self._auth(request, ns, q)
         paused = request.url.path.endswith("/pause")
-        changes = [("paused", "1" if paused else "")]
-        got = await self.service.configure(route, ns, q, changes)
+        create = params.flag(params.query(request), "create")
+        got = await self.service.pause(route, ns, q, paused, create)
         return json({"namespace": ns, "queue": q, **got.as_json()})
 
     async def queues(self, request: Request) -> Response:
@@ -442,21 +492,39 @@ class DataAPI:
     def routes(self) -> list[Route]:
         return [
             Route("/api/{ns}/{q}/schedules", self.list_schedules, methods=["GET"]),
-            Route("/api/{ns}/{q}/schedules/{name}", self.put_schedule, methods=["PUT"]),
+            Route("/api/{ns}/{q}/schedules/{name}", self.write(self.put_schedule), methods=["PUT"]),
             Route("/api/{ns}/{q}/schedules/{name}", self.get_schedule, methods=["GET"]),
-            Route("/api/{ns}/{q}/schedules/{name}", self.delete_schedule, methods=["DELETE"]),
-            Route("/api/{ns}/{q}/schedules/{name}/pause", self.pause_schedule, methods=["POST"]),
-            Route("/api/{ns}/{q}/schedules/{name}/resume", self.pause_schedule, methods=["POST"]),
-            Route("/api/{ns}/{q}/settings", self.settings, methods=["GET", "PATCH", "PUT"]),
-            Route("/api/{ns}/{q}/pause", self.pause, methods=["POST"]),
-            Route("/api/{ns}/{q}/resume", self.pause, methods=["POST"]),
+            Route(
+                "/api/{ns}/{q}/schedules/{name}",
+                self.write(self.delete_schedule),
+                methods=["DELETE"],
+            ),
+            Route(
+                "/api/{ns}/{q}/schedules/{name}/pause",
+                self.write(self.pause_schedule),
+                methods=["POST"],
+            ),
+            Route(
+                "/api/{ns}/{q}/schedules/{name}/resume",
+                self.write(self.pause_schedule),
+                methods=["POST"],
+            ),
+            Route(
+                "/api/{ns}/{q}/settings", self.write(self.settings), methods=["GET", "PATCH", "PUT"]
+            ),
+            Route("/api/{ns}/{q}/pause", self.write(self.pause), methods=["POST"]),
+            Route("/api/{ns}/{q}/resume", self.write(self.pause), methods=["POST"]),
             *ControlAPI(self).routes(),
             Route("/api/{ns}/{q}/bulk", self.bulk, methods=["PUT"]),
             Route("/api/{ns}/{q}/ack", self.ack_many, methods=["POST"]),
             Route("/api/{ns}/{q}/peek", self.peek, methods=["GET"]),
             Route("/api/{ns}/{q}/size", self.size, methods=["GET"]),
             Route("/api/{ns}/{q}/deadletter/size", self.deadletter_size, methods=["GET"]),
-            Route("/api/{ns}/{q}/deadletter", self.deadletter, methods=["GET", "PUT", "DELETE"]),
+            Route(
+                "/api/{ns}/{q}/deadletter",
+                self.write(self.deadletter),
+                methods=["GET", "PUT", "DELETE"],
+            ),
             Route("/api/{ns}/{q}/job/{job_id}/release", self.release, methods=["POST"]),
             Route("/api/{ns}/{q}/job/{job_id}/touch", self.touch, methods=["POST"]),
             Route("/api/{ns}/{q}/job/{job_id}/progress", self.progress, methods=["PUT"]),
@@ -464,7 +532,7 @@ class DataAPI:
             Route("/api/{ns}/{q}/job/{job_id}", self.ack, methods=["DELETE"]),
             Route("/api/{ns}/{q}/job/{job_id}", self.peek_job, methods=["GET"]),
             Route("/api/{ns}/{q}", self.publish, methods=["PUT"]),
-            Route("/api/{ns}/{q}", self.destroy, methods=["DELETE"]),
+            Route("/api/{ns}/{q}", self.write(self.destroy), methods=["DELETE"]),
             Route("/api/{ns}/{queues}", self.consume, methods=["GET"]),
             Route("/api/{ns}", self.queues, methods=["GET"]),
         ]
@@ -522,6 +590,13 @@ def build_app(
         templates=_templates(routes),
     )
     return app
+
+
+def _token_of(request: Request) -> tuple[str, str]:
+    """(pool, token) the request carries, as the throttle keys them ('' when none)."""
+    return split_token(
+        params.header(request, "x-token") or params.query(request).get("token") or ""
+    )
 
 
 def _templates(routes: Sequence[BaseRoute], prefix: str = "") -> dict[Any, str]:

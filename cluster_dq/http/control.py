@@ -107,13 +107,20 @@ class ControlAPI:
         return json(_swept("purged", n, cursor))
 
     def routes(self) -> list[Route]:
+        write = self.api.write  # counted against the token's write limit
         return [
             Route("/api/{ns}/{q}/deadletter/jobs", self.dead_jobs, methods=["GET"]),
-            Route("/api/{ns}/{q}/deadletter/redrive", self.redrive, methods=["POST"]),
-            Route("/api/{ns}/{q}/deadletter/purge", self.purge, methods=["POST"]),
-            Route("/api/{ns}/{q}/deadletter/{job_id}/kick", self.kick, methods=["POST"]),
-            Route("/api/{ns}/{q}/job/{job_id}/bury", self.bury, methods=["POST"]),
-            Route("/api/{ns}/{q}/job/{job_id}/reschedule", self.reschedule, methods=["POST"]),
+            Route("/api/{ns}/{q}/deadletter/redrive", write(self.redrive), methods=["POST"]),
+            Route("/api/{ns}/{q}/deadletter/purge", write(self.purge), methods=["POST"]),
+            Route("/api/{ns}/{q}/deadletter/{job_id}/kick", write(self.kick), methods=["POST"]),
+            Route(
+                "/api/{ns}/{q}/job/{job_id}/bury",
+                write(self.bury, leased_is_free=True),  # a consumer's poison job: its delivery
+                methods=["POST"],
+            ),
+            Route(
+                "/api/{ns}/{q}/job/{job_id}/reschedule", write(self.reschedule), methods=["POST"]
+            ),
         ]
 
 

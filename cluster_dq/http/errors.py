@@ -18,6 +18,7 @@ from cluster_dq.errors import (
     ClusterDQError,
     Conflict,
     Contended,
+    Forbidden,
     NotFound,
     PoolUnavailable,
     QueueFull,
@@ -26,6 +27,7 @@ from cluster_dq.errors import (
     Unauthorized,
     WrongState,
 )
+from cluster_dq.http.middleware import loggable_path
 from cluster_dq.http.responses import error, json
 
 log = logging.getLogger("cluster_dq.http")
@@ -34,6 +36,7 @@ STATUS: dict[type[Exception], int] = {
     BadRequest: 400,
     BodyTooLarge: 413,
     Unauthorized: 401,
+    Forbidden: 403,
     NotFound: 404,
     Conflict: 409,
     WrongState: 409,
@@ -78,7 +81,11 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
             return error(REDIS_DOWN, status)
         elif status == 500:
             log.error(
-                "500 on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc
+                "500 on %s %s: %s: %s",
+                request.method,
+                loggable_path(request.url.path),
+                type(exc).__name__,
+                exc,
             )
         return error(str(exc), status)
 
@@ -95,13 +102,13 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
             "untranslated %s on %s %s: %s",
             type(exc).__name__,
             request.method,
-            request.url.path,
+            loggable_path(request.url.path),
             exc,
         )
         return error(REDIS_DOWN, 503)
 
     async def crash(request: Request, exc: Exception) -> Response:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        log.exception("unexpected error on %s %s", request.method, loggable_path(request.url.path))
         return error("internal error", 500)
 
     async def client_gone(request: Request, exc: Exception) -> Response:

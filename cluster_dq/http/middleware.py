@@ -13,12 +13,37 @@ from typing import Any, Protocol
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster_dq.clock import now_ms
+from cluster_dq.engine import retry
 from cluster_dq.logs import current_scope
 from cluster_dq.metrics import Metrics
 from cluster_dq.models import encode_id
+from cluster_dq.tokens import mask
 
 access = logging.getLogger("cluster_dq.access")
 _REQUEST_ID_RE = re.compile(rb"[-_.:/+=A-Za-z0-9]{1,64}")
+# The admin API's paths that name a token: /token/{ns}/{token}[/limit], and the odd ways a
+# client may spell them (//token/... from a base URL with a trailing slash, any case)
+_TOKEN_PATH_RE = re.compile(r"^/+token(?=/)", re.IGNORECASE)
+
+
+def loggable_path(path: str) -> str:
+    """A request's path as a log line shows it: a token in it masked (``tokens.mask``), in a
+    path that matches no route as well (every segment after the namespace but ``limit``: an
+    encoded ``/`` may have shifted it). The query string (where the data port may carry
+    ``?token=``) is never logged."""
+    head = _TOKEN_PATH_RE.match(path)
+    if head is None:
+        return path
+    parts = path[head.end() :].split("/")
+    ns_seen = False
+    for i, part in enumerate(parts):
+        if not part:
+            continue
+        if not ns_seen:
+            ns_seen = True
+        elif part != "limit":
+            parts[i] = mask(part)
+    return head.group(0) + "/".join(parts)
 
 
 def request_id() -> str:
@@ -87,7 +112,10 @@ class RequestIdMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            # One retry budget for the whole request, whatever its number of Redis steps
+            # (a long-poll consume sets its own: its timeout).
+            with retry.request_deadline(time.monotonic() + retry.BUDGET_S):
+                await self.app(scope, receive, send_with_id)
         except Exception:
             status = status or 500
             raise
@@ -102,7 +130,7 @@ class RequestIdMiddleware:
                     "request",
                     extra={
                         "method": method,
-                        "path": scope["path"],
+                        "path": loggable_path(scope["path"]),
                         "route": route,
                         "status": status,
                         "duration_ms": round(took * 1000, 3),

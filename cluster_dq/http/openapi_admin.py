@@ -46,6 +46,14 @@ def admin_operations(s: Settings) -> list[Op]:
     }
     pool = param("pool", "query", {"enum": names}, "a pool or ring (default: default)")
     guarded = {400: E400, 503: E503, **({401: E401} if s.Accounts else {})}
+    # a change: refused on a read-only port and from a page on another site (http/origin.py)
+    e403 = error(
+        "a change on a read-only admin port (AdminReadOnly), or one a page on another site"
+        " could have sent (a foreign Origin or Referer): nothing changed",
+        "cross-site request refused (Origin is not this server; a client sends no Origin):"
+        " nothing was changed",
+    )
+    changes = {**guarded, 403: e403}
     limit = reply("the limit", ref("Limit"), {"read": 100, "write": 50, "interval": 1})
     limiter = reply("the limit", obj(["limiter"], limiter=ref("Limit")))
     limit_body = json_body(ref("Limit"), {"read": 100, "write": 50, "interval": 1})
@@ -53,9 +61,10 @@ def admin_operations(s: Settings) -> list[Op]:
         "the access log's state", obj(["status"], status={"enum": ["enabled", "disabled"]})
     )
     ready = reply(
-        "ready: every pool answers and has its scripts",
+        "ready: every pool answers and has its scripts (each pool's state: to the admin role"
+        " only, basic auth when accounts are set)",
         obj(
-            ["status", "pools"],
+            ["status"],
             status={"enum": ["ok", "unavailable"]},
             pools={
                 "type": "object",
@@ -197,16 +206,17 @@ def admin_operations(s: Settings) -> list[Op]:
             "POST",
             "/accesslog",
             "Switch the access log on every worker",
-            {**guarded, 200: accesslog},
+            {**changes, 200: accesslog},
             [param("status", "query", {"enum": ["enable", "disable"]}, "the new state", True)],
             tag="admin",
         ),
         Op(
             "GET",
             "/token/{ns}",
-            "The namespace's tokens and their descriptions",
+            "The namespace's tokens and their descriptions (refused on a read-only port)",
             {
                 **guarded,
+                **({403: e403} if s.read_only else {}),
                 200: reply(
                     "tokens",
                     obj(
@@ -223,7 +233,7 @@ def admin_operations(s: Settings) -> list[Op]:
             "/token/{ns}",
             "Create a token (query or form fields)",
             {
-                **guarded,
+                **changes,
                 201: reply(
                     "the new token",
                     obj(["token"], token={"type": "string"}),
@@ -250,7 +260,7 @@ def admin_operations(s: Settings) -> list[Op]:
             "DELETE",
             "/token/{ns}/{token}",
             "Delete a token",
-            {**guarded, 204: NO_CONTENT},
+            {**changes, 204: NO_CONTENT},
             [ns, token],
             tag="tokens",
         ),
@@ -266,7 +276,7 @@ def admin_operations(s: Settings) -> list[Op]:
             "POST",
             "/token/{ns}/{token}/limit",
             "Create the token's rate limit",
-            {**guarded, 201: limiter, 413: E413},
+            {**changes, 201: limiter, 413: E413},
             [ns, token],
             limit_body,
             tag="tokens",
@@ -275,7 +285,7 @@ def admin_operations(s: Settings) -> list[Op]:
             "PUT",
             "/token/{ns}/{token}/limit",
             "Update the token's rate limit",
-            {**guarded, 200: limiter, 413: E413},
+            {**changes, 200: limiter, 413: E413},
             [ns, token],
             limit_body,
             tag="tokens",
@@ -284,7 +294,7 @@ def admin_operations(s: Settings) -> list[Op]:
             "DELETE",
             "/token/{ns}/{token}/limit",
             "Delete the token's rate limit",
-            {**guarded, 200: reply("deleted", ref("Message"), {"msg": "success"})},
+            {**changes, 200: reply("deleted", ref("Message"), {"msg": "success"})},
             [ns, token],
             tag="tokens",
         ),

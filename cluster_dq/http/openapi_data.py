@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 from cluster_dq.http.openapi import (
     JSON,
@@ -72,7 +73,7 @@ TOKEN = {
 
 
 def data_document(s: Settings) -> Schema:
-    return document("data", data_operations(s), TOKEN)
+    return document("data", with_write_limits(data_operations(s)), TOKEN)
 
 
 JOB_EXAMPLE = {
@@ -551,6 +552,34 @@ def data_operations(s: Settings) -> list[Op]:
     ]
 
 
+# Requests that change a queue but are not counted against the token's write limit: they finish
+# a delivery its consume counted (docs/api.md#rate-limits). Every other one but a GET is.
+NOT_COUNTED = {ACK, TOUCH, RELEASE, PROGRESS, ("/api/{ns}/{q}/ack", "post")}
+E429_WRITE = error(
+    "the token's write limit: nothing was changed",
+    "token(01M84CYQJ90007ZG2JKZ9W9AQM) produce reach the limit rate, please retry later",
+    "Message",
+)
+E403_WRITE = error(
+    "the token has a write limit: a schedule would publish past it; nothing was written",
+    "token(01M84CYQJ90007ZG2JKZ9W9AQM) has a write limit: a schedule would publish past it",
+)
+
+
+def with_write_limits(ops: list[Op]) -> list[Op]:
+    """Every counted write may answer the token's 429; creating, replacing or resuming a
+    schedule, a token with a write limit's 403."""
+    starts_schedule = ((SCHEDULE_PATH, "put"), (SCHEDULE_PATH + "/resume", "post"))
+    out = []
+    for op in ops:
+        key = (op.path, op.method.lower())
+        if op.method not in ("GET", "HEAD") and key not in NOT_COUNTED:
+            extra = {403: E403_WRITE} if key in starts_schedule else {}
+            op = replace(op, responses={429: E429_WRITE, **extra, **op.responses})
+        out.append(op)
+    return out
+
+
 def text_param(name: str, what: str) -> Schema:
     return param(
         name,
@@ -799,6 +828,14 @@ def queue_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
         },
         lateness_ms={"type": ["integer", "null"], "description": "how long ago that was"},
     )
+    unknown_queue = error(
+        "the queue does not exist (no job, settings or schedule), or the pool is unknown; "
+        "nothing was written",
+        "queue demo/ordres not found (no job, settings or schedule); nothing was changed. …",
+    )
+    create = uint(
+        "create", "1: the queue need not exist yet (a pause before its first publish)", 0, 1
+    )
     return [
         Op(
             "GET",
@@ -825,16 +862,16 @@ def queue_operations(s: Settings, common: dict[int, Schema]) -> list[Op]:
             "POST",
             "/api/{ns}/{q}/pause",
             "Pause the queue: publishes still accepted, consumes get nothing from it",
-            {**common, 200: the_settings},
-            [NS, Q],
+            {**common, 200: the_settings, 404: unknown_queue},
+            [NS, Q, create],
             tag="queue control",
         ),
         Op(
             "POST",
             "/api/{ns}/{q}/resume",
             "Resume the queue (wakes waiting long-polls)",
-            {**common, 200: the_settings},
-            [NS, Q],
+            {**common, 200: the_settings, 404: unknown_queue},
+            [NS, Q, create],
             tag="queue control",
         ),
         Op(

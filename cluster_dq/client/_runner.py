@@ -1,0 +1,143 @@
+"""Where a worker's handlers run, so that a stop never waits for one for ever: sync handlers in
+daemon threads (``DaemonThreads``: the interpreter does not wait for them at exit, as it does
+for a ``ThreadPoolExecutor``'s), and ``run_loop``, the event loop of ``Worker.run()`` and of
+``python -m cluster_dq.client.worker``, which ends without waiting past ``CANCEL_GRACE`` for a
+task that ignores its cancellation (``asyncio.run`` would wait for it for ever)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor, Future
+from typing import Any, ParamSpec, TypeVar
+
+log = logging.getLogger("cluster_dq.worker")
+P = ParamSpec("P")
+T = TypeVar("T")
+CANCEL_GRACE = 1.0  # seconds the tasks left when a loop ends get to end once cancelled
+
+busy: set[threading.Thread] = set()  # threads of ours running a call now
+abandoned: list[asyncio.Task[Any]] = []  # tasks still running when their loop was closed
+
+_Call = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+class DaemonThreads(Executor):
+    """Up to ``size`` daemon threads named ``prefix-N``, started when needed, running the
+    calls submitted in order. A call still running after ``shutdown`` keeps its thread until
+    it returns; that thread does not hold the interpreter at exit."""
+
+    def __init__(self, size: int, prefix: str) -> None:
+        self._size, self._prefix = size, prefix
+        self._work: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot run a call after shutdown")
+            self._work.put((future, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._size:
+                name = f"{self._prefix}-{len(self._threads)}"
+                thread = threading.Thread(target=self._serve, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def _serve(self) -> None:
+        me = threading.current_thread()
+        while (call := self._work.get()) is not None:
+            future, fn, args, kwargs = call
+            del call
+            if future.set_running_or_notify_cancel():
+                busy.add(me)
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as e:  # the caller's to judge, whatever it is
+                    future.set_exception(e)
+                else:
+                    future.set_result(result)
+                    del result
+                finally:
+                    busy.discard(me)
+            del future, fn, args, kwargs  # nothing of the call kept while idle
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                while True:
+                    try:
+                        call = self._work.get_nowait()
+                    except queue.Empty:
+                        break
+                    if call is not None:
+                        call[0].cancel()
+            for _ in self._threads:
+                self._work.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
+def run_loop(
+    main: Coroutine[Any, Any, T],
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
+    """``asyncio.run(main)`` in a loop made by ``loop_factory``, except at the end: the tasks
+    left are cancelled and get ``CANCEL_GRACE`` seconds to end; one still running then (a
+    handler that swallows its cancellation) is logged, left behind in ``abandoned`` and never
+    resumed, instead of waited for for ever."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        main.close()
+        raise RuntimeError("run_loop() cannot be called from a running event loop")
+    loop = (loop_factory or asyncio.new_event_loop)()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            _end_tasks(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _end_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not left:
+        return
+    for t in left:
+        t.cancel()
+    done, pending = loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_GRACE))
+    for t in done:
+        if not t.cancelled() and t.exception() is not None:
+            loop.call_exception_handler(
+                {"message": "a task raised while the loop ended", "exception": t.exception()}
+            )
+    if pending:
+        names = ", ".join(sorted(t.get_name() for t in pending))
+        log.warning(
+            "%d task(s) still running %.1f s after being cancelled, left behind (never "
+            "resumed): %s",
+            len(pending),
+            CANCEL_GRACE,
+            names,
+        )
+        for t in pending:
+            t._log_destroy_pending = False  # type: ignore[attr-defined]  # said above
+        abandoned.extend(pending)
