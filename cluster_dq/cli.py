@@ -20,7 +20,7 @@ from cluster_dq.errors import ClusterDQError, ConfigError
 from cluster_dq.progress import spark_progress
 from cluster_dq.routing import build_routes
 from cluster_dq.settings import PoolSettings, Settings
-from cluster_dq.tokens import TokenStore
+from cluster_dq.tokens import TokenStore, mask
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -30,6 +30,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         for k, v in (
             ("Port", getattr(args, "port", None)),
             ("AdminPort", getattr(args, "admin_port", None)),
+            ("EmbeddedRedisPort", getattr(args, "redis_port", None)),
             ("Host", getattr(args, "host", None)),
             ("Workers", getattr(args, "workers", None)),
         )
@@ -62,13 +63,14 @@ Stop with Ctrl-C.""",
 
 @contextlib.asynccontextmanager
 async def _token_store(s: Settings) -> AsyncIterator[TokenStore]:
-    """The token store of the default pool, on a client of its own for one command."""
+    """The token store of the default pool, on a client of its own for one command; it knows
+    the pools and rings of the settings, as the service's does."""
     from cluster_dq.engine.aio import AsyncEngine
     from cluster_dq.pools import close_client, make_client
 
     engine = AsyncEngine(make_client(s.Pool["default"]), EngineConfig.from_settings(s))
     try:
-        yield TokenStore(engine)
+        yield TokenStore(engine, routes=set(build_routes(s, s.Pool)))
     finally:
         await close_client(engine.client)
 
@@ -78,7 +80,7 @@ async def _create_token(s: Settings, ns: str, description: str, token: str | Non
         return await store.create("default", ns, description, token)
 
 
-async def _token_cmd(s: Settings, args: argparse.Namespace) -> None:
+async def _token_cmd(s: Settings, args: argparse.Namespace) -> int:
     async with _token_store(s) as store:
         if args.action == "create":
             tok = await store.create(args.pool, args.namespace, args.description, args.token)
@@ -86,8 +88,14 @@ async def _token_cmd(s: Settings, args: argparse.Namespace) -> None:
         elif args.action == "list":
             for tok, desc in sorted((await store.list(args.pool, args.namespace)).items()):
                 print(f"{tok}\t{desc}")
-        else:
-            await store.delete(args.pool, args.namespace, args.token)
+        elif not await store.delete(args.pool, args.namespace, args.token):
+            print(
+                f"cluster-dq: no token {mask(args.token)} in namespace {args.namespace} "
+                f"(pool {args.pool})",
+                file=sys.stderr,
+            )
+            return 1
+    return 0
 
 
 def _pipeline(s: Settings, args: argparse.Namespace) -> int:
@@ -200,13 +208,32 @@ def positive_float(text: str) -> float:
     return x
 
 
+class _Parser(argparse.ArgumentParser):
+    """Options and positionals in any order (``token create demo --description x TOKEN``):
+    a command without subcommands parses intermixed, one with subcommands as usual."""
+
+    _mixing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._subparsers is not None or self._mixing:
+            return super().parse_known_args(args, namespace)
+        self._mixing = True  # parse_known_intermixed_args calls parse_known_args itself
+        try:
+            return super().parse_known_intermixed_args(args, namespace)
+        finally:
+            self._mixing = False
+
+
+EMBEDDED_PORT_HELP = "no pool configured: the data port of the embedded serve to use"
 OPERATOR_COMMANDS = ("stats", "jobs", "dlq", "pause", "resume")
 REASONS = ("ttr_expired", "tries_exhausted", "buried", "unknown")
 
 
-def _operator_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _operator_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     """stats, jobs, dlq, pause, resume: they talk to a running service (``ops.py``)."""
-    conn = argparse.ArgumentParser(add_help=False)
+    conn = _Parser(add_help=False)
     c = conn.add_argument_group("service")
     c.add_argument("--url", help="data API (default: $CLUSTER_DQ_URL)")
     c.add_argument("--token", help="namespace token (default: $CLUSTER_DQ_TOKEN)")
@@ -257,7 +284,7 @@ def _operator_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="cluster-dq", description="A delayed task queue on Redis")
+    ap = _Parser(prog="cluster-dq", description="A delayed task queue on Redis")
     ap.add_argument("-c", "--config", help="TOML file (default: $CLUSTER_DQ_CONFIG)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sp = sub.add_parser("serve", help="run the data and admin APIs")
@@ -265,12 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--port", type=int)
     sp.add_argument("--admin-port", type=int)
     sp.add_argument("--workers", type=int)
+    sp.add_argument("--redis-port", type=int, help="no pool configured: the embedded Redis's port")
     tp = sub.add_parser("token", help="create, list or delete namespace tokens")
     tp.add_argument("action", choices=["create", "list", "delete"])
     tp.add_argument("namespace")
     tp.add_argument("token", nargs="?", help="delete: the token; create: an optional custom one")
     tp.add_argument("--description", default="created by cluster-dq token")
     tp.add_argument("--pool", default="default")
+    tp.add_argument("--port", type=int, help=EMBEDDED_PORT_HELP)
     pp = sub.add_parser("pipeline", help="Spark: bulk schedule, export, analyze (extra [spark])")
     pp.add_argument("action", choices=["schedule", "export", "analyze"])
     pp.add_argument(
@@ -285,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "--states", default="ready,delayed,reserved,dead", help="export: states to read"
     )
     pp.add_argument("--master", default="local[2]", help="Spark master")
+    pp.add_argument("--port", type=int, help=EMBEDDED_PORT_HELP)
     pp.add_argument(
         "--pool", default="default", help="schedule/export: a pool or ring, as tokens name them"
     )
@@ -307,19 +337,17 @@ def main(argv: list[str] | None = None) -> int:
             return server.run(s, on_ready=_banner)
         if args.cmd == "pipeline" and args.action == "analyze":
             return _pipeline(s, args)
-        if s.embedded:
-            from cluster_dq.server import embedded_addr
+        if s.embedded:  # the Redis of the embedded serve on the named data port, or the only one
+            from cluster_dq import embedded
 
-            addr = embedded_addr()
-            if addr is None:
-                raise ConfigError("no pool configured and no embedded server running")
+            named = args.port is not None or s.Port != Settings().Port
+            addr = embedded.find(s.Port if named else None).addr
             s = dataclasses.replace(s, Pool={"default": PoolSettings("default", Addr=addr)})
         if args.cmd == "pipeline":
             return _pipeline(s, args)
         if args.action == "delete" and not args.token:
             raise ConfigError("token delete needs the token")
-        asyncio.run(_token_cmd(s, args))
-        return 0
+        return asyncio.run(_token_cmd(s, args))
     except ClusterDQError as e:
         print(f"cluster-dq: {e}", file=sys.stderr)
         return 2

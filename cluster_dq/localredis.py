@@ -27,6 +27,7 @@ from typing import Any
 import redis
 from redis.sentinel import Sentinel
 
+from cluster_dq import envvars
 from cluster_dq.settings import PoolSettings
 
 MASTER_NAME = "dq-master"
@@ -64,12 +65,13 @@ def free_port(start: int = 17000, end: int = 18000) -> int:
     first = random.randrange(start, end)
     order: list[int] = [*range(first, end), *range(start, first)]
     for port in order:
-        if all(_port_free(p) for p in (port, port + 10000)):
+        if all(port_free(p) for p in (port, port + 10000)):
             return port
     raise RuntimeError(f"no free port in {start}-{end}")
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Nothing listens on (or holds) 127.0.0.1:``port``."""
     if port > 65535:
         return False
     with socket.socket() as s:
@@ -245,7 +247,7 @@ def start_cluster(base_port: int | None = None, node_timeout_ms: int = 2000) -> 
         base_port = next(
             p
             for p in range(17100, 17900, 10)
-            if all(_port_free(p + i) and _port_free(p + i + 10000) for i in range(6))
+            if all(port_free(p + i) and port_free(p + i + 10000) for i in range(6))
         )
     servers = []
     for i in range(6):
@@ -321,7 +323,7 @@ def start_sentinel(
     writes it would lose when the sentinels demote it."""
     if base_port is None:
         base_port = next(
-            p for p in range(17500, 17900, 10) if all(_port_free(p + i) for i in range(6))
+            p for p in range(17500, 17900, 10) if all(port_free(p + i) for i in range(6))
         )
     guard = ["--min-replicas-to-write", str(min_replicas), "--min-replicas-max-lag", "10"]
     master = start_server(base_port, extra=guard)
@@ -391,7 +393,7 @@ def migrate_slot(
 
 
 STATE_DIR = Path(
-    os.environ.get("CLUSTER_DQ_LOCAL_DIR", Path(tempfile.gettempdir()) / "cluster-dq-local")
+    os.environ.get(envvars.LOCAL_DIR, Path(tempfile.gettempdir()) / "cluster-dq-local")
 )
 BASE_PORTS = {"standalone": 17379, "cluster": 17001, "sentinel": 17101}
 Deployment = Server | Cluster | SentinelGroup

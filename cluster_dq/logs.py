@@ -16,6 +16,7 @@ current_scope: contextvars.ContextVar[MutableMapping[str, Any] | None] = context
 )
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_STANDARD.add("color_message")  # uvicorn's copy of a message with terminal colour escapes
 
 
 class JsonFormatter(logging.Formatter):
@@ -61,7 +62,10 @@ def setup(level: str = "info", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("uvicorn.access",):
+    # uvicorn's own lines: its access log is ours (cluster_dq.access); its info lines are the
+    # start and stop of each server, and a worker runs two (data and admin port), so each was
+    # written twice. The worker logs its own start and stop; uvicorn's warnings and errors stay.
+    for noisy in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # The dashboard's audit trail is written whatever the level: it is a record, not noise.
     logging.getLogger("cluster_dq.audit").setLevel(logging.INFO)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
+import resource
 import multiprocessing
 import os
 import shutil
@@ -27,24 +27,23 @@ from pathlib import Path
 
 import uvicorn
 
-from cluster_dq import logs, metrics
+from cluster_dq import embedded, logs, metrics
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ConfigError
+from cluster_dq.http import hosts
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
 from cluster_dq.http.middleware import AccessLog, SharedFlag
-from cluster_dq.http.protocol import BoundedHttpToolsProtocol
+from cluster_dq.http.protocol import Edge, protocol
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.localredis import Server as RedisServer
-from cluster_dq.localredis import start_server
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
-from cluster_dq.settings import PoolSettings, Settings
+from cluster_dq.settings import Settings
 
 METRICS_FLUSH_SECONDS = 1.0  # how stale a scrape of another worker's counts may be
 
 log = logging.getLogger("cluster_dq.server")
-EMBEDDED_STATE = Path(tempfile.gettempdir()) / "cluster-dq-embedded.json"
 
 
 class Runtime:
@@ -119,15 +118,15 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _uvicorn(app: object, sock: socket.socket) -> _Server:
+def _uvicorn(app: object, sock: socket.socket, settings: Settings, edge: Edge) -> _Server:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         log_config=None,
         access_log=False,
         lifespan="off",
         loop="uvloop",
-        http=BoundedHttpToolsProtocol,
-        timeout_keep_alive=75,
+        http=protocol(edge),
+        timeout_keep_alive=settings.KeepAliveTimeoutSecond,
         proxy_headers=False,
         server_header=False,
     )
@@ -144,7 +143,11 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
     data_sock, admin_sock = ports.listeners()
     runtime = Runtime(settings, access_flag=access_flag)
     await runtime.start()
-    servers = [_uvicorn(runtime.data_app, data_sock), _uvicorn(runtime.admin_app, admin_sock)]
+    edge = Edge.of(settings)
+    servers = [
+        _uvicorn(runtime.data_app, data_sock, settings, edge),
+        _uvicorn(runtime.admin_app, admin_sock, settings, edge),
+    ]
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
@@ -165,6 +168,7 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
         stop()
 
     watchdog = asyncio.create_task(orphan_watch())
+    log.info("worker started", extra={"pid": os.getpid()})
     tasks = [asyncio.create_task(s.serve(sockets=[s.sock])) for s in servers]  # type: ignore[attr-defined]
     clean = True
     try:
@@ -194,8 +198,31 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
     return clean
 
 
+def _file_limit(settings: Settings) -> None:
+    """Room for ``MaxConnections`` on the data port (and Redis, files; the admin port is the
+    operators'): the soft limit on open files is raised toward the hard one; what is still
+    short is said once."""
+    need = settings.MaxConnections + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    if soft < need:
+        log.warning(
+            "open files limited to %d: MaxConnections (%d) needs %d; past the limit, "
+            "accepting a connection fails",
+            soft,
+            settings.MaxConnections,
+            need,
+        )
+
+
 def _worker(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
     logs.setup(settings.LogLevel, settings.LogFormat)
+    _file_limit(settings)
     import uvloop
 
     if not uvloop.run(_serve(settings, ports, access_flag)):
@@ -265,25 +292,6 @@ class Ports:
         return socks[0], socks[1]
 
 
-def start_embedded(settings: Settings) -> tuple[Settings, RedisServer]:
-    """No pool configured: a local redis-server on a free loopback port (AOF on)."""
-    workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-embedded-"))
-    redis = start_server(workdir=workdir, extra=["--appendonly", "yes"])
-    pool = PoolSettings("default", Addr=f"127.0.0.1:{redis.port}")
-    EMBEDDED_STATE.write_text(json.dumps({"addr": pool.Addr, "pid": os.getpid()}))
-    return dataclasses.replace(settings, Pool={"default": pool}), redis
-
-
-def embedded_addr() -> str | None:
-    """The address of a running embedded server's Redis, for the ``token`` commands."""
-    try:
-        state = json.loads(EMBEDDED_STATE.read_text())
-        os.kill(int(state["pid"]), 0)
-        return str(state["addr"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 async def _preflight(settings: Settings) -> None:
     """Refuses to start against an evicting Redis; an unreachable one only warns."""
     from redis.exceptions import RedisError
@@ -304,6 +312,7 @@ async def _preflight(settings: Settings) -> None:
 def run(settings: Settings, on_ready: object = None) -> int:
     """Supervisor: binds both ports, starts the workers, stops everything on SIGINT/SIGTERM."""
     redis: RedisServer | None = None
+    instance: embedded.Instance | None = None  # embedded mode: this serve's state file
     workers: list[multiprocessing.process.BaseProcess] = []
     metrics_dir: Path | None = None
     holders: list[socket.socket] = []  # the ports, held until the end
@@ -317,9 +326,14 @@ def run(settings: Settings, on_ready: object = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         if settings.embedded:
-            settings, redis = start_embedded(settings)
+            settings, redis = embedded.start(settings)
         asyncio.run(_preflight(settings))
         ports = Ports.bind(settings, holders)
+        if redis is not None:
+            instance = embedded.Instance(
+                os.getpid(), ports.data[1], ports.admin[1], settings.Pool["default"].Addr
+            )
+            instance.record()
         ctx = multiprocessing.get_context("spawn")
         # Workers sum their metrics through this directory (prometheus-client multiprocess).
         metrics_dir = Path(tempfile.mkdtemp(prefix="cluster-dq-metrics-"))
@@ -340,6 +354,8 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 "workers": settings.Workers,
             },
         )
+        if (warning := hosts.start_warning(settings)) is not None:
+            log.warning(warning)
         if callable(on_ready):
             try:
                 on_ready(settings, ports.data[1], ports.admin[1], redis is not None)
@@ -390,10 +406,10 @@ def run(settings: Settings, on_ready: object = None) -> int:
             sock.close()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+        if instance is not None:
+            instance.forget()
         if redis is not None:
             redis.kill(signal.SIGTERM)
-            with contextlib.suppress(OSError):
-                EMBEDDED_STATE.unlink()
     return 1 if failed else 0
 
 

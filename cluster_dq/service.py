@@ -72,7 +72,7 @@ class Service:
         self.pools = pools
         self.routes = build_routes(settings, pools)
         self.events = events
-        self.tokens = TokenStore(pools["default"].engine, settings.TokenCacheSecond)
+        self.tokens = TokenStore(pools["default"].engine, settings.TokenCacheSecond, self.routes)
         # One job per request (lmstfy's way): concurrent ones of a queue share a script call.
         self._publishes: GroupCommit[tuple[str, str, str], JobSpec, Published] = GroupCommit(
             self._publish_group, GROUP_MAX

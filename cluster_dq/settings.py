@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cluster_dq import envvars
 from cluster_dq.errors import ConfigError
 from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 
@@ -21,6 +23,10 @@ from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 from cluster_dq.names import ROUTE_NAME_RE
 
 ENV_PREFIX = "CLUSTER_DQ_"
+# An ``AllowedHosts`` entry (lower-cased): *, [*.]name[:port] or [v6addr][:port]; see http/hosts.py
+HOST_ENTRY_RE = re.compile(
+    r"\*|(\*\.)?[-_a-z0-9]+(\.[-_a-z0-9]+)*\.?(:[0-9]{1,5})?|\[[0-9a-f:.]+\](:[0-9]{1,5})?"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,9 @@ class Settings:
     Port: int = 7777
     AdminHost: str = "127.0.0.1"
     AdminPort: int = 7778
+    # Embedded mode (no pool configured): the port of the redis-server ``serve`` starts on
+    # 127.0.0.1. 0: a free port of 17000-17999.
+    EmbeddedRedisPort: int = 0
     Workers: int = 1
     LogLevel: str = "info"
     LogFormat: str = "json"
@@ -119,6 +128,20 @@ class Settings:
     # listed. ``DashboardReadOnly`` is its old name (either turns it on).
     AdminReadOnly: bool = False
     DashboardReadOnly: bool = False
+    # The Host header values both ports answer (DNS rebinding); anything else: 400 before any
+    # routing. Empty: the loopback names and Host/AdminHost unless they are wildcard
+    # addresses. Behind a load balancer: the names clients use. "*": any (no check).
+    AllowedHosts: tuple[str, ...] = ()
+    # Slow and idle connections (per connection): a request head must arrive within
+    # HeaderTimeoutSecond (from the connection, or from a request's first byte); a body may
+    # pause at most BodyTimeoutSecond between two reads; an idle keep-alive connection is
+    # closed after KeepAliveTimeoutSecond. A request whose head is complete (a long-poll) has
+    # no timeout but its own. Each port of a worker holds at most MaxConnections open
+    # connections; one more is answered 503 and closed.
+    HeaderTimeoutSecond: float = 10.0
+    BodyTimeoutSecond: float = 30.0
+    KeepAliveTimeoutSecond: int = 75
+    MaxConnections: int = 12_000
     Accounts: dict[str, str] = field(default_factory=dict)
     Pool: dict[str, PoolSettings] = field(default_factory=dict)
     Ring: dict[str, RingSettings] = field(default_factory=dict)
@@ -187,6 +210,8 @@ def _env_overrides(data: dict[str, Any], environ: dict[str, str]) -> None:
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
             continue
+        if name in envvars.NOT_SETTINGS:  # the client's (the README has users export them)
+            continue
         path = name[len(ENV_PREFIX) :].split("__")
         if len(path) == 1 and path[0] in top:
             data[top[path[0]]] = value
@@ -251,10 +276,12 @@ def _within(where: str, value: float, low: float, high: float, note: str = "") -
 def _validate(s: Settings) -> None:
     """Every setting against the bounds the API applies to the same value: a default the API
     would refuse as a parameter (a negative ttr, a timeout above the maximum) is refused here."""
-    for key in ("Port", "AdminPort"):
+    for key in ("Port", "AdminPort", "EmbeddedRedisPort"):
         port = getattr(s, key)
         if not 0 <= port <= 65535:
             raise ConfigError(f"{key}: {port} is not a port")
+    if s.EmbeddedRedisPort and s.Pool:
+        raise ConfigError("EmbeddedRedisPort: only in embedded mode (no pool configured)")
     _within("Workers", s.Workers, 1, 256)
     if s.LogFormat not in ("json", "text"):
         raise ConfigError(f"LogFormat: 'json' or 'text', got {s.LogFormat!r}")
@@ -285,6 +312,15 @@ def _validate(s: Settings) -> None:
     _within("MaxWaiters", s.MaxWaiters, 0, 10_000_000, " (0: no long-polls)")
     _within("MaxWaitersPerNamespace", s.MaxWaitersPerNamespace, 1, 10_000_000)
     _within("MetricsMaxQueues", s.MetricsMaxQueues, 0, 1_000_000, " (0: no per-queue series)")
+    _within("HeaderTimeoutSecond", s.HeaderTimeoutSecond, 0.01, 3600)
+    _within("BodyTimeoutSecond", s.BodyTimeoutSecond, 0.01, 3600)
+    _within("KeepAliveTimeoutSecond", s.KeepAliveTimeoutSecond, 1, 3600)
+    _within("MaxConnections", s.MaxConnections, 1, 1_000_000)
+    for entry in s.AllowedHosts:
+        if not HOST_ENTRY_RE.fullmatch(entry.lower()):
+            raise ConfigError(
+                f"AllowedHosts: {entry!r} is not a host, host:port, [v6addr], *.domain or *"
+            )
     for kind, names in (("Pool", s.Pool), ("Ring", s.Ring)):
         for name in names:  # a token names it before its ':'
             if not ROUTE_NAME_RE.fullmatch(name):

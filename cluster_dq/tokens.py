@@ -19,6 +19,7 @@ import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass
 
 from cluster_dq.clock import now_ms
@@ -26,6 +27,7 @@ from cluster_dq.engine import admin
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.errors import BadRequest, NotFound, RateLimited, RedisFailure
+from cluster_dq.http.params import check_names
 from cluster_dq.keys import AdminKeys
 from cluster_dq.names import ROUTE_NAME_RE
 from cluster_dq.models import encode_id
@@ -147,19 +149,32 @@ class TokenStore:
         self,
         engine: AsyncEngine,
         cache_seconds: float = 2.0,
+        routes: Container[str] = ("default",),
         max_entries: int = 2 * CACHE_ENTRIES,
         max_bytes: int = 2 * CACHE_BYTES,
     ) -> None:
         """``max_entries``/``max_bytes`` bound the whole cache; half goes to valid tokens and
-        half to refusals, so refusals never evict a valid token."""
+        half to refusals, so refusals never evict a valid token. ``routes``: the names a
+        token may carry before its ':' (the pools and rings)."""
         self.engine = engine
+        self.routes = routes
         self.cache_seconds = cache_seconds
         self._good = _LRU(max_entries - max_entries // 2, max_bytes - max_bytes // 2)
         self._bad = _LRU(max_entries // 2, max_bytes // 2)
         self._limits: dict[str, Limit] = {}
         self._limits_at = 0.0
 
+    def _check(self, pool: str, ns: str) -> None:
+        """The namespace and the pool (or ring) a token command names, refused as the admin
+        API refuses them: the one check of every caller (admin API, dashboard, CLI)."""
+        check_names(ns)
+        if pool not in self.routes:
+            raise BadRequest("the pool was not exists", "pool")
+
     async def create(self, pool: str, ns: str, description: str, token: str | None) -> str:
+        self._check(pool, ns)
+        if not description:
+            raise BadRequest("invalid description", "description")
         if token is None:
             token = new_token()
         elif len(token) < MIN_CUSTOM_TOKEN:
@@ -174,6 +189,7 @@ class TokenStore:
         return token
 
     async def list(self, pool: str, ns: str) -> dict[str, str]:
+        self._check(pool, ns)
         return await self.engine.run(admin.tokens(pool, ns))
 
     async def by_reference(self, pool: str, ns: str, ref: str) -> str:
@@ -183,10 +199,13 @@ class TokenStore:
                 return token
         raise NotFound("token not found")
 
-    async def delete(self, pool: str, ns: str, token: str) -> None:
-        await self.engine.run(admin.delete_token(pool, ns, token))
+    async def delete(self, pool: str, ns: str, token: str) -> bool:
+        """False when there was no such token (nothing changed)."""
+        self._check(pool, ns)
+        existed = await self.engine.run(admin.delete_token(pool, ns, token))
         self._good.pop((pool, ns, token))
         self._bad.pop((pool, ns, token))
+        return existed
 
     def cache_size(self) -> tuple[int, int]:
         """(entries, estimated bytes) the validity cache holds."""
@@ -250,6 +269,7 @@ class TokenStore:
         return Limit(int(d["read"]), int(d["write"]), int(d["interval"]))
 
     async def set_limit(self, pool: str, ns: str, token: str, limit: Limit, create: bool) -> None:
+        self._check(pool, ns)  # a limit stored for a pool that does not exist could never apply
         limit = Limit.parse(limit.as_json())  # the same bounds for every caller (admin API, CLI)
         blob = json.dumps(limit.as_json())
         if not await self.engine.run(admin.set_limit(pool, ns, token, blob, create)):

@@ -45,6 +45,7 @@ import httpx
 import psutil
 
 from cluster_dq.localredis import free_port, start_server
+from cluster_dq.testing import default_sigint
 from cluster_dq.testing.service_process import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +130,12 @@ def py_spy(pid: int, out: Path | None) -> Iterator[None]:
         return
     cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(pid), "-f", "raw"]
     cmd += ["-r", "250", "--nonblocking", "-o", str(out)]
-    spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=out.with_suffix(".log").open("w"))
+    spy = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=out.with_suffix(".log").open("w"),
+        preexec_fn=default_sigint,  # stopped by SIGINT below, even when this runs under nohup
+    )
     time.sleep(0.5)  # attached before the load starts
     try:
         yield

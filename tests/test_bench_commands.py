@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster_dq.testing import default_sigint
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -64,6 +66,10 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
     "bench_pipeline.py": (
         ["--jobs", "2000"],
         r"spark local\[2\]: published 2,000[\s\S]*single process: 2,000 jobs in .* jobs/s",
+    ),
+    "bench_slow_clients.py": (
+        ["--connections", "10", "--seconds", "2", "--idle", "0.5", "--header-timeout", "1"],
+        r"10 slow connections +VmRSS +[\d.]+ MB[\s\S]*closed \d+ of \d+ silent connections",
     ),
     "bench_sweep.py": (["--queues", "300"], r"sweep, 30 signals lost: [\d.]+ s, 30 queue"),
     "bench_worker.py": (
@@ -102,6 +108,7 @@ def run_command(args: list[str], timeout: float = 180) -> str:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=default_sigint,  # the SIGINT below works however the suite was started
     )
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -24,8 +24,11 @@ import pytest
 
 from cluster_dq.cli import main, when_arg
 from cluster_dq.client import Client
+from cluster_dq.keys import AdminKeys
 from cluster_dq.localredis import free_port
 from cluster_dq.stats import Sample, parse_counters, rate
+from cluster_dq.testing import default_sigint
+from cluster_dq.testing.service_process import pool_env
 from tests.conftest import Deployment
 from tests.test_http import ADMIN_AUTH, serve
 
@@ -250,6 +253,55 @@ def test_pause_and_resume(client: Client, capsys: pytest.CaptureFixture[str]) ->
     assert client.consume("q", ttr=30) is not None
 
 
+@pytest.fixture
+def pool_configured(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token commands' settings: the suite's Redis as the default pool, nothing else."""
+    for name in [k for k in os.environ if k.startswith("CLUSTER_DQ_")]:
+        monkeypatch.delenv(name)
+    for name, value in pool_env(deployment.pool_settings()).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CLUSTER_DQ_LOGLEVEL", "warning")  # the suite's requests, not logged
+
+
+@pytest.mark.usefixtures("pool_configured")
+def test_token_create_refuses_what_the_admin_api_refuses_and_writes_nothing(
+    service: tuple[str, str], sync_redis: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, admin = service
+    ns = f"tok{uuid.uuid4().hex[:10]}"
+    cases = [  # the command's arguments; the same request to the admin API
+        (["bad/ns"], "/token/bad.ns", {"description": "x"}),
+        ([ns, "--pool", "nope"], f"/token/{ns}", {"description": "x", "pool": "nope"}),
+        ([ns, "short"], f"/token/{ns}", {"description": "x", "token": "short"}),
+        ([ns, "--description", ""], f"/token/{ns}", {"description": ""}),
+    ]
+    for args, path, params in cases:
+        answer = httpx.post(admin + path, params=params, auth=ADMIN_AUTH)
+        assert answer.status_code == 400, answer.text
+        code, out, err = cli(capsys, "token", "create", *args)
+        assert (code, out, err) == (2, "", f"cluster-dq: {answer.json()['error']}\n"), args
+    for pool, name in (("default", "bad/ns"), ("nope", ns), ("default", ns)):
+        assert not sync_redis.exists(AdminKeys.tokens(pool, name)), (pool, name)
+
+
+@pytest.mark.usefixtures("pool_configured")
+def test_token_options_in_any_order_and_deleting_an_unknown_token(
+    service: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns, custom = f"tok{uuid.uuid4().hex[:10]}", f"custom-{uuid.uuid4().hex}"
+    assert cli(capsys, "token", "create", ns, "--description", "x", custom) == (
+        0,
+        f"{custom}\n",
+        "",
+    )
+    assert cli(capsys, "token", "list", "--pool", "default", ns) == (0, f"{custom}\tx\n", "")
+    assert cli(capsys, "token", "delete", ns, "--pool", "default", custom) == (0, "", "")
+    code, out, err = cli(capsys, "token", "delete", ns, custom)
+    assert (code, out) == (1, "") and err.count("\n") == 1, err
+    assert err.startswith(f"cluster-dq: no token {custom[:6]}") and ns in err, err
+    assert cli(capsys, "token", "list", ns) == (0, "", "")
+
+
 def test_the_console_script_against_the_service(client: Client, env: dict[str, str]) -> None:
     jid = client.publish("q", "hello")
     out = subprocess.run(
@@ -323,6 +375,18 @@ def test_an_unreachable_service_exits_1_with_one_line() -> None:
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
 
 
+@pytest.fixture
+def runner_ignores_sigint() -> Iterator[None]:
+    """For a test that interrupts a child, the worst case always: this process with SIGINT
+    ignored, as a background job of a non-interactive shell (``nohup``, ``cmd &``) starts, and
+    an ignored signal stays ignored in the children it starts. (Ctrl-C waits for the test.)"""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def in_terminal(
     argv: list[str], answer: bytes = b"", interrupt_at: tuple[bytes, int] | None = None
 ) -> tuple[int, str]:
@@ -332,7 +396,12 @@ def in_terminal(
     master, slave = pty.openpty()
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", "COLUMNS": "80"}
     proc = subprocess.Popen(
-        [str(CONSOLE_SCRIPT), *argv], stdin=slave, stdout=slave, stderr=slave, env=environ
+        [str(CONSOLE_SCRIPT), *argv],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=environ,
+        preexec_fn=default_sigint,
     )
     os.close(slave)
     out, asked, deadline = b"", False, time.monotonic() + 60
@@ -356,6 +425,7 @@ def in_terminal(
         os.close(master)
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
 
 
 def test_dlq_in_a_terminal_asks_and_shows_a_progress_bar(
@@ -373,6 +443,7 @@ def test_dlq_in_a_terminal_asks_and_shows_a_progress_bar(
     assert sizes_of(client, "q") == {"ready": 3, "delayed": 0, "reserved": 0, "dead": 0}
 
 
+@pytest.mark.usefixtures("runner_ignores_sigint")
 def test_stats_watch_refreshes_until_interrupted(client: Client, env: dict[str, str]) -> None:
     client.publish("q", "x")
     environ = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -382,6 +453,7 @@ def test_stats_watch_refreshes_until_interrupted(client: Client, env: dict[str, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     try:
         assert proc.stdout is not None
@@ -398,11 +470,13 @@ def test_stats_watch_refreshes_until_interrupted(client: Client, env: dict[str, 
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate()
     assert [d["queues"][0]["ready"] for d in docs] == [1, 1, 1]
     assert all(0 < d["rate_window"] < 5 for d in docs) and doc["queues"][0]["queue"] == "q"
     assert proc.returncode == 130 and "Traceback" not in err, err
 
 
+@pytest.mark.usefixtures("runner_ignores_sigint")
 def test_stats_watch_in_a_terminal_redraws_a_table(client: Client, env: dict[str, str]) -> None:
     client.publish("orders", "x")
     code, out = in_terminal(["stats", "--watch", "0.2"], interrupt_at=(b"ack/s", 3))

@@ -3,6 +3,7 @@ redis-server, prints a working token and curl lines, serves, and stops its Redis
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -13,11 +14,24 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
+from cluster_dq.keys import AdminKeys
 from cluster_dq.localredis import free_port
-from cluster_dq.testing.service_process import ServiceProcess
+from cluster_dq.testing.service_process import ServiceProcess, pick_ports
 
 ROOT = Path(__file__).resolve().parents[1]
+CONSOLE_SCRIPT = Path(sys.executable).parent / "cluster-dq"
+
+
+def console(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """``.venv/bin/cluster-dq argv`` in a shell whose environment is ``env`` (and nothing of
+    this process's ``CLUSTER_DQ_*``), as the README runs it."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_DQ_")}
+    environ.update(PYTHONPATH=str(ROOT), **env)
+    return subprocess.run(
+        [str(CONSOLE_SCRIPT), *argv], env=environ, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_embedded_mode_end_to_end(tmp_path: Path) -> None:
@@ -128,3 +142,89 @@ def embedded_redis_pids() -> set[int]:
         except OSError:
             continue
     return out
+
+
+def test_the_readme_sequence_with_the_client_variables_exported(tmp_path: Path) -> None:
+    """The README exports CLUSTER_DQ_URL, _TOKEN, _NAMESPACE, _ADMIN_URL (and _ADMIN_AUTH)
+    for the client and the operator commands; the same shell runs `serve` and `token`."""
+    port, admin = pick_ports()
+    shell = {
+        "CLUSTER_DQ_URL": f"http://127.0.0.1:{port}",
+        "CLUSTER_DQ_TOKEN": "01M84CYB1XRC6XC6YRM8P6CD3H",
+        "CLUSTER_DQ_NAMESPACE": "demo",
+        "CLUSTER_DQ_ADMIN_URL": f"http://127.0.0.1:{admin}",
+        "CLUSTER_DQ_ADMIN_AUTH": "ops:secret",
+        "CLUSTER_DQ_LOGLEVEL": "warning",
+        "TMPDIR": str(tmp_path),  # this serve's embedded state, apart from other test runs'
+    }
+    with ServiceProcess.start(
+        env=shell, inherit_settings=False, ports=(port, admin), log=tmp_path / "serve.log"
+    ) as svc:
+        created = console(shell, "token", "create", "demo", "--description", "readme")
+        assert created.returncode == 0, created.stderr
+        shell["CLUSTER_DQ_TOKEN"] = token = created.stdout.strip()
+        listed = console(shell, "token", "list", "demo")
+        assert listed.returncode == 0 and f"{token}\treadme" in listed.stdout, listed.stderr
+        r = httpx.put(f"{svc.base}/api/demo/orders", headers={"X-Token": token}, content=b"x")
+        assert r.status_code == 201, r.text
+        stats = console(shell, "stats", "--json")
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["queues"][0]["ready"] == 1
+
+
+def test_two_embedded_serves_each_with_its_own_redis_and_state(tmp_path: Path) -> None:
+    """Two `serve`s without a pool at once, one on a Redis port given with --redis-port:
+    `token` reaches the Redis of the serve whose data port it names (--port or
+    CLUSTER_DQ_PORT), refuses to guess between two, and stopping one leaves the other's."""
+    shell = {"CLUSTER_DQ_LOGLEVEL": "warning", "TMPDIR": str(tmp_path)}  # one state dir
+    redis_port = free_port(19_000, 19_500)
+    first = ServiceProcess.start(env=shell, inherit_settings=False, log=tmp_path / "1.log")
+    try:
+        second = ServiceProcess.start(
+            env=shell,
+            inherit_settings=False,
+            args=["--redis-port", str(redis_port)],
+            log=tmp_path / "2.log",
+        )
+        try:
+            tokens = {}
+            for svc, how in ((first, ["--port", str(first.port)]), (second, [])):
+                env = {**shell, "CLUSTER_DQ_PORT": str(second.port)} if not how else shell
+                made = console(env, "token", "create", "demo", *how)
+                assert made.returncode == 0, made.stderr
+                tokens[svc.port] = made.stdout.strip()
+            with redis.Redis(port=redis_port) as own:  # the second's token is in its Redis
+                held = own.hkeys(AdminKeys.tokens("default", "demo"))  # and the banner's
+                assert tokens[second.port].encode() in held
+                assert tokens[first.port].encode() not in held
+            for svc in (first, second):  # each token works on its own serve only
+                for port, token in tokens.items():
+                    r = httpx.put(
+                        f"{svc.base}/api/demo/q", headers={"X-Token": token}, content=b"x"
+                    )
+                    assert r.status_code == (201 if port == svc.port else 401), r.text
+            taken = console(shell, "serve", "--port", "0", "--redis-port", str(redis_port))
+            assert (taken.returncode, taken.stderr) == (
+                2,
+                f"cluster-dq: EmbeddedRedisPort: 127.0.0.1:{redis_port} is in use\n",
+            )
+            guess = console(shell, "token", "list", "demo")
+            assert guess.returncode == 2 and guess.stdout == "", guess.stderr
+            assert guess.stderr == (
+                f"cluster-dq: embedded servers run on data ports "
+                f"{', '.join(str(p) for p in sorted(tokens))}: "
+                "name one with --port or CLUSTER_DQ_PORT\n"
+            )
+        finally:
+            assert second.stop(timeout=30) == 0
+        listed = console(shell, "token", "list", "demo")  # the only one left
+        assert listed.returncode == 0, listed.stderr
+        shown = [line.split("\t")[0] for line in listed.stdout.splitlines()]
+        assert tokens[first.port] in shown and tokens[second.port] not in shown
+        gone = console(shell, "token", "list", "demo", "--port", str(second.port))
+        assert gone.returncode == 2 and "no embedded server on data port" in gone.stderr
+    finally:
+        first.stop(timeout=30)
+    none = console(shell, "token", "list", "demo")
+    assert none.returncode == 2, none.stderr
+    assert none.stderr == "cluster-dq: no pool configured and no embedded server running\n"

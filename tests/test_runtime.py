@@ -116,7 +116,7 @@ def _hang_up_long_poll(base: str, path: str, token: str, waiting: Callable[[], b
     closes the connection without reading the answer."""
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Token: {token}\r\n\r\n".encode())
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: {token}\r\n\r\n".encode())
         _wait_for(waiting, "the long-poll waits")
 
 

@@ -542,3 +542,47 @@ async def test_an_unreachable_redis_is_described_to_an_admin_only(served: Served
     async with served(pool) as (admin, _):  # no accounts: everyone on the admin port is admin
         r = await admin.get("/readyz")
         assert r.status_code == 503 and "error" in r.json()["pools"]["default"]
+
+
+# -- bounds and pools of the token routes --------------------------------------------------------
+
+
+async def test_a_token_form_is_read_within_a_bound(served: Served) -> None:
+    """``POST /token/{ns}`` with a url-encoded body: a declared length past the bound is a 413
+    before anything is read, and an oversized body streamed without one is cut at the bound."""
+    async with served() as (admin, _):
+        r = await admin.post(
+            f"/token/{NS}",
+            content=b"description=x",
+            headers={
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Content-Length": str(10**10),
+            },
+        )
+        assert r.status_code == 413, r.text
+
+        async def endless() -> AsyncIterator[bytes]:
+            yield b"description=x&pad="
+            for _ in range(64):
+                yield b"a" * 65536
+
+        r = await admin.post(
+            f"/token/{NS}",
+            content=endless(),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert r.status_code == 413, r.text
+        assert await tokens_of(admin) == {}
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT"])
+async def test_a_limit_for_a_pool_that_does_not_exist_is_refused(
+    served: Served, method: str
+) -> None:
+    async with served() as (admin, _):
+        token = "nope:" + "T" * 24
+        body = b'{"read": 5, "write": 5, "interval": 1}'
+        r = await admin.request(method, f"/token/{NS}/{token}/limit", content=body)
+        assert r.status_code == 400 and "pool" in r.json()["error"], r.text
+        r = await admin.get("/limits")
+        assert r.status_code == 200 and r.json() == [], r.text

@@ -214,3 +214,41 @@ def test_the_engine_config_comes_from_the_settings() -> None:
         assert (engine.config.shards, engine.config.remember_acked_ms) == (4, 5_000)
     finally:
         asyncio.run(runtime.close())
+
+
+# What the README tells a user to export for the Python client, the worker and the operator
+# commands: the same shell then runs `cluster-dq serve` and `cluster-dq token`.
+README_CLIENT_VARIABLES = {
+    "CLUSTER_DQ_URL": "http://127.0.0.1:7777",
+    "CLUSTER_DQ_TOKEN": "01M84CYB1XRC6XC6YRM8P6CD3H",
+    "CLUSTER_DQ_NAMESPACE": "demo",
+    "CLUSTER_DQ_ADMIN_URL": "http://127.0.0.1:7778",
+    "CLUSTER_DQ_ADMIN_AUTH": "ops:secret",
+}
+
+
+def test_the_client_variables_are_left_to_the_client() -> None:
+    s = load(None, {**README_CLIENT_VARIABLES, "CLUSTER_DQ_PORT": "9100"})
+    assert s.Port == 9100 and s == load(None, {"CLUSTER_DQ_PORT": "9100"})
+
+
+@pytest.mark.parametrize(
+    "name", ["CLUSTER_DQ_PROT", "CLUSTER_DQ_URLS", "CLUSTER_DQ_ADMINURL", "CLUSTER_DQ_TOKEN__X"]
+)
+def test_a_near_miss_of_a_client_variable_or_a_setting_is_still_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"unknown environment setting {name}$"):
+        load(None, {**README_CLIENT_VARIABLES, name: "1"})
+
+
+def test_the_embedded_redis_port() -> None:
+    assert load(None, {}).EmbeddedRedisPort == 0  # a free port
+    assert load(None, {"CLUSTER_DQ_EMBEDDEDREDISPORT": "17555"}).EmbeddedRedisPort == 17555
+    for env, message in (
+        ({"CLUSTER_DQ_EMBEDDEDREDISPORT": "70000"}, "EmbeddedRedisPort: 70000 is not a port"),
+        (
+            {"CLUSTER_DQ_EMBEDDEDREDISPORT": "17555", "CLUSTER_DQ_POOL__DEFAULT__ADDR": "h:1"},
+            "EmbeddedRedisPort: only in embedded mode",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load(None, env)

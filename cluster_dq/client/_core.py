@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import httpx
 
+from cluster_dq import envvars
 from cluster_dq.client.errors import (
     BadRequest,
     Conflict,
@@ -265,8 +266,8 @@ def ms_to_s(value: Any) -> float | None:
 
 # -- configuration and transport failures -----------------------------------------------------
 
-URL_ENV, TOKEN_ENV, NAMESPACE_ENV = "CLUSTER_DQ_URL", "CLUSTER_DQ_TOKEN", "CLUSTER_DQ_NAMESPACE"
-ADMIN_URL_ENV, ADMIN_AUTH_ENV = "CLUSTER_DQ_ADMIN_URL", "CLUSTER_DQ_ADMIN_AUTH"
+URL_ENV, TOKEN_ENV, NAMESPACE_ENV = envvars.URL, envvars.TOKEN, envvars.NAMESPACE
+ADMIN_URL_ENV, ADMIN_AUTH_ENV = envvars.ADMIN_URL, envvars.ADMIN_AUTH
 
 
 def setting(given: str | None, env: Mapping[str, str], name: str, what: str) -> str:

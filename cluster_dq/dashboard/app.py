@@ -26,7 +26,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cluster_dq import metrics
 from cluster_dq.clock import now_ms
@@ -168,18 +168,8 @@ class Dashboard:
         why = foreign(request.headers)
         if why is not None:
             raise Forbidden(f"cross-origin request refused ({why}): nothing was changed")
-        # read within a bound first (413 from Content-Length alone): the form parser would
-        # buffer a url-encoded body of any size
         limit = max(MAX_FORM_BYTES, 3 * self.settings.MaxBodyBytes + 65536)  # %XX: 3 bytes
-        data = await params.body(request, limit, f"form too large (max {limit} bytes)")
-
-        async def replay() -> Message:
-            return {"type": "http.request", "body": data, "more_body": False}
-
-        try:
-            form = await Request(request.scope, replay).form(max_part_size=MAX_FORM_BYTES)
-        except Exception as e:  # python-multipart's and starlette's parse errors alike
-            raise BadRequest(f"unreadable form: {e}", "form") from None
+        form = await params.form(request, limit, MAX_FORM_BYTES)
         sent = form.get(CSRF_FIELD)
         cookie = _csrf_cookie(request) or ""
         if (

@@ -38,10 +38,11 @@ def token_exists(pool: str, ns: str, token: str) -> Op[bool]:
     return bool(int((yield Cmd(("HEXISTS", AdminKeys.tokens(pool, ns), token)))))
 
 
-def delete_token(pool: str, ns: str, token: str) -> Op[None]:
-    """The token and its rate limit."""
-    yield Cmd(("HDEL", AdminKeys.tokens(pool, ns), token))
+def delete_token(pool: str, ns: str, token: str) -> Op[bool]:
+    """The token and its rate limit; False when there was no such token."""
+    existed = bool((yield Cmd(("HDEL", AdminKeys.tokens(pool, ns), token))))
     yield Cmd(("HDEL", AdminKeys.limits(), limit_field(pool, ns, token)))
+    return existed
 
 
 def limits() -> Op[dict[str, Any]]:

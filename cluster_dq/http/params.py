@@ -8,7 +8,9 @@ from urllib.parse import parse_qsl
 from collections.abc import Mapping
 from typing import Any
 
+from starlette.datastructures import FormData
 from starlette.requests import Request
+from starlette.types import Message
 
 from cluster_dq.backoff import Backoff
 from cluster_dq import names, userjson
@@ -147,6 +149,21 @@ async def body(request: Request, limit: int, what: str = "body too large") -> by
             raise BodyTooLarge(what, "body")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def form(request: Request, limit: int, max_part_size: int) -> FormData:
+    """The request's form (url-encoded or multipart), its body read within ``limit`` first
+    (413 from ``Content-Length`` alone): Starlette's form parser would buffer a url-encoded
+    body of any size."""
+    data = await body(request, limit, f"form too large (max {limit} bytes)")
+
+    async def replay() -> Message:
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    try:
+        return await Request(request.scope, replay).form(max_part_size=max_part_size)
+    except Exception as e:  # python-multipart's and starlette's parse errors alike
+        raise BadRequest(f"unreadable form: {e}", "form") from None
 
 
 def bulk_elements(data: bytes, element_limit: int) -> list[bytes]:

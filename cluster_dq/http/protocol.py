@@ -1,18 +1,79 @@
-"""The HTTP/1.1 protocol the workers serve with: uvicorn's httptools protocol with a bound on
-the request line and on the headers. httptools has none, so a 40 MB query string was
-buffered whole (and parsed) before any handler, or the token check, could refuse it."""
+"""The HTTP/1.1 protocol the workers serve with: uvicorn's httptools protocol with the rules
+every connection meets before any app sees a request (``Edge``):
+
+- a bound on the request line and on the headers. httptools has none, so a 40 MB query
+  string was buffered whole (and parsed) before any handler, or the token check, could
+  refuse it;
+- the ``Host`` allowlist (``AllowedHosts``, ``http/hosts.py``), checked once the head is
+  complete: the hot paths, the router and the dashboard alike never see a foreign ``Host``;
+- a timeout for receiving a request head (``HeaderTimeoutSecond``, from the connection or
+  from the first byte of a request), one between two reads of a body
+  (``BodyTimeoutSecond``); keep-alive is uvicorn's (``KeepAliveTimeoutSecond``). A request
+  whose head is complete has no timeout here: a long-poll waits as long as it asked;
+- a bound on the open connections of each port in a worker (``MaxConnections``): one more
+  is answered 503 and closed at once."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import logging
+from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from cluster_dq.http.hosts import AllowedHosts, effective
+from cluster_dq.settings import Settings
+
+log = logging.getLogger("cluster_dq.http")
 
 MAX_URL_BYTES = 16 * 1024  # path and query string; the API's longest real URL is far shorter
 MAX_HEADER_BYTES = 64 * 1024  # names and values of one request, together
 MAX_HEADERS = 128
+# What a request head that passes those checks can take on the wire: the request line, the
+# headers with their ": " and CRLFs, the blank line. Counted as it arrives (below).
+MAX_HEAD_BYTES = MAX_URL_BYTES + MAX_HEADER_BYTES + 4 * MAX_HEADERS + 1024
+TOO_LARGE = f"request headers too large (max {MAX_HEADERS} headers, {MAX_HEADER_BYTES} bytes)"
+MAX_LOGGED_HOSTS = 64  # refused Host values logged per worker (once each), then silence
 
-_REASONS = {414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    414: b"URI Too Long",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    """The connection rules of one worker, from its settings."""
+
+    hosts: AllowedHosts
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> Edge:
+        return cls(
+            AllowedHosts(effective(settings)),
+            settings.HeaderTimeoutSecond,
+            settings.BodyTimeoutSecond,
+            settings.MaxConnections,
+        )
+
+
+def protocol(edge: Edge) -> type[BoundedHttpToolsProtocol]:
+    """The protocol class uvicorn instantiates per connection, bound to ``edge``."""
+    return type("EdgeHttpToolsProtocol", (BoundedHttpToolsProtocol,), {"edge": edge})
+
+
+def _response(status: int, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+    return head % (status, _REASONS[status], len(body)) + body
 
 
 class _Refused(Exception):
@@ -20,8 +81,111 @@ class _Refused(Exception):
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """One connection. httptools hands a header to ``on_header`` only once its name and value
+    are complete, buffering them across reads: the checks there came after a 32 MiB field was
+    read whole. So the bytes fed to the parser while a request head is incomplete are counted
+    too, and a head past ``MAX_HEAD_BYTES`` is refused (431) before the parser sees more. The
+    trailer fields of a chunked body are buffered the same way: reads in a body that bring no
+    body byte are counted, and past ``MAX_HEAD_BYTES`` the connection is closed."""
+
+    edge: Edge | None = None  # set by ``protocol(edge)``; None: no host, time or count rules
     _refusal: tuple[int, str] | None = None
     _header_bytes = 0
+    _in_head = True  # the parser is between requests or inside a request head
+    _head_bytes = 0  # bytes fed while in a head (an undercount by at most one read, never more)
+    _message_ended = False
+    _body_seen = False  # the last read brought body bytes
+    _framing = 0  # bytes read in a body since its last body byte (chunk framing, trailers)
+    _timer: asyncio.TimerHandle | None = None  # the head or body timeout, when one runs
+
+    # -- connections --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self.edge is None:
+            return
+        if len(self.connections) > self.edge.max_connections:
+            transport.write(_response(503, "too many connections (MaxConnections); try again"))
+            transport.close()
+            return
+        self._arm(self.edge.header_timeout, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        if self.transport.is_closing() or self.edge is None:
+            return
+        if self.flow.read_paused or (self.cycle is not None and not self.cycle.response_complete):
+            self._arm(self.edge.header_timeout, self._head_timed_out)  # a response is running
+            return
+        if self._head_bytes:  # a request had begun: it is told why it ends
+            self.transport.write(_response(408, "request head not received in time"))
+        self.transport.close()
+
+    def _body_timed_out(self) -> None:
+        self._timer = None
+        if self.transport.is_closing() or self.edge is None:
+            return
+        if self.flow.read_paused:  # the app is not reading the body: not the client's delay
+            self._arm(self.edge.body_timeout, self._body_timed_out)
+            return
+        self.transport.close()  # the request's app sees a disconnect
+
+    # -- bytes --------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if not self._in_head:
+            self._body_seen = False
+            super().data_received(data)
+            if self._in_head or self.transport.is_closing():
+                return
+            # still in the body: reads that bring no body byte are framing, or the trailer
+            # fields of a chunked body, which httptools buffers like headers: bounded alike
+            self._framing = 0 if self._body_seen else self._framing + len(data)
+            if self._framing > MAX_HEAD_BYTES:
+                self.transport.close()  # the response may have begun: no answer, a cut
+                return
+            if self.edge is not None:
+                self._arm(self.edge.body_timeout, self._body_timed_out)  # more body to come
+            return
+        room = MAX_HEAD_BYTES - self._head_bytes
+        if len(data) > room:  # feed only what a head may take; what follows, once it ended
+            self._message_ended = False
+            super().data_received(data[:room])
+            if self._in_head and not self._message_ended:
+                if not self.transport.is_closing():
+                    self._refusal = (431, TOO_LARGE)
+                    self.send_400_response(TOO_LARGE)
+                return
+            self.data_received(data[room:])
+            return
+        self._message_ended = False
+        super().data_received(data)
+        if self._in_head:
+            if not self._message_ended:
+                self._head_bytes += len(data)
+            # a head begun and not complete: its time runs from now (a head that comes
+            # whole in one read, the usual case, never sets a timer)
+            if self._head_bytes and self._timer is None and self.edge is not None:
+                if not self.transport.is_closing():
+                    self._arm(self.edge.header_timeout, self._head_timed_out)
+        elif self.edge is not None and not self.transport.is_closing():
+            self._arm(self.edge.body_timeout, self._body_timed_out)  # a body is to come
+
+    # -- parser callbacks ---------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -35,11 +199,41 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > MAX_HEADER_BYTES or len(self.headers) >= MAX_HEADERS:
-            self._refuse(
-                431,
-                f"request headers too large (max {MAX_HEADERS} headers, {MAX_HEADER_BYTES} bytes)",
-            )
+            self._refuse(431, TOO_LARGE)
         super().on_header(name, value)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_seen = True
+        super().on_body(body)
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._head_bytes, self._framing = False, 0, 0
+        if self.edge is not None:
+            self._disarm()
+            self._check_host()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_head, self._head_bytes, self._message_ended = True, 0, True
+        self._disarm()
+        super().on_message_complete()
+
+    def _check_host(self) -> None:
+        assert self.edge is not None
+        host: bytes | None = None
+        for name, value in self.headers:
+            if name == b"host":
+                if host is not None:
+                    self._refuse(400, "more than one Host header")
+                host = value
+        if self.edge.hosts.permits(host):
+            return
+        if host is None and self.parser.get_http_version() == "1.0":
+            return  # HTTP/1.0 has no Host; a browser (DNS rebinding) always sends one
+        if host is None:
+            self._refuse(400, "missing Host header")
+        _log_refused(host)
+        self._refuse(400, "Host not allowed (AllowedHosts): nothing was done")
 
     def _refuse(self, status: int, message: str) -> None:
         self._refusal = (status, message)
@@ -49,8 +243,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._refusal is None:
             super().send_400_response(msg)
             return
-        status, message = self._refusal
-        body = json.dumps({"error": message}).encode()
-        head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-        self.transport.write(head % (status, _REASONS[status], len(body)) + body)
+        self.transport.write(_response(*self._refusal))
         self.transport.close()
+
+
+_logged_hosts: set[bytes] = set()
+
+
+def _log_refused(host: bytes | None) -> None:
+    """The first refusals of each Host value, for an operator whose AllowedHosts lacks a name
+    (behind a load balancer): each value once, at most ``MAX_LOGGED_HOSTS`` per worker."""
+    if host is None or host in _logged_hosts or len(_logged_hosts) >= MAX_LOGGED_HOSTS:
+        return
+    _logged_hosts.add(host)
+    log.warning(
+        "request refused: Host not in AllowedHosts (logged once per value)",
+        extra={"host": host[:200].decode("latin-1")},
+    )

@@ -1,0 +1,108 @@
+"""Embedded mode: with no pool configured, ``cluster-dq serve`` starts its own redis-server,
+and ``cluster-dq token`` (and ``pipeline``) find it.
+
+Each serve records its instance in a state file of its own, named after its pid, in a
+directory of the user's (``$TMPDIR/cluster-dq-<uid>``, mode 0700): its data and admin ports
+and its Redis address. Only that serve removes its file, when it stops, so any number of
+embedded serves run side by side. A command finds the one serving the data port it names
+(``--port``, ``CLUSTER_DQ_PORT``, ``Port``), or the only one running; with several running
+and none named it refuses, naming their ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from cluster_dq.errors import ConfigError
+from cluster_dq.localredis import Server as RedisServer
+from cluster_dq.localredis import free_port, port_free, start_server
+from cluster_dq.settings import PoolSettings, Settings
+
+
+def state_dir() -> Path:
+    """This user's directory of state files, made private if new; refused when another user
+    could write to it (a file planted there would point ``token`` at another Redis)."""
+    path = Path(tempfile.gettempdir()) / f"cluster-dq-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    info = path.lstat()
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid != os.getuid()
+        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise ConfigError(f"embedded state: {path} is not a private directory of this user")
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """One running embedded serve."""
+
+    pid: int
+    port: int  # data port
+    admin_port: int
+    addr: str  # its Redis, host:port
+
+    @property
+    def path(self) -> Path:
+        return state_dir() / f"embedded-{self.pid}.json"
+
+    def record(self) -> None:
+        """Written whole (a reader never sees half a file)."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(self)))
+        os.replace(tmp, self.path)
+
+    def forget(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+def start(settings: Settings) -> tuple[Settings, RedisServer]:
+    """A local redis-server (AOF on, in a temporary directory) on ``EmbeddedRedisPort``, or on
+    a free loopback port; the settings with it as the default pool."""
+    port = settings.EmbeddedRedisPort
+    if port and not port_free(port):
+        raise ConfigError(f"EmbeddedRedisPort: 127.0.0.1:{port} is in use")
+    workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-embedded-"))
+    redis = start_server(port or free_port(), workdir=workdir, extra=["--appendonly", "yes"])
+    pool = PoolSettings("default", Addr=f"127.0.0.1:{redis.port}")
+    return dataclasses.replace(settings, Pool={"default": pool}), redis
+
+
+def running() -> list[Instance]:
+    """The embedded serves of this user that are alive, by data port."""
+    found = []
+    for path in state_dir().glob("embedded-*.json"):
+        try:
+            instance = Instance(**json.loads(path.read_text()))
+            os.kill(instance.pid, 0)
+        except (OSError, ValueError, TypeError):
+            continue  # gone (killed before it could remove its file), or being written
+        found.append(instance)
+    return sorted(found, key=lambda i: i.port)
+
+
+def find(port: int | None) -> Instance:
+    """The running embedded serve of data port ``port``; with ``port`` None, the only one."""
+    live = running()
+    ports = ", ".join(str(i.port) for i in live)
+    if port is not None:
+        for instance in live:
+            if instance.port == port:
+                return instance
+        also = f" (embedded servers run on data ports {ports})" if live else ""
+        raise ConfigError(f"no pool configured and no embedded server on data port {port}{also}")
+    if len(live) == 1:
+        return live[0]
+    if not live:
+        raise ConfigError("no pool configured and no embedded server running")
+    raise ConfigError(
+        f"embedded servers run on data ports {ports}: name one with --port or CLUSTER_DQ_PORT"
+    )
