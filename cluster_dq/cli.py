@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import contextlib
 import dataclasses
 import re
@@ -15,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import cluster_dq
 from cluster_dq import logs, settings as settings_mod
+from cluster_dq.dashboard import times
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import ClusterDQError, ConfigError
 from cluster_dq.progress import spark_progress
@@ -171,7 +171,8 @@ _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def when_arg(text: str) -> float:
     """A time for --since / --until: epoch seconds, an ISO 8601 date or time (UTC unless it
-    says otherwise), or a duration ago (``90s``, ``30m``, ``2h``, ``7d``)."""
+    says otherwise, or as the dashboard shows it: ``2026-11-23 08:00:00.000 UTC``), or a
+    duration ago (``90s``, ``30m``, ``2h``, ``7d``)."""
     ago = _AGO.match(text)
     if ago:
         return time.time() - float(ago[1]) * _UNIT[ago[2]]
@@ -179,15 +180,12 @@ def when_arg(text: str) -> float:
         return float(text)
     except ValueError:
         pass
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
+    at = times.moment(text)
+    if at is None:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a time: give epoch seconds, ISO 8601 (2026-11-23T08:00) or 2h / 30m"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.timestamp()
+        )
+    return at.timestamp()
 
 
 def positive_int(text: str) -> int:

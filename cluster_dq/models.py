@@ -24,7 +24,11 @@ from cluster_dq.backoff import SECTION as BACKOFF_SECTION
 from cluster_dq.backoff import Backoff
 from cluster_dq.errors import BadRequest, BodyTooLarge
 
-MAX_NAME_LEN = 255
+# The names' rules live in names.py (the client shares them); given here as well.
+from cluster_dq.names import CLIENT_ID_MAX_LEN as CLIENT_ID_MAX_LEN
+from cluster_dq.names import MAX_NAME_LEN as MAX_NAME_LEN
+from cluster_dq.names import NAME_RE as NAME_RE
+
 MAX_TRIES = 65535
 MAX_BODY = 1024 * 1024
 MAX_BULK = 64
@@ -35,13 +39,10 @@ MAX_ATTR_KEY = 32
 MAX_ATTR_VALUE = 128
 MAX_SECONDS = 2**32 - 1
 MAX_PRIORITY = 255
-CLIENT_ID_MAX_LEN = 64
 # A job's progress, or its result on ack: one JSON value, at most this many bytes as stored
 # (compact JSON, UTF-8). Small on purpose: it rides in Redis beside the job.
 MAX_NOTE_BYTES = 4096
 
-# \A..\Z with fullmatch: ``$`` would also match before a final newline ("q\n" passing as "q").
-NAME_RE = re.compile(r"\A[-_A-Za-z0-9]+\Z")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _WHEEL_ID_RE = re.compile(r"\A[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cluster_dq import userjson
 from cluster_dq.backoff import KIND_NAMES, MAX_BACKOFF_MS, Backoff
 from cluster_dq.errors import BadRequest
 from cluster_dq.models import MAX_SECONDS, MAX_TRIES
@@ -85,10 +86,7 @@ def parse_changes(data: bytes) -> list[tuple[str, str]]:
     """A settings request's JSON object -> (CONF field, value) pairs, '' = remove. Refuses
     anything unknown or out of range, naming it, before anything is written. ``backoff``
     and its parameters change together: a backoff is given whole, or removed with null."""
-    try:
-        body = json.loads(data or b"{}")
-    except (ValueError, RecursionError):  # bad JSON or UTF-8, nesting deeper than Python goes
-        raise BadRequest("the body must be a JSON object", "body") from None
+    body = userjson.parse(data or b"{}", "body", "the body must be a JSON object", by_field=True)
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object", "body")
     unknown = sorted(set(body) - set(FIELDS))

@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter  # type: ignore[import-untyped]
 
+from cluster_dq import names, userjson
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.models import (
     CLIENT_ID_MAX_LEN,
@@ -33,7 +34,6 @@ from cluster_dq.models import (
     validate_spec,
 )
 
-SCHEDULE_NAME_RE = re.compile(r"\A[-_A-Za-z0-9]{1,64}\Z")
 _RANDOM_FIELD = re.compile(r"[rR](?:\(|/|\Z)")  # croniter's random field: R, R(a-b), R/n
 MIN_EVERY_MS = 1_000
 MAX_EVERY_MS = MAX_SECONDS * 1000
@@ -252,8 +252,9 @@ def _int(data: Mapping[str, Any], key: str, default: int, low: int, high: int) -
 
 
 def check_name(name: str) -> str:
-    if not SCHEDULE_NAME_RE.fullmatch(name):
-        raise BadRequest("invalid schedule name: 1-64 of [-_A-Za-z0-9]", "name")
+    problem = names.schedule(name)
+    if problem:
+        raise BadRequest(problem, "name")
     return name
 
 
@@ -272,10 +273,7 @@ def parse(
     """A PUT body -> (definition, paused). Refuses anything wrong with a ``BadRequest``
     naming the field, before anything is written."""
     check_name(name)
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):  # bad JSON or UTF-8, nesting deeper than Python goes
-        raise BadRequest("the body must be a JSON object", "body") from None
+    data = userjson.parse(raw, "body", "the body must be a JSON object", by_field=True)
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object", "body")
     unknown = sorted(set(data) - _KEYS)

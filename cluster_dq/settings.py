@@ -19,9 +19,10 @@ from cluster_dq import envvars
 from cluster_dq.errors import ConfigError
 from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 
-ENV_PREFIX = "CLUSTER_DQ_"
 # A pool or ring name: what a token ``name:token`` may carry before its ':'.
-ROUTE_NAME_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")
+from cluster_dq.names import ROUTE_NAME_RE
+
+ENV_PREFIX = "CLUSTER_DQ_"
 # An ``AllowedHosts`` entry (lower-cased): *, [*.]name[:port] or [v6addr][:port]; see http/hosts.py
 HOST_ENTRY_RE = re.compile(
     r"\*|(\*\.)?[-_a-z0-9]+(\.[-_a-z0-9]+)*\.?(:[0-9]{1,5})?|\[[0-9a-f:.]+\](:[0-9]{1,5})?"

@@ -487,6 +487,8 @@ def test_stats_watch_in_a_terminal_redraws_a_table(client: Client, env: dict[str
 def test_times_for_since_and_until() -> None:
     assert when_arg("1795466640") == 1795466640.0
     assert when_arg("2026-11-23T08:00") == when_arg("2026-11-23T09:00+01:00") == 1795420800.0
+    # as the dashboard shows a time (UTC, labelled): a time copied from a page names it
+    assert when_arg("2026-11-23 08:00:00.250 UTC") == 1795420800.25
     assert time.time() - 7200 - 5 < when_arg("2h") <= time.time() - 7200
     assert when_arg("90s") < when_arg("1m") + 1 and when_arg("7d") < when_arg("1d")
     for bad in ("yesterday", "2h ago", "-5m", "2026-13-01"):

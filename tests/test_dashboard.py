@@ -12,6 +12,7 @@ import re
 import signal
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -170,6 +171,28 @@ def test_the_job_page_shows_the_job(api: httpx.Client, ui: httpx.Client) -> None
     assert found.status_code == 200 and f'data-job-id="{binary_id}"' in found.text
 
 
+def test_a_ready_jobs_due_time_is_its_due_time_whatever_its_priority(
+    api: httpx.Client, ui: httpx.Client
+) -> None:
+    """A ready job's score carries its priority above its due ms: the job page showed a job of
+    priority below 255 as due in the year ~37,565 (the score unmasked)."""
+    before = int(time.time() * 1000)
+    jobs = {prio: publish(api, "prio", b"x", priority=prio) for prio in (0, 100, 255)}
+    after = int(time.time() * 1000)
+    for prio, jid in jobs.items():
+        page = ui.get(f"/job/{NS}/prio/{jid}")
+        assert page.status_code == 200 and 'data-state="ready"' in page.text
+        due = re.search(r'id="job-due"><time[^>]* data-ms="(\d+)"', page.text)
+        assert due is not None, page.text
+        assert before - 1000 <= int(due.group(1)) <= after + 1000, (prio, due.group(1))
+    queue = ui.get(f"/queue/{NS}/prio")  # the ready heads, in delivery order
+    shown = [int(ms) for ms in re.findall(r'due <time[^>]* data-ms="(\d+)"', queue.text)]
+    assert len(shown) == 3 and all(before - 1000 <= ms <= after + 1000 for ms in shown)
+    listed = api.get(f"/api/{NS}").json()["queues"]
+    (row,) = [r for r in listed if r["queue"] == "prio"]
+    assert before - 1000 <= row["oldest_due_ms"] <= after + 1000
+
+
 # -- actions ------------------------------------------------------------------------------------
 
 
@@ -313,6 +336,64 @@ def test_dead_letters_listed_redriven_and_purged_by_filter(
         ("deadletter.purge", "ok: 0"),
         ("deadletter.redrive", "ok: 3"),
     ]
+
+
+UTC_SHOWN = re.compile(
+    r'<time datetime="(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)" data-ms="(\d+)">'
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) UTC</time>"
+)
+
+
+def shown_times(page: str) -> list[tuple[int, str]]:
+    """Every time a page shows, as (ms, its text): each one UTC, labelled, its ISO-8601 form
+    in ``datetime`` and its ms in ``data-ms`` agreeing; no <time> shown any other way."""
+    found = UTC_SHOWN.findall(page)
+    assert len(found) == page.count("<time"), page
+    out = []
+    for iso, ms, text in found:
+        at = datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
+        assert iso == at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(ms) % 1000:03d}Z"
+        assert text == iso[:-1].replace("T", " ")
+        out.append((int(ms), text + " UTC"))
+    return out
+
+
+def test_times_are_utc_and_labelled_and_the_sweep_form_takes_what_pages_show(
+    api: httpx.Client, ui: httpx.Client
+) -> None:
+    """Pages showed browser-local times with no zone, the purge form took UTC and the audit
+    log epoch ms: an operator who copied a time purged the wrong window. Every page shows UTC
+    ISO-8601 labelled "UTC", and the form takes what a page shows."""
+    q = "times"
+    first = publish(api, q, b"a")
+    api.post(f"/api/{NS}/{q}/job/{first}/bury", params={"reason": "one"})
+    time.sleep(0.005)  # two times of death, at least a ms apart
+    second = publish(api, q, b"b")
+    api.post(f"/api/{NS}/{q}/job/{second}/bury", params={"reason": "two"})
+    died = {jid: api.get(f"/api/{NS}/{q}/job/{jid}").json()["died_at"] for jid in (first, second)}
+    assert died[first] < died[second]
+
+    page = ui.get(f"/deadletter/{NS}/{q}").text
+    shown = dict(shown_times(page))
+    assert set(shown) >= set(died.values())
+    assert "(UTC" in page  # the form's fields say which zone they take
+    job_page = ui.get(f"/job/{NS}/{q}/{second}").text
+    assert died[second] in dict(shown_times(job_page))
+
+    # the second one's time of death as the page shows it: from there on, only it is purged
+    r = post(ui, f"/deadletter/{NS}/{q}/purge", **{"from": shown[died[second]]})
+    assert flash(r).startswith("1 dead job(s) purged"), flash(r)
+    assert state_of(api, q, first) == "dead" and state_of(api, q, second) is None
+    # and up to the first one's (inclusive), as the ISO form of its datetime attribute
+    iso = datetime.fromtimestamp(died[first] / 1000, tz=timezone.utc).isoformat()
+    r = post(ui, f"/deadletter/{NS}/{q}/purge", to=iso.replace("+00:00", "Z"))
+    assert flash(r).startswith("1 dead job(s) purged"), flash(r)
+
+    audit = ui.get("/audit").text
+    times = shown_times(audit)
+    assert len(times) == len(audit_rows(ui)) >= 2
+    (target,) = [e["target"] for e in audit_rows(ui) if e["action"] == "deadletter.purge"][1:]
+    assert f"from={shown[died[second]]}" in target, target  # not epoch ms
 
 
 def test_tokens_created_limited_and_deleted(api: httpx.Client, ui: httpx.Client) -> None:

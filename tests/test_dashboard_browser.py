@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import re
 import shutil
+from datetime import datetime, timezone
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,28 @@ def test_a_race_with_the_page_is_told_in_the_flash(
     assert page.find("#flash").get_attribute("data-level") == "warn"
     shot(browser, "race-flash")
     assert api.get(f"/api/{NS}/{Q}/job/{jid}").json()["state"] == "reserved"  # untouched
+    api.delete(f"/api/{NS}/{Q}/job/{jid}")
+
+
+def test_times_stay_utc_in_a_browser_of_another_zone(
+    served: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
+) -> None:
+    """The page's script rewrote every time into the browser's zone, with no zone shown, while
+    the purge form took UTC: in Tokyo a time copied from a page named another moment."""
+    page = Page(browser, served.admin)
+    jid = api.put(f"/api/{NS}/{Q}", params={"delay": 3600}, content=b"later").json()["job_id"]
+    browser.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Tokyo"})
+    try:
+        assert browser.execute_script("return new Date(0).getTimezoneOffset()") == -540
+        page.open(f"/job/{NS}/{Q}/{jid}")
+        due = page.find("#job-due time")
+        ms = int(due.get_attribute("data-ms") or 0)
+        assert ms == id_due_ms_of_text(jid)
+        at = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+        assert due.text == at.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d} UTC"
+        shot(browser, "job-due-utc-in-tokyo")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ""})
     api.delete(f"/api/{NS}/{Q}/job/{jid}")
 
 

@@ -97,7 +97,8 @@ def test_no_path_escapes_the_basic_auth(service: ServiceProcess) -> None:
         "/ui/static/..%2ftemplates/base.html",
     ):
         r = httpx.get(f"{service.admin}{path}")
-        assert r.status_code in (401, 404), (path, r.status_code)
+        # 400: an encoded '/' or '.' is refused before any routing (http/paths.py)
+        assert r.status_code in (400, 401, 404), (path, r.status_code)
         assert "{%" not in r.text and "csrf" not in r.text
     for path in ("/ui/static/../templates/base.html", "/ui/static/%2e%2e/templates/base.html"):
         r = httpx.get(f"{service.admin}{path}", auth=ADMIN_AUTH)

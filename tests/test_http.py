@@ -19,7 +19,8 @@ import httpx
 import pytest
 import redis
 
-from cluster_dq.keys import ShardKeys, shard_of
+from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
+from cluster_dq.models import id_to_member
 from cluster_dq.localredis import Server, free_port, start_server
 from cluster_dq.settings import PoolSettings
 from cluster_dq.testing.service_process import ServiceProcess
@@ -397,6 +398,92 @@ def test_bad_parameters_are_refused_by_name_and_write_nothing(
     assert r.headers["x-request-id"]
     assert sorted(sync_redis.keys("*{ns/*")) == before == []
     assert not sync_redis.sismember(ShardKeys(shard_of("ns/q", 16)).queues, "ns/q")
+
+
+# Every route that reads JSON from a request: (method, path, query, body, the parameter its
+# 400 names); @JID@ is a reserved job's id, @LEASE@ its lease, @N@ the number JSON cannot carry.
+JSON_ROUTES = {
+    "progress": ("PUT", "/api/ns/q/job/@JID@/progress", {"lease": "@LEASE@"}, '{"done": @N@}', "progress"),
+    "ack result": ("DELETE", "/api/ns/q/job/@JID@", {"result": "@N@"}, None, "result"),
+    "ack result, lease": ("DELETE", "/api/ns/q/job/@JID@", {"result": "[@N@]", "lease": "@LEASE@"}, None, "result"),
+    "batch ack": ("POST", "/api/ns/q/ack", {}, '[{"job_id": "@JID@", "result": @N@}]', "result"),
+    "bulk": ("PUT", "/api/ns/q/bulk", {}, '[{"a": @N@}]', "body"),
+    "schedule": ("PUT", "/api/ns/q/schedules/s", {}, '{"every_ms": @N@, "job": {"body": "x"}}', "every_ms"),
+    "settings": ("PATCH", "/api/ns/q/settings", {}, '{"backoff": "fixed", "backoff_ms": 5, "backoff_jitter": @N@}', "backoff_jitter"),
+    "bury": ("POST", "/api/ns/q/job/@JID@/bury", {"lease": "@LEASE@"}, '{"reason": @N@}', "reason"),
+    "release": ("POST", "/api/ns/q/job/@JID@/release", {"lease": "@LEASE@"}, '{"error": @N@}', "error"),
+    "limit": ("POST", "@ADMIN@/token/ns/@TOKEN@/limit", {}, '{"read": @N@, "write": 1, "interval": 1}', "read"),
+    "limit, put": ("PUT", "@ADMIN@/token/ns/@TOKEN@/limit", {}, '{"read": 1, "write": @N@, "interval": 1}', "write"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "NaN", "-Infinity"])
+@pytest.mark.parametrize("route", JSON_ROUTES)
+def test_a_number_json_cannot_carry_is_a_400_naming_the_parameter_on_every_json_route(
+    api: httpx.Client,
+    admin: httpx.Client,
+    service: tuple[str, str],
+    sync_redis: redis.Redis,
+    route: str,
+    number: str,
+) -> None:
+    """``1e999`` was stored as ``Infinity`` (a progress, a result): peeking the job by id then
+    answered 500. NaN and infinities are no JSON: refused where the service reads JSON, with
+    nothing written."""
+    method, path, query, body, name = JSON_ROUTES[route]
+    jid = api.put("/api/ns/q", content=b"keep").json()["job_id"]
+    got = api.get("/api/ns/q", params={"ttr": 60}).json()
+    token = api.headers["x-token"]
+    sub = {
+        "@JID@": jid,
+        "@LEASE@": got["lease"],
+        "@TOKEN@": token,
+        "@ADMIN@": service[1],
+        "@N@": number,
+    }
+
+    def fill(text: str) -> str:
+        for k, v in sub.items():
+            text = text.replace(k, v)
+        return text
+
+    before = {k: sync_redis.dump(k) for k in sync_redis.keys("*{ns/*")}
+    r = (admin if path.startswith("@ADMIN@") else api).request(
+        method,
+        fill(path),
+        params={k: fill(v) for k, v in query.items()},
+        content=None if body is None else fill(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert name in r.json()["error"], r.text
+    assert {k: sync_redis.dump(k) for k in sync_redis.keys("*{ns/*")} == before
+    assert admin.get(f"/token/ns/{token}/limit").status_code == 404
+    peek = api.get(f"/api/ns/q/job/{jid}")
+    assert peek.status_code == 200 and peek.json()["state"] == "reserved"
+    assert "progress" not in peek.json()
+
+
+def test_an_infinity_stored_before_the_rule_is_shown_not_a_500(
+    api: httpx.Client, sync_redis: redis.Redis
+) -> None:
+    """A progress or result stored as ``Infinity`` (before non-finite numbers were refused)
+    made peeking the job by id a 500: it is given as its text."""
+    qk = QueueKeys("ns", "q")
+    jid = api.put("/api/ns/q", content=b"x").json()["job_id"]
+    api.get("/api/ns/q", params={"ttr": 60})
+    sync_redis.hset(qk.notes, "p:".encode() + id_to_member(jid), b'{"p":Infinity}')
+    r = api.get(f"/api/ns/q/job/{jid}")
+    assert r.status_code == 200, r.text
+    assert r.json()["progress"] == '{"p":Infinity}'
+    done = api.put("/api/ns/q", content=b"y").json()["job_id"]
+    assert api.delete(f"/api/ns/q/job/{done}", params={"result": "1"}).status_code == 204
+    kept = sync_redis.hget(qk.results, id_to_member(done))
+    assert kept is not None
+    sync_redis.hset(qk.results, id_to_member(done), kept[:12] + b"NaN")
+    r = api.get(f"/api/ns/q/job/{done}")
+    assert r.status_code == 200, r.text
+    assert r.json()["result"] == "NaN"
 
 
 def test_body_limit_413_and_unknown_routes(api: httpx.Client) -> None:

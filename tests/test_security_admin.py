@@ -500,7 +500,8 @@ async def test_no_full_token_in_the_log_line_of_an_odd_path(
             ("DELETE", f"/token/{NS}/{token}/"),
         ]:
             r = await admin.request(method, f"{ADMIN}{path}")
-            assert r.status_code in (307, 404), (path, r.text)
+            # 400: an encoded '/' is refused before routing (http/paths.py), and still logged
+            assert r.status_code in ((400,) if "%2F" in path else (307, 404)), (path, r.text)
     records = [r for r in caplog.records if r.name.startswith("cluster_dq")]
     paths = [r.__dict__["path"] for r in records if r.name == "cluster_dq.access"]
     assert len(paths) >= 6 and f"//token/{NS}/{token[:6]}…" in paths, paths

@@ -8,6 +8,7 @@ from cluster_dq.client.admin import AdminClient, AsyncAdminClient
 from cluster_dq.client.aio import AsyncClient
 from cluster_dq.client.errors import (
     BadRequest,
+    InvalidName,
     Conflict,
     Contended,
     DQError,
@@ -59,6 +60,7 @@ __all__ = [
     "AsyncClient",
     "Backoff",
     "BadRequest",
+    "InvalidName",
     "Bury",
     "Client",
     "Conflict",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster_dq import names as rules
 from cluster_dq.client._core import (
     JSON,
     Call,
@@ -21,7 +22,7 @@ from cluster_dq.client.models import TokenLimit
 
 
 def _token_path(namespace: str, token: str) -> str:
-    return f"/token/{segment(namespace, 'namespace')}/{segment(token, 'token')}"
+    return f"/token/{segment(namespace, 'namespace', rules.namespace)}/{segment(token, 'token', rules.token)}"
 
 
 def info(pool: str | None = None) -> Call[dict[str, list[str]]]:
@@ -62,7 +63,7 @@ def create_token(
     namespace: str, description: str, *, token: str | None = None, pool: str | None = None
 ) -> Call[str]:
     params = query(description=description, token=token, pool=pool)
-    path = f"/token/{segment(namespace, 'namespace')}"
+    path = f"/token/{segment(namespace, 'namespace', rules.namespace)}"
     # a repeat after a lost reply would make a second token
     return Call("POST", path, lambda r: str(expect(r, 201)["token"]), params, safety=Safety.ONCE)
 
@@ -71,7 +72,12 @@ def tokens(namespace: str, *, pool: str | None = None) -> Call[dict[str, str]]:
     def decode(r: Reply) -> dict[str, str]:
         return dict(expect(r, 200)["tokens"])
 
-    return Call("GET", f"/token/{segment(namespace, 'namespace')}", decode, query(pool=pool))
+    return Call(
+        "GET",
+        f"/token/{segment(namespace, 'namespace', rules.namespace)}",
+        decode,
+        query(pool=pool),
+    )
 
 
 def delete_token(namespace: str, token: str) -> Call[None]:

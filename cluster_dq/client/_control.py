@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cluster_dq import names as rules
 from cluster_dq.client._core import (
     JSON,
     Call,
@@ -225,7 +226,7 @@ def queues(ns: str, *, cursor: str | None = None, limit: int = 100) -> Call[Queu
         return QueuePage(found, o["cursor"] or None)
 
     params = query(cursor=cursor, limit=integer(limit, "limit"))
-    return Call("GET", f"/api/{segment(ns, 'namespace')}", decode, params)
+    return Call("GET", f"/api/{segment(ns, 'namespace', rules.namespace)}", decode, params)
 
 
 # -- recurring jobs ---------------------------------------------------------------------------
@@ -257,7 +258,7 @@ def schedule_of(o: Mapping[str, Any]) -> Schedule:
 
 
 def _schedule_path(ns: str, queue: str, name: str) -> str:
-    return f"{queue_path(ns, queue)}/schedules/{segment(name, 'schedule name')}"
+    return f"{queue_path(ns, queue)}/schedules/{segment(name, 'schedule name', rules.schedule)}"
 
 
 def _schedule(r: Reply) -> Schedule:

@@ -22,6 +22,7 @@ from cluster_dq.client.errors import (
     Conflict,
     Contended,
     DQError,
+    InvalidName,
     LeaseLost,
     NotFound,
     QueueFull,
@@ -73,14 +74,17 @@ class Call(Generic[T]):
 # -- building ---------------------------------------------------------------------------------
 
 
-def segment(value: str, what: str) -> str:
-    """One path segment, quoted (a name with '/' must not name another route). "." and ".."
-    are refused: the URL would fold them into the parent route (``ack(q, "..")`` would be
-    ``DELETE`` of the queue itself); no name of the service is made of dots."""
+def segment(value: str, what: str, rule: Callable[[str], str | None]) -> str:
+    """One path segment: a name ``rule`` (``cluster_dq/names.py``, the service's own rules)
+    accepts, else a ValueError before anything is sent. A name the service refuses could
+    also reach another route: "." and ".." are folded by the URL into the parent route
+    (``ack(q, "..")`` would be ``DELETE`` of the queue itself), and the service refuses an
+    encoded '/' (``destroy("wk/deadletter")`` was a dead-letter delete)."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, not {value!r}")
-    if value in (".", ".."):
-        raise ValueError(f"{what} {value!r} is not a name (a URL folds it into its parent)")
+    problem = rule(value)
+    if problem:
+        raise InvalidName(f"{what} {value!r} is not a name the service accepts: {problem}", 400)
     return quote(value, safe="")
 
 

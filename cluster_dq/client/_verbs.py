@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from cluster_dq import names as rules
 from cluster_dq.client._core import (
     JSON,
     Call,
@@ -34,11 +35,13 @@ ATTR_VALUE = re.compile(r"[\x20-\x7e]*")  # what an HTTP header carries as it is
 
 
 def queue_path(ns: str, queue: str) -> str:
-    return f"/api/{segment(ns, 'namespace')}/{segment(queue, 'queue')}"
+    return (
+        f"/api/{segment(ns, 'namespace', rules.namespace)}/{segment(queue, 'queue', rules.queue)}"
+    )
 
 
 def _job(ns: str, queue: str, job_id: str) -> str:
-    return f"{queue_path(ns, queue)}/job/{segment(job_id, 'job_id')}"
+    return f"{queue_path(ns, queue)}/job/{segment(job_id, 'job_id', rules.job_id)}"
 
 
 def job_of(o: Mapping[str, Any]) -> Job:
@@ -119,7 +122,7 @@ def publish(
     params = _job_params(delay, ttl, tries, priority) + backoff_params(backoff)
     headers: dict[str, str] = {}
     if job_id is not None:
-        segment(job_id, "job_id")  # a non-empty string; the service checks its characters
+        segment(job_id, "job_id", rules.job_id)
         params.append(("job_id", job_id))
     if attributes:
         headers["Enable-Job-Version"] = "YES"
@@ -193,7 +196,7 @@ def republish(
     """lmstfy's republish: acks ``job_id`` and publishes ``body`` as a new job, atomically."""
     params = _job_params(delay, ttl, tries) + query(lease=lease)
     if new_job_id is not None:
-        segment(new_job_id, "new_job_id")
+        segment(new_job_id, "new_job_id", rules.job_id)
         params.append(("job_id", new_job_id))
     # Repeatable only with the new id fixed and no lease (a repeat with a lease would find it
     # no longer holding the job and answer a conflict for a republish that happened).
@@ -213,7 +216,9 @@ def _consume_path(ns: str, queues: str | Sequence[str]) -> str:
     names = [queues] if isinstance(queues, str) else list(queues)
     if not names:
         raise ValueError("queues is empty: give at least one queue")
-    return f"/api/{segment(ns, 'namespace')}/" + ",".join(segment(q, "queue") for q in names)
+    return f"/api/{segment(ns, 'namespace', rules.namespace)}/" + ",".join(
+        segment(q, "queue", rules.queue) for q in names
+    )
 
 
 # The longest long poll the service accepts (a longer one is its 400): the most the client
@@ -298,7 +303,7 @@ def ack_many(ns: str, queue: str, jobs: Iterable[Job | tuple[str, str | None]]) 
             jid, lease = j
         else:
             raise ValueError(f"jobs[{i}] must be a Job or a (job_id, lease) pair, not {j!r}")
-        segment(jid, f"jobs[{i}] job_id")
+        segment(jid, f"jobs[{i}] job_id", rules.job_id)
         if lease is not None and not isinstance(lease, str):
             raise ValueError(f"jobs[{i}] lease must be a string or None, not {lease!r}")
         items.append({"job_id": jid} if lease is None else {"job_id": jid, "lease": lease})
@@ -382,7 +387,7 @@ def kick(
         tries=opt(integer, tries, "tries"),
         ttl_ms=opt(millis, ttl, "ttl"),
     )
-    path = f"{queue_path(ns, queue)}/deadletter/{segment(job_id, 'job_id')}/kick"
+    path = f"{queue_path(ns, queue)}/deadletter/{segment(job_id, 'job_id', rules.job_id)}/kick"
     return Call("POST", path, _job_reply, params, safety=ONCE)
 
 

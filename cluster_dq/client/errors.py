@@ -3,6 +3,7 @@ reach it, as one class (decoded from the response by ``_core.error_from``).
 
     DQError                 .status, .message, .body
     ├── BadRequest          400: a bad parameter, name, id or body; nothing was written
+    │   └── InvalidName     a name the service refuses, refused before sending (a ValueError too)
     ├── Unauthorized        401: no token, or not one of this namespace
     ├── NotFound            404: no such pool, job, schedule or route
     ├── Conflict            409: .state, where the job is (None: gone or not said)
@@ -32,6 +33,12 @@ class DQError(Exception):
 
 class BadRequest(DQError):
     pass
+
+
+class InvalidName(BadRequest, ValueError):
+    """A namespace, queue, job id, schedule name or token the service would refuse
+    (``cluster_dq/names.py``), refused before anything is sent: the service's 400, and a
+    ``ValueError`` as every argument the client checks itself."""
 
 
 class Unauthorized(DQError):

@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cluster_dq import metrics
 from cluster_dq.clock import now_ms
-from cluster_dq.dashboard import audit
+from cluster_dq.dashboard import audit, times
 from cluster_dq.engine import retry
 from cluster_dq.errors import BadRequest, ClusterDQError, PoolUnavailable, Unauthorized
 from cluster_dq.http import params
@@ -140,6 +140,8 @@ class Dashboard:
         self.templates = Jinja2Templates(directory=HERE / "templates")
         self.templates.env.autoescape = True
         self.templates.env.globals["read_only"] = self.read_only
+        self.templates.env.filters["utc"] = times.shown  # every time a page shows: times.py
+        self.templates.env.filters["utc_iso"] = times.iso
         self.stopping = asyncio.Event()
         self.rates = Rates(service)
         self.streams = 0  # live-size streams open in this worker process

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from redis.crc import key_slot
 
+from cluster_dq.dashboard import times
 from cluster_dq.engine.insight import DelayedJob, Leader
 from cluster_dq.errors import BadRequest, ClusterDQError, NotFound, WrongState
 from cluster_dq.keys import QueueKeys, shard_of
@@ -169,7 +170,8 @@ async def reschedule_bucket(
             audit,
             "reschedule",
             f"{ns}/{q}/{job.job_id}",
-            f"from the timeline: due {job.due_ms} -> {set_to[-1]} ({moved.state})",
+            f"from the timeline: due {times.shown(job.due_ms)} -> {times.shown(set_to[-1])} "
+            f"({moved.state})",
         )
     return out
 

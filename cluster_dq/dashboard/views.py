@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import re
-from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -19,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from cluster_dq.clock import now_ms
-from cluster_dq.dashboard import audit
+from cluster_dq.dashboard import audit, times
 from cluster_dq.dashboard.app import Dashboard
 from cluster_dq.engine.control import FOREVER_MS, MAX_DEAD_PAGE, DeadFilter
 from cluster_dq.errors import BadRequest, Conflict, NotFound, WrongState
@@ -84,26 +82,22 @@ def text(form: FormData, name: str, limit: int = 1024) -> str:
 
 
 def moment(form: FormData, name: str, default: int, upper: bool = False) -> int:
-    """A time of the form: ms since the epoch, or an ISO date and time (UTC unless it
-    says otherwise, as a browser's datetime-local field sends it); empty: ``default``. A
-    bound of a range, both ends inclusive, is rounded inward to the ms: up for a lower bound,
-    down for an ``upper`` one (a range never takes in a job that died outside it)."""
+    """A time of the form: as the pages show it (``2026-01-31 08:00:00.123 UTC``), an ISO
+    date and time (UTC unless it says otherwise), or ms since the epoch (``times.py``);
+    empty: ``default``. A bound of a range, both ends inclusive, is rounded inward to the ms:
+    up for a lower bound, down for an ``upper`` one (a range never takes in a job that died
+    outside it)."""
     raw = form.get(name)
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return default
     value = params.ascii_uint(raw.strip()) if isinstance(raw, str) else None
     if value is None and isinstance(raw, str):
-        try:
-            when = datetime.fromisoformat(raw.strip())
-        except ValueError:
-            when = None
-        if when is not None:
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=timezone.utc)
-            exact = when.timestamp() * 1000
-            value = math.floor(exact) if upper else math.ceil(exact)
+        value = times.parse(raw, upper)
     if value is None or not 0 <= value <= FOREVER_MS:
-        raise BadRequest(f"invalid {name}: ms since the epoch, or a date and time", name)
+        raise BadRequest(
+            f"invalid {name}: a date and time in UTC (as the pages show it), or ms since the epoch",
+            name,
+        )
     return value
 
 
@@ -435,7 +429,7 @@ class Views:
         tries = integer(form, "tries", 1, 1, MAX_TRIES)
         ttl_ms = self.settings.TTLSecond * 1000
         what = "redriven" if redrive else "purged"
-        described = f"reason={reason or 'any'} from={start} to={end}"
+        described = f"reason={reason or 'any'} from={times.shown(start)} to={times.shown(end)}"
         self.d.intend(request, f"deadletter.{what[:-1]}", f"{ns}/{q} {described}", pool)
         total, cursor, steps = 0, None, 0
         while True:

@@ -635,17 +635,23 @@ def _peek_job_call(qk: QueueKeys, member: bytes) -> Eval:
     return _eval("peek_job", by_id(qk, member).keys, member=member)
 
 
+READY_SCORE_MASK = 2**42 - 1  # a ready score is (255 - priority) * 2^42 + due ms
+
+
 def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:
     reply = replies.decode_peek_job(raw)
     if reply is None:
         return None
+    when = int(reply.score)
+    if reply.state is JobState.READY:  # the ready rank: priority above the due ms
+        when &= READY_SCORE_MASK
     return Job.from_record(
         ns,
         q,
         member,
         reply.record,
         reply.state,
-        int(reply.score),
+        when,
         progress=reply.progress,
         note=Note.unpack(reply.note),
     )
@@ -711,9 +717,6 @@ def peek(cfg: EngineConfig, ns: str, q: str, which: str, now: int) -> Op[Job | N
         return None
     state = JobState.READY if which == "ready" else JobState.DEAD
     return Job.from_record(ns, q, reply.member, reply.record, state)
-
-
-READY_SCORE_MASK = 2**42 - 1  # a ready score is (255 - priority) * 2^42 + due ms
 
 
 def dump_page(

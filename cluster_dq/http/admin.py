@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json as jsonlib
 from collections.abc import Awaitable, Callable
 
 from starlette.applications import Starlette
@@ -11,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import cluster_dq
-from cluster_dq import metrics
+from cluster_dq import metrics, userjson
 from cluster_dq.dashboard import app as dashboard
 from cluster_dq.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from cluster_dq.http import openapi, params
@@ -195,10 +194,9 @@ class AdminAPI:
         raw = await params.body(
             request, 65_536
         )  # a limit is a few dozen bytes; bounded all the same
-        try:
-            data = jsonlib.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise BadRequest('invalid limit body: {"read","write","interval"}', "limit") from None
+        data = userjson.parse(
+            raw, "limit", 'invalid limit body: {"read","write","interval"}', by_field=True
+        )
         lim = Limit.parse(data)
         create = request.method == "POST"
         await store.set_limit(pool, ns, token, lim, create)

@@ -22,6 +22,7 @@ from cluster_dq.http import openapi, params
 from cluster_dq.http.control import ControlAPI
 from cluster_dq.http.errors import error_handlers
 from cluster_dq.http.hot import HotPaths
+from cluster_dq.http.paths import EncodedSeparators
 from cluster_dq.http.openapi_data import data_document
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.responses import error, job_object, json, result_object
@@ -567,7 +568,8 @@ def build_app(
     hot: DataAPI | None = None,
 ) -> Starlette:
     """A Starlette app with the error table and the request middleware (metrics labelled by
-    route template, request ids, access log): the data and the admin port alike. ``hot``: the
+    route template, request ids, access log, encoded separators refused before routing:
+    ``http/paths.py``): the data and the admin port alike. ``hot``: the
     data API whose hot paths skip the router (``http/hot.py``)."""
     handlers = error_handlers()
     app = Starlette(routes=routes, exception_handlers=handlers)
@@ -579,6 +581,7 @@ def build_app(
             ack=hot.ack,
             handlers=handlers,
         )
+    app.add_middleware(EncodedSeparators)  # before any routing, the hot paths' included
     app.add_middleware(
         RequestIdMiddleware,
         access_log=access_log,

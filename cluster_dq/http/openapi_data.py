@@ -62,8 +62,8 @@ from cluster_dq.schedules import (
     MAX_START_MS,
     MAX_TZ_LEN,
     MIN_EVERY_MS,
-    SCHEDULE_NAME_RE,
 )
+from cluster_dq.names import SCHEDULE_NAME_RE
 from cluster_dq.settings import Settings
 
 TOKEN = {

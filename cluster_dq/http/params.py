@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.types import Message
 
 from cluster_dq.backoff import Backoff
+from cluster_dq import names, userjson
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.models import (
     MAX_ATTR_KEY,
@@ -26,8 +27,6 @@ from cluster_dq.models import (
     MAX_NOTE_TEXT,
     MAX_SECONDS,
     NAME_RE,
-    decode_id,
-    is_client_id_valid,
 )
 
 U32 = MAX_SECONDS
@@ -88,12 +87,13 @@ def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int =
 
 
 def check_names(ns: str, q: str | None = None) -> None:
-    if len(ns.encode()) > MAX_NAME_LEN or (q is not None and len(q.encode()) > MAX_NAME_LEN):
-        raise BadRequest("namespace or queue name too long", "namespace")
-    if not NAME_RE.fullmatch(ns):
-        raise BadRequest("namespace name contains forbidden characters", "namespace")
-    if q is not None and (not NAME_RE.fullmatch(q) or q.startswith("_")):
-        raise BadRequest("queue name contains forbidden characters", "queue")
+    """The rules of ``cluster_dq/names.py``, which the Python client applies before sending."""
+    problem = names.namespace(ns)
+    if problem:
+        raise BadRequest(problem, "namespace")
+    problem = names.queue(q) if q is not None else None
+    if problem:
+        raise BadRequest(problem, "queue")
 
 
 def queue_list(ns: str, raw: str) -> list[str]:
@@ -115,8 +115,10 @@ def count(query: Mapping[str, str]) -> int:
 
 
 def job_id(raw: str) -> str:
-    if decode_id(raw) is None and not is_client_id_valid(raw):
-        raise BadRequest("invalid job id", "job_id")
+    """A server-made id or a client's (``names.job_id``)."""
+    problem = names.job_id(raw)
+    if problem:
+        raise BadRequest(problem, "job_id")
     return raw
 
 
@@ -171,7 +173,7 @@ def bulk_elements(data: bytes, element_limit: int) -> list[bytes]:
         text = data.decode()
     except UnicodeDecodeError:
         raise err from None
-    decoder = json.JSONDecoder()
+    decoder = userjson.DECODER  # strict: no NaN, Infinity nor 1e999
     i, n = 0, len(text)
 
     def skip(j: int) -> int:
@@ -190,6 +192,8 @@ def bulk_elements(data: bytes, element_limit: int) -> list[bytes]:
         while True:
             try:
                 _, end = decoder.raw_decode(text, i)
+            except userjson.NotFinite as e:
+                raise BadRequest(f"invalid body: {e}", "body") from None
             except (ValueError, RecursionError):  # bad JSON, deep nesting, a 5,000-digit number
                 raise err from None
             element = text[i:end].encode()
@@ -228,11 +232,9 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None], list[bytes | None
     ``{"job_id": ..., "lease": ..., "result": ...}`` (lease and result optional; the result
     any JSON value), or an object holding the array as ``job_ids``. Repeated ids count once.
     Returns the ids, their leases (None: none) and results (compact JSON; None: none)."""
-    err = BadRequest("request body should be a JSON array of job ids", "body")
-    try:
-        parsed = json.loads(data, parse_constant=_no_constant)
-    except (ValueError, RecursionError):  # bad JSON or UTF-8, deep nesting, a 5,000-digit number
-        raise err from None
+    message = "request body should be a JSON array of job ids"
+    err = BadRequest(message, "body")
+    parsed = userjson.parse(data, "body", message, by_field=True)
     if isinstance(parsed, dict) and set(parsed) == {"job_ids"}:
         parsed = parsed["job_ids"]
     if not isinstance(parsed, list):
@@ -267,27 +269,20 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None], list[bytes | None
     return list(leases), list(leases.values()), [results.get(i) for i in leases]
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(name)  # NaN, Infinity: not JSON
-
-
 def note(raw: bytes | str, what: str) -> bytes:
     """A job's progress or result: one JSON value of at most ``MAX_NOTE_BYTES`` (as given),
     returned as compact JSON (what is stored). Too big: 413; not JSON: 400 naming ``what``."""
     data = raw.encode() if isinstance(raw, str) else raw
     if len(data) > MAX_NOTE_BYTES:
         raise BodyTooLarge(f"{what} too large (max {MAX_NOTE_BYTES} bytes)", what)
-    try:
-        value = json.loads(data, parse_constant=_no_constant)
-    except (ValueError, RecursionError):  # bad JSON or UTF-8, deep nesting, huge numbers
-        raise BadRequest(f"invalid {what}: must be JSON", what) from None
+    value = userjson.parse(data, what, f"invalid {what}: must be JSON")
     return _compact(value, what)
 
 
 def _compact(value: Any, what: str) -> bytes:
     """A parsed JSON value as stored: compact UTF-8, at most ``MAX_NOTE_BYTES``."""
     try:
-        out = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        out = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
     except (ValueError, RecursionError):  # a lone surrogate (no UTF-8), deep nesting
         raise BadRequest(f"invalid {what}: must be JSON", what) from None
     if len(out) > MAX_NOTE_BYTES:
@@ -334,10 +329,9 @@ async def text(request: Request, name: str) -> str:
     if value is None and "json" in (header(request, "content-type") or ""):
         data = await body(request, MAX_NOTE_TEXT * 6 + 1024)
         if data.strip():
-            try:
-                parsed = json.loads(data)
-            except (ValueError, RecursionError):
-                raise BadRequest(f"request body should be a JSON object with {name}", "body")
+            parsed = userjson.parse(
+                data, "body", f"request body should be a JSON object with {name}", by_field=True
+            )
             if not isinstance(parsed, dict) or not set(parsed) <= {name}:
                 raise BadRequest(f"request body should be a JSON object with {name}", "body")
             value = parsed.get(name)

@@ -7,8 +7,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-import json as _json
-
+from cluster_dq import userjson
 from cluster_dq.models import UNKNOWN_REASON, DeadLetter, Job, JobResult
 
 
@@ -43,7 +42,7 @@ def job_object(job: Job, now: int, *, msg: bool = True) -> dict[str, Any]:
     if job.lease is not None:
         out["lease"] = job.lease  # this delivery's token: send it back on ack, touch, release
     if job.progress is not None:
-        out["progress"] = _json.loads(job.progress)
+        out["progress"] = userjson.stored(job.progress)
     return out
 
 
@@ -54,7 +53,7 @@ def result_object(done: JobResult) -> dict[str, Any]:
         "queue": done.queue,
         "job_id": done.job_id,
         "state": "acked",
-        "result": _json.loads(done.result),
+        "result": userjson.stored(done.result),
         "acked_at_ms": done.done_ms,
     }
 

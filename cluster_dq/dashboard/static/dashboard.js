@@ -1,4 +1,5 @@
-// cluster_dq dashboard: live sizes (server-sent events), local times, confirmations.
+// cluster_dq dashboard: live sizes (server-sent events), confirmations. Times are the
+// server's, in UTC and labelled so (cluster_dq/dashboard/times.py): never rewritten here.
 // Plain JavaScript, no dependencies: works offline.
 (function () {
   "use strict";
@@ -13,17 +14,6 @@
     if (ms < 120000) return (ms / 1000).toFixed(1) + " s";
     if (ms < 7200000) return (ms / 60000).toFixed(1) + " min";
     return (ms / 3600000).toFixed(1) + " h";
-  }
-
-  function localTimes(root) {
-    root.querySelectorAll("time[data-ms]").forEach(function (el) {
-      var ms = Number(el.getAttribute("data-ms"));
-      if (ms > 0) {
-        var d = new Date(ms);
-        el.textContent = d.toLocaleString();
-        el.setAttribute("datetime", d.toISOString());
-      }
-    });
   }
 
   function apply(event) {
@@ -73,7 +63,6 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
-    localTimes(document);
     confirmations();
     live();
   });

@@ -20,11 +20,7 @@
       .then(function (r) { return r.text().then(function (t) { return [r.ok, t, r.status]; }); })
       .then(function (got) {
         if (!got[0]) { failed(el, reason(got[2], got[1])); return; }
-        el.innerHTML = got[1];  // the service's own fragment, escaped by its templates
-        el.querySelectorAll("time[data-ms]").forEach(function (t) {
-          var ms = Number(t.getAttribute("data-ms"));
-          if (ms > 0) t.textContent = new Date(ms).toLocaleString();
-        });
+        el.innerHTML = got[1];  // the service's own fragment, escaped by its templates (UTC times)
         el.dataset.panelLoaded = String(Date.now());
         el.classList.remove("panel-error");
         delete el.dataset.panelError;

@@ -1,0 +1,99 @@
+"""JSON from users, read strictly: RFC 8259 values with finite numbers, one rule for every
+body and parameter the service parses as JSON (progress, results, batch acks, bulk publishes,
+schedules, queue settings, limits, reasons and errors).
+
+Python's ``json`` reads ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON) and reads a number
+beyond a float's range (``1e999``) as infinity. Stored, such a value is written back as
+``Infinity``, which no JSON reader accepts, the service's own answers included: refused here,
+it is a 400 naming the parameter, and nothing is written. No I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from cluster_dq.errors import BadRequest
+
+
+class NotFinite(ValueError):
+    """A number JSON cannot carry: NaN, Infinity, or one beyond a float's range. ``field``:
+    the key of the innermost object holding it (None: not in an object)."""
+
+    def __init__(self, text: str, field: str | None = None) -> None:
+        super().__init__(f"{text[:32]} is not a finite number")
+        self.field = field
+
+
+def _constant(name: str) -> Any:
+    raise NotFinite(name)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotFinite(text)
+    return value
+
+
+# One decoder (the C scanner takes the hooks): ``raw_decode`` for the bulk publish's elements.
+DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
+_MARK = object()  # where a number JSON cannot carry was, while ``loads`` finds its field
+
+
+def loads(data: bytes | str) -> Any:
+    """``data`` as JSON, strictly. Raises ``NotFinite`` for a non-finite number, another
+    ``ValueError`` for anything else that is not JSON (UTF-8 included, and integers of more
+    than Python's 4,300 digits), ``RecursionError`` for nesting deeper than Python goes."""
+    found: list[str] = []
+
+    def bad(text: str) -> Any:
+        found.append(text)
+        return _MARK
+
+    def number(text: str) -> Any:
+        value = float(text)
+        return value if math.isfinite(value) else bad(text)
+
+    value = json.loads(data, parse_constant=bad, parse_float=number)
+    if found:
+        raise NotFinite(found[0], _field_of(value))
+    return value
+
+
+def _field_of(value: Any) -> str | None:
+    """The key of the innermost object that holds a ``_MARK``, at any depth."""
+    stack: list[tuple[Any, str | None]] = [(value, None)]
+    while stack:
+        v, key = stack.pop()
+        if v is _MARK:
+            return key
+        if isinstance(v, dict):
+            stack.extend((x, k) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, key) for x in v)
+    return None
+
+
+def parse(data: bytes | str, what: str, message: str, by_field: bool = False) -> Any:
+    """``data`` as JSON, else a ``BadRequest``: ``message`` naming ``what`` when it is not
+    JSON; for a number JSON cannot carry, why, naming ``what`` or (``by_field``: a body of
+    named fields) the field that holds it."""
+    try:
+        return loads(data)
+    except NotFinite as e:
+        name = e.field if by_field and e.field else what
+        raise BadRequest(f"invalid {name}: {e}", name) from None
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, deep nesting, huge integers
+        raise BadRequest(message, what) from None
+
+
+def stored(raw: bytes) -> Any:
+    """A JSON value the service stored (a progress, a result), for an answer. One stored
+    before the strict rule may hold ``Infinity`` or ``NaN``, which no answer can carry: it is
+    given as its text, a JSON string, rather than failing the request."""
+    try:
+        return loads(raw)
+    except (ValueError, RecursionError):
+        return raw.decode(errors="replace")
