@@ -24,7 +24,7 @@ from cluster_dq.dashboard import charts, panels
 from cluster_dq.engine import insight
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.errors import BadRequest, NotFound
-from cluster_dq.keys import QueueKeys, shard_of
+from cluster_dq.keys import AdminKeys, QueueKeys, shard_of
 from cluster_dq.localredis import Cluster, SentinelGroup, Server
 from cluster_dq.models import JobSpec, JobState, id_due_ms_of_text
 from cluster_dq.pools import RedisPool
@@ -506,9 +506,9 @@ def test_read_only_hides_and_refuses_the_panels_actions(redis_server: Server) ->
     anyway is a 403 that changes nothing. (One topology: the switch is the dashboard's own.)"""
     svc = serve(redis_server.pool_settings(), CLUSTER_DQ_DASHBOARDREADONLY="true")
     try:
-        token = httpx.post(
-            f"{svc.admin}/token/{NS}", params={"description": "ro"}, auth=ADMIN_AUTH
-        ).json()["token"]
+        token = "ReadOnlyPanels" + uuid.uuid4().hex[:12]  # the read-only port makes none:
+        with redis.Redis(port=redis_server.port) as r:  # as an earlier, writable run left it
+            r.hset(AdminKeys.tokens("default", NS), token, "ro")
         with (
             httpx.Client(base_url=svc.base, headers={"X-Token": token}, timeout=30) as api,
             httpx.Client(base_url=svc.admin, auth=ADMIN_AUTH, timeout=30) as ui,
