@@ -76,6 +76,9 @@ LONG_ON_SENTINEL = {
         "test_hostile_worker",
         "test_hostile_dashboard",
         "test_hostile_dashboard_core",
+        "test_security_admin",
+        "test_security_paths",
+        "test_security_limits",
     )
 }
 
