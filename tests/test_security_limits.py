@@ -234,3 +234,38 @@ def test_a_namespace_that_fills_its_share_of_long_polls_locks_no_other_out(
         assert answers[f"{a}/idle0"] == answers[f"{a}/idle1"] == 404
     finally:
         svc.stop(timeout=30)
+
+
+def test_a_burst_of_long_polls_gets_no_more_than_its_share(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
+    """Long-polls of one namespace sent all at once: the share is counted when each starts to
+    wait, not only before its first look, so a burst cannot slip past it while the first looks
+    are in flight. At most MaxWaitersPerNamespace of them wait; the others get 429."""
+    svc = serve(
+        redis_server.pool_settings(),
+        CLUSTER_DQ_MAXWAITERS="100",
+        CLUSTER_DQ_MAXWAITERSPERNAMESPACE="2",
+    )
+    ns = f"wc{uuid.uuid4().hex[:8]}"
+    token = new_token(svc.admin, ns)
+    n = 12
+    start = threading.Barrier(n)
+    answers: list[int] = []
+
+    def poll(i: int) -> None:
+        with httpx.Client(base_url=svc.base, headers={"X-Token": token}, timeout=60) as api:
+            api.get(f"/api/{ns}/warm{i}", params={"timeout": 0})  # connected, token cached
+            start.wait()
+            answers.append(api.get(f"/api/{ns}/q{i}", params={"timeout": 3}).status_code)
+
+    threads = [threading.Thread(target=poll, args=(i,)) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(answers) == n
+        assert answers.count(404) <= 2 and answers.count(429) >= n - 2, answers
+    finally:
+        svc.stop(timeout=30)

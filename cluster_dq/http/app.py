@@ -228,12 +228,15 @@ class DataAPI:
             if refusal:
                 # Bounded memory and tasks per worker, and a share of them per namespace:
                 # refuse at once, before reserving anything.
-                busy = error(refusal, 429, key="msg")
-                busy.headers["Retry-After"] = "1"
-                return busy
+                return _busy(refusal)
             # A first look at once: a long-poll that finds jobs needs no watch for a hang-up.
             jobs: list[Job] | None = await self.service.consume(route, ns, queues, ttr_ms, n, 0)
             if not jobs and timeout_ms > 0:
+                # Asked again with no await before entering: others that passed the check
+                # above may have entered during the first look (a burst would pass the bound).
+                refusal = self._long_polls.refusal(ns)
+                if refusal:
+                    return _busy(refusal)
                 self._long_polls.enter(ns)
                 try:
                     consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
@@ -587,6 +590,13 @@ def build_app(
         templates=_templates(routes),
     )
     return app
+
+
+def _busy(refusal: str) -> Response:
+    """A long-poll refused by ``Admission`` (nothing reserved): 429, try again in a second."""
+    busy = error(refusal, 429, key="msg")
+    busy.headers["Retry-After"] = "1"
+    return busy
 
 
 def _token_of(request: Request) -> tuple[str, str]:
