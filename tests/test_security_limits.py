@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from cluster_dq.keys import QueueKeys
+from cluster_dq.keys import AdminKeys, QueueKeys
 from cluster_dq.localredis import Server
 from tests.conftest import Deployment
 from tests.test_http import ADMIN_AUTH, serve
@@ -172,6 +172,50 @@ def test_a_token_with_a_write_limit_cannot_create_or_resume_a_schedule(
     # refusals spent nothing: the one write of the hour deletes the schedule
     assert prod.delete(f"/api/{NS}/{q}/schedules/tick").status_code == 204
     assert sync_redis.exists(QueueKeys(NS, q).schedules) == 0
+
+
+def test_a_failed_write_gives_its_unit_back_to_its_own_window_only(
+    served: tuple[str, str], sync_redis: redis.Redis
+) -> None:
+    """A write that fails is refunded, but only to the window that counted it: one that
+    fails after its window ended (a body sent slowly, then refused) gives nothing to the
+    next window. Before, the refund took a unit off whatever counter was there then, so
+    requests held open across windows bought writes past the limit."""
+    base, admin = served
+    token = new_token(admin)
+    r = httpx.post(
+        f"{admin}/token/{NS}/{token}/limit",
+        json={"read": 0, "write": 1, "interval": 2},
+        auth=ADMIN_AUTH,
+    )
+    assert r.status_code == 201, r.text
+    time.sleep(1.2)  # every instance rereads limits within TokenCacheSecond
+    q = uuid.uuid4().hex[:10]
+    go_on = threading.Event()
+    slow: list[int] = []
+
+    def body() -> Iterator[bytes]:
+        yield b'{"max_si'
+        go_on.wait(30)
+        yield b'ze": "not a number"}'
+
+    def slow_patch() -> None:
+        with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=60) as c:
+            slow.append(c.patch(f"/api/{NS}/{q}/settings", content=body()).status_code)
+
+    with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=30) as prod:
+        # counted at once: the window's one write is in use while its body is awaited
+        counter = AdminKeys.counter("default", NS, token, "w")
+        t = threading.Thread(target=slow_patch)
+        t.start()
+        _wait_for(lambda: sync_redis.get(counter) == b"1", "the slow request counted")
+        # a new window: its one write, then the slow request fails (a 400) in it
+        _wait_for(lambda: not sync_redis.exists(counter), "the window's end", within=10)
+        assert prod.put(f"/api/{NS}/{q}", content=b"a").status_code == 201
+        go_on.set()
+        t.join(timeout=30)
+        assert slow == [400]
+        assert prod.put(f"/api/{NS}/{q}", content=b"b").status_code == 429
 
 
 # -- item 8: each namespace its share of a worker's long-polls --------------------------------

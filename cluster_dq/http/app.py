@@ -84,8 +84,8 @@ class DataAPI:
             response = await handler()
             return response
         finally:
-            if taken and (response is None or not 200 <= response.status_code < 300):
-                await self.service.tokens.refund(pool_name, ns, token, write)
+            if taken is not None and (response is None or not 200 <= response.status_code < 300):
+                await self.service.tokens.refund(pool_name, ns, token, write, taken)
 
     def write(self, handler: Handler, leased_is_free: bool = False) -> Handler:
         """The route counted as a write against its token's limit, as a publish is (its GET
