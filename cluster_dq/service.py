@@ -383,7 +383,8 @@ class Service:
             (state,) = await self.ack(route, ns, q, [old_id], [lease])
             if state is None:
                 raise Conflict([(old_id, None)])
-            (published,) = await self.publish(route, ns, q, [spec])
+            with _written_before(True, idempotent=False):  # the old job is acked
+                (published,) = await self.publish(route, ns, q, [spec])
             return published
         pool = place.write
         op = ops.republish(pool.engine.config, ns, q, old_id, spec, pool.engine.clock(), lease)
@@ -393,7 +394,8 @@ class Service:
         acked, published = await self._run(pool, op, idempotent=lease is None, durable=True)
         self.metrics.count(metrics.published, ns, q, not published.duplicate)
         if acked is None and len(place.reads) > 1:  # the old job lives in a pool being drained
-            await self.ack(route, ns, q, [old_id])
+            with _written_before(True, idempotent=True):  # the new job is published
+                await self.ack(route, ns, q, [old_id])
         else:
             self.metrics.count(metrics.acked, ns, q, acked is not None)
         return published
