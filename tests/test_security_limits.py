@@ -218,6 +218,32 @@ def test_a_failed_write_gives_its_unit_back_to_its_own_window_only(
         assert prod.put(f"/api/{NS}/{q}", content=b"b").status_code == 429
 
 
+def test_a_write_that_was_applied_but_answered_503_is_not_refunded(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
+    """Only a request that changed nothing gives its unit back. A publish written on the master
+    but not confirmed by a replica (WaitReplicas with none) answers 503 "may have been
+    applied": it was written, so it is counted. Before, it was refunded: a token at its write
+    limit published without end while replicas lagged."""
+    svc = serve(
+        redis_server.pool_settings(),
+        CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS="1",
+        CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS="50",
+    )
+    try:
+        token = new_token(svc.admin)
+        set_limit(svc.admin, token, write=1)
+        q = uuid.uuid4().hex[:10]
+        with httpx.Client(base_url=svc.base, headers={"X-Token": token}, timeout=30) as prod:
+            first = prod.put(f"/api/{NS}/{q}", content=b"a")
+            assert first.status_code == 503, first.text
+            assert standalone_redis.zcard(QueueKeys(NS, q).ready) == 1  # written all the same
+            assert prod.put(f"/api/{NS}/{q}", content=b"b").status_code == 429
+            assert standalone_redis.zcard(QueueKeys(NS, q).ready) == 1
+    finally:
+        svc.stop(timeout=30)
+
+
 # -- item 8: each namespace its share of a worker's long-polls --------------------------------
 
 

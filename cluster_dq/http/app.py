@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import retry
-from cluster_dq.errors import BadRequest, Unauthorized, WriteLimited
+from cluster_dq.errors import BadRequest, PoolUnavailable, Unauthorized, WriteLimited
 from cluster_dq import queueconf
 from cluster_dq.http import openapi, params
 from cluster_dq.http.control import ControlAPI
@@ -40,7 +40,7 @@ from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.schedules import MAX_SCHEDULE_PAGE
 from cluster_dq.schedules import check_name as check_schedule_name
-from cluster_dq.service import Service
+from cluster_dq.service import Service, nothing_written
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import split_token, well_formed_raw
 from cluster_dq.waiters import Admission
@@ -76,15 +76,24 @@ class DataAPI:
         write: bool,
         handler: Callable[[], Awaitable[Response]],
     ) -> Response:
-        """lmstfy's throttle: count the request, refund it unless it succeeded (2xx)."""
+        """lmstfy's throttle: count the request, refund it unless it succeeded (2xx), or failed
+        having maybe changed something (a 503 that does not say nothing was written)."""
         pool_name, token = _token_of(request)
         taken = await self.service.tokens.take(pool_name, ns, token, write)
         response: Response | None = None
+        applied = False  # a failure after which the request may have been applied
         try:
             response = await handler()
             return response
+        except PoolUnavailable as e:
+            applied = not nothing_written(e)
+            raise
         finally:
-            if taken is not None and (response is None or not 200 <= response.status_code < 300):
+            if (
+                taken is not None
+                and not applied
+                and (response is None or not 200 <= response.status_code < 300)
+            ):
                 await self.service.tokens.refund(pool_name, ns, token, write, taken)
 
     def write(self, handler: Handler, leased_is_free: bool = False) -> Handler:
