@@ -1043,9 +1043,8 @@ def _written_before(written: bool, *, idempotent: bool) -> Iterator[None]:
     except PoolUnavailable as e:
         if not written or not nothing_written(e):
             raise
-        advice = (
-            "the request was applied in part (on another pool of the queue); "
-            + ("repeating it is safe" if idempotent else "look before repeating it")
+        advice = "the request was applied in part (on another pool of the queue); " + (
+            "repeating it is safe" if idempotent else "look before repeating it"
         )
         raise PoolUnavailable(e.pool, e.detail, advice) from e
 
