@@ -246,7 +246,8 @@ class Service:
                 results=[results[i] for i in todo] if results else None,
                 keep_result_ms=pool.engine.config.keep_result_ms,
             )
-            found = await self._run(pool, op, idempotent=True, durable=True)
+            with _written_before(len(todo) < len(ids), idempotent=True):
+                found = await self._run(pool, op, idempotent=True, durable=True)
             for i, state in zip(todo, found):
                 states[i] = state
         self.metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
@@ -382,7 +383,8 @@ class Service:
             (state,) = await self.ack(route, ns, q, [old_id], [lease])
             if state is None:
                 raise Conflict([(old_id, None)])
-            (published,) = await self.publish(route, ns, q, [spec])
+            with _written_before(True, idempotent=False):  # the old job is acked
+                (published,) = await self.publish(route, ns, q, [spec])
             return published
         pool = place.write
         op = ops.republish(pool.engine.config, ns, q, old_id, spec, pool.engine.clock(), lease)
@@ -392,7 +394,8 @@ class Service:
         acked, published = await self._run(pool, op, idempotent=lease is None, durable=True)
         self.metrics.count(metrics.published, ns, q, not published.duplicate)
         if acked is None and len(place.reads) > 1:  # the old job lives in a pool being drained
-            await self.ack(route, ns, q, [old_id])
+            with _written_before(True, idempotent=True):  # the new job is published
+                await self.ack(route, ns, q, [old_id])
         else:
             self.metrics.count(metrics.acked, ns, q, acked is not None)
         return published
@@ -639,10 +642,13 @@ class Service:
         n = 0
         for pool in route.place(ns, q).reads:
             if n < limit:
-                n += await self._run(
-                    pool,
-                    ops.respawn(pool.engine.config, ns, q, limit - n, ttl_ms, pool.engine.clock()),
-                )
+                with _written_before(bool(n), idempotent=False):
+                    n += await self._run(
+                        pool,
+                        ops.respawn(
+                            pool.engine.config, ns, q, limit - n, ttl_ms, pool.engine.clock()
+                        ),
+                    )
         self.metrics.count(metrics.respawned, ns, q, n)
         if self.events and n:
             self.events.record("respawned", ns, q, route.place(ns, q).write.engine.clock(), n=n)
@@ -652,7 +658,8 @@ class Service:
         n = 0
         for pool in route.place(ns, q).reads:
             if n < limit:
-                n += await self._run(pool, ops.delete_dead(ns, q, limit - n))
+                with _written_before(bool(n), idempotent=False):
+                    n += await self._run(pool, ops.delete_dead(ns, q, limit - n))
         return n
 
     # -- recurring jobs (they live in the queue's write pool, whose pump leaders fire them) ---
@@ -769,8 +776,9 @@ class Service:
         pool that holds its jobs (a migration: the pools drained too, the write pool last),
         and answers them. Idempotent: pause and resume twice change nothing more."""
         got = QueueSettings()
-        for pool in route.place(ns, q).reads:
-            got = await self._run(pool, ops.configure(ns, q, changes), idempotent=True)
+        for i, pool in enumerate(route.place(ns, q).reads):
+            with _written_before(i > 0, idempotent=True):
+                got = await self._run(pool, ops.configure(ns, q, changes), idempotent=True)
         self._queue_settings[(ns, q)] = (time.monotonic(), got)
         return got
 
@@ -1023,6 +1031,22 @@ def _unavailable(
         else:
             advice = "" if unknown is None else _outcome(e, idempotent, unknown)
         raise PoolUnavailable(pool, f"{what}{e}", advice) from e
+
+
+@contextlib.contextmanager
+def _written_before(written: bool, *, idempotent: bool) -> Iterator[None]:
+    """A step of a request that spans pools (a migration), after an earlier pool's step that
+    ``written``: its failure may not say "nothing was written", the request was applied in
+    part (a repeat of a once-only one, a respawn, would do its part again)."""
+    try:
+        yield
+    except PoolUnavailable as e:
+        if not written or not nothing_written(e):
+            raise
+        advice = "the request was applied in part (on another pool of the queue); " + (
+            "repeating it is safe" if idempotent else "look before repeating it"
+        )
+        raise PoolUnavailable(e.pool, e.detail, advice) from e
 
 
 def nothing_written(e: BaseException | None) -> bool:

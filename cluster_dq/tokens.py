@@ -285,20 +285,28 @@ class TokenStore:
         limit = (await self.limits()).get(f"{pool}/{ns}/{token}")
         return limit is not None and limit.write > 0
 
-    async def take(self, pool: str, ns: str, token: str, write: bool) -> bool:
-        """Counts one request against the token's limit; True when a unit was taken."""
+    async def take(self, pool: str, ns: str, token: str, write: bool) -> float | None:
+        """Counts one request against the token's limit. When a unit was taken: until when
+        (``time.monotonic()``) it may be given back (``refund``), the end of the window that
+        counted it at the earliest; None when nothing was taken."""
         limit = (await self.limits()).get(f"{pool}/{ns}/{token}")
         per = (limit.write if write else limit.read) if limit else 0
         if not limit or per <= 0:
-            return False
+            return None
         kind = "w" if write else "r"
         key = AdminKeys.counter(pool, ns, token, kind)
-        if not await self.engine.run(ops.rate_limit(key, per, limit.interval * 1000)):
+        asked = time.monotonic()
+        left_ms = await self.engine.run(ops.rate_limit(key, per, limit.interval * 1000))
+        if not left_ms:
             action = "produce" if write else "consume"
             raise RateLimited(f"token({token}) {action} reach the limit rate, please retry later")
-        return True
+        return asked + left_ms / 1000
 
-    async def refund(self, pool: str, ns: str, token: str, write: bool) -> None:
+    async def refund(self, pool: str, ns: str, token: str, write: bool, until: float) -> None:
+        """Gives back a unit ``take`` took, if its window is not over (``until``): a unit given
+        to a later window would let requests held open across windows write past the limit."""
+        if time.monotonic() >= until:
+            return
         key = AdminKeys.counter(pool, ns, token, "w" if write else "r")
         try:
             await self.engine.run(ops.rate_limit(key, 0, 0, refund=True))

@@ -6,10 +6,12 @@
   ARGV[1] limit: units per window
   ARGV[2] window: the window (ms)
   ARGV[3] refund: '1' to give one unit back instead
-  Returns: 1 allowed, 0 refused (a flag)
+  Returns: the ms left in the window when allowed (at least 1), 0 refused; a refund: 1.
+  A refund is for the window that counted the unit: the caller gives none back once that
+  window's time is over, and never takes the counter below 0.
 ]]
 if ARGV[3] == '1' then
-  if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECR', KEYS[1]) end
+  if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
   return 1
 end
 local n = redis.call('INCR', KEYS[1])
@@ -20,4 +22,4 @@ if n > tonumber(ARGV[1]) then
   redis.call('DECR', KEYS[1])
   return 0
 end
-return 1
+return math.max(redis.call('PTTL', KEYS[1]), 1)

@@ -29,6 +29,7 @@ from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import EngineConfig, Eval
 from cluster_dq.engine.retry import BUDGET_S
 from cluster_dq.errors import PoolUnavailable
+from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import SentinelGroup, Server, free_port, start_server
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.pools import RedisPool, close_client, make_client
@@ -378,3 +379,86 @@ async def test_a_dashboard_page_during_an_outage_says_nothing_was_written(
             r = await ui.get(path)
             assert r.status_code == 503, (path, r.status_code)
             assert NOT_APPLIED in r.text and "may have been applied" not in r.text, path
+
+
+async def test_a_respawn_written_on_one_pool_of_a_migration_is_not_said_unwritten(
+    server: Server,
+) -> None:
+    """A queue moving between pools: a respawn revives the old pool's dead job, then finds the
+    new pool down (refused at connect). Its 503 must not say "nothing was written; repeating it
+    is safe" (a repeat revives more dead jobs): the old pool's part was written."""
+    old = start_server()
+    try:
+        env = {"CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{old.port}"}
+        rt = Runtime(load(None, env), run_pump=False)
+        await rt.start()
+        try:
+            token = await rt.service.tokens.create("default", NS, "outage", None)
+            async with http(rt, token) as c:
+                job = (await c.put("/api/out/q", content=b"x")).json()["job_id"]
+                assert (await c.post(f"/api/out/q/job/{job}/bury")).status_code == 200
+        finally:
+            await rt.close()
+        moving = {
+            **env,
+            "CLUSTER_DQ_POOL__DEFAULT__MIGRATETO": "new",
+            "CLUSTER_DQ_POOL__NEW__ADDR": f"127.0.0.1:{server.port}",
+        }
+        rt = Runtime(load(None, moving), run_pump=False)
+        await rt.start()
+        try:
+            async with http(rt, token) as c:
+                await down(server)  # the new pool
+                r = await c.put("/api/out/q/deadletter", params={"limit": 10})
+                assert r.status_code == 503, r.text
+                with old.client() as o:
+                    assert o.zcard(QueueKeys(NS, "q").ready) == 1  # revived in the old pool
+                said = r.json()["error"]
+                assert NOT_APPLIED not in said and SAFE not in said, said
+        finally:
+            await rt.close()
+    finally:
+        old.stop()
+
+
+async def test_a_republish_written_on_the_new_pool_is_not_said_unwritten(
+    server: Server,
+) -> None:
+    """A queue moving between pools: a republish publishes the new job on the new pool, then
+    acks the old one where it lives, the old pool, which is down. The new job was written:
+    the 503 may say repeating is safe (the ids are fixed), not that nothing was written."""
+    new = start_server()
+    try:
+        env = {"CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{server.port}"}
+        rt = Runtime(load(None, env), run_pump=False)
+        await rt.start()
+        try:
+            token = await rt.service.tokens.create("default", NS, "outage", None)
+            async with http(rt, token) as c:
+                job = (await c.put("/api/out/q", content=b"x")).json()["job_id"]
+        finally:
+            await rt.close()
+        moving = {
+            **env,
+            "CLUSTER_DQ_POOL__DEFAULT__MIGRATETO": "new",
+            "CLUSTER_DQ_POOL__NEW__ADDR": f"127.0.0.1:{new.port}",
+            "CLUSTER_DQ_TOKENCACHESECOND": "60",
+            "CLUSTER_DQ_QUEUESETTINGSCACHESECOND": "60",
+        }
+        rt = Runtime(load(None, moving), run_pump=False)
+        await rt.start()
+        try:
+            async with http(rt, token) as c:
+                # the token and the queue's settings known (read and carried over)
+                assert (await c.put("/api/out/q", content=b"w")).status_code == 201
+                await down(server)  # the old pool (and the token store: its answer cached)
+                r = await c.put(f"/api/out/q/job/{job}", content=b"y")
+                assert r.status_code == 503, r.text
+                with new.client() as n:
+                    assert n.zcard(QueueKeys(NS, "q").ready) == 2  # published on the new pool
+                said = r.json()["error"]
+                assert NOT_APPLIED not in said and SAFE in said, said
+        finally:
+            await rt.close()
+    finally:
+        new.stop()

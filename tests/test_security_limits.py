@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from cluster_dq.keys import QueueKeys
+from cluster_dq.keys import AdminKeys, QueueKeys
 from cluster_dq.localredis import Server
 from tests.conftest import Deployment
 from tests.test_http import ADMIN_AUTH, serve
@@ -174,6 +174,76 @@ def test_a_token_with_a_write_limit_cannot_create_or_resume_a_schedule(
     assert sync_redis.exists(QueueKeys(NS, q).schedules) == 0
 
 
+def test_a_failed_write_gives_its_unit_back_to_its_own_window_only(
+    served: tuple[str, str], sync_redis: redis.Redis
+) -> None:
+    """A write that fails is refunded, but only to the window that counted it: one that
+    fails after its window ended (a body sent slowly, then refused) gives nothing to the
+    next window. Before, the refund took a unit off whatever counter was there then, so
+    requests held open across windows bought writes past the limit."""
+    base, admin = served
+    token = new_token(admin)
+    r = httpx.post(
+        f"{admin}/token/{NS}/{token}/limit",
+        json={"read": 0, "write": 1, "interval": 2},
+        auth=ADMIN_AUTH,
+    )
+    assert r.status_code == 201, r.text
+    time.sleep(1.2)  # every instance rereads limits within TokenCacheSecond
+    q = uuid.uuid4().hex[:10]
+    go_on = threading.Event()
+    slow: list[int] = []
+
+    def body() -> Iterator[bytes]:
+        yield b'{"max_si'
+        go_on.wait(30)
+        yield b'ze": "not a number"}'
+
+    def slow_patch() -> None:
+        with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=60) as c:
+            slow.append(c.patch(f"/api/{NS}/{q}/settings", content=body()).status_code)
+
+    with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=30) as prod:
+        # counted at once: the window's one write is in use while its body is awaited
+        counter = AdminKeys.counter("default", NS, token, "w")
+        t = threading.Thread(target=slow_patch)
+        t.start()
+        _wait_for(lambda: sync_redis.get(counter) == b"1", "the slow request counted")
+        # a new window: its one write, then the slow request fails (a 400) in it
+        _wait_for(lambda: not sync_redis.exists(counter), "the window's end", within=10)
+        assert prod.put(f"/api/{NS}/{q}", content=b"a").status_code == 201
+        go_on.set()
+        t.join(timeout=30)
+        assert slow == [400]
+        assert prod.put(f"/api/{NS}/{q}", content=b"b").status_code == 429
+
+
+def test_a_write_that_was_applied_but_answered_503_is_not_refunded(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
+    """Only a request that changed nothing gives its unit back. A publish written on the master
+    but not confirmed by a replica (WaitReplicas with none) answers 503 "may have been
+    applied": it was written, so it is counted. Before, it was refunded: a token at its write
+    limit published without end while replicas lagged."""
+    svc = serve(
+        redis_server.pool_settings(),
+        CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS="1",
+        CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS="50",
+    )
+    try:
+        token = new_token(svc.admin)
+        set_limit(svc.admin, token, write=1)
+        q = uuid.uuid4().hex[:10]
+        with httpx.Client(base_url=svc.base, headers={"X-Token": token}, timeout=30) as prod:
+            first = prod.put(f"/api/{NS}/{q}", content=b"a")
+            assert first.status_code == 503, first.text
+            assert standalone_redis.zcard(QueueKeys(NS, q).ready) == 1  # written all the same
+            assert prod.put(f"/api/{NS}/{q}", content=b"b").status_code == 429
+            assert standalone_redis.zcard(QueueKeys(NS, q).ready) == 1
+    finally:
+        svc.stop(timeout=30)
+
+
 # -- item 8: each namespace its share of a worker's long-polls --------------------------------
 
 
@@ -232,5 +302,40 @@ def test_a_namespace_that_fills_its_share_of_long_polls_locks_no_other_out(
         for t in hogs:
             t.join(timeout=30)
         assert answers[f"{a}/idle0"] == answers[f"{a}/idle1"] == 404
+    finally:
+        svc.stop(timeout=30)
+
+
+def test_a_burst_of_long_polls_gets_no_more_than_its_share(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
+    """Long-polls of one namespace sent all at once: the share is counted when each starts to
+    wait, not only before its first look, so a burst cannot slip past it while the first looks
+    are in flight. At most MaxWaitersPerNamespace of them wait; the others get 429."""
+    svc = serve(
+        redis_server.pool_settings(),
+        CLUSTER_DQ_MAXWAITERS="100",
+        CLUSTER_DQ_MAXWAITERSPERNAMESPACE="2",
+    )
+    ns = f"wc{uuid.uuid4().hex[:8]}"
+    token = new_token(svc.admin, ns)
+    n = 12
+    start = threading.Barrier(n)
+    answers: list[int] = []
+
+    def poll(i: int) -> None:
+        with httpx.Client(base_url=svc.base, headers={"X-Token": token}, timeout=60) as api:
+            api.get(f"/api/{ns}/warm{i}", params={"timeout": 0})  # connected, token cached
+            start.wait()
+            answers.append(api.get(f"/api/{ns}/q{i}", params={"timeout": 3}).status_code)
+
+    threads = [threading.Thread(target=poll, args=(i,)) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(answers) == n
+        assert answers.count(404) <= 2 and answers.count(429) >= n - 2, answers
     finally:
         svc.stop(timeout=30)

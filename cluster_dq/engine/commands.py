@@ -1123,8 +1123,9 @@ def lead(shard: int, token: str, lease_ms: int, give_up: bool = False) -> Op[int
     return replies.decode_leader((yield call))
 
 
-def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) -> Op[bool]:
-    """Takes (or gives back) one unit of a fixed-window limit; False when it is used up."""
+def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) -> Op[int]:
+    """Takes (or gives back) one unit of a fixed-window limit: the ms left in the window
+    when taken, 0 when it is used up (a refund: 1)."""
     call = _eval(
         "rate_limit",
         {"counter": key},
@@ -1132,7 +1133,7 @@ def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) 
         window=window_ms,
         refund="1" if refund else "0",
     )
-    return replies.decode_flag((yield call))
+    return replies.decode_count((yield call))
 
 
 def queue_settings(ns: str, q: str) -> Op[QueueSettings]:

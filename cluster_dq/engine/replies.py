@@ -200,7 +200,7 @@ def decode_expire_reserved(reply: Sequence[Any]) -> ReservationsExpired:
 
 
 def decode_count(reply: Any) -> int:
-    """expire_ttl, delete_dead."""
+    """expire_ttl, delete_dead, rate_limit (ms left in the window, 0: used up)."""
     return int(reply)
 
 
@@ -381,5 +381,5 @@ def decode_leader(reply: Any) -> int:
 
 
 def decode_flag(reply: Any) -> bool:
-    """rate_limit (allowed), signal."""
+    """signal."""
     return int(reply) == 1

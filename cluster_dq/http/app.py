@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import retry
-from cluster_dq.errors import BadRequest, Unauthorized, WriteLimited
+from cluster_dq.errors import BadRequest, PoolUnavailable, Unauthorized, WriteLimited
 from cluster_dq import queueconf
 from cluster_dq.http import openapi, params
 from cluster_dq.http.control import ControlAPI
@@ -41,7 +41,7 @@ from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.schedules import MAX_SCHEDULE_PAGE
 from cluster_dq.schedules import check_name as check_schedule_name
-from cluster_dq.service import Service
+from cluster_dq.service import Service, nothing_written
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import split_token, well_formed_raw
 from cluster_dq.waiters import Admission
@@ -77,16 +77,25 @@ class DataAPI:
         write: bool,
         handler: Callable[[], Awaitable[Response]],
     ) -> Response:
-        """lmstfy's throttle: count the request, refund it unless it succeeded (2xx)."""
+        """lmstfy's throttle: count the request, refund it unless it succeeded (2xx), or failed
+        having maybe changed something (a 503 that does not say nothing was written)."""
         pool_name, token = _token_of(request)
         taken = await self.service.tokens.take(pool_name, ns, token, write)
         response: Response | None = None
+        applied = False  # a failure after which the request may have been applied
         try:
             response = await handler()
             return response
+        except PoolUnavailable as e:
+            applied = not nothing_written(e)
+            raise
         finally:
-            if taken and (response is None or not 200 <= response.status_code < 300):
-                await self.service.tokens.refund(pool_name, ns, token, write)
+            if (
+                taken is not None
+                and not applied
+                and (response is None or not 200 <= response.status_code < 300)
+            ):
+                await self.service.tokens.refund(pool_name, ns, token, write, taken)
 
     def write(self, handler: Handler, leased_is_free: bool = False) -> Handler:
         """The route counted as a write against its token's limit, as a publish is (its GET
@@ -229,12 +238,15 @@ class DataAPI:
             if refusal:
                 # Bounded memory and tasks per worker, and a share of them per namespace:
                 # refuse at once, before reserving anything.
-                busy = error(refusal, 429, key="msg")
-                busy.headers["Retry-After"] = "1"
-                return busy
+                return _busy(refusal)
             # A first look at once: a long-poll that finds jobs needs no watch for a hang-up.
             jobs: list[Job] | None = await self.service.consume(route, ns, queues, ttr_ms, n, 0)
             if not jobs and timeout_ms > 0:
+                # Asked again with no await before entering: others that passed the check
+                # above may have entered during the first look (a burst would pass the bound).
+                refusal = self._long_polls.refusal(ns)
+                if refusal:
+                    return _busy(refusal)
                 self._long_polls.enter(ns)
                 try:
                     consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
@@ -590,6 +602,13 @@ def build_app(
         templates=_templates(routes),
     )
     return app
+
+
+def _busy(refusal: str) -> Response:
+    """A long-poll refused by ``Admission`` (nothing reserved): 429, try again in a second."""
+    busy = error(refusal, 429, key="msg")
+    busy.headers["Retry-After"] = "1"
+    return busy
 
 
 def _token_of(request: Request) -> tuple[str, str]:
