@@ -182,7 +182,9 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
                 api.put("/api/ns/q", content=f"old-{i}".encode()).json()["job_id"]
                 for i in range(10)
             ]
-            late = api.put("/api/ns/q", params={"delay_ms": 8000}, content=b"old-late").json()[
+            # delayed past anything a loaded machine takes until the long-poll below, which
+            # then brings it forward (a fixed 8 s came due early when the restart took 8.5 s)
+            late = api.put("/api/ns/q", params={"delay": 3600}, content=b"old-late").json()[
                 "job_id"
             ]
             held = api.get("/api/ns/q", params={"ttr": 60}).json()["job_id"]  # stays reserved
@@ -251,6 +253,8 @@ def test_migration_drains_the_old_pool_while_publishing_to_the_new(
             assert set(ids[:9]) == {*before[2:], dies} and set(ids[9:]) == {*after, again}
             assert len(ids) == 15
             # the delayed old job comes due while a consumer long-polls both pools
+            r = api.post(f"/api/ns/q/job/{late}/reschedule", params={"delay_ms": 1500})
+            assert r.status_code == 200, r.text
             r = api.get("/api/ns/q", params={"ttr": 30, "timeout": 10})
             assert r.status_code == 200 and r.json()["job_id"] == late, r.text
             assert api.delete(f"/api/ns/q/job/{late}").status_code == 204
