@@ -400,6 +400,38 @@ def test_a_body_that_stops_coming_is_cut_and_nothing_is_published(
     assert r.json()["size"] == 0
 
 
+def test_a_body_trickled_after_its_answer_is_not_read_forever(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    """A request answered before its body ended (401 without a token, 413): the rest of the
+    body is only read to be dropped, and each read restarted the body timeout: one byte a
+    little under BodyTimeoutSecond held the connection forever, without a token."""
+    for length in (b"1000", b"999999999999"):
+        with connect(timed[0].base) as sock:
+            sock.sendall(
+                b"PUT /api/slow/q HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + length
+            )
+            sock.sendall(b"\r\n\r\n")
+            answer, closed = b"", False
+            for _ in range(40):  # 10 s, ten times BodyTimeoutSecond, a byte every 0.25 s
+                if select.select([sock], [], [], 0.25)[0]:
+                    try:
+                        data = sock.recv(65536)
+                    except ConnectionResetError:
+                        data = b""
+                    if not data:
+                        closed = True
+                        break
+                    answer += data
+                try:
+                    sock.sendall(b"a")
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+                    break
+        assert answer.startswith(b"HTTP/1.1 401 "), answer
+        assert closed, "a body trickled after its answer kept the connection open"
+
+
 def test_an_idle_keep_alive_connection_is_closed(timed: tuple[ServiceProcess, str]) -> None:
     with connect(timed[0].admin) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")

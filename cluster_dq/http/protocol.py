@@ -8,7 +8,8 @@ every connection meets before any app sees a request (``Edge``):
   complete: the hot paths, the router and the dashboard alike never see a foreign ``Host``;
 - a timeout for receiving a request head (``HeaderTimeoutSecond``, from the connection or
   from the first byte of a request), one between two reads of a body
-  (``BodyTimeoutSecond``); keep-alive is uvicorn's (``KeepAliveTimeoutSecond``). A request
+  (``BodyTimeoutSecond``), and the same in all for the rest of a body once its request was
+  answered (401, 413: only dropped); keep-alive is uvicorn's (``KeepAliveTimeoutSecond``). A request
   whose head is complete has no timeout here: a long-poll waits as long as it asked;
 - a bound on the open connections of each port in a worker (``MaxConnections``): one more
   is answered 503 and closed at once."""
@@ -97,6 +98,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _body_seen = False  # the last read brought body bytes
     _framing = 0  # bytes read in a body since its last body byte (chunk framing, trailers)
     _timer: asyncio.TimerHandle | None = None  # the head or body timeout, when one runs
+    _draining = False  # answered before its body ended: the rest is read to be dropped
 
     # -- connections --------------------------------------------------------------------------
 
@@ -158,7 +160,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if self._framing > MAX_HEAD_BYTES:
                 self.transport.close()  # the response may have begun: no answer, a cut
                 return
-            if self.edge is not None:
+            if self.edge is not None and not self._draining:
                 self._arm(self.edge.body_timeout, self._body_timed_out)  # more body to come
             return
         room = MAX_HEAD_BYTES - self._head_bytes
@@ -189,7 +191,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._refusal, self._header_bytes = None, 0
+        self._refusal, self._header_bytes, self._draining = None, 0, False
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > MAX_URL_BYTES:
@@ -215,8 +217,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._in_head, self._head_bytes, self._message_ended = True, 0, True
+        self._draining = False
         self._disarm()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # Answered before its body ended (401, 413): what is left of the body is dropped as
+        # it comes, within one BodyTimeoutSecond in all (reads do not restart it); one byte a
+        # little under the timeout each time held the connection forever, token or not.
+        if self.edge is None or self.transport.is_closing() or self._in_head:
+            return
+        if self.cycle is not None and self.cycle.response_complete and not self._draining:
+            self._draining = True
+            self._arm(self.edge.body_timeout, self._body_timed_out)
 
     def _check_host(self) -> None:
         assert self.edge is not None
