@@ -99,6 +99,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _framing = 0  # bytes read in a body since its last body byte (chunk framing, trailers)
     _timer: asyncio.TimerHandle | None = None  # the head or body timeout, when one runs
     _draining = False  # answered before its body ended: the rest is read to be dropped
+    _deferred: bytes | None = None  # a refusal waiting for the answers before it (pipelined)
 
     # -- connections --------------------------------------------------------------------------
 
@@ -149,6 +150,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # -- bytes --------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._deferred is not None:
+            return  # the parser stopped at a refused request: nothing after it is read
         if not self._in_head:
             self._body_seen = False
             super().data_received(data)
@@ -223,10 +226,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if self._deferred is not None and not self._answering():
+            self.transport.write(self._deferred)  # the refusal, after the answers before it
+            self.transport.close()
+            return
         # Answered before its body ended (401, 413): what is left of the body is dropped as
         # it comes, within one BodyTimeoutSecond in all (reads do not restart it); one byte a
         # little under the timeout each time held the connection forever, token or not.
-        if self.edge is None or self.transport.is_closing() or self._in_head:
+        if self.edge is None or self._in_head:
             return
         if self.cycle is not None and self.cycle.response_complete and not self._draining:
             self._draining = True
@@ -254,11 +263,22 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         raise _Refused(message)  # httptools stops parsing; uvicorn answers and closes
 
     def send_400_response(self, msg: str) -> None:
+        if self._answering():  # pipelined after a request still answering: wait for it
+            self._deferred = _response(*(self._refusal or (400, msg)))
+            self.flow.pause_reading()
+            return
         if self._refusal is None:
             super().send_400_response(msg)
             return
         self.transport.write(_response(*self._refusal))
         self.transport.close()
+
+    def _answering(self) -> bool:
+        """An earlier request of this connection is still being answered (or waits its turn):
+        a refusal written now would come before its answer, which would be lost."""
+        if self.transport.is_closing():
+            return False
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
 
 
 _logged_hosts: set[bytes] = set()
