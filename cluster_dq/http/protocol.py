@@ -81,6 +81,25 @@ class _Refused(Exception):
     pass
 
 
+class _OwnRefusals(logging.Filter):
+    """uvicorn logs "Invalid HTTP request received." for each parser error, and a refusal
+    here is one (``_Refused`` stops the parser): a line for every foreign Host or oversized
+    head, whatever ``_log_refused`` limits. Such a request is answered with its reason; the
+    line is dropped for it (uvicorn's line for a request it could not parse stays)."""
+
+    pending = False  # a refusal raised and not yet answered (one event loop: no race)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.pending and record.msg == "Invalid HTTP request received.":
+            self.pending = False
+            return False
+        return True
+
+
+_own_refusals = _OwnRefusals()
+logging.getLogger("uvicorn.error").addFilter(_own_refusals)
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """One connection. httptools hands a header to ``on_header`` only once its name and value
     are complete, buffering them across reads: the checks there came after a 32 MiB field was
@@ -260,9 +279,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, message: str) -> None:
         self._refusal = (status, message)
+        _own_refusals.pending = True
         raise _Refused(message)  # httptools stops parsing; uvicorn answers and closes
 
     def send_400_response(self, msg: str) -> None:
+        _own_refusals.pending = False
         if self._answering():  # pipelined after a request still answering: wait for it
             self._deferred = _response(*(self._refusal or (400, msg)))
             self.flow.pause_reading()
