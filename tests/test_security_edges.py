@@ -407,6 +407,22 @@ def test_a_second_request_head_on_a_kept_connection_is_timed_too(
     assert answer.startswith(b"HTTP/1.1 408 "), answer
 
 
+def test_a_request_head_begun_in_the_read_that_ended_the_last_request_is_timed(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    """A complete request and the start of the next in one write: the bytes of that read were
+    not counted as a head, so no head timer ran and only the keep-alive timeout (75 s by
+    default, not HeaderTimeoutSecond) closed the connection, without a 408."""
+    with connect(timed[0].admin) as sock:
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a"
+        )
+        answer = read_until_closed(sock, timeout=10)
+    first, _, second = answer.partition(b"HTTP/1.1 408 ")
+    assert first.startswith(b"HTTP/1.1 200 ") and second, answer
+
+
 def test_a_body_that_stops_coming_is_cut_and_nothing_is_published(
     timed: tuple[ServiceProcess, str],
 ) -> None:

@@ -114,6 +114,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _in_head = True  # the parser is between requests or inside a request head
     _head_bytes = 0  # bytes fed while in a head (an undercount by at most one read, never more)
     _message_ended = False
+    _head_begun = False  # the parser has the start of a request head (from on_message_begin)
     _body_seen = False  # the last read brought body bytes
     _framing = 0  # bytes read in a body since its last body byte (chunk framing, trailers)
     _timer: asyncio.TimerHandle | None = None  # the head or body timeout, when one runs
@@ -153,7 +154,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.flow.read_paused or (self.cycle is not None and not self.cycle.response_complete):
             self._arm(self.edge.header_timeout, self._head_timed_out)  # a response is running
             return
-        if self._head_bytes:  # a request had begun: it is told why it ends
+        if self._head_bytes or self._head_begun:  # a request had begun: told why it ends
             self.transport.write(_response(408, "request head not received in time"))
         self.transport.close()
 
@@ -203,7 +204,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 self._head_bytes += len(data)
             # a head begun and not complete: its time runs from now (a head that comes
             # whole in one read, the usual case, never sets a timer)
-            if self._head_bytes and self._timer is None and self.edge is not None:
+            begun = self._head_bytes or self._head_begun  # begun in the read that ended one
+            if begun and self._timer is None and self.edge is not None:
                 if not self.transport.is_closing():
                     self._arm(self.edge.header_timeout, self._head_timed_out)
         elif self.edge is not None and not self.transport.is_closing():
@@ -214,6 +216,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._refusal, self._header_bytes, self._draining = None, 0, False
+        self._head_begun = True
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > MAX_URL_BYTES:
@@ -232,6 +235,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head, self._head_bytes, self._framing = False, 0, 0
+        self._head_begun = False
         if self.edge is not None:
             self._disarm()
             self._check_host()
