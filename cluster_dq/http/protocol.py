@@ -8,7 +8,8 @@ every connection meets before any app sees a request (``Edge``):
   complete: the hot paths, the router and the dashboard alike never see a foreign ``Host``;
 - a timeout for receiving a request head (``HeaderTimeoutSecond``, from the connection or
   from the first byte of a request), one between two reads of a body
-  (``BodyTimeoutSecond``); keep-alive is uvicorn's (``KeepAliveTimeoutSecond``). A request
+  (``BodyTimeoutSecond``), and the same in all for the rest of a body once its request was
+  answered (401, 413: only dropped); keep-alive is uvicorn's (``KeepAliveTimeoutSecond``). A request
   whose head is complete has no timeout here: a long-poll waits as long as it asked;
 - a bound on the open connections of each port in a worker (``MaxConnections``): one more
   is answered 503 and closed at once."""
@@ -80,6 +81,25 @@ class _Refused(Exception):
     pass
 
 
+class _OwnRefusals(logging.Filter):
+    """uvicorn logs "Invalid HTTP request received." for each parser error, and a refusal
+    here is one (``_Refused`` stops the parser): a line for every foreign Host or oversized
+    head, whatever ``_log_refused`` limits. Such a request is answered with its reason; the
+    line is dropped for it (uvicorn's line for a request it could not parse stays)."""
+
+    pending = False  # a refusal raised and not yet answered (one event loop: no race)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.pending and record.msg == "Invalid HTTP request received.":
+            self.pending = False
+            return False
+        return True
+
+
+_own_refusals = _OwnRefusals()
+logging.getLogger("uvicorn.error").addFilter(_own_refusals)
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """One connection. httptools hands a header to ``on_header`` only once its name and value
     are complete, buffering them across reads: the checks there came after a 32 MiB field was
@@ -94,9 +114,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _in_head = True  # the parser is between requests or inside a request head
     _head_bytes = 0  # bytes fed while in a head (an undercount by at most one read, never more)
     _message_ended = False
+    _head_begun = False  # the parser has the start of a request head (from on_message_begin)
     _body_seen = False  # the last read brought body bytes
     _framing = 0  # bytes read in a body since its last body byte (chunk framing, trailers)
     _timer: asyncio.TimerHandle | None = None  # the head or body timeout, when one runs
+    _draining = False  # answered before its body ended: the rest is read to be dropped
+    _deferred: bytes | None = None  # a refusal waiting for the answers before it (pipelined)
 
     # -- connections --------------------------------------------------------------------------
 
@@ -131,7 +154,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.flow.read_paused or (self.cycle is not None and not self.cycle.response_complete):
             self._arm(self.edge.header_timeout, self._head_timed_out)  # a response is running
             return
-        if self._head_bytes:  # a request had begun: it is told why it ends
+        if self._head_bytes or self._head_begun:  # a request had begun: told why it ends
             self.transport.write(_response(408, "request head not received in time"))
         self.transport.close()
 
@@ -147,6 +170,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # -- bytes --------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._deferred is not None:
+            return  # the parser stopped at a refused request: nothing after it is read
         if not self._in_head:
             self._body_seen = False
             super().data_received(data)
@@ -158,7 +183,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if self._framing > MAX_HEAD_BYTES:
                 self.transport.close()  # the response may have begun: no answer, a cut
                 return
-            if self.edge is not None:
+            if self.edge is not None and not self._draining:
                 self._arm(self.edge.body_timeout, self._body_timed_out)  # more body to come
             return
         room = MAX_HEAD_BYTES - self._head_bytes
@@ -179,7 +204,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 self._head_bytes += len(data)
             # a head begun and not complete: its time runs from now (a head that comes
             # whole in one read, the usual case, never sets a timer)
-            if self._head_bytes and self._timer is None and self.edge is not None:
+            begun = self._head_bytes or self._head_begun  # begun in the read that ended one
+            if begun and self._timer is None and self.edge is not None:
                 if not self.transport.is_closing():
                     self._arm(self.edge.header_timeout, self._head_timed_out)
         elif self.edge is not None and not self.transport.is_closing():
@@ -189,7 +215,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._refusal, self._header_bytes = None, 0
+        self._refusal, self._header_bytes, self._draining = None, 0, False
+        self._head_begun = True
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > MAX_URL_BYTES:
@@ -208,6 +235,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head, self._head_bytes, self._framing = False, 0, 0
+        self._head_begun = False
         if self.edge is not None:
             self._disarm()
             self._check_host()
@@ -215,8 +243,26 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._in_head, self._head_bytes, self._message_ended = True, 0, True
+        self._draining = False
         self._disarm()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if self._deferred is not None and not self._answering():
+            self.transport.write(self._deferred)  # the refusal, after the answers before it
+            self.transport.close()
+            return
+        # Answered before its body ended (401, 413): what is left of the body is dropped as
+        # it comes, within one BodyTimeoutSecond in all (reads do not restart it); one byte a
+        # little under the timeout each time held the connection forever, token or not.
+        if self.edge is None or self._in_head:
+            return
+        if self.cycle is not None and self.cycle.response_complete and not self._draining:
+            self._draining = True
+            self._arm(self.edge.body_timeout, self._body_timed_out)
 
     def _check_host(self) -> None:
         assert self.edge is not None
@@ -237,14 +283,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, message: str) -> None:
         self._refusal = (status, message)
+        _own_refusals.pending = True
         raise _Refused(message)  # httptools stops parsing; uvicorn answers and closes
 
     def send_400_response(self, msg: str) -> None:
+        _own_refusals.pending = False
+        if self._answering():  # pipelined after a request still answering: wait for it
+            self._deferred = _response(*(self._refusal or (400, msg)))
+            self.flow.pause_reading()
+            return
         if self._refusal is None:
             super().send_400_response(msg)
             return
         self.transport.write(_response(*self._refusal))
         self.transport.close()
+
+    def _answering(self) -> bool:
+        """An earlier request of this connection is still being answered (or waits its turn):
+        a refusal written now would come before its answer, which would be lost."""
+        if self.transport.is_closing():
+            return False
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
 
 
 _logged_hosts: set[bytes] = set()
