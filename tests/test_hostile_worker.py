@@ -191,6 +191,52 @@ def test_the_test_mode_releases_a_handler_raising_a_base_exception() -> None:
     assert run_job(handle, "x") == Released(error="_Abort: gave up")
 
 
+class _StrRaises(BaseException):
+    """An exception whose ``__str__`` raises another, outside ``Exception`` too."""
+
+    def __init__(self, inner: BaseException) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __str__(self) -> str:
+        raise self.inner
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [GeneratorExit(), KeyboardInterrupt(), SystemExit(3), _Abort("in str")],
+    ids=["generator-exit", "keyboard-interrupt", "system-exit", "own"],
+)
+async def test_a_handler_exception_whose_str_raises_anything_releases_its_job(
+    solo: AsyncClient, inner: BaseException
+) -> None:
+    """The handler's exception cannot be printed, whatever its ``__str__`` raises: the job is
+    released as unprintable and the worker goes on (before: a ``BaseException`` from
+    ``__str__`` escaped the outcome's text; ``KeyboardInterrupt``/``SystemExit`` ended the
+    event loop with the job held, ``GeneratorExit`` killed the slot's task without a line)."""
+    backoff = Backoff("fixed", 60.0)
+    jid = await solo.publish("hstr", "x", tries=2, backoff=backoff)
+
+    async def handle(job: Job) -> Any:
+        raise _StrRaises(inner)
+
+    worker = Worker(solo, "hstr", handle, concurrency=1, poll_timeout=0.2, ttr=5)
+    await run_until(worker, lambda: worker.counts.get("released", 0) >= 1, timeout=10)
+    assert await reserved(solo, "hstr") == 0
+    job = await solo.get_job("hstr", jid)
+    assert job is not None and (job.state, job.last_error) == (
+        "delayed",
+        "_StrRaises: <unprintable _StrRaises>",
+    )
+
+
+def test_the_test_mode_releases_a_handler_exception_whose_str_raises() -> None:
+    async def handle(job: Job) -> Any:
+        raise _StrRaises(KeyboardInterrupt())
+
+    assert run_job(handle, "x") == Released(error="_StrRaises: <unprintable _StrRaises>")
+
+
 async def test_a_worker_stopped_before_it_started_starts_nothing(solo: AsyncClient) -> None:
     """stop() before start(): a later start() or serve() returns at once and leaves no task
     running (before: the heartbeat loop started and ran for ever, nothing left to cancel it)."""

@@ -89,12 +89,14 @@ Outcome = Acked | Released | Snoozed | Buried
 
 
 def _text(value: object) -> str:
-    """``value`` as a string, even one whose ``__str__`` raises (a careless exception)."""
+    """``value`` as a string, even one whose ``__str__`` raises (a careless exception):
+    whatever it raises, ``KeyboardInterrupt`` or ``GeneratorExit`` included, is the value's
+    fault, not a signal to this worker, and must not leave the job unsettled."""
     if isinstance(value, str):
         return value
     try:
         return str(value)
-    except Exception:
+    except BaseException:  # noqa: BLE001  # see above
         return f"<unprintable {type(value).__name__}>"
 
 
