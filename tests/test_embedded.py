@@ -228,3 +228,36 @@ def test_two_embedded_serves_each_with_its_own_redis_and_state(tmp_path: Path) -
     none = console(shell, "token", "list", "demo")
     assert none.returncode == 2, none.stderr
     assert none.stderr == "cluster-dq: no pool configured and no embedded server running\n"
+
+
+def test_a_state_file_of_a_process_that_is_no_serve_is_ignored(tmp_path: Path) -> None:
+    """A serve killed with SIGKILL leaves its state file; its pid may later be another
+    process's (a container restarted counts pids from 1 again). Such a file names no serve:
+    `token` ignores it (before: a live pid was taken for a serve, and `token` used the dead
+    Redis the file names, or refused to choose between it and the real serve)."""
+    state = tmp_path / f"cluster-dq-{os.getuid()}"
+    state.mkdir(mode=0o700)
+    other = subprocess.Popen(["sleep", "60"])  # alive, of this user, and no serve
+    try:
+        planted = {"pid": other.pid, "port": 7777, "admin_port": 7778, "addr": "127.0.0.1:1"}
+        (state / f"embedded-{other.pid}.json").write_text(json.dumps(planted))
+        shell = {"TMPDIR": str(tmp_path)}
+        for argv in (["token", "list", "demo"], ["token", "list", "demo", "--port", "7777"]):
+            found = console(shell, *argv)
+            assert found.returncode == 2 and found.stdout == "", found.stderr
+            assert "no embedded server" in found.stderr, found.stderr
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_state_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Anyone can create a file in a shared /tmp with the name of another user's state dir:
+    refused by name, as a directory of someone else's is (before: a FileExistsError
+    traceback from `token` and `serve`)."""
+    (tmp_path / f"cluster-dq-{os.getuid()}").write_text("")
+    for argv in (["token", "list", "demo"], ["serve", "--port", "0", "--admin-port", "0"]):
+        done = console({"TMPDIR": str(tmp_path)}, *argv)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert "is not a private directory of this user" in done.stderr, done.stderr
