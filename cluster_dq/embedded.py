@@ -101,7 +101,10 @@ def start(settings: Settings) -> tuple[Settings, RedisServer]:
     if port and not port_free(port):
         raise ConfigError(f"EmbeddedRedisPort: 127.0.0.1:{port} is in use")
     workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-embedded-"))
-    redis = start_server(port or free_port(), workdir=workdir, extra=["--appendonly", "yes"])
+    try:
+        redis = start_server(port or free_port(), workdir=workdir, extra=["--appendonly", "yes"])
+    except RuntimeError as e:  # the port taken since it was found free (another serve's)
+        raise ConfigError(f"embedded Redis: {e}") from None
     pool = PoolSettings("default", Addr=f"127.0.0.1:{redis.port}")
     return dataclasses.replace(settings, Pool={"default": pool}), redis
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from cluster_dq.keys import AdminKeys
-from cluster_dq.localredis import free_port
+from cluster_dq.localredis import free_port, start_server
 from cluster_dq.testing.service_process import ServiceProcess, pick_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,3 +261,17 @@ def test_a_state_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> No
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr
         assert "is not a private directory of this user" in done.stderr, done.stderr
+
+
+def test_a_redis_port_taken_between_the_check_and_the_start_is_refused() -> None:
+    """Two serves started at once with the same --redis-port (or the same free port drawn):
+    both find it free, both start a redis-server, one of them cannot bind. The one whose
+    redis-server exited is refused (before: the other's Redis answered the readiness ping,
+    so both serves shared one Redis, and the first to stop took it from the other)."""
+    first = start_server(free_port(19_500, 20_000))
+    try:
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{first.port}"):
+            start_server(first.port)  # as after a port_free() that raced
+        assert first.process.poll() is None
+    finally:
+        first.stop()
