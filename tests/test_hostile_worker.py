@@ -237,6 +237,34 @@ def test_the_test_mode_releases_a_handler_exception_whose_str_raises() -> None:
     assert run_job(handle, "x") == Released(error="_StrRaises: <unprintable _StrRaises>")
 
 
+class _LazyRetry(Retry):
+    def __init__(self) -> None:  # never calls Retry.__init__: no delay, no error
+        pass
+
+
+class _LazySnooze(Snooze):
+    def __init__(self) -> None:
+        pass
+
+
+class _LazyBury(Bury):
+    def __init__(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", [_LazyRetry, _LazySnooze, _LazyBury])
+def test_an_outcome_exception_that_skipped_its_init_is_the_handlers_error(kind: type) -> None:
+    """A subclass of Retry, Snooze or Bury whose ``__init__`` does not call its base's: the
+    job is released with the exception as its error (before: ``decide`` raised
+    AttributeError reading ``delay``/``reason``, and the worker's task for the job died with
+    it: the job held, touched, for as long as the worker lived)."""
+
+    async def handle(job: Job) -> Any:
+        raise kind()
+
+    assert run_job(handle, "x") == Released(error=kind.__name__)
+
+
 async def test_a_worker_stopped_before_it_started_starts_nothing(solo: AsyncClient) -> None:
     """stop() before start(): a later start() or serve() returns at once and leaves no task
     running (before: the heartbeat loop started and ran for ever, nothing left to cancel it)."""

@@ -135,12 +135,15 @@ def decide(
         if size > MAX_RESULT:
             return Released(error=f"result too large: {size} bytes of JSON (max {MAX_RESULT})")
         return Acked(returned)
-    if isinstance(exc, Snooze):
-        return Snoozed(exc.delay, None if exc.error is None else clip(exc.error))
-    if isinstance(exc, Retry):
-        return Released(exc.delay, None if exc.error is None else clip(exc.error))
-    if isinstance(exc, Bury):
-        return Buried(clip(exc.reason))
+    try:
+        if isinstance(exc, Snooze):
+            return Snoozed(exc.delay, None if exc.error is None else clip(exc.error))
+        if isinstance(exc, Retry):
+            return Released(exc.delay, None if exc.error is None else clip(exc.error))
+        if isinstance(exc, Bury):
+            return Buried(clip(exc.reason))
+    except AttributeError:  # a subclass whose __init__ skipped its base's: no delay, no reason
+        return Released(error=describe(exc))
     if bury_on and isinstance(exc, bury_on):
         return Buried(describe(exc))
     return Released(error=describe(exc))
