@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cluster_dq.client import AsyncClient, Backoff, Job
-from cluster_dq.client.outcomes import Bury, Released, Retry, Snooze
+from cluster_dq.client.outcomes import Bury, Released, Retry, Snooze, describe
 from cluster_dq.client.testing import run_job
 from cluster_dq.client.worker import Worker
 from tests.test_worker import (  # noqa: F401  (fixtures)
@@ -252,17 +252,30 @@ class _LazyBury(Bury):
         pass
 
 
-@pytest.mark.parametrize("kind", [_LazyRetry, _LazySnooze, _LazyBury])
+class _LateSnooze(Snooze):
+    def __init__(self) -> None:
+        super().__init__(5)
+        self.delay = "soon"  # type: ignore[assignment]  # changed after the base's checks
+
+
+class _LateRetry(Retry):
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = -3
+
+
+@pytest.mark.parametrize("kind", [_LazyRetry, _LazySnooze, _LazyBury, _LateSnooze, _LateRetry])
 def test_an_outcome_exception_that_skipped_its_init_is_the_handlers_error(kind: type) -> None:
-    """A subclass of Retry, Snooze or Bury whose ``__init__`` does not call its base's: the
-    job is released with the exception as its error (before: ``decide`` raised
-    AttributeError reading ``delay``/``reason``, and the worker's task for the job died with
-    it: the job held, touched, for as long as the worker lived)."""
+    """A subclass of Retry, Snooze or Bury whose ``__init__`` does not call its base's, or
+    sets a bad ``delay`` after it: the job is released with the exception as its error
+    (before: ``decide`` raised AttributeError reading ``delay``/``reason``, or passed the bad
+    delay on to the client, which raised: the worker's task for the job died with it, the job
+    held, touched, for as long as the worker lived)."""
 
     async def handle(job: Job) -> Any:
         raise kind()
 
-    assert run_job(handle, "x") == Released(error=kind.__name__)
+    assert run_job(handle, "x") == Released(error=describe(kind()))
 
 
 async def test_a_worker_stopped_before_it_started_starts_nothing(solo: AsyncClient) -> None:

@@ -135,15 +135,16 @@ def decide(
         if size > MAX_RESULT:
             return Released(error=f"result too large: {size} bytes of JSON (max {MAX_RESULT})")
         return Acked(returned)
-    try:
+    try:  # the delay checked again: a subclass may have set its own after the base's check
         if isinstance(exc, Snooze):
-            return Snoozed(exc.delay, None if exc.error is None else clip(exc.error))
+            return Snoozed(_seconds(exc.delay), None if exc.error is None else clip(exc.error))
         if isinstance(exc, Retry):
-            return Released(exc.delay, None if exc.error is None else clip(exc.error))
+            delay = None if exc.delay is None else _seconds(exc.delay)
+            return Released(delay, None if exc.error is None else clip(exc.error))
         if isinstance(exc, Bury):
             return Buried(clip(exc.reason))
-    except AttributeError:  # a subclass whose __init__ skipped its base's: no delay, no reason
-        return Released(error=describe(exc))
+    except (AttributeError, ValueError):  # a subclass that skipped its base's __init__, or
+        return Released(error=describe(exc))  # set a bad delay: the handler's error
     if bury_on and isinstance(exc, bury_on):
         return Buried(describe(exc))
     return Released(error=describe(exc))
