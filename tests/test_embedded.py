@@ -275,3 +275,47 @@ def test_a_redis_port_taken_between_the_check_and_the_start_is_refused() -> None
         assert first.process.poll() is None
     finally:
         first.stop()
+
+
+def test_a_port_is_held_without_a_gap_while_a_serve_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two serves started at once on the same ports: the second must find them taken. A
+    second serve's plain bind is tried each time the first asks for a socket on its port
+    after its first (the moment it could have let go): it always fails (before: the
+    supervisor closed its probe and bound again with SO_REUSEPORT, and a serve arriving in
+    between took the same port; both then shared it, each with its own Redis)."""
+    from cluster_dq import server
+    from cluster_dq.settings import Settings
+
+    if not server.REUSE_PORT:
+        pytest.skip("no SO_REUSEPORT: the supervisor listens and never lets go")
+    taken: list[int] = []
+    seen: set[int] = set()
+    real = server._socket
+
+    def socket_with_a_rival(host: str, port: int, reuse_port: bool) -> socket.socket:
+        if port in seen:
+            rival = socket.socket()
+            rival.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                rival.bind((host, port))
+                taken.append(port)
+            except OSError:
+                pass
+            finally:
+                rival.close()
+        sock = real(host, port, reuse_port)
+        seen.add(sock.getsockname()[1])
+        return sock
+
+    monkeypatch.setattr(server, "_socket", socket_with_a_rival)
+    holders: list[socket.socket] = []
+    try:
+        ports = server.Ports.bind(Settings(Port=0, AdminPort=0), holders)
+        for sock in ports.listeners():  # as each worker binds its own
+            sock.close()
+    finally:
+        for sock in holders:
+            sock.close()
+    assert taken == []
