@@ -116,7 +116,7 @@ class Server:
     def restart(self) -> None:
         self.kill()
         self.process = _spawn(self.port, self.workdir, self.extra)
-        _wait_ready(self.port)
+        _wait_ready(self.port, process=self.process)
 
 
 def _spawn(port: int, workdir: Path, extra: list[str]) -> subprocess.Popen[bytes]:
@@ -145,13 +145,24 @@ def _spawn(port: int, workdir: Path, extra: list[str]) -> subprocess.Popen[bytes
     )
 
 
-def _wait_ready(port: int, timeout: float = 10.0) -> None:
+def _wait_ready(
+    port: int, timeout: float = 10.0, process: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Until the redis-server on ``port`` answers; with ``process``, it must be that one (a
+    port taken since it was found free is answered by another, and ``process`` exits)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).ping():
+            with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as r:
+                pid = r.info("server")["process_id"]
+            if process is None or pid == process.pid:
                 return
+            raise RuntimeError(f"127.0.0.1:{port} is taken by another redis-server (pid {pid})")
         except redis.RedisError:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(
+                    f"the redis-server for 127.0.0.1:{port} exited ({process.returncode})"
+                ) from None
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
@@ -164,7 +175,11 @@ def start_server(
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"cluster-dq-redis-{port}-"))
     workdir.mkdir(parents=True, exist_ok=True)
     server = Server(port, workdir, _spawn(port, workdir, extra or []), extra or [])
-    _wait_ready(port)
+    try:
+        _wait_ready(port, process=server.process)
+    except BaseException:
+        server.kill()
+        raise
     return server
 
 

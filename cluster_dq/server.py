@@ -249,7 +249,9 @@ class Ports:
     holds the port; a socket that does not listen gets no connections) and every worker
     binds and listens on its own. A port already in use, even by another process's
     SO_REUSEPORT sockets, is found first by a plain bind, so two instances configured with
-    the same port fail to start instead of silently sharing it. Without SO_REUSEPORT the
+    the same port fail to start instead of silently sharing it: the supervisor keeps the
+    socket of that bind (SO_REUSEPORT set, SO_REUSEADDR cleared once bound), so the port is
+    never free, nor open to another plain bind, before its workers listen. Without SO_REUSEPORT the
     supervisor listens and the workers inherit its sockets."""
 
     data: tuple[str, int]
@@ -270,9 +272,11 @@ class Ports:
                     f"{key}: cannot listen on {host}:{port}: {e.strerror or e}"
                 ) from None
             port = probe.getsockname()[1]
-            if REUSE_PORT:
-                probe.close()
-                probe = _socket(host, port, reuse_port=True)
+            if REUSE_PORT:  # kept, never let go: no moment for another instance to bind
+                # SO_REUSEADDR let it bind past a last run's TIME_WAIT; kept on a socket that
+                # does not listen, it would let another instance's plain bind succeed too
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # the workers'
             else:
                 probe.listen(2048)
                 probe.set_inheritable(True)

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from cluster_dq.keys import AdminKeys
-from cluster_dq.localredis import free_port
+from cluster_dq.localredis import free_port, start_server
 from cluster_dq.testing.service_process import ServiceProcess, pick_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,3 +228,94 @@ def test_two_embedded_serves_each_with_its_own_redis_and_state(tmp_path: Path) -
     none = console(shell, "token", "list", "demo")
     assert none.returncode == 2, none.stderr
     assert none.stderr == "cluster-dq: no pool configured and no embedded server running\n"
+
+
+def test_a_state_file_of_a_process_that_is_no_serve_is_ignored(tmp_path: Path) -> None:
+    """A serve killed with SIGKILL leaves its state file; its pid may later be another
+    process's (a container restarted counts pids from 1 again). Such a file names no serve:
+    `token` ignores it (before: a live pid was taken for a serve, and `token` used the dead
+    Redis the file names, or refused to choose between it and the real serve)."""
+    state = tmp_path / f"cluster-dq-{os.getuid()}"
+    state.mkdir(mode=0o700)
+    other = subprocess.Popen(["sleep", "60"])  # alive, of this user, and no serve
+    try:
+        planted = {"pid": other.pid, "port": 7777, "admin_port": 7778, "addr": "127.0.0.1:1"}
+        (state / f"embedded-{other.pid}.json").write_text(json.dumps(planted))
+        shell = {"TMPDIR": str(tmp_path)}
+        for argv in (["token", "list", "demo"], ["token", "list", "demo", "--port", "7777"]):
+            found = console(shell, *argv)
+            assert found.returncode == 2 and found.stdout == "", found.stderr
+            assert "no embedded server" in found.stderr, found.stderr
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_state_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Anyone can create a file in a shared /tmp with the name of another user's state dir:
+    refused by name, as a directory of someone else's is (before: a FileExistsError
+    traceback from `token` and `serve`)."""
+    (tmp_path / f"cluster-dq-{os.getuid()}").write_text("")
+    for argv in (["token", "list", "demo"], ["serve", "--port", "0", "--admin-port", "0"]):
+        done = console({"TMPDIR": str(tmp_path)}, *argv)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert "is not a private directory of this user" in done.stderr, done.stderr
+
+
+def test_a_redis_port_taken_between_the_check_and_the_start_is_refused() -> None:
+    """Two serves started at once with the same --redis-port (or the same free port drawn):
+    both find it free, both start a redis-server, one of them cannot bind. The one whose
+    redis-server exited is refused (before: the other's Redis answered the readiness ping,
+    so both serves shared one Redis, and the first to stop took it from the other)."""
+    first = start_server(free_port(19_500, 20_000))
+    try:
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{first.port}"):
+            start_server(first.port)  # as after a port_free() that raced
+        assert first.process.poll() is None
+    finally:
+        first.stop()
+
+
+def test_a_port_is_held_without_a_gap_while_a_serve_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two serves started at once on the same ports: the second must find them taken. A
+    second serve's plain bind is tried each time the first asks for a socket on its port
+    after its first (the moment it could have let go): it always fails (before: the
+    supervisor closed its probe and bound again with SO_REUSEPORT, and a serve arriving in
+    between took the same port; both then shared it, each with its own Redis)."""
+    from cluster_dq import server
+    from cluster_dq.settings import Settings
+
+    if not server.REUSE_PORT:
+        pytest.skip("no SO_REUSEPORT: the supervisor listens and never lets go")
+    taken: list[int] = []
+    seen: set[int] = set()
+    real = server._socket
+
+    def socket_with_a_rival(host: str, port: int, reuse_port: bool) -> socket.socket:
+        if port in seen:
+            rival = socket.socket()
+            rival.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                rival.bind((host, port))
+                taken.append(port)
+            except OSError:
+                pass
+            finally:
+                rival.close()
+        sock = real(host, port, reuse_port)
+        seen.add(sock.getsockname()[1])
+        return sock
+
+    monkeypatch.setattr(server, "_socket", socket_with_a_rival)
+    holders: list[socket.socket] = []
+    try:
+        ports = server.Ports.bind(Settings(Port=0, AdminPort=0), holders)
+        for sock in ports.listeners():  # as each worker binds its own
+            sock.close()
+    finally:
+        for sock in holders:
+            sock.close()
+    assert taken == []

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cluster_dq.client import AsyncClient, Backoff, Job
-from cluster_dq.client.outcomes import Bury, Released, Retry, Snooze
+from cluster_dq.client.outcomes import Bury, Released, Retry, Snooze, describe
 from cluster_dq.client.testing import run_job
 from cluster_dq.client.worker import Worker
 from tests.test_worker import (  # noqa: F401  (fixtures)
@@ -189,6 +189,93 @@ def test_the_test_mode_releases_a_handler_raising_a_base_exception() -> None:
 
     assert run_job(ahandle, "x") == Released(error="GeneratorExit")
     assert run_job(handle, "x") == Released(error="_Abort: gave up")
+
+
+class _StrRaises(BaseException):
+    """An exception whose ``__str__`` raises another, outside ``Exception`` too."""
+
+    def __init__(self, inner: BaseException) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __str__(self) -> str:
+        raise self.inner
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [GeneratorExit(), KeyboardInterrupt(), SystemExit(3), _Abort("in str")],
+    ids=["generator-exit", "keyboard-interrupt", "system-exit", "own"],
+)
+async def test_a_handler_exception_whose_str_raises_anything_releases_its_job(
+    solo: AsyncClient, inner: BaseException
+) -> None:
+    """The handler's exception cannot be printed, whatever its ``__str__`` raises: the job is
+    released as unprintable and the worker goes on (before: a ``BaseException`` from
+    ``__str__`` escaped the outcome's text; ``KeyboardInterrupt``/``SystemExit`` ended the
+    event loop with the job held, ``GeneratorExit`` killed the slot's task without a line)."""
+    backoff = Backoff("fixed", 60.0)
+    jid = await solo.publish("hstr", "x", tries=2, backoff=backoff)
+
+    async def handle(job: Job) -> Any:
+        raise _StrRaises(inner)
+
+    worker = Worker(solo, "hstr", handle, concurrency=1, poll_timeout=0.2, ttr=5)
+    await run_until(worker, lambda: worker.counts.get("released", 0) >= 1, timeout=10)
+    assert await reserved(solo, "hstr") == 0
+    job = await solo.get_job("hstr", jid)
+    assert job is not None and (job.state, job.last_error) == (
+        "delayed",
+        "_StrRaises: <unprintable _StrRaises>",
+    )
+
+
+def test_the_test_mode_releases_a_handler_exception_whose_str_raises() -> None:
+    async def handle(job: Job) -> Any:
+        raise _StrRaises(KeyboardInterrupt())
+
+    assert run_job(handle, "x") == Released(error="_StrRaises: <unprintable _StrRaises>")
+
+
+class _LazyRetry(Retry):
+    def __init__(self) -> None:  # never calls Retry.__init__: no delay, no error
+        pass
+
+
+class _LazySnooze(Snooze):
+    def __init__(self) -> None:
+        pass
+
+
+class _LazyBury(Bury):
+    def __init__(self) -> None:
+        pass
+
+
+class _LateSnooze(Snooze):
+    def __init__(self) -> None:
+        super().__init__(5)
+        self.delay = "soon"  # type: ignore[assignment]  # changed after the base's checks
+
+
+class _LateRetry(Retry):
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = -3
+
+
+@pytest.mark.parametrize("kind", [_LazyRetry, _LazySnooze, _LazyBury, _LateSnooze, _LateRetry])
+def test_an_outcome_exception_that_skipped_its_init_is_the_handlers_error(kind: type) -> None:
+    """A subclass of Retry, Snooze or Bury whose ``__init__`` does not call its base's, or
+    sets a bad ``delay`` after it: the job is released with the exception as its error
+    (before: ``decide`` raised AttributeError reading ``delay``/``reason``, or passed the bad
+    delay on to the client, which raised: the worker's task for the job died with it, the job
+    held, touched, for as long as the worker lived)."""
+
+    async def handle(job: Job) -> Any:
+        raise kind()
+
+    assert run_job(handle, "x") == Released(error=describe(kind()))
 
 
 async def test_a_worker_stopped_before_it_started_starts_nothing(solo: AsyncClient) -> None:

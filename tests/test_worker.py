@@ -685,9 +685,9 @@ def test_decide_maps_returns_and_exceptions_onto_outcomes() -> None:
 
 
 def test_the_worker_and_its_test_mode_import_nothing_of_the_service() -> None:
-    """A worker needs the client only (and what it shares with the service and that
-    imports nothing: ``cluster_dq.names``, ``cluster_dq.envvars``); prometheus_client only when metrics are asked
-    for."""
+    """A worker needs the client only; prometheus_client only when metrics are asked for.
+    ``cluster_dq.names`` and ``cluster_dq.envvars`` (the name rules and the names of the
+    client's variables, importing nothing) are shared by both sides on purpose."""
     code = (
         "import sys; from cluster_dq.client import Worker; import cluster_dq.client.testing; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "

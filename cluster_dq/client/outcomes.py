@@ -89,12 +89,14 @@ Outcome = Acked | Released | Snoozed | Buried
 
 
 def _text(value: object) -> str:
-    """``value`` as a string, even one whose ``__str__`` raises (a careless exception)."""
+    """``value`` as a string, even one whose ``__str__`` raises (a careless exception):
+    whatever it raises, ``KeyboardInterrupt`` or ``GeneratorExit`` included, is the value's
+    fault, not a signal to this worker, and must not leave the job unsettled."""
     if isinstance(value, str):
         return value
     try:
         return str(value)
-    except Exception:
+    except BaseException:  # noqa: BLE001  # see above
         return f"<unprintable {type(value).__name__}>"
 
 
@@ -133,12 +135,16 @@ def decide(
         if size > MAX_RESULT:
             return Released(error=f"result too large: {size} bytes of JSON (max {MAX_RESULT})")
         return Acked(returned)
-    if isinstance(exc, Snooze):
-        return Snoozed(exc.delay, None if exc.error is None else clip(exc.error))
-    if isinstance(exc, Retry):
-        return Released(exc.delay, None if exc.error is None else clip(exc.error))
-    if isinstance(exc, Bury):
-        return Buried(clip(exc.reason))
+    try:  # the delay checked again: a subclass may have set its own after the base's check
+        if isinstance(exc, Snooze):
+            return Snoozed(_seconds(exc.delay), None if exc.error is None else clip(exc.error))
+        if isinstance(exc, Retry):
+            delay = None if exc.delay is None else _seconds(exc.delay)
+            return Released(delay, None if exc.error is None else clip(exc.error))
+        if isinstance(exc, Bury):
+            return Buried(clip(exc.reason))
+    except (AttributeError, ValueError):  # a subclass that skipped its base's __init__, or
+        return Released(error=describe(exc))  # set a bad delay: the handler's error
     if bury_on and isinstance(exc, bury_on):
         return Buried(describe(exc))
     return Released(error=describe(exc))
