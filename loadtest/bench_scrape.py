@@ -28,7 +28,6 @@ import argparse
 import os
 import random
 import statistics
-import string
 import threading
 import time
 from collections import Counter
@@ -38,48 +37,14 @@ import httpx
 
 from cluster_dq import metrics
 from cluster_dq.localredis import start_server
+from cluster_dq.testing import odd_requests
 from cluster_dq.testing.service_process import ServiceProcess
-
-# What llhttp (httptools) parses as a method; CONNECT is left out (its target is host:port).
-METHODS = (
-    "DELETE GET HEAD POST PUT OPTIONS TRACE COPY LOCK MKCOL MOVE PROPFIND PROPPATCH SEARCH "
-    "UNLOCK BIND REBIND UNBIND ACL REPORT MKACTIVITY CHECKOUT MERGE M-SEARCH NOTIFY SUBSCRIBE "
-    "UNSUBSCRIBE PATCH PURGE MKCALENDAR LINK UNLINK SOURCE QUERY"
-).split()
-# Templates of both ports with {} for a random name; the rest of the paths are random.
-TEMPLATES = (
-    "/api/{}",
-    "/api/{}/{}",
-    "/api/{}/{}/job/{}",
-    "/api/{}/{}/job/{}/touch",
-    "/api/{}/{}/size",
-    "/api/{}/{}/peek",
-    "/api/{}/{}/deadletter",
-    "/api/{}/{}/schedules/{}",
-    "/api/{}/{}/settings",
-    "/token/{}",
-    "/token/{}/{}",
-    "/token/{}/{}/limit",
-    "/metrics",
-    "/info",
-    "/ui/",
-    "/ui/{}",
-    "/ui/ns/{}/{}",
-)
-
-
-def name(rng: random.Random) -> str:
-    return "".join(rng.choices(string.ascii_lowercase + string.digits, k=rng.randint(3, 12)))
 
 
 def odd_request(rng: random.Random) -> tuple[str, str, bool]:
     """(method, path, to the admin port?)"""
-    if rng.random() < 0.7:
-        template = rng.choice(TEMPLATES)
-        path = template.format(*(name(rng) for _ in range(template.count("{}"))))
-    else:
-        path = "/" + "/".join(name(rng) for _ in range(rng.randint(1, 4)))
-    return rng.choice(METHODS), path, rng.random() < 0.5
+    method, path = odd_requests.odd_request(rng)
+    return method, path, rng.random() < 0.5
 
 
 def quantiles(values: list[float]) -> str:

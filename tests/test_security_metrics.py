@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import string
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -29,40 +28,10 @@ from cluster_dq.metrics import SizeBoard
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import load
+from cluster_dq.testing.odd_requests import MARK, name, odd_request
 from tests.test_http import ADMIN_AUTH, serve
 
-# What llhttp (httptools, the workers' parser) accepts as a method; CONNECT takes host:port.
-METHODS = (
-    "DELETE GET HEAD POST PUT OPTIONS TRACE COPY LOCK MKCOL MOVE PROPFIND PROPPATCH SEARCH "
-    "UNLOCK BIND REBIND UNBIND ACL REPORT MKACTIVITY CHECKOUT MERGE M-SEARCH NOTIFY SUBSCRIBE "
-    "UNSUBSCRIBE PATCH PURGE MKCALENDAR LINK UNLINK SOURCE QUERY"
-).split()
-# Paths of both ports' route templates ({} gets a random name), and paths no route has.
-TEMPLATES = (
-    "/api/{}",
-    "/api/{}/{}",
-    "/api/{}/{}/job/{}",
-    "/api/{}/{}/job/{}/touch",
-    "/api/{}/{}/size",
-    "/api/{}/{}/deadletter",
-    "/api/{}/{}/schedules/{}",
-    "/api/{}/{}/settings",
-    "/token/{}",
-    "/token/{}/{}",
-    "/token/{}/{}/limit",
-    "/metrics",
-    "/ui/",
-    "/ui/{}",
-    "/ui/ns/{}/{}",
-    "/{}",
-    "/{}/{}/{}",
-)
-MARK = "zq"  # every random name starts with it: a label value holding it came from a request
 SERVED = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"}  # every method some route serves
-
-
-def random_name(rng: random.Random) -> str:
-    return MARK + "".join(rng.choices(string.ascii_lowercase + string.digits, k=8))
 
 
 def samples(admin: str) -> list[Any]:
@@ -95,11 +64,10 @@ def test_odd_requests_without_a_token_add_a_bounded_number_of_series(
     statuses: set[int] = set()
     with httpx.Client(timeout=30) as client:
         for i in range(1000):
-            template = rng.choice(TEMPLATES)
-            path = template.format(*(random_name(rng) for _ in range(template.count("{}"))))
-            params = {"token": random_name(rng)} if i % 3 == 0 else {}
+            method, path = odd_request(rng)
+            params = {"token": name(rng)} if i % 3 == 0 else {}
             port = admin if i % 2 else base
-            r = client.request(rng.choice(METHODS), port + path, params=params)
+            r = client.request(method, port + path, params=params)
             statuses.add(r.status_code)
     assert {404, 405} <= statuses and 500 not in statuses
     after = samples(admin)
@@ -128,12 +96,12 @@ def test_a_401_on_random_queues_adds_no_per_queue_series(svc: tuple[str, str, st
     those names become labels: only a valid token's own queues get per-queue series."""
     base, admin, token = svc
     rng = random.Random(401)
-    names = [(random_name(rng), random_name(rng)) for _ in range(50)]
+    names = [(name(rng), name(rng)) for _ in range(50)]
     with httpx.Client(base_url=base, timeout=30) as client:
         for ns, q in names:
             assert client.put(f"/api/{ns}/{q}", content=b"x").status_code == 401
             assert client.get(f"/api/{ns}/{q}", params={"token": "junk"}).status_code == 401
-            r = client.delete(f"/api/{ns}/{q}/job/{random_name(rng)}", params={"token": token})
+            r = client.delete(f"/api/{ns}/{q}/job/{name(rng)}", params={"token": token})
             assert r.status_code == 401  # a valid token, another namespace
         assert client.put("/api/sec/mine", params={"token": token}, content=b"x").status_code == 201
     after = samples(admin)
