@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import math
 import re
 import sys
 import time
@@ -174,18 +175,19 @@ def when_arg(text: str) -> float:
     says otherwise, or as the dashboard shows it: ``2026-11-23 08:00:00.000 UTC``), or a
     duration ago (``90s``, ``30m``, ``2h``, ``7d``)."""
     ago = _AGO.match(text)
-    if ago:
-        return time.time() - float(ago[1]) * _UNIT[ago[2]]
     try:
-        return float(text)
+        seconds = time.time() - float(ago[1]) * _UNIT[ago[2]] if ago else float(text)
     except ValueError:
-        pass
-    at = times.moment(text)
-    if at is None:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a time: give epoch seconds, ISO 8601 (2026-11-23T08:00) or 2h / 30m"
-        )
-    return at.timestamp()
+        at = times.moment(text)
+        if at is None:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a time: give epoch seconds, ISO 8601 (2026-11-23T08:00)"
+                " or 2h / 30m"
+            ) from None
+        seconds = at.timestamp()
+    if not 0 <= seconds < math.inf:  # NaN included: what the client sends, so a dry run too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time at or after 1970-01-01 UTC")
+    return seconds
 
 
 def positive_int(text: str) -> int:

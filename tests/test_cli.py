@@ -496,6 +496,25 @@ def test_times_for_since_and_until() -> None:
             when_arg(bad)
 
 
+def test_a_time_the_service_cannot_take_is_refused_by_since_and_until() -> None:
+    """``--since nan``, ``inf``, ``-5`` or a date before 1970 were taken: a dry run then
+    counted the jobs such a bound matched locally (``-5``: every dead job; ``nan``: none),
+    while the run itself stopped at the client's check: the dry run foretold what never ran."""
+    for bad in (
+        "nan",
+        "inf",
+        "-inf",
+        "1e999",
+        "-5",
+        "1969-12-31T23:59:59Z",
+        "0001-01-01T00:00",
+        "99999d",
+    ):
+        with pytest.raises(argparse.ArgumentTypeError):
+            when_arg(bad)
+    assert when_arg("0") == 0.0 and when_arg("1970-01-01T00:00Z") == 0.0
+
+
 def test_rates_from_two_samples_of_the_counters() -> None:
     text = """# HELP cluster_dq_jobs_published Jobs published (new ids).
 # TYPE cluster_dq_jobs_published counter

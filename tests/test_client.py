@@ -148,6 +148,26 @@ async def test_text_json_delay_and_result(dq: Any) -> None:
     assert done is not None and done.state == "acked" and done.result == {"total": 1}
 
 
+async def test_a_result_is_sent_as_the_service_measures_and_reads_it(dq: Any) -> None:
+    """The client sent JSON with every non-ASCII character escaped (``\\u00e9``, 6 bytes
+    for 2): a result the service stores (2,000 "é": 4,002 bytes of UTF-8) was refused as too
+    large. And a lone surrogate (a str from ``surrogateescape``), which the service refuses,
+    was sent: it is the client's ValueError, before anything is sent."""
+    text = "\u00e9" * 2000
+    await dq.publish("q", b"x")
+    job = await dq.consume("q", ttr=30)
+    await dq.ack("q", job.id, result=text, lease=job.lease)
+    done = await dq.get_job("q", job.id)
+    assert done is not None and done.result == text
+    await dq.publish("q", b"y")
+    job = await dq.consume("q", ttr=30)
+    with pytest.raises(ValueError):
+        await dq.progress("q", job.id, {"file": "a\udcff"}, lease=job.lease)
+    with pytest.raises(ValueError):
+        await dq.ack("q", job.id, result="a\udcff", lease=job.lease)
+    assert (await dq.get_job("q", job.id)).state == "reserved"
+
+
 async def test_republish(dq: Any) -> None:
     jid = await dq.publish("q", b"step 1")
     job = await dq.consume("q", ttr=30)

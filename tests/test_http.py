@@ -464,6 +464,31 @@ def test_a_number_json_cannot_carry_is_a_400_naming_the_parameter_on_every_json_
     assert "progress" not in peek.json()
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "name", "value"),
+    [
+        ("DELETE", "/api/ns/q/job/@JID@", "result", "%22%FF%22"),
+        ("DELETE", "/api/ns/q/job/@JID@", "result", "%22%ED%A0%80%22"),
+        ("POST", "/api/ns/q/job/@JID@/bury", "reason", "%C0%AF"),
+        ("POST", "/api/ns/q/job/@JID@/release", "error", "a%FFb"),
+    ],
+)
+def test_a_query_value_that_is_not_utf8_is_a_400_naming_it_not_replaced(
+    api: httpx.Client, sync_redis: redis.Redis, method: str, path: str, name: str, value: str
+) -> None:
+    """The query string was decoded with U+FFFD for bytes that are not UTF-8: an ack's
+    ``result=%22%FF%22`` was a 204 storing ``"\ufffd"``, not the JSON sent (a body that is not
+    UTF-8 is a 400), and a reason or error was changed as silently."""
+    jid = api.put("/api/ns/q", content=b"keep").json()["job_id"]
+    lease = api.get("/api/ns/q", params={"ttr": 60}).json()["lease"]
+    before = {k: sync_redis.dump(k) for k in sync_redis.keys("*{ns/*")}
+    r = api.request(method, path.replace("@JID@", jid) + f"?lease={lease}&{name}={value}")
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert name in r.json()["error"], r.text
+    assert {k: sync_redis.dump(k) for k in sync_redis.keys("*{ns/*")} == before
+    assert api.get(f"/api/ns/q/job/{jid}").json()["state"] == "reserved"
+
+
 def test_an_infinity_stored_before_the_rule_is_shown_not_a_500(
     api: httpx.Client, sync_redis: redis.Redis
 ) -> None:

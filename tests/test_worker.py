@@ -665,6 +665,10 @@ async def test_a_refused_token_stops_the_worker_with_its_error(
 
 def test_decide_maps_returns_and_exceptions_onto_outcomes() -> None:
     assert decide(None) == Acked() and decide({"a": 1}) == Acked({"a": 1})
+    # as the service measures and reads a result: UTF-8, not escaped; a lone surrogate is none
+    assert decide("\u00e9" * 2000) == Acked("\u00e9" * 2000)
+    assert isinstance(decide("a\udcff"), Released)
+
     assert decide(exc=Retry()) == Released(None, None)
     assert decide(exc=Retry(5, "busy")) == Released(5.0, "busy")
     assert decide(exc=Snooze(7)) == Snoozed(7.0)

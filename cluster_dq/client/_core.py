@@ -144,9 +144,16 @@ def as_bytes(body: bytes | str, what: str = "body") -> bytes:
     raise ValueError(f"{what} must be bytes or str, not {type(body).__name__}")
 
 
+def json_text(value: Any) -> bytes:
+    """``value`` as the service reads and stores JSON: compact UTF-8, not escaped (its size
+    limits count these bytes). Raises ValueError (a NaN, a lone surrogate: no UTF-8) or
+    TypeError (not JSON) or RecursionError (too deep)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+
+
 def json_body(value: Any, what: str = "value") -> bytes:
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        return json_text(value)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what} must be JSON (no NaN, no sets or objects): {e}") from None
 

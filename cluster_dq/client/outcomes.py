@@ -20,7 +20,7 @@ unspent and the worker stops).
 
 from __future__ import annotations
 
-import json
+from cluster_dq.client._core import json_text
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,7 +129,7 @@ def decide(
         if returned is None:
             return Acked()
         try:
-            size = len(json.dumps(returned, separators=(",", ":"), allow_nan=False).encode())
+            size = len(json_text(returned))  # as the service measures it
         except (TypeError, ValueError, RecursionError) as e:  # RecursionError: too deep
             return Released(error=clip(f"result is not JSON: {type(e).__name__}: {e}"))
         if size > MAX_RESULT:

@@ -273,7 +273,7 @@ class DataAPI:
         route = await self._auth(request, ns, q)
         qp = params.query(request)
         lease = params.lease(qp)
-        result = params.result(qp)
+        result = params.result(request)
         (was,) = await self.service.ack(
             route, ns, q, [jid], [lease] if lease else None, [result] if result else None
         )

@@ -56,6 +56,21 @@ def query(request: Request) -> dict[str, str]:
     return found
 
 
+def exact(request: Request, name: str) -> str | None:
+    """The query's ``name`` as sent, for a value the service keeps (a result, a reason):
+    ``query`` reads bytes that are not UTF-8 as U+FFFD, which would change it silently, so
+    such a value is a 400 naming it."""
+    value = query(request).get(name)
+    if value is not None and "\ufffd" in value:  # replaced, or sent as U+FFFD: read again
+        raw = request.scope.get("query_string", b"").decode("latin-1")
+        sent = dict(parse_qsl(raw, keep_blank_values=True, errors="surrogateescape"))
+        try:
+            sent.get(name, "").encode()
+        except UnicodeEncodeError:
+            raise BadRequest(f"invalid {name}: not UTF-8", name) from None
+    return value
+
+
 def header(request: Request, name: str) -> str | None:
     """A request header's value (``name`` lower-case; the first of a repeated one, as
     Starlette's ``Headers``), from a dict made once per request."""
@@ -290,9 +305,9 @@ def _compact(value: Any, what: str) -> bytes:
     return out
 
 
-def result(query: Mapping[str, str]) -> bytes | None:
+def result(request: Request) -> bytes | None:
     """The ``result`` an ack carries (a JSON value in the query), if the client sent one."""
-    raw = query.get("result")
+    raw = exact(request, "result")
     return None if raw is None else note(raw, "result")
 
 
@@ -324,8 +339,7 @@ async def text(request: Request, name: str) -> str:
     """A short free text (a bury reason, a release's error): the query's ``name``, else the
     member ``name`` of a JSON object body (``Content-Type: application/json``); '' when
     neither has it. At most ``MAX_NOTE_TEXT`` bytes of UTF-8."""
-    qp = query(request)
-    value: object = qp.get(name)
+    value: object = exact(request, name)
     if value is None and "json" in (header(request, "content-type") or ""):
         data = await body(request, MAX_NOTE_TEXT * 6 + 1024)
         if data.strip():
