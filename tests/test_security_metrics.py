@@ -178,3 +178,25 @@ def test_a_data_request_is_answered_while_a_scrape_renders(
         runner.run(scenario())
     finally:
         release.set()
+
+
+async def test_a_slow_render_is_reused_for_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A render is reused for 4x as long as it took, but never past ``REUSE_MAX_S``: a minute's
+    render is not served for four minutes. (The clock is the exposition's own: no waiting.)"""
+    now = [1000.0]
+    renders: list[float] = []
+
+    def slow_render(board: Any) -> tuple[bytes, str]:
+        renders.append(now[0])
+        now[0] += 60.0  # the render took a minute
+        return b"# rendered\n", "text/plain"
+
+    monkeypatch.setattr(metrics, "render", slow_render)
+    exposition = metrics.Exposition(board=None, clock=lambda: now[0])  # type: ignore[arg-type]
+    await exposition.render()
+    now[0] += metrics.Exposition.REUSE_MAX_S - 0.1
+    await exposition.render()
+    assert len(renders) == 1  # reused while fresh
+    now[0] += 0.2
+    await exposition.render()
+    assert len(renders) == 2  # past REUSE_MAX_S: rendered again, not 4 minutes later
