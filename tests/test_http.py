@@ -323,6 +323,20 @@ def test_attributes(api: httpx.Client) -> None:
     assert api.get("/api/ns/q").json()["attributes"] is None
 
 
+def test_an_attribute_value_in_utf8_comes_back_as_sent(api: httpx.Client) -> None:
+    """Header values reach the app as latin-1: "é" (two UTF-8 bytes) came back as "Ã©".
+    lmstfy keeps the bytes; invalid UTF-8 is shown as U+FFFD, as Go's JSON encoder does."""
+    headers = [
+        ("Enable-Job-Version", "YES"),
+        ("Job-Attr-City", "Zürich 東京".encode()),
+        ("Job-Attr-Raw", b"a\xffb"),
+    ]
+    jid = api.put("/api/ns/q", headers=headers, content=b"a").json()["job_id"]
+    job = api.get(f"/api/ns/q/job/{jid}").json()
+    assert job["attributes"] == {"city": "Zürich 東京", "raw": "a\ufffdb"}, job
+    api.delete(f"/api/ns/q/job/{jid}")
+
+
 def test_dead_letter_cycle_and_destroy(api: httpx.Client) -> None:
     for _ in range(3):
         api.put("/api/ns/q", params={"tries": 1}, content=b"d")

@@ -146,7 +146,10 @@ def attributes(request: Request) -> dict[str, str] | None:
     for key, value in request.headers.items():
         if key.lower().startswith("job-attr-") and len(key) > len("job-attr-"):
             name = key[len("job-attr-") :].lower()[:MAX_ATTR_KEY]
-            attrs.setdefault(name, value[:MAX_ATTR_VALUE])
+            # the server hands header bytes over as latin-1; lmstfy keeps them (UTF-8), and
+            # shows invalid UTF-8 as U+FFFD, as Go's JSON encoder does
+            text = value.encode("latin-1").decode("utf-8", "replace")
+            attrs.setdefault(name, text[:MAX_ATTR_VALUE])
     if len(attrs) > MAX_ATTRIBUTES:
         raise BadRequest("too many attributes, cannot exceed 16", "attributes")
     return attrs or None
