@@ -50,9 +50,8 @@ class MJob:
     backoff: Backoff | None = None  # its own retry backoff (else its queue's)
 
     def score(self) -> int:
-        """What peek_job reports as the job's score in its state."""
-        if self.state == READY:
-            return (255 - self.priority) * PRIO_SHIFT + self.due
+        """What peek_job reports as the job's time in its state (a ready job: its due time,
+        its score masked of the priority, which orders the ready set: ``rank``)."""
         if self.state == RESERVED:
             return self.deadline
         if self.state == DEAD:
