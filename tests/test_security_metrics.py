@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster_dq import metrics
+from cluster_dq.http.exposition import Exposition
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
@@ -192,9 +193,9 @@ async def test_a_slow_render_is_reused_for_a_bounded_time(monkeypatch: pytest.Mo
         return b"# rendered\n", "text/plain"
 
     monkeypatch.setattr(metrics, "render", slow_render)
-    exposition = metrics.Exposition(board=None, clock=lambda: now[0])  # type: ignore[arg-type]
+    exposition = Exposition(board=None, clock=lambda: now[0])  # type: ignore[arg-type]
     await exposition.render()
-    now[0] += metrics.Exposition.REUSE_MAX_S - 0.1
+    now[0] += Exposition.REUSE_MAX_S - 0.1
     await exposition.render()
     assert len(renders) == 1  # reused while fresh
     now[0] += 0.2

@@ -10,12 +10,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import cluster_dq
-from cluster_dq import metrics, userjson
+from cluster_dq import userjson
 from cluster_dq.dashboard import app as dashboard
 from cluster_dq.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from cluster_dq.http import openapi, params
 from cluster_dq.http.app import build_app
 from cluster_dq.http.auth import basic_auth
+from cluster_dq.http.exposition import Exposition
 from cluster_dq.http.middleware import AccessLog
 from cluster_dq.http.origin import STATE_CHANGING, cross_site
 from cluster_dq.http.openapi_admin import admin_document
@@ -45,7 +46,7 @@ class AdminAPI:
         self, service: Service, settings: Settings, access_log: AccessLog, board: SizeBoard
     ) -> None:
         self.board = board
-        self.exposition = metrics.Exposition(board)
+        self.exposition = Exposition(board)
         self.service = service
         self.settings = settings
         self.access_log = access_log

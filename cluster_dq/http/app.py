@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import retry
-from cluster_dq.errors import BadRequest, PoolUnavailable, Unauthorized, WriteLimited
+from cluster_dq.errors import BadRequest, Unauthorized
 from cluster_dq import queueconf
 from cluster_dq.http import openapi, params
 from cluster_dq.http.control import ControlAPI
@@ -25,6 +25,7 @@ from cluster_dq.http.hot import HotPaths
 from cluster_dq.http.paths import EncodedSeparators
 from cluster_dq.http.openapi_data import data_document
 from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
+from cluster_dq.http.throttle import Throttle
 from cluster_dq.http.responses import error, job_object, json, result_object
 from cluster_dq.metrics import Metrics
 from cluster_dq.models import (
@@ -41,9 +42,9 @@ from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.schedules import MAX_SCHEDULE_PAGE
 from cluster_dq.schedules import check_name as check_schedule_name
-from cluster_dq.service import Service, nothing_written
+from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.tokens import split_token, well_formed_raw
+from cluster_dq.tokens import well_formed_raw
 from cluster_dq.waiters import Admission
 
 log = logging.getLogger("cluster_dq.http")
@@ -55,6 +56,8 @@ class DataAPI:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
         self.s = settings
+        self.throttle = Throttle(service)
+        self.write = self.throttle.writes  # ControlAPI's routes are counted the same way
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -69,60 +72,6 @@ class DataAPI:
         if token and not well_formed_raw(token):
             raise Unauthorized("invalid token")  # by its shape: no lookup, nothing cached
         return await self.service.authorize(token, ns)
-
-    async def _limited(
-        self,
-        request: Request,
-        ns: str,
-        write: bool,
-        handler: Callable[[], Awaitable[Response]],
-    ) -> Response:
-        """lmstfy's throttle: count the request, refund it unless it succeeded (2xx), or failed
-        having maybe changed something (a 503 that does not say nothing was written)."""
-        pool_name, token = _token_of(request)
-        taken = await self.service.tokens.take(pool_name, ns, token, write)
-        response: Response | None = None
-        applied = False  # a failure after which the request may have been applied
-        try:
-            response = await handler()
-            return response
-        except PoolUnavailable as e:
-            applied = not nothing_written(e)
-            raise
-        finally:
-            if (
-                taken is not None
-                and not applied
-                and (response is None or not 200 <= response.status_code < 300)
-            ):
-                await self.service.tokens.refund(pool_name, ns, token, write, taken)
-
-    def write(self, handler: Handler, leased_is_free: bool = False) -> Handler:
-        """The route counted as a write against its token's limit, as a publish is (its GET
-        and HEAD, which only read, are not). Every verb that changes a queue is a write but
-        finishing a delivery (ack, release, touch, progress; with ``leased_is_free``, the
-        route given the delivery's lease): the rule and why in docs/api.md#rate-limits."""
-
-        @functools.wraps(handler)
-        async def counted(request: Request) -> Response:
-            if request.method in ("GET", "HEAD") or (
-                leased_is_free and params.query(request).get("lease")
-            ):
-                return await handler(request)
-            ns = request.path_params["ns"]
-            return await self._limited(request, ns, True, lambda: handler(request))
-
-        return counted
-
-    async def _no_write_limit(self, request: Request, ns: str) -> None:
-        """A token with a write limit may not start a schedule: its firings would publish
-        without asking the limit (docs/api.md#rate-limits)."""
-        pool_name, token = _token_of(request)
-        if await self.service.tokens.limits_writes(pool_name, ns, token):
-            raise WriteLimited(
-                f"token({token}) has a write limit: a schedule would publish past it; "
-                "ask an operator (a token without a write limit) to create or resume it"
-            )
 
     async def _specs(
         self, request: Request, route: PoolRoute[RedisPool], ns: str, q: str
@@ -163,7 +112,7 @@ class DataAPI:
                 out["duplicate"] = True  # idempotent publish: this id already exists
             return json(out, 201)
 
-        return await self._limited(request, ns, True, run)
+        return await self.throttle.run(request, ns, True, run)
 
     async def bulk(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
@@ -178,7 +127,7 @@ class DataAPI:
             published = await self.service.publish(route, ns, q, [spec(b) for b in bodies])
             return json({"msg": "published", "job_ids": [p.job_id for p in published]}, 201)
 
-        return await self._limited(request, ns, True, run)
+        return await self.throttle.run(request, ns, True, run)
 
     async def republish(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
@@ -195,7 +144,7 @@ class DataAPI:
                 out["duplicate"] = True  # the new id already existed: nothing new was published
             return json(out, 201)
 
-        return await self._limited(request, ns, True, run)  # a write, as publish
+        return await self.throttle.run(request, ns, True, run)  # a write, as publish
 
     async def consume(self, request: Request) -> Response:
         if request.method == "HEAD":  # Starlette adds HEAD to GET routes; this GET takes jobs
@@ -265,7 +214,7 @@ class DataAPI:
                 return response
             return json([job_object(j, now) for j in jobs])
 
-        return await self._limited(request, ns, False, run)
+        return await self.throttle.run(request, ns, False, run)
 
     async def ack(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
@@ -414,7 +363,7 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         name = check_schedule_name(request.path_params["name"])
         route = await self._auth(request, ns, q)  # before the body: see publish
-        await self._no_write_limit(request, ns)
+        await self.throttle.refuse_write_limited(request, ns)
         body = await params.body(request, self.s.MaxBodyBytes * 2 + 4096)  # JSON-escaped body
         out, created = await self.service.put_schedule(route, ns, q, name, body)
         return json(out, 201 if created else 200)
@@ -449,7 +398,7 @@ class DataAPI:
         route = await self._auth(request, ns, q)
         paused = request.url.path.endswith("/pause")
         if not paused:
-            await self._no_write_limit(request, ns)
+            await self.throttle.refuse_write_limited(request, ns)
         return json(await self.service.pause_schedule(route, ns, q, name, paused))
 
     # -- queue control (extension) ----------------------------------------------------------
@@ -609,13 +558,6 @@ def _busy(refusal: str) -> Response:
     busy = error(refusal, 429, key="msg")
     busy.headers["Retry-After"] = "1"
     return busy
-
-
-def _token_of(request: Request) -> tuple[str, str]:
-    """(pool, token) the request carries, as the throttle keys them ('' when none)."""
-    return split_token(
-        params.header(request, "x-token") or params.query(request).get("token") or ""
-    )
 
 
 def _templates(
