@@ -162,6 +162,10 @@ def run_sync(engine: SyncEngine, scenario: Scenario) -> list[tuple[str, Any]]:
         out.append((name, normal(result)))
 
 
+# the steps whose answer is a key's time to live (PTTL), which runs on while the test does
+ON_REDIS_CLOCK = {"rate limit", "rate limit used up"}
+
+
 def durable(deployment: Deployment) -> dict[str, int]:
     """One replica must confirm each durable write: a standalone server has none (NotReplicated,
     in both, soon), a Cluster's masters and a Sentinel group's master have them (in time)."""
@@ -192,6 +196,8 @@ async def test_the_same_operations_give_the_same_results(
         sync_client.close()
     assert [name for name, _ in got_async] == [name for name, _ in got_sync]
     for (name, a), (_, s) in zip(got_async, got_sync, strict=True):
+        if name in ON_REDIS_CLOCK:  # ms left in the window: only its sign
+            a, s = a > 0, s > 0
         assert a == s, name
     results = dict(got_async)
     standalone = isinstance(deployment, Server)
