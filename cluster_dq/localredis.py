@@ -60,14 +60,47 @@ def redis_server_binary() -> str:
 def free_port(start: int = 17000, end: int = 18000) -> int:
     """A free loopback port whose cluster-bus twin (+10000) is free too (the callers' ranges
     never include Redis's default ports). The scan starts at a random place in the range, so
-    two processes looking at once (test runs side by side) rarely pick the same port between
-    the check and the bind."""
+    two processes looking at once rarely pick the same port between the check and the bind;
+    processes that must never collide (parallel test workers) each take a disjoint share of
+    every range (``PORT_SLICE``)."""
+    start, end = port_share(start, end)
     first = random.randrange(start, end)
     order: list[int] = [*range(first, end), *range(start, first)]
     for port in order:
         if all(port_free(p) for p in (port, port + 10000)):
             return port
     raise RuntimeError(f"no free port in {start}-{end}")
+
+
+def free_block(n: int, start: int = 17000, end: int = 18000) -> int:
+    """The first of ``n`` consecutive free loopback ports (each with its cluster-bus twin), at a
+    multiple of 10 in this process's share of the range, scanned from a random place."""
+    start, end = port_share(start, end)
+    bases = list(range(start + (-start) % 10, end - n + 1, 10))
+    if not bases:
+        raise RuntimeError(f"no block of {n} ports in {start}-{end}")
+    first = random.randrange(len(bases))
+    for base in [*bases[first:], *bases[:first]]:
+        if all(port_free(p) for i in range(n) for p in (base + i, base + i + 10000)):
+            return base
+    raise RuntimeError(f"no {n} free consecutive ports in {start}-{end}")
+
+
+# ``i/n``: this process (and its children) takes the i-th of n equal shares of every port range
+# (set by the test run for each of its workers, so that no two workers race for a port).
+PORT_SLICE = "DQ_PORT_SLICE"
+
+
+def port_share(start: int, end: int) -> tuple[int, int]:
+    """The part of ``[start, end)`` this process may take (all of it without ``PORT_SLICE``)."""
+    spec = os.environ.get(PORT_SLICE)
+    if not spec:
+        return start, end
+    i, n = (int(part) for part in spec.split("/"))
+    width = (end - start) // n
+    if not 0 <= i < n or width < 1:
+        raise RuntimeError(f"{PORT_SLICE}={spec} leaves no port of {start}-{end}")
+    return start + i * width, start + (i + 1) * width
 
 
 def port_free(port: int) -> bool:
@@ -259,11 +292,7 @@ class SentinelGroup:
 def start_cluster(base_port: int | None = None, node_timeout_ms: int = 2000) -> Cluster:
     """3 masters + 3 replicas on consecutive ports; returns once the cluster state is ok."""
     if base_port is None:
-        base_port = next(
-            p
-            for p in range(17100, 17900, 10)
-            if all(port_free(p + i) and port_free(p + i + 10000) for i in range(6))
-        )
+        base_port = free_block(6)
     servers = []
     for i in range(6):
         port = base_port + i
@@ -337,9 +366,7 @@ def start_sentinel(
     (``min-replicas-to-write``): a master paused past a failover that comes back cannot take
     writes it would lose when the sentinels demote it."""
     if base_port is None:
-        base_port = next(
-            p for p in range(17500, 17900, 10) if all(port_free(p + i) for i in range(6))
-        )
+        base_port = free_block(6)
     guard = ["--min-replicas-to-write", str(min_replicas), "--min-replicas-max-lag", "10"]
     master = start_server(base_port, extra=guard)
     replicas = [

@@ -18,7 +18,7 @@ consumers drain (ack everything), every job's final state is looked up, dead let
 and deleted, and the queues must be empty with nothing left in Redis. The checker then counts
 anomalies by kind; the report prints them with the operation counts.
 
-What is asserted where (tests/test_history.py) is what the engine guarantees: on standalone,
+What is asserted where (tests/system/test_history.py) is what the engine guarantees: on standalone,
 no anomaly at all; across a Redis failover no unexpected or early delivery, exact
 remain_tries and nothing left behind, and with durable publish (WaitReplicas=1) nothing lost
 and no acked job delivered again. A consume is not a durable write, so a failover may roll a
@@ -345,7 +345,7 @@ async def drained(run: Run, http: httpx.AsyncClient) -> bool:
 async def final_state(run: Run) -> Final:
     """Each job's state (looked up by id), the dead-letter sizes; then the dead letters are
     deleted and every size must be 0 and every Redis structure of the queues gone."""
-    from tests.invariants import check_queue, queue_keys
+    from cluster_dq.testing.invariants import check_queue, queue_keys
 
     ids: dict[str, tuple[str, str]] = {}  # key -> (queue, job id)
     for e in run.h.events:

@@ -1,6 +1,6 @@
 """The replies of the Lua scripts: their codes and one typed decoder per script.
 
-``ReplyCode`` mirrors ``lua/lib/codes.lua`` (tests/test_lua_contract.py checks that the two
+``ReplyCode`` mirrors ``lua/lib/codes.lua`` (tests/engine/test_lua_contract.py checks that the two
 agree): one meaning per code in every script. Every script's reply is decoded here and nowhere
 else, into a frozen dataclass; the wire format stays flat arrays (cheap to build in Lua and
 to decode here).

@@ -2,7 +2,7 @@
 
 commands.py builds the KEYS and ARGV of every script call through ``Signature.key_list`` and
 ``Signature.args`` (by name, so a value cannot slip into another's place), and
-tests/test_lua_contract.py checks this table against the headers in ``lua/``. A name ending
+tests/engine/test_lua_contract.py checks this table against the headers in ``lua/``. A name ending
 in ``...`` takes the rest (a sequence, spliced in); ``queue`` among the KEYS stands for the
 queue's fixed keys (``QueueKeys.all_fixed``, in the order of ``lua/lib/queue.lua``).
 """

@@ -3,7 +3,7 @@
 - **Commands are packed by hiredis (C).** redis-py's blocking client packs with hiredis when it
   is installed; its asyncio connections pack in Python, argument by argument, and a grouped
   publish of a dozen jobs is a hundred arguments (a tenth of a request's CPU). Pipelines pack
-  through ``pack_command`` too. ``tests/test_wire.py`` checks the bytes are redis-py's own.
+  through ``pack_command`` too. ``tests/engine/test_wire.py`` checks the bytes are redis-py's own.
 - **They say when a step is about to be written** (``core.mark_sent``): an error before that
   (connecting, asking Sentinel for the master) means nothing of the step reached Redis, which
   the executor reports as ``Unsent``, safe to repeat whatever the step is.

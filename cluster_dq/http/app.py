@@ -100,7 +100,7 @@ class DataAPI:
         ns, q = request.path_params["ns"], request.path_params["q"]
         # The token first: nothing unauthenticated is buffered. A refusal answered with the
         # body unread is safe: the server discards the rest of the body and keeps the
-        # connection (tests/test_edges.py sends 30 MB with a junk token through httpx).
+        # connection (tests/http/test_edges.py sends 30 MB with a junk token through httpx).
         route = await self._auth(request, ns, q)
         body = await params.body(request, self.s.MaxBodyBytes)
 

@@ -7,7 +7,7 @@ splitting the path and calls their handlers itself, with the same error table as
 the app (``http/errors.py``), skipping the exception middleware, the router's pattern matching
 over every route and the route's own wrappers. Everything else (and a hot path's HEAD, or a
 path Starlette would not match, such as an empty segment) goes on to the router unchanged.
-What the client sees is the same either way; ``tests/test_http.py`` runs through both.
+What the client sees is the same either way; ``tests/http/test_http.py`` runs through both.
 """
 
 from __future__ import annotations

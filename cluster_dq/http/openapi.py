@@ -3,7 +3,7 @@ share, the ``Op`` each route is declared with, and the document and its ``/opena
 
 Each port declares its routes beside nothing else: ``http/openapi_data.py`` (data port) and
 ``http/openapi_admin.py`` (admin port). A new route is one more ``Op`` in its port's list;
-``tests/test_openapi.py`` fails while a route of an app is missing from its document, and runs
+``tests/http/test_openapi.py`` fails while a route of an app is missing from its document, and runs
 schemathesis against both. Bounds come from the parsers' constants (``http/params.py``,
 ``models.py``, ``tokens.py``), defaults from the running settings: one place for each."""
 

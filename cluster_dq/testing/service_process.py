@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -43,15 +42,11 @@ def pool_env(pool: PoolSettings) -> dict[str, str]:
 
 
 def pick_ports(first_port: int | None = None) -> tuple[int, int]:
-    """Free (data, admin) ports. Without ``first_port``, from a random place in 18000-18450:
-    two suites running at once must not both take the first free port (both services would
-    then share it through SO_REUSEPORT)."""
-    if first_port is None:
-        offset = random.randrange(0, 450)
-        return free_port(FIRST_PORT + offset, FIRST_PORT + 500), free_port(
-            FIRST_PORT + 500 + offset, FIRST_PORT + 1000
-        )
-    return free_port(first_port, first_port + 500), free_port(first_port + 500, first_port + 1000)
+    """Free (data, admin) ports: from ``first_port`` on, or from 18000 (admin ports 500 above).
+    ``free_port`` starts each scan at a random place, so two suites running at once rarely take
+    the same port (both services would then share it through SO_REUSEPORT)."""
+    first = FIRST_PORT if first_port is None else first_port
+    return free_port(first, first + 500), free_port(first + 500, first + 1000)
 
 
 class ServiceProcess:

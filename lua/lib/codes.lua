@@ -3,7 +3,7 @@
   (before lib/queue, which uses them too) writes CODE.NAME; the loader
   (cluster_dq/engine/scripts.py) folds each into its number, so no script builds this table
   at run time, and an unknown name fails at load time. cluster_dq/engine/replies.py mirrors
-  the table (ReplyCode); tests/test_lua_contract.py checks that both agree.
+  the table (ReplyCode); tests/engine/test_lua_contract.py checks that both agree.
   Counts, times and 0/1 flags (lowered, stale, more, allowed) are plain numbers, not codes.
 ]]
 local CODE = {

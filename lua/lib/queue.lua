@@ -3,7 +3,7 @@
   script that says `--@include lib/queue` (after `--@include lib/codes`, whose CODE table they
   use). Never loaded on its own.
   Every queue script receives the same twelve fixed KEYS, in this order (the order of
-  QueueKeys.all_fixed in cluster_dq/keys.py; tests/test_lua_contract.py checks both agree),
+  QueueKeys.all_fixed in cluster_dq/keys.py; tests/engine/test_lua_contract.py checks both agree),
   then its own extras (from KEYS[FIRST_EXTRA]).
 ]]
 local META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES, CONF, NOTES =

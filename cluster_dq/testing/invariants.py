@@ -1,0 +1,75 @@
+"""Checks that a queue's Redis structures agree exactly: every job in one place, nothing
+dangling, counters exact. Used after every guarantee test and by the history command.
+
+``r`` is a blocking redis-py client with ``decode_responses`` off (replies are bytes): typed
+``Any`` because redis-py's reply types are unions these checks narrow by asserting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster_dq.engine.commands import REMEMBER_ACKED_MS
+from cluster_dq.keys import QueueKeys
+
+
+def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
+    k = QueueKeys(ns, q)
+    jobs = set(r.hkeys(k.jobs))
+    zsets = {
+        name: set(r.zrange(getattr(k, name), 0, -1))
+        for name in ("ready", "reserved", "delayed", "dead")
+    }
+    union: set[bytes] = set()
+    for name, members in zsets.items():
+        assert not (union & members), f"a job is in {name} and another state"
+        union |= members
+    assert union == jobs, f"jobs hash {len(jobs)} != states {len(union)}"
+    leases = set(r.hkeys(k.leases))
+    assert leases == zsets["reserved"], "every reservation has a lease, and nothing else has one"
+    expire = set(r.zrange(k.expire, 0, -1))
+    assert expire <= jobs - zsets["dead"], "expire index holds a dead or missing job"
+    for member, rec in r.hgetall(k.jobs).items():
+        exp = int.from_bytes(rec[6:12], "big")
+        if member not in zsets["dead"] and exp:
+            assert member in expire, "a finite-ttl job is missing from the expire index"
+    for field, note in r.hgetall(k.notes).items():
+        # no NOTES field outlives its job: `<id>` (death, last error) and `p:<id>` (progress)
+        owner = field[2:] if field.startswith(b"p:") else field
+        assert owner in jobs, f"a NOTES field outlives its job: {field!r}"
+        if not field.startswith(b"p:"):
+            assert len(note) >= 7, f"a malformed note: {field!r}"
+            died = note[0] != 0 or int.from_bytes(note[1:7], "big") != 0
+            assert died == (field in zsets["dead"]), f"a death noted of a live job: {field!r}"
+            assert died or len(note) > 7, f"an empty note kept: {field!r}"
+    for member in zsets["dead"]:
+        note = r.hget(k.notes, member)
+        assert note is not None and note[0] != 0, f"a dead job without its death: {member!r}"
+    buckets = {b.decode() for b in r.zrange(k.wheel, 0, -1)}
+    in_wheel = 0
+    wheel_ids: set[bytes] = set()
+    for b in buckets:
+        ids = r.hkeys(k.bucket(b))
+        assert ids, f"wheel index names empty bucket {b}"
+        in_wheel += len(ids)
+        wheel_ids.update(ids)
+    for note in r.hkeys(k.notes):  # `<id>` or `p:<id>` (a client id has no ':')
+        owner = note[2:] if note.startswith(b"p:") else note
+        assert owner in jobs or owner in wheel_ids, f"notes field {note!r} outlived its job"
+    stray = {x.decode() for x in r.keys(k.bucket("*"))} - {k.bucket(b) for b in buckets}
+    assert not stray, f"buckets missing from the wheel index: {stray}"
+    w = int(r.hget(k.meta, "w") or 0)
+    assert w == in_wheel, f"meta.w {w} != jobs in buckets {in_wheel}"
+    assert set(r.hkeys(k.meta)) <= {b"w", b"next"}
+    if w == 0 and not jobs:
+        assert not r.exists(k.meta), "an empty queue keeps its meta hash"
+    return {"wheel": in_wheel, **{n: len(m) for n, m in zsets.items()}}
+
+
+def queue_keys(r: Any, ns: str, q: str) -> list[bytes]:
+    """The queue's keys but the memory of recently acked ids, which must be expiring (so a
+    queue whose jobs are all gone leaves nothing behind for long)."""
+    acked = QueueKeys(ns, q).acked.encode()
+    found = sorted(r.keys(f"*{{{ns}/{q}}}*"))
+    if acked in found:
+        assert 0 < r.pttl(acked) <= REMEMBER_ACKED_MS, "the acked-ids memory must expire"
+    return [k for k in found if k != acked]

@@ -1,0 +1,639 @@
+# ruff: noqa: F811  (the HTTP fixtures are imported from test_http and used as arguments)
+"""The client's ``Worker`` against a real service: crashes (SIGKILL) and graceful stops
+(SIGTERM) of worker processes lose no job and ack none twice; heartbeats keep a long job;
+each outcome (ack, Retry, Snooze, Bury, a plain exception, bury_on) leaves the job as said;
+the concurrency limit holds; the test mode decides as the real worker does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from cluster_dq.client import AsyncClient, Backoff, BadRequest, Job, Unauthorized
+from cluster_dq.client.outcomes import (
+    MAX_TEXT,
+    Acked,
+    Bury,
+    Buried,
+    Outcome,
+    Released,
+    Retry,
+    Snooze,
+    Snoozed,
+    clip,
+    decide,
+)
+from cluster_dq.client.testing import arun_job, run_job
+from cluster_dq.client.worker import Worker
+from cluster_dq.localredis import Server
+from cluster_dq.testing.service_process import ServiceProcess
+from tests.support import ADMIN_AUTH, ROOT
+from tests.support.workers import NS, lines, run_until, wait_for, worker_process
+from tests.support.run import examples
+
+
+@pytest.fixture
+def dq(service: tuple[str, str], sync_redis: redis.Redis) -> tuple[str, str]:
+    """(data URL, token) of the module's service, over a flushed Redis."""
+    base, admin = service
+    r = httpx.post(f"{admin}/token/{NS}", params={"description": "worker"}, auth=ADMIN_AUTH)
+    return base, str(r.json()["token"])
+
+
+@pytest.fixture
+async def client(dq: tuple[str, str]) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(dq[0], dq[1], NS, timeout=30) as c:
+        yield c
+
+
+# -- crashes and stops --------------------------------------------------------------------
+
+
+async def test_a_worker_killed_mid_job_its_job_comes_back_after_the_ttr_and_is_acked_once(
+    dq: tuple[str, str], client: AsyncClient, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    jid = await client.publish("crash", b"60", tries=3)
+    proc = worker_process(dq, log, "--queue", "crash", "--ttr", "1", "--poll-timeout", "1")
+    try:
+        wait_for(lambda: lines(log, "start"))
+        proc.kill()  # SIGKILL: no goodbye, the reservation stays until its ttr runs out
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    seen: list[tuple[str, int]] = []
+
+    async def handle(job: Job) -> None:
+        seen.append((job.id, job.deliveries))
+
+    worker = Worker(client, "crash", handle, ttr=1.0, poll_timeout=0.5)
+    await run_until(worker, lambda: worker.counts["acked"] >= 1)
+    assert seen == [(jid, 2)] and worker.counts["acked"] == 1
+    # acked once: it is gone, and never delivered again (not even after another ttr)
+    assert await client.get_job("crash", jid) is None
+    await asyncio.sleep(1.2)
+    assert await client.consume("crash", timeout=0.2) is None
+    assert (await client.size("crash")).total == 0
+    assert [ln[:2] for ln in lines(log, "start")] == [[jid, "1"]] and not lines(log, "done")
+
+
+async def test_sigterm_lets_running_jobs_finish_then_gives_the_rest_back_unspent(
+    dq: tuple[str, str], client: AsyncClient, tmp_path: Path
+) -> None:
+    """A stop with jobs in flight: the short ones finish and are acked, the long ones are
+    given back without spending a try when ``--shutdown-timeout`` ends, and the process exits
+    by then (plus the last long-poll); nothing stays reserved, nothing is lost."""
+    log = tmp_path / "log"
+    short = [await client.publish("term", b"0.5", tries=2) for _ in range(6)]
+    long = [await client.publish("term", b"600", tries=2) for _ in range(6)]
+    queued = await client.publish_many("term", ["0.1"] * 20, tries=2)  # not reached: no slots
+    args = ["--queue", "term", "--concurrency", "12", "--shutdown-timeout", "2"]
+    proc = worker_process(dq, log, *args, "--poll-timeout", "1", "--batch", "12")
+    try:
+        wait_for(lambda: len(lines(log, "start")) >= 12)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 0, log.with_suffix(".stderr").read_text()
+    assert took < 2 + 1 + 5  # shutdown_timeout + a long-poll + a margin for the interpreter
+    done = {ln[0] for ln in lines(log, "done")}
+    assert set(short) <= done and not done & set(long)
+    sizes = await client.size("term")
+    assert sizes.reserved == 0 and sizes.dead == 0
+    for jid in short + long + queued:  # published = acked + given back (no try spent)
+        job = await client.get_job("term", jid)
+        if jid in done:
+            assert job is None, job
+        else:
+            assert job is not None
+            assert (job.state, job.remain_tries, job.deliveries) == ("ready", 2, 0), job
+
+
+async def test_a_second_stop_forces_it(client: AsyncClient) -> None:
+    """``stop(force=True)`` (a second signal) does not wait for running handlers; their
+    jobs are given back all the same."""
+    jid = await client.publish("force", b"x", tries=1)
+    started = asyncio.Event()
+
+    async def stuck(job: Job) -> None:
+        started.set()
+        await asyncio.sleep(600)
+
+    worker = Worker(client, "force", stuck, shutdown_timeout=600, poll_timeout=0.2)
+    serving = asyncio.create_task(worker.serve())
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.wait_for(worker.stop(force=True), 10)
+    await serving
+    job = await client.get_job("force", jid)
+    assert job is not None and (job.state, job.remain_tries, job.deliveries) == ("ready", 1, 0)
+    assert worker.counts["snoozed"] == 1
+
+
+async def test_a_second_signal_forces_the_stop(
+    solo_dq: tuple[str, str], solo: AsyncClient, tmp_path: Path
+) -> None:
+    """Topology-insensitive (signal handling is the worker process's own): standalone only.
+    With a shutdown timeout of 10 minutes, a second SIGTERM ends the wait: the running jobs
+    are given back with their tries and the process exits."""
+    log = tmp_path / "log"
+    ids = [await solo.publish("sig", b"600", tries=2) for _ in range(2)]
+    args = ["--queue", "sig", "--shutdown-timeout", "600", "--poll-timeout", "0.5"]
+    proc = worker_process(solo_dq, log, *args)
+    try:
+        wait_for(lambda: len(lines(log, "start")) == 2)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None  # still waiting for the handlers
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == 0, log.with_suffix(".stderr").read_text()
+    for jid in ids:
+        job = await solo.get_job("sig", jid)
+        assert job is not None and (job.state, job.remain_tries, job.deliveries) == (
+            "ready",
+            2,
+            0,
+        )
+
+
+async def test_acks_wait_out_a_service_restart(
+    redis_server: Server, standalone_redis: redis.Redis
+) -> None:
+    """Handlers finish while the service is down: their acks are kept and repeated (with
+    their leases) until the service is back, and only then count as done; none is lost or
+    acked twice. Topology-insensitive (the worker's retry, one service process): standalone."""
+    suite = {"CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1], "CLUSTER_DQ_LOGLEVEL": "warning"}
+    svc = ServiceProcess.start(redis_server.pool_settings(), env=suite, timeout=20)
+    try:
+        r = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "w"}, auth=ADMIN_AUTH)
+        go, started = asyncio.Event(), []
+
+        async def wait(job: Job) -> None:
+            started.append(job.id)
+            await go.wait()
+
+        async with AsyncClient(svc.base, r.json()["token"], NS, retries=1) as client:
+            ids = set(await client.publish_many("down", ["1"] * 20))
+            worker = Worker(client, "down", wait, concurrency=20, ttr=60, poll_timeout=0.2)
+            serving = asyncio.create_task(worker.serve())
+            until = time.monotonic() + 30
+            while len(started) < 20:
+                assert time.monotonic() < until, started
+                await asyncio.sleep(0.02)
+            ports = svc.port, svc.admin_port
+            svc.stop(timeout=20)
+            go.set()  # the handlers return: their acks cannot be sent now
+            await asyncio.sleep(1.0)
+            assert worker.counts["acked"] == 0 and worker.counts["failed"] == 0
+            svc = ServiceProcess.start(
+                redis_server.pool_settings(), env=suite, ports=ports, timeout=20
+            )
+            until = time.monotonic() + 30
+            while worker.counts["acked"] < 20:
+                assert not serving.done() and time.monotonic() < until, worker.counts
+                await asyncio.sleep(0.05)
+            await worker.stop()
+            await serving
+            assert worker.counts == {**worker.counts, "acked": 20, "lost": 0, "failed": 0}
+            assert set(started) == ids and (await client.size("down")).total == 0
+    finally:
+        svc.stop(timeout=20)
+
+
+def library_process(dq: tuple[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """``python -m tests.worker_jobs HANDLER QUEUE SHUTDOWN_TIMEOUT``: a program calling
+    ``Worker.run()``."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CLUSTER_DQ_URL": dq[0],
+        "CLUSTER_DQ_TOKEN": dq[1],
+        "CLUSTER_DQ_NAMESPACE": NS,
+        "DQ_WORKER_LOG": str(log),
+    }
+    cmd = [sys.executable, "-m", "tests.support.worker_jobs", *args]
+    with open(log.with_suffix(".stderr"), "ab") as err:
+        return subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=err)
+
+
+@pytest.mark.parametrize("form", ["command", "library"])
+@pytest.mark.parametrize("handler", ["sleepy_sync", "stubborn"])
+async def test_a_handler_that_never_ends_does_not_hold_the_process_past_the_shutdown_timeout(
+    solo_dq: tuple[str, str], solo: AsyncClient, tmp_path: Path, form: str, handler: str
+) -> None:
+    """A thread cannot be cancelled, and an async handler may swallow its cancellation: past
+    the shutdown timeout the job is given back unspent, a line names the handler and the job,
+    and the process exits (before: a program calling ``Worker.run()`` never exited while the
+    thread ran, the interpreter waiting for it; with a handler swallowing cancellations
+    neither the command nor such a program ever exited). Topology-insensitive: standalone."""
+    log = tmp_path / "log"
+    jid = await solo.publish("stuck", b"600", tries=1)
+    if form == "command":
+        args = ["--queue", "stuck", "--shutdown-timeout", "0.5", "--poll-timeout", "0.5"]
+        proc = worker_process(solo_dq, log, *args, handler=f"tests.support.worker_jobs:{handler}")
+    else:
+        proc = library_process(solo_dq, log, handler, "stuck", "0.5")
+    try:
+        wait_for(lambda: len(lines(log, "start")) == 1)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    said = log.with_suffix(".stderr").read_text()
+    assert code == 0, said
+    # the promise is the shutdown timeout (0.5 s), then 1 s for cancelled tasks to end; the
+    # bound is generous (a long-poll, the interpreter's exit on a busy machine)
+    assert took < 0.5 + 1 + 5, said
+    assert any(handler in ln and jid in ln and "still running" in ln for ln in said.splitlines())
+    assert "GeneratorExit" not in said  # a task left behind, closed at exit: not a failure
+    job = await solo.get_job("stuck", jid)
+    assert job is not None and (job.state, job.remain_tries, job.deliveries) == ("ready", 1, 0)
+
+
+# -- heartbeats ---------------------------------------------------------------------------
+
+
+async def test_a_handler_running_three_ttrs_keeps_its_job(client: AsyncClient) -> None:
+    jid = await client.publish("beat", b"x", tries=1)
+    deliveries: list[int] = []
+
+    async def slow(job: Job) -> str:
+        deliveries.append(job.deliveries)
+        await asyncio.sleep(6.0)  # 3 ttrs
+        return "ok"
+
+    worker = Worker(client, "beat", slow, ttr=2.0, concurrency=2, poll_timeout=0.2)
+    await run_until(worker, lambda: worker.counts["acked"] >= 1)
+    assert deliveries == [1] and worker.counts == {**worker.counts, "acked": 1, "lost": 0}
+    job = await client.get_job("beat", jid)  # acked with its result
+    assert job is None or (job.state, job.result) == ("acked", "ok")
+    assert (await client.size("beat")).total == 0
+
+
+async def test_a_job_taken_back_during_its_handler_is_not_acked(client: AsyncClient) -> None:
+    """The lease is lost while the handler runs (here: released by someone else, then
+    taken by another consumer): the next touch says so, and the worker does not ack it."""
+    jid = await client.publish("taken", b"x", tries=3)
+    running = asyncio.Event()
+
+    async def slow(job: Job) -> None:
+        running.set()
+        await asyncio.sleep(2.5)
+
+    worker = Worker(client, "taken", slow, ttr=1.0, poll_timeout=0.2, concurrency=1)
+    serving = asyncio.create_task(worker.serve())
+    await asyncio.wait_for(running.wait(), 10)
+    assert await client.release("taken", jid) == "ready"  # no lease: lmstfy's release
+    other = await client.consume("taken", ttr=60, timeout=5)
+    assert other is not None and other.id == jid
+    until = time.monotonic() + 30
+    while worker.counts["lost"] == 0:
+        assert not serving.done() and time.monotonic() < until, worker.counts
+        await asyncio.sleep(0.05)
+    await worker.stop()
+    await serving
+    assert worker.counts["acked"] == 0
+    job = await client.get_job("taken", jid)  # still the other consumer's
+    assert job is not None and (job.state, job.deliveries) == ("reserved", 2)
+    await client.ack("taken", jid, lease=other.lease)
+
+
+# -- outcomes -----------------------------------------------------------------------------
+
+
+async def test_each_outcome_leaves_the_job_as_said(client: AsyncClient) -> None:
+    backoff = Backoff("fixed", 60.0)  # a released job waits: the worker does not take it again
+    behaviours = ["ok", "result", "retry", "snooze", "bury", "plain", "bury_on", "long"]
+    ids = {b: await client.publish("out", b, tries=3, backoff=backoff) for b in behaviours}
+
+    def handle(job: Job) -> Any:  # sync: runs in the worker's threads
+        kind = job.text
+        if kind == "result":
+            return {"total": 42}
+        if kind == "retry":
+            raise Retry(delay=30, error="upstream busy")
+        if kind == "snooze":
+            raise Snooze(45)
+        if kind == "bury":
+            raise Bury("card expired")
+        if kind == "plain":
+            raise KeyError("no such order")
+        if kind == "bury_on":
+            raise ValueError("malformed")
+        if kind == "long":
+            raise RuntimeError("é" * 2000)
+        return None
+
+    registry = CollectorRegistry()
+    worker = Worker(
+        client, "out", handle, bury_on=(ValueError,), poll_timeout=0.2, metrics=registry
+    )
+    await run_until(worker, lambda: sum(worker.counts.values()) >= len(behaviours))
+    for outcome, n in worker.counts.items():
+        labels = {"queue": "out", "outcome": outcome}
+        assert (registry.get_sample_value("cluster_dq_worker_jobs_total", labels) or 0) == n
+    ran = registry.get_sample_value("cluster_dq_worker_handler_seconds_count", {"queue": "out"})
+    assert ran == len(behaviours)
+    assert registry.get_sample_value("cluster_dq_worker_in_flight") == 0
+    assert worker.counts == {
+        "acked": 2,
+        "released": 3,
+        "snoozed": 1,
+        "buried": 2,
+        "lost": 0,
+        "failed": 0,
+    }
+    got = {b: await client.get_job("out", i) for b, i in ids.items()}
+
+    def view(j: Job | None) -> tuple[Any, ...] | None:
+        if j is None or j.state == "acked":
+            return None if j is None else ("acked", j.result)
+        return (j.state, j.remain_tries, j.deliveries, j.last_error, j.reason)
+
+    assert view(got["ok"]) is None
+    assert view(got["result"]) in (None, ("acked", {"total": 42}))
+    assert view(got["retry"]) == ("delayed", 2, 1, "upstream busy", None)
+    assert view(got["snooze"]) == ("delayed", 3, 0, None, None)
+    assert view(got["bury"]) == ("dead", 2, 1, "card expired", "buried")
+    assert view(got["plain"]) == ("delayed", 2, 1, "KeyError: 'no such order'", None)
+    assert view(got["bury_on"]) == ("dead", 2, 1, "ValueError: malformed", "buried")
+    long = got["long"]
+    assert long is not None and long.last_error is not None
+    assert long.last_error.startswith("RuntimeError: éé")
+    assert len(long.last_error.encode()) <= MAX_TEXT
+
+
+# -- concurrency --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "consumers"), [("async", 1), ("sync", 1), ("async", 3)])
+async def test_never_more_handlers_at_once_than_the_concurrency(
+    solo: AsyncClient, kind: str, consumers: int
+) -> None:
+    """Topology-insensitive (the limit is the worker's own): standalone only. With several
+    consumes in flight, the slots each one asks for count as taken."""
+    client = solo
+    await client.publish_many("conc", ["1"] * 40)
+    now, peak, lock = 0, 0, threading.Lock()
+
+    def enter() -> None:
+        nonlocal now, peak
+        with lock:
+            now += 1
+            peak = max(peak, now)
+
+    def leave() -> None:
+        nonlocal now
+        with lock:
+            now -= 1
+
+    async def ahandle(job: Job) -> None:
+        enter()
+        await asyncio.sleep(0.03)
+        leave()
+
+    def shandle(job: Job) -> None:
+        enter()
+        time.sleep(0.03)
+        leave()
+
+    handler = ahandle if kind == "async" else shandle
+    worker = Worker(client, "conc", handler, concurrency=3, consumers=consumers, poll_timeout=0.2)
+    await run_until(worker, lambda: worker.counts["acked"] >= 40)
+    assert peak == 3 and worker.counts["acked"] == 40
+    assert len(worker._held) == 0 and worker._asked == 0
+    assert (await client.size("conc")).total == 0
+
+
+# -- the iterator form --------------------------------------------------------------------
+
+
+async def test_the_iterator_form_settles_each_job_as_told(solo: AsyncClient) -> None:
+    """Topology-insensitive (the same requests as the handler form): standalone only."""
+    client = solo
+    backoff = Backoff("fixed", 60.0)
+    kinds = ["ack", "release", "snooze", "bury", "block-ok", "block-raise", "block-snooze"]
+    ids = {k: await client.publish("it", k, tries=3, backoff=backoff) for k in kinds}
+    confirmed = []
+    async with Worker(client, "it", poll_timeout=0.2, concurrency=4) as worker:
+        async for job in worker:
+            kind = job.text
+            if kind == "ack":
+                with pytest.raises(ValueError, match="not JSON"):
+                    await worker.ack(job, {1, 2})  # refused: the job is still to settle
+                confirmed.append(await worker.ack(job, wait=True))
+            elif kind == "release":
+                await worker.release(job, delay=30, error="later")
+            elif kind == "snooze":
+                await worker.snooze(job, 30)
+            elif kind == "bury":
+                await worker.bury(job, "hopeless")
+            else:
+                async with worker.settle(job):
+                    if kind == "block-raise":
+                        raise KeyError("missing")
+                    if kind == "block-snooze":
+                        raise Snooze(30)
+            if sum(worker.counts.values()) + 1 >= len(kinds):
+                break
+    assert confirmed == ["acked"]
+    states = {k: await client.get_job("it", i) for k, i in ids.items()}
+    view = {
+        k: j and (j.state, j.remain_tries, j.deliveries, j.last_error) for k, j in states.items()
+    }
+    assert view == {
+        "ack": None,
+        "release": ("delayed", 2, 1, "later"),
+        "snooze": ("delayed", 3, 0, None),
+        "bury": ("dead", 2, 1, "hopeless"),
+        "block-ok": None,
+        "block-raise": ("delayed", 2, 1, "KeyError: 'missing'"),
+        "block-snooze": ("delayed", 3, 0, None),
+    }
+    assert (await client.size("it")).reserved == 0
+
+
+# -- the test mode ------------------------------------------------------------------------
+
+BEHAVIOURS = st.one_of(
+    st.tuples(st.just("return"), st.one_of(st.none(), st.integers(), st.text(max_size=20))),
+    st.tuples(st.just("return-set"), st.just(None)),
+    st.tuples(st.just("return-huge"), st.just(None)),
+    st.tuples(st.just("retry"), st.one_of(st.none(), st.integers(30, 600))),
+    st.tuples(st.just("retry-error"), st.text(max_size=1500)),
+    st.tuples(st.just("snooze"), st.integers(30, 600)),
+    st.tuples(st.just("bury"), st.text(min_size=1, max_size=1500)),
+    st.tuples(st.just("raise-value"), st.text(max_size=1500)),
+    st.tuples(st.just("raise-key"), st.text(max_size=50)),
+    st.tuples(st.just("raise-generator-exit"), st.text(max_size=50)),
+    st.tuples(st.just("raise-base"), st.text(max_size=50)),
+)
+
+
+class Abort(BaseException):
+    """An exception of a handler's own outside ``Exception``."""
+
+
+def behave(job: Job) -> Any:
+    """What the job's body says to do (the same code runs in the worker and in run_job)."""
+    kind, arg = json.loads(job.body)
+    if kind == "return":
+        return arg
+    if kind == "return-set":
+        return {1, 2}
+    if kind == "return-huge":
+        return "x" * 5000
+    if kind == "retry":
+        raise Retry(delay=arg)
+    if kind == "retry-error":
+        raise Retry(delay=60, error=arg)
+    if kind == "snooze":
+        raise Snooze(arg)
+    if kind == "bury":
+        raise Bury(arg)
+    if kind == "raise-value":
+        raise ValueError(arg)
+    if kind == "raise-generator-exit":
+        raise GeneratorExit(arg)
+    if kind == "raise-base":
+        raise Abort(arg)
+    raise KeyError(arg)
+
+
+def expected(outcome: Outcome) -> tuple[Any, ...] | None:
+    """What the service shows of a job (tries=3, a fixed 60-s backoff) after ``outcome``."""
+    if isinstance(outcome, Acked):
+        return None
+    if isinstance(outcome, Released):
+        return ("delayed", 2, 1, outcome.error or None, None)
+    if isinstance(outcome, Snoozed):
+        return ("delayed", 3, 0, outcome.error, None)
+    return ("dead", 2, 1, outcome.reason, "buried")
+
+
+@settings(
+    max_examples=examples(8),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(BEHAVIOURS, min_size=1, max_size=10), st.booleans(), st.booleans())
+async def test_the_test_mode_decides_as_the_real_worker(
+    solo: AsyncClient, behaviours: list[tuple[str, Any]], sync: bool, results: bool
+) -> None:
+    """For handlers that return or raise at random, ``run_job`` gives the outcome whose
+    effect the real worker leaves on the service. Topology-insensitive (the decision is the
+    worker's): standalone only."""
+    client = solo
+    await client.destroy("tm")
+    backoff = Backoff("fixed", 60.0)
+    bodies = [json.dumps(b) for b in behaviours]
+    ids = [await client.publish("tm", b, tries=3, backoff=backoff) for b in bodies]
+
+    async def ahandler(job: Job) -> Any:
+        return behave(job)
+
+    handler: Any = behave if sync else ahandler
+    worker = Worker(client, "tm", handler, bury_on=(ValueError,), results=results, poll_timeout=0.1)
+    await run_until(worker, lambda: sum(worker.counts.values()) >= len(ids))
+    for body, jid in zip(bodies, ids, strict=True):
+        outcome = await arun_job(handler, body.encode(), bury_on=(ValueError,), results=results)
+        job = await client.get_job("tm", jid)
+        seen = None
+        if job is not None and job.state != "acked":
+            seen = (job.state, job.remain_tries, job.deliveries, job.last_error, job.reason)
+        assert seen == expected(outcome), (body, outcome)
+        if isinstance(outcome, Acked) and job is not None:
+            assert job.result == outcome.result
+
+
+async def test_a_refused_token_stops_the_worker_with_its_error(
+    solo_service: tuple[str, str], solo: AsyncClient
+) -> None:
+    """Topology-insensitive (the token check is the service's, before any Redis work):
+    standalone only. Bad settings are refused when the worker is made."""
+    async with AsyncClient(solo_service[0], "01NOSUCHTOKEN0000000000000", NS) as client:
+        worker = Worker(client, "q", lambda job: None, poll_timeout=0.1)
+        with pytest.raises(Unauthorized):
+            await asyncio.wait_for(worker.serve(), 30)
+        for bad in ({"concurrency": 0}, {"batch": 101}, {"ttr": 0}, {"ack_batch": 1001}):
+            with pytest.raises(ValueError):
+                Worker(client, "q", lambda job: None, **bad)
+        with pytest.raises(ValueError, match="queues"):
+            Worker(client, [], lambda job: None)
+    with pytest.raises(BadRequest, match="queue"):  # a name the service refuses
+        await asyncio.wait_for(Worker(solo, "_hidden", lambda job: None).serve(), 30)
+
+
+# -- the rule itself ----------------------------------------------------------------------
+
+
+def test_decide_maps_returns_and_exceptions_onto_outcomes() -> None:
+    assert decide(None) == Acked() and decide({"a": 1}) == Acked({"a": 1})
+    # as the service measures and reads a result: UTF-8, not escaped; a lone surrogate is none
+    assert decide("\u00e9" * 2000) == Acked("\u00e9" * 2000)
+    assert isinstance(decide("a\udcff"), Released)
+
+    assert decide(exc=Retry()) == Released(None, None)
+    assert decide(exc=Retry(5, "busy")) == Released(5.0, "busy")
+    assert decide(exc=Snooze(7)) == Snoozed(7.0)
+    assert decide(exc=Bury("no")) == Buried("no")
+    assert decide(exc=ValueError("v"), bury_on=(ValueError,)) == Buried("ValueError: v")
+    assert decide(exc=ValueError("v")) == Released(None, "ValueError: v")
+    assert decide(exc=KeyError()) == Released(None, "KeyError")
+    assert decide(exc=GeneratorExit()) == Released(None, "GeneratorExit")
+    assert decide(exc=Abort("x"), bury_on=(Abort,)) == Buried("Abort: x")
+    assert isinstance(decide({1}), Released) and isinstance(decide(float("nan")), Released)
+    with pytest.raises(ValueError, match="delay"):
+        Snooze(-1)
+    with pytest.raises(ValueError, match="delay"):
+        Retry(float("nan"))
+    assert clip("é" * 600) == "é" * 512 and len(clip("ab" * 600).encode()) == MAX_TEXT
+    assert run_job(lambda job: job.json()["n"] + 1, {"n": 1}) == Acked(2)
+    assert run_job(lambda job: {1}, results=False) == Acked()
+
+
+def test_the_worker_and_its_test_mode_import_nothing_of_the_service() -> None:
+    """A worker needs the client only; prometheus_client only when metrics are asked for.
+    ``cluster_dq.names`` and ``cluster_dq.envvars`` (the name rules and the names of the
+    client's variables, importing nothing) are shared by both sides on purpose."""
+    code = (
+        "import sys; from cluster_dq.client import Worker; import cluster_dq.client.testing; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('redis', 'starlette', 'uvicorn', 'prometheus_client') "
+        "or (m.startswith('cluster_dq.') and not m.startswith('cluster_dq.client') "
+        "and m not in ('cluster_dq.names', 'cluster_dq.envvars'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr

@@ -1,0 +1,65 @@
+"""The connections of ``cluster_dq/engine/wire.py``: commands packed by hiredis are the bytes
+redis-py packs, whatever the arguments; every topology's client opens its connections with
+these classes and works through them. (What they say about a step being sent is
+tests/system/test_outages.py's.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection
+from redis.exceptions import DataError
+
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.wire import Connection as WireConnection
+from cluster_dq.engine.wire import SentinelConnection
+from cluster_dq.pools import close_client, make_client
+from tests.support import Deployment
+
+argument = st.one_of(
+    st.binary(max_size=64),
+    st.text(max_size=32),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: repr(f) == str(f)),
+)
+
+
+@given(
+    name=st.sampled_from(["EVALSHA", "SCRIPT LOAD", b"CLIENT KILL", "GET", b"HSET"]),
+    args=st.lists(argument, max_size=40),
+)
+def test_hiredis_packs_what_redis_py_packs(name: str | bytes, args: list[Any]) -> None:
+    ours = b"".join(WireConnection().pack_command(name, *args))
+    theirs = b"".join(Connection().pack_command(name, *args))
+    if any(isinstance(a, float) for a in args):  # hiredis spells floats its own way
+        assert ours.count(b"\r\n") == theirs.count(b"\r\n")
+    else:
+        assert ours == theirs
+
+
+def test_an_argument_redis_cannot_take_is_refused_as_redis_py_refuses_it() -> None:
+    with pytest.raises(DataError):
+        WireConnection().pack_command("SET", "k", None)
+
+
+async def test_every_topology_connects_with_the_hiredis_classes(deployment: Deployment) -> None:
+    client = make_client(deployment.pool_settings())
+    try:
+        if isinstance(client, RedisCluster):
+            await client.initialize()
+            nodes = client.get_nodes()
+            assert nodes and all(n.connection_class is WireConnection for n in nodes)
+        else:
+            assert client.connection_pool.connection_class in (
+                WireConnection,
+                SentinelConnection,
+            )
+        engine = AsyncEngine(client)
+        assert await engine.client.set("{wire}k", "v" * 10_000) is True
+        assert await engine.client.get("{wire}k") == b"v" * 10_000
+    finally:
+        await close_client(client)

@@ -1,0 +1,393 @@
+"""The service's edges against hostile or careless input (issue 14): tokens refused by shape
+and a bounded validity cache, no body read before the token is checked, rate-limit settings
+that cannot break a token, HEAD that consumes nothing, republish counted as a write, numbers
+parsed by an ASCII grammar, 503s that do not show Redis internals, names without a trailing
+newline. Through real HTTP (a `cluster-dq serve` process) against a real redis-server, or
+in-process against the same real Redis where the question is what the process did."""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.keys import AdminKeys
+from cluster_dq.localredis import Server
+from cluster_dq.pools import close_client, make_client
+from cluster_dq.server import Runtime
+from cluster_dq.settings import PoolSettings, Settings
+from cluster_dq.tokens import TokenStore
+from tests.support import ADMIN_AUTH, serve
+
+MB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def served(redis_server: Server) -> Iterator[tuple[str, str, Path]]:
+    """One service for the module; its stderr (the log) kept to look for tracebacks."""
+    log = Path(tempfile.mkstemp(prefix="dq-edges-", suffix=".log")[1])
+    with log.open("wb") as out:
+        svc = serve(f"127.0.0.1:{redis_server.port}", stderr=out)
+        base, admin = svc.base, svc.admin
+        yield base, admin, log
+        svc.stop(timeout=20)
+    log.unlink()
+
+
+@pytest.fixture
+def token(served: tuple[str, str, Path], standalone_redis: redis.Redis) -> str:
+    r = httpx.post(f"{served[1]}/token/ns", params={"description": "edges"}, auth=ADMIN_AUTH)
+    assert r.status_code == 201
+    return str(r.json()["token"])
+
+
+@pytest.fixture
+def api(served: tuple[str, str, Path], token: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served[0], headers={"X-Token": token}, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def admin(served: tuple[str, str, Path]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served[1], auth=ADMIN_AUTH, timeout=10) as client:
+        yield client
+
+
+@pytest.fixture
+def no_traceback(served: tuple[str, str, Path]) -> Iterator[None]:
+    """The test's requests log no traceback (only what the log gained during the test)."""
+    start = served[2].stat().st_size
+    yield
+    with served[2].open("rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+
+
+def sizes(api: httpx.Client, q: str = "q") -> dict[str, int]:
+    r = api.get(f"/api/ns/{q}/size")
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+# -- (2) tokens by shape, a bounded cache, no body before auth ---------------------------------
+
+
+def hexists_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_hexists", {}).get("calls", 0))
+
+
+@pytest.fixture
+async def store(standalone_redis: redis.Redis, redis_server: Server) -> AsyncIterator[TokenStore]:
+    client = make_client(PoolSettings("default", Addr=f"127.0.0.1:{redis_server.port}"))
+    yield TokenStore(AsyncEngine(client, EngineConfig()), cache_seconds=60)
+    await close_client(client)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["x" * 65, "x" * 100_000, "has space", "tok\n", "t\xffk", "a:b:c", ""],
+    ids=["65", "100k", "space", "newline", "xff", "colons", "empty"],
+)
+async def test_malformed_token_refused_without_lookup_or_cache(
+    store: TokenStore, standalone_redis: redis.Redis, bad: str
+) -> None:
+    before = hexists_calls(standalone_redis)
+    assert await store.valid("default", "ns", bad) is False
+    assert hexists_calls(standalone_redis) == before  # Redis never asked
+    assert store.cache_size() == (0, 0)  # nothing remembered
+
+
+async def test_token_cache_is_bounded_in_entries_and_bytes(
+    standalone_redis: redis.Redis, redis_server: Server
+) -> None:
+    client = make_client(PoolSettings("default", Addr=f"127.0.0.1:{redis_server.port}"))
+    store = TokenStore(
+        AsyncEngine(client, EngineConfig()), cache_seconds=60, max_entries=50, max_bytes=8 * 1024
+    )
+    good = await store.create("default", "ns", "d", None)
+    try:
+        assert await store.valid("default", "ns", good)
+        for i in range(400):  # junk of a valid shape: looked up once, remembered within bounds
+            assert not await store.valid("default", "ns" + "n" * (i % 200), f"junk-token-{i:054d}")
+            entries, size = store.cache_size()
+            assert entries <= 50 and size <= 8 * 1024
+        # A flood of refusals does not push the valid token out: positive answers are kept apart.
+        before = hexists_calls(standalone_redis)
+        assert await store.valid("default", "ns", good)
+        assert hexists_calls(standalone_redis) == before
+    finally:
+        await close_client(client)
+
+
+@pytest.mark.usefixtures("no_traceback")
+def test_huge_or_malformed_token_is_401_over_http(served: tuple[str, str, Path]) -> None:
+    base = served[0]
+    for bad in ("x" * 10_000, "tok%0A", "a:b:c", "-" * 65):
+        r = httpx.get(
+            f"{base}/api/ns/q",
+            headers={"X-Token": bad} if "%" not in bad else None,
+            params=None if "%" not in bad else {"token": "tok\n"},
+        )
+        assert (r.status_code, r.json()) == (401, {"error": "invalid token"}), bad
+    # past the bound on a request's headers, refused before it is buffered, the token unread
+    r = httpx.get(f"{base}/api/ns/q", headers={"X-Token": "x" * 100_000})
+    assert r.status_code == 431 and "headers too large" in r.json()["error"]
+
+
+async def test_body_is_not_read_before_the_token_is_checked(
+    standalone_redis: redis.Redis, redis_server: Server
+) -> None:
+    """In-process (the app itself): how much of a refused request's body the app pulled."""
+    settings = Settings(
+        Pool={"default": PoolSettings("default", Addr=f"127.0.0.1:{redis_server.port}")}
+    )
+    runtime = Runtime(settings, run_pump=False)
+    await runtime.start()
+    try:
+        transport = httpx.ASGITransport(app=runtime.data_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            for method, path in (
+                ("PUT", "/api/ns/q"),
+                ("PUT", "/api/ns/q/bulk"),
+                ("POST", "/api/ns/q/ack"),
+                ("PUT", f"/api/ns/q/job/{'0' * 26}"),
+            ):
+                for headers in ({"X-Token": "junk-token-000000000000"}, {}):
+                    pulled = 0
+
+                    async def body() -> AsyncIterator[bytes]:
+                        nonlocal pulled
+                        for _ in range(64):
+                            pulled += 1
+                            yield b"[" + b" " * (64 * 1024)
+
+                    r = await client.request(method, path, content=body(), headers=headers)
+                    assert r.status_code == 401, (path, r.text)
+                    assert pulled <= 1, (path, pulled)  # not 64 chunks (4 MB) buffered first
+    finally:
+        await runtime.close()
+
+
+@pytest.mark.parametrize("path", ["/api/ns/q", "/api/ns/q/bulk"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_30mb_unauthenticated_body_answers_401_to_a_real_client(
+    served: tuple[str, str, Path], path: str, chunked: bool
+) -> None:
+    data = b"[" + b"x" * (30 * MB)
+
+    def gen() -> Iterator[bytes]:
+        for i in range(0, len(data), MB):
+            yield data[i : i + MB]
+
+    for headers in ({"X-Token": "junk-token-000000000000"}, {}):
+        with httpx.Client(base_url=served[0], timeout=30) as client:
+            r = client.put(path, content=gen() if chunked else data, headers=headers)
+            assert r.status_code == 401, r.text  # the answer, not a reset connection
+            assert r.json()["error"] in ("invalid token", "token not found")
+            # the same client goes on working (the server did not hang up on it mid-way)
+            assert client.get("/api/ns/q", headers=headers).status_code == 401
+
+
+# -- (3) rate limits ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"read": 1e309, "write": 1, "interval": 1}, "read"),
+        ({"read": 1, "write": 1.5, "interval": 1}, "write"),
+        ({"read": -1, "write": 1, "interval": 1}, "read"),
+        ({"read": 1, "write": 2**63, "interval": 1}, "write"),
+        ({"read": 1, "write": 1, "interval": 10**12}, "interval"),
+        ({"read": 1, "write": 1, "interval": 0}, "interval"),
+        ({"read": 1, "write": 1, "interval": True}, "interval"),
+        ({"read": "5", "write": 1, "interval": 1}, "read"),
+    ],
+)
+@pytest.mark.usefixtures("no_traceback")
+def test_bad_limit_is_400_naming_the_field(
+    served: tuple[str, str, Path],
+    admin: httpx.Client,
+    token: str,
+    body: dict[str, object],
+    field: str,
+) -> None:
+    import json as _json
+
+    raw = _json.dumps(body).replace("Infinity", "1e309")  # the literal a client would send
+    r = admin.post(
+        f"/token/ns/{token}/limit", content=raw, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400, r.text
+    assert field in r.json()["error"]
+    assert admin.get(f"/token/ns/{token}/limit").status_code == 404  # nothing stored
+
+
+def test_counter_left_without_ttl_heals_once_the_limit_is_corrected(
+    api: httpx.Client, admin: httpx.Client, token: str, standalone_redis: redis.Redis
+) -> None:
+    """A counter with no expiry (what a failed PEXPIRE left behind) is repaired by the script,
+    so the token works again after its (corrected) interval."""
+    import time
+
+    assert (
+        admin.post(
+            f"/token/ns/{token}/limit", json={"read": 0, "write": 2, "interval": 1}
+        ).status_code
+        == 201
+    )
+    key = AdminKeys.counter("default", "ns", token, "w")
+    standalone_redis.set(key, 1000)  # over the limit, no TTL
+    time.sleep(1.2)  # limits are cached for TokenCacheSecond
+    assert api.put("/api/ns/q", content=b"x").status_code == 429
+    assert standalone_redis.pttl(key) > 0  # the script gave the counter its expiry back
+    deadline = time.monotonic() + 5
+    while api.put("/api/ns/q", content=b"x").status_code == 429:
+        assert time.monotonic() < deadline, "the token stayed refused"
+        time.sleep(0.2)
+
+
+# -- (8) HEAD, (9) republish as a write --------------------------------------------------------
+
+
+def test_head_on_consume_consumes_nothing(api: httpx.Client) -> None:
+    assert api.put("/api/ns/q", content=b"x").status_code == 201
+    r = api.head("/api/ns/q", params={"ttr": 30})
+    assert r.status_code == 405 and "GET" in r.headers["allow"]
+    assert sizes(api)["size"] == 1 and sizes(api)["reserved"] == 0
+    assert api.head("/api/ns/q/size").status_code == 200  # harmless elsewhere
+
+
+def test_republish_counts_as_a_write(api: httpx.Client, admin: httpx.Client, token: str) -> None:
+    import time
+
+    jid = api.put("/api/ns/q", content=b"x").json()["job_id"]  # before the limit
+    assert (
+        admin.post(
+            f"/token/ns/{token}/limit", json={"read": 0, "write": 1, "interval": 60}
+        ).status_code
+        == 201
+    )
+    time.sleep(1.2)  # limits are cached for TokenCacheSecond
+    assert api.get("/api/ns/q").status_code == 200
+    r = api.put(f"/api/ns/q/job/{jid}", content=b"y")
+    assert r.status_code == 201, r.text  # the one write of the window
+    r = api.put(f"/api/ns/q/job/{r.json()['job_id']}", content=b"z")
+    assert r.status_code == 429 and "produce reach the limit rate" in r.json()["msg"]
+    assert api.put("/api/ns/q", content=b"x").status_code == 429
+
+
+# -- (10) user input that used to be a 500 -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("delay=%C2%B2", "delay"),
+        ("delay=%D9%A3", "delay"),
+        ("ttl=" + "9" * 5000, "ttl"),
+        ("tries=%EF%BC%91", "tries"),
+        ("delay_ms=" + "1" * 30, "delay_ms"),
+        ("priority=+1", "priority"),
+        ("delay=%201", "delay"),
+    ],
+    ids=["superscript", "arabic", "5000-digits", "fullwidth", "30-digits", "plus", "space"],
+)
+@pytest.mark.usefixtures("no_traceback")
+def test_non_ascii_or_huge_numbers_are_400(
+    served: tuple[str, str, Path], api: httpx.Client, query: str, field: str
+) -> None:
+    r = api.put(f"/api/ns/q?{query}", content=b"x")
+    assert r.status_code == 400, r.text
+    assert r.json() == {"error": f"invalid {field}"}
+    assert sizes(api)["size"] == 0 and sizes(api)["delayed"] == 0
+
+
+@pytest.mark.usefixtures("no_traceback")
+def test_bad_request_id_is_replaced(served: tuple[str, str, Path], api: httpx.Client) -> None:
+    for rid in (b"abc\xffdef", b"\xc3\xa9t\xc3\xa9", b"with space", b"x" * 65):
+        r = api.get("/api/ns/q/size", headers={"X-Request-ID": rid})
+        assert r.status_code == 200
+        sent = r.headers["x-request-id"]
+        assert sent.isascii() and sent.encode() != rid and len(sent) == 26
+    r = api.get("/api/ns/q/size", headers={"X-Request-ID": "client-id-123"})
+    assert r.headers["x-request-id"] == "client-id-123"  # a sane one is kept
+
+
+@pytest.mark.usefixtures("no_traceback")
+def test_non_ascii_basic_auth_is_401(served: tuple[str, str, Path]) -> None:
+    admin = served[1]
+    for user, password in (("admin", "pässwörd"), ("ädmin", "s3cret"), ("admin", "s3cret\xff")):
+        blob = base64.b64encode(f"{user}:{password}".encode()).decode()
+        r = httpx.get(f"{admin}/token/ns", headers={"Authorization": f"Basic {blob}"})
+        assert r.status_code == 401, r.text
+    latin = base64.b64encode(b"admin:p\xe4ss").decode()  # not UTF-8 at all
+    assert (
+        httpx.get(f"{admin}/token/ns", headers={"Authorization": f"Basic {latin}"}).status_code
+        == 401
+    )
+    assert httpx.get(f"{admin}/token/ns", headers={"Authorization": "Basic ###"}).status_code == 401
+
+
+# -- (12) 503s without Redis internals ---------------------------------------------------------
+
+
+def test_503_shows_no_redis_address_or_exception(tmp_path: Path) -> None:
+    from cluster_dq.localredis import free_port
+
+    dead = free_port(19000, 19500)
+    log = tmp_path / "log"
+    with log.open("wb") as out:
+        svc = serve(f"127.0.0.1:{dead}", stderr=out)
+        base = svc.base
+        try:
+            r = httpx.put(
+                f"{base}/api/ns/q",
+                headers={"X-Token": "some-token-0123456789"},
+                content=b"x",
+                timeout=30,  # the retry budget comes first
+            )
+        finally:
+            svc.stop(timeout=20)
+    assert r.status_code == 503
+    message = r.json()["error"]
+    assert "'default'" in message and "redis unavailable" in message
+    assert str(dead) not in message and "127.0.0.1" not in message and "Error" not in message
+    assert str(dead) in log.read_text()  # the detail is kept for the operator
+
+
+# -- (13) names and ids with a trailing newline ------------------------------------------------
+
+
+def test_trailing_newline_in_names_and_ids_is_400(
+    api: httpx.Client, standalone_redis: redis.Redis
+) -> None:
+    assert api.put("/api/ns/q%0A", content=b"x").status_code == 400
+    assert api.put("/api/ns%0A/q", content=b"x").status_code == 400
+    jid = api.put("/api/ns/q", content=b"x").json()["job_id"]
+    assert api.get(f"/api/ns/q/job/{jid}").status_code == 200
+    r = api.get(f"/api/ns/q/job/{jid}%0A")
+    assert r.status_code == 400 and r.json() == {"error": "invalid job id"}
+    assert api.put("/api/ns/q", params={"job_id": "client-id\n"}, content=b"x").status_code == 400
+    assert not [k for k in standalone_redis.keys("*") if b"\n" in k]
+
+
+def test_admin_refuses_a_malformed_token_in_its_paths(
+    admin: httpx.Client, standalone_redis: redis.Redis
+) -> None:
+    """No limit record is stored for a token that could never be used (the data port refuses
+    its shape), and the refusal names the token."""
+    for bad in ("bad%20token-0123456789", "x" * 65, "a:b:c"):
+        r = admin.post(f"/token/ns/{bad}/limit", json={"read": 1, "write": 1, "interval": 1})
+        assert r.status_code == 400 and "token" in r.json()["error"], (bad, r.text)
+        assert admin.delete(f"/token/ns/{bad}").status_code == 400
+    assert not standalone_redis.hlen(AdminKeys.limits())

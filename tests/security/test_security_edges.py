@@ -1,0 +1,515 @@
+"""The service's edges against hostile clients and careless setups (issue 25): the Host
+allowlist on both ports (DNS rebinding), one header field bounded before it is buffered, slow
+and idle connections closed by the header, body and keep-alive timeouts, open connections
+bounded per worker, and uvicorn's log lines written once. Through real sockets against a real
+``cluster-dq serve`` process and a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cluster_dq.errors import ConfigError
+from cluster_dq.http import hosts
+from cluster_dq.http.hosts import LOOPBACK, AllowedHosts, effective
+from cluster_dq.localredis import Server
+from cluster_dq.settings import Settings, load
+from cluster_dq.testing.service_process import ServiceProcess
+from tests.support import ADMIN_AUTH, serve
+
+
+def worker_pids(svc: ServiceProcess) -> list[int]:
+    """The supervisor's worker processes (spawned children; not its resource tracker)."""
+    text = Path(f"/proc/{svc.pid}/task/{svc.pid}/children").read_text()
+    pids = [int(p) for p in text.split()]
+    return [p for p in pids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+# -- (21) every uvicorn log line once ---------------------------------------------------------
+
+
+def test_no_log_line_is_written_twice(redis_server: Server) -> None:
+    """Each worker serves two ports with two uvicorn servers: their start and stop lines were
+    both written ("Started server process [pid]" twice, "Shutting down" twice, ...)."""
+    log = Path(tempfile.mkstemp(prefix="dq-edge-log-", suffix=".log")[1])
+    try:
+        svc = serve(
+            f"127.0.0.1:{redis_server.port}",
+            stderr=log,
+            CLUSTER_DQ_LOGLEVEL="info",
+            CLUSTER_DQ_ENABLEACCESSLOG="true",
+        )
+        try:
+            assert httpx.get(f"{svc.admin}/healthz").status_code == 200
+            r = httpx.get(f"{svc.admin}/token/edge", auth=ADMIN_AUTH)
+            assert r.status_code == 200
+        finally:
+            assert svc.stop(timeout=20) == 0
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        seen: dict[str, int] = {}
+        for line in lines:
+            key = json.dumps({k: v for k, v in line.items() if k != "ts"}, sort_keys=True)
+            seen[key] = seen.get(key, 0) + 1
+        twice = [k for k, n in seen.items() if n > 1]
+        assert not twice, twice
+        assert not [line for line in lines if "color_message" in line]  # terminal escapes
+        # the requests and the worker's life are still logged
+        assert sum(1 for line in lines if line.get("path") == "/token/edge") == 1
+        assert any(line["msg"] == "worker started" for line in lines)
+        assert any(line["msg"] == "worker stopped" for line in lines)
+    finally:
+        log.unlink()
+
+
+# -- raw sockets ------------------------------------------------------------------------------
+
+MB = 1024 * 1024
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def read_until_closed(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """Everything the server sends until it closes the connection (b"" if it closed without a
+    word); raises TimeoutError if it is still open after ``timeout``."""
+    sock.settimeout(timeout)
+    out = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return out
+        if not data:
+            return out
+        out += data
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+@pytest.fixture(scope="module")
+def served(redis_server: Server) -> Iterator[ServiceProcess]:
+    """One service for the module, one worker, default settings."""
+    svc = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_WORKERS="1")
+    yield svc
+    svc.stop(timeout=20)
+
+
+# -- (3) one header field bounded before it is buffered ---------------------------------------
+
+
+def test_a_huge_header_field_is_refused_after_little_data(served: ServiceProcess) -> None:
+    """httptools buffers a header name or value across reads and hands it over only when it
+    is complete: the 64 KiB check came after the whole field (32 MiB: 1.8 s of CPU)."""
+    sock = connect(served.base)
+    with sock:
+        sock.sendall(b"GET /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Huge: ")
+        sent, chunk = 0, b"a" * 16384
+        while sent < 4 * MB:
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+            if select.select([sock], [], [], 0.05)[0]:
+                break  # answered
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:300]
+    assert b"too large" in answer.split(b"\r\n\r\n", 1)[1]
+    assert sent <= 256 * 1024  # refused soon after 64 KiB, not at the end of the field
+
+
+def test_a_huge_trailer_field_is_cut_after_little_data(served: ServiceProcess) -> None:
+    """A chunked body's trailer fields are headers too, buffered the same way by httptools,
+    after the head: 16 MiB of one trailer field were read (and held) whole."""
+    (worker,) = worker_pids(served)
+    before = rss_kib(worker)
+    with connect(served.base) as sock:
+        sock.sendall(
+            b"PUT /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: junk-token-0000000000\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: "
+        )
+        sent, cut = 0, False
+        while sent < 16 * MB:
+            try:
+                sock.sendall(b"t" * 65536)
+            except (BrokenPipeError, ConnectionResetError):
+                cut = True
+                break
+            sent += 65536
+        grown = rss_kib(worker) - before
+    assert cut and sent <= 4 * MB, sent  # closed soon after the bound, not at the field's end
+    assert grown < 8 * 1024, f"worker RSS grew by {grown} KiB"
+
+
+def test_unfinished_huge_headers_do_not_grow_the_worker(served: ServiceProcess) -> None:
+    """Four unfinished 16 MiB header fields held +80 MiB in the worker."""
+    (worker,) = worker_pids(served)
+    assert httpx.get(f"{served.base}/healthz").status_code in (200, 404)
+    before = rss_kib(worker)
+    socks = [connect(served.base) for _ in range(4)]
+    try:
+        for sock in socks:
+            sock.sendall(b"PUT /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Huge: ")
+            try:
+                for _ in range(16):
+                    sock.sendall(b"b" * MB)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused and closed: what should happen
+        time.sleep(0.5)
+        grown = rss_kib(worker) - before
+    finally:
+        for sock in socks:
+            sock.close()
+    assert grown < 16 * 1024, f"worker RSS grew by {grown} KiB"
+
+
+# -- (2) the Host allowlist on both ports -----------------------------------------------------
+
+REBIND = "rebind.attacker.example"
+
+
+@pytest.fixture(scope="module")
+def token(served: ServiceProcess) -> str:
+    r = httpx.post(f"{served.admin}/token/edge", params={"description": "x"}, auth=ADMIN_AUTH)
+    assert r.status_code == 201
+    return str(r.json()["token"])
+
+
+def refused_host(r: httpx.Response) -> bool:
+    return r.status_code == 400 and "Host" in r.json()["error"]
+
+
+def test_a_foreign_host_is_refused_on_the_data_port_hot_paths_included(
+    served: ServiceProcess, token: str
+) -> None:
+    """DNS rebinding: a page whose name now points at 127.0.0.1 sends its own Host."""
+    headers = {"X-Token": token, "Host": f"{REBIND}:{served.port}"}
+    r = httpx.put(f"{served.base}/api/edge/q", content=b"x", headers=headers)
+    assert refused_host(r), r.text  # publish: a hot path, past Starlette's router
+    assert refused_host(httpx.get(f"{served.base}/api/edge/q", headers=headers))  # consume
+    r = httpx.delete(f"{served.base}/api/edge/q/job/01M8DSGZ1K27127VBJD3RMCRF0", headers=headers)
+    assert refused_host(r)  # ack
+    assert refused_host(httpx.get(f"{served.base}/api/edge/q/size", headers=headers))  # routed
+    # nothing was published: the same requests with this server's name work
+    r = httpx.get(f"{served.base}/api/edge/q/size", headers={"X-Token": token})
+    assert r.status_code == 200 and r.json()["size"] == 0, r.text
+
+
+def test_a_foreign_host_is_refused_on_the_admin_port_and_the_dashboard(
+    served: ServiceProcess,
+) -> None:
+    host = {"Host": f"{REBIND}:{served.admin_port}"}
+    assert refused_host(httpx.get(f"{served.admin}/token/shop", headers=host, auth=ADMIN_AUTH))
+    assert refused_host(httpx.get(f"{served.admin}/ui/", headers=host, auth=ADMIN_AUTH))
+    # the dashboard's CSRF check compared Origin with this Host: same "origin", so it passed
+    assert refused_host(httpx.get(f"{served.admin}/ui/tokens", headers=host, auth=ADMIN_AUTH))
+    r = httpx.post(
+        f"{served.admin}/ui/tokens/shop/create",
+        headers={**host, "Origin": f"http://{REBIND}:{served.admin_port}"},
+        data={"namespace": "shop"},
+        auth=ADMIN_AUTH,
+    )
+    assert refused_host(r)
+    assert httpx.get(f"{served.admin}/token/shop", auth=ADMIN_AUTH).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "LocalHost", "127.0.0.1", "[::1]", "localhost.", "127.0.0.1:{port}"]
+)
+def test_the_loopback_names_with_or_without_a_port_are_served(
+    served: ServiceProcess, host: str
+) -> None:
+    for port in (served.port, served.admin_port):
+        name = host.format(port=port)
+        for value in (name, f"{name}:{port}") if "{" not in host else (name,):
+            r = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"Host": value})
+            assert r.status_code in (200, 404) and "Host" not in r.text, (value, r.text)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"", b"localhost:x", b"localhost:1:2", b"[::1", b"[::1]x", b"127.0.0.1.evil", b"evil:7777"],
+)
+def test_a_malformed_or_foreign_host_value_is_refused(served: ServiceProcess, value: bytes) -> None:
+    with connect(served.admin) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: " + value + b"\r\n\r\n")
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"Host" in answer, answer
+
+
+def test_a_pipelined_foreign_host_does_not_take_the_answer_of_the_request_before_it(
+    served: ServiceProcess, token: str
+) -> None:
+    """Two requests in one write, the second with a foreign Host: the refusal was written at
+    once, before the first request's answer, which was lost, so a publish that was done (17
+    times in 20) was answered 400 "nothing was done" (a client repeats it: published twice)."""
+    head = f"PUT /api/edge/pipelined HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: {token}\r\n"
+    with connect(served.base) as sock:
+        sock.sendall(
+            head.encode() + b"Content-Length: 1\r\n\r\nx"
+            b"GET /healthz HTTP/1.1\r\nHost: " + REBIND.encode() + b"\r\n\r\n"
+        )
+        answer = read_until_closed(sock)
+    first, _, second = answer.partition(b"HTTP/1.1 400 ")
+    assert first.startswith(b"HTTP/1.1 201 ") and b"job_id" in first, answer
+    assert b"Host not allowed" in second, answer
+    r = httpx.get(f"{served.base}/api/edge/pipelined/size", headers={"X-Token": token})
+    assert r.json()["size"] == 1, r.text
+
+
+def test_a_missing_or_doubled_host_is_refused_in_http_1_1(served: ServiceProcess) -> None:
+    for head in (
+        b"GET /healthz HTTP/1.1\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: " + REBIND.encode() + b"\r\n\r\n",
+    ):
+        with connect(served.admin) as sock:
+            sock.sendall(head)
+            answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"Host" in answer, answer
+    with connect(served.admin) as sock:  # HTTP/1.0 has no Host; browsers always send one
+        sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 200 ")
+
+
+def test_allowed_hosts_lists_the_names_a_load_balancer_sends(
+    redis_server: Server, tmp_path: Path
+) -> None:
+    svc = serve(
+        f"127.0.0.1:{redis_server.port}",
+        stderr=tmp_path / "serve.log",
+        CLUSTER_DQ_ALLOWEDHOSTS="dq.example.com, *.lb.example, 127.0.0.1, admin.example:8443",
+    )
+    try:
+        for host, ok in [
+            ("dq.example.com", True),
+            ("DQ.example.com:8080", True),
+            ("a.lb.example", True),
+            ("b.a.lb.example:80", True),
+            ("lb.example", False),  # *.domain: the names under it
+            ("admin.example:8443", True),
+            ("admin.example", False),  # that port only
+            ("admin.example:443", False),
+            (f"127.0.0.1:{svc.admin_port}", True),
+            ("localhost", False),  # the list replaces the default
+        ]:
+            r = httpx.get(f"{svc.admin}/healthz", headers={"Host": host})
+            assert (r.status_code == 200) is ok, (host, r.status_code, r.text)
+        for _ in range(3):
+            assert httpx.get(f"{svc.admin}/healthz", headers={"Host": "other"}).status_code == 400
+    finally:
+        svc.stop(timeout=20)
+    # an operator sees which names were refused: each once, and no other line per refusal
+    # (uvicorn's "Invalid HTTP request received." was written for every one of them)
+    assert "Invalid HTTP request" not in svc.logs()
+    refused = [json.loads(line) for line in svc.logs().splitlines() if "AllowedHosts" in line]
+    assert sorted(r["host"] for r in refused) == sorted(
+        ["lb.example", "admin.example", "admin.example:443", "localhost", "other"]
+    ), refused
+
+
+def test_the_default_allowed_hosts_are_loopback_and_the_listen_hosts() -> None:
+    assert effective(Settings()) == LOOPBACK
+    assert effective(Settings(Host="0.0.0.0", AdminHost="::")) == LOOPBACK  # wildcards: no name
+    assert effective(Settings(Host="10.0.0.5", AdminHost="fd00::5")) == (
+        *LOOPBACK,
+        "10.0.0.5",
+        "[fd00::5]",
+    )
+    assert effective(Settings(AllowedHosts=("DQ.example",))) == ("dq.example",)
+    assert AllowedHosts(["*"]).permits(None) and AllowedHosts(["*"]).permits(b"anything")
+
+
+@pytest.mark.parametrize("bad", ["dq example", "http://dq", "dq/x", "*.", "a:b:c", "**"])
+def test_a_bad_allowed_hosts_entry_is_refused_by_name(bad: str) -> None:
+    with pytest.raises(ConfigError, match="AllowedHosts"):
+        load(environ={"CLUSTER_DQ_ALLOWEDHOSTS": f"localhost,{bad}"})
+
+
+def test_a_wildcard_listen_host_with_the_default_list_warns_at_start() -> None:
+    assert hosts.start_warning(Settings()) is None
+    assert hosts.start_warning(Settings(Host="0.0.0.0", AllowedHosts=("dq",))) is None
+    warning = hosts.start_warning(Settings(AdminHost="0.0.0.0"))
+    assert warning is not None and "AllowedHosts" in warning
+
+
+# -- (4) slow and idle connections ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def timed(redis_server: Server) -> Iterator[tuple[ServiceProcess, str]]:
+    """A service with one-second header, body and keep-alive timeouts, and a token."""
+    svc = serve(
+        f"127.0.0.1:{redis_server.port}",
+        CLUSTER_DQ_HEADERTIMEOUTSECOND="1",
+        CLUSTER_DQ_BODYTIMEOUTSECOND="1",
+        CLUSTER_DQ_KEEPALIVETIMEOUTSECOND="1",
+    )
+    r = httpx.post(f"{svc.admin}/token/slow", params={"description": "x"}, auth=ADMIN_AUTH)
+    assert r.status_code == 201
+    yield svc, str(r.json()["token"])
+    svc.stop(timeout=20)
+
+
+def test_a_connection_that_sends_nothing_is_closed(timed: tuple[ServiceProcess, str]) -> None:
+    for url in (timed[0].base, timed[0].admin):
+        with connect(url) as sock:
+            assert read_until_closed(sock, timeout=10) == b""  # closed, not answered
+
+
+def test_a_request_head_trickled_past_the_header_timeout_is_408(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    """Slowloris: a byte now and then keeps no connection open past HeaderTimeoutSecond."""
+    with connect(timed[0].base) as sock:
+        sock.sendall(b"GET /api/slow/q HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        for _ in range(40):
+            if select.select([sock], [], [], 0.25)[0]:
+                break
+            try:
+                sock.sendall(b"a")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        answer = read_until_closed(sock, timeout=10)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+
+
+def test_a_second_request_head_on_a_kept_connection_is_timed_too(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    with connect(timed[0].admin) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        first = b""
+        while not first.endswith(b"}"):  # the whole first answer (a JSON body)
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        for _ in range(40):  # past the keep-alive timeout too: only the head timeout ends it
+            if select.select([sock], [], [], 0.25)[0]:
+                break
+            sock.sendall(b"a")
+        answer = read_until_closed(sock, timeout=10)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+
+
+def test_a_request_head_begun_in_the_read_that_ended_the_last_request_is_timed(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    """A complete request and the start of the next in one write: the bytes of that read were
+    not counted as a head, so no head timer ran and only the keep-alive timeout (75 s by
+    default, not HeaderTimeoutSecond) closed the connection, without a 408."""
+    with connect(timed[0].admin) as sock:
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a"
+        )
+        answer = read_until_closed(sock, timeout=10)
+    first, _, second = answer.partition(b"HTTP/1.1 408 ")
+    assert first.startswith(b"HTTP/1.1 200 ") and second, answer
+
+
+def test_a_body_that_stops_coming_is_cut_and_nothing_is_published(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    svc, token = timed
+    with connect(svc.base) as sock:
+        sock.sendall(
+            b"PUT /api/slow/body HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: "
+            + token.encode()
+            + b"\r\nContent-Length: 100\r\n\r\n0123456789"
+        )
+        read_until_closed(sock, timeout=10)  # closed (the app saw a disconnect)
+    r = httpx.get(f"{svc.base}/api/slow/body/size", headers={"X-Token": token})
+    assert r.json()["size"] == 0
+
+
+def test_a_body_trickled_after_its_answer_is_not_read_forever(
+    timed: tuple[ServiceProcess, str],
+) -> None:
+    """A request answered before its body ended (401 without a token, 413): the rest of the
+    body is only read to be dropped, and each read restarted the body timeout: one byte a
+    little under BodyTimeoutSecond held the connection forever, without a token."""
+    for length in (b"1000", b"999999999999"):
+        with connect(timed[0].base) as sock:
+            sock.sendall(
+                b"PUT /api/slow/q HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + length
+            )
+            sock.sendall(b"\r\n\r\n")
+            answer, closed = b"", False
+            for _ in range(40):  # 10 s, ten times BodyTimeoutSecond, a byte every 0.25 s
+                if select.select([sock], [], [], 0.25)[0]:
+                    try:
+                        data = sock.recv(65536)
+                    except ConnectionResetError:
+                        data = b""
+                    if not data:
+                        closed = True
+                        break
+                    answer += data
+                try:
+                    sock.sendall(b"a")
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+                    break
+        assert answer.startswith(b"HTTP/1.1 401 "), answer
+        assert closed, "a body trickled after its answer kept the connection open"
+
+
+def test_an_idle_keep_alive_connection_is_closed(timed: tuple[ServiceProcess, str]) -> None:
+    with connect(timed[0].admin) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = read_until_closed(sock, timeout=10)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1") == 1
+
+
+def test_a_long_poll_outlives_every_connection_timeout(timed: tuple[ServiceProcess, str]) -> None:
+    """A long-poll has a complete request: it waits its own timeout (3 s here, three times
+    each connection timeout), and gets the job published while it waits."""
+    svc, token = timed
+    headers = {"X-Token": token}
+    with httpx.Client(base_url=svc.base, headers=headers, timeout=30) as client:
+        r = client.get("/api/slow/poll", params={"timeout": 3})
+        assert r.status_code == 404, r.text  # lmstfy: no job within the timeout
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(client.get, "/api/slow/poll", params={"timeout": 5})
+            time.sleep(2.5)
+            assert httpx.put(f"{svc.base}/api/slow/poll", content=b"late", headers=headers)
+            r = waiting.result()
+        assert r.status_code == 200 and r.json()["data"] == "bGF0ZQ==", r.text  # base64("late")
+
+
+def test_connections_beyond_max_connections_are_refused(redis_server: Server) -> None:
+    svc = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_MAXCONNECTIONS="5")
+    held: list[socket.socket] = []
+    try:
+        held = [connect(svc.base) for _ in range(5)]
+        for sock in held:  # each is served
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 404 ")
+        with connect(svc.base) as extra:
+            answer = read_until_closed(extra, timeout=10)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"MaxConnections" in answer, answer
+        # the admin port has its own bound: operators still get in
+        assert httpx.get(f"{svc.admin}/healthz").status_code == 200
+        held.pop().close()
+        time.sleep(0.3)
+        assert httpx.get(f"{svc.base}/healthz").status_code == 404  # room again
+    finally:
+        for sock in held:
+            sock.close()
+        svc.stop(timeout=20)

@@ -1,0 +1,47 @@
+"""What the test folders share: the repository's root, the topologies a test may be given, and
+the one way a test starts the service (``serve``, with the suite's admin account). Fixtures
+built on these are in ``tests/support/fixtures.py``; test modules never import one another."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from cluster_dq.localredis import Cluster, SentinelGroup, Server
+from cluster_dq.settings import PoolSettings
+from cluster_dq.testing.service_process import ServiceProcess
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/support/ -> .
+ADMIN_AUTH = ("admin", "s3cret")
+
+Deployment = Server | Cluster | SentinelGroup
+
+
+def flush(client: Any) -> None:
+    """Empties every master of a topology (a Cluster's through each primary)."""
+    if isinstance(client, redis.RedisCluster):
+        client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        client.flushall()
+
+
+def serve(pool: PoolSettings | str, stderr: Any = None, **env: str) -> ServiceProcess:
+    """Starts `cluster-dq serve` on free ports (from a random place in the range, so that two
+    suites running at once do not take the same ones) against ``pool`` (or a standalone
+    address), with the suite's admin account; ``stderr``: where its log goes."""
+    suite = {
+        "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1],
+        "CLUSTER_DQ_TOKENCACHESECOND": "1",
+        "CLUSTER_DQ_LOGLEVEL": "warning",
+    }
+    return ServiceProcess.start(pool, env={**suite, **env}, log=stderr, timeout=20)
+
+
+def size(api: httpx.Client, q: str = "q") -> dict[str, int]:
+    """A queue's sizes through the data port (the client holds a token of namespace ``ns``)."""
+    r = api.get(f"/api/ns/{q}/size")
+    assert r.status_code == 200
+    return r.json()  # type: ignore[no-any-return]
