@@ -96,16 +96,6 @@ async def engine(sync_redis: redis.Redis, deployment: Deployment) -> AsyncIterat
     await close_client(client)
 
 
-@pytest.fixture
-async def cluster_engine(redis_cluster: Cluster) -> AsyncIterator[AsyncEngine]:
-    host, port = redis_cluster.seeds[0]
-    client = AsyncRedisCluster(host=host, port=port)
-    await client.initialize()
-    await client.flushall(target_nodes=AsyncRedisCluster.PRIMARIES)
-    yield AsyncEngine(client, EngineConfig())
-    await client.aclose()
-
-
 @pytest.fixture(autouse=True)
 async def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     """A test still running after 150 s prints every asyncio task's stack (hang diagnosis),

@@ -4,7 +4,6 @@ client. Registered for every test by ``tests/conftest.py``."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -13,11 +12,9 @@ import pytest
 import redis
 
 from cluster_dq.localredis import Server
-from cluster_dq.settings import PoolSettings
 from cluster_dq.testing.service_process import ServiceProcess
 from tests.support import ADMIN_AUTH, Deployment, serve
 from tests.support.clients import close, make, new_token
-from tests.support.routing import standalone_db
 
 
 @pytest.fixture(scope="module")
@@ -63,27 +60,6 @@ def api(service: tuple[str, str], sync_redis: redis.Redis) -> Iterator[httpx.Cli
 def admin(service: tuple[str, str]) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=service[1], auth=ADMIN_AUTH, timeout=10) as client:
         yield client
-
-
-@pytest.fixture
-def pools(
-    redis_server: Server, deployment: Deployment, sync_redis: redis.Redis
-) -> Iterator[dict[str, PoolSettings]]:
-    """``old`` and ``c``: standalone (DBs 1 and 3); ``new`` and ``b``: the topology under
-    test (on standalone, DBs 2 and 4); ``default``: the topology under test too."""
-    under_test = dataclasses.replace(deployment.pool_settings(), name="new")
-    if isinstance(deployment, Server):
-        under_test = dataclasses.replace(under_test, DB=2)
-    found = {
-        "default": deployment.pool_settings(),
-        "old": standalone_db(redis_server, 1, "old"),
-        "new": under_test,
-        "b": dataclasses.replace(under_test, name="b"),
-        "c": standalone_db(redis_server, 3, "c"),
-    }
-    for db in (1, 2, 3):
-        redis.Redis(port=redis_server.port, db=db).flushdb()
-    yield found
 
 
 @pytest.fixture
