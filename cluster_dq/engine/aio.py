@@ -123,6 +123,8 @@ class AsyncEngine:
         try:
             return await call
         except core.CAUGHT as e:
+            if _cancelling():  # redis-py turned the cancellation into a connection error:
+                raise asyncio.CancelledError() from e  # neither a failure nor to be repeated
             err = core.translate(e, sent=attempt.sent)
             if err is None:
                 raise
@@ -236,3 +238,9 @@ class AsyncEngine:
             if not there:
                 await self.client.script_load(script.script)
         return True
+
+
+def _cancelling() -> bool:
+    """Whether this task was asked to stop (a cancellation caught and not yet honoured)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

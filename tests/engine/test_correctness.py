@@ -20,6 +20,7 @@ from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Eval, Step
 from cluster_dq.errors import BadRequest
 from cluster_dq.models import JobSpec, JobState, validate_spec
+from cluster_dq.pump import Pump
 from cluster_dq.waiters import WaiterHub
 from cluster_dq.testing.invariants import check_queue
 
@@ -413,3 +414,37 @@ def _member(job_id: str) -> bytes:
     from cluster_dq.models import id_to_member
 
     return id_to_member(job_id)
+
+
+async def test_a_pump_task_cancelled_while_redis_py_turns_it_into_a_connection_error_ends(
+    engine: AsyncEngine,
+) -> None:
+    """redis-py may turn a cancellation inside a command into a ConnectionError. The pump's
+    lease renewal took that for a failed renewal and went on: the task, cancelled once, ran
+    forever (a killed leader's pump never ended; found by a schedule test under load)."""
+    in_flight = asyncio.Event()
+
+    async def cancel_becomes_connection_error(
+        step: Step, real: Callable[[Step], Awaitable[Any]]
+    ) -> Any:
+        if script_of(step) == "leader":
+            in_flight.set()
+            try:
+                await asyncio.sleep(0.5)  # the renewal's reply is on its way
+            except asyncio.CancelledError:
+                raise RedisConnectionError("Connection closed by server.") from None
+        return await real(step)
+
+    inject(engine, cancel_becomes_connection_error)
+    pump = Pump(engine, [0], lease_ms=900, poll_ms=100, reconcile_every_s=0)
+    pump.start()
+    try:
+        await asyncio.wait_for(in_flight.wait(), 5)
+        for task in pump._tasks:
+            task.cancel()
+        _, going_on = await asyncio.wait(pump._tasks, timeout=5)
+        assert not going_on, "a pump task cancelled 5 s ago is still running"
+        assert all(task.cancelled() for task in pump._tasks)
+    finally:
+        await pump.stop()
+        del engine._step
