@@ -99,7 +99,6 @@ def main() -> None:
         f"127.0.0.1:{redis.port}",
         env={"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_TOKENCACHESECOND": "60"},
         args=["--workers", "1"],
-        first_port=20000,
     )
     base = svc.base
     try:

@@ -183,7 +183,6 @@ def main() -> None:
             "CLUSTER_DQ_HEADERTIMEOUTSECOND": str(args.header_timeout),
         },
         args=["--workers", "1"],
-        first_port=20000,
     )
     try:
         pid = worker_pid(svc.pid)

@@ -46,7 +46,7 @@ import redis
 if __package__ in (None, ""):  # run as a script (python loadtest/history.py): find loadtest, tests
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cluster_dq.localredis import SentinelGroup  # noqa: E402
+from cluster_dq.localredis import SentinelGroup, port_share  # noqa: E402
 from loadtest.drill import (  # noqa: E402
     Deployment,
     Instance,
@@ -278,10 +278,13 @@ def session() -> httpx.AsyncClient:
 
 
 def first_port() -> int:
-    """Ports for an instance, at random in 30000-39000: a killed instance's port, freed, must
-    not be taken over by a stranger (another service started meanwhile on this machine scans
-    from 18000, and a client's retry to the old address would reach it) nor by our restart."""
-    return random.randrange(30000, 39000)
+    """Ports for an instance, at random in 30000-39000 (this process's share of it, when test
+    workers run side by side): a killed instance's port, freed, must not be taken over by a
+    stranger (another service started meanwhile on this machine scans from 18000, and a
+    client's retry to the old address would reach it) nor by our restart. The instance takes
+    its data and admin ports from the 1,000 above the first."""
+    low, high = port_share(30000, 39000)
+    return random.randrange(low, high - 1000)
 
 
 # -- the events ---------------------------------------------------------------------------------

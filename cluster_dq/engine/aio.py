@@ -11,7 +11,9 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import AsyncRetrying
 
 from cluster_dq.clock import now_ms
@@ -123,8 +125,10 @@ class AsyncEngine:
         try:
             return await call
         except core.CAUGHT as e:
-            if _cancelling():  # redis-py turned the cancellation into a connection error:
-                raise asyncio.CancelledError() from e  # neither a failure nor to be repeated
+            if isinstance(e, _CANCEL_SHAPES) and _cancelling():
+                # redis-py turned the cancellation into a connection error: neither a failure
+                # nor to be repeated
+                raise asyncio.CancelledError() from e
             err = core.translate(e, sent=attempt.sent)
             if err is None:
                 raise
@@ -238,6 +242,10 @@ class AsyncEngine:
             if not there:
                 await self.client.script_load(script.script)
         return True
+
+
+# what a cancellation inside redis-py comes out as (a connection cut mid-command)
+_CANCEL_SHAPES = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 def _cancelling() -> bool:

@@ -96,8 +96,9 @@ def test_a_port_in_use_is_refused_by_name_and_the_embedded_redis_stopped(
     SO_REUSEPORT, as a second instance's workers would) must still refuse the start."""
     port, admin = free_port(18000, 18500), free_port(18500, 19000)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_DQ_")}
-    env.update(PYTHONPATH=str(ROOT), CLUSTER_DQ_LOGLEVEL="warning")
-    before = embedded_redis_pids()
+    own_tmp = tmp_path / "tmp"  # its embedded Redis works in here: other tests' are elsewhere
+    own_tmp.mkdir()
+    env.update(PYTHONPATH=str(ROOT), CLUSTER_DQ_LOGLEVEL="warning", TMPDIR=str(own_tmp))
     with socket.socket() as holder:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may be in TIME_WAIT
         if reuse_port:
@@ -126,18 +127,20 @@ def test_a_port_in_use_is_refused_by_name_and_the_embedded_redis_stopped(
         f"cluster-dq: Port: cannot listen on 127.0.0.1:{port}: Address already in use" in out.stderr
     )
     assert "Traceback" not in out.stderr
-    assert embedded_redis_pids() <= before  # it started one (embedded mode), and stopped it
+    assert not embedded_redis_pids(own_tmp)  # it started one (embedded mode), and stopped it
 
 
-def embedded_redis_pids() -> set[int]:
-    """redis-server processes working in an embedded-mode directory (Redis chdirs there)."""
+def embedded_redis_pids(under: Path | None = None) -> set[int]:
+    """redis-server processes working in an embedded-mode directory (Redis chdirs there),
+    anywhere or ``under`` a directory."""
     out = set()
     for proc in Path("/proc").iterdir():
         try:
             if (
                 proc.name.isdigit()
                 and (proc / "comm").read_text().strip() == "redis-server"
-                and "cluster-dq-embedded-" in str((proc / "cwd").readlink())
+                and "cluster-dq-embedded-" in str(cwd := (proc / "cwd").readlink())
+                and (under is None or cwd.is_relative_to(under))
             ):
                 out.add(int(proc.name))
         except OSError:

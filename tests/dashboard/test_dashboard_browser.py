@@ -7,13 +7,15 @@ delay timeline (a delayed job in its bin, the bin rescheduled). One topology (st
 enough here: the pages' data is covered on all three by the httpx tests of
 ``tests/dashboard/test_dashboard_panels.py`` and the dashboard's own suite.
 
-A PNG screenshot of each step goes to ``build/screenshots/`` at the repository's root, named by
-step; the paths are printed (``-s`` shows them)."""
+A PNG screenshot of each step goes to ``build/screenshots/`` at the repository's root
+(``gwN/`` under it for test worker N), named by step; the paths are printed (``-s`` shows
+them)."""
 
 from __future__ import annotations
 
 import base64
 import re
+import os
 import shutil
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterator
@@ -36,7 +38,8 @@ from tests.support import ADMIN_AUTH, serve
 
 from tests.support import ROOT
 
-SHOTS = ROOT / "build" / "screenshots"
+# one directory per test worker: two workers must not clear or number each other's shots
+SHOTS = ROOT / "build" / "screenshots" / os.environ.get("PYTEST_XDIST_WORKER", "")
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 NS, Q = "shop", "orders"
 WAIT_S = 10

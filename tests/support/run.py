@@ -75,6 +75,50 @@ DEFAULT_TOPOLOGIES = {
     "dashboard": ("cluster",),
 }
 
+# Guarantees that live in a surface folder, beside the routes they go through: each runs on the
+# topologies listed here by default, whatever its folder's (the races and exactly-once rules
+# of per-job control, a full queue never overshot, schedules firing once across leaders and
+# pools, a SIGKILLed worker's job acked once, leases and placement while pools migrate).
+_BOTH = ("standalone", "cluster")
+GUARANTEES: dict[str, tuple[str, ...]] = {
+    **{
+        f"tests/http/test_control.py::{name}": _BOTH
+        for name in (
+            "test_a_walk_lists_in_cursor_order_every_job_dead_throughout_exactly_once",
+            "test_bury_races_ack_exactly_one_wins",
+            "test_bury_with_lease_races_a_leased_ack_never_both_never_neither",
+            "test_kick_races_respawn_the_job_is_ready_exactly_once",
+            "test_reschedule_races_promotion_and_consume_delivered_exactly_once",
+            "test_redrive_while_jobs_die_loses_and_duplicates_nothing",
+        )
+    },
+    **{
+        f"tests/http/test_schedules.py::{name}": _BOTH
+        for name in (
+            "test_every_occurrence_is_published_once_with_competing_firers_and_a_leader_change",
+            "test_a_gap_inside_the_window_fires_every_missed_occurrence_once_beyond_it_only_the_window",
+            "test_real_pumps_fire_once_across_a_killed_leader",
+            "test_a_schedule_moved_to_a_new_pool_publishes_each_occurrence_once",
+        )
+    },
+    "tests/http/test_queue_control.py::test_concurrent_publishes_never_take_a_queue_beyond_its_max_size": _BOTH,
+    "tests/http/test_review_findings.py::test_leases_work_while_a_pool_migrates": _BOTH,
+    "tests/http/test_review_findings.py::test_consume_with_ttr_zero_gives_no_second_holder": _BOTH,
+    "tests/client/test_worker.py::test_a_worker_killed_mid_job_its_job_comes_back_after_the_ttr_and_is_acked_once": _BOTH,
+    # placement and migration between pools: the old pool is a standalone server, the new one
+    # the topology under test (standalone: two databases of one server), on all three
+    **{
+        f"tests/http/test_routing.py::{name}": ALL
+        for name in (
+            "test_migration_drains_the_old_pool_while_publishing_to_the_new",
+            "test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added",
+            "test_publish_and_consume_beside_the_engine",
+            "test_a_queues_settings_follow_it_to_the_pool_it_moves_to",
+            "test_a_queues_schedules_move_with_it_and_fire_once_per_occurrence",
+        )
+    },
+}
+
 # Single tests left to the long run, each a further size or topology of a guarantee the default
 # run already shows with another (the reason beside each).
 LONG = (
@@ -95,6 +139,8 @@ LONG = (
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[load_profile.py]",
     # the pipeline's own tests run Spark on every topology; this is its benchmark's CLI
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_pipeline.py]",
+    # every verb's 503 while Redis is down is test_outages' (in-process); this is its CLI
+    "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[outage_answers.py]",
     # the peer benchmark installs BullMQ from the npm registry: no network in the default run
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_peers.py]",
 )
@@ -103,7 +149,28 @@ LONG = (
 # Tests of the quick tier's folders it leaves to the default run (marked ``slow``; the quick
 # tier deselects them): each takes seconds to provoke a fault or wait out a timeout that the
 # edit-and-test loop can do without, and each is in every default run.
-SLOW: tuple[str, ...] = ()
+SLOW: tuple[str, ...] = (
+    # schemathesis over both documents and the raw-HTTP fuzz run: minutes of generated requests
+    "tests/http/test_openapi.py::test_data_port_conforms_to_its_document",
+    "tests/http/test_openapi.py::test_data_port_follows_its_links",
+    "tests/http/test_openapi.py::test_admin_port_conforms_to_its_document",
+    "tests/http/test_fuzz.py::test_http_surface",
+    # Redis killed or stopped under a service: each request rides out its 5 s retry budget
+    "tests/http/test_http.py::test_redis_lost_mid_flight_gives_503_on_every_route",
+    "tests/http/test_http.py::test_redis_down_gives_503_not_500",
+    "tests/http/test_edges.py::test_503_shows_no_redis_address_or_exception",
+    "tests/engine/test_service.py::test_a_503_says_what_may_have_happened",
+    "tests/engine/test_executors.py::test_a_durable_write_waits_for_replicas_in_both",
+    # worker restarts, crash loops, capped series and waiters: processes started and waited for
+    "tests/http/test_runtime.py::test_per_queue_metric_series_are_capped",
+    "tests/http/test_runtime.py::test_a_dead_worker_is_restarted_and_a_crash_loop_exits_non_zero",
+    "tests/http/test_runtime.py::test_long_polls_beyond_max_waiters_get_429_at_once_and_reserve_nothing",
+    # migrations between pools, end to end: seconds of draining
+    "tests/http/test_routing.py::test_migration_drains_the_old_pool_while_publishing_to_the_new",
+    "tests/http/test_routing.py::test_a_ring_spreads_queues_and_drains_moved_ones_after_a_pool_is_added",
+    "tests/http/test_routing.py::test_a_queues_settings_follow_it_to_the_pool_it_moves_to",
+    "tests/http/test_routing.py::test_a_queues_schedules_move_with_it_and_fire_once_per_occurrence",
+)
 
 
 def folder(nodeid: str) -> str:
@@ -112,21 +179,36 @@ def folder(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 else ""
 
 
+@pytest.hookimpl(trylast=True)  # after pytest grouped the tests by fixture parameters
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks ``long`` the tests of a topology their folder leaves to the long run, and those of
-    ``LONG``. An entry of ``LONG`` that names no test of a collected file is an error: the list
-    must not go stale when a test is renamed."""
+    """Marks ``long`` the tests of a topology their folder leaves to the long run (but the
+    ``GUARANTEES``), and those of ``LONG``; marks ``slow`` those of ``SLOW``; orders the
+    folders by ``FOLDER_ORDER`` (a stable sort: the parameter groups stay). An entry of these
+    lists that names no test of a collected file is an error: the lists must not go stale
+    when a test is renamed."""
+    rank = {name: i for i, name in enumerate(FOLDER_ORDER)}
+    items.sort(key=lambda item: rank.get(folder(item.nodeid), len(rank)))
+    narrowed = os.environ.get("DQ_TOPOLOGIES", ",".join(ALL)).split(",")
     for item in items:
         callspec = getattr(item, "callspec", None)
         on = callspec.params.get("deployment") if callspec is not None else None
-        if on is not None and on not in DEFAULT_TOPOLOGIES.get(folder(item.nodeid), ALL):
+        if on is None:
+            continue
+        base = item.nodeid.split("[")[0]
+        default = GUARANTEES.get(base) or DEFAULT_TOPOLOGIES.get(folder(item.nodeid), ALL)
+        # a run narrowed to topologies none of which is the default keeps what it asked for
+        if on not in default and set(default) & set(narrowed):
             item.add_marker(pytest.mark.long)
     for item in items:
         if item.nodeid.split("[")[0] in SLOW:
             item.add_marker(pytest.mark.slow)
     ids = {item.nodeid: item for item in items}
     files = {item.nodeid.split("::")[0] for item in items}
-    topologies = os.environ.get("DQ_TOPOLOGIES", ",".join(ALL)).split(",")
+    bases = {item.nodeid.split("[")[0] for item in items}
+    for nodeid in (*GUARANTEES, *SLOW):
+        if nodeid not in bases and nodeid.split("::")[0] in files and _whole_files(config):
+            raise pytest.UsageError(f"tests/support/run.py names no such test: {nodeid}")
+    topologies = narrowed
     for nodeid in LONG:
         item = ids.get(nodeid)
         if item is not None:
@@ -138,6 +220,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"tests/support/run.py LONG names no test: {nodeid}")
 
 
+# The order the workers are handed files in (``--dist loadfile``: a file's tests run on one
+# worker, so its module fixtures, a Spark session or a fuzz target, start once): the folders
+# of long runs first, so that no worker starts a two-minute file when the others are done.
+FOLDER_ORDER = ("system", "guarantees", "engine", "http", "security", "client", "dashboard")
+
+
 def _whole_files(config: pytest.Config) -> bool:
     """Whether whole test files were asked for: no single tests, no ``-k``."""
     return not config.getoption("keyword") and not any("::" in a for a in config.args)
@@ -147,9 +235,9 @@ def _whole_files(config: pytest.Config) -> bool:
 
 _worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
 if _worker:
-    os.environ[PORT_SLICE] = (
-        f"{int(_worker.removeprefix('gw'))}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
-    )
+    _count = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    # modulo: a worker that replaces a crashed one gets the next id (gw2 of 2)
+    os.environ[PORT_SLICE] = f"{int(_worker.removeprefix('gw')) % _count}/{_count}"
 
 # -- durations: every run writes each test's time (setup + call + teardown) --------------------
 
