@@ -118,3 +118,11 @@ async def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> AsyncIterator[
     handle = asyncio.get_running_loop().call_later(after, dump)
     yield
     handle.cancel()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest grouped the tests by fixture parameters
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long folders first (``tests/support/run.py``: ``FOLDER_ORDER``)."""
+    from tests.support.run import order_folders  # a plugin: imported once pytest registered it
+
+    order_folders(items)

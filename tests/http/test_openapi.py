@@ -43,7 +43,7 @@ from tests.support.run import examples
 
 NS = "oas"  # every data request goes to the namespace the suite's token grants
 ADMIN_AUTH = ("admin", "s3cret")
-EXAMPLES = int(os.environ.get("DQ_SCHEMATHESIS_EXAMPLES") or examples(30))  # at the tier's size
+EXAMPLES = int(os.environ.get("DQ_SCHEMATHESIS_EXAMPLES") or examples(15))  # at the tier's size
 STATEFUL_RUNS = 3  # runs of the state machine cut short by the server's state (see below)
 CHECKS = [
     not_a_server_error,

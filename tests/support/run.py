@@ -50,8 +50,8 @@ def examples(n: int) -> int:
     return max(2, n * settings().max_examples // 100)
 
 
-def seconds(default: int, long: int) -> int:
-    """How long a fixed-duration system run (a drill, a history, the load profile) lasts: its
+def by_tier(default: int, long: int) -> int:
+    """A fixed-duration system run's length or rate (a drill, a history, the load profile): its
     short version checks the property in the default and quick runs, the long run goes on."""
     return long if TIER == "long" else default
 
@@ -139,6 +139,10 @@ LONG = (
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[load_profile.py]",
     # the pipeline's own tests run Spark on every topology; this is its benchmark's CLI
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_pipeline.py]",
+    # the pipeline writes through the engine's operations, which the engine suite runs on every
+    # topology: by default it runs on a Cluster (its CLI on standalone), on standalone here
+    "tests/system/test_pipeline.py::test_schedule_validates_publishes_and_reruns_idempotently[standalone]",
+    "tests/system/test_pipeline.py::test_schedule_and_export_follow_a_ring[standalone]",
     # every verb's 503 while Redis is down is test_outages' (in-process); this is its CLI
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[outage_answers.py]",
     # the peer benchmark installs BullMQ from the npm registry: no network in the default run
@@ -179,15 +183,19 @@ def folder(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 else ""
 
 
-@pytest.hookimpl(trylast=True)  # after pytest grouped the tests by fixture parameters
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks ``long`` the tests of a topology their folder leaves to the long run (but the
-    ``GUARANTEES``), and those of ``LONG``; marks ``slow`` those of ``SLOW``; orders the
-    folders by ``FOLDER_ORDER`` (a stable sort: the parameter groups stay). An entry of these
-    lists that names no test of a collected file is an error: the lists must not go stale
-    when a test is renamed."""
+def order_folders(items: list[pytest.Item]) -> None:
+    """Orders the tests by ``FOLDER_ORDER``: a stable sort, so that the groups pytest made by
+    fixture parameters stay (called last, by ``tests/conftest.py``)."""
     rank = {name: i for i, name in enumerate(FOLDER_ORDER)}
     items.sort(key=lambda item: rank.get(folder(item.nodeid), len(rank)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks ``long`` the tests of a topology their folder leaves to the long run (but the
+    ``GUARANTEES``), and those of ``LONG``; marks ``slow`` those of ``SLOW``. An entry of
+    these lists that names no test of a collected file is an error: the lists must not go
+    stale when a test is renamed."""
     narrowed = os.environ.get("DQ_TOPOLOGIES", ",".join(ALL)).split(",")
     for item in items:
         callspec = getattr(item, "callspec", None)

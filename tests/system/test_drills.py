@@ -7,17 +7,19 @@ from __future__ import annotations
 import pytest
 
 from loadtest.drill import SCENARIOS, drill
-from tests.support.run import seconds
+from tests.support.run import by_tier
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_short_drill(scenario: str) -> None:
     # A paused master resumes ~7 s in: the pause drills run on 4 s past that, under load.
     # The long run holds the load for a minute.
-    how_long = seconds(11, 60) if scenario.endswith("-pause") else seconds(6, 60)
-    r = drill(scenario, rate=250, seconds=how_long, durable=True, n_queues=4, backlog=5_000)
+    how_long = by_tier(11, 60) if scenario.endswith("-pause") else by_tier(6, 60)
+    r = drill(
+        scenario, rate=by_tier(150, 250), seconds=how_long, durable=True, n_queues=4, backlog=5_000
+    )
     print(r)  # the figures, for the CI log
-    assert r["published_ok"] > 500
+    assert r["published_ok"] > 300  # not a vacuous run (150/s, less during the event)
     assert r["lost_acknowledged"] == 0, r["lost_examples"]
     errors = {**r["publish_errors"], **r["consume_errors"]}
     assert not [k for k in errors if "HTTP 500" in k], errors

@@ -13,9 +13,9 @@ import pytest
 
 from cluster_dq.localredis import Server
 from loadtest.history import Report, Run, history_run, print_report
-from tests.support.run import seconds
+from tests.support.run import by_tier
 
-SECONDS = seconds(6, 60)  # of load (long run: a minute); with the restarts, the drain and
+SECONDS = by_tier(6, 60)  # of load (long run: a minute); with the restarts, the drain and
 # the lookups a short run takes ~15-20 s
 AT_LEAST = 150  # publishes answered 2xx: the load goes on past SECONDS until there are as many
 
