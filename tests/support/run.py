@@ -143,6 +143,10 @@ LONG = (
     # topology: by default it runs on a Cluster (its CLI on standalone), on standalone here
     "tests/system/test_pipeline.py::test_schedule_validates_publishes_and_reruns_idempotently[standalone]",
     "tests/system/test_pipeline.py::test_schedule_and_export_follow_a_ring[standalone]",
+    # the pipeline's command line, each run a Spark of its own (~40 s of a loaded core): the
+    # same functions run in-process by default
+    "tests/system/test_pipeline.py::test_cli_schedule_and_export_print_counts",
+    "tests/system/test_pipeline.py::test_cli_schedule_signals_the_shard_of_the_configured_shard_count",
     # every verb's 503 while Redis is down is test_outages' (in-process); this is its CLI
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[outage_answers.py]",
     # the peer benchmark installs BullMQ from the npm registry: no network in the default run
@@ -184,10 +188,16 @@ def folder(nodeid: str) -> str:
 
 
 def order_folders(items: list[pytest.Item]) -> None:
-    """Orders the tests by ``FOLDER_ORDER``: a stable sort, so that the groups pytest made by
-    fixture parameters stay (called last, by ``tests/conftest.py``)."""
-    rank = {name: i for i, name in enumerate(FOLDER_ORDER)}
-    items.sort(key=lambda item: rank.get(folder(item.nodeid), len(rank)))
+    """Orders the tests: ``LONGEST_FILES``, then by ``FOLDER_ORDER``; a stable sort, so that
+    the groups pytest made by fixture parameters stay (called last, by ``tests/conftest.py``)."""
+    first = {name: i for i, name in enumerate(LONGEST_FILES)}
+    rank = {name: len(first) + i for i, name in enumerate(FOLDER_ORDER)}
+
+    def place(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return first.get(path, rank.get(folder(item.nodeid), len(first) + len(rank)))
+
+    items.sort(key=place)
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these marks
@@ -232,6 +242,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # worker, so its module fixtures, a Spark session or a fuzz target, start once): the folders
 # of long runs first, so that no worker starts a two-minute file when the others are done.
 FOLDER_ORDER = ("system", "guarantees", "engine", "http", "security", "client", "dashboard")
+# and before them, the files that take a worker longest (minutes of Spark, schemathesis, pool
+# migrations, failovers), longest first: a file started last would hold the end of the run
+LONGEST_FILES = (
+    "tests/system/test_pipeline.py",
+    "tests/http/test_openapi.py",
+    "tests/http/test_routing.py",
+    "tests/system/test_drills.py",
+    "tests/http/test_http.py",
+    "tests/system/test_bench_commands.py",
+    "tests/guarantees/test_guarantees.py",
+    "tests/http/test_runtime.py",
+    "tests/system/test_outages.py",
+)
 
 
 def _whole_files(config: pytest.Config) -> bool:
