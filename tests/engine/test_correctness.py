@@ -448,3 +448,31 @@ async def test_a_pump_task_cancelled_while_redis_py_turns_it_into_a_connection_e
     finally:
         await pump.stop()
         del engine._step
+
+
+async def test_a_pump_stopped_while_redis_is_down_stops_at_once() -> None:
+    """Stopping gave up each lease it still counted as held, one after the other, each with
+    the ~5 s budget of a write: during an outage a SIGTERM waited 5 s per shard (16 s in a
+    test, a minute and more with every shard led). A give-up only shortens the next leader's
+    wait, so it is tried once for all shards together, never past the lease itself."""
+    from cluster_dq.engine.commands import EngineConfig
+    from cluster_dq.localredis import start_server
+    from cluster_dq.pools import close_client, make_client
+
+    server = start_server()
+    client = make_client(server.pool_settings())
+    engine = AsyncEngine(client, EngineConfig())
+    pump = Pump(engine, lease_ms=20_000, poll_ms=100, reconcile_every_s=0)
+    try:
+        for shard in pump.shards:
+            assert await pump._renew(shard)
+        pump.start()
+        server.kill()
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(pump.stop(), 30)
+        took = asyncio.get_running_loop().time() - started
+        assert took < 3, f"stopping took {took:.1f} s with {len(pump.shards)} shards led"
+        assert not pump.leading
+    finally:
+        server.kill()
+        await close_client(client)

@@ -34,6 +34,7 @@ from cluster_dq.pump import Pump
 from cluster_dq.service import Service, _consume_across
 from cluster_dq.settings import Settings
 from tests.support import ADMIN_AUTH, serve
+from tests.support.run import by_tier
 
 
 @pytest.fixture
@@ -438,7 +439,9 @@ def _queue_series(text: str, ns: str) -> dict[str, int]:
 def test_per_queue_metric_series_are_capped(
     redis_server: Server, standalone_redis: redis.Redis
 ) -> None:
-    cap, invented = 100, 2_000
+    # ten times the cap in queues (the long run: 2,000 over a cap of 100)
+    cap = by_tier(30, 100)
+    invented = 10 * cap
     svc = serve(
         redis_server.pool_settings(),
         CLUSTER_DQ_METRICSMAXQUEUES=str(cap),
