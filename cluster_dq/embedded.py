@@ -68,7 +68,7 @@ class Instance:
         os.replace(tmp, self.path)
 
     def forget(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ConfigError):  # never recorded: a state dir refused
             self.path.unlink()
         fd = _held.pop(self.pid, None)
         if fd is not None:
@@ -97,6 +97,7 @@ def _alive(path: Path) -> Instance | None:
 def start(settings: Settings) -> tuple[Settings, RedisServer]:
     """A local redis-server (AOF on, in a temporary directory) on ``EmbeddedRedisPort``, or on
     a free loopback port; the settings with it as the default pool."""
+    state_dir()  # refused before a Redis is started, not after
     port = settings.EmbeddedRedisPort
     if port and not port_free(port):
         raise ConfigError(f"EmbeddedRedisPort: 127.0.0.1:{port} is in use")

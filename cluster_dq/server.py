@@ -410,10 +410,12 @@ def run(settings: Settings, on_ready: object = None) -> int:
             sock.close()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
-        if instance is not None:
-            instance.forget()
-        if redis is not None:
-            redis.kill(signal.SIGTERM)
+        try:
+            if instance is not None:
+                instance.forget()
+        finally:
+            if redis is not None:
+                redis.kill(signal.SIGTERM)
     return 1 if failed else 0
 
 
