@@ -46,7 +46,7 @@ WAIT_S = 10
 
 
 @pytest.fixture(scope="module")
-def served(redis_server: Server) -> Iterator[ServiceProcess]:
+def own_service(redis_server: Server) -> Iterator[ServiceProcess]:
     redis_server.client().flushall()  # before the service's pump takes its leases
     svc = serve(redis_server.pool_settings())
     yield svc
@@ -54,12 +54,12 @@ def served(redis_server: Server) -> Iterator[ServiceProcess]:
 
 
 @pytest.fixture(scope="module")
-def api(served: ServiceProcess) -> Iterator[httpx.Client]:
+def api(own_service: ServiceProcess) -> Iterator[httpx.Client]:
     """The data API as a worker sees it, with a token of ``NS``."""
     token = httpx.post(
-        f"{served.admin}/token/{NS}", params={"description": "browser"}, auth=ADMIN_AUTH
+        f"{own_service.admin}/token/{NS}", params={"description": "browser"}, auth=ADMIN_AUTH
     ).json()["token"]
-    with httpx.Client(base_url=served.base, headers={"X-Token": token}, timeout=30) as client:
+    with httpx.Client(base_url=own_service.base, headers={"X-Token": token}, timeout=30) as client:
         yield client
 
 
@@ -136,9 +136,9 @@ class Page:
 
 
 def test_a_job_clicked_through_its_life(
-    served: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
+    own_service: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
 ) -> None:
-    page = Page(browser, served.admin)
+    page = Page(browser, own_service.admin)
     page.open(f"/queue/{NS}/{Q}")
     shot(browser, "queue-empty")
 
@@ -185,9 +185,9 @@ def test_a_job_clicked_through_its_life(
 
 
 def test_a_race_with_the_page_is_told_in_the_flash(
-    served: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
+    own_service: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
 ) -> None:
-    page = Page(browser, served.admin)
+    page = Page(browser, own_service.admin)
     jid = api.put(f"/api/{NS}/{Q}", content=b"raced").json()["job_id"]
     page.open(f"/job/{NS}/{Q}/{jid}")
     assert page.find("#job-state").get_attribute("data-state") == "ready"
@@ -203,11 +203,11 @@ def test_a_race_with_the_page_is_told_in_the_flash(
 
 
 def test_times_stay_utc_in_a_browser_of_another_zone(
-    served: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
+    own_service: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
 ) -> None:
     """The page's script rewrote every time into the browser's zone, with no zone shown, while
     the purge form took UTC: in Tokyo a time copied from a page named another moment."""
-    page = Page(browser, served.admin)
+    page = Page(browser, own_service.admin)
     jid = api.put(f"/api/{NS}/{Q}", params={"delay": 3600}, content=b"later").json()["job_id"]
     browser.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Tokyo"})
     try:
@@ -225,11 +225,11 @@ def test_times_stay_utc_in_a_browser_of_another_zone(
 
 
 def test_pause_resume_and_live_numbers(
-    served: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
+    own_service: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
 ) -> None:
     # a queue pauses once it exists (a typo's pause is a 404): one delayed job makes it known
     api.put(f"/api/{NS}/{Q}", params={"delay": 3600}, content=b"known")
-    page = Page(browser, served.admin)
+    page = Page(browser, own_service.admin)
     page.open(f"/queue/{NS}/{Q}")
     page.find("#pause-form button").click()
     page.flash()
@@ -253,9 +253,9 @@ def test_pause_resume_and_live_numbers(
 
 
 def test_the_delay_timeline_and_a_bins_reschedule(
-    served: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
+    own_service: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
 ) -> None:
-    page = Page(browser, served.admin)
+    page = Page(browser, own_service.admin)
     jid = api.put(f"/api/{NS}/{Q}", params={"delay": 7200}, content=b"later").json()["job_id"]
     due = id_due_ms_of_text(jid) or 0
     page.open(f"/queue/{NS}/{Q}")
@@ -291,11 +291,11 @@ def test_the_delay_timeline_and_a_bins_reschedule(
 
 
 def test_the_charts_follow_deliveries_and_redeliveries(
-    served: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
+    own_service: ServiceProcess, api: httpx.Client, browser: WebDriver, shot: Any
 ) -> None:
     """The queue page's charts: a first delivery, its ttr running out and a redelivery appear
     in the next sample (one every 5 s), with no reload."""
-    page = Page(browser, served.admin)
+    page = Page(browser, own_service.admin)
     q = "charted"
     page.open(f"/queue/{NS}/{q}")
     page.wait(lambda: page.all("#charts"), "the charts fragment")
@@ -320,12 +320,12 @@ def test_the_charts_follow_deliveries_and_redeliveries(
 
 
 def test_a_panel_that_fails_shows_the_reason_not_a_page_inside_the_page(
-    served: ServiceProcess, browser: WebDriver, shot: Any
+    own_service: ServiceProcess, browser: WebDriver, shot: Any
 ) -> None:
     """A fragment answered with an error page (here a 400: a bad queue name) was put into the
     panel whole, with its nav bar and scripts: a page inside the page. The panel now says
     why, as text, and keeps the page's own nav the only one."""
-    page = Page(browser, served.admin)
+    page = Page(browser, own_service.admin)
     page.open(f"/queue/{NS}/{Q}")
     page.wait(lambda: page.all("#charts"), "the charts fragment")
     browser.execute_script(

@@ -30,7 +30,7 @@ MB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def served(redis_server: Server) -> Iterator[tuple[str, str, Path]]:
+def own_service(redis_server: Server) -> Iterator[tuple[str, str, Path]]:
     """One service for the module; its stderr (the log) kept to look for tracebacks."""
     log = Path(tempfile.mkstemp(prefix="dq-edges-", suffix=".log")[1])
     with log.open("wb") as out:
@@ -42,30 +42,30 @@ def served(redis_server: Server) -> Iterator[tuple[str, str, Path]]:
 
 
 @pytest.fixture
-def token(served: tuple[str, str, Path], standalone_redis: redis.Redis) -> str:
-    r = httpx.post(f"{served[1]}/token/ns", params={"description": "edges"}, auth=ADMIN_AUTH)
+def token(own_service: tuple[str, str, Path], standalone_redis: redis.Redis) -> str:
+    r = httpx.post(f"{own_service[1]}/token/ns", params={"description": "edges"}, auth=ADMIN_AUTH)
     assert r.status_code == 201
     return str(r.json()["token"])
 
 
 @pytest.fixture
-def api(served: tuple[str, str, Path], token: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=served[0], headers={"X-Token": token}, timeout=30) as client:
+def api(own_service: tuple[str, str, Path], token: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=own_service[0], headers={"X-Token": token}, timeout=30) as client:
         yield client
 
 
 @pytest.fixture
-def admin(served: tuple[str, str, Path]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=served[1], auth=ADMIN_AUTH, timeout=10) as client:
+def admin(own_service: tuple[str, str, Path]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=own_service[1], auth=ADMIN_AUTH, timeout=10) as client:
         yield client
 
 
 @pytest.fixture
-def no_traceback(served: tuple[str, str, Path]) -> Iterator[None]:
+def no_traceback(own_service: tuple[str, str, Path]) -> Iterator[None]:
     """The test's requests log no traceback (only what the log gained during the test)."""
-    start = served[2].stat().st_size
+    start = own_service[2].stat().st_size
     yield
-    with served[2].open("rb") as f:
+    with own_service[2].open("rb") as f:
         f.seek(start)
         text = f.read().decode(errors="replace")
     assert "Traceback" not in text, text[-3000:]
@@ -129,8 +129,8 @@ async def test_token_cache_is_bounded_in_entries_and_bytes(
 
 
 @pytest.mark.usefixtures("no_traceback")
-def test_huge_or_malformed_token_is_401_over_http(served: tuple[str, str, Path]) -> None:
-    base = served[0]
+def test_huge_or_malformed_token_is_401_over_http(own_service: tuple[str, str, Path]) -> None:
+    base = own_service[0]
     for bad in ("x" * 10_000, "tok%0A", "a:b:c", "-" * 65):
         r = httpx.get(
             f"{base}/api/ns/q",
@@ -180,7 +180,7 @@ async def test_body_is_not_read_before_the_token_is_checked(
 @pytest.mark.parametrize("path", ["/api/ns/q", "/api/ns/q/bulk"])
 @pytest.mark.parametrize("chunked", [False, True])
 def test_30mb_unauthenticated_body_answers_401_to_a_real_client(
-    served: tuple[str, str, Path], path: str, chunked: bool
+    own_service: tuple[str, str, Path], path: str, chunked: bool
 ) -> None:
     data = b"[" + b"x" * (30 * MB)
 
@@ -189,7 +189,7 @@ def test_30mb_unauthenticated_body_answers_401_to_a_real_client(
             yield data[i : i + MB]
 
     for headers in ({"X-Token": "junk-token-000000000000"}, {}):
-        with httpx.Client(base_url=served[0], timeout=30) as client:
+        with httpx.Client(base_url=own_service[0], timeout=30) as client:
             r = client.put(path, content=gen() if chunked else data, headers=headers)
             assert r.status_code == 401, r.text  # the answer, not a reset connection
             assert r.json()["error"] in ("invalid token", "token not found")
@@ -215,7 +215,7 @@ def test_30mb_unauthenticated_body_answers_401_to_a_real_client(
 )
 @pytest.mark.usefixtures("no_traceback")
 def test_bad_limit_is_400_naming_the_field(
-    served: tuple[str, str, Path],
+    own_service: tuple[str, str, Path],
     admin: httpx.Client,
     token: str,
     body: dict[str, object],
@@ -304,7 +304,7 @@ def test_republish_counts_as_a_write(api: httpx.Client, admin: httpx.Client, tok
 )
 @pytest.mark.usefixtures("no_traceback")
 def test_non_ascii_or_huge_numbers_are_400(
-    served: tuple[str, str, Path], api: httpx.Client, query: str, field: str
+    own_service: tuple[str, str, Path], api: httpx.Client, query: str, field: str
 ) -> None:
     r = api.put(f"/api/ns/q?{query}", content=b"x")
     assert r.status_code == 400, r.text
@@ -313,7 +313,7 @@ def test_non_ascii_or_huge_numbers_are_400(
 
 
 @pytest.mark.usefixtures("no_traceback")
-def test_bad_request_id_is_replaced(served: tuple[str, str, Path], api: httpx.Client) -> None:
+def test_bad_request_id_is_replaced(own_service: tuple[str, str, Path], api: httpx.Client) -> None:
     for rid in (b"abc\xffdef", b"\xc3\xa9t\xc3\xa9", b"with space", b"x" * 65):
         r = api.get("/api/ns/q/size", headers={"X-Request-ID": rid})
         assert r.status_code == 200
@@ -324,8 +324,8 @@ def test_bad_request_id_is_replaced(served: tuple[str, str, Path], api: httpx.Cl
 
 
 @pytest.mark.usefixtures("no_traceback")
-def test_non_ascii_basic_auth_is_401(served: tuple[str, str, Path]) -> None:
-    admin = served[1]
+def test_non_ascii_basic_auth_is_401(own_service: tuple[str, str, Path]) -> None:
+    admin = own_service[1]
     for user, password in (("admin", "pässwörd"), ("ädmin", "s3cret"), ("admin", "s3cret\xff")):
         blob = base64.b64encode(f"{user}:{password}".encode()).decode()
         r = httpx.get(f"{admin}/token/ns", headers={"Authorization": f"Basic {blob}"})

@@ -567,15 +567,15 @@ def test_settings_parse_or_refuse_never_crash(body: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(deployment: Deployment) -> Iterator[tuple[str, str]]:
+def own_service(deployment: Deployment) -> Iterator[tuple[str, str]]:
     svc = serve(deployment.pool_settings(), CLUSTER_DQ_QUEUESETTINGSCACHESECOND="0")
     yield svc.base, svc.admin
     svc.stop(timeout=20)
 
 
 @pytest.fixture
-def http(served: tuple[str, str], sync_redis: redis.Redis) -> Iterator[httpx.Client]:
-    base, admin = served  # the token after sync_redis flushed the deployment
+def http(own_service: tuple[str, str], sync_redis: redis.Redis) -> Iterator[httpx.Client]:
+    base, admin = own_service  # the token after sync_redis flushed the deployment
     token = httpx.post(
         f"{admin}/token/ctl", params={"description": "test"}, auth=ADMIN_AUTH
     ).json()["token"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from cluster_dq.errors import ConfigError
 from cluster_dq.http import hosts
@@ -37,9 +38,10 @@ def worker_pids(svc: ServiceProcess) -> list[int]:
 # -- (21) every uvicorn log line once ---------------------------------------------------------
 
 
-def test_no_log_line_is_written_twice(redis_server: Server) -> None:
+def test_no_log_line_is_written_twice(redis_server: Server, standalone_redis: redis.Redis) -> None:
     """Each worker serves two ports with two uvicorn servers: their start and stop lines were
-    both written ("Started server process [pid]" twice, "Shutting down" twice, ...)."""
+    both written ("Started server process [pid]" twice, "Shutting down" twice, ...). On a
+    flushed Redis: another test's schedule would be fired and logged here."""
     log = Path(tempfile.mkstemp(prefix="dq-edge-log-", suffix=".log")[1])
     try:
         svc = serve(
@@ -103,7 +105,7 @@ def rss_kib(pid: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def served(redis_server: Server) -> Iterator[ServiceProcess]:
+def own_service(redis_server: Server) -> Iterator[ServiceProcess]:
     """One service for the module, one worker, default settings."""
     svc = serve(f"127.0.0.1:{redis_server.port}", CLUSTER_DQ_WORKERS="1")
     yield svc
@@ -113,10 +115,10 @@ def served(redis_server: Server) -> Iterator[ServiceProcess]:
 # -- (3) one header field bounded before it is buffered ---------------------------------------
 
 
-def test_a_huge_header_field_is_refused_after_little_data(served: ServiceProcess) -> None:
+def test_a_huge_header_field_is_refused_after_little_data(own_service: ServiceProcess) -> None:
     """httptools buffers a header name or value across reads and hands it over only when it
     is complete: the 64 KiB check came after the whole field (32 MiB: 1.8 s of CPU)."""
-    sock = connect(served.base)
+    sock = connect(own_service.base)
     with sock:
         sock.sendall(b"GET /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Huge: ")
         sent, chunk = 0, b"a" * 16384
@@ -134,12 +136,12 @@ def test_a_huge_header_field_is_refused_after_little_data(served: ServiceProcess
     assert sent <= 256 * 1024  # refused soon after 64 KiB, not at the end of the field
 
 
-def test_a_huge_trailer_field_is_cut_after_little_data(served: ServiceProcess) -> None:
+def test_a_huge_trailer_field_is_cut_after_little_data(own_service: ServiceProcess) -> None:
     """A chunked body's trailer fields are headers too, buffered the same way by httptools,
     after the head: 16 MiB of one trailer field were read (and held) whole."""
-    (worker,) = worker_pids(served)
+    (worker,) = worker_pids(own_service)
     before = rss_kib(worker)
-    with connect(served.base) as sock:
+    with connect(own_service.base) as sock:
         sock.sendall(
             b"PUT /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: junk-token-0000000000\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: "
@@ -157,12 +159,12 @@ def test_a_huge_trailer_field_is_cut_after_little_data(served: ServiceProcess) -
     assert grown < 8 * 1024, f"worker RSS grew by {grown} KiB"
 
 
-def test_unfinished_huge_headers_do_not_grow_the_worker(served: ServiceProcess) -> None:
+def test_unfinished_huge_headers_do_not_grow_the_worker(own_service: ServiceProcess) -> None:
     """Four unfinished 16 MiB header fields held +80 MiB in the worker."""
-    (worker,) = worker_pids(served)
-    assert httpx.get(f"{served.base}/healthz").status_code in (200, 404)
+    (worker,) = worker_pids(own_service)
+    assert httpx.get(f"{own_service.base}/healthz").status_code in (200, 404)
     before = rss_kib(worker)
-    socks = [connect(served.base) for _ in range(4)]
+    socks = [connect(own_service.base) for _ in range(4)]
     try:
         for sock in socks:
             sock.sendall(b"PUT /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Huge: ")
@@ -185,8 +187,8 @@ REBIND = "rebind.attacker.example"
 
 
 @pytest.fixture(scope="module")
-def token(served: ServiceProcess) -> str:
-    r = httpx.post(f"{served.admin}/token/edge", params={"description": "x"}, auth=ADMIN_AUTH)
+def token(own_service: ServiceProcess) -> str:
+    r = httpx.post(f"{own_service.admin}/token/edge", params={"description": "x"}, auth=ADMIN_AUTH)
     assert r.status_code == 201
     return str(r.json()["token"])
 
@@ -196,46 +198,48 @@ def refused_host(r: httpx.Response) -> bool:
 
 
 def test_a_foreign_host_is_refused_on_the_data_port_hot_paths_included(
-    served: ServiceProcess, token: str
+    own_service: ServiceProcess, token: str
 ) -> None:
     """DNS rebinding: a page whose name now points at 127.0.0.1 sends its own Host."""
-    headers = {"X-Token": token, "Host": f"{REBIND}:{served.port}"}
-    r = httpx.put(f"{served.base}/api/edge/q", content=b"x", headers=headers)
+    headers = {"X-Token": token, "Host": f"{REBIND}:{own_service.port}"}
+    r = httpx.put(f"{own_service.base}/api/edge/q", content=b"x", headers=headers)
     assert refused_host(r), r.text  # publish: a hot path, past Starlette's router
-    assert refused_host(httpx.get(f"{served.base}/api/edge/q", headers=headers))  # consume
-    r = httpx.delete(f"{served.base}/api/edge/q/job/01M8DSGZ1K27127VBJD3RMCRF0", headers=headers)
+    assert refused_host(httpx.get(f"{own_service.base}/api/edge/q", headers=headers))  # consume
+    r = httpx.delete(
+        f"{own_service.base}/api/edge/q/job/01M8DSGZ1K27127VBJD3RMCRF0", headers=headers
+    )
     assert refused_host(r)  # ack
-    assert refused_host(httpx.get(f"{served.base}/api/edge/q/size", headers=headers))  # routed
+    assert refused_host(httpx.get(f"{own_service.base}/api/edge/q/size", headers=headers))  # routed
     # nothing was published: the same requests with this server's name work
-    r = httpx.get(f"{served.base}/api/edge/q/size", headers={"X-Token": token})
+    r = httpx.get(f"{own_service.base}/api/edge/q/size", headers={"X-Token": token})
     assert r.status_code == 200 and r.json()["size"] == 0, r.text
 
 
 def test_a_foreign_host_is_refused_on_the_admin_port_and_the_dashboard(
-    served: ServiceProcess,
+    own_service: ServiceProcess,
 ) -> None:
-    host = {"Host": f"{REBIND}:{served.admin_port}"}
-    assert refused_host(httpx.get(f"{served.admin}/token/shop", headers=host, auth=ADMIN_AUTH))
-    assert refused_host(httpx.get(f"{served.admin}/ui/", headers=host, auth=ADMIN_AUTH))
+    host = {"Host": f"{REBIND}:{own_service.admin_port}"}
+    assert refused_host(httpx.get(f"{own_service.admin}/token/shop", headers=host, auth=ADMIN_AUTH))
+    assert refused_host(httpx.get(f"{own_service.admin}/ui/", headers=host, auth=ADMIN_AUTH))
     # the dashboard's CSRF check compared Origin with this Host: same "origin", so it passed
-    assert refused_host(httpx.get(f"{served.admin}/ui/tokens", headers=host, auth=ADMIN_AUTH))
+    assert refused_host(httpx.get(f"{own_service.admin}/ui/tokens", headers=host, auth=ADMIN_AUTH))
     r = httpx.post(
-        f"{served.admin}/ui/tokens/shop/create",
-        headers={**host, "Origin": f"http://{REBIND}:{served.admin_port}"},
+        f"{own_service.admin}/ui/tokens/shop/create",
+        headers={**host, "Origin": f"http://{REBIND}:{own_service.admin_port}"},
         data={"namespace": "shop"},
         auth=ADMIN_AUTH,
     )
     assert refused_host(r)
-    assert httpx.get(f"{served.admin}/token/shop", auth=ADMIN_AUTH).status_code == 200
+    assert httpx.get(f"{own_service.admin}/token/shop", auth=ADMIN_AUTH).status_code == 200
 
 
 @pytest.mark.parametrize(
     "host", ["localhost", "LocalHost", "127.0.0.1", "[::1]", "localhost.", "127.0.0.1:{port}"]
 )
 def test_the_loopback_names_with_or_without_a_port_are_served(
-    served: ServiceProcess, host: str
+    own_service: ServiceProcess, host: str
 ) -> None:
-    for port in (served.port, served.admin_port):
+    for port in (own_service.port, own_service.admin_port):
         name = host.format(port=port)
         for value in (name, f"{name}:{port}") if "{" not in host else (name,):
             r = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"Host": value})
@@ -246,21 +250,23 @@ def test_the_loopback_names_with_or_without_a_port_are_served(
     "value",
     [b"", b"localhost:x", b"localhost:1:2", b"[::1", b"[::1]x", b"127.0.0.1.evil", b"evil:7777"],
 )
-def test_a_malformed_or_foreign_host_value_is_refused(served: ServiceProcess, value: bytes) -> None:
-    with connect(served.admin) as sock:
+def test_a_malformed_or_foreign_host_value_is_refused(
+    own_service: ServiceProcess, value: bytes
+) -> None:
+    with connect(own_service.admin) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: " + value + b"\r\n\r\n")
         answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 400 ") and b"Host" in answer, answer
 
 
 def test_a_pipelined_foreign_host_does_not_take_the_answer_of_the_request_before_it(
-    served: ServiceProcess, token: str
+    own_service: ServiceProcess, token: str
 ) -> None:
     """Two requests in one write, the second with a foreign Host: the refusal was written at
     once, before the first request's answer, which was lost, so a publish that was done (17
     times in 20) was answered 400 "nothing was done" (a client repeats it: published twice)."""
     head = f"PUT /api/edge/pipelined HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: {token}\r\n"
-    with connect(served.base) as sock:
+    with connect(own_service.base) as sock:
         sock.sendall(
             head.encode() + b"Content-Length: 1\r\n\r\nx"
             b"GET /healthz HTTP/1.1\r\nHost: " + REBIND.encode() + b"\r\n\r\n"
@@ -269,20 +275,20 @@ def test_a_pipelined_foreign_host_does_not_take_the_answer_of_the_request_before
     first, _, second = answer.partition(b"HTTP/1.1 400 ")
     assert first.startswith(b"HTTP/1.1 201 ") and b"job_id" in first, answer
     assert b"Host not allowed" in second, answer
-    r = httpx.get(f"{served.base}/api/edge/pipelined/size", headers={"X-Token": token})
+    r = httpx.get(f"{own_service.base}/api/edge/pipelined/size", headers={"X-Token": token})
     assert r.json()["size"] == 1, r.text
 
 
-def test_a_missing_or_doubled_host_is_refused_in_http_1_1(served: ServiceProcess) -> None:
+def test_a_missing_or_doubled_host_is_refused_in_http_1_1(own_service: ServiceProcess) -> None:
     for head in (
         b"GET /healthz HTTP/1.1\r\n\r\n",
         b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: " + REBIND.encode() + b"\r\n\r\n",
     ):
-        with connect(served.admin) as sock:
+        with connect(own_service.admin) as sock:
             sock.sendall(head)
             answer = read_until_closed(sock)
         assert answer.startswith(b"HTTP/1.1 400 ") and b"Host" in answer, answer
-    with connect(served.admin) as sock:  # HTTP/1.0 has no Host; browsers always send one
+    with connect(own_service.admin) as sock:  # HTTP/1.0 has no Host; browsers always send one
         sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
         assert read_until_closed(sock).startswith(b"HTTP/1.1 200 ")
 

@@ -29,7 +29,7 @@ NS = "lim"
 
 
 @pytest.fixture(scope="module")
-def served(deployment: Deployment) -> Iterator[tuple[str, str]]:
+def own_service(deployment: Deployment) -> Iterator[tuple[str, str]]:
     svc = serve(deployment.pool_settings(), CLUSTER_DQ_QUEUESETTINGSCACHESECOND="0")
     yield svc.base, svc.admin
     svc.stop(timeout=20)
@@ -54,10 +54,10 @@ def set_limit(admin: str, token: str, write: int, read: int = 0) -> None:
 
 @pytest.fixture
 def clients(
-    served: tuple[str, str], sync_redis: redis.Redis
+    own_service: tuple[str, str], sync_redis: redis.Redis
 ) -> Iterator[tuple[httpx.Client, httpx.Client]]:
     """(an operator's token without a limit, a producer's token with write limit 1/hour)."""
-    base, admin = served
+    base, admin = own_service
     free, limited = new_token(admin), new_token(admin)
     set_limit(admin, limited, write=1)
     with (
@@ -135,7 +135,7 @@ def test_a_token_at_its_write_limit_gets_429_on_every_verb_that_changes_a_queue(
 
 
 def test_a_refused_or_failed_operator_verb_spends_no_write(
-    clients: tuple[httpx.Client, httpx.Client], served: tuple[str, str]
+    clients: tuple[httpx.Client, httpx.Client], own_service: tuple[str, str]
 ) -> None:
     """As with a publish, only a verb that succeeds is counted: a bad request, or a kick of a
     job that is not dead, gives its unit back."""
@@ -175,13 +175,13 @@ def test_a_token_with_a_write_limit_cannot_create_or_resume_a_schedule(
 
 
 def test_a_failed_write_gives_its_unit_back_to_its_own_window_only(
-    served: tuple[str, str], sync_redis: redis.Redis
+    own_service: tuple[str, str], sync_redis: redis.Redis
 ) -> None:
     """A write that fails is refunded, but only to the window that counted it: one that
     fails after its window ended (a body sent slowly, then refused) gives nothing to the
     next window. Before, the refund took a unit off whatever counter was there then, so
     requests held open across windows bought writes past the limit."""
-    base, admin = served
+    base, admin = own_service
     token = new_token(admin)
     r = httpx.post(
         f"{admin}/token/{NS}/{token}/limit",

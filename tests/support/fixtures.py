@@ -1,10 +1,11 @@
-"""Fixtures more than one test folder uses: a service per module and topology, a
-data-port client holding a fresh token of namespace ``ns`` (Redis flushed first), and an admin
-client. Registered for every test by ``tests/conftest.py``."""
+"""Fixtures more than one test folder uses: a shared service per topology (running only
+while the tests that use it run), a data-port client holding a fresh token of namespace
+``ns`` (Redis flushed first), and an admin client. Registered for every test by
+``tests/conftest.py``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -17,27 +18,56 @@ from tests.support import ADMIN_AUTH, Deployment, serve
 from tests.support.clients import close, make, new_token
 
 
-@pytest.fixture(scope="module")
-def served(deployment: Deployment) -> Iterator[ServiceProcess]:
-    """One ``cluster-dq serve`` per module and topology, with the suite's settings (an admin
-    account, a 1 s token cache), for every fixture of the module that needs no settings of its
-    own. Each test that uses it starts from a flushed Redis (``sync_redis``).
+# -- the shared service: one per worker, running only while the tests that use it run --------
 
-    Not one per session: a service outliving its module keeps its pump and schedule firer
-    running on the Redis that later modules drive with clocks of their own (a schedule test at
-    a fixed 2026 instant saw the service fire its occurrences at today's time)."""
-    svc = serve(deployment.pool_settings())
-    yield svc
-    svc.stop(timeout=20)
+_running: dict[int, ServiceProcess] = {}  # the deployment's id -> its shared service
 
 
-@pytest.fixture(scope="module")
-def solo_served(redis_server: Server) -> Iterator[ServiceProcess]:
-    """The same on the standalone server, for suites about the service itself or a client's
-    own logic, which do not depend on the topology (``standalone_redis`` flushes it)."""
-    svc = serve(redis_server.pool_settings())
-    yield svc
-    svc.stop(timeout=20)
+def _shared(target: Deployment, start: Callable[[], ServiceProcess]) -> ServiceProcess:
+    svc = _running.get(id(target))
+    if svc is not None and svc.proc.poll() is None:
+        return svc
+    _stop_shared()
+    _running[id(target)] = svc = start()
+    return svc
+
+
+def _stop_shared() -> None:
+    while _running:
+        _running.popitem()[1].stop(timeout=20)
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_service_behind(request: pytest.FixtureRequest) -> None:
+    """A test that does not use the shared service has none running behind it: its pump and
+    schedule firer would act on the Redis that the test drives with pumps, firers and clocks
+    of its own (a schedule test at a test clock saw the service's firer fire the occurrences
+    at today's time, and the service's pump took the shards from the test's)."""
+    if not {"served", "solo_served"} & set(request.fixturenames):
+        _stop_shared()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_services_stopped() -> Iterator[None]:
+    yield
+    _stop_shared()
+
+
+@pytest.fixture
+def served(deployment: Deployment) -> ServiceProcess:
+    """``cluster-dq serve`` with the suite's settings (an admin account, a 1 s token cache) on
+    the test's topology, shared by the tests that use it one after the other (across modules);
+    stopped as soon as a test that does not use it comes. Each test that uses it starts from a
+    flushed Redis (``sync_redis``)."""
+    return _shared(deployment, lambda: serve(deployment.pool_settings()))
+
+
+@pytest.fixture
+def solo_served(redis_server: Server) -> ServiceProcess:
+    """The same on the standalone server (the same service as ``served`` there), for suites
+    about the service itself or a client's own logic, which do not depend on the topology
+    (``standalone_redis`` flushes it)."""
+    return _shared(redis_server, lambda: serve(redis_server.pool_settings()))
 
 
 @pytest.fixture

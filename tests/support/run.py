@@ -187,15 +187,27 @@ def folder(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 else ""
 
 
+SHARED = {"served": None, "solo_served": "standalone"}  # tests/support/fixtures
+
+
 def order_folders(items: list[pytest.Item]) -> None:
-    """Orders the tests: ``LONGEST_FILES``, then by ``FOLDER_ORDER``; a stable sort, so that
-    the groups pytest made by fixture parameters stay (called last, by ``tests/conftest.py``)."""
+    """Orders the tests: ``LONGEST_FILES``, then by ``FOLDER_ORDER``; within a file, those
+    that use the shared service first, by topology (it stops before any other test, and
+    starts again for the next that uses it). A stable sort, so that the groups pytest made by
+    fixture parameters stay (called last, by ``tests/conftest.py``)."""
     first = {name: i for i, name in enumerate(LONGEST_FILES)}
     rank = {name: len(first) + i for i, name in enumerate(FOLDER_ORDER)}
 
-    def place(item: pytest.Item) -> int:
+    def place(item: pytest.Item) -> tuple[int, int, int]:
         path = item.nodeid.split("::")[0]
-        return first.get(path, rank.get(folder(item.nodeid), len(first) + len(rank)))
+        file = first.get(path, rank.get(folder(item.nodeid), len(first) + len(rank)))
+        names = set(getattr(item, "fixturenames", ()))
+        shared = [SHARED[name] for name in SHARED if name in names]
+        if not shared:
+            return file, 1, 0
+        callspec = getattr(item, "callspec", None)
+        on = shared[0] or (callspec.params.get("deployment") if callspec is not None else None)
+        return file, 0, ALL.index(on) if on in ALL else 0
 
     items.sort(key=place)
 
@@ -228,9 +240,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"tests/support/run.py names no such test: {nodeid}")
     topologies = narrowed
     for nodeid in LONG:
-        item = ids.get(nodeid)
-        if item is not None:
-            item.add_marker(pytest.mark.long)
+        named = ids.get(nodeid)
+        if named is not None:
+            named.add_marker(pytest.mark.long)
         elif nodeid.split("::")[0] in files and _whole_files(config):
             topology = nodeid.rsplit("[", 1)[-1].rstrip("]").split("-")[0]
             if topology in ALL and topology not in topologies:
@@ -278,6 +290,8 @@ _started = time.monotonic()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if hasattr(report, "context"):
+        return  # a subtest's (schemathesis: one per operation): counted in its test's time
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
 
 

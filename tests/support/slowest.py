@@ -20,7 +20,7 @@ def report(record: dict[str, object], n: int = 20) -> str:
         by_folder[folder(nodeid) or "(top)"] += s
     lines = [
         f"Tier `{record['tier']}`, topologies {record['topologies']}, {record['workers']} workers:"
-        f" {len(tests)} timed items (tests and subtests), {record['wall_s']:.0f} s of wall time,"
+        f" {len(tests)} tests, {record['wall_s']:.0f} s of wall time,"
         f" {total:.0f} s of test time.",
         "",
         "| folder | tests' time (s) |",
