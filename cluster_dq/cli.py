@@ -334,9 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         s = _settings(args)
         logs.setup(s.LogLevel, s.LogFormat)
         if args.cmd == "serve":
-            from cluster_dq import server
+            from cluster_dq import supervisor
 
-            return server.run(s, on_ready=_banner)
+            return supervisor.run(s, on_ready=_banner)
         if args.cmd == "pipeline" and args.action == "analyze":
             return _pipeline(s, args)
         if s.embedded:  # the Redis of the embedded serve on the named data port, or the only one

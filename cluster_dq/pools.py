@@ -213,7 +213,7 @@ class RedisPool:
     ) -> None:
         """``migrate_to``: the pool this one migrates to (``MigrateTo``), where its pump
         moves the schedules it holds instead of firing them."""
-        # The supervisor checked the Redis settings (server._preflight); a pool that is down
+        # The supervisor checked the Redis settings (supervisor._preflight); a pool that is down
         # now answers 503 and /readyz says so until it is back.
         if isinstance(self.engine.client, RedisCluster):
             try:  # learn the slots once, before 16 pump shards and the first requests race to

@@ -1,6 +1,6 @@
-"""The running service: a supervisor process that holds the ports (and, in embedded mode, a
-local redis-server) and N worker processes, each serving the data and admin ports with
-uvicorn and running its share of the pump (leadership is per shard, via Redis).
+"""A worker process of the running service: it serves the data and admin ports with uvicorn
+and runs its share of the pump (leadership is per shard, via Redis). ``supervisor`` holds
+the ports (and, in embedded mode, a local redis-server) and starts N of them.
 
 Each worker listens on its own SO_REUSEPORT socket, so the kernel spreads new connections
 over the workers evenly. One listening socket shared by all workers does not: the worker
@@ -11,35 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import resource
-import multiprocessing
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import uvicorn
 
-from cluster_dq import embedded, logs, metrics
+from cluster_dq import logs, metrics
 from cluster_dq.engine.commands import EngineConfig
-from cluster_dq.errors import ConfigError
-from cluster_dq.http import hosts
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
 from cluster_dq.http.middleware import AccessLog, SharedFlag
 from cluster_dq.http.protocol import Edge, protocol
 from cluster_dq.lifecycle import LifecycleLog
-from cluster_dq.localredis import Server as RedisServer
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
+from cluster_dq.supervisor import Ports
 
 METRICS_FLUSH_SECONDS = 1.0  # how stale a scrape of another worker's counts may be
 
@@ -220,222 +212,11 @@ def _file_limit(settings: Settings) -> None:
         )
 
 
-def _worker(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
+def work(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
+    """A worker process: serves both ports until SIGTERM/SIGINT (``supervisor`` starts it)."""
     logs.setup(settings.LogLevel, settings.LogFormat)
     _file_limit(settings)
     import uvloop
 
     if not uvloop.run(_serve(settings, ports, access_flag)):
         sys.exit(1)  # the supervisor then exits non-zero: something was cut short
-
-
-REUSE_PORT = hasattr(socket, "SO_REUSEPORT") and os.uname().sysname == "Linux"  # Linux balances
-
-
-def _socket(host: str, port: int, reuse_port: bool) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    return sock
-
-
-@dataclasses.dataclass
-class Ports:
-    """The data and admin addresses, held by the supervisor for its whole life.
-
-    With SO_REUSEPORT the supervisor binds a socket per port without listening on it (it
-    holds the port; a socket that does not listen gets no connections) and every worker
-    binds and listens on its own. A port already in use, even by another process's
-    SO_REUSEPORT sockets, is found first by a plain bind, so two instances configured with
-    the same port fail to start instead of silently sharing it: the supervisor keeps the
-    socket of that bind (SO_REUSEPORT set, SO_REUSEADDR cleared once bound), so the port is
-    never free, nor open to another plain bind, before its workers listen. Without SO_REUSEPORT the
-    supervisor listens and the workers inherit its sockets."""
-
-    data: tuple[str, int]
-    admin: tuple[str, int]
-    shared: list[socket.socket]  # the listening sockets, when the workers share them
-
-    @classmethod
-    def bind(cls, settings: Settings, holders: list[socket.socket]) -> Ports:
-        addresses = []
-        for key, host, port in (
-            ("Port", settings.Host, settings.Port),
-            ("AdminPort", settings.AdminHost, settings.AdminPort),
-        ):
-            try:
-                probe = _socket(host, port, reuse_port=False)
-            except OSError as e:
-                raise ConfigError(
-                    f"{key}: cannot listen on {host}:{port}: {e.strerror or e}"
-                ) from None
-            port = probe.getsockname()[1]
-            if REUSE_PORT:  # kept, never let go: no moment for another instance to bind
-                # SO_REUSEADDR let it bind past a last run's TIME_WAIT; kept on a socket that
-                # does not listen, it would let another instance's plain bind succeed too
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # the workers'
-            else:
-                probe.listen(2048)
-                probe.set_inheritable(True)
-            holders.append(probe)
-            addresses.append((host, port))
-        return cls(addresses[0], addresses[1], [] if REUSE_PORT else list(holders))
-
-    def listeners(self) -> tuple[socket.socket, socket.socket]:
-        """In a worker: its listening sockets for the data and the admin port."""
-        if self.shared:
-            return self.shared[0], self.shared[1]
-        socks = []
-        for host, port in (self.data, self.admin):
-            sock = _socket(host, port, reuse_port=True)
-            sock.listen(2048)
-            socks.append(sock)
-        return socks[0], socks[1]
-
-
-async def _preflight(settings: Settings) -> None:
-    """Refuses to start against an evicting Redis; an unreachable one only warns."""
-    from redis.exceptions import RedisError
-
-    from cluster_dq.pools import check_redis, close_client, make_client
-
-    for name, pool in settings.Pool.items():
-        client = make_client(pool)
-        try:
-            for warning in await check_redis(name, client):
-                log.warning(warning)
-        except (RedisError, OSError) as e:
-            log.error("pool %s unreachable at start-up: %s", name, e)
-        finally:
-            await close_client(client)
-
-
-def run(settings: Settings, on_ready: object = None) -> int:
-    """Supervisor: binds both ports, starts the workers, stops everything on SIGINT/SIGTERM."""
-    redis: RedisServer | None = None
-    instance: embedded.Instance | None = None  # embedded mode: this serve's state file
-    workers: list[multiprocessing.process.BaseProcess] = []
-    metrics_dir: Path | None = None
-    holders: list[socket.socket] = []  # the ports, held until the end
-    stopping: list[int] = []
-    failed = False  # exit status 1: a worker was killed, crashed at the end, or crash-looped
-
-    def on_signal(signum: int, frame: object) -> None:
-        stopping.append(signum)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        if settings.embedded:
-            settings, redis = embedded.start(settings)
-        asyncio.run(_preflight(settings))
-        ports = Ports.bind(settings, holders)
-        if redis is not None:
-            instance = embedded.Instance(
-                os.getpid(), ports.data[1], ports.admin[1], settings.Pool["default"].Addr
-            )
-            instance.record()
-        ctx = multiprocessing.get_context("spawn")
-        # Workers sum their metrics through this directory (prometheus-client multiprocess).
-        metrics_dir = Path(tempfile.mkdtemp(prefix="cluster-dq-metrics-"))
-        os.environ[metrics.MULTIPROC_ENV] = str(metrics_dir)
-        access_flag = ctx.Value("b", settings.EnableAccessLog, lock=False)
-
-        def spawn() -> multiprocessing.process.BaseProcess:
-            w = ctx.Process(target=_worker, args=(settings, ports, access_flag))
-            w.start()
-            return w
-
-        workers = [spawn() for _ in range(settings.Workers)]
-        log.info(
-            "serving",
-            extra={
-                "data": f"http://{settings.Host}:{ports.data[1]}",
-                "admin": f"http://{settings.AdminHost}:{ports.admin[1]}",
-                "workers": settings.Workers,
-            },
-        )
-        if (warning := hosts.start_warning(settings)) is not None:
-            log.warning(warning)
-        if callable(on_ready):
-            try:
-                on_ready(settings, ports.data[1], ports.admin[1], redis is not None)
-            except Exception:  # a banner must never take the service down
-                log.exception("start-up banner failed")
-        restarts: list[float] = []  # when workers were restarted (a crash loop gives up)
-        while not stopping:
-            signal.sigtimedwait({signal.SIGCHLD}, 1.0)
-            for i, w in enumerate(workers):
-                if w.is_alive() or stopping:
-                    continue
-                now = time.monotonic()
-                restarts = [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
-                if len(restarts) > MAX_RESTARTS:
-                    log.error(
-                        "worker (pid %s) %s; %d restarts within %d s: stopping the instance",
-                        w.pid,
-                        _exit_status(w.exitcode),
-                        MAX_RESTARTS,
-                        RESTART_WINDOW_S,
-                    )
-                    failed = True
-                    stopping.append(0)
-                    break
-                log.error("worker (pid %s) %s; restarting it", w.pid, _exit_status(w.exitcode))
-                _forget_worker(metrics_dir, w.pid)
-                workers[i] = spawn()
-    finally:
-        for w in workers:
-            if w.pid and w.is_alive():
-                os.kill(w.pid, signal.SIGTERM)
-        deadline = time.monotonic() + settings.ShutdownGraceSecond + SUPERVISOR_EXTRA_S
-        for w in workers:
-            w.join(timeout=max(deadline - time.monotonic(), 0.1))
-            if w.is_alive():
-                log.error(
-                    "worker (pid %s) still running after %.0f s: killed",
-                    w.pid,
-                    settings.ShutdownGraceSecond + SUPERVISOR_EXTRA_S,
-                )
-                w.kill()
-                w.join()
-                failed = True
-            elif w.exitcode:
-                log.error("worker (pid %s) %s", w.pid, _exit_status(w.exitcode))
-                failed = True
-        for sock in holders:
-            sock.close()
-        if metrics_dir is not None:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-        try:
-            if instance is not None:
-                instance.forget()
-        finally:
-            if redis is not None:
-                redis.kill(signal.SIGTERM)
-    return 1 if failed else 0
-
-
-MAX_RESTARTS = 5  # worker restarts within RESTART_WINDOW_S before the instance gives up
-RESTART_WINDOW_S = 60
-SUPERVISOR_EXTRA_S = 15  # beyond a worker's grace: pumps stopped, jobs given back, flushed
-
-
-def _exit_status(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:  # a real-time signal has no name
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-def _forget_worker(metrics_dir: Path | None, pid: int | None) -> None:
-    """A dead worker's live gauges (pump leadership) must not be summed any more."""
-    if metrics_dir is not None and pid is not None:
-        from prometheus_client.multiprocess import mark_process_dead
-
-        mark_process_dead(pid, str(metrics_dir))  # type: ignore[no-untyped-call]
