@@ -30,6 +30,7 @@ from tests.support import Deployment
 from cluster_dq.testing.invariants import check_queue, queue_keys
 
 from tests.support import ROOT
+from tests.support.run import by_tier
 
 
 async def test_one_leader_per_shard_and_takeover(
@@ -354,6 +355,7 @@ async def test_many_consumers_random_delays_ttrs_and_tries(
     holds nothing of them at the end."""
     rng = random.Random(7)
     ns, q, ttr, n = "g", "q", 400, 10_000
+    far = by_tier(5_000, 15_000)  # 5 % of the jobs due long after the rest (long run: 15 s)
     ledger = Ledger()
     pump = Pump(engine, poll_ms=100)
     hub = WaiterHub(engine)
@@ -364,7 +366,11 @@ async def test_many_consumers_random_delays_ttrs_and_tries(
         for _ in range(start, min(start + 64, n)):
             r = rng.random()
             delay = (
-                0 if r < 0.2 else rng.randint(1, 3_000) if r < 0.95 else rng.randint(15_000, 17_000)
+                0
+                if r < 0.2
+                else rng.randint(1, 3_000)
+                if r < 0.95
+                else rng.randint(far, far + 2_000)
             )
             specs.append(JobSpec(os.urandom(16), delay_ms=delay, ttl_ms=0, tries=rng.randint(1, 3)))
         now = now_ms()
