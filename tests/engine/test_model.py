@@ -18,7 +18,8 @@ and last error are one of
 the outcomes the model allows, the sizes are exact, and cluster_dq/testing/invariants.py::check_queue holds.
 At the end everything is deleted and nothing but the expiring acked-ids memory may remain.
 
-Default (CI): bounded, standalone, ~60-90 s. A long run (e.g. 30 min, both topologies)::
+The default run: bounded, standalone, ~60 s; the long run: 5x the examples, standalone and
+a Cluster. Longer still (e.g. 30 min, both topologies)::
 
     DQ_MODEL_EXAMPLES=3000 DQ_MODEL_STEPS=80 DQ_MODEL_TOPOLOGY=standalone \
         .venv/bin/python -m pytest tests/engine/test_model.py -x -q -s
@@ -75,13 +76,20 @@ from cluster_dq.settings import load
 from tests.support import flush
 from cluster_dq.testing.invariants import check_queue, queue_keys
 from tests.support.model_ref import DEAD, DELAYED, READY, RESERVED, Key, Mismatch, MJob, Model
-from tests.support.run import examples
+from tests.support.run import TIER, examples
 
 NS = "m"
 QUEUES = ("a", "b")
 EXAMPLES = int(os.environ.get("DQ_MODEL_EXAMPLES") or examples(150))  # at the tier's size
 STEPS = int(os.environ.get("DQ_MODEL_STEPS", "40"))
-TOPOLOGY = os.environ.get("DQ_MODEL_TOPOLOGY", "standalone")
+# standalone in the default run; the long run adds a Cluster (DQ_MODEL_TOPOLOGY: one of them)
+TOPOLOGIES = (
+    [os.environ["DQ_MODEL_TOPOLOGY"]]
+    if os.environ.get("DQ_MODEL_TOPOLOGY")
+    else ["standalone", "cluster"]
+    if TIER == "long"
+    else ["standalone"]
+)
 SHRINK = os.environ.get("DQ_MODEL_SHRINK", "1") != "0"  # 0: report the first failure as found
 # Engine defects the model can be told to tolerate (DQ_MODEL_TOLERATE=a,b). Each was found by
 # this model (issue 13); all are fixed on main and none is tolerated by default:
@@ -1279,18 +1287,18 @@ def summary_m(o: MJob | None) -> str:
     )
 
 
-@pytest.fixture
+@pytest.fixture(params=TOPOLOGIES)
 def deployment_for_model(request: pytest.FixtureRequest) -> Iterator[Any]:
-    name = {"standalone": "redis_server", "cluster": "redis_cluster"}[TOPOLOGY]
+    name = {"standalone": "redis_server", "cluster": "redis_cluster"}[request.param]
     yield request.getfixturevalue(name)
-    print("\n" + summary_line())
+    print(f"\nmodel summary ({request.param}): {summary_line()}")
 
 
 def summary_line() -> str:
     steps = sum(v for k, v in STATS.items() if k.startswith("op "))
     faults = sum(v for k, v in STATS.items() if k.startswith("fault ") and "armed" not in k)
     return (
-        f"model summary ({TOPOLOGY}): examples {STATS['examples']}, requests {steps}, faults injected "
+        f"examples {STATS['examples']}, requests {steps}, faults injected "
         f"{faults}, checks {STATS['checks']}; "
         + ", ".join(f"{k}: {v}" for k, v in sorted(STATS.items()))
     )
