@@ -19,7 +19,7 @@ from collections.abc import Callable
 from cluster_dq import metrics as m
 from cluster_dq.engine import commands
 from cluster_dq.engine import schedules as ops
-from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.aio import AsyncEngine, cancelling
 from cluster_dq.errors import NotReplicated, RedisFailure
 from cluster_dq.metrics import PoolMetrics
 from cluster_dq.queueconf import QueueSettings
@@ -161,6 +161,8 @@ class Firer:
     async def run(self, shard: int, stopping: Callable[[], bool]) -> None:
         failures = 0
         while not stopping():
+            if cancelling():  # swallowed below (redis-py): still the end (pump._end_if_cancelled)
+                raise asyncio.CancelledError()
             if not self.leads(shard):
                 await asyncio.sleep(0.2)
                 continue
@@ -170,6 +172,8 @@ class Firer:
             except asyncio.CancelledError:
                 raise
             except RedisFailure as e:
+                if cancelling():  # redis-py can turn a cancellation into a connection error
+                    raise asyncio.CancelledError from e
                 failures += 1
                 wait_ms = min(200 * 2 ** min(failures - 1, 5), 5_000)
                 log.warning("firer shard %d: %s: %s", shard, type(e).__name__, e)

@@ -21,6 +21,7 @@ from cluster_dq.engine import schedules as schedule_ops
 from cluster_dq.engine import admin as admin_ops
 from cluster_dq.engine import control, insight
 from cluster_dq.engine.control import DeadFilter
+from cluster_dq.engine.aio import cancelling
 from cluster_dq.firing import carry_settings, move_schedule
 from cluster_dq.engine.replies import SweepReply
 from cluster_dq.engine.commands import Op, Published, Sizes
@@ -1129,7 +1130,7 @@ async def _consume_across(
             await asyncio.gather(*tasks, return_exceptions=True)
         except asyncio.CancelledError:  # cancelled meanwhile: the tasks still end on their own
             pass
-        if _cancelled():  # the consumer left: what a pool delivered goes back, try unspent
+        if cancelling():  # the consumer left: what a pool delivered goes back, try unspent
             for t, pool in tasks.items():
                 t.add_done_callback(functools.partial(_give_back_delivered, pool, ns))
             raise asyncio.CancelledError()
@@ -1161,8 +1162,3 @@ def _give_back_later(pool: RedisPool, ns: str, jobs: list[Job]) -> None:
     on close), without spending a try."""
     if jobs:
         pool.hub._background(pool.hub.give_back(ns, jobs))
-
-
-def _cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

@@ -22,7 +22,7 @@ from typing import Any
 from cluster_dq.coalesce import GROUP_MAX, GroupCommit
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import core, retry
-from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.aio import AsyncEngine, cancelling
 from cluster_dq.errors import Conflict, Transient
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job
@@ -125,7 +125,7 @@ class _Watcher:
                 try:
                     await self._serve()
                 except Transient as e:  # a failover: keep the waiters, look again shortly
-                    if _cancelled():
+                    if cancelling():
                         raise asyncio.CancelledError() from e
                     log.warning("watcher %s/%s: %s", self.namespace, self.queue, e)
                     await asyncio.sleep(0.1)
@@ -489,8 +489,3 @@ class WaiterHub:
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]
         return clean
-
-
-def _cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

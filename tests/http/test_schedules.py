@@ -526,20 +526,21 @@ async def test_real_pumps_fire_once_across_a_killed_leader(
     for e in (a, b):
         e.clock = now_ms
     schedule = Schedule("live", _template(), every_ms=1_000)
-    await _put(a, schedule)
+    first = (await _put(a, schedule)).next_ms
     pumps = [Pump(e, [SHARD], lease_ms=900, poll_ms=100, reconcile_every_s=0) for e in (a, b)]
     for p in pumps:
         p.start()
     try:
         await _wait_until(lambda: any(p.leads(SHARD) for p in pumps), "a leader")
-        await asyncio.sleep(2.5)
+        await _published_through(a, "live", first + 1_000)  # two by the first leader
         leader, other = pumps if pumps[0].leads(SHARD) else pumps[::-1]
         for t in leader._tasks:  # killed: no lease given back
             t.cancel()
-        await asyncio.gather(*leader._tasks, return_exceptions=True)
+        _, running = await asyncio.wait(leader._tasks, timeout=10)
+        assert not running, f"cancelled 10 s ago, still running: {running}"
         killed_at = now_ms()
         await _wait_until(lambda: other.leads(SHARD), "the other takes over")
-        await asyncio.sleep(2.5)
+        await _published_through(a, "live", killed_at + 2_000)  # two due since the kill
         await a.run(sched_ops.delete(a.config, NS, Q, "live"))
     finally:
         for p in pumps:
@@ -550,6 +551,21 @@ async def test_real_pumps_fire_once_across_a_killed_leader(
     assert times == list(range(times[0], times[-1] + 1, 1_000))
     state_gone = await a.run(sched_ops.get(NS, Q, "live"))
     assert state_gone is None
+
+
+async def _published_through(e: AsyncEngine, name: str, at_ms: int, within: float = 20.0) -> None:
+    """Waits until schedule ``name`` has published (claimed and confirmed) every occurrence
+    up to ``at_ms``."""
+    deadline = time.monotonic() + within
+    while True:
+        found = await e.run(sched_ops.get(NS, Q, name))
+        assert found is not None, name
+        state = found[1]
+        if state.next_ms > at_ms and not state.flying:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never published through {at_ms}: {state}")
+        await asyncio.sleep(0.05)
 
 
 async def _wait_until(check: Callable[[], bool], what: str, within: float = 20.0) -> None:
