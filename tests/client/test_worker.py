@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from cluster_dq.client import AsyncClient, Backoff, BadRequest, Job, Unauthorized
+from cluster_dq.client.errors import Conflict, NotFound
 from cluster_dq.client.outcomes import (
     MAX_TEXT,
     Acked,
@@ -290,10 +291,10 @@ async def test_a_handler_running_three_ttrs_keeps_its_job(client: AsyncClient) -
 
     async def slow(job: Job) -> str:
         deliveries.append(job.deliveries)
-        await asyncio.sleep(6.0)  # 3 ttrs
+        await asyncio.sleep(4.5)  # 3 ttrs
         return "ok"
 
-    worker = Worker(client, "beat", slow, ttr=2.0, concurrency=2, poll_timeout=0.2)
+    worker = Worker(client, "beat", slow, ttr=1.5, concurrency=2, poll_timeout=0.2)
     await run_until(worker, lambda: worker.counts["acked"] >= 1)
     assert deliveries == [1] and worker.counts == {**worker.counts, "acked": 1, "lost": 0}
     job = await client.get_job("beat", jid)  # acked with its result
@@ -301,15 +302,27 @@ async def test_a_handler_running_three_ttrs_keeps_its_job(client: AsyncClient) -
     assert (await client.size("beat")).total == 0
 
 
-async def test_a_job_taken_back_during_its_handler_is_not_acked(client: AsyncClient) -> None:
+async def test_a_job_taken_back_during_its_handler_is_not_acked(
+    client: AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The lease is lost while the handler runs (here: released by someone else, then
     taken by another consumer): the next touch says so, and the worker does not ack it."""
     jid = await client.publish("taken", b"x", tries=3)
-    running = asyncio.Event()
+    running, refused = asyncio.Event(), asyncio.Event()
+    touch = client.touch
+
+    async def watched_touch(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await touch(*args, **kwargs)
+        except (Conflict, NotFound):  # the heartbeat's touch, refused: the lease is lost
+            refused.set()
+            raise
+
+    monkeypatch.setattr(client, "touch", watched_touch)
 
     async def slow(job: Job) -> None:
         running.set()
-        await asyncio.sleep(2.5)
+        await asyncio.wait_for(refused.wait(), 30)  # runs until a touch is refused
 
     worker = Worker(client, "taken", slow, ttr=1.0, poll_timeout=0.2, concurrency=1)
     serving = asyncio.create_task(worker.serve())

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -109,6 +110,14 @@ def on_pool(pool: PoolSettings, deployment: Deployment, op: Any) -> Any:
         return SyncEngine(client).run(op)
     finally:
         client.close()
+
+
+def until(check: Callable[[], bool], what: str, within: float = 20.0) -> None:
+    """Polls ``check`` until it holds; fails after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
 
 
 def drain(api: httpx.Client, queues: str, want: int, timeout: int = 0) -> list[dict[str, Any]]:
@@ -407,7 +416,8 @@ def test_a_queues_schedules_move_with_it_and_fire_once_per_occurrence(
             assert r.status_code == 201, r.text
             r = api.put("/api/ns/sched/schedules/idle", json={**every, "paused": True})
             assert r.status_code == 201, r.text
-            time.sleep(2.5)  # a few occurrences fired on old
+            # a few occurrences fired on old
+            until(lambda: sized(old, deployment, "ns", "sched").ready >= 2, "two on old")
     finally:
         svc.stop(timeout=20)
     assert sized(old, deployment, "ns", "sched").ready >= 2
@@ -423,7 +433,18 @@ def test_a_queues_schedules_move_with_it_and_fire_once_per_occurrence(
         assert on_pool(old, deployment, sched_ops.get("ns", "sched", "tick")) is None
         got = on_pool(new, deployment, ops.queue_settings("ns", "sched")).as_json()
         assert {k: got[k] for k in settings} == settings  # carried with the schedule
-        time.sleep(3)  # occurrences fire on new
+        # occurrences fire on new: those the outage missed (caught up at once) and one due
+        # after the schedule was seen there, published; six in all over both pools
+        moved_at = now_ms()
+
+        def fired_on_new() -> bool:
+            _, state = on_pool(new, deployment, sched_ops.get("ns", "sched", "tick"))
+            on_new = sized(new, deployment, "ns", "sched").ready
+            on_old = sized(old, deployment, "ns", "sched").ready
+            live = state.next_ms > moved_at + 1_000 and not state.flying
+            return live and on_new >= 2 and on_old + on_new >= 6
+
+        until(fired_on_new, "occurrences fired on the new pool")
         with httpx.Client(base_url=svc.base, headers={"X-Token": tok}, timeout=30) as api:
             listed = api.get("/api/ns/sched/schedules").json()["schedules"]
             assert {(s["name"], s["paused"]) for s in listed} == {("tick", False), ("idle", True)}

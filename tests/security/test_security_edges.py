@@ -489,11 +489,14 @@ def test_a_long_poll_outlives_every_connection_timeout(timed: tuple[ServiceProce
     svc, token = timed
     headers = {"X-Token": token}
     with httpx.Client(base_url=svc.base, headers=headers, timeout=30) as client:
-        r = client.get("/api/slow/poll", params={"timeout": 3})
-        assert r.status_code == 404, r.text  # lmstfy: no job within the timeout
         with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(client.get, "/api/slow/poll", params={"timeout": 5})
-            time.sleep(2.5)
+            # the second long-poll waits beside the first (its own connection), so that the
+            # first's 3 s are also its wait before the publish (2.5 s at the least)
+            started = time.monotonic()
+            waiting = pool.submit(client.get, "/api/slow/poll", params={"timeout": 10})
+            r = client.get("/api/slow/poll", params={"timeout": 3})
+            assert r.status_code == 404, r.text  # lmstfy: no job within the timeout
+            time.sleep(max(0.0, started + 2.5 - time.monotonic()))
             assert httpx.put(f"{svc.base}/api/slow/poll", content=b"late", headers=headers)
             r = waiting.result()
         assert r.status_code == 200 and r.json()["data"] == "bGF0ZQ==", r.text  # base64("late")
