@@ -151,6 +151,12 @@ LONG = (
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[outage_answers.py]",
     # the peer benchmark installs BullMQ from the npm registry: no network in the default run
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_peers.py]",
+    # the benchmarks that load both cores (locust, wrk, the CPU and engine measurements), each
+    # slowing every test beside it: they print figures, they check no guarantee
+    "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_locust.py]",
+    "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_cpu.py]",
+    "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_http.py]",
+    "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_engine.py]",
 )
 
 
