@@ -25,7 +25,7 @@ def test_a_late_ack_cannot_ack_the_job_another_consumer_now_holds(api: httpx.Cli
     a = first.json()["lease"]
     assert first.headers["x-lease"] == a and len(a) == 16
     time.sleep(0.6)  # a's ttr runs out; b gets the job again
-    second = consume(api)
+    second = consume(api, ttr_ms=30_000)  # b holds it through every check below
     assert second.status_code == 200 and second.json()["job_id"] == jid
     b = second.json()["lease"]
     assert b != a
