@@ -122,7 +122,7 @@ async def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> AsyncIterator[
 
 @pytest.hookimpl(trylast=True)  # after pytest grouped the tests by fixture parameters
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long folders first (``tests/support/run.py``: ``FOLDER_ORDER``)."""
+    """The longest files first (``tests/support/run.py``: ``FILE_SECONDS``)."""
     from tests.support.run import order_folders  # a plugin: imported once pytest registered it
 
     order_folders(items)

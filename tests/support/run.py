@@ -197,16 +197,13 @@ SHARED = {"served": None, "solo_served": "standalone"}  # tests/support/fixtures
 
 
 def order_folders(items: list[pytest.Item]) -> None:
-    """Orders the tests: ``LONGEST_FILES``, then by ``FOLDER_ORDER``; within a file, those
-    that use the shared service first, by topology (it stops before any other test, and
-    starts again for the next that uses it). A stable sort, so that the groups pytest made by
-    fixture parameters stay (called last, by ``tests/conftest.py``)."""
-    first = {name: i for i, name in enumerate(LONGEST_FILES)}
-    rank = {name: len(first) + i for i, name in enumerate(FOLDER_ORDER)}
+    """Orders the tests: the files the longest first (``FILE_SECONDS``); within a file,
+    those that use the shared service first, by topology (it stops before any other test,
+    and starts again for the next that uses it). A stable sort, so that the groups pytest
+    made by fixture parameters stay (called last, by ``tests/conftest.py``)."""
 
-    def place(item: pytest.Item) -> tuple[int, int, int]:
-        path = item.nodeid.split("::")[0]
-        file = first.get(path, rank.get(folder(item.nodeid), len(first) + len(rank)))
+    def place(item: pytest.Item) -> tuple[float, int, int]:
+        file = -FILE_SECONDS.get(item.nodeid.split("::")[0], UNMEASURED_S)
         names = set(getattr(item, "fixturenames", ()))
         shared = [SHARED[name] for name in SHARED if name in names]
         if not shared:
@@ -259,20 +256,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The order the workers are handed files in (``--dist loadfile``: a file's tests run on one
 # worker, so its module fixtures, a Spark session or a fuzz target, start once): the folders
 # of long runs first, so that no worker starts a two-minute file when the others are done.
-FOLDER_ORDER = ("system", "guarantees", "engine", "http", "security", "client", "dashboard")
-# and before them, the files that take a worker longest (minutes of Spark, schemathesis, pool
-# migrations, failovers), longest first: a file started last would hold the end of the run
-LONGEST_FILES = (
-    "tests/system/test_pipeline.py",
-    "tests/http/test_openapi.py",
-    "tests/http/test_routing.py",
-    "tests/system/test_drills.py",
-    "tests/http/test_http.py",
-    "tests/system/test_bench_commands.py",
-    "tests/guarantees/test_guarantees.py",
-    "tests/http/test_runtime.py",
-    "tests/system/test_outages.py",
+# Each file's seconds in the last measured default run (``python -m tests.support.slowest
+# --files``): a worker takes whole files, the longest first, so that none starts a long file
+# when the others are done (a file never measured counts as ``UNMEASURED_S``).
+FILE_SECONDS: dict[str, float] = json.loads(
+    (Path(__file__).parent / "file_seconds.json").read_text()
 )
+UNMEASURED_S = 10.0
 
 
 def _whole_files(config: pytest.Config) -> bool:
