@@ -279,7 +279,7 @@ class Dashboard:
             while not self.stopping.is_set():
                 try:
                     # each look its own retry budget (the request's ran out long ago)
-                    with retry.request_deadline(time.monotonic() + retry.BUDGET_S):
+                    with retry.request_deadline(time.monotonic() + self.settings.RetryBudgetSecond):
                         data = await self._sizes_event(route, ns, q)
                     yield f"event: sizes\ndata: {json.dumps(data)}\n\n"
                 except ClusterDQError as e:

@@ -199,6 +199,7 @@ class AsyncEngine:
             durable=durable,
             wait_replicas=self.wait_replicas,
             wait_timeout_ms=self.wait_timeout_ms,
+            budget_s=self.config.retry_budget_s,
             deadline=retry.bounded(deadline),
         )
         try:

@@ -18,6 +18,7 @@ import random
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import replies
 from cluster_dq.engine.replies import ReplyCode
+from cluster_dq.engine.retry import BUDGET_S
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
 from cluster_dq.engine.signatures import SIGNATURES
 from cluster_dq.errors import Conflict, QueueFull
@@ -121,6 +122,7 @@ class EngineConfig:
         REMEMBER_ACKED_MS  # a publish of an id acked this recently is a duplicate
     )
     keep_result_ms: int = KEEP_RESULT_MS  # how long a job's result outlives its ack
+    retry_budget_s: float = BUDGET_S  # how long a failed step safe to repeat is repeated
     moves: MoveSink | None = None  # where consume and tick report the jobs they moved
     lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
     # the jitter draw of retry backoffs, one per script call (tests fix it)
@@ -130,11 +132,12 @@ class EngineConfig:
     def from_settings(cls, settings: Settings) -> EngineConfig:
         """The deployment's settings that change where and how jobs are stored: a queue's shard
         (``Shards``), the memory of acked ids (``AckedIdMemorySecond``) and of results
-        (``ResultSecond``)."""
+        (``ResultSecond``), and how long a failed step is repeated (``RetryBudgetSecond``)."""
         return cls(
             shards=settings.Shards,
             remember_acked_ms=settings.AckedIdMemorySecond * 1000,
             keep_result_ms=settings.ResultSecond * 1000,
+            retry_budget_s=settings.RetryBudgetSecond,
         )
 
     def hint(self, tag: str, start: int) -> int:

@@ -27,7 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import retry_if_exception_type
 
 from cluster_dq.engine.commands import Call, Eval, Step
-from cluster_dq.engine.retry import OPTIONAL_POLICY, POLICY, until
+from cluster_dq.engine.retry import BUDGET_S, OPTIONAL_POLICY, until, within
 from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import (
     MovedDuringWait,
@@ -261,7 +261,14 @@ _NOT_IDEMPOTENT = (Refused,)
 _UNSENT = (Unsent,)
 
 
-def plan(step: Step, *, idempotent: bool, durable: bool, deadline: float | None = None) -> Plan:
+def plan(
+    step: Step,
+    *,
+    idempotent: bool,
+    durable: bool,
+    deadline: float | None = None,
+    budget_s: float = BUDGET_S,
+) -> Plan:
     """How to send ``step`` and which errors repeat it. An idempotent operation's steps repeat
     on any transient error (their arguments, job ids included, are fixed). Other steps repeat
     only when nothing ran: the server refused them, or nothing was sent (``Unsent``; any
@@ -269,14 +276,15 @@ def plan(step: Step, *, idempotent: bool, durable: bool, deadline: float | None 
     and its caller is waiting; a signal lost there is repaired by the reconcile sweep.
     ``durable``: the executor has a replica count to wait for and the operation asked for it.
     ``deadline`` (monotonic s): the request's own (a long poll's end), which replaces the
-    retry budget (``retry.until``)."""
+    retry budget (``retry.until``); without one, a step repeats for ``budget_s`` at most
+    (``RetryBudgetSecond``)."""
     if isinstance(step, Eval) and step.optional:
         return Plan(How.OPTIONAL, _IDEMPOTENT, _policy(_IDEMPOTENT, OPTIONAL_POLICY))
     if _reads_only(step):  # repeating a read is always safe
         idempotent = True
     errors: tuple[type[BaseException], ...]
     errors = _IDEMPOTENT if idempotent else _NOT_IDEMPOTENT if isinstance(step, Eval) else _UNSENT
-    base = POLICY if deadline is None else until(deadline)
+    base = within(budget_s) if deadline is None else until(deadline)
     policy = _policy(errors, base)
     if durable and any(c.script in DURABLE_SCRIPTS for c in durable_calls(step)):
         # A repeat after a lost reply finds the jobs there and reports them as duplicates.
@@ -364,9 +372,11 @@ class Run(Generic[T]):
         wait_replicas: int,
         wait_timeout_ms: int,
         deadline: float | None = None,
+        budget_s: float = BUDGET_S,
     ) -> None:
         self.op = op
         self.deadline = deadline
+        self.budget_s = budget_s
         self.idempotent = idempotent
         self.durable = durable and wait_replicas > 0
         self.wanted, self.timeout_ms = wait_replicas, wait_timeout_ms
@@ -406,7 +416,11 @@ class Run(Generic[T]):
             self.result = stop.value
             return None
         return step, plan(
-            step, idempotent=self.idempotent, durable=self.durable, deadline=self.deadline
+            step,
+            idempotent=self.idempotent,
+            durable=self.durable,
+            deadline=self.deadline,
+            budget_s=self.budget_s,
         )
 
     def confirmed(self, replicas: int) -> None:

@@ -12,7 +12,7 @@ which nothing was sent (``Unsent``: connection refused, no master known yet, wha
 looks like until the new master is known).
 
 The budget is ``POLICY``'s ~5 s (``BUDGET_S``; a Sentinel failover measured ~2.4 s, a Cluster
-one up to ~4.5 s on a loaded host), or, for a request with a deadline of its own (a long-poll
+one up to ~4.5 s on a loaded host; the setting ``RetryBudgetSecond`` changes it: ``within``), or, for a request with a deadline of its own (a long-poll
 consume: its timeout), that deadline (``until``): a consume rides over an outage shorter than
 its long poll, and answers at its end (a 503 saying nothing was reserved) if Redis is still
 unreachable.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -54,6 +55,14 @@ POLICY: dict[str, Any] = dict(
     stop=stop_after_delay(BUDGET_S),
     reraise=True,
 )
+
+
+@functools.lru_cache(maxsize=16)
+def within(budget_s: float) -> dict[str, Any]:
+    """``POLICY`` with a budget of ``budget_s`` seconds (``RetryBudgetSecond``)."""
+    return POLICY if budget_s == BUDGET_S else {**POLICY, "stop": stop_after_delay(budget_s)}
+
+
 # A best-effort step (a shard signal) gets a short budget.
 OPTIONAL_POLICY: dict[str, Any] = {**POLICY, "stop": stop_after_attempt(3)}
 

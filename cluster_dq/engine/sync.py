@@ -160,6 +160,7 @@ class SyncEngine:
             durable=durable,
             wait_replicas=self.wait_replicas,
             wait_timeout_ms=self.wait_timeout_ms,
+            budget_s=self.config.retry_budget_s,
         )
         reply: Any = None
         while (nxt := run.next(reply)) is not None:

@@ -263,6 +263,7 @@ def create_admin_app(
         access_log,
         "admin",
         service.metrics,
+        budget_s=settings.RetryBudgetSecond,
     )
     app.state.dashboard = ui
     return app

@@ -158,7 +158,7 @@ class DataAPI:
             timeout_ms = params.millis(qp, "timeout", self.s.TimeoutSecond, self.s.MaxTimeoutSecond)
         except BadRequest:
             timeout_ms = 0  # refused below, after the token (as every parameter is)
-        budget = timeout_ms / 1000 if timeout_ms > 0 else retry.BUDGET_S
+        budget = timeout_ms / 1000 if timeout_ms > 0 else self.s.RetryBudgetSecond
         with retry.request_deadline(time.monotonic() + budget):
             return await self._consume(request)
 
@@ -527,11 +527,13 @@ def build_app(
     port: str,
     metrics: Metrics,
     hot: DataAPI | None = None,
+    budget_s: float = retry.BUDGET_S,
 ) -> Starlette:
     """A Starlette app with the error table and the request middleware (metrics labelled by
     route template, request ids, access log, encoded separators refused before routing:
     ``http/paths.py``): the data and the admin port alike. ``hot``: the
-    data API whose hot paths skip the router (``http/hot.py``)."""
+    data API whose hot paths skip the router (``http/hot.py``). ``budget_s``: a request's
+    retry budget (``RetryBudgetSecond``)."""
     handlers = error_handlers()
     app = Starlette(routes=routes, exception_handlers=handlers)
     if hot is not None:  # added first: the innermost middleware, inside the request ids
@@ -549,6 +551,7 @@ def build_app(
         metrics=metrics,
         port=port,
         templates=_templates(routes),
+        budget_s=budget_s,
     )
     return app
 
@@ -582,4 +585,6 @@ def _templates(
 def create_data_app(service: Service, settings: Settings, access_log: AccessLog) -> Starlette:
     api = DataAPI(service, settings)
     routes = [*api.routes(), openapi.route(data_document(settings))]
-    return build_app(routes, access_log, "data", service.metrics, hot=api)
+    return build_app(
+        routes, access_log, "data", service.metrics, hot=api, budget_s=settings.RetryBudgetSecond
+    )

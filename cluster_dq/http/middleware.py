@@ -87,8 +87,10 @@ class RequestIdMiddleware:
         metrics: Metrics,
         port: str = "data",
         templates: Mapping[Any, tuple[str, frozenset[str]]] | None = None,
+        budget_s: float = retry.BUDGET_S,
     ) -> None:
         self.app = app
+        self.budget_s = budget_s  # RetryBudgetSecond
         self.access_log = access_log
         self.metrics = metrics
         self.port = port
@@ -118,7 +120,7 @@ class RequestIdMiddleware:
         try:
             # One retry budget for the whole request, whatever its number of Redis steps
             # (a long-poll consume sets its own: its timeout).
-            with retry.request_deadline(time.monotonic() + retry.BUDGET_S):
+            with retry.request_deadline(time.monotonic() + self.budget_s):
                 await self.app(scope, receive, send_with_id)
         except Exception:
             status = status or 500

@@ -746,6 +746,7 @@ async def test_a_real_503_says_what_is_safe_and_the_client_follows_it() -> None:
         "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1],
         "CLUSTER_DQ_TOKENCACHESECOND": "60",
         "CLUSTER_DQ_MAXWAITERS": "0",  # every long-poll: 429 with Retry-After: 1
+        "CLUSTER_DQ_RETRYBUDGETSECOND": "1",  # each 503 below after 1 s, not 5
     }
     svc = ServiceProcess.start(f"127.0.0.1:{server.port}", env=env, timeout=20)
     try:

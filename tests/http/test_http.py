@@ -556,10 +556,11 @@ def test_info_lists_queues_and_accesslog_switch(api: httpx.Client, admin: httpx.
 
 def test_redis_down_gives_503_not_500(redis_server: Server) -> None:
     dead = free_port(19000, 19500)
-    svc = serve(f"127.0.0.1:{dead}")
+    svc = serve(f"127.0.0.1:{dead}", CLUSTER_DQ_RETRYBUDGETSECOND="1")
     base, admin = svc.base, svc.admin
     try:
-        # (after the retry budget: a connection refused is repeated, nothing having been sent)
+        # (after the retry budget, 1 s: a connection refused is repeated, nothing having been
+        # sent)
         r = httpx.put(f"{base}/api/ns/q", headers={"X-Token": "t"}, content=b"x", timeout=30)
         assert r.status_code == 503 and "unavailable" in r.json()["error"]
         assert httpx.get(f"{admin}/readyz").status_code == 503
@@ -570,7 +571,7 @@ def test_redis_down_gives_503_not_500(redis_server: Server) -> None:
 def test_redis_lost_mid_flight_gives_503_on_every_route() -> None:
     """Redis dies after the token (with a rate limit) was cached: never a 500, on any route."""
     server = start_server(free_port(20000, 21000))  # a port no other test's server takes meanwhile
-    svc = serve(f"127.0.0.1:{server.port}")
+    svc = serve(f"127.0.0.1:{server.port}", CLUSTER_DQ_RETRYBUDGETSECOND="1")
     base, admin = svc.base, svc.admin
     try:
         tok = httpx.post(f"{admin}/token/ns", params={"description": "t"}, auth=ADMIN_AUTH).json()[

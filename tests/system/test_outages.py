@@ -27,7 +27,6 @@ from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import EngineConfig, Eval
-from cluster_dq.engine.retry import BUDGET_S
 from cluster_dq.errors import PoolUnavailable
 from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import SentinelGroup, Server, free_port, start_server
@@ -227,6 +226,9 @@ async def test_an_ack_that_no_replica_confirms_yet_is_confirmed_once_one_does(
 
 NOT_APPLIED = "nothing was written"
 SAFE = "repeating it is safe"
+# The retry budget (RetryBudgetSecond) of the runtimes below, whose requests each spend it
+# whole; the tests above ride outages within the default's 5 s.
+BUDGET_S = 1.5
 
 
 @pytest.fixture
@@ -240,6 +242,7 @@ async def runtime(server: Server) -> AsyncIterator[tuple[Runtime, str]]:
             "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{server.port}",
             "CLUSTER_DQ_TOKENCACHESECOND": "0.2",
             "CLUSTER_DQ_QUEUESETTINGSCACHESECOND": "0.2",
+            "CLUSTER_DQ_RETRYBUDGETSECOND": str(BUDGET_S),
         },
     )
     rt = Runtime(settings, run_pump=False)
@@ -293,7 +296,7 @@ async def test_every_verb_refused_at_connect_says_nothing_was_written(
             body = b'["a"]' if "bulk" in path else b"x" if method == "PUT" else None
             return await c.request(method, path, params=params, content=body)
 
-        # at once: each rides its own retry budget (5 s) before its 503
+        # at once: each rides its own retry budget before its 503
         answers = await asyncio.gather(*(send(*call) for call in calls.values()))
         for verb, r in zip(calls, answers, strict=True):
             assert r.status_code == 503, (verb, r.status_code, r.text)
@@ -332,9 +335,10 @@ async def test_a_request_gets_one_retry_budget_during_an_outage(
     runtime: tuple[Runtime, str], server: Server
 ) -> None:
     """A request's Redis steps (token, rate limits, queue settings, the operation) share one
-    retry budget, ``retry.BUDGET_S`` (~5 s, as docs/operations.md says): a publish during an
-    outage answers 503 within it (before: 10-15 s, one budget per step). Generous bound, as
-    above: a promise, not a figure."""
+    retry budget, ``RetryBudgetSecond`` (1.5 s here; 5 s by default, as docs/operations.md
+    says): a publish during an outage answers 503 once it is spent, not before (it repeated
+    the refused step meanwhile) and not one budget per step later (before: 10-15 s).
+    Generous upper bound, as above: a promise, not a figure."""
     rt, token = runtime
     async with http(rt, token) as c:
         assert (await c.get("/api/out/q/size")).status_code == 200  # the token known
@@ -342,8 +346,9 @@ async def test_a_request_gets_one_retry_budget_during_an_outage(
         for method, path in (("PUT", "/api/out/q"), ("GET", "/api/out/q/size")):
             started = time.monotonic()
             r = await c.request(method, path, content=b"x" if method == "PUT" else None)
+            took = time.monotonic() - started
             assert r.status_code == 503
-            assert time.monotonic() - started < BUDGET_S + 3, (path, time.monotonic() - started)
+            assert BUDGET_S * 0.9 <= took < BUDGET_S + 2, (path, took)
 
 
 async def test_the_client_repeats_a_once_only_call_that_was_not_applied(
@@ -394,7 +399,10 @@ async def test_a_respawn_written_on_one_pool_of_a_migration_is_not_said_unwritte
     is safe" (a repeat revives more dead jobs): the old pool's part was written."""
     old = start_server()
     try:
-        env = {"CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{old.port}"}
+        env = {
+            "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{old.port}",
+            "CLUSTER_DQ_RETRYBUDGETSECOND": str(BUDGET_S),
+        }
         rt = Runtime(load(None, env), run_pump=False)
         await rt.start()
         try:
@@ -434,7 +442,10 @@ async def test_a_republish_written_on_the_new_pool_is_not_said_unwritten(
     the 503 may say repeating is safe (the ids are fixed), not that nothing was written."""
     new = start_server()
     try:
-        env = {"CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{server.port}"}
+        env = {
+            "CLUSTER_DQ_POOL__DEFAULT__ADDR": f"127.0.0.1:{server.port}",
+            "CLUSTER_DQ_RETRYBUDGETSECOND": str(BUDGET_S),
+        }
         rt = Runtime(load(None, env), run_pump=False)
         await rt.start()
         try:
