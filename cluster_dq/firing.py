@@ -19,7 +19,8 @@ from collections.abc import Callable
 from cluster_dq import metrics as m
 from cluster_dq.engine import commands
 from cluster_dq.engine import schedules as ops
-from cluster_dq.engine.aio import AsyncEngine, cancelling
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.core import cancelling, end_if_cancelled
 from cluster_dq.errors import NotReplicated, RedisFailure
 from cluster_dq.metrics import PoolMetrics
 from cluster_dq.queueconf import QueueSettings
@@ -161,8 +162,7 @@ class Firer:
     async def run(self, shard: int, stopping: Callable[[], bool]) -> None:
         failures = 0
         while not stopping():
-            if cancelling():  # swallowed below (redis-py): still the end (pump._end_if_cancelled)
-                raise asyncio.CancelledError()
+            end_if_cancelled()
             if not self.leads(shard):
                 await asyncio.sleep(0.2)
                 continue

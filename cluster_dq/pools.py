@@ -244,11 +244,16 @@ class RedisPool:
 
     async def close(self) -> bool:
         """Stops the pump and the hub (long-polls answered, jobs of gone consumers given
-        back) before the client goes. True when nothing had to be cut short."""
-        if self.pump:
-            await self.pump.stop()
-        clean = await self.hub.close()
-        await close_client(self.engine.client)
+        back) before the client goes, each whatever the one before it raised. True when
+        nothing had to be cut short."""
+        try:
+            if self.pump:
+                await self.pump.stop()
+        finally:
+            try:
+                clean = await self.hub.close()
+            finally:
+                await close_client(self.engine.client)
         return clean
 
 

@@ -21,7 +21,8 @@ from collections.abc import Iterable
 
 
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.aio import AsyncEngine, cancelling
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.core import cancelling, end_if_cancelled
 from cluster_dq.errors import Fenced, RedisFailure, ServerError
 from cluster_dq.firing import Firer
 from cluster_dq.keys import META_PATTERN, parse_qualified, queue_of_key
@@ -90,22 +91,28 @@ class Pump:
         # other with a write's whole budget each, a stop during an outage took 5 s per shard).
         now = time.monotonic()
         held = {shard: until for shard, until in self.leading.items() if until > now}
-        if held:
-            await asyncio.gather(
-                *(
-                    self._give_up(shard, min(until, now + GIVE_UP_S))
-                    for shard, until in held.items()
+        try:
+            if held:
+                await asyncio.gather(
+                    *(
+                        self._give_up(shard, min(until, now + GIVE_UP_S))
+                        for shard, until in held.items()
+                    ),
+                    return_exceptions=True,  # each its own: one failing stops none of the others
                 )
-            )
-        self.leading.clear()
-        for shard in list(self._reported):
-            self._report(shard)
+        finally:
+            self.leading.clear()
+            for shard in list(self._reported):
+                self._report(shard)
 
     async def _give_up(self, shard: int, deadline: float) -> None:
-        with contextlib.suppress(RedisFailure):
-            await self.engine.run(
-                ops.lead(shard, self.token, self.lease_ms, give_up=True), deadline=deadline
-            )
+        # The deadline bounds the attempt too, not only its repeats: a stalled Redis (paused,
+        # or its host) answers nothing, and a reply is awaited for the socket timeout (5 s).
+        with contextlib.suppress(RedisFailure, TimeoutError):
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self.engine.run(
+                    ops.lead(shard, self.token, self.lease_ms, give_up=True), deadline=deadline
+                )
 
     def leads(self, shard: int) -> bool:
         return self.leading.get(shard, 0.0) > time.monotonic()
@@ -140,7 +147,7 @@ class Pump:
         next_sizes = 0.0  # when to post this shard's queue sizes (only with a board)
         failures = 0  # consecutive failed steps (backoff)
         while not self._stopping:
-            _end_if_cancelled()
+            end_if_cancelled()
             try:
                 now = time.monotonic()
                 if now >= next_renew:
@@ -245,7 +252,7 @@ class Pump:
         """While this process leads shard 0, it sweeps the whole pool every
         ``reconcile_every_s`` (one sweeper per pool; shard 0's leadership elects it)."""
         while not self._stopping:
-            _end_if_cancelled()
+            end_if_cancelled()
             await asyncio.sleep(self.reconcile_every_s * (0.9 + 0.2 * random.random()))
             if not self.leads(0):
                 continue
@@ -300,11 +307,3 @@ class Pump:
         sizes = await self.engine.run(ops.sizes_of(self.engine.config, queues), idempotent=True)
         pool = self.metrics.pool if self.metrics else "default"
         self.board.post(pool, shard, sizes)
-
-
-def _end_if_cancelled() -> None:
-    """A loop's cancellation swallowed below it (redis-py can absorb one in a command and
-    return normally) still ends the loop: without this the task, marked as cancelling, went
-    on pumping and sleeping for good (1 in 10 kills of a pump under load)."""
-    if cancelling():
-        raise asyncio.CancelledError()

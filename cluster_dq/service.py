@@ -21,7 +21,7 @@ from cluster_dq.engine import schedules as schedule_ops
 from cluster_dq.engine import admin as admin_ops
 from cluster_dq.engine import control, insight
 from cluster_dq.engine.control import DeadFilter
-from cluster_dq.engine.aio import cancelling
+from cluster_dq.engine.core import cancelling
 from cluster_dq.firing import carry_settings, move_schedule
 from cluster_dq.engine.replies import SweepReply
 from cluster_dq.engine.commands import Op, Published, Sizes

@@ -22,7 +22,8 @@ from typing import Any
 from cluster_dq.coalesce import GROUP_MAX, GroupCommit
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import core, retry
-from cluster_dq.engine.aio import AsyncEngine, cancelling
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.core import cancelling, end_if_cancelled
 from cluster_dq.errors import Conflict, Transient
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job
@@ -122,6 +123,7 @@ class _Watcher:
                     e,
                 )
             while self.waiters:
+                end_if_cancelled()
                 try:
                     await self._serve()
                 except Transient as e:  # a failover: keep the waiters, look again shortly
@@ -432,13 +434,13 @@ class WaiterHub:
 
     async def _read(self) -> None:
         while True:
+            end_if_cancelled()
             try:
                 msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # redis-py can leak transport races as other errors
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                if cancelling():
                     raise asyncio.CancelledError() from e
                 log.warning(
                     "notification channel: %s: %s", type(e).__name__, e

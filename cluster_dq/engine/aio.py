@@ -125,7 +125,7 @@ class AsyncEngine:
         try:
             return await call
         except core.CAUGHT as e:
-            if isinstance(e, _CANCEL_SHAPES) and cancelling():
+            if isinstance(e, _CANCEL_SHAPES) and core.cancelling():
                 # redis-py turned the cancellation into a connection error: neither a failure
                 # nor to be repeated
                 raise asyncio.CancelledError() from e
@@ -247,11 +247,3 @@ class AsyncEngine:
 
 # what a cancellation inside redis-py comes out as (a connection cut mid-command)
 _CANCEL_SHAPES = (RedisConnectionError, RedisTimeoutError, OSError)
-
-
-def cancelling() -> bool:
-    """Whether this task was asked to stop (a cancellation caught and not yet honoured): a
-    loop that catches Redis failures asks it, because redis-py can turn a cancellation into a
-    connection error."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

@@ -7,6 +7,7 @@
 - **They say when a step is about to be written** (``core.mark_sent``): an error before that
   (connecting, asking Sentinel for the master) means nothing of the step reached Redis, which
   the executor reports as ``Unsent``, safe to repeat whatever the step is.
+- **A cancellation during the write is not lost** (Python 3.11's ``wait_for`` can swallow it).
 
 ``make_client`` (``pools.py``) builds each topology's client with them; a Cluster has no
 constructor argument for its connection class, ``use_on_cluster`` sets it.
@@ -14,6 +15,7 @@ constructor argument for its connection class, ``use_on_cluster`` sets it.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import hiredis
@@ -53,6 +55,13 @@ class _Wire:
             await self.connect()  # type: ignore[attr-defined]
         core.mark_sent()
         await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        if core.cancelling():
+            # redis-py writes through asyncio.wait_for, which on Python 3.11 returns normally
+            # when the task is cancelled just as the write ends: the reply would then be
+            # awaited for the whole socket timeout (a pump stopped during a stall took 5 s).
+            # The reply will not be read: the connection cannot be reused.
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            raise asyncio.CancelledError()
 
 
 class Connection(_Wire, RedisConnection):

@@ -5,7 +5,9 @@ failed before the fix that came with it; faults are injected around one attempt 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -450,15 +452,51 @@ async def test_a_pump_task_cancelled_while_redis_py_turns_it_into_a_connection_e
         del engine._step
 
 
-async def test_a_pump_stopped_while_redis_is_down_stops_at_once() -> None:
+async def test_a_pump_whose_cancellation_redis_py_swallows_still_ends(
+    engine: AsyncEngine,
+) -> None:
+    """redis-py may also absorb a cancellation inside a command and return its reply as if
+    nothing happened: the loop, its task marked as cancelling, must still end at its top."""
+    in_flight = asyncio.Event()
+
+    async def swallow(step: Step, real: Callable[[Step], Awaitable[Any]]) -> Any:
+        reply = await real(step)
+        if script_of(step) == "claim":
+            in_flight.set()
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed: a normal reply
+                await asyncio.sleep(0.5)
+        return reply
+
+    inject(engine, swallow)
+    pump = Pump(engine, [0], lease_ms=900, poll_ms=100, reconcile_every_s=0)
+    pump.start()
+    try:
+        await asyncio.wait_for(in_flight.wait(), 5)
+        for task in pump._tasks:
+            task.cancel()
+        _, going_on = await asyncio.wait(pump._tasks, timeout=5)
+        assert not going_on, "a pump task cancelled 5 s ago is still running"
+    finally:
+        await pump.stop()
+        del engine._step
+
+
+@pytest.mark.parametrize("outage", ["killed", "stalled"])
+async def test_a_pump_stopped_while_redis_is_down_stops_at_once(
+    outage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Stopping gave up each lease it still counted as held, one after the other, each with
     the ~5 s budget of a write: during an outage a SIGTERM waited 5 s per shard (16 s in a
     test, a minute and more with every shard led). A give-up only shortens the next leader's
-    wait, so it is tried once for all shards together, never past the lease itself."""
+    wait, so it is tried once for all shards together, for GIVE_UP_S at most, never past the
+    lease itself. A stalled Redis (SIGSTOP: a paused VM) answers nothing: the attempt itself
+    is cut at GIVE_UP_S (it waited for the 5-s socket timeout)."""
+    from cluster_dq import pump as pump_module
     from cluster_dq.engine.commands import EngineConfig
     from cluster_dq.localredis import start_server
     from cluster_dq.pools import close_client, make_client
 
+    monkeypatch.setattr(pump_module, "GIVE_UP_S", 0.3)
     server = start_server()
     client = make_client(server.pool_settings())
     engine = AsyncEngine(client, EngineConfig())
@@ -467,12 +505,18 @@ async def test_a_pump_stopped_while_redis_is_down_stops_at_once() -> None:
         for shard in pump.shards:
             assert await pump._renew(shard)
         pump.start()
-        server.kill()
+        if outage == "killed":
+            server.kill()
+        else:
+            server.process.send_signal(signal.SIGSTOP)
         started = asyncio.get_running_loop().time()
         await asyncio.wait_for(pump.stop(), 30)
         took = asyncio.get_running_loop().time() - started
+        # 0.3 s and the cancellations: 3 s is a bound on a loaded machine, not a figure
         assert took < 3, f"stopping took {took:.1f} s with {len(pump.shards)} shards led"
         assert not pump.leading
     finally:
-        server.kill()
+        with contextlib.suppress(ProcessLookupError):
+            server.process.send_signal(signal.SIGCONT)
+        server.stop()
         await close_client(client)

@@ -58,6 +58,27 @@ async def test_one_leader_per_shard_and_takeover(
         await close_client(other.client)
 
 
+async def test_a_stopped_pump_hands_every_shard_over_at_once(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A pump that stops (a SIGTERM, a deploy) gives its leases up: no shard's lock is left,
+    and another instance leads every shard at its first try, not when the 30-s leases would
+    have run out."""
+    from cluster_dq.keys import ShardKeys
+
+    a = Pump(engine, lease_ms=30_000, poll_ms=100, reconcile_every_s=0)
+    for s in a.shards:
+        assert await a._renew(s)
+    a.start()
+    await a.stop()
+    assert [s for s in a.shards if sync_redis.exists(ShardKeys(s).lock)] == []
+    b = Pump(engine, lease_ms=30_000, poll_ms=100, reconcile_every_s=0)
+    try:
+        assert all([await b._renew(s) for s in b.shards])
+    finally:
+        await b.stop()
+
+
 @pytest.mark.parametrize("with_sizes", [False, True], ids=["plain", "posting-sizes"])
 async def test_an_idle_pump_does_not_spin(engine: AsyncEngine, with_sizes: bool) -> None:
     """Leading 16 idle shards for 1 s costs a handful of Redis calls per shard, not a loop."""
