@@ -14,7 +14,6 @@ import contextlib
 import logging
 import resource
 import os
-import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.supervisor import Ports
+from cluster_dq.supervisor import STOP_SIGNALS, Ports
 
 METRICS_FLUSH_SECONDS = 1.0  # how stale a scrape of another worker's counts may be
 
@@ -127,11 +126,14 @@ def _uvicorn(app: object, sock: socket.socket, settings: Settings, edge: Edge) -
     return server
 
 
-async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> bool:
+async def _serve(
+    settings: Settings, ports: Ports, access_flag: SharedFlag, early: list[int]
+) -> bool:
     """One worker's life. On SIGTERM/SIGINT: waiting long-polls are answered at once ("no job
     available") and nothing more is reserved; requests in flight get ``ShutdownGraceSecond``
     to finish (then they are cancelled); then the pumps stop, reserved jobs of gone consumers
-    go back, lifecycle events are flushed. True when all of that happened in time."""
+    go back, lifecycle events are flushed. True when all of that happened in time. ``early``:
+    the stop signals that arrived while it started (it stops at once)."""
     data_sock, admin_sock = ports.listeners()
     runtime = Runtime(settings, access_flag=access_flag)
     await runtime.start()
@@ -149,8 +151,10 @@ async def _serve(settings: Settings, ports: Ports, access_flag: SharedFlag) -> b
         for s in servers:
             s.should_exit = True
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop)
+    if early:
+        stop()
     parent = os.getppid()
 
     async def orphan_watch() -> None:  # the supervisor was SIGKILLed: do not linger
@@ -212,11 +216,11 @@ def _file_limit(settings: Settings) -> None:
         )
 
 
-def work(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
+def work(settings: Settings, ports: Ports, access_flag: SharedFlag, early: list[int]) -> None:
     """A worker process: serves both ports until SIGTERM/SIGINT (``supervisor`` starts it)."""
     logs.setup(settings.LogLevel, settings.LogFormat)
     _file_limit(settings)
     import uvloop
 
-    if not uvloop.run(_serve(settings, ports, access_flag)):
+    if not uvloop.run(_serve(settings, ports, access_flag, early)):
         sys.exit(1)  # the supervisor then exits non-zero: something was cut short

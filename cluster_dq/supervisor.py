@@ -33,11 +33,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("cluster_dq.server")
 
 
+# What stops an instance: SIGTERM (a service manager), SIGINT (Ctrl-C, sent to every process
+# of the terminal's group), SIGHUP (the terminal closed). The workers take them as well.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _worker(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
-    """A worker process's entry (it imports what it serves with, the supervisor does not)."""
+    """A worker process's entry (it imports what it serves with, the supervisor does not). A
+    stop signal that arrives while it starts is kept (it would kill the worker in the middle
+    of taking leases) and honoured once it serves: it then stops as on any stop signal."""
+    early: list[int] = []
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: early.append(signum))
     from cluster_dq.server import work
 
-    work(settings, ports, access_flag)
+    work(settings, ports, access_flag, early)
 
 
 REUSE_PORT = hasattr(socket, "SO_REUSEPORT") and os.uname().sysname == "Linux"  # Linux balances
@@ -137,13 +147,15 @@ def run(settings: Settings, on_ready: object = None) -> int:
     def on_signal(signum: int, frame: object) -> None:
         stopping.append(signum)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_signal)
     try:
         if settings.embedded:
             settings, redis = embedded.start(settings)
         asyncio.run(_preflight(settings))
         ports = Ports.bind(settings, holders)
+        if stopping:  # asked to stop while starting: no worker to start
+            return 0
         if redis is not None:
             instance = embedded.Instance(
                 os.getpid(), ports.data[1], ports.admin[1], settings.Pool["default"].Addr
@@ -214,6 +226,10 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 w.kill()
                 w.join()
                 failed = True
+            elif w.exitcode == -signal.SIGTERM:
+                # Ours, before the worker's own handlers (the first ~0.3 s of a new process):
+                # it had started nothing, nothing of it to stop.
+                log.info("worker (pid %s) stopped as it started", w.pid)
             elif w.exitcode:
                 log.error("worker (pid %s) %s", w.pid, _exit_status(w.exitcode))
                 failed = True

@@ -11,6 +11,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -33,7 +35,7 @@ from cluster_dq.pools import RedisPool, close_client, make_client
 from cluster_dq.pump import Pump
 from cluster_dq.service import Service, _consume_across
 from cluster_dq.settings import Settings
-from tests.support import ADMIN_AUTH, serve
+from tests.support import ADMIN_AUTH, ROOT, serve
 from tests.support.run import by_tier
 
 
@@ -273,6 +275,48 @@ def test_a_dead_worker_is_restarted_and_a_crash_loop_exits_non_zero(
             time.sleep(0.2)
         assert proc.wait(timeout=60) == 1
         assert "stopping the instance" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["TERM", "INT", "HUP"]
+)
+@pytest.mark.parametrize("after_s", [0.0, 0.5], ids=["as-spawned", "while-importing"])
+def test_a_stop_signal_while_the_workers_start_stops_the_instance_cleanly(
+    redis_server: Server, tmp_path: Path, signum: int, after_s: float
+) -> None:
+    """A stop signal to the supervisor while its workers are still starting (a service
+    manager's quick restart, a Ctrl-C): every worker stops as it would once serving (the
+    signal kept until it serves), none is killed half-way through taking its leases, and the
+    instance exits 0. Before, SIGTERM killed a worker in its imports (exit 1, its leases held
+    until they ran out) and SIGHUP (the terminal closed) killed the supervisor outright,
+    leaving its workers and an embedded Redis behind."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CLUSTER_DQ_POOL__DEFAULT__ADDR": redis_server.pool_settings().Addr,
+        "CLUSTER_DQ_WORKERS": "2",
+    }
+    log = tmp_path / "serve.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", "0", "--admin-port", "0"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers spawned")
+        workers = _workers(proc.pid)
+        time.sleep(after_s)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+        text = log.read_text()
+        assert "killed by" not in text and "Traceback" not in text, text
+        assert not [w for w in workers if Path(f"/proc/{w}").exists()]
     finally:
         if proc.poll() is None:
             proc.kill()
