@@ -32,7 +32,7 @@ from cluster_dq.localredis import (
 from cluster_dq.pools import close_client, make_client
 from tests.support import Deployment, flush
 
-pytest_plugins = ["tests.support.run", "tests.support.fixtures"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.run"]
 
 TOPOLOGIES = os.environ.get("DQ_TOPOLOGIES", "standalone,cluster,sentinel").split(",")
 FIXTURE_OF = {

@@ -21,6 +21,9 @@ from tests.support.clients import close, make, new_token
 # -- the shared service: one per worker, running only while the tests that use it run --------
 
 _running: dict[int, ServiceProcess] = {}  # the deployment's id -> its shared service
+# The fixtures that hand it out, and the topology each is on (None: the test's); the run's
+# order puts the tests that use it first in each file (``run.order_folders``).
+SHARED: dict[str, str | None] = {"served": None, "solo_served": "standalone"}
 
 
 def _shared(target: Deployment, start: Callable[[], ServiceProcess]) -> ServiceProcess:
@@ -37,13 +40,15 @@ def _stop_shared() -> None:
         _running.popitem()[1].stop(timeout=20)
 
 
-@pytest.fixture(autouse=True)
-def _no_shared_service_behind(request: pytest.FixtureRequest) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test that does not use the shared service has none running behind it: its pump and
     schedule firer would act on the Redis that the test drives with pumps, firers and clocks
     of its own (a schedule test at a test clock saw the service's firer fire the occurrences
-    at today's time, and the service's pump took the shards from the test's)."""
-    if not {"served", "solo_served"} & set(request.fixturenames):
+    at today's time, and the service's pump took the shards from the test's). Stopped before
+    any of the test's fixtures is set up (an autouse fixture came after the module's own:
+    a module's service started while the shared one still pumped)."""
+    if not SHARED.keys() & set(getattr(item, "fixturenames", ())):
         _stop_shared()
 
 

@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, settings
 
 from cluster_dq.localredis import PORT_SLICE
 from tests.support import ROOT
+from tests.support.fixtures import SHARED
 
 TIER = os.environ.get("DQ_TIER", "default")
 if TIER not in ("quick", "default", "long"):
@@ -191,9 +192,6 @@ def folder(nodeid: str) -> str:
     """``tests/http/test_http.py::t`` -> ``http``."""
     parts = nodeid.split("::")[0].split("/")
     return parts[1] if len(parts) > 2 else ""
-
-
-SHARED = {"served": None, "solo_served": "standalone"}  # tests/support/fixtures
 
 
 def order_folders(items: list[pytest.Item]) -> None:
