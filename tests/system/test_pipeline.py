@@ -43,6 +43,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::R
 def spark() -> Iterator[Any]:
     session = spark_session("cluster-dq-tests")
     session.sparkContext.setLogLevel("ERROR")
+    # a test's frames hold at most a few thousand rows: a shuffle makes one partition per core
+    # of local[2], not the CLI's 4 (each a task of its own; analyze's joins and aggregations
+    # took 9 s warm with 4, 6 s with 1). No result depends on it; the frames that are
+    # published are still split into 4 partitions, so 4 tasks publish at once (``frame``).
+    session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
 
@@ -272,21 +277,23 @@ def test_analyze_turns_a_services_event_log_into_figures(
         tok = httpx.post(
             f"{admin}/token/life", params={"description": "t"}, auth=ADMIN_AUTH
         ).json()["token"]
-        h = {"X-Token": tok}
-        first_publish = time.monotonic()
-        for i in range(20):
-            httpx.put(f"{base}/api/life/q", headers=h, params={"tries": 1}, content=b"x%d" % i)
-        for _ in range(15):
-            jid = httpx.get(f"{base}/api/life/q", headers=h).json()["job_id"]
-            assert httpx.delete(f"{base}/api/life/q/job/{jid}", headers=h).status_code == 204
-        got = httpx.get(f"{base}/api/life/q", headers=h, params={"count": 5, "ttr": 1}).json()
-        assert len(got) == 5  # never acked: ttr passes, no tries left -> dead letter
-        # every job was due at its publish: none can have been later than this
-        latest_ms = (time.monotonic() - first_publish) * 1000
-        deadline = time.monotonic() + 15
-        while httpx.get(f"{base}/api/life/q/deadletter/size", headers=h).json()["size"] < 5:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        # one client: a module-level httpx call builds a client (and its TLS context) each
+        # time, ~80 ms a request here
+        with httpx.Client(base_url=base, headers={"X-Token": tok}, timeout=30) as api:
+            first_publish = time.monotonic()
+            for i in range(20):
+                api.put("/api/life/q", params={"tries": 1}, content=b"x%d" % i)
+            for _ in range(15):
+                jid = api.get("/api/life/q").json()["job_id"]
+                assert api.delete(f"/api/life/q/job/{jid}").status_code == 204
+            got = api.get("/api/life/q", params={"count": 5, "ttr": 1}).json()
+            assert len(got) == 5  # never acked: ttr passes, no tries left -> dead letter
+            # every job was due at its publish: none can have been later than this
+            latest_ms = (time.monotonic() - first_publish) * 1000
+            deadline = time.monotonic() + 15
+            while api.get("/api/life/q/deadletter/size").json()["size"] < 5:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
     finally:
         svc.stop(timeout=20)  # workers flush their event logs on the way out
     figures = analyze(spark, str(events), str(tmp_path / "figures")).collect()
