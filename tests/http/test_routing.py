@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -98,18 +98,28 @@ def sized(pool: PoolSettings, deployment: Deployment, ns: str, q: str) -> Sizes:
     return on_pool(pool, deployment, ops.sizes(EngineConfig(), ns, q))
 
 
+_engines: dict[tuple[str, int], SyncEngine] = {}  # (Addr, DB) -> on that pool, for one test
+
+
+@pytest.fixture(autouse=True)
+def _engines_closed() -> Iterator[None]:
+    yield
+    while _engines:
+        _engines.popitem()[1].client.close()
+
+
 def on_pool(pool: PoolSettings, deployment: Deployment, op: Any) -> Any:
     """One engine operation, run on ``pool`` directly (what it holds, not what the service
-    says)."""
-    client = (
-        deployment.sync_client()
-        if pool.DB == 0
-        else redis.Redis(port=int(pool.Addr.split(":")[1]), db=pool.DB)
-    )
-    try:
-        return SyncEngine(client).run(op)
-    finally:
-        client.close()
+    says). A test's client of each pool is made once: a new Cluster or Sentinel client per
+    call (discovery and connections every time) took seconds of the ring test."""
+    key = (pool.Addr, pool.DB)
+    if key not in _engines:
+        _engines[key] = SyncEngine(
+            deployment.sync_client()
+            if pool.DB == 0
+            else redis.Redis(port=int(pool.Addr.split(":")[1]), db=pool.DB)
+        )
+    return _engines[key].run(op)
 
 
 def until(check: Callable[[], bool], what: str, within: float = 20.0) -> None:
