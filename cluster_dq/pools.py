@@ -3,6 +3,7 @@ long-poll hub and its pump; the start-up checks that refuse an unsafe Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -29,6 +30,33 @@ log = logging.getLogger(__name__)
 SOCKET_TIMEOUT = 5.0
 
 
+class _Sentinel(Sentinel):
+    """redis-py's asyncio Sentinel, asking the sentinels one discovery at a time.
+
+    Every new master connection asks ``discover_master``, which (redis-py 8.1) walks
+    ``self.sentinels`` and, after the awaited answer, swaps ``sentinels[0]`` with
+    ``sentinels[i]``, ``i`` read before the await. Concurrent discoveries (a burst of new
+    connections; past 100 of them the first sentinel's pool is full and they move on to the
+    next) swap with indexes another one made stale: one sentinel ends up in the list twice and
+    another out of it, never asked again, its connections never closed. Here the callers that
+    come while a discovery is under way share its answer (one round trip for a burst, not
+    one each, and no queue behind an unreachable sentinel), so the list stays an ordering of
+    the configured sentinels. One service per client (``make_client``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self.configured = tuple(self.sentinels)  # what close_client closes, whatever the order
+        self._asking: dict[str, asyncio.Future[Any]] = {}
+
+    async def discover_master(self, service_name: str) -> Any:
+        asking = self._asking.get(service_name)
+        if asking is None or asking.done():  # (the last answer is kept, never reused)
+            asking = asyncio.ensure_future(super().discover_master(service_name))
+            self._asking[service_name] = asking
+        # shielded: a caller cancelled (its request gone) does not cancel the others' answer
+        return await asyncio.shield(asking)
+
+
 def make_client(p: PoolSettings) -> AsyncClient:
     """The pool's asyncio client, its connections ``engine/wire.py``'s on every topology."""
     addrs = p.addresses()
@@ -50,7 +78,7 @@ def make_client(p: PoolSettings) -> AsyncClient:
         wire.use_on_cluster(cluster)
         return cluster
     if p.kind == "sentinel":
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = _Sentinel(
             addrs,
             sentinel_kwargs={"password": p.SentinelPassword or None, "socket_timeout": 1.0},
             **common,
@@ -114,7 +142,7 @@ async def close_client(client: AsyncClient) -> None:
         if isinstance(client, Redis)
         else None
     )
-    for sentinel in getattr(manager, "sentinels", []):
+    for sentinel in getattr(manager, "configured", getattr(manager, "sentinels", [])):
         await sentinel.aclose()
 
 

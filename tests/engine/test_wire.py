@@ -1,10 +1,14 @@
 """The connections of ``cluster_dq/engine/wire.py``: commands packed by hiredis are the bytes
 redis-py packs, whatever the arguments; every topology's client opens its connections with
-these classes and works through them. (What they say about a step being sent is
+these classes and works through them; a Sentinel client keeps asking, and closes, every
+sentinel. (What they say about a step being sent is
 tests/system/test_outages.py's.)"""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import warnings
 from typing import Any
 
 import pytest
@@ -17,6 +21,7 @@ from redis.exceptions import DataError
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.wire import Connection as WireConnection
 from cluster_dq.engine.wire import SentinelConnection
+from cluster_dq.localredis import SentinelGroup
 from cluster_dq.pools import close_client, make_client
 from tests.support import Deployment
 
@@ -63,3 +68,26 @@ async def test_every_topology_connects_with_the_hiredis_classes(deployment: Depl
         assert await engine.client.get("{wire}k") == b"v" * 10_000
     finally:
         await close_client(client)
+
+
+async def test_a_burst_of_new_connections_keeps_every_sentinel_asked_and_closed(
+    redis_sentinel: SentinelGroup,
+) -> None:
+    """Each new master connection asks the sentinels where the master is. 150 at once on a
+    fresh client (more than a sentinel client's 100 connections, so some move on to the next
+    sentinel): the client still knows the 3 sentinels, once each, and closing it leaves no
+    connection for the garbage collector to find open."""
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        client = make_client(redis_sentinel.pool_settings())
+        try:
+            await asyncio.gather(*(client.ping() for _ in range(150)))
+            manager = client.connection_pool.sentinel_manager  # type: ignore[union-attr]
+            asked = [s.connection_pool.connection_kwargs["port"] for s in manager.sentinels]
+            del manager
+        finally:
+            await close_client(client)
+        del client
+        gc.collect()
+    assert sorted(asked) == sorted(port for _, port in redis_sentinel.sentinel_addrs)
+    assert [str(w.message) for w in got if issubclass(w.category, ResourceWarning)] == []

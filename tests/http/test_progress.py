@@ -7,9 +7,7 @@ from Redis; an ack without a result is lmstfy's, unchanged."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
-import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -102,13 +100,6 @@ async def dq(deployment: Deployment, sync_redis: redis.Redis) -> AsyncIterator[D
     ) as api:
         yield DQ(api, service, clock, sync_redis)
     await pool.close()
-    # Known, not this feature's: on Sentinel, a burst of concurrent requests in one process
-    # leaves a connection or two that no one closes (the same with touch and leased acks in
-    # place of progress); they are closed when collected. Collected here, so the warning
-    # does not land on whichever test runs next.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
 
 
 # -- progress ---------------------------------------------------------------------------------
