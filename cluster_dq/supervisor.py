@@ -9,9 +9,11 @@ instead of 0.9 s on a busy 2-core machine, and a worker starts that much sooner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.connection as mp_connection
 import os
 import shutil
 import signal
@@ -189,8 +191,16 @@ def run(settings: Settings, on_ready: object = None) -> int:
             except Exception:  # a banner must never take the service down
                 log.exception("start-up banner failed")
         restarts: list[float] = []  # when workers were restarted (a crash loop gives up)
+        # Woken at once by a worker's exit (its sentinel) or a signal (the wakeup socket).
+        woken, wake = socket.socketpair()
+        holders += [woken, wake]
+        for s in (woken, wake):
+            s.setblocking(False)
+        signal.set_wakeup_fd(wake.fileno(), warn_on_full_buffer=False)
         while not stopping:
-            signal.sigtimedwait({signal.SIGCHLD}, 1.0)
+            mp_connection.wait([w.sentinel for w in workers] + [woken], timeout=1.0)
+            with contextlib.suppress(BlockingIOError):
+                woken.recv(4096)
             for i, w in enumerate(workers):
                 if w.is_alive() or stopping:
                     continue
@@ -211,6 +221,7 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 _forget_worker(metrics_dir, w.pid)
                 workers[i] = spawn()
     finally:
+        signal.set_wakeup_fd(-1)
         for w in workers:
             if w.pid and w.is_alive():
                 os.kill(w.pid, signal.SIGTERM)
