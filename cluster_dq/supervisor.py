@@ -253,7 +253,7 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 instance.forget()
         finally:
             if redis is not None:
-                redis.kill(signal.SIGTERM)
+                redis.stop()  # SIGTERM (its AOF written), its temporary directory removed
     return 1 if failed else 0
 
 

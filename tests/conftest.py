@@ -46,7 +46,7 @@ FIXTURE_OF = {
 def redis_server() -> Iterator[Server]:
     server = start_server()
     yield server
-    server.kill()
+    server.stop()
 
 
 @pytest.fixture(scope="session")

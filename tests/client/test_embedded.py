@@ -265,23 +265,8 @@ def test_a_state_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> No
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr
         assert "is not a private directory of this user" in done.stderr, done.stderr
-    # the refused serve had started its Redis already (in TMPDIR): it is stopped with it
-    assert not _processes_under(tmp_path)
-
-
-def _processes_under(path: Path) -> list[str]:
-    """The running processes whose working directory is ``path`` or below it (a redis-server
-    works in its ``--dir`` and rewrites its command line to its address)."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cwd = os.readlink(proc / "cwd")
-            title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # ended meanwhile
-        if Path(cwd).is_relative_to(path):
-            found.append(f"{proc.name}: {title} (in {cwd})")
-    return found
+    # the refused serve started no Redis (in TMPDIR): the state directory is checked first
+    assert not embedded_redis_pids(under=tmp_path)
 
 
 def test_a_redis_port_taken_between_the_check_and_the_start_is_refused() -> None:

@@ -291,10 +291,11 @@ async def test_a_handler_running_three_ttrs_keeps_its_job(client: AsyncClient) -
 
     async def slow(job: Job) -> str:
         deliveries.append(job.deliveries)
-        await asyncio.sleep(4.5)  # 3 ttrs
+        await asyncio.sleep(6.0)  # 3 ttrs
         return "ok"
 
-    worker = Worker(client, "beat", slow, ttr=1.5, concurrency=2, poll_timeout=0.2)
+    # touched every ttr/2: a touch may come up to 1 s late on a loaded machine
+    worker = Worker(client, "beat", slow, ttr=2.0, concurrency=2, poll_timeout=0.2)
     await run_until(worker, lambda: worker.counts["acked"] >= 1)
     assert deliveries == [1] and worker.counts == {**worker.counts, "acked": 1, "lost": 0}
     job = await client.get_job("beat", jid)  # acked with its result
