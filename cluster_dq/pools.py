@@ -80,7 +80,12 @@ def make_client(p: PoolSettings) -> AsyncClient:
     if p.kind == "sentinel":
         sentinel = _Sentinel(
             addrs,
-            sentinel_kwargs={"password": p.SentinelPassword or None, "socket_timeout": 1.0},
+            # the sentinels' clients too: one unreachable sentinel is skipped at once
+            sentinel_kwargs={
+                "password": p.SentinelPassword or None,
+                "socket_timeout": 1.0,
+                "retry": Retry(NoBackoff(), 0),
+            },
             **common,
         )
         master: AsyncClient = sentinel.master_for(
@@ -125,6 +130,7 @@ def make_sync_client(p: PoolSettings) -> Any:
             sentinel_kwargs={
                 "password": p.SentinelPassword or None,  # type: ignore[no-untyped-call]
                 "socket_timeout": 1.0,
+                "retry": SyncRetry(SyncNoBackoff(), 0),
             },
         )
         return sentinel.master_for(
