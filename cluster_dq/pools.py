@@ -141,8 +141,11 @@ def make_sync_client(p: PoolSettings) -> Any:
 
 
 async def close_client(client: AsyncClient) -> None:
-    """Closes a client and, for Sentinel, the connections to the sentinels too."""
+    """Closes a client and, for Sentinel, the connections to the sentinels too; for a
+    Cluster, waits for the closing of the nodes it dropped (``wire.use_on_cluster``)."""
     await client.aclose()
+    if isinstance(client, RedisCluster):
+        await asyncio.gather(*client.nodes_manager._background_tasks, return_exceptions=True)
     manager = (
         getattr(client.connection_pool, "sentinel_manager", None)
         if isinstance(client, Redis)

@@ -16,10 +16,11 @@ constructor argument for its connection class, ``use_on_cluster`` sets it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import hiredis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.asyncio.connection import Connection as RedisConnection
 from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.exceptions import DataError
@@ -73,7 +74,30 @@ class SentinelConnection(_Wire, SentinelManagedConnection):
 
 
 def use_on_cluster(cluster: RedisCluster) -> None:
-    """Makes a Cluster client (not connected yet) open its connections as ``Connection``."""
+    """Makes a Cluster client (not connected yet) open its connections as ``Connection``, and
+    close every connection of a node its topology refresh drops (redis-py 8.1 closes the idle
+    ones and only marks those in use, which nobody releases to a node that is gone: they
+    stayed open until the garbage collector found them; redis-py #4053, #4207)."""
     cluster.connection_kwargs["connection_class"] = Connection
     for node in cluster.nodes_manager.startup_nodes.values():
         node.connection_class = Connection
+    cluster.nodes_manager.__class__ = _NodesManager  # slotted: no attribute to patch
+
+
+class _NodesManager(NodesManager):
+    __slots__ = ()
+
+    def set_nodes(
+        self, old: dict[str, ClusterNode], new: dict[str, ClusterNode], remove_old: bool = False
+    ) -> None:
+        dropped = [n for name, n in old.items() if remove_old and name not in new]
+        super().set_nodes(old, new, remove_old)
+        for node in dropped:
+            task = asyncio.ensure_future(_close_all(node))
+            self._background_tasks.add(task)  # kept until done; close_client awaits them
+            task.add_done_callback(self._background_tasks.discard)
+
+
+async def _close_all(node: ClusterNode) -> None:
+    with contextlib.suppress(Exception):  # at worst the collector closes it
+        await node.disconnect()

@@ -23,7 +23,7 @@ from redis.exceptions import DataError
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.wire import Connection as WireConnection
 from cluster_dq.engine.wire import SentinelConnection
-from cluster_dq.localredis import SentinelGroup, free_port
+from cluster_dq.localredis import Cluster, SentinelGroup, free_port
 from cluster_dq.pools import close_client, make_client
 from tests.support import Deployment
 
@@ -111,5 +111,31 @@ async def test_an_unreachable_sentinel_costs_one_refused_connection(
         assert await client.ping()
         took = time.monotonic() - started
         assert took < 1.5, f"the first command took {took:.1f} s"
+    finally:
+        await close_client(client)
+
+
+async def test_a_node_the_cluster_no_longer_lists_has_every_connection_closed(
+    redis_cluster: Cluster,
+) -> None:
+    """A topology refresh that drops a node (a failed master, once its replica is promoted):
+    redis-py closes its idle connections and only marks the ones in use, which nobody
+    releases to a node that is gone; they stayed open until the garbage collector found them
+    (a ResourceWarning in a later test). Every connection of a dropped node is closed."""
+    client = make_client(redis_cluster.pool_settings())
+    try:
+        assert isinstance(client, RedisCluster)
+        await client.ping(target_nodes=RedisCluster.ALL_NODES)
+        manager = client.nodes_manager
+        node = next(iter(manager.nodes_cache.values()))
+        busy = node.acquire_connection()  # a command in flight on it
+        await busy.connect()
+        kept = {name: n for name, n in manager.nodes_cache.items() if n is not node}
+        manager.set_nodes(manager.nodes_cache, kept, remove_old=True)
+        for _ in range(20):
+            if not busy.is_connected:
+                break
+            await asyncio.sleep(0.05)
+        assert not busy.is_connected
     finally:
         await close_client(client)
