@@ -438,18 +438,7 @@ async def test_a_pump_task_cancelled_while_redis_py_turns_it_into_a_connection_e
         return await real(step)
 
     inject(engine, cancel_becomes_connection_error)
-    pump = Pump(engine, [0], lease_ms=900, poll_ms=100, reconcile_every_s=0)
-    pump.start()
-    try:
-        await asyncio.wait_for(in_flight.wait(), 5)
-        for task in pump._tasks:
-            task.cancel()
-        _, going_on = await asyncio.wait(pump._tasks, timeout=5)
-        assert not going_on, "a pump task cancelled 5 s ago is still running"
-        assert all(task.cancelled() for task in pump._tasks)
-    finally:
-        await pump.stop()
-        del engine._step
+    await _cancelled_in_flight_ends(engine, in_flight)
 
 
 async def test_a_pump_whose_cancellation_redis_py_swallows_still_ends(
@@ -468,6 +457,12 @@ async def test_a_pump_whose_cancellation_redis_py_swallows_still_ends(
         return reply
 
     inject(engine, swallow)
+    await _cancelled_in_flight_ends(engine, in_flight)
+
+
+async def _cancelled_in_flight_ends(engine: AsyncEngine, in_flight: asyncio.Event) -> None:
+    """A pump of shard 0 on ``engine`` (its fault injected), its tasks cancelled once the
+    fault's step is in flight: every task ends, as cancelled."""
     pump = Pump(engine, [0], lease_ms=900, poll_ms=100, reconcile_every_s=0)
     pump.start()
     try:
@@ -476,6 +471,7 @@ async def test_a_pump_whose_cancellation_redis_py_swallows_still_ends(
             task.cancel()
         _, going_on = await asyncio.wait(pump._tasks, timeout=5)
         assert not going_on, "a pump task cancelled 5 s ago is still running"
+        assert all(task.cancelled() for task in pump._tasks)
     finally:
         await pump.stop()
         del engine._step
