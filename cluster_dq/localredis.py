@@ -138,7 +138,8 @@ class Server:
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.process.poll() is not None:  # not the directory of a server still running
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -142,10 +142,14 @@ def make_sync_client(p: PoolSettings) -> Any:
 
 async def close_client(client: AsyncClient) -> None:
     """Closes a client and, for Sentinel, the connections to the sentinels too; for a
-    Cluster, waits for the closing of the nodes it dropped (``wire.use_on_cluster``)."""
+    Cluster, the nodes it dropped (``wire.use_on_cluster``) too."""
     await client.aclose()
     if isinstance(client, RedisCluster):
-        await asyncio.gather(*client.nodes_manager._background_tasks, return_exceptions=True)
+        tasks = list(client.nodes_manager._background_tasks)
+        for task in tasks:
+            if task.get_name() == wire.CLOSING_DROPPED:
+                task.cancel()  # it closes them as it ends
+        await asyncio.gather(*tasks, return_exceptions=True)
     manager = (
         getattr(client.connection_pool, "sentinel_manager", None)
         if isinstance(client, Redis)

@@ -92,18 +92,21 @@ class Pump:
         now = time.monotonic()
         held = {shard: until for shard, until in self.leading.items() if until > now}
         try:
-            if held:
-                await asyncio.gather(
-                    *(
-                        self._give_up(shard, min(until, now + GIVE_UP_S))
-                        for shard, until in held.items()
-                    ),
-                    return_exceptions=True,  # each its own: one failing stops none of the others
-                )
+            # all waited for, whatever one of them raises (a bug: raised below, once they end)
+            ended = await asyncio.gather(
+                *(
+                    self._give_up(shard, min(until, now + GIVE_UP_S))
+                    for shard, until in held.items()
+                ),
+                return_exceptions=True,
+            )
         finally:
             self.leading.clear()
             for shard in list(self._reported):
                 self._report(shard)
+        for error in ended:
+            if error is not None:
+                raise error
 
     async def _give_up(self, shard: int, deadline: float) -> None:
         # The deadline bounds the attempt too, not only its repeats: a stalled Redis (paused,

@@ -30,7 +30,7 @@ from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.supervisor import STOP_SIGNALS, Ports
+from cluster_dq.supervisor import Ports, stop_signals
 
 METRICS_FLUSH_SECONDS = 1.0  # how stale a scrape of another worker's counts may be
 
@@ -127,7 +127,7 @@ def _uvicorn(app: object, sock: socket.socket, settings: Settings, edge: Edge) -
 
 
 async def _serve(
-    settings: Settings, ports: Ports, access_flag: SharedFlag, early: list[int]
+    settings: Settings, ports: Ports, access_flag: SharedFlag, early: list[int], parent: int
 ) -> bool:
     """One worker's life. On SIGTERM/SIGINT: waiting long-polls are answered at once ("no job
     available") and nothing more is reserved; requests in flight get ``ShutdownGraceSecond``
@@ -151,13 +151,14 @@ async def _serve(
         for s in servers:
             s.should_exit = True
 
-    for sig in STOP_SIGNALS:
+    for sig in stop_signals():
         loop.add_signal_handler(sig, stop)
     if early:
         stop()
-    parent = os.getppid()
 
     async def orphan_watch() -> None:  # the supervisor was SIGKILLed: do not linger
+        # (its pid from the supervisor itself: one that died before this worker started
+        # would be read here as init's, and the worker would serve on for good)
         while os.getppid() == parent:
             await asyncio.sleep(1.0)
         log.warning("supervisor gone; stopping")
@@ -216,11 +217,13 @@ def _file_limit(settings: Settings) -> None:
         )
 
 
-def work(settings: Settings, ports: Ports, access_flag: SharedFlag, early: list[int]) -> None:
+def work(
+    settings: Settings, ports: Ports, access_flag: SharedFlag, early: list[int], parent: int
+) -> None:
     """A worker process: serves both ports until SIGTERM/SIGINT (``supervisor`` starts it)."""
     logs.setup(settings.LogLevel, settings.LogFormat)
     _file_limit(settings)
     import uvloop
 
-    if not uvloop.run(_serve(settings, ports, access_flag, early)):
+    if not uvloop.run(_serve(settings, ports, access_flag, early, parent)):
         sys.exit(1)  # the supervisor then exits non-zero: something was cut short

@@ -35,21 +35,31 @@ if TYPE_CHECKING:
 log = logging.getLogger("cluster_dq.server")
 
 
-# What stops an instance: SIGTERM (a service manager), SIGINT (Ctrl-C, sent to every process
-# of the terminal's group), SIGHUP (the terminal closed). The workers take them as well.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """What stops an instance, supervisor and workers alike: SIGTERM (a service manager),
+    SIGINT (Ctrl-C, sent to every process of the terminal's group; taken even when ignored,
+    as a script's background job has it) and SIGHUP (the terminal closed), unless SIGHUP is
+    ignored: started under ``nohup``, the instance is to outlive its terminal."""
+    hup = signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
+    return (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hup else ()))
 
 
-def _worker(settings: Settings, ports: Ports, access_flag: SharedFlag) -> None:
+def _worker(
+    settings: Settings, ports: Ports, access_flag: SharedFlag, handling: SharedFlag, parent: int
+) -> None:
     """A worker process's entry (it imports what it serves with, the supervisor does not). A
     stop signal that arrives while it starts is kept (it would kill the worker in the middle
-    of taking leases) and honoured once it serves: it then stops as on any stop signal."""
+    of taking leases) and honoured once it serves: it then stops as on any stop signal.
+    ``handling``: set once its handlers are in place (before, a SIGTERM kills a worker that
+    has started nothing). ``parent``: the supervisor's pid (it stops when that one is gone,
+    even gone before it started)."""
     early: list[int] = []
-    for sig in STOP_SIGNALS:
+    for sig in stop_signals():
         signal.signal(sig, lambda signum, frame: early.append(signum))
+    handling.value = True
     from cluster_dq.server import work
 
-    work(settings, ports, access_flag, early)
+    work(settings, ports, access_flag, early, parent)
 
 
 REUSE_PORT = hasattr(socket, "SO_REUSEPORT") and os.uname().sysname == "Linux"  # Linux balances
@@ -141,6 +151,7 @@ def run(settings: Settings, on_ready: object = None) -> int:
     redis: RedisServer | None = None
     instance: embedded.Instance | None = None  # embedded mode: this serve's state file
     workers: list[multiprocessing.process.BaseProcess] = []
+    handling: dict[multiprocessing.process.BaseProcess, SharedFlag] = {}  # its handlers set
     metrics_dir: Path | None = None
     holders: list[socket.socket] = []  # the ports, held until the end
     stopping: list[int] = []
@@ -149,7 +160,7 @@ def run(settings: Settings, on_ready: object = None) -> int:
     def on_signal(signum: int, frame: object) -> None:
         stopping.append(signum)
 
-    for sig in STOP_SIGNALS:
+    for sig in stop_signals():
         signal.signal(sig, on_signal)
     try:
         if settings.embedded:
@@ -170,8 +181,10 @@ def run(settings: Settings, on_ready: object = None) -> int:
         access_flag = ctx.Value("b", settings.EnableAccessLog, lock=False)
 
         def spawn() -> multiprocessing.process.BaseProcess:
-            w = ctx.Process(target=_worker, args=(settings, ports, access_flag))
+            flag = ctx.Value("b", False, lock=False)
+            w = ctx.Process(target=_worker, args=(settings, ports, access_flag, flag, os.getpid()))
             w.start()
+            handling[w] = flag
             return w
 
         workers = [spawn() for _ in range(settings.Workers)]
@@ -219,6 +232,7 @@ def run(settings: Settings, on_ready: object = None) -> int:
                     break
                 log.error("worker (pid %s) %s; restarting it", w.pid, _exit_status(w.exitcode))
                 _forget_worker(metrics_dir, w.pid)
+                handling.pop(w, None)
                 workers[i] = spawn()
     finally:
         signal.set_wakeup_fd(-1)
@@ -237,7 +251,7 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 w.kill()
                 w.join()
                 failed = True
-            elif w.exitcode == -signal.SIGTERM:
+            elif w.exitcode == -signal.SIGTERM and not handling[w].value:
                 # Ours, before the worker's own handlers (the first ~0.3 s of a new process):
                 # it had started nothing, nothing of it to stop.
                 log.info("worker (pid %s) stopped as it started", w.pid)

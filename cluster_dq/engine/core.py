@@ -28,7 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import retry_if_exception_type
 
 from cluster_dq.engine.commands import Call, Eval, Step
-from cluster_dq.engine.retry import BUDGET_S, OPTIONAL_POLICY, until, within
+from cluster_dq.engine.retry import OPTIONAL_POLICY, until, within
 from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import (
     MovedDuringWait,
@@ -267,8 +267,8 @@ def plan(
     *,
     idempotent: bool,
     durable: bool,
+    budget_s: float,
     deadline: float | None = None,
-    budget_s: float = BUDGET_S,
 ) -> Plan:
     """How to send ``step`` and which errors repeat it. An idempotent operation's steps repeat
     on any transient error (their arguments, job ids included, are fixed). Other steps repeat
@@ -372,8 +372,8 @@ class Run(Generic[T]):
         durable: bool,
         wait_replicas: int,
         wait_timeout_ms: int,
+        budget_s: float,
         deadline: float | None = None,
-        budget_s: float = BUDGET_S,
     ) -> None:
         self.op = op
         self.deadline = deadline

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -57,10 +56,9 @@ POLICY: dict[str, Any] = dict(
 )
 
 
-@functools.lru_cache(maxsize=16)
 def within(budget_s: float) -> dict[str, Any]:
     """``POLICY`` with a budget of ``budget_s`` seconds (``RetryBudgetSecond``)."""
-    return POLICY if budget_s == BUDGET_S else {**POLICY, "stop": stop_after_delay(budget_s)}
+    return {**POLICY, "stop": stop_after_delay(budget_s)}
 
 
 # A best-effort step (a shard signal) gets a short budget.

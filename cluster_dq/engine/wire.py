@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import hiredis
@@ -55,12 +56,14 @@ class _Wire:
         if not self.is_connected:  # type: ignore[attr-defined]
             await self.connect()  # type: ignore[attr-defined]
         core.mark_sent()
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         await super().send_packed_command(command, check_health)  # type: ignore[misc]
-        if core.cancelling():
-            # redis-py writes through asyncio.wait_for, which on Python 3.11 returns normally
-            # when the task is cancelled just as the write ends: the reply would then be
-            # awaited for the whole socket timeout (a pump stopped during a stall took 5 s).
-            # The reply will not be read: the connection cannot be reused.
+        if task is not None and task.cancelling() > cancels:
+            # Cancelled during this write. redis-py writes through asyncio.wait_for, which on
+            # Python 3.11 returns normally when the task is cancelled just as the write ends:
+            # the reply would then be awaited for the whole socket timeout (a pump stopped
+            # during a stall took 5 s). The reply will not be read: the connection goes.
             await self.disconnect(nowait=True)  # type: ignore[attr-defined]
             raise asyncio.CancelledError()
 
@@ -75,9 +78,11 @@ class SentinelConnection(_Wire, SentinelManagedConnection):
 
 def use_on_cluster(cluster: RedisCluster) -> None:
     """Makes a Cluster client (not connected yet) open its connections as ``Connection``, and
-    close every connection of a node its topology refresh drops (redis-py 8.1 closes the idle
-    ones and only marks those in use, which nobody releases to a node that is gone: they
-    stayed open until the garbage collector found them; redis-py #4053, #4207)."""
+    close every connection of a node its topology refresh drops once its commands in flight
+    are done, or when the client closes (``close_client``). redis-py 8.1 closes the idle ones
+    at once and the busy ones on release in tasks of the node's own, which a client closed
+    meanwhile never awaits: such a connection stayed open until the garbage collector found
+    it, a ResourceWarning in whatever ran then (redis-py #3572, #4053)."""
     cluster.connection_kwargs["connection_class"] = Connection
     for node in cluster.nodes_manager.startup_nodes.values():
         node.connection_class = Connection
@@ -93,11 +98,23 @@ class _NodesManager(NodesManager):
         dropped = [n for name, n in old.items() if remove_old and name not in new]
         super().set_nodes(old, new, remove_old)
         for node in dropped:
-            task = asyncio.ensure_future(_close_all(node))
-            self._background_tasks.add(task)  # kept until done; close_client awaits them
+            task = asyncio.ensure_future(_close_when_idle(node))
+            task.set_name(CLOSING_DROPPED)
+            self._background_tasks.add(task)  # kept until done; close_client ends them
             task.add_done_callback(self._background_tasks.discard)
 
 
-async def _close_all(node: ClusterNode) -> None:
-    with contextlib.suppress(Exception):  # at worst the collector closes it
-        await node.disconnect()
+CLOSING_DROPPED = "cluster_dq: closing a dropped node"
+IN_FLIGHT_S = 10.0  # beyond the socket timeout: a command still in use then is cut
+
+
+async def _close_when_idle(node: ClusterNode) -> None:
+    """Every connection of ``node`` closed once none is in use (cancelled: at once)."""
+    try:
+        deadline = time.monotonic() + IN_FLIGHT_S
+        while len(node._free) < len(node._connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.gather(*node._background_tasks, return_exceptions=True)
+    finally:
+        with contextlib.suppress(Exception):  # at worst the collector closes them
+            await node.disconnect()

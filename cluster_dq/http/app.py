@@ -527,7 +527,8 @@ def build_app(
     port: str,
     metrics: Metrics,
     hot: DataAPI | None = None,
-    budget_s: float = retry.BUDGET_S,
+    *,
+    budget_s: float,
 ) -> Starlette:
     """A Starlette app with the error table and the request middleware (metrics labelled by
     route template, request ids, access log, encoded separators refused before routing:

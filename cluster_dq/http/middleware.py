@@ -87,7 +87,8 @@ class RequestIdMiddleware:
         metrics: Metrics,
         port: str = "data",
         templates: Mapping[Any, tuple[str, frozenset[str]]] | None = None,
-        budget_s: float = retry.BUDGET_S,
+        *,
+        budget_s: float,
     ) -> None:
         self.app = app
         self.budget_s = budget_s  # RetryBudgetSecond

@@ -510,7 +510,6 @@ async def test_a_pump_stopped_while_redis_is_down_stops_at_once(
         took = asyncio.get_running_loop().time() - started
         # 0.3 s and the cancellations: 3 s is a bound on a loaded machine, not a figure
         assert took < 3, f"stopping took {took:.1f} s with {len(pump.shards)} shards led"
-        assert not pump.leading
     finally:
         with contextlib.suppress(ProcessLookupError):
             server.process.send_signal(signal.SIGCONT)

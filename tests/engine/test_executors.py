@@ -406,11 +406,11 @@ def test_a_step_that_only_reads_is_repeated_on_any_transient_error() -> None:
     consume. A step that writes keeps its operation's rule: repeated only when nothing of it
     was sent (``Unsent``)."""
     look = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("HGET", "dq:{n/a}:meta", "next")))
-    assert core.plan(look, idempotent=False, durable=False).retry_on == (Transient,)
+    assert core.plan(look, idempotent=False, durable=False, budget_s=5.0).retry_on == (Transient,)
     sizes = ops._eval("sizes", {"queue": QueueKeys("n", "a").all_fixed()}, open_lead=5_000)
-    assert core.plan(sizes, idempotent=False, durable=False).retry_on == (Transient,)
+    assert core.plan(sizes, idempotent=False, durable=False, budget_s=5.0).retry_on == (Transient,)
     write = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("DEL", "dq:{n/a}:ready")))
-    assert core.plan(write, idempotent=False, durable=False).retry_on == (Unsent,)
+    assert core.plan(write, idempotent=False, durable=False, budget_s=5.0).retry_on == (Unsent,)
 
 
 class _RefuseFirstConsume(AsyncEngine):

@@ -59,12 +59,15 @@ async def test_one_leader_per_shard_and_takeover(
 
 
 async def test_a_stopped_pump_hands_every_shard_over_at_once(
-    engine: AsyncEngine, sync_redis: redis.Redis
+    engine: AsyncEngine, sync_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pump that stops (a SIGTERM, a deploy) gives its leases up: no shard's lock is left,
     and another instance leads every shard at its first try, not when the 30-s leases would
     have run out."""
+    from cluster_dq import pump as pump_module
     from cluster_dq.keys import ShardKeys
+
+    monkeypatch.setattr(pump_module, "GIVE_UP_S", 20.0)  # a busy machine: none cut short
 
     a = Pump(engine, lease_ms=30_000, poll_ms=100, reconcile_every_s=0)
     for s in a.shards:

@@ -60,7 +60,13 @@ def apps(redis_server: Server, standalone_redis: redis.Redis) -> Iterator[Apps]:
         service = Service(settings_, {"default": pool})
         log = AccessLog(False)
         hot = create_data_app(service, settings_, log)
-        plain = build_app(DataAPI(service, settings_).routes(), log, "data", service.metrics)
+        plain = build_app(
+            DataAPI(service, settings_).routes(),
+            log,
+            "data",
+            service.metrics,
+            budget_s=settings_.RetryBudgetSecond,
+        )
         a = httpx.AsyncClient(transport=httpx.ASGITransport(hot), base_url="http://dq")
         b = httpx.AsyncClient(transport=httpx.ASGITransport(plain), base_url="http://dq")
         try:

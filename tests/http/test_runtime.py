@@ -5,6 +5,7 @@ bounded metric labels. Real redis-server processes, real `cluster-dq serve` proc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -317,6 +318,98 @@ def test_a_stop_signal_while_the_workers_start_stops_the_instance_cleanly(
         text = log.read_text()
         assert "killed by" not in text and "Traceback" not in text, text
         assert not [w for w in workers if Path(f"/proc/{w}").exists()]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("when", ["as-spawned", "serving"])
+def test_workers_of_a_killed_supervisor_stop(redis_server: Server, when: str) -> None:
+    """The supervisor SIGKILLed (an OOM kill): its workers stop on their own, even those
+    that had not started yet (they took init for their supervisor and served on for good)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CLUSTER_DQ_POOL__DEFAULT__ADDR": redis_server.pool_settings().Addr,
+        "CLUSTER_DQ_WORKERS": "2",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", "0", "--admin-port", "0"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    workers: set[int] = set()
+    try:
+        _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers spawned")
+        workers = _workers(proc.pid)
+        if when == "serving":
+            _wait_for(lambda: all(_serving(w) for w in workers), "both workers serving")
+        proc.kill()
+        proc.wait()
+
+        def gone(pid: int) -> bool:
+            stat = Path(f"/proc/{pid}/stat")
+            return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+        _wait_for(lambda: all(gone(w) for w in workers), "the workers stopped", within=30)
+    finally:
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+
+
+def _serving(pid: int) -> bool:
+    """Whether a worker listens (its sockets are bound and listening once it serves)."""
+    listening = {
+        line.split()[9]
+        for name in ("tcp", "tcp6")
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        if line.split()[3] == "0A"
+    }
+    fds = Path(f"/proc/{pid}/fd")
+    inodes = set()
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return bool(inodes & listening)
+
+
+def test_under_nohup_a_hangup_leaves_the_instance_serving(
+    redis_server: Server, tmp_path: Path
+) -> None:
+    """Started under ``nohup`` (SIGHUP ignored), the instance outlives its terminal: a SIGHUP
+    to the supervisor and its workers (a closed terminal's group) stops nothing; SIGTERM
+    still stops it cleanly."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CLUSTER_DQ_POOL__DEFAULT__ADDR": redis_server.pool_settings().Addr,
+        "CLUSTER_DQ_WORKERS": "2",
+    }
+    log = tmp_path / "serve.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            ["nohup", sys.executable, "-m", "cluster_dq.cli", "serve"]
+            + ["--port", "0", "--admin-port", "0"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        _wait_for(lambda: "worker started" in log.read_text(), "a worker serving")
+        _wait_for(lambda: log.read_text().count("worker started") == 2, "both workers serving")
+        workers = _workers(proc.pid)
+        for pid in (proc.pid, *workers):
+            os.kill(pid, signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None and _workers(proc.pid) == workers, log.read_text()
+        assert "stopping" not in log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
