@@ -49,7 +49,9 @@ __all__ = ["Bury", "Retry", "Snooze", "Worker"]
 
 log = logging.getLogger("cluster_dq.worker")
 Handler = Callable[[Job], Any]
-MIN_TTR = 0.1  # seconds: a heartbeat (every 20 ms at the least) cannot renew a shorter one
+# seconds: a heartbeat renews a job at half its ttr with an HTTP round trip, which on a busy
+# host takes longer than 50 ms (a 0.1-s ttr lost jobs whose handlers ran on a loaded machine)
+MIN_TTR = 1.0
 
 
 def _is_async(handler: Handler) -> bool:

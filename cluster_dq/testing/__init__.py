@@ -12,3 +12,11 @@ def default_sigint() -> None:
     exec: Python then installs no KeyboardInterrupt handler, and a child sent SIGINT never
     sees it. A test must not depend on how its runner was started."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def default_stop_signals() -> None:
+    """``preexec_fn`` of a ``cluster-dq serve`` that will be sent SIGINT or SIGHUP: both at
+    their default in it, as from a terminal (a test run under ``nohup`` has SIGHUP ignored,
+    which the service then keeps ignoring, as it should)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)

@@ -36,6 +36,7 @@ from cluster_dq.pools import RedisPool, close_client, make_client
 from cluster_dq.pump import Pump
 from cluster_dq.service import Service, _consume_across
 from cluster_dq.settings import Settings
+from cluster_dq.testing import default_stop_signals
 from tests.support import ADMIN_AUTH, ROOT, serve
 from tests.support.run import by_tier
 
@@ -308,6 +309,7 @@ def test_a_stop_signal_while_the_workers_start_stops_the_instance_cleanly(
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=err,
+            preexec_fn=default_stop_signals,
         )
     try:
         _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers spawned")
