@@ -39,11 +39,13 @@ from cluster_dq.schedules import MAX_SCHEDULE_PAGE
 from cluster_dq.service import Service
 from cluster_dq.settings import load
 from cluster_dq.testing.service_process import ServiceProcess
-from tests.support.run import examples
+from tests.support.run import by_tier
 
 NS = "oas"  # every data request goes to the namespace the suite's token grants
 ADMIN_AUTH = ("admin", "s3cret")
-EXAMPLES = int(os.environ.get("DQ_SCHEMATHESIS_EXAMPLES") or examples(15))  # at the tier's size
+# per operation: 10 in the default run (each operation's boundary and explicit cases first,
+# then random ones), 75 in the long run
+EXAMPLES = int(os.environ.get("DQ_SCHEMATHESIS_EXAMPLES") or by_tier(10, 75))
 STATEFUL_RUNS = 3  # runs of the state machine cut short by the server's state (see below)
 CHECKS = [
     not_a_server_error,
