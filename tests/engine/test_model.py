@@ -49,7 +49,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -1058,7 +1057,11 @@ class EngineModel(RuleBasedStateMachine):
 
         self.each([0], apply)
 
-    @precondition(lambda self: any(j and j.state == DEAD for j in self.model.jobs.values()))
+    # No preconditions in this machine: which rules may run must not depend on what a step's
+    # outcome made of the model, since a faulted step's outcome can depend on real time (its
+    # retry budget) and Hypothesis replays the same choices expecting the same rules (a run on
+    # a loaded machine failed with FlakyStrategyDefinition). A rule that has nothing to do
+    # does nothing, or checks that nothing happens.
     @rule(
         q=st.sampled_from(QUEUES),
         limit=st.integers(1, 3),
@@ -1173,14 +1176,14 @@ class EngineModel(RuleBasedStateMachine):
         self.clock.now += ms
         note(f"clock +{ms} -> {self.clock.now}")
 
-    @precondition(lambda self: self.net.armed is None)
     @rule(
         kind=st.sampled_from(Fault.KINDS),
         at=st.sampled_from([0, 0, 0, 1, 2]),
         ms=st.sampled_from([0, 0, 10, 600, 25_000]),
     )
     def fault(self, kind: str, at: int, ms: int) -> None:
-        self.net.armed = Fault(kind, at, ms)
+        if self.net.armed is None:  # one armed at a time (see the note above dead_sweep)
+            self.net.armed = Fault(kind, at, ms)
 
     # -- observation ----------------------------------------------------------------------------
 
