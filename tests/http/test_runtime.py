@@ -17,8 +17,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -42,10 +43,10 @@ from tests.support.run import by_tier
 
 
 @pytest.fixture
-def own_redis() -> Server:
+def own_redis() -> Iterator[Server]:
     """A redis-server of the test's own: these tests reconfigure or stop it."""
     server = start_server()
-    yield server  # type: ignore[misc]
+    yield server
     server.kill()
 
 
@@ -183,7 +184,7 @@ async def test_a_consume_across_pools_cancelled_gives_back(
     ns = unique_ns()
     stalled, let_go = asyncio.Event(), asyncio.Event()
 
-    async def stall(ns: str, qs: list[str], ttr_ms: int, count: int, timeout_ms: int) -> list[Job]:
+    async def stall(ns: str, qs: Sequence[str], ttr_ms: int, count: int, timeout_ms: int) -> list[Job]:
         """Pool b answers slowly (its long-poll only, in the long-poll phase), and lets go slowly."""
         if phase == "long-poll" and timeout_ms == 0:
             return []
@@ -196,7 +197,7 @@ async def test_a_consume_across_pools_cancelled_gives_back(
             raise
         return []
 
-    b.hub.consume = stall  # type: ignore[method-assign]
+    b.hub.consume = stall  # type: ignore[method-assign,assignment]
     try:
         if phase == "first look":  # a's job is taken at once, then b stalls
             await a.engine.run(
@@ -248,6 +249,27 @@ def _workers(pid: int) -> set[int]:
     return out
 
 
+def _supervisor(
+    server: Server, stderr: Any, *, under: Sequence[str] = (), preexec_fn: Any = None
+) -> subprocess.Popen[bytes]:
+    """`cluster-dq serve` with two workers on ``server``, on ports the system picks, started
+    as a service manager would (``under`` a wrapper such as ``nohup``)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CLUSTER_DQ_POOL__DEFAULT__ADDR": server.pool_settings().Addr,
+        "CLUSTER_DQ_WORKERS": "2",
+    }
+    return subprocess.Popen(
+        [*under, sys.executable, "-m", "cluster_dq.cli", "serve"]
+        + ["--port", "0", "--admin-port", "0"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        preexec_fn=preexec_fn,
+    )
+
+
 def test_a_dead_worker_is_restarted_and_a_crash_loop_exits_non_zero(
     redis_server: Server, standalone_redis: redis.Redis, tmp_path: Path
 ) -> None:
@@ -296,21 +318,9 @@ def test_a_stop_signal_while_the_workers_start_stops_the_instance_cleanly(
     instance exits 0. Before, SIGTERM killed a worker in its imports (exit 1, its leases held
     until they ran out) and SIGHUP (the terminal closed) killed the supervisor outright,
     leaving its workers and an embedded Redis behind."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CLUSTER_DQ_POOL__DEFAULT__ADDR": redis_server.pool_settings().Addr,
-        "CLUSTER_DQ_WORKERS": "2",
-    }
     log = tmp_path / "serve.log"
     with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", "0", "--admin-port", "0"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            preexec_fn=default_stop_signals,
-        )
+        proc = _supervisor(redis_server, err, preexec_fn=default_stop_signals)
     try:
         _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers spawned")
         workers = _workers(proc.pid)
@@ -330,18 +340,7 @@ def test_a_stop_signal_while_the_workers_start_stops_the_instance_cleanly(
 def test_workers_of_a_killed_supervisor_stop(redis_server: Server, when: str) -> None:
     """The supervisor SIGKILLed (an OOM kill): its workers stop on their own, even those
     that had not started yet (they took init for their supervisor and served on for good)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CLUSTER_DQ_POOL__DEFAULT__ADDR": redis_server.pool_settings().Addr,
-        "CLUSTER_DQ_WORKERS": "2",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cluster_dq.cli", "serve", "--port", "0", "--admin-port", "0"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = _supervisor(redis_server, subprocess.DEVNULL)
     workers: set[int] = set()
     try:
         _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers spawned")
@@ -386,21 +385,9 @@ def test_under_nohup_a_hangup_leaves_the_instance_serving(
     """Started under ``nohup`` (SIGHUP ignored), the instance outlives its terminal: a SIGHUP
     to the supervisor and its workers (a closed terminal's group) stops nothing; SIGTERM
     still stops it cleanly."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CLUSTER_DQ_POOL__DEFAULT__ADDR": redis_server.pool_settings().Addr,
-        "CLUSTER_DQ_WORKERS": "2",
-    }
     log = tmp_path / "serve.log"
     with log.open("wb") as err:
-        proc = subprocess.Popen(
-            ["nohup", sys.executable, "-m", "cluster_dq.cli", "serve"]
-            + ["--port", "0", "--admin-port", "0"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
+        proc = _supervisor(redis_server, err, under=["nohup"])
     try:
         _wait_for(lambda: "worker started" in log.read_text(), "a worker serving")
         _wait_for(lambda: log.read_text().count("worker started") == 2, "both workers serving")

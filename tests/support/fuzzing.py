@@ -886,20 +886,21 @@ def changed_fields(client: redis.Redis, before: bytes, after: bytes) -> str:
     where = client.connection_pool.connection_kwargs
     scratch = redis.Redis(host=where["host"], port=where["port"], db=15)
     try:
-        contents = []
+        contents: list[dict[Any, Any]] = []
         for n, dumped in enumerate((before[:-1], after[:-1])):
             name = f"fuzz:scratch:{n}"
             scratch.restore(name, 0, dumped, replace=True)
             kind = scratch.type(name)
-            contents.append(
-                scratch.hgetall(name)
-                if kind == b"hash"
-                else dict(scratch.zrange(name, 0, -1, withscores=True))
-                if kind == b"zset"
-                else {m: 1 for m in scratch.smembers(name)}
-                if kind == b"set"
-                else {b"": scratch.dump(name)}
-            )
+            found: dict[Any, Any]
+            if kind == b"hash":
+                found = cast(dict[Any, Any], scratch.hgetall(name))
+            elif kind == b"zset":
+                found = dict(cast(Any, scratch.zrange(name, 0, -1, withscores=True)))
+            elif kind == b"set":
+                found = {m: 1 for m in cast(Any, scratch.smembers(name))}
+            else:
+                found = {b"": scratch.dump(name)}
+            contents.append(found)
         old, new = contents
         return "; ".join(
             f"{f!r}: {old.get(f)!r} -> {new.get(f)!r}"[:300]
