@@ -184,7 +184,9 @@ async def test_a_consume_across_pools_cancelled_gives_back(
     ns = unique_ns()
     stalled, let_go = asyncio.Event(), asyncio.Event()
 
-    async def stall(ns: str, qs: Sequence[str], ttr_ms: int, count: int, timeout_ms: int) -> list[Job]:
+    async def stall(
+        ns: str, qs: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
+    ) -> list[Job]:
         """Pool b answers slowly (its long-poll only, in the long-poll phase), and lets go slowly."""
         if phase == "long-poll" and timeout_ms == 0:
             return []
