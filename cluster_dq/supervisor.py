@@ -44,22 +44,39 @@ def stop_signals() -> tuple[signal.Signals, ...]:
     return (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hup else ()))
 
 
-def _worker(
-    settings: Settings, ports: Ports, access_flag: SharedFlag, handling: SharedFlag, parent: int
-) -> None:
-    """A worker process's entry (it imports what it serves with, the supervisor does not). A
-    stop signal that arrives while it starts is kept (it would kill the worker in the middle
-    of taking leases) and honoured once it serves: it then stops as on any stop signal.
-    ``handling``: set once its handlers are in place (before, a SIGTERM kills a worker that
-    has started nothing). ``parent``: the supervisor's pid (it stops when that one is gone,
-    even gone before it started)."""
+def _worker(settings: Settings, ports: Ports, access_flag: SharedFlag, parent: int) -> None:
+    """A worker process's entry (it imports what it serves with, the supervisor does not). It
+    starts with the stop signals blocked (``_spawn_blocked``): one that arrives while it starts,
+    to it alone or to its whole process group (Ctrl-C, a closed terminal), waits until its
+    handlers are in place, is kept (it would kill the worker in the middle of taking leases)
+    and is honoured once it serves: it then stops as on any stop signal. ``parent``: the
+    supervisor's pid (it stops when that one is gone, even gone before it started)."""
     early: list[int] = []
-    for sig in stop_signals():
+    stops = stop_signals()
+    for sig in stops:
         signal.signal(sig, lambda signum, frame: early.append(signum))
-    handling.value = True
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # what came meanwhile lands in early
     from cluster_dq.server import work
 
     work(settings, ports, access_flag, early, parent)
+
+
+def _spawn_blocked(process: multiprocessing.process.BaseProcess) -> None:
+    """Starts ``process`` with the stop signals blocked: the mask survives fork and exec, so a
+    new worker holds a signal pending until its handlers are set, instead of dying of it half
+    way through its imports (SIGINT raising KeyboardInterrupt, SIGHUP and SIGTERM killing it).
+    The supervisor's own signals wait the few milliseconds of the start, then arrive."""
+    # The resource tracker's first start unblocks SIGINT and SIGTERM when it is done: started
+    # first, it cannot undo the block below.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    stops = stop_signals()
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
 
 REUSE_PORT = hasattr(socket, "SO_REUSEPORT") and os.uname().sysname == "Linux"  # Linux balances
@@ -151,7 +168,6 @@ def run(settings: Settings, on_ready: object = None) -> int:
     redis: RedisServer | None = None
     instance: embedded.Instance | None = None  # embedded mode: this serve's state file
     workers: list[multiprocessing.process.BaseProcess] = []
-    handling: dict[multiprocessing.process.BaseProcess, SharedFlag] = {}  # its handlers set
     metrics_dir: Path | None = None
     holders: list[socket.socket] = []  # the ports, held until the end
     stopping: list[int] = []
@@ -181,13 +197,12 @@ def run(settings: Settings, on_ready: object = None) -> int:
         access_flag = ctx.Value("b", settings.EnableAccessLog, lock=False)
 
         def spawn() -> multiprocessing.process.BaseProcess:
-            flag = ctx.Value("b", False, lock=False)
-            w = ctx.Process(target=_worker, args=(settings, ports, access_flag, flag, os.getpid()))
-            w.start()
-            handling[w] = flag
+            w = ctx.Process(target=_worker, args=(settings, ports, access_flag, os.getpid()))
+            _spawn_blocked(w)
             return w
 
-        workers = [spawn() for _ in range(settings.Workers)]
+        for _ in range(settings.Workers):  # one at a time: a failed start stops those started
+            workers.append(spawn())
         log.info(
             "serving",
             extra={
@@ -232,7 +247,6 @@ def run(settings: Settings, on_ready: object = None) -> int:
                     break
                 log.error("worker (pid %s) %s; restarting it", w.pid, _exit_status(w.exitcode))
                 _forget_worker(metrics_dir, w.pid)
-                handling.pop(w, None)
                 workers[i] = spawn()
     finally:
         signal.set_wakeup_fd(-1)
@@ -251,10 +265,6 @@ def run(settings: Settings, on_ready: object = None) -> int:
                 w.kill()
                 w.join()
                 failed = True
-            elif w.exitcode == -signal.SIGTERM and not handling[w].value:
-                # Ours, before the worker's own handlers (the first ~0.3 s of a new process):
-                # it had started nothing, nothing of it to stop.
-                log.info("worker (pid %s) stopped as it started", w.pid)
             elif w.exitcode:
                 log.error("worker (pid %s) %s", w.pid, _exit_status(w.exitcode))
                 failed = True

@@ -252,10 +252,16 @@ def _workers(pid: int) -> set[int]:
 
 
 def _supervisor(
-    server: Server, stderr: Any, *, under: Sequence[str] = (), preexec_fn: Any = None
+    server: Server,
+    stderr: Any,
+    *,
+    under: Sequence[str] = (),
+    preexec_fn: Any = None,
+    new_session: bool = False,
 ) -> subprocess.Popen[bytes]:
     """`cluster-dq serve` with two workers on ``server``, on ports the system picks, started
-    as a service manager would (``under`` a wrapper such as ``nohup``)."""
+    as a service manager would (``under`` a wrapper such as ``nohup``; ``new_session``: in a
+    process group of its own, as a terminal's or a service manager's)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -269,6 +275,7 @@ def _supervisor(
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         preexec_fn=preexec_fn,
+        start_new_session=new_session,
     )
 
 
@@ -311,23 +318,30 @@ def test_a_dead_worker_is_restarted_and_a_crash_loop_exits_non_zero(
     "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["TERM", "INT", "HUP"]
 )
 @pytest.mark.parametrize("after_s", [0.0, 0.5], ids=["as-spawned", "while-importing"])
+@pytest.mark.parametrize("to", ["supervisor", "group"])
 def test_a_stop_signal_while_the_workers_start_stops_the_instance_cleanly(
-    redis_server: Server, tmp_path: Path, signum: int, after_s: float
+    redis_server: Server, tmp_path: Path, signum: int, after_s: float, to: str
 ) -> None:
-    """A stop signal to the supervisor while its workers are still starting (a service
-    manager's quick restart, a Ctrl-C): every worker stops as it would once serving (the
-    signal kept until it serves), none is killed half-way through taking its leases, and the
-    instance exits 0. Before, SIGTERM killed a worker in its imports (exit 1, its leases held
-    until they ran out) and SIGHUP (the terminal closed) killed the supervisor outright,
-    leaving its workers and an embedded Redis behind."""
+    """A stop signal while the workers are still starting, to the supervisor (a service
+    manager's quick restart) or to the whole process group (Ctrl-C, a closed terminal, a
+    systemd stop): every worker stops as it would once serving (the signal kept until it
+    serves), none is killed half-way through taking its leases, and the instance exits 0.
+    Before, SIGTERM killed a worker in its imports (exit 1, its leases held until they ran
+    out), SIGHUP (the terminal closed) killed the supervisor outright, leaving its workers and
+    an embedded Redis behind, and a group's SIGINT or SIGHUP killed a worker still importing."""
     log = tmp_path / "serve.log"
     with log.open("wb") as err:
-        proc = _supervisor(redis_server, err, preexec_fn=default_stop_signals)
+        proc = _supervisor(
+            redis_server, err, preexec_fn=default_stop_signals, new_session=to == "group"
+        )
     try:
         _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers spawned")
         workers = _workers(proc.pid)
         time.sleep(after_s)
-        proc.send_signal(signum)
+        if to == "group":
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
         assert proc.wait(timeout=60) == 0, log.read_text()
         text = log.read_text()
         assert "killed by" not in text and "Traceback" not in text, text
