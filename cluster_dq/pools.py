@@ -141,22 +141,34 @@ def make_sync_client(p: PoolSettings) -> Any:
 
 
 async def close_client(client: AsyncClient) -> None:
-    """Closes a client and, for Sentinel, the connections to the sentinels too; for a
-    Cluster, the nodes it dropped (``wire.use_on_cluster``) too."""
-    await client.aclose()
-    if isinstance(client, RedisCluster):
-        tasks = list(client.nodes_manager._background_tasks)
-        for task in tasks:
-            if task.get_name() == wire.CLOSING_DROPPED:
-                task.cancel()  # it closes them as it ends
-        await asyncio.gather(*tasks, return_exceptions=True)
-    manager = (
-        getattr(client.connection_pool, "sentinel_manager", None)
-        if isinstance(client, Redis)
-        else None
-    )
-    for sentinel in getattr(manager, "configured", getattr(manager, "sentinels", [])):
-        await sentinel.aclose()
+    """Closes a client and, for Sentinel, the connections to the sentinels too (a discovery
+    still under way for callers that left is cancelled first: it would open one again); for a
+    Cluster, the nodes it dropped (``wire.use_on_cluster``) too. Each part is closed even when
+    another fails (a stalled peer's close times out); the first failure is raised at the end."""
+    try:
+        await client.aclose()
+    finally:
+        if isinstance(client, RedisCluster):
+            tasks = list(client.nodes_manager._background_tasks)
+            for task in tasks:
+                if task.get_name() == wire.CLOSING_DROPPED:
+                    task.cancel()  # it closes them as it ends
+            await asyncio.gather(*tasks, return_exceptions=True)
+        manager = (
+            getattr(client.connection_pool, "sentinel_manager", None)
+            if isinstance(client, Redis)
+            else None
+        )
+        if manager is not None:
+            asking = list(getattr(manager, "_asking", {}).values())
+            for future in asking:
+                future.cancel()
+            await asyncio.gather(*asking, return_exceptions=True)
+            sentinels = getattr(manager, "configured", getattr(manager, "sentinels", []))
+            closed = await asyncio.gather(*(s.aclose() for s in sentinels), return_exceptions=True)
+            for outcome in closed:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
 
 async def check_redis(name: str, client: AsyncClient) -> list[str]:

@@ -7,8 +7,11 @@ tests/system/test_outages.py's.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
+import os
+import signal
 import time
 import warnings
 from typing import Any
@@ -23,7 +26,7 @@ from redis.exceptions import DataError
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.wire import Connection as WireConnection
 from cluster_dq.engine.wire import SentinelConnection
-from cluster_dq.localredis import Cluster, SentinelGroup, free_port
+from cluster_dq.localredis import Cluster, SentinelGroup, Server, free_port
 from cluster_dq.pools import close_client, make_client
 from tests.support import Deployment
 
@@ -51,6 +54,53 @@ def test_hiredis_packs_what_redis_py_packs(name: str | bytes, args: list[Any]) -
 def test_an_argument_redis_cannot_take_is_refused_as_redis_py_refuses_it() -> None:
     with pytest.raises(DataError):
         WireConnection().pack_command("SET", "k", None)
+
+
+async def test_a_cancellation_during_a_write_is_honoured_once(
+    redis_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task is cancelled while its command is being written and redis-py's write returns
+    normally anyway (Python 3.11's wait_for swallows a cancellation that arrives as it ends):
+    the call raises CancelledError and drops the connection (its reply will not be read),
+    instead of waiting the whole socket timeout for it. A task that swallowed a cancellation
+    earlier (its count stays raised) is not failed by it on every later write."""
+    original = Connection.send_packed_command
+
+    async def cancelled_as_it_ends(self: Any, command: Any, check_health: bool = True) -> None:
+        await original(self, command, check_health)
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # as a cancellation that the write's wait_for swallowed
+
+    conn = WireConnection(host="127.0.0.1", port=redis_server.port)
+    try:
+        await conn.connect()  # type: ignore[no-untyped-call]
+        with monkeypatch.context() as m:
+            m.setattr(Connection, "send_packed_command", cancelled_as_it_ends)
+
+            async def write() -> None:
+                await conn.send_packed_command(conn.pack_command("PING"))
+                await asyncio.sleep(3600)  # not cancelled: waits here (the bug)
+
+            writer = asyncio.create_task(write())
+            with pytest.raises(asyncio.CancelledError):
+                async with asyncio.timeout(5):  # a TimeoutError here: the write went on
+                    await writer
+            assert not conn.is_connected
+
+        async def after_a_swallowed_cancellation() -> bytes:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0)  # swallowed: task.cancelling() stays 1
+            await conn.send_packed_command(conn.pack_command("PING"))
+            reply: bytes = await conn.read_response()
+            return reply
+
+        assert await asyncio.create_task(after_a_swallowed_cancellation()) in (b"PONG", "PONG")
+    finally:
+        await conn.disconnect()
 
 
 async def test_every_topology_connects_with_the_hiredis_classes(deployment: Deployment) -> None:
@@ -116,6 +166,32 @@ async def test_an_unreachable_sentinel_costs_one_refused_connection(
         await close_client(client)
 
 
+async def test_closing_a_client_ends_a_discovery_its_callers_left(
+    redis_sentinel: SentinelGroup,
+) -> None:
+    """A master discovery under way (the first sentinel stalled: it accepts and never
+    answers), its caller gone (a request that left, a pump stopped in a failover), then the
+    client closed: nothing of the client runs on. The discovery used to carry on (it is shared,
+    so shielded from its callers), to time out and ask the next sentinel on a closed client."""
+    stalled = redis_sentinel.sentinels[0]
+    client = make_client(redis_sentinel.pool_settings())  # the stalled one listed first
+    os.kill(stalled.process.pid, signal.SIGSTOP)
+    try:
+        before = asyncio.all_tasks()
+        caller = asyncio.ensure_future(client.ping())
+        await asyncio.sleep(0.3)  # connected to the stalled sentinel, waiting for its answer
+        assert not caller.done()
+        caller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await caller
+        await close_client(client)
+        await asyncio.sleep(0)
+        left = [t for t in asyncio.all_tasks() - before if not t.done()]
+        assert left == [], left
+    finally:
+        os.kill(stalled.process.pid, signal.SIGCONT)
+
+
 async def test_a_node_the_cluster_no_longer_lists_has_every_connection_closed(
     redis_cluster: Cluster,
 ) -> None:
@@ -131,7 +207,7 @@ async def test_a_node_the_cluster_no_longer_lists_has_every_connection_closed(
         manager = client.nodes_manager
         node = next(iter(manager.nodes_cache.values()))
         busy = node.acquire_connection()  # a command in flight on it
-        await busy.connect()
+        await busy.connect()  # type: ignore[no-untyped-call]
         kept = {name: n for name, n in manager.nodes_cache.items() if n is not node}
         manager.set_nodes(manager.nodes_cache, kept, remove_old=True)
         await asyncio.sleep(0.3)
