@@ -336,7 +336,9 @@ def _validate(s: Settings) -> None:
         _within(f"Pool.{name}.PoolSize", pool.PoolSize, 1, 65_535)
         _within(f"Pool.{name}.DB", pool.DB, 0, 65_535)
         _within(f"Pool.{name}.WaitReplicas", pool.WaitReplicas, 0, 64)
-        _within(f"Pool.{name}.WaitTimeoutMs", pool.WaitTimeoutMs, 0, 60_000)
+        # 0 would make WAIT block until the replicas answer, and from the 5-s socket timeout
+        # (pools.SOCKET_TIMEOUT) on, the socket gives up before the WAIT does
+        _within(f"Pool.{name}.WaitTimeoutMs", pool.WaitTimeoutMs, 1, 4_000)
         target = s.Pool.get(pool.MigrateTo) if pool.MigrateTo else None
         if pool.MigrateTo and (target is None or pool.MigrateTo == name):
             raise ConfigError(f"Pool.{name}.MigrateTo: unknown pool {pool.MigrateTo!r}")

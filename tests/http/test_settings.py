@@ -164,6 +164,10 @@ P = '[Pool.default]\nAddr = "127.0.0.1:1"\n'
         (P + "PoolSize = -5", "Pool.default.PoolSize"),
         (P + "WaitTimeoutMs = 100000000000", "Pool.default.WaitTimeoutMs"),
         (P + "WaitTimeoutMs = -1", "Pool.default.WaitTimeoutMs"),
+        # 0: WAIT blocks until the replicas answer, however long; 5000 and more: the socket
+        # timeout (5 s) ends the WAIT first, so each durable write answered 503 at once
+        (P + "WaitTimeoutMs = 0", "Pool.default.WaitTimeoutMs"),
+        (P + "WaitTimeoutMs = 5000", "Pool.default.WaitTimeoutMs"),
         (P + "WaitReplicas = 1000", "Pool.default.WaitReplicas"),
         (P + "DB = -1", "Pool.default.DB"),
     ],
@@ -181,7 +185,7 @@ def test_settings_at_the_bounds_are_accepted(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(
         "TTRSecond = 1\nTimeoutSecond = 600\nTokenCacheSecond = 0\nDelaySecond = 0\n"
-        "TTLSecond = 0\nMaxBodyBytes = 1048576\n" + P + "PoolSize = 1\nWaitTimeoutMs = 60000\n"
+        "TTLSecond = 0\nMaxBodyBytes = 1048576\n" + P + "PoolSize = 1\nWaitTimeoutMs = 4000\n"
     )
     s = load(cfg, {})
     assert s.TTRSecond == 1 and s.Pool["default"].PoolSize == 1
