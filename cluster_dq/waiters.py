@@ -80,6 +80,9 @@ class Waiter:
     # The last look for it could not reach Redis (nothing reserved): at its deadline it is
     # answered with that error, not "no job" (the queue was not looked at).
     unreachable: Transient | None = None
+    # When (monotonic) the latest look for it that found nothing began: that look covered every
+    # queue it waits on, so a watcher whose reason to look is older need not look again.
+    looked_empty: float = float("-inf")
 
 
 class _Watcher:
@@ -94,6 +97,9 @@ class _Watcher:
         self.due_ms: int | None = None  # the earliest due time noticed since the last look
         self.looked_again = False  # the last look found an event due and nothing ready
         self._timer: asyncio.Timeout | None = None  # the sleep in progress
+        # Why it looks (monotonic): its sleep ended (a timer, the safety poll) or a notice
+        # came. A new watcher looks at once: what its waiter saw came before its notices did.
+        self.woke_at = time.monotonic()
 
     def noticed_due(self, due_ms: int) -> None:
         """A job was put into DELAYED, due at ``due_ms``: the watcher's timer was set before
@@ -155,24 +161,31 @@ class _Watcher:
             return
         self.wake.clear()
         self.due_ms = None
-        waiter.busy = True
-        try:
-            jobs = await self.hub.reserve(
-                waiter.namespace, waiter.queues, waiter.ttr_ms, waiter.count, waiter.deadline
-            )
-        except Transient as e:
-            if not core.reserved_nothing(e):  # not repeated for it: "no job" (core's rule)
-                self.hub._finish(waiter, [])
-            else:
-                waiter.unreachable = e
-            raise  # the others wait on: run() looks again shortly
-        finally:
-            self.hub.free(waiter)
-        waiter.unreachable = None
-        if jobs:
-            self.looked_again = False
-            await self.hub._deliver(waiter, jobs)
-            return
+        if waiter.looked_empty < self.woke_at:
+            # (else a look for this waiter, by another queue's watcher or by its own consume,
+            # began since this watcher's reason to look and found nothing in any of its queues:
+            # looking again would find the same. Its 8 queues' watchers used to look in turn.)
+            started = time.monotonic()
+            waiter.busy = True
+            try:
+                jobs = await self.hub.reserve(
+                    waiter.namespace, waiter.queues, waiter.ttr_ms, waiter.count, waiter.deadline
+                )
+            except Transient as e:
+                if not core.reserved_nothing(e):  # not repeated for it: "no job" (core's rule)
+                    self.hub._finish(waiter, [])
+                else:
+                    waiter.unreachable = e
+                self.woke_at = time.monotonic()  # look again, shortly
+                raise  # the others wait on: run() looks again shortly
+            finally:
+                self.hub.free(waiter)
+            waiter.unreachable = None
+            if jobs:
+                self.looked_again = False
+                await self.hub._deliver(waiter, jobs)
+                return
+            waiter.looked_empty = max(waiter.looked_empty, started)
         until = min((w.deadline for w in self.waiters), default=time.monotonic())
         sizes = await engine.run(
             ops.sizes(engine.config, self.namespace, self.queue), deadline=until
@@ -187,6 +200,7 @@ class _Watcher:
                 # Most often a job that became due while the look was under way: look again
                 # at once (a consume promotes due jobs itself), no pump step in between.
                 self.looked_again = True
+                self.woke_at = time.monotonic()
                 return
             # Still nothing: a wheel bucket to open, or expiries: the pump step here.
             sizes = await engine.run(
@@ -195,7 +209,8 @@ class _Watcher:
                 deadline=until,
             )
             nxt = sizes.next_event_ms
-            if sizes.ready:
+            if sizes.ready:  # the step made jobs ready: look at once
+                self.woke_at = time.monotonic()
                 return
         self.looked_again = False
         sleep = SAFETY_POLL_S
@@ -204,13 +219,21 @@ class _Watcher:
                 sleep = min(sleep, self._until(t))
         if self.waiters:
             sleep = min(sleep, max(min(w.deadline for w in self.waiters) - time.monotonic(), 0))
-        if sleep > 0:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(sleep) as self._timer:  # not wait_for: see consume
-                    try:
-                        await self.wake.wait()
-                    finally:
-                        self._timer = None
+        if sleep <= 0:
+            self.woke_at = time.monotonic()
+            return
+        try:
+            async with asyncio.timeout(sleep) as self._timer:  # not wait_for: see consume
+                try:
+                    await self.wake.wait()  # a notice: ``_read`` set woke_at when it came
+                finally:
+                    due = self._timer.when()
+                    self._timer = None
+        except TimeoutError:
+            # The reason is the time it was set for (a job's due time), not when this task
+            # ran again: the watchers of a waiter's queues due at the same moment wake in
+            # turn, and a look begun after that moment covers every one of them.
+            self.woke_at = max(self.woke_at, due if due is not None else time.monotonic())
 
 
 class WaiterHub:
@@ -263,6 +286,7 @@ class WaiterHub:
         # A long poll's repeats end with it; a consume that does not wait gets the budget.
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
         unreachable: Transient | None = None
+        started = time.monotonic()
         try:
             jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
         except Transient as e:
@@ -275,6 +299,8 @@ class WaiterHub:
         if jobs or deadline is None or time.monotonic() >= deadline:
             return jobs
         waiter = Waiter(namespace, queues, ttr_ms, count, deadline, unreachable=unreachable)
+        if unreachable is None:  # this look found nothing: the watchers need not repeat it
+            waiter.looked_empty = started
         for q in queues:
             self._watcher(namespace, q).waiters.append(waiter)
         answered = False
@@ -455,6 +481,7 @@ class WaiterHub:
                     if data.startswith(b"due:"):  # a delayed job: maybe an earlier timer
                         w.noticed_due(int(data[4:]))
                     else:  # the ready set became non-empty: look now
+                        w.woke_at = time.monotonic()
                         w.wake.set()
 
     async def close(self, grace_s: float = 5.0) -> bool:

@@ -66,6 +66,15 @@ out[1], out[3], out[4], out[5] = lowered, retried, dead, gone + gone2 + skipped
 if got < count and skipped >= limit then out[6] = 1 end
 local w = first_score(WHEEL)
 if w and w - tonumber(ARGV[6]) <= now then out[2] = now end
+-- META.next passed and nothing left ready: the event it marked was this call's (or another
+-- consumer's) to take. Brought up to the queue's next event, so that multi-queue consumes
+-- (which visit a queue whose META.next has passed) stop visiting it until then, instead of
+-- until the pump's next step. Exact, so still no later than any event of the queue.
+local marked = redis.call('HGET', META, 'next')
+if marked and tonumber(marked) <= now and out[2] == 0 and redis.call('EXISTS', READY) == 0 then
+  local nxt = queue_sizes(tonumber(ARGV[6]))[5]
+  if nxt >= 0 then redis.call('HSET', META, 'next', nxt) else redis.call('HDEL', META, 'next') end
+end
 tidy()
 notify(ARGV[5], was_empty)
 return out

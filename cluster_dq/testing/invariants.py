@@ -60,6 +60,13 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
     w = int(r.hget(k.meta, "w") or 0)
     assert w == in_wheel, f"meta.w {w} != jobs in buckets {in_wheel}"
     assert set(r.hkeys(k.meta)) <= {b"w", b"next"}
+    marked = r.hget(k.meta, "next")
+    if marked is not None:  # the pump's and the multi-queue consume's promise: no event earlier
+        heads = [r.zrange(getattr(k, n), 0, 0, withscores=True) for n in ("delayed", "reserved")]
+        heads.append(r.zrange(k.expire, 0, 0, withscores=True))
+        for head in heads:
+            if head:
+                assert int(marked) <= int(head[0][1]), f"meta.next {int(marked)} > an event {head}"
     if w == 0 and not jobs:
         assert not r.exists(k.meta), "an empty queue keeps its meta hash"
     return {"wheel": in_wheel, **{n: len(m) for n, m in zsets.items()}}

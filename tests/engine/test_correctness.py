@@ -21,8 +21,10 @@ from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Eval, Step
 from cluster_dq.errors import BadRequest
+from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec, JobState, validate_spec
 from cluster_dq.pump import Pump
+from cluster_dq import waiters
 from cluster_dq.waiters import WaiterHub
 from cluster_dq.testing.invariants import check_queue
 
@@ -341,6 +343,77 @@ async def test_consume_drops_a_bounded_number_of_expired_jobs_per_call(engine: A
     (job,) = await engine.run(ops.consume(cfg, NS, [Q], 30_000, 1, t + 2_000))
     assert job.job_id == live.job_id
     assert max(dropped) <= 200 and sum(dropped) == 1_000, dropped
+
+
+async def test_a_multi_queue_consume_stops_visiting_a_queue_once_its_event_is_taken(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A queue whose marked next event (META.next) has passed is visited by every
+    multi-queue consume (a script call on it, the others skipped after one look at all). The
+    consume that takes the event's job brings the mark up to the queue's next event, still
+    no later than any: the consumes after it visit no queue until then. Before, the mark
+    stayed passed until the pump's next step of the queue, and each long-poll look of an
+    8-queue consumer cost up to 8 script calls that found nothing."""
+    cfg, t = engine.config, now_ms()
+    queues = [f"mq{i}" for i in range(4)]
+    for q in queues:  # each with a job due much later
+        await engine.run(ops.publish(cfg, NS, q, [JobSpec(b"later", delay_ms=60_000)], t))
+    await engine.run(ops.publish(cfg, NS, queues[2], [JobSpec(b"soon", delay_ms=100)], t))
+    visited: list[str] = []
+
+    async def count(step: Step, real: Callable[[Step], Awaitable[Any]]) -> Any:
+        if isinstance(step, Eval) and step.script == "consume":
+            visited.append(step.keys[0])
+        return await real(step)
+
+    inject(engine, count)
+    (job,) = await engine.run(ops.consume(cfg, NS, queues, 30_000, 1, t + 200))
+    assert job.queue == queues[2] and len(visited) == 1
+    for q in queues:
+        check_queue(sync_redis, NS, q)  # the mark is still no later than any event
+    marked = int(sync_redis.hget(QueueKeys(NS, queues[2]).meta, "next") or 0)
+    assert marked == t + 200 + 30_000  # the reservation's end, now the queue's next event
+    visited.clear()
+    assert await engine.run(ops.consume(cfg, NS, queues, 30_000, 1, t + 300)) == []
+    assert visited == []
+
+
+async def test_a_long_poll_on_many_queues_is_looked_for_once_per_reason(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-poll on 8 queues, each with a job due at the same moment, which another consumer
+    (another instance's) takes first: at that moment the 8 queues' watchers wake, and one
+    look for the waiter, begun after it, covers all 8 queues. The others do not repeat it (each
+    used to, in turn, 8 looks of 8 queues for one reason)."""
+    cfg = engine.config
+    queues = [f"lp{i}" for i in range(8)]
+    monkeypatch.setattr(waiters, "SAFETY_POLL_S", 10.0)  # no other reason to look meanwhile
+    hub = WaiterHub(engine)
+    try:
+        poll = asyncio.create_task(hub.consume(NS, queues, 30_000, 1, 2_000))
+        for _ in range(500):  # every watcher subscribed (it hears the due times)
+            if len(hub._pubsub.channels) == 8:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # and done with its first look
+        t = now_ms()
+        due = t + 300
+        for q in queues:
+            await engine.run(ops.publish(cfg, NS, q, [JobSpec(b"x", delay_ms=300)], t))
+        taken = await engine.run(ops.consume(cfg, NS, queues, 30_000, 8, due + 50))
+        assert len(taken) == 8  # another consumer's, before they are due here
+        looks: list[float] = []
+
+        async def count(step: Step, real: Callable[[Step], Awaitable[Any]]) -> Any:
+            if isinstance(step, tuple) and step and step[0].args[0] == "EXISTS":
+                looks.append(now_ms() - due)  # a multi-queue consume's first look
+            return await real(step)
+
+        inject(engine, count)
+        assert await poll == []
+        assert len(looks) == 1, looks  # 8 before, one after the other
+    finally:
+        await hub.close()
 
 
 async def test_a_due_job_with_a_priority_does_not_wait_behind_a_backlog(
