@@ -38,6 +38,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,14 +85,16 @@ class Proc:
             self.popen.wait()
 
 
-def start_instance(pool: PoolSettings) -> ServiceProcess:
-    """A service instance with one worker, once it is ready; in a process group of its own."""
+def start_instance(pool: PoolSettings, root: Path | None = None) -> ServiceProcess:
+    """A service instance with one worker, once it is ready; in a process group of its own.
+    ``root``: the checkout whose code it runs (default: this one), for a before/after."""
     return ServiceProcess.start(
         pool,
         env={"CLUSTER_DQ_LOGLEVEL": "warning", "CLUSTER_DQ_WORKERS": "1"},
         first_port=18000,
         ready="/readyz",
         session=True,
+        root=root,
     )
 
 
@@ -131,7 +134,7 @@ def start_nginx(workdir: Path, listen: int, upstreams: list[int]) -> Proc:
 # -- resident jobs --------------------------------------------------------------------------
 
 
-def _preload_slice(pool: PoolSettings, start: int, n: int, now: int) -> int:
+def _preload_slice(pool: PoolSettings, start: int, n: int, now: int, queues: int) -> int:
     from cluster_dq.engine import commands as ops
     from cluster_dq.engine.sync import SyncEngine
     from cluster_dq.models import JobSpec
@@ -148,7 +151,7 @@ def _preload_slice(pool: PoolSettings, start: int, n: int, now: int) -> int:
                 if k <= 0:
                     break
                 i = start + done
-                q = f"q{(i // 64) % QUEUES}"
+                q = f"q{(i // 64) % queues}"
                 # due 2-3 hours from now, spread over the hour: thousands of wheel buckets
                 specs = [
                     JobSpec(BODY, delay_ms=7_200_000 + (i + j) * 7919 % 3_600_000, ttl_ms=0)
@@ -172,7 +175,9 @@ def used_memory(d: Server | Cluster) -> int:
     return total
 
 
-def preload(d: Server | Cluster, n: int, procs: int = 2) -> tuple[float, float]:
+def preload(
+    d: Server | Cluster, n: int, procs: int = 2, queues: int = QUEUES
+) -> tuple[float, float]:
     """Returns (seconds, Redis bytes per job)."""
     before = used_memory(d)
     t = time.monotonic()
@@ -181,7 +186,7 @@ def preload(d: Server | Cluster, n: int, procs: int = 2) -> tuple[float, float]:
     with ProcessPoolExecutor(procs) as pool_ex:
         futures = [
             pool_ex.submit(
-                _preload_slice, d.pool_settings(), k * share, min(share, n - k * share), now
+                _preload_slice, d.pool_settings(), k * share, min(share, n - k * share), now, queues
             )
             for k in range(procs)
             if n - k * share > 0
@@ -191,7 +196,7 @@ def preload(d: Server | Cluster, n: int, procs: int = 2) -> tuple[float, float]:
     return took, (used_memory(d) - before) / max(total, 1)
 
 
-def resident(d: Server | Cluster) -> int:
+def resident(d: Server | Cluster, queues: int = QUEUES) -> int:
     from cluster_dq.engine import commands as ops
     from cluster_dq.engine.sync import SyncEngine
     from cluster_dq.pools import make_sync_client
@@ -199,7 +204,7 @@ def resident(d: Server | Cluster) -> int:
     client = make_sync_client(d.pool_settings())
     try:
         engine = SyncEngine(client)
-        return sum(engine.run(ops.sizes(engine.config, NS, f"q{i}")).delayed for i in range(QUEUES))
+        return sum(engine.run(ops.sizes(engine.config, NS, f"q{i}")).delayed for i in range(queues))
     finally:
         client.close()
 
@@ -220,7 +225,9 @@ class Row:
     maximum: float
 
 
-def run_locust(host: str, token: str, rate: float, seconds: float, prefix: Path) -> dict[str, Row]:
+def run_locust(
+    host: str, token: str, rate: float, seconds: float, prefix: Path, queues: int = QUEUES
+) -> dict[str, Row]:
     jobs_per_s = rate / 3  # publish, consume, ack per job
     producers = max(1, min(50, int(jobs_per_s // 20)))
     consumers = max(4, min(60, int(jobs_per_s // 25)))
@@ -250,7 +257,7 @@ def run_locust(host: str, token: str, rate: float, seconds: float, prefix: Path)
         "--dq-token",
         token,
         "--dq-queues",
-        str(QUEUES),
+        str(queues),
         "--dq-publish-rate",
         str(jobs_per_s),
         "--dq-producers",
@@ -356,10 +363,114 @@ def report(rows: dict[str, Row], seconds: float, cpu: dict[str, float]) -> dict[
         "rps": requests / seconds,
         "worst_p99": worst_p99,
         "lateness_p99": late.p99 if late else None,
+        "lateness_max": late.maximum if late else None,
+        "delivered": late.requests if late else 0,
+        "lateness_p99_by_queue": {
+            n.rsplit(" ", 1)[1]: r.p99
+            for n, r in rows.items()
+            if n.startswith("LATENESS deliver q")
+        },
     }
 
 
 # -- the profile ----------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """Redis (with its resident jobs), the service instances and nginx in front of them."""
+
+    redis: Server | Cluster
+    services: dict[str, ServiceProcess]
+    front: Proc
+    listen: int  # nginx's port
+    token: str  # of the load namespace
+    bytes_per_job: float
+    queues: int  # the load spreads over q0, q1, ...
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listen}"
+
+    def redis_servers(self) -> list[Server]:
+        return self.redis.servers if isinstance(self.redis, Cluster) else [self.redis]
+
+    def processes(self) -> dict[str, list[psutil.Process]]:
+        """The processes whose CPU a step reports, by component."""
+        out = {name: [psutil.Process(svc.pid)] for name, svc in self.services.items()}
+        out["nginx"] = [psutil.Process(self.front.popen.pid)]
+        out["redis"] = [psutil.Process(s.process.pid) for s in self.redis_servers()]
+        return out
+
+
+@contextlib.contextmanager
+def stack(
+    jobs: int,
+    instances: int = 2,
+    cluster: bool = False,
+    *,
+    masters: int = 3,
+    replicas: int = 1,
+    queues: int = QUEUES,
+    root: Path | None = None,
+) -> Iterator[Stack]:
+    """Starts it all (a Cluster of ``masters`` x ``replicas`` when ``cluster``), preloads
+    ``jobs`` delayed jobs, and stops it all on the way out. ``root``: the checkout whose code
+    the instances run (default: this one)."""
+    workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-profile-"))
+    d: Server | Cluster = (
+        start_cluster(masters=masters, replicas=replicas) if cluster else start_server()
+    )
+    services: dict[str, ServiceProcess] = {}
+    front: Proc | None = None
+    try:
+        where = f"Cluster {masters}+{masters * replicas}" if cluster else "standalone"
+        print(
+            f"profile: Redis {where}; preloading {jobs:,} delayed jobs "
+            f"(64-B bodies, due in 2-3 h) ...",
+            flush=True,
+        )
+        took, per_job = preload(d, jobs, queues=queues) if jobs else (0.0, 0.0)
+        if jobs:
+            print(
+                f"  preloaded in {took:.1f} s ({jobs / took:,.0f} jobs/s); Redis {per_job:.1f} B/job "
+                f"(target <= 120)",
+                flush=True,
+            )
+        pool = d.pool_settings()
+        for i in range(instances):
+            services[f"service-{i}"] = start_instance(pool, root)
+        admin = next(iter(services.values())).admin
+        token = httpx.post(f"{admin}/token/{NS}", params={"description": "load"}).json()["token"]
+        listen = free_port(19000, 19500)
+        ports = [svc.port for svc in services.values()]
+        front = start_nginx(workdir, listen, ports)
+        print(f"profile: nginx 127.0.0.1:{listen} -> {instances} instances {ports}", flush=True)
+        yield Stack(d, services, front, listen, token, per_job, queues)
+    finally:
+        if front is not None:
+            front.stop()
+        for svc in services.values():
+            svc.stop()
+        d.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def measure(st: Stack, rate: float, seconds: float, prefix: Path) -> dict[str, Any]:
+    """One run of the mix at ``rate`` req/s: prints it (``report``) and returns its figures,
+    with the CPU seconds of each component (``cpu``: each service, nginx, redis, locust)."""
+    print(f"profile: locust, {rate:,.0f} req/s asked for {seconds:.0f} s ...", flush=True)
+    watched = st.processes()
+    cpu0 = {n: cpu_seconds(ps) for n, ps in watched.items()}
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rows = run_locust(st.url, st.token, rate, seconds, prefix, st.queues)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # locust, once it was reaped
+    cpu = {n: cpu_seconds(ps) - cpu0[n] for n, ps in watched.items()}
+    cpu["locust"] = children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime
+    figures = report(rows, seconds, cpu)
+    service = sum(v for n, v in cpu.items() if n.startswith("service-"))
+    figures |= {"asked": rate, "cpu": cpu, "service_cpu": service}
+    return figures
 
 
 def profile(
@@ -372,65 +483,16 @@ def profile(
     step_seconds: float = 30.0,
     keep: bool = False,
 ) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-profile-"))
-    d: Server | Cluster = start_cluster() if cluster else start_server()
-    procs: list[Proc] = []
-    services: dict[str, ServiceProcess] = {}
-    result: dict[str, Any] = {}
-    try:
-        print(
-            f"profile: Redis {'Cluster 3+3' if cluster else 'standalone'}; preloading {jobs:,} delayed jobs "
-            f"(64-B bodies, due in 2-3 h) ...",
-            flush=True,
-        )
-        took, per_job = preload(d, jobs) if jobs else (0.0, 0.0)
-        if jobs:
-            print(
-                f"  preloaded in {took:.1f} s ({jobs / took:,.0f} jobs/s); Redis {per_job:.1f} B/job "
-                f"(target <= 120)",
-                flush=True,
-            )
-        result["bytes_per_job"] = per_job
-        pool = d.pool_settings()
-        ports = []
-        for i in range(instances):
-            svc = services[f"service-{i}"] = start_instance(pool)
-            ports.append(svc.port)
-        token = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "load"}).json()[
-            "token"
-        ]
-        listen = free_port(19000, 19500)
-        procs.append(start_nginx(workdir, listen, ports))
-        print(f"profile: nginx 127.0.0.1:{listen} -> {instances} instances {ports}", flush=True)
-        watched = {name: psutil.Process(svc.pid) for name, svc in services.items()}
-        watched |= {p.name: psutil.Process(p.popen.pid) for p in procs}
-        redis_pids = [
-            psutil.Process(s.process.pid) for s in (d.servers if isinstance(d, Cluster) else [d])
-        ]
+    with stack(jobs, instances, cluster) as st, tempfile.TemporaryDirectory() as tmp:
         rates = [rate] if not step else [step * k for k in range(1, 100) if step * k <= rate * 10]
         steps = []
         for target in rates:
-            length = seconds if not step else step_seconds
-            print(f"profile: locust, {target:,.0f} req/s asked for {length:.0f} s ...", flush=True)
-            cpu0 = {n: cpu_seconds([p]) for n, p in watched.items()} | {
-                "redis": cpu_seconds(redis_pids)
-            }
-            children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            rows = run_locust(
-                f"http://127.0.0.1:{listen}",
-                token,
+            figures = measure(
+                st,
                 target,
-                length,
-                workdir / f"locust-{int(target)}",
+                seconds if not step else step_seconds,
+                Path(tmp) / f"locust-{int(target)}",
             )
-            children = resource.getrusage(resource.RUSAGE_CHILDREN)  # locust, once it was reaped
-            cpu = {n: cpu_seconds([p]) - cpu0[n] for n, p in watched.items()}
-            cpu["redis"] = cpu_seconds(redis_pids) - cpu0["redis"]
-            cpu["locust"] = (
-                children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime
-            )
-            figures = report(rows, length, cpu)
-            figures["asked"] = target
             steps.append(figures)
             if step and (
                 figures["rps"] < 0.9 * target or figures["failures"] > 0.001 * figures["requests"]
@@ -453,27 +515,17 @@ def profile(
                 else "  no step met p99 <= 25 ms with 0 errors"
             )
         time.sleep(2.5)  # the last live jobs (due <= 2 s after publish) leave the delayed set
-        left = resident(d)
+        left = resident(st.redis, st.queues)
         print(
             f"profile: resident delayed jobs after the load: {left:,} of {jobs:,}"
             f"{'' if left >= jobs else '  <-- MISSING'}"
         )
-        result |= {"steps": steps, "resident_left": left}
         if keep:
-            print(
-                f"profile: left running (nginx 127.0.0.1:{listen}, token {token}); Ctrl-C stops it all"
-            )
+            print(f"profile: left running (nginx {st.url}, token {st.token}); Ctrl-C stops it all")
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
                     time.sleep(3600)
-        return result
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        for svc in services.values():
-            svc.stop()
-        d.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        return {"bytes_per_job": st.bytes_per_job, "steps": steps, "resident_left": left}
 
 
 def main() -> None:
