@@ -30,11 +30,12 @@ from cluster_dq.metrics import PoolMetrics, SizeBoard
 
 log = logging.getLogger(__name__)
 
-# The soonest a queue's next pump step comes after one: a queue with a job due every few ms
-# is pumped every 250 ms, not at each job. Consumers do not wait for it: a consume promotes
-# what is due and expires what ran out itself, and a waiting consumer's watcher wakes at a
-# job's due time and at a reservation's end. What waits for the pump on a busy queue is what
-# no consumer asks for: ttls ending, dead letters of jobs nobody consumes, the sizes it posts.
+# The soonest any queue's next pump step comes after one (an earlier event signalled meanwhile
+# still brings it forward): a queue with a job due every few ms is pumped every 250 ms, not at
+# each job. Consumers do not wait for it: a consume promotes what is due and expires what ran
+# out itself, and a waiting consumer's watcher wakes at a job's due time and at a reservation's
+# end. What can wait up to 250 ms more for the pump is what no consumer asks for: ttls ending,
+# dead letters of jobs nobody consumes, the sizes it posts.
 MIN_STEP_MS = 250
 GIVE_UP_S = 1.0  # how long a stopping pump tries to give its leases up
 

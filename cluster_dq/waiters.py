@@ -31,6 +31,7 @@ from cluster_dq.models import Job
 log = logging.getLogger(__name__)
 
 SAFETY_POLL_S = 1.0
+NEVER_COVERED = 2**63  # a reason no look covers
 GIVE_BACK_GRACE_S = 2.0
 
 
@@ -80,9 +81,10 @@ class Waiter:
     # The last look for it could not reach Redis (nothing reserved): at its deadline it is
     # answered with that error, not "no job" (the queue was not looked at).
     unreachable: Transient | None = None
-    # When (monotonic) the latest look for it that found nothing began: that look covered every
-    # queue it waits on, so a watcher whose reason to look is older need not look again.
-    looked_empty: float = float("-inf")
+    # When (engine ms, no later than the look's own clock) the latest look for it that found
+    # nothing began: it covered every queue it waits on, so a watcher whose reason to look is
+    # older need not look again (``_Watcher.covered``).
+    looked_empty: int = -1
 
 
 class _Watcher:
@@ -97,9 +99,25 @@ class _Watcher:
         self.due_ms: int | None = None  # the earliest due time noticed since the last look
         self.looked_again = False  # the last look found an event due and nothing ready
         self._timer: asyncio.Timeout | None = None  # the sleep in progress
-        # Why it looks (monotonic): its sleep ended (a timer, the safety poll) or a notice
-        # came. A new watcher looks at once: what its waiter saw came before its notices did.
-        self.woke_at = time.monotonic()
+        self._timer_due: int | None = None  # the due time (engine ms) the timer is set for
+        # Its latest reason to look, in engine ms: a due time (a look whose clock reached it
+        # covers it) or a moment (a notice came, it subscribed, it must look again: only a
+        # look begun in a later ms covers it, ``strict``). Until it has subscribed, none does.
+        self.reason_ms, self.strict = NEVER_COVERED, True
+
+    def reason(self, ms: int, strict: bool) -> None:
+        """A reason to look at ``ms``; the latest one counts (a moment after a due time)."""
+        if (ms, strict) > (self.reason_ms, self.strict):
+            self.reason_ms, self.strict = ms, strict
+
+    def reason_now(self) -> None:
+        self.reason(self.hub.engine.clock(), True)
+
+    def covered(self, waiter: Waiter) -> bool:
+        """Whether a look for ``waiter`` that found nothing began after this watcher's latest
+        reason to look: another of its queues' watchers, or its own consume, looked for it."""
+        began = waiter.looked_empty
+        return began > self.reason_ms or (began == self.reason_ms and not self.strict)
 
     def noticed_due(self, due_ms: int) -> None:
         """A job was put into DELAYED, due at ``due_ms``: the watcher's timer was set before
@@ -112,6 +130,7 @@ class _Watcher:
             current = timer.when()
             if current is None or when < current:
                 timer.reschedule(when)
+                self._timer_due = due_ms
 
     def _until(self, t_ms: int) -> float:
         return max((t_ms - self.hub.engine.clock()) / 1000, 0.0)
@@ -128,6 +147,9 @@ class _Watcher:
                     type(e).__name__,
                     e,
                 )
+            # Only a look begun from here on has seen what its notices would have told: the
+            # first one is its own (a notice sent while it subscribed reached nobody).
+            self.reason_ms, self.strict = self.hub.engine.clock(), True
             while self.waiters:
                 end_if_cancelled()
                 try:
@@ -161,11 +183,11 @@ class _Watcher:
             return
         self.wake.clear()
         self.due_ms = None
-        if waiter.looked_empty < self.woke_at:
+        if not self.covered(waiter):
             # (else a look for this waiter, by another queue's watcher or by its own consume,
             # began since this watcher's reason to look and found nothing in any of its queues:
             # looking again would find the same. Its 8 queues' watchers used to look in turn.)
-            started = time.monotonic()
+            started = engine.clock()
             waiter.busy = True
             try:
                 jobs = await self.hub.reserve(
@@ -176,7 +198,7 @@ class _Watcher:
                     self.hub._finish(waiter, [])
                 else:
                     waiter.unreachable = e
-                self.woke_at = time.monotonic()  # look again, shortly
+                self.reason_now()  # look again, shortly
                 raise  # the others wait on: run() looks again shortly
             finally:
                 self.hub.free(waiter)
@@ -200,7 +222,7 @@ class _Watcher:
                 # Most often a job that became due while the look was under way: look again
                 # at once (a consume promotes due jobs itself), no pump step in between.
                 self.looked_again = True
-                self.woke_at = time.monotonic()
+                self.reason_now()
                 return
             # Still nothing: a wheel bucket to open, or expiries: the pump step here.
             sizes = await engine.run(
@@ -210,30 +232,36 @@ class _Watcher:
             )
             nxt = sizes.next_event_ms
             if sizes.ready:  # the step made jobs ready: look at once
-                self.woke_at = time.monotonic()
+                self.reason_now()
                 return
         self.looked_again = False
-        sleep = SAFETY_POLL_S
+        sleep, due = SAFETY_POLL_S, None
         for t in (nxt, self.due_ms):  # due_ms: noticed while this look was under way
-            if t is not None:
-                sleep = min(sleep, self._until(t))
+            if t is not None and self._until(t) <= sleep:
+                sleep, due = self._until(t), t
         if self.waiters:
-            sleep = min(sleep, max(min(w.deadline for w in self.waiters) - time.monotonic(), 0))
+            left = max(min(w.deadline for w in self.waiters) - time.monotonic(), 0)
+            if left < sleep:
+                sleep, due = left, None
         if sleep <= 0:
-            self.woke_at = time.monotonic()
+            self.reason_now()
             return
+        self._timer_due = due
         try:
             async with asyncio.timeout(sleep) as self._timer:  # not wait_for: see consume
                 try:
-                    await self.wake.wait()  # a notice: ``_read`` set woke_at when it came
+                    await self.wake.wait()  # a notice: ``_read`` gave the reason as it came
                 finally:
-                    due = self._timer.when()
                     self._timer = None
         except TimeoutError:
-            # The reason is the time it was set for (a job's due time), not when this task
-            # ran again: the watchers of a waiter's queues due at the same moment wake in
-            # turn, and a look begun after that moment covers every one of them.
-            self.woke_at = max(self.woke_at, due if due is not None else time.monotonic())
+            # A job's due time: the reason is that time, not when this task ran again (the
+            # watchers of a waiter's queues due at the same moment wake in turn, and a look
+            # whose clock reached it covers every one of them). Else (the safety poll, a
+            # deadline) it is now.
+            if self._timer_due is not None:
+                self.reason(self._timer_due, False)
+            else:
+                self.reason_now()
 
 
 class WaiterHub:
@@ -286,7 +314,7 @@ class WaiterHub:
         # A long poll's repeats end with it; a consume that does not wait gets the budget.
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
         unreachable: Transient | None = None
-        started = time.monotonic()
+        started = self.engine.clock()
         try:
             jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
         except Transient as e:
@@ -481,7 +509,7 @@ class WaiterHub:
                     if data.startswith(b"due:"):  # a delayed job: maybe an earlier timer
                         w.noticed_due(int(data[4:]))
                     else:  # the ready set became non-empty: look now
-                        w.woke_at = time.monotonic()
+                        w.reason_now()
                         w.wake.set()
 
     async def close(self, grace_s: float = 5.0) -> bool:

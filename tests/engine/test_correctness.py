@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -390,16 +391,16 @@ async def test_a_long_poll_on_many_queues_is_looked_for_once_per_reason(
     monkeypatch.setattr(waiters, "SAFETY_POLL_S", 10.0)  # no other reason to look meanwhile
     hub = WaiterHub(engine)
     try:
-        poll = asyncio.create_task(hub.consume(NS, queues, 30_000, 1, 2_000))
+        poll = asyncio.create_task(hub.consume(NS, queues, 30_000, 1, 30_000))
         for _ in range(500):  # every watcher subscribed (it hears the due times)
             if len(hub._pubsub.channels) == 8:
                 break
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.1)  # and done with its first look
         t = now_ms()
-        due = t + 300
+        due = t + 1_000  # time enough, under load, for another consumer to take them first
         for q in queues:
-            await engine.run(ops.publish(cfg, NS, q, [JobSpec(b"x", delay_ms=300)], t))
+            await engine.run(ops.publish(cfg, NS, q, [JobSpec(b"x", delay_ms=1_000)], t))
         taken = await engine.run(ops.consume(cfg, NS, queues, 30_000, 8, due + 50))
         assert len(taken) == 8  # another consumer's, before they are due here
         looks: list[float] = []
@@ -410,8 +411,44 @@ async def test_a_long_poll_on_many_queues_is_looked_for_once_per_reason(
             return await real(step)
 
         inject(engine, count)
-        assert await poll == []
+        await asyncio.sleep(max(due - now_ms(), 0) / 1000 + 0.5)
+        assert not poll.done()  # the jobs were not there for it
         assert len(looks) == 1, looks  # 8 before, one after the other
+        poll.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poll
+    finally:
+        await hub.close()
+
+
+async def test_a_job_made_ready_while_a_watcher_subscribes_is_not_left_waiting(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-poll on two queues; a job becomes ready in the second while its watcher is still
+    subscribing (its notice reaches nobody), after the first queue's watcher looked. The
+    second watcher's own first look, once subscribed, finds it: no look begun before the
+    subscription covers that watcher (one did, and the job waited for the 1-s safety poll)."""
+    cfg = engine.config
+    hub = WaiterHub(engine)
+    real = hub._pubsub.subscribe
+    subscribing = asyncio.Event()
+
+    async def slowly(*channels: Any, **kw: Any) -> Any:
+        if any(b"sub-late" in (c if isinstance(c, bytes) else str(c).encode()) for c in channels):
+            subscribing.set()
+            await asyncio.sleep(0.3)
+        return await real(*channels, **kw)
+
+    monkeypatch.setattr(hub._pubsub, "subscribe", slowly)
+    try:
+        poll = asyncio.create_task(hub.consume(NS, ["sub-early", "sub-late"], 30_000, 1, 5_000))
+        await subscribing.wait()
+        await asyncio.sleep(0.1)  # the first watcher has looked
+        published = time.monotonic()
+        await engine.run(ops.publish(cfg, NS, "sub-late", [JobSpec(b"x")], now_ms()))
+        (job,) = await poll
+        assert job.queue == "sub-late"
+        assert time.monotonic() - published < 0.8  # ~0.3 s: its subscription's end
     finally:
         await hub.close()
 
