@@ -158,6 +158,7 @@ LONG = (
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_cpu.py]",
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_http.py]",
     "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_engine.py]",
+    "tests/system/test_bench_commands.py::test_command_runs_small_and_prints_figures[bench_scale.py]",
 )
 
 

@@ -94,6 +94,12 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         ["--jobs", "1000", "--seconds", "3", "--rate", "50"],
         r"all API requests: \d+ in .* req/s, failures 0",
     ),
+    "bench_scale.py": (
+        ["--jobs", "500", "--seconds", "3", "--rate", "60"]
+        + ["--instance-counts", "1,2", "--master-counts", "1,3", "--queues", "4"],
+        r"over more instances[\s\S]* now +2 +[\d,]+ +0 [\s\S]*on a Cluster of more masters"
+        r"[\s\S]*\n +3 +[\d,]+ +0 ",
+    ),
 }
 
 
