@@ -289,6 +289,9 @@ def test_a_dead_worker_is_restarted_and_a_crash_loop_exits_non_zero(
     try:
         _wait_for(lambda: len(_workers(proc.pid)) == 2, "two workers")
         first = _workers(proc.pid)
+        # both listening first: killed while the other still started, no worker would listen
+        # for a moment (the check below then met a refused connection: seen once under load)
+        _wait_for(lambda: all(_serving(w) for w in first), "both workers serving")
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
         _wait_for(lambda: len(_workers(proc.pid) - first) == 1, "a new worker")
