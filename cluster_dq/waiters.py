@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +104,10 @@ class _Watcher:
         # covers it) or a moment (a notice came, it subscribed, it must look again: only a
         # look begun in a later ms covers it, ``strict``). Until it has subscribed, none does.
         self.reason_ms, self.strict = NEVER_COVERED, True
+        # What the latest look at this queue that did not take every job it asked for saw:
+        # (when it began, engine ms; jobs left ready; the next event, ms or None). A watcher
+        # whose look found nothing reads its queue from here, not with a sizes.lua of its own.
+        self.seen: tuple[int, int, int | None] | None = None
 
     def reason(self, ms: int, strict: bool) -> None:
         """A reason to look at ``ms``; the latest one counts (a moment after a due time)."""
@@ -116,7 +120,9 @@ class _Watcher:
     def covered(self, waiter: Waiter) -> bool:
         """Whether a look for ``waiter`` that found nothing began after this watcher's latest
         reason to look: another of its queues' watchers, or its own consume, looked for it."""
-        began = waiter.looked_empty
+        return self._after_reason(waiter.looked_empty)
+
+    def _after_reason(self, began: int) -> bool:
         return began > self.reason_ms or (began == self.reason_ms and not self.strict)
 
     def noticed_due(self, due_ms: int) -> None:
@@ -183,11 +189,12 @@ class _Watcher:
             return
         self.wake.clear()
         self.due_ms = None
+        looked = -1  # when this watcher's own look began (engine ms), if it looked
         if not self.covered(waiter):
             # (else a look for this waiter, by another queue's watcher or by its own consume,
             # began since this watcher's reason to look and found nothing in any of its queues:
             # looking again would find the same. Its 8 queues' watchers used to look in turn.)
-            started = engine.clock()
+            started = looked = engine.clock()
             waiter.busy = True
             try:
                 jobs = await self.hub.reserve(
@@ -209,15 +216,20 @@ class _Watcher:
                 return
             waiter.looked_empty = max(waiter.looked_empty, started)
         until = min((w.deadline for w in self.waiters), default=time.monotonic())
-        sizes = await engine.run(
-            ops.sizes(engine.config, self.namespace, self.queue), deadline=until
-        )
-        nxt = sizes.next_event_ms
-        if sizes.ready and nxt is not None and nxt <= engine.clock():
+        seen = self.seen
+        if seen is not None and (seen[0] >= looked >= 0 or self._after_reason(seen[0])):
+            # the look (this one, or the one that covered it) said what is left in the queue
+            ready, nxt = seen[1], seen[2]
+        else:
+            sizes = await engine.run(
+                ops.sizes(engine.config, self.namespace, self.queue), deadline=until
+            )
+            ready, nxt = sizes.ready, sizes.next_event_ms
+        if ready and nxt is not None and nxt <= engine.clock():
             # Jobs ready and none handed out: the queue is paused (consume.lua), and what is
             # due there is the pump's. Wait for resume's wake-up ('1') or the safety poll.
             nxt = None
-        if nxt is not None and nxt <= engine.clock() and sizes.ready == 0:
+        if nxt is not None and nxt <= engine.clock() and ready == 0:
             if not self.looked_again:
                 # Most often a job that became due while the look was under way: look again
                 # at once (a consume promotes due jobs itself), no pump step in between.
@@ -373,7 +385,10 @@ class WaiterHub:
         if count == 1:
             return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
         engine = self.engine
-        op = ops.consume(engine.config, namespace, queues, ttr_ms, count, engine.clock())
+        now = engine.clock()
+        op = ops.consume(
+            engine.config, namespace, queues, ttr_ms, count, now, self._seen(namespace, now)
+        )
         task = asyncio.ensure_future(engine.run(op, deadline=deadline))
         try:
             return await asyncio.shield(task)
@@ -388,9 +403,21 @@ class WaiterHub:
         members first."""
         namespace, queues, ttr_ms = key
         engine = self.engine
-        op = ops.consume(engine.config, namespace, queues, ttr_ms, len(members), engine.clock())
+        now = engine.clock()
+        seen = self._seen(namespace, now)
+        op = ops.consume(engine.config, namespace, queues, ttr_ms, len(members), now, seen)
         jobs = await engine.run(op, deadline=min(filter(None, members), default=None))
         return [[j] for j in jobs] + [[] for _ in range(len(members) - len(jobs))]
+
+    def _seen(self, namespace: str, began: int) -> Callable[[str, int, int | None], None]:
+        """What a look begun at ``began`` saw of a queue, kept by the queue's watcher."""
+
+        def seen(queue: str, ready: int, next_event_ms: int | None) -> None:
+            w = self.watchers.get((namespace, queue))
+            if w is not None and (w.seen is None or began >= w.seen[0]):
+                w.seen = (began, ready, next_event_ms)
+
+        return seen
 
     def _give_back_orphan(self, key: tuple[str, tuple[str, ...], int], jobs: list[Job]) -> None:
         if jobs:  # its consumer was cancelled (it left) before it took them

@@ -16,7 +16,8 @@
   ARGV[6] open_lead: how long before its window a wheel bucket opens (ms)
   ARGV[7] lease_prefix: 6 random bytes; the i-th job reserved by this call gets prefix .. u16(i)
   ARGV[8] seed: a random number in [0, 1): the jitter of retry backoffs (lib/queue.lua retry)
-  Returns: {lowered, stale, retried, dead, expired, more, member_1, record_1, lease_1, ...}
+  Returns: {lowered, stale, retried, dead, expired, more, ready, next, member_1, record_1,
+    lease_1, ...}
     (records as delivered;
     lowered: when the queue's next pump event moved earlier (see publish.lua), the earliest
     event this call added (ms: a ttr end, a retry backoff's end), else 0;
@@ -24,7 +25,10 @@
     `now` (else 0): the caller then opens it itself, as of that time, and consumes again;
     retried, dead, expired: jobs this call moved on the way: ttr passed -> READY again, ttr
     passed with no tries left -> DEAD, ttl ended -> gone; for the metrics;
-    more: 1 when the call stopped at its bound of expired jobs before `count` were reserved)
+    more: 1 when the call stopped at its bound of expired jobs before `count` were reserved;
+    ready, next: when fewer than `count` were reserved (the caller's long-polls will wait), the
+    jobs left in READY and the queue's next event (ms, -1: none), so that they need not ask
+    with sizes.lua; else -1, -1)
 ]]
 --@include lib/codes
 --@include lib/queue
@@ -33,7 +37,8 @@ local prefix = ARGV[7]
 local was_empty = redis.call('EXISTS', READY) == 0
 local retried, dead, gone, backoff = expire_reservations(now, limit, tonumber(ARGV[8]))
 local _, gone2 = promote(now, limit)
-local out = {0, 0, 0, 0, 0, 0}
+local out = {0, 0, 0, 0, 0, 0, -1, -1}
+local asked = count
 local got, skipped = 0, 0
 if redis.call('HGET', CONF, 'paused') == '1' then count = 0 end
 while got < count and skipped < limit do
@@ -70,9 +75,11 @@ if w and w - tonumber(ARGV[6]) <= now then out[2] = now end
 -- consumer's) to take. Brought up to the queue's next event, so that multi-queue consumes
 -- (which visit a queue whose META.next has passed) stop visiting it until then, instead of
 -- until the pump's next step. Exact, so still no later than any event of the queue.
+local sizes = got < asked and queue_sizes(tonumber(ARGV[6])) or nil
+if sizes then out[7], out[8] = sizes[2], sizes[5] end
 local marked = redis.call('HGET', META, 'next')
 if marked and tonumber(marked) <= now and out[2] == 0 and redis.call('EXISTS', READY) == 0 then
-  local nxt = queue_sizes(tonumber(ARGV[6]))[5]
+  local nxt = (sizes or queue_sizes(tonumber(ARGV[6])))[5]
   if nxt >= 0 then redis.call('HSET', META, 'next', nxt) else redis.call('HDEL', META, 'next') end
 end
 tidy()

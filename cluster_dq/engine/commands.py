@@ -406,10 +406,19 @@ CONSUME_CALLS_PER_QUEUE = (
 
 
 def consume(
-    cfg: EngineConfig, ns: str, queues: Sequence[str], ttr_ms: int, count: int, now: int
+    cfg: EngineConfig,
+    ns: str,
+    queues: Sequence[str],
+    ttr_ms: int,
+    count: int,
+    now: int,
+    seen: Callable[[str, int, int | None], None] | None = None,
 ) -> Op[list[Job]]:
     """Reserves up to ``count`` jobs, trying ``queues`` in priority order. Each job carries
-    the lease of its delivery (``Job.lease``)."""
+    the lease of its delivery (``Job.lease``). ``seen(queue, ready, next_event_ms)`` is told
+    what the call saw of each queue that did not give it every job it asked for (ready 0 and
+    the queue's META.next, no later than its next event, for a queue it did not visit): a
+    long-poll about to wait needs no sizes.lua of its own."""
     if not 1 <= count <= MAX_CONSUME:
         raise ValueError(f"count must be 1..{MAX_CONSUME}, got {count}")
     out: list[Job] = []
@@ -423,7 +432,12 @@ def consume(
             qk = QueueKeys(ns, q)
             probe += [Cmd(("EXISTS", qk.ready)), Cmd(("HGET", qk.meta, "next"))]
         found = yield tuple(probe)
+        passed = visit
         visit = [q for i, q in enumerate(visit) if _has_work(found[2 * i], found[2 * i + 1], now)]
+        if seen is not None:
+            for i, q in enumerate(passed):
+                if q not in visit:
+                    seen(q, 0, None if found[2 * i + 1] is None else int(found[2 * i + 1]))
     for q in visit:
         qk = QueueKeys(ns, q)
         opened = False
@@ -447,6 +461,8 @@ def consume(
             if cfg.moves and (reply.retried or reply.dead or reply.expired):
                 cfg.moves.moved(ns, q, 0, reply.retried, reply.dead, reply.expired)
             out += _reserved(ns, q, reply.deliveries, now)
+            if seen is not None and reply.ready >= 0:
+                seen(q, reply.ready, reply.next_event_ms)
             if len(out) >= count:
                 break
             if reply.more:  # stopped at its bound of expired jobs: go on past them

@@ -125,10 +125,14 @@ class ConsumeReply:
     dead: int  # ttr passed, no tries left -> DEAD
     expired: int  # ttl ended -> gone
     more: bool  # stopped at its bound of expired jobs
+    # When fewer jobs than asked were reserved: the jobs left ready and the queue's next event
+    # (None: none), as sizes.lua gives them; ``ready`` is -1 when the call got all it asked.
+    ready: int
+    next_event_ms: int | None
     deliveries: tuple[Delivery, ...]
 
 
-CONSUME_HEAD = 6  # numbers before the (member, record, lease) triples
+CONSUME_HEAD = 8  # numbers before the (member, record, lease) triples
 
 
 def decode_consume(reply: Sequence[Any]) -> ConsumeReply:
@@ -140,6 +144,8 @@ def decode_consume(reply: Sequence[Any]) -> ConsumeReply:
         int(reply[3]),
         int(reply[4]),
         int(reply[5]) == 1,
+        int(reply[6]),
+        None if int(reply[7]) < 0 else int(reply[7]),
         tuple(map(Delivery._make, zip(triples, triples, triples))),
     )
 

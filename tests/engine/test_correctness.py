@@ -421,6 +421,39 @@ async def test_a_long_poll_on_many_queues_is_looked_for_once_per_reason(
         await hub.close()
 
 
+@pytest.mark.parametrize("queues", [["lone"], ["other", "lone"]], ids=["one-queue", "two-queues"])
+async def test_a_long_poll_learns_its_queues_next_event_from_its_own_look(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, queues: list[str]
+) -> None:
+    """A long-poll waits on a queue whose only job is held by another consumer, until its ttr
+    runs out. The look that found nothing (the script, or the multi-queue probe) says when
+    that is: the waiter gets the job back at its ttr's end, without a sizes.lua after each
+    empty look (one per watcher per look, most of them for nothing) and without the 1-s poll."""
+    cfg = engine.config
+    monkeypatch.setattr(waiters, "SAFETY_POLL_S", 10.0)  # the due time is the only way on time
+    t = now_ms()
+    await engine.run(ops.publish(cfg, NS, "lone", [JobSpec(b"x", tries=2)], t))
+    reserved = now_ms()
+    (held,) = await engine.run(ops.consume(cfg, NS, ["lone"], 600, 1, reserved))
+    ends = reserved + 600  # its ttr's end
+    calls: list[str | None] = []
+
+    async def count(step: Step, real: Callable[[Step], Awaitable[Any]]) -> Any:
+        calls.append(script_of(step))
+        return await real(step)
+
+    inject(engine, count)
+    hub = WaiterHub(engine)
+    try:
+        (job,) = await hub.consume(NS, queues, 30_000, 1, 5_000)
+        late = now_ms() - ends
+        assert job.job_id == held.job_id
+        assert 0 <= late < 300, late  # at its ttr's end, not at a safety poll
+        assert "sizes" not in calls, calls
+    finally:
+        await hub.close()
+
+
 async def test_a_job_made_ready_while_a_watcher_subscribes_is_not_left_waiting(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
