@@ -14,25 +14,36 @@ from cluster_dq.keys import QueueKeys
 
 def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
     k = QueueKeys(ns, q)
-    jobs = set(r.hkeys(k.jobs))
-    zsets = {
-        name: set(r.zrange(getattr(k, name), 0, -1))
-        for name in ("ready", "reserved", "delayed", "dead")
-    }
+    # One round trip for the queue's structures (all in its slot), one for its wheel buckets.
+    p = r.pipeline(transaction=False)
+    states = ("ready", "reserved", "delayed", "dead")
+    for name in states:
+        p.zrange(getattr(k, name), 0, -1)
+    p.hgetall(k.jobs)
+    p.hkeys(k.leases)
+    p.zrange(k.expire, 0, -1)
+    p.hgetall(k.notes)
+    p.zrange(k.wheel, 0, -1)
+    p.hgetall(k.meta)
+    for name in ("delayed", "reserved", "expire"):
+        p.zrange(getattr(k, name), 0, 0, withscores=True)
+    got = p.execute()
+    members, (records, held, expiring, notes, wheel, meta), heads = got[:4], got[4:10], got[10:]
+    zsets = {name: set(m) for name, m in zip(states, members, strict=True)}
+    jobs = set(records)
     union: set[bytes] = set()
-    for name, members in zsets.items():
-        assert not (union & members), f"a job is in {name} and another state"
-        union |= members
+    for name, in_state in zsets.items():
+        assert not (union & in_state), f"a job is in {name} and another state"
+        union |= in_state
     assert union == jobs, f"jobs hash {len(jobs)} != states {len(union)}"
-    leases = set(r.hkeys(k.leases))
-    assert leases == zsets["reserved"], "every reservation has a lease, and nothing else has one"
-    expire = set(r.zrange(k.expire, 0, -1))
+    assert set(held) == zsets["reserved"], "every reservation has a lease, and nothing else has one"
+    expire = set(expiring)
     assert expire <= jobs - zsets["dead"], "expire index holds a dead or missing job"
-    for member, rec in r.hgetall(k.jobs).items():
+    for member, rec in records.items():
         exp = int.from_bytes(rec[6:12], "big")
         if member not in zsets["dead"] and exp:
             assert member in expire, "a finite-ttl job is missing from the expire index"
-    for field, note in r.hgetall(k.notes).items():
+    for field, note in notes.items():
         # no NOTES field outlives its job: `<id>` (death, last error) and `p:<id>` (progress)
         owner = field[2:] if field.startswith(b"p:") else field
         assert owner in jobs, f"a NOTES field outlives its job: {field!r}"
@@ -42,33 +53,33 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
             assert died == (field in zsets["dead"]), f"a death noted of a live job: {field!r}"
             assert died or len(note) > 7, f"an empty note kept: {field!r}"
     for member in zsets["dead"]:
-        note = r.hget(k.notes, member)
+        note = notes.get(member)
         assert note is not None and note[0] != 0, f"a dead job without its death: {member!r}"
-    buckets = {b.decode() for b in r.zrange(k.wheel, 0, -1)}
+    buckets = {b.decode() for b in wheel}
+    p = r.pipeline(transaction=False)
+    for b in sorted(buckets):
+        p.hkeys(k.bucket(b))
     in_wheel = 0
     wheel_ids: set[bytes] = set()
-    for b in buckets:
-        ids = r.hkeys(k.bucket(b))
+    for b, ids in zip(sorted(buckets), p.execute() if buckets else [], strict=True):
         assert ids, f"wheel index names empty bucket {b}"
         in_wheel += len(ids)
         wheel_ids.update(ids)
-    for note in r.hkeys(k.notes):  # `<id>` or `p:<id>` (a client id has no ':')
+    for note in notes:  # `<id>` or `p:<id>` (a client id has no ':')
         owner = note[2:] if note.startswith(b"p:") else note
         assert owner in jobs or owner in wheel_ids, f"notes field {note!r} outlived its job"
     stray = {x.decode() for x in r.keys(k.bucket("*"))} - {k.bucket(b) for b in buckets}
     assert not stray, f"buckets missing from the wheel index: {stray}"
-    w = int(r.hget(k.meta, "w") or 0)
+    w = int(meta.get(b"w") or 0)
     assert w == in_wheel, f"meta.w {w} != jobs in buckets {in_wheel}"
-    assert set(r.hkeys(k.meta)) <= {b"w", b"next"}
-    marked = r.hget(k.meta, "next")
+    assert set(meta) <= {b"w", b"next"}
+    marked = meta.get(b"next")
     if marked is not None:  # the pump's and the multi-queue consume's promise: no event earlier
-        heads = [r.zrange(getattr(k, n), 0, 0, withscores=True) for n in ("delayed", "reserved")]
-        heads.append(r.zrange(k.expire, 0, 0, withscores=True))
         for head in heads:
             if head:
                 assert int(marked) <= int(head[0][1]), f"meta.next {int(marked)} > an event {head}"
     if w == 0 and not jobs:
-        assert not r.exists(k.meta), "an empty queue keeps its meta hash"
+        assert not meta, "an empty queue keeps its meta hash"
     return {"wheel": in_wheel, **{n: len(m) for n, m in zsets.items()}}
 
 

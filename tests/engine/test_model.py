@@ -1201,12 +1201,19 @@ class EngineModel(RuleBasedStateMachine):
         m = self.model
         hashed = {q: set(self.sync.hkeys(QueueKeys(NS, q).jobs)) for q in QUEUES}
         leases = {q: self.sync.hgetall(QueueKeys(NS, q).leases) for q in QUEUES}
-        for key in sorted(set(m.jobs) | set(m.alts)):
-            q, job_id = key
+        keys = sorted(set(m.jobs) | set(m.alts))
+
+        async def peek(q: str, job_id: str) -> Any:
             try:
-                job = self.run(self.svc.peek_job(self.route, NS, q, job_id))
+                return await self.svc.peek_job(self.route, NS, q, job_id)
             except NotFound:
-                job = None
+                return None
+
+        async def peek_all() -> list[Any]:  # at once: reads, and no fault is armed
+            return await asyncio.gather(*(peek(q, job_id) for q, job_id in keys))
+
+        for key, job in zip(keys, self.run(peek_all()), strict=True):
+            q, job_id = key
             STATS["checks"] += 1
             options = [m.jobs.get(key)] + m.alts.get(key, [])
             in_wheel = id_to_member(job_id) not in hashed[q]
