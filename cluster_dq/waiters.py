@@ -5,7 +5,7 @@ process) consumes on behalf of the waiters, first come first served, and sleeps 
 earliest of: the queue's next due time (kept by the service's own timer, not by a Redis
 blocking timeout, which fires only on Redis's ``hz`` tick), a pub/sub notice that the ready
 set became non-empty (published by the scripts), the nearest waiter deadline, or a 1 s
-safety poll. All watchers share the engine's connection pool and one pub/sub connection.
+safety poll. All watchers share the engine's connection pool and its notices (notices.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from cluster_dq.engine.core import cancelling, end_if_cancelled
 from cluster_dq.errors import Conflict, Transient
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job
+from cluster_dq.notices import Notices
 
 log = logging.getLogger(__name__)
 
@@ -282,11 +283,9 @@ class WaiterHub:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.watchers: dict[tuple[str, str], _Watcher] = {}
-        self._pubsub = engine.client.pubsub()
-        self._reader: asyncio.Task[None] | None = None
+        self.notices = Notices(engine.client, self._heard)
         self._by_channel: dict[bytes, _Watcher] = {}
         self._background_tasks: set[asyncio.Task[None]] = set()
-        self._subscribing = asyncio.Lock()
         self._closed = False
         self._stopping = False  # shutting down: nothing is reserved any more
         # One-job consumes (lmstfy's way) of the same queues and ttr share a consume call.
@@ -492,10 +491,7 @@ class WaiterHub:
     async def _subscribe(self, watcher: _Watcher) -> None:
         channel = watcher.channel.encode()
         self._by_channel[channel] = watcher
-        async with self._subscribing:  # one pub/sub connection: one subscriber at a time
-            await self._pubsub.subscribe(channel)
-        if self._reader is None or self._reader.done():
-            self._reader = asyncio.create_task(self._read(), context=retry.detached())
+        await self.notices.listen(channel)
 
     def _retire(self, watcher: _Watcher) -> None:
         key = (watcher.namespace, watcher.queue)
@@ -503,41 +499,24 @@ class WaiterHub:
             del self.watchers[key]
             channel = watcher.channel.encode()
             self._by_channel.pop(channel, None)
-            if self._closed:  # the pub/sub connection is going away with everything else
+            if self._closed:  # the pub/sub connections are going away with everything else
                 return
             self._background(self._unsubscribe(channel))
 
     async def _unsubscribe(self, channel: bytes) -> None:
         with contextlib.suppress(Exception):  # at worst a stray notice wakes nobody
-            async with self._subscribing:
-                if channel not in self._by_channel:
-                    await self._pubsub.unsubscribe(channel)
+            if channel not in self._by_channel:
+                await self.notices.leave(channel)
 
-    async def _read(self) -> None:
-        while True:
-            end_if_cancelled()
-            try:
-                msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # redis-py can leak transport races as other errors
-                if cancelling():
-                    raise asyncio.CancelledError() from e
-                log.warning(
-                    "notification channel: %s: %s", type(e).__name__, e
-                )  # safety poll covers it
-                # soon again: redis-py reconnects (to the new master) and subscribes again
-                await asyncio.sleep(0.1)
-                continue
-            if msg and msg.get("type") == "message":
-                w = self._by_channel.get(msg["channel"])
-                if w is not None:
-                    data = msg["data"]
-                    if data.startswith(b"due:"):  # a delayed job: maybe an earlier timer
-                        w.noticed_due(int(data[4:]))
-                    else:  # the ready set became non-empty: look now
-                        w.reason_now()
-                        w.wake.set()
+    def _heard(self, channel: bytes, data: bytes) -> None:
+        w = self._by_channel.get(channel)
+        if w is None:
+            return
+        if data.startswith(b"due:"):  # a delayed job: maybe an earlier timer
+            w.noticed_due(int(data[4:]))
+        else:  # the ready set became non-empty: look now
+            w.reason_now()
+            w.wake.set()
 
     async def close(self, grace_s: float = 5.0) -> bool:
         """Answers every waiter, lets the watchers finish what is in flight (within
@@ -551,8 +530,6 @@ class WaiterHub:
             _, pending = await asyncio.wait(watchers, timeout=grace_s)
             clean = not pending
         tasks = [w.task for w in self.watchers.values() if w.task]
-        if self._reader:
-            tasks.append(self._reader)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -570,6 +547,5 @@ class WaiterHub:
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)  # nothing may outlive the hub
-        with contextlib.suppress(Exception):
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        await self.notices.close()
         return clean

@@ -21,6 +21,6 @@ for i = 2, #ARGV, 2 do
 end
 if was_paused and redis.call('HGET', CONF, 'paused') ~= '1' and ARGV[1] ~= ''
     and redis.call('EXISTS', READY) == 1 then
-  redis.call('PUBLISH', ARGV[1], '1')
+  redis.call('SPUBLISH', ARGV[1], '1')
 end
 return redis.call('HGETALL', CONF)

@@ -410,9 +410,9 @@ end
 local function notify(channel, was_empty)
   if channel == '' then return end
   if was_empty and redis.call('EXISTS', READY) == 1 then
-    redis.call('PUBLISH', channel, '1')
+    redis.call('SPUBLISH', channel, '1')
   elseif SOONEST then
-    redis.call('PUBLISH', channel, 'due:' .. SOONEST)
+    redis.call('SPUBLISH', channel, 'due:' .. SOONEST)
   end
 end
 

@@ -393,7 +393,7 @@ async def test_a_long_poll_on_many_queues_is_looked_for_once_per_reason(
     try:
         poll = asyncio.create_task(hub.consume(NS, queues, 30_000, 1, 30_000))
         for _ in range(500):  # every watcher subscribed (it hears the due times)
-            if len(hub._pubsub.channels) == 8:
+            if len(hub.notices.channels) == 8:
                 break
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.1)  # and done with its first look
@@ -463,16 +463,16 @@ async def test_a_job_made_ready_while_a_watcher_subscribes_is_not_left_waiting(
     subscription covers that watcher (one did, and the job waited for the 1-s safety poll)."""
     cfg = engine.config
     hub = WaiterHub(engine)
-    real = hub._pubsub.subscribe
+    real = hub.notices.listen
     subscribing = asyncio.Event()
 
-    async def slowly(*channels: Any, **kw: Any) -> Any:
-        if any(b"sub-late" in (c if isinstance(c, bytes) else str(c).encode()) for c in channels):
+    async def slowly(channel: bytes) -> None:
+        if b"sub-late" in channel:
             subscribing.set()
             await asyncio.sleep(0.3)
-        return await real(*channels, **kw)
+        await real(channel)
 
-    monkeypatch.setattr(hub._pubsub, "subscribe", slowly)
+    monkeypatch.setattr(hub.notices, "listen", slowly)
     try:
         poll = asyncio.create_task(hub.consume(NS, ["sub-early", "sub-late"], 30_000, 1, 5_000))
         await subscribing.wait()

@@ -15,12 +15,15 @@ import redis
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.clock import now_ms
+from cluster_dq import waiters
 from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.errors import StaleMaster
 from cluster_dq.keys import QueueKeys
-from cluster_dq.localredis import Cluster, SentinelGroup
+from cluster_dq.localredis import Cluster, SentinelGroup, migrate_slot
 from cluster_dq.models import JobSpec
 from cluster_dq.pools import check_redis, close_client, make_client
+from cluster_dq.waiters import WaiterHub
 from tests.support import ADMIN_AUTH, serve
 
 
@@ -147,6 +150,66 @@ async def test_a_durable_write_rides_through_a_cluster_failover_its_client_has_n
     finally:
         _failover_to(old, replica)  # the session's cluster as it was
         await engine.run(ops.destroy(cfg, "fo", "q"), idempotent=True)
+        await close_client(client)
+
+
+@pytest.mark.parametrize("move", ["failover", "migration"])
+async def test_long_polls_hear_their_queues_notices_after_its_slot_moves(
+    redis_cluster: Cluster, monkeypatch: pytest.MonkeyPatch, move: str
+) -> None:
+    """Notices are sharded (SPUBLISH in the queue's slot, notices.py): a process listens on the
+    node that holds the slot. After the slot fails over to its replica, or migrates to another
+    master, the process's next command there (a watcher's safety poll) learns the new map and
+    its subscription follows: a job published then by another process reaches the waiting
+    long-poll by its notice, not by the watcher's safety poll."""
+    client = make_client(redis_cluster.pool_settings())
+    await client.initialize()
+    engine = AsyncEngine(client)
+    hub = WaiterHub(engine)
+    qk = QueueKeys("fo", "n")
+    slot = client.keyslot(qk.meta)
+    old = client.get_node_from_key(qk.meta).port
+    with redis.Redis(port=old) as r:
+        replica = int(r.info("replication")["slave0"]["port"])
+    master = next(
+        p
+        for p in (s.port for s in redis_cluster.servers)
+        if p not in (old, replica) and redis.Redis(port=p).info("replication")["role"] == "master"
+    )
+
+    def there() -> None:
+        if move == "failover":
+            _failover_to(replica, old)
+        else:
+            migrate_slot(redis_cluster, slot, old, master)
+
+    def back() -> None:  # the session's cluster as it was
+        if move == "failover":
+            _failover_to(old, replica)
+        else:
+            migrate_slot(redis_cluster, slot, master, old)
+
+    other = SyncEngine(redis_cluster.sync_client())  # another instance's
+    try:
+        poll = asyncio.create_task(hub.consume("fo", ["n"], 30_000, 1, 60_000))
+        for _ in range(500):
+            if qk.notify.encode() in hub.notices.channels:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(there)
+        await asyncio.sleep(2.5)  # safety polls meet the new slot map; the channel moves
+        monkeypatch.setattr(waiters, "SAFETY_POLL_S", 30.0)
+        await asyncio.sleep(1.5)  # the watcher's 1-s sleep under way ends; the next is 30 s
+        assert not poll.done()
+        published = time.monotonic()
+        other.run(ops.publish(other.config, "fo", "n", [JobSpec(b"after")], now_ms()))
+        (job,) = await asyncio.wait_for(poll, 10)
+        assert job.body == b"after"
+        assert time.monotonic() - published < 0.5  # its notice, heard where the slot is now
+    finally:
+        await hub.close()
+        await asyncio.to_thread(back)
+        other.run(ops.destroy(other.config, "fo", "n"), idempotent=True)
         await close_client(client)
 
 

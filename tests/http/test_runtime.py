@@ -38,7 +38,7 @@ from cluster_dq.pump import Pump
 from cluster_dq.service import Service, _consume_across
 from cluster_dq.settings import Settings
 from cluster_dq.testing import default_stop_signals
-from tests.support import ADMIN_AUTH, ROOT, serve
+from tests.support import ADMIN_AUTH, ROOT, listeners, serve
 from tests.support.run import by_tier
 
 
@@ -134,11 +134,6 @@ def _wait_for(check: Callable[[], bool], what: str, within: float = 20.0) -> Non
         time.sleep(0.02)
 
 
-def _subscribers(client: redis.Redis, ns: str, q: str) -> int:
-    channel = QueueKeys(ns, q).notify
-    return int(dict(client.pubsub_numsub(channel))[channel.encode()])
-
-
 def test_a_long_poll_whose_client_hung_up_reserves_nothing(
     svc: tuple[str, str, str, str], standalone_redis: redis.Redis
 ) -> None:
@@ -147,12 +142,12 @@ def test_a_long_poll_whose_client_hung_up_reserves_nothing(
         base,
         f"/api/{ns}/q?timeout=20&ttr=2",
         token,
-        lambda: _subscribers(standalone_redis, ns, "q") == 1,
+        lambda: listeners(standalone_redis, ns, "q") == 1,
     )
     # Give the server a moment to hear the hang-up (its watcher then unsubscribes); without
     # the fix it never lets go, and the publish below is reserved for nobody.
     deadline = time.monotonic() + 3
-    while _subscribers(standalone_redis, ns, "q") and time.monotonic() < deadline:
+    while listeners(standalone_redis, ns, "q") and time.monotonic() < deadline:
         time.sleep(0.02)
     with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=30) as api:
         r = api.put(f"/api/{ns}/q", params={"tries": 3}, content=b"x")
@@ -486,9 +481,7 @@ def test_sigterm_under_load_answers_waiters_and_leaves_nothing_reserved_or_lost(
     try:
         for t in threads:
             t.start()
-        _wait_for(
-            lambda: _subscribers(standalone_redis, ns, "idle") >= 1 and len(acked) > 20, "load"
-        )
+        _wait_for(lambda: listeners(standalone_redis, ns, "idle") >= 1 and len(acked) > 20, "load")
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
@@ -550,7 +543,7 @@ def test_long_polls_beyond_max_waiters_get_429_at_once_and_reserve_nothing(
         for t in threads:
             t.start()
         _wait_for(
-            lambda: all(_subscribers(standalone_redis, ns, q) for q in ("idle1", "idle2")),
+            lambda: all(listeners(standalone_redis, ns, q) for q in ("idle1", "idle2")),
             "2 waiting",
         )
         with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=60) as api:

@@ -23,7 +23,7 @@ import redis
 from cluster_dq.keys import AdminKeys, QueueKeys
 from cluster_dq.localredis import Server
 from tests.support import Deployment
-from tests.support import ADMIN_AUTH, serve
+from tests.support import ADMIN_AUTH, listeners, serve
 
 NS = "lim"
 
@@ -247,11 +247,6 @@ def test_a_write_that_was_applied_but_answered_503_is_not_refunded(
 # -- item 8: each namespace its share of a worker's long-polls --------------------------------
 
 
-def _subscribers(client: redis.Redis, ns: str, q: str) -> int:
-    channel = QueueKeys(ns, q).notify
-    return int(dict(client.pubsub_numsub(channel))[channel.encode()])
-
-
 def _wait_for(check: Callable[[], bool], what: str, within: float = 20.0) -> None:
     deadline = time.monotonic() + within
     while not check():
@@ -285,7 +280,7 @@ def test_a_namespace_that_fills_its_share_of_long_polls_locks_no_other_out(
         for t in hogs:
             t.start()
         _wait_for(
-            lambda: all(_subscribers(standalone_redis, a, f"idle{i}") for i in range(2)),
+            lambda: all(listeners(standalone_redis, a, f"idle{i}") for i in range(2)),
             "A's two long-polls waiting",
         )
         with httpx.Client(base_url=svc.base, headers={"X-Token": tokens[a]}, timeout=30) as api:
@@ -294,7 +289,7 @@ def test_a_namespace_that_fills_its_share_of_long_polls_locks_no_other_out(
             assert int(r.headers["retry-after"]) >= 1
         waiter = threading.Thread(target=poll, args=(b, "work", 20))
         waiter.start()
-        _wait_for(lambda: _subscribers(standalone_redis, b, "work") > 0, "B's long-poll waiting")
+        _wait_for(lambda: listeners(standalone_redis, b, "work") > 0, "B's long-poll waiting")
         with httpx.Client(base_url=svc.base, headers={"X-Token": tokens[b]}, timeout=30) as api:
             assert api.put(f"/api/{b}/work", content=b"x").status_code == 201
         waiter.join(timeout=30)

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import redis
 
+from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import Cluster, SentinelGroup, Server
 from cluster_dq.settings import PoolSettings
 from cluster_dq.testing.service_process import ServiceProcess
@@ -45,3 +46,9 @@ def size(api: httpx.Client, q: str = "q") -> dict[str, int]:
     r = api.get(f"/api/ns/{q}/size")
     assert r.status_code == 200
     return r.json()  # type: ignore[no-any-return]
+
+
+def listeners(client: redis.Redis, ns: str, q: str) -> int:
+    """How many connections listen to a queue's notices (its long-polls' watchers)."""
+    channel = QueueKeys(ns, q).notify
+    return int(dict(client.pubsub_shardnumsub(channel))[channel.encode()])
