@@ -44,6 +44,7 @@ class Notices:
         self._reader: asyncio.Task[None] | None = None
         self._nodes: dict[str, asyncio.Task[None]] = {}  # a Cluster's: a reader per node
         self._changed = asyncio.Event()  # a channel was added: maybe on a node not read yet
+        self._following_failed = False
 
     @property
     def channels(self) -> set[bytes]:
@@ -83,8 +84,12 @@ class Notices:
                     )
                 else:
                     target = self._client.get_node(node_name=node)
-                    if target is None or node not in self._pubsub.node_pubsub_mapping:
+                    pubsub = self._pubsub.node_pubsub_mapping.get(node)
+                    if target is None or pubsub is None:
                         return
+                    if pubsub.connection is None:  # its first subscription is under way
+                        await asyncio.sleep(0.1)
+                        continue
                     msg = await self._pubsub.get_sharded_message(
                         ignore_subscribe_messages=True, timeout=READ_TIMEOUT_S, target_node=target
                     )
@@ -103,19 +108,43 @@ class Notices:
             if msg and msg.get("type") == "smessage":
                 self._heard(msg["channel"], msg["data"])
 
+    def _misplaced(self) -> bool:
+        """Whether a channel is listened to on a node that no longer holds its slot, by this
+        process's slot map. redis-py moves the channels when it learns a new map, and tries a
+        failed move again only when the map changes once more: here, every pass."""
+        mapping = self._pubsub.node_pubsub_mapping
+        for channel in list(self._pubsub.shard_channels):
+            try:
+                node = self._client.get_node_from_key(channel)
+            except Exception:  # the slot not covered for now (a failover under way)
+                return False
+            pubsub = mapping.get(node.name)
+            if pubsub is None or channel not in pubsub.shard_channels:
+                return True
+        return False
+
+    async def _follow(self) -> None:
+        try:
+            async with self._subscribing:
+                await self._pubsub.reinitialize_shard_subscriptions()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the next pass tries again
+            if not self._following_failed:  # once per outage
+                log.warning("notices: moving channels: %s: %s", type(e).__name__, e)
+            self._following_failed = True
+        else:
+            self._following_failed = False
+
     async def _read_nodes(self) -> None:
         """A Cluster: a reader for each node that holds channels of this process (redis-py
         adds one when a channel lands on a new node or its slot moves there)."""
         try:
             while True:
-                for name in list(self._pubsub.node_pubsub_mapping):
-                    task = self._nodes.get(name)
-                    if task is None or task.done():
-                        self._nodes[name] = asyncio.create_task(
-                            self._read(name), context=retry.detached()
-                        )
-                for name in [n for n, t in self._nodes.items() if t.done()]:
-                    del self._nodes[name]
+                self._start_readers()
+                if self._misplaced():
+                    await self._follow()
+                    self._start_readers()
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(READ_TIMEOUT_S):
@@ -125,3 +154,11 @@ class Notices:
             for t in readers:
                 t.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
+
+    def _start_readers(self) -> None:
+        for name in list(self._pubsub.node_pubsub_mapping):
+            task = self._nodes.get(name)
+            if task is None or task.done():
+                self._nodes[name] = asyncio.create_task(self._read(name), context=retry.detached())
+        for name in [n for n, t in self._nodes.items() if t.done()]:
+            del self._nodes[name]

@@ -98,6 +98,7 @@ class _Watcher:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.due_ms: int | None = None  # the earliest due time noticed since the last look
+        self.heard_due = -1  # when (engine ms) it last heard of a job put off (``due:``)
         self.looked_again = False  # the last look found an event due and nothing ready
         self._timer: asyncio.Timeout | None = None  # the sleep in progress
         self._timer_due: int | None = None  # the due time (engine ms) the timer is set for
@@ -129,6 +130,7 @@ class _Watcher:
     def noticed_due(self, due_ms: int) -> None:
         """A job was put into DELAYED, due at ``due_ms``: the watcher's timer was set before
         it existed, and is brought forward (no Redis round trip) when it is later."""
+        self.heard_due = self.hub.engine.clock()
         if self.due_ms is None or due_ms < self.due_ms:
             self.due_ms = due_ms
         timer = self._timer
@@ -142,21 +144,26 @@ class _Watcher:
     def _until(self, t_ms: int) -> float:
         return max((t_ms - self.hub.engine.clock()) / 1000, 0.0)
 
-    async def run(self) -> None:
+    async def _listen(self) -> None:
+        """Subscribes to the queue's notices, beside the looks: a node slow to answer (a
+        Cluster's, failing) delays its notices, never a look."""
         try:
-            try:
-                await self.hub._subscribe(self)
-            except Exception as e:  # the 1-s safety poll covers the missing notices
-                log.warning(
-                    "watcher %s/%s: no notices: %s: %s",
-                    self.namespace,
-                    self.queue,
-                    type(e).__name__,
-                    e,
-                )
-            # Only a look begun from here on has seen what its notices would have told: the
-            # first one is its own (a notice sent while it subscribed reached nobody).
-            self.reason_ms, self.strict = self.hub.engine.clock(), True
+            await self.hub._subscribe(self)
+        except Exception as e:  # the 1-s safety poll covers the missing notices
+            log.warning(
+                "watcher %s/%s: no notices: %s: %s", self.namespace, self.queue, type(e).__name__, e
+            )
+            return
+        # Only a look begun from here on has seen what its notices would have told (one sent
+        # while it subscribed reached nobody): it looks again now.
+        self.reason_ms, self.strict = self.hub.engine.clock(), True
+        self.wake.set()
+
+    async def run(self) -> None:
+        listening = asyncio.create_task(self._listen(), context=retry.detached())
+        self.hub._listening.add(listening)  # cancelled by close() if still under way
+        listening.add_done_callback(self.hub._listening.discard)
+        try:
             while self.waiters:
                 end_if_cancelled()
                 try:
@@ -218,7 +225,11 @@ class _Watcher:
             waiter.looked_empty = max(waiter.looked_empty, started)
         until = min((w.deadline for w in self.waiters), default=time.monotonic())
         seen = self.seen
-        if seen is not None and (seen[0] >= looked >= 0 or self._after_reason(seen[0])):
+        if (
+            seen is not None
+            and (seen[0] >= looked >= 0 or self._after_reason(seen[0]))
+            and seen[0] > self.heard_due  # (no job put off since: sizes.lua would see it)
+        ):
             # the look (this one, or the one that covered it) said what is left in the queue
             ready, nxt = seen[1], seen[2]
         else:
@@ -286,6 +297,7 @@ class WaiterHub:
         self.notices = Notices(engine.client, self._heard)
         self._by_channel: dict[bytes, _Watcher] = {}
         self._background_tasks: set[asyncio.Task[None]] = set()
+        self._listening: set[asyncio.Task[None]] = set()  # watchers' subscriptions under way
         self._closed = False
         self._stopping = False  # shutting down: nothing is reserved any more
         # One-job consumes (lmstfy's way) of the same queues and ttr share a consume call.
@@ -413,7 +425,9 @@ class WaiterHub:
 
         def seen(queue: str, ready: int, next_event_ms: int | None) -> None:
             w = self.watchers.get((namespace, queue))
-            if w is not None and (w.seen is None or began >= w.seen[0]):
+            if w is not None and (
+                w.seen is None or began >= w.seen[0] or w.seen[0] > self.engine.clock()
+            ):  # (the latest look's; one stamped ahead of the clock, after it stepped back, not)
                 w.seen = (began, ready, next_event_ms)
 
         return seen
@@ -547,5 +561,9 @@ class WaiterHub:
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)  # nothing may outlive the hub
+        listening = list(self._listening)
+        for t in listening:
+            t.cancel()
+        await asyncio.gather(*listening, return_exceptions=True)
         await self.notices.close()
         return clean

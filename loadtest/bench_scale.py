@@ -149,58 +149,67 @@ def _spread(shares: Sequence[float]) -> float:
 
 
 def masters_table(counts: list[int], a: argparse.Namespace) -> None:
-    runs: dict[int, list[dict[str, Any]]] = {m: [] for m in counts}
+    variants = _variants(a)
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in range(a.rounds):
         for m in counts:
-            print(f"\nscale: round {r + 1}/{a.rounds}, a Cluster of {m} master(s)", flush=True)
-            with (
-                stack(
-                    a.jobs, a.instances, cluster=True, masters=m, replicas=0, queues=a.queues
-                ) as st,
-                tempfile.TemporaryDirectory() as tmp,
-            ):
-                masters = _masters(st)
-                procs = [psutil.Process(s.process.pid) for s in masters]
-                cpu0 = [cpu_seconds([p]) for p in procs]
-                calls0 = [_script_calls(s) for s in masters]
-                figures = measure(st, a.rate, a.seconds, Path(tmp) / "locust")
-                cpu = [cpu_seconds([p]) - c for p, c in zip(procs, cpu0)]
-                calls = [_script_calls(s) - c for s, c in zip(masters, calls0)]
-                keys = []
-                for s in masters:
-                    with s.client() as c:
-                        keys.append(int(c.dbsize()))
-                leaders = _leaders(st, masters)
-            point = _per_request(figures)
-            point |= {
-                "keys": _spread(keys),
-                "scripts": _spread(calls),
-                "cpu": _spread(cpu),
-                "leaders": _spread(leaders),
-                "leader_counts": leaders,
-            }
-            runs[m].append(point)
-    base = _median(runs[counts[0]], "redis_us")
+            for label, root in variants:  # interleaved: this machine drifts
+                print(
+                    f"\nscale: round {r + 1}/{a.rounds}, a Cluster of {m} master(s), {label}",
+                    flush=True,
+                )
+                runs.setdefault((label, m), []).append(_masters_point(m, a, root))
     print(
         f"\nscale: the same load ({a.rate:,.0f} req/s asked, {a.instances} instances, {a.jobs:,} "
         f"resident, {a.queues} queues) on a Cluster of more masters; medians of {a.rounds} "
         "round(s); spread = the busiest master's share over the mean, minus 1"
     )
     print(
-        f"  {'masters':>7} {'req/s':>7} {'fail':>5} {'redis µs/job':>13} {'growth':>7} "
-        f"{'service µs/req':>15} {'lateness p99':>13} {'spread: keys':>13} {'scripts':>8} "
-        f"{'CPU':>6} {'leaders':>8}  leaders per master"
+        f"  {'code':>6} {'masters':>7} {'req/s':>7} {'fail':>5} {'redis µs/job':>13} "
+        f"{'growth':>7} {'service µs/req':>15} {'lateness p99':>13} {'spread: keys':>13} "
+        f"{'scripts':>8} {'CPU':>6} {'leaders':>8}  leaders per master"
     )
-    for m in counts:
-        pts = runs[m]
-        us = _median(pts, "redis_us")
-        show: Callable[[str], str] = lambda k: f"{_median(pts, k):+.0%}"  # noqa: E731
-        print(
-            f"  {m:>7} {_median(pts, 'rps'):7,.0f} {sum(p['failures'] for p in pts):5,} "
-            f"{us:13,.0f} {us / base - 1:+7.0%} {_median(pts, 'service_us'):15,.0f} "
-            f"{_median(pts, 'late_p99'):10,.0f} ms {show('keys'):>13} {show('scripts'):>8} "
-            f"{show('cpu'):>6} {show('leaders'):>8}  {pts[-1]['leader_counts']}"
-        )
+    for label, _ in variants:
+        base = _median(runs[(label, counts[0])], "redis_us")
+        for m in counts:
+            pts = runs[(label, m)]
+            us = _median(pts, "redis_us")
+            show: Callable[[str], str] = lambda k: f"{_median(pts, k):+.0%}"  # noqa: E731
+            print(
+                f"  {label:>6} {m:>7} {_median(pts, 'rps'):7,.0f} "
+                f"{sum(p['failures'] for p in pts):5,} {us:13,.0f} {us / base - 1:+7.0%} "
+                f"{_median(pts, 'service_us'):15,.0f} {_median(pts, 'late_p99'):10,.0f} ms "
+                f"{show('keys'):>13} {show('scripts'):>8} {show('cpu'):>6} "
+                f"{show('leaders'):>8}  {pts[-1]['leader_counts']}"
+            )
+
+
+def _masters_point(m: int, a: argparse.Namespace, root: Path | None) -> dict[str, Any]:
+    with (
+        stack(
+            a.jobs, a.instances, cluster=True, masters=m, replicas=0, queues=a.queues, root=root
+        ) as st,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        masters = _masters(st)
+        procs = [psutil.Process(s.process.pid) for s in masters]
+        cpu0 = [cpu_seconds([p]) for p in procs]
+        calls0 = [_script_calls(s) for s in masters]
+        figures = measure(st, a.rate, a.seconds, Path(tmp) / "locust")
+        cpu = [cpu_seconds([p]) - c for p, c in zip(procs, cpu0)]
+        calls = [_script_calls(s) - c for s, c in zip(masters, calls0)]
+        keys = []
+        for s in masters:
+            with s.client() as c:
+                keys.append(int(c.dbsize()))
+        leaders = _leaders(st, masters)
+    return _per_request(figures) | {
+        "keys": _spread(keys),
+        "scripts": _spread(calls),
+        "cpu": _spread(cpu),
+        "leaders": _spread(leaders),
+        "leader_counts": leaders,
+    }
 
 
 def main() -> None:
@@ -219,7 +228,7 @@ def main() -> None:
     ap.add_argument(
         "--versus",
         metavar="CHECKOUT",
-        help="also run each point of the instances table on that checkout's code, interleaved",
+        help="also run each point on that checkout's code, interleaved",
     )
     a = ap.parse_args()
     if a.only in (None, "instances"):

@@ -454,6 +454,39 @@ async def test_a_long_poll_learns_its_queues_next_event_from_its_own_look(
         await hub.close()
 
 
+async def test_a_job_put_off_after_the_look_that_covered_a_watcher_sets_its_timer(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watcher whose waiter another look covered reads its queue from that look's record;
+    a job put off into its queue after that look began (its ``due:`` notice heard while the
+    watcher waited for the waiter to be free) must still set its timer: the record does not
+    know of it, and the watcher asks sizes.lua instead (it slept to its safety poll)."""
+    monkeypatch.setattr(waiters, "SAFETY_POLL_S", 10.0)
+    cfg = engine.config
+    hub = WaiterHub(engine)
+    watcher = waiters._Watcher(hub, NS, "put-off")  # driven here, not by a task of its own
+    looked = engine.clock()
+    watcher.reason_ms, watcher.strict = looked - 1, True
+    watcher.seen = (looked, 0, None)  # a look begun at ``looked``: the queue empty
+    waiter = waiters.Waiter(NS, ["other", "put-off"], 30_000, 1, time.monotonic() + 30)
+    waiter.looked_empty = looked
+    watcher.waiters.append(waiter)
+    await asyncio.sleep(0.01)
+    due = now_ms() + 3_000
+    await engine.run(ops.publish(cfg, NS, "put-off", [JobSpec(b"x", delay_ms=3_000)], due - 3_000))
+    watcher.noticed_due(due)  # its notice, heard before the watcher serves again
+    serving = asyncio.create_task(watcher._serve())
+    try:
+        await asyncio.sleep(0.3)
+        assert watcher._timer is not None and watcher._timer_due is not None
+        assert abs(watcher._timer_due - due) <= 1, (watcher._timer_due, due)
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        await hub.close()
+
+
 async def test_a_job_made_ready_while_a_watcher_subscribes_is_not_left_waiting(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1203,11 +1203,14 @@ class EngineModel(RuleBasedStateMachine):
         leases = {q: self.sync.hgetall(QueueKeys(NS, q).leases) for q in QUEUES}
         keys = sorted(set(m.jobs) | set(m.alts))
 
+        at_once = asyncio.Semaphore(32)  # well within the pool's connections
+
         async def peek(q: str, job_id: str) -> Any:
-            try:
-                return await self.svc.peek_job(self.route, NS, q, job_id)
-            except NotFound:
-                return None
+            async with at_once:
+                try:
+                    return await self.svc.peek_job(self.route, NS, q, job_id)
+                except NotFound:
+                    return None
 
         async def peek_all() -> list[Any]:  # at once: reads, and no fault is armed
             return await asyncio.gather(*(peek(q, job_id) for q, job_id in keys))
