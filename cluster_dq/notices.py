@@ -44,7 +44,7 @@ class Notices:
         self._reader: asyncio.Task[None] | None = None
         self._nodes: dict[str, asyncio.Task[None]] = {}  # a Cluster's: a reader per node
         self._changed = asyncio.Event()  # a channel was added: maybe on a node not read yet
-        self._following_failed = False
+        self._follow_backoff, self._follow_after = 0.0, 0.0  # after a failed move of channels
 
     @property
     def channels(self) -> set[bytes]:
@@ -117,34 +117,44 @@ class Notices:
             try:
                 node = self._client.get_node_from_key(channel)
             except Exception:  # the slot not covered for now (a failover under way)
-                return False
+                continue
             pubsub = mapping.get(node.name)
             if pubsub is None or channel not in pubsub.shard_channels:
                 return True
         return False
 
     async def _follow(self) -> None:
+        """Moves misplaced channels; after a failure, not again for 1, 2, 4... up to 30 s (each
+        try holds the subscriptions of every node while it waits on the unreachable one)."""
+        now = asyncio.get_running_loop().time()
+        if now < self._follow_after:
+            return
         try:
             async with self._subscribing:
                 await self._pubsub.reinitialize_shard_subscriptions()
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the next pass tries again
-            if not self._following_failed:  # once per outage
+        except Exception as e:
+            if not self._follow_backoff:  # once per outage
                 log.warning("notices: moving channels: %s: %s", type(e).__name__, e)
-            self._following_failed = True
+            self._follow_backoff = min(max(self._follow_backoff * 2, 1.0), 30.0)
+            self._follow_after = now + self._follow_backoff
         else:
-            self._following_failed = False
+            self._follow_backoff = 0.0
 
     async def _read_nodes(self) -> None:
         """A Cluster: a reader for each node that holds channels of this process (redis-py
         adds one when a channel lands on a new node or its slot moves there)."""
         try:
+            loop = asyncio.get_running_loop()
+            checked = loop.time()
             while True:
                 self._start_readers()
-                if self._misplaced():
-                    await self._follow()
-                    self._start_readers()
+                if loop.time() - checked >= READ_TIMEOUT_S:  # once a second, not per channel
+                    checked = loop.time()
+                    if self._misplaced():
+                        await self._follow()
+                        self._start_readers()
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(READ_TIMEOUT_S):

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 SAFETY_POLL_S = 1.0
 NEVER_COVERED = 2**63  # a reason no look covers
 GIVE_BACK_GRACE_S = 2.0
+SUBSCRIBE_WAIT_S = 0.2  # how long a new watcher's first look waits for its subscription
 
 
 class Admission:
@@ -99,6 +100,7 @@ class _Watcher:
         self.task: asyncio.Task[None] | None = None
         self.due_ms: int | None = None  # the earliest due time noticed since the last look
         self.heard_due = -1  # when (engine ms) it last heard of a job put off (``due:``)
+        self.heard_before = -1  # ``heard_due`` when ``due_ms`` was last cleared (a look began)
         self.looked_again = False  # the last look found an event due and nothing ready
         self._timer: asyncio.Timeout | None = None  # the sleep in progress
         self._timer_due: int | None = None  # the due time (engine ms) the timer is set for
@@ -146,13 +148,29 @@ class _Watcher:
 
     async def _listen(self) -> None:
         """Subscribes to the queue's notices, beside the looks: a node slow to answer (a
-        Cluster's, failing) delays its notices, never a look."""
-        try:
-            await self.hub._subscribe(self)
-        except Exception as e:  # the 1-s safety poll covers the missing notices
-            log.warning(
-                "watcher %s/%s: no notices: %s: %s", self.namespace, self.queue, type(e).__name__, e
-            )
+        Cluster's, failing) delays its notices, never a look. A failed subscription is tried
+        again (1, 2, 4... up to 10 s apart) while the watcher serves."""
+        backoff = 1.0
+        while self.hub.watchers.get((self.namespace, self.queue)) is self:
+            try:
+                await self.hub._subscribe(self)
+                break
+            except Exception as e:  # the 1-s safety poll covers the missing notices
+                log.warning(
+                    "watcher %s/%s: no notices yet: %s: %s",
+                    self.namespace,
+                    self.queue,
+                    type(e).__name__,
+                    e,
+                )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+        else:
+            return
+        key = (self.namespace, self.queue)
+        if self.hub.watchers.get(key) is not self:  # retired meanwhile
+            if key not in self.hub.watchers:  # and no newer watcher wants the channel
+                self.hub._background(self.hub._unsubscribe(self.channel.encode()))
             return
         # Only a look begun from here on has seen what its notices would have told (one sent
         # while it subscribed reached nobody): it looks again now.
@@ -163,6 +181,9 @@ class _Watcher:
         listening = asyncio.create_task(self._listen(), context=retry.detached())
         self.hub._listening.add(listening)  # cancelled by close() if still under way
         listening.add_done_callback(self.hub._listening.discard)
+        # Most subscriptions take a round trip: the first look waits for it (else it would
+        # look now and again once subscribed), but not for long.
+        await asyncio.wait({listening}, timeout=SUBSCRIBE_WAIT_S)
         try:
             while self.waiters:
                 end_if_cancelled()
@@ -196,7 +217,7 @@ class _Watcher:
                         await self.hub.freed.wait()
             return
         self.wake.clear()
-        self.due_ms = None
+        self.due_ms, self.heard_before = None, self.heard_due
         looked = -1  # when this watcher's own look began (engine ms), if it looked
         if not self.covered(waiter):
             # (else a look for this waiter, by another queue's watcher or by its own consume,
@@ -228,7 +249,9 @@ class _Watcher:
         if (
             seen is not None
             and (seen[0] >= looked >= 0 or self._after_reason(seen[0]))
-            and seen[0] > self.heard_due  # (no job put off since: sizes.lua would see it)
+            # a job put off after that look began, heard before due_ms was cleared, is known
+            # to neither (one heard since is in due_ms): then sizes.lua
+            and seen[0] > self.heard_before
         ):
             # the look (this one, or the one that covered it) said what is left in the queue
             ready, nxt = seen[1], seen[2]
@@ -504,7 +527,8 @@ class WaiterHub:
 
     async def _subscribe(self, watcher: _Watcher) -> None:
         channel = watcher.channel.encode()
-        self._by_channel[channel] = watcher
+        if self.watchers.get((watcher.namespace, watcher.queue)) is watcher:
+            self._by_channel[channel] = watcher
         await self.notices.listen(channel)
 
     def _retire(self, watcher: _Watcher) -> None:
@@ -512,7 +536,8 @@ class WaiterHub:
         if self.watchers.get(key) is watcher:
             del self.watchers[key]
             channel = watcher.channel.encode()
-            self._by_channel.pop(channel, None)
+            if self._by_channel.get(channel) is watcher:
+                del self._by_channel[channel]
             if self._closed:  # the pub/sub connections are going away with everything else
                 return
             self._background(self._unsubscribe(channel))
@@ -539,6 +564,10 @@ class WaiterHub:
         self.stop()
         self._closed = True
         clean = True
+        listening = list(self._listening)  # subscriptions under way: not waited for
+        for t in listening:
+            t.cancel()
+        await asyncio.gather(*listening, return_exceptions=True)
         watchers = [w.task for w in self.watchers.values() if w.task]
         if watchers:
             _, pending = await asyncio.wait(watchers, timeout=grace_s)
@@ -561,9 +590,5 @@ class WaiterHub:
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)  # nothing may outlive the hub
-        listening = list(self._listening)
-        for t in listening:
-            t.cancel()
-        await asyncio.gather(*listening, return_exceptions=True)
         await self.notices.close()
         return clean

@@ -477,7 +477,10 @@ async def test_a_job_put_off_after_the_look_that_covered_a_watcher_sets_its_time
     watcher.noticed_due(due)  # its notice, heard before the watcher serves again
     serving = asyncio.create_task(watcher._serve())
     try:
-        await asyncio.sleep(0.3)
+        for _ in range(200):  # until it sleeps (its look at sizes, if any, is done)
+            if watcher._timer is not None:
+                break
+            await asyncio.sleep(0.01)
         assert watcher._timer is not None and watcher._timer_due is not None
         assert abs(watcher._timer_due - due) <= 1, (watcher._timer_due, due)
     finally:
