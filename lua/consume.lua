@@ -16,6 +16,8 @@
   ARGV[6] open_lead: how long before its window a wheel bucket opens (ms)
   ARGV[7] lease_prefix: 6 random bytes; the i-th job reserved by this call gets prefix .. u16(i)
   ARGV[8] seed: a random number in [0, 1): the jitter of retry backoffs (lib/queue.lua retry)
+  ARGV[9] report: '1' when the caller will wait on the queue if it gets fewer than `count`
+    (a long-poll): the reply then says what the queue holds next (ready, next below)
   Returns: {lowered, stale, retried, dead, expired, more, ready, next, member_1, record_1,
     lease_1, ...}
     (records as delivered;
@@ -26,9 +28,9 @@
     retried, dead, expired: jobs this call moved on the way: ttr passed -> READY again, ttr
     passed with no tries left -> DEAD, ttl ended -> gone; for the metrics;
     more: 1 when the call stopped at its bound of expired jobs before `count` were reserved;
-    ready, next: when fewer than `count` were reserved (the caller's long-polls will wait), the
-    jobs left in READY and the queue's next event (ms, -1: none), so that they need not ask
-    with sizes.lua; else -1, -1)
+    ready, next: with `report`, when fewer than `count` were reserved (the caller's long-polls
+    will wait), the jobs left in READY and the queue's next event (ms, -1: none), so that they
+    need not ask with sizes.lua; else -1, -1)
 ]]
 --@include lib/codes
 --@include lib/queue
@@ -75,7 +77,7 @@ if w and w - tonumber(ARGV[6]) <= now then out[2] = now end
 -- consumer's) to take. Brought up to the queue's next event, so that multi-queue consumes
 -- (which visit a queue whose META.next has passed) stop visiting it until then, instead of
 -- until the pump's next step. Exact, so still no later than any event of the queue.
-local sizes = got < asked and queue_sizes(tonumber(ARGV[6])) or nil
+local sizes = ARGV[9] == '1' and got < asked and queue_sizes(tonumber(ARGV[6])) or nil
 if sizes then out[7], out[8] = sizes[2], sizes[5] end
 local marked = redis.call('HGET', META, 'next')
 if marked and tonumber(marked) <= now and out[2] == 0 and redis.call('EXISTS', READY) == 0 then

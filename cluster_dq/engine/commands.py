@@ -454,6 +454,7 @@ def consume(
                 open_lead=cfg.open_lead_ms,
                 lease_prefix=os.urandom(6),
                 seed=repr(cfg.draw()),
+                report="1" if seen is not None else "",
             )
             reply = replies.decode_consume((yield call))
             if reply.lowered:  # these reservations' end, or a retry backoff's: the earliest

@@ -106,7 +106,17 @@ SIGNATURES: dict[str, Signature] = {
         Signature(
             "consume",
             _Q,
-            ("now", "ttr", "count", "limit", "notify", "open_lead", "lease_prefix", "seed"),
+            (
+                "now",
+                "ttr",
+                "count",
+                "limit",
+                "notify",
+                "open_lead",
+                "lease_prefix",
+                "seed",
+                "report",
+            ),
         ),
         Signature(
             "ack",
