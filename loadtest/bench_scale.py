@@ -25,7 +25,7 @@ import argparse
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,18 +67,14 @@ def _per_request(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def instances_table(counts: list[int], a: argparse.Namespace) -> None:
-    variants = _variants(a)
-    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in range(a.rounds):
-        for n in counts:
-            for label, root in variants:  # interleaved: this machine drifts
-                print(f"\nscale: round {r + 1}/{a.rounds}, {n} instance(s), {label}", flush=True)
-                with (
-                    stack(a.jobs, n, queues=a.queues, root=root) as st,
-                    tempfile.TemporaryDirectory() as tmp,
-                ):
-                    figures = measure(st, a.rate, a.seconds, Path(tmp) / "locust")
-                runs.setdefault((label, n), []).append(_per_request(figures))
+    def point(n: int, root: Path | None) -> dict[str, Any]:
+        with (
+            stack(a.jobs, n, queues=a.queues, root=root) as st,
+            tempfile.TemporaryDirectory() as tmp,
+        ):
+            return _per_request(measure(st, a.rate, a.seconds, Path(tmp) / "locust"))
+
+    runs = _rounds(counts, a, point, "{} instance(s)")
     print(
         f"\nscale: the same load ({a.rate:,.0f} req/s asked, the profile's mix, {a.jobs:,} "
         f"resident, {a.queues} queues) over more instances; medians of {a.rounds} round(s)"
@@ -88,18 +84,47 @@ def instances_table(counts: list[int], a: argparse.Namespace) -> None:
         f"{'growth':>7} {'redis µs/job':>13} {'lateness p99':>13} {'worst queue p99':>16} "
         f"{'max':>6} {'publish/ack p99':>16}"
     )
-    for label, _ in variants:
-        base = _median(runs[(label, counts[0])], "service_us")
+    for label, n, pts, us, growth in _rows(runs, counts, a, "service_us"):
+        print(
+            f"  {label:>6} {n:>9} {_median(pts, 'rps'):7,.0f} "
+            f"{sum(p['failures'] for p in pts):5,} {us:15,.0f} {growth:+7.0%} "
+            f"{_median(pts, 'redis_us'):13,.0f} {_median(pts, 'late_p99'):10,.0f} ms "
+            f"{_median(pts, 'late_q_p99'):13,.0f} ms {_median(pts, 'late_max'):3,.0f} ms "
+            f"{_median(pts, 'worst_p99'):13,.0f} ms"
+        )
+
+
+Runs = dict[tuple[str, int], list[dict[str, Any]]]
+
+
+def _rounds(
+    counts: list[int],
+    a: argparse.Namespace,
+    point: Callable[[int, Path | None], dict[str, Any]],
+    what: str,
+) -> Runs:
+    """Every point of every round, each count on each code in turn (interleaved: this machine
+    drifts); ``what`` names a count in the progress lines."""
+    runs: Runs = {}
+    for r in range(a.rounds):
+        for n in counts:
+            for label, root in _variants(a):
+                print(f"\nscale: round {r + 1}/{a.rounds}, {what.format(n)}, {label}", flush=True)
+                runs.setdefault((label, n), []).append(point(n, root))
+    return runs
+
+
+def _rows(
+    runs: Runs, counts: list[int], a: argparse.Namespace, key: str
+) -> Iterator[tuple[str, int, list[dict[str, Any]], float, float]]:
+    """Per code and count: its points, the median of ``key`` and its growth from the first
+    count."""
+    for label, _ in _variants(a):
+        base = _median(runs[(label, counts[0])], key)
         for n in counts:
             pts = runs[(label, n)]
-            us = _median(pts, "service_us")
-            print(
-                f"  {label:>6} {n:>9} {_median(pts, 'rps'):7,.0f} "
-                f"{sum(p['failures'] for p in pts):5,} {us:15,.0f} {us / base - 1:+7.0%} "
-                f"{_median(pts, 'redis_us'):13,.0f} {_median(pts, 'late_p99'):10,.0f} ms "
-                f"{_median(pts, 'late_q_p99'):13,.0f} ms {_median(pts, 'late_max'):3,.0f} ms "
-                f"{_median(pts, 'worst_p99'):13,.0f} ms"
-            )
+            value = _median(pts, key)
+            yield label, n, pts, value, value / base - 1
 
 
 def _variants(a: argparse.Namespace) -> list[tuple[str, Path | None]]:
@@ -149,16 +174,9 @@ def _spread(shares: Sequence[float]) -> float:
 
 
 def masters_table(counts: list[int], a: argparse.Namespace) -> None:
-    variants = _variants(a)
-    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in range(a.rounds):
-        for m in counts:
-            for label, root in variants:  # interleaved: this machine drifts
-                print(
-                    f"\nscale: round {r + 1}/{a.rounds}, a Cluster of {m} master(s), {label}",
-                    flush=True,
-                )
-                runs.setdefault((label, m), []).append(_masters_point(m, a, root))
+    runs = _rounds(
+        counts, a, lambda m, root: _masters_point(m, a, root), "a Cluster of {} master(s)"
+    )
     print(
         f"\nscale: the same load ({a.rate:,.0f} req/s asked, {a.instances} instances, {a.jobs:,} "
         f"resident, {a.queues} queues) on a Cluster of more masters; medians of {a.rounds} "
@@ -169,19 +187,15 @@ def masters_table(counts: list[int], a: argparse.Namespace) -> None:
         f"{'growth':>7} {'service µs/req':>15} {'lateness p99':>13} {'spread: keys':>13} "
         f"{'scripts':>8} {'CPU':>6} {'leaders':>8}  leaders per master"
     )
-    for label, _ in variants:
-        base = _median(runs[(label, counts[0])], "redis_us")
-        for m in counts:
-            pts = runs[(label, m)]
-            us = _median(pts, "redis_us")
-            show: Callable[[str], str] = lambda k: f"{_median(pts, k):+.0%}"  # noqa: E731
-            print(
-                f"  {label:>6} {m:>7} {_median(pts, 'rps'):7,.0f} "
-                f"{sum(p['failures'] for p in pts):5,} {us:13,.0f} {us / base - 1:+7.0%} "
-                f"{_median(pts, 'service_us'):15,.0f} {_median(pts, 'late_p99'):10,.0f} ms "
-                f"{show('keys'):>13} {show('scripts'):>8} {show('cpu'):>6} "
-                f"{show('leaders'):>8}  {pts[-1]['leader_counts']}"
-            )
+    for label, m, pts, us, growth in _rows(runs, counts, a, "redis_us"):
+        spread = {k: f"{_median(pts, k):+.0%}" for k in ("keys", "scripts", "cpu", "leaders")}
+        print(
+            f"  {label:>6} {m:>7} {_median(pts, 'rps'):7,.0f} "
+            f"{sum(p['failures'] for p in pts):5,} {us:13,.0f} {growth:+7.0%} "
+            f"{_median(pts, 'service_us'):15,.0f} {_median(pts, 'late_p99'):10,.0f} ms "
+            f"{spread['keys']:>13} {spread['scripts']:>8} {spread['cpu']:>6} "
+            f"{spread['leaders']:>8}  {pts[-1]['leader_counts']}"
+        )
 
 
 def _masters_point(m: int, a: argparse.Namespace, root: Path | None) -> dict[str, Any]:
