@@ -6,6 +6,8 @@ earliest of: the queue's next due time (kept by the service's own timer, not by 
 blocking timeout, which fires only on Redis's ``hz`` tick), a pub/sub notice that the ready
 set became non-empty (published by the scripts), the nearest waiter deadline, or a 1 s
 safety poll. All watchers share the engine's connection pool and its notices (notices.py).
+A watcher whose last waiter left stays subscribed, without looking, for ``LINGER_S``: a
+consumer polls again at once, and its next long-poll then costs its first look only.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ SAFETY_POLL_S = 1.0
 NEVER_COVERED = 2**63  # a reason no look covers
 GIVE_BACK_GRACE_S = 2.0
 SUBSCRIBE_WAIT_S = 0.2  # how long a new watcher's first look waits for its subscription
+# How long a watcher with no waiter left stays (subscribed, not looking) for the next one. A
+# consumer polls again as soon as its long poll ends; behind a load balancer it often lands on
+# this instance again within a second or two. Without it every long poll paid a subscribe, an
+# unsubscribe and the look a fresh subscription needs, on every instance.
+LINGER_S = 10.0
+DEADLINE_SLACK_S = 0.005  # a waiter this close to its deadline is answered, not looked for
 
 
 class Admission:
@@ -97,6 +105,7 @@ class _Watcher:
         self.channel = QueueKeys(namespace, queue).notify
         self.waiters: list[Waiter] = []
         self.wake = asyncio.Event()
+        self.arrived = asyncio.Event()  # a waiter came while it lingered
         self.task: asyncio.Task[None] | None = None
         self.due_ms: int | None = None  # the earliest due time noticed since the last look
         self.heard_due = -1  # when (engine ms) it last heard of a job put off (``due:``)
@@ -185,15 +194,18 @@ class _Watcher:
         # look now and again once subscribed), but not for long.
         await asyncio.wait({listening}, timeout=SUBSCRIBE_WAIT_S)
         try:
-            while self.waiters:
-                end_if_cancelled()
-                try:
-                    await self._serve()
-                except Transient as e:  # a failover: keep the waiters, look again shortly
-                    if cancelling():
-                        raise asyncio.CancelledError() from e
-                    log.warning("watcher %s/%s: %s", self.namespace, self.queue, e)
-                    await asyncio.sleep(0.1)
+            while True:
+                while self.waiters:
+                    end_if_cancelled()
+                    try:
+                        await self._serve()
+                    except Transient as e:  # a failover: keep the waiters, look again shortly
+                        if cancelling():
+                            raise asyncio.CancelledError() from e
+                        log.warning("watcher %s/%s: %s", self.namespace, self.queue, e)
+                        await asyncio.sleep(0.1)
+                if not await self._linger():
+                    break
         except asyncio.CancelledError:
             raise
         except Exception:  # never strand a waiter: answer it with "nothing"
@@ -204,9 +216,23 @@ class _Watcher:
         finally:
             self.hub._retire(self)
 
+    async def _linger(self) -> bool:
+        """No waiter left: stays subscribed, without looking, for ``LINGER_S`` in case another
+        comes. Notices heard meanwhile still set its reason to look (``_heard``), so the next
+        waiter's consume covers it only if that consume's look began after them. True: a
+        waiter came."""
+        if self.hub._stopping:
+            return False
+        self.arrived.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LINGER_S):
+                await self.arrived.wait()
+        return bool(self.waiters) and not self.hub._stopping
+
     async def _serve(self) -> None:
         engine = self.hub.engine
-        now = time.monotonic()
+        # (a timer may fire a little before its time: a look in a waiter's last ms is no use)
+        now = time.monotonic() + DEADLINE_SLACK_S
         for w in [w for w in self.waiters if w.deadline <= now or w.future.done()]:
             self.hub._expire(w)
         waiter = next((w for w in self.waiters if not w.busy), None)
@@ -345,6 +371,7 @@ class WaiterHub:
             for waiter in list(watcher.waiters):
                 self._finish(waiter, [])
             watcher.wake.set()
+            watcher.arrived.set()  # a lingering one ends
 
     async def consume(
         self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
@@ -376,7 +403,9 @@ class WaiterHub:
         if unreachable is None:  # this look found nothing: the watchers need not repeat it
             waiter.looked_empty = started
         for q in queues:
-            self._watcher(namespace, q).waiters.append(waiter)
+            w = self._watcher(namespace, q)
+            w.waiters.append(waiter)
+            w.arrived.set()
         answered = False
         try:
             # The watcher answers at the deadline; this bound only guards against a stuck one.

@@ -38,7 +38,7 @@ from cluster_dq.pump import Pump
 from cluster_dq.service import Service, _consume_across
 from cluster_dq.settings import Settings
 from cluster_dq.testing import default_stop_signals
-from tests.support import ADMIN_AUTH, ROOT, listeners, serve
+from tests.support import commands_run, ADMIN_AUTH, ROOT, listeners, serve
 from tests.support.run import by_tier
 
 
@@ -134,21 +134,43 @@ def _wait_for(check: Callable[[], bool], what: str, within: float = 20.0) -> Non
         time.sleep(0.02)
 
 
+def test_a_long_poll_that_waits_costs_one_look_and_no_subscription(
+    svc: tuple[str, str, str, str], standalone_redis: redis.Redis
+) -> None:
+    """A long-poll that finds nothing runs one consume script before it waits (its first look
+    covers the queue's watcher), and a consumer that polls again finds its queue still
+    watched: no subscription, no look a fresh one needs. Run through the HTTP port, as a
+    consumer that polls in a loop does."""
+    base, _, ns, token = svc
+    polls = 6
+    with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=30) as api:
+        r = api.get(f"/api/{ns}/idle", params={"timeout_ms": 300})  # its watcher subscribes
+        assert r.status_code == 404, r.text
+        with commands_run(standalone_redis) as seen:
+            for _ in range(polls):
+                r = api.get(f"/api/{ns}/idle", params={"timeout_ms": 300})
+                assert r.status_code == 404, r.text
+    assert seen["EVALSHA consume"] <= polls, seen  # was 3 per poll: two looks, one resubscribed
+    assert seen["SSUBSCRIBE"] == 0, seen
+
+
 def test_a_long_poll_whose_client_hung_up_reserves_nothing(
     svc: tuple[str, str, str, str], standalone_redis: redis.Redis
 ) -> None:
-    base, _, ns, token = svc
+    base, admin, ns, token = svc
     _hang_up_long_poll(
         base,
         f"/api/{ns}/q?timeout=20&ttr=2",
         token,
         lambda: listeners(standalone_redis, ns, "q") == 1,
     )
-    # Give the server a moment to hear the hang-up (its watcher then unsubscribes); without
-    # the fix it never lets go, and the publish below is reserved for nobody.
-    deadline = time.monotonic() + 3
-    while listeners(standalone_redis, ns, "q") and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # Wait until the server has heard the hang-up (it answers the long-poll 499, counted in
+    # its metrics within a second); without the fix it never lets go, and the publish below
+    # is reserved for nobody. (Its watcher stays subscribed a while for the next long-poll.)
+    deadline = time.monotonic() + 5
+    while 'status="499"' not in httpx.get(f"{admin}/metrics").text:
+        assert time.monotonic() < deadline, "the server never heard the hang-up"
+        time.sleep(0.05)
     with httpx.Client(base_url=base, headers={"X-Token": token}, timeout=30) as api:
         r = api.put(f"/api/{ns}/q", params={"tries": 3}, content=b"x")
         assert r.status_code == 201, r.text

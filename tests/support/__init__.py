@@ -4,6 +4,10 @@ built on these are in ``tests/support/fixtures.py``; test modules never import o
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +56,38 @@ def listeners(client: redis.Redis, ns: str, q: str) -> int:
     """How many connections listen to a queue's notices (its long-polls' watchers)."""
     channel = QueueKeys(ns, q).notify
     return int(dict(client.pubsub_shardnumsub(channel))[channel.encode()])
+
+
+@contextlib.contextmanager
+def commands_run(client: redis.Redis) -> Iterator[collections.Counter[str]]:
+    """Counts the commands a Redis server runs while the block runs (``MONITOR``), by name;
+    a script call by the name of its script (``EVALSHA consume``). Counted once the block
+    has ended."""
+    from cluster_dq.engine.scripts import load_all
+
+    names = {s.sha: name for name, s in load_all().items()}
+    seen: collections.Counter[str] = collections.Counter()
+    done = threading.Event()
+    started = threading.Event()
+
+    def watch() -> None:
+        with client.monitor() as m:
+            started.set()
+            for c in m.listen():  # the pump's steps come every second: done is looked at
+                if done.is_set():
+                    return
+                name, *args = c["command"].split()
+                name = name.upper()
+                if name in ("EVALSHA", "EVALSHA_RO") and args:
+                    name = f"{name} {names.get(args[0], args[0])}"
+                seen[name] += 1
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    started.wait(10)
+    try:
+        yield seen
+    finally:
+        done.set()
+        client.ping()  # a command to wake the reader
+        t.join(10)
