@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from cluster_dq import metrics as m
 from cluster_dq.engine import commands
@@ -97,9 +97,13 @@ class Firer:
         poll_ms: int = 1_000,  # idle look: a schedule created or resumed elsewhere is seen
         metrics: PoolMetrics | None = None,
         move_to: AsyncEngine | None = None,
+        led: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
         self.leads = leads
+        # Returns once this instance leads the shard (the pump's); without it, a firer that
+        # does not lead looks again every 0.2 s.
+        self.led = led
         self.poll_ms = poll_ms
         self.metrics = metrics
         # The pool this one migrates to (``MigrateTo``): its schedules are moved there, not
@@ -164,7 +168,7 @@ class Firer:
         while not stopping():
             end_if_cancelled()
             if not self.leads(shard):
-                await asyncio.sleep(0.2)
+                await (self.led(shard) if self.led else asyncio.sleep(0.2))
                 continue
             try:
                 wait_ms = await self.fire_shard(shard)

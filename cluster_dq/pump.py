@@ -67,12 +67,17 @@ class Pump:
         self.reconcile_every_s = reconcile_every_s  # 0: no reconcile sweep
         self.leading: dict[int, float] = {}  # shard -> monotonic time the lease runs out
         self.epochs: dict[int, int] = {}  # shard -> fencing epoch of our leadership
+        # shard -> monotonic time another instance's lease runs out, as its last renewal said
+        self.others: dict[int, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._reported: dict[int, bool] = {}  # shard -> what the leader gauge says
         self._stopping = False
         # Recurring jobs: fired by the leader of each shard, on timers of their own.
         # (a pool that migrates moves them to its new pool instead: ``Firer.move_to``)
-        self.firer = Firer(engine, self.leads, metrics=metrics, move_to=move_schedules_to)
+        self._acquired: dict[int, asyncio.Event] = {}  # shard -> set when we lead it again
+        self.firer = Firer(
+            engine, self.leads, metrics=metrics, move_to=move_schedules_to, led=self.until_leads
+        )
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run_shard(s)) for s in self.shards]
@@ -123,6 +128,13 @@ class Pump:
     def leads(self, shard: int) -> bool:
         return self.leading.get(shard, 0.0) > time.monotonic()
 
+    async def until_leads(self, shard: int) -> None:
+        """Returns once this instance leads ``shard`` (a follower's firer sleeps here, not in
+        a poll: every instance runs one per shard)."""
+        while not self.leads(shard):
+            acquired = self._acquired.setdefault(shard, asyncio.Event())
+            await acquired.wait()
+
     async def _renew(self, shard: int) -> bool:
         asked = time.monotonic()
         try:
@@ -132,10 +144,17 @@ class Pump:
             epoch = 0
         held = epoch > 0
         was = self.leads(shard)
+        if epoch < 0:  # held by another for -epoch ms more
+            self.others[shard] = asked - epoch / 1000
+        else:
+            self.others.pop(shard, None)
         if held:
             # Count the lease from when we asked, not from the reply: never overestimate it.
             self.leading[shard] = asked + self.lease_ms / 1000 * 0.9
             self.epochs[shard] = epoch
+            acquired = self._acquired.pop(shard, None)
+            if acquired is not None:
+                acquired.set()
         else:
             self._lose(shard)
         self._report(shard)
@@ -159,6 +178,13 @@ class Pump:
                 if now >= next_renew:
                     await self._renew(shard)
                     next_renew = now + renew_every * (0.9 + 0.2 * random.random())
+                    if shard in self.others:
+                        # A follower asks again when the leader's lease would run out, not at
+                        # every renewal: with N instances the leases cost N calls per shard
+                        # and lease, not 3N. Not later than 2/3 of a lease: a leader that
+                        # gives its lease up (a stop) is replaced within that.
+                        until = min(self.others[shard], now + self.lease_ms / 1000 * 2 / 3)
+                        next_renew = max(next_renew, until + 0.05 * random.random())
                 if not self.leads(shard):
                     self._report(shard)
                     next_sizes = 0.0  # a new leader posts at once

@@ -9,7 +9,9 @@
   ARGV[1] token: this instance's token
   ARGV[2] lease: how long the leadership is held (ms)
   ARGV[3] release: '1' to give the leadership up instead
-  Returns: the epoch of this token's leadership (for `lease` ms from now), or 0 when not held
+  Returns: the epoch of this token's leadership (for `lease` ms from now); when another token
+    holds it, minus the ms its lease has left (a follower asks again then, not sooner); 0
+    when given up
 ]]
 local cur = redis.call('GET', KEYS[1])
 if ARGV[3] == '1' then
@@ -24,4 +26,4 @@ if not cur then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return redis.call('INCR', KEYS[2])
 end
-return 0
+return -math.max(redis.call('PTTL', KEYS[1]), 1)

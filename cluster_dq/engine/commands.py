@@ -1131,7 +1131,8 @@ def touch(
 
 
 def lead(shard: int, token: str, lease_ms: int, give_up: bool = False) -> Op[int]:
-    """Acquires or renews the shard's leadership: its fencing epoch, or 0 when not held."""
+    """Acquires or renews the shard's leadership: its fencing epoch (> 0); when another holds
+    it, minus the ms that lease has left; 0 when given up."""
     sk = ShardKeys(shard)
     call = _eval(
         "leader",

@@ -382,7 +382,8 @@ def decode_reschedule(reply: Sequence[Any], epoch: int) -> int | None:
 
 
 def decode_leader(reply: Any) -> int:
-    """The leadership's epoch, 0 when not held."""
+    """The leadership's epoch (> 0); not held: minus the ms another's lease has left, or 0
+    when given up."""
     return int(reply)
 
 
