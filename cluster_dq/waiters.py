@@ -42,6 +42,10 @@ SUBSCRIBE_WAIT_S = 0.2  # how long a new watcher's first look waits for its subs
 # this instance again within a second or two. Without it every long poll paid a subscribe, an
 # unsubscribe and the look a fresh subscription needs, on every instance.
 LINGER_S = 10.0
+# At most this many watchers linger at once per worker: a client long-polling ever new queue
+# names would otherwise leave a task and a subscription behind for each (Admission bounds the
+# waiters, not what they leave). Beyond it a watcher ends with its last waiter, as it used to.
+LINGER_MAX = 1_000
 DEADLINE_SLACK_S = 0.005  # a waiter this close to its deadline is answered, not looked for
 
 
@@ -221,13 +225,21 @@ class _Watcher:
         comes. Notices heard meanwhile still set its reason to look (``_heard``), so the next
         waiter's consume covers it only if that consume's look began after them. True: a
         waiter came."""
-        if self.hub._stopping:
+        hub = self.hub
+        if hub._stopping or hub.lingering >= LINGER_MAX:
             return False
         self.arrived.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(LINGER_S):
-                await self.arrived.wait()
-        return bool(self.waiters) and not self.hub._stopping
+        hub.lingering += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LINGER_S):
+                    await self.arrived.wait()
+        finally:
+            hub.lingering -= 1
+        if hub._stopping:  # (consume registers no waiter once stopping; should one be here)
+            for w in list(self.waiters):
+                hub._finish(w, [])
+        return bool(self.waiters)
 
     async def _serve(self) -> None:
         engine = self.hub.engine
@@ -349,6 +361,7 @@ class WaiterHub:
         self._listening: set[asyncio.Task[None]] = set()  # watchers' subscriptions under way
         self._closed = False
         self._stopping = False  # shutting down: nothing is reserved any more
+        self.lingering = 0  # watchers with no waiter, kept for the next (``LINGER_MAX``)
         # One-job consumes (lmstfy's way) of the same queues and ttr share a consume call.
         # (each member brings its deadline: the call's repeats end at the earliest one)
         self._reserves: GroupCommit[tuple[str, tuple[str, ...], int], float | None, list[Job]] = (
@@ -397,8 +410,8 @@ class WaiterHub:
             if deadline is None or time.monotonic() >= deadline:
                 raise
             jobs, unreachable = [], e  # unreachable or refused so far: the watchers look again
-        if jobs or deadline is None or time.monotonic() >= deadline:
-            return jobs
+        if jobs or deadline is None or time.monotonic() >= deadline or self._stopping:
+            return jobs  # (stopping: stop() answered the waiters; none may join after it)
         waiter = Waiter(namespace, queues, ttr_ms, count, deadline, unreachable=unreachable)
         if unreachable is None:  # this look found nothing: the watchers need not repeat it
             waiter.looked_empty = started

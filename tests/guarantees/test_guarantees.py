@@ -229,6 +229,55 @@ async def test_stalled_leader_loses_its_lease(engine: AsyncEngine) -> None:
         await pump.stop()
 
 
+async def test_a_long_poll_whose_first_look_meets_a_stop_is_answered_at_once(
+    engine: AsyncEngine,
+) -> None:
+    """A stop (SIGTERM) lands while a long-poll's first look is in flight, and the queue's
+    watcher lingers from an earlier long-poll: the long-poll is answered "no job" as its
+    look ends, not left on a watcher that ends with the stop until its own deadline."""
+    hub = WaiterHub(engine)
+    try:
+        assert await hub.consume("lp", ["q"], 30_000, 1, 300) == []
+        assert ("lp", "q") in hub.watchers  # q's watcher lingers
+        reserve = hub.reserve
+
+        async def then_stop(*args: Any, **kwargs: Any) -> list[Job]:
+            jobs = await reserve(*args, **kwargs)
+            hub.stop()  # as the look's reply comes in
+            return jobs
+
+        hub.reserve = then_stop  # type: ignore[method-assign]
+        async with asyncio.timeout(10):  # (its deadline: 20 s)
+            assert await hub.consume("lp", ["q"], 30_000, 1, 20_000) == []
+        assert all(not w.waiters for w in hub.watchers.values())
+    finally:
+        await hub.close()
+
+
+async def test_lingering_watchers_are_bounded(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watcher with no waiter left lingers for the next one, but only LINGER_MAX of them at
+    once: long-polls of ever new queue names leave no more behind."""
+    monkeypatch.setattr(waiters, "LINGER_MAX", 2, raising=False)
+    hub = WaiterHub(engine)
+    try:
+        waiting = asyncio.create_task(
+            hub.consume("lp", [f"q{i}" for i in range(6)], 30_000, 1, 500)
+        )
+        while len(hub.watchers) < 6 and not waiting.done():  # it waits: 6 watchers
+            await asyncio.sleep(0.01)
+        assert len(hub.watchers) == 6
+        assert await waiting == []
+        deadline = time.monotonic() + 3  # (well within LINGER_S)
+        while len(hub.watchers) > 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert len(hub.watchers) == 2, sorted(hub.watchers)
+        assert hub.lingering == 2
+    finally:
+        await hub.close()
+
+
 async def test_pump_moves_due_work_with_no_consumer(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
