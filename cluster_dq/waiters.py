@@ -7,7 +7,7 @@ blocking timeout, which fires only on Redis's ``hz`` tick), a pub/sub notice tha
 set became non-empty (published by the scripts), the nearest waiter deadline, or a 1 s
 safety poll. All watchers share the engine's connection pool and its notices (notices.py).
 A watcher whose last waiter left stays subscribed, without looking, for ``LINGER_S``: a
-consumer polls again at once, and its next long-poll then costs its first look only.
+consumer polls again at once, and its next long-poll then costs no subscription.
 """
 
 from __future__ import annotations

@@ -183,18 +183,19 @@ class DataAPI:
                 ttr_ms = 1_000  # lmstfy's ttr=0: "ready again at the pump's next 1-s tick"
             timeout_ms = params.millis(qp, "timeout", s.TimeoutSecond, s.MaxTimeoutSecond)
             n = params.count(qp)
-            if timeout_ms <= 0:
-                jobs: list[Job] | None = await self.service.consume(route, ns, queues, ttr_ms, n, 0)
-            else:
+            refusal = self._long_polls.refusal(ns) if timeout_ms > 0 else None
+            if refusal:
+                # Bounded memory and tasks per worker, and a share of them per namespace:
+                # refuse at once, before reserving anything.
+                return _busy(refusal)
+            # A first look at once: a long-poll that finds jobs needs no watch for a hang-up.
+            jobs: list[Job] | None = await self.service.consume(route, ns, queues, ttr_ms, n, 0)
+            if not jobs and timeout_ms > 0:
+                # Asked again with no await before entering: others that passed the check
+                # above may have entered during the first look (a burst would pass the bound).
                 refusal = self._long_polls.refusal(ns)
                 if refusal:
-                    # Bounded memory and tasks per worker, and a share of them per namespace:
-                    # refuse at once, before reserving anything.
                     return _busy(refusal)
-                # Counted from its first look (no await between the check and entering: a
-                # burst cannot pass the bound), and watched for a hang-up from the start: the
-                # hub's own first look is the only one (a look here first, then the hub's, was
-                # two consume scripts for every long-poll that waits).
                 self._long_polls.enter(ns)
                 try:
                     consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)

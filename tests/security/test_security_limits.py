@@ -304,10 +304,9 @@ def test_a_namespace_that_fills_its_share_of_long_polls_locks_no_other_out(
 def test_a_burst_of_long_polls_gets_no_more_than_its_share(
     redis_server: Server, standalone_redis: redis.Redis
 ) -> None:
-    """Long-polls of one namespace sent all at once: each is counted from its first look, with
-    no await between the check and the count, so a burst cannot slip past the share while the
-    first looks are in flight. At most MaxWaitersPerNamespace of them wait; the others get
-    429."""
+    """Long-polls of one namespace sent all at once: the share is counted when each starts to
+    wait, not only before its first look, so a burst cannot slip past it while the first looks
+    are in flight. At most MaxWaitersPerNamespace of them wait; the others get 429."""
     svc = serve(
         redis_server.pool_settings(),
         CLUSTER_DQ_MAXWAITERS="100",
