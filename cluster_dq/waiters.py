@@ -401,8 +401,15 @@ class WaiterHub:
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
         unreachable: Transient | None = None
         started = self.engine.clock()
+        seen_empty = self._seen_empty(namespace, queues) if deadline is not None else None
         try:
-            jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
+            if seen_empty is not None:
+                # A look a moment ago (most often this request's own, before it came to wait)
+                # found every one of these queues empty, and no watcher heard of work since:
+                # the waiter joins them, as covered by that look, without a look of its own.
+                jobs, started = [], seen_empty
+            else:
+                jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
         except Transient as e:
             if not core.reserved_nothing(e):
                 log.warning("consume on %s/%s: reply lost: %s", namespace, ",".join(queues), e)
@@ -443,6 +450,26 @@ class WaiterHub:
                 # cancelled (the client left) just as jobs were reserved for it: give them back
                 self._background(self.give_back(namespace, waiter.future.result()))
             self._finish(waiter, None)
+
+    def _seen_empty(self, namespace: str, queues: Sequence[str]) -> int | None:
+        """When a look began (engine ms, the earliest over ``queues``) that found each of them
+        with nothing ready and nothing due, if each has a watcher that has heard nothing since
+        (no notice, no due time reached, no job put off that is due by now; one due later is
+        the watcher's timer's business). None: look. Only for a long-poll: a consume that does not wait must see
+        what was published before it (a notice may still be on its way)."""
+        earliest = None
+        now = self.engine.clock()
+        for q in queues:
+            w = self.watchers.get((namespace, q))
+            if w is None or w.seen is None:
+                return None
+            began, ready, nxt = w.seen
+            if ready or (nxt is not None and nxt <= now) or not w._after_reason(began):
+                return None
+            if w.due_ms is not None and w.due_ms <= now:  # a job put off since, due by now
+                return None
+            earliest = began if earliest is None else min(earliest, began)
+        return earliest
 
     async def reserve(
         self,

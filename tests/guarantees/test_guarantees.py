@@ -254,6 +254,44 @@ async def test_a_long_poll_whose_first_look_meets_a_stop_is_answered_at_once(
         await hub.close()
 
 
+async def test_a_long_poll_after_an_empty_look_waits_without_looking_again_and_misses_nothing(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-poll whose queue was just seen empty (the consume before it, as the HTTP layer
+    does) joins the queue's watcher without a look of its own; a job published between that
+    look and the long-poll, whose notice comes late (pub/sub lags), is still delivered by the
+    notice, not by the safety poll (set to 30 s here)."""
+    monkeypatch.setattr(waiters, "SAFETY_POLL_S", 30.0)
+    hub = WaiterHub(engine)
+    heard = hub._heard
+    loop = asyncio.get_running_loop()
+    # (what the notices' reader calls with each notice: now 0.3 s late)
+    hub.notices._heard = lambda channel, data: loop.call_later(0.3, heard, channel, data)
+    reserve, looks = hub.reserve, 0
+
+    async def counted(*args: Any, **kwargs: Any) -> list[Job]:
+        nonlocal looks
+        looks += 1
+        return await reserve(*args, **kwargs)
+
+    try:
+        assert await hub.consume("lp", ["q"], 30_000, 1, 300) == []  # q's watcher: subscribed
+        await asyncio.sleep(0.5)  # its notices so far heard
+        hub.reserve = counted  # type: ignore[method-assign]
+        assert await hub.consume("lp", ["q"], 30_000, 1, 0) == []
+        t = now_ms()
+        await engine.run(ops.publish(engine.config, "lp", "q", [JobSpec(b"late notice")], t))
+        asked = time.monotonic()
+        async with asyncio.timeout(10):
+            jobs = await hub.consume("lp", ["q"], 30_000, 1, 5_000)
+        assert [j.body for j in jobs] == [b"late notice"]
+        # found by the watcher when the notice came, not by a look of the long-poll's own
+        assert time.monotonic() - asked >= 0.2
+        assert looks == 2  # the consume's, and the watcher's at the notice: none in between
+    finally:
+        await hub.close()
+
+
 async def test_lingering_watchers_are_bounded(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
