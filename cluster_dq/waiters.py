@@ -362,6 +362,7 @@ class WaiterHub:
         self._closed = False
         self._stopping = False  # shutting down: nothing is reserved any more
         self.lingering = 0  # watchers with no waiter, kept for the next (``LINGER_MAX``)
+        self._failed_at = -1  # when (engine ms) a look last failed (``_seen_empty``)
         # One-job consumes (lmstfy's way) of the same queues and ttr share a consume call.
         # (each member brings its deadline: the call's repeats end at the earliest one)
         self._reserves: GroupCommit[tuple[str, tuple[str, ...], int], float | None, list[Job]] = (
@@ -455,7 +456,8 @@ class WaiterHub:
         """When a look began (engine ms, the earliest over ``queues``) that found each of them
         with nothing ready and nothing due, if each has a watcher that has heard nothing since
         (no notice, no due time reached, no job put off that is due by now; one due later is
-        the watcher's timer's business). None: look. Only for a long-poll: a consume that does not wait must see
+        the watcher's timer's business), and if no look failed since (Redis unreachable or
+        refusing: its notices may be lost too) nor was stamped ahead of the clock. None: look. Only for a long-poll: a consume that does not wait must see
         what was published before it (a notice may still be on its way)."""
         earliest = None
         now = self.engine.clock()
@@ -464,6 +466,8 @@ class WaiterHub:
             if w is None or w.seen is None:
                 return None
             began, ready, nxt = w.seen
+            if began > now or began <= self._failed_at:  # stamped ahead (the clock stepped
+                return None  # back), or a look failed since: Redis may be unreachable
             if ready or (nxt is not None and nxt <= now) or not w._after_reason(began):
                 return None
             if w.due_ms is not None and w.due_ms <= now:  # a job put off since, due by now
@@ -485,18 +489,24 @@ class WaiterHub:
         until their ttr (with one try left, that would be a dead letter nobody ever saw).
         ``deadline`` (monotonic s): a step that did not run is repeated until then (None:
         within the retry budget)."""
-        if count == 1:
-            return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
-        engine = self.engine
-        now = engine.clock()
-        op = ops.consume(
-            engine.config, namespace, queues, ttr_ms, count, now, self._seen(namespace, now)
-        )
-        task = asyncio.ensure_future(engine.run(op, deadline=deadline))
         try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            self._background(self._give_back_when_done(namespace, task))
+            if count == 1:
+                return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
+            engine = self.engine
+            now = engine.clock()
+            op = ops.consume(
+                engine.config, namespace, queues, ttr_ms, count, now, self._seen(namespace, now)
+            )
+            task = asyncio.ensure_future(engine.run(op, deadline=deadline))
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                self._background(self._give_back_when_done(namespace, task))
+                raise
+        except Transient:
+            # Refused, unreachable or its reply lost: what the looks saw before is no reason
+            # not to look (``_seen_empty``); its notices may be lost too.
+            self._failed_at = self.engine.clock()
             raise
 
     async def _reserve_group(

@@ -292,6 +292,40 @@ async def test_a_long_poll_after_an_empty_look_waits_without_looking_again_and_m
         await hub.close()
 
 
+async def test_a_long_poll_looks_itself_when_a_look_failed_since_its_queues_were_seen_empty(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queues were seen empty, then a look was refused (a failover: READONLY) and the
+    notices stopped (their connection went with it): a long-poll that comes now looks
+    itself, so a job ready by then is found at once, not left until the safety poll (30 s
+    here) or its deadline ("no job" while one waits)."""
+    from cluster_dq.errors import Refused
+
+    monkeypatch.setattr(waiters, "SAFETY_POLL_S", 30.0)
+    hub = WaiterHub(engine)
+    try:
+        assert await hub.consume("lp", ["q"], 30_000, 1, 300) == []  # q's watcher: subscribed
+        await asyncio.sleep(0.3)
+        assert await hub.consume("lp", ["q"], 30_000, 1, 0) == []  # seen empty
+        submit = hub._reserves.submit
+
+        async def refused(*args: Any, **kwargs: Any) -> list[Job]:
+            hub._reserves.submit = submit  # type: ignore[method-assign]
+            raise Refused("injected: READONLY You can't write against a read only replica.")
+
+        hub._reserves.submit = refused  # type: ignore[method-assign]
+        with pytest.raises(Refused):
+            await hub.consume("lp", ["q"], 30_000, 1, 0)
+        hub.notices._heard = lambda channel, data: None  # notices lost from here on
+        t = now_ms()
+        await engine.run(ops.publish(engine.config, "lp", "q", [JobSpec(b"ready")], t))
+        async with asyncio.timeout(10):
+            jobs = await hub.consume("lp", ["q"], 30_000, 1, 3_000)
+        assert [j.body for j in jobs] == [b"ready"]
+    finally:
+        await hub.close()
+
+
 async def test_lingering_watchers_are_bounded(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
