@@ -7,7 +7,8 @@
 1. **Instances**: the same total load (the load profile's mix, ``--rate`` req/s through nginx,
    ``--jobs`` delayed jobs resident) over 1, 2, 4 and 8 service instances on one Redis. Per
    point: the service's CPU per request (every instance summed), Redis's CPU per delivered job,
-   the lateness p99 and max, and the p99 of publish and ack. Growth is against 1 instance.
+   the lateness p99 and max, the p99 of publish and ack, and what the instances cost with no
+   request at all (``--idle-seconds`` before the load). Growth is against 1 instance.
 2. **Masters**: the same load from 2 instances on a Redis Cluster of 1, 3 and 6 masters (no
    replicas: on 2 cores a replica's copy would be charged to the box, not to the work). Per
    point: Redis CPU per delivered job summed over the masters, and how evenly the masters share
@@ -25,6 +26,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,7 +74,9 @@ def instances_table(counts: list[int], a: argparse.Namespace) -> None:
             stack(a.jobs, n, queues=a.queues, root=root) as st,
             tempfile.TemporaryDirectory() as tmp,
         ):
-            return _per_request(measure(st, a.rate, a.seconds, Path(tmp) / "locust"))
+            idle = _idle_share(st, a.idle_seconds)
+            figures = _per_request(measure(st, a.rate, a.seconds, Path(tmp) / "locust"))
+            return figures | {"idle": idle}
 
     runs = _rounds(counts, a, point, "{} instance(s)")
     print(
@@ -82,7 +86,7 @@ def instances_table(counts: list[int], a: argparse.Namespace) -> None:
     print(
         f"  {'code':>6} {'instances':>9} {'req/s':>7} {'fail':>5} {'service µs/req':>15} "
         f"{'growth':>7} {'redis µs/job':>13} {'lateness p99':>13} {'worst queue p99':>16} "
-        f"{'max':>6} {'publish/ack p99':>16}"
+        f"{'max':>6} {'publish/ack p99':>16} {'idle, % of a core':>18}"
     )
     for label, n, pts, us, growth in _rows(runs, counts, a, "service_us"):
         print(
@@ -90,8 +94,17 @@ def instances_table(counts: list[int], a: argparse.Namespace) -> None:
             f"{sum(p['failures'] for p in pts):5,} {us:15,.0f} {growth:+7.0%} "
             f"{_median(pts, 'redis_us'):13,.0f} {_median(pts, 'late_p99'):10,.0f} ms "
             f"{_median(pts, 'late_q_p99'):13,.0f} ms {_median(pts, 'late_max'):3,.0f} ms "
-            f"{_median(pts, 'worst_p99'):13,.0f} ms"
+            f"{_median(pts, 'worst_p99'):13,.0f} ms {_median(pts, 'idle'):17.1f}%"
         )
+
+
+def _idle_share(st: Stack, seconds: float) -> float:
+    """What the instances cost, summed, with no request at all (their pumps, leases, timers),
+    in % of one core over ``seconds``."""
+    services = [ps for name, ps in st.processes().items() if name.startswith("service-")]
+    before = sum(cpu_seconds(ps) for ps in services)
+    time.sleep(seconds)
+    return (sum(cpu_seconds(ps) for ps in services) - before) / seconds * 100
 
 
 Runs = dict[tuple[str, int], list[dict[str, Any]]]
@@ -237,6 +250,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=100_000, help="resident delayed jobs")
     ap.add_argument("--queues", type=int, default=8, help="queues the mix spreads over")
     ap.add_argument("--instance-counts", default="1,2,4,8")
+    ap.add_argument(
+        "--idle-seconds", type=float, default=10, help="per instances point, before the load"
+    )
     ap.add_argument("--master-counts", default="1,3,6")
     ap.add_argument("--instances", type=int, default=2, help="service instances (masters table)")
     ap.add_argument(

@@ -96,7 +96,8 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
     ),
     "bench_scale.py": (
         ["--jobs", "500", "--seconds", "3", "--rate", "60"]
-        + ["--instance-counts", "1,2", "--master-counts", "1,3", "--queues", "4"],
+        + ["--instance-counts", "1,2", "--master-counts", "1,3", "--queues", "4"]
+        + ["--idle-seconds", "1"],
         r"over more instances[\s\S]* now +2 +[\d,]+ +0 [\s\S]*on a Cluster of more masters"
         r"[\s\S]*now +3 +[\d,]+ +0 ",
     ),
