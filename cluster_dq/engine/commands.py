@@ -441,6 +441,7 @@ def consume(
     for q in visit:
         qk = QueueKeys(ns, q)
         opened = False
+        report: tuple[int, int | None] | None = None  # what the queue's latest call saw
         for _ in range(CONSUME_CALLS_PER_QUEUE):
             call = _eval(
                 "consume",
@@ -462,8 +463,9 @@ def consume(
             if cfg.moves and (reply.retried or reply.dead or reply.expired):
                 cfg.moves.moved(ns, q, 0, reply.retried, reply.dead, reply.expired)
             out += _reserved(ns, q, reply.deliveries, now)
-            if seen is not None and reply.ready >= 0:
-                seen(q, reply.ready, reply.next_event_ms)
+            # (a call after the pump's step here may take all it asks: then the report of the
+            # call before it, which saw the step's bucket still closed, is no longer true)
+            report = (reply.ready, reply.next_event_ms) if reply.ready >= 0 else None
             if len(out) >= count:
                 break
             if reply.more:  # stopped at its bound of expired jobs: go on past them
@@ -476,6 +478,8 @@ def consume(
             step = yield from tick(cfg, ns, q, max(now, reply.stale))
             yield _signal(qk, cfg, step.next_event_ms)
             opened = True
+        if seen is not None and report is not None:
+            seen(q, *report)
         if len(out) >= count:
             break
     return out
