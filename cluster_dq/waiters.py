@@ -362,7 +362,6 @@ class WaiterHub:
         self._closed = False
         self._stopping = False  # shutting down: nothing is reserved any more
         self.lingering = 0  # watchers with no waiter, kept for the next (``LINGER_MAX``)
-        self._failed_at = -1  # when (engine ms) a look last failed (``_seen_empty``)
         # One-job consumes (lmstfy's way) of the same queues and ttr share a consume call.
         # (each member brings its deadline: the call's repeats end at the earliest one)
         self._reserves: GroupCommit[tuple[str, tuple[str, ...], int], float | None, list[Job]] = (
@@ -402,15 +401,8 @@ class WaiterHub:
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
         unreachable: Transient | None = None
         started = self.engine.clock()
-        seen_empty = self._seen_empty(namespace, queues) if deadline is not None else None
         try:
-            if seen_empty is not None:
-                # A look a moment ago (most often this request's own, before it came to wait)
-                # found every one of these queues empty, and no watcher heard of work since:
-                # the waiter joins them, as covered by that look, without a look of its own.
-                jobs, started = [], seen_empty
-            else:
-                jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
+            jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
         except Transient as e:
             if not core.reserved_nothing(e):
                 log.warning("consume on %s/%s: reply lost: %s", namespace, ",".join(queues), e)
@@ -452,29 +444,6 @@ class WaiterHub:
                 self._background(self.give_back(namespace, waiter.future.result()))
             self._finish(waiter, None)
 
-    def _seen_empty(self, namespace: str, queues: Sequence[str]) -> int | None:
-        """When a look began (engine ms, the earliest over ``queues``) that found each of them
-        with nothing ready and nothing due, if each has a watcher that has heard nothing since
-        (no notice, no due time reached, no job put off that is due by now; one due later is
-        the watcher's timer's business), and if no look failed since (Redis unreachable or
-        refusing: its notices may be lost too) nor was stamped ahead of the clock. None: look. Only for a long-poll: a consume that does not wait must see
-        what was published before it (a notice may still be on its way)."""
-        earliest = None
-        now = self.engine.clock()
-        for q in queues:
-            w = self.watchers.get((namespace, q))
-            if w is None or w.seen is None:
-                return None
-            began, ready, nxt = w.seen
-            if began > now or began <= self._failed_at:  # stamped ahead (the clock stepped
-                return None  # back), or a look failed since: Redis may be unreachable
-            if ready or (nxt is not None and nxt <= now) or not w._after_reason(began):
-                return None
-            if w.due_ms is not None and w.due_ms <= now:  # a job put off since, due by now
-                return None
-            earliest = began if earliest is None else min(earliest, began)
-        return earliest
-
     async def reserve(
         self,
         namespace: str,
@@ -489,24 +458,18 @@ class WaiterHub:
         until their ttr (with one try left, that would be a dead letter nobody ever saw).
         ``deadline`` (monotonic s): a step that did not run is repeated until then (None:
         within the retry budget)."""
+        if count == 1:
+            return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
+        engine = self.engine
+        now = engine.clock()
+        op = ops.consume(
+            engine.config, namespace, queues, ttr_ms, count, now, self._seen(namespace, now)
+        )
+        task = asyncio.ensure_future(engine.run(op, deadline=deadline))
         try:
-            if count == 1:
-                return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
-            engine = self.engine
-            now = engine.clock()
-            op = ops.consume(
-                engine.config, namespace, queues, ttr_ms, count, now, self._seen(namespace, now)
-            )
-            task = asyncio.ensure_future(engine.run(op, deadline=deadline))
-            try:
-                return await asyncio.shield(task)
-            except asyncio.CancelledError:
-                self._background(self._give_back_when_done(namespace, task))
-                raise
-        except Transient:
-            # Refused, unreachable or its reply lost: what the looks saw before is no reason
-            # not to look (``_seen_empty``); its notices may be lost too.
-            self._failed_at = self.engine.clock()
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._background(self._give_back_when_done(namespace, task))
             raise
 
     async def _reserve_group(
