@@ -37,48 +37,10 @@ SAFETY_POLL_S = 1.0
 NEVER_COVERED = 2**63  # a reason no look covers
 GIVE_BACK_GRACE_S = 2.0
 SUBSCRIBE_WAIT_S = 0.2  # how long a new watcher's first look waits for its subscription
-# How long a watcher with no waiter left stays (subscribed, not looking) for the next one. A
-# consumer polls again as soon as its long poll ends; behind a load balancer it often lands on
-# this instance again within a second or two. Without it every long poll paid a subscribe, an
-# unsubscribe and the look a fresh subscription needs, on every instance.
-LINGER_S = 10.0
-# At most this many watchers linger at once per worker: a client long-polling ever new queue
-# names would otherwise leave a task and a subscription behind for each (Admission bounds the
-# waiters, not what they leave). Beyond it a watcher ends with its last waiter, as it used to.
-LINGER_MAX = 1_000
+# How long a watcher with no waiter left stays (subscribed, not looking) for the next one, and
+# how many may at once per worker (long-polls of ever new queue names would each leave one).
+LINGER_S, LINGER_MAX = 10.0, 1_000
 DEADLINE_SLACK_S = 0.005  # a waiter this close to its deadline is answered, not looked for
-
-
-class Admission:
-    """How many long-polls a worker lets wait at once: ``total`` in all (``MaxWaiters``), and at
-    most ``per_namespace`` of them (``MaxWaitersPerNamespace``) for any one namespace, so a
-    tenant that fills its share is refused (429) while the others still get in. Counts only:
-    no I/O, nothing kept for a namespace with none waiting."""
-
-    def __init__(self, total: int, per_namespace: int) -> None:
-        self.total, self.per_namespace = total, min(per_namespace, total)
-        self.waiting = 0
-        self.by_namespace: dict[str, int] = {}
-
-    def refusal(self, ns: str) -> str | None:
-        """Why a new long-poll of ``ns`` may not wait now (None: it may)."""
-        if self.waiting >= self.total:
-            return "too many consumers waiting; retry later"
-        if self.by_namespace.get(ns, 0) >= self.per_namespace:
-            return f"too many consumers of namespace {ns} waiting; retry later"
-        return None
-
-    def enter(self, ns: str) -> None:
-        self.waiting += 1
-        self.by_namespace[ns] = self.by_namespace.get(ns, 0) + 1
-
-    def leave(self, ns: str) -> None:
-        self.waiting -= 1
-        left = self.by_namespace[ns] - 1
-        if left:
-            self.by_namespace[ns] = left
-        else:
-            del self.by_namespace[ns]
 
 
 @dataclass(eq=False)

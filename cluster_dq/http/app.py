@@ -45,7 +45,7 @@ from cluster_dq.schedules import check_name as check_schedule_name
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import well_formed_raw
-from cluster_dq.waiters import Admission
+from cluster_dq.http.admission import Admission
 
 log = logging.getLogger("cluster_dq.http")
 Handler = Callable[[Request], Awaitable[Response]]
