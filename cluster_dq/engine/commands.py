@@ -476,6 +476,7 @@ def consume(
             # step here, as of when the script saw it (later than ``now`` if the step was
             # repeated), tell the shard what comes next, and look again.
             step = yield from tick(cfg, ns, q, max(now, reply.stale))
+            report = None  # made before the step: only a call after it may say what is left
             yield _signal(qk, cfg, step.next_event_ms)
             opened = True
         if seen is not None and report is not None:
