@@ -69,9 +69,10 @@ def _per_request(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def instances_table(counts: list[int], a: argparse.Namespace) -> None:
-    def point(n: int, root: Path | None) -> dict[str, Any]:
+    def point(n: int, variant: Variant) -> dict[str, Any]:
+        _, root, bare = variant
         with (
-            stack(a.jobs, n, queues=a.queues, root=root) as st,
+            stack(0 if bare else a.jobs, n, queues=a.queues, root=root, bare=bare) as st,
             tempfile.TemporaryDirectory() as tmp,
         ):
             idle = _idle_share(st, a.idle_seconds)
@@ -108,12 +109,13 @@ def _idle_share(st: Stack, seconds: float) -> float:
 
 
 Runs = dict[tuple[str, int], list[dict[str, Any]]]
+Variant = tuple[str, Path | None, bool]  # label, checkout (None: this one), bare
 
 
 def _rounds(
     counts: list[int],
     a: argparse.Namespace,
-    point: Callable[[int, Path | None], dict[str, Any]],
+    point: Callable[[int, Variant], dict[str, Any]],
     what: str,
 ) -> Runs:
     """Every point of every round, each count on each code in turn (interleaved: this machine
@@ -121,9 +123,10 @@ def _rounds(
     runs: Runs = {}
     for r in range(a.rounds):
         for n in counts:
-            for label, root in _variants(a):
+            for variant in _variants(a):
+                label = variant[0]
                 print(f"\nscale: round {r + 1}/{a.rounds}, {what.format(n)}, {label}", flush=True)
-                runs.setdefault((label, n), []).append(point(n, root))
+                runs.setdefault((label, n), []).append(point(n, variant))
     return runs
 
 
@@ -132,7 +135,7 @@ def _rows(
 ) -> Iterator[tuple[str, int, list[dict[str, Any]], float, float]]:
     """Per code and count: its points, the median of ``key`` and its growth from the first
     count."""
-    for label, _ in _variants(a):
+    for label, _, _ in _variants(a):
         base = _median(runs[(label, counts[0])], key)
         for n in counts:
             pts = runs[(label, n)]
@@ -140,9 +143,14 @@ def _rows(
             yield label, n, pts, value, value / base - 1
 
 
-def _variants(a: argparse.Namespace) -> list[tuple[str, Path | None]]:
-    """The code each point runs: this checkout, and with ``--versus`` another one before it."""
-    return ([("before", Path(a.versus))] if a.versus else []) + [("now", None)]
+def _variants(a: argparse.Namespace) -> list[Variant]:
+    """The code each point runs: this checkout; with ``--versus`` another one before it; with
+    ``--bare`` (instances table only) the bare queue (``loadtest/bare_queue.py``)."""
+    out: list[Variant] = [("before", Path(a.versus), False)] if a.versus else []
+    out.append(("now", None, False))
+    if getattr(a, "bare", False):
+        out.append(("bare", None, True))
+    return out
 
 
 # -- masters --------------------------------------------------------------------------------
@@ -188,7 +196,7 @@ def _spread(shares: Sequence[float]) -> float:
 
 def masters_table(counts: list[int], a: argparse.Namespace) -> None:
     runs = _rounds(
-        counts, a, lambda m, root: _masters_point(m, a, root), "a Cluster of {} master(s)"
+        counts, a, lambda m, variant: _masters_point(m, a, variant[1]), "a Cluster of {} master(s)"
     )
     print(
         f"\nscale: the same load ({a.rate:,.0f} req/s asked, {a.instances} instances, {a.jobs:,} "
@@ -260,9 +268,16 @@ def main() -> None:
         metavar="CHECKOUT",
         help="also run each point on that checkout's code, interleaved",
     )
+    ap.add_argument(
+        "--bare",
+        action="store_true",
+        help="instances table: also run each point on the bare queue (loadtest/bare_queue.py), "
+        "the least an instance can do for the same requests",
+    )
     a = ap.parse_args()
     if a.only in (None, "instances"):
         instances_table([int(n) for n in a.instance_counts.split(",")], a)
+    a.bare = False  # the masters table has no Redis work to compare with a bare queue
     if a.only in (None, "masters"):
         masters_table([int(m) for m in a.master_counts.split(",")], a)
 

@@ -98,6 +98,40 @@ def start_instance(pool: PoolSettings, root: Path | None = None) -> ServiceProce
     )
 
 
+class BareInstance:
+    """One ``loadtest/bare_queue.py`` under uvicorn with the service's options, in a process
+    group of its own: the stand-in for a service instance in ``stack(bare=True)``."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.port = free_port(18000, 18500)
+        self.base = self.admin = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "uvicorn", "loadtest.bare_queue:app", "--port", str(self.port)]
+        cmd += ["--host", "127.0.0.1", "--loop", "uvloop", "--http", "httptools"]
+        cmd += ["--no-access-log", "--log-level", "warning"]
+        where = root or ROOT
+        self._proc = Proc(
+            "bare",
+            subprocess.Popen(
+                cmd, cwd=where, env={**os.environ, "PYTHONPATH": str(where)}, start_new_session=True
+            ),
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                httpx.get(f"{self.base}/readyz")
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("the bare queue did not start")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.popen.pid
+
+    def stop(self) -> None:
+        self._proc.stop()
+
+
 def render_nginx(workdir: Path, listen: int, upstreams: list[int]) -> Path:
     """``deploy/nginx/cluster-dq.conf`` with this run's ports and a private prefix."""
     text = (ROOT / "deploy/nginx/cluster-dq.conf").read_text()
@@ -381,7 +415,7 @@ class Stack:
     """Redis (with its resident jobs), the service instances and nginx in front of them."""
 
     redis: Server | Cluster
-    services: dict[str, ServiceProcess]
+    services: dict[str, ServiceProcess | BareInstance]
     front: Proc
     listen: int  # nginx's port
     token: str  # of the load namespace
@@ -413,15 +447,17 @@ def stack(
     replicas: int = 1,
     queues: int = QUEUES,
     root: Path | None = None,
+    bare: bool = False,
 ) -> Iterator[Stack]:
     """Starts it all (a Cluster of ``masters`` x ``replicas`` when ``cluster``), preloads
     ``jobs`` delayed jobs, and stops it all on the way out. ``root``: the checkout whose code
-    the instances run (default: this one)."""
+    the instances run (default: this one). ``bare``: the instances are ``BareInstance``s (no
+    Redis reaches them; pass ``jobs=0``)."""
     workdir = Path(tempfile.mkdtemp(prefix="cluster-dq-profile-"))
     d: Server | Cluster = (
         start_cluster(masters=masters, replicas=replicas) if cluster else start_server()
     )
-    services: dict[str, ServiceProcess] = {}
+    services: dict[str, ServiceProcess | BareInstance] = {}
     front: Proc | None = None
     try:
         where = f"Cluster {masters}+{masters * replicas}" if cluster else "standalone"
@@ -439,7 +475,7 @@ def stack(
             )
         pool = d.pool_settings()
         for i in range(instances):
-            services[f"service-{i}"] = start_instance(pool, root)
+            services[f"service-{i}"] = BareInstance(root) if bare else start_instance(pool, root)
         admin = next(iter(services.values())).admin
         token = httpx.post(f"{admin}/token/{NS}", params={"description": "load"}).json()["token"]
         listen = free_port(19000, 19500)
