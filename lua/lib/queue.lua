@@ -120,11 +120,21 @@ local function forget(id)
   return CODE.NOT_FOUND
 end
 
--- The earliest due time of a job this call put into DELAYED (false: none): `notify` tells the
--- queue's long-polls, whose timers were set before it existed.
-local SOONEST = false
+-- The earliest due time of a job this call put into DELAYED (false: none), and DELAYED's
+-- earliest due time when it first did (false: DELAYED was empty). `notify` tells the queue's
+-- long-polls of SOONEST only when it comes before HEAD: a long-poll's timer is never later
+-- than DELAYED's first due time (it heard of it, or a look that found it said so), and that
+-- first due time only rises until a job comes before it; a job due after it is found by the
+-- look made then, which reports the queue's next event. (Every delayed publish used to be
+-- announced to every instance with a long-poll on the queue: most of those notices woke a
+-- process for nothing.)
+local SOONEST, HEAD = false, nil
 
 local function delay_until(id, t)
+  if HEAD == nil then
+    local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
+    HEAD = first[2] and tonumber(first[2]) or false
+  end
   redis.call('ZADD', DELAYED, t, id)
   if not SOONEST or t < SOONEST then SOONEST = t end
 end
@@ -405,13 +415,13 @@ local function reserved_until(id, now)
 end
 
 -- The queue's notice to its long-polls: '1' when READY went from empty to non-empty (take a
--- job), else 'due:<ms>' when this call put a job into DELAYED (wake up by then: it may be
--- earlier than anything the long-polls knew of).
+-- job), else 'due:<ms>' when this call put a job into DELAYED that is due before any other
+-- there (wake up by then: it is earlier than anything the long-polls knew of).
 local function notify(channel, was_empty)
   if channel == '' then return end
   if was_empty and redis.call('EXISTS', READY) == 1 then
     redis.call('SPUBLISH', channel, '1')
-  elseif SOONEST then
+  elseif SOONEST and (not HEAD or SOONEST < HEAD) then
     redis.call('SPUBLISH', channel, 'due:' .. SOONEST)
   end
 end

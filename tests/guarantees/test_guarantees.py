@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -15,12 +16,17 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine import control
 from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import Server
-from cluster_dq.models import Job, JobSpec
+from cluster_dq.errors import WrongState
+from cluster_dq.models import Job, JobSpec, JobState
 from cluster_dq.pools import close_client, make_client
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.pump import Pump
@@ -30,7 +36,7 @@ from tests.support import Deployment
 from cluster_dq.testing.invariants import check_queue, queue_keys
 
 from tests.support import ROOT
-from tests.support.run import by_tier
+from tests.support.run import by_tier, examples
 
 
 async def test_one_leader_per_shard_and_takeover(
@@ -401,6 +407,130 @@ async def test_a_long_poll_on_many_queues_wakes_for_a_later_queues_new_delayed_j
     finally:
         await hub.close()
         await close_client(producer.client)
+
+
+async def test_a_job_due_after_its_queues_first_delayed_job_is_not_announced(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """Every long-poll on a queue, on every instance, hears its notices. A job put off to after
+    the queue's first delayed job tells them nothing they need: their timers are set no later
+    than that first due time, and the look made then says what comes next. Only a job that
+    comes first is announced (every delayed publish was: each woke every instance)."""
+    cfg = engine.config
+    sub = sync_redis.pubsub()
+    sub.ssubscribe(QueueKeys("ann", "q").notify)
+    read = getattr(sub, "get_sharded_message", sub.get_message)
+
+    def heard() -> list[bytes]:
+        out = []
+        for _ in range(10):
+            msg = read(timeout=0.05)
+            if msg is not None and msg["type"] == "smessage":
+                out.append(msg["data"])
+        return out
+
+    async def put_off(*delays: int) -> None:
+        specs = [JobSpec(b"x", delay_ms=d) for d in delays]
+        await engine.run(ops.publish(cfg, "ann", "q", specs, t))
+
+    try:
+        heard()  # the subscription's own confirmation
+        t = now_ms()
+        await put_off(3_000)  # the first delayed job
+        assert heard() == [f"due:{t + 3_000}".encode()]
+        await put_off(4_000)  # after it
+        await put_off(3_000)  # at the same time
+        assert heard() == []
+        await put_off(1_000)  # before it
+        assert heard() == [f"due:{t + 1_000}".encode()]
+        await put_off(2_000, 500, 4_500)  # one call: its soonest comes first
+        assert heard() == [f"due:{t + 500}".encode()]
+        (first,) = await engine.run(ops.consume(cfg, "ann", ["q"], 30_000, 1, t + 500))
+        await put_off(800)  # the first one taken: 800 comes first now
+        assert heard() == [f"due:{t + 800}".encode()]
+    finally:
+        sub.close()
+
+
+@settings(
+    max_examples=examples(12),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    moves=st.lists(
+        st.tuples(
+            st.sampled_from(["publish", "publish", "publish", "reschedule", "delete"]),
+            st.integers(0, 9),  # which job (reschedule, delete), from the latest back
+            st.sampled_from([60, 150, 150, 300, 450, 600]),  # delay, ms: ties happen
+            st.sampled_from([0, 0, 20, 80]),  # a pause before the next move, ms
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+)
+async def test_delayed_jobs_reach_long_polls_on_every_instance_at_their_due_time(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, moves: list[tuple[str, int, int, int]]
+) -> None:
+    """Long-polls on three instances (one queue, or that queue among others) wait while jobs
+    are put off into the queue, brought forward, put back and deleted, in any order and at
+    any pace. Each job still there is delivered once, never before its due time, and at it:
+    the instances' timers come from the notices and the looks alone (the safety poll is made
+    longer than the test), so a due time no instance knew of shows as a late job."""
+    monkeypatch.setattr(waiters, "SAFETY_POLL_S", 60.0)
+    cfg = engine.config
+    q = f"ontime-{random.getrandbits(32)}"  # a fresh queue per example
+    hubs = [WaiterHub(engine) for _ in range(3)]
+    due: dict[str, int] = {}
+    received: dict[str, list[int]] = defaultdict(list)
+
+    async def consumer(hub: WaiterHub, queues: list[str]) -> None:
+        while True:
+            for job in await hub.consume("ot", queues, 30_000, 1, 20_000):
+                received[job.job_id].append(now_ms())
+                await engine.run(ops.ack("ot", job.queue, [job.job_id]), idempotent=True)
+
+    consumers = [
+        asyncio.create_task(consumer(hub, queues))
+        for hub in hubs
+        for queues in ([q], [f"{q}-other", q])
+    ]
+    try:
+        await asyncio.sleep(0.3)  # every long-poll waits, every watcher sleeps
+        for what, back, delay, pause in moves:
+            t = now_ms()
+            ids = list(due)
+            if what == "publish" or not ids:
+                (p,) = await engine.run(
+                    ops.publish(cfg, "ot", q, [JobSpec(b"x", delay_ms=delay)], t)
+                )
+                due[p.job_id] = t + delay
+            elif what == "reschedule":
+                jid = ids[-1 - back % len(ids)]
+                with contextlib.suppress(WrongState):  # (taken already: not moved)
+                    if await engine.run(control.reschedule_job(cfg, "ot", q, jid, t + delay, t)):
+                        due[jid] = t + delay
+            else:  # deleted (as an ack does) before it was delivered, or after
+                jid = ids[-1 - back % len(ids)]
+                (was,) = await engine.run(ops.ack("ot", q, [jid]))
+                if was in (JobState.DELAYED, JobState.READY):
+                    del due[jid]
+            await asyncio.sleep(pause / 1000)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not set(due) <= set(received):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # a second delivery would come now
+    finally:
+        for c in consumers:
+            c.cancel()
+        await asyncio.gather(*consumers, return_exceptions=True)
+        for hub in hubs:
+            await hub.close()
+    assert set(due) <= set(received), "a job was never delivered"
+    for jid, when in due.items():
+        assert len(received[jid]) == 1, received[jid]
+        late = received[jid][0] - when
+        assert 0 <= late < 400, (jid, late)  # not at a safety poll (60 s)
 
 
 async def test_a_new_waiter_does_not_set_every_watcher_of_its_queues_looking(
