@@ -55,6 +55,7 @@ from cluster_dq.schedules import MAX_SCHEDULE_PAGE, describe
 from cluster_dq.schedules import parse as parse_schedule
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import TokenStore, split_token, well_formed
+from cluster_dq.waiters import Look as Look  # (the HTTP layer shares one between two calls)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -193,7 +194,10 @@ class Service:
         ttr_ms: int,
         count: int,
         timeout_ms: int,
+        look: Look | None = None,
     ) -> list[Job]:
+        """``look``: shared by a request's first look (timeout 0) and its long-poll after it,
+        which then need not look again (``WaiterHub.consume``); queues on one pool only."""
         groups = route.groups(ns, queues)
         unknown = (
             "jobs may have been reserved for this request and not delivered; "
@@ -201,7 +205,7 @@ class Service:
         )
         with _unavailable(route.name, unknown=unknown, nothing=NOTHING_RESERVED):
             if len(groups) == 1:
-                jobs = await groups[0][0].hub.consume(ns, queues, ttr_ms, count, timeout_ms)
+                jobs = await groups[0][0].hub.consume(ns, queues, ttr_ms, count, timeout_ms, look)
             else:
                 jobs = await _consume_across(groups, ns, ttr_ms, count, timeout_ms)
         now = route.place(ns, queues[0]).write.engine.clock()

@@ -63,6 +63,14 @@ class Waiter:
     looked_empty: int = -1
 
 
+@dataclass
+class Look:
+    """What a consume's first look saw, for the long-poll that follows it in the same request:
+    when (engine ms) that look began, if it reached Redis and found nothing (else None)."""
+
+    empty_at: int | None = None
+
+
 class _Watcher:
     def __init__(self, hub: WaiterHub, namespace: str, queue: str) -> None:
         self.hub = hub
@@ -349,29 +357,44 @@ class WaiterHub:
             watcher.arrived.set()  # a lingering one ends
 
     async def consume(
-        self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, timeout_ms: int
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        ttr_ms: int,
+        count: int,
+        timeout_ms: int,
+        look: Look | None = None,
     ) -> list[Job]:
         """Up to ``count`` jobs, waiting up to ``timeout_ms`` for the first. A Redis outage
         (a failover) is not an error here: while nothing can have been reserved the consume
         keeps trying until its deadline, as if no job were ready, and one whose reply was lost
         answers "no job" at once (``core.reserved_nothing``). If Redis is still unreachable
         when its time runs out, that error is raised (nothing was reserved; the service says
-        so in a 503): the queue was not looked at, "no job" would not be true."""
+        so in a 503): the queue was not looked at, "no job" would not be true.
+
+        ``look``: a consume that did not wait records there when its look, which reached Redis,
+        found nothing; a long-poll given it then waits without a look of its own."""
         if self._stopping:
             return []
         # A long poll's repeats end with it; a consume that does not wait gets the budget.
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
         unreachable: Transient | None = None
         started = self.engine.clock()
-        try:
-            jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
-        except Transient as e:
-            if not core.reserved_nothing(e):
-                log.warning("consume on %s/%s: reply lost: %s", namespace, ",".join(queues), e)
-                return []
-            if deadline is None or time.monotonic() >= deadline:
-                raise
-            jobs, unreachable = [], e  # unreachable or refused so far: the watchers look again
+        if look is not None and look.empty_at is not None and deadline is not None:
+            # the caller's own look, just before, found nothing: its waiter need not look again
+            jobs, started = [], look.empty_at
+        else:
+            try:
+                jobs = await self.reserve(namespace, queues, ttr_ms, count, deadline)
+            except Transient as e:
+                if not core.reserved_nothing(e):
+                    log.warning("consume on %s/%s: reply lost: %s", namespace, ",".join(queues), e)
+                    return []
+                if deadline is None or time.monotonic() >= deadline:
+                    raise
+                jobs, unreachable = [], e  # unreachable or refused so far: the watchers look again
+            if look is not None and not jobs and unreachable is None:
+                look.empty_at = started
         if jobs or deadline is None or time.monotonic() >= deadline or self._stopping:
             return jobs  # (stopping: stop() answered the waiters; none may join after it)
         waiter = Waiter(namespace, queues, ttr_ms, count, deadline, unreachable=unreachable)

@@ -42,7 +42,7 @@ from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.schedules import MAX_SCHEDULE_PAGE
 from cluster_dq.schedules import check_name as check_schedule_name
-from cluster_dq.service import Service
+from cluster_dq.service import Look, Service
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import well_formed_raw
 from cluster_dq.http.admission import Admission
@@ -189,7 +189,10 @@ class DataAPI:
                 # refuse at once, before reserving anything.
                 return _busy(refusal)
             # A first look at once: a long-poll that finds jobs needs no watch for a hang-up.
-            jobs: list[Job] | None = await self.service.consume(route, ns, queues, ttr_ms, n, 0)
+            look = Look()  # what it saw: the long-poll after it does not look again
+            jobs: list[Job] | None = await self.service.consume(
+                route, ns, queues, ttr_ms, n, 0, look
+            )
             if not jobs and timeout_ms > 0:
                 # Asked again with no await before entering: others that passed the check
                 # above may have entered during the first look (a burst would pass the bound).
@@ -198,7 +201,7 @@ class DataAPI:
                     return _busy(refusal)
                 self._long_polls.enter(ns)
                 try:
-                    consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms)
+                    consume = self.service.consume(route, ns, queues, ttr_ms, n, timeout_ms, look)
                     jobs = await _unless_hung_up(request, consume)
                 finally:
                     self._long_polls.leave(ns)

@@ -294,6 +294,42 @@ async def test_a_long_poll_looks_itself_when_a_look_failed_since_its_queues_were
         await hub.close()
 
 
+async def test_a_long_poll_looks_itself_unless_the_look_before_it_reached_redis_and_found_nothing(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request looks once before it long-polls, and its waiter does not look again when that
+    look found nothing. A look whose reply was lost saw nothing of the queue: the long-poll
+    after it looks itself, and a job ready by then is delivered at once (not at the safety
+    poll, 30 s here, with no notice to come)."""
+    from cluster_dq.errors import Transient
+
+    monkeypatch.setattr(waiters, "SAFETY_POLL_S", 30.0)
+    hub = WaiterHub(engine)
+    try:
+        assert await hub.consume("lp", ["lost"], 30_000, 1, 300) == []  # its watcher lingers
+        hub.notices._heard = lambda channel, data: None  # no notice wakes it from here on
+        t = now_ms()
+        await engine.run(ops.publish(engine.config, "lp", "lost", [JobSpec(b"ready")], t))
+        submit = hub._reserves.submit
+
+        async def lost(*args: Any, **kwargs: Any) -> list[Job]:
+            hub._reserves.submit = submit  # type: ignore[method-assign]
+            raise Transient("injected: the reply was lost")
+
+        hub._reserves.submit = lost  # type: ignore[method-assign]
+        look = waiters.Look()
+        assert await hub.consume("lp", ["lost"], 30_000, 1, 0, look) == []  # reply lost
+        assert look.empty_at is None
+        async with asyncio.timeout(10):
+            jobs = await hub.consume("lp", ["lost"], 30_000, 1, 3_000, look)
+        assert [j.body for j in jobs] == [b"ready"]
+        look = waiters.Look()
+        assert await hub.consume("lp", ["lost"], 30_000, 1, 0, look) == []  # found nothing
+        assert look.empty_at is not None
+    finally:
+        await hub.close()
+
+
 async def test_lingering_watchers_are_bounded(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
