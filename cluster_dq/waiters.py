@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+from cluster_dq import giveback
 from cluster_dq.coalesce import GROUP_MAX, GroupCommit
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import core, retry
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.core import cancelling, end_if_cancelled
-from cluster_dq.errors import Conflict, Transient
+from cluster_dq.errors import Transient
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job
 from cluster_dq.notices import Notices
@@ -454,7 +455,7 @@ class WaiterHub:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            self._background(self._give_back_when_done(namespace, task))
+            self._background(giveback.give_back_when_done(self.engine, namespace, task))
             raise
 
     async def _reserve_group(
@@ -485,13 +486,6 @@ class WaiterHub:
     def _give_back_orphan(self, key: tuple[str, tuple[str, ...], int], jobs: list[Job]) -> None:
         if jobs:  # its consumer was cancelled (it left) before it took them
             self._background(self.give_back(key[0], jobs))
-
-    async def _give_back_when_done(self, namespace: str, task: asyncio.Future[list[Job]]) -> None:
-        try:
-            jobs = await task
-        except Exception:  # nothing was reserved, or the outcome is unknown: the ttr decides
-            return
-        await self.give_back(namespace, jobs)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work, context=retry.detached())
@@ -530,27 +524,8 @@ class WaiterHub:
         self._finish(waiter, None)
 
     async def give_back(self, namespace: str, jobs: Sequence[Job]) -> None:
-        """Reserved jobs nobody will get: back to ready at once, without spending a try,
-        instead of letting them sit out their ttr. Each with the lease of the reservation
-        given back, so a repeat (after a lost reply) cannot take the job from a consumer who
-        reserved it meanwhile."""
-        by_queue: dict[str, list[Job]] = {}
-        for j in jobs:
-            by_queue.setdefault(j.queue, []).append(j)
-        for q, held in by_queue.items():
-            op = ops.release(
-                self.engine.config,
-                namespace,
-                q,
-                [j.job_id for j in held],
-                0,
-                self.engine.clock(),
-                leases=[j.lease for j in held],
-            )
-            try:
-                await self.engine.run(op, idempotent=True)
-            except Conflict:  # held by another delivery by now, or its ttr ran out: leave it
-                pass
+        """``giveback.give_back`` on this hub's engine."""
+        await giveback.give_back(self.engine, namespace, jobs)
 
     async def _subscribe(self, watcher: _Watcher) -> None:
         channel = watcher.channel.encode()
