@@ -489,7 +489,7 @@ async def test_a_job_due_after_its_queues_first_delayed_job_is_not_announced(
 
 
 @settings(
-    max_examples=examples(8),
+    max_examples=examples(4),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
