@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
+from itertools import repeat
 from typing import Any
 
 from cluster_dq.engine import commands as ops
@@ -280,6 +281,15 @@ def _checked_partition(
         yield new, present, rejected
 
 
+def _values(batches: Iterable[Any], names: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+    """Arrow record batches of the columns ``names`` -> each row's values in ``COLUMNS``
+    order, None for a column the input does not have."""
+    for batch in batches:
+        got = dict(zip(names, batch.columns))
+        n = batch.num_rows
+        yield from zip(*(got[c].to_pylist() if c in got else repeat(None, n) for c in COLUMNS))
+
+
 def window_counts(df: Any, reference_ms: int, open_lead_ms: int) -> dict[tuple[str, str, int], int]:
     """Rows without a ``job_id`` per (namespace, queue, 10-s window of the due time), for the
     windows that rest in the wheel: counted in the JVM, valid rows or not (a refused row only
@@ -318,7 +328,6 @@ def schedule(
     deployment's (``EngineConfig.from_settings``), as the service has it; the default suits
     only a deployment with the default settings."""
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
     started = time.monotonic()
     ref = reference_ms if reference_ms is not None else int(time.time() * 1000)
@@ -336,23 +345,42 @@ def schedule(
             flush=True,
         )
     route = route_of(target)
-    # the rows as plain values in COLUMNS order (absent columns null): one pass, no cache
-    rows = df.select(*[F.col(c) if c in df.columns else F.lit(None).alias(c) for c in COLUMNS]).rdd
-    new, present, rejected = rows.mapPartitions(
-        lambda part: _checked_partition(route, part, ref, lanes_bc.value, cfg)
-    ).fold((0, 0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1], a[2] + b[2]))
+    # One pass over the rows, as Arrow batches of the columns there are (no Row per job, no
+    # pickling in the JVM): each task checks and publishes its batches and yields its counts.
+    names = [c for c in COLUMNS if c in df.columns]
+    rows = df.select(*names)
+
+    def publish_batches(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        values = _values(batches, names)
+        for n, p, r in _checked_partition(route, values, ref, lanes_bc.value, cfg):
+            yield pa.RecordBatch.from_pydict({"new": [n], "present": [p], "rejected": [r]})
+
+    sums = (
+        rows.mapInArrow(publish_batches, "new long, present long, rejected long")
+        .agg(*(F.coalesce(F.sum(c), F.lit(0)) for c in ("new", "present", "rejected")))
+        .first()
+    )
+    new, present, rejected = (int(v) for v in sums)
     if rejects_path is not None and rejected:  # a second pass, only for the refused rows
-        schema = T.StructType(
-            [
-                T.StructField("namespace", T.StringType()),
-                T.StructField("queue", T.StringType()),
-                T.StructField("reason", T.StringType()),
-            ]
-        )
-        refused = (
-            rows.map(lambda row: check_values(row, ref))
-            .filter(lambda c: not c[0])
-            .map(lambda c: (c[1], c[2], c[9]))
-        )
-        spark.createDataFrame(refused, schema).write.mode("overwrite").parquet(rejects_path)
+
+        def refused(batches: Iterator[Any]) -> Iterator[Any]:
+            import pyarrow as pa
+
+            for batch in batches:
+                bad = [
+                    c for c in map(check_values, _values([batch], names), repeat(ref)) if not c[0]
+                ]
+                yield pa.RecordBatch.from_pydict(
+                    {
+                        k: [c[i] for c in bad]
+                        for k, i in (("namespace", 1), ("queue", 2), ("reason", 9))
+                    },
+                    schema=pa.schema([(k, pa.string()) for k in ("namespace", "queue", "reason")]),
+                )
+
+        rows.mapInArrow(refused, "namespace string, queue string, reason string").write.mode(
+            "overwrite"
+        ).parquet(rejects_path)
     return ScheduleCounts(new, present, rejected, ref, time.monotonic() - started)

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import redis
 
+from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
@@ -200,6 +201,36 @@ def test_big_calls_fill_buckets_and_rerun_idempotently(
     again = schedule(spark, df, target.pool_settings(), config=cfg, reference_ms=ref)
     assert (again.published, again.already_present, again.rejected) == (0, 2_000, 0)
     assert sizes(target, "big").delayed == 1_990
+
+
+def test_schedule_takes_only_the_columns_it_is_given_and_bodies_as_bytes(
+    spark: Any, target: Server | Cluster
+) -> None:
+    """Rows read as Arrow batches: a missing column is absent for every row (the defaults
+    apply), and a binary body arrives byte for byte, bytes that are not UTF-8 included."""
+    from pyspark.sql import types as T
+
+    schema = T.StructType(
+        [
+            T.StructField("body", T.BinaryType()),
+            T.StructField("queue", T.StringType()),
+            T.StructField("namespace", T.StringType()),
+        ]
+    )
+    bodies = [bytes([i % 256, 0xFF, 0x00]) + b"tail" * (i % 3) for i in range(300)]
+    df = spark.createDataFrame([(b, "bin", "bulk") for b in bodies], schema).repartition(3)
+    counts = schedule(spark, df, target.pool_settings())
+    assert (counts.published, counts.already_present, counts.rejected) == (300, 0, 0)
+    client = make_sync_client(target.pool_settings())
+    try:
+        engine = SyncEngine(client)
+        got = engine.run(ops.consume(engine.config, "bulk", ["bin"], 30_000, 1_000, now_ms()))
+    finally:
+        client.close()
+    assert sorted(j.body for j in got) == sorted(bodies)
+    # the defaults of the absent columns: one try, due now, a day's ttl, priority 0
+    assert {(j.tries_left, j.priority) for j in got} == {(0, 0)}
+    assert all(0 < j.expire_at_ms - counts.reference_ms <= 86_400_000 for j in got)
 
 
 def test_export_reads_every_state_while_queues_work(
