@@ -13,6 +13,7 @@ memory per job. Figures only; nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
@@ -44,6 +45,31 @@ def make_parquet(spark: object, path: str, n: int, due_ms: int) -> None:
     df.write.mode("overwrite").parquet(path)
 
 
+def redis_cpu(client: object) -> float:
+    """Seconds of CPU the server (every node of a Cluster) has used."""
+    info = client.info("cpu")  # type: ignore[attr-defined]
+    nodes = info.values() if "used_cpu_user" not in info else [info]
+    return sum(float(n["used_cpu_user"]) + float(n["used_cpu_sys"]) for n in nodes)
+
+
+def spark_cpu() -> dict[str, float]:
+    """Seconds of CPU of this machine's Spark processes: the JVM, and the Python workers."""
+    out = {"jvm": 0.0, "python workers": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds = (int(stat[11]) + int(stat[12])) / tick
+        if b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd:
+            out["python workers"] += seconds
+        elif b"java" in cmd and b"spark" in cmd:
+            out["jvm"] += seconds
+    return out
+
+
 def used_memory(client: object) -> int:
     info = client.info("memory")  # type: ignore[attr-defined]
     if isinstance(info, dict) and "used_memory" not in info:  # a Cluster: per node
@@ -73,14 +99,23 @@ def main() -> None:
         print(f"{a.jobs:,} rows written to Parquet in {time.monotonic() - t:.1f} s", flush=True)
         pool = deployment.pool_settings()
         with deployment.sync_client() as c:
-            base = used_memory(c)
+            base, redis0, spark0 = used_memory(c), redis_cpu(c), spark_cpu()
         counts = schedule(spark, path, pool, reference_ms=int(time.time() * 1000), progress=True)
         with deployment.sync_client() as c:
-            per_job = (used_memory(c) - base) / max(counts.published, 1)
+            jobs = max(counts.published, 1)
+            per_job = (used_memory(c) - base) / jobs
+            cpu = {"redis-server": redis_cpu(c) - redis0}
+        cpu |= {k: v - spark0[k] for k, v in spark_cpu().items()}
         print(f"spark local[2]: {counts}", flush=True)
         print(
             f"  wall {counts.seconds:.1f} s, {counts.published / counts.seconds:,.0f} jobs/s, "
             f"Redis memory {per_job:.1f} B/job (target: 10 M in <= 120 s)",
+            flush=True,
+        )
+        print(
+            "  CPU per job: "
+            + ", ".join(f"{k} {v / jobs * 1e6:.1f} us" for k, v in cpu.items())
+            + f"; {sum(cpu.values()):.0f} core-seconds in all",
             flush=True,
         )
         with deployment.sync_client() as c:

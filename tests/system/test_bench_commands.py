@@ -71,7 +71,8 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
     "outage_answers.py": (["--only", "size"], r"size +503 +[\d.]+ s .*nothing was written"),
     "bench_pipeline.py": (
         ["--jobs", "2000"],
-        r"spark local\[2\]: published 2,000[\s\S]*single process: 2,000 jobs in .* jobs/s",
+        r"spark local\[2\]: published 2,000[\s\S]*CPU per job: redis-server [\d.]+ us, jvm [\d.]+ us, "
+        r"python workers [\d.]+ us[\s\S]*single process: 2,000 jobs in .* jobs/s",
     ),
     "bench_slow_clients.py": (
         ["--connections", "10", "--seconds", "2", "--idle", "0.5", "--header-timeout", "1"],
