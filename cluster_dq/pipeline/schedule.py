@@ -30,7 +30,7 @@ from cluster_dq.engine.commands import BulkJob, EngineConfig
 from cluster_dq.errors import ClusterDQError
 from cluster_dq.http.params import check_names
 from cluster_dq.keys import BUCKET_WIDTH_MS as WIDTH
-from cluster_dq.models import JobSpec, encode_id, id_to_member, validate_spec
+from cluster_dq.models import MAX_BODY, JobSpec, encode_id, id_to_member, validate_spec
 from cluster_dq.pipeline import Target, route_of
 from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
@@ -49,6 +49,11 @@ MAX_LANES = 65_535
 # keys, one lookup and WHEEL entry per bucket of up to 31 lanes) is shared by more jobs.
 JOBS_PER_CALL = 512
 PIPELINE_BATCHES = 8  # publish scripts per round trip (on a Cluster: split by node)
+# Rows per Arrow batch: a column of bodies of up to MAX_BODY + 1 bytes (_column) stays within
+# the 2 GiB the JVM allows a column of a batch, its buffer growing by doubling from the 512 MiB
+# these take (Spark's default is 10,000 rows).
+BATCH_ROWS = 512
+BATCH_ROWS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 HELD_JOBS = 262_144  # jobs a task holds (~80 MB) to send them sorted by wheel bucket
 
 COLUMNS = (
@@ -119,7 +124,7 @@ def check_values(values: Sequence[Any], reference_ms: int) -> Checked:
         # from when a partition happens to run: with --at in the future, that is much earlier
         expire_at = reference_ms + ttl_ms if ttl_ms else 0
         return (True, ns, q, body, due, expire_at, tries, priority, job_id, "")
-    except (ClusterDQError, ValueError, TypeError) as e:
+    except (ClusterDQError, ValueError, TypeError, OverflowError) as e:  # inf: OverflowError
         field = getattr(e, "field", None)
         reason = f"{field}: {e}" if field else str(e)
         return (False, str(ns), str(q), b"", 0, 0, 0, 0, None, reason)
@@ -281,6 +286,20 @@ def _checked_partition(
         yield new, present, rejected
 
 
+def _column(df: Any, name: str) -> Any:
+    """The input's column ``name`` as the schedule reads it (null when the input has none): a
+    string or binary body as at most MAX_BODY + 1 bytes, refused all the same when longer, so
+    that an Arrow batch of BATCH_ROWS rows stays within the 2 GiB the JVM gives a column."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if name not in df.columns:
+        return F.lit(None).alias(name)
+    if name == "body" and isinstance(df.schema[name].dataType, (T.StringType, T.BinaryType)):
+        return F.substring(F.col(name).cast("binary"), 1, MAX_BODY + 1).alias(name)
+    return F.col(name)
+
+
 def _values(batches: Iterable[Any], names: Sequence[str]) -> Iterator[tuple[Any, ...]]:
     """Arrow record batches of the columns ``names`` -> each row's values in ``COLUMNS``
     order, None for a column the input does not have."""
@@ -347,8 +366,8 @@ def schedule(
     route = route_of(target)
     # One pass over the rows, as Arrow batches of the columns there are (no Row per job, no
     # pickling in the JVM): each task checks and publishes its batches and yields its counts.
-    names = [c for c in COLUMNS if c in df.columns]
-    rows = df.select(*names)
+    names = [c for c in COLUMNS if c in df.columns] or ["namespace"]  # none: every row refused
+    rows = df.select(*(_column(df, c) for c in names))
 
     def publish_batches(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -357,30 +376,41 @@ def schedule(
         for n, p, r in _checked_partition(route, values, ref, lanes_bc.value, cfg):
             yield pa.RecordBatch.from_pydict({"new": [n], "present": [p], "rejected": [r]})
 
-    sums = (
-        rows.mapInArrow(publish_batches, "new long, present long, rejected long")
-        .agg(*(F.coalesce(F.sum(c), F.lit(0)) for c in ("new", "present", "rejected")))
-        .first()
-    )
-    new, present, rejected = (int(v) for v in sums)
-    if rejects_path is not None and rejected:  # a second pass, only for the refused rows
-
-        def refused(batches: Iterator[Any]) -> Iterator[Any]:
-            import pyarrow as pa
-
-            for batch in batches:
-                bad = [
-                    c for c in map(check_values, _values([batch], names), repeat(ref)) if not c[0]
-                ]
-                yield pa.RecordBatch.from_pydict(
-                    {
-                        k: [c[i] for c in bad]
-                        for k, i in (("namespace", 1), ("queue", 2), ("reason", 9))
-                    },
-                    schema=pa.schema([(k, pa.string()) for k in ("namespace", "queue", "reason")]),
-                )
-
-        rows.mapInArrow(refused, "namespace string, queue string, reason string").write.mode(
-            "overwrite"
-        ).parquet(rejects_path)
+    batch_rows = spark.conf.get(BATCH_ROWS_CONF, None)
+    spark.conf.set(BATCH_ROWS_CONF, str(BATCH_ROWS))
+    try:
+        sums = (
+            rows.mapInArrow(publish_batches, "new long, present long, rejected long")
+            .agg(*(F.coalesce(F.sum(c), F.lit(0)) for c in ("new", "present", "rejected")))
+            .first()
+        )
+        new, present, rejected = (int(v) for v in sums)
+        if rejects_path is not None and rejected:  # a second pass, only for the refused rows
+            _write_rejects(rows, names, ref, rejects_path)
+    finally:
+        if batch_rows is None:
+            spark.conf.unset(BATCH_ROWS_CONF)
+        else:
+            spark.conf.set(BATCH_ROWS_CONF, batch_rows)
     return ScheduleCounts(new, present, rejected, ref, time.monotonic() - started)
+
+
+def _write_rejects(rows: Any, names: Sequence[str], ref: int, path: str) -> None:
+    """The refused rows of ``rows`` (the columns ``names``), with their reasons, to Parquet."""
+
+    def refused(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for batch in batches:
+            bad = [c for c in map(check_values, _values([batch], names), repeat(ref)) if not c[0]]
+            yield pa.RecordBatch.from_pydict(
+                {
+                    k: [c[i] for c in bad]
+                    for k, i in (("namespace", 1), ("queue", 2), ("reason", 9))
+                },
+                schema=pa.schema([(k, pa.string()) for k in ("namespace", "queue", "reason")]),
+            )
+
+    rows.mapInArrow(refused, "namespace string, queue string, reason string").write.mode(
+        "overwrite"
+    ).parquet(path)

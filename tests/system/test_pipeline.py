@@ -23,7 +23,7 @@ from cluster_dq.engine import commands as ops
 from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.localredis import Cluster, Server
-from cluster_dq.models import JobState
+from cluster_dq.models import MAX_BODY, JobState
 from cluster_dq.pipeline import spark_session
 from cluster_dq.pipeline.analyze import analyze
 from cluster_dq.pipeline.export import export
@@ -231,6 +231,46 @@ def test_schedule_takes_only_the_columns_it_is_given_and_bodies_as_bytes(
     # the defaults of the absent columns: one try, due now, a day's ttl, priority 0
     assert {(j.tries_left, j.priority) for j in got} == {(0, 0)}
     assert all(0 < j.expire_at_ms - counts.reference_ms <= 86_400_000 for j in got)
+
+
+def test_rows_the_schedule_cannot_take_are_counted_and_kept_as_rejects(
+    spark: Any, redis_server: Server, tmp_path: Path
+) -> None:
+    """Rows are refused with a reason, never lost and never a failed job: a frame with none of
+    the schedule's columns (names are case-sensitive), infinite numbers, and bodies over the
+    limit, more of them than fit one Arrow batch's 2 GiB column."""
+    from pyspark.sql import functions as F
+
+    with redis_server.sync_client() as c:
+        flush(c)
+    pool = redis_server.pool_settings()
+    unknown = spark.createDataFrame(
+        [("bulk", "q", f"b{i}") for i in range(7)], "Namespace string, Queue string, Body string"
+    )
+    rejects = str(tmp_path / "unknown")
+    counts = schedule(spark, unknown, pool, rejects_path=rejects)
+    assert (counts.published, counts.rejected) == (0, 7)
+    assert {r["reason"] for r in spark.read.parquet(rejects).collect()} == {
+        "namespace and queue are required strings"
+    }
+
+    infinite = spark.createDataFrame(
+        [("bulk", "q", "x", float("inf")), ("bulk", "q", "y", 1.0)],
+        "namespace string, queue string, body string, delay_s double",
+    )
+    counts = schedule(spark, infinite, pool)
+    assert (counts.published, counts.rejected) == (1, 1)
+
+    # 2,100 bodies of 1 MiB + 1 byte: 2.1 GiB in one partition
+    big = spark.range(0, 2_100, 1, 1).select(
+        F.lit("bulk").alias("namespace"),
+        F.lit("big").alias("queue"),
+        F.expr(f"repeat('x', {MAX_BODY + 1})").alias("body"),
+    )
+    rejects = str(tmp_path / "big")
+    counts = schedule(spark, big, pool, rejects_path=rejects)
+    assert (counts.published, counts.rejected) == (0, 2_100)
+    assert {r["reason"] for r in spark.read.parquet(rejects).collect()} == {"body too large"}
 
 
 def test_export_reads_every_state_while_queues_work(
