@@ -210,6 +210,14 @@ async def check_redis(name: str, client: AsyncClient) -> list[str]:
                 f"pool {name}: hash-max-listpack-value is {value}; set it to 128 or more so "
                 "delayed jobs stay compact (~110 B/job instead of ~300)"
             )
+        entries = int(
+            cfg.get("hash-max-listpack-entries", cfg.get("hash-max-ziplist-entries", "0")) or 0
+        )
+        if entries < (lanes := EngineConfig().lane_capacity):
+            warnings.append(
+                f"pool {name}: hash-max-listpack-entries is {entries}; set it to {lanes} or more "
+                f"so a wheel bucket of {lanes} delayed jobs stays compact (~45 % less memory)"
+            )
     return warnings
 
 

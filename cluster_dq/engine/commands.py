@@ -111,7 +111,10 @@ class EngineConfig:
     config per deployment, built from its settings by ``from_settings`` wherever jobs are
     written (service, pump, CLI, Spark), so every writer agrees on the shard of a queue."""
 
-    lane_capacity: int = 512  # jobs per wheel bucket: keep <= hash-max-listpack-entries
+    # Jobs per wheel bucket: at most hash-max-listpack-entries, 128 on a stock Redis, or the
+    # bucket becomes a hash table (+45 % memory per job). An insert looks its id up in the
+    # bucket's listpack and grows it: 128-job buckets also cost Redis less CPU per publish.
+    lane_capacity: int = 128
     open_lead_ms: int = 5_000  # open a wheel bucket this long before it starts
     open_backlog: int = 20_000  # stop opening buckets while this many jobs wait in ready
     open_buckets_per_call: int = 4
