@@ -36,7 +36,13 @@ from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
 
 DEFAULT_TTL_S = 86_400
-FILL = 0.8  # aim lanes at 80 % of a bucket's capacity: hashing spreads rows unevenly
+FILL = 0.8  # never aim above 80 % of a bucket's capacity: hashing spreads rows unevenly
+# Jobs a lane is aimed at. Each insert into a wheel bucket looks its id up in the bucket's
+# listpack and grows it, so Redis pays per job with the bucket's size: 128-job lanes cost it
+# ~9 us of CPU per bulk job against ~14 us at 409 (80 % of a 512-job bucket), at the same bytes
+# per job (loadtest/bench_pipeline.py; docs/benchmarks.md). Smaller lanes save no more and add
+# a key per 128 jobs.
+LANE_FILL = 128
 MAX_LANES = 65_535
 # Jobs per publish script: the service's bulk limit is MAX_BULK (64), a bulk schedule's calls
 # are bigger (~9 us of Redis per job: ~5 ms a call), so that a call's fixed work (the queue's
@@ -130,7 +136,7 @@ def window_of(due_ms: int) -> int:
 
 def lanes_for(count: int, capacity: int) -> int:
     """Lanes for ``count`` wheel jobs of one queue's window, buckets holding ``capacity``."""
-    return max(1, min(MAX_LANES, -(-count // int(capacity * FILL))))
+    return max(1, min(MAX_LANES, -(-count // min(LANE_FILL, int(capacity * FILL)))))
 
 
 def derived_member(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> bytes:
