@@ -171,6 +171,11 @@ async def close_client(client: AsyncClient) -> None:
                     raise outcome
 
 
+def _listpack_limit(cfg: dict[str, str], which: str) -> int:
+    """``hash-max-listpack-<which>`` (``ziplist`` before Redis 7) of one server's CONFIG."""
+    return int(cfg.get(f"hash-max-listpack-{which}", cfg.get(f"hash-max-ziplist-{which}")) or 0)
+
+
 async def check_redis(name: str, client: AsyncClient) -> list[str]:
     """Refuses an evicting Redis (it silently loses jobs); returns warnings for the rest."""
     warnings: list[str] = []
@@ -204,15 +209,13 @@ async def check_redis(name: str, client: AsyncClient) -> list[str]:
                 f"pool {name}: min-replicas-to-write is 0; set it to 1 on every server of the group, "
                 "or a master paused past a failover takes writes (and reservations) it then loses"
             )
-        value = int(cfg.get("hash-max-listpack-value", cfg.get("hash-max-ziplist-value", "0")) or 0)
+        value = _listpack_limit(cfg, "value")
         if value < 128:
             warnings.append(
                 f"pool {name}: hash-max-listpack-value is {value}; set it to 128 or more so "
                 "delayed jobs stay compact (~110 B/job instead of ~300)"
             )
-        entries = int(
-            cfg.get("hash-max-listpack-entries", cfg.get("hash-max-ziplist-entries", "0")) or 0
-        )
+        entries = _listpack_limit(cfg, "entries")
         if entries < (lanes := EngineConfig().lane_capacity):
             warnings.append(
                 f"pool {name}: hash-max-listpack-entries is {entries}; set it to {lanes} or more "

@@ -111,11 +111,7 @@ class EngineConfig:
     config per deployment, built from its settings by ``from_settings`` wherever jobs are
     written (service, pump, CLI, Spark), so every writer agrees on the shard of a queue."""
 
-    # Jobs per wheel bucket: at most hash-max-listpack-entries (the service warns when not),
-    # or a full bucket becomes a hash table: 163.7 B per delayed job against 114.2. 128-job
-    # buckets would fit a stock Redis, but fill only to ~70 (a publisher moves on with room for
-    # a bulk left): 118.8 B per job against 110.1 (loadtest/bench_engine.py --only memory).
-    lane_capacity: int = 512
+    lane_capacity: int = 512  # <= hash-max-listpack-entries (pools.check_redis; benchmarks.md)
     open_lead_ms: int = 5_000  # open a wheel bucket this long before it starts
     open_backlog: int = 20_000  # stop opening buckets while this many jobs wait in ready
     open_buckets_per_call: int = 4
