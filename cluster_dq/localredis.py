@@ -91,8 +91,22 @@ def free_block(n: int, start: int = 17000, end: int = 18000) -> int:
 PORT_SLICE = "DQ_PORT_SLICE"
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (``[low, high]``)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def port_share(start: int, end: int) -> tuple[int, int]:
-    """The part of ``[start, end)`` this process may take (all of it without ``PORT_SLICE``)."""
+    """The part of ``[start, end)`` this process may take (all of it without ``PORT_SLICE``).
+    A range must stay below the ephemeral ports: there, any outgoing connection may hold the
+    port picked as free by the time its server comes to bind it."""
+    low, high = ephemeral_ports()
+    if start <= high and end > low:
+        raise RuntimeError(f"ports {start}-{end} reach into the ephemeral range {low}-{high}")
     spec = os.environ.get(PORT_SLICE)
     if not spec:
         return start, end

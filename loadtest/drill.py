@@ -81,15 +81,17 @@ Instance = (
 )
 
 
-def start_instance(deployment: Deployment, durable: bool, first_port: int = 18000) -> Instance:
-    """A ``cluster-dq serve`` on the first free ports from ``first_port`` (data) and
-    ``first_port + 500`` (admin), once it is ready."""
+def start_instance(
+    deployment: Deployment, durable: bool, ports: tuple[int, int] | None = None
+) -> Instance:
+    """A ``cluster-dq serve`` on ``ports`` (data, admin; by default free ones from 18000 on),
+    once it is ready."""
     env = {"CLUSTER_DQ_LOGLEVEL": "error", "CLUSTER_DQ_TTRSECOND": "5"}
     if durable:
         env["CLUSTER_DQ_POOL__DEFAULT__WAITREPLICAS"] = "1"
         env["CLUSTER_DQ_POOL__DEFAULT__WAITTIMEOUTMS"] = "1000"
     return ServiceProcess.start(
-        deployment.pool_settings(), env=env, first_port=first_port, ready="/readyz", session=True
+        deployment.pool_settings(), env=env, ports=ports, ready="/readyz", session=True
     )
 
 

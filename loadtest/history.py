@@ -46,7 +46,7 @@ import redis
 if __package__ in (None, ""):  # run as a script (python loadtest/history.py): find loadtest, tests
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cluster_dq.localredis import SentinelGroup, port_share  # noqa: E402
+from cluster_dq.localredis import SentinelGroup, free_port  # noqa: E402
 from loadtest.drill import (  # noqa: E402
     Deployment,
     Instance,
@@ -277,14 +277,20 @@ def session() -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=16))
 
 
-def first_port() -> int:
-    """Ports for an instance, at random in 30000-39000 (this process's share of it, when test
-    workers run side by side): a killed instance's port, freed, must not be taken over by a
-    stranger (another service started meanwhile on this machine scans from 18000, and a
-    client's retry to the old address would reach it) nor by our restart. The instance takes
-    its data and admin ports from the 1,000 above the first."""
-    low, high = port_share(30000, 39000)
-    return random.randrange(low, high - 1000)
+# Where instances listen: above every other range the tests take (Redis's cluster-bus ports end
+# at 28000) and below the kernel's ephemeral ports; data ports in the lower half, admin ports in
+# the upper.
+PORTS = (28000, 32768)
+
+
+def instance_ports() -> tuple[int, int]:
+    """Free (data, admin) ports for an instance, at random in ``PORTS`` (this process's share of
+    it, when test workers run side by side): a killed instance's port, freed, must not be taken
+    over by a stranger (another service started meanwhile on this machine scans from 18000, and a
+    client's retry to the old address would reach it) nor by our restart."""
+    low, high = PORTS
+    middle = (low + high) // 2
+    return free_port(low, middle), free_port(middle, high)
 
 
 # -- the events ---------------------------------------------------------------------------------
@@ -295,7 +301,7 @@ async def restart(run: Run, victim: Instance, why: str) -> None:
     run.instances.remove(victim)
     await asyncio.to_thread(victim.kill)
     run.events.append(f"{run.now():.1f}s SIGKILL of {why} instance {victim.base}")
-    fresh = await asyncio.to_thread(start_instance, run.d, run.durable, first_port())
+    fresh = await asyncio.to_thread(start_instance, run.d, run.durable, instance_ports())
     run.instances.append(fresh)
     run.events.append(f"{run.now():.1f}s restarted as {fresh.base}")
 
@@ -444,7 +450,7 @@ def history_run(
     d = deployment or setup(scenario)
     instances: list[Instance] = []
     try:
-        instances = [start_instance(d, durable, first_port()) for _ in range(2)]
+        instances = [start_instance(d, durable, instance_ports()) for _ in range(2)]
         token = httpx.post(
             f"{instances[0].admin}/token/{NS}", params={"description": "history"}
         ).json()["token"]

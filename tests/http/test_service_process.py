@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster_dq.localredis import free_port
+from cluster_dq.localredis import ephemeral_ports, free_port, port_share
 from cluster_dq.testing.service_process import ServiceProcess
+from loadtest import history
 
 
 def test_start_wait_log_and_stop(tmp_path: Path) -> None:
@@ -37,3 +38,14 @@ def test_stop_kills_what_ignores_sigterm(tmp_path: Path) -> None:
     svc = ServiceProcess.start("127.0.0.1:1", env={"CLUSTER_DQ_LOGLEVEL": "error"}, session=True)
     svc.proc.send_signal(signal.SIGSTOP)  # a stopped supervisor cannot act on SIGTERM
     assert svc.stop(timeout=1) == -signal.SIGKILL
+
+
+def test_no_port_range_reaches_into_the_kernel_s_ephemeral_ports() -> None:
+    """A port the kernel may hand to an outgoing connection (a client's to Redis) is not ours
+    to listen on: a service picked there found it "already in use" once it came to bind."""
+    low, _ = ephemeral_ports()
+    for start, end in ((17000, 18000), (28000, 32768)):
+        assert port_share(start, end)  # a range below the ephemeral ports is taken
+    with pytest.raises(RuntimeError, match="ephemeral"):
+        port_share(low - 100, low + 100)
+    assert history.PORTS[1] <= low
