@@ -154,6 +154,7 @@ async def close_client(client: AsyncClient) -> None:
                 if task.get_name() == wire.CLOSING_DROPPED:
                     task.cancel()  # it closes them as it ends
             await asyncio.gather(*tasks, return_exceptions=True)
+            await wire.close_all(client)
         manager = (
             getattr(client.connection_pool, "sentinel_manager", None)
             if isinstance(client, Redis)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from typing import Any
 
 import hiredis
@@ -83,10 +84,34 @@ def use_on_cluster(cluster: RedisCluster) -> None:
     at once and the busy ones on release in tasks of the node's own, which a client closed
     meanwhile never awaits: such a connection stayed open until the garbage collector found
     it, a ResourceWarning in whatever ran then (redis-py #3572, #4053)."""
-    cluster.connection_kwargs["connection_class"] = Connection
+    opened: weakref.WeakSet[RedisConnection] = weakref.WeakSet()
+
+    class Tracked(Connection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            opened.add(self)
+
+    _OPENED[cluster] = opened
+    cluster.connection_kwargs["connection_class"] = Tracked
     for node in cluster.nodes_manager.startup_nodes.values():
-        node.connection_class = Connection
+        node.connection_class = Tracked
     cluster.nodes_manager.__class__ = _NodesManager  # slotted: no attribute to patch
+
+
+# Every connection a Cluster client made, for ``close_all``: a topology refresh after a node
+# could not be reached replaces node objects, and redis-py does not close every connection of
+# the ones it replaced (their sockets were left to the garbage collector).
+_OPENED: weakref.WeakKeyDictionary[RedisCluster, weakref.WeakSet[RedisConnection]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def close_all(cluster: RedisCluster) -> None:
+    """Closes every connection ``cluster`` made that is still open (after ``aclose``)."""
+    for connection in list(_OPENED.get(cluster, ())):
+        if connection.is_connected:
+            with contextlib.suppress(Exception):
+                await connection.disconnect()
 
 
 class _NodesManager(NodesManager):

@@ -109,7 +109,8 @@ async def test_every_topology_connects_with_the_hiredis_classes(deployment: Depl
         if isinstance(client, RedisCluster):
             await client.initialize()
             nodes = client.get_nodes()
-            assert nodes and all(n.connection_class is WireConnection for n in nodes)
+            # (a class of the client's own: it keeps track of every connection it opens)
+            assert nodes and all(issubclass(n.connection_class, WireConnection) for n in nodes)
         else:
             assert client.connection_pool.connection_class in (
                 WireConnection,
@@ -215,3 +216,23 @@ async def test_a_node_the_cluster_no_longer_lists_has_every_connection_closed(
     finally:
         await close_client(client)
     assert not busy.is_connected
+
+
+async def test_every_connection_a_cluster_client_opened_is_closed_with_it(
+    redis_cluster: Cluster,
+) -> None:
+    """A topology refresh after a node could not be reached replaces node objects, and redis-py
+    does not close every connection of the ones it replaced (the kill drills of a Cluster
+    master left their sockets to the garbage collector). Closing the client closes them too."""
+    client = make_client(redis_cluster.pool_settings())
+    try:
+        assert isinstance(client, RedisCluster)
+        await client.ping(target_nodes=RedisCluster.ALL_NODES)
+        manager = client.nodes_manager
+        name, node = next(iter(manager.nodes_cache.items()))
+        kept = node.acquire_connection()
+        await kept.connect()  # type: ignore[no-untyped-call]
+        del manager.nodes_cache[name]  # replaced, its connection neither released nor closed
+    finally:
+        await close_client(client)
+    assert not kept.is_connected
