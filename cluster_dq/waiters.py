@@ -31,6 +31,7 @@ from cluster_dq.errors import Transient
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job
 from cluster_dq.notices import Notices
+from cluster_dq.reach import Reach
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,10 @@ class _Watcher:
     def reason_now(self) -> None:
         self.reason(self.hub.engine.clock(), True)
 
+    def look_now(self) -> None:
+        self.reason_now()
+        self.wake.set()
+
     def covered(self, waiter: Waiter) -> bool:
         """Whether a look for ``waiter`` that found nothing began after this watcher's latest
         reason to look: another of its queues' watchers, or its own consume, looked for it."""
@@ -140,13 +145,8 @@ class _Watcher:
                 await self.hub._subscribe(self)
                 break
             except Exception as e:  # the 1-s safety poll covers the missing notices
-                log.warning(
-                    "watcher %s/%s: no notices yet: %s: %s",
-                    self.namespace,
-                    self.queue,
-                    type(e).__name__,
-                    e,
-                )
+                name = f"{self.namespace}/{self.queue}"
+                log.warning("watcher %s: no notices yet: %s: %s", name, type(e).__name__, e)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
         else:
@@ -264,6 +264,8 @@ class _Watcher:
         ):
             # the look (this one, or the one that covered it) said what is left in the queue
             ready, nxt = seen[1], seen[2]
+        elif (self.namespace, self.queue) in self.hub.reach.down:
+            ready, nxt = 0, None  # left out of the looks: Reach wakes it once it answers
         else:
             sizes = await engine.run(
                 ops.sizes(engine.config, self.namespace, self.queue), deadline=until
@@ -339,10 +341,10 @@ class WaiterHub:
             GroupCommit(self._reserve_group, GROUP_MAX, orphan=self._give_back_orphan)
         )
         self.freed = asyncio.Event()  # set (and replaced) each time a busy waiter is free again
+        self.reach = Reach(engine, self._reached)
 
     def free(self, waiter: Waiter) -> None:
-        """A watcher is done consuming for ``waiter``: the watchers that found every waiter
-        busy look again now."""
+        """Done consuming for ``waiter``: the watchers that found every waiter busy look again."""
         waiter.busy = False
         freed, self.freed = self.freed, asyncio.Event()
         freed.set()
@@ -367,14 +369,13 @@ class WaiterHub:
         look: Look | None = None,
     ) -> list[Job]:
         """Up to ``count`` jobs, waiting up to ``timeout_ms`` for the first. A Redis outage
-        (a failover) is not an error here: while nothing can have been reserved the consume
-        keeps trying until its deadline, as if no job were ready, and one whose reply was lost
-        answers "no job" at once (``core.reserved_nothing``). If Redis is still unreachable
-        when its time runs out, that error is raised (nothing was reserved; the service says
-        so in a 503): the queue was not looked at, "no job" would not be true.
-
-        ``look``: a consume that did not wait records there when its look, which reached Redis,
-        found nothing; a long-poll given it then waits without a look of its own."""
+        (a failover) is not an error here: while nothing can have been reserved it keeps
+        trying until its deadline as if no job were ready (leaving out the queues whose node
+        is down: ``reach``); one whose reply was lost answers "no job" at once
+        (``core.reserved_nothing``). Still unreachable at its deadline: that error (a 503,
+        nothing reserved; "no job" would not be true). ``look``: a consume that did not wait
+        records there when its look, which reached Redis, found nothing; a long-poll given it
+        then waits without a look of its own."""
         if self._stopping:
             return []
         # A long poll's repeats end with it; a consume that does not wait gets the budget.
@@ -444,31 +445,33 @@ class WaiterHub:
         until their ttr (with one try left, that would be a dead letter nobody ever saw).
         ``deadline`` (monotonic s): a step that did not run is repeated until then (None:
         within the retry budget)."""
-        if count == 1:
-            return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
-        engine = self.engine
-        now = engine.clock()
-        op = ops.consume(
-            engine.config, namespace, queues, ttr_ms, count, now, self._seen(namespace, now)
-        )
-        task = asyncio.ensure_future(engine.run(op, deadline=deadline))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            self._background(giveback.give_back_when_done(self.engine, namespace, task))
-            raise
+        queues = self.reach.live(namespace, queues)  # less those whose node is down
+        with self.reach.watching(namespace, queues):
+            if count == 1:
+                return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
+            engine, now = self.engine, self.engine.clock()
+            seen = self._seen(namespace, now)
+            op = ops.consume(engine.config, namespace, queues, ttr_ms, count, now, seen)
+            task = asyncio.ensure_future(
+                engine.run(op, deadline=self.reach.budget(queues, deadline))
+            )
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                self._background(giveback.give_back_when_done(self.engine, namespace, task))
+                raise
 
     async def _reserve_group(
         self, key: tuple[str, tuple[str, ...], int], members: list[float | None]
     ) -> list[list[Job]]:
         """One job for each of ``members`` (their deadlines) if there are enough, the first
         members first."""
-        namespace, queues, ttr_ms = key
-        engine = self.engine
+        (namespace, queues, ttr_ms), engine = key, self.engine
         now = engine.clock()
         seen = self._seen(namespace, now)
         op = ops.consume(engine.config, namespace, queues, ttr_ms, len(members), now, seen)
-        jobs = await engine.run(op, deadline=min(filter(None, members), default=None))
+        deadline = self.reach.budget(queues, min(filter(None, members), default=None))
+        jobs = await engine.run(op, deadline=deadline)
         return [[j] for j in jobs] + [[] for _ in range(len(members) - len(jobs))]
 
     def _seen(self, namespace: str, began: int) -> Callable[[str, int, int | None], None]:
@@ -501,8 +504,7 @@ class WaiterHub:
         return w
 
     def _expire(self, waiter: Waiter) -> None:
-        """``waiter``'s deadline passed: "no job", or, when its last look could not reach
-        Redis, that error."""
+        """Its deadline passed: "no job", or its last look's error if that could not reach Redis."""
         if waiter.unreachable is not None and not waiter.future.done():
             waiter.future.set_exception(waiter.unreachable)
         self._finish(waiter, [])
@@ -511,8 +513,7 @@ class WaiterHub:
         if result is not None and not waiter.future.done():
             waiter.future.set_result(result)
         for q in waiter.queues:
-            w = self.watchers.get((waiter.namespace, q))
-            if w is not None and waiter in w.waiters:
+            if (w := self.watchers.get((waiter.namespace, q))) is not None and waiter in w.waiters:
                 w.waiters.remove(waiter)
 
     async def _deliver(self, waiter: Waiter, jobs: list[Job]) -> None:
@@ -549,15 +550,17 @@ class WaiterHub:
             if channel not in self._by_channel:
                 await self.notices.leave(channel)
 
+    def _reached(self, namespace: str, queue: str) -> None:  # a queue left out answers again
+        if (w := self.watchers.get((namespace, queue))) is not None:
+            w.look_now()
+
     def _heard(self, channel: bytes, data: bytes) -> None:
-        w = self._by_channel.get(channel)
-        if w is None:
+        if (w := self._by_channel.get(channel)) is None:
             return
         if data.startswith(b"due:"):  # a delayed job: maybe an earlier timer
             w.noticed_due(int(data[4:]))
-        else:  # the ready set became non-empty: look now
-            w.reason_now()
-            w.wake.set()
+        else:  # the ready set became non-empty
+            w.look_now()
 
     async def close(self, grace_s: float = 5.0) -> bool:
         """Answers every waiter, lets the watchers finish what is in flight (within
@@ -565,6 +568,7 @@ class WaiterHub:
         nothing had to be cut short."""
         self.stop()
         self._closed = True
+        await self.reach.close()
         clean = True
         listening = list(self._listening)  # subscriptions under way: not waited for
         for t in listening:

@@ -48,8 +48,26 @@ class SyncEngine:
 
     def _call(self, call: Call) -> Any:
         if isinstance(call, Eval):
-            return self.scripts[call.script](keys=list(call.keys), args=list(call.args))
+            script, keys = self.scripts[call.script], list(call.keys)
+            try:
+                return self.client.evalsha(script.sha, len(keys), *keys, *call.args)
+            except NoScriptError:  # not cached on that node (a promoted replica, SCRIPT FLUSH)
+                # EVAL caches it there; redis-py's own fallback loads it on every master of a
+                # Cluster, and fails while one of them is down
+                return self.client.execute_command(
+                    "EVAL", script.script, len(keys), *keys, *call.args
+                )  # type: ignore[no-untyped-call]
         return self.client.execute_command(*call.args)  # type: ignore[no-untyped-call]
+
+    def _load(self, call: Eval) -> None:
+        """Caches ``call``'s script on the node that runs it (not redis-py's SCRIPT LOAD, which
+        on a Cluster goes to every master)."""
+        source = self.scripts[call.script].script
+        if isinstance(self.client, RedisCluster):
+            node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call]
+            self.client.execute_command("SCRIPT LOAD", source, target_nodes=node)  # type: ignore[no-untyped-call]
+        else:
+            self.client.script_load(source)
 
     def _pipeline(self, calls: tuple[Call, ...]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -104,8 +122,11 @@ class SyncEngine:
             if not missing:
                 return (replies if isinstance(step, tuple) else replies[0]), acked
             todo = [todo[m] for m in missing]
-            for name in {c.script for c in (calls[i] for i in todo) if isinstance(c, Eval)}:
-                self.client.script_load(self.scripts[name].script)  # after a failover
+            loads = {
+                (c.script, c.keys[0]): c for c in (calls[i] for i in todo) if isinstance(c, Eval)
+            }
+            for call in loads.values():  # (after a failover)
+                self._load(call)
         raise NoScriptError(f"scripts {[calls[i] for i in todo]} could not be loaded")
 
     def _forget_connections(self) -> None:
