@@ -8,6 +8,7 @@ route, read the body, answer JSON) served by uvicorn with the same options in th
     python loadtest/bench_cpu.py --metrics off       # the same with EnableMetrics=0
     python loadtest/bench_cpu.py --py-spy /tmp/spy   # and where the time goes (py-spy)
     python loadtest/bench_cpu.py --before ../old     # beside an older checkout, interleaved
+    python loadtest/bench_cpu.py --granian           # and both sides served by Granian too
 
 Scenarios (one worker process each side; wrk drives them from 2 threads):
 
@@ -45,8 +46,9 @@ import httpx
 import psutil
 
 from cluster_dq.localredis import free_port, start_server
+from cluster_dq.settings import PoolSettings
 from cluster_dq.testing import default_sigint
-from cluster_dq.testing.service_process import ServiceProcess
+from cluster_dq.testing.service_process import ServiceProcess, pool_env
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = os.urandom(32).hex().encode()  # 64 bytes
@@ -186,22 +188,38 @@ def summarize(path: Path, top: int = 12) -> None:
         print(f"    {100 * c / max(total, 1):5.1f} %  {f}")
 
 
+def _until_up(url: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            httpx.put(url, content=b"{}")
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url}: no answer in {seconds:.0f} s")
+
+
 @contextmanager
-def bare_server() -> Iterator[tuple[str, list[psutil.Process]]]:
+def asgi_server(
+    target: str, server: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, list[psutil.Process]]]:
+    """``target`` (module:app) under uvicorn with the service's options, or under Granian
+    (one worker, uvloop; its CPU is every process of its tree): base URL and processes."""
     port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "loadtest.bare_app:app", "--port", str(port)]
-    cmd += ["--host", "127.0.0.1", "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+    if server == "uvicorn":
+        cmd = [sys.executable, "-m", "uvicorn", target, "--port", str(port), "--host", "127.0.0.1"]
+        cmd += ["--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+    else:
+        cmd = [str(Path(sys.executable).with_name("granian")), "--interface", "asgi", target]
+        cmd += ["--port", str(port), "--host", "127.0.0.1", "--loop", "uvloop", "--workers", "1"]
+        cmd += ["--no-ws", "--no-access-log"]
     cmd += ["--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                httpx.put(f"http://127.0.0.1:{port}/api/x/y", content=b"{}")
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}", [psutil.Process(proc.pid)]
+        _until_up(f"http://127.0.0.1:{port}/api/x/y")
+        main = psutil.Process(proc.pid)
+        yield f"http://127.0.0.1:{port}", [main, *main.children(recursive=True)]
     finally:
         proc.terminate()
         proc.wait(10)
@@ -280,7 +298,8 @@ def median(samples: list[Sample], key: Callable[[Sample], float]) -> float:
 
 
 def report(results: dict[str, list[Sample]]) -> None:
-    bare = median(results["bare"], lambda s: s.us_per_request)
+    """Medians; each route's ratio is to the bare endpoint under the same server."""
+    bares = {k: median(v, lambda s: s.us_per_request) for k, v in results.items() if "bare" in k}
     print()
     print(
         f"{'scenario':<18} {'req/s':>9} {'µs CPU/req':>11} {'× bare':>7} {'Redis µs/req':>13}"
@@ -288,6 +307,7 @@ def report(results: dict[str, list[Sample]]) -> None:
     )
     for name, samples in results.items():
         us = median(samples, lambda s: s.us_per_request)
+        bare = bares["bare (granian)" if name.endswith("(granian)") else "bare"]
         print(
             f"{name:<18} {median(samples, lambda s: s.rate):>9,.0f} {us:>11.0f} "
             f"{us / bare:>7.2f} {median(samples, lambda s: s.redis_us_per_request):>13.0f} "
@@ -326,6 +346,11 @@ def main() -> None:
         metavar="CHECKOUT",
         help="also run the service of another checkout (an older commit), interleaved",
     )
+    ap.add_argument(
+        "--granian",
+        action="store_true",
+        help="also serve the bare endpoint and the service's data app under Granian",
+    )
     a = ap.parse_args()
     if a.summarize:
         for path in a.summarize:
@@ -356,21 +381,36 @@ def main() -> None:
             ]
             benches.append((suffix, Bench(svc.base, svc.admin, workers, redis.process.pid)))
             results.update({n + suffix: [] for n in names})
+        if a.granian:
+            redis = start_server()
+            stack.callback(redis.kill)
+            pool = pool_env(PoolSettings("default", Addr=f"127.0.0.1:{redis.port}"))
+            base, procs = stack.enter_context(
+                asgi_server("loadtest.granian_service:app", "granian", {**env, **pool})
+            )
+            benches.append((" (granian)", Bench(base, base, procs, redis.process.pid)))
+            results.update({n + " (granian)": [] for n in names})
         print(
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
             f"{a.rounds} rounds of {a.seconds:.0f} s, {a.connections} connections, "
             f"metrics {a.metrics}" + (f", before: {a.before}" if a.before else ""),
             flush=True,
         )
-        bare_base, bare_procs = stack.enter_context(bare_server())
-        url = f"{bare_base}/api/bench/bare"
-        for r in range(a.rounds):
-            results["bare"].append(
-                benches[0][1].measure(
-                    bare_procs,
-                    lambda: run_wrk(url, "PUT", "", a.seconds, a.connections, body=BODY),
-                )
+        bares = {"bare": stack.enter_context(asgi_server("loadtest.bare_app:app", "uvicorn"))}
+        if a.granian:
+            bares["bare (granian)"] = stack.enter_context(
+                asgi_server("loadtest.bare_app:app", "granian")
             )
+            results["bare (granian)"] = []
+        for r in range(a.rounds):
+            for key, (bare_base, bare_procs) in bares.items():
+                url = f"{bare_base}/api/bench/bare"
+                results[key].append(
+                    benches[0][1].measure(
+                        bare_procs,
+                        lambda: run_wrk(url, "PUT", "", a.seconds, a.connections, body=BODY),
+                    )
+                )
             for name in names:
                 for suffix, bench in benches:
                     key = name + suffix
