@@ -114,6 +114,33 @@ async def close_all(cluster: RedisCluster) -> None:
                 await connection.disconnect()
 
 
+# A topology refresh at most this often. redis-py refreshes after every command that could not
+# reach its node (CLUSTER SLOTS, then every connection to every node marked for reconnect): with
+# a master down, the watchers, the pump and the notices failing there had each command to the
+# healthy masters reconnect first (2 ms became 80). A failover is still learnt within this.
+REFRESH_S = 0.25
+
+
+class Cluster(RedisCluster):
+    """redis-py's asyncio Cluster client, refreshing its topology at most every ``REFRESH_S``
+    (a command that failed meanwhile is repeated on the map it has, by the retry policy)."""
+
+    __slots__ = ("_refreshed_at",)
+
+    async def initialize(
+        self,
+        additional_startup_nodes_info: list[tuple[str, int]] | None = None,
+        last_failed_node_name: str | None = None,
+    ) -> Cluster:
+        last = getattr(self, "_refreshed_at", None)  # (never skipped before a first refresh)
+        if self._initialize and last is not None and time.monotonic() - last < REFRESH_S:
+            self._initialize = False  # the next command that fails asks again
+            return self
+        await super().initialize(additional_startup_nodes_info, last_failed_node_name)
+        self._refreshed_at = time.monotonic()
+        return self
+
+
 class _NodesManager(NodesManager):
     __slots__ = ()
 

@@ -15,6 +15,7 @@ import pytest
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine import wire
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.keys import QueueKeys
 from cluster_dq.localredis import Cluster, Server, start_cluster
@@ -144,3 +145,36 @@ async def test_a_script_not_cached_on_a_healthy_master_runs_there_while_another_
         job_id = await publish(pool, up_q, b"published with its script flushed")
         (job,) = await pool.hub.consume(NS, [up_q], 30_000, 1, 0)
         assert job.job_id == job_id
+
+
+async def test_commands_failing_on_a_master_that_is_down_do_not_refresh_the_topology_each(
+    cluster: Cluster, pool: RedisPool
+) -> None:
+    """Every command that cannot reach a node has redis-py refresh the whole topology (CLUSTER
+    SLOTS, then every connection to every node marked for reconnect): with watchers, the pump
+    and notices each failing on a master that is down, the commands to the healthy masters
+    paid a reconnect each (their latency went from 2 ms to 80 ms). A refresh is made at most
+    every ``wire.REFRESH_S``."""
+    down_q, up_q, server = on_two_masters(cluster, "refresh")
+    client = pool.engine.client
+
+    def refreshes() -> int:
+        total = 0
+        for s in cluster.servers:
+            if s is not server:
+                with s.client() as r:
+                    stats = r.info("commandstats").get("cmdstat_cluster|slots", {})
+                    total += int(stats.get("calls", 0))
+        return total
+
+    with Down(server):
+        before, started = refreshes(), time.monotonic()
+        for _ in range(20):  # 10 tasks asking the master that is down, 20 times each
+            await asyncio.gather(
+                *(client.get(QueueKeys(NS, down_q).ready) for _ in range(10)),
+                return_exceptions=True,
+            )
+            await client.get(QueueKeys(NS, up_q).ready)
+        took = time.monotonic() - started
+        made = refreshes() - before
+    assert made <= took / wire.REFRESH_S + 2, (made, took)
