@@ -179,8 +179,14 @@ async def consumer(
     ledger: Ledger,
     t0: float,
     k: int,
+    ack_behind: int = 0,
 ) -> None:
+    """Consumes (20 jobs at most, 1-s long-polls over every queue) and acks each job. By
+    default a batch's acks end before the next consume is asked; with ``ack_behind`` N, up to
+    N batches' acks may still be under way meanwhile (a worker whose slots go on while its acks
+    travel)."""
     h = {"X-Token": token}
+    acking: set[asyncio.Future[Any]] = set()
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=32), timeout=timeout
@@ -241,7 +247,16 @@ async def consumer(
                 due = ledger.acked_publish.get(jid)
                 if due is not None and len(ledger.delivered[jid]) == 1:
                     ledger.late_ms.append((due, max(now - due, 0) * 1000, job.get("queue", "")))
-            await asyncio.gather(*(ack(inst.base, j) for j in jobs))
+            acks = asyncio.gather(*(ack(inst.base, j) for j in jobs))
+            if not ack_behind:
+                await acks
+                continue
+            acking.add(acks)
+            acks.add_done_callback(acking.discard)
+            while len(acking) > ack_behind:
+                await asyncio.wait(set(acking), return_when=asyncio.FIRST_COMPLETED)
+        if acking:
+            await asyncio.wait(set(acking))
 
 
 def unavailability(outcomes: list[tuple[float, bool]]) -> tuple[float, float]:
@@ -467,12 +482,15 @@ async def run_load(
     seconds: float,
     event: Any,
     probe: Callable[[], Window] | None = None,
+    ack_behind: int = 0,
 ) -> tuple[Ledger, float, str, Window]:
     ledger = Ledger()
     t0 = time.monotonic()
     until = t0 + seconds
     consumers = [
-        asyncio.create_task(consumer(instances, token, queues, until + 15, ledger, t0, k))
+        asyncio.create_task(
+            consumer(instances, token, queues, until + 15, ledger, t0, k, ack_behind)
+        )
         for k in range(8)
     ]
     pub = asyncio.create_task(publisher(instances, token, queues, rate, until, ledger, t0))
@@ -562,6 +580,7 @@ def drill(
     n_queues: int = 8,
     backlog: int = 50_000,
     min_replicas: int = 1,
+    ack_behind: int = 0,
 ) -> dict[str, Any]:
     d = setup(scenario, min_replicas)
     instances: list[Instance] = []
@@ -589,7 +608,7 @@ def drill(
             else None
         )
         ledger, event_at, what, failover_s = asyncio.run(
-            run_load(instances, token, queues, rate, seconds, events[scenario], probe)
+            run_load(instances, token, queues, rate, seconds, events[scenario], probe, ack_behind)
         )
         lost = sorted(set(ledger.acked_publish) - set(ledger.delivered))
         # Delivered again by a consume asked for after the ack had succeeded: beyond at-least-once.
@@ -620,6 +639,7 @@ def drill(
             "scenario": scenario,
             "event": what,
             "durable": durable,
+            "ack_behind": ack_behind,
             "rate": rate,
             "seconds": seconds,
             "min_replicas": min_replicas if isinstance(d, SentinelGroup) else None,
@@ -685,6 +705,7 @@ def print_report(r: dict[str, Any]) -> None:
         f"  load: {r['rate']:.0f} publishes/s for {r['seconds']:.0f} s over 2 instances (~"
         f"{r['http_requests_per_s']:,.0f} HTTP requests/s with consumes and acks), durable publish "
         f"{'on (WaitReplicas=1)' if r['durable'] else 'off'}"
+        + (f", acks up to {r['ack_behind']} batches behind" if r.get("ack_behind") else "")
         + (
             f", Redis min-replicas-to-write {r['min_replicas']}"
             if r.get("min_replicas") is not None
@@ -762,11 +783,27 @@ def main() -> None:
         default=1,
         help="min-replicas-to-write of the Sentinel group's servers (0: Redis's default)",
     )
+    ap.add_argument(
+        "--ack-behind",
+        type=int,
+        default=0,
+        metavar="N",
+        help="consumers ask for the next batch while up to N batches' acks are under way",
+    )
     a = ap.parse_args()
     scenarios = list(SCENARIOS) if a.scenario == "all" else [a.scenario]
     for s in scenarios:
         print_report(
-            drill(s, a.rate, a.seconds, not a.no_durable, a.queues, a.backlog, a.min_replicas)
+            drill(
+                s,
+                a.rate,
+                a.seconds,
+                not a.no_durable,
+                a.queues,
+                a.backlog,
+                a.min_replicas,
+                a.ack_behind,
+            )
         )
 
 
