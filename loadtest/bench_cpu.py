@@ -357,6 +357,8 @@ def main() -> None:
             summarize(path)
         return
     wrk_binary()
+    if a.granian and not Path(sys.executable).with_name("granian").exists():
+        sys.exit("--granian: install it first (.venv/bin/pip install granian==2.8.9)")
     if a.py_spy:
         a.py_spy.mkdir(parents=True, exist_ok=True)
     names = [n for n in ("publish", "consume", "ack") if a.only in n]
