@@ -30,12 +30,18 @@ RECHECK_S = 0.1  # how often a queue left out is asked again
 
 class Reach:
     """The queues of one engine (pool) that looks across queues leave out, and the tasks that
-    ask them again. ``back(namespace, queue)`` is called when one answers again."""
+    ask them again. ``back(namespace, queue)`` is called when one answers again; a queue that
+    nobody waits on any more (``wanted`` says no) is no longer asked, nor left out."""
 
-    def __init__(self, engine: AsyncEngine, back: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        back: Callable[[str, str], None],
+        wanted: Callable[[str, str], bool],
+    ) -> None:
         self.engine = engine
         self.applies = isinstance(engine.client, RedisCluster)
-        self._back = back
+        self._back, self._wanted = back, wanted
         self.down: set[tuple[str, str]] = set()
         self._asking: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._closed = False
@@ -90,6 +96,9 @@ class Reach:
     async def _ask(self, key: tuple[str, str]) -> None:
         """Left out while it does not answer; once it does, its watcher looks."""
         while not self._closed and not await self._answers(*key):
+            if key in self.down and not self._wanted(*key):  # nobody waits on it any more
+                self.down.discard(key)
+                return
             self.down.add(key)
             await asyncio.sleep(RECHECK_S)
         if key in self.down and not self._closed:

@@ -341,7 +341,7 @@ class WaiterHub:
             GroupCommit(self._reserve_group, GROUP_MAX, orphan=self._give_back_orphan)
         )
         self.freed = asyncio.Event()  # set (and replaced) each time a busy waiter is free again
-        self.reach = Reach(engine, self._reached)
+        self.reach = Reach(engine, self._reached, lambda ns, q: (ns, q) in self.watchers)
 
     def free(self, waiter: Waiter) -> None:
         """Done consuming for ``waiter``: the watchers that found every waiter busy look again."""
