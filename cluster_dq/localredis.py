@@ -310,9 +310,12 @@ def start_cluster(
     *,
     masters: int = 3,
     replicas: int = 1,
+    full_coverage: bool = True,
 ) -> Cluster:
     """``masters`` masters (3 unless told) with ``replicas`` replicas each, on consecutive ports
-    (the masters first, then their replicas); returns once the cluster state is ok."""
+    (the masters first, then their replicas); returns once the cluster state is ok.
+    ``full_coverage``: ``cluster-require-full-coverage`` (no: the masters that are up go on
+    serving their slots while one is failed, until its replica is promoted)."""
     count = masters * (1 + replicas)
     if not (masters == 1 and replicas == 0 or masters >= 3 and replicas >= 0) or count > 10:
         raise ValueError(f"{masters} masters x {replicas} replicas: 1 x 0, or 3+, <= 10 nodes")
@@ -332,7 +335,7 @@ def start_cluster(
                     "--cluster-node-timeout",
                     str(node_timeout_ms),
                     "--cluster-require-full-coverage",
-                    "yes",
+                    "yes" if full_coverage else "no",
                 ],
             )
         )

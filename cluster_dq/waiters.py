@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -341,7 +342,7 @@ class WaiterHub:
             GroupCommit(self._reserve_group, GROUP_MAX, orphan=self._give_back_orphan)
         )
         self.freed = asyncio.Event()  # set (and replaced) each time a busy waiter is free again
-        self.reach = Reach(engine, self._reached, lambda ns, q: (ns, q) in self.watchers)
+        self.reach = Reach(engine, self._reached)
 
     def free(self, waiter: Waiter) -> None:
         """Done consuming for ``waiter``: the watchers that found every waiter busy look again."""
@@ -432,34 +433,32 @@ class WaiterHub:
             self._finish(waiter, None)
 
     async def reserve(
-        self,
-        namespace: str,
-        queues: Sequence[str],
-        ttr_ms: int,
-        count: int,
-        deadline: float | None,
+        self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, deadline: float | None
     ) -> list[Job]:
         """One consume that a cancellation cannot cut in half: if the caller is cancelled (its
         client left, a multi-pool consume took another pool's jobs) while Redis has reserved
         jobs whose reply is still on its way, they are given back, not left reserved by nobody
         until their ttr (with one try left, that would be a dead letter nobody ever saw).
         ``deadline`` (monotonic s): a step that did not run is repeated until then (None:
-        within the retry budget)."""
-        queues = self.reach.live(namespace, queues)  # less those whose node is down
-        with self.reach.watching(namespace, queues):
-            if count == 1:
-                return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
-            engine, now = self.engine, self.engine.clock()
-            seen = self._seen(namespace, now)
-            op = ops.consume(engine.config, namespace, queues, ttr_ms, count, now, seen)
-            task = asyncio.ensure_future(
-                engine.run(op, deadline=self.reach.budget(queues, deadline))
-            )
-            try:
-                return await asyncio.shield(task)
-            except asyncio.CancelledError:
-                self._background(giveback.give_back_when_done(self.engine, namespace, task))
-                raise
+        within the retry budget), leaving out the queues whose node is down (``reach``)."""
+        look = functools.partial(self._reserve, namespace, ttr_ms=ttr_ms, count=count)
+        return await self.reach.run(namespace, queues, deadline, look)
+
+    async def _reserve(
+        self, namespace: str, queues: Sequence[str], deadline: float | None, ttr_ms: int, count: int
+    ) -> list[Job]:
+        if count == 1:
+            return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
+        engine, now = self.engine, self.engine.clock()
+        op = ops.consume(
+            engine.config, namespace, queues, ttr_ms, count, now, self._seen(namespace, now)
+        )
+        task = asyncio.ensure_future(engine.run(op, deadline=deadline))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._background(giveback.give_back_when_done(self.engine, namespace, task))
+            raise
 
     async def _reserve_group(
         self, key: tuple[str, tuple[str, ...], int], members: list[float | None]
@@ -470,8 +469,7 @@ class WaiterHub:
         now = engine.clock()
         seen = self._seen(namespace, now)
         op = ops.consume(engine.config, namespace, queues, ttr_ms, len(members), now, seen)
-        deadline = self.reach.budget(queues, min(filter(None, members), default=None))
-        jobs = await engine.run(op, deadline=deadline)
+        jobs = await engine.run(op, deadline=min(filter(None, members), default=None))
         return [[j] for j in jobs] + [[] for _ in range(len(members) - len(jobs))]
 
     def _seen(self, namespace: str, began: int) -> Callable[[str, int, int | None], None]:

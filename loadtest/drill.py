@@ -466,12 +466,12 @@ def leaders_of(d: Deployment, shards: int = 16) -> Counter[str]:
 # -- the drill ---------------------------------------------------------------------------------
 
 
-def setup(scenario: str, min_replicas: int = 1) -> Deployment:
+def setup(scenario: str, min_replicas: int = 1, full_coverage: bool = True) -> Deployment:
     if scenario.startswith("standalone"):
         return start_server()
     if scenario.startswith("sentinel"):
         return start_sentinel(min_replicas=min_replicas)
-    return start_cluster(node_timeout_ms=2000)
+    return start_cluster(node_timeout_ms=2000, full_coverage=full_coverage)
 
 
 async def run_load(
@@ -581,8 +581,9 @@ def drill(
     backlog: int = 50_000,
     min_replicas: int = 1,
     ack_behind: int = 0,
+    full_coverage: bool = True,
 ) -> dict[str, Any]:
-    d = setup(scenario, min_replicas)
+    d = setup(scenario, min_replicas, full_coverage)
     instances: list[Instance] = []
     try:
         instances = [start_instance(d, durable) for _ in range(2)]
@@ -640,6 +641,7 @@ def drill(
             "event": what,
             "durable": durable,
             "ack_behind": ack_behind,
+            "full_coverage": full_coverage if isinstance(d, Cluster) else None,
             "rate": rate,
             "seconds": seconds,
             "min_replicas": min_replicas if isinstance(d, SentinelGroup) else None,
@@ -706,6 +708,7 @@ def print_report(r: dict[str, Any]) -> None:
         f"{r['http_requests_per_s']:,.0f} HTTP requests/s with consumes and acks), durable publish "
         f"{'on (WaitReplicas=1)' if r['durable'] else 'off'}"
         + (f", acks up to {r['ack_behind']} batches behind" if r.get("ack_behind") else "")
+        + (", cluster-require-full-coverage no" if r.get("full_coverage") is False else "")
         + (
             f", Redis min-replicas-to-write {r['min_replicas']}"
             if r.get("min_replicas") is not None
@@ -790,6 +793,12 @@ def main() -> None:
         metavar="N",
         help="consumers ask for the next batch while up to N batches' acks are under way",
     )
+    ap.add_argument(
+        "--partial-coverage",
+        action="store_true",
+        help="Cluster nodes with cluster-require-full-coverage no (the masters that are up go on"
+        " serving while one is failed)",
+    )
     a = ap.parse_args()
     scenarios = list(SCENARIOS) if a.scenario == "all" else [a.scenario]
     for s in scenarios:
@@ -803,6 +812,7 @@ def main() -> None:
                 a.backlog,
                 a.min_replicas,
                 a.ack_behind,
+                not a.partial_coverage,
             )
         )
 
