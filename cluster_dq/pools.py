@@ -70,7 +70,7 @@ def make_client(p: PoolSettings) -> AsyncClient:
     )
     if p.kind == "cluster":
         # One immediate retry inside redis-py lets it re-learn the slots after a failover.
-        cluster = wire.Cluster(
+        cluster = RedisCluster(
             startup_nodes=[ClusterNode(h, port) for h, port in addrs],
             max_connections=p.PoolSize,
             **{**common, "retry": Retry(NoBackoff(), 1)},  # type: ignore[arg-type]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -32,7 +31,6 @@ from cluster_dq.errors import Transient
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job
 from cluster_dq.notices import Notices
-from cluster_dq.reach import Reach
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +105,6 @@ class _Watcher:
     def reason_now(self) -> None:
         self.reason(self.hub.engine.clock(), True)
 
-    def look_now(self) -> None:
-        self.reason_now()
-        self.wake.set()
-
     def covered(self, waiter: Waiter) -> bool:
         """Whether a look for ``waiter`` that found nothing began after this watcher's latest
         reason to look: another of its queues' watchers, or its own consume, looked for it."""
@@ -146,8 +140,13 @@ class _Watcher:
                 await self.hub._subscribe(self)
                 break
             except Exception as e:  # the 1-s safety poll covers the missing notices
-                name = f"{self.namespace}/{self.queue}"
-                log.warning("watcher %s: no notices yet: %s: %s", name, type(e).__name__, e)
+                log.warning(
+                    "watcher %s/%s: no notices yet: %s: %s",
+                    self.namespace,
+                    self.queue,
+                    type(e).__name__,
+                    e,
+                )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
         else:
@@ -265,8 +264,6 @@ class _Watcher:
         ):
             # the look (this one, or the one that covered it) said what is left in the queue
             ready, nxt = seen[1], seen[2]
-        elif (self.namespace, self.queue) in self.hub.reach.down:
-            ready, nxt = 0, None  # left out of the looks: Reach wakes it once it answers
         else:
             sizes = await engine.run(
                 ops.sizes(engine.config, self.namespace, self.queue), deadline=until
@@ -342,10 +339,10 @@ class WaiterHub:
             GroupCommit(self._reserve_group, GROUP_MAX, orphan=self._give_back_orphan)
         )
         self.freed = asyncio.Event()  # set (and replaced) each time a busy waiter is free again
-        self.reach = Reach(engine, self._reached)
 
     def free(self, waiter: Waiter) -> None:
-        """Done consuming for ``waiter``: the watchers that found every waiter busy look again."""
+        """A watcher is done consuming for ``waiter``: the watchers that found every waiter
+        busy look again now."""
         waiter.busy = False
         freed, self.freed = self.freed, asyncio.Event()
         freed.set()
@@ -370,13 +367,14 @@ class WaiterHub:
         look: Look | None = None,
     ) -> list[Job]:
         """Up to ``count`` jobs, waiting up to ``timeout_ms`` for the first. A Redis outage
-        (a failover) is not an error here: while nothing can have been reserved it keeps
-        trying until its deadline as if no job were ready (leaving out the queues whose node
-        is down: ``reach``); one whose reply was lost answers "no job" at once
-        (``core.reserved_nothing``). Still unreachable at its deadline: that error (a 503,
-        nothing reserved; "no job" would not be true). ``look``: a consume that did not wait
-        records there when its look, which reached Redis, found nothing; a long-poll given it
-        then waits without a look of its own."""
+        (a failover) is not an error here: while nothing can have been reserved the consume
+        keeps trying until its deadline, as if no job were ready, and one whose reply was lost
+        answers "no job" at once (``core.reserved_nothing``). If Redis is still unreachable
+        when its time runs out, that error is raised (nothing was reserved; the service says
+        so in a 503): the queue was not looked at, "no job" would not be true.
+
+        ``look``: a consume that did not wait records there when its look, which reached Redis,
+        found nothing; a long-poll given it then waits without a look of its own."""
         if self._stopping:
             return []
         # A long poll's repeats end with it; a consume that does not wait gets the budget.
@@ -433,23 +431,23 @@ class WaiterHub:
             self._finish(waiter, None)
 
     async def reserve(
-        self, namespace: str, queues: Sequence[str], ttr_ms: int, count: int, deadline: float | None
+        self,
+        namespace: str,
+        queues: Sequence[str],
+        ttr_ms: int,
+        count: int,
+        deadline: float | None,
     ) -> list[Job]:
         """One consume that a cancellation cannot cut in half: if the caller is cancelled (its
         client left, a multi-pool consume took another pool's jobs) while Redis has reserved
         jobs whose reply is still on its way, they are given back, not left reserved by nobody
         until their ttr (with one try left, that would be a dead letter nobody ever saw).
         ``deadline`` (monotonic s): a step that did not run is repeated until then (None:
-        within the retry budget), leaving out the queues whose node is down (``reach``)."""
-        look = functools.partial(self._reserve, namespace, ttr_ms=ttr_ms, count=count)
-        return await self.reach.run(namespace, queues, deadline, look)
-
-    async def _reserve(
-        self, namespace: str, queues: Sequence[str], deadline: float | None, ttr_ms: int, count: int
-    ) -> list[Job]:
+        within the retry budget)."""
         if count == 1:
             return await self._reserves.submit((namespace, tuple(queues), ttr_ms), deadline)
-        engine, now = self.engine, self.engine.clock()
+        engine = self.engine
+        now = engine.clock()
         op = ops.consume(
             engine.config, namespace, queues, ttr_ms, count, now, self._seen(namespace, now)
         )
@@ -465,7 +463,8 @@ class WaiterHub:
     ) -> list[list[Job]]:
         """One job for each of ``members`` (their deadlines) if there are enough, the first
         members first."""
-        (namespace, queues, ttr_ms), engine = key, self.engine
+        namespace, queues, ttr_ms = key
+        engine = self.engine
         now = engine.clock()
         seen = self._seen(namespace, now)
         op = ops.consume(engine.config, namespace, queues, ttr_ms, len(members), now, seen)
@@ -502,7 +501,8 @@ class WaiterHub:
         return w
 
     def _expire(self, waiter: Waiter) -> None:
-        """Its deadline passed: "no job", or its last look's error if that could not reach Redis."""
+        """``waiter``'s deadline passed: "no job", or, when its last look could not reach
+        Redis, that error."""
         if waiter.unreachable is not None and not waiter.future.done():
             waiter.future.set_exception(waiter.unreachable)
         self._finish(waiter, [])
@@ -511,7 +511,8 @@ class WaiterHub:
         if result is not None and not waiter.future.done():
             waiter.future.set_result(result)
         for q in waiter.queues:
-            if (w := self.watchers.get((waiter.namespace, q))) is not None and waiter in w.waiters:
+            w = self.watchers.get((waiter.namespace, q))
+            if w is not None and waiter in w.waiters:
                 w.waiters.remove(waiter)
 
     async def _deliver(self, waiter: Waiter, jobs: list[Job]) -> None:
@@ -548,17 +549,15 @@ class WaiterHub:
             if channel not in self._by_channel:
                 await self.notices.leave(channel)
 
-    def _reached(self, namespace: str, queue: str) -> None:  # a queue left out answers again
-        if (w := self.watchers.get((namespace, queue))) is not None:
-            w.look_now()
-
     def _heard(self, channel: bytes, data: bytes) -> None:
-        if (w := self._by_channel.get(channel)) is None:
+        w = self._by_channel.get(channel)
+        if w is None:
             return
         if data.startswith(b"due:"):  # a delayed job: maybe an earlier timer
             w.noticed_due(int(data[4:]))
-        else:  # the ready set became non-empty
-            w.look_now()
+        else:  # the ready set became non-empty: look now
+            w.reason_now()
+            w.wake.set()
 
     async def close(self, grace_s: float = 5.0) -> bool:
         """Answers every waiter, lets the watchers finish what is in flight (within
@@ -566,7 +565,6 @@ class WaiterHub:
         nothing had to be cut short."""
         self.stop()
         self._closed = True
-        await self.reach.close()
         clean = True
         listening = list(self._listening)  # subscriptions under way: not waited for
         for t in listening:

@@ -212,14 +212,11 @@ def mark_sent() -> None:
 
 def reserved_nothing(e: RedisFailure) -> bool:
     """The one rule for a consume that failed with ``e``: whether it can have reserved
-    anything. No when none of its writing steps can have run (``nothing_written``: each was
-    refused or never sent, or only its read-only probe of the queues failed; without the
-    engine's word, when ``e`` is a refusal), so a long poll keeps waiting, as if no job were
-    ready, until its deadline. Otherwise (a reply lost, or a refusal after another queue's
-    step reserved jobs) jobs may have been reserved for it: it is not repeated, and answers
-    "no job"; what it reserved comes back once the ttr ends (a try spent), as after a
-    consumer crash."""
-    return isinstance(e, Refused) if e.nothing_written is None else e.nothing_written
+    anything. Refused (the server refused it, or nothing was sent): no, so a long poll keeps
+    waiting, as if no job were ready, until its deadline. Otherwise the reply was lost and
+    jobs may have been reserved for it: it is not repeated, and answers "no job"; what it
+    reserved comes back once the ttr ends (a try spent), as after a consumer crash."""
+    return isinstance(e, Refused)
 
 
 # -- how a step is sent --------------------------------------------------------------------

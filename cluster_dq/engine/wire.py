@@ -114,52 +114,6 @@ async def close_all(cluster: RedisCluster) -> None:
                 await connection.disconnect()
 
 
-# A topology refresh at most this often. redis-py refreshes after every command that could not
-# reach its node: CLUSTER SLOTS, then every connection to every node marked for reconnect, then
-# COMMAND (the whole command table) from its default node; when that node is the one down, the
-# refresh fails, closes every connection and fails the command that asked for it, a command to
-# a healthy master included. With a master down, the watchers, the pump and the notices failing
-# there made the commands to the healthy masters reconnect first (2 ms became 80) or fail.
-REFRESH_S = 0.25
-
-
-class Cluster(RedisCluster):
-    """redis-py's asyncio Cluster client, refreshing its topology at most every ``REFRESH_S``
-    (a command that failed meanwhile is repeated on the map it has, by the retry policy), and
-    after the first time without asking for the command table again. A refresh that fails
-    leaves the connections as they are (the next command that fails asks again). Written
-    against redis-py 8.1's ``initialize`` (``_initialize``, ``_lock``, ``nodes_manager``)."""
-
-    __slots__ = ("_refreshed_at",)
-
-    async def initialize(
-        self,
-        additional_startup_nodes_info: list[tuple[str, int]] | None = None,
-        last_failed_node_name: str | None = None,
-    ) -> Cluster:
-        last = getattr(self, "_refreshed_at", None)
-        if last is None:  # the first time: redis-py's own (the nodes and the command table)
-            await super().initialize(additional_startup_nodes_info, last_failed_node_name)
-            self._refreshed_at = time.monotonic()
-            return self
-        if not self._initialize:
-            return self
-        if time.monotonic() - last < REFRESH_S:
-            self._initialize = False  # the next command that fails asks again
-            return self
-        if not self._lock:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self._initialize:
-                self._refreshed_at = time.monotonic()  # (a failed refresh counts too)
-                await self.nodes_manager.initialize(
-                    additional_startup_nodes_info=additional_startup_nodes_info,
-                    last_failed_node_name=last_failed_node_name,
-                )
-                self._initialize = False
-        return self
-
-
 class _NodesManager(NodesManager):
     __slots__ = ()
 
