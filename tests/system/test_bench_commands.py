@@ -45,6 +45,10 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         + ["--only", "memory"],
         r"memory: .* cluster_dq +[\d.]+ B/job[\s\S]*BullMQ +[\d.]+ B/job",
     ),
+    "bench_cluster_refresh.py": (
+        ["--seconds", "0.5", "--failing", "2"],
+        r"one master killed, 2 tasks asking it +\d+ reads of 6 keys: p50 +[\d.]+ ms",
+    ),
     "bench_engine.py": (
         ["--jobs", "2000", "--ops", "500", "--late", "200", "--late-seconds", "1"]
         + ["--expired", "500"],
