@@ -18,7 +18,7 @@ from tenacity import AsyncRetrying
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import core, retry
-from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
+from cluster_dq.engine.commands import Call, EngineConfig, Op, Step
 from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import RedisFailure
 
@@ -49,27 +49,10 @@ class AsyncEngine:
     # -- the I/O of one attempt ---------------------------------------------------------------
 
     async def _call(self, call: Call) -> Any:
-        if isinstance(call, Eval):
-            script, keys = self.scripts[call.script], list(call.keys)
-            try:
-                return await self.client.evalsha(script.sha, len(keys), *keys, *call.args)
-            except NoScriptError:  # not cached on that node (a promoted replica, SCRIPT FLUSH)
-                # EVAL caches it there; redis-py's own fallback loads it on every master of a
-                # Cluster, and fails while one of them is down
-                return await self.client.execute_command(
-                    "EVAL", script.script, len(keys), *keys, *call.args
-                )
-        return await self.client.execute_command(*call.args)
-
-    async def _load(self, call: Eval) -> None:
-        """Caches ``call``'s script on the node that runs it (not redis-py's SCRIPT LOAD, which
-        on a Cluster goes to every master)."""
-        source = self.scripts[call.script].script
-        if isinstance(self.client, RedisCluster):
-            node = self.client.get_node_from_key(call.keys[0])
-            await self.client.execute_command("SCRIPT LOAD", source, target_nodes=node)
-        else:
-            await self.client.script_load(source)
+        try:
+            return await self.client.execute_command(*core.command(call, self.scripts))
+        except NoScriptError:  # not cached on that node: sent with the script's text
+            return await self.client.execute_command(*core.command(call, self.scripts, True))
 
     async def _pipeline(self, calls: tuple[Call, ...]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -104,10 +87,10 @@ class AsyncEngine:
         calls = step if isinstance(step, tuple) else (step,)
         replies: list[Any] = [None] * len(calls)
         todo, acked = list(range(len(calls))), self.wait_replicas
-        for _ in range(2):
+        for attempt in range(2):  # the second with the text of the scripts a node lacked
             pipe = self.client.pipeline(transaction=False)
             for i in todo:
-                core.queue_call(pipe, calls[i], self.scripts)
+                core.queue_call(pipe, calls[i], self.scripts, source=attempt > 0)
             if isinstance(self.client, RedisCluster):
                 written = core.durable_calls(tuple(calls[i] for i in todo))
                 found = [self.client.get_node_from_key(c.keys[0]) for c in written]
@@ -127,11 +110,6 @@ class AsyncEngine:
             if not missing:
                 return (replies if isinstance(step, tuple) else replies[0]), acked
             todo = [todo[m] for m in missing]
-            loads = {
-                (c.script, c.keys[0]): c for c in (calls[i] for i in todo) if isinstance(c, Eval)
-            }
-            for call in loads.values():  # (after a failover)
-                await self._load(call)
         raise NoScriptError(f"scripts {[calls[i] for i in todo]} could not be loaded")
 
     async def _forget_connections(self) -> None:

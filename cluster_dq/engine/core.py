@@ -323,14 +323,21 @@ def restamp(step: Step, now: int) -> Step:
     return step.restamped(now) if isinstance(step, Eval) else step
 
 
-def queue_call(pipe: Any, call: Call, scripts: Mapping[str, Any]) -> None:
-    """Adds one call to a pipeline (a script by its sha: the executor reloads what is missing)."""
-    if isinstance(call, Eval):
-        pipe.execute_command(
-            "EVALSHA", scripts[call.script].sha, len(call.keys), *call.keys, *call.args
-        )
-    else:
-        pipe.execute_command(*call.args)
+def command(call: Call, scripts: Mapping[str, Any], source: bool = False) -> tuple[Any, ...]:
+    """The command that runs ``call``: a script by its sha, or (``source``) by its text, which
+    caches it on the node that runs it: how a script a server lacks (a promoted replica, SCRIPT
+    FLUSH) is sent again. (redis-py's own fallback loads it on every master of a Cluster, and
+    fails while one of them is down.)"""
+    if not isinstance(call, Eval):
+        return call.args
+    script = scripts[call.script]
+    head = ("EVAL", script.script) if source else ("EVALSHA", script.sha)
+    return (*head, len(call.keys), *call.keys, *call.args)
+
+
+def queue_call(pipe: Any, call: Call, scripts: Mapping[str, Any], source: bool = False) -> None:
+    """Adds one call to a pipeline (``command``)."""
+    pipe.execute_command(*command(call, scripts, source))
 
 
 # -- replies -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from tenacity import Retrying
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import core
-from cluster_dq.engine.commands import Call, EngineConfig, Eval, Op, Step
+from cluster_dq.engine.commands import Call, EngineConfig, Op, Step
 from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import RedisFailure
 
@@ -47,27 +47,10 @@ class SyncEngine:
     # -- the I/O of one attempt ---------------------------------------------------------------
 
     def _call(self, call: Call) -> Any:
-        if isinstance(call, Eval):
-            script, keys = self.scripts[call.script], list(call.keys)
-            try:
-                return self.client.evalsha(script.sha, len(keys), *keys, *call.args)
-            except NoScriptError:  # not cached on that node (a promoted replica, SCRIPT FLUSH)
-                # EVAL caches it there; redis-py's own fallback loads it on every master of a
-                # Cluster, and fails while one of them is down
-                return self.client.execute_command(
-                    "EVAL", script.script, len(keys), *keys, *call.args
-                )  # type: ignore[no-untyped-call]
-        return self.client.execute_command(*call.args)  # type: ignore[no-untyped-call]
-
-    def _load(self, call: Eval) -> None:
-        """Caches ``call``'s script on the node that runs it (not redis-py's SCRIPT LOAD, which
-        on a Cluster goes to every master)."""
-        source = self.scripts[call.script].script
-        if isinstance(self.client, RedisCluster):
-            node = self.client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call]
-            self.client.execute_command("SCRIPT LOAD", source, target_nodes=node)  # type: ignore[no-untyped-call]
-        else:
-            self.client.script_load(source)
+        try:
+            return self.client.execute_command(*core.command(call, self.scripts))  # type: ignore[no-untyped-call]
+        except NoScriptError:  # not cached on that node: sent with the script's text
+            return self.client.execute_command(*core.command(call, self.scripts, True))  # type: ignore[no-untyped-call]
 
     def _pipeline(self, calls: tuple[Call, ...]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -99,10 +82,10 @@ class SyncEngine:
         calls = step if isinstance(step, tuple) else (step,)
         replies: list[Any] = [None] * len(calls)
         todo, acked = list(range(len(calls))), self.wait_replicas
-        for _ in range(2):
+        for attempt in range(2):  # the second with the text of the scripts a node lacked
             pipe = self.client.pipeline(transaction=False)
             for i in todo:
-                core.queue_call(pipe, calls[i], self.scripts)
+                core.queue_call(pipe, calls[i], self.scripts, source=attempt > 0)
             if isinstance(self.client, RedisCluster):
                 written = core.durable_calls(tuple(calls[i] for i in todo))
                 found = [self.client.get_node_from_key(c.keys[0]) for c in written]  # type: ignore[no-untyped-call]
@@ -122,11 +105,6 @@ class SyncEngine:
             if not missing:
                 return (replies if isinstance(step, tuple) else replies[0]), acked
             todo = [todo[m] for m in missing]
-            loads = {
-                (c.script, c.keys[0]): c for c in (calls[i] for i in todo) if isinstance(c, Eval)
-            }
-            for call in loads.values():  # (after a failover)
-                self._load(call)
         raise NoScriptError(f"scripts {[calls[i] for i in todo]} could not be loaded")
 
     def _forget_connections(self) -> None:
