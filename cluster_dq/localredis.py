@@ -106,7 +106,11 @@ def port_share(start: int, end: int) -> tuple[int, int]:
     port picked as free by the time its server comes to bind it."""
     low, high = ephemeral_ports()
     if start <= high and end > low:
-        raise RuntimeError(f"ports {start}-{end} reach into the ephemeral range {low}-{high}")
+        raise RuntimeError(
+            f"ports {start}-{end} reach into this machine's ephemeral range {low}-{high} "
+            "(net.ipv4.ip_local_port_range): outgoing connections may take them. The local "
+            "servers and services use 17000-32767; Linux's default range starts at 32768."
+        )
     spec = os.environ.get(PORT_SLICE)
     if not spec:
         return start, end
