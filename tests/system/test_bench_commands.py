@@ -88,7 +88,9 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         r"worker \(concurrency \d+.*\): 2000 acked in .* jobs/s",
     ),
     "drill.py": (
-        ["service-leader", "--rate", "50", "--seconds", "2", "--backlog", "200", "--queues", "2"],
+        ["service-leader", "--rate", "50", "--seconds", "2", "--backlog", "200", "--queues", "2"]
+        + ["--ack-behind", "2", "--partial-coverage"],
+        r"acks up to 2 batches behind, cluster-require-full-coverage no[\s\S]*"
         r"published \(2xx\): [\d,]+[\s\S]*acknowledged jobs never delivered: 0",
     ),
     "history.py": (
