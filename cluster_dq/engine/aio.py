@@ -44,7 +44,7 @@ class AsyncEngine:
         self.observer = observer
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
-        self.scripts = {n: client.register_script(s.source) for n, s in load_all().items()}
+        self.scripts = load_all()  # sent by sha, or by text where a node lacks one
 
     # -- the I/O of one attempt ---------------------------------------------------------------
 
@@ -240,7 +240,7 @@ class AsyncEngine:
         present = await self.client.script_exists(*(s.sha for s in scripts))
         for script, there in zip(scripts, present, strict=True):
             if not there:
-                await self.client.script_load(script.script)
+                await self.client.script_load(script.source)
         return True
 
 

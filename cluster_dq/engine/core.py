@@ -29,7 +29,7 @@ from tenacity import retry_if_exception_type
 
 from cluster_dq.engine.commands import Call, Eval, Step
 from cluster_dq.engine.retry import OPTIONAL_POLICY, until, within
-from cluster_dq.engine.scripts import load_all
+from cluster_dq.engine.scripts import LuaScript, load_all
 from cluster_dq.errors import (
     MovedDuringWait,
     NotReplicated,
@@ -323,7 +323,7 @@ def restamp(step: Step, now: int) -> Step:
     return step.restamped(now) if isinstance(step, Eval) else step
 
 
-def command(call: Call, scripts: Mapping[str, Any], source: bool = False) -> tuple[Any, ...]:
+def command(call: Call, scripts: Mapping[str, LuaScript], source: bool = False) -> tuple[Any, ...]:
     """The command that runs ``call``: a script by its sha, or (``source``) by its text, which
     caches it on the node that runs it: how a script a server lacks (a promoted replica, SCRIPT
     FLUSH) is sent again. (redis-py's own fallback loads it on every master of a Cluster, and
@@ -331,11 +331,13 @@ def command(call: Call, scripts: Mapping[str, Any], source: bool = False) -> tup
     if not isinstance(call, Eval):
         return call.args
     script = scripts[call.script]
-    head = ("EVAL", script.script) if source else ("EVALSHA", script.sha)
+    head = ("EVAL", script.source) if source else ("EVALSHA", script.sha)
     return (*head, len(call.keys), *call.keys, *call.args)
 
 
-def queue_call(pipe: Any, call: Call, scripts: Mapping[str, Any], source: bool = False) -> None:
+def queue_call(
+    pipe: Any, call: Call, scripts: Mapping[str, LuaScript], source: bool = False
+) -> None:
     """Adds one call to a pipeline (``command``)."""
     pipe.execute_command(*command(call, scripts, source))
 

@@ -42,7 +42,7 @@ class SyncEngine:
         self.observer = observer
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
-        self.scripts = {n: client.register_script(s.source) for n, s in load_all().items()}
+        self.scripts = load_all()  # sent by sha, or by text where a node lacks one
 
     # -- the I/O of one attempt ---------------------------------------------------------------
 

@@ -135,7 +135,7 @@ async def test_a_durable_write_rides_through_a_cluster_failover_its_client_has_n
         replica = int(r.info("replication")["slave0"]["port"])
     with redis.Redis(port=replica) as r:  # as after any earlier NOSCRIPT recovery there; else
         for script in engine.scripts.values():  # that recovery re-sends the pipeline and hides it
-            r.script_load(script.script)
+            r.script_load(script.source)
     _failover_to(replica, old)  # the engine's client has not seen it: its slot map is stale
     try:
         assert client.get_node_from_key(QueueKeys("fo", "q").meta).port == old
