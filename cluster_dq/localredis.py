@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def free_port(start: int = 17000, end: int = 18000) -> int:
     every range (``PORT_SLICE``)."""
     start, end = port_share(start, end)
     first = random.randrange(start, end)
-    order: list[int] = [*range(first, end), *range(start, first)]
+    order = listenable([*range(first, end), *range(start, first)], lambda p: (p,))
     for port in order:
         if all(port_free(p) for p in (port, port + 10000)):
             return port
@@ -80,7 +81,11 @@ def free_block(n: int, start: int = 17000, end: int = 18000) -> int:
     if not bases:
         raise RuntimeError(f"no block of {n} ports in {start}-{end}")
     first = random.randrange(len(bases))
-    for base in [*bases[first:], *bases[:first]]:
+
+    def ports(base: int) -> list[int]:
+        return [p for i in range(n) for p in (base + i, base + i + 10000)]
+
+    for base in listenable([*bases[first:], *bases[:first]], ports):
         if all(port_free(p) for i in range(n) for p in (base + i, base + i + 10000)):
             return base
     raise RuntimeError(f"no {n} free consecutive ports in {start}-{end}")
@@ -100,17 +105,17 @@ def ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
-def port_share(start: int, end: int) -> tuple[int, int]:
-    """The part of ``[start, end)`` this process may take (all of it without ``PORT_SLICE``).
-    A range must stay below the ephemeral ports: there, any outgoing connection may hold the
-    port picked as free by the time its server comes to bind it."""
+def listenable(candidates: list[int], uses: Callable[[int], Iterable[int]]) -> list[int]:
+    """``candidates`` less those that would listen on an ephemeral port (``uses``: the ports a
+    candidate listens on): there, any outgoing connection may take the port picked as free
+    before its server binds it. All of them on a machine whose ephemeral range covers them."""
     low, high = ephemeral_ports()
-    if start <= high and end > low:
-        raise RuntimeError(
-            f"ports {start}-{end} reach into this machine's ephemeral range {low}-{high} "
-            "(net.ipv4.ip_local_port_range): outgoing connections may take them. The local "
-            "servers and services use 17000-32767; Linux's default range starts at 32768."
-        )
+    safe = [c for c in candidates if not any(low <= p <= high for p in uses(c))]
+    return safe or candidates
+
+
+def port_share(start: int, end: int) -> tuple[int, int]:
+    """The part of ``[start, end)`` this process may take (all of it without ``PORT_SLICE``)."""
     spec = os.environ.get(PORT_SLICE)
     if not spec:
         return start, end
