@@ -10,7 +10,9 @@ Idempotent: a row's job id is its ``job_id``, or else is derived from the row (q
 and a hash of the body), with the lane chosen from the same hash over enough lanes for the
 window's job count; so a retried Spark task, or a rerun with the same ``reference_ms``,
 places the very same jobs and the engine reports them as already present. Two identical rows
-(same queue, due and body) are one job.
+(same queue, due and body) are one job. Only with the same version: how lanes are sized is part
+of a derived id (lanes of 128 jobs since this version, of 409 before), so a window of more than
+128 jobs without ``job_id`` gets other ids, and a rerun across an upgrade publishes them again.
 """
 
 from __future__ import annotations
