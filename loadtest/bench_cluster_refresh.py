@@ -39,8 +39,8 @@ def refreshes(cluster: Cluster, down_port: int) -> int:
 
 async def run(seconds: float, failing: int) -> None:
     cluster = start_cluster(node_timeout_ms=60_000, replicas=0)
+    client = make_client(cluster.pool_settings())
     try:
-        client = make_client(cluster.pool_settings())
         await client.initialize()
         sync = cluster.sync_client()
         names = [f"q{i}" for i in range(64)]
@@ -90,8 +90,8 @@ async def run(seconds: float, failing: int) -> None:
         await phase(f"one master killed, {failing} tasks asking it")
         stop.set()
         await asyncio.gather(*tasks)
-        await close_client(client)
     finally:
+        await close_client(client)
         cluster.stop()
 
 
