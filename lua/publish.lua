@@ -13,9 +13,11 @@
   ARGV[7] whole: '1' all the jobs or none when they would take the queue beyond its max_size
     (one request's bulk), '0' job by job in order (a group of one-job requests)
   ARGV[8] n: the number of jobs
-  ARGV[9..] jobs...: 6 values per job: member, due_ms, record, bucket KEYS index (0 = none),
-    bucket name, '1' to place the job in that bucket ('0': the bucket is only looked in for a
-    duplicate: a fixed server id whose bucket may not be open yet)
+  ARGV[9..] jobs...: one value per job, packed `>H B I6 B` + member + record: its bucket's KEYS
+    index (0 = none), 1 to place the job in that bucket (0: the bucket is only looked in for a
+    duplicate: a fixed server id whose bucket may not be open yet), due ms, the member's length;
+    then the member, then the record (the rest). A bucket's WHEEL member is its key's name
+    after `}:w:`.
   Returns: {code_1 .. code_n, HLEN of KEYS[13], HLEN of KEYS[14], ..., lowered}
     code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY, FULL (the queue holds
     CONF max_size jobs, in all states: nothing written for it)
@@ -33,6 +35,12 @@ local was_empty = redis.call('EXISTS', READY) == 0
 local fresh = redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0
 local acked = redis.call('EXISTS', ACKED) == 1
 local out, lowered, low, wheeled, expiring, fill, listed = {}, 0, false, 0, {}, {}, {}
+-- ARGV[8 + j]: job j's bucket index, into-the-bucket flag, due ms, member, record
+local function job(j)
+  local a = ARGV[8 + j]
+  local kidx, into, due, len, at = struct.unpack('>HBI6B', a)
+  return kidx, into == 1, due, string.sub(a, at, at + len - 1), string.sub(a, at + len)
+end
 -- The queue's max_size (CONF): `room` = jobs it may still take (false: no limit); every state
 -- counts (JOBS and the wheel), a duplicate does not.
 local room = tonumber(redis.call('HGET', CONF, 'max_size') or '')
@@ -40,9 +48,8 @@ if room then
   room = room - redis.call('HLEN', JOBS) - tonumber(redis.call('HGET', META, 'w') or '0')
   if whole then
     local new = 0
-    for j = 0, n - 1 do
-      local b = 9 + j * 6
-      local id, kidx = ARGV[b], tonumber(ARGV[b + 3])
+    for j = 1, n do
+      local kidx, _, _, id = job(j)
       if redis.call('HEXISTS', JOBS, id) == 0 and not (acked and acked_lately(id, now, keep))
           and not (kidx > 0 and redis.call('HEXISTS', KEYS[kidx], id) == 1) then
         new = new + 1
@@ -56,9 +63,8 @@ if room then
     end
   end
 end
-for j = 0, n - 1 do
-  local b = 9 + j * 6
-  local id, due, rec, kidx = ARGV[b], tonumber(ARGV[b + 1]), ARGV[b + 2], tonumber(ARGV[b + 3])
+for j = 1, n do
+  local kidx, into, due, id, rec = job(j)
   local bucket, st = kidx > 0 and KEYS[kidx], CODE.DUPLICATE
   if redis.call('HEXISTS', JOBS, id) == 1 or (acked and acked_lately(id, now, keep)) then
     -- a duplicate: nothing written
@@ -66,7 +72,7 @@ for j = 0, n - 1 do
     if not (bucket and redis.call('HEXISTS', bucket, id) == 1) then st = CODE.FULL end
   else
     local fits = false
-    if due > now and bucket and ARGV[b + 5] == '1' then
+    if due > now and bucket and into then
       fill[kidx] = fill[kidx] or redis.call('HLEN', bucket)
       fits = fill[kidx] < cap
     end
@@ -74,7 +80,7 @@ for j = 0, n - 1 do
       if redis.call('HSETNX', bucket, id, rec) == 1 then
         local start = due - due % width
         if not listed[kidx] then
-          redis.call('ZADD', WHEEL, 'NX', start, ARGV[b + 4])
+          redis.call('ZADD', WHEEL, 'NX', start, string.match(bucket, '}:w:(.*)$'))
           listed[kidx] = true
         end
         fill[kidx], wheeled, st = fill[kidx] + 1, wheeled + 1, CODE.WHEEL

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import os
 import random
+import struct
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import replies
@@ -187,7 +188,8 @@ class _Placement:
     # The ids this call made up. Such an id can only exist already if an earlier attempt of
     # this very call wrote it (its reply lost, the call repeated): not a duplicate then.
     made_up: list[bool] = field(default_factory=list)
-    job_args: list[Arg] = field(default_factory=list)
+    # per job: (member, due ms, record, bucket KEYS index (0 = none), bucket name, into it)
+    placed: list[tuple[bytes, int, bytes, int, str, bool]] = field(default_factory=list)
     buckets: dict[str, int] = field(default_factory=dict)
     event: int | None = None
 
@@ -238,8 +240,19 @@ def _place_jobs(
             out.event = at
         out.members.append(member)
         out.made_up.append(spec.job_id is None)
-        out.job_args += [member, due, record, kidx, bname, "1" if wheel else "0"]
+        out.placed.append((member, due, record, kidx, bname, wheel))
     return out
+
+
+_JOB_HEAD = struct.Struct(">HBHIB")  # publish.lua's job argument, before its member and record
+
+
+def packed_job(member: bytes, due: int, record: bytes, kidx: int, wheel: bool) -> bytes:
+    """One job of a publish call as the script takes it, in one argument (lua/publish.lua):
+    bucket KEYS index (u16), into the bucket (u8), due ms (u48), member length (u8), the
+    member, the record. One argument instead of six: redis-py packs and Redis parses one."""
+    head = _JOB_HEAD.pack(kidx, wheel, due >> 32, due & 0xFFFFFFFF, len(member))
+    return head + member + record
 
 
 def _learn_lanes(
@@ -273,7 +286,7 @@ def _publish_eval(
         remember_acked=cfg.remember_acked_ms,
         whole="1" if whole else "0",
         n=len(jobs.members),
-        jobs=jobs.job_args,
+        jobs=[packed_job(m, d, r, k, w) for m, d, r, k, _, w in jobs.placed],
     )
 
 
@@ -347,7 +360,7 @@ def _place_bulk(
     """``_place_jobs`` for ids made by the writer (a ``JobSpec`` with ``due_ms``,
     ``expire_at_ms`` and such a ``job_id``): the same arguments, without a text id per job."""
     out = _Placement()
-    buckets, args, lead = out.buckets, out.job_args, cfg.open_lead_ms
+    buckets, placed, lead = out.buckets, out.placed, cfg.open_lead_ms
     published = now.to_bytes(6, "big")
     event = None
     for member, due, expire_at, tries, priority, body in jobs:
@@ -362,7 +375,7 @@ def _place_bulk(
         at = start - lead if wheel else due if due > now else expire_at or None
         if at is not None and (event is None or at < event):
             event = at
-        args += (member, due, record, kidx, bname, "1" if wheel else "0")
+        placed.append((member, due, record, kidx, bname, wheel))
     out.members = [j[0] for j in jobs]
     out.made_up = [False] * len(jobs)
     out.event = event
@@ -603,7 +616,7 @@ def republish(
     old_keys, (old_member, old_kidx, old_bucket) = _id_args(
         qk, [old_id], FIRST_EXTRA_KEY + len(new.buckets)
     )
-    member, due, record, kidx, bucket, wheel = new.job_args
+    ((member, due, record, kidx, bucket, wheel),) = new.placed
     keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in new.buckets] + old_keys}
     call = _eval(
         "republish",
@@ -621,7 +634,7 @@ def republish(
         record=record,
         bucket_index=kidx,
         bucket=bucket,
-        wheel=wheel,
+        wheel="1" if wheel else "0",
         open_lead=cfg.open_lead_ms,
         remember_acked=cfg.remember_acked_ms,
         lease=_lease_arg(lease),
