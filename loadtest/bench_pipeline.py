@@ -22,8 +22,8 @@ from pathlib import Path
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.localredis import start_cluster, start_server
 from cluster_dq.pipeline import route_of, spark_session
+from cluster_dq.pipeline.rows import check_row
 from cluster_dq.pipeline.schedule import (
-    check_row,
     lanes_for,
     publish_partition,
     schedule,

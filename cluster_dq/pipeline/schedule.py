@@ -21,23 +21,20 @@ import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from hashlib import blake2b
-from itertools import repeat
 from typing import Any
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import BulkJob, EngineConfig
-from cluster_dq.errors import ClusterDQError
-from cluster_dq.http.params import check_names
 from cluster_dq.keys import BUCKET_WIDTH_MS as WIDTH
-from cluster_dq.models import MAX_BODY, JobSpec, encode_id, id_to_member, validate_spec
+from cluster_dq.models import MAX_BODY, JobSpec, encode_id, id_to_member
 from cluster_dq.pipeline import Target, route_of
+from cluster_dq.pipeline.rows import COLUMNS, Checked, check_batch, check_batches
 from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import PoolSettings
 
-DEFAULT_TTL_S = 86_400
 FILL = 0.8  # never aim above 80 % of a bucket's capacity: hashing spreads rows unevenly
 # Jobs a lane is aimed at. Each insert into a wheel bucket looks its id up in the bucket's
 # listpack and grows it, so Redis pays per job with the bucket's size: 128-job lanes cost it
@@ -58,20 +55,6 @@ BATCH_ROWS = 512
 BATCH_ROWS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 HELD_JOBS = 262_144  # jobs a task holds (~80 MB) to send them sorted by wheel bucket
 
-COLUMNS = (
-    "namespace",
-    "queue",
-    "body",
-    "delay_s",
-    "due_ms",
-    "ttl_s",
-    "tries",
-    "priority",
-    "job_id",
-)
-# (ok, namespace, queue, body, due_ms, expire_at_ms (0 = never), tries, priority, job_id, reason)
-Checked = tuple[bool, str, str, bytes, int, int, int, int, str | None, str]
-
 
 @dataclass(frozen=True)
 class ScheduleCounts:
@@ -90,48 +73,6 @@ class ScheduleCounts:
         )
 
 
-def check_row(row: Any, reference_ms: int) -> Checked:
-    """One input row (a dict or a ``Row``, absent columns None) -> a normalised job, or the
-    reason it is refused."""
-    get = row.asDict().get if hasattr(row, "asDict") else row.get
-    return check_values(tuple(get(c) for c in COLUMNS), reference_ms)
-
-
-_names_ok: set[tuple[str, str]] = set()  # (namespace, queue) pairs that passed check_names
-
-
-def check_values(values: Sequence[Any], reference_ms: int) -> Checked:
-    """``check_row`` for the row's values in the order of ``COLUMNS``."""
-    ns, q, body, delay_s, due_ms, ttl_s, tries, priority, job_id = values
-    try:
-        if not isinstance(ns, str) or not isinstance(q, str):
-            raise ValueError("namespace and queue are required strings")
-        if (ns, q) not in _names_ok:
-            check_names(ns, q)
-            if len(_names_ok) >= 100_000:
-                _names_ok.clear()
-            _names_ok.add((ns, q))
-        body = body.encode() if isinstance(body, str) else bytes(body) if body is not None else b""
-        if delay_s is not None and due_ms is not None:
-            raise ValueError("give delay_s or due_ms, not both")
-        due = int(due_ms) if due_ms is not None else reference_ms + int((delay_s or 0) * 1000)
-        ttl_ms = int((DEFAULT_TTL_S if ttl_s is None else ttl_s) * 1000)
-        tries = int(tries if tries is not None else 1)
-        priority = int(priority or 0)
-        if due < 0:
-            raise ValueError("due time before 1970")
-        spec = JobSpec(body, max(due - reference_ms, 0), ttl_ms, tries, priority, None, job_id)
-        validate_spec(spec)  # the service's own rules, message naming the field
-        # the ttl counts from the reference time (the publish the schedule stands for), not
-        # from when a partition happens to run: with --at in the future, that is much earlier
-        expire_at = reference_ms + ttl_ms if ttl_ms else 0
-        return (True, ns, q, body, due, expire_at, tries, priority, job_id, "")
-    except (ClusterDQError, ValueError, TypeError, OverflowError) as e:  # inf: OverflowError
-        field = getattr(e, "field", None)
-        reason = f"{field}: {e}" if field else str(e)
-        return (False, str(ns), str(q), b"", 0, 0, 0, 0, None, reason)
-
-
 def window_of(due_ms: int) -> int:
     return due_ms - due_ms % WIDTH
 
@@ -141,10 +82,20 @@ def lanes_for(count: int, capacity: int) -> int:
     return max(1, min(MAX_LANES, -(-count // min(LANE_FILL, int(capacity * FILL)))))
 
 
+_queue_hashes: dict[tuple[str, str], Any] = {}  # (ns, q) -> blake2b of "ns/q\0", to copy
+
+
 def derived_member(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> bytes:
-    """The 16 raw bytes (due ms | lane | 8 bytes of a hash) of the id the same row always gets."""
-    digest = blake2b(b"%s/%s\x00%d\x00%s" % (ns.encode(), q.encode(), due_ms, body), digest_size=8)
-    tail = digest.digest()
+    """The 16 raw bytes (due ms | lane | 8 bytes of a hash) of the id the same row always gets:
+    the hash is blake2b-64 of ``ns/q \0 due_ms \0 body``."""
+    h = _queue_hashes.get((ns, q))
+    if h is None:
+        if len(_queue_hashes) >= 100_000:
+            _queue_hashes.clear()
+        h = _queue_hashes[ns, q] = blake2b(b"%s/%s\x00" % (ns.encode(), q.encode()), digest_size=8)
+    h = h.copy()  # the queue's part hashed once: half the cost of hashing the whole row
+    h.update(b"%d\x00%s" % (due_ms, body))
+    tail = h.digest()
     return due_ms.to_bytes(6, "big") + (int.from_bytes(tail) % lanes).to_bytes(2) + tail
 
 
@@ -170,8 +121,16 @@ def bulk_job(job: Checked, lanes: dict[tuple[str, str, int], int]) -> BulkJob:
     return (member, due, expire_at, tries, priority, body)
 
 
-def _bucket_order(job: BulkJob) -> tuple[int, bytes]:
-    return job[1] // WIDTH, job[0][6:8]  # a server-format id's lane (bytes 6-7)
+# A queue's held jobs by wheel bucket: (10-s window, lane: bytes 6-7 of a server-format id)
+Held = dict[tuple[int, bytes], list[BulkJob]]
+
+
+def _hold(jobs: Held, job: BulkJob) -> None:
+    key = (job[1] // WIDTH, job[0][6:8])
+    try:
+        jobs[key].append(job)
+    except KeyError:
+        jobs[key] = [job]
 
 
 def publish_partition(
@@ -190,7 +149,7 @@ def publish_partition(
 
     engines: dict[str, SyncEngine] = {}
     batches: dict[str, list[tuple[str, str, list[BulkJob]]]] = {}
-    held: dict[tuple[str, str], tuple[str, list[BulkJob]]] = {}  # queue -> (pool, jobs)
+    held: dict[tuple[str, str], tuple[str, Held]] = {}  # queue -> (pool, jobs)
     sends: queue.Queue[tuple[str, list[tuple[str, str, list[BulkJob]]]] | None]
     sends = queue.Queue(maxsize=2)
     failed: list[BaseException] = []
@@ -223,8 +182,8 @@ def publish_partition(
     def send_held() -> None:
         # each queue's jobs by wheel bucket (window, lane): a call then touches a few buckets,
         # not one per job (a window of 10 M jobs has thousands of lanes)
-        for (ns, q), (pool, jobs) in held.items():
-            jobs.sort(key=_bucket_order)
+        for (ns, q), (pool, by_bucket) in held.items():
+            jobs = [job for key in sorted(by_bucket) for job in by_bucket[key]]
             for i in range(0, len(jobs), JOBS_PER_CALL):
                 batches.setdefault(pool, []).append((ns, q, jobs[i : i + JOBS_PER_CALL]))
                 if len(batches[pool]) >= PIPELINE_BATCHES:
@@ -246,8 +205,8 @@ def publish_partition(
                         wait_replicas=pool.WaitReplicas,
                         wait_timeout_ms=pool.WaitTimeoutMs,
                     )
-                held[key] = (pool.name, [])
-            held[key][1].append(bulk_job(job, lanes))
+                held[key] = (pool.name, {})
+            _hold(held[key][1], bulk_job(job, lanes))
             count += 1
             if count % HELD_JOBS == 0:
                 send_held()
@@ -266,19 +225,16 @@ def publish_partition(
 
 def _checked_partition(
     route: PoolRoute[PoolSettings],
-    rows: Iterable[Sequence[Any]],
-    reference_ms: int,
+    rows: Iterable[Checked],
     lanes: dict[tuple[str, str, int], int],
     config: EngineConfig,
 ) -> Iterator[tuple[int, int, int]]:
-    """Checks and publishes one partition's rows (values in ``COLUMNS`` order); yields (new,
-    present, rejected)."""
+    """Publishes one partition's checked rows; yields (new, present, rejected)."""
     rejected = 0
 
     def valid() -> Iterator[Checked]:
         nonlocal rejected
-        for row in rows:
-            job = check_values(row, reference_ms)
+        for job in rows:
             if job[0]:
                 yield job
             else:
@@ -300,15 +256,6 @@ def _column(df: Any, name: str) -> Any:
     if name == "body" and isinstance(df.schema[name].dataType, (T.StringType, T.BinaryType)):
         return F.substring(F.col(name).cast("binary"), 1, MAX_BODY + 1).alias(name)
     return F.col(name)
-
-
-def _values(batches: Iterable[Any], names: Sequence[str]) -> Iterator[tuple[Any, ...]]:
-    """Arrow record batches of the columns ``names`` -> each row's values in ``COLUMNS``
-    order, None for a column the input does not have."""
-    for batch in batches:
-        got = dict(zip(names, batch.columns))
-        n = batch.num_rows
-        yield from zip(*(got[c].to_pylist() if c in got else repeat(None, n) for c in COLUMNS))
 
 
 def window_counts(df: Any, reference_ms: int, open_lead_ms: int) -> dict[tuple[str, str, int], int]:
@@ -374,8 +321,8 @@ def schedule(
     def publish_batches(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        values = _values(batches, names)
-        for n, p, r in _checked_partition(route, values, ref, lanes_bc.value, cfg):
+        checked = check_batches(batches, ref)
+        for n, p, r in _checked_partition(route, checked, lanes_bc.value, cfg):
             yield pa.RecordBatch.from_pydict({"new": [n], "present": [p], "rejected": [r]})
 
     batch_rows = spark.conf.get(BATCH_ROWS_CONF, None)
@@ -388,7 +335,7 @@ def schedule(
         )
         new, present, rejected = (int(v) for v in sums)
         if rejects_path is not None and rejected:  # a second pass, only for the refused rows
-            _write_rejects(rows, names, ref, rejects_path)
+            _write_rejects(rows, ref, rejects_path)
     finally:
         if batch_rows is None:
             spark.conf.unset(BATCH_ROWS_CONF)
@@ -397,14 +344,14 @@ def schedule(
     return ScheduleCounts(new, present, rejected, ref, time.monotonic() - started)
 
 
-def _write_rejects(rows: Any, names: Sequence[str], ref: int, path: str) -> None:
-    """The refused rows of ``rows`` (the columns ``names``), with their reasons, to Parquet."""
+def _write_rejects(rows: Any, ref: int, path: str) -> None:
+    """The refused rows of ``rows``, with their reasons, to Parquet."""
 
     def refused(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         for batch in batches:
-            bad = [c for c in map(check_values, _values([batch], names), repeat(ref)) if not c[0]]
+            bad = [c for c in check_batch(batch, ref) if not c[0]]
             yield pa.RecordBatch.from_pydict(
                 {
                     k: [c[i] for c in bad]

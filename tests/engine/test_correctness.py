@@ -297,7 +297,8 @@ async def test_a_pipeline_rerun_while_the_bucket_may_be_open_creates_nothing(
 def test_a_schedule_for_later_counts_the_ttl_from_its_reference_time() -> None:
     """``pipeline schedule --at`` tomorrow: the ttl was validated against the reference time
     but counted from when the partition published, so every job expired before it was due."""
-    from cluster_dq.pipeline.schedule import check_row, spec_of
+    from cluster_dq.pipeline.rows import check_row
+    from cluster_dq.pipeline.schedule import spec_of
 
     ref = now_ms() + 86_400_000
     row = {"namespace": NS, "queue": Q, "body": "x", "delay_s": 60, "ttl_s": 3600}
@@ -311,7 +312,8 @@ def test_a_schedule_for_later_counts_the_ttl_from_its_reference_time() -> None:
 
 
 async def test_a_schedule_for_later_keeps_its_jobs_until_they_are_due(engine: AsyncEngine) -> None:
-    from cluster_dq.pipeline.schedule import check_row, spec_of
+    from cluster_dq.pipeline.rows import check_row
+    from cluster_dq.pipeline.schedule import spec_of
 
     cfg, t = engine.config, now_ms()
     ref = t + 30_000
