@@ -113,3 +113,17 @@ def test_a_refused_row_in_a_batch_gets_the_row_checks_reason(bad):
     batch = _batch([row], list(row), pa.int64())
     ((ok, *_, reason),) = check_batch(batch, REF)
     assert not ok and reason == check_values(_row_values(batch)[0], REF)[9] != ""
+
+
+def test_a_rows_derived_id_is_the_same_in_every_version():
+    """A rerun finds the jobs of an earlier run only by their ids: the id a row gets (blake2b-64
+    of ``ns/q \\0 due_ms \\0 body``, its lane that hash modulo the window's lanes) must never
+    drift with how it is computed. The value below is the one the first version computed."""
+    from cluster_dq.pipeline.schedule import derived_id
+
+    assert derived_id("ns", "q-1", 1_800_000_000_123, b"body \x00 bytes", 782) == (
+        "01MCC5RM3V0BZV5WS440S29E51"
+    )
+    assert derived_id("ns", "q-2", 1_800_000_000_123, b"body \x00 bytes", 782) != (
+        "01MCC5RM3V0BZV5WS440S29E51"
+    )
