@@ -363,12 +363,17 @@ def _place_bulk(
     buckets, placed, lead = out.buckets, out.placed, cfg.open_lead_ms
     published = now.to_bytes(6, "big")
     event = None
+    seen: dict[bytes, tuple[str, int]] = {}  # due ms and lane (a member's first 8 bytes) -> bucket
     for member, due, expire_at, tries, priority, body in jobs:
         record = Record.header(published, expire_at, tries, priority) + body
         start = due - due % BUCKET_WIDTH_MS
         if is_wheel_member(member):
-            bname = f"{due // BUCKET_WIDTH_MS}:{int.from_bytes(member[6:8], 'big')}"
-            kidx = buckets.setdefault(bname, first_key + len(buckets))
+            try:  # a bulk's jobs come by bucket: most share the one before's
+                bname, kidx = seen[member[:8]]
+            except KeyError:
+                bname = f"{due // BUCKET_WIDTH_MS}:{int.from_bytes(member[6:8], 'big')}"
+                kidx = buckets.setdefault(bname, first_key + len(buckets))
+                seen[member[:8]] = bname, kidx
             wheel = start > now + lead and priority == 0  # as in _place_jobs
         else:
             bname, kidx, wheel = "", 0, False
