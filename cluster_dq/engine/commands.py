@@ -364,8 +364,15 @@ def _place_bulk(
     published = now.to_bytes(6, "big")
     event = None
     seen: dict[bytes, tuple[str, int]] = {}  # due ms and lane (a member's first 8 bytes) -> bucket
+    heads: dict[tuple[int, int, int], bytes] = {}  # a bulk's jobs mostly share one header
     for member, due, expire_at, tries, priority, body in jobs:
-        record = Record.header(published, expire_at, tries, priority) + body
+        try:
+            record = heads[expire_at, tries, priority] + body
+        except KeyError:
+            head = heads[expire_at, tries, priority] = Record.header(
+                published, expire_at, tries, priority
+            )
+            record = head + body
         start = due - due % BUCKET_WIDTH_MS
         if is_wheel_member(member):
             try:  # a bulk's jobs come by bucket: most share the one before's
