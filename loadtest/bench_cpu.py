@@ -15,7 +15,9 @@ Scenarios (one worker process each side; wrk drives them from 2 threads):
 - ``bare``: ``PUT`` a 64-byte body to the bare endpoint;
 - ``publish``: ``PUT /api/bench/p`` one 64-byte job per request;
 - ``consume``: ``GET /api/bench/c?timeout=0&ttr=600``, one job per request from a full queue;
-- ``ack``: ``DELETE /api/bench/a/job/{id}`` of reserved jobs, one per request.
+- ``ack``: ``DELETE /api/bench/a/job/{id}`` of reserved jobs, one per request;
+- ``bulk``: ``PUT /api/bench/b/bulk`` of 64 jobs per request (its CPU per job is the request's
+  divided by 64; ``--only bulk``, it is not run by default).
 
 The scenarios are interleaved round by round and the medians printed, with each route's ratio
 to ``bare`` and Redis's CPU per request. Figures only; nothing is asserted. wrk is installed
@@ -278,6 +280,9 @@ class Bench:
         body: bytes | None = None
         if name == "publish":
             method, url, body = "PUT", f"{self.base}/api/bench/{q}?delay=3600", BODY
+        elif name == "bulk":
+            method, url = "PUT", f"{self.base}/api/bench/{q}/bulk?delay=3600"
+            body = json.dumps([BODY.decode()] * 64).encode()
         elif name == "consume":
             self.fill(q, need)
             method, url = "GET", f"{self.base}/api/bench/{q}?timeout=0&ttr=600"
@@ -362,6 +367,7 @@ def main() -> None:
     if a.py_spy:
         a.py_spy.mkdir(parents=True, exist_ok=True)
     names = [n for n in ("publish", "consume", "ack") if a.only in n]
+    names += ["bulk"] if a.only and a.only in "bulk" else []
     results: dict[str, list[Sample]] = {"bare": []}
     env = {
         "CLUSTER_DQ_LOGLEVEL": "warning",

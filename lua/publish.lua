@@ -14,10 +14,12 @@
     (one request's bulk), '0' job by job in order (a group of one-job requests)
   ARGV[8] n: the number of jobs
   ARGV[9..] jobs...: one value per job, packed `>H B I6 B` + member + record: its bucket's KEYS
-    index (0 = none), 1 to place the job in that bucket (0: the bucket is only looked in for a
-    duplicate: a fixed server id whose bucket may not be open yet), due ms, the member's length;
-    then the member, then the record (the rest). A bucket's WHEEL member is its key's name
-    after `}:w:`.
+    index (0 = none); what to do with that bucket: 0 only look there for a duplicate (a fixed
+    server id whose bucket may not be open yet), 1 place the job there unless its id is there
+    (HSETNX), 2 place it there, its id made up by this call (HSET: only an earlier attempt of
+    the same call can have written it, with the same record; one look through the bucket instead
+    of two); due ms; the member's length; then the member, then the record (the rest). A
+    bucket's WHEEL member is its key's name after `}:w:`.
   Returns: {code_1 .. code_n, HLEN of KEYS[13], HLEN of KEYS[14], ..., lowered}
     code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY, FULL (the queue holds
     CONF max_size jobs, in all states: nothing written for it)
@@ -31,15 +33,15 @@ local was_empty = redis.call('EXISTS', READY) == 0
 -- What place() (lib/queue.lua) does job by job, done once per call with the same outcome (the
 -- call is atomic): whether the queue comes into being, whether any id can have been acked,
 -- each bucket's fill (HLEN once), its WHEEL entry, META.w and META.next. A job that goes into its bucket
--- is written with HSETNX, which is its duplicate check in that bucket too.
+-- is written with HSETNX or HSET, whose reply is its duplicate check in that bucket too.
 local fresh = redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0
 local acked = redis.call('EXISTS', ACKED) == 1
 local out, lowered, low, wheeled, expiring, fill, listed = {}, 0, false, 0, {}, {}, {}
--- ARGV[8 + j]: job j's bucket index, into-the-bucket flag, due ms, member, record
+-- ARGV[8 + j]: job j's bucket index, what to do with the bucket, due ms, member, record
 local function job(j)
   local a = ARGV[8 + j]
   local kidx, into, due, len, at = struct.unpack('>HBI6B', a)
-  return kidx, into == 1, due, string.sub(a, at, at + len - 1), string.sub(a, at + len)
+  return kidx, into, due, string.sub(a, at, at + len - 1), string.sub(a, at + len)
 end
 -- The queue's max_size (CONF): `room` = jobs it may still take (false: no limit); every state
 -- counts (JOBS and the wheel), a duplicate does not.
@@ -72,12 +74,12 @@ for j = 1, n do
     if not (bucket and redis.call('HEXISTS', bucket, id) == 1) then st = CODE.FULL end
   else
     local fits = false
-    if due > now and bucket and into then
+    if due > now and bucket and into > 0 then
       fill[kidx] = fill[kidx] or redis.call('HLEN', bucket)
       fits = fill[kidx] < cap
     end
     if fits then
-      if redis.call('HSETNX', bucket, id, rec) == 1 then
+      if redis.call(into == 2 and 'HSET' or 'HSETNX', bucket, id, rec) == 1 then
         local start = due - due % width
         if not listed[kidx] then
           redis.call('ZADD', WHEEL, 'NX', start, string.match(bucket, '}:w:(.*)$'))

@@ -179,6 +179,14 @@ def _bucket_of(member: bytes) -> str | None:
     return None
 
 
+# What publish.lua does with a job's wheel bucket (its job argument's second field):
+LOOK = 0  # only look there for a duplicate (a given server-format id whose bucket may be open)
+INTO = 1  # place the job there unless its id is there already (HSETNX: a given id)
+# place it there, its id made up by this very call: only an earlier attempt of the call can have
+# written it, with the same record, so HSET (one look through the bucket instead of HSETNX's two)
+INTO_NEW = 2
+
+
 @dataclass(slots=True)
 class _Placement:
     """New jobs ready for publish.lua / republish.lua: their members, per-job arguments, the
@@ -188,8 +196,9 @@ class _Placement:
     # The ids this call made up. Such an id can only exist already if an earlier attempt of
     # this very call wrote it (its reply lost, the call repeated): not a duplicate then.
     made_up: list[bool] = field(default_factory=list)
-    # per job: (member, due ms, record, bucket KEYS index (0 = none), bucket name, into it)
-    placed: list[tuple[bytes, int, bytes, int, str, bool]] = field(default_factory=list)
+    # per job: (member, due ms, record, bucket KEYS index (0 = none), bucket name, LOOK / INTO /
+    # INTO_NEW)
+    placed: list[tuple[bytes, int, bytes, int, str, int]] = field(default_factory=list)
     buckets: dict[str, int] = field(default_factory=dict)
     event: int | None = None
 
@@ -216,14 +225,14 @@ def _place_jobs(
         # is unknown until then: a job with a priority stays out, or it could wait behind a
         # backlog of lower-priority ready jobs although it is due.
         far = start > now + cfg.open_lead_ms and spec.priority == 0
-        kidx, bname, wheel = 0, "", False
+        kidx, bname, wheel = 0, "", LOOK
         if has_fixed_server_id(spec):  # bulk scheduling: due and lane are in the id
             member = id_to_member(spec.job_id)  # type: ignore[arg-type]
             # A rerun looks for it in its bucket even when that may be open already: the pump
             # opens buckets late while consumers lag.
             bname = bucket_name(due, id_lane(member))
             kidx = out.buckets.setdefault(bname, first_key + len(out.buckets))
-            wheel = far
+            wheel = INTO if far else LOOK
         elif spec.job_id is not None:
             member = spec.job_id.encode()
         elif spec.delay_ms > 0 and far:
@@ -231,7 +240,7 @@ def _place_jobs(
             member = new_id(due, lane)
             bname = bucket_name(due, lane)
             kidx = out.buckets.setdefault(bname, first_key + len(out.buckets))
-            wheel = True
+            wheel = INTO_NEW
         else:
             member = new_id(due, 0)
         # the pump's first work for this job: open its bucket, promote it, or expire it
@@ -247,11 +256,12 @@ def _place_jobs(
 _JOB_HEAD = struct.Struct(">HBHIB")  # publish.lua's job argument, before its member and record
 
 
-def packed_job(member: bytes, due: int, record: bytes, kidx: int, wheel: bool) -> bytes:
+def packed_job(member: bytes, due: int, record: bytes, kidx: int, into: int) -> bytes:
     """One job of a publish call as the script takes it, in one argument (lua/publish.lua):
-    bucket KEYS index (u16), into the bucket (u8), due ms (u48), member length (u8), the
-    member, the record. One argument instead of six: redis-py packs and Redis parses one."""
-    head = _JOB_HEAD.pack(kidx, wheel, due >> 32, due & 0xFFFFFFFF, len(member))
+    bucket KEYS index (u16), what to do with the bucket (u8: LOOK, INTO, INTO_NEW), due ms
+    (u48), member length (u8), the member, the record. One argument instead of six: redis-py
+    packs and Redis parses one."""
+    head = _JOB_HEAD.pack(kidx, into, due >> 32, due & 0xFFFFFFFF, len(member))
     return head + member + record
 
 
@@ -381,9 +391,9 @@ def _place_bulk(
                 bname = f"{due // BUCKET_WIDTH_MS}:{int.from_bytes(member[6:8], 'big')}"
                 kidx = buckets.setdefault(bname, first_key + len(buckets))
                 seen[member[:8]] = bname, kidx
-            wheel = start > now + lead and priority == 0  # as in _place_jobs
+            wheel = INTO if start > now + lead and priority == 0 else LOOK  # as in _place_jobs
         else:
-            bname, kidx, wheel = "", 0, False
+            bname, kidx, wheel = "", 0, LOOK
         at = start - lead if wheel else due if due > now else expire_at or None
         if at is not None and (event is None or at < event):
             event = at
@@ -646,7 +656,7 @@ def republish(
         record=record,
         bucket_index=kidx,
         bucket=bucket,
-        wheel="1" if wheel else "0",
+        wheel="1" if wheel != LOOK else "0",
         open_lead=cfg.open_lead_ms,
         remember_acked=cfg.remember_acked_ms,
         lease=_lease_arg(lease),

@@ -696,3 +696,33 @@ async def test_a_pump_stopped_while_redis_is_down_stops_at_once(
             server.process.send_signal(signal.SIGCONT)
         server.stop()
         await close_client(client)
+
+
+async def test_a_publish_call_repeated_after_its_reply_was_lost_writes_each_wheel_job_once(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A wheel job whose id the call made up is written with HSET (one look through its bucket,
+    not HSETNX's two): the same call run again, as after a lost reply, must still write nothing
+    new, change no record, and answer each job as present, for ids made up and ids given."""
+    from cluster_dq.engine import replies
+    from cluster_dq.pipeline.schedule import derived_id
+
+    cfg, t = engine.config, now_ms()
+    due = t + 120_000
+    specs = [JobSpec(b"made-up %d" % i, delay_ms=120_000) for i in range(6)]
+    specs += [JobSpec(b"given", job_id=derived_id(NS, Q, due, b"given", 1), due_ms=due)]
+    call, placed = ops._publish_call(cfg, QueueKeys(NS, Q), specs, t)
+
+    def twice() -> Any:
+        first = yield call
+        before = {b: sync_redis.hgetall(b) for b in call.keys if ":w:" in b}
+        again = yield call.restamped(t + 5)
+        return first, before, again
+
+    first, before, again = await engine.run(twice())
+    codes = replies.decode_publish(first, len(specs)).codes
+    assert set(codes) == {replies.ReplyCode.WHEEL}
+    assert set(replies.decode_publish(again, len(specs)).codes) == {replies.ReplyCode.DUPLICATE}
+    assert {b: sync_redis.hgetall(b) for b in before} == before
+    assert sum(len(v) for v in before.values()) == len(specs)
+    assert check_queue(sync_redis, NS, Q)["wheel"] == len(specs)  # META.w counted each once
