@@ -15,7 +15,13 @@ BUCKET_WIDTH_MS = 10_000  # one wheel bucket spans 10 s of due times (lua/README
 
 
 def bucket_name(due_ms: int, lane: int) -> str:
-    return f"{due_ms // BUCKET_WIDTH_MS}:{lane}"
+    return window_bucket_name(due_ms // BUCKET_WIDTH_MS, lane)
+
+
+def window_bucket_name(window: int, lane: int) -> str:
+    """The name of the bucket of 10-s window ``window`` (due ms // BUCKET_WIDTH_MS), lane
+    ``lane``: its key's suffix after ``w:`` and its member of the queue's WHEEL."""
+    return f"{window}:{lane}"
 
 
 @dataclass(frozen=True, slots=True)

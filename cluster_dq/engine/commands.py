@@ -28,6 +28,7 @@ from cluster_dq.keys import (
     QueueKeys,
     ShardKeys,
     bucket_name,
+    window_bucket_name,
     parse_qualified,
     shard_of,
 )
@@ -203,6 +204,32 @@ class _Placement:
     event: int | None = None
 
 
+class _Headers(dict[tuple[int, int, int], bytes]):
+    """A call's record headers (``Record.header``) by (ttl end, tries, priority), made once
+    each: the jobs of a bulk mostly share one."""
+
+    def __init__(self, now: int) -> None:
+        self.published = now.to_bytes(6, "big")
+
+    def __missing__(self, key: tuple[int, int, int]) -> bytes:
+        head = self[key] = Record.header(self.published, *key)
+        return head
+
+
+class _Buckets(dict[tuple[int, int], tuple[int, str]]):
+    """A call's wheel buckets by (10-s window, lane) -> (KEYS index, name), numbered from
+    ``first_key`` in the order met; ``names`` (the placement's) gets each name -> index."""
+
+    def __init__(self, names: dict[str, int], first_key: int) -> None:
+        self.names, self.first_key = names, first_key
+
+    def __missing__(self, key: tuple[int, int]) -> tuple[int, str]:
+        name = window_bucket_name(*key)
+        kidx = self.names.setdefault(name, self.first_key + len(self.names))
+        self[key] = kidx, name
+        return kidx, name
+
+
 def _place_jobs(
     cfg: EngineConfig,
     qk: QueueKeys,
@@ -211,15 +238,26 @@ def _place_jobs(
     first_key: int = FIRST_EXTRA_KEY,
 ) -> _Placement:
     out = _Placement()
+    heads, buckets = _Headers(now), _Buckets(out.buckets, first_key)
     for spec in specs:
         due = spec.due_ms if spec.due_ms is not None else now + spec.delay_ms
         if spec.expire_at_ms is not None:
             expire_at = spec.expire_at_ms
         else:
             expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
-        record = Record(
-            now, expire_at, spec.tries, 0, spec.priority, spec.body, spec.attributes, spec.backoff
-        ).pack()
+        if spec.attributes or spec.backoff is not None:
+            record = Record(
+                now,
+                expire_at,
+                spec.tries,
+                0,
+                spec.priority,
+                spec.body,
+                spec.attributes,
+                spec.backoff,
+            ).pack()
+        else:  # Record.pack's bytes, its header shared with the call's other such jobs
+            record = heads[expire_at, spec.tries, spec.priority] + spec.body
         start = due - due % BUCKET_WIDTH_MS
         # A wheel bucket opens only as fast as consumers drain the ready set, and what is in it
         # is unknown until then: a job with a priority stays out, or it could wait behind a
@@ -230,16 +268,14 @@ def _place_jobs(
             member = id_to_member(spec.job_id)  # type: ignore[arg-type]
             # A rerun looks for it in its bucket even when that may be open already: the pump
             # opens buckets late while consumers lag.
-            bname = bucket_name(due, id_lane(member))
-            kidx = out.buckets.setdefault(bname, first_key + len(out.buckets))
+            kidx, bname = buckets[due // BUCKET_WIDTH_MS, id_lane(member)]
             wheel = INTO if far else LOOK
         elif spec.job_id is not None:
             member = spec.job_id.encode()
         elif spec.delay_ms > 0 and far:
             lane = cfg.hint(qk.tag, start)
             member = new_id(due, lane)
-            bname = bucket_name(due, lane)
-            kidx = out.buckets.setdefault(bname, first_key + len(out.buckets))
+            kidx, bname = buckets[due // BUCKET_WIDTH_MS, lane]
             wheel = INTO_NEW
         else:
             member = new_id(due, 0)
@@ -370,27 +406,18 @@ def _place_bulk(
     """``_place_jobs`` for ids made by the writer (a ``JobSpec`` with ``due_ms``,
     ``expire_at_ms`` and such a ``job_id``): the same arguments, without a text id per job."""
     out = _Placement()
-    buckets, placed, lead = out.buckets, out.placed, cfg.open_lead_ms
-    published = now.to_bytes(6, "big")
+    placed, lead = out.placed, cfg.open_lead_ms
+    heads, buckets = _Headers(now), _Buckets(out.buckets, first_key)
     event = None
-    seen: dict[bytes, tuple[str, int]] = {}  # due ms and lane (a member's first 8 bytes) -> bucket
-    heads: dict[tuple[int, int, int], bytes] = {}  # a bulk's jobs mostly share one header
+    seen: dict[bytes, tuple[int, str]] = {}  # due ms and lane (a member's first 8 bytes) -> bucket
     for member, due, expire_at, tries, priority, body in jobs:
-        try:
-            record = heads[expire_at, tries, priority] + body
-        except KeyError:
-            head = heads[expire_at, tries, priority] = Record.header(
-                published, expire_at, tries, priority
-            )
-            record = head + body
+        record = heads[expire_at, tries, priority] + body
         start = due - due % BUCKET_WIDTH_MS
         if is_wheel_member(member):
             try:  # a bulk's jobs come by bucket: most share the one before's
-                bname, kidx = seen[member[:8]]
+                kidx, bname = seen[member[:8]]
             except KeyError:
-                bname = f"{due // BUCKET_WIDTH_MS}:{int.from_bytes(member[6:8], 'big')}"
-                kidx = buckets.setdefault(bname, first_key + len(buckets))
-                seen[member[:8]] = bname, kidx
+                kidx, bname = seen[member[:8]] = buckets[due // BUCKET_WIDTH_MS, id_lane(member)]
             wheel = INTO if start > now + lead and priority == 0 else LOOK  # as in _place_jobs
         else:
             bname, kidx, wheel = "", 0, LOOK
