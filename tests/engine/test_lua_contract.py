@@ -5,7 +5,7 @@ Each ``lua/*.lua`` starts with ``#!lua`` and a header in one format (lua/README.
     KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
     KEYS[11..] buckets...: a variadic tail (the name ends in ``...``)
     ARGV[1] now: one argument
-    ARGV[8..] jobs...: 6 values per job: ...
+    ARGV[8..] jobs...: one value per job (or "K values per job": K arguments each)
     Returns: ...
 
 Checked here: the names and order of every script's KEYS and ARGV against the table that

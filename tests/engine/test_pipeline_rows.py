@@ -127,3 +127,47 @@ def test_a_rows_derived_id_is_the_same_in_every_version():
     assert derived_id("ns", "q-2", 1_800_000_000_123, b"body \x00 bytes", 782) != (
         "01MCC5RM3V0BZV5WS440S29E51"
     )
+
+
+def test_rows_due_at_the_reference_time_after_a_batch_with_delays_keep_it():
+    """Found by review: a group of batches, the later one with neither delay_s nor due_ms set,
+    took due time 0 (1970) instead of the reference time: pyarrow's coalesce over chunked
+    columns of different chunk layouts answers 0 where it should fall through."""
+    first = _batch(
+        [{"namespace": "ns", "queue": "q", "body": b"a", "delay_s": 60, "due_ms": None}] * 2,
+        ["namespace", "queue", "body", "delay_s", "due_ms"],
+        pa.int64(),
+    )
+    later = _batch(
+        [{"namespace": "ns", "queue": "q", "body": b"b", "delay_s": None, "due_ms": None}] * 2,
+        ["namespace", "queue", "body", "delay_s", "due_ms"],
+        pa.int64(),
+    )
+    got = [c[4] for c in check_batches([first, later], REF)]
+    assert got == [REF + 60_000] * 2 + [REF] * 2
+
+
+def test_a_body_column_of_nulls_is_checked_as_the_row_rule_does():
+    """Found by review: a body column of Arrow's null type crashed the column check (no
+    binary_length for it); the row rule takes such a row with an empty body."""
+    batch = pa.RecordBatch.from_pydict(
+        {"namespace": ["ns"], "queue": ["q"], "body": pa.nulls(1), "ttl_s": pa.array([60])}
+    )
+    expected = [check_values(v, REF) for v in _row_values(batch)]
+    assert expected[0][0] and expected[0][3] == b""
+    assert list(check_batches([batch, batch], REF)) == expected * 2
+
+
+def test_view_typed_columns_are_checked_as_the_row_rule_does():
+    """Found by review: a group of string_view/binary_view batches raised (no byte size for
+    view types) before any row was checked."""
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "namespace": pa.array(["ns"], pa.string_view()),
+            "queue": pa.array(["q"], pa.string_view()),
+            "body": pa.array([b"x"], pa.binary_view()),
+        }
+    )
+    expected = [check_values(v, REF) for v in _row_values(batch)]
+    assert expected[0][0]
+    assert list(check_batches([batch, batch], REF)) == expected * 2
