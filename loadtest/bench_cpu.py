@@ -17,7 +17,7 @@ Scenarios (one worker process each side; wrk drives them from 2 threads):
 - ``consume``: ``GET /api/bench/c?timeout=0&ttr=600``, one job per request from a full queue;
 - ``ack``: ``DELETE /api/bench/a/job/{id}`` of reserved jobs, one per request;
 - ``bulk``: ``PUT /api/bench/b/bulk`` of 64 jobs per request (its CPU per job is the request's
-  divided by 64; ``--only bulk``, it is not run by default).
+  divided by 64).
 
 The scenarios are interleaved round by round and the medians printed, with each route's ratio
 to ``bare`` and Redis's CPU per request. Figures only; nothing is asserted. wrk is installed
@@ -366,8 +366,7 @@ def main() -> None:
         sys.exit("--granian: install it first (.venv/bin/pip install granian==2.8.9)")
     if a.py_spy:
         a.py_spy.mkdir(parents=True, exist_ok=True)
-    names = [n for n in ("publish", "consume", "ack") if a.only in n]
-    names += ["bulk"] if a.only and a.only in "bulk" else []
+    names = [n for n in ("publish", "consume", "ack", "bulk") if a.only in n]
     results: dict[str, list[Sample]] = {"bare": []}
     env = {
         "CLUSTER_DQ_LOGLEVEL": "warning",

@@ -38,7 +38,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMANDS: dict[str, tuple[list[str], str]] = {
     "bench_cpu.py": (
         ["--rounds", "1", "--seconds", "1", "--connections", "4"],
-        r"publish +[\d,]+ +\d+ +[\d.]+[\s\S]*ack +[\d,]+ +\d+",
+        r"publish +[\d,]+ +\d+ +[\d.]+[\s\S]*ack +[\d,]+ +\d+[\s\S]*bulk +[\d,]+ +\d+",
     ),
     "bench_peers.py": (  # installs BullMQ with npm (the registry must be reachable)
         ["--rounds", "1", "--seconds", "1", "--warmup", "0.2", "--jobs", "500"]
