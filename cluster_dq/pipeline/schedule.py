@@ -82,7 +82,9 @@ def lanes_for(count: int, capacity: int) -> int:
     return max(1, min(MAX_LANES, -(-count // min(LANE_FILL, int(capacity * FILL)))))
 
 
-_queue_hashes: dict[tuple[str, str], Any] = {}  # (ns, q) -> blake2b of "ns/q\0", to copy
+# (ns, q) -> blake2b of "ns/q\0", to copy; at most QUEUE_HASHES (0.5-0.7 kB each with its key)
+_queue_hashes: dict[tuple[str, str], Any] = {}
+QUEUE_HASHES = 10_000
 
 
 def derived_member(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> bytes:
@@ -90,7 +92,7 @@ def derived_member(ns: str, q: str, due_ms: int, body: bytes, lanes: int) -> byt
     the hash is blake2b-64 of ``ns/q \0 due_ms \0 body``."""
     h = _queue_hashes.get((ns, q))
     if h is None:
-        if len(_queue_hashes) >= 100_000:
+        if len(_queue_hashes) >= QUEUE_HASHES:
             _queue_hashes.clear()
         h = _queue_hashes[ns, q] = blake2b(b"%s/%s\x00" % (ns.encode(), q.encode()), digest_size=8)
     h = h.copy()  # the queue's part hashed once: half the cost of hashing the whole row
