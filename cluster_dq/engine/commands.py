@@ -409,15 +409,11 @@ def _place_bulk(
     placed, lead = out.placed, cfg.open_lead_ms
     heads, buckets = _Headers(now), _Buckets(out.buckets, first_key)
     event = None
-    seen: dict[bytes, tuple[int, str]] = {}  # due ms and lane (a member's first 8 bytes) -> bucket
     for member, due, expire_at, tries, priority, body in jobs:
         record = heads[expire_at, tries, priority] + body
         start = due - due % BUCKET_WIDTH_MS
         if is_wheel_member(member):
-            try:  # a bulk's jobs come by bucket: most share the one before's
-                kidx, bname = seen[member[:8]]
-            except KeyError:
-                kidx, bname = seen[member[:8]] = buckets[due // BUCKET_WIDTH_MS, id_lane(member)]
+            kidx, bname = buckets[due // BUCKET_WIDTH_MS, id_lane(member)]
             wheel = INTO if start > now + lead and priority == 0 else LOOK  # as in _place_jobs
         else:
             bname, kidx, wheel = "", 0, LOOK
