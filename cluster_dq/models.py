@@ -23,6 +23,7 @@ from enum import StrEnum
 from cluster_dq.backoff import SECTION as BACKOFF_SECTION
 from cluster_dq.backoff import Backoff
 from cluster_dq.errors import BadRequest, BodyTooLarge
+from cluster_dq.keys import BUCKET_WIDTH_MS
 
 # The names' rules live in names.py (the client shares them); given here as well.
 from cluster_dq.names import CLIENT_ID_MAX_LEN as CLIENT_ID_MAX_LEN
@@ -128,6 +129,37 @@ def is_wheel_member(member: bytes) -> bool:
     """A server-made 16-byte id (its first byte, the top of a ms timestamp, is < 0x20 until
     the year 2527; a client id starts with a name character)."""
     return len(member) == 16 and member[0] < 0x20
+
+
+# A wheel bucket's entry (lua/README.md "Wheel entries", written by wheel_entry in
+# lua/lib/queue.lua): short, a 10-byte field (the low 16 bits of the job's due ms, then its id's
+# last 8 bytes) and the record relative to its due time (`>I4 I4 H B`: ms from publish to due,
+# ttl in ms from publish or 0, tries left, flags; then the rest of the record); or whole, its
+# 16-byte id and its record. These read it back.
+WHEEL_SHORT_FIELD = 10
+_WHEEL_SHORT_HEAD = struct.Struct(">IIHB")
+
+
+def wheel_member(bucket: str, field: bytes) -> bytes:
+    """The id of the job whose entry in wheel bucket ``bucket`` (its name, ``<window>:<lane>``)
+    has ``field``."""
+    if len(field) != WHEEL_SHORT_FIELD:
+        return field
+    window, lane = bucket.split(":")
+    start = int(window) * BUCKET_WIDTH_MS
+    due = start + (int.from_bytes(field[:2], "big") - start) % 65536
+    return _u48(due) + int(lane).to_bytes(2, "big") + field[2:]
+
+
+def wheel_job(bucket: str, field: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """The job (id, record) an entry of wheel bucket ``bucket`` holds."""
+    member = wheel_member(bucket, field)
+    if member is field:
+        return member, value
+    delay, ttl, tries, flags = _WHEEL_SHORT_HEAD.unpack_from(value)
+    pub = id_due_ms(member) - delay
+    head = HEADER.pack(_u48(pub), _u48(pub + ttl if ttl else 0), tries, 0, 0, flags)
+    return member, head + value[_WHEEL_SHORT_HEAD.size :]
 
 
 def id_to_text(member: bytes) -> str:

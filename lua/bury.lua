@@ -34,7 +34,7 @@ if rec then
   redis.call('ZREM', key, id)
   if st == CODE.RESERVED then redis.call('HDEL', LEASES, id) end
 else
-  if bucket then rec = redis.call('HGET', bucket, id) end
+  if bucket then rec = wheel_get(bucket, id) end
   if not rec or expired(rec, now) then return {CODE.NOT_FOUND, 0, '', '', 0} end
   unwheel(bucket, bname, id)
   redis.call('HSET', JOBS, id, rec)

@@ -21,7 +21,7 @@ local now, id, delay = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local rec = redis.call('HGET', JOBS, id)
 if not rec then
   local bucket = KEYS[FIRST_EXTRA]
-  if bucket then rec = redis.call('HGET', bucket, id) end
+  if bucket then rec = wheel_get(bucket, id) end
   if rec then return {CODE.FORBIDDEN, CODE.DELAYED, rec, '', 0} end
   return {CODE.NOT_FOUND, 0, '', '', 0}
 end

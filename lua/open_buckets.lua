@@ -15,9 +15,10 @@ local now = tonumber(ARGV[1])
 local moved, gone = 0, 0
 for k = FIRST_EXTRA, #KEYS do
   local bucket, bname = KEYS[k], ARGV[k - FIRST_EXTRA + 2]
+  local start, lane = bucket_place(bname)
   local all = redis.call('HGETALL', bucket)
   for i = 1, #all, 2 do
-    local id, rec = all[i], all[i + 1]
+    local id, rec = wheel_job(start, lane, all[i], all[i + 1])
     if expired(rec, now) then
       gone = gone + 1
     else

@@ -22,7 +22,7 @@ if rec then
   return {}
 end
 if KEYS[FIRST_EXTRA] then
-  rec = redis.call('HGET', KEYS[FIRST_EXTRA], id)
+  rec = wheel_get(KEYS[FIRST_EXTRA], id)
   if rec then return {CODE.DELAYED, rec, tostring(struct.unpack('>I6', id)), ''} end
 end
 return {}

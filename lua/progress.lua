@@ -20,7 +20,7 @@ local now, id, lease = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 -- Without a lease, the reservation's own lease stands in: the check is then "reserved and
 -- its ttr still running", and a refusal says where the job is, as for a lease.
 local why = lease_check(id, lease ~= '' and lease or redis.call('HGET', LEASES, id), now)
-if why == CODE.LEASE_GONE and KEYS[FIRST_EXTRA] and redis.call('HEXISTS', KEYS[FIRST_EXTRA], id) == 1 then
+if why == CODE.LEASE_GONE and KEYS[FIRST_EXTRA] and wheel_has(KEYS[FIRST_EXTRA], id) then
   why = CODE.LEASE_DELAYED -- resting in its wheel bucket
 end
 if why == CODE.LEASE_GONE and lease == '' then return CODE.NOT_FOUND end

@@ -19,7 +19,8 @@
     (HSETNX), 2 place it there, its id made up by this call (HSET: only an earlier attempt of
     the same call can have written it, with the same record; one look through the bucket instead
     of two); due ms; the member's length; then the member, then the record (the rest). A
-    bucket's WHEEL member is its key's name after `}:w:`.
+    bucket's WHEEL member is its key's name after `}:w:`. A job in a bucket is stored as
+    wheel_entry (lib/queue.lua) makes it: short, or whole.
   Returns: {code_1 .. code_n, HLEN of KEYS[13], HLEN of KEYS[14], ..., lowered}
     code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY, FULL (the queue holds
     CONF max_size jobs, in all states: nothing written for it)
@@ -36,7 +37,7 @@ local was_empty = redis.call('EXISTS', READY) == 0
 -- is written with HSETNX or HSET, whose reply is its duplicate check in that bucket too.
 local fresh = redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0
 local acked = redis.call('EXISTS', ACKED) == 1
-local out, lowered, low, wheeled, expiring, fill, listed = {}, 0, false, 0, {}, {}, {}
+local out, lowered, low, wheeled, expiring, fill, listed, names = {}, 0, false, 0, {}, {}, {}, {}
 -- ARGV[8 + j]: job j's bucket index, what to do with the bucket, due ms, member, record
 local function job(j)
   local a = ARGV[8 + j]
@@ -53,7 +54,7 @@ if room then
     for j = 1, n do
       local kidx, _, _, id = job(j)
       if redis.call('HEXISTS', JOBS, id) == 0 and not (acked and acked_lately(id, now, keep))
-          and not (kidx > 0 and redis.call('HEXISTS', KEYS[kidx], id) == 1) then
+          and not (kidx > 0 and wheel_has(KEYS[kidx], id)) then
         new = new + 1
       end
     end
@@ -71,7 +72,7 @@ for j = 1, n do
   if redis.call('HEXISTS', JOBS, id) == 1 or (acked and acked_lately(id, now, keep)) then
     -- a duplicate: nothing written
   elseif room and room <= 0 then
-    if not (bucket and redis.call('HEXISTS', bucket, id) == 1) then st = CODE.FULL end
+    if not (bucket and wheel_has(bucket, id)) then st = CODE.FULL end
   else
     local fits = false
     if due > now and bucket and into > 0 then
@@ -79,16 +80,21 @@ for j = 1, n do
       fits = fill[kidx] < cap
     end
     if fits then
-      if redis.call(into == 2 and 'HSET' or 'HSETNX', bucket, id, rec) == 1 then
+      names[kidx] = names[kidx] or string.match(bucket, '}:w:(.*)$')
+      local bname = names[kidx]
+      local f, v = wheel_entry(id, rec, bname)
+      -- a given id may rest there in the other form (whole, or short)
+      if (into == 2 or redis.call('HEXISTS', bucket, f == id and wheel_field(id) or id) == 0)
+          and redis.call(into == 2 and 'HSET' or 'HSETNX', bucket, f, v) == 1 then
         local start = due - due % width
         if not listed[kidx] then
-          redis.call('ZADD', WHEEL, 'NX', start, string.match(bucket, '}:w:(.*)$'))
+          redis.call('ZADD', WHEEL, 'NX', start, bname)
           listed[kidx] = true
         end
         fill[kidx], wheeled, st = fill[kidx] + 1, wheeled + 1, CODE.WHEEL
         if not low or start - lead < low then low = start - lead end
       end
-    elseif not (bucket and redis.call('HEXISTS', bucket, id) == 1) then
+    elseif not (bucket and wheel_has(bucket, id)) then
       redis.call('HSET', JOBS, id, rec)
       if due <= now then
         make_ready(id, rec, due)

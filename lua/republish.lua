@@ -39,7 +39,7 @@ local max = tonumber(redis.call('HGET', CONF, 'max_size') or '')
 if max and redis.call('HEXISTS', JOBS, ARGV[8]) == 0 then
   local n = redis.call('HLEN', JOBS) + tonumber(redis.call('HGET', META, 'w') or '0')
   if redis.call('HEXISTS', JOBS, ARGV[5]) == 1
-      or (okidx > 0 and redis.call('HEXISTS', KEYS[okidx], ARGV[5]) == 1) then
+      or (okidx > 0 and wheel_has(KEYS[okidx], ARGV[5])) then
     n = n - 1
   end
   if n >= max then return {CODE.FULL, CODE.FULL, 0} end

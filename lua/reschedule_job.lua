@@ -23,7 +23,7 @@ local st, wheeled = CODE.NOT_FOUND, false
 if rec then
   st = state_of(id)
 elseif bucket then
-  rec = redis.call('HGET', bucket, id)
+  rec = wheel_get(bucket, id)
   if rec then st, wheeled = CODE.DELAYED, true end
 end
 if not rec then return {CODE.NOT_FOUND, 0, '', '', 0} end

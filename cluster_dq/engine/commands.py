@@ -46,6 +46,7 @@ from cluster_dq.models import (
     id_lane,
     id_to_member,
     id_to_text,
+    wheel_job,
     is_wheel_member,
     new_id,
 )
@@ -841,9 +842,8 @@ def dump_wheel(ns: str, q: str, buckets_per_call: int = 16) -> Op[list[Job]]:
     for i in range(0, len(names), buckets_per_call):
         chunk = names[i : i + buckets_per_call]
         replies = yield tuple(Cmd(("HGETALL", qk.bucket(b))) for b in chunk)
-        for flat in replies:
-            pairs = flat.items() if isinstance(flat, dict) else zip(flat[0::2], flat[1::2])
-            for m, rec in pairs:
+        for name, flat in zip(chunk, replies):
+            for m, rec in _bucket_jobs(name, flat):
                 out.append(Job.from_record(ns, q, m, rec, JobState.DELAYED, id_due_ms(m)))
     return out
 
@@ -881,14 +881,21 @@ def heads(ns: str, q: str, state: JobState, limit: int) -> Op[list[Job]]:
         spans.setdefault(sc, []).append(_text(b))
     found = 0
     for names in spans.values():
-        for flat in (yield tuple(Cmd(("HGETALL", qk.bucket(b))) for b in names)):
-            items = list(flat.items() if isinstance(flat, dict) else zip(flat[0::2], flat[1::2]))
+        for name, flat in zip(names, (yield tuple(Cmd(("HGETALL", qk.bucket(b))) for b in names))):
+            items = _bucket_jobs(name, flat)
             out += [Job.from_record(ns, q, m, rec, state, id_due_ms(m)) for m, rec in items]
             found += len(items)
         if found >= limit:
             break
     out.sort(key=lambda j: j.due_ms or 0)
     return out[:limit]
+
+
+def _bucket_jobs(name: str, reply: Any) -> list[tuple[bytes, bytes]]:
+    """A wheel bucket's HGETALL (a dict as redis-py parses it; RESP is flat) as its jobs' (id,
+    record)."""
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[0::2], reply[1::2])
+    return [wheel_job(name, field, value) for field, value in pairs]
 
 
 def _pairs(reply: Any) -> list[tuple[bytes, float]]:

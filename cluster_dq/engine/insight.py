@@ -11,7 +11,7 @@ from typing import Any
 
 from cluster_dq.engine.commands import Cmd, Op
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys, ShardKeys
-from cluster_dq.models import id_due_ms, id_to_text, is_wheel_member
+from cluster_dq.models import id_due_ms, id_to_text, is_wheel_member, wheel_member
 
 MAX_WHEEL_BUCKETS = 2_000  # wheel buckets one histogram looks at (512 jobs each at most)
 MAX_SPLIT_BUCKETS = 50  # wheel buckets read id by id when a histogram bin is under 10 s
@@ -111,8 +111,12 @@ def delayed_counts(ns: str, q: str, edges: Sequence[int]) -> Op[DelayedCounts]:
         part = buckets[i : i + CHUNK]
         verb = "HKEYS" if split else "HLEN"
         found = yield tuple(Cmd((verb, qk.bucket(name.decode()))) for name, _ in part)
-        for (_, start), reply in zip(part, found):
-            dues = [id_due_ms(m) for m in reply] if split else [start] * int(reply)
+        for (name, start), reply in zip(part, found):
+            dues = (
+                [id_due_ms(wheel_member(name.decode(), f)) for f in reply]
+                if split
+                else [start] * int(reply)
+            )
             seen += len(dues)
             for due in dues:
                 at = _bin(edges, due)
@@ -159,8 +163,9 @@ def delayed_between(ns: str, q: str, start: int, end: int, limit: int) -> Op[lis
     out = [DelayedJob(id_to_text(m), due, False) for m, due in _pairs(near or [])]
     if wheel:
         found = yield tuple(Cmd(("HKEYS", qk.bucket(b.decode()))) for b in wheel)
-        for ids in found:
-            for m in ids:
+        for b, fields in zip(wheel, found):
+            for f in fields:
+                m = wheel_member(b.decode(), f)
                 due = id_due_ms(m) if is_wheel_member(m) else None
                 if due is not None and start <= due < end:
                     out.append(DelayedJob(id_to_text(m), due, True))

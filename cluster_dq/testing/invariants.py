@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from cluster_dq.engine.commands import REMEMBER_ACKED_MS
-from cluster_dq.keys import QueueKeys
+from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
+from cluster_dq.models import id_due_ms, id_lane, wheel_member
 
 
 def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
@@ -61,8 +62,17 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
         p.hkeys(k.bucket(b))
     in_wheel = 0
     wheel_ids: set[bytes] = set()
-    for b, ids in zip(sorted(buckets), p.execute() if buckets else [], strict=True):
-        assert ids, f"wheel index names empty bucket {b}"
+    for b, fields in zip(sorted(buckets), p.execute() if buckets else [], strict=True):
+        assert fields, f"wheel index names empty bucket {b}"
+        window, lane = (int(x) for x in b.split(":"))
+        ids = {wheel_member(b, f) for f in fields}
+        assert len(ids) == len(fields), f"a job rests twice in bucket {b} (short and whole)"
+        for m in ids:
+            assert len(m) == 16 and id_due_ms(m) // BUCKET_WIDTH_MS == window, (
+                f"a job {m!r} in the wrong window's bucket {b}"
+            )
+            assert id_lane(m) == lane, f"a job {m!r} in the wrong lane's bucket {b}"
+        assert not ids & jobs, f"a job of bucket {b} is in the jobs hash too"
         in_wheel += len(ids)
         wheel_ids.update(ids)
     for note in notes:  # `<id>` or `p:<id>` (a client id has no ':')

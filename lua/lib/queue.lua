@@ -163,9 +163,76 @@ local function tidy()
   end
 end
 
+-- A wheel bucket's entry leaves out what the bucket's name says (README "Wheel entries"): the
+-- field is the job's id without its due ms's upper 32 bits and its lane (10 bytes: the low
+-- 16 bits of its due ms, which fix it within the bucket's 10-s window, then the id's last 8
+-- bytes); the value is its record relative to that due time, `>I4 I4 H B` = ms from publish to
+-- due, ttl in ms from publish (0 = never), tries left, flags, then the rest of the record (a
+-- job in the wheel has never been delivered and has no priority). A job that does not fit
+-- (a delay or ttl of 2^32 ms or more), and every entry written before this form, is whole: its
+-- 16-byte id and its record. A field's length tells the two apart.
+local BUCKET_WIDTH = 10000  -- ms of a bucket's window (keys.BUCKET_WIDTH_MS)
+local WIDE = 4294967296     -- 2^32
+local SHORT = 10            -- bytes of a short field
+
+local function wheel_field(id)
+  return string.sub(id, 5, 6) .. string.sub(id, 9)
+end
+
+-- The field and value that hold job `id` (due at its id's due ms, in bucket `bname`) in its bucket.
+local function wheel_entry(id, rec, bname)
+  local due = struct.unpack('>I6', id)
+  local pub, e, tries, deliveries, prio, flags = struct.unpack('>I6I6HHBB', rec)
+  local delay, ttl = due - pub, e > 0 and e - pub or 0
+  local off = due - tonumber(string.match(bname, '^(%d+):')) * BUCKET_WIDTH
+  if deliveries ~= 0 or prio ~= 0 or delay < 0 or delay >= WIDE or ttl < 0 or ttl >= WIDE
+      or (e > 0 and ttl == 0) or off < 0 or off >= 65536 then
+    return id, rec
+  end
+  return wheel_field(id), struct.pack('>I4I4HB', delay, ttl, tries, flags) .. string.sub(rec, 19)
+end
+
+-- A bucket's window start (ms) and lane, from its name `<window>:<lane>`.
+local function bucket_place(bname)
+  local w, lane = string.match(bname, '^(%d+):(%d+)$')
+  return tonumber(w) * BUCKET_WIDTH, tonumber(lane)
+end
+
+-- The record of a job due at `due` ms from its short entry's value.
+local function wheel_record(due, val)
+  local delay, ttl, tries, flags = struct.unpack('>I4I4HB', val)
+  local pub = due - delay
+  return struct.pack('>I6I6HHBB', pub, ttl > 0 and pub + ttl or 0, tries, 0, 0, flags)
+    .. string.sub(val, 12)
+end
+
+-- The job (id, record) of an entry of the bucket at window start `start` ms and lane `lane`.
+local function wheel_job(start, lane, field, val)
+  if #field ~= SHORT then return field, val end
+  local due = start + (struct.unpack('>H', field) - start % 65536) % 65536
+  return struct.pack('>I6H', due, lane) .. string.sub(field, 3), wheel_record(due, val)
+end
+
+-- Job `id`'s record and its field in `bucket` (false when it is not there).
+local function wheel_get(bucket, id)
+  local f = wheel_field(id)
+  local val = redis.call('HGET', bucket, f)
+  if val then return wheel_record(struct.unpack('>I6', id), val), f end
+  val = redis.call('HGET', bucket, id)
+  if val then return val, id end
+  return false
+end
+
+-- Whether job `id` rests in `bucket`.
+local function wheel_has(bucket, id)
+  return redis.call('HEXISTS', bucket, wheel_field(id)) == 1 or redis.call('HEXISTS', bucket, id) == 1
+end
+
 -- Removes a job from a wheel bucket; keeps the bucket index and the count exact.
 local function unwheel(bucket, bname, id)
-  if redis.call('HDEL', bucket, id) == 0 then return 0 end
+  if redis.call('HDEL', bucket, wheel_field(id)) == 0 and redis.call('HDEL', bucket, id) == 0 then
+    return 0
+  end
   count_wheel(-1)
   if redis.call('EXISTS', bucket) == 0 then redis.call('ZREM', WHEEL, bname) end
   return 1
@@ -338,7 +405,7 @@ end
 -- READY) and the `lowered` flag: 1 when META.next moved earlier or the queue came into being.
 -- `bucket`: the job's wheel bucket, looked in for a duplicate; the job goes there if `wheel`.
 local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, keep)
-  if redis.call('HEXISTS', JOBS, id) == 1 or (bucket and redis.call('HEXISTS', bucket, id) == 1)
+  if redis.call('HEXISTS', JOBS, id) == 1 or (bucket and wheel_has(bucket, id))
       or acked_lately(id, now, keep) then
     return CODE.DUPLICATE, 0 -- present, or acked a moment ago (a repeated publish must not bring it back)
   end
@@ -352,7 +419,8 @@ local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, 
     make_ready(id, rec, due)
     st = CODE.READY
   elseif wheel and bucket and redis.call('HLEN', bucket) < cap then
-    redis.call('HSET', bucket, id, rec)
+    local f, v = wheel_entry(id, rec, bname)
+    redis.call('HSET', bucket, f, v)
     local start = due - due % width
     redis.call('ZADD', WHEEL, 'NX', start, bname)
     count_wheel(1)

@@ -34,7 +34,7 @@ from cluster_dq.errors import Fenced
 from cluster_dq.engine.scripts import load_all, lua_codes, lua_dir
 from cluster_dq.engine.signatures import QUEUE, SIGNATURES
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys, shard_of
-from cluster_dq.models import DEATH_REASONS, JobSpec
+from cluster_dq.models import DEATH_REASONS, WHEEL_SHORT_FIELD, JobSpec
 from cluster_dq.schedules import Schedule, Template
 
 LUA = lua_dir()
@@ -185,6 +185,17 @@ def test_the_queue_key_order_agrees() -> None:
         "lib/queue.lua and QueueKeys.all_fixed (keys.py) order the keys differently"
     )
     assert first_extra == FIRST_EXTRA_KEY == len(FIXED) + 1
+
+
+def test_the_wheel_entry_form_agrees() -> None:
+    """lib/queue.lua's wheel entries and models.wheel_job read the same bucket width and short
+    field size (the form itself is compared on real Redis in tests/engine/test_wheel_entries.py)."""
+    text = (LUA / "lib" / "queue.lua").read_text()
+    width = re.search(r"^local BUCKET_WIDTH = (\d+)", text, re.MULTILINE)
+    short = re.search(r"^local SHORT = (\d+)", text, re.MULTILINE)
+    assert width and short
+    assert int(width.group(1)) == BUCKET_WIDTH_MS
+    assert int(short.group(1)) == WHEEL_SHORT_FIELD
 
 
 def test_the_readme_lists_every_script_and_code() -> None:

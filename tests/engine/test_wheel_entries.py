@@ -1,0 +1,257 @@
+"""A wheel bucket stores a job short (a 10-byte field, its record relative to its due time) or
+whole (its 16-byte id and its record: a delay or ttl of 2^32 ms or more, and every entry
+written before the short form). Every way a job leaves or is read from a bucket must give back
+exactly the job that was published, whichever form holds it: the Lua readers (open, bury,
+reschedule, peek, kick, progress, ack, a repeated publish) and the Python ones (dump, heads,
+the delayed histogram)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cluster_dq.backoff import Backoff
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine import control, insight
+from cluster_dq.engine.commands import EngineConfig
+from cluster_dq.engine.sync import SyncEngine
+from cluster_dq.errors import Conflict, WrongState
+from cluster_dq.keys import QueueKeys, bucket_name
+from cluster_dq.models import (
+    WHEEL_SHORT_FIELD,
+    JobSpec,
+    JobState,
+    Record,
+    decode_id,
+    id_due_ms,
+    id_lane,
+    id_to_text,
+    new_id,
+)
+from cluster_dq.testing.invariants import check_queue
+from tests.support import flush
+from tests.support.run import examples
+
+NS, Q = "wheelform", "q"
+T = 1_700_000_000_000  # the tests' clock (ms)
+WIDE = 2**32
+
+
+@pytest.fixture
+def sync_engine(sync_redis: redis.Redis) -> SyncEngine:
+    return SyncEngine(sync_redis, EngineConfig())
+
+
+def bucket_entries(r: redis.Redis) -> dict[bytes, bytes]:
+    qk = QueueKeys(NS, Q)
+    out: dict[bytes, bytes] = {}
+    for name in r.zrange(qk.wheel, 0, -1):
+        out.update(r.hgetall(qk.bucket(name.decode())))
+    return out
+
+
+def expected(spec: JobSpec) -> Record:
+    return Record(
+        T,
+        T + spec.ttl_ms if spec.ttl_ms else 0,
+        spec.tries,
+        0,
+        0,
+        spec.body,
+        spec.attributes,
+        spec.backoff,
+    )
+
+
+def same_job(job: Any, rec: Record, due: int) -> None:
+    assert (job.published_ms, job.expire_at_ms, job.tries_left, job.deliveries) == (
+        rec.published_ms,
+        rec.expire_at_ms,
+        rec.tries_left,
+        0,
+    )
+    assert (job.priority, job.body, job.attributes, job.due_ms) == (
+        0,
+        rec.body,
+        rec.attributes,
+        due,
+    )
+
+
+delays = st.one_of(
+    st.integers(60_000, 10 * 86_400_000),  # short
+    st.integers(WIDE - 20_000, WIDE + 20_000),  # either side of the short form's edge
+    st.integers(WIDE, 2**40),  # whole
+)
+ways_out = st.sampled_from(["open", "bury", "reschedule", "ack"])
+
+
+@settings(
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    delay=delays,
+    ttl_extra=st.one_of(st.just(None), st.integers(1, 2**33)),
+    tries=st.integers(1, 65535),
+    body=st.binary(max_size=90),
+    attributes=st.one_of(st.none(), st.dictionaries(st.sampled_from("abc"), st.text("xyz"))),
+    backoff=st.one_of(
+        st.none(),
+        st.builds(
+            Backoff,
+            st.sampled_from([1, 2]),
+            st.integers(1, 10**6),
+            st.integers(0, 10**7),
+            st.integers(0, 1000),
+        ),
+    ),
+    way=ways_out,
+)
+def test_a_wheel_job_reads_back_as_it_was_published(
+    sync_engine: SyncEngine,
+    sync_redis: redis.Redis,
+    delay: int,
+    ttl_extra: int | None,
+    tries: int,
+    body: bytes,
+    attributes: dict[str, str] | None,
+    backoff: Backoff | None,
+    way: str,
+) -> None:
+    flush(sync_redis)
+    e, cfg = sync_engine, sync_engine.config
+    ttl = 0 if ttl_extra is None else delay + ttl_extra
+    spec = JobSpec(
+        body,
+        delay_ms=delay,
+        ttl_ms=ttl,
+        tries=tries,
+        attributes=attributes or None,
+        backoff=backoff,
+    )
+    [pub] = e.run(ops.publish(cfg, NS, Q, [spec], T))
+    job_id, due, rec = pub.job_id, T + delay, expected(spec)
+    [(field, _)] = bucket_entries(sync_redis).items()
+    short = delay < WIDE and ttl < WIDE
+    assert len(field) == (WHEEL_SHORT_FIELD if short else 16)
+    # the readers: Python's (a dump, the dashboard's heads) and Lua's (a lookup by id)
+    [dumped] = e.run(ops.dump_wheel(NS, Q))
+    assert dumped.job_id == job_id
+    same_job(dumped, rec, due)
+    [head] = e.run(ops.heads(NS, Q, JobState.DELAYED, 5))
+    same_job(head, rec, due)
+    same_job(e.run(ops.peek_job(NS, Q, job_id)), rec, due)
+    [one] = e.run(insight.delayed_between(NS, Q, due, due + 1, 5))
+    assert (one.job_id, one.due_ms, one.in_wheel) == (job_id, due, True)
+    counts = e.run(insight.delayed_counts(NS, Q, [due - 1, due, due + 1]))
+    assert counts.counts == [0, 1]
+    check_queue(sync_redis, NS, Q)
+    # a publish of the same id again finds it, in whichever form it rests
+    again = JobSpec(b"other", job_id=job_id, due_ms=due, ttl_ms=ttl, tries=tries)
+    assert e.run(ops.publish(cfg, NS, Q, [again], T + 1))[0].duplicate
+    member = decode_id(job_id)
+    assert member is not None and id_due_ms(member) == due
+    jobs_key = QueueKeys(NS, Q).jobs
+    if way == "open":  # the pump opens the bucket 5 s before its window
+        e.run(ops.tick(cfg, NS, Q, due - due % 10_000 - 4_000))
+    elif way == "bury":
+        e.run(control.bury(NS, Q, job_id, "", T + 2))
+    elif way == "reschedule":
+        e.run(control.reschedule_job(cfg, NS, Q, job_id, T + 30_000, T + 2))
+    else:
+        assert e.run(ops.ack(NS, Q, [job_id], T + 2)) == [JobState.DELAYED]
+        assert sync_redis.hget(jobs_key, member) is None
+        assert not bucket_entries(sync_redis)
+        check_queue(sync_redis, NS, Q)
+        return
+    assert not bucket_entries(sync_redis)
+    assert sync_redis.hget(jobs_key, member) == rec.pack()  # backoff included, byte for byte
+    check_queue(sync_redis, NS, Q)
+
+
+def whole_entry(r: redis.Redis, due: int, lane: int, rec: Record) -> str:
+    """A job written whole, as every entry was before the short form: what a queue upgraded
+    in place still holds."""
+    qk, member = QueueKeys(NS, Q), new_id(due, lane)
+    name = bucket_name(due, lane)
+    r.hset(qk.bucket(name), member, rec.pack())
+    r.zadd(qk.wheel, {name: due - due % 10_000})
+    r.hincrby(qk.meta, "w", 1)
+    return id_to_text(member)
+
+
+@pytest.mark.parametrize(
+    "way", ["peek", "publish-again", "bury", "reschedule", "kick", "progress", "ack", "open"]
+)
+def test_a_job_written_whole_before_the_short_form_is_still_found(
+    sync_engine: SyncEngine, sync_redis: redis.Redis, way: str
+) -> None:
+    e, cfg = sync_engine, sync_engine.config
+    due = T + 3_600_000
+    rec = Record(T, T + 7_200_000, 3, 0, 0, b"old", {"k": "v"}, None)
+    job_id = whole_entry(sync_redis, due, 2, rec)
+    member = decode_id(job_id)
+    assert member is not None and id_lane(member) == 2
+    check_queue(sync_redis, NS, Q)
+    jobs_key = QueueKeys(NS, Q).jobs
+    if way == "peek":
+        same_job(e.run(ops.peek_job(NS, Q, job_id)), rec, due)
+        [dumped] = e.run(ops.dump_wheel(NS, Q))
+        same_job(dumped, rec, due)
+        return
+    if way == "publish-again":  # the same id given again: a duplicate, not a second entry
+        again = JobSpec(b"new", job_id=job_id, due_ms=due, ttl_ms=7_200_000)
+        assert e.run(ops.publish(cfg, NS, Q, [again], T + 1))[0].duplicate
+        assert len(bucket_entries(sync_redis)) == 1
+    elif way == "bury":
+        e.run(control.bury(NS, Q, job_id, "", T + 2))
+        assert sync_redis.hget(jobs_key, member) == rec.pack()
+    elif way == "reschedule":
+        e.run(control.reschedule_job(cfg, NS, Q, job_id, T + 30_000, T + 2))
+        assert sync_redis.hget(jobs_key, member) == rec.pack()
+    elif way == "kick":  # a resting job is not dead: refused, nothing changed
+        with pytest.raises(WrongState):
+            e.run(control.kick(cfg, NS, Q, job_id, 0, 1, 0, T + 2))
+        assert len(bucket_entries(sync_redis)) == 1
+    elif way == "progress":  # a resting job is not reserved: refused (delayed), nothing changed
+        with pytest.raises(Conflict):
+            e.run(ops.progress(NS, Q, job_id, b"{}", T + 2, None))
+    elif way == "ack":
+        assert e.run(ops.ack(NS, Q, [job_id], T + 2)) == [JobState.DELAYED]
+        assert not bucket_entries(sync_redis)
+    else:
+        e.run(ops.tick(cfg, NS, Q, due - due % 10_000 - 4_000))
+        assert sync_redis.hget(jobs_key, member) == rec.pack()
+        assert not bucket_entries(sync_redis)
+    check_queue(sync_redis, NS, Q)
+
+
+def test_a_bucket_holds_short_and_whole_entries_side_by_side(
+    sync_engine: SyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A whole entry from before the short form, and short ones published after it, in the
+    same bucket: each read back as its own job when the bucket opens."""
+    e, cfg = sync_engine, sync_engine.config
+    due = T + 3_600_000
+    old = Record(T, 0, 1, 0, 0, b"old")
+    member = decode_id(whole_entry(sync_redis, due, 0, old))
+    specs = [JobSpec(b"new %d" % i, delay_ms=3_600_000 + i, ttl_ms=0) for i in range(5)]
+    published = e.run(ops.publish(cfg, NS, Q, specs, T))
+    assert len(bucket_entries(sync_redis)) == 6
+    lengths = sorted(len(f) for f in bucket_entries(sync_redis))
+    assert lengths == [WHEEL_SHORT_FIELD] * 5 + [16]
+    check_queue(sync_redis, NS, Q)
+    e.run(ops.tick(cfg, NS, Q, due - due % 10_000 - 4_000))
+    jobs_key = QueueKeys(NS, Q).jobs
+    assert sync_redis.hget(jobs_key, member) == old.pack()
+    for spec, p in zip(specs, published, strict=True):
+        m = decode_id(p.job_id)
+        assert m is not None
+        assert sync_redis.hget(jobs_key, m) == expected(spec).pack()
+    check_queue(sync_redis, NS, Q)
