@@ -140,6 +140,30 @@ WHEEL_SHORT_FIELD = 10
 _WHEEL_SHORT_HEAD = struct.Struct(">IIHB")
 
 
+def wheel_short_head(
+    due: int, published: int, expire_at: int, tries: int, flags: int
+) -> bytes | None:
+    """The head of a short entry's value for a job due at ``due`` (it replaces the record's
+    18-byte header), or None when the job does not fit the short form (a delay or ttl of 2^32
+    ms or more)."""
+    delay, ttl = due - published, expire_at - published if expire_at else 0
+    if not 0 <= delay < 2**32 or (expire_at and not 0 < ttl < 2**32):
+        return None
+    return _WHEEL_SHORT_HEAD.pack(delay, ttl, tries, flags)
+
+
+def wheel_short(member: bytes, due: int, record: bytes) -> bytes | None:
+    """A job's short entry value (``record`` re-headed), or None when it must rest whole: its
+    id is not due at ``due``, it has deliveries or a priority, or ``wheel_short_head`` says no."""
+    pub, exp, tries, deliveries, prio, flags = HEADER.unpack_from(record)
+    if deliveries or prio or id_due_ms(member) != due:
+        return None
+    head = wheel_short_head(
+        due, int.from_bytes(pub, "big"), int.from_bytes(exp, "big"), tries, flags
+    )
+    return None if head is None else head + record[HEADER_SIZE:]
+
+
 def wheel_member(bucket: str, field: bytes) -> bytes:
     """The id of the job whose entry in wheel bucket ``bucket`` (its name, ``<window>:<lane>``)
     has ``field``."""

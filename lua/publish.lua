@@ -18,9 +18,10 @@
     server id whose bucket may not be open yet), 1 place the job there unless its id is there
     (HSETNX), 2 place it there, its id made up by this call (HSET: only an earlier attempt of
     the same call can have written it, with the same record; one look through the bucket instead
-    of two); due ms; the member's length; then the member, then the record (the rest). A
-    bucket's WHEEL member is its key's name after `}:w:`. A job in a bucket is stored as
-    wheel_entry (lib/queue.lua) makes it: short, or whole.
+    of two), plus 4 (SHORT_VALUE) when the job comes as a short wheel entry (README "Wheel
+    entries"); due ms; the member's length; then the member; with SHORT_VALUE, its short field
+    (10 bytes); then the record, or the short value (widened back into a record if the job
+    goes to JOBS instead). A bucket's WHEEL member is its key's name after `}:w:`.
   Returns: {code_1 .. code_n, HLEN of KEYS[13], HLEN of KEYS[14], ..., lowered}
     code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY, FULL (the queue holds
     CONF max_size jobs, in all states: nothing written for it)
@@ -37,12 +38,18 @@ local was_empty = redis.call('EXISTS', READY) == 0
 -- is written with HSETNX or HSET, whose reply is its duplicate check in that bucket too.
 local fresh = redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0
 local acked = redis.call('EXISTS', ACKED) == 1
-local out, lowered, low, wheeled, expiring, fill, listed, names = {}, 0, false, 0, {}, {}, {}, {}
--- ARGV[8 + j]: job j's bucket index, what to do with the bucket, due ms, member, record
+local out, lowered, low, wheeled, expiring, fill, listed = {}, 0, false, 0, {}, {}, {}
+-- ARGV[8 + j]: job j's bucket index, what to do with the bucket (without SHORT_VALUE), due ms,
+-- member, record or short value, and its short field (false: none, the record is whole)
 local function job(j)
   local a = ARGV[8 + j]
   local kidx, into, due, len, at = struct.unpack('>HBI6B', a)
-  return kidx, into, due, string.sub(a, at, at + len - 1), string.sub(a, at + len)
+  if into < SHORT_VALUE then
+    return kidx, into, due, string.sub(a, at, at + len - 1), string.sub(a, at + len), false
+  end
+  local f = at + len
+  return kidx, into - SHORT_VALUE, due, string.sub(a, at, f - 1), string.sub(a, f + SHORT),
+    string.sub(a, f, f + SHORT - 1)
 end
 -- The queue's max_size (CONF): `room` = jobs it may still take (false: no limit); every state
 -- counts (JOBS and the wheel), a duplicate does not.
@@ -67,7 +74,7 @@ if room then
   end
 end
 for j = 1, n do
-  local kidx, into, due, id, rec = job(j)
+  local kidx, into, due, id, rec, short = job(j)
   local bucket, st = kidx > 0 and KEYS[kidx], CODE.DUPLICATE
   if redis.call('HEXISTS', JOBS, id) == 1 or (acked and acked_lately(id, now, keep)) then
     -- a duplicate: nothing written
@@ -80,21 +87,23 @@ for j = 1, n do
       fits = fill[kidx] < cap
     end
     if fits then
-      names[kidx] = names[kidx] or string.match(bucket, '}:w:(.*)$')
-      local bname = names[kidx]
-      local f, v = wheel_entry(id, rec, bname)
-      -- a given id may rest there in the other form (whole, or short)
-      if (into == 2 or redis.call('HEXISTS', bucket, f == id and wheel_field(id) or id) == 0)
-          and redis.call(into == 2 and 'HSET' or 'HSETNX', bucket, f, v) == 1 then
+      local other = false -- where a given id may rest in the other form
+      if into == 1 then
+        if not short then other = wheel_field(id) elseif whole_maybe() then other = id end
+      end
+      if not (other and redis.call('HEXISTS', bucket, other) == 1) and redis.call(
+          into == 2 and 'HSET' or 'HSETNX', bucket, short or id, rec) == 1 then
+        wheel_wrote(short ~= false)
         local start = due - due % width
         if not listed[kidx] then
-          redis.call('ZADD', WHEEL, 'NX', start, bname)
+          redis.call('ZADD', WHEEL, 'NX', start, string.match(bucket, '}:w:(.*)$'))
           listed[kidx] = true
         end
         fill[kidx], wheeled, st = fill[kidx] + 1, wheeled + 1, CODE.WHEEL
         if not low or start - lead < low then low = start - lead end
       end
     elseif not (bucket and wheel_has(bucket, id)) then
+      if short then rec = wheel_record(due, rec) end
       redis.call('HSET', JOBS, id, rec)
       if due <= now then
         make_ready(id, rec, due)

@@ -17,7 +17,8 @@
   ARGV[10] record: its record
   ARGV[11] bucket_index: its bucket's KEYS index (0 = none)
   ARGV[12] bucket: its bucket's name
-  ARGV[13] wheel: '1' to place the new job in that bucket
+  ARGV[13] wheel: 0, or where to place the new job in that bucket (as publish's: 1 or 2, plus
+    4 when its record is its short wheel value)
   ARGV[14] open_lead: how long before its window a wheel bucket opens (ms)
   ARGV[15] remember_acked: how long acked ids are remembered (ms)
   ARGV[16] lease: the lease of the old job's delivery ('' = none)
@@ -54,7 +55,7 @@ if old ~= CODE.NOT_FOUND then
   end
 end
 local st, lowered = place(ARGV[8], tonumber(ARGV[9]), ARGV[10], nkidx > 0 and KEYS[nkidx], ARGV[12],
-  ARGV[13] == '1', now, cap, width, tonumber(ARGV[14]), keep)
+  tonumber(ARGV[13]), now, cap, width, tonumber(ARGV[14]), keep)
 tidy()
 notify(channel, was_empty)
 return {old, st, lowered}

@@ -47,6 +47,8 @@ from cluster_dq.models import (
     id_to_member,
     id_to_text,
     wheel_job,
+    wheel_short,
+    wheel_short_head,
     is_wheel_member,
     new_id,
 )
@@ -187,6 +189,9 @@ INTO = 1  # place the job there unless its id is there already (HSETNX: a given 
 # place it there, its id made up by this very call: only an earlier attempt of the call can have
 # written it, with the same record, so HSET (one look through the bucket instead of HSETNX's two)
 INTO_NEW = 2
+# a bit beside INTO / INTO_NEW: the job's value is its short wheel entry's (models.wheel_short),
+# not its record (lua/README.md "Wheel entries")
+SHORT = 4
 
 
 @dataclass(slots=True)
@@ -217,6 +222,19 @@ class _Headers(dict[tuple[int, int, int], bytes]):
         return head
 
 
+class _Shorts(dict[tuple[int, int, int], bytes | None]):
+    """A call's short wheel value heads (``models.wheel_short_head``) by (due ms, ttl end,
+    tries), made once each: the jobs of a bulk mostly share one."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __missing__(self, key: tuple[int, int, int]) -> bytes | None:
+        due, expire_at, tries = key
+        head = self[key] = wheel_short_head(due, self.now, expire_at, tries, 0)
+        return head
+
+
 class _Buckets(dict[tuple[int, int], tuple[int, str]]):
     """A call's wheel buckets by (10-s window, lane) -> (KEYS index, name), numbered from
     ``first_key`` in the order met; ``names`` (the placement's) gets each name -> index."""
@@ -239,7 +257,7 @@ def _place_jobs(
     first_key: int = FIRST_EXTRA_KEY,
 ) -> _Placement:
     out = _Placement()
-    heads, buckets = _Headers(now), _Buckets(out.buckets, first_key)
+    heads, buckets, shorts = _Headers(now), _Buckets(out.buckets, first_key), _Shorts(now)
     for spec in specs:
         due = spec.due_ms if spec.due_ms is not None else now + spec.delay_ms
         if spec.expire_at_ms is not None:
@@ -282,6 +300,14 @@ def _place_jobs(
             member = new_id(due, 0)
         # the pump's first work for this job: open its bucket, promote it, or expire it
         at = start - cfg.open_lead_ms if wheel else due if due > now else expire_at or None
+        if wheel:  # into its bucket: as a short entry when it fits one
+            if spec.attributes or spec.backoff is not None:
+                short = wheel_short(member, due, record)
+            else:
+                head = shorts[due, expire_at, spec.tries]
+                short = None if head is None else head + spec.body
+            if short is not None:
+                record, wheel = short, wheel | SHORT
         if at is not None and (out.event is None or at < out.event):
             out.event = at
         out.members.append(member)
@@ -295,10 +321,13 @@ _JOB_HEAD = struct.Struct(">HBHIB")  # publish.lua's job argument, before its me
 
 def packed_job(member: bytes, due: int, record: bytes, kidx: int, into: int) -> bytes:
     """One job of a publish call as the script takes it, in one argument (lua/publish.lua):
-    bucket KEYS index (u16), what to do with the bucket (u8: LOOK, INTO, INTO_NEW), due ms
-    (u48), member length (u8), the member, the record. One argument instead of six: redis-py
-    packs and Redis parses one."""
+    bucket KEYS index (u16), what to do with the bucket (u8: LOOK, INTO, INTO_NEW, the
+    latter two with SHORT when ``record`` is the job's short wheel value), due ms
+    (u48), member length (u8), the member, with SHORT its short field, the record. One
+    argument instead of six: redis-py packs and Redis parses one."""
     head = _JOB_HEAD.pack(kidx, into, due >> 32, due & 0xFFFFFFFF, len(member))
+    if into & SHORT:  # and its short field, cut from the member here rather than in Lua
+        return b"".join((head, member, member[4:6], member[8:], record))
     return head + member + record
 
 
@@ -408,16 +437,22 @@ def _place_bulk(
     ``expire_at_ms`` and such a ``job_id``): the same arguments, without a text id per job."""
     out = _Placement()
     placed, lead = out.placed, cfg.open_lead_ms
-    heads, buckets = _Headers(now), _Buckets(out.buckets, first_key)
+    heads, buckets, shorts = _Headers(now), _Buckets(out.buckets, first_key), _Shorts(now)
     event = None
     for member, due, expire_at, tries, priority, body in jobs:
-        record = heads[expire_at, tries, priority] + body
         start = due - due % BUCKET_WIDTH_MS
+        record = b""
         if is_wheel_member(member):
             kidx, bname = buckets[due // BUCKET_WIDTH_MS, id_lane(member)]
             wheel = INTO if start > now + lead and priority == 0 else LOOK  # as in _place_jobs
+            if wheel and id_due_ms(member) == due:  # as a short entry when it fits one
+                head = shorts[due, expire_at, tries]
+                if head is not None:
+                    record, wheel = head + body, INTO | SHORT
         else:
             bname, kidx, wheel = "", 0, LOOK
+        if not record:
+            record = heads[expire_at, tries, priority] + body
         at = start - lead if wheel else due if due > now else expire_at or None
         if at is not None and (event is None or at < event):
             event = at
@@ -680,7 +715,7 @@ def republish(
         record=record,
         bucket_index=kidx,
         bucket=bucket,
-        wheel="1" if wheel != LOOK else "0",
+        wheel=wheel,
         open_lead=cfg.open_lead_ms,
         remember_acked=cfg.remember_acked_ms,
         lease=_lease_arg(lease),

@@ -10,7 +10,7 @@ from typing import Any
 
 from cluster_dq.engine.commands import REMEMBER_ACKED_MS
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
-from cluster_dq.models import id_due_ms, id_lane, wheel_member
+from cluster_dq.models import WHEEL_SHORT_FIELD, id_due_ms, id_lane, wheel_member
 
 
 def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
@@ -65,6 +65,8 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
     for b, fields in zip(sorted(buckets), p.execute() if buckets else [], strict=True):
         assert fields, f"wheel index names empty bucket {b}"
         window, lane = (int(x) for x in b.split(":"))
+        if b"s" in meta:  # META.s: every entry of the wheel is short
+            assert all(len(f) == WHEEL_SHORT_FIELD for f in fields), f"META.s, a whole entry in {b}"
         ids = {wheel_member(b, f) for f in fields}
         assert len(ids) == len(fields), f"a job rests twice in bucket {b} (short and whole)"
         for m in ids:
@@ -82,7 +84,7 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
     assert not stray, f"buckets missing from the wheel index: {stray}"
     w = int(meta.get(b"w") or 0)
     assert w == in_wheel, f"meta.w {w} != jobs in buckets {in_wheel}"
-    assert set(meta) <= {b"w", b"next"}
+    assert set(meta) <= {b"w", b"next", b"s"}
     marked = meta.get(b"next")
     if marked is not None:  # the pump's and the multi-queue consume's promise: no event earlier
         for head in heads:

@@ -163,33 +163,18 @@ local function tidy()
   end
 end
 
--- A wheel bucket's entry leaves out what the bucket's name says (README "Wheel entries"): the
--- field is the job's id without its due ms's upper 32 bits and its lane (10 bytes: the low
--- 16 bits of its due ms, which fix it within the bucket's 10-s window, then the id's last 8
--- bytes); the value is its record relative to that due time, `>I4 I4 H B` = ms from publish to
--- due, ttl in ms from publish (0 = never), tries left, flags, then the rest of the record (a
--- job in the wheel has never been delivered and has no priority). A job that does not fit
--- (a delay or ttl of 2^32 ms or more), and every entry written before this form, is whole: its
--- 16-byte id and its record. A field's length tells the two apart.
+-- Wheel entries (README "Wheel entries"). A short entry leaves out what its bucket's name
+-- says: its field is the job's id without the upper 32 bits of its due ms and without its lane
+-- (10 bytes), its value the record re-headed relative to the due time (`>I4 I4 H B`: ms from
+-- publish to due, ttl in ms from publish or 0, tries left, flags); the caller makes that value
+-- (cluster_dq.models.wheel_short). A whole entry is the 16-byte id and the record. A field's
+-- length tells the two apart.
 local BUCKET_WIDTH = 10000  -- ms of a bucket's window (keys.BUCKET_WIDTH_MS)
-local WIDE = 4294967296     -- 2^32
 local SHORT = 10            -- bytes of a short field
+local SHORT_VALUE = 4       -- a publish's job, or a republish's wheel, with a short value (commands.SHORT)
 
 local function wheel_field(id)
   return string.sub(id, 5, 6) .. string.sub(id, 9)
-end
-
--- The field and value that hold job `id` (due at its id's due ms, in bucket `bname`) in its bucket.
-local function wheel_entry(id, rec, bname)
-  local due = struct.unpack('>I6', id)
-  local pub, e, tries, deliveries, prio, flags = struct.unpack('>I6I6HHBB', rec)
-  local delay, ttl = due - pub, e > 0 and e - pub or 0
-  local off = due - tonumber(string.match(bname, '^(%d+):')) * BUCKET_WIDTH
-  if deliveries ~= 0 or prio ~= 0 or delay < 0 or delay >= WIDE or ttl < 0 or ttl >= WIDE
-      or (e > 0 and ttl == 0) or off < 0 or off >= 65536 then
-    return id, rec
-  end
-  return wheel_field(id), struct.pack('>I4I4HB', delay, ttl, tries, flags) .. string.sub(rec, 19)
 end
 
 -- A bucket's window start (ms) and lane, from its name `<window>:<lane>`.
@@ -213,11 +198,39 @@ local function wheel_job(start, lane, field, val)
   return struct.pack('>I6H', due, lane) .. string.sub(field, 3), wheel_record(due, val)
 end
 
+-- Whether the queue's wheel may hold a whole entry: not when it is empty (no META.w), nor
+-- while META.s is set. A writer of short entries sets META.s when the wheel held none but
+-- short ones; a writer of a whole entry clears it. Read once per call (whole_maybe), then
+-- kept up to date by wheel_wrote.
+local WHOLE, SHORT_ONLY = nil, false -- SHORT_ONLY: META.s is set
+
+local function whole_maybe()
+  if WHOLE == nil then
+    local m = redis.call('HMGET', META, 's', 'w')
+    SHORT_ONLY = m[1] ~= false
+    WHOLE = not SHORT_ONLY and m[2] ~= false
+  end
+  return WHOLE
+end
+
+-- After an entry was written into a bucket, short or whole: keeps META.s true to the wheel.
+local function wheel_wrote(short)
+  local whole = whole_maybe()
+  if short and not whole and not SHORT_ONLY then
+    redis.call('HSET', META, 's', 1)
+    SHORT_ONLY = true
+  elseif not short then
+    if SHORT_ONLY then redis.call('HDEL', META, 's') end
+    WHOLE, SHORT_ONLY = true, false
+  end
+end
+
 -- Job `id`'s record and its field in `bucket` (false when it is not there).
 local function wheel_get(bucket, id)
   local f = wheel_field(id)
   local val = redis.call('HGET', bucket, f)
   if val then return wheel_record(struct.unpack('>I6', id), val), f end
+  if not whole_maybe() then return false end
   val = redis.call('HGET', bucket, id)
   if val then return val, id end
   return false
@@ -225,12 +238,14 @@ end
 
 -- Whether job `id` rests in `bucket`.
 local function wheel_has(bucket, id)
-  return redis.call('HEXISTS', bucket, wheel_field(id)) == 1 or redis.call('HEXISTS', bucket, id) == 1
+  return redis.call('HEXISTS', bucket, wheel_field(id)) == 1
+    or (whole_maybe() and redis.call('HEXISTS', bucket, id) == 1)
 end
 
 -- Removes a job from a wheel bucket; keeps the bucket index and the count exact.
 local function unwheel(bucket, bname, id)
-  if redis.call('HDEL', bucket, wheel_field(id)) == 0 and redis.call('HDEL', bucket, id) == 0 then
+  if redis.call('HDEL', bucket, wheel_field(id)) == 0
+      and not (whole_maybe() and redis.call('HDEL', bucket, id) == 1) then
     return 0
   end
   count_wheel(-1)
@@ -404,7 +419,11 @@ end
 -- Places one new job (publish, republish). Returns its code (DUPLICATE, WHEEL, DELAYED or
 -- READY) and the `lowered` flag: 1 when META.next moved earlier or the queue came into being.
 -- `bucket`: the job's wheel bucket, looked in for a duplicate; the job goes there if `wheel`.
+-- `wheel`: 0, or 1 / 2 (commands.INTO / INTO_NEW) to place it in that bucket, plus
+-- SHORT_VALUE when `rec` is its short wheel value.
 local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, keep)
+  local val = rec
+  if wheel >= SHORT_VALUE then rec = wheel_record(due, val) end
   if redis.call('HEXISTS', JOBS, id) == 1 or (bucket and wheel_has(bucket, id))
       or acked_lately(id, now, keep) then
     return CODE.DUPLICATE, 0 -- present, or acked a moment ago (a repeated publish must not bring it back)
@@ -418,9 +437,9 @@ local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, 
     redis.call('HSET', JOBS, id, rec)
     make_ready(id, rec, due)
     st = CODE.READY
-  elseif wheel and bucket and redis.call('HLEN', bucket) < cap then
-    local f, v = wheel_entry(id, rec, bname)
-    redis.call('HSET', bucket, f, v)
+  elseif wheel > 0 and bucket and redis.call('HLEN', bucket) < cap then
+    redis.call('HSET', bucket, wheel >= SHORT_VALUE and wheel_field(id) or id, val)
+    wheel_wrote(wheel >= SHORT_VALUE)
     local start = due - due % width
     redis.call('ZADD', WHEEL, 'NX', start, bname)
     count_wheel(1)

@@ -112,6 +112,7 @@ ways_out = st.sampled_from(["open", "bury", "reschedule", "ack"])
         ),
     ),
     way=ways_out,
+    via=st.sampled_from(["publish", "republish"]),
 )
 def test_a_wheel_job_reads_back_as_it_was_published(
     sync_engine: SyncEngine,
@@ -123,6 +124,7 @@ def test_a_wheel_job_reads_back_as_it_was_published(
     attributes: dict[str, str] | None,
     backoff: Backoff | None,
     way: str,
+    via: str,
 ) -> None:
     flush(sync_redis)
     e, cfg = sync_engine, sync_engine.config
@@ -135,7 +137,12 @@ def test_a_wheel_job_reads_back_as_it_was_published(
         attributes=attributes or None,
         backoff=backoff,
     )
-    [pub] = e.run(ops.publish(cfg, NS, Q, [spec], T))
+    if via == "publish":
+        [pub] = e.run(ops.publish(cfg, NS, Q, [spec], T))
+    else:  # republish.lua places it (lib/queue.lua's place), replacing a ready job
+        [old] = e.run(ops.publish(cfg, NS, Q, [JobSpec(b"old")], T))
+        gone, pub = e.run(ops.republish(cfg, NS, Q, old.job_id, spec, T))
+        assert gone is JobState.READY
     job_id, due, rec = pub.job_id, T + delay, expected(spec)
     [(field, _)] = bucket_entries(sync_redis).items()
     short = delay < WIDE and ttl < WIDE
@@ -254,4 +261,32 @@ def test_a_bucket_holds_short_and_whole_entries_side_by_side(
         m = decode_id(p.job_id)
         assert m is not None
         assert sync_redis.hget(jobs_key, m) == expected(spec).pack()
+    check_queue(sync_redis, NS, Q)
+
+
+def test_a_whole_entry_clears_the_short_only_mark_and_is_found(
+    sync_engine: SyncEngine, sync_redis: redis.Redis
+) -> None:
+    """META.s lets lookups skip the whole form: a queue whose wheel holds only short entries
+    has it; a job that must rest whole (a ttl of 2^32 ms or more) clears it in the same call,
+    and is then found, published again as a duplicate, and acked like any other."""
+    e, cfg = sync_engine, sync_engine.config
+    meta = QueueKeys(NS, Q).meta
+    delay = 3_600_000
+    [a] = e.run(ops.publish(cfg, NS, Q, [JobSpec(b"a", delay_ms=delay, ttl_ms=0)], T))
+    assert sync_redis.hget(meta, "s") == b"1"
+    check_queue(sync_redis, NS, Q)
+    long_ttl = JobSpec(b"b", delay_ms=delay, ttl_ms=WIDE + delay)
+    [b] = e.run(ops.publish(cfg, NS, Q, [long_ttl], T))
+    assert sorted(len(f) for f in bucket_entries(sync_redis)) == [WHEEL_SHORT_FIELD, 16]
+    assert sync_redis.hget(meta, "s") is None
+    check_queue(sync_redis, NS, Q)
+    same_job(e.run(ops.peek_job(NS, Q, b.job_id)), expected(long_ttl), T + delay)
+    again = JobSpec(b"b", job_id=b.job_id, due_ms=T + delay, ttl_ms=WIDE + delay)
+    assert e.run(ops.publish(cfg, NS, Q, [again], T + 1))[0].duplicate
+    assert e.run(ops.ack(NS, Q, [b.job_id, a.job_id], T + 2)) == [JobState.DELAYED] * 2
+    assert not bucket_entries(sync_redis)
+    # an empty wheel holds no whole entry: the next short one marks it again
+    e.run(ops.publish(cfg, NS, Q, [JobSpec(b"c", delay_ms=delay, ttl_ms=0)], T + 3))
+    assert sync_redis.hget(meta, "s") == b"1"
     check_queue(sync_redis, NS, Q)
