@@ -432,20 +432,22 @@ def publish_many(
 # never), tries, priority, body). The member is 16 raw bytes of a server-format id (which
 # carries the due time and lane, so a rerun finds it in its bucket), or a client id.
 BulkJob = tuple[bytes, int, int, int, int, bytes]
+_Bulk = tuple[int, str, int, bytes]  # a bulk job's bucket KEYS index and name, into, record head
 
 
 def _place_bulk(cfg: EngineConfig, jobs: Sequence[BulkJob], now: int, published: int) -> _Placement:
     """``_place_jobs`` for ids made by the writer (a ``JobSpec`` with ``due_ms``,
     ``expire_at_ms`` and such a ``job_id``), published at ``published``: the same arguments,
-    without a text id per job."""
+    without a text id per job. Jobs that share their id's first 8 bytes (due ms and lane), due
+    time, ttl end, tries and priority share everything but their body: worked out once."""
     out = _Placement()
     placed, lead = out.placed, cfg.open_lead_ms
     heads, shorts = _Headers(published), _Shorts(published)
     buckets = _Buckets(out.buckets, FIRST_EXTRA_KEY)
-    event = None
-    for member, due, expire_at, tries, priority, body in jobs:
+    events: list[int] = []
+
+    def place(member: bytes, due: int, expire_at: int, tries: int, priority: int) -> _Bulk:
         start = due - due % BUCKET_WIDTH_MS
-        record = b""
         if is_wheel_member(member):
             kidx, bname = buckets[due // BUCKET_WIDTH_MS, id_lane(member)]
             # as in _place_jobs; the same record at every attempt: INTO_SAME
@@ -453,18 +455,26 @@ def _place_bulk(cfg: EngineConfig, jobs: Sequence[BulkJob], now: int, published:
             if wheel and id_due_ms(member) == due:  # as a short entry when it fits one
                 head = shorts[due, expire_at, tries]
                 if head is not None:
-                    record, wheel = head + body, INTO_SAME | SHORT
+                    events.append(start - lead)
+                    return kidx, bname, INTO_SAME | SHORT, head
         else:
             bname, kidx, wheel = "", 0, LOOK
-        if not record:
-            record = heads[expire_at, tries, priority] + body
         at = start - lead if wheel else due if due > now else expire_at or None
-        if at is not None and (event is None or at < event):
-            event = at
-        placed.append((member, due, record, kidx, bname, wheel))
+        if at is not None:
+            events.append(at)
+        return kidx, bname, wheel, heads[expire_at, tries, priority]
+
+    shared: dict[tuple[bytes, int, int, int, int], _Bulk] = {}
+    for member, due, expire_at, tries, priority, body in jobs:
+        key = (member[:8], due, expire_at, tries, priority)
+        got = shared.get(key)
+        if got is None:
+            got = shared[key] = place(member, due, expire_at, tries, priority)
+        kidx, bname, wheel, head = got
+        placed.append((member, due, head + body, kidx, bname, wheel))
     out.members = [j[0] for j in jobs]
     out.made_up = [False] * len(jobs)
-    out.event = event
+    out.event = min(events, default=None)
     return out
 
 
