@@ -62,7 +62,7 @@ def _expand(text: str, base: Path, codes: dict[str, int]) -> str:
     def include(m: re.Match[str]) -> str:
         if m.group(1) == CODES_LIB:
             return f"-- (reply codes: folded into numbers by the loader, see {CODES_LIB}.lua)"
-        return (base / f"{m.group(1)}.lua").read_text()
+        return _INCLUDE.sub(include, (base / f"{m.group(1)}.lua").read_text())  # a lib's own
 
     expanded = _INCLUDE.sub(include, text)
     return _CODE_REF.sub(lambda m: _fold(m.group(1), codes), expanded)

@@ -188,9 +188,9 @@ def test_the_queue_key_order_agrees() -> None:
 
 
 def test_the_wheel_entry_form_agrees() -> None:
-    """lib/queue.lua's wheel entries and models.wheel_job read the same bucket width and short
-    field size (the form itself is compared on real Redis in tests/engine/test_wheel_entries.py)."""
-    text = (LUA / "lib" / "queue.lua").read_text()
+    """lib/wheel.lua and models.wheel_job read the same bucket width and short field size (the
+    form itself is compared on real Redis in tests/engine/test_wheel_entries.py)."""
+    text = (LUA / "lib" / "wheel.lua").read_text()
     width = re.search(r"^local BUCKET_WIDTH = (\d+)", text, re.MULTILINE)
     short = re.search(r"^local SHORT = (\d+)", text, re.MULTILINE)
     assert width and short
