@@ -99,6 +99,32 @@ async def _token_cmd(s: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _widen(s: Settings) -> int:
+    """``wheel widen``: every registered queue of every pool gets its short wheel entries
+    rewritten whole (engine.control.widen_wheel), before a downgrade to a version without
+    them; with no instance of this version running."""
+    from cluster_dq.engine import commands as ops
+    from cluster_dq.engine import control
+    from cluster_dq.engine.aio import AsyncEngine
+    from cluster_dq.keys import parse_qualified
+    from cluster_dq.pools import close_client, make_client
+
+    cfg = EngineConfig.from_settings(s)
+    for name, pool in sorted(s.Pool.items()):
+        engine = AsyncEngine(make_client(pool), cfg)
+        try:
+            queues = widened = 0
+            for shard in range(cfg.shards):
+                for qualified in await engine.run(ops.queues_of_shard(shard), idempotent=True):
+                    ns, q = parse_qualified(qualified)
+                    widened += await engine.run(control.widen_wheel(cfg, ns, q), idempotent=True)
+                    queues += 1
+            print(f"pool {name}: {widened:,} wheel entries widened in {queues:,} queues")
+        finally:
+            await close_client(engine.client)
+    return 0
+
+
 def _pipeline(s: Settings, args: argparse.Namespace) -> int:
     from cluster_dq import pipeline
 
@@ -320,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument(
         "--pool", default="default", help="schedule/export: a pool or ring, as tokens name them"
     )
+    wp = sub.add_parser("wheel", help="maintenance of the wheel buckets (a downgrade)")
+    wp.add_argument("action", choices=["widen"], help="widen: short entries back to whole ones")
+    wp.add_argument("--port", type=int, help=EMBEDDED_PORT_HELP)
     sub.add_parser("version", help="print the version")
     _operator_parsers(sub)
     args = ap.parse_args(argv)
@@ -347,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             s = dataclasses.replace(s, Pool={"default": PoolSettings("default", Addr=addr)})
         if args.cmd == "pipeline":
             return _pipeline(s, args)
+        if args.cmd == "wheel":
+            return asyncio.run(_widen(s))
         if args.action == "delete" and not args.token:
             raise ConfigError("token delete needs the token")
         return asyncio.run(_token_cmd(s, args))

@@ -10,6 +10,7 @@ from typing import Any
 
 from cluster_dq.engine import replies
 from cluster_dq.engine.commands import (
+    Cmd,
     EngineConfig,
     Op,
     by_id,
@@ -256,3 +257,18 @@ def purge_dead(
         examine=DEAD_EXAMINE,
     )
     return replies.decode_sweep((yield call))
+
+
+def widen_wheel(cfg: EngineConfig, ns: str, q: str) -> Op[int]:
+    """Rewrites the queue's short wheel entries as whole ones and clears its short-only mark
+    (``META.s``), a few buckets per call: what a downgrade to a version without short entries
+    needs first, with no instance of this version running (lua/README.md "Wheel entries").
+    Returns the entries widened."""
+    qk = QueueKeys(ns, q)
+    names = [n.decode() for n in (yield Cmd(("ZRANGE", qk.wheel, 0, -1)))]
+    widened, per = 0, cfg.open_buckets_per_call
+    for i in range(0, max(len(names), 1), per):  # one call at least: META.s goes either way
+        chunk = names[i : i + per]
+        keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in chunk]}
+        widened += int((yield _eval("widen_wheel", keys, names=chunk)))
+    return widened

@@ -127,6 +127,7 @@ SIGNATURES: dict[str, Signature] = {
         Signature("touch", _Q, ("now", "ttr", "member", "lease")),
         Signature("progress", (QUEUE, "bucket..."), ("now", "member", "lease", "progress")),
         Signature("open_buckets", _QB, ("now", "names...")),
+        Signature("widen_wheel", _QB, ("names...",)),
         Signature("promote_due", _Q, ("now", "limit", "notify")),
         Signature("expire_reserved", _Q, ("now", "limit", "notify", "seed")),
         Signature("configure", _Q, ("notify", "fields...")),

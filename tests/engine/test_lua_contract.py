@@ -309,6 +309,8 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(control.kick(cfg, "ns", q, a.job_id, 0, 1, 0, t))
     await run(control.redrive_dead(cfg, "ns", q, DeadFilter(), None, 10, 0, 1, 0, t))
     await run(control.purge_dead("ns", q, DeadFilter(), None, 10))
+    await run(ops.publish(cfg, "ns", q, [JobSpec(b"w", delay_ms=10 * min_)], t))
+    await run(control.widen_wheel(cfg, "ns", q))
     await run(ops.destroy(cfg, "ns", q))
     await run(ops.sizes(cfg, "ns", q))
     epoch = await run(ops.lead(5, "contract", 1_000))

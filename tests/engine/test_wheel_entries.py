@@ -321,3 +321,46 @@ def test_a_bulk_schedule_run_again_writes_nothing_new_and_changes_no_record(
     entries = bucket_entries(sync_redis)
     assert len(entries) == 20 and entries[jobs[0][0]] == old
     check_queue(sync_redis, NS, Q)
+
+
+def test_wheel_widen_rewrites_every_short_entry_whole_for_a_downgrade(
+    sync_engine: SyncEngine, sync_redis: redis.Redis, deployment: Any, tmp_path: Any, capsys: Any
+) -> None:
+    """``cluster-dq wheel widen``: every queue's short entries become the whole entries a
+    version without short ones reads (the 16-byte id, the record), META.s goes, and every job is
+    still there and found, whatever its form was."""
+    from cluster_dq import cli
+
+    e, cfg = sync_engine, sync_engine.config
+    published: dict[str, list[tuple[str, Record]]] = {}
+    # queue a: short entries only (META.s set); queue b: one whole entry beside short ones
+    for q, ttls in (("a", [0, 7_200_000]), ("b", [0, 7_200_000, WIDE + 3_600_000])):
+        specs = [
+            JobSpec(b"%s %d" % (q.encode(), i), delay_ms=3_600_000 + i * 20_000, ttl_ms=ttl)
+            for i, ttl in enumerate(ttls)
+        ]
+        pubs = e.run(ops.publish(cfg, NS, q, specs, T))
+        published[q] = [(p.job_id, expected(s)) for p, s in zip(pubs, specs, strict=True)]
+        e.run(ops.publish(cfg, NS, q, [JobSpec(b"ready")], T))  # not in the wheel: untouched
+    assert sync_redis.hget(QueueKeys(NS, "a").meta, "s") == b"1"
+    pool = deployment.pool_settings()
+    lines = [
+        "[Pool.default]",
+        f'Addr = "{pool.Addr}"',
+        f'MasterName = "{pool.MasterName}"',
+        f"Cluster = {'true' if pool.Cluster else 'false'}",
+    ]
+    conf = tmp_path / "dq.toml"
+    conf.write_text("\n".join(lines) + "\n")
+    assert cli.main(["-c", str(conf), "wheel", "widen"]) == 0
+    assert "4 wheel entries widened in 2 queues" in capsys.readouterr().out  # 2 + 2 short
+    for q, jobs in published.items():
+        qk = QueueKeys(NS, q)
+        entries: dict[bytes, bytes] = {}
+        for name in sync_redis.zrange(qk.wheel, 0, -1):
+            entries.update(sync_redis.hgetall(qk.bucket(name.decode())))
+        assert entries == {decode_id(j): rec.pack() for j, rec in jobs}
+        assert sync_redis.hget(qk.meta, "s") is None
+        check_queue(sync_redis, NS, q)
+        for job_id, rec in jobs:
+            same_job(e.run(ops.peek_job(NS, q, job_id)), rec, id_due_ms(decode_id(job_id) or b""))
