@@ -111,6 +111,8 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
         await run(control.bury("ns", q, b.job_id, "", t))
         assert (await run(control.purge_dead("ns", q, DeadFilter(), None, 10))).count >= 1
         await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=MIN + BUCKET_WIDTH_MS)], t))
+        await run(ops.publish(cfg, "ns", q, [JobSpec(b"far", delay_ms=10 * MIN)], t))
+        assert await run(control.widen_wheel(cfg, "ns", q)) >= 1
         assert await run(ops.destroy(cfg, "ns", q)) >= 1
         assert await run(ops.sizes(cfg, "ns", q)) == ops.Sizes(0, 0, 0, 0, None)
     epoch = await run(ops.lead(3, "me", 1_000))
