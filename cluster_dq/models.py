@@ -132,10 +132,11 @@ def is_wheel_member(member: bytes) -> bool:
 
 
 # A wheel bucket's entry (lua/README.md "Wheel entries"; wheel_short makes a short value, the
-# scripts write it and read it back in lua/lib/queue.lua): short, a 10-byte field (the low 16 bits of the job's due ms, then its id's
-# last 8 bytes) and the record relative to its due time (`>I4 I4 H B`: ms from publish to due,
-# ttl in ms from publish or 0, tries left, flags; then the rest of the record); or whole, its
-# 16-byte id and its record. wheel_member and wheel_job read both.
+# scripts write it and read it back in lua/lib/wheel.lua): short, a 10-byte field (the low 16
+# bits of the job's due ms, then its id's last 8 bytes) and the record relative to its due time
+# (`>I4 I4 H B`: ms from publish to due, ttl in ms from publish or 0, tries left, flags; then the
+# rest of the record); or whole, its 16-byte id and its record. wheel_member and wheel_job read
+# both.
 WHEEL_SHORT_FIELD = 10
 _WHEEL_SHORT_HEAD = struct.Struct(">IIHB")
 

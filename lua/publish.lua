@@ -19,10 +19,11 @@
     (HSETNX), 2 place it there, its id made up by this call (HSET: only an earlier attempt of
     the same call can have written it, with the same record; one look through the bucket instead
     of two), 3 place it there with HSET, its id given with a record every attempt writes the
-    same (a bulk schedule's: HSET's 0 is then its duplicate check), plus 4 (SHORT_VALUE) when the job comes as a short wheel entry (README "Wheel
-    entries"); due ms; the member's length; then the member; with SHORT_VALUE, its short field
-    (10 bytes); then the record, or the short value (widened back into a record if the job
-    goes to JOBS instead). A bucket's WHEEL member is its key's name after `}:w:`.
+    same (a bulk schedule's: HSET's 0 is then its duplicate check), each plus 4 (SHORT_VALUE)
+    when the job comes as a short wheel entry (README "Wheel entries"); due ms; the member's
+    length; then the member; with SHORT_VALUE, its short field (10 bytes); then the record, or
+    the short value (widened back into a record if the job goes to JOBS instead). A bucket's
+    WHEEL member is its key's name after `}:w:`.
   Returns: {code_1 .. code_n, HLEN of KEYS[13], HLEN of KEYS[14], ..., lowered}
     code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY, FULL (the queue holds
     CONF max_size jobs, in all states: nothing written for it)

@@ -193,8 +193,8 @@ INTO_NEW = 2
 # schedule's, published at the schedule's reference time): HSET too, after a look for the id's
 # whole entry (lua/README.md "Wheel entries"); a rerun writes the very bytes that are there
 INTO_SAME = 3
-# a bit beside INTO / INTO_NEW: the job's value is its short wheel entry's (models.wheel_short),
-# not its record (lua/README.md "Wheel entries")
+# a bit beside INTO / INTO_NEW / INTO_SAME: the job's value is its short wheel entry's
+# (models.wheel_short), not its record (lua/README.md "Wheel entries")
 SHORT = 4
 
 

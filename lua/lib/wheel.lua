@@ -10,7 +10,7 @@
 -- entry is the 16-byte id and the record. A field's length tells the two apart.
 local BUCKET_WIDTH = 10000  -- ms of a bucket's window (keys.BUCKET_WIDTH_MS)
 local SHORT = 10            -- bytes of a short field
-local SHORT_VALUE = 4       -- a publish's job, or a republish's wheel, with a short value (commands.SHORT)
+local SHORT_VALUE = 4       -- a job of publish, or republish's wheel, as a short entry (commands.SHORT)
 
 local function wheel_field(id)
   return string.sub(id, 5, 6) .. string.sub(id, 9)
