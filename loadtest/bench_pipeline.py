@@ -131,7 +131,7 @@ def main() -> None:
             for i in range(16)
         }
         ((new, present),) = publish_partition(
-            route_of(pool), (r for r in rows if r[0]), lanes, config, ref
+            route_of(pool), (r for r in rows if r[0]), lanes, config
         )
         took = time.monotonic() - t
         print(

@@ -18,9 +18,7 @@
     server id whose bucket may not be open yet), 1 place the job there unless its id is there
     (HSETNX), 2 place it there, its id made up by this call (HSET: only an earlier attempt of
     the same call can have written it, with the same record; one look through the bucket instead
-    of two), 3 place it there with HSET, its id given with a record every attempt writes the
-    same (a bulk schedule's: HSET's 0 is then its duplicate check), each plus 4 (SHORT_VALUE)
-    when the job comes as a short wheel entry (README "Wheel entries"); due ms; the member's
+    of two), either plus 4 (SHORT_VALUE) when the job comes as a short wheel entry (README "Wheel entries"); due ms; the member's
     length; then the member; with SHORT_VALUE, its short field (10 bytes); then the record, or
     the short value (widened back into a record if the job goes to JOBS instead). A bucket's
     WHEEL member is its key's name after `}:w:`.
@@ -90,11 +88,11 @@ for j = 1, n do
     end
     if fits then
       local other = false -- where a given id may rest in the other form
-      if into ~= 2 then
+      if into == 1 then
         if not short then other = wheel_field(id) elseif whole_maybe() then other = id end
       end
       if not (other and redis.call('HEXISTS', bucket, other) == 1) and redis.call(
-          into == 1 and 'HSETNX' or 'HSET', bucket, short or id, rec) == 1 then
+          into == 2 and 'HSET' or 'HSETNX', bucket, short or id, rec) == 1 then
         wheel_wrote(short ~= false)
         local start = due - due % width
         if not listed[kidx] then

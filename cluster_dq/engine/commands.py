@@ -189,11 +189,7 @@ INTO = 1  # place the job there unless its id is there already (HSETNX: a given 
 # place it there, its id made up by this very call: only an earlier attempt of the call can have
 # written it, with the same record, so HSET (one look through the bucket instead of HSETNX's two)
 INTO_NEW = 2
-# place it there, its id given and its record the same at every attempt and every rerun (a bulk
-# schedule's, published at the schedule's reference time): HSET too, after a look for the id's
-# whole entry (lua/README.md "Wheel entries"); a rerun writes the very bytes that are there
-INTO_SAME = 3
-# a bit beside INTO / INTO_NEW / INTO_SAME: the job's value is its short wheel entry's
+# a bit beside INTO / INTO_NEW: the job's value is its short wheel entry's
 # (models.wheel_short), not its record (lua/README.md "Wheel entries")
 SHORT = 4
 
@@ -325,8 +321,8 @@ _JOB_HEAD = struct.Struct(">HBHIB")  # publish.lua's job argument, before its me
 
 def packed_job(member: bytes, due: int, record: bytes, kidx: int, into: int) -> bytes:
     """One job of a publish call as the script takes it, in one argument (lua/publish.lua):
-    bucket KEYS index (u16), what to do with the bucket (u8: LOOK, INTO, INTO_NEW, INTO_SAME,
-    the latter three with SHORT when ``record`` is the job's short wheel value), due ms
+    bucket KEYS index (u16), what to do with the bucket (u8: LOOK, INTO, INTO_NEW, the
+    latter two with SHORT when ``record`` is the job's short wheel value), due ms
     (u48), member length (u8), the member, with SHORT its short field, the record. One
     argument instead of six: redis-py packs and Redis parses one."""
     head = _JOB_HEAD.pack(kidx, into, due >> 32, due & 0xFFFFFFFF, len(member))
@@ -435,14 +431,13 @@ BulkJob = tuple[bytes, int, int, int, int, bytes]
 _Bulk = tuple[int, str, int, bytes]  # a bulk job's bucket KEYS index and name, into, record head
 
 
-def _place_bulk(cfg: EngineConfig, jobs: Sequence[BulkJob], now: int, published: int) -> _Placement:
+def _place_bulk(cfg: EngineConfig, jobs: Sequence[BulkJob], now: int) -> _Placement:
     """``_place_jobs`` for ids made by the writer (a ``JobSpec`` with ``due_ms``,
-    ``expire_at_ms`` and such a ``job_id``), published at ``published``: the same arguments,
-    without a text id per job. Jobs that share their id's first 8 bytes (due ms and lane), due
+    ``expire_at_ms`` and such a ``job_id``): the same arguments, without a text id per job. Jobs that share their id's first 8 bytes (due ms and lane), due
     time, ttl end, tries and priority share everything but their body: worked out once."""
     out = _Placement()
     placed, lead = out.placed, cfg.open_lead_ms
-    heads, shorts = _Headers(published), _Shorts(published)
+    heads, shorts = _Headers(now), _Shorts(now)
     buckets = _Buckets(out.buckets, FIRST_EXTRA_KEY)
     events: list[int] = []
 
@@ -450,13 +445,12 @@ def _place_bulk(cfg: EngineConfig, jobs: Sequence[BulkJob], now: int, published:
         start = due - due % BUCKET_WIDTH_MS
         if is_wheel_member(member):
             kidx, bname = buckets[due // BUCKET_WIDTH_MS, id_lane(member)]
-            # as in _place_jobs; the same record at every attempt: INTO_SAME
-            wheel = INTO_SAME if start > now + lead and priority == 0 else LOOK
+            wheel = INTO if start > now + lead and priority == 0 else LOOK  # as in _place_jobs
             if wheel and id_due_ms(member) == due:  # as a short entry when it fits one
                 head = shorts[due, expire_at, tries]
                 if head is not None:
                     events.append(start - lead)
-                    return kidx, bname, INTO_SAME | SHORT, head
+                    return kidx, bname, INTO | SHORT, head
         else:
             bname, kidx, wheel = "", 0, LOOK
         at = start - lead if wheel else due if due > now else expire_at or None
@@ -482,18 +476,16 @@ def publish_bulk(
     cfg: EngineConfig,
     batches: Sequence[tuple[str, str, Sequence[BulkJob]]],
     now: int,
-    published: int,
 ) -> Op[list[int]]:
     """``publish_many`` for a bulk schedule (ids made by the writer, each batch one queue; up
     to 512 jobs keep a call near 5 ms): the same scripts and signals; returns how many jobs
-    of each batch were present already (the rest are new). ``published``: the schedule's
-    reference time, the same at every rerun, so a job's record is too. A batch that would
-    take its queue beyond its max_size writes nothing and raises ``QueueFull`` (the others are
-    written: a rerun is idempotent)."""
+    of each batch were present already (the rest are new). A batch that would take its queue
+    beyond its max_size writes nothing and raises ``QueueFull`` (the others are written: a
+    rerun is idempotent)."""
     placed = []
     for ns, q, jobs in batches:
         qk = QueueKeys(ns, q)
-        placement = _place_bulk(cfg, jobs, now, published)
+        placement = _place_bulk(cfg, jobs, now)
         placed.append((qk, _publish_eval(cfg, qk, placement, now, whole=True), placement))
     decoded = yield from _publish_pipelined(cfg, placed)
     for (qk, _, _), reply in zip(placed, decoded):

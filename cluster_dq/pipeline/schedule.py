@@ -140,12 +140,10 @@ def publish_partition(
     rows: Iterable[Checked],
     lanes: dict[tuple[str, str, int], int],
     config: EngineConfig,
-    reference_ms: int,
 ) -> Iterator[tuple[int, int]]:
     """Publishes one partition's valid rows, each on the pool its route places the queue on
     (a client per pool and partition, with the deployment's ``config``: the shard a queue is
-    signalled on depends on it), published at the schedule's ``reference_ms``; yields (new,
-    present). A sender thread does the round trips
+    signalled on depends on it); yields (new, present). A sender thread does the round trips
     while this one reads and checks the next rows (the GIL is free while it waits on Redis);
     its failure fails the task."""
     from cluster_dq.engine.sync import SyncEngine
@@ -169,9 +167,7 @@ def publish_partition(
                 # durable: with the pool's WaitReplicas, a batch its replicas did not confirm
                 # fails the task (NotReplicated), and Spark's rerun finds the confirmed jobs.
                 dups = engine.run(
-                    ops.publish_bulk(engine.config, batch, now, reference_ms),
-                    idempotent=True,
-                    durable=True,
+                    ops.publish_bulk(engine.config, batch, now), idempotent=True, durable=True
                 )
                 present += sum(dups)
                 new += sum(len(jobs) for _, _, jobs in batch) - sum(dups)
@@ -234,7 +230,6 @@ def _checked_partition(
     rows: Iterable[Checked],
     lanes: dict[tuple[str, str, int], int],
     config: EngineConfig,
-    reference_ms: int,
 ) -> Iterator[tuple[int, int, int]]:
     """Publishes one partition's checked rows; yields (new, present, rejected)."""
     rejected = 0
@@ -247,7 +242,7 @@ def _checked_partition(
             else:
                 rejected += 1
 
-    for new, present in publish_partition(route, valid(), lanes, config, reference_ms):
+    for new, present in publish_partition(route, valid(), lanes, config):
         yield new, present, rejected
 
 
@@ -329,7 +324,7 @@ def schedule(
         import pyarrow as pa
 
         checked = check_batches(batches, ref)
-        for n, p, r in _checked_partition(route, checked, lanes_bc.value, cfg, ref):
+        for n, p, r in _checked_partition(route, checked, lanes_bc.value, cfg):
             yield pa.RecordBatch.from_pydict({"new": [n], "present": [p], "rejected": [r]})
 
     batch_rows = spark.conf.get(BATCH_ROWS_CONF, None)

@@ -295,19 +295,22 @@ def test_a_whole_entry_clears_the_short_only_mark_and_is_found(
 def test_a_bulk_schedule_run_again_writes_nothing_new_and_changes_no_record(
     sync_engine: SyncEngine, sync_redis: redis.Redis
 ) -> None:
-    """A bulk schedule's jobs are written with HSET (INTO_SAME): a retried Spark task, or a
-    rerun with the same reference time, later, must find every job present and leave each
-    record as it was, byte for byte; a job resting whole under one of its ids is found too."""
+    """A bulk schedule's given ids go into their buckets with HSETNX: a retried Spark task, or a
+    rerun later (a new publish time, even other tries and ttl for the same derived id), must
+    find every job present and leave each record as the first run wrote it, byte for byte; a
+    job resting whole under one of its ids is found too."""
     from cluster_dq.pipeline.schedule import derived_member
 
     e, cfg = sync_engine, sync_engine.config
     due = T + 3_600_000
     bodies = [b"row %d" % i for i in range(20)]
     jobs = [(derived_member(NS, Q, due, b, 1), due, T + 7_200_000, 2, 0, b) for b in bodies]
-    assert e.run(ops.publish_bulk(cfg, [(NS, Q, jobs)], T, T)) == [0]
+    assert e.run(ops.publish_bulk(cfg, [(NS, Q, jobs)], T)) == [0]
     before = bucket_entries(sync_redis)
     assert len(before) == 20 and all(len(f) == WHEEL_SHORT_FIELD for f in before)
-    assert e.run(ops.publish_bulk(cfg, [(NS, Q, jobs)], T + 60_000, T)) == [20]
+    assert e.run(ops.publish_bulk(cfg, [(NS, Q, jobs)], T + 60_000)) == [20]
+    other = [(m, d, exp + 1_000_000, tries + 3, p, b) for m, d, exp, tries, p, b in jobs]
+    assert e.run(ops.publish_bulk(cfg, [(NS, Q, other)], T + 60_000)) == [20]
     assert bucket_entries(sync_redis) == before
     assert check_queue(sync_redis, NS, Q)["wheel"] == 20
     # the first of them resting whole (written by a version without short entries)
@@ -317,7 +320,7 @@ def test_a_bulk_schedule_run_again_writes_nothing_new_and_changes_no_record(
     sync_redis.hset(qk.bucket(name), jobs[0][0], old)
     sync_redis.zadd(qk.wheel, {name: due - due % 10_000})
     sync_redis.hincrby(qk.meta, "w", 1)
-    assert e.run(ops.publish_bulk(cfg, [(NS, Q, jobs)], T, T)) == [1]
+    assert e.run(ops.publish_bulk(cfg, [(NS, Q, jobs)], T)) == [1]
     entries = bucket_entries(sync_redis)
     assert len(entries) == 20 and entries[jobs[0][0]] == old
     check_queue(sync_redis, NS, Q)

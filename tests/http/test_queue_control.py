@@ -234,11 +234,11 @@ async def test_a_bulk_schedule_batch_beyond_max_size_writes_nothing(
     before = snapshot(sync_redis, ns, "full-bulk")
     with pytest.raises(QueueFull):
         await engine.run(
-            ops.publish_bulk(cfg, [(ns, "other", jobs[:1]), (ns, "full-bulk", jobs)], t, t)
+            ops.publish_bulk(cfg, [(ns, "other", jobs[:1]), (ns, "full-bulk", jobs)], t)
         )
     assert snapshot(sync_redis, ns, "full-bulk") == before
     assert sync_redis.hlen(QueueKeys(ns, "other").jobs) == 1  # another queue's batch stands
-    assert await engine.run(ops.publish_bulk(cfg, [(ns, "full-bulk", jobs[:2])], t, t)) == [0]
+    assert await engine.run(ops.publish_bulk(cfg, [(ns, "full-bulk", jobs[:2])], t)) == [0]
 
 
 async def test_concurrent_publishes_never_take_a_queue_beyond_its_max_size(
