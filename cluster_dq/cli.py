@@ -100,26 +100,26 @@ async def _token_cmd(s: Settings, args: argparse.Namespace) -> int:
 
 
 async def _widen(s: Settings) -> int:
-    """``wheel widen``: every registered queue of every pool gets its short wheel entries
-    rewritten whole (engine.control.widen_wheel), before a downgrade to a version without
-    them; with no instance of this version running."""
-    from cluster_dq.engine import commands as ops
+    """``wheel widen``: every queue of every pool gets its short wheel entries rewritten whole
+    (engine.control.widen_wheel), before a downgrade to a version without them; with no
+    instance of this version running. Queues are found as the pump's reconcile sweep finds
+    them, by SCANning every queue's META (on a Cluster, every master): a wheel with a job, or a
+    short-only mark, has one; a queue whose registration was lost is found all the same."""
     from cluster_dq.engine import control
     from cluster_dq.engine.aio import AsyncEngine
-    from cluster_dq.keys import parse_qualified
+    from cluster_dq.keys import META_PATTERN, queue_of_key
     from cluster_dq.pools import close_client, make_client
 
     cfg = EngineConfig.from_settings(s)
     for name, pool in sorted(s.Pool.items()):
         engine = AsyncEngine(make_client(pool), cfg)
         try:
-            queues = widened = 0
-            for shard in range(cfg.shards):
-                for qualified in await engine.run(ops.queues_of_shard(shard), idempotent=True):
-                    ns, q = parse_qualified(qualified)
-                    widened += await engine.run(control.widen_wheel(cfg, ns, q), idempotent=True)
-                    queues += 1
-            print(f"pool {name}: {widened:,} wheel entries widened in {queues:,} queues")
+            found = {queue_of_key(k) async for k in engine.client.scan_iter(match=META_PATTERN)}
+            widened = 0
+            for qk in sorted(found, key=lambda k: k.qualified):
+                op = control.widen_wheel(cfg, qk.namespace, qk.queue)
+                widened += await engine.run(op, idempotent=True)
+            print(f"pool {name}: {widened:,} wheel entries widened in {len(found):,} queues")
         finally:
             await close_client(engine.client)
     return 0

@@ -20,7 +20,7 @@ from cluster_dq.engine import control, insight
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.errors import Conflict, WrongState
-from cluster_dq.keys import QueueKeys, bucket_name
+from cluster_dq.keys import QueueKeys, ShardKeys, bucket_name, shard_of
 from cluster_dq.models import (
     WHEEL_SHORT_FIELD,
     JobSpec,
@@ -346,6 +346,9 @@ def test_wheel_widen_rewrites_every_short_entry_whole_for_a_downgrade(
         published[q] = [(p.job_id, expected(s)) for p, s in zip(pubs, specs, strict=True)]
         e.run(ops.publish(cfg, NS, q, [JobSpec(b"ready")], T))  # not in the wheel: untouched
     assert sync_redis.hget(QueueKeys(NS, "a").meta, "s") == b"1"
+    # queue b's registration lost (a signal that never came): found all the same
+    shard = ShardKeys(shard_of(f"{NS}/b", cfg.shards))
+    assert sync_redis.srem(shard.queues, f"{NS}/b") == 1
     pool = deployment.pool_settings()
     lines = [
         "[Pool.default]",
