@@ -12,6 +12,7 @@ Redis.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 
@@ -94,6 +95,18 @@ async def engine(sync_redis: redis.Redis, deployment: Deployment) -> AsyncIterat
         await client.initialize()  # as RedisPool.start does, before concurrent use
     yield AsyncEngine(client, EngineConfig())
     await close_client(client)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A command run in-process (``cli.main`` calls ``logs.setup``) points the root logger at
+    the test's captured stderr, closed when the test ends; a thread that logs later (py4j's,
+    after a Spark session) would then print a "Logging error" into another test's output."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
