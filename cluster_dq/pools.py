@@ -18,7 +18,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from cluster_dq.engine import wire
 from cluster_dq.engine.aio import AsyncClient, AsyncEngine
-from cluster_dq.engine.commands import EngineConfig, MoveSink
+from cluster_dq.engine.steps import EngineConfig, MoveSink
 from cluster_dq.errors import ConfigError, RedisFailure
 from cluster_dq.metrics import Metrics, PoolMetrics, SizeBoard
 from cluster_dq.pump import Pump

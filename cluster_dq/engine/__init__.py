@@ -1,1 +1,1 @@
-"""The engine: Lua scripts (scripts.py), pure operations (commands.py), executors (aio, sync)."""
+"""The engine: Lua scripts (scripts.py), pure operations (steps.py and one module per concept, listed in commands.py), executors (aio, sync)."""

@@ -1,11 +1,12 @@
 """Pure operations on the admin keys (tokens and rate limits, ``keys.AdminKeys``): steps for
-the executors, like commands.py, so the token store goes through the engine too."""
+the executors, like the other operations (steps.py), so the token store goes through the engine too."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cluster_dq.engine.commands import Cmd, Op
+from cluster_dq.engine import replies
+from cluster_dq.engine.steps import Cmd, Op, lua
 from cluster_dq.keys import AdminKeys
 
 
@@ -76,3 +77,16 @@ def audit_append(entry: str, cap: int) -> Op[None]:
 def audit_entries(limit: int) -> Op[list[str]]:
     """The newest ``limit`` audit entries of the pool (JSON), newest first."""
     return [_text(v) for v in (yield Cmd(("LRANGE", AdminKeys.audit(), 0, limit - 1)))]
+
+
+def rate_limit(key: str, per_window: int, window_ms: int, refund: bool = False) -> Op[int]:
+    """Takes (or gives back) one unit of a fixed-window limit: the ms left in the window
+    when taken, 0 when it is used up (a refund: 1)."""
+    call = lua(
+        "rate_limit",
+        {"counter": key},
+        limit=per_window,
+        window=window_ms,
+        refund="1" if refund else "0",
+    )
+    return replies.decode_count((yield call))

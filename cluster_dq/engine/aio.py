@@ -1,4 +1,4 @@
-"""Async executor: drives the pure operations of commands.py on a redis.asyncio client. A
+"""Async executor: drives the pure operations (commands.py) on a redis.asyncio client. A
 thin I/O shell over ``core`` (classification, retries, durable WAIT, stale masters)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tenacity import AsyncRetrying
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import core, retry
-from cluster_dq.engine.commands import Call, EngineConfig, Op, Step
+from cluster_dq.engine.steps import Call, EngineConfig, Op, Step
 from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import RedisFailure
 

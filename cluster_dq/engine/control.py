@@ -1,6 +1,6 @@
 """Pure engine operations for per-job control and the dead letter: bury, kick, reschedule one
 job by id; list, redrive and purge dead jobs with a cursor. Steps and reply decoding only, no
-I/O (the executors in aio.py / sync.py run them), as in ``commands.py``.
+I/O (the executors in aio.py / sync.py run them), as in the other operations (steps.py).
 """
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster_dq.engine import replies
-from cluster_dq.engine.commands import (
+from cluster_dq.engine.lookups import by_id
+from cluster_dq.engine.steps import (
     Cmd,
     EngineConfig,
     Op,
-    by_id,
-    _eval,
-    _fixed,
-    _lease_arg,
-    _raise_conflicts,
-    _signal,
+    fixed_keys,
+    lease_arg,
+    lua,
+    raise_conflicts,
+    signal,
 )
 from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.errors import BadRequest, WrongState
@@ -57,7 +57,7 @@ def _moved_job(
             "nothing was changed",
             "at",
         )
-    _raise_conflicts([job_id], [reply.code])
+    raise_conflicts([job_id], [reply.code])
     return Job.from_record(
         ns, q, id_to_member(job_id), reply.record, reply.state, note=Note.unpack(reply.note)
     )
@@ -71,14 +71,14 @@ def bury(
     hold it, ``Conflict``. Nothing changed then."""
     qk = QueueKeys(ns, q)
     member, bname, keys = by_id(qk, id_to_member(job_id))
-    call = _eval(
+    call = lua(
         "bury",
         keys,
         stamped=True,
         now=now,
         member=member,
         bucket_name=bname,
-        lease=_lease_arg(lease),
+        lease=lease_arg(lease),
         text=text.encode(),
     )
     reply = replies.decode_job_move((yield call))
@@ -99,7 +99,7 @@ def kick(
     None: no such job; ``WrongState`` when it is not dead (nothing changed)."""
     qk = QueueKeys(ns, q)
     member, _, keys = by_id(qk, id_to_member(job_id))
-    call = _eval(
+    call = lua(
         "kick",
         keys,
         stamped=True,
@@ -113,7 +113,7 @@ def kick(
     reply = replies.decode_job_move((yield call))
     job = _moved_job(ns, q, job_id, reply, "kick", "dead")
     if reply.lowered:
-        yield _signal(qk, cfg, _earliest(now, delay_ms, ttl_ms))
+        yield signal(qk, cfg, _earliest(now, delay_ms, ttl_ms))
     return job
 
 
@@ -125,7 +125,7 @@ def reschedule_job(
     due time is at or past its ttl end. Nothing changed then."""
     qk = QueueKeys(ns, q)
     member, bname, keys = by_id(qk, id_to_member(job_id))
-    call = _eval(
+    call = lua(
         "reschedule_job",
         keys,
         stamped=True,
@@ -139,7 +139,7 @@ def reschedule_job(
     job = _moved_job(ns, q, job_id, reply, "reschedule", "ready or delayed")
     if reply.lowered:
         at = [t for t in (due_ms if due_ms > now else None, job and job.expire_at_ms) if t]
-        yield _signal(qk, cfg, min(at) if at else now)
+        yield signal(qk, cfg, min(at) if at else now)
     return job
 
 
@@ -182,7 +182,7 @@ def dead_page(
     """Up to ``limit`` dead jobs, oldest death first, from just after ``after``; and where the
     next page starts (None: this was the last)."""
     qk = QueueKeys(ns, q)
-    call = _eval("dead_page", {"queue": _fixed(qk)}, **_after_args(after), limit=limit)
+    call = lua("dead_page", {"queue": fixed_keys(qk)}, **_after_args(after), limit=limit)
     reply = replies.decode_dead_page((yield call))
     out = []
     for e in reply.entries:
@@ -223,9 +223,9 @@ def redrive_dead(
 ) -> Op[replies.SweepReply]:
     """One bounded step of a filtered redrive (as ``kick`` on each matching dead job)."""
     qk = QueueKeys(ns, q)
-    call = _eval(
+    call = lua(
         "redrive_dead",
-        {"queue": _fixed(qk)},
+        {"queue": fixed_keys(qk)},
         stamped=True,
         now=now,
         **_after_args(after),
@@ -239,7 +239,7 @@ def redrive_dead(
     )
     reply = replies.decode_sweep((yield call))
     if reply.lowered:
-        yield _signal(qk, cfg, _earliest(now, delay_ms, ttl_ms))
+        yield signal(qk, cfg, _earliest(now, delay_ms, ttl_ms))
     return reply
 
 
@@ -248,9 +248,9 @@ def purge_dead(
 ) -> Op[replies.SweepReply]:
     """One bounded step of a filtered delete of dead jobs."""
     qk = QueueKeys(ns, q)
-    call = _eval(
+    call = lua(
         "purge_dead",
-        {"queue": _fixed(qk)},
+        {"queue": fixed_keys(qk)},
         **_after_args(after),
         **_range_args(filt),
         limit=limit,
@@ -269,6 +269,6 @@ def widen_wheel(cfg: EngineConfig, ns: str, q: str) -> Op[int]:
     widened, per = 0, cfg.open_buckets_per_call
     for i in range(0, max(len(names), 1), per):  # one call at least: META.s goes either way
         chunk = names[i : i + per]
-        keys = {"queue": _fixed(qk), "buckets": [qk.bucket(b) for b in chunk]}
-        widened += int((yield _eval("widen_wheel", keys, names=chunk)))
+        keys = {"queue": fixed_keys(qk), "buckets": [qk.bucket(b) for b in chunk]}
+        widened += int((yield lua("widen_wheel", keys, names=chunk)))
     return widened

@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import retry_if_exception_type
 
-from cluster_dq.engine.commands import Call, Eval, Step
+from cluster_dq.engine.steps import Call, Eval, Step
 from cluster_dq.engine.retry import OPTIONAL_POLICY, until, within
 from cluster_dq.engine.scripts import LuaScript, load_all
 from cluster_dq.errors import (

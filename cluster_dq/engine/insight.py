@@ -1,6 +1,6 @@
 """Pure read-only operations for the dashboard's panels: where a queue's delayed jobs fall in
 time (the precise ``delayed`` zset and the wheel buckets), and who holds each shard's pump
-lease. Steps and reply decoding only, as in ``commands.py``; nothing here writes.
+lease. Steps and reply decoding only, as in the other operations (steps.py); nothing here writes.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cluster_dq.engine.commands import Cmd, Op
+from cluster_dq.engine.steps import Cmd, Op
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys, ShardKeys
 from cluster_dq.models import id_due_ms, id_to_text, is_wheel_member, wheel_member
 

@@ -1,10 +1,10 @@
-"""Recurring jobs as engine operations: pure step builders and reply decoding, as commands.py.
+"""Recurring jobs as engine operations: pure step builders and reply decoding, as the other operations (steps.py).
 
 A schedule lives in its queue's ``schedules`` hash (tag ``{ns/q}``); its shard's ``timers``
 zset (tag ``{shard-N}``) says when a firer looks at it next. Every change of a schedule is one
 ``schedule_set`` call, a compare-and-set of its state; the timer is set in a separate step
 after it (another slot), as a publish's shard ``signal`` is. A firing step claims due
-occurrences with that compare-and-set, publishes them through ``commands.publish`` under
+occurrences with that compare-and-set, publishes them through ``publish.publish`` under
 their deterministic ids, then confirms them (``cluster_dq/schedules.py`` has the rule).
 """
 
@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cluster_dq.engine.commands import EngineConfig, Op, _eval, _fixed, publish
+from cluster_dq.engine.publish import publish
+from cluster_dq.engine.steps import EngineConfig, Op, fixed_keys, lua
 from cluster_dq.errors import BadRequest, Contended, NotFound
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.schedules import (
@@ -25,7 +26,7 @@ from cluster_dq.schedules import (
     occurrence_id,
     plan,
 )
-from cluster_dq.engine.commands import Cmd
+from cluster_dq.engine.steps import Cmd
 
 CAS_TRIES = 8  # a request's compare-and-set against concurrent firers and writers
 
@@ -55,9 +56,9 @@ def _read(qk: QueueKeys, name: str) -> Op[tuple[Schedule, bytes] | None]:
 def _set(
     qk: QueueKeys, name: str, expected: bytes | str, state: str, definition: str = ""
 ) -> Op[tuple[bool, int]]:
-    done, count = yield _eval(
+    done, count = yield lua(
         "schedule_set",
-        {"queue": _fixed(qk), "schedules": qk.schedules},
+        {"queue": fixed_keys(qk), "schedules": qk.schedules},
         name=name,
         expected=expected,
         state=state,
@@ -315,7 +316,7 @@ def fire(cfg: EngineConfig, shard: int, member: str, lease: float, now: int) -> 
     found = yield from _read(qk, name)
     state = None if found is None else State.decode(found[1])
     if found is None or state is None or state.paused:
-        yield _eval("schedule_unindex", {"timers": timers}, member=member, score=repr(lease))
+        yield lua("schedule_unindex", {"timers": timers}, member=member, score=repr(lease))
         return Fired()
     schedule, raw = found
     step = plan(schedule, state, now, cfg.remember_acked_ms)

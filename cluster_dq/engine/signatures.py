@@ -1,6 +1,6 @@
 """The KEYS and ARGV of every Lua script, by name, as the script's header declares them.
 
-commands.py builds the KEYS and ARGV of every script call through ``Signature.key_list`` and
+Every operation builds the KEYS and ARGV of every script call through ``Signature.key_list`` and
 ``Signature.args`` (by name, so a value cannot slip into another's place), and
 tests/engine/test_lua_contract.py checks this table against the headers in ``lua/``. A name ending
 in ``...`` takes the rest (a sequence, spliced in); ``queue`` among the KEYS stands for the

@@ -16,7 +16,7 @@ from tenacity import Retrying
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import core
-from cluster_dq.engine.commands import Call, EngineConfig, Op, Step
+from cluster_dq.engine.steps import Call, EngineConfig, Op, Step
 from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import RedisFailure
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster_dq.engine.commands import REMEMBER_ACKED_MS
+from cluster_dq.engine.steps import REMEMBER_ACKED_MS
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
 from cluster_dq.models import WHEEL_SHORT_FIELD, id_due_ms, id_lane, wheel_member
 

@@ -21,6 +21,7 @@ from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Eval, Step
+from cluster_dq.engine.publish import publish_call
 from cluster_dq.errors import BadRequest
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec, JobState, validate_spec
@@ -711,7 +712,7 @@ async def test_a_publish_call_repeated_after_its_reply_was_lost_writes_each_whee
     due = t + 120_000
     specs = [JobSpec(b"made-up %d" % i, delay_ms=120_000) for i in range(6)]
     specs += [JobSpec(b"given", job_id=derived_id(NS, Q, due, b"given", 1), due_ms=due)]
-    call, placed = ops._publish_call(cfg, QueueKeys(NS, Q), specs, t)
+    call, placed = publish_call(cfg, QueueKeys(NS, Q), specs, t)
 
     def twice() -> Any:
         first = yield call

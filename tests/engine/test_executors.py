@@ -19,6 +19,7 @@ from cluster_dq.engine import admin, core
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.commands import Cmd, EngineConfig, Op
+from cluster_dq.engine.steps import lua
 from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.errors import (
     Conflict,
@@ -407,7 +408,7 @@ def test_a_step_that_only_reads_is_repeated_on_any_transient_error() -> None:
     was sent (``Unsent``)."""
     look = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("HGET", "dq:{n/a}:meta", "next")))
     assert core.plan(look, idempotent=False, durable=False, budget_s=5.0).retry_on == (Transient,)
-    sizes = ops._eval("sizes", {"queue": QueueKeys("n", "a").all_fixed()}, open_lead=5_000)
+    sizes = lua("sizes", {"queue": QueueKeys("n", "a").all_fixed()}, open_lead=5_000)
     assert core.plan(sizes, idempotent=False, durable=False, budget_s=5.0).retry_on == (Transient,)
     write = (Cmd(("EXISTS", "dq:{n/a}:ready")), Cmd(("DEL", "dq:{n/a}:ready")))
     assert core.plan(write, idempotent=False, durable=False, budget_s=5.0).retry_on == (Unsent,)

@@ -9,8 +9,8 @@ Each ``lua/*.lua`` starts with ``#!lua`` and a header in one format (lua/README.
     Returns: ...
 
 Checked here: the names and order of every script's KEYS and ARGV against the table that
-commands.py builds its calls with (engine/signatures.py); the number of KEYS and ARGV of every
-call commands.py actually sends (recorded on a real Redis); ``ReplyCode`` against
+the operations build its calls with (engine/signatures.py); the number of KEYS and ARGV of every
+call the operations actually send (recorded on a real Redis); ``ReplyCode`` against
 ``lua/lib/codes.lua``; the queue's fixed key order in keys.py against lib/queue.lua.
 """
 
@@ -210,7 +210,7 @@ def test_the_readme_lists_every_script_and_code() -> None:
         )
 
 
-# -- every call commands.py sends, on a real Redis ------------------------------------------
+# -- every call the operations send, on a real Redis ------------------------------------------
 
 
 def check_call(call: Eval) -> None:
