@@ -656,3 +656,14 @@ def test_the_worker_and_its_test_mode_import_nothing_of_the_service() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr
+
+
+@pytest.mark.parametrize("module", ["cluster_dq.client.worker", "cluster_dq.client"])
+def test_the_worker_command_starts_under_both_names(module: str) -> None:
+    """``python -m cluster_dq.client.worker`` and ``python -m cluster_dq.client`` are the same
+    command: a missing handler is said in one line, status 1 (runpy warns of nothing)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-W", "error", "-m", module, "no_such_module:f", "--queue", "q"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip() == "'no_such_module:f': No module named 'no_such_module'"
