@@ -180,7 +180,7 @@ def _seconds(raw: str | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-# What a 503 of the service says (cluster_dq/service.py ``_outcome``, ``_not_replicated``).
+# What a 503 of the service says (cluster_dq/service/failures.py ``outcome``, ``not_replicated``).
 _SAFE = re.compile(r"repeating (it|the request) is safe")
 _NOT_APPLIED = re.compile(r"refused before it ran|nothing was written")
 

@@ -1,7 +1,7 @@
 """The data of the dashboard's own panels: the delay timeline (with drill-down and a bucket's
 reschedule), dead letters grouped by error fingerprint (with a group's redrive), and the
 topology view (the lateness and redelivery charts are ``charts.py``). Every read and
-every change goes through the service (``cluster_dq/service.py``); nothing here talks to Redis.
+every change goes through the service (``cluster_dq/service/``); nothing here talks to Redis.
 The pages themselves are in ``panel_views.py``."""
 
 from __future__ import annotations

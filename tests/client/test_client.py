@@ -455,7 +455,7 @@ IDEM, ONCE = Safety.IDEMPOTENT, Safety.ONCE
 
 
 def unavailable(advice: str) -> Unavailable:
-    """A 503 as the service words it (cluster_dq/service.py), decoded by the client."""
+    """A 503 as the service words it (cluster_dq/service/failures.py), decoded by the client."""
     from cluster_dq.errors import PoolUnavailable
 
     msg = str(PoolUnavailable("default", "detail", advice))
@@ -467,12 +467,12 @@ def unavailable(advice: str) -> Unavailable:
 def service_advice() -> dict[str, str]:
     """The service's own 503 advice texts, from its own code."""
     from cluster_dq.errors import Refused, Transient
-    from cluster_dq.service import UNKNOWN, _outcome
+    from cluster_dq.service.failures import UNKNOWN, outcome
 
     return {
-        "refused": _outcome(Refused("x"), False, UNKNOWN),
-        "idempotent": _outcome(Transient("x"), True, UNKNOWN),
-        "unknown": _outcome(Transient("x"), False, UNKNOWN),
+        "refused": outcome(Refused("x"), False, UNKNOWN),
+        "idempotent": outcome(Transient("x"), True, UNKNOWN),
+        "unknown": outcome(Transient("x"), False, UNKNOWN),
         "release": "the release may have been applied: look the job up (GET …) before repeating it",
     }
 
@@ -491,10 +491,10 @@ def test_503_bodies_decode_into_safe_to_repeat_and_maybe_applied() -> None:
 
 def test_every_503_of_the_service_decodes_to_what_happened() -> None:
     """Over every Redis failure the service may meet, for idempotent and other requests, the
-    503 it writes (its own ``_unavailable``) decodes so that the client repeats a once-only
+    503 it writes (its own ``unavailable``) decodes so that the client repeats a once-only
     call only when nothing ran on Redis, and reads `safe` only where the service said so."""
     from cluster_dq import errors as server
-    from cluster_dq.service import _unavailable
+    from cluster_dq.service.failures import unavailable as service_unavailable
 
     failures = [
         server.Transient("reset"),
@@ -510,7 +510,7 @@ def test_every_503_of_the_service_decodes_to_what_happened() -> None:
         for idempotent in (True, False):
             for unknown in ("the request may or may not have been applied", None):
                 try:
-                    with _unavailable("default", idempotent=idempotent, unknown=unknown):
+                    with service_unavailable("default", idempotent=idempotent, unknown=unknown):
                         raise failure
                 except server.PoolUnavailable as e:
                     got = unavailable(e.advice)

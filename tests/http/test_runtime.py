@@ -35,7 +35,8 @@ from cluster_dq.localredis import Server, start_server
 from cluster_dq.models import Job, JobSpec
 from cluster_dq.pools import RedisPool, close_client, make_client
 from cluster_dq.pump import Pump
-from cluster_dq.service import Service, _consume_across
+from cluster_dq.service import Service
+from cluster_dq.service.longpoll import consume_across
 from cluster_dq.settings import Settings
 from cluster_dq.testing import default_stop_signals
 from tests.support import commands_run, ADMIN_AUTH, ROOT, listeners, serve
@@ -226,7 +227,7 @@ async def test_a_consume_across_pools_cancelled_gives_back(
                 ops.publish(a.engine.config, ns, "qa", [JobSpec(b"x", tries=3)], now_ms())
             )
         consume = asyncio.create_task(
-            _consume_across([(a, ["qa"]), (b, ["qb"])], ns, 30_000, 2, 20_000)
+            consume_across([(a, ["qa"]), (b, ["qb"])], ns, 30_000, 2, 20_000)
         )
         if (
             phase == "long-poll"

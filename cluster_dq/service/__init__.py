@@ -1,0 +1,23 @@
+"""The use cases: the only thing the HTTP handlers and the dashboard call. One module per
+concept over one small core (``core.py``: route -> pools -> engine, the fan-out over the pools
+of a moving queue, and ``failures.py``: what a Redis failure means for a request, in one place).
+``Service`` is all of them on one object, as redis-py's client is its command groups.
+"""
+
+from __future__ import annotations
+
+from cluster_dq.service.control import JobControl
+from cluster_dq.service.failures import nothing_written
+from cluster_dq.service.jobs import Jobs
+from cluster_dq.service.operators import Operators
+from cluster_dq.service.queues import Queues
+from cluster_dq.service.schedules import Schedules
+from cluster_dq.service.tokens import Tokens
+from cluster_dq.waiters import Look
+
+__all__ = ["Look", "Service", "nothing_written"]
+
+
+class Service(Jobs, JobControl, Queues, Schedules, Tokens, Operators):
+    """Every use case, over one ``ServiceCore`` (settings, pools, routes, metrics, the
+    lifecycle log and the token store)."""
