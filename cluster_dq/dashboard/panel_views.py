@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.dashboard import audit, charts, panels
-from cluster_dq.dashboard.app import Dashboard
+from cluster_dq.dashboard.base import Dashboard
 from cluster_dq.errors import BadRequest
 from cluster_dq.http import params
 from cluster_dq.models import MAX_TRIES

@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.dashboard import audit, times
-from cluster_dq.dashboard.app import Dashboard
+from cluster_dq.dashboard.base import Dashboard
 from cluster_dq.engine.control import FOREVER_MS, MAX_DEAD_PAGE, DeadFilter
 from cluster_dq.errors import BadRequest, Conflict, NotFound, WrongState
 from cluster_dq.http import params

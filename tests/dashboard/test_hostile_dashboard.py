@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.support.dashboard import NS, error_message, post, publish, sizes
-from cluster_dq.dashboard.app import SSE_MAX_STREAMS
+from cluster_dq.dashboard.base import SSE_MAX_STREAMS
 from cluster_dq.http.params import MAX_LIST
 from tests.support import ADMIN_AUTH
 from cluster_dq.testing.service_process import ServiceProcess
