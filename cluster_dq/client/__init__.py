@@ -1,11 +1,16 @@
 """The Python client of cluster_dq: ``Client`` (blocking) and ``AsyncClient`` (asyncio) for
-the data port, ``AdminClient`` / ``AsyncAdminClient`` for the admin port, over one pure core
-(``_core``, ``_verbs``) and one retry rule (``_retry``). See docs/client.md; the ``Worker`` (with ``Retry``, ``Snooze``, ``Bury``): docs/worker.md."""
+the data port, ``AdminClient`` / ``AsyncAdminClient`` for the admin port. The asyncio ones are
+written in ``_async``; the blocking ones in ``_sync`` are generated from them
+(``scripts/unasync.py``). All four run over one pure core (``_core``, ``_verbs``) and one retry
+rule (``_retry``). See docs/client.md; the ``Worker`` (with ``Retry``, ``Snooze``, ``Bury``):
+docs/worker.md."""
 
 from typing import TYPE_CHECKING, Any
 
-from cluster_dq.client.admin import AdminClient, AsyncAdminClient
-from cluster_dq.client.aio import AsyncClient
+from cluster_dq.client._async.admin import AsyncAdminClient
+from cluster_dq.client._async.client import AsyncClient
+from cluster_dq.client._sync.admin import AdminClient
+from cluster_dq.client._sync.client import Client
 from cluster_dq.client.errors import (
     BadRequest,
     InvalidName,
@@ -38,7 +43,6 @@ from cluster_dq.client.models import (
     TokenLimit,
 )
 from cluster_dq.client.outcomes import Bury, Retry, Snooze
-from cluster_dq.client.sync import Client
 
 if TYPE_CHECKING:
     from cluster_dq.client.worker import Worker

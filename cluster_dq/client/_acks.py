@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from cluster_dq.client.aio import AsyncClient
+from cluster_dq.client._async.client import AsyncClient
 from cluster_dq.client.errors import DQError, LeaseLost, RateLimited, TransportError, Unavailable
 from cluster_dq.client.models import Job
 

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cluster_dq.client.aio import AsyncClient
+from cluster_dq.client._async.client import AsyncClient
 from cluster_dq.client.errors import Conflict, DQError, NotFound, TransportError, Unavailable
 from cluster_dq.client.models import Job
 from cluster_dq.client.outcomes import Acked, Outcome, Released, Snoozed

@@ -29,7 +29,7 @@ from cluster_dq.client import _runner
 from cluster_dq.client._acks import AckBatcher
 from cluster_dq.client._iterform import GIVE_BACK, Delivery, IteratorForm
 from cluster_dq.client._runner import DaemonThreads, run_loop
-from cluster_dq.client.aio import AsyncClient
+from cluster_dq.client._async.client import AsyncClient
 from cluster_dq.client._send import renew, send_outcome
 from cluster_dq.client.errors import DQError, QueueFull, RateLimited, TransportError, Unavailable
 from cluster_dq.client.models import Job

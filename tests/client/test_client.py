@@ -912,42 +912,29 @@ def test_sync_and_async_clients_have_the_same_verbs(sync_cls: type, async_cls: t
         assert inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn), name
 
 
-UNASYNC = [
-    ("async def ", "def "),
-    ("await ", ""),
-    ("AsyncRetrying", "Retrying"),
-    ("AsyncIterator", "Iterator"),
-    ("AsyncBaseTransport", "BaseTransport"),
-    ("AsyncClient", "Client"),
-    ("aclose", "close"),
-    ("__aenter__", "__enter__"),
-    ("__aexit__", "__exit__"),
-    ("the asyncio client", "the blocking client"),
-]
-
-
-def test_the_blocking_client_is_the_async_one_without_await() -> None:
-    """As httpcore's unasync: sync.py is aio.py with async/await taken out, so the two shells
-    cannot drift apart (no verb, argument or default differs)."""
+def test_the_blocking_clients_are_generated_from_the_async_ones(tmp_path: Any) -> None:
+    """As httpcore's unasync: ``_sync/`` is ``_async/`` with async/await taken out, written by
+    ``scripts/unasync.py`` (lint runs its ``--check``), so the shells cannot drift apart. The
+    check fails on a blocking client edited by hand, and passes once the script rewrote it."""
+    import shutil
     import subprocess
     import sys
-    from pathlib import Path
 
-    package = ROOT / "cluster_dq" / "client"
-    text = (package / "aio.py").read_text()
-    for old, new in UNASYNC:
-        text = text.replace(old, new)
-    ruff = [str(Path(sys.executable).parent / "ruff")]
-    for step in (["check", "--select", "I", "--fix", "--quiet"], ["format"]):
-        run = subprocess.run(
-            [*ruff, *step, "--stdin-filename", str(package / "sync.py"), "-"],
-            input=text,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        text = run.stdout
-    assert text == (package / "sync.py").read_text()
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT / "scripts", copy / "scripts")
+    shutil.copytree(ROOT / "cluster_dq" / "client", copy / "cluster_dq" / "client")
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    script = [sys.executable, str(copy / "scripts" / "unasync.py")]
+
+    def check() -> int:
+        return subprocess.run([*script, "--check"], capture_output=True, cwd=copy).returncode
+
+    assert check() == 0
+    sync = copy / "cluster_dq" / "client" / "_sync" / "client.py"
+    sync.write_text(sync.read_text().replace("def consume(", "def consume_(", 1))
+    assert check() == 1
+    subprocess.run(script, check=True, capture_output=True, cwd=copy)
+    assert check() == 0 and "def consume(" in sync.read_text()
 
 
 def test_the_client_imports_nothing_of_the_service() -> None:

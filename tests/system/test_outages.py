@@ -21,7 +21,7 @@ import httpx
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from cluster_dq.client.aio import AsyncClient
+from cluster_dq.client._async.client import AsyncClient
 from cluster_dq.client.errors import Unavailable
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops

@@ -1,3 +1,5 @@
+# Generated from cluster_dq/client/_async/client.py by scripts/unasync.py:
+# edit that file, then run the script.
 """``Client``: the blocking client of the data port. Each method sends one call of the pure
 core (``_verbs``) through ``_send``, under the one retry rule (``_retry``)."""
 

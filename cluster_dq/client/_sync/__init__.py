@@ -1,0 +1,1 @@
+"""The blocking clients, generated from ``_async`` by ``scripts/unasync.py``."""
