@@ -28,9 +28,9 @@ from cluster_dq.http.middleware import AccessLog, SharedFlag
 from cluster_dq.http.protocol import Edge, protocol
 from cluster_dq.lifecycle import LifecycleLog
 from cluster_dq.pools import RedisPool
+from cluster_dq.processes import Ports, stop_signals
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.supervisor import Ports, stop_signals
 
 METRICS_FLUSH_SECONDS = 1.0  # how stale a scrape of another worker's counts may be
 

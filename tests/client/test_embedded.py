@@ -291,14 +291,14 @@ def test_a_port_is_held_without_a_gap_while_a_serve_starts(
     after its first (the moment it could have let go): it always fails (before: the
     supervisor closed its probe and bound again with SO_REUSEPORT, and a serve arriving in
     between took the same port; both then shared it, each with its own Redis)."""
-    from cluster_dq import supervisor
+    from cluster_dq import processes
     from cluster_dq.settings import Settings
 
-    if not supervisor.REUSE_PORT:
+    if not processes.REUSE_PORT:
         pytest.skip("no SO_REUSEPORT: the supervisor listens and never lets go")
     taken: list[int] = []
     seen: set[int] = set()
-    real = supervisor._socket
+    real = processes._socket
 
     def socket_with_a_rival(host: str, port: int, reuse_port: bool) -> socket.socket:
         if port in seen:
@@ -315,10 +315,10 @@ def test_a_port_is_held_without_a_gap_while_a_serve_starts(
         seen.add(sock.getsockname()[1])
         return sock
 
-    monkeypatch.setattr(supervisor, "_socket", socket_with_a_rival)
+    monkeypatch.setattr(processes, "_socket", socket_with_a_rival)
     holders: list[socket.socket] = []
     try:
-        ports = supervisor.Ports.bind(Settings(Port=0, AdminPort=0), holders)
+        ports = processes.Ports.bind(Settings(Port=0, AdminPort=0), holders)
         for sock in ports.listeners():  # as each worker binds its own
             sock.close()
     finally:
