@@ -15,7 +15,7 @@ from redis.exceptions import NoScriptError
 from tenacity import Retrying
 
 from cluster_dq.clock import now_ms
-from cluster_dq.engine import core
+from cluster_dq.engine import core, retry
 from cluster_dq.engine.steps import Call, EngineConfig, Op, Step
 from cluster_dq.engine.scripts import load_all
 from cluster_dq.errors import RedisFailure
@@ -125,34 +125,49 @@ class SyncEngine:
 
     # -- driving an operation -----------------------------------------------------------------
 
-    def _attempt(self, step: Step, how: core.How) -> Any:
-        if how is core.How.DURABLE:
-            return self._translated(lambda: self._durable_step(step))
-        return self._translated(lambda: self._step(step))
+    def _attempt(self, step: Step, how: core.How, run: core.Run[Any]) -> Any:
+        try:
+            if how is core.How.DURABLE:
+                reply = self._translated(lambda: self._durable_step(step))
+            else:
+                reply = self._translated(lambda: self._step(step))
+        except RedisFailure as e:
+            run.attempted(step, e)
+            raise
+        run.attempted(step, None)
+        return reply
 
     def _send(self, step: Step, plan: core.Plan, run: core.Run[Any]) -> Any:
         try:  # the fast path: no retry machinery unless something failed
-            return self._attempt(run.stamped(step, self.clock), plan.how)
+            return self._attempt(run.stamped(step, self.clock), plan.how, run)
         except plan.retry_on:
             pass
         for attempt in Retrying(**plan.policy):
             with attempt:
-                return self._attempt(run.stamped(step, self.clock, repeat=True), plan.how)
+                return self._attempt(run.stamped(step, self.clock, repeat=True), plan.how, run)
         raise AssertionError("unreachable")
 
-    def _reconfirmed(self, step: Step, plan: core.Plan, replicas: int) -> int:
+    def _reconfirmed(self, step: Step, plan: core.Plan, replicas: int, run: core.Run[Any]) -> int:
         """As ``AsyncEngine._reconfirmed``."""
         try:
             for attempt in Retrying(**core.reconfirm_policy(plan)):
                 with attempt:
-                    _, replicas = self._attempt(core.restamp(step, self.clock()), plan.how)
+                    _, replicas = self._attempt(core.restamp(step, self.clock()), plan.how, run)
                     core.check_confirmed(replicas, self.wait_replicas)
         except (core.Unconfirmed, RedisFailure):
             pass
         return replicas
 
-    def run(self, op: Op[T], *, idempotent: bool = False, durable: bool = False) -> T:
-        """Drives one operation, as ``AsyncEngine.run`` does."""
+    def run(
+        self,
+        op: Op[T],
+        *,
+        idempotent: bool = False,
+        durable: bool = False,
+        deadline: float | None = None,
+    ) -> T:
+        """Drives one operation, as ``AsyncEngine.run`` does (the same arguments; a failure
+        says whether the operation may have written anything)."""
         run = core.Run(
             op,
             idempotent=idempotent,
@@ -160,7 +175,14 @@ class SyncEngine:
             wait_replicas=self.wait_replicas,
             wait_timeout_ms=self.wait_timeout_ms,
             budget_s=self.config.retry_budget_s,
+            deadline=retry.bounded(deadline),
         )
+        try:
+            return self._drive(run)
+        except RedisFailure as e:
+            raise run.failed(e)
+
+    def _drive(self, run: core.Run[T]) -> T:
         reply: Any = None
         while (nxt := run.next(reply)) is not None:
             step, plan = nxt
@@ -173,11 +195,26 @@ class SyncEngine:
             elif plan.how is core.How.DURABLE:
                 reply, replicas = self._send(step, plan, run)
                 if plan.reconfirm and replicas < self.wait_replicas:
-                    replicas = self._reconfirmed(step, plan, replicas)
+                    replicas = self._reconfirmed(step, plan, replicas, run)
                 run.confirmed(replicas)
             else:
                 reply = self._send(step, plan, run)
         return run.result
 
+    # -- health ---------------------------------------------------------------------------------
+
     def ping(self) -> bool:
         return bool(self._translated(self.client.ping))
+
+    def ensure_scripts(self) -> bool:
+        """As ``AsyncEngine.ensure_scripts``: True once every script is cached on the server
+        (on every master of a Cluster), the missing ones loaded first."""
+        return self._translated(self._ensure_scripts)
+
+    def _ensure_scripts(self) -> bool:
+        scripts = list(self.scripts.values())
+        present = self.client.script_exists(*(s.sha for s in scripts))
+        for script, there in zip(scripts, present, strict=True):
+            if not there:
+                self.client.script_load(script.source)
+        return True
