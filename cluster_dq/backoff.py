@@ -1,5 +1,5 @@
 """Retry backoff: how long a job waits before its next attempt after a failed one. The rule
-runs in Lua (``retry_wait`` in lua/lib/queue.lua); this is its mirror, for the job's record
+runs in Lua (``retry_wait`` in lua/lib/retry.lua); this is its mirror, for the job's record
 section, the queue settings and the tests. No I/O."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _ms(text: str | None, name: str, low: int) -> int:
 def wait_ms(kind: int, base: int, cap: int, jitter_pm: int, deliveries: int, r: float) -> int:
     """``fixed``: base; ``exponential``: min(cap, base * 2^(deliveries - 1)) (cap 0: none);
     then a jitter draw ``r`` in [0, 1) takes off up to ``jitter`` of it. The same float
-    operations, in the same order, as lua/lib/queue.lua, so both give the same millisecond."""
+    operations, in the same order, as lua/lib/retry.lua, so both give the same millisecond."""
     if kind == 0 or base <= 0:
         return 0
     d = float(base)

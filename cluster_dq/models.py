@@ -280,7 +280,7 @@ class Record:
         )
 
 
-# Why a job died: the reason codes of its NOTES field (lua/lib/queue.lua, DIED_*).
+# Why a job died: the reason codes of its NOTES field (lua/lib/notes.lua, DIED_*).
 DEATH_REASONS: dict[int, str] = {1: "ttr_expired", 2: "tries_exhausted", 3: "buried"}
 DEATH_CODES: dict[str, int] = {name: code for code, name in DEATH_REASONS.items()}
 UNKNOWN_REASON = "unknown"  # a dead job with no recorded death (code 0)

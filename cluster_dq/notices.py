@@ -1,7 +1,7 @@
 """The queues' notices to the long-polls waiting on them, over sharded pub/sub.
 
 The scripts ``SPUBLISH`` on a queue's notify channel (``{ns/q}:notify``, in the queue's own slot:
-``lua/lib/queue.lua`` ``notify``) when its ready set stops being empty or a job is put off to a
+``lua/lib/notify.lua``) when its ready set stops being empty or a job is put off to a
 time its long-polls may not know of. A plain ``PUBLISH`` on a Cluster goes over the cluster bus
 to every node, each of which reads every notice of every queue: a cost that grows with the
 number of nodes, not with the work. ``SPUBLISH`` stays on the shard that holds the slot, and a

@@ -7,7 +7,7 @@
   the call does not hold its job, nothing at all is acked (the caller names the conflicts).
   A job already gone is no conflict: acking it is what the holder wanted (and a repeat after a
   lost reply finds its own ack done).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] buckets...: wheel buckets of the ids; then, when a job has a result, the queue's
     results HASH and results_due ZSET (at KEYS[results] and the one after it)
   ARGV[1] now: the caller's clock (ms)
@@ -24,7 +24,11 @@
     per job OK or a LEASE_* code (LEASE_GONE counts as OK)
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/jobs
+--@include lib/acked
+--@include lib/remove
+--@include lib/lease
 local now, check_only, n = tonumber(ARGV[1]), ARGV[3] == '1', tonumber(ARGV[6])
 local STRIDE = 5
 local out, refused = {}, false

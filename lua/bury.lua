@@ -4,7 +4,7 @@
   text, kept as the job's last error. With a lease, only while that delivery holds the job.
   A job resting in a wheel bucket moves into JOBS (its id still names the bucket; every lookup
   by id looks in JOBS first).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] member: the job
@@ -15,7 +15,12 @@
     the state code it is in afterwards (0: none), its record ('' when none), its note ('' when none), lowered (0)}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/record
+--@include lib/jobs
+--@include lib/notes
+--@include lib/wheel
+--@include lib/lease
 local now, id, bname, lease, text = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local bucket = KEYS[FIRST_EXTRA]
 if lease ~= '' then

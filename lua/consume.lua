@@ -7,7 +7,7 @@
   token of this delivery, which ack, touch, release and republish may present.
   Bounded: at most `limit` expired jobs are dropped from the head of READY per call (the rest
   is left for the next call, or the pump's expire_ttl), so no call runs long whatever the data.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] ttr: the reservation's time to run (ms)
   ARGV[3] count: jobs wanted
@@ -15,7 +15,7 @@
   ARGV[5] notify: the queue's notify channel
   ARGV[6] open_lead: how long before its window a wheel bucket opens (ms)
   ARGV[7] lease_prefix: 6 random bytes; the i-th job reserved by this call gets prefix .. u16(i)
-  ARGV[8] seed: a random number in [0, 1): the jitter of retry backoffs (lib/queue.lua retry)
+  ARGV[8] seed: a random number in [0, 1): the jitter of retry backoffs (lib/retry.lua retry)
   ARGV[9] report: '1' when the caller will wait on the queue if it gets fewer than `count`
     (a long-poll): the reply then says what the queue holds next (ready, next below)
   Returns: {lowered, stale, retried, dead, expired, more, ready, next, member_1, record_1,
@@ -33,7 +33,13 @@
     need not ask with sizes.lua; else -1, -1)
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/record
+--@include lib/jobs
+--@include lib/promote
+--@include lib/retry
+--@include lib/sizes
+--@include lib/notify
 local now, ttr, count, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix = ARGV[7]
 local was_empty = redis.call('EXISTS', READY) == 0

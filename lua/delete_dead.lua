@@ -1,12 +1,13 @@
 #!lua
 --[[
   Deletes the oldest `limit` dead jobs, leaving nothing of them behind.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] limit: jobs per call
   Returns: number deleted
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/jobs
 local popped = redis.call('ZPOPMIN', DEAD, tonumber(ARGV[1]))
 for i = 1, #popped, 2 do drop(popped[i]) end
 tidy()

@@ -3,7 +3,7 @@
   Destroys a queue in every state, one bounded step at a time: each call deletes the given
   wheel buckets; the final call (when the wheel is empty) unlinks every other key, the results
   of acked jobs included.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13] results: the results of acked jobs (HASH)
   KEYS[14] results_due: their keep-until times (ZSET)
   KEYS[15..] buckets...: wheel buckets to delete
@@ -12,7 +12,8 @@
   Returns: {jobs deleted, 1 when the queue is gone else 0}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/jobs
 local RESULTS, RESULTS_DUE, FIRST_BUCKET = KEYS[FIRST_EXTRA], KEYS[FIRST_EXTRA + 1], FIRST_EXTRA + 2
 local deleted = 0
 for k = FIRST_BUCKET, #KEYS do

@@ -3,7 +3,7 @@
   DEAD -> READY, or DELAYED until now + delay: one dead job back to work, with `tries` tries
   and a fresh ttl (lmstfy's respawn rule when the caller gives none: 1 try, the default ttl).
   Its death is forgotten (NOTES), its last error kept.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key): a job
     resting there is not dead (FORBIDDEN)
   ARGV[1] now: the caller's clock (ms)
@@ -16,7 +16,11 @@
     none), its record ('' when none), its note ('' when none), lowered (see publish.lua)}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/jobs
+--@include lib/wheel
+--@include lib/notify
+--@include lib/dead
 local now, id, delay = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local rec = redis.call('HGET', JOBS, id)
 if not rec then

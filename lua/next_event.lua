@@ -2,12 +2,14 @@
 --[[
   The last step of a pump tick: exact sizes and the queue's next event, recorded in META.next
   (which later scripts lower when they add an earlier event). An empty queue keeps no META.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] open_lead: how long before its window a wheel bucket opens (ms)
   Returns: {delayed, ready, reserved, dead, next event ms or -1}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/jobs
+--@include lib/sizes
 local out = queue_sizes(tonumber(ARGV[1]))
 if out[5] >= 0 then
   redis.call('HSET', META, 'next', out[5])

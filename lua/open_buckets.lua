@@ -3,14 +3,17 @@
   Opens wheel buckets: moves every job of the given buckets into the near-term DELAYED zset
   (from where promote moves them to READY at their exact due millisecond). Jobs whose ttl has
   already ended are dropped. The caller passes at most a few buckets (each <= lane capacity).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] buckets...: the buckets to open
   ARGV[1] now: the caller's clock (ms)
   ARGV[2..] names...: the bucket names, in the order of KEYS[13..]
   Returns: {moved, expired}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/record
+--@include lib/jobs
+--@include lib/wheel
 local now = tonumber(ARGV[1])
 local moved, gone = 0, 0
 for k = FIRST_EXTRA, #KEYS do

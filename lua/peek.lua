@@ -1,12 +1,12 @@
 #!lua flags=no-writes
 --[[
   The head of the ready queue or of the dead letter, without changing anything.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] which: 'ready' or 'dead'
   Returns: {} when empty, else {member, record, score}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
 local key = READY
 if ARGV[1] == 'dead' then key = DEAD end
 local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')

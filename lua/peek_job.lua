@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --[[
   Looks a job up by id in any state, O(1)/O(log n).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] member: the job's id
   Returns: {} when absent, else {state, record, score, note, progress}: state DELAYED (score =
@@ -10,7 +10,8 @@
     or nil
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/wheel
 local id = ARGV[1]
 local rec = redis.call('HGET', JOBS, id)
 if rec then

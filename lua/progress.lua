@@ -1,10 +1,10 @@
 #!lua
 --[[
   Records a reserved job's progress (small JSON, checked by the caller) in NOTES field
-  `p:<id>`, replacing the last one; it leaves with the job's record (drop in lib/queue.lua).
+  `p:<id>`, replacing the last one; it leaves with the job's record (drop in lib/jobs.lua).
   With a lease, only the delivery holding the job may; without one, any running reservation
   (its ttr not run out). Anything else changes nothing.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] member: the job
@@ -15,7 +15,9 @@
     where it is (LEASE_GONE: gone)
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/wheel
+--@include lib/lease
 local now, id, lease = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 -- Without a lease, the reservation's own lease stands in: the check is then "reserved and
 -- its ttr still running", and a refusal says where the job is, as for a lease.

@@ -2,14 +2,17 @@
 --[[
   DELAYED -> READY: moves jobs whose due time has come (exact milliseconds); jobs whose ttl
   ended on the way vanish with nothing left behind.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] limit: jobs per call
   ARGV[3] notify: the queue's notify channel
   Returns: {moved, expired}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/jobs
+--@include lib/promote
+--@include lib/notify
 local was_empty = redis.call('EXISTS', READY) == 0
 local moved, gone = promote(tonumber(ARGV[1]), tonumber(ARGV[2]))
 tidy()

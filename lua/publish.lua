@@ -2,7 +2,7 @@
 --[[
   Publishes one or more jobs of one queue (bulk: arguments are validated before the call, so
   the only per-job outcome besides success is "duplicate id", which writes nothing).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] buckets...: wheel buckets of this call
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] lane_capacity: jobs per wheel bucket
@@ -28,11 +28,16 @@
     lowered: 1 when the queue's next pump event moved earlier (the caller signals its shard)
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/record
+--@include lib/jobs
+--@include lib/acked
+--@include lib/wheel
+--@include lib/notify
 local now, cap, width, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local lead, keep, whole, n = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1', tonumber(ARGV[8])
 local was_empty = redis.call('EXISTS', READY) == 0
--- What place() (lib/queue.lua) does job by job, done once per call with the same outcome (the
+-- What place() (lib/place.lua) does job by job, done once per call with the same outcome (the
 -- call is atomic): whether the queue comes into being, whether any id can have been acked,
 -- each bucket's fill (HLEN once), its WHEEL entry, META.w and META.next. A job that goes into its bucket
 -- is written with HSETNX or HSET, whose reply is its duplicate check in that bucket too.

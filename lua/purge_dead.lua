@@ -3,7 +3,7 @@
   DEAD -> gone for the dead jobs that match a filter (reason, time of death from..to), oldest
   death first, from just after a cursor, leaving nothing of them behind. Bounded: at most
   `examine` dead entries looked at and `limit` deleted per call; the reply says where it stopped.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] after_score: the cursor's time of death (ms; -1 = none: start at `from`)
   ARGV[2] after_member: the cursor's member
   ARGV[3] from: the earliest time of death (ms)
@@ -15,7 +15,9 @@
     cursor member}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/jobs
+--@include lib/dead
 local examine = tonumber(ARGV[7])
 local got = dead_window(tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), examine)
 local function act(id)

@@ -5,7 +5,7 @@
   (tries, fresh ttl, death forgotten, last error kept). Bounded: at most `examine` dead entries
   looked at, `limit` moved and 8 MB of records rewritten per call (past the first); the reply
   says where it stopped.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] after_score: the cursor's time of death (ms; -1 = none: start at `from`)
   ARGV[3] after_member: the cursor's member
@@ -22,7 +22,9 @@
     member, lowered (see publish.lua)}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/notify
+--@include lib/dead
 local now = tonumber(ARGV[1])
 local delay, tries, ttl = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local was_empty = redis.call('EXISTS', READY) == 0

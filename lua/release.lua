@@ -8,12 +8,12 @@
   Mode 1 (release, the consumer's nack): the delivery counts, as if its ttr had passed now; a
   job with no tries left goes to DEAD, a job whose ttl ended is removed; released without a
   delay, a job with a retry backoff (its own or its queue's) waits it out in DELAYED.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] delay: how long until the job is ready again (ms)
   ARGV[3] notify: the queue's notify channel
   ARGV[4] mode: '0' give back, '1' release (nack)
-  ARGV[5] seed: a random number in [0, 1): the jitter of retry backoffs (lib/queue.lua retry)
+  ARGV[5] seed: a random number in [0, 1): the jitter of retry backoffs (lib/retry.lua retry)
   ARGV[6] error: the consumer's error text, kept as each released job's last error ('' = none)
   ARGV[7..] jobs...: 2 values per job: member, lease ('' = none)
   Returns: {code per job: NOT_FOUND (not reserved, left alone), DELAYED, READY, DEAD, EXPIRED
@@ -21,7 +21,13 @@
     when the queue's next pump event moved earlier, the earliest event added (ms), else 0}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/record
+--@include lib/jobs
+--@include lib/notes
+--@include lib/retry
+--@include lib/lease
+--@include lib/notify
 local now, delay, nack, err = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '1', ARGV[6]
 local was_empty = redis.call('EXISTS', READY) == 0
 local seed, retried = tonumber(ARGV[5]), 0

@@ -3,7 +3,7 @@
   Acks (deletes) a job in any state and publishes a new one in the same queue, atomically
   (lmstfy's PUT /api/{ns}/{q}/job/{id}, which lmstfy itself does in two steps). With a lease,
   only while that delivery still holds the old job; otherwise nothing changes.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] buckets...: wheel buckets (the new job's, the old job's)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] lane_capacity: jobs per wheel bucket
@@ -28,7 +28,14 @@
     max_size (CONF; the old job counts as gone); nothing changed then
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/jobs
+--@include lib/acked
+--@include lib/wheel
+--@include lib/remove
+--@include lib/place
+--@include lib/lease
+--@include lib/notify
 local now, cap, width, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local keep = tonumber(ARGV[15])
 if ARGV[16] ~= '' then

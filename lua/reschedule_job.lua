@@ -3,7 +3,7 @@
   READY or DELAYED (a wheel bucket included) -> DELAYED until `due`, or READY when `due` is not
   after now: one job's new due time. A job resting in a wheel bucket moves into JOBS and the
   `delayed` zset (its id still names the bucket; every lookup by id looks in JOBS first).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] member: the job
@@ -15,7 +15,11 @@
     none), its note ('' when none), lowered (see publish.lua)}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/record
+--@include lib/jobs
+--@include lib/wheel
+--@include lib/notify
 local now, id, bname, due = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
 local bucket = KEYS[FIRST_EXTRA]
 local rec = redis.call('HGET', JOBS, id)

@@ -2,7 +2,7 @@
 --[[
   DEAD -> READY for the oldest `limit` dead jobs, each with one try and a fresh ttl (as lmstfy);
   each forgets its death (NOTES), keeps its last error.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] limit: jobs per call
   ARGV[3] ttl: the fresh ttl (ms, 0 = never expires)
@@ -10,7 +10,11 @@
   Returns: {number respawned, lowered (see publish.lua)}
 ]]
 --@include lib/codes
---@include lib/queue
+--@include lib/keys
+--@include lib/record
+--@include lib/jobs
+--@include lib/notes
+--@include lib/notify
 local now, limit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local was_empty = redis.call('EXISTS', READY) == 0
 local ids = redis.call('ZRANGE', DEAD, 0, limit - 1)

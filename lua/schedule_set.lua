@@ -4,7 +4,7 @@
   and with it the schedule's definition: a PUT, a pause or resume, a delete, and a firer's
   claim and confirmation of occurrences are each one such call, so an occurrence is claimed
   by one firer only. The state is an opaque string made by cluster_dq/schedules.py.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/queue.lua
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13] schedules: the queue's schedules hash (d:<name> definition, s:<name> state)
   ARGV[1] name: the schedule's name
   ARGV[2] expected: the state the caller read ('' = the schedule must not exist)

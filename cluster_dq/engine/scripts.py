@@ -1,5 +1,6 @@
 """Loads the Lua scripts from ``lua/`` (shipped in the wheel as ``cluster_dq/lua``) and inlines
-``--@include`` libs.
+``--@include`` libs: each lib once per script, where it is first included, after the libs it
+includes itself (so every local a lib defines comes before its first use).
 
 ``lib/codes.lua`` is a table of named reply codes, but no script builds that table when it
 runs (it would cost every call ~1.5 us of server time): the loader folds each ``CODE.NAME``
@@ -59,10 +60,16 @@ def _fold(name: str, codes: dict[str, int]) -> str:
 
 
 def _expand(text: str, base: Path, codes: dict[str, int]) -> str:
+    seen: set[str] = set()
+
     def include(m: re.Match[str]) -> str:
-        if m.group(1) == CODES_LIB:
+        name = m.group(1)
+        if name == CODES_LIB:
             return f"-- (reply codes: folded into numbers by the loader, see {CODES_LIB}.lua)"
-        return _INCLUDE.sub(include, (base / f"{m.group(1)}.lua").read_text())  # a lib's own
+        if name in seen:  # a lib is inlined once per script, where it is first included
+            return ""
+        seen.add(name)
+        return _INCLUDE.sub(include, (base / f"{name}.lua").read_text())  # its own first
 
     expanded = _INCLUDE.sub(include, text)
     return _CODE_REF.sub(lambda m: _fold(m.group(1), codes), expanded)

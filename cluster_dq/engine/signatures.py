@@ -4,7 +4,7 @@ Every operation builds the KEYS and ARGV of every script call through ``Signatur
 ``Signature.args`` (by name, so a value cannot slip into another's place), and
 tests/engine/test_lua_contract.py checks this table against the headers in ``lua/``. A name ending
 in ``...`` takes the rest (a sequence, spliced in); ``queue`` among the KEYS stands for the
-queue's fixed keys (``QueueKeys.all_fixed``, in the order of ``lua/lib/queue.lua``).
+queue's fixed keys (``QueueKeys.all_fixed``, in the order of ``lua/lib/keys.lua``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 --[[
   Reply codes: one meaning each, in every script. A script that says `--@include lib/codes`
-  (before lib/queue, which uses them too) writes CODE.NAME; the loader
+  (before the other libs, which use them too) writes CODE.NAME; the loader
   (cluster_dq/engine/scripts.py) folds each into its number, so no script builds this table
   at run time, and an unknown name fails at load time. cluster_dq/engine/replies.py mirrors
   the table (ReplyCode); tests/engine/test_lua_contract.py checks that both agree.
@@ -19,7 +19,7 @@ local CODE = {
   EXPIRED = 7,            -- its ttl ended: removed (release)
   OK = 8,                 -- the check passed (a lease holds its job; a shard step's epoch is current)
   FULL = 9,               -- publish: the queue holds its max_size jobs; nothing written
-  -- why a lease does not hold its job (lease_check in lib/queue.lua); nothing changed
+  -- why a lease does not hold its job (lease_check in lib/lease.lua); nothing changed
   LEASE_DELAYED = -1,     -- the job is delayed
   LEASE_READY = -2,       -- the job is ready
   LEASE_TAKEN = -3,       -- the job is reserved by another (later) delivery

@@ -1,8 +1,10 @@
 --[[
   Wheel entries (lua/README.md "Wheel entries"): how a job rests in its wheel bucket, short or
-  whole, and the lookups, writes and removals by id that read either form. Inlined by
-  lib/queue.lua (after META.w's count_wheel, before the helpers that place and remove jobs).
+  whole, and the lookups, writes and removals by id that read either form.
 ]]
+--@include lib/keys
+--@include lib/jobs
+
 -- A short entry leaves out what its bucket's name says: its field is the job's id without the
 -- upper 32 bits of its due ms and without its lane (10 bytes), its value the record re-headed
 -- relative to the due time (`>I4 I4 H B`: ms from publish to due, ttl in ms from publish or 0,

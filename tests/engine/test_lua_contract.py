@@ -2,7 +2,7 @@
 
 Each ``lua/*.lua`` starts with ``#!lua`` and a header in one format (lua/README.md):
 
-    KEYS[1..10] queue: the queue's fixed keys, in the order of lib/queue.lua
+    KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
     KEYS[11..] buckets...: a variadic tail (the name ends in ``...``)
     ARGV[1] now: one argument
     ARGV[8..] jobs...: one value per job (or "K values per job": K arguments each)
@@ -11,7 +11,8 @@ Each ``lua/*.lua`` starts with ``#!lua`` and a header in one format (lua/README.
 Checked here: the names and order of every script's KEYS and ARGV against the table that
 the operations build its calls with (engine/signatures.py); the number of KEYS and ARGV of every
 call the operations actually send (recorded on a real Redis); ``ReplyCode`` against
-``lua/lib/codes.lua``; the queue's fixed key order in keys.py against lib/queue.lua.
+``lua/lib/codes.lua``; the queue's fixed key order in keys.py against lib/keys.lua; and that
+every script and lib includes the libs it calls, and no other.
 """
 
 from __future__ import annotations
@@ -112,14 +113,12 @@ HEADERS = {name: parse_header((LUA / f"{name}.lua").read_text()) for name in SCR
 
 
 def lua_queue_keys() -> tuple[list[str], int]:
-    text = (LUA / "lib" / "queue.lua").read_text()
+    text = (LUA / "lib" / "keys.lua").read_text()
     m = re.search(r"^local ([A-Z_, ]+) =\s*\n?\s*((?:KEYS\[\d+\],?\s*)+)", text, re.MULTILINE)
-    assert m, "lib/queue.lua: no 'local META, ... = KEYS[1], ...' line"
+    assert m, "lib/keys.lua: no 'local META, ... = KEYS[1], ...' line"
     names = [n.strip() for n in m.group(1).split(",")]
     indices = [int(i) for i in re.findall(r"KEYS\[(\d+)\]", m.group(2))]
-    assert indices == list(range(1, len(names) + 1)), (
-        f"lib/queue.lua binds {names} to KEYS{indices}"
-    )
+    assert indices == list(range(1, len(names) + 1)), f"lib/keys.lua binds {names} to KEYS{indices}"
     first_extra = re.search(r"^local FIRST_EXTRA = (\d+)$", text, re.MULTILINE)
     assert first_extra
     return [n.lower() for n in names], int(first_extra.group(1))
@@ -164,8 +163,9 @@ def test_the_codes_a_script_names_exist(name: str) -> None:
     used = set(re.findall(r"\bCODE\.([A-Z_]+)", text))
     if used:
         assert "--@include lib/codes" in text, f"{name} uses CODE without '--@include lib/codes'"
-    if "--@include lib/queue" in text:
-        assert text.index("--@include lib/codes") < text.index("--@include lib/queue")
+    libs = re.findall(r"^--@include (lib/\w+)$", text, re.MULTILINE)
+    if len(libs) > 1:  # the libs fold CODE.X too: lib/codes comes first
+        assert libs[0] == "lib/codes", f"{name}: --@include lib/codes before {libs[0]}"
     named = set(
         re.findall(
             r"\b(?:LEASE_[A-Z_]+|NOT_FOUND|DUPLICATE|FENCED|WHEEL|EXPIRED|OK)\b",
@@ -182,9 +182,67 @@ def test_the_queue_key_order_agrees() -> None:
     names, first_extra = lua_queue_keys()
     suffixes = [k.rsplit(":", 1)[1] for k in FIXED]
     assert names == suffixes, (
-        "lib/queue.lua and QueueKeys.all_fixed (keys.py) order the keys differently"
+        "lib/keys.lua and QueueKeys.all_fixed (keys.py) order the keys differently"
     )
     assert first_extra == FIRST_EXTRA_KEY == len(FIXED) + 1
+
+
+def _lua_code(text: str) -> str:
+    """Lua source without its comments and string literals (what names it really uses)."""
+    text = re.sub(r"--\[\[.*?\]\]", "", text, flags=re.DOTALL)
+    lines = (re.sub(r"\"[^\"\n]*\"|'[^'\n]*'", "''", line) for line in text.split("\n"))
+    return "\n".join(line.split("--")[0] for line in lines)
+
+
+LIB_DEF = re.compile(r"^local function (\w+)|^local ([A-Za-z_][\w, ]*?)\s*=", re.MULTILINE)
+
+
+def _defines(text: str) -> set[str]:
+    return {n.strip() for f, c in LIB_DEF.findall(text) for n in (f or c).split(",")}
+
+
+def test_every_script_and_lib_includes_what_it_calls_and_nothing_else() -> None:
+    """BullMQ's way (one function per include): a script inlines the libs whose names it uses,
+    each lib the libs it uses itself, so an edit to a lib changes only the scripts that call
+    it. Checked on the source: each direct include is used, and each lib name used is
+    included (directly or through a lib). The loader inlines every lib once, its own
+    includes first, so every name is defined above its first use (checked on the result)."""
+    libs = {p.stem: p.read_text() for p in (LUA / "lib").glob("*.lua") if p.stem != "codes"}
+    owner = {n: lib for lib, text in libs.items() for n in _defines(_lua_code(text))}
+
+    def includes(text: str) -> list[str]:
+        return [m for m in re.findall(r"^--@include lib/(\w+)$", text, re.MULTILINE)]
+
+    def closure(names: list[str]) -> set[str]:
+        out: set[str] = set()
+        todo = [n for n in names if n != "codes"]
+        while todo:
+            lib = todo.pop()
+            if lib not in out:
+                out.add(lib)
+                todo += [n for n in includes(libs[lib]) if n != "codes"]
+        return out
+
+    units = {f"{n}.lua": (LUA / f"{n}.lua").read_text() for n in SCRIPTS}
+    units.update({f"lib/{n}.lua": t for n, t in libs.items()})
+    for unit, text in units.items():
+        code = _lua_code(text)
+        own = _defines(code)
+        used = {owner[w] for w in set(re.findall(r"\b\w+\b", code)) if w in owner} - {
+            owner[n] for n in own if n in owner and unit == f"lib/{owner[n]}.lua"
+        }
+        direct = [n for n in includes(text) if n != "codes"]
+        assert set(direct) <= used, f"{unit} includes lib(s) it does not use: {set(direct) - used}"
+        assert used <= closure(direct), (
+            f"{unit} uses lib(s) it does not include: {used - closure(direct)}"
+        )
+    for name, script in load_all().items():
+        code = _lua_code(script.source)
+        for lib_name, lib in owner.items():
+            uses = [m.start() for m in re.finditer(rf"\b{lib_name}\b", code)]
+            if uses:
+                first_def = re.search(rf"^local (?:function )?[\w, ]*\b{lib_name}\b", code, re.M)
+                assert first_def and first_def.start() <= uses[0], f"{name}: {lib_name} ({lib})"
 
 
 def test_the_wheel_entry_form_agrees() -> None:
@@ -333,10 +391,10 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     assert checking.seen == set(SCRIPTS), f"not exercised: {set(SCRIPTS) - checking.seen}"
 
 
-def test_death_reasons_agree_with_lib_queue() -> None:
-    """The reason codes of a job's death (NOTES) are written in lib/queue.lua (DIED_*) and named
+def test_death_reasons_agree_with_lib_notes() -> None:
+    """The reason codes of a job's death (NOTES) are written in lib/notes.lua (DIED_*) and named
     in cluster_dq/models.py (DEATH_REASONS): both must agree."""
-    lib = (lua_dir() / "lib" / "queue.lua").read_text()
+    lib = (lua_dir() / "lib" / "notes.lua").read_text()
     found = {
         int(code): name
         for code, name in re.findall(r"^local DIED_\w+ = (\d+)\s+-- (\w+):", lib, re.MULTILINE)

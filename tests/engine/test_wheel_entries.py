@@ -139,7 +139,7 @@ def test_a_wheel_job_reads_back_as_it_was_published(
     )
     if via == "publish":
         [pub] = e.run(ops.publish(cfg, NS, Q, [spec], T))
-    else:  # republish.lua places it (lib/queue.lua's place), replacing a ready job
+    else:  # republish.lua places it (lib/place.lua's place), replacing a ready job
         [old] = e.run(ops.publish(cfg, NS, Q, [JobSpec(b"old")], T))
         gone, pub = e.run(ops.republish(cfg, NS, Q, old.job_id, spec, T))
         assert gone is JobState.READY

@@ -301,7 +301,7 @@ def test_the_next_attempt_waits_exactly_the_backoff_rule(
     released: bool,
 ) -> None:
     """An expired reservation (or a release without a delay) with tries left comes back at
-    now + the rule (lua/lib/queue.lua and cluster_dq.backoff agree to the millisecond)."""
+    now + the rule (lua/lib/retry.lua and cluster_dq.backoff agree to the millisecond)."""
     engine = SyncEngine(sync_redis, EngineConfig(draw=lambda: r))
     ns, q, t = "bo", uuid.uuid4().hex[:12], 1_700_000_000_000
     qk = QueueKeys(ns, q)
@@ -324,7 +324,7 @@ def test_the_next_attempt_waits_exactly_the_backoff_rule(
     wait = wait_ms(kind, base, cap, jitter_pm, deliveries, draw(r, 0))
     if wait > 0:
         assert state is JobState.DELAYED
-        # at the latest 2^48 - 1 ms (lua/lib/queue.lua's LATEST_DUE): an uncapped exponential
+        # at the latest 2^48 - 1 ms (lua/lib/retry.lua's LATEST_DUE): an uncapped exponential
         # wait of a long base passes any due time a record holds
         assert sync_redis.zscore(qk.delayed, member) == min(t + wait, 2**48 - 1)
         assert sync_redis.zscore(qk.ready, member) is None

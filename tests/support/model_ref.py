@@ -98,10 +98,10 @@ class Model:
     def gone(self, j: MJob) -> None:
         self.jobs[(j.queue, j.job_id)] = None
 
-    # -- what the scripts do on the way (mirrors lib/queue.lua) -----------------------------
+    # -- what the scripts do on the way (mirrors the libs of lua/lib) -----------------------------
 
     def retry(self, j: MJob, now: int) -> None:
-        """lib/queue.lua retry: a failed attempt with tries left waits out its backoff (its
+        """lib/retry.lua retry: a failed attempt with tries left waits out its backoff (its
         own, else its queue's; jitter 0 here) in DELAYED, or is READY at once."""
         b = j.backoff or self.backoff.get(j.queue)
         wait = b.wait_ms(j.deliveries, 0.0) if b else 0

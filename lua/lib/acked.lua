@@ -1,0 +1,31 @@
+--[[
+  The acked ids a queue remembers, so that a publish repeated after a lost reply is a
+  duplicate.
+]]
+--@include lib/keys
+
+local FORGET_PER_CALL = 64       -- acked ids past their memory dropped per ack (keeps it bounded)
+
+-- Remembers acked ids for `keep` ms: a publish of one of them repeated meanwhile (a retry
+-- whose first reply was lost in a failover) is then a duplicate, not a new job. The key
+-- expires `keep` ms after the last ack; older entries go a bounded number per call.
+local function remember_acked(ids, now, keep)
+  if keep <= 0 or #ids == 0 then return end
+  local args = {}
+  for _, id in ipairs(ids) do
+    args[#args + 1] = now
+    args[#args + 1] = id
+  end
+  for i = 1, #args, 2 * CHUNK do
+    redis.call('ZADD', ACKED, unpack(args, i, math.min(i + 2 * CHUNK - 1, #args)))
+  end
+  local old = redis.call('ZRANGE', ACKED, '-inf', now - keep, 'BYSCORE', 'LIMIT', 0, FORGET_PER_CALL + #ids)
+  if #old > 0 then zrem_many(ACKED, old) end
+  redis.call('PEXPIRE', ACKED, keep)
+end
+
+-- Whether `id` was acked less than `keep` ms before `now`.
+local function acked_lately(id, now, keep)
+  local t = redis.call('ZSCORE', ACKED, id)
+  return t ~= false and tonumber(t) > now - keep
+end
