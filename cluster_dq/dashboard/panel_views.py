@@ -219,7 +219,7 @@ class PanelViews:
     # -- topology ---------------------------------------------------------------------------
 
     async def topology(self, request: Request) -> Response:
-        views = await panels.topology(self.service)
+        views = await self.service.topology()
         return self.d.render(request, "topology.html", {"views": views, "now": now_ms()})
 
     def routes(self) -> list[BaseRoute]:

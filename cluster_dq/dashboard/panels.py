@@ -1,6 +1,6 @@
 """The data of the dashboard's own panels: the delay timeline (with drill-down and a bucket's
-reschedule), dead letters grouped by error fingerprint (with a group's redrive), and the
-topology view (the lateness and redelivery charts are ``charts.py``). Every read and
+reschedule), dead letters grouped by error fingerprint (with a group's redrive); the topology view
+reads ``Service.topology`` (the lateness and redelivery charts are ``charts.py``). Every read and
 every change goes through the service (``cluster_dq/service/``); nothing here talks to Redis.
 The pages themselves are in ``panel_views.py``."""
 
@@ -11,13 +11,10 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from redis.crc import key_slot
-
 from cluster_dq.dashboard import times
-from cluster_dq.engine.insight import DelayedJob, Leader
-from cluster_dq.errors import BadRequest, ClusterDQError, NotFound, WrongState
-from cluster_dq.keys import QueueKeys, shard_of
-from cluster_dq.pools import RedisPool, Topology, describe
+from cluster_dq.engine.insight import DelayedJob
+from cluster_dq.errors import BadRequest, NotFound, WrongState
+from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.service import Service
 
@@ -304,59 +301,3 @@ async def redrive_group(
         out.changed.append(job_id)
         await _audit(audit, "kick", f"{ns}/{q}/{job_id}", f"redrive of group {gid} ({reason})")
     return out
-
-
-# -- topology ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where one queue lives: pool, pump shard (and its leader), Cluster slot and node."""
-
-    pool: str
-    namespace: str
-    queue: str
-    shard: int
-    slot: int | None
-    node: str
-    leader: str
-
-
-@dataclass(frozen=True, slots=True)
-class PoolView:
-    topology: Topology
-    leaders: list[Leader]
-    mine: str  # this worker's pump token in that pool ('' when it runs no pump)
-    queues: list[Placement]
-    error: str = ""
-
-
-MAX_QUEUES = 500
-
-
-async def topology(service: Service, most: int = MAX_QUEUES) -> list[PoolView]:
-    """Every pool: its kind (and Sentinel master, or Cluster nodes with their slot ranges), the
-    pump leader of each shard, and where its queues live (at most ``most`` per pool)."""
-    views = []
-    for name, pool in sorted(service.pools.items()):
-        topo = await describe(pool)
-        mine = pool.pump.token if pool.pump else ""
-        try:
-            leaders = await service.pump_leaders(name)
-            listed = await service.info(service.route(name))
-        except ClusterDQError as e:
-            views.append(PoolView(topo, [], mine, [], str(e)))
-            continue
-        holder = {lead.shard: lead.holder for lead in leaders}
-        queues: list[Placement] = []
-        for ns, qs in listed.items():
-            for q in qs:
-                if len(queues) >= most:
-                    break
-                qk = QueueKeys(ns, q)
-                shard = shard_of(qk.qualified, pool.engine.config.shards)
-                slot = key_slot(qk.meta.encode()) if topo.kind == "cluster" else None
-                node = topo.owner(slot) if slot is not None else topo.master
-                queues.append(Placement(name, ns, q, shard, slot, node, holder.get(shard, "")))
-        views.append(PoolView(topo, leaders, mine, queues))
-    return views

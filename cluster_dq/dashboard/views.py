@@ -155,7 +155,7 @@ class Views:
                 "ns_filter": ns,
                 "cut": cut,
                 "max_list": params.MAX_LIST,
-                "pools": sorted(self.service.routes),
+                "pools": self.service.token_pools(),
                 "events_url": self._url(request, "/events", **({"ns": ns} if ns else {})),
             },
         )
@@ -461,8 +461,8 @@ class Views:
         rows: list[dict[str, Any]] = []
         if ns:
             params.check_names(ns)
-            found = await self.service.tokens.list(pool, ns)
-            every = await self.service.tokens.limits(force=True)
+            found = await self.service.list_tokens(pool, ns)
+            every = await self.service.token_limits(force=True)
             for t, desc in sorted(found.items(), key=lambda kv: (kv[1], kv[0])):
                 rows.append(
                     {
@@ -479,7 +479,7 @@ class Views:
         params.check_names(ns)
         pool, _ = self.d.route(request)
         form = await self.d.action_form(request)
-        store = self.service.tokens
+        service = self.service
         back = self._url(request, "/tokens", ns=ns)
         action = request.path_params["action"]
         self.d.intend(request, f"token.{action}", f"{ns} (pool {pool})", pool)
@@ -488,28 +488,28 @@ class Views:
             if not description:
                 raise BadRequest("a description is required", "description")
             custom = text(form, "token", 64).strip() or None
-            token = await store.create(pool, ns, description, custom)
+            token = await service.create_token(pool, ns, description, custom)
             await self._audit(request, "token.create", f"{ns}/{mask(token)}", "ok", pool)
             # the one time the dashboard shows a token in full (a flash: once, never stored)
             return self.d.redirect(back, f"token created: {token}", "ok")
         # a row's reference (the tokens page), or the token itself (typed by an operator)
         ref = text(form, "ref", 64).strip()
         if ref:
-            token = await store.by_reference(pool, ns, ref)
+            token = await service.token_by_reference(pool, ns, ref)
         else:
             token = text(form, "token", 64)
             if not well_formed(pool, token):
                 raise BadRequest("invalid token", "token")
         if action == "delete":
-            await store.delete(pool, ns, token)
+            await service.delete_token(pool, ns, token)
             await self._audit(request, "token.delete", f"{ns}/{mask(token)}", "ok", pool)
             return self.d.redirect(back, "token deleted", "ok")
         if action == "limit":
-            if not await store.valid(pool, ns, token):  # a limit it could never apply to
+            if not await service.token_exists(pool, ns, token):  # a limit it could never apply to
                 raise NotFound("token not found")
             raw = {k: form.get(k, "") for k in ("read", "write", "interval")}
             if not any(isinstance(v, str) and v.strip() for v in raw.values()):
-                await store.delete_limit(pool, ns, token)
+                await service.delete_token_limit(pool, ns, token)
                 outcome = "removed"
             else:
                 limit = Limit.parse(
@@ -520,7 +520,7 @@ class Views:
                         for k in raw
                     }
                 )
-                await store.set_limit(pool, ns, token, limit, create=False)
+                await service.set_token_limit(pool, ns, token, limit, create=False)
                 outcome = json.dumps(limit.as_json())
             await self._audit(request, "token.limit", f"{ns}/{mask(token)}", f"ok: {outcome}", pool)
             return self.d.redirect(back, f"limit {outcome}", "ok")

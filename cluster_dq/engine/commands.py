@@ -86,9 +86,7 @@ from cluster_dq.engine.shard import (
     sizes_of,
     lead,
 )
-from cluster_dq.engine.admin import (
-    rate_limit,
-)
+from cluster_dq.engine.admin import rate_limit
 
 __all__ = [
     "Sizes",

@@ -14,17 +14,8 @@ from cluster_dq.engine import replies
 from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
 from cluster_dq.errors import Conflict, QueueFull
-from cluster_dq.keys import (
-    BUCKET_WIDTH_MS,
-    QueueKeys,
-)
-from cluster_dq.models import (
-    Job,
-    JobSpec,
-    JobState,
-    id_to_member,
-    id_to_text,
-)
+from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
+from cluster_dq.models import Job, JobSpec, JobState, id_to_member, id_to_text
 
 from cluster_dq.engine.steps import (
     Arg,

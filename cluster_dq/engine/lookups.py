@@ -9,18 +9,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cluster_dq.engine import replies
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
-from cluster_dq.keys import (
-    QueueKeys,
-)
-from cluster_dq.models import (
-    Job,
-    JobResult,
-    JobState,
-    Note,
-    id_due_ms,
-    id_to_member,
-    wheel_job,
-)
+from cluster_dq.keys import QueueKeys
+from cluster_dq.models import Job, JobResult, JobState, Note, id_due_ms, id_to_member, wheel_job
 
 from cluster_dq.engine.steps import Cmd, EngineConfig, Eval, Op, bucket_of, fixed_keys, lua
 

@@ -15,12 +15,7 @@ from cluster_dq.engine import replies
 from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
 from cluster_dq.errors import QueueFull
-from cluster_dq.keys import (
-    BUCKET_WIDTH_MS,
-    QueueKeys,
-    window_bucket_name,
-    parse_qualified,
-)
+from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys, window_bucket_name, parse_qualified
 from cluster_dq.models import (
     JobSpec,
     JobState,

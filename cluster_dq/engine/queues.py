@@ -11,11 +11,7 @@ from typing import TYPE_CHECKING
 
 from cluster_dq.engine import replies
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
-from cluster_dq.keys import (
-    QueueKeys,
-    ShardKeys,
-    shard_of,
-)
+from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.queueconf import QueueSettings
 
 from cluster_dq.engine.steps import Call, Cmd, EngineConfig, Op, fixed_keys, lua, signal

@@ -11,13 +11,7 @@ from typing import TYPE_CHECKING
 
 from cluster_dq.engine import replies
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
-from cluster_dq.keys import (
-    BUCKET_WIDTH_MS,
-    QueueKeys,
-    ShardKeys,
-    parse_qualified,
-    shard_of,
-)
+from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys, ShardKeys, parse_qualified, shard_of
 
 from cluster_dq.engine.steps import Cmd, EngineConfig, Op, fixed_keys, lua, signal
 

@@ -19,19 +19,8 @@ from cluster_dq.engine.retry import BUDGET_S
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
 from cluster_dq.engine.signatures import SIGNATURES
 from cluster_dq.errors import Conflict
-from cluster_dq.keys import (
-    QueueKeys,
-    ShardKeys,
-    bucket_name,
-    shard_of,
-)
-from cluster_dq.models import (
-    MAX_BULK,
-    id_due_ms,
-    id_lane,
-    id_to_member,
-    is_wheel_member,
-)
+from cluster_dq.keys import QueueKeys, ShardKeys, bucket_name, shard_of
+from cluster_dq.models import MAX_BULK, id_due_ms, id_lane, id_to_member, is_wheel_member
 
 
 if TYPE_CHECKING:

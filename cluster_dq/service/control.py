@@ -9,21 +9,13 @@ from collections.abc import Callable
 from cluster_dq import metrics
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import control
+from cluster_dq.engine.commands import Op
 from cluster_dq.engine.control import DeadFilter
 from cluster_dq.engine.replies import SweepReply
-from cluster_dq.engine.commands import Op
-from cluster_dq.errors import (
-    BadRequest,
-)
-from cluster_dq.models import (
-    DeadLetter,
-    Job,
-    id_to_member,
-    id_to_text,
-)
+from cluster_dq.errors import BadRequest
+from cluster_dq.models import DeadLetter, Job, id_to_member, id_to_text
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
-from cluster_dq.waiters import Look as Look  # (the HTTP layer shares one between two calls)
 from cluster_dq.service.core import ServiceCore
 from cluster_dq.service.failures import written_before
 

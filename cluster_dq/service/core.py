@@ -9,25 +9,19 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from cluster_dq.metrics import Metrics
 from cluster_dq.engine import schedules as schedule_ops
-from cluster_dq.firing import carry_settings, move_schedule
 from cluster_dq.engine.commands import Op
-from cluster_dq.errors import (
-    Conflict,
-    NotFound,
-)
+from cluster_dq.errors import Conflict, NotFound
+from cluster_dq.firing import carry_settings, move_schedule
 from cluster_dq.lifecycle import LifecycleLog
-from cluster_dq.models import (
-    Job,
-)
+from cluster_dq.metrics import Metrics
+from cluster_dq.models import Job
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import Placement, PoolRoute, build_routes
 from cluster_dq.schedules import MAX_SCHEDULE_PAGE
+from cluster_dq.service.failures import unavailable
 from cluster_dq.settings import Settings
 from cluster_dq.tokens import TokenStore
-from cluster_dq.waiters import Look as Look  # (the HTTP layer shares one between two calls)
-from cluster_dq.service.failures import unavailable
 
 T = TypeVar("T")
 

@@ -7,14 +7,7 @@ import contextlib
 from collections.abc import Iterator
 
 from cluster_dq.engine.commands import Published
-from cluster_dq.errors import (
-    NotReplicated,
-    PoolUnavailable,
-    RedisFailure,
-    Refused,
-)
-from cluster_dq.waiters import Look as Look  # (the HTTP layer shares one between two calls)
-
+from cluster_dq.errors import NotReplicated, PoolUnavailable, RedisFailure, Refused
 
 UNKNOWN = "the request may or may not have been applied"
 # Said when nothing of the request can have reached Redis (the client's ``Unavailable`` reads

@@ -10,22 +10,10 @@ from cluster_dq import metrics
 from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import Published
-from cluster_dq.errors import (
-    Conflict,
-    NotFound,
-    NotReplicated,
-    PoolUnavailable,
-    QueueFull,
-)
-from cluster_dq.models import (
-    Job,
-    JobSpec,
-    JobState,
-    validate_spec,
-)
+from cluster_dq.errors import Conflict, NotFound, NotReplicated, PoolUnavailable, QueueFull
+from cluster_dq.models import Job, JobSpec, JobState, validate_spec
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
-from cluster_dq.waiters import Look as Look  # (the HTTP layer shares one between two calls)
 from cluster_dq.service.core import ServiceCore
 from cluster_dq.service.failures import (
     NOTHING_RESERVED,
@@ -35,6 +23,7 @@ from cluster_dq.service.failures import (
     written_before,
 )
 from cluster_dq.service.longpoll import consume_across
+from cluster_dq.waiters import Look
 
 
 class Jobs(ServiceCore):

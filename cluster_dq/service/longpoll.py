@@ -7,14 +7,9 @@ import asyncio
 import functools
 
 from cluster_dq.engine.core import cancelling
-from cluster_dq.errors import (
-    Refused,
-)
-from cluster_dq.models import (
-    Job,
-)
+from cluster_dq.errors import Refused
+from cluster_dq.models import Job
 from cluster_dq.pools import RedisPool
-from cluster_dq.waiters import Look as Look  # (the HTTP layer shares one between two calls)
 
 
 async def consume_across(

@@ -1,22 +1,49 @@
 """What operators and the dashboard look at: the delayed timeline of a queue, the pump leaders,
-the audit log, the queues of a route and what a migration still drains."""
+the audit log, the queues of a route, what a migration still drains, the pools' readiness and
+topology (where each queue lives, who leads each pump shard)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from cluster_dq.engine import commands as ops
+from redis.crc import key_slot
+
 from cluster_dq.engine import admin as admin_ops
+from cluster_dq.engine import commands as ops
 from cluster_dq.engine import insight
 from cluster_dq.engine.commands import Sizes
-from cluster_dq.errors import (
-    NotFound,
-)
-from cluster_dq.keys import parse_qualified
-from cluster_dq.pools import RedisPool
+from cluster_dq.engine.insight import Leader
+from cluster_dq.errors import ClusterDQError, NotFound
+from cluster_dq.keys import QueueKeys, parse_qualified, shard_of
+from cluster_dq.pools import RedisPool, Topology, describe
 from cluster_dq.routing import PoolRoute
-from cluster_dq.waiters import Look as Look  # (the HTTP layer shares one between two calls)
 from cluster_dq.service.core import ServiceCore
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one queue lives: pool, pump shard (and its leader), Cluster slot and node."""
+
+    pool: str
+    namespace: str
+    queue: str
+    shard: int
+    slot: int | None
+    node: str
+    leader: str
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    topology: Topology
+    leaders: list[Leader]
+    mine: str  # this worker's pump token in that pool ('' when it runs no pump)
+    queues: list[Placement]
+    error: str = ""
+
+
+MAX_QUEUES = 500
 
 
 class Operators(ServiceCore):
@@ -99,3 +126,34 @@ class Operators(ServiceCore):
                     if s.delayed or s.ready or s.reserved or s.dead:
                         out.setdefault(pool.name, {})[qualified] = s
         return out
+
+    async def readiness(self) -> dict[str, dict[str, bool | str]]:
+        """Each pool's state as ``RedisPool.ready`` says it (Redis reached, scripts loaded)."""
+        return {name: await pool.ready() for name, pool in self.pools.items()}
+
+    async def topology(self, most: int = MAX_QUEUES) -> list[PoolView]:
+        """Every pool: its kind (and Sentinel master, or Cluster nodes with their slot ranges), the
+        pump leader of each shard, and where its queues live (at most ``most`` per pool)."""
+        views = []
+        for name, pool in sorted(self.pools.items()):
+            topo = await describe(pool)
+            mine = pool.pump.token if pool.pump else ""
+            try:
+                leaders = await self.pump_leaders(name)
+                listed = await self.info(self.route(name))
+            except ClusterDQError as e:
+                views.append(PoolView(topo, [], mine, [], str(e)))
+                continue
+            holder = {lead.shard: lead.holder for lead in leaders}
+            queues: list[Placement] = []
+            for ns, qs in listed.items():
+                for q in qs:
+                    if len(queues) >= most:
+                        break
+                    qk = QueueKeys(ns, q)
+                    shard = shard_of(qk.qualified, pool.engine.config.shards)
+                    slot = key_slot(qk.meta.encode()) if topo.kind == "cluster" else None
+                    node = topo.owner(slot) if slot is not None else topo.master
+                    queues.append(Placement(name, ns, q, shard, slot, node, holder.get(shard, "")))
+            views.append(PoolView(topo, leaders, mine, queues))
+        return views

@@ -9,18 +9,11 @@ from typing import Any
 
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import Sizes
-from cluster_dq.errors import (
-    NotFound,
-)
-from cluster_dq.models import (
-    Job,
-    JobResult,
-    JobState,
-)
+from cluster_dq.errors import NotFound
+from cluster_dq.models import Job, JobResult, JobState
 from cluster_dq.pools import RedisPool
 from cluster_dq.queueconf import QueueSettings
 from cluster_dq.routing import PoolRoute
-from cluster_dq.waiters import Look as Look  # (the HTTP layer shares one between two calls)
 from cluster_dq.service.core import ServiceCore
 from cluster_dq.service.failures import written_before
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from cluster_dq.engine import schedules as schedule_ops
-from cluster_dq.errors import (
-    NotFound,
-)
+from cluster_dq.errors import NotFound
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.schedules import describe
 from cluster_dq.schedules import parse as parse_schedule
-from cluster_dq.waiters import Look as Look  # (the HTTP layer shares one between two calls)
 from cluster_dq.service.core import ServiceCore
 
 

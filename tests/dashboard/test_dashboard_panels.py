@@ -355,7 +355,7 @@ async def test_topology_shows_the_pool_its_slots_and_pump_leaders(
             if all(lead.holder for lead in leads):
                 break
             await asyncio.sleep(0.05)
-        (view,) = await panels.topology(service)
+        (view,) = await service.topology()
     finally:
         await leader.close()
     topo = view.topology
