@@ -1,11 +1,14 @@
 """OpenAPI 3.1 building blocks: the schemas, responses and parameters the two ports' documents
 share, the ``Op`` each route is declared with, and the document and its ``/openapi.json`` route.
 
-Each port declares its routes beside nothing else: ``http/openapi_data.py`` (data port) and
-``http/openapi_admin.py`` (admin port). A new route is one more ``Op`` in its port's list;
-``tests/http/test_openapi.py`` fails while a route of an app is missing from its document, and runs
-schemathesis against both. Bounds come from the parsers' constants (``http/params.py``,
-``models.py``, ``tokens.py``), defaults from the running settings: one place for each."""
+Each data-port route is declared beside its handler, in the module of its concept (``http/jobs.py``,
+``delivery.py``, ``deadletter.py``, ``control.py``, ``schedules.py``, ``queues.py``: each one's
+``*_operations``); ``http/openapi_data.py`` puts them into the data port's document, and
+``http/openapi_admin.py`` declares the admin port's. A new route is one more ``Op`` in its
+module's list; ``tests/http/test_openapi.py`` fails while a route of an app is missing from its
+document, and runs schemathesis against both. Bounds come from the parsers' constants
+(``http/params.py``, ``models.py``, ``tokens.py``), defaults from the running settings: one
+place for each."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from cluster_dq.models import (
     CLIENT_ID_MAX_LEN,
     DEATH_REASONS,
     MAX_NAME_LEN,
+    MAX_NOTE_TEXT,
     NAME_RE,
     UNKNOWN_REASON,
     JobState,
@@ -274,6 +278,77 @@ def raw_body(what: str) -> Schema:
 
 def json_body(schema: Schema, example: Any, required: bool = True) -> Schema:
     return {"required": required, "content": {JSON: {"schema": schema, "example": example}}}
+
+
+def text_param(name: str, what: str) -> Schema:
+    return param(
+        name,
+        "query",
+        {"type": "string", "maxLength": MAX_NOTE_TEXT},
+        f"{what}: at most {MAX_NOTE_TEXT} bytes of UTF-8 (wins over the body's)",
+    )
+
+
+def text_body(name: str, example: str) -> Schema:
+    """``params.text``'s body: read only with a JSON Content-Type."""
+    return json_body(
+        {
+            "type": "object",
+            "properties": {name: {"type": ["string", "null"], "maxLength": MAX_NOTE_TEXT}},
+            "additionalProperties": False,
+        },
+        {name: example},
+        required=False,
+    )
+
+
+# -- the data port: what its concepts' declarations share -------------------------------
+
+NS = param("ns", "path", NAME, "namespace")
+Q = param("q", "path", QUEUE_NAME, "queue")
+JOB = param("job_id", "path", JOB_ID, "job id")
+LEASE = param("lease", "query", LEASE_ID, "the lease of the delivery that holds the job")
+JOB_EXAMPLE = {
+    "msg": "new job",
+    "namespace": "demo",
+    "queue": "orders",
+    "job_id": "01M84CYQJ90007ZG2JKZ9W9AQM",
+    "data": "Y2xvc2Ugb3JkZXIgNDI=",
+    "ttl": 3598,
+    "elapsed_ms": 2003,
+    "remain_tries": 2,
+    "attributes": None,
+    "state": "reserved",
+    "deliveries": 1,
+    "lease": "2c37b9d38f700001",
+}
+PEEKED_EXAMPLE = {k: v for k, v in JOB_EXAMPLE.items() if k not in ("msg", "lease")}
+SIZE = reply("sizes", ref("Size"), {"namespace": "demo", "queue": "orders", "size": 0})
+# The routes that take a job's id, each (path, method): the targets of the links from a publish
+# (``http/jobs.py``) and a consume (``http/delivery.py``).
+JOB_PATH = "/api/{ns}/{q}/job/{job_id}"
+PEEK, ACK, REPUBLISH = (JOB_PATH, "get"), (JOB_PATH, "delete"), (JOB_PATH, "put")
+TOUCH, RELEASE = (JOB_PATH + "/touch", "post"), (JOB_PATH + "/release", "post")
+PROGRESS = (JOB_PATH + "/progress", "put")
+BURY, RESCHEDULE = (JOB_PATH + "/bury", "post"), (JOB_PATH + "/reschedule", "post")
+CONSUME = ("/api/{ns}/{queues}", "get")
+ID_LINK = {"ns": "$request.path.ns", "job_id": "$response.body#/job_id"}  # the id answered
+
+
+def links(values: dict[str, object], *targets: tuple[str, str]) -> Schema:
+    """What a client does next with the id it was given (schemathesis follows these)."""
+    return {
+        f"{method} {path}": {
+            "operationRef": "#/paths/" + path.replace("/", "~1") + "/" + method,
+            "parameters": values,
+        }
+        for path, method in targets
+    }
+
+
+# No links from a POST: schemathesis starts its sequences from the operations with links,
+# and only from the POSTs among them when there are any (its "reliable roots"): links from
+# bury, kick or reschedule would leave publish and consume out of every sequence.
 
 
 # -- operations ---------------------------------------------------------------------------

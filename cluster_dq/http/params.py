@@ -43,6 +43,7 @@ def ascii_uint(raw: str) -> int | None:
 LEASE_RE = re.compile(r"[0-9a-fA-F]{16}")
 MAX_QUEUES = 32  # queues of one consume
 MAX_LIST = 1000  # queues per page of a namespace listing
+MAX_AT_MS = 2**48 - 1  # a due time (Unix ms) fits the job record's u48
 
 
 def query(request: Request) -> dict[str, str]:
