@@ -87,17 +87,17 @@ class AdminAPI:
 
     async def info(self, request: Request) -> Response:
         name = request.query_params.get("pool") or "default"
-        if name not in self.service.routes:
+        if name not in self.service.token_pools():
             return json({})
-        return json(await self.service.info(self.service.routes[name]))
+        return json(await self.service.info(self.service.route(name)))
 
     async def draining(self, request: Request) -> Response:
         """What a migration (``MigrateTo``) or a ring change (``PreviousPools``) still has to
         drain; ``done`` says when the old pools can be let go."""
         name = request.query_params.get("pool") or "default"
-        if name not in self.service.routes:
+        if name not in self.service.token_pools():
             raise BadRequest("the pool was not exists", "pool")
-        left = await self.service.draining(self.service.routes[name])
+        left = await self.service.draining(self.service.route(name))
         return json(
             {
                 "pool": name,
@@ -126,7 +126,7 @@ class AdminAPI:
         return Response(body, media_type=content_type)
 
     async def pools(self, request: Request) -> Response:
-        return json(sorted(self.service.routes))  # what a token may name: pools and rings
+        return json(self.service.token_pools())  # what a token may name: pools and rings
 
     async def healthz(self, request: Request) -> Response:
         return json({"status": "ok"})
@@ -134,7 +134,7 @@ class AdminAPI:
     async def readyz(self, request: Request) -> Response:
         """Ready or not (200/503); which pool and what Redis said only to the admin role (an
         error names addresses)."""
-        states = {name: await p.ready() for name, p in self.service.pools.items()}
+        states = await self.service.readiness()
         ok = all(s["redis"] and s["scripts"] for s in states.values())
         out: dict[str, object] = {"status": "ok" if ok else "unavailable"}
         if self._is_admin(request):
@@ -147,14 +147,14 @@ class AdminAPI:
         self._basic_auth(request)
         ns = request.path_params["ns"]
         pool = request.query_params.get("pool") or None
-        store = self.service.tokens
+        service = self.service
         if request.method in ("GET", "HEAD"):  # HEAD (added by Starlette) only reads
             if self.settings.read_only:  # the answer is keyed by token: no mask would do
                 raise Forbidden(
                     "the admin port is read-only (AdminReadOnly): token values are not listed"
                     " (the dashboard shows them masked)"
                 )
-            found = await store.list(pool or "default", ns)
+            found = await service.list_tokens(pool or "default", ns)
             prefix = f"{pool}:" if pool else ""
             return json({"tokens": {prefix + t: d for t, d in found.items()}})
         params.check_names(ns)  # before the body is read
@@ -167,7 +167,7 @@ class AdminAPI:
             raise BadRequest("invalid token", "token")
         if custom and ":" in custom:
             pool, _, custom = custom.partition(":")
-        token = await store.create(pool or "default", ns, description or "", custom)
+        token = await service.create_token(pool or "default", ns, description or "", custom)
         return json({"token": f"{pool}:{token}" if pool else token}, 201)
 
     async def delete_token(self, request: Request) -> Response:
@@ -175,7 +175,7 @@ class AdminAPI:
         ns = request.path_params["ns"]
         params.check_names(ns)
         pool, token = _path_token(request)
-        await self.service.tokens.delete(pool, ns, token)  # lmstfy: 204 if it did not exist
+        await self.service.delete_token(pool, ns, token)  # lmstfy: 204 if it did not exist
         return Response(status_code=204)
 
     async def limit(self, request: Request) -> Response:
@@ -183,14 +183,14 @@ class AdminAPI:
         ns = request.path_params["ns"]
         params.check_names(ns)
         pool, token = _path_token(request)
-        store = self.service.tokens
+        service = self.service
         if request.method in ("GET", "HEAD"):
             try:
-                return json((await store.get_limit(pool, ns, token)).as_json())
+                return json((await service.token_limit(pool, ns, token)).as_json())
             except NotFound:
                 return error("limit not found", 404)
         if request.method == "DELETE":
-            await store.delete_limit(pool, ns, token)
+            await service.delete_token_limit(pool, ns, token)
             return json({"msg": "success"})
         raw = await params.body(
             request, 65_536
@@ -200,14 +200,14 @@ class AdminAPI:
         )
         lim = Limit.parse(data)
         create = request.method == "POST"
-        await store.set_limit(pool, ns, token, lim, create)
+        await service.set_token_limit(pool, ns, token, lim, create)
         return json({"limiter": lim.as_json()}, 201 if create else 200)
 
     async def limits(self, request: Request) -> Response:
         self._basic_auth(request)
         force = request.query_params.get("force_update", "").lower() in ("1", "true")
         out = []
-        for key, lim in sorted((await self.service.tokens.limits(force)).items()):
+        for key, lim in sorted((await self.service.token_limits(force)).items()):
             pool, ns, token = key.split("/", 2)
             if self.settings.read_only:
                 token = mask(token)

@@ -38,7 +38,7 @@ class Throttle:
         """Count the request, refund it unless it succeeded (2xx), or failed having maybe
         changed something (a 503 that does not say nothing was written)."""
         pool_name, token = token_of(request)
-        taken = await self.service.tokens.take(pool_name, ns, token, write)
+        taken = await self.service.take_rate(pool_name, ns, token, write)
         response: Response | None = None
         applied = False  # a failure after which the request may have been applied
         try:
@@ -53,7 +53,7 @@ class Throttle:
                 and not applied
                 and (response is None or not 200 <= response.status_code < 300)
             ):
-                await self.service.tokens.refund(pool_name, ns, token, write, taken)
+                await self.service.refund_rate(pool_name, ns, token, write, taken)
 
     def writes(self, handler: Handler, leased_is_free: bool = False) -> Handler:
         """The route counted as a write against its token's limit, as a publish is (its GET
@@ -76,7 +76,7 @@ class Throttle:
         """A token with a write limit may not start a schedule: its firings would publish
         without asking the limit."""
         pool_name, token = token_of(request)
-        if await self.service.tokens.limits_writes(pool_name, ns, token):
+        if await self.service.limits_writes(pool_name, ns, token):
             raise WriteLimited(
                 f"token({token}) has a write limit: a schedule would publish past it; "
                 "ask an operator (a token without a write limit) to create or resume it"

@@ -41,7 +41,7 @@ class ServiceCore:
         self.pools = pools
         self.routes = build_routes(settings, pools)
         self.events = events
-        self.tokens = TokenStore(pools["default"].engine, settings.TokenCacheSecond, self.routes)
+        self._tokens = TokenStore(pools["default"].engine, settings.TokenCacheSecond, self.routes)
         self._carried: dict[tuple[str, str, str, str], float] = {}  # see _carry_due
 
     def route(self, name: str) -> PoolRoute[RedisPool]:

@@ -20,10 +20,10 @@ class Tokens(ServiceCore):
             raise Unauthorized("token not found")
         name, token = split_token(raw_token)
         route = self.route(name)
-        ok = self.tokens.cached(name, ns, token) if well_formed(name, token) else False
+        ok = self._tokens.cached(name, ns, token) if well_formed(name, token) else False
         if ok is None:
             with unavailable("default", unknown=None, what="token store: "):
-                ok = await self.tokens.valid(name, ns, token)
+                ok = await self._tokens.valid(name, ns, token)
         if not ok:
             raise Unauthorized("invalid token")
         return route
@@ -33,14 +33,14 @@ class Tokens(ServiceCore):
     async def take_rate(self, pool: str, ns: str, token: str, write: bool) -> float | None:
         """Counts one request against the token's limit (``RateLimited`` when used up); until
         when the unit may be given back (``refund_rate``), None when nothing was taken."""
-        return await self.tokens.take(pool, ns, token, write)
+        return await self._tokens.take(pool, ns, token, write)
 
     async def refund_rate(self, pool: str, ns: str, token: str, write: bool, until: float) -> None:
-        await self.tokens.refund(pool, ns, token, write, until)
+        await self._tokens.refund(pool, ns, token, write, until)
 
     async def limits_writes(self, pool: str, ns: str, token: str) -> bool:
         """Whether the token's writes are limited (a limit with ``write`` above 0)."""
-        return await self.tokens.limits_writes(pool, ns, token)
+        return await self._tokens.limits_writes(pool, ns, token)
 
     # -- managing tokens and limits (the admin API, the dashboard) ---------------------------
 
@@ -51,34 +51,34 @@ class Tokens(ServiceCore):
     async def create_token(
         self, pool: str, ns: str, description: str, token: str | None = None
     ) -> str:
-        return await self.tokens.create(pool, ns, description, token)
+        return await self._tokens.create(pool, ns, description, token)
 
     async def list_tokens(self, pool: str, ns: str) -> dict[str, str]:
         """The namespace's tokens with their descriptions."""
-        return await self.tokens.list(pool, ns)
+        return await self._tokens.list(pool, ns)
 
     async def token_by_reference(self, pool: str, ns: str, ref: str) -> str:
         """The token of ``ns`` whose ``tokens.reference`` is ``ref`` (NotFound: none)."""
-        return await self.tokens.by_reference(pool, ns, ref)
+        return await self._tokens.by_reference(pool, ns, ref)
 
     async def token_exists(self, pool: str, ns: str, token: str) -> bool:
-        return await self.tokens.valid(pool, ns, token)
+        return await self._tokens.valid(pool, ns, token)
 
     async def delete_token(self, pool: str, ns: str, token: str) -> bool:
         """False when there was no such token (nothing changed)."""
-        return await self.tokens.delete(pool, ns, token)
+        return await self._tokens.delete(pool, ns, token)
 
     async def token_limits(self, force: bool = False) -> dict[str, Limit]:
         """Every token's rate limit by ``pool/ns/token``; ``force``: read now, not cached."""
-        return await self.tokens.limits(force)
+        return await self._tokens.limits(force)
 
     async def token_limit(self, pool: str, ns: str, token: str) -> Limit:
-        return await self.tokens.get_limit(pool, ns, token)
+        return await self._tokens.get_limit(pool, ns, token)
 
     async def set_token_limit(
         self, pool: str, ns: str, token: str, limit: Limit, create: bool
     ) -> None:
-        await self.tokens.set_limit(pool, ns, token, limit, create)
+        await self._tokens.set_limit(pool, ns, token, limit, create)
 
     async def delete_token_limit(self, pool: str, ns: str, token: str) -> None:
-        await self.tokens.delete_limit(pool, ns, token)
+        await self._tokens.delete_limit(pool, ns, token)

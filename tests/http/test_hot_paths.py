@@ -189,9 +189,9 @@ def test_the_hot_paths_answer_as_the_router_does(
 
     async def seeded() -> None:
         standalone_redis.flushall()
-        await service.tokens.create("default", "ns", "test", TOKEN)
-        service.tokens._good.data.clear()
-        service.tokens._bad.data.clear()
+        await service.create_token("default", "ns", "test", TOKEN)
+        service._tokens._good.data.clear()
+        service._tokens._bad.data.clear()
         route = service.route("default")
         await service.publish(route, "ns", "q", [JobSpec(b"a", job_id="client-1")])
         await service.publish(route, "ns", "q", [JobSpec(b"b")])

@@ -93,7 +93,7 @@ async def dq(deployment: Deployment, sync_redis: redis.Redis) -> AsyncIterator[D
     pool.engine.clock = clock
     await pool.start(run_pump=False)
     service = Service(s, {"default": pool})
-    await service.tokens.create("default", "ns", "test", TOKEN)
+    await service.create_token("default", "ns", "test", TOKEN)
     app = create_data_app(service, s, AccessLog(False))
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app), base_url="http://dq", headers={"X-Token": TOKEN}

@@ -156,7 +156,7 @@ def test_a_data_request_is_answered_while_a_scrape_renders(
     monkeypatch.setattr(metrics, "render", held_render)
 
     async def scenario() -> None:
-        token = await service.tokens.create("default", "ns", "test", "scrape-token-0123456789")
+        token = await service.create_token("default", "ns", "test", "scrape-token-0123456789")
         data = httpx.AsyncClient(transport=httpx.ASGITransport(data_app), base_url="http://dq")
         admin = httpx.AsyncClient(transport=httpx.ASGITransport(admin_app), base_url="http://dq")
         async with data, admin:

@@ -247,7 +247,7 @@ async def runtime(server: Server) -> AsyncIterator[tuple[Runtime, str]]:
     )
     rt = Runtime(settings, run_pump=False)
     await rt.start()
-    token = await rt.service.tokens.create("default", NS, "outage", None)
+    token = await rt.service.create_token("default", NS, "outage", None)
     try:
         yield rt, token
     finally:
@@ -406,7 +406,7 @@ async def test_a_respawn_written_on_one_pool_of_a_migration_is_not_said_unwritte
         rt = Runtime(load(None, env), run_pump=False)
         await rt.start()
         try:
-            token = await rt.service.tokens.create("default", NS, "outage", None)
+            token = await rt.service.create_token("default", NS, "outage", None)
             async with http(rt, token) as c:
                 job = (await c.put("/api/out/q", content=b"x")).json()["job_id"]
                 assert (await c.post(f"/api/out/q/job/{job}/bury")).status_code == 200
@@ -449,7 +449,7 @@ async def test_a_republish_written_on_the_new_pool_is_not_said_unwritten(
         rt = Runtime(load(None, env), run_pump=False)
         await rt.start()
         try:
-            token = await rt.service.tokens.create("default", NS, "outage", None)
+            token = await rt.service.create_token("default", NS, "outage", None)
             async with http(rt, token) as c:
                 job = (await c.put("/api/out/q", content=b"x")).json()["job_id"]
         finally:
