@@ -23,6 +23,7 @@ from enum import StrEnum
 from cluster_dq.backoff import SECTION as BACKOFF_SECTION
 from cluster_dq.backoff import Backoff
 from cluster_dq.errors import BadRequest, BodyTooLarge
+from cluster_dq import names
 from cluster_dq.keys import BUCKET_WIDTH_MS
 
 # The names' rules live in names.py (the client shares them); given here as well.
@@ -432,3 +433,14 @@ class JobResult:
     job_id: str
     done_ms: int  # when it was acked
     result: bytes  # JSON
+
+
+def check_names(ns: str, q: str | None = None) -> None:
+    """A namespace (and queue) name as ``cluster_dq/names.py`` rules it, which the Python client
+    applies before sending: ``BadRequest`` naming the parameter, before anything is written."""
+    problem = names.namespace(ns)
+    if problem:
+        raise BadRequest(problem, "namespace")
+    problem = names.queue(q) if q is not None else None
+    if problem:
+        raise BadRequest(problem, "queue")

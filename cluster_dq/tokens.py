@@ -27,7 +27,7 @@ from cluster_dq.engine import admin
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.errors import BadRequest, NotFound, RateLimited, RedisFailure
-from cluster_dq.http.params import check_names
+from cluster_dq.models import check_names
 from cluster_dq.keys import AdminKeys
 from cluster_dq.names import ROUTE_NAME_RE
 from cluster_dq.models import encode_id

@@ -15,7 +15,7 @@ from itertools import repeat
 from typing import Any
 
 from cluster_dq.errors import ClusterDQError
-from cluster_dq.http.params import check_names
+from cluster_dq.models import check_names
 from cluster_dq.models import MAX_BODY, MAX_PRIORITY, MAX_SECONDS, MAX_TRIES, JobSpec
 from cluster_dq.models import validate_spec
 
