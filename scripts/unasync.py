@@ -47,10 +47,12 @@ def modules(folder: Path) -> list[Path]:
 
 
 def unasync(source: Path) -> str:
-    text = source.read_text()
+    text = source.read_text(encoding="utf-8")
     for old, new in SUBSTITUTIONS:
         text = text.replace(old, new)
-    ruff = Path(sys.executable).parent / "ruff"
+    ruff = Path(sys.executable).parent / "ruff"  # the project's own (the test extra pins it)
+    if not ruff.exists():
+        raise SystemExit(f"unasync: {ruff} not found: install the test extra (.venv)")
     target = TARGET / source.name
     for step in (["check", "--select", "I", "--fix", "--quiet"], ["format", "--quiet"]):
         text = subprocess.run(
@@ -58,6 +60,7 @@ def unasync(source: Path) -> str:
             input=text,
             capture_output=True,
             text=True,
+            encoding="utf-8",
             check=True,
         ).stdout
     return header(source) + text
@@ -72,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     present = {p.name for p in modules(TARGET)}
     for name, text in wanted.items():
         target = TARGET / name
-        if not target.exists() or target.read_text() != text:
+        if not target.exists() or target.read_text(encoding="utf-8") != text:
             stale.append(target)
             if not args.check:
-                target.write_text(text)
+                target.write_text(text, encoding="utf-8")
     for name in sorted(present - set(wanted)):  # a module whose async twin is gone
         stale.append(TARGET / name)
         if not args.check:

@@ -7,9 +7,9 @@ written one module per concept:
 - ``lookups.py``: lookups;
 - ``queues.py``: queue-wide operations;
 - ``shard.py``: the pump and the shards;
-- ``admin.py``: the token throttle;
+- ``admin.py``: the admin keys (tokens, limits, the audit log) and the token throttle;
 - ``control.py``: per-job control and dead letters; ``schedules.py``: recurring jobs;
-  ``insight.py``: the dashboard's reads; ``admin.py``: the admin keys.
+  ``insight.py``: the dashboard's reads.
 
 Each operation is a generator that yields *steps* and receives their replies (steps.py); the
 async and sync executors (aio.py, sync.py) drive the same generators, which is how the

@@ -6,6 +6,9 @@ of a moving queue, and ``failures.py``: what a Redis failure means for a request
 
 from __future__ import annotations
 
+from cluster_dq.lifecycle import LifecycleLog
+from cluster_dq.metrics import Metrics
+from cluster_dq.pools import RedisPool
 from cluster_dq.service.control import JobControl
 from cluster_dq.service.failures import nothing_written
 from cluster_dq.service.jobs import Jobs
@@ -13,6 +16,7 @@ from cluster_dq.service.operators import Operators
 from cluster_dq.service.queues import Queues
 from cluster_dq.service.schedules import Schedules
 from cluster_dq.service.tokens import Tokens
+from cluster_dq.settings import Settings
 from cluster_dq.waiters import Look
 
 __all__ = ["Look", "Service", "nothing_written"]
@@ -21,3 +25,13 @@ __all__ = ["Look", "Service", "nothing_written"]
 class Service(Jobs, JobControl, Queues, Schedules, Tokens, Operators):
     """Every use case, over one ``ServiceCore`` (settings, pools, routes, metrics, the
     lifecycle log and the token store)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pools: dict[str, RedisPool],
+        events: LifecycleLog | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        # (the mixins that keep state of their own pass these on to ServiceCore)
+        super().__init__(settings, pools, events, metrics)

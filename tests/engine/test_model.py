@@ -199,13 +199,11 @@ class Transport:
 
 def patch_clock(clock: FakeClock, pool: RedisPool) -> list[tuple[Any, str, Any]]:
     """The fake clock everywhere below the service (pool.engine.clock once main has it)."""
-    import cluster_dq.engine.commands as commands
-    import cluster_dq.service as service
-    import cluster_dq.waiters as waiters
+    import cluster_dq.engine.delivery as delivery
 
     saved = []
     pool.engine.clock = clock
-    for mod in (service, waiters, commands):
+    for mod in (delivery,):  # (what reads the clock itself: ack's default ``now``)
         if hasattr(mod, "now_ms"):
             saved.append((mod, "now_ms", mod.now_ms))
             mod.now_ms = clock  # type: ignore[attr-defined]
