@@ -42,7 +42,7 @@ from cluster_dq.client.models import (
     Sweep,
     TokenLimit,
 )
-from cluster_dq.client.outcomes import Bury, Retry, Snooze
+from cluster_dq.client.outcomes import Bury, Retry, Snooze, TimeLimitExceeded
 
 if TYPE_CHECKING:
     from cluster_dq.client.worker import Worker
@@ -86,6 +86,7 @@ __all__ = [
     "SchedulePage",
     "Sizes",
     "Snooze",
+    "TimeLimitExceeded",
     "Sweep",
     "TokenLimit",
     "TooLarge",

@@ -37,6 +37,7 @@ class DaemonThreads(Executor):
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._abandoned: set[Future[Any]] = set()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         future: Future[T] = Future()
@@ -67,8 +68,32 @@ class DaemonThreads(Executor):
                     del result
                 finally:
                     busy.discard(me)
+            with self._lock:
+                retire = future in self._abandoned
+                if retire:  # another thread took its place meanwhile: this one ends
+                    self._abandoned.discard(future)
+                    self._size -= 1
+                    self._threads.remove(me)
             del future, fn, args, kwargs  # nothing of the call kept while idle
+            if retire:
+                return
             self._idle.release()
+
+    def abandon(self, future: Future[Any]) -> None:
+        """A call its caller stopped waiting for (a time limit): it keeps its thread until it
+        returns, but no longer counts against ``size``, so another call may start a thread
+        meanwhile; that call's thread ends once it returns."""
+        if future.cancel():  # not started yet: it never will
+            return
+        with self._lock:
+            if not future.done() and future not in self._abandoned:
+                self._abandoned.add(future)
+                self._size += 1
+
+    def abandoned(self) -> int:
+        """Calls abandoned and still running."""
+        with self._lock:
+            return len(self._abandoned)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

@@ -26,6 +26,12 @@ class WorkerMetrics:
             ["queue"],
             registry=registry,
         )
+        self.time_limited = Counter(
+            "cluster_dq_worker_time_limited",
+            "Jobs whose handler ran past their time limit (released with TimeLimitExceeded)",
+            ["queue"],
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "cluster_dq_worker_in_flight",
             "Jobs a worker holds: handlers running, or waiting to run",

@@ -63,6 +63,16 @@ class Bury(Exception):
         self.reason = reason
 
 
+class TimeLimitExceeded(Exception):
+    """A handler ran past its job's time limit: an async one was cancelled, a sync one is
+    left to finish in its thread (a thread cannot be stopped), its result ignored. The job is
+    released with this as its error, spending a try, and its slot is free at once."""
+
+    def __init__(self, limit: float) -> None:
+        super().__init__(f"the handler ran past the job's time limit of {limit:g} s")
+        self.limit = limit
+
+
 @dataclass(frozen=True, slots=True)
 class Acked:
     result: Any = None

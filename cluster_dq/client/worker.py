@@ -42,6 +42,7 @@ from cluster_dq.client.outcomes import (
     Released,
     Retry,
     Snooze,
+    TimeLimitExceeded,
     decide,
     describe,
 )
@@ -51,10 +52,12 @@ if TYPE_CHECKING:
 
     from cluster_dq.client._wmetrics import WorkerMetrics
 
-__all__ = ["Bury", "Retry", "Snooze", "Worker"]
+__all__ = ["Bury", "Retry", "Snooze", "TimeLimitExceeded", "Worker"]
 
 log = logging.getLogger("cluster_dq.worker")
 Handler = Callable[[Job], Any]
+# A job's own time limit (seconds), an attribute its producer sets; at most the worker's.
+TIME_LIMIT = "time_limit"
 # seconds: a heartbeat renews a job at half its ttr with an HTTP round trip, which on a busy
 # host takes longer than 50 ms (a 0.1-s ttr lost jobs whose handlers ran on a loaded machine)
 MIN_TTR = 1.0
@@ -77,7 +80,10 @@ class Worker(IteratorForm):
     ``ack_delay`` / ``ack_batch``: acks wait at most this long, or until this many;
     ``shutdown_timeout``: how long a stop lets running handlers finish before giving their
     jobs back; ``results``: a handler's return value is the ack's result (False: ignored);
-    ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
+    ``time_limit``: seconds a handler may run (None: no limit); a job may ask for less with
+    its attribute ``time_limit`` (seconds), never more. At the limit the handler is cancelled
+    (async) or abandoned in its thread (sync) and the job released with the error
+    ``TimeLimitExceeded``; ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
 
     def __init__(
         self,
@@ -96,6 +102,7 @@ class Worker(IteratorForm):
         shutdown_timeout: float = 30.0,
         heartbeat: bool = True,
         results: bool = True,
+        time_limit: float | None = None,
         metrics: bool | CollectorRegistry = False,
     ) -> None:
         if not 1 <= concurrency <= 100_000:
@@ -106,6 +113,8 @@ class Worker(IteratorForm):
             raise ValueError(f"consumers must be 1..16, not {consumers}")
         if not MIN_TTR <= ttr <= MAX_DELAY or not 0 <= poll_timeout < math.inf:
             raise ValueError(f"ttr must be {MIN_TTR}..{MAX_DELAY} s, poll_timeout finite >= 0")
+        if time_limit is not None and not 0 < time_limit <= MAX_DELAY:
+            raise ValueError(f"time_limit must be 0..{MAX_DELAY} s (excluding 0) or None")
         if not shutdown_timeout >= 0 or not 0 <= ack_delay <= ttr / 4:
             # an ack held longer could reach the service after the lease ran out (lost)
             raise ValueError("shutdown_timeout must be >= 0, ack_delay 0..ttr/4")
@@ -116,7 +125,7 @@ class Worker(IteratorForm):
         self.consumers = consumers
         self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
         self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
-        self.results = results
+        self.results, self.time_limit = results, time_limit
         self._handler: Handler | None = None
         self._async = True
         if handler is not None:
@@ -142,7 +151,7 @@ class Worker(IteratorForm):
         self._closing: asyncio.Task[None] | None = None
         self._fatal: BaseException | None = None
         self.counts: dict[str, int] = dict.fromkeys(
-            ("acked", "released", "snoozed", "buried", "lost", "failed"), 0
+            ("acked", "released", "snoozed", "buried", "lost", "failed", "time_limited"), 0
         )
 
     def handler(self, fn: Handler) -> Handler:
@@ -285,11 +294,13 @@ class Worker(IteratorForm):
         d.started = time.perf_counter()
         outcome: Outcome
         try:
-            if self._async:
-                returned = await handler(d.job)
-            else:
-                loop = asyncio.get_running_loop()
-                returned = await loop.run_in_executor(self._executor, handler, d.job)
+            returned = await self._call(handler, d.job)
+        except TimeLimitExceeded as e:
+            log.warning("job %s of %s: %s", d.job.id, d.job.queue, e)
+            self.counts["time_limited"] += 1
+            if self._metrics is not None:
+                self._metrics.time_limited.labels(d.job.queue).inc()
+            outcome = decide(exc=e, bury_on=self.bury_on)
         except asyncio.CancelledError as e:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -320,6 +331,56 @@ class Worker(IteratorForm):
         if d.settled:  # the shutdown gave it back meanwhile
             return
         await self._finish(d, outcome)
+
+    async def _call(self, handler: Handler, job: Job) -> Any:
+        """The handler on ``job``, within the job's time limit (``TimeLimitExceeded``)."""
+        limit = self._limit(job)
+        if self._async:
+            if limit is None:
+                return await handler(job)
+            try:
+                async with asyncio.timeout(limit) as scope:
+                    return await handler(job)
+            except TimeoutError:
+                if scope.expired():  # (not a TimeoutError of the handler's own)
+                    raise TimeLimitExceeded(limit) from None
+                raise
+        assert self._executor is not None
+        running = self._executor.submit(handler, job)
+        if limit is None:
+            return await asyncio.wrap_future(running)
+        try:
+            done, _ = await asyncio.wait({asyncio.wrap_future(running)}, timeout=limit)
+        except asyncio.CancelledError:
+            running.cancel()  # (a call not started yet never starts)
+            raise
+        if done:
+            return done.pop().result()
+        self._executor.abandon(running)
+        log.error(
+            "job %s of %s: its sync handler still runs past the time limit of %g s; left to "
+            "finish in its thread (%d such now), its result ignored",
+            job.id,
+            job.queue,
+            limit,
+            self._executor.abandoned(),
+        )
+        raise TimeLimitExceeded(limit)
+
+    def _limit(self, job: Job) -> float | None:
+        """The job's time limit: its attribute ``time_limit`` (seconds), at most the worker's."""
+        raw = (job.attributes or {}).get(TIME_LIMIT)
+        own: float | None = None
+        if raw is not None:
+            try:
+                own = float(raw)
+            except ValueError:
+                pass
+            if own is None or not 0 < own < math.inf:
+                log.warning("job %s: its time_limit %r is not seconds > 0: ignored", job.id, raw)
+                own = None
+        limits = [t for t in (own, self.time_limit) if t is not None]
+        return min(limits) if limits else None
 
     async def _finish(self, d: Delivery, outcome: Outcome) -> None:
         """Sends the outcome of a job (once: the first caller claims it)."""
@@ -485,6 +546,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--consumers", type=int, default=1, help="consumes in flight at once")
     p.add_argument("--poll-timeout", type=float, default=5.0, help="long-poll seconds")
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
+    p.add_argument("--time-limit", type=float, help="seconds a handler may run on one job")
     p.add_argument("--bury-on", action="append", default=[], help="module:ExceptionClass")
     p.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
     p.add_argument("--log-level", default="INFO")
@@ -505,6 +567,7 @@ async def _serve(args: argparse.Namespace) -> None:
             consumers=args.consumers,
             poll_timeout=args.poll_timeout,
             shutdown_timeout=args.shutdown_timeout,
+            time_limit=args.time_limit,
             bury_on=bury_on,
             metrics=args.metrics_port is not None,
         )

@@ -375,6 +375,8 @@ async def test_each_outcome_leaves_the_job_as_said(client: AsyncClient) -> None:
     )
     await run_until(worker, lambda: sum(worker.counts.values()) >= len(behaviours))
     for outcome, n in worker.counts.items():
+        if outcome == "time_limited":  # (a count of its own, beside the outcomes)
+            continue
         labels = {"queue": "out", "outcome": outcome}
         assert (registry.get_sample_value("cluster_dq_worker_jobs_total", labels) or 0) == n
     ran = registry.get_sample_value("cluster_dq_worker_handler_seconds_count", {"queue": "out"})
@@ -387,6 +389,7 @@ async def test_each_outcome_leaves_the_job_as_said(client: AsyncClient) -> None:
         "buried": 2,
         "lost": 0,
         "failed": 0,
+        "time_limited": 0,
     }
     got = {b: await client.get_job("out", i) for b, i in ids.items()}
 
@@ -667,3 +670,119 @@ def test_the_worker_command_starts_under_both_names(module: str) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert out.returncode == 1, out.stderr
     assert out.stderr.strip() == "'no_such_module:f': No module named 'no_such_module'"
+
+
+# -- time limits --------------------------------------------------------------------------
+
+
+async def test_a_handler_past_its_time_limit_is_stopped_and_its_slot_freed(
+    solo: AsyncClient,
+) -> None:
+    """arq's ``job_timeout``, dramatiq's ``TimeLimit``: an async handler is cancelled at the
+    limit, a sync one abandoned in its thread (it cannot be stopped); either way the job is
+    released with an error naming the limit, a try spent, and with one slot the next job runs
+    at once, while the abandoned thread still runs. A job may ask for less than the worker's
+    limit, never more; a limit that is not seconds > 0 is ignored."""
+    client = solo
+    backoff = Backoff("fixed", 60.0)  # a released job waits: not taken again here
+    release = threading.Event()
+    ran: dict[str, float] = {}
+
+    def stuck_sync(job: Job) -> str:
+        if job.text == "stuck":
+            release.wait(30)  # far past the limit
+            return "too late"
+        return "ok"
+
+    async def stuck_async(job: Job) -> str:
+        if job.text == "stuck":
+            started = time.monotonic()
+            try:
+                await asyncio.sleep(30)
+            finally:
+                ran[job.id] = time.monotonic() - started
+        return "ok"
+
+    for handler, q in ((stuck_sync, "limit-sync"), (stuck_async, "limit-async")):
+        stuck = await client.publish(q, b"stuck", tries=3, backoff=backoff)
+        quick = await client.publish(q, b"quick", tries=3)
+        registry = CollectorRegistry()
+        worker = Worker(
+            client, q, handler, time_limit=1.0, concurrency=1, poll_timeout=0.2, metrics=registry
+        )
+        await run_until(worker, lambda: worker.counts["acked"] >= 1, timeout=20)
+        assert worker.counts["time_limited"] == 1 and worker.counts["released"] == 1
+        labels = {"queue": q}
+        assert registry.get_sample_value("cluster_dq_worker_time_limited_total", labels) == 1
+        job = await client.get_job(q, stuck)
+        assert job is not None and (job.state, job.remain_tries, job.deliveries) == (
+            "delayed",
+            2,
+            1,
+        )
+        assert job.last_error == (
+            "TimeLimitExceeded: the handler ran past the job's time limit of 1 s"
+        )
+        done = await client.get_job(q, quick)
+        assert done is None or done.state == "acked"
+    assert 0.9 <= ran[stuck] < 5  # cancelled at its limit (stuck: the async queue's)
+    release.set()  # the abandoned thread ends; its "too late" is never sent
+
+    # a job's own limit: at most the worker's; junk is ignored (the worker's applies)
+    asked = {"less": "0.5", "more": "20", "junk": "soon"}
+    ids = {
+        k: await client.publish(
+            "limit-own", k, tries=2, backoff=backoff, attributes={"time_limit": v}
+        )
+        for k, v in asked.items()
+    }
+    began: dict[str, float] = {}
+    took: dict[str, float] = {}
+
+    async def sleeper(job: Job) -> None:
+        began[job.text] = time.monotonic()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            took[job.text] = time.monotonic() - began[job.text]
+
+    worker = Worker(client, "limit-own", sleeper, time_limit=2.0, concurrency=3, poll_timeout=0.2)
+    await run_until(worker, lambda: worker.counts["time_limited"] >= 3, timeout=20)
+    assert 0.4 <= took["less"] < 1.5, took
+    assert 1.9 <= took["more"] < 3.5 and 1.9 <= took["junk"] < 3.5, took
+    for k, jid in ids.items():
+        job = await client.get_job("limit-own", jid)
+        assert job is not None and job.state == "delayed", k
+        limit = "0.5" if k == "less" else "2"
+        assert (
+            job.last_error
+            == f"TimeLimitExceeded: the handler ran past the job's time limit of {limit} s"
+        )
+
+
+def test_an_abandoned_call_frees_its_thread_slot_and_its_thread_ends() -> None:
+    """The executor of sync handlers: a call abandoned at its time limit no longer counts, so
+    a pool of one thread runs the next call at once; when the abandoned call returns, its
+    thread ends and the pool is back to one thread."""
+    from cluster_dq.client._runner import DaemonThreads
+
+    pool = DaemonThreads(1, "t")
+    gate = threading.Event()
+    stuck = pool.submit(gate.wait, 30)
+    wait_for(lambda: stuck.running())
+    pool.abandon(stuck)
+    assert pool.abandoned() == 1
+    assert pool.submit(lambda: "next").result(timeout=5) == "next"  # a second thread ran it
+    gate.set()
+    assert stuck.result(timeout=5) is True
+    wait_for(lambda: pool.abandoned() == 0 and len(pool._threads) == 1)
+    assert pool.submit(lambda: "again").result(timeout=5) == "again"
+    gate.clear()
+    busy = pool.submit(gate.wait, 30)
+    wait_for(lambda: busy.running())
+    queued = pool.submit(lambda: "never")
+    pool.abandon(queued)  # not started yet: cancelled, it never runs
+    assert queued.cancelled() and pool.abandoned() == 0
+    gate.set()
+    assert busy.result(timeout=5) is True
+    pool.shutdown()
