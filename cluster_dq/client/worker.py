@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import inspect
 import logging
 import math
@@ -27,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from cluster_dq.client import _runner
 from cluster_dq.client._acks import AckBatcher
+from cluster_dq.client._worker_cli import parser, worker_options
+from cluster_dq.client._call import Middleware, Next, call_handler, chain, job_limit, run_hook
 from cluster_dq.client._iterform import GIVE_BACK, Delivery, IteratorForm
 from cluster_dq.client._runner import DaemonThreads, run_loop
 from cluster_dq.client._async.client import AsyncClient
@@ -56,8 +57,6 @@ __all__ = ["Bury", "Retry", "Snooze", "TimeLimitExceeded", "Worker"]
 
 log = logging.getLogger("cluster_dq.worker")
 Handler = Callable[[Job], Any]
-# A job's own time limit (seconds), an attribute its producer sets; at most the worker's.
-TIME_LIMIT = "time_limit"
 # seconds: a heartbeat renews a job at half its ttr with an HTTP round trip, which on a busy
 # host takes longer than 50 ms (a 0.1-s ttr lost jobs whose handlers ran on a loaded machine)
 MIN_TTR = 1.0
@@ -83,7 +82,10 @@ class Worker(IteratorForm):
     ``time_limit``: seconds a handler may run (None: no limit); a job may ask for less with
     its attribute ``time_limit`` (seconds), never more. At the limit the handler is cancelled
     (async) or abandoned in its thread (sync) and the job released with the error
-    ``TimeLimitExceeded``; ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
+    ``TimeLimitExceeded``; ``middleware``: ``async def mw(job, call_next)`` each, around every
+    handler call (the first outermost); ``on_startup`` / ``on_shutdown``: called with the worker
+    (awaited when async) before the first consume and once the last job is settled;
+    ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
 
     def __init__(
         self,
@@ -103,6 +105,9 @@ class Worker(IteratorForm):
         heartbeat: bool = True,
         results: bool = True,
         time_limit: float | None = None,
+        middleware: Sequence[Middleware] = (),
+        on_startup: Callable[[Worker], Any] | None = None,
+        on_shutdown: Callable[[Worker], Any] | None = None,
         metrics: bool | CollectorRegistry = False,
     ) -> None:
         if not 1 <= concurrency <= 100_000:
@@ -126,6 +131,12 @@ class Worker(IteratorForm):
         self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
         self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
         self.results, self.time_limit = results, time_limit
+        self.middleware, self.on_startup, self.on_shutdown = (
+            list(middleware),
+            on_startup,
+            on_shutdown,
+        )
+        self._chained: Next | None = None  # the handler inside the middleware (start)
         self._handler: Handler | None = None
         self._async = True
         if handler is not None:
@@ -169,6 +180,10 @@ class Worker(IteratorForm):
             return
         if self._handler is not None and not self._async:
             self._executor = DaemonThreads(self.concurrency, "dq-worker")
+        if self._handler is not None:
+            handler = self._handler
+            self._chained = chain(self.middleware, lambda job: self._call(handler, job))
+        await run_hook(self.on_startup, self)  # (raising: the worker does not start)
         loop = asyncio.get_running_loop()
         self._fetchers = [
             loop.create_task(self._fetch(), name=f"dq-worker-fetch-{i}")
@@ -289,12 +304,12 @@ class Worker(IteratorForm):
     async def _run(self, d: Delivery) -> None:
         # a task's own coroutine (never awaited by another): whatever the handler raises
         # reaches this frame, a GeneratorExit thrown into the task from a future included
-        handler = self._handler
-        assert handler is not None
+        chained = self._chained
+        assert chained is not None
         d.started = time.perf_counter()
         outcome: Outcome
         try:
-            returned = await self._call(handler, d.job)
+            returned = await chained(d.job)
         except TimeLimitExceeded as e:
             log.warning("job %s of %s: %s", d.job.id, d.job.queue, e)
             self.counts["time_limited"] += 1
@@ -334,53 +349,8 @@ class Worker(IteratorForm):
 
     async def _call(self, handler: Handler, job: Job) -> Any:
         """The handler on ``job``, within the job's time limit (``TimeLimitExceeded``)."""
-        limit = self._limit(job)
-        if self._async:
-            if limit is None:
-                return await handler(job)
-            try:
-                async with asyncio.timeout(limit) as scope:
-                    return await handler(job)
-            except TimeoutError:
-                if scope.expired():  # (not a TimeoutError of the handler's own)
-                    raise TimeLimitExceeded(limit) from None
-                raise
-        assert self._executor is not None
-        running = self._executor.submit(handler, job)
-        if limit is None:
-            return await asyncio.wrap_future(running)
-        try:
-            done, _ = await asyncio.wait({asyncio.wrap_future(running)}, timeout=limit)
-        except asyncio.CancelledError:
-            running.cancel()  # (a call not started yet never starts)
-            raise
-        if done:
-            return done.pop().result()
-        self._executor.abandon(running)
-        log.error(
-            "job %s of %s: its sync handler still runs past the time limit of %g s; left to "
-            "finish in its thread (%d such now), its result ignored",
-            job.id,
-            job.queue,
-            limit,
-            self._executor.abandoned(),
-        )
-        raise TimeLimitExceeded(limit)
-
-    def _limit(self, job: Job) -> float | None:
-        """The job's time limit: its attribute ``time_limit`` (seconds), at most the worker's."""
-        raw = (job.attributes or {}).get(TIME_LIMIT)
-        own: float | None = None
-        if raw is not None:
-            try:
-                own = float(raw)
-            except ValueError:
-                pass
-            if own is None or not 0 < own < math.inf:
-                log.warning("job %s: its time_limit %r is not seconds > 0: ignored", job.id, raw)
-                own = None
-        limits = [t for t in (own, self.time_limit) if t is not None]
-        return min(limits) if limits else None
+        executor = None if self._async else self._executor
+        return await call_handler(handler, job, executor, job_limit(job, self.time_limit))
 
     async def _finish(self, d: Delivery, outcome: Outcome) -> None:
         """Sends the outcome of a job (once: the first caller claims it)."""
@@ -457,6 +427,10 @@ class Worker(IteratorForm):
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._gauge()
         log.info("worker stopped: %s", self.counts)
+        try:
+            await run_hook(self.on_shutdown, self)
+        except Exception:  # the jobs are settled: the hook's failure is only reported
+            log.exception("on_shutdown failed")
 
     def _say_running(self, back: list[Delivery]) -> None:
         """One line naming the jobs given back while their handler still runs."""
@@ -515,62 +489,11 @@ def _name(handler: Handler) -> str:
 # -- the command ------------------------------------------------------------------------
 
 
-def _find(target: str) -> Any:
-    """``package.module:attribute`` -> the attribute."""
-    module, sep, name = target.partition(":")
-    if not sep or not module or not name:
-        raise SystemExit(f"{target!r}: expected module:function")
-    try:
-        found = importlib.import_module(module)
-        for part in name.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as e:
-        raise SystemExit(f"{target!r}: {e}") from None
-    return found
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m cluster_dq.client.worker",
-        description="Runs a Worker over the queues with the handler named module:function "
-        "until SIGTERM or SIGINT (a second one forces the stop).",
-    )
-    p.add_argument("handler", help="module:function, async or not, taking a Job")
-    p.add_argument("--queue", "-q", action="append", required=True, help="repeat: priority order")
-    p.add_argument("--url", help="default: CLUSTER_DQ_URL")
-    p.add_argument("--token", help="default: CLUSTER_DQ_TOKEN")
-    p.add_argument("--namespace", help="default: CLUSTER_DQ_NAMESPACE")
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--ttr", type=float, default=60.0, help="seconds; renewed while running")
-    p.add_argument("--batch", type=int, default=100, help="jobs per consume, 1..100")
-    p.add_argument("--consumers", type=int, default=1, help="consumes in flight at once")
-    p.add_argument("--poll-timeout", type=float, default=5.0, help="long-poll seconds")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0)
-    p.add_argument("--time-limit", type=float, help="seconds a handler may run on one job")
-    p.add_argument("--bury-on", action="append", default=[], help="module:ExceptionClass")
-    p.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
-    p.add_argument("--log-level", default="INFO")
-    return p
-
-
 async def _serve(args: argparse.Namespace) -> None:
-    handler, bury_on = _find(args.handler), tuple(_find(t) for t in args.bury_on)
+    options = worker_options(args)  # (what is not found is said before anything else)
     client = AsyncClient(args.url, args.token, args.namespace, max_connections=64)
     async with client:
-        worker = Worker(
-            client,
-            args.queue,
-            handler,
-            concurrency=args.concurrency,
-            ttr=args.ttr,
-            batch=args.batch,
-            consumers=args.consumers,
-            poll_timeout=args.poll_timeout,
-            shutdown_timeout=args.shutdown_timeout,
-            time_limit=args.time_limit,
-            bury_on=bury_on,
-            metrics=args.metrics_port is not None,
-        )
+        worker = Worker(client, args.queue, **options)
         await worker.serve(signals=True)
 
 
@@ -581,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # only the command runs on uvloop: a Worker inside a program runs on that program's loop
     import uvloop
 
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -786,3 +786,126 @@ def test_an_abandoned_call_frees_its_thread_slot_and_its_thread_ends() -> None:
     gate.set()
     assert busy.result(timeout=5) is True
     pool.shutdown()
+
+
+# -- middleware and hooks -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_middleware_wraps_every_handler_call_and_hooks_bracket_the_run(
+    solo: AsyncClient, kind: str
+) -> None:
+    """dramatiq's middleware, arq's on_startup / on_shutdown: each middleware runs around the
+    handler (the first outermost), sees its result or its exception and may change either;
+    one raising before the handler runs fails the job without calling it. on_startup runs
+    once before the first job, on_shutdown once after the last one is settled."""
+    client, q = solo, f"mw-{kind}"
+    backoff = Backoff("fixed", 60.0)
+    ids = {b: await client.publish(q, b, tries=3, backoff=backoff) for b in ("ok", "boom", "deny")}
+    events: list[str] = []
+
+    async def outer(job: Job, call_next: Any) -> Any:
+        events.append(f"outer before {job.text}")
+        if job.text == "deny":
+            raise PermissionError("not this one")
+        try:
+            result = await call_next(job)
+        except KeyError as e:  # what a handler failed with, turned into a retry in 30 s
+            events.append(f"outer error {job.text}")
+            raise Retry(delay=30, error=f"upstream: {e}") from e
+        events.append(f"outer after {job.text}")
+        return {"wrapped": result}
+
+    async def inner(job: Job, call_next: Any) -> Any:
+        events.append(f"inner before {job.text}")
+        try:
+            return await call_next(job)
+        finally:
+            events.append(f"inner after {job.text}")
+
+    def work(job: Job) -> Any:
+        assert started == ["up"], "on_startup runs before the first job"
+        events.append(f"handler {job.text}")
+        if job.text == "boom":
+            raise KeyError("gone")
+        return job.text
+
+    async def awork(job: Job) -> Any:
+        return work(job)
+
+    started: list[str] = []
+    stopped: list[dict[str, int]] = []
+
+    async def up(worker: Worker) -> None:
+        started.append("up")
+
+    def down(worker: Worker) -> None:  # a plain function works too
+        stopped.append(dict(worker.counts))
+
+    worker = Worker(
+        client,
+        q,
+        awork if kind == "async" else work,
+        middleware=[outer, inner],
+        on_startup=up,
+        on_shutdown=down,
+        concurrency=1,
+        poll_timeout=0.2,
+    )
+    await run_until(worker, lambda: sum(worker.counts.values()) >= 3)
+    assert started == ["up"] and len(stopped) == 1
+    assert stopped[0]["acked"] == 1 and stopped[0]["released"] == 2
+    ok = [e for e in events if e.endswith(" ok")]
+    assert ok == [
+        "outer before ok",
+        "inner before ok",
+        "handler ok",
+        "inner after ok",
+        "outer after ok",
+    ]
+    boom = [e for e in events if e.endswith(" boom")]
+    assert boom == [
+        "outer before boom",
+        "inner before boom",
+        "handler boom",
+        "inner after boom",
+        "outer error boom",
+    ]
+    assert [e for e in events if e.endswith(" deny")] == ["outer before deny"]  # never called
+    done = await client.get_job(q, ids["ok"])
+    assert done is None or (done.state, done.result) == ("acked", {"wrapped": "ok"})
+    boomed = await client.get_job(q, ids["boom"])
+    assert boomed is not None and (boomed.state, boomed.last_error) == (
+        "delayed",
+        "upstream: 'gone'",
+    )
+    denied = await client.get_job(q, ids["deny"])
+    assert denied is not None
+    assert (denied.state, denied.last_error) == ("delayed", "PermissionError: not this one")
+
+
+async def test_a_failing_on_startup_keeps_the_worker_from_consuming(solo: AsyncClient) -> None:
+    jid = await solo.publish("mw-startup", b"x")
+
+    def up(worker: Worker) -> None:
+        raise RuntimeError("no database")
+
+    worker = Worker(solo, "mw-startup", lambda job: None, on_startup=up, poll_timeout=0.2)
+    with pytest.raises(RuntimeError, match="no database"):
+        await worker.serve()
+    await worker.stop()
+    job = await solo.get_job("mw-startup", jid)
+    assert job is not None and (job.state, job.deliveries) == ("ready", 0)
+
+
+def test_the_command_line_names_middleware_and_hooks() -> None:
+    from cluster_dq.client._worker_cli import parser, worker_options
+
+    args = parser().parse_args(
+        ["json:dumps", "-q", "a", "--middleware", "json:loads", "--middleware", "os.path:join"]
+        + ["--on-startup", "os:getcwd", "--time-limit", "2.5"]
+    )
+    options = worker_options(args)
+    assert options["handler"] is json.dumps and options["on_startup"] is os.getcwd
+    assert options["middleware"] == [json.loads, os.path.join]  # outermost first
+    assert options["on_shutdown"] is None and options["time_limit"] == 2.5

@@ -1,0 +1,102 @@
+"""How the worker calls a handler on one job: on the event loop (async) or in one of its
+threads (sync), within the job's time limit, inside the middleware the worker was given."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from cluster_dq.client._runner import DaemonThreads
+from cluster_dq.client.models import Job
+from cluster_dq.client.outcomes import TimeLimitExceeded
+
+log = logging.getLogger("cluster_dq.worker")
+Handler = Callable[[Job], Any]
+# The rest of the chain, as a middleware sees it: call it with the job, await what it returns.
+Next = Callable[[Job], Awaitable[Any]]
+Middleware = Callable[[Job, Next], Awaitable[Any]]
+
+# A job's own time limit (seconds), an attribute its producer sets; at most the worker's.
+TIME_LIMIT = "time_limit"
+
+
+def job_limit(job: Job, worker_limit: float | None) -> float | None:
+    """The job's time limit: its attribute ``time_limit`` (seconds), at most the worker's."""
+    raw = (job.attributes or {}).get(TIME_LIMIT)
+    own: float | None = None
+    if raw is not None:
+        try:
+            own = float(raw)
+        except ValueError:
+            pass
+        if own is None or not 0 < own < math.inf:
+            log.warning("job %s: its time_limit %r is not seconds > 0: ignored", job.id, raw)
+            own = None
+    limits = [t for t in (own, worker_limit) if t is not None]
+    return min(limits) if limits else None
+
+
+async def call_handler(
+    handler: Handler, job: Job, executor: DaemonThreads | None, limit: float | None
+) -> Any:
+    """``handler(job)``: awaited on the loop when ``executor`` is None, else in one of its
+    threads; past ``limit`` seconds, ``TimeLimitExceeded`` (an async handler cancelled, a
+    sync one abandoned in its thread, which the executor replaces)."""
+    if executor is None:
+        if limit is None:
+            return await handler(job)
+        try:
+            async with asyncio.timeout(limit) as scope:
+                return await handler(job)
+        except TimeoutError:
+            if scope.expired():  # (not a TimeoutError of the handler's own)
+                raise TimeLimitExceeded(limit) from None
+            raise
+    running = executor.submit(handler, job)
+    if limit is None:
+        return await asyncio.wrap_future(running)
+    try:
+        done, _ = await asyncio.wait({asyncio.wrap_future(running)}, timeout=limit)
+    except asyncio.CancelledError:
+        running.cancel()  # (a call not started yet never starts)
+        raise
+    if done:
+        return done.pop().result()
+    executor.abandon(running)
+    log.error(
+        "job %s of %s: its sync handler still runs past the time limit of %g s; left to "
+        "finish in its thread (%d such now), its result ignored",
+        job.id,
+        job.queue,
+        limit,
+        executor.abandoned(),
+    )
+    raise TimeLimitExceeded(limit)
+
+
+def chain(middleware: Sequence[Middleware], inner: Next) -> Next:
+    """``inner`` wrapped in ``middleware``, the first one outermost (Starlette's order)."""
+    call = inner
+    for mw in reversed(middleware):
+        call = _wrap(mw, call)
+    return call
+
+
+def _wrap(mw: Middleware, call_next: Next) -> Next:
+    async def wrapped(job: Job) -> Any:
+        return await mw(job, call_next)
+
+    return wrapped
+
+
+async def run_hook(hook: Callable[[Any], Any] | None, worker: Any) -> None:
+    """A worker's ``on_startup`` / ``on_shutdown``: a function or a coroutine function of the
+    worker."""
+    if hook is not None:
+        done = hook(worker)
+        if inspect.isawaitable(done):
+            await done
