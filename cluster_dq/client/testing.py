@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cluster_dq.client._call import Middleware, Next, call_handler, chain, job_limit
+from cluster_dq.client._runner import DaemonThreads
 from cluster_dq.client.models import Job
 from cluster_dq.client.outcomes import (
     Acked,
@@ -69,13 +71,22 @@ async def arun_job(
     *,
     bury_on: tuple[type[BaseException], ...] = (),
     results: bool = True,
+    time_limit: float | None = None,
+    middleware: Sequence[Middleware] = (),
     job: Job | None = None,
     **job_fields: Any,
 ) -> Outcome:
     """``run_job`` inside a running event loop (a sync handler runs in a thread, as in the
     worker)."""
     job = job if job is not None else make_job(body, **job_fields)
-    returned, exc = await asyncio.get_running_loop().create_task(_call(handler, job))
+    threads = None if _is_async(handler) else DaemonThreads(1, "dq-test")
+    limit = job_limit(job, time_limit)
+    call = chain(middleware, lambda j: call_handler(handler, j, threads, limit))
+    try:
+        returned, exc = await asyncio.get_running_loop().create_task(_call(call, job))
+    finally:
+        if threads is not None:
+            threads.shutdown(wait=False)
     if exc is None:
         return decide(returned if results else None)
     if isinstance(exc, asyncio.CancelledError):  # the handler's own, not a cancel of this call
@@ -85,15 +96,13 @@ async def arun_job(
     return decide(exc=exc, bury_on=bury_on)
 
 
-async def _call(handler: Handler, job: Job) -> tuple[Any, BaseException | None]:
+async def _call(call: Next, job: Job) -> tuple[Any, BaseException | None]:
     """The handler's return value or exception, run as a task's own coroutine (as the
     worker runs it): an exception an awaited future ends with is thrown into the outermost
     coroutine of the task, and a ``GeneratorExit`` thrown there closes the frames it awaits
     through instead of reaching them."""
     try:
-        if _is_async(handler):
-            return await handler(job), None
-        return await asyncio.get_running_loop().run_in_executor(None, handler, job), None
+        return await call(job), None
     except asyncio.CancelledError as e:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
@@ -109,11 +118,23 @@ def run_job(
     *,
     bury_on: tuple[type[BaseException], ...] = (),
     results: bool = True,
+    time_limit: float | None = None,
+    middleware: Sequence[Middleware] = (),
     job: Job | None = None,
     **job_fields: Any,
 ) -> Outcome:
     """Runs ``handler`` on one job (``job``, or one made by ``make_job(body, **job_fields)``)
-    and returns its outcome; ``bury_on`` and ``results`` as the ``Worker``'s. Not inside a running event loop: use ``arun_job`` there."""
+    and returns its outcome; ``bury_on``, ``results``, ``time_limit`` and ``middleware`` as the
+    ``Worker``'s. Not inside a running event loop: use ``arun_job`` there."""
     return asyncio.run(
-        arun_job(handler, body, bury_on=bury_on, results=results, job=job, **job_fields)
+        arun_job(
+            handler,
+            body,
+            bury_on=bury_on,
+            results=results,
+            time_limit=time_limit,
+            middleware=middleware,
+            job=job,
+            **job_fields,
+        )
     )

@@ -909,3 +909,38 @@ def test_the_command_line_names_middleware_and_hooks() -> None:
     assert options["handler"] is json.dumps and options["on_startup"] is os.getcwd
     assert options["middleware"] == [json.loads, os.path.join]  # outermost first
     assert options["on_shutdown"] is None and options["time_limit"] == 2.5
+
+
+def test_the_test_mode_applies_time_limits_and_middleware_as_the_worker() -> None:
+    """``run_job`` decides with the worker's own code for time limits and middleware."""
+
+    def stuck(job: Job) -> None:
+        time.sleep(3)
+
+    async def astuck(job: Job) -> None:
+        await asyncio.sleep(3)
+
+    for handler in (stuck, astuck):
+        assert run_job(handler, b"x", time_limit=0.2) == Released(
+            None, "TimeLimitExceeded: the handler ran past the job's time limit of 0.2 s"
+        )
+        own = run_job(handler, b"x", time_limit=5, attributes={"time_limit": "0.1"})
+        assert own == Released(
+            None, "TimeLimitExceeded: the handler ran past the job's time limit of 0.1 s"
+        )
+
+    async def retry_on_key_error(job: Job, call_next: Any) -> Any:
+        try:
+            return {"seen": await call_next(job)}
+        except KeyError as e:
+            raise Retry(delay=30, error=f"upstream: {e}") from e
+
+    def work(job: Job) -> Any:
+        if job.text == "boom":
+            raise KeyError("gone")
+        return job.text
+
+    assert run_job(work, "ok", middleware=[retry_on_key_error]) == Acked({"seen": "ok"})
+    assert run_job(work, "boom", middleware=[retry_on_key_error]) == Released(
+        30.0, "upstream: 'gone'"
+    )
