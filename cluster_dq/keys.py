@@ -189,6 +189,26 @@ def queue_of_key(key: str | bytes) -> QueueKeys:
     return QueueKeys(*parse_qualified(text[text.index("{") + 1 : text.index("}")]))
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerKeys:
+    """Who is running what in a namespace (``cluster_dq/workers.py``): the tag of the reserved
+    queue name ``_workers`` (no queue may start with ``_``), so both keys share one slot."""
+
+    namespace: str
+
+    def _k(self, suffix: str) -> str:
+        return f"{PREFIX}:{{{self.namespace}/_workers}}:{suffix}"
+
+    @property
+    def seen(self) -> str:
+        """ZSET: worker id -> when its announcement runs out (ms)."""
+        return self._k("seen")
+
+    def entry(self, worker_id: str) -> str:
+        """STRING: the worker's announcement (JSON), expiring with it."""
+        return self._k(f"w:{worker_id}")
+
+
 class AdminKeys:
     """Tokens and rate limits, kept in the ``default`` pool under the tag ``{admin}``."""
 

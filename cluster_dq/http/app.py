@@ -1,7 +1,8 @@
 """The data API (lmstfy-compatible): its handler groups behind one guard, and the app factory
 both ports use. Each concept's routes, handlers and OpenAPI declarations are in its own module:
 ``jobs.py`` (publish, peek), ``delivery.py`` (consume to ack), ``queues.py``, ``deadletter.py``,
-``schedules.py``, ``control.py`` (bury, reschedule); ``guard.py`` (the token and its rate limit)."""
+``schedules.py``, ``control.py`` (bury, reschedule), ``workers.py`` (who is running what);
+``guard.py`` (the token and its rate limit)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from cluster_dq.http.openapi_data import data_document
 from cluster_dq.http.paths import EncodedSeparators
 from cluster_dq.http.queues import QueuesAPI
 from cluster_dq.http.schedules import SchedulesAPI
+from cluster_dq.http.workers import WorkersAPI
 from cluster_dq.metrics import Metrics
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
@@ -39,6 +41,8 @@ class DataAPI:
         # Publish's routes first: its PUT /api/{ns}/{q} and PUT .../job/{job_id} answer a
         # method those paths do not take (405, and their Allow), as they always have.
         self.groups: list[Handlers] = [
+            # (first: /api/{ns}/_workers/{id} is no queue's /api/{ns}/{q}/bulk)
+            WorkersAPI(service, settings, guard),
             jobs,
             delivery,
             QueuesAPI(service, settings, guard),

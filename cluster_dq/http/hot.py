@@ -47,7 +47,7 @@ class HotPaths:
         if len(parts) == 2:
             if method == "PUT":
                 return self.publish, {"ns": parts[0], "q": parts[1]}
-            if method == "GET":
+            if method == "GET" and parts[1] != "_workers":  # (that one lists the workers)
                 return self.consume, {"ns": parts[0], "queues": parts[1]}
         elif len(parts) == 4 and parts[2] == "job" and method == "DELETE":
             return self.ack, {"ns": parts[0], "q": parts[1], "job_id": parts[3]}

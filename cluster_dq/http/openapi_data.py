@@ -1,6 +1,6 @@
 """The data port's OpenAPI document, put together from the operations each concept module
 declares beside its handlers (``http/jobs.py``, ``delivery.py``, ``queues.py``,
-``deadletter.py``, ``schedules.py``, ``control.py``), with the token's write limit on the
+``deadletter.py``, ``schedules.py``, ``control.py``, ``workers.py``), with the token's write limit on the
 requests it counts (``http/throttle.py``)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from cluster_dq.http.jobs import job_operations
 from cluster_dq.http.openapi import ACK, PROGRESS, RELEASE, TOUCH, Op, Schema, document, error
 from cluster_dq.http.queues import queue_operations
 from cluster_dq.http.schedules import SCHEDULE_PATH, schedule_operations
+from cluster_dq.http.workers import WORKERS_PATH, worker_operations
 from cluster_dq.settings import Settings
 
 
@@ -75,6 +76,7 @@ def data_operations(s: Settings) -> list[Op]:
         *dead_letter_operations(s),
         *schedule_operations(s),
         *control_operations(s),
+        *worker_operations(s),
     ]
     place = {key: i for i, key in enumerate(ORDER)}
     return sorted(ops, key=lambda op: place.get((op.method, op.path), len(place)))
@@ -82,7 +84,15 @@ def data_operations(s: Settings) -> list[Op]:
 
 # Requests that change a queue but are not counted against the token's write limit: they finish
 # a delivery its consume counted (docs/api.md#rate-limits). Every other one but a GET is.
-NOT_COUNTED = {ACK, TOUCH, RELEASE, PROGRESS, ("/api/{ns}/{q}/ack", "post")}
+NOT_COUNTED = {
+    ACK,
+    TOUCH,
+    RELEASE,
+    PROGRESS,
+    ("/api/{ns}/{q}/ack", "post"),
+    (WORKERS_PATH + "/{worker_id}", "put"),  # a worker's bookkeeping, as an ack is
+    (WORKERS_PATH + "/{worker_id}", "delete"),
+}
 E429_WRITE = error(
     "the token's write limit: nothing was changed",
     "token(01M84CYQJ90007ZG2JKZ9W9AQM) produce reach the limit rate, please retry later",

@@ -16,13 +16,14 @@ from cluster_dq.service.operators import Operators
 from cluster_dq.service.queues import Queues
 from cluster_dq.service.schedules import Schedules
 from cluster_dq.service.tokens import Tokens
+from cluster_dq.service.workers import Workers
 from cluster_dq.settings import Settings
 from cluster_dq.waiters import Look
 
 __all__ = ["Look", "Service", "nothing_written"]
 
 
-class Service(Jobs, JobControl, Queues, Schedules, Tokens, Operators):
+class Service(Jobs, JobControl, Queues, Schedules, Tokens, Workers, Operators):
     """Every use case, over one ``ServiceCore`` (settings, pools, routes, metrics, the
     lifecycle log and the token store)."""
 

@@ -1,0 +1,54 @@
+"""Pure operations on a namespace's worker registry (``keys.WorkerKeys``): announce, list,
+retire. Plain commands on one slot; an announcement and its place in the index expire
+together, and each announce drops the index's expired entries."""
+
+from __future__ import annotations
+
+from cluster_dq.engine.steps import Cmd, Op
+from cluster_dq.keys import WorkerKeys
+
+INDEX_TTL_MS = 3_600_000  # the index outlives its last announcement by at most this long
+
+
+def announce(ns: str, worker_id: str, blob: bytes, now: int, ttl_ms: int, cap: int) -> Op[bool]:
+    """Keeps ``blob`` as the worker's announcement for ``ttl_ms``; False (nothing written)
+    when ``cap`` other workers are announced already."""
+    wk = WorkerKeys(ns)
+    _, known, count = yield (
+        Cmd(("ZREMRANGEBYSCORE", wk.seen, "-inf", now)),
+        Cmd(("ZSCORE", wk.seen, worker_id)),
+        Cmd(("ZCARD", wk.seen)),
+    )
+    if known is None and int(count) >= cap:
+        return False
+    yield (
+        Cmd(("SET", wk.entry(worker_id), blob, "PX", ttl_ms)),
+        Cmd(("ZADD", wk.seen, now + ttl_ms, worker_id)),
+        Cmd(("PEXPIRE", wk.seen, max(ttl_ms, INDEX_TTL_MS))),
+    )
+    return True
+
+
+def workers(ns: str, now: int, limit: int) -> Op[list[tuple[str, int, bytes]]]:
+    """The workers announced and not run out at ``now``: (id, runs out at ms, announcement)."""
+    wk = WorkerKeys(ns)
+    ids = yield Cmd(("ZRANGEBYSCORE", wk.seen, now, "+inf", "LIMIT", 0, limit))
+    if not ids:
+        return []
+    texts = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+    scores, blobs = yield (
+        Cmd(("ZMSCORE", wk.seen, *texts)),
+        Cmd(("MGET", *(wk.entry(i) for i in texts))),
+    )
+    return [
+        (i, int(float(score)), blob)
+        for i, score, blob in zip(texts, scores, blobs)
+        if score is not None and blob is not None
+    ]
+
+
+def retire(ns: str, worker_id: str) -> Op[bool]:
+    """A worker that stops: its announcement goes at once. False: there was none."""
+    wk = WorkerKeys(ns)
+    gone, _ = yield (Cmd(("DEL", wk.entry(worker_id))), Cmd(("ZREM", wk.seen, worker_id)))
+    return bool(int(gone))
