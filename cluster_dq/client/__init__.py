@@ -41,6 +41,8 @@ from cluster_dq.client.models import (
     Sizes,
     Sweep,
     TokenLimit,
+    HeldJob,
+    WorkerInfo,
 )
 from cluster_dq.client.outcomes import Bury, Retry, Snooze, TimeLimitExceeded
 
@@ -89,6 +91,8 @@ __all__ = [
     "TimeLimitExceeded",
     "Sweep",
     "TokenLimit",
+    "HeldJob",
+    "WorkerInfo",
     "TooLarge",
     "TransportError",
     "Unauthorized",

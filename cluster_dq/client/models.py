@@ -174,3 +174,29 @@ class TokenLimit:
     read: int
     write: int
     interval: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeldJob:
+    """A job a worker holds, as its announcement lists it."""
+
+    queue: str
+    job_id: str
+    started_at: float | None = None  # epoch seconds
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker as ``workers()`` lists it: who, where, what it consumes and holds; times in
+    epoch seconds. A worker that stopped or died is not listed (its announcement ran out)."""
+
+    worker_id: str
+    last_seen: float
+    expires_at: float
+    host: str | None = None
+    pid: int | None = None
+    version: str | None = None
+    started_at: float | None = None
+    queues: tuple[str, ...] = ()
+    concurrency: int | None = None
+    in_flight: tuple[HeldJob, ...] = ()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster_dq.client import _runner
 from cluster_dq.client._acks import AckBatcher
+from cluster_dq.client._announce import Announcer
 from cluster_dq.client._worker_cli import parser, worker_options
 from cluster_dq.client._call import Middleware, Next, call_handler, chain, job_limit, run_hook
 from cluster_dq.client._iterform import GIVE_BACK, Delivery, IteratorForm
@@ -85,6 +86,7 @@ class Worker(IteratorForm):
     ``TimeLimitExceeded``; ``middleware``: ``async def mw(job, call_next)`` each, around every
     handler call (the first outermost); ``on_startup`` / ``on_shutdown``: called with the worker
     (awaited when async) before the first consume and once the last job is settled;
+    ``announce``: the worker says who it is and what it holds every 10 s (``workers()``);
     ``metrics``: True (the default registry) or a ``CollectorRegistry``."""
 
     def __init__(
@@ -108,6 +110,7 @@ class Worker(IteratorForm):
         middleware: Sequence[Middleware] = (),
         on_startup: Callable[[Worker], Any] | None = None,
         on_shutdown: Callable[[Worker], Any] | None = None,
+        announce: bool = True,
         metrics: bool | CollectorRegistry = False,
     ) -> None:
         if not 1 <= concurrency <= 100_000:
@@ -137,6 +140,8 @@ class Worker(IteratorForm):
             on_shutdown,
         )
         self._chained: Next | None = None  # the handler inside the middleware (start)
+        self.announcer = Announcer(client, self.queues, concurrency, lambda: self._held)
+        self._announce = announce
         self._handler: Handler | None = None
         self._async = True
         if handler is not None:
@@ -192,6 +197,8 @@ class Worker(IteratorForm):
         self._tasks.extend(self._fetchers)
         if self.heartbeat:
             self._tasks.append(loop.create_task(self._beat(), name="dq-worker-heartbeat"))
+        if self._announce:
+            self._tasks.append(loop.create_task(self.announcer.run(), name="dq-worker-announce"))
 
     async def serve(self, signals: bool = False) -> None:
         """Runs until ``stop()`` (or, with ``signals``, SIGTERM/SIGINT; a second one forces
@@ -423,6 +430,8 @@ class Worker(IteratorForm):
         await self._acks.drain()
         for t in self._tasks:
             t.cancel()
+        if self._announce:
+            await self.announcer.retire()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._gauge()

@@ -944,3 +944,40 @@ def test_the_test_mode_applies_time_limits_and_middleware_as_the_worker() -> Non
     assert run_job(work, "boom", middleware=[retry_on_key_error]) == Released(
         30.0, "upstream: 'gone'"
     )
+
+
+# -- who is running what ------------------------------------------------------------------
+
+
+async def test_a_running_worker_is_listed_with_the_jobs_it_holds_until_it_stops(
+    client: AsyncClient,
+) -> None:
+    """Each worker announces itself (host, pid, queues, concurrency, version, started) and the
+    jobs it holds with their start times; when it stops it is no longer listed."""
+    jid = await client.publish("who", b"x", tries=1)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(job: Job) -> None:
+        holding.set()
+        await asyncio.wait_for(release.wait(), 30)
+
+    worker = Worker(client, ["who", "who-else"], slow, concurrency=3, poll_timeout=0.2)
+    serving = asyncio.create_task(worker.serve())
+    await asyncio.wait_for(holding.wait(), 10)
+    mine: list[Any] = []
+    until = time.monotonic() + 30
+    while not mine or not mine[0].in_flight:  # the next announcement lists the held job
+        assert time.monotonic() < until, mine
+        await asyncio.sleep(0.2)
+        # (announced every 10 s: the first one came before the job was held)
+        mine = [w for w in await client.workers() if w.worker_id == worker.announcer.id]
+    (me,) = mine
+    assert (me.pid, me.queues, me.concurrency) == (os.getpid(), ("who", "who-else"), 3)
+    assert me.host and me.version and me.started_at and me.expires_at > time.time()
+    (held,) = me.in_flight
+    assert (held.queue, held.job_id) == ("who", jid)
+    assert held.started_at is not None and abs(held.started_at - time.time()) < 30
+    release.set()
+    await worker.stop()
+    await serving
+    assert worker.announcer.id not in [w.worker_id for w in await client.workers()]

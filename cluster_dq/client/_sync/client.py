@@ -15,6 +15,7 @@ from tenacity import Retrying
 
 from cluster_dq.client import _control as c
 from cluster_dq.client import _verbs as v
+from cluster_dq.client import _workers as w
 from cluster_dq.client._core import (
     NAMESPACE_ENV,
     TOKEN_ENV,
@@ -40,6 +41,7 @@ from cluster_dq.client.models import (
     SchedulePage,
     Sizes,
     Sweep,
+    WorkerInfo,
 )
 
 T = TypeVar("T")
@@ -284,6 +286,22 @@ class Client(_Shell):
 
     def destroy(self, queue: str) -> None:
         return self._send(v.destroy(self.namespace, queue))
+
+    # -- who is running what ------------------------------------------------------------------
+
+    def workers(self) -> list[WorkerInfo]:
+        """The namespace's workers: announced, not run out, and the jobs each holds."""
+        return self._send(w.workers(self.namespace))
+
+    def announce_worker(
+        self, worker_id: str, info: Mapping[str, Any], *, ttl: float = 30.0
+    ) -> float:
+        """Announces a worker for ``ttl`` seconds (``Worker`` does it itself); when it runs out
+        (epoch seconds)."""
+        return self._send(w.announce(self.namespace, worker_id, info, ttl=ttl))
+
+    def retire_worker(self, worker_id: str) -> None:
+        return self._send(w.retire(self.namespace, worker_id))
 
     # -- dead letters ---------------------------------------------------------------------------
 
