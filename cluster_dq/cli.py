@@ -255,12 +255,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 EMBEDDED_PORT_HELP = "no pool configured: the data port of the embedded serve to use"
-OPERATOR_COMMANDS = ("stats", "jobs", "dlq", "pause", "resume")
+OPERATOR_COMMANDS = ("stats", "jobs", "dlq", "pause", "resume", "workers")
 REASONS = ("ttr_expired", "tries_exhausted", "buried", "unknown")
 
 
 def _operator_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """stats, jobs, dlq, pause, resume: they talk to a running service (``ops.py``)."""
+    """stats, jobs, dlq, pause, resume, workers: they talk to a running service (``ops.py``)."""
     conn = _Parser(add_help=False)
     c = conn.add_argument_group("service")
     c.add_argument("--url", help="data API (default: $CLUSTER_DQ_URL)")
@@ -281,6 +281,7 @@ def _operator_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="SECONDS",
         help="rate window without --watch (default 1)",
     )
+    sub.add_parser("workers", parents=[conn], help="who is running what: workers, held jobs")
     jp = sub.add_parser("jobs", help="look at jobs: peek, get, dead")
     jsub = jp.add_subparsers(dest="action", required=True)
     jsub.add_parser("peek", parents=[conn], help="the head of the ready queue").add_argument(

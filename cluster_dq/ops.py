@@ -336,7 +336,34 @@ def pause(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- who is running what ----------------------------------------------------------------------
+
+
+def workers(args: argparse.Namespace) -> int:
+    """The namespace's workers: one line each (id, host, pid, queues, held jobs, last seen),
+    then the jobs each holds, with how long it has held them."""
+    with _client(args) as client:
+        found = client.workers()
+    now = time.time()
+    if args.json:
+        _print_json([dataclasses.asdict(w) for w in found])
+        return 0
+    for w in found:
+        queues = ",".join(w.queues) or "-"
+        print(
+            f"{w.worker_id}  {w.host or '-'}  pid {w.pid or '-'}  {queues}  "
+            f"{len(w.in_flight)}/{w.concurrency or '-'} held  seen {now - w.last_seen:.0f} s ago"
+        )
+        for j in w.in_flight:
+            held = "" if j.started_at is None else f"  for {now - j.started_at:.1f} s"
+            print(f"    {j.queue}/{j.job_id}{held}")
+    if not found:
+        print(f"{client.namespace}: no worker announced")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "workers": workers,
     "stats": stats,
     "pause": pause,
     "resume": pause,

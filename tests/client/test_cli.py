@@ -537,3 +537,25 @@ def test_an_unreachable_admin_port_is_named(
     code, out, err = cli(capsys, "stats")
     assert (code, out) == (1, "") and err.count("\n") == 1
     assert err.startswith(f"cluster-dq: cannot reach http://127.0.0.1:{port}: "), err
+
+
+def test_workers_lists_who_is_running_what(
+    env: dict[str, str], client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = cli(capsys, "workers")
+    assert status == 0 and "no worker announced" in out
+    held = [{"queue": "orders", "job_id": "01M84CYQJ90007ZG2JKZ9W9AQM", "started_ms": 1}]
+    info = {"host": "web-3", "pid": 4242, "queues": ["orders"], "concurrency": 4, "in_flight": held}
+    client.announce_worker("web-3-4242-ab", info)
+    status, out, _ = cli(capsys, "workers")
+    assert status == 0, out
+    assert "web-3-4242-ab  web-3  pid 4242  orders  1/4 held" in out
+    assert "    orders/01M84CYQJ90007ZG2JKZ9W9AQM  for " in out
+    (doc,) = cli_json(capsys, "workers", "--json")
+    assert (doc["worker_id"], doc["pid"], doc["in_flight"][0]["job_id"]) == (
+        "web-3-4242-ab",
+        4242,
+        "01M84CYQJ90007ZG2JKZ9W9AQM",
+    )
+    client.retire_worker("web-3-4242-ab")
+    assert "no worker announced" in cli(capsys, "workers")[1]
