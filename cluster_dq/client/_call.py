@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from cluster_dq.client._runner import DaemonThreads
 from cluster_dq.client.models import Job
-from cluster_dq.client.outcomes import TimeLimitExceeded
+from cluster_dq.client.outcomes import TimeLimitExceeded, seconds_text
 
 log = logging.getLogger("cluster_dq.worker")
 Handler = Callable[[Job], Any]
@@ -20,8 +20,10 @@ Handler = Callable[[Job], Any]
 Next = Callable[[Job], Awaitable[Any]]
 Middleware = Callable[[Job, Next], Awaitable[Any]]
 
-# A job's own time limit (seconds), an attribute its producer sets; at most the worker's.
+# A job's own time limit (seconds), an attribute its producer sets; at most the worker's:
+# digits, with at most 3 decimals ("30", "0.5").
 TIME_LIMIT = "time_limit"
+_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,3})?")
 
 
 def job_limit(job: Job, worker_limit: float | None) -> float | None:
@@ -29,11 +31,8 @@ def job_limit(job: Job, worker_limit: float | None) -> float | None:
     raw = (job.attributes or {}).get(TIME_LIMIT)
     own: float | None = None
     if raw is not None:
-        try:
-            own = float(raw)
-        except ValueError:
-            pass
-        if own is None or not 0 < own < math.inf:
+        own = float(raw) if _SECONDS.fullmatch(raw) else None
+        if not own:
             log.warning("job %s: its time_limit %r is not seconds > 0: ignored", job.id, raw)
             own = None
     limits = [t for t in (own, worker_limit) if t is not None]
@@ -59,23 +58,33 @@ async def call_handler(
     running = executor.submit(handler, job)
     if limit is None:
         return await asyncio.wrap_future(running)
+    waiting = asyncio.wrap_future(running)
     try:
-        done, _ = await asyncio.wait({asyncio.wrap_future(running)}, timeout=limit)
+        done, _ = await asyncio.wait({waiting}, timeout=limit)
     except asyncio.CancelledError:
         running.cancel()  # (a call not started yet never starts)
         raise
     if done:
         return done.pop().result()
-    executor.abandon(running)
+    waiting.add_done_callback(_ignored)  # what it ends with is no one's: not "never retrieved"
+    if executor.abandon(running):
+        what = f"left to finish in its thread ({executor.abandoned()} such now)"
+    else:
+        what = "left to finish, keeping its thread's place (too many abandoned already)"
     log.error(
-        "job %s of %s: its sync handler still runs past the time limit of %g s; left to "
-        "finish in its thread (%d such now), its result ignored",
+        "job %s of %s: its sync handler still runs past the time limit of %s s; %s, its "
+        "result ignored",
         job.id,
         job.queue,
-        limit,
-        executor.abandoned(),
+        seconds_text(limit),
+        what,
     )
     raise TimeLimitExceeded(limit)
+
+
+def _ignored(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def chain(middleware: Sequence[Middleware], inner: Next) -> Next:

@@ -38,18 +38,19 @@ class DaemonThreads(Executor):
         self._lock = threading.Lock()
         self._closed = False
         self._abandoned: set[Future[Any]] = set()
+        self._most_abandoned = size  # threads left to their calls at once, beside ``size``
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         future: Future[T] = Future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot run a call after shutdown")
-            self._work.put((future, fn, args, kwargs))
             if not self._idle.acquire(blocking=False) and len(self._threads) < self._size:
                 name = f"{self._prefix}-{len(self._threads)}"
                 thread = threading.Thread(target=self._serve, name=name, daemon=True)
-                thread.start()
+                thread.start()  # before the call is queued: one the OS refuses is never run
                 self._threads.append(thread)
+            self._work.put((future, fn, args, kwargs))
         return future
 
     def _serve(self) -> None:
@@ -79,16 +80,22 @@ class DaemonThreads(Executor):
                 return
             self._idle.release()
 
-    def abandon(self, future: Future[Any]) -> None:
+    def abandon(self, future: Future[Any]) -> bool:
         """A call its caller stopped waiting for (a time limit): it keeps its thread until it
         returns, but no longer counts against ``size``, so another call may start a thread
-        meanwhile; that call's thread ends once it returns."""
+        meanwhile; that call's thread ends once it returns. At most ``size`` calls are
+        abandoned at once: past that (False), the call keeps its place in ``size``, and the
+        pool runs fewer calls until it returns."""
         if future.cancel():  # not started yet: it never will
-            return
+            return True
         with self._lock:
-            if not future.done() and future not in self._abandoned:
-                self._abandoned.add(future)
-                self._size += 1
+            if future.done() or future in self._abandoned:
+                return True
+            if len(self._abandoned) >= self._most_abandoned:
+                return False
+            self._abandoned.add(future)
+            self._size += 1
+            return True
 
     def abandoned(self) -> int:
         """Calls abandoned and still running."""

@@ -63,13 +63,18 @@ class Bury(Exception):
         self.reason = reason
 
 
+def seconds_text(limit: float) -> str:
+    """A time limit as the messages say it: "30", "0.5", "1234567"."""
+    return f"{limit:.3f}".rstrip("0").rstrip(".")
+
+
 class TimeLimitExceeded(Exception):
     """A handler ran past its job's time limit: an async one was cancelled, a sync one is
     left to finish in its thread (a thread cannot be stopped), its result ignored. The job is
     released with this as its error, spending a try, and its slot is free at once."""
 
     def __init__(self, limit: float) -> None:
-        super().__init__(f"the handler ran past the job's time limit of {limit:g} s")
+        super().__init__(f"the handler ran past the job's time limit of {seconds_text(limit)} s")
         self.limit = limit
 
 

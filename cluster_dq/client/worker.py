@@ -63,7 +63,7 @@ Handler = Callable[[Job], Any]
 MIN_TTR = 1.0
 
 
-def _is_async(handler: Handler) -> bool:
+def _is_async(handler: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)
     )
@@ -134,11 +134,11 @@ class Worker(IteratorForm):
         self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
         self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
         self.results, self.time_limit = results, time_limit
-        self.middleware, self.on_startup, self.on_shutdown = (
-            list(middleware),
-            on_startup,
-            on_shutdown,
-        )
+        if not all(_is_async(mw) for mw in middleware):
+            raise ValueError("middleware: async def mw(job, call_next) each")
+        self.middleware = list(middleware)
+        self.on_startup, self.on_shutdown = on_startup, on_shutdown
+        self._started = False  # on_startup went through: on_shutdown is owed
         self._chained: Next | None = None  # the handler inside the middleware (start)
         self.announcer = Announcer(client, self.queues, concurrency, lambda: self._held)
         self._announce = announce
@@ -189,6 +189,7 @@ class Worker(IteratorForm):
             handler = self._handler
             self._chained = chain(self.middleware, lambda job: self._call(handler, job))
         await run_hook(self.on_startup, self)  # (raising: the worker does not start)
+        self._started = True
         loop = asyncio.get_running_loop()
         self._fetchers = [
             loop.create_task(self._fetch(), name=f"dq-worker-fetch-{i}")
@@ -427,6 +428,10 @@ class Worker(IteratorForm):
                 d.task.cancel()
         self._ready.clear()
         await asyncio.gather(*(self._finish(d, GIVE_BACK) for d in back))
+        # outcomes already on their way (a release at a time limit): sent before stop returns
+        sending = [d.task for d in self._held if d.settled and d.task and not d.task.done()]
+        if sending:
+            await asyncio.wait(sending, timeout=10.0)
         await self._acks.drain()
         for t in self._tasks:
             t.cancel()
@@ -436,10 +441,11 @@ class Worker(IteratorForm):
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._gauge()
         log.info("worker stopped: %s", self.counts)
-        try:
-            await run_hook(self.on_shutdown, self)
-        except Exception:  # the jobs are settled: the hook's failure is only reported
-            log.exception("on_shutdown failed")
+        if self._started:
+            try:  # (bounded as the handlers were: a stop ends)
+                await asyncio.wait_for(run_hook(self.on_shutdown, self), self.shutdown_timeout)
+            except Exception:  # the jobs are settled: the hook's failure is only reported
+                log.exception("on_shutdown failed")
 
     def _say_running(self, back: list[Delivery]) -> None:
         """One line naming the jobs given back while their handler still runs."""

@@ -890,10 +890,19 @@ async def test_a_failing_on_startup_keeps_the_worker_from_consuming(solo: AsyncC
     def up(worker: Worker) -> None:
         raise RuntimeError("no database")
 
-    worker = Worker(solo, "mw-startup", lambda job: None, on_startup=up, poll_timeout=0.2)
+    down: list[Worker] = []
+    worker = Worker(
+        solo,
+        "mw-startup",
+        lambda job: None,
+        on_startup=up,
+        on_shutdown=down.append,
+        poll_timeout=0.2,
+    )
     with pytest.raises(RuntimeError, match="no database"):
         await worker.serve()
     await worker.stop()
+    assert down == []  # it never started: nothing to shut down
     job = await solo.get_job("mw-startup", jid)
     assert job is not None and (job.state, job.deliveries) == ("ready", 0)
 
@@ -981,3 +990,49 @@ async def test_a_running_worker_is_listed_with_the_jobs_it_holds_until_it_stops(
     await worker.stop()
     await serving
     assert worker.announcer.id not in [w.worker_id for w in await client.workers()]
+
+
+def test_the_thread_pool_never_runs_a_call_it_could_not_start_a_thread_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread the OS refuses: the submit raises and its call is not left queued (the next
+    thread would have run it for a job already released); abandoned calls are bounded by
+    the pool's size, past which one keeps its place."""
+    from cluster_dq.client._runner import DaemonThreads
+
+    pool = DaemonThreads(1, "t")
+    start = threading.Thread.start
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    ran: list[str] = []
+    with pytest.raises(RuntimeError):
+        pool.submit(ran.append, "stale")
+    monkeypatch.setattr(threading.Thread, "start", start)
+    assert pool.submit(ran.append, "fresh").result(timeout=5) is None
+    assert ran == ["fresh"]
+    gate = threading.Event()
+    first = pool.submit(gate.wait, 30)
+    wait_for(lambda: first.running())
+    assert pool.abandon(first) and pool.abandoned() == 1
+    second = pool.submit(gate.wait, 30)
+    wait_for(lambda: second.running())
+    assert not pool.abandon(second) and pool.abandoned() == 1  # at most size (1) at once
+    gate.set()
+    pool.shutdown()
+
+
+def test_a_jobs_time_limit_attribute_is_plain_seconds() -> None:
+    from cluster_dq.client._call import job_limit
+    from cluster_dq.client.testing import make_job
+
+    def limit(raw: str, worker: float | None = None) -> float | None:
+        return job_limit(make_job(b"", attributes={"time_limit": raw}), worker)
+
+    assert (limit("30"), limit("0.5"), limit("2", 1.0), limit("1.25", 60)) == (30, 0.5, 1.0, 1.25)
+    for junk in ("0", "0.000", "1_0", "1e-300", "nan", "inf", "-1", "0x1", " 2", "1.2345"):
+        assert limit(junk, 7.0) == 7.0, junk  # ignored: the worker's applies
+    with pytest.raises(ValueError, match="middleware"):
+        Worker(AsyncClient("http://127.0.0.1:1", "t", "n"), "q", middleware=[lambda j, n: n(j)])
