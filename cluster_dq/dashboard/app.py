@@ -1,5 +1,5 @@
 """The dashboard's Starlette sub-app, mounted at ``/ui`` on the admin port: the pages and
-actions (``views.py``, ``panel_views.py``), the live sizes and the static files, behind basic
+actions (``views.py``, ``panel_views.py``, ``worker_views.py``), the live sizes and the static files, behind basic
 auth (as the admin API), with the dashboard's own error pages for a missing page."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cluster_dq.dashboard.base import HERE, Dashboard
 from cluster_dq.dashboard.panel_views import PanelViews
 from cluster_dq.dashboard.views import Views
+from cluster_dq.dashboard.worker_views import WorkerViews
 from cluster_dq.errors import Unauthorized
 from cluster_dq.http.auth import basic_auth
 from cluster_dq.metrics import SizeBoard
@@ -60,7 +61,15 @@ def create_dashboard(service: Service, settings: Settings, board: SizeBoard) -> 
 def mount(dashboard: Dashboard) -> Mount:
     """The dashboard at /ui, with its pages and actions (views.py, panel_views.py)."""
     return Mount(
-        "/ui", app=_app(dashboard, Views(dashboard).routes() + PanelViews(dashboard).routes())
+        "/ui",
+        app=_app(
+            dashboard,
+            [
+                *Views(dashboard).routes(),
+                *PanelViews(dashboard).routes(),
+                *WorkerViews(dashboard).routes(),
+            ],
+        ),
     )
 
 

@@ -59,8 +59,8 @@ class WorkersAPI(Handlers):
 
     async def announce(self, request: Request) -> Response:
         ns = request.path_params["ns"]
+        route = await self.auth(request, ns)  # (the token first: a stranger learns nothing)
         worker_id = _worker_id(request.path_params["worker_id"])
-        route = await self.auth(request, ns)
         ttl_ms = params.millis(params.query(request), "ttl", TTL_S, MAX_TTL_S)
         if ttl_ms < 1:
             raise BadRequest("invalid ttl: at least 1 ms", "ttl")
@@ -71,8 +71,8 @@ class WorkersAPI(Handlers):
 
     async def retire(self, request: Request) -> Response:
         ns = request.path_params["ns"]
-        worker_id = _worker_id(request.path_params["worker_id"])
         route = await self.auth(request, ns)
+        worker_id = _worker_id(request.path_params["worker_id"])
         await self.service.retire_worker(route, ns, worker_id)
         return Response(status_code=204)
 

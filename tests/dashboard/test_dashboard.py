@@ -692,3 +692,32 @@ async def test_the_audit_log_is_capped_and_newest_first(svc_layer: Service) -> N
     got = [json.loads(e)["n"] for e in await svc_layer.audit_log(10)]
     assert got == [6, 5, 4, 3, 2]
     assert [json.loads(e)["n"] for e in await svc_layer.audit_log(2)] == [6, 5]
+
+
+def test_the_workers_page_shows_who_is_running_what(api: httpx.Client, ui: httpx.Client) -> None:
+    """Each announced worker with its queues and concurrency, the jobs it holds linked to their
+    pages; ``q`` narrows to the workers holding that queue's jobs; the queue page's reserved
+    count links there; a bad name is a 400 page."""
+    jid = api.put(f"/api/{NS}/orders", content=b"x").json()["job_id"]
+    held = [
+        {"queue": "orders", "job_id": jid, "started_ms": int(time.time() * 1000) - 2_000},
+        {"queue": "emails", "job_id": "01M84CYQJ90007ZG2JKZ9W9AQM"},
+    ]
+    info = {"host": "web-3", "pid": 4242, "queues": ["orders", "emails"], "concurrency": 8}
+    assert api.put(f"/api/{NS}/_workers/w-1", json={**info, "in_flight": held}).status_code == 200
+    assert api.put(f"/api/{NS}/_workers/w-2", json={"queues": ["emails"]}).status_code == 200
+    page = ui.get("/workers", params={"ns": NS})
+    assert page.status_code == 200
+    assert '<tr data-worker="w-1">' in page.text and '<tr data-worker="w-2">' in page.text
+    assert "<td>web-3</td><td>4242</td>" in page.text and "2 / 8" in page.text
+    assert f'href="/ui/job/{NS}/orders/{jid}"' in page.text
+    assert re.search(r"for 2\.\d s \(since <time", page.text), page.text
+    narrowed = ui.get("/workers", params={"ns": NS, "q": "orders"}).text
+    assert '<tr data-worker="w-1">' in narrowed and 'data-worker="w-2"' not in narrowed
+    assert "01M84CYQJ90007ZG2JKZ9W9AQM" not in narrowed  # (the emails job is not this queue's)
+    none = ui.get("/workers", params={"ns": NS, "q": "nothing"}).text
+    assert 'id="no-workers"' in none and "holds a job of nothing" in none
+    queue_page = ui.get(f"/queue/{NS}/orders").text
+    assert f'href="/ui/workers?ns={NS}&amp;q=orders"' in queue_page
+    assert ui.get("/workers", params={"ns": "bad name"}).status_code == 400
+    assert ui.get("/workers").status_code == 200  # the form alone

@@ -341,3 +341,35 @@ def test_a_panel_that_fails_shows_the_reason_not_a_page_inside_the_page(
     assert len(page.all("#nav-overview")) == 1  # no second page (nav) inside the panel
     assert not broken.find_elements(By.CSS_SELECTOR, "nav, header, main, script, a")
     assert "queue name" in broken.text and len(broken.text) < 300
+
+
+def test_the_workers_page_and_a_held_job_clicked_through(
+    browser: WebDriver, own_service: ServiceProcess, api: httpx.Client, shot: Any
+) -> None:
+    """A worker holding a job: the queue page's reserved count leads to the workers holding
+    its jobs, and the held job's link to its page."""
+    jid = api.put(f"/api/{NS}/{Q}", content=b"held").json()["job_id"]
+    got = api.get(f"/api/{NS}/{Q}", params={"ttr": 60, "timeout": 1})
+    assert got.status_code == 200 and got.json()["job_id"] == jid
+    held = [
+        {
+            "queue": Q,
+            "job_id": jid,
+            "started_ms": int(datetime.now(timezone.utc).timestamp() * 1000),
+        }
+    ]
+    info = {"host": "web-3", "pid": 4242, "queues": [Q], "concurrency": 4, "in_flight": held}
+    assert api.put(f"/api/{NS}/_workers/web-3-4242", json=info).status_code == 200
+    page = Page(browser, own_service.admin)
+    page.open(f"/queue/{NS}/{Q}")
+    page.wait(lambda: page.find("#in-flight-link").text == "1", "one job reserved")
+    page.find("#in-flight-link").click()
+    page.wait(lambda: page.all('tr[data-worker="web-3-4242"]'), "the worker's row")
+    assert page.find('tr[data-worker="web-3-4242"] [data-held]').text == "1 / 4"
+    shot(browser, "workers")
+    page.find(f'tr[data-job="{jid}"] a').click()
+    page.wait(lambda: jid in browser.current_url, "the held job's page")
+    assert "reserved" in page.find("body").text
+    shot(browser, "held-job")
+    api.delete(f"/api/{NS}/_workers/web-3-4242")
+    api.delete(f"/api/{NS}/{Q}/job/{jid}")
