@@ -83,6 +83,10 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         r"10 slow connections +VmRSS +[\d.]+ MB[\s\S]*closed \d+ of \d+ silent connections",
     ),
     "bench_sweep.py": (["--queues", "300"], r"sweep, 30 signals lost: [\d.]+ s, 30 queue"),
+    "bench_client.py": (
+        ["--rounds", "1", "--seconds", "0.3", "--concurrency", "1,4"],
+        r"in flight +cluster_dq +httpx +aiohttp[\s\S]* 4 +\d+ +\d+ +\d+ +[\d.]+",
+    ),
     "bench_worker.py": (
         ["--jobs", "2000"],
         r"worker \(concurrency \d+.*\): 2000 acked in .* jobs/s",
