@@ -22,6 +22,7 @@ from cluster_dq.client.errors import BadRequest, DQError, NotFound
 log = logging.getLogger("cluster_dq.worker")
 EVERY, TTL = 10.0, 30.0
 MAX_HELD = 1_000  # jobs one announcement lists (the service's bound)
+MAX_QUEUES = 100  # queues it lists (the service's bound)
 
 
 def worker_id() -> str:
@@ -58,7 +59,7 @@ class Announcer:
             "pid": os.getpid(),
             "version": cluster_dq.__version__,
             "started_ms": self.started_ms,
-            "queues": self.queues,
+            "queues": self.queues[:MAX_QUEUES],
             "concurrency": self.concurrency,
             "in_flight": in_flight,
         }
@@ -74,6 +75,10 @@ class Announcer:
             except DQError as e:  # the service away for a moment: the next one may go through
                 if not self._said:
                     log.warning("worker %s not announced: %s", self.id, e)
+                    self._said = True
+            except Exception:  # a bug of its own: never the worker's end, said once
+                if not self._said:
+                    log.exception("worker %s not announced", self.id)
                     self._said = True
             await asyncio.sleep(EVERY)
 

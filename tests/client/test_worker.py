@@ -1036,3 +1036,18 @@ def test_a_jobs_time_limit_attribute_is_plain_seconds() -> None:
         assert limit(junk, 7.0) == 7.0, junk  # ignored: the worker's applies
     with pytest.raises(ValueError, match="middleware"):
         Worker(AsyncClient("http://127.0.0.1:1", "t", "n"), "q", middleware=[lambda j, n: n(j)])
+
+
+def test_an_announcement_stays_within_what_the_service_takes() -> None:
+    """However many queues a worker lists or jobs it holds, its announcement is one the
+    service accepts (``cluster_dq.workers.parse_announcement``, the service's own check)."""
+    from cluster_dq.client._announce import Announcer
+    from cluster_dq.client._iterform import Delivery
+    from cluster_dq.client.testing import make_job
+    from cluster_dq.workers import parse_announcement
+
+    held = [Delivery(make_job(b"", queue="q", job_id=f"j{i}"), 0.0, 60.0) for i in range(1_500)]
+    queues = [f"q{i}" for i in range(150)]
+    info = Announcer(None, queues, 100_000, lambda: held).info()  # type: ignore[arg-type]
+    checked = parse_announcement(json.loads(json.dumps(info)))
+    assert len(checked["queues"]) == 100 and len(checked["in_flight"]) == 1_000
