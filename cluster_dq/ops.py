@@ -339,6 +339,11 @@ def pause(args: argparse.Namespace) -> int:
 # -- who is running what ----------------------------------------------------------------------
 
 
+def _shown(text: str | None) -> str:
+    """A worker's own text, as a terminal may print it: no escape sequence gets through."""
+    return "-" if not text else "".join(c if c.isprintable() else "?" for c in text)
+
+
 def workers(args: argparse.Namespace) -> int:
     """The namespace's workers: one line each (id, host, pid, queues, held jobs, last seen),
     then the jobs each holds, with how long it has held them."""
@@ -350,12 +355,14 @@ def workers(args: argparse.Namespace) -> int:
         return 0
     for w in found:
         queues = ",".join(w.queues) or "-"
+        pid = "-" if w.pid is None else w.pid
+        most = "-" if w.concurrency is None else w.concurrency
         print(
-            f"{w.worker_id}  {w.host or '-'}  pid {w.pid or '-'}  {queues}  "
-            f"{len(w.in_flight)}/{w.concurrency or '-'} held  seen {now - w.last_seen:.0f} s ago"
+            f"{w.worker_id}  {_shown(w.host)}  pid {pid}  {queues}  {len(w.in_flight)}/{most} "
+            f"held  seen {max(now - w.last_seen, 0):.0f} s ago"
         )
         for j in w.in_flight:
-            held = "" if j.started_at is None else f"  for {now - j.started_at:.1f} s"
+            held = "" if j.started_at is None else f"  for {max(now - j.started_at, 0):.1f} s"
             print(f"    {j.queue}/{j.job_id}{held}")
     if not found:
         print(f"{client.namespace}: no worker announced")

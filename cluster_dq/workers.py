@@ -13,9 +13,10 @@ from cluster_dq import names
 from cluster_dq.errors import BadRequest
 
 WORKERS_QUEUE = "_workers"  # the reserved queue name whose tag the registry's keys carry
-MAX_WORKERS = 10_000  # announced at once per namespace
+MAX_WORKERS = 2_000  # announced at once per namespace
 MAX_IN_FLIGHT = 1_000  # jobs one announcement lists
-MAX_ANNOUNCEMENT = 256 * 1024  # bytes of its JSON
+MAX_ANNOUNCEMENT = 128 * 1024  # bytes of its JSON: at most 256 MB of a namespace's in all
+LISTING_BYTES = 16 * 1024 * 1024  # what one listing reads at most: past it, "truncated"
 TTL_S, MAX_TTL_S = 30, 3_600  # how long one lasts unless renewed
 MAX_TEXT = 255
 MAX_MS = 2**48 - 1
@@ -25,11 +26,25 @@ _FIELDS = {"host", "pid", "version", "started_ms", "queues", "concurrency", "in_
 _JOB_FIELDS = {"queue", "job_id", "started_ms"}
 
 
+def _utf8(value: str) -> bytes | None:
+    """Its UTF-8, or None for a text no page or terminal should show: a lone surrogate (JSON
+    can carry ``\ud800``; UTF-8 cannot) or a control character (a terminal's escapes)."""
+    if any(c < " " or "\x7f" <= c <= "\x9f" for c in value):
+        return None
+    try:
+        return value.encode()
+    except UnicodeEncodeError:
+        return None
+
+
 def _text(data: dict[str, Any], key: str, most: int = MAX_TEXT) -> str | None:
     value = data.get(key)
-    if value is not None and (not isinstance(value, str) or len(value.encode()) > most):
-        raise BadRequest(f"invalid {key}: text of at most {most} bytes", key)
-    return value
+    if value is None:
+        return None
+    raw = _utf8(value) if isinstance(value, str) else None
+    if raw is None or len(raw) > most:
+        raise BadRequest(f"invalid {key}: text of at most {most} bytes, no control character", key)
+    return str(value)
 
 
 def _int(data: dict[str, Any], key: str, most: int) -> int | None:
@@ -42,7 +57,8 @@ def _int(data: dict[str, Any], key: str, most: int) -> int | None:
 
 
 def _queue(value: Any, key: str) -> str:
-    problem = names.queue(value) if isinstance(value, str) else "not text"
+    ok = isinstance(value, str) and _utf8(value) is not None
+    problem = names.queue(value) if ok else "not a queue name"
     if problem:
         raise BadRequest(f"invalid {key}: {problem}", key)
     return str(value)
@@ -54,8 +70,9 @@ def parse_announcement(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("invalid announcement: a JSON object", "body")
     unknown = sorted(set(data) - _FIELDS)
-    if unknown:
-        raise BadRequest(f"invalid announcement: unknown field {unknown[0]}", unknown[0])
+    if unknown:  # (its name as JSON would write it: a lone surrogate is no UTF-8)
+        name = json.dumps(unknown[0])
+        raise BadRequest(f"invalid announcement: unknown field {name}", "body")
     out: dict[str, Any] = {
         "host": _text(data, "host"),
         "pid": _int(data, "pid", 2**32 - 1),

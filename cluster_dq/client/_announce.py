@@ -5,6 +5,7 @@ stops, so a worker that dies drops out of the list within ``TTL``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -21,6 +22,8 @@ from cluster_dq.client.errors import BadRequest, DQError, NotFound
 
 log = logging.getLogger("cluster_dq.worker")
 EVERY, TTL = 10.0, 30.0
+RETRY_REFUSED = 60.0  # seconds between announcements a service refused (404, 400)
+MAX_BYTES = 100 * 1024  # of one announcement (the service takes 128 KiB)
 MAX_HELD = 1_000  # jobs one announcement lists (the service's bound)
 MAX_QUEUES = 100  # queues it lists (the service's bound)
 
@@ -54,6 +57,8 @@ class Announcer:
             if d.started:
                 held["started_ms"] = int((now_s - (now_perf - d.started)) * 1000)
             in_flight.append(held)
+        while in_flight and len(json.dumps(in_flight)) > MAX_BYTES:  # (long queue names)
+            del in_flight[len(in_flight) // 2 :]
         return {
             "host": socket.gethostname()[:255],
             "pid": os.getpid(),
@@ -69,9 +74,14 @@ class Announcer:
             try:
                 await self.client.announce_worker(self.id, self.info(), ttl=TTL)
                 self._said = False
-            except (NotFound, BadRequest) as e:  # a service without the registry: stop asking
-                log.warning("worker %s not announced, and will not be: %s", self.id, e)
-                return
+            except (NotFound, BadRequest) as e:  # a service without the registry (an older
+                # instance during an upgrade, a proxy's page): asked again, less often
+                if not self._said:
+                    log.warning(
+                        "worker %s not announced (asked again every minute): %s", self.id, e
+                    )
+                    self._said = True
+                await asyncio.sleep(RETRY_REFUSED - EVERY)
             except DQError as e:  # the service away for a moment: the next one may go through
                 if not self._said:
                     log.warning("worker %s not announced: %s", self.id, e)
@@ -87,4 +97,5 @@ class Announcer:
         try:
             await asyncio.wait_for(self.client.retire_worker(self.id), 5.0)
         except (DQError, TimeoutError) as e:
-            log.info("worker %s not retired (it drops out within %g s): %s", self.id, TTL, e)
+            why = str(e) or type(e).__name__
+            log.info("worker %s not retired (it drops out within %g s): %s", self.id, TTL, why)

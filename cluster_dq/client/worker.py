@@ -435,7 +435,8 @@ class Worker(IteratorForm):
         await self._acks.drain()
         for t in self._tasks:
             t.cancel()
-        if self._announce:
+        if self._announce:  # (an announcement on its way must not land after the retire)
+            await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.announcer.retire()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

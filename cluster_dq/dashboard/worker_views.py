@@ -25,10 +25,11 @@ class WorkerViews:
         ns = request.query_params.get("ns", "")
         q = request.query_params.get("q") or None
         found: list[dict[str, Any]] = []
+        truncated = False
         if ns:
             params.check_names(ns, q)
             _, route = self.d.route(request)
-            found = await self.service.list_workers(route, ns)
+            found, truncated = await self.service.list_workers(route, ns)
             if q is not None:  # the workers holding jobs of that queue, and only those jobs
                 found = [
                     {**w, "in_flight": [j for j in w.get("in_flight", []) if j["queue"] == q]}
@@ -36,7 +37,7 @@ class WorkerViews:
                 ]
                 found = [w for w in found if w["in_flight"]]
         now = now_ms()
-        context = {"ns": ns, "q": q, "workers": found, "now": now}
+        context = {"ns": ns, "q": q, "workers": found, "now": now, "truncated": truncated}
         return self.d.render(request, "workers.html", context)
 
     def routes(self) -> list[BaseRoute]:

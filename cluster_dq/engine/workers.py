@@ -29,22 +29,29 @@ def announce(ns: str, worker_id: str, blob: bytes, now: int, ttl_ms: int, cap: i
     return True
 
 
-def workers(ns: str, now: int, limit: int) -> Op[list[tuple[str, int, bytes]]]:
-    """The workers announced and not run out at ``now``: (id, runs out at ms, announcement)."""
+def workers(
+    ns: str, now: int, limit: int, budget: int, chunk: int = 100
+) -> Op[tuple[list[tuple[str, int, bytes]], bool]]:
+    """The workers announced and not run out at ``now``: (id, runs out at ms, announcement),
+    read ``chunk`` at a time until ``budget`` bytes; and whether some were left unread."""
     wk = WorkerKeys(ns)
     ids = yield Cmd(("ZRANGEBYSCORE", wk.seen, now, "+inf", "LIMIT", 0, limit))
-    if not ids:
-        return []
-    texts = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
-    scores, blobs = yield (
-        Cmd(("ZMSCORE", wk.seen, *texts)),
-        Cmd(("MGET", *(wk.entry(i) for i in texts))),
-    )
-    return [
-        (i, int(float(score)), blob)
-        for i, score, blob in zip(texts, scores, blobs)
-        if score is not None and blob is not None
-    ]
+    texts = sorted(i.decode() if isinstance(i, bytes) else str(i) for i in ids)
+    out: list[tuple[str, int, bytes]] = []
+    read = 0
+    for start in range(0, len(texts), chunk):
+        if read >= budget:
+            return out, True
+        part = texts[start : start + chunk]
+        scores, blobs = yield (
+            Cmd(("ZMSCORE", wk.seen, *part)),
+            Cmd(("MGET", *(wk.entry(i) for i in part))),
+        )
+        for i, score, blob in zip(part, scores, blobs):
+            if score is not None and blob is not None:
+                out.append((i, int(float(score)), blob))
+                read += len(blob)
+    return out, False
 
 
 def retire(ns: str, worker_id: str) -> Op[bool]:

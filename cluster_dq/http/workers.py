@@ -5,6 +5,8 @@ queue name ``_workers`` (no queue starts with ``_``), so no queue's routes are s
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -54,8 +56,11 @@ class WorkersAPI(Handlers):
     async def workers(self, request: Request) -> Response:
         ns = request.path_params["ns"]
         route = await self.auth(request, ns)
-        found = await self.service.list_workers(route, ns)
-        return json({"namespace": ns, "workers": found})
+        found, truncated = await self.service.list_workers(route, ns)
+        out: dict[str, Any] = {"namespace": ns, "workers": found}
+        if truncated:
+            out["truncated"] = True
+        return json(out)
 
     async def announce(self, request: Request) -> Response:
         ns = request.path_params["ns"]
@@ -87,14 +92,17 @@ class WorkersAPI(Handlers):
 
 # -- the OpenAPI declarations ---------------------------------------------------------------
 
-_HELD = obj(["queue", "job_id"], queue=QUEUE_NAME, job_id=JOB_ID, started_ms=INT)
+_HELD = {
+    **obj(["queue", "job_id"], queue=QUEUE_NAME, job_id=JOB_ID, started_ms=INT),
+    "additionalProperties": False,
+}
 ANNOUNCEMENT = {
     **obj(
         (),
         host={"type": "string", "maxLength": 255},
         pid={"type": "integer", "minimum": 0, "maximum": 2**32 - 1},
         version={"type": "string", "maxLength": 64},
-        started_ms={**INT, "description": "when the worker started (Unix ms)"},
+        started_ms={**INT, "maximum": 2**48 - 1, "description": "when it started (Unix ms)"},
         queues={"type": "array", "items": QUEUE_NAME, "maxItems": MAX_LISTED_QUEUES},
         concurrency={"type": "integer", "minimum": 0, "maximum": 1_000_000},
         in_flight={"type": "array", "items": _HELD, "maxItems": MAX_IN_FLIGHT},
@@ -136,6 +144,10 @@ def worker_operations(s: Settings) -> list[Op]:
                         ["namespace", "workers"],
                         namespace={"type": "string"},
                         workers={"type": "array", "items": obj(["worker_id"], **listed)},
+                        truncated={
+                            "type": "boolean",
+                            "description": "present when the listing stopped at 16 MiB",
+                        },
                     ),
                     {
                         "namespace": "demo",
@@ -177,6 +189,7 @@ def worker_operations(s: Settings) -> list[Op]:
                 429: error(
                     f"{MAX_WORKERS} other workers are announced in the namespace: nothing written",
                     f"namespace demo has {MAX_WORKERS} workers announced: nothing was written",
+                    "Message",
                 ),
             },
             [

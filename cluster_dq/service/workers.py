@@ -11,7 +11,7 @@ from cluster_dq.errors import RateLimited
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.service.core import ServiceCore
-from cluster_dq.workers import MAX_WORKERS, WORKERS_QUEUE, listed, stored
+from cluster_dq.workers import LISTING_BYTES, MAX_WORKERS, WORKERS_QUEUE, listed, stored
 
 
 class Workers(ServiceCore):
@@ -35,16 +35,22 @@ class Workers(ServiceCore):
             )
         return now + ttl_ms
 
-    async def list_workers(self, route: PoolRoute[RedisPool], ns: str) -> list[dict[str, Any]]:
-        """The namespace's workers announced and not run out, by id."""
+    async def list_workers(
+        self, route: PoolRoute[RedisPool], ns: str
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The namespace's workers announced and not run out, by id; and whether the listing
+        stopped at ``LISTING_BYTES`` with some left unread."""
         found: dict[str, dict[str, Any]] = {}
+        truncated = False
         for pool in route.place(ns, WORKERS_QUEUE).reads:
-            op = workers_ops.workers(ns, pool.engine.clock(), MAX_WORKERS)
-            for worker_id, expires, blob in await self._run(pool, op, idempotent=True):
+            op = workers_ops.workers(ns, pool.engine.clock(), MAX_WORKERS, LISTING_BYTES)
+            got, cut = await self._run(pool, op, idempotent=True)
+            truncated = truncated or cut
+            for worker_id, expires, blob in got:
                 seen = found.get(worker_id)
                 if seen is None or seen["expires_ms"] < expires:
                     found[worker_id] = listed(worker_id, expires, blob)
-        return [found[k] for k in sorted(found)]
+        return [found[k] for k in sorted(found)], truncated
 
     async def retire_worker(self, route: PoolRoute[RedisPool], ns: str, worker_id: str) -> bool:
         """A worker that stops: its announcement goes at once. False: none was there."""

@@ -76,6 +76,12 @@ def test_bad_announcements_are_refused_by_name_and_change_nothing(api: httpx.Cli
         ("/api/ns/_workers/w", {"json": {"in_flight": many}}, "in_flight"),
         ("/api/ns/_workers/w", {"json": {"in_flight": [{"queue": "q"}]}}, "in_flight"),
         ("/api/ns/_workers/w", {"json": {"host": "h" * 300}}, "host"),
+        ("/api/ns/_workers/w", {"content": b'{"host": "\\ud800"}'}, "host"),  # a lone surrogate
+        ("/api/ns/_workers/w", {"content": b'{"version": "\\udc00"}'}, "version"),
+        ("/api/ns/_workers/w", {"content": b'{"queues": ["\\ud800"]}'}, "queues"),
+        ("/api/ns/_workers/w", {"content": b'{"\\ud800": 1}'}, "unknown field"),
+        ("/api/ns/_workers/w", {"json": {"host": "\x1b]0;owned\x07"}}, "host"),  # escapes
+        ("/api/ns/_workers/w", {"json": {"version": "a\x9bb"}}, "version"),
         ("/api/ns/_workers/w", {"json": [1, 2]}, "announcement"),
         ("/api/ns/_workers/w", {"content": b"{nope"}, "announcement"),
         ("/api/ns/_workers/w", {"json": {}, "params": {"ttl": 0}}, "ttl"),
@@ -124,10 +130,14 @@ async def test_a_namespace_holds_a_bounded_number_of_workers(engine: AsyncEngine
     assert await run(workers_ops.announce("cap", "b", b"{}", now, 100, 2))
     assert not await run(workers_ops.announce("cap", "c", b"{}", now, 60_000, 2))
     assert await run(workers_ops.announce("cap", "a", b'{"x":1}', now, 60_000, 2))  # renews
-    assert sorted(w[0] for w in await run(workers_ops.workers("cap", now, 10))) == ["a", "b"]
+    listed_now, cut = await run(workers_ops.workers("cap", now, 10, 10_000))
+    assert sorted(w[0] for w in listed_now) == ["a", "b"] and not cut
     later = now + 200  # b ran out
     assert await run(workers_ops.announce("cap", "c", b"{}", later, 60_000, 2))
-    found = await run(workers_ops.workers("cap", later, 10))
+    found, _ = await run(workers_ops.workers("cap", later, 10, 10_000))
     assert sorted((i, json.loads(blob)) for i, _, blob in found) == [("a", {"x": 1}), ("c", {})]
+    # a listing reads a chunk at a time up to its byte budget, and says when it stopped short
+    part, cut = await run(workers_ops.workers("cap", later, 10, 1, chunk=1))
+    assert [i for i, _, _ in part] == ["a"] and cut
     keys = {WorkerKeys("cap").seen, WorkerKeys("cap").entry("a")}
     assert all("{cap/_workers}" in k for k in keys)  # one slot
