@@ -28,6 +28,14 @@ MAX_HELD = 1_000  # jobs one announcement lists (the service's bound)
 MAX_QUEUES = 100  # queues it lists (the service's bound)
 
 
+# the host as the service takes it: 255 bytes of UTF-8 at most, no control character
+HOST = (
+    "".join(c for c in socket.gethostname() if c.isprintable())
+    .encode()[:255]
+    .decode(errors="ignore")
+)
+
+
 def worker_id() -> str:
     """``host-pid-random``, in the service's grammar (1-64 of [-_A-Za-z0-9])."""
     host = re.sub(r"[^-_A-Za-z0-9]", "-", socket.gethostname())[:40] or "host"
@@ -60,7 +68,7 @@ class Announcer:
         while in_flight and len(json.dumps(in_flight)) > MAX_BYTES:  # (long queue names)
             del in_flight[len(in_flight) // 2 :]
         return {
-            "host": socket.gethostname()[:255],
+            "host": HOST,
             "pid": os.getpid(),
             "version": cluster_dq.__version__,
             "started_ms": self.started_ms,

@@ -1051,3 +1051,43 @@ def test_an_announcement_stays_within_what_the_service_takes() -> None:
     info = Announcer(None, queues, 100_000, lambda: held).info()  # type: ignore[arg-type]
     checked = parse_announcement(json.loads(json.dumps(info)))
     assert len(checked["queues"]) == 100 and len(checked["in_flight"]) == 1_000
+
+
+async def test_the_announcer_outlives_a_service_that_fails_or_refuses(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unreachable, refusing (404, as a service without the registry answers), or failing
+    in a way of its own: the announcer says so once until it gets through, keeps asking, and
+    announces again as soon as the service takes it."""
+    from cluster_dq.client import _announce
+    from cluster_dq.client.errors import TransportError
+
+    monkeypatch.setattr(_announce, "EVERY", 0.01)
+    monkeypatch.setattr(_announce, "RETRY_REFUSED", 0.02)
+    answers: list[BaseException | None] = [
+        TransportError("connection refused", sent=False),
+        TransportError("connection refused", sent=False),
+        NotFound(404, "api not found"),
+        RuntimeError("a bug of its own"),
+        None,
+        None,
+    ]
+    sent: list[str] = []
+
+    class Service:
+        async def announce_worker(self, worker_id: str, info: Any, *, ttl: float) -> float:
+            answer = answers.pop(0) if answers else None
+            if answer is not None:
+                raise answer
+            sent.append(worker_id)
+            return 0.0
+
+    announcer = _announce.Announcer(Service(), ["q"], 1, lambda: [])  # type: ignore[arg-type]
+    task = asyncio.create_task(announcer.run())
+    until = time.monotonic() + 10
+    while len(sent) < 2:
+        assert time.monotonic() < until and not task.done(), (sent, answers)
+        await asyncio.sleep(0.01)
+    task.cancel()
+    warned = [r.getMessage() for r in caplog.records if "not announced" in r.getMessage()]
+    assert len(warned) == 1, warned  # once, until an announcement went through
