@@ -9,7 +9,8 @@ written one module per concept:
 - ``shard.py``: the pump and the shards;
 - ``admin.py``: the admin keys (tokens, limits, the audit log) and the token throttle;
 - ``control.py``: per-job control and dead letters; ``schedules.py``: recurring jobs;
-  ``insight.py``: the dashboard's reads.
+  ``insight.py``: the dashboard's reads; ``workers.py``: who is running what (these five
+  are imported by their own names, not listed below).
 
 Each operation is a generator that yields *steps* and receives their replies (steps.py); the
 async and sync executors (aio.py, sync.py) drive the same generators, which is how the
