@@ -348,8 +348,10 @@ def workers(args: argparse.Namespace) -> int:
     """The namespace's workers: one line each (id, host, pid, queues, held jobs, last seen),
     then the jobs each holds, with how long it has held them."""
     with _client(args) as client:
-        found = client.workers()
-    now = time.time()
+        page = client.workers()
+    found, now = page.workers, time.time()
+    if page.truncated:
+        print("cluster-dq: more workers are announced than one listing answers", file=sys.stderr)
     if args.json:
         _print_json([dataclasses.asdict(w) for w in found])
         return 0

@@ -43,6 +43,7 @@ from cluster_dq.client.models import (
     TokenLimit,
     HeldJob,
     WorkerInfo,
+    WorkerPage,
 )
 from cluster_dq.client.outcomes import Bury, Retry, Snooze, TimeLimitExceeded
 
@@ -93,6 +94,7 @@ __all__ = [
     "TokenLimit",
     "HeldJob",
     "WorkerInfo",
+    "WorkerPage",
     "TooLarge",
     "TransportError",
     "Unauthorized",

@@ -11,7 +11,7 @@ from cluster_dq import names as rules
 from cluster_dq.client._core import JSON, Call, Reply, expect, json_body, millis, ms_to_s, query
 from cluster_dq.client._core import segment
 from cluster_dq.client._verbs import no_content
-from cluster_dq.client.models import HeldJob, WorkerInfo
+from cluster_dq.client.models import HeldJob, WorkerInfo, WorkerPage
 
 
 def _path(ns: str, worker_id: str | None = None) -> str:
@@ -51,9 +51,10 @@ def _worker(o: Mapping[str, Any]) -> WorkerInfo:
     )
 
 
-def workers(ns: str) -> Call[list[WorkerInfo]]:
-    def decode(r: Reply) -> list[WorkerInfo]:
-        return [_worker(o) for o in expect(r, 200)["workers"]]
+def workers(ns: str) -> Call[WorkerPage]:
+    def decode(r: Reply) -> WorkerPage:
+        o = expect(r, 200)
+        return WorkerPage([_worker(w) for w in o["workers"]], bool(o.get("truncated")))
 
     return Call("GET", _path(ns), decode)
 

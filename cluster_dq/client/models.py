@@ -186,6 +186,15 @@ class HeldJob:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerPage:
+    """``workers()``: the workers by id; ``truncated``: the service answered at most 4 MiB of
+    announcements, and more workers are announced than it listed."""
+
+    workers: list[WorkerInfo]
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """A worker as ``workers()`` lists it: who, where, what it consumes and holds; times in
     epoch seconds. A worker that stopped or died is not listed (its announcement ran out)."""

@@ -30,10 +30,11 @@ def announce(ns: str, worker_id: str, blob: bytes, now: int, ttl_ms: int, cap: i
 
 
 def workers(
-    ns: str, now: int, limit: int, budget: int, chunk: int = 100
+    ns: str, now: int, limit: int, budget: int, chunk: int = 16
 ) -> Op[tuple[list[tuple[str, int, bytes]], bool]]:
     """The workers announced and not run out at ``now``: (id, runs out at ms, announcement),
-    read ``chunk`` at a time until ``budget`` bytes; and whether some were left unread."""
+    read ``chunk`` at a time, no more of them than ``budget`` bytes; and whether some were
+    left out. (A chunk read holds at most ``chunk`` announcements beyond the budget.)"""
     wk = WorkerKeys(ns)
     ids = yield Cmd(("ZRANGEBYSCORE", wk.seen, now, "+inf", "LIMIT", 0, limit))
     texts = sorted(i.decode() if isinstance(i, bytes) else str(i) for i in ids)
@@ -49,6 +50,8 @@ def workers(
         )
         for i, score, blob in zip(part, scores, blobs):
             if score is not None and blob is not None:
+                if read + len(blob) > budget:
+                    return out, True
                 out.append((i, int(float(score)), blob))
                 read += len(blob)
     return out, False

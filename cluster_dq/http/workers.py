@@ -56,11 +56,16 @@ class WorkersAPI(Handlers):
     async def workers(self, request: Request) -> Response:
         ns = request.path_params["ns"]
         route = await self.auth(request, ns)
-        found, truncated = await self.service.list_workers(route, ns)
-        out: dict[str, Any] = {"namespace": ns, "workers": found}
-        if truncated:
-            out["truncated"] = True
-        return json(out)
+
+        async def run() -> Response:
+            found, truncated = await self.service.list_workers(route, ns)
+            out: dict[str, Any] = {"namespace": ns, "workers": found}
+            if truncated:
+                out["truncated"] = True
+            return json(out)
+
+        # a read against the token's limit, as a consume is: a listing can be megabytes
+        return await self.throttle.run(request, ns, False, run)
 
     async def announce(self, request: Request) -> Response:
         ns = request.path_params["ns"]
@@ -146,7 +151,7 @@ def worker_operations(s: Settings) -> list[Op]:
                         workers={"type": "array", "items": obj(["worker_id"], **listed)},
                         truncated={
                             "type": "boolean",
-                            "description": "present when the listing stopped at 16 MiB",
+                            "description": "present when the listing stopped at 4 MiB",
                         },
                     ),
                     {

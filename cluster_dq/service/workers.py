@@ -42,10 +42,12 @@ class Workers(ServiceCore):
         stopped at ``LISTING_BYTES`` with some left unread."""
         found: dict[str, dict[str, Any]] = {}
         truncated = False
+        budget = LISTING_BYTES  # over every pool the registry may be in
         for pool in route.place(ns, WORKERS_QUEUE).reads:
-            op = workers_ops.workers(ns, pool.engine.clock(), MAX_WORKERS, LISTING_BYTES)
+            op = workers_ops.workers(ns, pool.engine.clock(), MAX_WORKERS, budget)
             got, cut = await self._run(pool, op, idempotent=True)
             truncated = truncated or cut
+            budget -= sum(len(blob) for _, _, blob in got)
             for worker_id, expires, blob in got:
                 seen = found.get(worker_id)
                 if seen is None or seen["expires_ms"] < expires:

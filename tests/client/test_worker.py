@@ -979,7 +979,7 @@ async def test_a_running_worker_is_listed_with_the_jobs_it_holds_until_it_stops(
         assert time.monotonic() < until, mine
         await asyncio.sleep(0.2)
         # (announced every 10 s: the first one came before the job was held)
-        mine = [w for w in await client.workers() if w.worker_id == worker.announcer.id]
+        mine = [w for w in (await client.workers()).workers if w.worker_id == worker.announcer.id]
     (me,) = mine
     assert (me.pid, me.queues, me.concurrency) == (os.getpid(), ("who", "who-else"), 3)
     assert me.host and me.version and me.started_at and me.expires_at > time.time()
@@ -989,7 +989,7 @@ async def test_a_running_worker_is_listed_with_the_jobs_it_holds_until_it_stops(
     release.set()
     await worker.stop()
     await serving
-    assert worker.announcer.id not in [w.worker_id for w in await client.workers()]
+    assert worker.announcer.id not in [w.worker_id for w in (await client.workers()).workers]
 
 
 def test_the_thread_pool_never_runs_a_call_it_could_not_start_a_thread_for(

@@ -137,7 +137,30 @@ async def test_a_namespace_holds_a_bounded_number_of_workers(engine: AsyncEngine
     found, _ = await run(workers_ops.workers("cap", later, 10, 10_000))
     assert sorted((i, json.loads(blob)) for i, _, blob in found) == [("a", {"x": 1}), ("c", {})]
     # a listing reads a chunk at a time up to its byte budget, and says when it stopped short
-    part, cut = await run(workers_ops.workers("cap", later, 10, 1, chunk=1))
+    part, cut = await run(workers_ops.workers("cap", later, 10, len(b'{"x":1}'), chunk=1))
     assert [i for i, _, _ in part] == ["a"] and cut
     keys = {WorkerKeys("cap").seen, WorkerKeys("cap").entry("a")}
     assert all("{cap/_workers}" in k for k in keys)  # one slot
+
+
+def test_a_listing_counts_as_a_read_against_the_tokens_limit(
+    api: httpx.Client, service: tuple[str, str]
+) -> None:
+    """A listing answers up to megabytes: a token limited to one read per interval lists
+    once, then is told to wait (429), as for a consume; announcing is not a read."""
+    token = api.headers["X-Token"]
+    r = httpx.post(
+        f"{service[1]}/token/ns/{token}/limit",
+        json={"read": 1, "write": 0, "interval": 60},
+        auth=ADMIN_AUTH,
+    )
+    assert r.status_code == 201, r.text
+    assert api.put("/api/ns/_workers/w-1", json={}).status_code == 200
+    # (each service process reads the limits within TokenCacheSecond: a few may pass first)
+    codes = [api.get("/api/ns/_workers").status_code]
+    until = time.monotonic() + 10
+    while codes[-1] != 429:
+        assert codes[-1] == 200 and time.monotonic() < until, codes
+        time.sleep(0.1)
+        codes.append(api.get("/api/ns/_workers").status_code)
+    assert api.put("/api/ns/_workers/w-1", json={}).status_code == 200

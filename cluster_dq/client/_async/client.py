@@ -39,7 +39,7 @@ from cluster_dq.client.models import (
     SchedulePage,
     Sizes,
     Sweep,
-    WorkerInfo,
+    WorkerPage,
 )
 
 T = TypeVar("T")
@@ -295,7 +295,7 @@ class AsyncClient(_Shell):
 
     # -- who is running what ------------------------------------------------------------------
 
-    async def workers(self) -> list[WorkerInfo]:
+    async def workers(self) -> WorkerPage:
         """The namespace's workers: announced, not run out, and the jobs each holds."""
         return await self._send(w.workers(self.namespace))
 

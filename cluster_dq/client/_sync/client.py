@@ -41,7 +41,7 @@ from cluster_dq.client.models import (
     SchedulePage,
     Sizes,
     Sweep,
-    WorkerInfo,
+    WorkerPage,
 )
 
 T = TypeVar("T")
@@ -289,7 +289,7 @@ class Client(_Shell):
 
     # -- who is running what ------------------------------------------------------------------
 
-    def workers(self) -> list[WorkerInfo]:
+    def workers(self) -> WorkerPage:
         """The namespace's workers: announced, not run out, and the jobs each holds."""
         return self._send(w.workers(self.namespace))
 
