@@ -38,7 +38,7 @@ HOST = (
 
 def worker_id() -> str:
     """``host-pid-random``, in the service's grammar (1-64 of [-_A-Za-z0-9])."""
-    host = re.sub(r"[^-_A-Za-z0-9]", "-", socket.gethostname())[:40] or "host"
+    host = re.sub(r"[^-_A-Za-z0-9]", "-", HOST)[:40] or "host"
     return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
