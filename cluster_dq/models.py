@@ -28,6 +28,9 @@ from cluster_dq.keys import BUCKET_WIDTH_MS
 
 # The names' rules live in names.py (the client shares them); given here as well.
 from cluster_dq.names import CLIENT_ID_MAX_LEN as CLIENT_ID_MAX_LEN
+from cluster_dq.names import MAX_ATTR_KEY as MAX_ATTR_KEY
+from cluster_dq.names import MAX_ATTR_VALUE as MAX_ATTR_VALUE
+from cluster_dq.names import MAX_ATTRIBUTES as MAX_ATTRIBUTES
 from cluster_dq.names import MAX_NAME_LEN as MAX_NAME_LEN
 from cluster_dq.names import NAME_RE as NAME_RE
 
@@ -36,9 +39,6 @@ MAX_BODY = 1024 * 1024
 MAX_BULK = 64
 MAX_BATCH_CONSUME = 100
 MAX_BATCH_ACK = 1000  # ids per batch ack: one script, bounded time
-MAX_ATTRIBUTES = 16
-MAX_ATTR_KEY = 32
-MAX_ATTR_VALUE = 128
 MAX_SECONDS = 2**32 - 1
 MAX_PRIORITY = 255
 # A job's progress, or its result on ack: one JSON value, at most this many bytes as stored

@@ -1,8 +1,9 @@
-"""The names a path carries (namespaces, queues, job ids, schedule names, tokens): what the
-service accepts, in one place for the service (``http/params.py``, ``schedules.py``) and the
-Python client, which refuses before sending every name the service would refuse. Each check
-returns why a name is refused (the service's 400 message), or None. Imports nothing but
-``re``: the client imports it without the service's dependencies.
+"""The names a path carries (namespaces, queues, job ids, schedule names, tokens) and the
+bounds of a job's attributes: what the service accepts, in one place for the service
+(``http/params.py``, ``schedules.py``) and the Python client, which refuses before sending
+every name the service would refuse. Each check returns why a name is refused (the service's
+400 message), or None. Imports nothing but ``re``: the client imports it without the
+service's dependencies.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ CLIENT_ID_MAX_LEN = 64  # a job id chosen by the client (a server-made one has 2
 NAME_RE = re.compile(r"\A[-_A-Za-z0-9]+\Z")
 SCHEDULE_NAME_RE = re.compile(r"\A[-_A-Za-z0-9]{1,64}\Z")
 ROUTE_NAME_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")  # a pool or ring, and a token: one grammar
+# A job's attributes: at most this many, keys and values cut to these lengths (characters)
+MAX_ATTRIBUTES = 16
+MAX_ATTR_KEY = 32
+MAX_ATTR_VALUE = 128
 
 
 def namespace(ns: str) -> str | None:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from cluster_dq import logs, metrics
+from cluster_dq import tracing
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.http.admin import create_admin_app
 from cluster_dq.http.app import create_data_app
@@ -225,5 +226,12 @@ def work(
     _file_limit(settings)
     import uvloop
 
-    if not uvloop.run(_serve(settings, ports, access_flag, early, parent)):
+    # (each worker its own provider and export thread, flushed as it ends)
+    flush_spans = tracing.configure_service() if settings.EnableTracing else None
+    try:
+        clean = uvloop.run(_serve(settings, ports, access_flag, early, parent))
+    finally:
+        if flush_spans is not None:
+            flush_spans()
+    if not clean:
         sys.exit(1)  # the supervisor then exits non-zero: something was cut short

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from cluster_dq import envvars
+from cluster_dq import envvars, tracing
 from cluster_dq.errors import ConfigError
 from cluster_dq.models import MAX_BODY, MAX_SECONDS, MAX_TRIES
 
@@ -109,6 +109,9 @@ class Settings:
     QueueSettingsCacheSecond: float = 1.0
     LifecycleDir: str = ""  # record job lifecycle events here (JSON lines) for analysis; "" = off
     EnableMetrics: bool = True  # off only to measure what the metrics cost
+    # OpenTelemetry spans of the data port's messaging requests (docs/observability.md): needs
+    # the otel extra and the exporter OTEL_TRACES_EXPORTER names (otlp by default, or console).
+    EnableTracing: bool = False
     SizeIntervalSecond: float = 10.0  # how often shard leaders measure their queues (metrics)
     # How often one instance (shard 0's pump leader) sweeps the pool for queues whose shard
     # signal was lost (a publisher killed between its two steps). 0: never.
@@ -265,6 +268,9 @@ def load(path: str | Path | None = None, environ: dict[str, str] | None = None) 
         rings[name] = _build(RingSettings, body, f"Ring.{name}.", name=name)
     settings: Settings = _build(Settings, data, "", Accounts=dict(accounts), Pool=pools, Ring=rings)
     _validate(settings)
+    problem = tracing.missing(environ) if settings.EnableTracing else None
+    if problem:  # (the exporter is named by the SDK's own variable, OTEL_TRACES_EXPORTER)
+        raise ConfigError(f"EnableTracing: {problem}")
     return settings
 
 

@@ -25,6 +25,7 @@ from cluster_dq.http.openapi_data import data_document
 from cluster_dq.http.paths import EncodedSeparators
 from cluster_dq.http.queues import QueuesAPI
 from cluster_dq.http.schedules import SchedulesAPI
+from cluster_dq.http.tracing import TracedRoutes
 from cluster_dq.http.workers import WorkersAPI
 from cluster_dq.metrics import Metrics
 from cluster_dq.service import Service
@@ -65,12 +66,14 @@ def build_app(
     hot: DataAPI | None = None,
     *,
     budget_s: float,
+    traced: bool = False,
 ) -> Starlette:
     """A Starlette app with the error table and the request middleware (metrics labelled by
     route template, request ids, access log, encoded separators refused before routing:
     ``http/paths.py``): the data and the admin port alike. ``hot``: the
     data API whose hot paths skip the router (``http/hot.py``). ``budget_s``: a request's
-    retry budget (``RetryBudgetSecond``)."""
+    retry budget (``RetryBudgetSecond``). ``traced``: a span per messaging request
+    (``http/tracing.py``, ``EnableTracing``)."""
     handlers = error_handlers()
     app = Starlette(routes=routes, exception_handlers=handlers)
     if hot is not None:  # added first: the innermost middleware, inside the request ids
@@ -81,6 +84,8 @@ def build_app(
             ack=hot.ack,
             handlers=handlers,
         )
+    if traced:  # around the hot paths and the router alike
+        app.add_middleware(TracedRoutes)
     app.add_middleware(EncodedSeparators)  # before any routing, the hot paths' included
     app.add_middleware(
         RequestIdMiddleware,
@@ -116,5 +121,11 @@ def create_data_app(service: Service, settings: Settings, access_log: AccessLog)
     api = DataAPI(service, settings)
     routes = [*api.routes(), openapi.route(data_document(settings))]
     return build_app(
-        routes, access_log, "data", service.metrics, hot=api, budget_s=settings.RetryBudgetSecond
+        routes,
+        access_log,
+        "data",
+        service.metrics,
+        hot=api,
+        budget_s=settings.RetryBudgetSecond,
+        traced=settings.EnableTracing,
     )
