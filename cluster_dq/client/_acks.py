@@ -80,7 +80,8 @@ class AckBatcher:
         pause = 0.1
         while entries:
             try:
-                await self._client.ack_many(queue, [(e.job.id, e.job.lease) for e in entries])
+                # (the jobs themselves, each with its lease: a settle span links their producers)
+                await self._client.ack_many(queue, [e.job for e in entries])
             except LeaseLost as exc:
                 # nothing was acked: drop the jobs the service named, ack the others again
                 body = exc.body if isinstance(exc.body, dict) else {}

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cluster_dq import tracing
 from cluster_dq.client._async.client import AsyncClient
 from cluster_dq.client.errors import Conflict, DQError, NotFound, TransportError, Unavailable
 from cluster_dq.client.models import Job
@@ -19,7 +20,13 @@ log = logging.getLogger("cluster_dq.worker")
 
 async def send_outcome(client: AsyncClient, job: Job, outcome: Outcome) -> str:
     """Sends ``outcome`` (a plain ack is the batcher's, not this): returns its name
-    (``acked``, ``released``, ``snoozed``, ``buried``), or ``lost`` or ``failed``."""
+    (``acked``, ``released``, ``snoozed``, ``buried``), or ``lost`` or ``failed``. While
+    tracing, its settle spans are children of the job's process span."""
+    with tracing.after_process(job.id):
+        return await _send(client, job, outcome)
+
+
+async def _send(client: AsyncClient, job: Job, outcome: Outcome) -> str:
     lease = job.lease
     if isinstance(outcome, Acked):
         sent = await _call(client.ack, job, lease=lease, result=outcome.result)

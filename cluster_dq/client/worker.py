@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cluster_dq import tracing
 from cluster_dq.client import _runner
 from cluster_dq.client._acks import AckBatcher
 from cluster_dq.client._announce import Announcer
@@ -187,7 +188,9 @@ class Worker(IteratorForm):
             self._executor = DaemonThreads(self.concurrency, "dq-worker")
         if self._handler is not None:
             handler = self._handler
-            self._chained = chain(self.middleware, lambda job: self._call(handler, job))
+            # (tracing's process span outermost: the middleware's own spans are its children)
+            outer = [*tracing.middleware(), *self.middleware]
+            self._chained = chain(outer, lambda job: self._call(handler, job))
         await run_hook(self.on_startup, self)  # (raising: the worker does not start)
         self._started = True
         loop = asyncio.get_running_loop()

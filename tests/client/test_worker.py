@@ -648,13 +648,14 @@ def test_decide_maps_returns_and_exceptions_onto_outcomes() -> None:
 def test_the_worker_and_its_test_mode_import_nothing_of_the_service() -> None:
     """A worker needs the client only; prometheus_client only when metrics are asked for.
     ``cluster_dq.names`` and ``cluster_dq.envvars`` (the name rules and the names of the
-    client's variables, importing nothing) are shared by both sides on purpose."""
+    client's variables, importing nothing) and ``cluster_dq.tracing`` (the spans, importing
+    opentelemetry when it is installed) are shared by both sides on purpose."""
     code = (
         "import sys; from cluster_dq.client import Worker; import cluster_dq.client.testing; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('redis', 'starlette', 'uvicorn', 'prometheus_client') "
         "or (m.startswith('cluster_dq.') and not m.startswith('cluster_dq.client') "
-        "and m not in ('cluster_dq.names', 'cluster_dq.envvars'))))"
+        "and m not in ('cluster_dq.names', 'cluster_dq.envvars', 'cluster_dq.tracing'))))"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
