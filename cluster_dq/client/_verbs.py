@@ -4,12 +4,14 @@ decoder of its reply). The sync and async clients send these and nothing else.""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from cluster_dq import names as rules
+from cluster_dq import tracing
 from cluster_dq.client._core import (
     JSON,
     Call,
@@ -29,9 +31,18 @@ from cluster_dq.client._core import (
 )
 from cluster_dq.client.models import Backoff, Job, Sizes
 
+T = TypeVar("T")
 ONCE = Safety.ONCE
 ATTR_KEY = re.compile(r"[-_A-Za-z0-9]{1,32}")
 ATTR_VALUE = re.compile(r"[\x20-\x7e]*")  # what an HTTP header carries as it is
+
+
+def traced(call: Call[T], span: tracing.Span) -> Call[T]:
+    """``call`` carrying ``span``'s context in its headers (``traceparent``), so the service's
+    span is its child; ``call`` itself when no span is made."""
+    if span is tracing.OFF:
+        return call
+    return dataclasses.replace(call, headers=span.headers(dict(call.headers)))
 
 
 def queue_path(ns: str, queue: str) -> str:
@@ -120,10 +131,23 @@ def publish(
     priority: int | None = None,
 ) -> Call[str]:
     params = _job_params(delay, ttl, tries, priority) + backoff_params(backoff)
-    headers: dict[str, str] = {}
     if job_id is not None:
         segment(job_id, "job_id", rules.job_id)
         params.append(("job_id", job_id))
+    return Call(
+        "PUT",
+        queue_path(ns, queue),
+        lambda r: str(expect(r, 201)["job_id"]),
+        params,
+        _attribute_headers(attributes),
+        as_bytes(body),
+        # a fixed id makes a repeat a duplicate (201, nothing new); a server-made one does not
+        Safety.IDEMPOTENT if job_id is not None else ONCE,
+    )
+
+
+def _attribute_headers(attributes: Mapping[str, str] | None) -> dict[str, str]:
+    headers: dict[str, str] = {}
     if attributes:
         headers["Enable-Job-Version"] = "YES"
         for k, val in attributes.items():
@@ -132,16 +156,7 @@ def publish(
             if not isinstance(val, str) or not ATTR_VALUE.fullmatch(val):
                 raise ValueError(f"attribute {k}: the value must be printable ASCII, not {val!r}")
             headers[f"Job-Attr-{k}"] = val
-    return Call(
-        "PUT",
-        queue_path(ns, queue),
-        lambda r: str(expect(r, 201)["job_id"]),
-        params,
-        headers,
-        as_bytes(body),
-        # a fixed id makes a repeat a duplicate (201, nothing new); a server-made one does not
-        Safety.IDEMPOTENT if job_id is not None else ONCE,
-    )
+    return headers
 
 
 def publish_many(
@@ -152,9 +167,10 @@ def publish_many(
     delay: float = 0.0,
     ttl: float | None = None,
     tries: int | None = None,
+    attributes: Mapping[str, str] | None = None,
 ) -> Call[list[str]]:
     """The bulk route: each body must be one JSON text (the service stores each element's raw
-    JSON text), all published or none."""
+    JSON text), all published or none; ``attributes``: every job's."""
     if isinstance(bodies, bytes | str):
         raise ValueError("bodies must be a list of bodies, not one body: use publish()")
     parts = []
@@ -175,7 +191,7 @@ def publish_many(
         f"{queue_path(ns, queue)}/bulk",
         lambda r: [str(i) for i in expect(r, 201)["job_ids"]],
         _job_params(delay, ttl, tries),
-        JSON,
+        {**JSON, **_attribute_headers(attributes)},
         b"[" + b",".join(parts) + b"]",
         ONCE,
     )
