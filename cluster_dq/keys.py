@@ -116,6 +116,13 @@ class QueueKeys:
     def bucket(self, name: str) -> str:
         return self._k(f"w:{name}")
 
+    def history(self, bucket: int) -> str:
+        """HASH of what happened in the queue during one 5-min bucket (``cluster_dq/history.py``:
+        counts and a lateness histogram, one field each), expiring 24 h after the bucket
+        began; written by every instance, read by the dashboard. Not a fixed key: no script
+        touches it, and it outlives a destroy (it is what happened)."""
+        return self._k(f"h:{bucket}")
+
     def all_fixed(self) -> list[str]:
         return [
             self.meta,

@@ -19,7 +19,7 @@ import os
 import time
 from bisect import bisect_left
 from collections import Counter as Counter_
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from cluster_dq import history
 from cluster_dq.engine.commands import Sizes
 from cluster_dq.keys import parse_qualified
 from cluster_dq.models import Job, id_due_ms_of_text
@@ -163,6 +164,15 @@ redis_errors = Counter(
 )
 
 
+# The counters a queue's 24-h history keeps too (history.py), and its field of each.
+HISTORY_FIELDS = {
+    published: history.PUBLISHED,
+    acked: history.ACKED,
+    ttr_expired: history.TTR_EXPIRED,
+    dead_lettered: history.DEAD,
+    released: history.RELEASED,
+}
+
 PER_QUEUE = (
     published,
     delivered,
@@ -235,6 +245,8 @@ class Metrics:
         self._counts: dict[Any, float] = {}
         self._observed: dict[Any, list[float]] = {}
         self._pending = 0
+        # The queues' history (history.py): set by a worker that flushes it (HistoryFlushSecond).
+        self.tally: history.Tally | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, buffered: bool = False) -> Metrics:
@@ -309,9 +321,13 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
-    def count(self, counter: Counter, ns: str, q: str, n: int) -> None:
+    def count(self, counter: Counter, ns: str, q: str, n: int, pool: str = "") -> None:
+        """``n`` more of a queue's ``counter``; with the ``pool`` the work happened in, in the
+        queue's history too (the counters of ``HISTORY_FIELDS``)."""
         if n:
             self._inc(self.child(counter, *self.queue_labels(ns, q)), n)
+            if pool and self.tally is not None and counter in HISTORY_FIELDS:
+                self.tally.add(pool, ns, q, HISTORY_FIELDS[counter], n)
 
     def http(self, port: str, route: str, method: str, status: int, seconds: float) -> None:
         """One request, labelled by ``http_labels``; the status is folded here. Timed unless
@@ -320,7 +336,11 @@ class Metrics:
         if route != UNMATCHED and status not in UNTIMED:
             self._observe(self.child(http_duration, port, route, method), (seconds,))
 
-    def record_delivered(self, jobs: Iterable[Job], now_ms: int) -> None:
+    def record_delivered(
+        self, jobs: Iterable[Job], now_ms: int, pool_of: Callable[[str], str] | None = None
+    ) -> None:
+        """Deliveries, and the lateness of first ones; ``pool_of(queue)``: the pool a queue's
+        history is written to (none: not in its history)."""
         per_queue: dict[tuple[str, str], tuple[list[int], list[float], list[float]]] = {}
         for job in jobs:
             count_, late, first = per_queue.setdefault((job.namespace, job.queue), ([0], [], []))
@@ -330,7 +350,11 @@ class Metrics:
                 if due is not None:  # a client-chosen id carries no due time
                     late.append(max(now_ms - due, 0) / 1000)
                 first.append(max(now_ms - job.published_ms, 0) / 1000)
+        tally = self.tally if pool_of is not None else None
         for (ns, q), (count_, late, first) in per_queue.items():
+            if tally is not None and pool_of is not None:
+                late_ms = [round(s * 1000) for s in late]
+                tally.delivered(pool_of(q), ns, q, count_[0], len(first), late_ms)
             ns, q = self.queue_labels(ns, q)
             self._inc(self.child(delivered, ns, q), count_[0])
             self._observe(self.child(lateness, ns, q), late)
@@ -345,13 +369,15 @@ class NoMetrics(Metrics):
 
     enabled = False
 
-    def count(self, counter: Counter, ns: str, q: str, n: int) -> None:
+    def count(self, counter: Counter, ns: str, q: str, n: int, pool: str = "") -> None:
         pass
 
     def http(self, port: str, route: str, method: str, status: int, seconds: float) -> None:
         pass
 
-    def record_delivered(self, jobs: Iterable[Job], now_ms: int) -> None:
+    def record_delivered(
+        self, jobs: Iterable[Job], now_ms: int, pool_of: Callable[[str], str] | None = None
+    ) -> None:
         pass
 
     def pool(self, name: str) -> PoolMetrics:
@@ -391,6 +417,10 @@ class PoolMetrics:
             self._moved.inc(promoted)
         if not (retried or dead or expired):
             return
+        tally = self.metrics.tally
+        if tally is not None and (retried or dead):  # its history, in this pool
+            tally.add(self.pool, ns, q, history.TTR_EXPIRED, retried + dead)
+            tally.add(self.pool, ns, q, history.DEAD, dead)
         ns, q = self.metrics.queue_labels(ns, q)
         child = self.metrics.child
         if retried or dead:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from cluster_dq import logs, metrics
+from cluster_dq import history, logs, metrics
 from cluster_dq import tracing
 from cluster_dq.engine.commands import EngineConfig
 from cluster_dq.http.admin import create_admin_app
@@ -49,6 +49,9 @@ class Runtime:
         # Buffered: a request's counts reach the exposition within a second (or at a scrape).
         self.metrics = metrics.Metrics.from_settings(settings, buffered=True)
         self._flusher: asyncio.Task[None] | None = None
+        self._history: asyncio.Task[None] | None = None
+        if settings.HistoryFlushSecond and settings.EnableMetrics:
+            self.metrics.tally = history.Tally()  # the queues' 24-h history, flushed by start()
         config = EngineConfig.from_settings(settings)
         self.events = LifecycleLog(settings.LifecycleDir) if settings.LifecycleDir else None
         self.pools = {
@@ -66,6 +69,9 @@ class Runtime:
 
     async def start(self) -> None:
         self._flusher = asyncio.create_task(self.metrics.flush_every(METRICS_FLUSH_SECONDS))
+        if self.metrics.tally is not None:
+            every = self.settings.HistoryFlushSecond
+            self._history = asyncio.create_task(self.service.keep_history(every))
         for pool in self.pools.values():
             target = pool.settings.MigrateTo
             await pool.start(
@@ -86,6 +92,9 @@ class Runtime:
         """Pumps stopped, jobs of gone consumers given back, lifecycle events flushed. True
         when all of that happened."""
         clean = True
+        if self._history is not None:  # its last flush, while the pools are open
+            self._history.cancel()
+            await asyncio.gather(self._history, return_exceptions=True)
         for pool in self.pools.values():
             try:
                 clean = await pool.close() and clean

@@ -130,6 +130,9 @@ class Settings:
     # Distinct (namespace, queue) label pairs of the per-queue metrics per worker; the
     # queues beyond it are counted under queue="_other".
     MetricsMaxQueues: int = 1_000
+    # How often each worker adds what it counted per queue to the queues' 24-h history in
+    # Redis (the dashboard's charts): a divisor of its 5-minute buckets. 0: no history kept.
+    HistoryFlushSecond: float = 60.0
     # The admin port (admin API and dashboard) shows and changes nothing it should not: every
     # state-changing request is a 403, the dashboard hides its actions, no token value is
     # listed. ``DashboardReadOnly`` is its old name (either turns it on).
@@ -323,6 +326,13 @@ def _validate(s: Settings) -> None:
     _within("MaxWaiters", s.MaxWaiters, 0, 10_000_000, " (0: no long-polls)")
     _within("MaxWaitersPerNamespace", s.MaxWaitersPerNamespace, 1, 10_000_000)
     _within("MetricsMaxQueues", s.MetricsMaxQueues, 0, 1_000_000, " (0: no per-queue series)")
+    if s.HistoryFlushSecond and (
+        not 0 < s.HistoryFlushSecond <= 300 or (300 / s.HistoryFlushSecond) % 1
+    ):
+        raise ConfigError(
+            "HistoryFlushSecond: 0 (off) or a divisor of 300 (the 5-minute buckets), "
+            f"got {s.HistoryFlushSecond}"
+        )
     _within("HeaderTimeoutSecond", s.HeaderTimeoutSecond, 0.01, 3600)
     _within("BodyTimeoutSecond", s.BodyTimeoutSecond, 0.01, 3600)
     _within("KeepAliveTimeoutSecond", s.KeepAliveTimeoutSecond, 1, 3600)

@@ -35,7 +35,7 @@ class JobControl(ServiceCore):
         job = await self._on_job(
             route, ns, q, lambda p: control.bury(ns, q, job_id, text, p.engine.clock(), lease)
         )
-        self.metrics.count(metrics.dead_lettered, ns, q, 1)
+        self.metrics.count(metrics.dead_lettered, ns, q, 1, route.place(ns, q).write.name)
         return job
 
     async def kick(

@@ -89,7 +89,7 @@ class Jobs(ServiceCore):
         op = ops.publish(pool.engine.config, ns, q, specs, now, whole)
         out = await self._run(pool, op, idempotent=True, durable=True)
         new = [p.job_id for p in out if not p.duplicate and not p.full]
-        self.metrics.count(metrics.published, ns, q, len(new))
+        self.metrics.count(metrics.published, ns, q, len(new), pool.name)
         if self.events:
             self.events.published(ns, q, now, new)
         return out
@@ -129,7 +129,7 @@ class Jobs(ServiceCore):
             else:
                 jobs = await consume_across(groups, ns, ttr_ms, count, timeout_ms)
         now = route.place(ns, queues[0]).write.engine.clock()
-        self.metrics.record_delivered(jobs, now)
+        self.metrics.record_delivered(jobs, now, lambda q: route.place(ns, q).write.name)
         if self.events:
             self.events.delivered(jobs, now)
         return jobs
@@ -175,7 +175,8 @@ class Jobs(ServiceCore):
                 found = await self._run(pool, op, idempotent=True, durable=True)
             for i, state in zip(todo, found):
                 states[i] = state
-        self.metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
+        acked = sum(1 for s in states if s is not None)
+        self.metrics.count(metrics.acked, ns, q, acked, route.place(ns, q).write.name)
         if self.events:
             self.events.acked(ns, q, now, [i for i, s in zip(ids, states) if s is not None])
         return states
@@ -187,7 +188,7 @@ class Jobs(ServiceCore):
         now = pool.engine.clock()
         op = ops.ack(ns, q, ids, now, pool.engine.config.remember_acked_ms, None)
         states = await self._run(pool, op, idempotent=True, durable=True)
-        self.metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None))
+        self.metrics.count(metrics.acked, ns, q, sum(1 for s in states if s is not None), pool_name)
         if self.events:
             self.events.acked(ns, q, now, [i for i, s in zip(ids, states) if s is not None])
         return states
@@ -242,8 +243,8 @@ class Jobs(ServiceCore):
                     ),
                 ) from e
             if state is not None:
-                self.metrics.count(metrics.released, ns, q, 1)
-                self.metrics.count(metrics.dead_lettered, ns, q, state is JobState.DEAD)
+                self.metrics.count(metrics.released, ns, q, 1, pool.name)
+                self.metrics.count(metrics.dead_lettered, ns, q, state is JobState.DEAD, pool.name)
                 self.metrics.count(metrics.ttl_expired, ns, q, state == "expired")
                 return state
         raise NotFound("job is not reserved")
@@ -317,10 +318,10 @@ class Jobs(ServiceCore):
         # acked again). With one, a repeat after a lost reply would find the lease no longer
         # holding the job and answer a conflict for a republish that happened: not repeated.
         acked, published = await self._run(pool, op, idempotent=lease is None, durable=True)
-        self.metrics.count(metrics.published, ns, q, not published.duplicate)
+        self.metrics.count(metrics.published, ns, q, not published.duplicate, pool.name)
         if acked is None and len(place.reads) > 1:  # the old job lives in a pool being drained
             with written_before(True, idempotent=True):  # the new job is published
                 await self.ack(route, ns, q, [old_id])
         else:
-            self.metrics.count(metrics.acked, ns, q, acked is not None)
+            self.metrics.count(metrics.acked, ns, q, acked is not None, pool.name)
         return published

@@ -36,11 +36,15 @@ def flush(client: Any) -> None:
 def serve(pool: PoolSettings | str, stderr: Any = None, **env: str) -> ServiceProcess:
     """Starts `cluster-dq serve` on free ports (from a random place in the range, so that two
     suites running at once do not take the same ones) against ``pool`` (or a standalone
-    address), with the suite's admin account; ``stderr``: where its log goes."""
+    address), with the suite's admin account; ``stderr``: where its log goes. The queues'
+    history is off unless ``env`` turns it on (``CLUSTER_DQ_HISTORYFLUSHSECOND``): its flush
+    once a minute would add keys and commands in the middle of the tests that compare Redis
+    before and after a request (tests/dashboard/test_history.py runs it every second)."""
     suite = {
         "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1],
         "CLUSTER_DQ_TOKENCACHESECOND": "1",
         "CLUSTER_DQ_LOGLEVEL": "warning",
+        "CLUSTER_DQ_HISTORYFLUSHSECOND": "0",
     }
     return ServiceProcess.start(pool, env={**suite, **env}, log=stderr, timeout=20)
 
