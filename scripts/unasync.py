@@ -28,6 +28,8 @@ SUBSTITUTIONS = [
     ("AsyncIterator", "Iterator"),
     ("AsyncBaseTransport", "BaseTransport"),
     ("AsyncAdminClient", "AdminClient"),
+    ("AsyncSender", "Sender"),
+    ("async_sender", "sync_sender"),
     ("AsyncClient", "Client"),
     ("aclose", "close"),
     ("__aenter__", "__enter__"),

@@ -4,7 +4,6 @@ turns an error reply into the error tree. The sync and async shells only send ca
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
 import math
@@ -28,7 +27,6 @@ from cluster_dq.client.errors import (
     QueueFull,
     RateLimited,
     TooLarge,
-    TransportError,
     Unauthorized,
     Unavailable,
     WrongState,
@@ -335,25 +333,3 @@ def admin_auth(given: tuple[str, str] | None, env: Mapping[str, str]) -> tuple[s
     if not sep or not user:
         raise ValueError(f'{ADMIN_AUTH_ENV} must be "user:password"')
     return user, password
-
-
-def transport_error(exc: Exception) -> TransportError:
-    """An httpx failure as the error tree's ``TransportError``: ``sent`` is False only when the
-    connection could not be made (nothing of the request left this process)."""
-    unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
-    return TransportError(f"{type(exc).__name__}: {exc}", sent=not unsent)
-
-
-def same_loop(http: httpx.Client | httpx.AsyncClient, bound: object) -> object:
-    """The event loop an ``AsyncClient`` is bound to: the one it first ran in (its pooled
-    connections belong to it). Used from another loop: a RuntimeError saying so, before
-    anything is sent. A blocking client has none."""
-    if not isinstance(http, httpx.AsyncClient):
-        return None
-    loop = asyncio.get_running_loop()
-    if bound is not None and bound is not loop:
-        raise RuntimeError(
-            "this AsyncClient was first used in another event loop, whose connections it "
-            "holds: make one AsyncClient per event loop (docs/client.md)"
-        )
-    return loop

@@ -53,6 +53,7 @@ from cluster_dq.testing.service_process import ServiceProcess
 from tests.support import ADMIN_AUTH, ROOT
 from tests.support.clients import (
     NS,
+    FAULTY_KINDS,
     LoseReplies,
     Sync,
     close,
@@ -650,24 +651,24 @@ def publishes(r: httpx.Request) -> bool:
     return r.method == "PUT"
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", FAULTY_KINDS)
 async def test_a_lost_publish_reply_with_job_id_is_repeated_once_applied(
     kind: str, served: ServiceProcess, token: str
 ) -> None:
     faults = LoseReplies(publishes)
-    c = faulty(kind, served, token, faults)
+    c = await faulty(kind, served, token, faults)
     assert await c.publish("q", b"x", job_id="pay-1") == "pay-1"
     assert len(faults.seen) == 2 and faults.lose == 0  # the repeat answered "duplicate"
     assert await c.size("q") == Sizes(1, 0, 0, 0)
     await close(c)
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", FAULTY_KINDS)
 async def test_a_lost_publish_reply_without_job_id_is_not_repeated(
     kind: str, served: ServiceProcess, token: str
 ) -> None:
     faults = LoseReplies(publishes)
-    c = faulty(kind, served, token, faults)
+    c = await faulty(kind, served, token, faults)
     with pytest.raises(TransportError) as e:
         await c.publish("q", b"x")
     assert e.value.sent is True and len(faults.seen) == 1
@@ -684,7 +685,7 @@ async def test_a_connection_refused_before_sending_is_repeated(
     kind: str, served: ServiceProcess, token: str
 ) -> None:
     faults = LoseReplies(publishes, lose=2, before_send=True)
-    c = faulty(kind, served, token, faults)
+    c = await faulty(kind, served, token, faults)
     jid = await c.publish("q", b"x")
     assert len(faults.seen) == 3 and faults.lose == 0
     assert (await c.size("q")).ready == 1 and (await c.peek("q")).id == jid
@@ -697,12 +698,12 @@ async def test_a_connection_refused_before_sending_is_repeated(
     await close(c)
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", FAULTY_KINDS)
 async def test_a_lost_release_reply_is_not_repeated_a_lost_ack_is(
     kind: str, served: ServiceProcess, token: str
 ) -> None:
     faults = LoseReplies(lambda r: r.url.path.endswith("/release"))
-    c = faulty(kind, served, token, faults)
+    c = await faulty(kind, served, token, faults)
     jid = await c.publish("q", b"x", tries=3)
     job = await c.consume("q", ttr=30)
     with pytest.raises(TransportError) as e:
@@ -718,14 +719,14 @@ async def test_a_lost_release_reply_is_not_repeated_a_lost_ack_is(
     await close(c)
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", FAULTY_KINDS)
 async def test_a_lost_consume_reply_is_repeated(
     kind: str, served: ServiceProcess, token: str
 ) -> None:
     """The lost delivery's job stays reserved until its ttr, then comes back (a try spent);
     the repeat takes the next one."""
     faults = LoseReplies(lambda r: r.method == "GET" and "/size" not in r.url.path)
-    c = faulty(kind, served, token, faults)
+    c = await faulty(kind, served, token, faults)
     first = await c.publish("q", b"1", tries=2)
     second = await c.publish("q", b"2", tries=2)
     job = await c.consume("q", ttr=0.5)

@@ -12,7 +12,7 @@ import pytest
 
 from cluster_dq.client import AdminClient, AsyncClient, BadRequest, Client, Sizes
 from cluster_dq.testing.service_process import ServiceProcess
-from tests.support.clients import NS, LoseReplies, close, faulty
+from tests.support.clients import FAULTY_KINDS, NS, LoseReplies, close, faulty
 
 
 async def test_dot_segments_never_reach_another_route(dq: Any) -> None:
@@ -145,13 +145,13 @@ def test_a_time_too_large_for_a_float_is_a_value_error() -> None:
                 call()
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", FAULTY_KINDS)
 async def test_a_lost_republish_reply_with_a_new_job_id_is_repeated_to_its_answer(
     kind: str, served: ServiceProcess, token: str
 ) -> None:
     """docs/client.md: a republish with ``new_job_id`` and no lease is safe to repeat."""
     faults = LoseReplies(lambda r: r.method == "PUT" and "/job/" in r.url.path)
-    c = faulty(kind, served, token, faults)
+    c = await faulty(kind, served, token, faults)
     old = await c.publish("rp", b"old")
     assert await c.republish("rp", old, b"new", new_job_id="rp-new-1") == "rp-new-1"
     assert len(faults.seen) == 3  # the publish, the republish whose reply was lost, its repeat

@@ -46,6 +46,9 @@ async def close(c: Any) -> None:
         c.client.close()
     else:
         await c.aclose()
+        proxy = getattr(c, "fault_proxy", None)
+        if proxy is not None:
+            await proxy.close()
 
 
 class LoseReplies(httpx.BaseTransport, httpx.AsyncBaseTransport):
@@ -96,5 +99,17 @@ class LoseReplies(httpx.BaseTransport, httpx.AsyncBaseTransport):
         await self.aio.aclose()
 
 
-def faulty(kind: str, svc: ServiceProcess, token: str, faults: LoseReplies) -> Any:
-    return make(kind, svc.base, token, transport=faults)
+# The kinds of client the fault tests run: both on httpx with ``LoseReplies`` as their
+# transport, and the asyncio client on its own aiohttp through ``FaultProxy``.
+FAULTY_KINDS = ["sync", "async", "aiohttp"]
+
+
+async def faulty(kind: str, svc: ServiceProcess, token: str, faults: LoseReplies, **kw: Any) -> Any:
+    if kind != "aiohttp":
+        return make(kind, svc.base, token, transport=faults, **kw)
+    from tests.support.faultproxy import FaultProxy
+
+    proxy = await FaultProxy(svc.base, faults).start()
+    client = AsyncClient(proxy.base, token, NS, **kw)
+    client.fault_proxy = proxy  # type: ignore[attr-defined]  # closed with it (close)
+    return client

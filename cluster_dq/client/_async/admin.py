@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 
 from cluster_dq.client import _admin as a
-from cluster_dq.client._async.client import _http, _Shell
+from cluster_dq.client._async.client import _Shell
+from cluster_dq.client._transport import async_sender
 from cluster_dq.client._core import ADMIN_URL_ENV, admin_auth, setting, shell_options
 from cluster_dq.client.models import TokenLimit
 
@@ -31,8 +32,8 @@ class AsyncAdminClient(_Shell):
     ) -> None:
         shell_options(timeout, 10, retries)
         self.url, basic = _settings(url, auth)
-        http = _http(self.url, {}, timeout, 10, transport, basic)
-        super().__init__(http, timeout, retries)
+        sender = async_sender(self.url, {}, 10, transport, basic)
+        super().__init__(sender, timeout, retries)
 
     async def info(self, pool: str | None = None) -> dict[str, list[str]]:
         return await self._send(a.info(pool))

@@ -19,14 +19,12 @@ from cluster_dq.client._core import (
     TOKEN_ENV,
     URL_ENV,
     Call,
-    Reply,
     finish,
-    same_loop,
     setting,
     shell_options,
-    transport_error,
 )
-from cluster_dq.client._retry import policy
+from cluster_dq.client._retry import policy, repeatable
+from cluster_dq.client._transport import AsyncSender, async_sender
 from cluster_dq.client.models import (
     Backoff,
     DeadJob,
@@ -46,39 +44,37 @@ T = TypeVar("T")
 
 
 class _Shell:
-    """The I/O of one port: an httpx pool, the retry loop, the translation of failures."""
+    """The I/O of one port: a sender (``_transport``), the retry loop."""
 
-    def __init__(
-        self,
-        http: httpx.AsyncClient,
-        timeout: float | None,
-        retries: int,
-    ) -> None:
-        self._http, self._timeout, self._retries = http, timeout, retries
-        self._loop: object = None  # the event loop it is bound to (_core.same_loop)
+    def __init__(self, sender: AsyncSender, timeout: float | None, retries: int) -> None:
+        self._sender, self._timeout, self._retries = sender, timeout, retries
 
     async def _send(self, call: Call[T]) -> T:
-        done: T = await AsyncRetrying(**policy(call.safety, self._retries))(self._once, call)
+        try:
+            return await self._once(call)  # most calls: one attempt, no retry loop to set up
+        except Exception as e:
+            if not self._retries or not repeatable(call.safety, e):
+                raise
+            first = [e]
+        retrying = AsyncRetrying(**policy(call.safety, self._retries))
+        done: T = await retrying(self._again, call, first)
         return done
 
+    async def _again(self, call: Call[T], first: list[Exception]) -> T:
+        """The retry loop's attempts: the first attempt's failure, then attempts anew."""
+        if first:
+            raise first.pop()
+        return await self._once(call)
+
     async def _once(self, call: Call[T]) -> T:
-        self._loop = same_loop(self._http, self._loop)
         timeout = None if self._timeout is None else self._timeout + call.wait
-        try:
-            r = await self._http.request(
-                call.method,
-                call.path,
-                params=tuple(call.params),
-                headers=call.headers,
-                content=call.content,
-                timeout=timeout,
-            )
-        except httpx.TransportError as e:
-            raise transport_error(e) from e
-        return finish(call, Reply(r.status_code, r.headers, r.content))
+        reply = await self._sender.request(
+            call.method, call.path, call.params, call.headers, call.content, timeout
+        )
+        return finish(call, reply)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._sender.aclose()
 
     async def __aenter__(self: _S) -> _S:
         return self
@@ -93,27 +89,6 @@ class _Shell:
 
 
 _S = TypeVar("_S", bound=_Shell)
-
-
-def _http(
-    url: str,
-    headers: Mapping[str, str],
-    timeout: float | None,
-    max_connections: int,
-    transport: httpx.AsyncBaseTransport | None,
-    auth: tuple[str, str] | None = None,
-) -> httpx.AsyncClient:
-    limits = httpx.Limits(
-        max_connections=max_connections, max_keepalive_connections=max_connections
-    )
-    return httpx.AsyncClient(
-        base_url=url,
-        headers=headers,
-        timeout=timeout,
-        limits=limits,
-        transport=transport,
-        auth=auth,
-    )
 
 
 class AsyncClient(_Shell):
@@ -136,8 +111,8 @@ class AsyncClient(_Shell):
         self.url = setting(url, env, URL_ENV, "service url")
         self.namespace = setting(namespace, env, NAMESPACE_ENV, "namespace")
         headers = {"X-Token": setting(token, env, TOKEN_ENV, "token")}
-        http = _http(self.url, headers, timeout, max_connections, transport)
-        super().__init__(http, timeout, retries)
+        sender = async_sender(self.url, headers, max_connections, transport)
+        super().__init__(sender, timeout, retries)
 
     async def publish(
         self,

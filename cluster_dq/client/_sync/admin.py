@@ -13,7 +13,8 @@ import httpx
 
 from cluster_dq.client import _admin as a
 from cluster_dq.client._core import ADMIN_URL_ENV, admin_auth, setting, shell_options
-from cluster_dq.client._sync.client import _http, _Shell
+from cluster_dq.client._sync.client import _Shell
+from cluster_dq.client._transport import sync_sender
 from cluster_dq.client.models import TokenLimit
 
 
@@ -33,8 +34,8 @@ class AdminClient(_Shell):
     ) -> None:
         shell_options(timeout, 10, retries)
         self.url, basic = _settings(url, auth)
-        http = _http(self.url, {}, timeout, 10, transport, basic)
-        super().__init__(http, timeout, retries)
+        sender = sync_sender(self.url, {}, 10, transport, basic)
+        super().__init__(sender, timeout, retries)
 
     def info(self, pool: str | None = None) -> dict[str, list[str]]:
         return self._send(a.info(pool))

@@ -21,14 +21,12 @@ from cluster_dq.client._core import (
     TOKEN_ENV,
     URL_ENV,
     Call,
-    Reply,
     finish,
-    same_loop,
     setting,
     shell_options,
-    transport_error,
 )
-from cluster_dq.client._retry import policy
+from cluster_dq.client._retry import policy, repeatable
+from cluster_dq.client._transport import Sender, sync_sender
 from cluster_dq.client.models import (
     Backoff,
     DeadJob,
@@ -48,39 +46,37 @@ T = TypeVar("T")
 
 
 class _Shell:
-    """The I/O of one port: an httpx pool, the retry loop, the translation of failures."""
+    """The I/O of one port: a sender (``_transport``), the retry loop."""
 
-    def __init__(
-        self,
-        http: httpx.Client,
-        timeout: float | None,
-        retries: int,
-    ) -> None:
-        self._http, self._timeout, self._retries = http, timeout, retries
-        self._loop: object = None  # the event loop it is bound to (_core.same_loop)
+    def __init__(self, sender: Sender, timeout: float | None, retries: int) -> None:
+        self._sender, self._timeout, self._retries = sender, timeout, retries
 
     def _send(self, call: Call[T]) -> T:
-        done: T = Retrying(**policy(call.safety, self._retries))(self._once, call)
+        try:
+            return self._once(call)  # most calls: one attempt, no retry loop to set up
+        except Exception as e:
+            if not self._retries or not repeatable(call.safety, e):
+                raise
+            first = [e]
+        retrying = Retrying(**policy(call.safety, self._retries))
+        done: T = retrying(self._again, call, first)
         return done
 
+    def _again(self, call: Call[T], first: list[Exception]) -> T:
+        """The retry loop's attempts: the first attempt's failure, then attempts anew."""
+        if first:
+            raise first.pop()
+        return self._once(call)
+
     def _once(self, call: Call[T]) -> T:
-        self._loop = same_loop(self._http, self._loop)
         timeout = None if self._timeout is None else self._timeout + call.wait
-        try:
-            r = self._http.request(
-                call.method,
-                call.path,
-                params=tuple(call.params),
-                headers=call.headers,
-                content=call.content,
-                timeout=timeout,
-            )
-        except httpx.TransportError as e:
-            raise transport_error(e) from e
-        return finish(call, Reply(r.status_code, r.headers, r.content))
+        reply = self._sender.request(
+            call.method, call.path, call.params, call.headers, call.content, timeout
+        )
+        return finish(call, reply)
 
     def close(self) -> None:
-        self._http.close()
+        self._sender.close()
 
     def __enter__(self: _S) -> _S:
         return self
@@ -95,27 +91,6 @@ class _Shell:
 
 
 _S = TypeVar("_S", bound=_Shell)
-
-
-def _http(
-    url: str,
-    headers: Mapping[str, str],
-    timeout: float | None,
-    max_connections: int,
-    transport: httpx.BaseTransport | None,
-    auth: tuple[str, str] | None = None,
-) -> httpx.Client:
-    limits = httpx.Limits(
-        max_connections=max_connections, max_keepalive_connections=max_connections
-    )
-    return httpx.Client(
-        base_url=url,
-        headers=headers,
-        timeout=timeout,
-        limits=limits,
-        transport=transport,
-        auth=auth,
-    )
 
 
 class Client(_Shell):
@@ -138,8 +113,8 @@ class Client(_Shell):
         self.url = setting(url, env, URL_ENV, "service url")
         self.namespace = setting(namespace, env, NAMESPACE_ENV, "namespace")
         headers = {"X-Token": setting(token, env, TOKEN_ENV, "token")}
-        http = _http(self.url, headers, timeout, max_connections, transport)
-        super().__init__(http, timeout, retries)
+        sender = sync_sender(self.url, headers, max_connections, transport)
+        super().__init__(sender, timeout, retries)
 
     def publish(
         self,
