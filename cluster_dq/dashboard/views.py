@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from cluster_dq.clock import now_ms
-from cluster_dq.dashboard import audit, times
+from cluster_dq.dashboard import audit, inflight, times
 from cluster_dq.dashboard.base import Dashboard
 from cluster_dq.engine.control import FOREVER_MS, MAX_DEAD_PAGE, DeadFilter
 from cluster_dq.errors import BadRequest, Conflict, NotFound, WrongState
@@ -169,6 +169,7 @@ class Views:
         conf = await self.service.queue_settings(route, ns, q)
         ready = await self.service.heads(route, ns, q, JobState.READY, HEADS)
         delayed = await self.service.heads(route, ns, q, JobState.DELAYED, HEADS)
+        held = await inflight.in_flight(self.service, route, ns, q)
         rates = self.d.rates.now().get((ns, q), {})
         now = now_ms()
         oldest = ready[0].due_ms if ready else None
@@ -182,6 +183,8 @@ class Views:
                 "conf": conf,
                 "ready": ready,
                 "delayed": delayed,
+                "in_flight": held,
+                "in_flight_more": max(sizes.reserved - len(held), 0),
                 "rates": rates,
                 "oldest_due_ms": oldest,
                 "lateness_ms": None if oldest is None else max(now - oldest, 0),

@@ -146,10 +146,25 @@ def dump_wheel(ns: str, q: str, buckets_per_call: int = 16) -> Op[list[Job]]:
 
 
 def heads(ns: str, q: str, state: JobState, limit: int) -> Op[list[Job]]:
-    """The first ``limit`` jobs of a queue's ready set (in delivery order) or of its delayed
-    jobs (by due time: the near-term zset and the earliest wheel buckets), read-only: a look
-    for the dashboard, not a step of any transition."""
+    """The first ``limit`` jobs of a queue's ready set (in delivery order), of its delayed
+    jobs (by due time: the near-term zset and the earliest wheel buckets) or of its reserved
+    ones (by ttr deadline, their ``due_ms``, with their leases), read-only: a look for the
+    dashboard, not a step of any transition."""
     qk = QueueKeys(ns, q)
+    if state is JobState.RESERVED:  # soonest ttr deadline first, each with its lease
+        pairs = _pairs((yield Cmd(("ZRANGE", qk.reserved, 0, limit - 1, "WITHSCORES"))))
+        members = [m for m, _ in pairs]
+        if not members:
+            return []
+        records, leases = yield (
+            Cmd(("HMGET", qk.jobs, *members)),
+            Cmd(("HMGET", qk.leases, *members)),
+        )
+        return [
+            Job.from_record(ns, q, m, rec, state, int(sc), lease=lease.hex() if lease else None)
+            for (m, sc), rec, lease in zip(pairs, records, leases)
+            if rec is not None
+        ]
     if state is JobState.READY:
         pairs = _pairs((yield Cmd(("ZRANGE", qk.ready, 0, limit - 1, "WITHSCORES"))))
         members = [m for m, _ in pairs]

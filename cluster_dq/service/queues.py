@@ -51,12 +51,13 @@ class Queues(ServiceCore):
     async def heads(
         self, route: PoolRoute[RedisPool], ns: str, q: str, state: JobState, limit: int
     ) -> list[Job]:
-        """The first ``limit`` ready jobs (delivery order) or delayed jobs (due order) of the
-        queue, over the pools that hold it; read-only (the dashboard's look)."""
+        """The first ``limit`` ready jobs (delivery order), delayed jobs (due order) or reserved
+        jobs (ttr deadline order) of the queue, over the pools that hold it; read-only (the
+        dashboard's look)."""
         out: list[Job] = []
         for pool in route.place(ns, q).reads:
             out += await self._run(pool, ops.heads(ns, q, state, limit), idempotent=True)
-        if state is JobState.DELAYED:
+        if state is not JobState.READY:
             out.sort(key=lambda j: j.due_ms or 0)
         return out[:limit]
 
