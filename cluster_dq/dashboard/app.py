@@ -1,5 +1,5 @@
 """The dashboard's Starlette sub-app, mounted at ``/ui`` on the admin port: the pages and
-actions (``views.py``, ``panel_views.py``, ``worker_views.py``), the live sizes and the static files, behind basic
+actions (``views.py``, ``panel_views.py``, ``history_views.py``, ``worker_views.py``), the live sizes and the static files, behind basic
 auth (as the admin API), with the dashboard's own error pages for a missing page."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cluster_dq.dashboard.base import HERE, Dashboard
+from cluster_dq.dashboard.history_views import HistoryViews
 from cluster_dq.dashboard.panel_views import PanelViews
 from cluster_dq.dashboard.views import Views
 from cluster_dq.dashboard.worker_views import WorkerViews
@@ -67,6 +68,7 @@ def mount(dashboard: Dashboard) -> Mount:
             [
                 *Views(dashboard).routes(),
                 *PanelViews(dashboard).routes(),
+                *HistoryViews(dashboard).routes(),
                 *WorkerViews(dashboard).routes(),
             ],
         ),

@@ -195,14 +195,18 @@ class CounterRing:
                 await self._task
 
 
-def polyline(values: list[float | None], width: int = 300, height: int = 60) -> str:
-    """SVG polyline points for a small chart: x evenly spread, y scaled to the largest value
-    (a gap, None, is drawn at zero; one value is a flat line)."""
+def polyline(
+    values: list[float | None], width: int = 300, height: int = 60, top: float | None = None
+) -> str:
+    """SVG polyline points for a small chart: x evenly spread, y scaled to ``top`` (the largest
+    value when not given; a gap, None, is drawn at zero; one value is a flat line)."""
     if not values:
         return ""
     if len(values) == 1:  # one interval so far: a flat line across, not an invisible point
         values = values * 2
-    top = max((v for v in values if v is not None), default=0.0) or 1.0
+    if top is None:
+        top = max((v for v in values if v is not None), default=0.0)
+    top = top or 1.0
     step = width / max(len(values) - 1, 1)
     return " ".join(
         f"{i * step:.1f},{height - (v or 0.0) / top * (height - 2) - 1:.1f}"

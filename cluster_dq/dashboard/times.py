@@ -30,6 +30,12 @@ def shown(ms: int) -> str:
     return at.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}" + _LABEL
 
 
+def clock(ms: int) -> str:
+    """``08:05 UTC``: a chart's tick, the hour and minute of a moment, labelled as every time."""
+    at = _at(ms)
+    return "" if at is None else at.strftime("%H:%M") + _LABEL
+
+
 def iso(ms: int) -> str:
     """``2026-01-31T08:00:00.123Z`` (the ``datetime`` of a ``<time>``), '' if none."""
     at = _at(ms)

@@ -2,8 +2,9 @@
 driven by Selenium) against a real ``cluster-dq serve`` on a real redis-server: a job's life
 clicked through (publish, bury, the dead letters and the job's fingerprint group, the group
 redriven, consumed by a worker over the data API, acked from the page), a race with the page,
-pause and resume, live numbers without a reload, the charts following a redelivery, and the
-delay timeline (a delayed job in its bin, the bin rescheduled). One topology (standalone) is
+pause and resume, live numbers without a reload, the charts following a redelivery, the
+delay timeline (a delayed job in its bin, the bin rescheduled), and a queue's last 24 hours
+and its in-flight list (the worker holding a job, clicked through to the workers page). One topology (standalone) is
 enough here: the pages' data is covered on all three by the httpx tests of
 ``tests/dashboard/test_dashboard_panels.py`` and the dashboard's own suite.
 
@@ -48,7 +49,7 @@ WAIT_S = 10
 @pytest.fixture(scope="module")
 def own_service(redis_server: Server) -> Iterator[ServiceProcess]:
     redis_server.client().flushall()  # before the service's pump takes its leases
-    svc = serve(redis_server.pool_settings())
+    svc = serve(redis_server.pool_settings(), CLUSTER_DQ_HISTORYFLUSHSECOND="1")  # the 24-h charts
     yield svc
     svc.stop(timeout=20)
 
@@ -373,3 +374,45 @@ def test_the_workers_page_and_a_held_job_clicked_through(
     shot(browser, "held-job")
     api.delete(f"/api/{NS}/_workers/web-3-4242")
     api.delete(f"/api/{NS}/{Q}/job/{jid}")
+
+
+def test_the_last_24_hours_and_the_jobs_in_flight_on_the_queue_page(
+    browser: WebDriver, own_service: ServiceProcess, api: httpx.Client, shot: Any
+) -> None:
+    """Work on a queue shows in its 24-h charts once the service has flushed it (every second
+    here), with UTC ticks; the job held by a worker is listed with that worker, its lease and
+    its ttr end, and the worker's link leads to the workers holding the queue's jobs."""
+    q = "daily"
+    for _ in range(4):
+        assert api.put(f"/api/{NS}/{q}", content=b"x").status_code == 201
+    first, second = api.get(f"/api/{NS}/{q}", params={"ttr": 60, "count": 2}).json()
+    assert api.delete(f"/api/{NS}/{q}/job/{first['job_id']}").status_code == 204
+    now = int(datetime.now(timezone.utc).timestamp() * 1000)
+    held = [{"queue": q, "job_id": second["job_id"], "started_ms": now - 3_000}]
+    info = {"host": "web-9", "pid": 99, "queues": [q], "concurrency": 2, "in_flight": held}
+    assert api.put(f"/api/{NS}/_workers/web-9-99", json=info).status_code == 200
+    page = Page(browser, own_service.admin)
+
+    def shows_the_work() -> bool:
+        page.open(f"/queue/{NS}/{q}")  # the fragment reloads once a minute: the page, sooner
+        page.wait(lambda: page.all("#h-published"), "the history panel")
+        return page.find("#h-published").text == "4" and page.find("#h-acked").text == "1"
+
+    page.wait(shows_the_work, "the work in the 24-h charts")
+    assert page.find("#h-delivered").text == "2"
+    assert page.find("#history-rates polyline.h-pub").get_attribute("points")
+    ticks = [t.text for t in page.all("#history-rates text.tick[data-tick-ms]")]
+    assert ticks and all(re.fullmatch(r"\d\d:00 UTC", t) for t in ticks), ticks
+    row = page.find(f'#in-flight tr[data-job-id="{second["job_id"]}"]')
+    assert row.get_attribute("data-worker") == "web-9-99"
+    assert second["lease"] in row.text and "UTC" in row.text
+    page.d.execute_script("arguments[0].scrollIntoView()", page.find("#in-flight"))
+    shot(browser, "queue-in-flight")
+    page.d.execute_script("arguments[0].scrollIntoView()", page.find("#history"))
+    shot(browser, "queue-history-24h")
+    row.find_element(By.CSS_SELECTOR, "td:nth-child(2) a").click()
+    page.wait(lambda: page.all('tr[data-worker="web-9-99"]'), "the worker holding it")
+    assert "q=daily" in browser.current_url
+    shot(browser, "in-flight-worker")
+    api.delete(f"/api/{NS}/_workers/web-9-99")
+    api.delete(f"/api/{NS}/{q}/job/{second['job_id']}")
