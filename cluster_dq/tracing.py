@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Protocol
@@ -134,7 +134,7 @@ class Traced:
             self.span.record_exception(exc)
         self.span.set_status(StatusCode.ERROR)
 
-    def headers(self, headers: MutableMapping[str, str]) -> MutableMapping[str, str]:
+    def headers(self, headers: dict[str, str]) -> dict[str, str]:
         """``headers`` with this span's context (the process's propagator: ``traceparent``)."""
         propagate.inject(headers, trace.set_span_in_context(self.span))
         return headers
@@ -188,7 +188,7 @@ class _Off:
     def failed(self, error_type: str, exc: BaseException | None = None) -> None:
         return None
 
-    def headers(self, headers: MutableMapping[str, str]) -> MutableMapping[str, str]:
+    def headers(self, headers: dict[str, str]) -> dict[str, str]:
         return headers
 
     def carry(self, attributes: Mapping[str, str] | None) -> Mapping[str, str] | None:

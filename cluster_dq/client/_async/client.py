@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import httpx
 from tenacity import AsyncRetrying
 
+from cluster_dq import tracing
 from cluster_dq.client import _control as c
 from cluster_dq.client import _verbs as v
 from cluster_dq.client import _workers as w
@@ -127,8 +128,8 @@ class AsyncClient(_Shell):
         backoff: Backoff | None = None,
         priority: int | None = None,
     ) -> str:
-        return await self._send(
-            v.publish(
+        with tracing.client_span("send", "publish", self.url, self.namespace, queue) as span:
+            call = v.publish(
                 self.namespace,
                 queue,
                 body,
@@ -136,11 +137,13 @@ class AsyncClient(_Shell):
                 ttl=ttl,
                 tries=tries,
                 job_id=job_id,
-                attributes=attributes,
+                attributes=span.carry(attributes),  # the job's creation context: this span
                 backoff=backoff,
                 priority=priority,
             )
-        )
+            done = await self._send(v.traced(call, span))
+            span.message(done)
+            return done
 
     async def publish_many(
         self,
@@ -151,9 +154,19 @@ class AsyncClient(_Shell):
         ttl: float | None = None,
         tries: int | None = None,
     ) -> list[str]:
-        return await self._send(
-            v.publish_many(self.namespace, queue, bodies, delay=delay, ttl=ttl, tries=tries)
-        )
+        with tracing.client_span("send", "publish", self.url, self.namespace, queue) as span:
+            call = v.publish_many(
+                self.namespace,
+                queue,
+                bodies,
+                delay=delay,
+                ttl=ttl,
+                tries=tries,
+                attributes=span.carry(None),
+            )
+            done = await self._send(v.traced(call, span))
+            span.set(tracing.BATCH_COUNT, len(done))
+            return done
 
     async def republish(
         self,
@@ -183,7 +196,11 @@ class AsyncClient(_Shell):
     async def consume(
         self, queues: str | Sequence[str], *, ttr: float | None = None, timeout: float = 0.0
     ) -> Job | None:
-        return await self._send(v.consume(self.namespace, queues, ttr=ttr, timeout=timeout))
+        with tracing.client_span("receive", "consume", self.url, self.namespace, queues) as span:
+            call = v.consume(self.namespace, queues, ttr=ttr, timeout=timeout)
+            job = await self._send(v.traced(call, span))
+            span.jobs([job] if job else [], batch=False)
+            return job
 
     async def consume_many(
         self,
@@ -193,17 +210,26 @@ class AsyncClient(_Shell):
         ttr: float | None = None,
         timeout: float = 0.0,
     ) -> list[Job]:
-        return await self._send(
-            v.consume_many(self.namespace, queues, count, ttr=ttr, timeout=timeout)
-        )
+        with tracing.client_span("receive", "consume", self.url, self.namespace, queues) as span:
+            call = v.consume_many(self.namespace, queues, count, ttr=ttr, timeout=timeout)
+            jobs = await self._send(v.traced(call, span))
+            span.jobs(jobs, batch=True)
+            return jobs
 
     async def ack(
         self, queue: str, job_id: str, *, lease: str | None = None, result: Any = None
     ) -> None:
-        return await self._send(v.ack(self.namespace, queue, job_id, lease=lease, result=result))
+        ns = self.namespace
+        with tracing.client_span("settle", "ack", self.url, ns, queue, job_id=job_id) as span:
+            call = v.ack(ns, queue, job_id, lease=lease, result=result)
+            return await self._send(v.traced(call, span))
 
     async def ack_many(self, queue: str, jobs: Iterable[Job | tuple[str, str | None]]) -> None:
-        return await self._send(v.ack_many(self.namespace, queue, jobs))
+        jobs = list(jobs)
+        with tracing.client_span(
+            "settle", "ack", self.url, self.namespace, queue, count=len(jobs), jobs=jobs
+        ) as span:
+            return await self._send(v.traced(v.ack_many(self.namespace, queue, jobs), span))
 
     async def touch(
         self, queue: str, job_id: str, *, lease: str | None = None, ttr: float | None = None
@@ -223,7 +249,10 @@ class AsyncClient(_Shell):
         call = v.release(
             self.namespace, queue, job_id, lease=lease, delay=delay, error=error, keep_try=keep_try
         )
-        return await self._send(call)
+        name = "snooze" if keep_try else "release"
+        ns = self.namespace
+        with tracing.client_span("settle", name, self.url, ns, queue, job_id=job_id) as span:
+            return await self._send(v.traced(call, span))
 
     async def progress(
         self, queue: str, job_id: str, value: Any, *, lease: str | None = None
@@ -233,7 +262,10 @@ class AsyncClient(_Shell):
     async def bury(
         self, queue: str, job_id: str, *, reason: str | None = None, lease: str | None = None
     ) -> Job:
-        return await self._send(v.bury(self.namespace, queue, job_id, reason=reason, lease=lease))
+        call = v.bury(self.namespace, queue, job_id, reason=reason, lease=lease)
+        ns = self.namespace
+        with tracing.client_span("settle", "bury", self.url, ns, queue, job_id=job_id) as span:
+            return await self._send(v.traced(call, span))
 
     async def kick(
         self,

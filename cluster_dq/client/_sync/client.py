@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import httpx
 from tenacity import Retrying
 
+from cluster_dq import tracing
 from cluster_dq.client import _control as c
 from cluster_dq.client import _verbs as v
 from cluster_dq.client import _workers as w
@@ -129,8 +130,8 @@ class Client(_Shell):
         backoff: Backoff | None = None,
         priority: int | None = None,
     ) -> str:
-        return self._send(
-            v.publish(
+        with tracing.client_span("send", "publish", self.url, self.namespace, queue) as span:
+            call = v.publish(
                 self.namespace,
                 queue,
                 body,
@@ -138,11 +139,13 @@ class Client(_Shell):
                 ttl=ttl,
                 tries=tries,
                 job_id=job_id,
-                attributes=attributes,
+                attributes=span.carry(attributes),  # the job's creation context: this span
                 backoff=backoff,
                 priority=priority,
             )
-        )
+            done = self._send(v.traced(call, span))
+            span.message(done)
+            return done
 
     def publish_many(
         self,
@@ -153,9 +156,19 @@ class Client(_Shell):
         ttl: float | None = None,
         tries: int | None = None,
     ) -> list[str]:
-        return self._send(
-            v.publish_many(self.namespace, queue, bodies, delay=delay, ttl=ttl, tries=tries)
-        )
+        with tracing.client_span("send", "publish", self.url, self.namespace, queue) as span:
+            call = v.publish_many(
+                self.namespace,
+                queue,
+                bodies,
+                delay=delay,
+                ttl=ttl,
+                tries=tries,
+                attributes=span.carry(None),
+            )
+            done = self._send(v.traced(call, span))
+            span.set(tracing.BATCH_COUNT, len(done))
+            return done
 
     def republish(
         self,
@@ -185,7 +198,11 @@ class Client(_Shell):
     def consume(
         self, queues: str | Sequence[str], *, ttr: float | None = None, timeout: float = 0.0
     ) -> Job | None:
-        return self._send(v.consume(self.namespace, queues, ttr=ttr, timeout=timeout))
+        with tracing.client_span("receive", "consume", self.url, self.namespace, queues) as span:
+            call = v.consume(self.namespace, queues, ttr=ttr, timeout=timeout)
+            job = self._send(v.traced(call, span))
+            span.jobs([job] if job else [], batch=False)
+            return job
 
     def consume_many(
         self,
@@ -195,13 +212,24 @@ class Client(_Shell):
         ttr: float | None = None,
         timeout: float = 0.0,
     ) -> list[Job]:
-        return self._send(v.consume_many(self.namespace, queues, count, ttr=ttr, timeout=timeout))
+        with tracing.client_span("receive", "consume", self.url, self.namespace, queues) as span:
+            call = v.consume_many(self.namespace, queues, count, ttr=ttr, timeout=timeout)
+            jobs = self._send(v.traced(call, span))
+            span.jobs(jobs, batch=True)
+            return jobs
 
     def ack(self, queue: str, job_id: str, *, lease: str | None = None, result: Any = None) -> None:
-        return self._send(v.ack(self.namespace, queue, job_id, lease=lease, result=result))
+        ns = self.namespace
+        with tracing.client_span("settle", "ack", self.url, ns, queue, job_id=job_id) as span:
+            call = v.ack(ns, queue, job_id, lease=lease, result=result)
+            return self._send(v.traced(call, span))
 
     def ack_many(self, queue: str, jobs: Iterable[Job | tuple[str, str | None]]) -> None:
-        return self._send(v.ack_many(self.namespace, queue, jobs))
+        jobs = list(jobs)
+        with tracing.client_span(
+            "settle", "ack", self.url, self.namespace, queue, count=len(jobs), jobs=jobs
+        ) as span:
+            return self._send(v.traced(v.ack_many(self.namespace, queue, jobs), span))
 
     def touch(
         self, queue: str, job_id: str, *, lease: str | None = None, ttr: float | None = None
@@ -221,7 +249,10 @@ class Client(_Shell):
         call = v.release(
             self.namespace, queue, job_id, lease=lease, delay=delay, error=error, keep_try=keep_try
         )
-        return self._send(call)
+        name = "snooze" if keep_try else "release"
+        ns = self.namespace
+        with tracing.client_span("settle", name, self.url, ns, queue, job_id=job_id) as span:
+            return self._send(v.traced(call, span))
 
     def progress(self, queue: str, job_id: str, value: Any, *, lease: str | None = None) -> None:
         return self._send(v.progress(self.namespace, queue, job_id, value, lease=lease))
@@ -229,7 +260,10 @@ class Client(_Shell):
     def bury(
         self, queue: str, job_id: str, *, reason: str | None = None, lease: str | None = None
     ) -> Job:
-        return self._send(v.bury(self.namespace, queue, job_id, reason=reason, lease=lease))
+        call = v.bury(self.namespace, queue, job_id, reason=reason, lease=lease)
+        ns = self.namespace
+        with tracing.client_span("settle", "bury", self.url, ns, queue, job_id=job_id) as span:
+            return self._send(v.traced(call, span))
 
     def kick(
         self,
