@@ -10,7 +10,7 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from cluster_dq.client._runner import DaemonThreads
+from cluster_dq.client._runner import Pool
 from cluster_dq.client.models import Job
 from cluster_dq.client.outcomes import TimeLimitExceeded, seconds_text
 
@@ -40,11 +40,12 @@ def job_limit(job: Job, worker_limit: float | None) -> float | None:
 
 
 async def call_handler(
-    handler: Handler, job: Job, executor: DaemonThreads | None, limit: float | None
+    handler: Handler, job: Job, executor: Pool | None, limit: float | None
 ) -> Any:
     """``handler(job)``: awaited on the loop when ``executor`` is None, else in one of its
-    threads; past ``limit`` seconds, ``TimeLimitExceeded`` (an async handler cancelled, a
-    sync one abandoned in its thread, which the executor replaces)."""
+    threads or processes; past ``limit`` seconds, ``TimeLimitExceeded`` (an async handler
+    cancelled, a sync one abandoned in its thread, which the executor replaces, or its
+    process killed)."""
     if executor is None:
         if limit is None:
             return await handler(job)
@@ -67,6 +68,15 @@ async def call_handler(
     if done:
         return done.pop().result()
     waiting.add_done_callback(_ignored)  # what it ends with is no one's: not "never retrieved"
+    if executor.stops_abandoned and executor.abandon(running):
+        log.error(
+            "job %s of %s: its handler still ran at the time limit of %s s: its process was "
+            "killed and is replaced",
+            job.id,
+            job.queue,
+            seconds_text(limit),
+        )
+        raise TimeLimitExceeded(limit)
     if executor.abandon(running):
         what = f"left to finish in its thread ({executor.abandoned()} such now)"
     else:

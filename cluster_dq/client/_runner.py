@@ -12,7 +12,7 @@ import queue
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 log = logging.getLogger("cluster_dq.worker")
 P = ParamSpec("P")
@@ -25,10 +25,25 @@ abandoned: list[asyncio.Task[Any]] = []  # tasks still running when their loop w
 _Call = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
+class Pool(Protocol):
+    """Where sync handlers run (``DaemonThreads``, ``_processes.ProcessPool``).
+    ``stops_abandoned``: whether an abandoned call is stopped (its process killed) rather than
+    left to run."""
+
+    stops_abandoned: bool
+
+    def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]: ...
+    def abandon(self, future: Future[Any]) -> bool: ...
+    def abandoned(self) -> int: ...
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None: ...
+
+
 class DaemonThreads(Executor):
     """Up to ``size`` daemon threads named ``prefix-N``, started when needed, running the
     calls submitted in order. A call still running after ``shutdown`` keeps its thread until
     it returns; that thread does not hold the interpreter at exit."""
+
+    stops_abandoned = False
 
     def __init__(self, size: int, prefix: str) -> None:
         self._size, self._prefix = size, prefix

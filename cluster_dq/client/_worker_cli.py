@@ -41,6 +41,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-timeout", type=float, default=5.0, help="long-poll seconds")
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
     p.add_argument("--time-limit", type=float, help="seconds a handler may run on one job")
+    p.add_argument(
+        "--isolation",
+        choices=("thread", "process"),
+        default="thread",
+        help="where a sync handler runs: a thread, or a child process",
+    )
+    p.add_argument("--max-tasks-per-child", type=int, help="jobs before a child is replaced")
+    p.add_argument(
+        "--max-memory-per-child", type=int, help="MiB of peak memory before a child is replaced"
+    )
     p.add_argument("--bury-on", action="append", default=[], help="module:ExceptionClass")
     p.add_argument(
         "--middleware", action="append", default=[], help="module:callable; repeat: outermost first"
@@ -64,6 +74,9 @@ def worker_options(args: argparse.Namespace) -> dict[str, Any]:
         "poll_timeout": args.poll_timeout,
         "shutdown_timeout": args.shutdown_timeout,
         "time_limit": args.time_limit,
+        "isolation": args.isolation,
+        "max_tasks_per_child": args.max_tasks_per_child,
+        "max_memory_per_child": args.max_memory_per_child,
         "bury_on": tuple(_find(t) for t in args.bury_on),
         "middleware": [_find(m) for m in args.middleware],
         "on_startup": _find(args.on_startup) if args.on_startup else None,

@@ -31,7 +31,8 @@ from cluster_dq.client._announce import Announcer
 from cluster_dq.client._worker_cli import parser, worker_options
 from cluster_dq.client._call import Middleware, Next, call_handler, chain, job_limit, run_hook
 from cluster_dq.client._iterform import GIVE_BACK, Delivery, IteratorForm
-from cluster_dq.client._runner import DaemonThreads, run_loop
+from cluster_dq.client._processes import Isolation
+from cluster_dq.client._runner import Pool, run_loop
 from cluster_dq.client._async.client import AsyncClient
 from cluster_dq.client._send import renew, send_outcome
 from cluster_dq.client.errors import DQError, QueueFull, RateLimited, TransportError, Unavailable
@@ -83,8 +84,11 @@ class Worker(IteratorForm):
     jobs back; ``results``: a handler's return value is the ack's result (False: ignored);
     ``time_limit``: seconds a handler may run (None: no limit); a job may ask for less with
     its attribute ``time_limit`` (seconds), never more. At the limit the handler is cancelled
-    (async) or abandoned in its thread (sync) and the job released with the error
-    ``TimeLimitExceeded``; ``middleware``: ``async def mw(job, call_next)`` each, around every
+    (async), abandoned in its thread (sync) or its process killed, and the job released with
+    the error ``TimeLimitExceeded``; ``isolation``: ``"process"`` runs a sync handler in a
+    pool of ``concurrency`` child processes, each replaced after ``max_tasks_per_child`` jobs,
+    once its peak memory passed ``max_memory_per_child`` MiB, or when it dies (its job
+    released with ``ChildDied``); ``middleware``: ``async def mw(job, call_next)`` each, around every
     handler call (the first outermost); ``on_startup`` / ``on_shutdown``: called with the worker
     (awaited when async) before the first consume and once the last job is settled;
     ``announce``: the worker says who it is and what it holds every 10 s (``workers()``);
@@ -108,6 +112,9 @@ class Worker(IteratorForm):
         heartbeat: bool = True,
         results: bool = True,
         time_limit: float | None = None,
+        isolation: str = "thread",
+        max_tasks_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
         middleware: Sequence[Middleware] = (),
         on_startup: Callable[[Worker], Any] | None = None,
         on_shutdown: Callable[[Worker], Any] | None = None,
@@ -135,6 +142,7 @@ class Worker(IteratorForm):
         self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
         self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
         self.results, self.time_limit = results, time_limit
+        self.isolation = Isolation(isolation, max_tasks_per_child, max_memory_per_child)
         if not all(_is_async(mw) for mw in middleware):
             raise ValueError("middleware: async def mw(job, call_next) each")
         self.middleware = list(middleware)
@@ -162,7 +170,7 @@ class Worker(IteratorForm):
         self._tasks: list[asyncio.Task[None]] = []
         self._fetchers: list[asyncio.Task[None]] = []
         self._asked = 0  # slots promised to the consumes in flight
-        self._executor: DaemonThreads | None = None
+        self._executor: Pool | None = None
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
         self._closing: asyncio.Task[None] | None = None
@@ -184,10 +192,9 @@ class Worker(IteratorForm):
         that was stopped stays stopped."""
         if self._tasks or self._closing is not None:
             return
-        if self._handler is not None and not self._async:
-            self._executor = DaemonThreads(self.concurrency, "dq-worker")
         if self._handler is not None:
             handler = self._handler
+            self._executor = self.isolation.pool(self.concurrency, handler, self._async)
             # (tracing's process span outermost: the middleware's own spans are its children)
             outer = [*tracing.middleware(), *self.middleware]
             self._chained = chain(outer, lambda job: self._call(handler, job))

@@ -1,0 +1,33 @@
+"""Handlers for ``Worker(isolation="process")`` tests: module-level, so a child process
+imports them by name. Each job's body is JSON ``{"do": ..., "dir": ...}``; every call writes
+``<dir>/<job id>.<delivery>`` holding the pid of the process that ran it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from cluster_dq.client import Job
+
+_held: list[bytearray] = []  # what "grow" keeps: the child's memory stays high
+
+
+def act(job: Job) -> str:
+    body = job.json()
+    Path(body["dir"], f"{job.id}.{job.deliveries}").write_text(str(os.getpid()))
+    do = body["do"]
+    if do == "grow":
+        _held.append(bytearray(256 << 20))  # touched: resident, not only reserved
+    elif do == "crash-once" and job.deliveries == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif do == "exit-once" and job.deliveries == 1:
+        os._exit(3)
+    elif do == "hang":
+        time.sleep(60)
+    elif do == "boom":
+        raise ValueError("boom in a child")
+    elif do == "unpicklable":
+        return lambda: None  # type: ignore[return-value]
+    return "done"
