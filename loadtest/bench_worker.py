@@ -5,6 +5,9 @@ service, Redis and the worker process.
 
     python loadtest/bench_worker.py                          # 200,000 jobs
     python loadtest/bench_worker.py --jobs 50000 --seconds 5 # stops after 5 s of work
+    python loadtest/bench_worker.py --batch 1 --ack-batch 1 --consumers 1 --concurrency 1
+                                            # one job per consume, one ack per job
+    python loadtest/bench_worker.py --middleware 3           # 3 no-op middleware per job
 
 Figures only; nothing is asserted. Everything shares the machine's cores.
 """
@@ -17,6 +20,7 @@ import cProfile
 import os
 import pstats
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psutil
@@ -67,6 +71,9 @@ async def bench(
         async def noop(job: Job) -> None:
             return None
 
+        async def passing(job: Job, call_next: Callable[[Job], Awaitable[Any]]) -> Any:
+            return await call_next(job)
+
         calls = {"consume": 0, "ack": 0}
         consume_many, ack_many = client.consume_many, client.ack_many
 
@@ -85,11 +92,12 @@ async def bench(
             QUEUE,
             noop,
             concurrency=a.concurrency,
-            batch=100,
+            batch=a.batch,
             consumers=a.consumers,
             ack_batch=a.ack_batch,
             poll_timeout=1.0,
             heartbeat=False,
+            middleware=[passing] * a.middleware,
         )
         profile = cProfile.Profile() if a.profile else None
         before = cpu(service), cpu([redis]), time.process_time()
@@ -114,8 +122,8 @@ async def bench(
         f"each), {calls['ack']:,} batch acks ({done / max(calls['ack'], 1):.0f} jobs each)"
     )
     print(
-        f"worker (concurrency {a.concurrency}, {a.consumers} consume(s) of 100 in flight, acks of "
-        f"{a.ack_batch}): {done} acked in "
+        f"worker (concurrency {a.concurrency}, {a.consumers} consume(s) of {a.batch} in flight, "
+        f"acks of {a.ack_batch}, {a.middleware} middleware): {done} acked in "
         f"{took:.2f} s: {done / took:,.0f} jobs/s"
     )
     print(
@@ -133,6 +141,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=300)
     ap.add_argument("--service-workers", type=int, default=1)
     ap.add_argument("--consumers", type=int, default=3, help="consumes in flight at once")
+    ap.add_argument("--batch", type=int, default=100, help="jobs per consume (1..100)")
+    ap.add_argument("--middleware", type=int, default=0, help="no-op middleware around each job")
     ap.add_argument("--ack-batch", type=int, default=300, help="acks per batch ack request")
     ap.add_argument("--profile", action="store_true", help="cProfile the worker phase")
     a = ap.parse_args()

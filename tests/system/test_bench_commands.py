@@ -88,8 +88,8 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         r"in flight +cluster_dq +httpx +aiohttp[\s\S]* 4 +\d+ +\d+ +\d+ +[\d.]+",
     ),
     "bench_worker.py": (
-        ["--jobs", "2000"],
-        r"worker \(concurrency \d+.*\): 2000 acked in .* jobs/s",
+        ["--jobs", "2000", "--batch", "10", "--middleware", "2"],
+        r"worker \(concurrency \d+, 3 consume\(s\) of 10 .*, 2 middleware\): 2000 acked in .* jobs/s",
     ),
     "drill.py": (
         ["service-leader", "--rate", "50", "--seconds", "2", "--backlog", "200", "--queues", "2"]
