@@ -127,8 +127,8 @@ async def bench(
         f"{took:.2f} s: {done / took:,.0f} jobs/s"
     )
     print(
-        f"CPU seconds per 1,000 jobs: service {per_k[0]:.3f}, redis {per_k[1]:.3f}, "
-        f"worker {per_k[2]:.3f} ({os.cpu_count()} cores)"
+        f"CPU seconds per 1,000 jobs: service {per_k[0]:.4f}, redis {per_k[1]:.4f}, "
+        f"worker {per_k[2]:.4f} ({os.cpu_count()} cores)"
     )
 
 
