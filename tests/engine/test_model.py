@@ -58,7 +58,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from cluster_dq.backoff import Backoff
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.commands import EngineConfig, Eval
-from cluster_dq.engine.control import FOREVER_MS, DeadFilter
+from cluster_dq.engine.control import FOREVER_MS, DeadFilter, widen_wheel
 from cluster_dq.errors import (
     BadRequest,
     Conflict,
@@ -937,6 +937,17 @@ class EngineModel(RuleBasedStateMachine):
         # the buckets opened are still those picked by t0 (the ZRANGE is the op's, unstamped).
         later = self.stamps(t0, ("ZCARD", "open_buckets", "promote_due"))[0]
         self.each([later], lambda m, now: tick_at(m, q, t0, now))
+
+    @rule(q=st.sampled_from(QUEUES))
+    def widen(self, q: str) -> None:
+        """``cluster-dq wheel widen``: the queue's short wheel entries rewritten whole, as a
+        version without short entries wrote them. Nothing a client sees may change, and the
+        publishes after it write short entries beside whole ones: the observations check."""
+        self.net.start_request()
+        self.pending = True
+        STATS["op widen"] += 1
+        cfg = self.pool.engine.config
+        STATS["widened"] += self.run(self.pool.engine.run(widen_wheel(cfg, NS, q), idempotent=True))
 
     @rule(q=st.sampled_from(QUEUES))
     def destroy(self, q: str) -> None:
