@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from cluster_dq.client._runner import DaemonThreads, Pool
+from cluster_dq.client._runner import DaemonThreads, Pool, cancel_waiting
 
 log = logging.getLogger("cluster_dq.worker")
 STOP_GRACE = 5.0  # seconds a retiring child gets to end on its own before it is killed
@@ -237,13 +237,7 @@ class ProcessPool(Executor):
         with self._lock:
             self._closed = True
             if cancel_futures:
-                while True:
-                    try:
-                        call = self._work.get_nowait()
-                    except queue.Empty:
-                        break
-                    if call is not None:
-                        call[0].cancel()
+                cancel_waiting(self._work)
                 for child in self._running.values():
                     child.kill()
             for _ in self._threads:

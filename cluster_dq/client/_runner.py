@@ -121,18 +121,23 @@ class DaemonThreads(Executor):
         with self._lock:
             self._closed = True
             if cancel_futures:
-                while True:
-                    try:
-                        call = self._work.get_nowait()
-                    except queue.Empty:
-                        break
-                    if call is not None:
-                        call[0].cancel()
+                cancel_waiting(self._work)
             for _ in self._threads:
                 self._work.put(None)
         if wait:
             for thread in self._threads:
                 thread.join()
+
+
+def cancel_waiting(work: queue.SimpleQueue[Any]) -> None:
+    """Cancels the calls still waiting in a pool's queue (each a tuple, its future first)."""
+    while True:
+        try:
+            call = work.get_nowait()
+        except queue.Empty:
+            return
+        if call is not None:
+            call[0].cancel()
 
 
 def run_loop(

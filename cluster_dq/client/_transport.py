@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
@@ -153,6 +154,12 @@ def transport_error(exc: Exception) -> TransportError:
     return TransportError(f"{type(exc).__name__}: {exc}", sent=not unsent)
 
 
+def _httpx_args(
+    params: Params, headers: Mapping[str, str], content: bytes | None, timeout: float | None
+) -> dict[str, Any]:
+    return {"params": tuple(params), "headers": headers, "content": content, "timeout": timeout}
+
+
 def _limits(max_connections: int) -> httpx.Limits:
     return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
 
@@ -188,12 +195,7 @@ class HttpxAsyncSender:
         self._loop = same_loop(self._loop)
         try:
             r = await self._http.request(
-                method,
-                path,
-                params=tuple(params),
-                headers=headers,
-                content=content,
-                timeout=timeout,
+                method, path, **_httpx_args(params, headers, content, timeout)
             )
         except httpx.TransportError as e:
             raise transport_error(e) from e
@@ -231,14 +233,7 @@ class HttpxSender:
         timeout: float | None,
     ) -> Reply:
         try:
-            r = self._http.request(
-                method,
-                path,
-                params=tuple(params),
-                headers=headers,
-                content=content,
-                timeout=timeout,
-            )
+            r = self._http.request(method, path, **_httpx_args(params, headers, content, timeout))
         except httpx.TransportError as e:
             raise transport_error(e) from e
         return Reply(r.status_code, r.headers, r.content)
