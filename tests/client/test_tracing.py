@@ -314,3 +314,44 @@ def test_enabling_tracing_names_what_is_missing() -> None:
     env["OTEL_TRACES_EXPORTER"] = "console,no-such-exporter"
     with pytest.raises(ConfigError, match="OTEL_TRACES_EXPORTER=no-such-exporter"):
         load(None, env)
+
+
+async def test_a_bulk_publish_carries_its_send_span_into_every_job(
+    spans: InMemorySpanExporter, client: AsyncClient
+) -> None:
+    """``publish_many``: one send span, its context in each job's attributes; a job already
+    at the attribute limit gets none (the service would refuse a 17th) and is published all
+    the same."""
+    ids = await client.publish_many("orders", ['"a"', '"b"', '"c"'])
+    send = _one(list(spans.get_finished_spans()), f"send {NS}/orders", SpanKind.PRODUCER)
+    assert (send.attributes or {})["messaging.batch.message_count"] == 3
+    jobs = await client.consume_many("orders", 3, timeout=5)
+    assert sorted(j.id for j in jobs) == sorted(ids)
+    assert {j.id: j.attributes for j in jobs} == {
+        i: {"traceparent": _traceparent(send)} for i in ids
+    }
+    full = {f"k{i}": "v" for i in range(16)}
+    jid = await client.publish("orders", "full", attributes=full)
+    job = await client.get_job("orders", jid)
+    assert job is not None and job.attributes == full
+
+
+async def test_the_blocking_client_makes_the_same_spans(
+    spans: InMemorySpanExporter, traced_service: tuple[str, str]
+) -> None:
+    """The blocking client is generated from the asyncio one: its publish is a send span
+    whose context rides in the job, its consume a receive span linked to it."""
+    from cluster_dq.client import Client
+
+    def work() -> list[Job]:
+        with Client(traced_service[0], traced_service[1], NS) as c:
+            c.publish("orders", "sync")
+            return c.consume_many("orders", 1, timeout=5)
+
+    jobs = await asyncio.to_thread(work)  # (the service serves on this test's event loop)
+    got = list(spans.get_finished_spans())
+    send = _one(got, f"send {NS}/orders", SpanKind.PRODUCER)
+    assert [j.attributes for j in jobs] == [{"traceparent": _traceparent(send)}]
+    receive = _one(got, f"receive {NS}/orders", SpanKind.CLIENT)
+    assert _linked(receive, send)
+    assert _child(_one(got, f"send {NS}/orders", SpanKind.SERVER), send)
