@@ -7,6 +7,7 @@ HTTP status table (``http/errors.py``) maps each class to a status code.
     ├── NotFound              job, queue head, pool
     ├── Conflict              a lease that no longer holds its job (nothing changed)
     ├── WrongState            the job's state forbids the operation (nothing changed)
+    ├── IdempotencyMismatch   an Idempotency-Key repeated with another request (nothing written)
     ├── Contended             others kept changing it meanwhile; nothing changed, try again
     ├── Unauthorized
     ├── Forbidden             refused whoever asks: a cross-site request, a read-only port
@@ -84,6 +85,18 @@ class WrongState(ClusterDQError):
         super().__init__(
             f"cannot {operation} job {job_id}: it is {state or 'in no state'}, "
             f"{operation} needs {allowed}; nothing was changed"
+        )
+
+
+class IdempotencyMismatch(ClusterDQError):
+    """An Idempotency-Key repeated with another request (its query or body differ) within its
+    window: refused (HTTP 422), nothing written; the first request's answer stands."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(
+            f"Idempotency-Key {key!r} was used with another request (its query or body differ); "
+            "nothing was written"
         )
 
 

@@ -104,6 +104,19 @@ class QueueKeys:
         return self._k("results_due")
 
     @property
+    def keyed(self) -> str:
+        """HASH ``t:<dedup key>`` -> a throttle window, ``i:<idempotency key>`` -> a request's
+        answer (lua/publish_keyed.lua), each kept until its time; not a fixed key: only
+        publish_keyed and destroy get it."""
+        return self._k("keyed")
+
+    @property
+    def keyed_due(self) -> str:
+        """ZSET the fields of ``keyed`` -> until when each is kept (trimmed a bounded number per
+        keyed publish); both keys expire after the last."""
+        return self._k("keyed_due")
+
+    @property
     def schedules(self) -> str:
         """HASH of the queue's recurring jobs: ``d:<name>`` definition, ``s:<name>`` state."""
         return self._k("schedules")

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -444,3 +445,48 @@ def check_names(ns: str, q: str | None = None) -> None:
     problem = names.queue(q) if q is not None else None
     if problem:
         raise BadRequest(problem, "queue")
+
+
+@dataclass(frozen=True, slots=True)
+class Dedup:
+    """A publish's dedup key (one job; docs/api.md): ``simple`` while the job it made exists
+    and is not dead, ``throttle`` for ``ttl_ms`` after it, ``debounce`` replacing that job
+    while it waits."""
+
+    key: str
+    mode: str = "simple"  # names.DEDUP_MODES
+    ttl_ms: int = 0  # throttle's window (required there, refused elsewhere)
+
+
+@dataclass(frozen=True, slots=True)
+class Idempotency:
+    """A request's Idempotency-Key and its fingerprint (16 bytes naming the request)."""
+
+    key: str
+    fingerprint: bytes
+
+
+def validate_keys(specs: Sequence[JobSpec], dedup: Dedup | None, idem: Idempotency | None) -> None:
+    """Refuses a dedup key or an Idempotency-Key the service cannot take, naming it."""
+    if dedup is not None:
+        problem = names.dedup_key(dedup.key)
+        if problem:
+            raise BadRequest(problem, "dedup_key")
+        if dedup.mode not in names.DEDUP_MODES:
+            raise BadRequest("invalid dedup_mode: simple, throttle or debounce", "dedup_mode")
+        if dedup.mode == "throttle":
+            if not 0 < dedup.ttl_ms <= names.MAX_DEDUP_TTL_MS:
+                raise BadRequest(
+                    f"invalid dedup_ttl: throttle needs 1 to {names.MAX_DEDUP_TTL_MS} ms",
+                    "dedup_ttl",
+                )
+        elif dedup.ttl_ms:
+            raise BadRequest("dedup_ttl is for dedup_mode=throttle only", "dedup_ttl")
+        if len(specs) != 1:
+            raise BadRequest("dedup_key is for a one-job publish", "dedup_key")
+    if idem is not None:
+        problem = names.idempotency_key(idem.key)
+        if problem:
+            raise BadRequest(problem, "Idempotency-Key")
+        if len(idem.fingerprint) != 16:
+            raise BadRequest("invalid request fingerprint", "Idempotency-Key")

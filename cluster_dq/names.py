@@ -60,3 +60,22 @@ def token(raw: str) -> str | None:
     ):
         return "invalid token: [pool:]token, each 1 to 64 characters of [-_A-Za-z0-9]"
     return None
+
+
+# Deduplication on publish (``dedup_key``) and the ``Idempotency-Key`` header: docs/api.md
+DEDUP_KEY_RE = re.compile(r"\A[-_.:A-Za-z0-9]{1,128}\Z")
+DEDUP_MODES = ("simple", "throttle", "debounce")
+MAX_DEDUP_TTL_MS = 30 * 86_400_000  # a throttle window: at most 30 days
+IDEMPOTENCY_KEY_RE = re.compile(r"\A[\x21-\x7e]{1,255}\Z")  # visible ASCII, as Stripe's
+
+
+def dedup_key(key: str) -> str | None:
+    if not DEDUP_KEY_RE.fullmatch(key):
+        return "invalid dedup_key: 1-128 of [-_.:A-Za-z0-9]"
+    return None
+
+
+def idempotency_key(key: str) -> str | None:
+    if not IDEMPOTENCY_KEY_RE.fullmatch(key):
+        return "invalid Idempotency-Key: 1-255 visible ASCII characters"
+    return None

@@ -103,6 +103,9 @@ class Settings:
     AckedIdMemorySecond: int = 60
     # How long the result a consumer gave on ack stays visible (peek by id) after the ack.
     ResultSecond: int = 3600
+    # How long a publish's answer is kept under its Idempotency-Key: a repeat within it gets
+    # that answer and writes nothing (docs/api.md).
+    IdempotencyKeySecond: int = 86_400
     TokenCacheSecond: float = 2.0
     # How long an instance keeps a queue's default ttr and tries (its settings) before it reads
     # them again: a change made through another instance applies within this. 0: every request.
@@ -314,6 +317,7 @@ def _validate(s: Settings) -> None:
     _within("Shards", s.Shards, 1, 4096)
     _within("AckedIdMemorySecond", s.AckedIdMemorySecond, 0, 86_400)
     _within("ResultSecond", s.ResultSecond, 1, 604_800)
+    _within("IdempotencyKeySecond", s.IdempotencyKeySecond, 1, 604_800)
     if s.SizeIntervalSecond <= 0:
         raise ConfigError(f"SizeIntervalSecond: must be positive, got {s.SizeIntervalSecond}")
     _within("SizeIntervalSecond", s.SizeIntervalSecond, 0, 86_400)

@@ -6,15 +6,18 @@
   KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13] results: the results of acked jobs (HASH)
   KEYS[14] results_due: their keep-until times (ZSET)
-  KEYS[15..] buckets...: wheel buckets to delete
+  KEYS[15] keyed: throttle windows and Idempotency-Key answers (HASH)
+  KEYS[16] keyed_due: their keep-until times (ZSET)
+  KEYS[17..] buckets...: wheel buckets to delete
   ARGV[1] final: '1' for the final step
-  ARGV[2..] names...: the bucket names, in the order of KEYS[15..]
+  ARGV[2..] names...: the bucket names, in the order of KEYS[17..]
   Returns: {jobs deleted, 1 when the queue is gone else 0}
 ]]
 --@include lib/codes
 --@include lib/keys
 --@include lib/jobs
-local RESULTS, RESULTS_DUE, FIRST_BUCKET = KEYS[FIRST_EXTRA], KEYS[FIRST_EXTRA + 1], FIRST_EXTRA + 2
+local RESULTS, RESULTS_DUE, FIRST_BUCKET = KEYS[FIRST_EXTRA], KEYS[FIRST_EXTRA + 1], FIRST_EXTRA + 4
+local KEYED, KEYED_DUE = KEYS[FIRST_EXTRA + 2], KEYS[FIRST_EXTRA + 3]
 local deleted = 0
 for k = FIRST_BUCKET, #KEYS do
   local n = redis.call('HLEN', KEYS[k])
@@ -28,5 +31,5 @@ end
 if ARGV[1] ~= '1' or redis.call('ZCARD', WHEEL) > 0 then return {deleted, 0} end
 deleted = deleted + redis.call('HLEN', JOBS)
 redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES, NOTES,
-  RESULTS, RESULTS_DUE)
+  RESULTS, RESULTS_DUE, KEYED, KEYED_DUE)
 return {deleted, 1}

@@ -2,7 +2,8 @@
 written one module per concept:
 
 - ``steps.py``: steps and config;
-- ``publish.py``: publishing;
+- ``publish.py``: publishing; ``keyed.py``: publishing under a dedup key or an
+  Idempotency-Key;
 - ``delivery.py``: delivery;
 - ``lookups.py``: lookups;
 - ``queues.py``: queue-wide operations;
@@ -42,6 +43,8 @@ from cluster_dq.engine.publish import (
     BulkJob,
     publish_bulk,
 )
+from cluster_dq.engine.keyed import KeyedPublished, publish_keyed
+from cluster_dq.models import Dedup, Idempotency
 from cluster_dq.engine.delivery import (
     MAX_CONSUME,
     CONSUME_CALLS_PER_QUEUE,
@@ -111,6 +114,10 @@ __all__ = [
     "publish_many",
     "BulkJob",
     "publish_bulk",
+    "Dedup",
+    "Idempotency",
+    "KeyedPublished",
+    "publish_keyed",
     "MAX_CONSUME",
     "CONSUME_CALLS_PER_QUEUE",
     "consume",

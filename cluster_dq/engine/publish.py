@@ -117,7 +117,9 @@ def place_jobs(
     specs: Sequence[JobSpec],
     now: int,
     first_key: int = FIRST_EXTRA_KEY,
+    wheel_ok: bool = True,
 ) -> NewJobs:
+    """``wheel_ok`` False: no job rests in a wheel bucket (publish_keyed's jobs)."""
     out = NewJobs()
     heads, buckets, shorts = _Headers(now), _Buckets(out.buckets, first_key), _Shorts(now)
     for spec in specs:
@@ -143,7 +145,7 @@ def place_jobs(
         # A wheel bucket opens only as fast as consumers drain the ready set, and what is in it
         # is unknown until then: a job with a priority stays out, or it could wait behind a
         # backlog of lower-priority ready jobs although it is due.
-        far = start > now + cfg.open_lead_ms and spec.priority == 0
+        far = start > now + cfg.open_lead_ms and spec.priority == 0 and wheel_ok
         kidx, bname, wheel = 0, "", LOOK
         if has_fixed_server_id(spec):  # bulk scheduling: due and lane are in the id
             member = id_to_member(spec.job_id)  # type: ignore[arg-type]

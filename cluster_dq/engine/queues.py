@@ -34,6 +34,8 @@ def destroy(cfg: EngineConfig, ns: str, q: str) -> Op[int]:
             "queue": fixed_keys(qk),
             "results": qk.results,
             "results_due": qk.results_due,
+            "keyed": qk.keyed,
+            "keyed_due": qk.keyed_due,
             "buckets": [qk.bucket(b) for b in bnames],
         }
         reply = replies.decode_destroy((yield lua("destroy", keys, final=final, names=bnames)))

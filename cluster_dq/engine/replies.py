@@ -30,6 +30,8 @@ class ReplyCode(IntEnum):
     EXPIRED = 7  # its ttl ended: removed (release)
     OK = 8  # the check passed (a lease holds its job; a shard step's epoch is current)
     FULL = 9  # publish: the queue holds its max_size jobs; nothing written
+    EXISTING = 10  # publish_keyed: the dedup key's holder answered; nothing written
+    REPLACED = 11  # publish_keyed: the dedup key's waiting holder replaced (debounce)
     # why a lease does not hold its job; nothing changed
     LEASE_DELAYED = -1
     LEASE_READY = -2
@@ -43,6 +45,8 @@ class ReplyCode(IntEnum):
     FORBIDDEN = -8
     # reschedule: the new due time is at or past the job's ttl end; nothing changed
     TOO_LATE = -9
+    # publish_keyed: the Idempotency-Key came with another request; nothing written
+    MISMATCH = -10
 
 
 _CODES = {int(c): c for c in ReplyCode}  # a dict lookup: cheaper than ReplyCode(x)
@@ -390,3 +394,29 @@ def decode_leader(reply: Any) -> int:
 def decode_flag(reply: Any) -> bool:
     """signal."""
     return int(reply) == 1
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedReply:
+    """publish_keyed's reply (lua/publish_keyed.lua)."""
+
+    status: ReplyCode  # OK, FULL, FORBIDDEN (debounce: the holder's state in ``dedup``), MISMATCH
+    replayed: bool  # the Idempotency-Key's answer, kept from its first call
+    dedup: ReplyCode | None  # None (no key, or a new job holds it), EXISTING, REPLACED
+    lowered: bool
+    codes: tuple[ReplyCode, ...]  # per job: as publish's; the holder's state when EXISTING
+    members: tuple[bytes, ...]  # per job; the holder's when EXISTING or REPLACED
+
+
+def decode_keyed(reply: Sequence[Any]) -> KeyedReply:
+    status, replayed, dedup, lowered = (int(x) for x in reply[:4])
+    rest = reply[4:]
+    n = len(rest) // 2
+    return KeyedReply(
+        _CODES[status],
+        replayed == 1,
+        _CODES[dedup] if dedup else None,
+        lowered == 1,
+        codes(rest[:n]),
+        tuple(bytes(m) for m in rest[n:]),
+    )

@@ -82,6 +82,23 @@ SIGNATURES: dict[str, Signature] = {
             ),
         ),
         Signature(
+            "publish_keyed",
+            (QUEUE, "keyed", "keyed_due"),
+            (
+                "now",
+                "notify",
+                "remember_acked",
+                "dedup_key",
+                "dedup_mode",
+                "dedup_until",
+                "idem_key",
+                "fingerprint",
+                "idem_until",
+                "n",
+                "jobs...",
+            ),
+        ),
+        Signature(
             "republish",
             _QB,
             (
@@ -137,7 +154,9 @@ SIGNATURES: dict[str, Signature] = {
         Signature("respawn", _Q, ("now", "limit", "ttl", "notify")),
         Signature("delete_dead", _Q, ("limit",)),
         Signature(
-            "destroy", (QUEUE, "results", "results_due", "buckets..."), ("final", "names...")
+            "destroy",
+            (QUEUE, "results", "results_due", "keyed", "keyed_due", "buckets..."),
+            ("final", "names..."),
         ),
         Signature("peek", _Q, ("which",)),
         Signature("peek_job", (QUEUE, "bucket..."), ("member",)),

@@ -77,6 +77,7 @@ class MoveSink(Protocol):
 
 REMEMBER_ACKED_MS = 60_000
 KEEP_RESULT_MS = 3_600_000  # ResultSecond's default
+IDEMPOTENCY_MS = 86_400_000  # IdempotencyKeySecond's default
 FIRST_EXTRA_KEY = len(QueueKeys("n", "q").all_fixed()) + 1  # KEYS index of a script's own keys
 
 
@@ -97,6 +98,7 @@ class EngineConfig:
         REMEMBER_ACKED_MS  # a publish of an id acked this recently is a duplicate
     )
     keep_result_ms: int = KEEP_RESULT_MS  # how long a job's result outlives its ack
+    idempotency_ms: int = IDEMPOTENCY_MS  # how long a publish's answer is kept under its key
     retry_budget_s: float = BUDGET_S  # how long a failed step safe to repeat is repeated
     moves: MoveSink | None = None  # where consume and tick report the jobs they moved
     lane_hints: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -107,11 +109,12 @@ class EngineConfig:
     def from_settings(cls, settings: Settings) -> EngineConfig:
         """The deployment's settings that change where and how jobs are stored: a queue's shard
         (``Shards``), the memory of acked ids (``AckedIdMemorySecond``) and of results
-        (``ResultSecond``), and how long a failed step is repeated (``RetryBudgetSecond``)."""
+        (``ResultSecond``), of Idempotency-Keys (``IdempotencyKeySecond``), and how long a failed step is repeated (``RetryBudgetSecond``)."""
         return cls(
             shards=settings.Shards,
             remember_acked_ms=settings.AckedIdMemorySecond * 1000,
             keep_result_ms=settings.ResultSecond * 1000,
+            idempotency_ms=settings.IdempotencyKeySecond * 1000,
             retry_budget_s=settings.RetryBudgetSecond,
         )
 

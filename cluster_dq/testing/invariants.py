@@ -44,11 +44,15 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
         exp = int.from_bytes(rec[6:12], "big")
         if member not in zsets["dead"] and exp:
             assert member in expire, "a finite-ttl job is missing from the expire index"
+    _check_dedup_keys(notes, jobs)
     for field, note in notes.items():
-        # no NOTES field outlives its job: `<id>` (death, last error) and `p:<id>` (progress)
-        owner = field[2:] if field.startswith(b"p:") else field
+        # no NOTES field outlives its job: `<id>` (death, last error), `p:<id>` (progress),
+        # `d:<id>` (its dedup key); `k:<key>` is checked above
+        if field.startswith(b"k:"):
+            continue
+        owner = field[2:] if field[:2] in (b"p:", b"d:") else field
         assert owner in jobs, f"a NOTES field outlives its job: {field!r}"
-        if not field.startswith(b"p:"):
+        if field[:2] not in (b"p:", b"d:"):
             assert len(note) >= 7, f"a malformed note: {field!r}"
             died = note[0] != 0 or int.from_bytes(note[1:7], "big") != 0
             assert died == (field in zsets["dead"]), f"a death noted of a live job: {field!r}"
@@ -77,8 +81,10 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
         assert not ids & jobs, f"a job of bucket {b} is in the jobs hash too"
         in_wheel += len(ids)
         wheel_ids.update(ids)
-    for note in notes:  # `<id>` or `p:<id>` (a client id has no ':')
-        owner = note[2:] if note.startswith(b"p:") else note
+    for note in notes:  # `<id>`, `p:<id>`, `d:<id>` (a client id has no ':'), `k:<key>`
+        if note.startswith(b"k:"):
+            continue
+        owner = note[2:] if note[:2] in (b"p:", b"d:") else note
         assert owner in jobs or owner in wheel_ids, f"notes field {note!r} outlived its job"
     stray = {x.decode() for x in r.keys(k.bucket("*"))} - {k.bucket(b) for b in buckets}
     assert not stray, f"buckets missing from the wheel index: {stray}"
@@ -103,3 +109,16 @@ def queue_keys(r: Any, ns: str, q: str) -> list[bytes]:
     if acked in found:
         assert 0 < r.pttl(acked) <= REMEMBER_ACKED_MS, "the acked-ids memory must expire"
     return [k for k in found if k != acked]
+
+
+def _check_dedup_keys(notes: dict[bytes, bytes], jobs: set[bytes]) -> None:
+    """A simple or debounce dedup key (`k:<key>` -> the job holding it) and its job's
+    `d:<id>` -> the key name each other: one job per key, one key per job, and the job exists
+    (lua/publish_keyed.lua; drop in lua/lib/jobs.lua takes both away with the job)."""
+    held = {f[2:]: v for f, v in notes.items() if f.startswith(b"k:")}
+    holds = {f[2:]: v for f, v in notes.items() if f.startswith(b"d:")}
+    for key, member in held.items():
+        assert member in jobs, f"dedup key {key!r} names a job that is gone"
+        assert holds.get(member) == key, f"dedup key {key!r}: its job does not name it back"
+    for member, key in holds.items():
+        assert held.get(key) == member, f"job {member!r} names dedup key {key!r}, held by another"

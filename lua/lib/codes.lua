@@ -19,6 +19,8 @@ local CODE = {
   EXPIRED = 7,            -- its ttl ended: removed (release)
   OK = 8,                 -- the check passed (a lease holds its job; a shard step's epoch is current)
   FULL = 9,               -- publish: the queue holds its max_size jobs; nothing written
+  EXISTING = 10,          -- publish_keyed: the dedup key's holder answered; nothing written
+  REPLACED = 11,          -- publish_keyed: the dedup key's waiting holder replaced (debounce)
   -- why a lease does not hold its job (lease_check in lib/lease.lua); nothing changed
   LEASE_DELAYED = -1,     -- the job is delayed
   LEASE_READY = -2,       -- the job is ready
@@ -32,4 +34,6 @@ local CODE = {
   FORBIDDEN = -8,
   -- reschedule: the new due time is at or past the job's ttl end; nothing changed
   TOO_LATE = -9,
+  -- publish_keyed: the Idempotency-Key came with another request; nothing written
+  MISMATCH = -10,
 }

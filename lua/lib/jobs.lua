@@ -11,10 +11,17 @@ local function make_ready(id, rec, t)
 end
 
 -- Drops a job's record from JOBS and what it carries beside it in NOTES (field `<id>`: its
--- errors and death; `p:<id>`: its progress). Returns 1, or 0 when JOBS did not hold it.
+-- errors and death; `p:<id>`: its progress; `d:<id>`: the dedup key it holds, whose `k:<key>`
+-- goes with it while it names this job). Returns 1, or 0 when JOBS did not hold it.
 local function drop(id)
   if redis.call('HDEL', JOBS, id) == 0 then return 0 end
-  redis.call('HDEL', NOTES, id, 'p:' .. id)
+  local key = redis.call('HGET', NOTES, 'd:' .. id)
+  if key then
+    if redis.call('HGET', NOTES, 'k:' .. key) == id then redis.call('HDEL', NOTES, 'k:' .. key) end
+    redis.call('HDEL', NOTES, id, 'p:' .. id, 'd:' .. id)
+  else
+    redis.call('HDEL', NOTES, id, 'p:' .. id)
+  end
   return 1
 end
 

@@ -85,6 +85,9 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
             ops.republish(cfg, "ns", q, f"id-{q}", JobSpec(b"v2", delay_ms=10 * MIN), t)
         )
         assert old is JobState.READY and not new.duplicate
+        dedup, idem = ops.Dedup("dk", "throttle", MIN), ops.Idempotency("ik", bytes(16))
+        keyed = await run(ops.publish_keyed(cfg, "ns", q, [JobSpec(b"k")], t, dedup, idem))
+        assert keyed.dedup == "new" and not keyed.replayed
         s = await run(ops.tick(cfg, "ns", q, t + 10 * MIN - cfg.open_lead_ms))  # opens the bucket
         assert s.delayed == 1 or s.ready >= 1
         await run(ops.consume(cfg, "ns", [q], 10, 10, t + 10 * MIN))

@@ -348,6 +348,8 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id], t, results=[b'"done"', None]))
     await run(ops.lookup_job("ns", q, jobs[0].job_id, t))
     await run(ops.republish(cfg, "ns", q, "id-contract", JobSpec(b"v2", delay_ms=10 * min_), t))
+    dedup, idem = ops.Dedup("dk", "throttle", min_), ops.Idempotency("ik", bytes(16))
+    await run(ops.publish_keyed(cfg, "ns", q, [JobSpec(b"k")], t, dedup, idem))
     await run(ops.tick(cfg, "ns", q, t + 10 * min_ - cfg.open_lead_ms))
     await run(ops.consume(cfg, "ns", [q], 10, 10, t + 10 * min_))
     await run(ops.tick(cfg, "ns", q, t + 10 * min_ + 20))

@@ -1,0 +1,102 @@
+"""Publishing under a dedup key or an Idempotency-Key (lua/publish_keyed.lua): one step looks
+the keys up, then publishes, replaces the key's waiting job (debounce) or answers what the keys
+hold, and records them with the outcome. Such jobs never rest in a wheel bucket (a dedup key's
+job is found in the jobs hash). Steps only, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cluster_dq.engine import replies
+from cluster_dq.engine.publish import Published, packed_job, place_jobs
+from cluster_dq.engine.replies import ReplyCode
+from cluster_dq.engine.steps import EngineConfig, Op, fixed_keys, lua, signal
+from cluster_dq.errors import IdempotencyMismatch, QueueFull, WrongState
+from cluster_dq.keys import QueueKeys
+from cluster_dq.models import Dedup, Idempotency, JobSpec, id_to_text
+
+# publish_keyed.lua's modes (ARGV dedup_mode), in the order of names.DEDUP_MODES
+MODES = {"simple": 1, "throttle": 2, "debounce": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedPublished:
+    published: list[Published]
+    dedup: str | None  # "new", "existing", "replaced"; None: no dedup key
+    replayed: bool  # the answer kept under the Idempotency-Key (nothing written now)
+
+
+def publish_keyed(
+    cfg: EngineConfig,
+    ns: str,
+    q: str,
+    specs: Sequence[JobSpec],
+    now: int,
+    dedup: Dedup | None,
+    idem: Idempotency | None,
+) -> Op[KeyedPublished]:
+    """Publishes ``specs`` (all or none, as a bulk: ``QueueFull``) unless a key answers.
+    Safe to repeat: the ids are fixed before the first attempt, so a repeat finds its own job
+    under the dedup key (told as new) or its own answer under the Idempotency-Key."""
+    qk = QueueKeys(ns, q)
+    jobs = place_jobs(cfg, qk, specs, now, wheel_ok=False)
+    keys = {"queue": fixed_keys(qk), "keyed": qk.keyed, "keyed_due": qk.keyed_due}
+    call = lua(
+        "publish_keyed",
+        keys,
+        stamped=True,
+        now=now,
+        notify=qk.notify,
+        remember_acked=cfg.remember_acked_ms,
+        dedup_key=dedup.key if dedup else "",
+        dedup_mode=MODES[dedup.mode] if dedup else 0,
+        dedup_until=now + dedup.ttl_ms if dedup else 0,
+        idem_key=idem.key if idem else "",
+        fingerprint=idem.fingerprint if idem else b"",
+        idem_until=now + cfg.idempotency_ms,
+        n=len(jobs.members),
+        jobs=[packed_job(m, d, r, 0, 0) for m, d, r, _, _, _ in jobs.placed],
+    )
+    reply = replies.decode_keyed((yield call))
+    if reply.status is ReplyCode.MISMATCH:
+        raise IdempotencyMismatch(idem.key if idem else "")
+    if reply.status is ReplyCode.FULL:
+        raise QueueFull(ns, q)
+    if reply.status is ReplyCode.FORBIDDEN:
+        state = replies.job_state(reply.dedup) if reply.dedup is not None else None
+        raise WrongState(
+            id_to_text(reply.members[0]),
+            state,
+            "debounce",
+            "the job waiting (delayed or ready): a reserved job is not replaced",
+        )
+    if reply.lowered:
+        yield signal(qk, cfg, jobs.event)
+    return _outcome(jobs.members, jobs.made_up, reply, dedup is not None)
+
+
+def _outcome(
+    members: Sequence[bytes], made_up: Sequence[bool], reply: replies.KeyedReply, keyed: bool
+) -> KeyedPublished:
+    mine = reply.members == tuple(members)  # the key held by this very call's job (a repeat)
+    published = [
+        Published(
+            id_to_text(m),
+            c is ReplyCode.DUPLICATE and not made,
+            replies.job_state(c),
+        )
+        for m, c, made in zip(reply.members, reply.codes, made_up)
+    ]
+    dedup: str | None = None
+    if keyed:
+        if reply.dedup is ReplyCode.REPLACED:
+            dedup = "new" if mine else "replaced"
+        elif reply.dedup is ReplyCode.EXISTING and not mine:
+            dedup = "existing"
+        elif reply.codes and reply.codes[0] is ReplyCode.DUPLICATE and published[0].duplicate:
+            dedup = "existing"  # a client job_id held already, not under this key
+        else:
+            dedup = "new"
+    return KeyedPublished(published, dedup, reply.replayed)

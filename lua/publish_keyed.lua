@@ -1,0 +1,167 @@
+#!lua
+--[[
+  Publishes one request's jobs under a dedup key or an Idempotency-Key (or both), in one step:
+  looks the keys up, then publishes, replaces the key's waiting job (debounce) or answers what
+  the keys hold, and records the keys with the outcome. Its jobs never rest in a wheel bucket,
+  so a dedup key's job is always found in JOBS. Arguments are validated before the call.
+  Where the keys live: a simple or debounce key in NOTES (`k:<key>` -> the member of the job
+  holding it, `d:<member>` -> the key), leaving with the job (drop in lib/jobs.lua); a throttle
+  window and an Idempotency-Key's answer in KEYED, each kept until its time, trimmed a bounded
+  number per call (KEYED_DUE) and expiring whole after the last.
+  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[13] keyed: HASH `t:<dedup key>` -> a throttle window (`>I6` until ms, the job's member);
+    `i:<idempotency key>` -> a request's answer (`>I6` until ms, 16-byte fingerprint, msgpack)
+  KEYS[14] keyed_due: ZSET the fields of KEYED -> until when each is kept (ms)
+  ARGV[1] now: the caller's clock (ms)
+  ARGV[2] notify: the queue's notify channel
+  ARGV[3] remember_acked: how long acked ids are remembered (ms)
+  ARGV[4] dedup_key: '' for none
+  ARGV[5] dedup_mode: 1 simple, 2 throttle, 3 debounce
+  ARGV[6] dedup_until: a throttle window's end (ms)
+  ARGV[7] idem_key: '' for none
+  ARGV[8] fingerprint: 16 bytes naming the request (its query and body)
+  ARGV[9] idem_until: until when the answer is kept (ms)
+  ARGV[10] n: the number of jobs
+  ARGV[11..] jobs...: one value per job, packed as publish's (its bucket index 0, into 0)
+  Returns: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}
+    status: OK; FULL (the queue's max_size: nothing written); FORBIDDEN (debounce: the key's
+    job is reserved or dead, its state in `dedup` and its code and member after; nothing
+    written); MISMATCH (the
+    Idempotency-Key's answer is another request's; nothing written)
+    replayed: 1 when this is the Idempotency-Key's answer, kept from its first call
+    dedup: 0 (no key, or a new job holds it now), EXISTING (the holder's member and state
+    answered) or REPLACED (the holder's body and due time replaced)
+    code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's
+]]
+--@include lib/codes
+--@include lib/keys
+--@include lib/record
+--@include lib/jobs
+--@include lib/acked
+--@include lib/place
+--@include lib/notify
+local KEYED, KEYED_DUE = KEYS[FIRST_EXTRA], KEYS[FIRST_EXTRA + 1]
+local now, channel, keep = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local dkey, mode, dtill = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local ikey, fp, itill, n = ARGV[7], ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+local THROTTLE, DEBOUNCE, TRIM = 2, 3, 64
+
+-- job j: due ms, member, record (publish's packing; no bucket)
+local function job(j)
+  local a = ARGV[10 + j]
+  local _, _, due, len, at = struct.unpack('>HBI6B', a)
+  return due, string.sub(a, at, at + len - 1), string.sub(a, at + len)
+end
+
+-- KEYED's entries past their time go, a bounded number per call; the keys expire after the last
+local old = redis.call('ZRANGE', KEYED_DUE, '-inf', now, 'BYSCORE', 'LIMIT', 0, TRIM)
+if #old > 0 then
+  redis.call('HDEL', KEYED, unpack(old))
+  zrem_many(KEYED_DUE, old)
+end
+
+local function kept(field)
+  local v = redis.call('HGET', KEYED, field)
+  if v and struct.unpack('>I6', v) > now then return v end
+  return false
+end
+
+if ikey ~= '' then
+  local got = kept('i:' .. ikey)
+  if got then
+    if string.sub(got, 7, 22) ~= fp then return {CODE.MISMATCH, 0, 0, 0} end
+    local out = cmsgpack.unpack(string.sub(got, 23))
+    out[2] = 1
+    return out
+  end
+end
+
+-- The job holding the dedup key: a simple or debounce key's while it exists and is not dead,
+-- else a throttle window's while it lasts (whatever became of its job)
+local held, holder = false, false
+if dkey ~= '' then
+  held = redis.call('HGET', NOTES, 'k:' .. dkey)
+  if held and redis.call('HEXISTS', JOBS, held) == 1 and not redis.call('ZSCORE', DEAD, held) then
+    holder = held
+  else
+    local t = kept('t:' .. dkey)
+    if t then holder = string.sub(t, 7) end
+  end
+end
+
+local was_empty = redis.call('EXISTS', READY) == 0
+local status, dedup, lowered, codes, members = CODE.OK, 0, 0, {}, {}
+if holder and mode == DEBOUNCE and redis.call('HEXISTS', JOBS, holder) == 1 then
+  local st = state_of(holder)
+  if st ~= CODE.READY and st ~= CODE.DELAYED then return {CODE.FORBIDDEN, 0, st, 0, st, holder} end
+  local due, _, rec = job(1)
+  redis.call('ZREM', st == CODE.READY and READY or DELAYED, holder)
+  redis.call('ZREM', EXPIRE, holder)
+  redis.call('HSET', JOBS, holder, rec)
+  if due <= now then
+    make_ready(holder, rec, due)
+    codes[1] = CODE.READY
+  else
+    delay_until(holder, due)
+    lowered = lower_next(due)
+    codes[1] = CODE.DELAYED
+  end
+  local e = expire_at(rec)
+  if e > 0 then
+    redis.call('ZADD', EXPIRE, e, holder)
+    lowered = math.max(lowered, lower_next(e))
+  end
+  dedup, members[1] = CODE.REPLACED, holder
+elseif holder then
+  local st = CODE.NOT_FOUND
+  if redis.call('HEXISTS', JOBS, holder) == 1 then st = state_of(holder) end
+  dedup, codes[1], members[1] = CODE.EXISTING, st, holder
+else
+  -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)
+  local room = tonumber(redis.call('HGET', CONF, 'max_size') or '')
+  if room then
+    room = room - redis.call('HLEN', JOBS) - tonumber(redis.call('HGET', META, 'w') or '0')
+    local new = 0
+    for j = 1, n do
+      local _, id = job(j)
+      if redis.call('HEXISTS', JOBS, id) == 0 and not acked_lately(id, now, keep) then
+        new = new + 1
+      end
+    end
+    if new > 0 and new > room then return {CODE.FULL, 0, 0, 0} end
+  end
+  for j = 1, n do
+    local due, id, rec = job(j)
+    local st, low = place(id, due, rec, false, '', 0, now, 0, 0, 0, keep)
+    codes[j], members[j], lowered = st, id, math.max(lowered, low)
+  end
+  if dkey ~= '' and codes[1] ~= CODE.DUPLICATE then
+    local id = members[1]
+    if mode == THROTTLE then
+      redis.call('HSET', KEYED, 't:' .. dkey, struct.pack('>I6', dtill) .. id)
+      redis.call('ZADD', KEYED_DUE, dtill, 't:' .. dkey)
+    else
+      if held and redis.call('HGET', NOTES, 'd:' .. held) == dkey then
+        redis.call('HDEL', NOTES, 'd:' .. held) -- a dead job no longer holds the key
+      end
+      redis.call('HSET', NOTES, 'k:' .. dkey, id, 'd:' .. id, dkey)
+    end
+  end
+end
+
+local out = {status, 0, dedup, lowered}
+for j = 1, #codes do out[#out + 1] = codes[j] end
+for j = 1, #members do out[#out + 1] = members[j] end
+if ikey ~= '' then
+  local saved = {status, 0, dedup, 0}
+  for j = 5, #out do saved[j] = out[j] end
+  redis.call('HSET', KEYED, 'i:' .. ikey, struct.pack('>I6', itill) .. fp .. cmsgpack.pack(saved))
+  redis.call('ZADD', KEYED_DUE, itill, 'i:' .. ikey)
+end
+local last = redis.call('ZRANGE', KEYED_DUE, -1, -1, 'WITHSCORES')
+if last[2] then
+  redis.call('PEXPIREAT', KEYED, last[2])
+  redis.call('PEXPIREAT', KEYED_DUE, last[2])
+end
+notify(channel, was_empty)
+return out

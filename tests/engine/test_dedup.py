@@ -1,0 +1,301 @@
+"""Deduplication on publish (a dedup key: simple, throttle, debounce) and the Idempotency-Key,
+one script each call (lua/publish_keyed.lua), against a real redis-server on every topology,
+with explicit clocks: concurrency, a lost reply and its repeat, and what ack, dead letter,
+delete and destroy do to a key."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import pytest
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from cluster_dq.clock import now_ms
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.steps import Eval
+from cluster_dq.errors import IdempotencyMismatch, QueueFull, WrongState
+from cluster_dq.keys import QueueKeys
+from cluster_dq.models import JobSpec, JobState
+from cluster_dq.testing.invariants import check_queue, queue_keys
+
+NS, Q = "ns", "q"
+SEC = 1000
+
+
+def fp(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+async def keyed(
+    engine: AsyncEngine,
+    now: int,
+    body: bytes = b"x",
+    key: str | None = "k1",
+    mode: str = "simple",
+    ttl: int = 0,
+    idem: str | None = None,
+    specs: list[JobSpec] | None = None,
+    **spec: Any,
+) -> ops.KeyedPublished:
+    dedup = ops.Dedup(key, mode, ttl) if key is not None else None
+    ident = ops.Idempotency(idem, fp(body.decode() + repr(spec))) if idem else None
+    jobs = specs if specs is not None else [JobSpec(body, **spec)]  # type: ignore[arg-type]
+    op = ops.publish_keyed(engine.config, NS, Q, jobs, now, dedup, ident)
+    return await engine.run(op, idempotent=True)  # as the service runs it
+
+
+async def consume(engine: AsyncEngine, now: int, count: int = 1) -> list[ops.ById]:
+    return await engine.run(ops.consume(engine.config, NS, (Q,), 30 * SEC, count, now))
+
+
+async def sizes(engine: AsyncEngine) -> ops.Sizes:
+    return await engine.run(ops.sizes(engine.config, NS, Q))
+
+
+async def test_simple_answers_the_existing_job_until_it_is_acked(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    first = await keyed(engine, t, b"a")
+    assert first.dedup == "new" and not first.replayed
+    again = await keyed(engine, t + 1, b"b", delay_ms=5 * SEC)
+    assert again.dedup == "existing"
+    assert again.published[0].job_id == first.published[0].job_id
+    assert again.published[0].state is JobState.READY
+    (job,) = await consume(engine, t + 2)
+    assert job.body == b"a"  # the second body was never written
+    reserved = await keyed(engine, t + 3, b"c")  # reserved still holds the key
+    assert (reserved.dedup, reserved.published[0].state) == ("existing", JobState.RESERVED)
+    assert (await sizes(engine)).reserved == 1 and (await sizes(engine)).ready == 0
+    check_queue(sync_redis, NS, Q)
+    await engine.run(ops.ack(NS, Q, [job.job_id]))
+    assert sync_redis.hlen(QueueKeys(NS, Q).notes) == 0  # the key left with its job
+    after = await keyed(engine, t + 4, b"d")
+    assert after.dedup == "new" and after.published[0].job_id != job.job_id
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_simple_a_dead_job_frees_its_key_and_delete_leaves_nothing(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    first = await keyed(engine, t, tries=1)
+    await consume(engine, t)
+    await engine.run(ops.tick(engine.config, NS, Q, t + 31 * SEC))  # ttr out, no tries: dead
+    assert (await sizes(engine)).dead == 1
+    second = await keyed(engine, t + 32 * SEC)
+    assert second.dedup == "new" and second.published[0].job_id != first.published[0].job_id
+    check_queue(sync_redis, NS, Q)  # the dead job no longer names the key
+    await engine.run(ops.delete_dead(NS, Q, 10))
+    check_queue(sync_redis, NS, Q)
+    assert (await keyed(engine, t + 33 * SEC)).dedup == "existing"  # the new job still holds it
+    await engine.run(ops.ack(NS, Q, [second.published[0].job_id]))
+    assert queue_keys(sync_redis, NS, Q) == []  # nothing of either key left behind
+
+
+async def test_many_concurrent_publishes_under_one_key_leave_one_job(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    for mode, ttl in (("simple", 0), ("throttle", 60 * SEC), ("debounce", 0)):
+        got = await asyncio.gather(
+            *(keyed(engine, t, str(i).encode(), f"c-{mode}", mode, ttl) for i in range(40))
+        )
+        ids = {g.published[0].job_id for g in got}
+        assert len(ids) == 1, mode
+        assert sum(g.dedup == "new" for g in got) == 1, mode
+    s = await sizes(engine)
+    assert s.ready == 3
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_throttle_holds_for_its_window_even_after_the_ack(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    first = await keyed(engine, t, mode="throttle", ttl=10 * SEC)
+    (job,) = await consume(engine, t + 1)
+    await engine.run(ops.ack(NS, Q, [job.job_id]))
+    inside = await keyed(engine, t + 9_999, mode="throttle", ttl=10 * SEC)
+    assert inside.dedup == "existing"
+    assert inside.published[0].job_id == first.published[0].job_id
+    assert inside.published[0].state is None  # acked: in no state
+    assert (await sizes(engine)).ready == 0
+    later = await keyed(engine, t + 10 * SEC, mode="throttle", ttl=10 * SEC)
+    assert later.dedup == "new" and later.published[0].job_id != first.published[0].job_id
+    k = QueueKeys(NS, Q)
+    # a window is kept no longer than its end (the keys expire after the last one)
+    assert 0 < sync_redis.pttl(k.keyed) and sync_redis.zcard(k.keyed_due) == 1
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_throttle_windows_past_their_time_are_trimmed(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    for i in range(100):
+        await keyed(engine, t, key=f"t{i}", mode="throttle", ttl=SEC)
+    k = QueueKeys(NS, Q)
+    assert sync_redis.hlen(k.keyed) == 100
+    await keyed(engine, t + 2 * SEC, key="late", mode="throttle", ttl=SEC)
+    assert sync_redis.hlen(k.keyed) == 100 - 64 + 1  # 64 trimmed per call
+    await keyed(engine, t + 2 * SEC, key="later", mode="throttle", ttl=SEC)
+    assert sync_redis.hlen(k.keyed) == 2
+    assert sync_redis.zcard(k.keyed_due) == 2
+
+
+async def test_debounce_replaces_the_waiting_job_and_pushes_it_out(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    first = await keyed(engine, t, b"v1", mode="debounce", delay_ms=5 * SEC)
+    jid = first.published[0].job_id
+    assert first.dedup == "new" and first.published[0].state is JobState.DELAYED
+    second = await keyed(engine, t + 4 * SEC, b"v2", mode="debounce", delay_ms=5 * SEC)
+    assert (second.dedup, second.published[0].job_id) == ("replaced", jid)
+    assert not await consume(engine, t + 6 * SEC)  # its old due time passed: not due now
+    (job,) = await consume(engine, t + 9 * SEC)
+    assert (job.job_id, job.body) == (jid, b"v2")
+    check_queue(sync_redis, NS, Q)
+    with pytest.raises(WrongState) as refused:
+        await keyed(engine, t + 9 * SEC + 1, b"v3", mode="debounce", delay_ms=5 * SEC)
+    assert refused.value.state == JobState.RESERVED and refused.value.job_id == jid
+    looked = await engine.run(ops.peek_job(NS, Q, jid))
+    assert looked is not None and looked.body == b"v2"  # nothing written
+    await engine.run(ops.ack(NS, Q, [jid]))
+    assert (await keyed(engine, t + 10 * SEC, b"v4", mode="debounce")).dedup == "new"
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_debounce_of_a_ready_job_delays_it_again(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    first = await keyed(engine, t, b"v1", mode="debounce")
+    assert first.published[0].state is JobState.READY
+    second = await keyed(engine, t + 1, b"v2", mode="debounce", delay_ms=SEC, ttl_ms=60 * SEC)
+    assert (second.dedup, second.published[0].state) == ("replaced", JobState.DELAYED)
+    s = await sizes(engine)
+    assert (s.ready, s.delayed) == (0, 1)
+    assert not await consume(engine, t + 2)
+    (job,) = await consume(engine, t + 1 + SEC)
+    assert job.body == b"v2"
+    check_queue(sync_redis, NS, Q)
+
+
+@pytest.mark.parametrize(
+    ("mode", "ttl", "idem"),
+    [("simple", 0, None), ("throttle", SEC, None), ("debounce", 0, None), (None, 0, "lost")],
+)
+async def test_a_repeat_after_a_lost_reply_finds_its_own_job(
+    engine: AsyncEngine, sync_redis: redis.Redis, mode: str | None, ttl: int, idem: str | None
+) -> None:
+    """Redis ran the call and its reply was lost: the engine repeats it with the same ids,
+    which must be told as new (not as a duplicate of itself), one job made."""
+    real_step = engine._step
+    lost: list[int] = []
+
+    async def lose_the_first_reply(step: Any) -> Any:
+        reply = await real_step(step)
+        if isinstance(step, Eval) and step.script == "publish_keyed" and not lost:
+            lost.append(1)
+            raise RedisConnectionError("reply lost")
+        return reply
+
+    engine._step = lose_the_first_reply  # type: ignore[method-assign]
+    try:
+        got = await keyed(
+            engine, now_ms(), key=mode and "lost", mode=mode or "", ttl=ttl, idem=idem
+        )
+    finally:
+        engine._step = real_step  # type: ignore[method-assign]
+    assert lost
+    assert got.dedup == (mode and "new")
+    assert not got.published[0].duplicate
+    s = await sizes(engine)
+    assert s.ready == 1
+    (job,) = await consume(engine, now_ms())
+    assert job.job_id == got.published[0].job_id
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    specs = [JobSpec(b"a"), JobSpec(b"b", delay_ms=60 * SEC)]
+    first = await keyed(engine, t, key=None, idem="req-1", specs=specs)
+    assert not first.replayed and first.dedup is None
+    again = await keyed(engine, t + 1, key=None, idem="req-1", specs=specs)
+    assert again.replayed
+    assert [p.job_id for p in again.published] == [p.job_id for p in first.published]
+    assert [p.state for p in again.published] == [JobState.READY, JobState.DELAYED]
+    s = await sizes(engine)
+    assert (s.ready, s.delayed) == (1, 1)
+    with pytest.raises(IdempotencyMismatch):
+        await keyed(engine, t + 2, b"other", key=None, idem="req-1")
+    assert (await sizes(engine)).ready == 1
+    # past the window the key is free again
+    late = t + engine.config.idempotency_ms
+    assert not (await keyed(engine, late, b"z", key=None, idem="req-1")).replayed
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_idempotency_key_with_a_dedup_key_replays_the_dedup_answer(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    first = await keyed(engine, t, b"a", idem="r1")
+    second = await keyed(engine, t + 1, b"b", idem="r2")
+    assert (first.dedup, second.dedup) == ("new", "existing")
+    (job,) = await consume(engine, t + 2)
+    await engine.run(ops.ack(NS, Q, [job.job_id]))
+    replay = await keyed(engine, t + 3, b"b", idem="r2")  # the key is free, the answer is kept
+    assert replay.replayed and replay.dedup == "existing"
+    assert replay.published[0].job_id == first.published[0].job_id
+    assert (await sizes(engine)).ready == 0
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_full_queue_is_refused_whole_and_not_remembered(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await engine.run(ops.configure(NS, Q, [("max_size", "1")]))
+    with pytest.raises(QueueFull):
+        await keyed(engine, t, key=None, idem="full", specs=[JobSpec(b"a"), JobSpec(b"b")])
+    assert (await sizes(engine)).ready == 0
+    assert (await keyed(engine, t, b"a", idem="full2")).dedup == "new"
+    with pytest.raises(QueueFull):
+        await keyed(engine, t, b"b", key="other", idem="full3")
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_destroy_leaves_nothing_of_the_keys_behind(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await keyed(engine, t, key="s", delay_ms=60 * SEC)
+    await keyed(engine, t, key="t", mode="throttle", ttl=600 * SEC)
+    await keyed(engine, t, key="d", mode="debounce", delay_ms=60 * SEC)
+    await keyed(engine, t, key=None, idem="i")
+    assert await engine.run(ops.destroy(engine.config, NS, Q)) == 4
+    assert queue_keys(sync_redis, NS, Q) == []
+    assert (await keyed(engine, t + 1, key="t", mode="throttle", ttl=SEC)).dedup == "new"
+
+
+async def test_a_job_id_of_the_client_is_kept_and_distinct_from_the_key(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    first = await keyed(engine, t, job_id="mine-1")
+    assert (first.dedup, first.published[0].job_id) == ("new", "mine-1")
+    other = await keyed(engine, t, job_id="mine-2")
+    assert (other.dedup, other.published[0].job_id) == ("existing", "mine-1")
+    again = await keyed(engine, t, key="another", job_id="mine-1")  # the id is taken
+    assert again.dedup == "existing" and again.published[0].duplicate
+    check_queue(sync_redis, NS, Q)
