@@ -21,6 +21,7 @@ from cluster_dq.http.openapi import (
     BURY,
     CONSUME,
     E409,
+    E409_STATE,
     E413,
     EITHER,
     ID_LINK,
@@ -51,9 +52,26 @@ from cluster_dq.http.openapi import (
 )
 from cluster_dq.http.responses import job_object, json, result_object
 from cluster_dq.models import MAX_BULK, MAX_PRIORITY, MAX_TRIES, JobResult, JobSpec
+from cluster_dq.names import DEDUP_MODES, MAX_DEDUP_TTL_MS
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.settings import Settings
+
+
+def _published(p: Any) -> dict[str, Any]:
+    """A publish's lmstfy reply (``p``: the service's ``Published``)."""
+    out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
+    if p.duplicate:
+        out["duplicate"] = True  # idempotent publish: this id already exists
+    return out
+
+
+def _keyed_reply(out: dict[str, Any], replayed: bool) -> Response:
+    """A publish under an Idempotency-Key: the first answer, said to be one when repeated."""
+    response = json(out, 201)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
 
 
 class JobsAPI(Handlers):
@@ -88,11 +106,16 @@ class JobsAPI(Handlers):
 
         async def run() -> Response:
             spec = await self._specs(request, route, ns, q)
-            (p,) = await self.service.publish(route, ns, q, [spec(body)])
-            out: dict[str, Any] = {"msg": "published", "job_id": p.job_id}
-            if p.duplicate:
-                out["duplicate"] = True  # idempotent publish: this id already exists
-            return json(out, 201)
+            dedup = params.dedup(params.query(request))
+            idem = params.idempotency(request, b"publish", body)
+            if dedup is None and idem is None:
+                (p,) = await self.service.publish(route, ns, q, [spec(body)])
+                return json(_published(p), 201)
+            done = await self.service.publish_keyed(route, ns, q, [spec(body)], dedup, idem)
+            out = _published(done.published[0])
+            if done.dedup is not None:
+                out["dedup"] = done.dedup
+            return _keyed_reply(out, done.replayed)
 
         return await self.throttle.run(request, ns, True, run)
 
@@ -105,9 +128,17 @@ class JobsAPI(Handlers):
             spec = await self._specs(request, route, ns, q)
             if spec.keywords["job_id"] is not None:
                 raise BadRequest("job_id is not allowed in bulk publish", "job_id")
+            if "dedup_key" in params.query(request):
+                raise BadRequest("dedup_key is not allowed in bulk publish", "dedup_key")
             bodies = params.bulk_elements(data, self.s.MaxBodyBytes)
-            published = await self.service.publish(route, ns, q, [spec(b) for b in bodies])
-            return json({"msg": "published", "job_ids": [p.job_id for p in published]}, 201)
+            specs = [spec(b) for b in bodies]
+            idem = params.idempotency(request, b"bulk", data)
+            if idem is None:
+                published = await self.service.publish(route, ns, q, specs)
+                return json({"msg": "published", "job_ids": [p.job_id for p in published]}, 201)
+            done = await self.service.publish_keyed(route, ns, q, specs, None, idem)
+            ids = [p.job_id for p in done.published]
+            return _keyed_reply({"msg": "published", "job_ids": ids}, done.replayed)
 
         return await self.throttle.run(request, ns, True, run)
 
@@ -221,6 +252,37 @@ def job_spec(s: Settings, with_id: bool = True) -> list[Schema]:
     return out
 
 
+IDEMPOTENCY_KEY = param(
+    "Idempotency-Key",
+    "header",
+    {"type": "string", "pattern": "^[\\x21-\\x7e]{1,255}$"},
+    "a repeat of the request (same queue, query and body) within IdempotencyKeySecond gets the "
+    "first 201 again (header Idempotent-Replayed: true) and writes nothing; with another "
+    "query or body, a 422",
+)
+DEDUP = [
+    param(
+        "dedup_key",
+        "query",
+        {"type": "string", "pattern": "^[-_.:A-Za-z0-9]{1,128}$"},
+        "deduplicate on this key (per queue); the reply's dedup says what happened",
+    ),
+    param(
+        "dedup_mode",
+        "query",
+        {"enum": list(DEDUP_MODES), "default": "simple"},
+        "simple: while the key's job exists (not dead); throttle: for dedup_ttl ms after it "
+        "was published; debounce: replace the key's waiting job (409 once it is reserved)",
+    ),
+    uint("dedup_ttl", "throttle's window (ms; required there only)", None, MAX_DEDUP_TTL_MS, 1),
+]
+E422 = error(
+    "the Idempotency-Key came with another request within its window; nothing was written",
+    "Idempotency-Key 'pay-1' was used with another request (its query or body differ); "
+    "nothing was written",
+)
+
+
 def job_operations(s: Settings) -> list[Op]:
     """The routes of ``JobsAPI.routes``, with what they can answer."""
     full = reply(
@@ -235,8 +297,8 @@ def job_operations(s: Settings) -> list[Op]:
             "PUT",
             "/api/{ns}/{q}",
             "Publish one job (the raw body)",
-            write,
-            [NS, Q, *job_spec(s)],
+            {**write, 409: E409_STATE, 422: E422},
+            [NS, Q, *job_spec(s), *DEDUP, IDEMPOTENCY_KEY],
             raw_body(f"the job, at most MaxBodyBytes ({s.MaxBodyBytes}) bytes"),
         ),
         Op(
@@ -250,8 +312,9 @@ def job_operations(s: Settings) -> list[Op]:
                     obj(["msg", "job_ids"], msg={"const": "published"}, job_ids={"type": "array"}),
                     {"msg": "published", "job_ids": ["01M84CYQJ90007ZG2JKZ9W9AQM"]},
                 ),
+                422: E422,
             },
-            [NS, Q, *job_spec(s, with_id=False)],
+            [NS, Q, *job_spec(s, with_id=False), IDEMPOTENCY_KEY],
             json_body(
                 {"type": "array", "minItems": 1, "maxItems": MAX_BULK, "items": {}},
                 ["close order 42", {"order": 43}],

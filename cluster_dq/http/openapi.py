@@ -131,6 +131,11 @@ SCHEMAS: dict[str, Schema] = {
         msg={"const": "published"},
         job_id={"type": "string"},
         duplicate={"type": "boolean"},
+        dedup={
+            "enum": ["new", "existing", "replaced"],
+            "description": "with a dedup_key: a new job, the key's job answered (nothing "
+            "written), or the key's waiting job replaced (debounce)",
+        },
     ),
     "Size": obj(
         ["namespace", "queue", "size"],

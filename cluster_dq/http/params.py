@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from urllib.parse import parse_qsl
@@ -27,6 +28,8 @@ from cluster_dq.models import (
     MAX_NOTE_TEXT,
     MAX_SECONDS,
     NAME_RE,
+    Dedup,
+    Idempotency,
     check_names as check_names,  # (the handlers ask params for it, with the other checks)
 )
 
@@ -368,3 +371,34 @@ def bounded(query: Mapping[str, str], name: str, default: int, low: int, high: i
     if value < low:
         raise BadRequest(f"invalid {name}: {low} to {high}", name)
     return value
+
+
+def dedup(query: Mapping[str, str]) -> Dedup | None:
+    """``dedup_key`` with ``dedup_mode`` (default simple) and ``dedup_ttl`` (ms, throttle);
+    checked whole by ``models.validate_keys``. Without ``dedup_key`` the other two are a 400."""
+    key = query.get("dedup_key")
+    if key is None:
+        for name in ("dedup_mode", "dedup_ttl"):
+            if name in query:
+                raise BadRequest(f"{name} needs a dedup_key", name)
+        return None
+    ttl = uint(query, "dedup_ttl", 0, names.MAX_DEDUP_TTL_MS)
+    return Dedup(key, query.get("dedup_mode", "simple"), ttl)
+
+
+def idempotency(request: Request, kind: bytes, body: bytes) -> Idempotency | None:
+    """The ``Idempotency-Key`` header, with the fingerprint of the request it came with: the
+    route (``kind``), its query but the token, the job attributes' headers and the body. A
+    repeat must send the same of each (else 422)."""
+    key = header(request, "idempotency-key")
+    if key is None:
+        return None
+    digest = hashlib.blake2b(kind, digest_size=16)
+    for name, value in sorted(query(request).items()):
+        if name != "token":
+            digest.update(b"\0q%s=%s" % (name.encode(), value.encode()))
+    for name, value in sorted((attributes(request) or {}).items()):
+        digest.update(b"\0a%s=%s" % (name.encode(), value.encode()))
+    digest.update(b"\0b")
+    digest.update(body)
+    return Idempotency(key, digest.digest())

@@ -9,9 +9,17 @@ from typing import Any
 from cluster_dq import metrics
 from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.commands import Published
+from cluster_dq.engine.commands import KeyedPublished, Published
 from cluster_dq.errors import Conflict, NotFound, NotReplicated, PoolUnavailable, QueueFull
-from cluster_dq.models import Job, JobSpec, JobState, validate_spec
+from cluster_dq.models import (
+    Dedup,
+    Idempotency,
+    Job,
+    JobSpec,
+    JobState,
+    validate_keys,
+    validate_spec,
+)
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
 from cluster_dq.service.core import ServiceCore
@@ -59,6 +67,37 @@ class Jobs(ServiceCore):
             return [
                 Published(s.job_id, True, None) if s.job_id in known else next(done) for s in specs
             ]
+        return out
+
+    async def publish_keyed(
+        self,
+        route: PoolRoute[RedisPool],
+        ns: str,
+        q: str,
+        specs: Sequence[JobSpec],
+        dedup: Dedup | None,
+        idem: Idempotency | None,
+    ) -> KeyedPublished:
+        """A publish under a dedup key (one job) or an Idempotency-Key (one job or a bulk):
+        one script call of its own, outside the group commit, all or none of the jobs. On a
+        queue moving between pools, the keys are looked up in the pool written to only."""
+        for spec in specs:
+            validate_spec(spec)
+        validate_keys(specs, dedup, idem)
+        place = route.place(ns, q)
+        pool = place.write
+        if len(place.reads) > 1:
+            await self._carry_settings(place, ns, q)
+        now = pool.engine.clock()
+        op = ops.publish_keyed(pool.engine.config, ns, q, specs, now, dedup, idem)
+        # Safe to retry: the ids are fixed before the first attempt, and a repeat finds its
+        # own job under the dedup key, or its own answer under the Idempotency-Key.
+        out = await self._run(pool, op, idempotent=True, durable=True)
+        wrote = not out.replayed and out.dedup in (None, "new")
+        new = [p.job_id for p in out.published if not p.duplicate] if wrote else []
+        self.metrics.count(metrics.published, ns, q, len(new), pool.name)
+        if self.events and new:
+            self.events.published(ns, q, now, new)
         return out
 
     async def _publish_group(

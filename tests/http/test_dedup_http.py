@@ -1,0 +1,126 @@
+"""Deduplication and the Idempotency-Key over HTTP, through a real ``cluster-dq serve``: the
+parameters, the header, the replies and the errors (a 400 writes nothing)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.support import size
+
+IDEM = "Idempotency-Key"
+
+
+def test_a_publish_without_keys_answers_as_lmstfy(api: httpx.Client) -> None:
+    r = api.put("/api/ns/q", content=b"x")
+    assert r.status_code == 201 and set(r.json()) == {"msg", "job_id"}
+    assert "idempotent-replayed" not in r.headers
+
+
+def test_simple_dedup_answers_the_existing_job(api: httpx.Client) -> None:
+    first = api.put("/api/ns/q", params={"dedup_key": "order-42"}, content=b"a")
+    assert first.status_code == 201
+    assert first.json() == {"msg": "published", "job_id": first.json()["job_id"], "dedup": "new"}
+    again = api.put("/api/ns/q", params={"dedup_key": "order-42", "delay": 5}, content=b"b")
+    assert again.status_code == 201
+    assert again.json() == {**first.json(), "dedup": "existing"}
+    assert size(api)["size"] == 1 and size(api)["delayed"] == 0
+    job = api.get("/api/ns/q", params={"ttr": 30}).json()
+    assert api.delete(f"/api/ns/q/job/{job['job_id']}").status_code == 204
+    third = api.put("/api/ns/q", params={"dedup_key": "order-42"}, content=b"c")
+    assert third.json()["dedup"] == "new" and third.json()["job_id"] != job["job_id"]
+
+
+def test_throttle_and_debounce(api: httpx.Client) -> None:
+    throttle = {"dedup_key": "t", "dedup_mode": "throttle", "dedup_ttl": 60_000}
+    first = api.put("/api/ns/q", params=throttle, content=b"a").json()
+    job = api.get("/api/ns/q", params={"ttr": 30}).json()
+    api.delete(f"/api/ns/q/job/{job['job_id']}")
+    again = api.put("/api/ns/q", params=throttle, content=b"b").json()
+    assert again == {**first, "dedup": "existing"}  # within its window, though acked
+    assert size(api)["size"] == 0
+
+    debounce = {"dedup_key": "d", "dedup_mode": "debounce", "delay": 60}
+    first = api.put("/api/ns/q", params=debounce, content=b"v1").json()
+    second = api.put("/api/ns/q", params={**debounce, "delay": 0}, content=b"v2").json()
+    assert second == {**first, "dedup": "replaced"}
+    job = api.get("/api/ns/q", params={"ttr": 30}).json()
+    assert job["job_id"] == first["job_id"] and job["data"] == "djI="  # v2
+    refused = api.put("/api/ns/q", params=debounce, content=b"v3")
+    assert refused.status_code == 409
+    assert refused.json()["state"] == "reserved" and refused.json()["job_id"] == first["job_id"]
+    assert "not replaced" in refused.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter"),
+    [
+        ({"dedup_key": ""}, "dedup_key"),
+        ({"dedup_key": "a b"}, "dedup_key"),
+        ({"dedup_key": "x" * 129}, "dedup_key"),
+        ({"dedup_key": "k", "dedup_mode": "sometimes"}, "dedup_mode"),
+        ({"dedup_key": "k", "dedup_mode": "throttle"}, "dedup_ttl"),
+        ({"dedup_key": "k", "dedup_mode": "throttle", "dedup_ttl": "0"}, "dedup_ttl"),
+        ({"dedup_key": "k", "dedup_mode": "throttle", "dedup_ttl": "-1"}, "dedup_ttl"),
+        (
+            {"dedup_key": "k", "dedup_mode": "throttle", "dedup_ttl": str(31 * 86_400_000)},
+            "dedup_ttl",
+        ),
+        ({"dedup_key": "k", "dedup_ttl": "1000"}, "dedup_ttl"),
+        ({"dedup_mode": "simple"}, "dedup_mode"),
+        ({"dedup_ttl": "5"}, "dedup_ttl"),
+    ],
+)
+def test_bad_dedup_parameters_are_a_400_and_write_nothing(
+    api: httpx.Client, query: dict[str, str], parameter: str
+) -> None:
+    r = api.put("/api/ns/q", params=query, content=b"x")
+    assert r.status_code == 400, r.text
+    assert parameter in r.json()["error"]
+    assert size(api)["size"] == 0
+
+
+def test_dedup_key_is_refused_in_a_bulk(api: httpx.Client) -> None:
+    r = api.put("/api/ns/q/bulk", params={"dedup_key": "k"}, content=b"[1, 2]")
+    assert r.status_code == 400 and "dedup_key" in r.json()["error"]
+    assert size(api)["size"] == 0
+
+
+@pytest.mark.parametrize("key", [b"", b"x" * 256, "caf\u00e9".encode(), b"a b"])
+def test_a_bad_idempotency_key_is_a_400(api: httpx.Client, key: bytes) -> None:
+    r = api.put("/api/ns/q", headers={IDEM: key}, content=b"x")
+    assert r.status_code == 400 and IDEM in r.json()["error"]
+    assert size(api)["size"] == 0
+
+
+def test_an_idempotency_key_repeats_the_first_answer(api: httpx.Client) -> None:
+    first = api.put("/api/ns/q", params={"delay": 30}, headers={IDEM: "pay-1"}, content=b"a")
+    assert first.status_code == 201 and "idempotent-replayed" not in first.headers
+    again = api.put("/api/ns/q", params={"delay": 30}, headers={IDEM: "pay-1"}, content=b"a")
+    assert (again.status_code, again.json()) == (201, first.json())
+    assert again.headers["idempotent-replayed"] == "true"
+    assert size(api)["delayed"] == 1
+    other = api.put("/api/ns/q", params={"delay": 30}, headers={IDEM: "pay-1"}, content=b"b")
+    assert other.status_code == 422 and IDEM in other.json()["error"]
+    changed = api.put("/api/ns/q", params={"delay": 31}, headers={IDEM: "pay-1"}, content=b"a")
+    assert changed.status_code == 422
+    assert size(api)["delayed"] == 1
+    # per queue: the same key on another queue is another request
+    elsewhere = api.put("/api/ns/q2", params={"delay": 30}, headers={IDEM: "pay-1"}, content=b"a")
+    assert elsewhere.status_code == 201 and "idempotent-replayed" not in elsewhere.headers
+
+
+def test_an_idempotency_key_on_a_bulk(api: httpx.Client) -> None:
+    body = json.dumps([{"n": 1}, {"n": 2}, {"n": 3}]).encode()
+    first = api.put("/api/ns/q/bulk", headers={IDEM: "bulk-1"}, content=body)
+    assert first.status_code == 201 and len(first.json()["job_ids"]) == 3
+    again = api.put("/api/ns/q/bulk", headers={IDEM: "bulk-1"}, content=body)
+    assert (again.status_code, again.json()) == (201, first.json())
+    assert again.headers["idempotent-replayed"] == "true"
+    assert size(api)["size"] == 3
+    assert api.put("/api/ns/q/bulk", headers={IDEM: "bulk-1"}, content=b"[1]").status_code == 422
+    # a one-job publish under a bulk's key is another request
+    assert api.put("/api/ns/q", headers={IDEM: "bulk-1"}, content=body).status_code == 422
+    assert size(api)["size"] == 3
