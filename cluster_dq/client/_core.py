@@ -21,6 +21,7 @@ from cluster_dq.client.errors import (
     Conflict,
     Contended,
     DQError,
+    IdempotencyMismatch,
     InvalidName,
     LeaseLost,
     NotFound,
@@ -207,6 +208,8 @@ def error_from(reply: Reply) -> DQError:
         return Conflict(msg, status, body, state)
     if status == 413:
         return TooLarge(msg, status, body)
+    if status == 422:
+        return IdempotencyMismatch(msg, status, body)
     if status == 429:
         if " is full" in msg:
             return QueueFull(msg, status, body)

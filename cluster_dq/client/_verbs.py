@@ -29,7 +29,7 @@ from cluster_dq.client._core import (
     query,
     segment,
 )
-from cluster_dq.client.models import Backoff, Job, Sizes
+from cluster_dq.client.models import Backoff, Job, Publication, Sizes
 
 T = TypeVar("T")
 ONCE = Safety.ONCE
@@ -129,21 +129,107 @@ def publish(
     attributes: Mapping[str, str] | None = None,
     backoff: Backoff | None = None,
     priority: int | None = None,
+    dedup_key: str | None = None,
+    dedup_mode: str | None = None,
+    dedup_ttl: float | None = None,
+    idempotency_key: str | None = None,
 ) -> Call[str]:
+    call = publish_outcome(
+        ns,
+        queue,
+        body,
+        delay=delay,
+        ttl=ttl,
+        tries=tries,
+        job_id=job_id,
+        attributes=attributes,
+        backoff=backoff,
+        priority=priority,
+        dedup_key=dedup_key,
+        dedup_mode=dedup_mode,
+        dedup_ttl=dedup_ttl,
+        idempotency_key=idempotency_key,
+    )
+    return Call(
+        call.method, call.path, _job_id_of, call.params, call.headers, call.content, call.safety
+    )
+
+
+def _job_id_of(r: Reply) -> str:
+    return str(expect(r, 201)["job_id"])
+
+
+def publish_outcome(
+    ns: str,
+    queue: str,
+    body: bytes | str,
+    *,
+    delay: float = 0.0,
+    ttl: float | None = None,
+    tries: int | None = None,
+    job_id: str | None = None,
+    attributes: Mapping[str, str] | None = None,
+    backoff: Backoff | None = None,
+    priority: int | None = None,
+    dedup_key: str | None = None,
+    dedup_mode: str | None = None,
+    dedup_ttl: float | None = None,
+    idempotency_key: str | None = None,
+) -> Call[Publication]:
+    """``publish``, answering what happened (``Publication``): the job id, and with a dedup
+    key whether the job is new, the key's existing one or that one replaced."""
     params = _job_params(delay, ttl, tries, priority) + backoff_params(backoff)
     if job_id is not None:
         segment(job_id, "job_id", rules.job_id)
         params.append(("job_id", job_id))
+    params += _dedup_params(dedup_key, dedup_mode, dedup_ttl)
+    headers = _attribute_headers(attributes)
+    _idempotency(headers, idempotency_key)
     return Call(
         "PUT",
         queue_path(ns, queue),
-        lambda r: str(expect(r, 201)["job_id"]),
+        _publication,
         params,
-        _attribute_headers(attributes),
+        headers,
         as_bytes(body),
-        # a fixed id makes a repeat a duplicate (201, nothing new); a server-made one does not
-        Safety.IDEMPOTENT if job_id is not None else ONCE,
+        # a fixed id makes a repeat a duplicate (201, nothing new), an Idempotency-Key the
+        # first answer; a server-made id does not, nor a dedup key (its job may be acked
+        # between the two, and the repeat would make another)
+        Safety.IDEMPOTENT if job_id is not None or idempotency_key is not None else ONCE,
     )
+
+
+def _publication(r: Reply) -> Publication:
+    o = expect(r, 201)
+    return Publication(
+        job_id=str(o["job_id"]),
+        dedup=o.get("dedup"),
+        duplicate=bool(o.get("duplicate", False)),
+        replayed=r.headers.get("idempotent-replayed") == "true",
+    )
+
+
+def _dedup_params(key: str | None, mode: str | None, ttl: float | None) -> list[tuple[str, str]]:
+    if key is None:
+        if mode is not None or ttl is not None:
+            raise ValueError("dedup_mode and dedup_ttl need a dedup_key")
+        return []
+    problem = rules.dedup_key(key)
+    if problem:
+        raise ValueError(problem)
+    if mode is not None and mode not in rules.DEDUP_MODES:
+        raise ValueError(f"dedup_mode {mode!r}: one of {', '.join(rules.DEDUP_MODES)}")
+    if (mode == "throttle") != (ttl is not None):
+        raise ValueError("dedup_ttl (seconds) is required with dedup_mode='throttle' only")
+    return query(dedup_key=key, dedup_mode=mode, dedup_ttl=opt(millis, ttl, "dedup_ttl"))
+
+
+def _idempotency(headers: dict[str, str], key: str | None) -> None:
+    if key is not None:
+        problem = rules.idempotency_key(key)
+        if problem:
+            raise ValueError(problem)
+        headers["Idempotency-Key"] = key
 
 
 def _attribute_headers(attributes: Mapping[str, str] | None) -> dict[str, str]:
@@ -168,9 +254,11 @@ def publish_many(
     ttl: float | None = None,
     tries: int | None = None,
     attributes: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
 ) -> Call[list[str]]:
     """The bulk route: each body must be one JSON text (the service stores each element's raw
-    JSON text), all published or none; ``attributes``: every job's."""
+    JSON text), all published or none; ``attributes``: every job's. With an
+    ``idempotency_key``, safe to repeat: a repeat gets the first answer."""
     if isinstance(bodies, bytes | str):
         raise ValueError("bodies must be a list of bodies, not one body: use publish()")
     parts = []
@@ -186,14 +274,16 @@ def publish_many(
         parts.append(raw)
     if not parts:
         raise ValueError("bodies is empty: give 1 to 64 JSON texts")
+    headers = {**JSON, **_attribute_headers(attributes)}
+    _idempotency(headers, idempotency_key)
     return Call(
         "PUT",
         f"{queue_path(ns, queue)}/bulk",
         lambda r: [str(i) for i in expect(r, 201)["job_ids"]],
         _job_params(delay, ttl, tries),
-        {**JSON, **_attribute_headers(attributes)},
+        headers,
         b"[" + b",".join(parts) + b"]",
-        ONCE,
+        Safety.IDEMPOTENT if idempotency_key is not None else ONCE,
     )
 
 

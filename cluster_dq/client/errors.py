@@ -11,6 +11,7 @@ reach it, as one class (decoded from the response by ``_core.error_from``).
     │   ├── WrongState      the job's state forbids the operation; nothing changed
     │   └── Contended       others kept changing it meanwhile (a schedule); nothing changed
     ├── TooLarge            413: a body, result or progress over its limit
+    ├── IdempotencyMismatch 422: an Idempotency-Key repeated with another request; nothing written
     ├── RateLimited         429: .retry_after (seconds, or None); nothing was done
     ├── QueueFull           429: the queue holds its max_size; nothing was published
     ├── Unavailable         503 (or 502/504): .safe_to_repeat, .maybe_applied
@@ -87,6 +88,11 @@ class RateLimited(DQError):
     ) -> None:
         super().__init__(message, status, body)
         self.retry_after = retry_after
+
+
+class IdempotencyMismatch(DQError):
+    """An ``idempotency_key`` sent with another request (body or arguments) than the first one
+    under it, within its window: nothing was written; the first answer stands."""
 
 
 class QueueFull(DQError):

@@ -42,6 +42,19 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
+class Publication:
+    """What a publish did (``publish_outcome``): ``dedup`` is None without a dedup key, else
+    ``"new"``, ``"existing"`` (the key's job answered, nothing written) or ``"replaced"`` (the
+    key's waiting job got this body and due time: debounce); ``duplicate``: the ``job_id``
+    given exists already; ``replayed``: the first answer to this Idempotency-Key."""
+
+    job_id: str
+    dedup: str | None = None
+    duplicate: bool = False
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Sizes:
     """Jobs of a queue per state, exact at the time of the look."""
 

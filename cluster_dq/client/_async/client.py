@@ -31,6 +31,7 @@ from cluster_dq.client.models import (
     DeadJob,
     DeadPage,
     Job,
+    Publication,
     QueueInfo,
     QueuePage,
     QueueSettings,
@@ -127,9 +128,52 @@ class AsyncClient(_Shell):
         attributes: Mapping[str, str] | None = None,
         backoff: Backoff | None = None,
         priority: int | None = None,
+        dedup_key: str | None = None,
+        dedup_mode: str | None = None,
+        dedup_ttl: float | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
+        """Publishes one job; its id (with a dedup key, the key's job's: ``publish_outcome``
+        says which happened)."""
+        done = await self.publish_outcome(
+            queue,
+            body,
+            delay=delay,
+            ttl=ttl,
+            tries=tries,
+            job_id=job_id,
+            attributes=attributes,
+            backoff=backoff,
+            priority=priority,
+            dedup_key=dedup_key,
+            dedup_mode=dedup_mode,
+            dedup_ttl=dedup_ttl,
+            idempotency_key=idempotency_key,
+        )
+        return done.job_id
+
+    async def publish_outcome(
+        self,
+        queue: str,
+        body: bytes | str,
+        *,
+        delay: float = 0.0,
+        ttl: float | None = None,
+        tries: int | None = None,
+        job_id: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        backoff: Backoff | None = None,
+        priority: int | None = None,
+        dedup_key: str | None = None,
+        dedup_mode: str | None = None,
+        dedup_ttl: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> Publication:
+        """``publish``, answering what happened: the job id, the dedup outcome (``"new"``,
+        ``"existing"``, ``"replaced"``), whether ``job_id`` existed already, whether this is
+        the first answer to ``idempotency_key`` repeated."""
         with tracing.client_span("send", "publish", self.url, self.namespace, queue) as span:
-            call = v.publish(
+            call = v.publish_outcome(
                 self.namespace,
                 queue,
                 body,
@@ -140,9 +184,13 @@ class AsyncClient(_Shell):
                 attributes=span.carry(attributes),  # the job's creation context: this span
                 backoff=backoff,
                 priority=priority,
+                dedup_key=dedup_key,
+                dedup_mode=dedup_mode,
+                dedup_ttl=dedup_ttl,
+                idempotency_key=idempotency_key,
             )
             done = await self._send(v.traced(call, span))
-            span.message(done)
+            span.message(done.job_id)
             return done
 
     async def publish_many(
@@ -153,6 +201,7 @@ class AsyncClient(_Shell):
         delay: float = 0.0,
         ttl: float | None = None,
         tries: int | None = None,
+        idempotency_key: str | None = None,
     ) -> list[str]:
         with tracing.client_span("send", "publish", self.url, self.namespace, queue) as span:
             call = v.publish_many(
@@ -163,6 +212,7 @@ class AsyncClient(_Shell):
                 ttl=ttl,
                 tries=tries,
                 attributes=span.carry(None),
+                idempotency_key=idempotency_key,
             )
             done = await self._send(v.traced(call, span))
             span.set(tracing.BATCH_COUNT, len(done))
