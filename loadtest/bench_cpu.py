@@ -14,6 +14,8 @@ Scenarios (one worker process each side; wrk drives them from 2 threads):
 
 - ``bare``: ``PUT`` a 64-byte body to the bare endpoint;
 - ``publish``: ``PUT /api/bench/p`` one 64-byte job per request;
+- ``publish_dedup``: the same with a ``dedup_key``, a new key per request (its own script
+  call, outside the group commit);
 - ``consume``: ``GET /api/bench/c?timeout=0&ttr=600``, one job per request from a full queue;
 - ``ack``: ``DELETE /api/bench/a/job/{id}`` of reserved jobs, one per request;
 - ``bulk``: ``PUT /api/bench/b/bulk`` of 64 jobs per request (its CPU per job is the request's
@@ -280,6 +282,10 @@ class Bench:
         body: bytes | None = None
         if name == "publish":
             method, url, body = "PUT", f"{self.base}/api/bench/{q}?delay=3600", BODY
+        elif name == "publish_dedup":  # each request a new key (a new job under it)
+            method, body = "PUT", BODY
+            url = f"{self.base}/api/bench/{q}?delay=3600&dedup_key="
+            ids = [f"k{i}" for i in range(need)]
         elif name == "bulk":
             method, url = "PUT", f"{self.base}/api/bench/{q}/bulk?delay=3600"
             body = json.dumps([BODY.decode()] * 64).encode()
@@ -366,7 +372,7 @@ def main() -> None:
         sys.exit("--granian: install it first (.venv/bin/pip install granian==2.8.9)")
     if a.py_spy:
         a.py_spy.mkdir(parents=True, exist_ok=True)
-    names = [n for n in ("publish", "consume", "ack", "bulk") if a.only in n]
+    names = [n for n in ("publish", "publish_dedup", "consume", "ack", "bulk") if a.only in n]
     results: dict[str, list[Sample]] = {"bare": []}
     env = {
         "CLUSTER_DQ_LOGLEVEL": "warning",
