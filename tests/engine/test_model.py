@@ -10,8 +10,9 @@ TRYAGAIN, READONLY, LOADING) or stalls; the model then checks what the retry pol
 Operations: publish, bulk, consume, ack (batch, leases), republish, touch, release (with an
 error text), bury, kick, reschedule by id, peek, pump steps, destroy, respawn / delete of dead
 letters, the dead-letter listing by cursor, filtered redrive and purge, pause / resume and
-max_size, retry backoff without jitter (a job's own, a queue's) (issue 17). Not modelled yet:
-backoff jitter, progress, results on ack.
+max_size, retry backoff without jitter (a job's own, a queue's) (issue 17), a publish under a
+`simple` dedup key (one live job per key), `wheel widen`. Not modelled yet: backoff jitter,
+progress, results on ack, the `throttle` and `debounce` dedup modes, the Idempotency-Key.
 
 After every step: each job's state, tries, deliveries, ttl end, score (peek_job), death reason
 and last error are one of
@@ -68,7 +69,7 @@ from cluster_dq.errors import (
     WrongState,
 )
 from cluster_dq.keys import QueueKeys
-from cluster_dq.models import JobSpec, JobState, id_to_member
+from cluster_dq.models import Dedup, JobSpec, JobState, id_to_member
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import load
@@ -450,6 +451,55 @@ class EngineModel(RuleBasedStateMachine):
                     raise Mismatch(f"{p.job_id} published {p.state}, model says {want}")
 
         self.each(self.stamps(t0, ("publish",)), apply)
+
+    @rule(
+        q=st.sampled_from(QUEUES),
+        key=st.sampled_from(["k1", "k2"]),
+        delay=delays,
+        ttl=ttls,
+        tries=st.integers(1, 3),
+    )
+    def publish_deduplicated(self, q: str, key: str, delay: int, ttl: int, tries: int) -> None:
+        """A publish under a ``simple`` dedup key: while the key's job is delayed, ready or
+        reserved, its id is the answer and nothing is written; else a new job holds the key."""
+        spec = JobSpec(b"x", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, tries=tries)
+        t0 = self.clock.now
+        call = self.svc.publish_keyed(self.route, NS, q, [spec], Dedup(key), None)
+        out, err = self.request("publish deduplicated", call)
+        self.no_503_when_retried("publish deduplicated", err)
+        if isinstance(err, QueueFull):
+
+            def refused(m: Model, now: int) -> None:
+                _, alive, _ = m.dedup_holder(q, key)
+                if alive or not m.full(q, 1):
+                    raise Mismatch(f"publish under {key} refused as full: {err}")
+
+            self.each(self.stamps(t0, ("publish_keyed",)), refused)
+            return
+        if err is not None:
+            raise err
+        assert out is not None and len(out.published) == 1
+        p = out.published[0]
+        STATS[f"dedup {out.dedup}"] += 1
+
+        def apply(m: Model, now: int) -> None:
+            held, alive, free = m.dedup_holder(q, key)
+            if out.dedup == "existing":
+                if p.job_id != held or not alive:
+                    raise Mismatch(f"{key}: answered {p.job_id}, model's holder {held} ({alive})")
+                return
+            if out.dedup != "new":
+                raise Mismatch(f"{key}: a simple key answered {out.dedup}")
+            if not free and p.job_id != held:
+                raise Mismatch(f"{key}: a new job {p.job_id} while {held} holds the key")
+            if p.job_id == held:  # (a retry after a lost reply found its own job)
+                return
+            if m.full(q, 1):
+                raise Mismatch(f"publish under {key} past max_size {m.max_size[q]} taken")
+            m.place(q, p.job_id, False, t0, now, delay, ttl and delay + ttl, tries, 0, None, False)
+            m.dedup[(q, key)] = p.job_id
+
+        self.each(self.stamps(t0, ("publish_keyed",)), apply)
 
     @rule(
         queues=st.sampled_from([["a"], ["b"], ["a", "b"], ["b", "a"]]),

@@ -80,6 +80,17 @@ class Model:
     paused: set[str] = field(default_factory=set)  # queues whose CONF says paused
     max_size: dict[str, int] = field(default_factory=dict)  # CONF max_size per queue
     backoff: dict[str, Backoff] = field(default_factory=dict)  # CONF backoff per queue
+    dedup: dict[tuple[str, str], str] = field(default_factory=dict)  # (queue, key) -> job id
+
+    def dedup_holder(self, q: str, key: str) -> tuple[str | None, bool, bool]:
+        """A simple dedup key's job, and whether it may hold the key (alive: delayed, ready
+        or reserved) and whether it may not (gone or dead), over the outcomes still allowed."""
+        held = self.dedup.get((q, key))
+        if held is None:
+            return None, False, True
+        outcomes = [self.jobs.get((q, held)), *self.alts.get((q, held), [])]
+        alive = [j is not None and j.state != DEAD for j in outcomes]
+        return held, any(alive), not all(alive)
 
     def copy(self) -> Model:
         return copy.deepcopy(self)
@@ -177,10 +188,12 @@ class Model:
         tries: int,
         priority: int,
         backoff: Backoff | None = None,
+        wheel: bool = True,
     ) -> str:
         """A new job (the caller checked it is not a duplicate); its published state. ``base``:
         the request's time (due and ttl count from it); ``now``: when the script ran (a
-        retried step is stamped afresh)."""
+        retried step is stamped afresh); ``wheel``: whether it may rest in the wheel (a job
+        published under a dedup key never does)."""
         due = base + delay
         start = due - due % BUCKET_WIDTH_MS
         j = MJob(
@@ -196,7 +209,13 @@ class Model:
             backoff=backoff,
         )
         # only priority-0 jobs rest in the wheel (a priority job must not wait behind a backlog)
-        if j.state == DELAYED and not client and priority == 0 and start > base + OPEN_LEAD_MS:
+        if (
+            wheel
+            and j.state == DELAYED
+            and not client
+            and priority == 0
+            and start > base + OPEN_LEAD_MS
+        ):
             j.wheel = start
         self.jobs[(q, job_id)] = j
         self.alts.pop((q, job_id), None)
