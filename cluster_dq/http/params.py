@@ -15,6 +15,7 @@ from starlette.types import Message
 
 from cluster_dq.backoff import Backoff
 from cluster_dq import names, userjson
+from cluster_dq.tracing import TRACEPARENT, TRACESTATE
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.models import (
     MAX_ATTR_KEY,
@@ -48,6 +49,7 @@ LEASE_RE = re.compile(r"[0-9a-fA-F]{16}")
 MAX_QUEUES = 32  # queues of one consume
 MAX_LIST = 1000  # queues per page of a namespace listing
 MAX_AT_MS = 2**48 - 1  # a due time (Unix ms) fits the job record's u48
+TRACE_CONTEXT = (TRACEPARENT, TRACESTATE)  # attributes an Idempotency-Key's fingerprint leaves out
 
 
 def query(request: Request) -> dict[str, str]:
@@ -388,8 +390,10 @@ def dedup(query: Mapping[str, str]) -> Dedup | None:
 
 def idempotency(request: Request, kind: bytes, body: bytes) -> Idempotency | None:
     """The ``Idempotency-Key`` header, with the fingerprint of the request it came with: the
-    route (``kind``), its query but the token, the job attributes' headers and the body. A
-    repeat must send the same of each (else 422)."""
+    route (``kind``), its query but the token, the job attributes' headers but the trace
+    context's, and the body. A repeat must send the same of each (else 422). The
+    ``traceparent`` and ``tracestate`` attributes are left out: a traced client puts a new
+    span's context into each attempt, so a repeat of the very same call would differ."""
     key = header(request, "idempotency-key")
     if key is None:
         return None
@@ -398,7 +402,8 @@ def idempotency(request: Request, kind: bytes, body: bytes) -> Idempotency | Non
         if name != "token":
             digest.update(b"\0q%s=%s" % (name.encode(), value.encode()))
     for name, value in sorted((attributes(request) or {}).items()):
-        digest.update(b"\0a%s=%s" % (name.encode(), value.encode()))
+        if name not in TRACE_CONTEXT:
+            digest.update(b"\0a%s=%s" % (name.encode(), value.encode()))
     digest.update(b"\0b")
     digest.update(body)
     return Idempotency(key, digest.digest())

@@ -124,3 +124,23 @@ def test_an_idempotency_key_on_a_bulk(api: httpx.Client) -> None:
     # a one-job publish under a bulk's key is another request
     assert api.put("/api/ns/q", headers={IDEM: "bulk-1"}, content=body).status_code == 422
     assert size(api)["size"] == 3
+
+
+def test_the_trace_context_attributes_are_not_part_of_the_request(api: httpx.Client) -> None:
+    """A traced client puts a new span's context into the attributes of each attempt: a repeat
+    differing only in traceparent and tracestate is the same request; another attribute not."""
+
+    def attrs(span: str, **more: str) -> dict[str, str]:
+        trace = f"00-{'a' * 32}-{span * 16}-01"
+        extra = {f"Job-Attr-{k}": v for k, v in more.items()}
+        return {"Enable-Job-Version": "YES", "Job-Attr-traceparent": trace, **extra}
+
+    first = api.put("/api/ns/q", headers={IDEM: "t-1", **attrs("1", tracestate="v=1")})
+    again = api.put("/api/ns/q", headers={IDEM: "t-1", **attrs("2", tracestate="v=2")})
+    assert first.status_code == 201 and again.status_code == 201, again.text
+    assert again.json() == first.json() and again.headers["idempotent-replayed"] == "true"
+    bare = api.put("/api/ns/q", headers={IDEM: "t-1", "Enable-Job-Version": "YES"})
+    assert bare.status_code == 201 and bare.json() == first.json()  # none sent at all
+    other = api.put("/api/ns/q", headers={IDEM: "t-1", **attrs("3", tracestate="v=1", x="1")})
+    assert other.status_code == 422 and IDEM in other.json()["error"]
+    assert size(api)["size"] == 1
