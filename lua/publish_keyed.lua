@@ -26,7 +26,8 @@
   Returns: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}
     status: OK; FULL (the queue's max_size: nothing written); FORBIDDEN (debounce: the key's
     job is reserved or dead, its state in `dedup` and its code and member after; nothing
-    written); MISMATCH (the
+    written; not when that job is job 1 itself: a repeat of this call, answered EXISTING);
+    MISMATCH (the
     Idempotency-Key's answer is another request's; nothing written)
     replayed: 1 when this is the Idempotency-Key's answer, kept from its first call
     dedup: 0 (no key, or a new job holds it now), EXISTING (the holder's member and state
@@ -91,9 +92,16 @@ end
 
 local was_empty = redis.call('EXISTS', READY) == 0
 local status, dedup, lowered, codes, members = CODE.OK, 0, 0, {}, {}
-if holder and mode == DEBOUNCE and redis.call('HEXISTS', JOBS, holder) == 1 then
-  local st = state_of(holder)
-  if st ~= CODE.READY and st ~= CODE.DELAYED then return {CODE.FORBIDDEN, 0, st, 0, st, holder} end
+-- A debounce replaces the key's job while it waits, and is refused once it is reserved or
+-- dead, unless that job is job 1 itself: this call's own, made by its first attempt (whose
+-- reply was lost) and taken since, answered as the job it is (EXISTING), as a repeat
+local st = holder and redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
+local waiting = st == CODE.READY or st == CODE.DELAYED
+if st and mode == DEBOUNCE and not waiting then
+  local _, own = job(1)
+  if holder ~= own then return {CODE.FORBIDDEN, 0, st, 0, st, holder} end
+end
+if st and mode == DEBOUNCE and waiting then
   local due, _, rec = job(1)
   redis.call('ZREM', st == CODE.READY and READY or DELAYED, holder)
   redis.call('ZREM', EXPIRE, holder)
@@ -113,9 +121,7 @@ if holder and mode == DEBOUNCE and redis.call('HEXISTS', JOBS, holder) == 1 then
   end
   dedup, members[1] = CODE.REPLACED, holder
 elseif holder then
-  local st = CODE.NOT_FOUND
-  if redis.call('HEXISTS', JOBS, holder) == 1 then st = state_of(holder) end
-  dedup, codes[1], members[1] = CODE.EXISTING, st, holder
+  dedup, codes[1], members[1] = CODE.EXISTING, st or CODE.NOT_FOUND, holder
 else
   -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)
   local room = tonumber(redis.call('HGET', CONF, 'max_size') or '')

@@ -223,6 +223,38 @@ async def test_a_repeat_after_a_lost_reply_finds_its_own_job(
     check_queue(sync_redis, NS, Q)
 
 
+async def test_a_debounce_repeated_after_its_job_was_taken_answers_that_job(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """The reply of a debounce publish is lost and a consumer reserves the job it made before
+    the engine repeats the call: the repeat finds its own job under the key, which it must not
+    refuse as a debounce of a reserved job (a 409 saying nothing was changed)."""
+    real_step = engine._step
+    taken: list[str] = []
+
+    async def lose_the_first_reply(step: Any) -> Any:
+        reply = await real_step(step)
+        if isinstance(step, Eval) and step.script == "publish_keyed" and not taken:
+            taken.extend(j.job_id for j in await consume(engine, now_ms()))
+            raise RedisConnectionError("reply lost")
+        return reply
+
+    engine._step = lose_the_first_reply  # type: ignore[method-assign]
+    try:
+        got = await keyed(engine, now_ms(), key="d", mode="debounce")
+    finally:
+        engine._step = real_step  # type: ignore[method-assign]
+    assert len(taken) == 1
+    assert got.dedup == "new" and not got.replayed
+    assert got.published[0].job_id == taken[0] and not got.published[0].duplicate
+    assert got.published[0].state is JobState.RESERVED
+    s = await sizes(engine)
+    assert (s.ready, s.reserved) == (0, 1)
+    with pytest.raises(WrongState):  # another debounce under the key is still refused
+        await keyed(engine, now_ms(), b"other", key="d", mode="debounce")
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
