@@ -39,7 +39,8 @@ def publish_keyed(
 ) -> Op[KeyedPublished]:
     """Publishes ``specs`` (all or none, as a bulk: ``QueueFull``) unless a key answers.
     Safe to repeat: the ids are fixed before the first attempt, so a repeat finds its own job
-    under the dedup key (told as new) or its own answer under the Idempotency-Key."""
+    under the dedup key or its own answer under the Idempotency-Key, told as new (not
+    replayed) when the service made the ids; a client's job_id gets any request's answer."""
     qk = QueueKeys(ns, q)
     jobs = place_jobs(cfg, qk, specs, now, wheel_ok=False)
     keys = {"queue": fixed_keys(qk), "keyed": qk.keyed, "keyed_due": qk.keyed_due}
@@ -80,23 +81,28 @@ def publish_keyed(
 def _outcome(
     members: Sequence[bytes], made_up: Sequence[bool], reply: replies.KeyedReply, keyed: bool
 ) -> KeyedPublished:
-    mine = reply.members == tuple(members)  # the key held by this very call's job (a repeat)
+    # This very call's own repeat (the engine's, after a lost reply) when the answer names the
+    # ids it made up before its first attempt: no other call has them. A client's job_id names
+    # no call: the answer is the one any request with that id gets (duplicate, existing,
+    # replaced, replayed).
+    mine = all(made_up) and reply.members == tuple(members)
+    existing = reply.dedup is ReplyCode.EXISTING
     published = [
         Published(
             id_to_text(m),
-            c is ReplyCode.DUPLICATE and not made,
+            not made and (c is ReplyCode.DUPLICATE or (existing and m == asked)),
             replies.job_state(c),
         )
-        for m, c, made in zip(reply.members, reply.codes, made_up)
+        for m, c, made, asked in zip(reply.members, reply.codes, made_up, members)
     ]
     dedup: str | None = None
     if keyed:
         if reply.dedup is ReplyCode.REPLACED:
             dedup = "new" if mine else "replaced"
-        elif reply.dedup is ReplyCode.EXISTING and not mine:
+        elif existing and not mine:
             dedup = "existing"
         elif reply.codes and reply.codes[0] is ReplyCode.DUPLICATE and published[0].duplicate:
             dedup = "existing"  # a client job_id held already, not under this key
         else:
             dedup = "new"
-    return KeyedPublished(published, dedup, reply.replayed)
+    return KeyedPublished(published, dedup, reply.replayed and not mine)

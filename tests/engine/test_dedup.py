@@ -216,6 +216,7 @@ async def test_a_repeat_after_a_lost_reply_finds_its_own_job(
     assert lost
     assert got.dedup == (mode and "new")
     assert not got.published[0].duplicate
+    assert not got.replayed  # its own answer, not a replay: the job was published by this call
     s = await sizes(engine)
     assert s.ready == 1
     (job,) = await consume(engine, now_ms())
@@ -330,4 +331,35 @@ async def test_a_job_id_of_the_client_is_kept_and_distinct_from_the_key(
     assert (other.dedup, other.published[0].job_id) == ("existing", "mine-1")
     again = await keyed(engine, t, key="another", job_id="mine-1")  # the id is taken
     assert again.dedup == "existing" and again.published[0].duplicate
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_job_id_of_the_client_repeated_under_its_key_is_a_duplicate(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A client's job_id names no call: its repeat under the key it holds gets the answer any
+    other request gets (duplicate, existing; replaced for a debounce), not that of a new job."""
+    t = now_ms()
+    first = await keyed(engine, t, job_id="mine-1")
+    again = await keyed(engine, t + 1, job_id="mine-1")
+    assert (first.dedup, first.published[0].duplicate) == ("new", False)
+    assert (again.dedup, again.published[0].duplicate) == ("existing", True)
+    assert again.published[0].job_id == "mine-1"
+    v1 = await keyed(engine, t, b"v1", key="d", mode="debounce", job_id="deb-1", delay_ms=SEC)
+    v2 = await keyed(engine, t + 1, b"v2", key="d", mode="debounce", job_id="deb-1")
+    assert (v1.dedup, v2.dedup) == ("new", "replaced")
+    assert v2.published[0].job_id == "deb-1" and not v2.published[0].duplicate
+    job = await engine.run(ops.peek_job(NS, Q, "deb-1"))
+    assert job is not None and job.body == b"v2"
+    # with the job reserved, a repeat of its id is a duplicate too (not a 409: the job is its own)
+    got = await consume(engine, t + 2, count=2)
+    assert {j.job_id for j in got} == {"mine-1", "deb-1"}
+    taken = await keyed(engine, t + 3, b"v3", key="d", mode="debounce", job_id="deb-1")
+    assert (taken.dedup, taken.published[0].duplicate) == ("existing", True)
+    assert taken.published[0].state is JobState.RESERVED
+    # under an Idempotency-Key, a repeat with the same id is a replay, whatever made it
+    idem = await keyed(engine, t + 4, b"i", key=None, idem="i-1", job_id="idem-1")
+    replay = await keyed(engine, t + 5, b"i", key=None, idem="i-1", job_id="idem-1")
+    assert (idem.replayed, replay.replayed) == (False, True)
+    assert replay.published[0].job_id == "idem-1" and not replay.published[0].duplicate
     check_queue(sync_redis, NS, Q)

@@ -144,3 +144,16 @@ def test_the_trace_context_attributes_are_not_part_of_the_request(api: httpx.Cli
     other = api.put("/api/ns/q", headers={IDEM: "t-1", **attrs("3", tracestate="v=1", x="1")})
     assert other.status_code == 422 and IDEM in other.json()["error"]
     assert size(api)["size"] == 1
+
+
+def test_a_job_id_repeated_under_its_dedup_key_is_a_duplicate(api: httpx.Client) -> None:
+    first = api.put("/api/ns/q", params={"job_id": "A1", "dedup_key": "K"}, content=b"a")
+    again = api.put("/api/ns/q", params={"job_id": "A1", "dedup_key": "K"}, content=b"a")
+    assert first.json() == {"msg": "published", "job_id": "A1", "dedup": "new"}
+    assert again.json() == {**first.json(), "dedup": "existing", "duplicate": True}
+    debounce = {"job_id": "B1", "dedup_key": "D", "dedup_mode": "debounce", "delay": 100}
+    api.put("/api/ns/q", params=debounce, content=b"v1")
+    v2 = api.put("/api/ns/q", params=debounce, content=b"v2").json()
+    assert v2 == {"msg": "published", "job_id": "B1", "dedup": "replaced"}
+    assert api.get("/api/ns/q/job/B1").json()["data"] == "djI="  # v2
+    assert (size(api)["size"], size(api)["delayed"]) == (1, 1)
