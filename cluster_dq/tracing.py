@@ -13,6 +13,8 @@ tracer provider is configured; the service makes spans only with ``EnableTracing
 
 from __future__ import annotations
 
+import logging
+
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -26,7 +28,7 @@ from cluster_dq.names import MAX_ATTR_VALUE, MAX_ATTRIBUTES
 
 try:
     from opentelemetry import context as otel_context
-    from opentelemetry import propagate, trace
+    from opentelemetry import trace
     from opentelemetry.context import Context
     from opentelemetry.trace import Link, SpanKind, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -35,6 +37,27 @@ try:
     OTEL = True
 except ImportError:  # the otel extra is not installed: every helper below is a no-op
     OTEL = False
+
+_PROPAGATOR: Any = None
+log = logging.getLogger(__name__)
+
+
+def propagator() -> Any:
+    """The process's propagator (``OTEL_PROPAGATORS``), looked up at first use: importing
+    ``opentelemetry.propagate`` raises when that variable names a propagator that is not
+    installed (``b3``, ``xray``...), which must not break the import of the client or the
+    service. Then the W3C trace context is used, and a warning says so."""
+    global _PROPAGATOR
+    if _PROPAGATOR is None:
+        try:
+            from opentelemetry import propagate
+
+            _PROPAGATOR = propagate.get_global_textmap()
+        except Exception as e:
+            log.warning("OTEL_PROPAGATORS: %s; the W3C trace context is used instead", e)
+            _PROPAGATOR = W3C
+    return _PROPAGATOR
+
 
 SEMCONV = "1.44.0"  # the messaging conventions followed (opentelemetry-semantic-conventions 0.66b2)
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV}"
@@ -136,7 +159,7 @@ class Traced:
 
     def headers(self, headers: dict[str, str]) -> dict[str, str]:
         """``headers`` with this span's context (the process's propagator: ``traceparent``)."""
-        propagate.inject(headers, trace.set_span_in_context(self.span))
+        propagator().inject(headers, context=trace.set_span_in_context(self.span))
         return headers
 
     def carry(self, attributes: Mapping[str, str] | None) -> Mapping[str, str] | None:
@@ -337,7 +360,7 @@ def server_span(
         attributes[MESSAGE_ID] = job_id
     span = tracer.start_span(
         f"{op_type} {destination}",
-        context=propagate.extract(headers),
+        context=propagator().extract(headers),
         kind=SpanKind.SERVER,
         attributes=attributes,
     )

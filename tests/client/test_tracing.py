@@ -355,3 +355,25 @@ async def test_the_blocking_client_makes_the_same_spans(
     receive = _one(got, f"receive {NS}/orders", SpanKind.CLIENT)
     assert _linked(receive, send)
     assert _child(_one(got, f"send {NS}/orders", SpanKind.SERVER), send)
+
+
+def test_a_propagator_that_is_not_installed_breaks_nothing() -> None:
+    """``OTEL_PROPAGATORS=b3`` without the b3 package: importing opentelemetry.propagate
+    raises, which broke every import of the client and the service (tracing on or off). Now
+    the W3C trace context is used, with a warning."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import cluster_dq.client, cluster_dq.settings\n"
+        "from cluster_dq import tracing\n"
+        "carrier = {}\n"
+        "tracing.propagator().inject(carrier)\n"
+        "print(type(tracing.propagator()).__name__)\n"
+    )
+    env = {**os.environ, "OTEL_PROPAGATORS": "b3"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "TraceContextTextMapPropagator"
+    assert "OTEL_PROPAGATORS" in out.stderr
