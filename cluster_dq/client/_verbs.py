@@ -209,6 +209,9 @@ def _publication(r: Reply) -> Publication:
     )
 
 
+MAX_TTL_MS = rules.MAX_DEDUP_TTL_MS  # a throttle window, as the service takes it
+
+
 def _dedup_params(key: str | None, mode: str | None, ttl: float | None) -> list[tuple[str, str]]:
     if key is None:
         if mode is not None or ttl is not None:
@@ -221,7 +224,10 @@ def _dedup_params(key: str | None, mode: str | None, ttl: float | None) -> list[
         raise ValueError(f"dedup_mode {mode!r}: one of {', '.join(rules.DEDUP_MODES)}")
     if (mode == "throttle") != (ttl is not None):
         raise ValueError("dedup_ttl (seconds) is required with dedup_mode='throttle' only")
-    return query(dedup_key=key, dedup_mode=mode, dedup_ttl=opt(millis, ttl, "dedup_ttl"))
+    window = opt(millis, ttl, "dedup_ttl")
+    if ttl is not None and not (ttl * 1000 >= 1 - 1e-9 and int(window or 0) <= MAX_TTL_MS):
+        raise ValueError(f"dedup_ttl must be 0.001 to {MAX_TTL_MS // 1000} seconds, not {ttl!r}")
+    return query(dedup_key=key, dedup_mode=mode, dedup_ttl=window)
 
 
 def _idempotency(headers: dict[str, str], key: str | None) -> None:

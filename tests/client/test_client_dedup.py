@@ -60,6 +60,10 @@ async def test_an_idempotency_key_gets_the_first_answer(dq: Any) -> None:
         {"dedup_key": "k", "dedup_mode": "often"},
         {"dedup_key": "k", "dedup_mode": "throttle"},
         {"dedup_key": "k", "dedup_ttl": 5},
+        {"dedup_key": "k", "dedup_mode": "throttle", "dedup_ttl": 0},
+        {"dedup_key": "k", "dedup_mode": "throttle", "dedup_ttl": 0.0004},  # under 1 ms
+        {"dedup_key": "k", "dedup_mode": "throttle", "dedup_ttl": 0.0009},
+        {"dedup_key": "k", "dedup_mode": "throttle", "dedup_ttl": 30 * 86400 + 1},  # over 30 days
         {"dedup_mode": "simple"},
         {"idempotency_key": ""},
         {"idempotency_key": "x" * 256},
