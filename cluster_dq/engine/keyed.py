@@ -71,7 +71,7 @@ def publish_keyed(
             id_to_text(reply.members[0]),
             state,
             "debounce",
-            "the job waiting (delayed or ready): a reserved job is not replaced",
+            f"the job waiting (delayed or ready): a {state} job is not replaced",
         )
     if reply.lowered:
         yield signal(qk, cfg, jobs.event)

@@ -32,14 +32,19 @@ class Guard:
         self.throttle = Throttle(service)
         self.write = self.throttle.writes  # a route counted against the token's write limit
 
-    async def auth(self, request: Request, ns: str, q: str | None = None) -> PoolRoute[RedisPool]:
+    async def auth(
+        self, request: Request, ns: str, q: str | None = None, takes: params.Keys = params.NO_KEYS
+    ) -> PoolRoute[RedisPool]:
         """The pool the request's token routes ``ns`` to, names checked first; else 400, 401
-        or 404 (an unknown pool)."""
+        or 404 (an unknown pool). A publish's keys the route does not ``take`` (a dedup key,
+        an Idempotency-Key) are a 400 naming them, not ignored."""
         params.check_names(ns, q)
         token = params.header(request, "x-token") or params.query(request).get("token")
         if token and not well_formed_raw(token):
             raise Unauthorized("invalid token")  # by its shape: no lookup, nothing cached
-        return await self.service.authorize(token, ns)
+        route = await self.service.authorize(token, ns)
+        params.refuse_keys(request, takes)
+        return route
 
 
 class Handlers:

@@ -101,7 +101,7 @@ class JobsAPI(Handlers):
         # The token first: nothing unauthenticated is buffered. A refusal answered with the
         # body unread is safe: the server discards the rest of the body and keeps the
         # connection (tests/http/test_edges.py sends 30 MB with a junk token through httpx).
-        route = await self.auth(request, ns, q)
+        route = await self.auth(request, ns, q, params.PUBLISH_KEYS)
         body = await params.body(request, self.s.MaxBodyBytes)
 
         async def run() -> Response:
@@ -121,15 +121,14 @@ class JobsAPI(Handlers):
 
     async def bulk(self, request: Request) -> Response:
         ns, q = request.path_params["ns"], request.path_params["q"]
-        route = await self.auth(request, ns, q)  # before the body: see publish
+        # before the body: see publish; a dedup parameter is a 400 (one job per key)
+        route = await self.auth(request, ns, q, params.BULK_KEYS)
         data = await params.body(request, self.s.MaxBodyBytes * 64 + 1024)
 
         async def run() -> Response:
             spec = await self._specs(request, route, ns, q)
             if spec.keywords["job_id"] is not None:
                 raise BadRequest("job_id is not allowed in bulk publish", "job_id")
-            if "dedup_key" in params.query(request):
-                raise BadRequest("dedup_key is not allowed in bulk publish", "dedup_key")
             bodies = params.bulk_elements(data, self.s.MaxBodyBytes)
             specs = [spec(b) for b in bodies]
             idem = params.idempotency(request, b"bulk", data)

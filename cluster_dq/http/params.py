@@ -7,7 +7,7 @@ import json
 import re
 from urllib.parse import parse_qsl
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -384,8 +384,41 @@ def dedup(query: Mapping[str, str]) -> Dedup | None:
             if name in query:
                 raise BadRequest(f"{name} needs a dedup_key", name)
         return None
-    ttl = uint(query, "dedup_ttl", 0, names.MAX_DEDUP_TTL_MS)
-    return Dedup(key, query.get("dedup_mode", "simple"), ttl)
+    mode = query.get("dedup_mode", "simple")
+    if mode in names.DEDUP_MODES and mode != "throttle" and "dedup_ttl" in query:
+        # refused whatever its value (dedup_ttl=0 included: as absent to Dedup)
+        raise BadRequest("dedup_ttl is for dedup_mode=throttle only", "dedup_ttl")
+    return Dedup(key, mode, uint(query, "dedup_ttl", 0, names.MAX_DEDUP_TTL_MS))
+
+
+class Keys(NamedTuple):
+    """The publish keys a data route takes (``refuse_keys``)."""
+
+    dedup: bool
+    idempotency: bool
+
+
+NO_KEYS, PUBLISH_KEYS, BULK_KEYS = Keys(False, False), Keys(True, True), Keys(False, True)
+DEDUP_PARAMS = ("dedup_key", "dedup_mode", "dedup_ttl")
+
+
+def refuse_keys(request: Request, takes: Keys) -> None:
+    """A dedup parameter on a route but a one-job publish, an Idempotency-Key on a route but a
+    publish or bulk publish, or two Idempotency-Key headers: a 400 naming it (not ignored, so
+    that a client never takes a write for deduplicated or idempotent when it is not)."""
+    if not takes.dedup:
+        qp = query(request)
+        for name in DEDUP_PARAMS:
+            if name in qp:
+                raise BadRequest(f"{name} is taken by a one-job publish only", name)
+    if header(request, "idempotency-key") is None:
+        return
+    if not takes.idempotency:
+        raise BadRequest(
+            "Idempotency-Key is taken by a publish or bulk publish only", "Idempotency-Key"
+        )
+    if sum(1 for name, _ in request.scope["headers"] if name.lower() == b"idempotency-key") > 1:
+        raise BadRequest("invalid Idempotency-Key: sent more than once", "Idempotency-Key")
 
 
 def idempotency(request: Request, kind: bytes, body: bytes) -> Idempotency | None:

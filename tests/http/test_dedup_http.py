@@ -69,6 +69,8 @@ def test_throttle_and_debounce(api: httpx.Client) -> None:
             "dedup_ttl",
         ),
         ({"dedup_key": "k", "dedup_ttl": "1000"}, "dedup_ttl"),
+        ({"dedup_key": "k", "dedup_ttl": "0"}, "dedup_ttl"),  # 0 is no window either
+        ({"dedup_key": "k", "dedup_mode": "debounce", "dedup_ttl": "5"}, "dedup_ttl"),
         ({"dedup_mode": "simple"}, "dedup_mode"),
         ({"dedup_ttl": "5"}, "dedup_ttl"),
     ],
@@ -82,9 +84,44 @@ def test_bad_dedup_parameters_are_a_400_and_write_nothing(
     assert size(api)["size"] == 0
 
 
-def test_dedup_key_is_refused_in_a_bulk(api: httpx.Client) -> None:
-    r = api.put("/api/ns/q/bulk", params={"dedup_key": "k"}, content=b"[1, 2]")
-    assert r.status_code == 400 and "dedup_key" in r.json()["error"]
+@pytest.mark.parametrize(
+    "query",
+    [{"dedup_key": "k"}, {"dedup_mode": "debounce"}, {"dedup_ttl": "junk"}, {"dedup_ttl": "5"}],
+)
+def test_dedup_parameters_are_refused_in_a_bulk(api: httpx.Client, query: dict[str, str]) -> None:
+    r = api.put("/api/ns/q/bulk", params=query, content=b"[1, 2]")
+    assert r.status_code == 400 and next(iter(query)) in r.json()["error"]
+    assert size(api)["size"] == 0
+
+
+def test_routes_that_take_no_keys_refuse_them(api: httpx.Client) -> None:
+    """A dedup parameter or an Idempotency-Key on a route that does not take it is a 400 naming
+    it, nothing done (not ignored: the client would take the write for deduplicated)."""
+    jid = api.put("/api/ns/q", content=b"a").json()["job_id"]
+    job = f"/api/ns/q/job/{jid}"
+    refused = [
+        api.put(job, params={"dedup_key": "k"}, content=b"b"),  # republish
+        api.put(job, params={"dedup_mode": "simple"}, content=b"b"),
+        api.put(job, headers={IDEM: "r-1"}, content=b"b"),
+        api.post(f"{job}/bury", headers={IDEM: "r-2"}),
+        api.post("/api/ns/q/ack", headers={IDEM: "r-3"}, json=[jid]),
+        api.delete(job, params={"dedup_key": "k"}),
+        api.get("/api/ns/q", params={"ttr": 30, "dedup_key": "k"}),
+        api.put("/api/ns/q/schedules/s1", headers={IDEM: "r-4"}, json={"every": 60}),
+    ]
+    for r in refused:
+        assert r.status_code == 400, (r.request.url, r.text)
+        assert "dedup_" in r.json()["error"] or IDEM in r.json()["error"]
+    assert api.get(job).json()["state"] == "ready"
+    assert (size(api)["size"], size(api)["reserved"]) == (1, 0)
+    assert api.get("/api/ns/q/schedules").json().get("schedules", []) == []
+
+
+def test_two_idempotency_keys_are_a_400(api: httpx.Client) -> None:
+    two = [(IDEM, "k1"), (IDEM, "k2")]
+    for path, body in (("/api/ns/q", b"x"), ("/api/ns/q/bulk", b"[1]")):
+        r = api.put(path, headers=two, content=body)
+        assert r.status_code == 400 and IDEM in r.json()["error"]
     assert size(api)["size"] == 0
 
 
@@ -157,3 +194,18 @@ def test_a_job_id_repeated_under_its_dedup_key_is_a_duplicate(api: httpx.Client)
     assert v2 == {"msg": "published", "job_id": "B1", "dedup": "replaced"}
     assert api.get("/api/ns/q/job/B1").json()["data"] == "djI="  # v2
     assert (size(api)["size"], size(api)["delayed"]) == (1, 1)
+
+
+def test_a_debounce_under_a_dead_job_names_its_state(api: httpx.Client) -> None:
+    """A dead simple or debounce holder is taken over; a throttle window's dead job still holds
+    the key, and the 409 says it is dead (not 'reserved')."""
+    first = api.put("/api/ns/q", params={"dedup_key": "d", "dedup_mode": "debounce"}).json()
+    assert api.post(f"/api/ns/q/job/{first['job_id']}/bury").status_code == 200
+    taken = api.put("/api/ns/q", params={"dedup_key": "d", "dedup_mode": "debounce"}).json()
+    assert taken["dedup"] == "new" and taken["job_id"] != first["job_id"]
+    window = {"dedup_key": "t", "dedup_mode": "throttle", "dedup_ttl": 60_000}
+    held = api.put("/api/ns/q", params=window).json()["job_id"]
+    assert api.post(f"/api/ns/q/job/{held}/bury").status_code == 200
+    r = api.put("/api/ns/q", params={"dedup_key": "t", "dedup_mode": "debounce"})
+    assert r.status_code == 409 and r.json()["state"] == "dead"
+    assert "a dead job is not replaced" in r.json()["error"]
