@@ -13,6 +13,8 @@ be importable by name (a module-level function)."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -25,9 +27,11 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -35,6 +39,8 @@ from cluster_dq.client._runner import DaemonThreads, Pool, cancel_waiting
 
 log = logging.getLogger("cluster_dq.worker")
 STOP_GRACE = 5.0  # seconds a retiring child gets to end on its own before it is killed
+START_TIMEOUT = 60.0  # seconds a new child gets to say it is ready
+NO_PROCESS_WAIT = 5.0  # seconds a job no process could be started for waits to be taken again
 ORPHAN_CHECK = 1.0  # seconds between a child's looks at whether the worker is still there
 
 
@@ -43,11 +49,43 @@ class ChildDied(Exception):
     an operator), crashed, or it exited."""
 
 
+class NoProcess(Exception):
+    """No child could be started to run the handler (the OS refused a process): the job is
+    given back without spending a try."""
+
+
 class RemoteTraceback(Exception):
     """The traceback of an exception raised in a child (its ``__cause__``)."""
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+_LIVE: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_children() -> None:
+    """At the worker's exit, before multiprocessing's own exit function: children left (a
+    stop that did not wait) are killed, not sent the SIGTERM they ignore."""
+    for pool in list(_LIVE):
+        pool.kill_all()
+
+
+def _forkserver_deaf_to_sigterm() -> None:
+    """Starts the forkserver, if it does not run yet, with SIGTERM ignored (inherited through
+    its exec, and by every child it forks): a SIGTERM to the worker's whole process group
+    (systemd's ``KillMode=control-group``, ``kill -TERM -PGID``) must leave stopping to the
+    worker, which lets running handlers finish. (The forkserver's end is every child's end:
+    multiprocessing takes it for the child's exit.) Only the main thread may set a handler;
+    elsewhere the forkserver starts as multiprocessing starts it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def method() -> str:
@@ -118,6 +156,15 @@ class ProcessPool(Executor):
         self._context = multiprocessing.get_context(method())
         if self._context.get_start_method() == "forkserver":  # (no effect once it runs)
             self._context.set_forkserver_preload(["cluster_dq.client", *preload])
+            _forkserver_deaf_to_sigterm()
+        try:
+            first: _Child | None = _Child(self._context, f"{prefix}-0")
+        except Exception as e:
+            raise RuntimeError(
+                f"isolation='process': no process could be started for the handler ({e}). "
+                "A script that runs a Worker must do so under `if __name__ == '__main__':` "
+                "(each child imports the script; docs/worker.md)"
+            ) from e
         self._max_tasks, self._max_memory = max_tasks, max_memory
         self._work: queue.SimpleQueue[
             tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None
@@ -128,9 +175,15 @@ class ProcessPool(Executor):
         self._closed = False
         self.replaced = dict.fromkeys(("died", "killed", "tasks", "memory"), 0)
         self._threads = [
-            threading.Thread(target=self._serve, name=f"{prefix}-{i}", daemon=True)
+            threading.Thread(
+                target=self._serve,
+                args=(first if i == 0 else None,),
+                name=f"{prefix}-{i}",
+                daemon=True,
+            )
             for i in range(size)
         ]
+        _LIVE.add(self)
         for thread in self._threads:
             thread.start()
 
@@ -144,23 +197,24 @@ class ProcessPool(Executor):
             self._work.put((future, fn, args))
         return future
 
-    def _serve(self) -> None:
-        """One child's thread: starts it, feeds it calls, replaces it as soon as it goes, so
-        that the next call rarely waits for a child to start."""
+    def _serve(self, child: _Child | None) -> None:
+        """One child's thread: feeds its child calls, replaces it as soon as it goes, so that
+        the next call rarely waits for a child to start."""
         name = threading.current_thread().name
-        child = self._start(name)
+        child = child or self._start(name)
         try:
             while (call := self._work.get()) is not None:
                 future, fn, args = call
                 del call
-                if not future.set_running_or_notify_cancel():
-                    continue
                 child = child or self._start(name)
+                with self._lock:  # (abandon() takes it too: a call it sees running has a child)
+                    if not future.set_running_or_notify_cancel():
+                        continue
+                    if child is not None:
+                        self._running[future] = child
                 if child is None:
-                    future.set_exception(ChildDied("no process could be started for it"))
+                    future.set_exception(NoProcess("no process could be started for it"))
                     continue
-                with self._lock:
-                    self._running[future] = child
                 try:
                     ok, value, peak = child.run(fn, args)
                 except ChildDied as e:
@@ -217,13 +271,20 @@ class ProcessPool(Executor):
     def abandon(self, future: Future[Any]) -> bool:
         """A call its caller stopped waiting for (a time limit): not started, it never will;
         running, its child is killed (the handler stops there) and replaced."""
-        if future.cancel():
-            return True
         with self._lock:
+            if future.cancel():
+                return True
             child = self._running.get(future)
         if child is not None:
             child.kill()
         return True
+
+    def kill_all(self) -> None:
+        """Kills every child still running a call."""
+        with self._lock:
+            running = list(self._running.values())
+        for child in running:
+            child.kill()
 
     def abandoned(self) -> int:
         return 0  # an abandoned call's child is killed: none keeps running
@@ -260,6 +321,18 @@ class _Child:
         self.conn: Connection = parent
         self.tasks = 0
         self.killed = False
+        # it says it is ready once it runs its loop: one that dies starting (a script that
+        # starts a worker at import, a handler module that does not import) is said here
+        ready = wait([self.conn, self.process.sentinel], START_TIMEOUT)
+        if self.conn not in ready:
+            self.kill()
+            self.process.join()
+            self.conn.close()
+            raise ChildDied(
+                f"the handler's process {self.process.pid} "
+                f"{exit_text(self.process.exitcode)} while starting"
+            )
+        self.conn.recv()
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any, int]:
         """(ok, result or exception, peak RSS in bytes); ``ChildDied`` when it ended first."""
@@ -279,7 +352,15 @@ class _Child:
         )
 
     def kill(self) -> None:
+        """Kills the child and whatever its handler started (its own process group)."""
         self.killed = True
+        pid = self.process.pid
+        try:
+            if pid is not None and os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+                return
+        except OSError:  # (gone already)
+            pass
         self.process.kill()
 
     def stop(self) -> None:
@@ -308,8 +389,14 @@ def exit_text(code: int | None) -> str:
 
 def _child_main(conn: Connection, worker: int) -> None:
     """A child's loop: a call in, its outcome out, until told to stop or the worker goes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the worker
+    # A terminal's Ctrl-C and a SIGTERM to the whole group are for the worker, which stops its
+    # children itself; its own process group, so that a kill takes what the handler started.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.setsid()
     threading.Thread(target=_orphaned, args=(worker,), daemon=True).start()
+    conn.send(b"ready")
     while True:
         try:
             message = conn.recv()
@@ -323,6 +410,10 @@ def _child_main(conn: Connection, worker: int) -> None:
         fn, args = message
         try:
             reply: tuple[bool, Any, int] = (True, fn(*args), 0)
+        except SystemExit as e:  # the handler ends its process: as any other child's end
+            os._exit(e.code if isinstance(e.code, int) else 1)
+        except KeyboardInterrupt:
+            os._exit(130)
         except BaseException as e:  # the caller's to judge, whatever it is
             reply = (False, _carried(e), 0)
         del message, fn, args

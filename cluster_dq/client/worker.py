@@ -31,7 +31,7 @@ from cluster_dq.client._announce import Announcer
 from cluster_dq.client._worker_cli import parser, worker_options
 from cluster_dq.client._call import Middleware, Next, call_handler, chain, job_limit, run_hook
 from cluster_dq.client._iterform import GIVE_BACK, Delivery, IteratorForm
-from cluster_dq.client._processes import Isolation
+from cluster_dq.client._processes import NO_PROCESS_WAIT, Isolation, NoProcess
 from cluster_dq.client._runner import Pool, run_loop
 from cluster_dq.client._async.client import AsyncClient
 from cluster_dq.client._send import renew, send_outcome
@@ -46,6 +46,7 @@ from cluster_dq.client.outcomes import (
     Released,
     Retry,
     Snooze,
+    Snoozed,
     TimeLimitExceeded,
     decide,
     describe,
@@ -341,6 +342,9 @@ class Worker(IteratorForm):
             # raised by the handler itself (an inner task cancelled): the handler failed
             log.warning("job %s of %s failed: handler raised CancelledError", d.job.id, d.job.queue)
             outcome = Released(error=describe(e))
+        except NoProcess as e:  # not the job's fault: back unspent, taken again in a while
+            log.error("job %s of %s: %s: given back", d.job.id, d.job.queue, e)
+            outcome = Snoozed(NO_PROCESS_WAIT, describe(e))
         except (KeyboardInterrupt, SystemExit) as e:
             # not the job's fault: it goes back unspent, and the worker stops gracefully
             # (serve() raises this once nothing is left reserved)
@@ -436,6 +440,8 @@ class Worker(IteratorForm):
         for d in back:
             if d.task is not None:
                 d.task.cancel()
+        if self._executor is not None:  # (children still running are killed before their
+            self._executor.shutdown(wait=False, cancel_futures=True)  # jobs go back)
         self._ready.clear()
         await asyncio.gather(*(self._finish(d, GIVE_BACK) for d in back))
         # outcomes already on their way (a release at a time limit): sent before stop returns
@@ -448,8 +454,6 @@ class Worker(IteratorForm):
         if self._announce:  # (an announcement on its way must not land after the retire)
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.announcer.retire()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
         self._gauge()
         log.info("worker stopped: %s", self.counts)
         if self._started:
@@ -479,7 +483,9 @@ class Worker(IteratorForm):
             what = f"{len(running)} job(s) given out by the iterator not settled"
         else:
             what = f"handler {_name(self._handler)} still running on {len(running)} job(s)"
-            if not self._async:  # a thread cannot be stopped: it runs on, as a daemon
+            if self._executor is not None and self._executor.stops_abandoned:
+                what += " (their processes are killed)"
+            elif not self._async:  # a thread cannot be stopped: it runs on, as a daemon
                 what += " (its threads run on; they do not hold the process at exit)"
         log.warning("%s: %s, given back without spending a try: %s", why, what, jobs)
 

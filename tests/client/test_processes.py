@@ -6,9 +6,12 @@ time limit kills the child, so the handler really stops; a stop ends every child
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import pytest
 
 from cluster_dq.client import AsyncClient, Backoff, Job
 from cluster_dq.client.worker import Worker
+from tests.support import ROOT
 from tests.support.child_handlers import act
 from tests.support.workers import run_until, worker_process
 
@@ -234,3 +238,126 @@ async def test_the_command_runs_children_and_a_killed_worker_leaves_none_behind(
     finally:
         proc.kill()
         proc.wait(10)
+
+
+async def test_a_handler_that_exits_ends_its_child_not_the_worker(
+    solo: AsyncClient, tmp_path: Path
+) -> None:
+    """``sys.exit()`` in a handler ends its process, like any other child's end: the job is
+    released with ChildDied (a try spent) and the worker goes on. (It was carried back as
+    SystemExit and stopped the worker, the job given back unspent: a crash loop.)"""
+    bye, after = await publish(
+        solo, "iso-exit", tmp_path, "exit", "noop", tries=2, backoff=Backoff("fixed", 60.0)
+    )
+    worker = Worker(solo, "iso-exit", act, concurrency=1, poll_timeout=0.2, isolation="process")
+    await run_until(worker, lambda: worker.counts["acked"] >= 1, timeout=60)
+    job = await solo.get_job("iso-exit", bye)
+    assert job is not None and (job.state, job.remain_tries) == ("delayed", 1)
+    assert job.last_error == (
+        f"ChildDied: the handler's process {ran(tmp_path)[f'{bye}.1']} exited with status 3"
+    )
+    assert f"{after}.1" in ran(tmp_path)
+
+
+async def test_a_time_limit_kills_what_the_handler_started(
+    solo: AsyncClient, tmp_path: Path
+) -> None:
+    """A handler that shells out: at its time limit the child is killed with what it
+    started (its own process group), not only the child."""
+    (hang,) = await publish(
+        solo, "iso-group", tmp_path, "spawn-hang", tries=2, backoff=Backoff("fixed", 60.0)
+    )
+    worker = Worker(
+        solo,
+        "iso-group",
+        act,
+        concurrency=1,
+        poll_timeout=0.2,
+        isolation="process",
+        time_limit=1.0,
+    )
+    await run_until(worker, lambda: worker.counts["time_limited"] >= 1, timeout=60)
+    await ended(int((tmp_path / f"{hang}.sleeper").read_text()))
+    await ended(ran(tmp_path)[f"{hang}.1"])
+
+
+async def test_no_process_for_a_job_gives_it_back_unspent(
+    solo: AsyncClient, tmp_path: Path
+) -> None:
+    """A child dies and no other can be started (the OS refuses a process): the next job is
+    given back without spending a try, saying why, rather than failing towards the dead
+    letter as a crash would."""
+    crash, later = await publish(
+        solo, "iso-none", tmp_path, "crash-once", "noop", tries=2, backoff=Backoff("fixed", 60.0)
+    )
+    worker = Worker(solo, "iso-none", act, concurrency=1, poll_timeout=0.2, isolation="process")
+    await worker.start()
+    pool: Any = worker._executor
+    pool._start = lambda name: None  # every start from now on refused
+    try:
+        for _ in range(600):
+            if worker.counts["released"] >= 1 and worker.counts["snoozed"] >= 1:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await worker.stop()
+    job = await solo.get_job("iso-none", later)
+    assert job is not None and (job.state, job.remain_tries) == ("delayed", 2)  # unspent
+    assert job.last_error == "NoProcess: no process could be started for it"
+    crashed = await solo.get_job("iso-none", crash)
+    assert crashed is not None and crashed.remain_tries == 1
+
+
+def test_a_script_that_starts_a_worker_unguarded_fails_at_start(
+    solo_dq: tuple[str, str], tmp_path: Path
+) -> None:
+    """Each child imports the worker's script: one without ``if __name__ == "__main__":``
+    would start a worker in every child. The worker fails at its start, saying so, before it
+    takes a job (every job was dead-lettered as 'no process could be started')."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from cluster_dq.client import AsyncClient, Worker\n"
+        "from tests.support.child_handlers import act\n"
+        f"client = AsyncClient({solo_dq[0]!r}, {solo_dq[1]!r}, 'ns')\n"
+        "Worker(client, 'iso-unguarded', act, isolation='process', concurrency=1).run()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode != 0
+    assert "if __name__ == '__main__':" in out.stderr, out.stderr[-2000:]
+
+
+async def test_a_sigterm_to_the_whole_group_lets_the_running_job_finish(
+    solo_dq: tuple[str, str], solo: AsyncClient, tmp_path: Path
+) -> None:
+    """systemd's KillMode=control-group (kill -TERM -PGID) reaches the children and the
+    forkserver too: they leave stopping to the worker, so a job running at the signal
+    finishes within the shutdown timeout and is acked (its child was killed: ChildDied)."""
+    where = tmp_path / "ran"
+    where.mkdir()
+    body = json.dumps({"do": "sleep", "seconds": 2, "dir": str(where)})
+    jid = await solo.publish("iso-term", body)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CLUSTER_DQ_URL": solo_dq[0],
+        "CLUSTER_DQ_TOKEN": solo_dq[1],
+        "CLUSTER_DQ_NAMESPACE": "ns",
+    }
+    cmd = [sys.executable, "-m", "cluster_dq.client.worker", "tests.support.child_handlers:act"]
+    cmd += ["-q", "iso-term", "--isolation", "process", "--concurrency", "1"]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
+    try:
+        for _ in range(600):
+            if any(where.iterdir()):
+                break
+            await asyncio.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    job = await solo.get_job("iso-term", jid)
+    assert job is None or (job.state, job.result) == ("acked", "done")

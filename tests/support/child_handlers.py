@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +27,14 @@ def act(job: Job) -> str:
     elif do == "exit-once" and job.deliveries == 1:
         os._exit(3)
     elif do == "hang":
+        time.sleep(60)
+    elif do == "sleep":
+        time.sleep(float(body.get("seconds", 1)))
+    elif do == "exit":
+        sys.exit(3)
+    elif do == "spawn-hang":  # a handler that shells out, then hangs
+        sleeper = subprocess.Popen(["sleep", "60"])
+        Path(body["dir"], f"{job.id}.sleeper").write_text(str(sleeper.pid))
         time.sleep(60)
     elif do == "boom":
         raise ValueError("boom in a child")
