@@ -10,8 +10,10 @@ the request may have left this process (the retry rule, ``_retry.py``, depends o
   client given an httpx ``transport=`` (an in-process ASGI app, a transport of one's own).
 
 Both mean the same by a timeout of T seconds: T to get a connection (from the pool, or a new
-one), T between two reads of the reply; no limit on the whole exchange (a long poll's wait is
-added by the shell)."""
+one), T between two reads of the reply (a long poll's wait is added by the shell). Writes
+differ: httpx bounds each write by T; aiohttp has no write timeout, so a request whose body is
+over ``WRITE_BOUND`` must be sent and answered within T in all (a small body is written at
+once, into the socket's buffer)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from cluster_dq.client._core import Reply
 from cluster_dq.client.errors import TransportError
 
 Params = Sequence[tuple[str, str]]
+WRITE_BOUND = 64 * 1024  # bytes of body past which aiohttp's whole exchange is bounded
 
 
 def same_loop(bound: asyncio.AbstractEventLoop | None) -> asyncio.AbstractEventLoop:
@@ -92,15 +95,21 @@ class AiohttpSender:
         session = self._open()
         target = self._base + path + ("?" + urlencode(params) if params else "")
         limits = aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+        # aiohttp has no write timeout: a big body to a peer that stops reading would wait
+        # for ever, so a big one's whole exchange is bounded by the timeout instead
+        big = timeout is not None and content is not None and len(content) > WRITE_BOUND
         try:
-            async with session.request(
-                method,
-                URL(target, encoded=True),  # the path's segments are quoted already (_core)
-                headers=headers,
-                data=_payload(content),
-                timeout=limits,
-                allow_redirects=False,
-            ) as r:
+            async with (
+                asyncio.timeout(timeout if big else None),
+                session.request(
+                    method,
+                    URL(target, encoded=True),  # the path's segments are quoted already (_core)
+                    headers=headers,
+                    data=_payload(content),
+                    timeout=limits,
+                    allow_redirects=False,
+                ) as r,
+            ):
                 body = await r.read()
                 return Reply(r.status, r.headers, body)
         except (aiohttp.ClientError, TimeoutError) as e:

@@ -99,3 +99,28 @@ async def test_a_refused_connection_is_repeated_even_for_a_once_only_publish(
     finally:
         await c.aclose()
         await proxy.close()
+
+
+@pytest.mark.parametrize("sender", SENDERS)
+async def test_a_peer_that_stops_reading_a_big_body_times_out(sender: str, token: str) -> None:
+    """A big publish to a peer that accepts the connection and never reads: httpx bounds
+    each write by the timeout; aiohttp has no write timeout and waited for ever, so a big
+    body's whole exchange is bounded instead. Sent (some of it left): not repeated."""
+    stuck: list[asyncio.StreamWriter] = []
+
+    async def never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        stuck.append(writer)
+
+    server = await asyncio.start_server(never_read, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    c = client(sender, f"http://127.0.0.1:{port}", token, timeout=1.0, retries=0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TransportError) as e:
+            await asyncio.wait_for(c.publish("big", b"x" * (16 << 20)), 30)
+        assert e.value.sent is True and time.monotonic() - started < 10
+    finally:
+        await c.aclose()
+        for w in stuck:
+            w.close()
+        server.close()
