@@ -176,6 +176,8 @@ class Traced:
             k.lower() == TRACESTATE for k in given
         ):
             carrier.pop(TRACESTATE, None)
+        if len(given) + len(carrier) > MAX_ATTRIBUTES:  # room for the traceparent alone?
+            carrier.pop(TRACESTATE, None)
         if not carrier or len(given) + len(carrier) > MAX_ATTRIBUTES:
             return attributes
         return {**given, **carrier}

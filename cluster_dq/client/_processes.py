@@ -40,6 +40,7 @@ from cluster_dq.client._runner import DaemonThreads, Pool, cancel_waiting
 log = logging.getLogger("cluster_dq.worker")
 STOP_GRACE = 5.0  # seconds a retiring child gets to end on its own before it is killed
 START_TIMEOUT = 60.0  # seconds a new child gets to say it is ready
+MAX_CHILDREN = 512  # processes one worker may start for its handler
 NO_PROCESS_WAIT = 5.0  # seconds a job no process could be started for waits to be taken again
 ORPHAN_CHECK = 1.0  # seconds between a child's looks at whether the worker is still there
 
@@ -116,10 +117,16 @@ class Isolation:
     kind: str = "thread"
     max_tasks: int | None = None
     max_memory_mib: int | None = None
+    size: int = 1  # the worker's concurrency: threads, or processes
 
     def __post_init__(self) -> None:
         if self.kind not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {ISOLATIONS}, not {self.kind!r}")
+        if self.kind == "process" and self.size > MAX_CHILDREN:
+            raise ValueError(
+                f"isolation='process' starts a process per unit of concurrency: at most "
+                f"{MAX_CHILDREN}, not {self.size}"
+            )
         for what, n in (("tasks", self.max_tasks), ("memory", self.max_memory_mib)):
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ValueError(f"max_{what}_per_child must be an integer >= 1, or None")
@@ -128,8 +135,9 @@ class Isolation:
                 "max_tasks_per_child and max_memory_per_child need isolation='process'"
             )
 
-    def pool(self, size: int, handler: Callable[..., Any], is_async: bool) -> Pool | None:
+    def pool(self, handler: Callable[..., Any], is_async: bool) -> Pool | None:
         """The pool a handler runs in: none for an async one (it runs on the event loop)."""
+        size = self.size
         if self.kind == "thread":
             return None if is_async else DaemonThreads(size, "dq-worker")
         if is_async:

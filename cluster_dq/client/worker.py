@@ -143,7 +143,9 @@ class Worker(IteratorForm):
         self.poll_timeout, self.bury_on = poll_timeout, tuple(bury_on)
         self.shutdown_timeout, self.heartbeat = shutdown_timeout, heartbeat
         self.results, self.time_limit = results, time_limit
-        self.isolation = Isolation(isolation, max_tasks_per_child, max_memory_per_child)
+        self.isolation = Isolation(
+            isolation, max_tasks_per_child, max_memory_per_child, concurrency
+        )
         if not all(_is_async(mw) for mw in middleware):
             raise ValueError("middleware: async def mw(job, call_next) each")
         self.middleware = list(middleware)
@@ -195,7 +197,7 @@ class Worker(IteratorForm):
             return
         if self._handler is not None:
             handler = self._handler
-            self._executor = self.isolation.pool(self.concurrency, handler, self._async)
+            self._executor = self.isolation.pool(handler, self._async)
             # (tracing's process span outermost: the middleware's own spans are its children)
             outer = [*tracing.middleware(), *self.middleware]
             self._chained = chain(outer, lambda job: self._call(handler, job))

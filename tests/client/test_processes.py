@@ -195,13 +195,15 @@ def test_process_isolation_refuses_what_it_cannot_run() -> None:
             1, lambda j: None, False
         )
     with pytest.raises(ValueError, match="sync handlers"):
-        Worker(client, "q", coroutine, isolation="process").isolation.pool(1, coroutine, True)
+        Worker(client, "q", coroutine, isolation="process").isolation.pool(coroutine, True)
     with pytest.raises(ValueError, match="isolation must be"):
         Worker(client, "q", act, isolation="fork")
     with pytest.raises(ValueError, match="need isolation='process'"):
         Worker(client, "q", act, max_tasks_per_child=3)
     with pytest.raises(ValueError, match="integer >= 1"):
         Worker(client, "q", act, isolation="process", max_memory_per_child=0)
+    with pytest.raises(ValueError, match="at most 512"):
+        Worker(client, "q", act, isolation="process", concurrency=513)
 
 
 async def test_the_command_runs_children_and_a_killed_worker_leaves_none_behind(
