@@ -10,9 +10,10 @@ TRYAGAIN, READONLY, LOADING) or stalls; the model then checks what the retry pol
 Operations: publish, bulk, consume, ack (batch, leases), republish, touch, release (with an
 error text), bury, kick, reschedule by id, peek, pump steps, destroy, respawn / delete of dead
 letters, the dead-letter listing by cursor, filtered redrive and purge, pause / resume and
-max_size, retry backoff without jitter (a job's own, a queue's) (issue 17), a publish under a
-`simple` dedup key (one live job per key), `wheel widen`. Not modelled yet: backoff jitter,
-progress, results on ack, the `throttle` and `debounce` dedup modes, the Idempotency-Key.
+max_size, retry backoff without jitter (a job's own, a queue's) (issue 17), publishes under a
+`simple` or `debounce` dedup key (one live job per key; a waiting holder replaced, a reserved
+one refused), `wheel widen`. Not modelled yet: backoff jitter, progress, results on ack, the
+`throttle` dedup mode, the Idempotency-Key.
 
 After every step: each job's state, tries, deliveries, ttl end, score (peek_job), death reason
 and last error are one of
@@ -455,16 +456,21 @@ class EngineModel(RuleBasedStateMachine):
     @rule(
         q=st.sampled_from(QUEUES),
         key=st.sampled_from(["k1", "k2"]),
+        mode=st.sampled_from(["simple", "debounce"]),
         delay=delays,
         ttl=ttls,
         tries=st.integers(1, 3),
     )
-    def publish_deduplicated(self, q: str, key: str, delay: int, ttl: int, tries: int) -> None:
-        """A publish under a ``simple`` dedup key: while the key's job is delayed, ready or
-        reserved, its id is the answer and nothing is written; else a new job holds the key."""
+    def publish_deduplicated(
+        self, q: str, key: str, mode: str, delay: int, ttl: int, tries: int
+    ) -> None:
+        """A publish under a dedup key. ``simple``: while the key's job is delayed, ready or
+        reserved, its id is the answer and nothing is written; else a new job holds the key.
+        ``debounce``: a delayed or ready holder is replaced (the new body, tries, ttl and due
+        time; never the wheel), a reserved one refused, nothing written."""
         spec = JobSpec(b"x", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, tries=tries)
         t0 = self.clock.now
-        call = self.svc.publish_keyed(self.route, NS, q, [spec], Dedup(key), None)
+        call = self.svc.publish_keyed(self.route, NS, q, [spec], Dedup(key, mode), None)
         out, err = self.request("publish deduplicated", call)
         self.no_503_when_retried("publish deduplicated", err)
         if isinstance(err, QueueFull):
@@ -476,20 +482,44 @@ class EngineModel(RuleBasedStateMachine):
 
             self.each(self.stamps(t0, ("publish_keyed",)), refused)
             return
+        if isinstance(err, WrongState):
+
+            def forbidden(m: Model, now: int) -> None:
+                held, _, _ = m.dedup_holder(q, key)
+                outcomes = [m.jobs.get((q, held or "")), *m.alts.get((q, held or ""), [])]
+                if mode != "debounce" or not any(j and j.state == RESERVED for j in outcomes):
+                    raise Mismatch(f"{key}: refused ({err}), the model's holder is {held}")
+
+            self.each(self.stamps(t0, ("publish_keyed",)), forbidden)
+            STATS["dedup refused"] += 1
+            return
         if err is not None:
             raise err
         assert out is not None and len(out.published) == 1
         p = out.published[0]
-        STATS[f"dedup {out.dedup}"] += 1
+        STATS[f"dedup {mode} {out.dedup}"] += 1
 
         def apply(m: Model, now: int) -> None:
             held, alive, free = m.dedup_holder(q, key)
             if out.dedup == "existing":
-                if p.job_id != held or not alive:
+                if mode != "simple" or p.job_id != held or not alive:
                     raise Mismatch(f"{key}: answered {p.job_id}, model's holder {held} ({alive})")
                 return
+            if out.dedup == "replaced":
+                outcomes = [m.jobs.get((q, p.job_id)), *m.alts.get((q, p.job_id), [])]
+                waiting = [j for j in outcomes if j and j.state in (DELAYED, READY)]
+                if mode != "debounce" or p.job_id != held or not waiting:
+                    raise Mismatch(f"{key}: {p.job_id} replaced; model's holder {held}")
+                error = waiting[0].error
+                m.place(
+                    q, p.job_id, False, t0, now, delay, ttl and delay + ttl, tries, 0, None, False
+                )
+                j = m.jobs[(q, p.job_id)]
+                assert j is not None
+                j.error = error  # (the job's notes stay: its last error with them)
+                return
             if out.dedup != "new":
-                raise Mismatch(f"{key}: a simple key answered {out.dedup}")
+                raise Mismatch(f"{key}: a {mode} key answered {out.dedup}")
             if not free and p.job_id != held:
                 raise Mismatch(f"{key}: a new job {p.job_id} while {held} holds the key")
             if p.job_id == held:  # (a retry after a lost reply found its own job)
