@@ -346,6 +346,7 @@ class Job:
     extra: dict[str, int] = field(default_factory=dict)
     progress: bytes | None = None  # the last progress a consumer recorded (JSON), peek only
     note: Note | None = None  # death and last error, where a lookup by id read them
+    dedup_key: str | None = None  # the dedup key it was published under, lookup by id only
 
     @classmethod
     def from_record(
@@ -359,6 +360,7 @@ class Job:
         lease: str | None = None,
         progress: bytes | None = None,
         note: Note | None = None,
+        dedup_key: str | None = None,
     ) -> Job:
         rec = Record.unpack(data)
         return cls(
@@ -377,6 +379,7 @@ class Job:
             lease,
             progress=progress,
             note=note,
+            dedup_key=dedup_key,
         )
 
     def ttl_ms(self, now_ms: int) -> int:

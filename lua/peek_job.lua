@@ -4,10 +4,10 @@
   KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] member: the job's id
-  Returns: {} when absent, else {state, record, score, note, progress}: state DELAYED (score =
-    due ms), READY (score = ready rank), RESERVED (ttr deadline), DEAD (time of death); note:
-    its NOTES field (death and last error, '' when none); progress: its NOTES field `p:<id>`,
-    or nil
+  Returns: {} when absent, else {state, record, score, note, progress, dedup}: state DELAYED
+    (score = due ms), READY (score = ready rank), RESERVED (ttr deadline), DEAD (time of death);
+    note: its NOTES field (death and last error, '' when none); progress: its NOTES field
+    `p:<id>`, or nil; dedup: the dedup key it was published under (NOTES `d:<id>`), or nil
 ]]
 --@include lib/codes
 --@include lib/keys
@@ -18,7 +18,10 @@ if rec then
   local states = {{CODE.READY, READY}, {CODE.RESERVED, RESERVED}, {CODE.DELAYED, DELAYED}, {CODE.DEAD, DEAD}}
   for _, s in ipairs(states) do
     local score = redis.call('ZSCORE', s[2], id)
-    if score then return {s[1], rec, score, redis.call('HGET', NOTES, id) or '', redis.call('HGET', NOTES, 'p:' .. id)} end
+    if score then
+      local notes = redis.call('HMGET', NOTES, id, 'p:' .. id, 'd:' .. id)
+      return {s[1], rec, score, notes[1] or '', notes[2], notes[3]}
+    end
   end
   return {}
 end

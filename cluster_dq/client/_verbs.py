@@ -75,6 +75,7 @@ def job_of(o: Mapping[str, Any]) -> Job:
         reason=o.get("reason"),
         died_at=ms_to_s(o.get("died_at")),
         result=o.get("result"),
+        dedup_key=o.get("dedup_key"),
     )
 
 

@@ -32,6 +32,7 @@ class Job:
     reason: str | None = None
     died_at: float | None = None
     result: Any = field(default=None, hash=False)
+    dedup_key: str | None = None  # get_job: the dedup key it was published under
 
     @property
     def text(self) -> str:

@@ -298,6 +298,7 @@ class Views:
                 "body_size": len(found.body),
                 "progress": found.progress.decode(errors="replace") if found.progress else None,
                 "last_error": note.last_error if note else None,
+                "dedup_key": found.dedup_key,
                 "reason": (note.reason if note else UNKNOWN_REASON)
                 if found.state == JobState.DEAD
                 else None,

@@ -99,6 +99,11 @@ SCHEMAS: dict[str, Schema] = {
             "type": ["string", "null"],
             "description": "the last error text a release or a bury gave it",
         },
+        dedup_key={
+            "type": "string",
+            "description": "a lookup by id: the dedup key it was published under (a simple or "
+            "debounce key; a dead job's is taken over by the next publish under it)",
+        },
     ),
     "WrongState": obj(
         ["error", "job_id", "state"],

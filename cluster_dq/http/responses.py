@@ -43,6 +43,8 @@ def job_object(job: Job, now: int, *, msg: bool = True) -> dict[str, Any]:
         out["lease"] = job.lease  # this delivery's token: send it back on ack, touch, release
     if job.progress is not None:
         out["progress"] = userjson.stored(job.progress)
+    if job.dedup_key is not None:
+        out["dedup_key"] = job.dedup_key  # (a lookup by id: the key it holds, or held)
     return out
 
 

@@ -30,6 +30,9 @@ async def test_publish_outcome_says_what_the_dedup_key_did(dq: Any) -> None:
     plain = await dq.publish_outcome("q", b"p")
     assert plain.dedup is None and not plain.replayed
     assert await dq.size("q") == Sizes(3, 1, 0, 0)  # order-1, t and p ready; d delayed
+    looked = await dq.get_job("q", d1.job_id)
+    assert looked is not None and (looked.dedup_key, looked.body) == ("d", b"d2")
+    assert (await dq.get_job("q", plain.job_id)).dedup_key is None
 
 
 async def test_a_debounce_of_a_reserved_job_is_a_wrong_state(dq: Any) -> None:

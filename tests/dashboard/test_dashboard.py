@@ -90,6 +90,10 @@ def test_the_job_page_shows_the_job(api: httpx.Client, ui: httpx.Client) -> None
     assert re.findall(r'data-action="(\w+)"', page.text) == ["bury", "reschedule", "cancel"]
     found = ui.get("/job", params={"ns": NS, "q": "jobs", "id": binary_id})
     assert found.status_code == 200 and f'data-job-id="{binary_id}"' in found.text
+    assert 'id="job-dedup-key"' not in found.text
+    keyed = publish(api, "jobs", b"k", dedup_key="order-7", delay=30)
+    page = ui.get(f"/job/{NS}/jobs/{keyed}")
+    assert re.search(r'id="job-dedup-key">order-7<', page.text)
 
 
 def test_a_ready_jobs_due_time_is_its_due_time_whatever_its_priority(

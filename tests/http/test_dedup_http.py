@@ -209,3 +209,15 @@ def test_a_debounce_under_a_dead_job_names_its_state(api: httpx.Client) -> None:
     r = api.put("/api/ns/q", params={"dedup_key": "t", "dedup_mode": "debounce"})
     assert r.status_code == 409 and r.json()["state"] == "dead"
     assert "a dead job is not replaced" in r.json()["error"]
+
+
+def test_a_job_looked_up_by_id_names_its_dedup_key(api: httpx.Client) -> None:
+    """GET of a job says which dedup key it was published under (a simple or debounce key);
+    a job published without one has no such field, as before."""
+    keyed = api.put("/api/ns/q", params={"dedup_key": "order-7", "delay": 60}, content=b"a")
+    plain = api.put("/api/ns/q", content=b"b")
+    got = api.get(f"/api/ns/q/job/{keyed.json()['job_id']}").json()
+    assert got["dedup_key"] == "order-7" and got["state"] == "delayed"
+    assert "dedup_key" not in api.get(f"/api/ns/q/job/{plain.json()['job_id']}").json()
+    reserved = api.get("/api/ns/q", params={"ttr": 30}).json()  # the plain one (ready)
+    assert "dedup_key" not in reserved
