@@ -67,6 +67,8 @@ async def call_handler(
         raise
     if done:
         return done.pop().result()
+    if running.done() and not running.cancelled():  # (it ended just at the limit: it counts)
+        return running.result()
     waiting.add_done_callback(_ignored)  # what it ends with is no one's: not "never retrieved"
     if executor.stops_abandoned and executor.abandon(running):
         log.error(

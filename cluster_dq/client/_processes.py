@@ -8,8 +8,9 @@ replaced when it dies under a call (the call fails with ``ChildDied``), when the
 up on its call (a time limit: the child is killed, so the handler really stops), after
 ``max_tasks`` calls, and when its peak resident memory passed ``max_memory`` bytes after a
 call. Children start with ``forkserver`` (``spawn`` where there is none): never a ``fork`` of
-the worker's threads and event loop. The handler and the job are pickled, so the handler must
-be importable by name (a module-level function)."""
+the worker's threads and event loop. The handler is pickled once per child (it must be
+importable by name: a module-level function), each job per call. What runs in a child is
+``_child.py``."""
 
 from __future__ import annotations
 
@@ -20,21 +21,16 @@ import multiprocessing
 import os
 import pickle
 import queue
-import resource
-import select
 import signal
-import sys
 import threading
-import time
-import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from multiprocessing import forkserver
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from cluster_dq.client._child import READY, child_main
 from cluster_dq.client._runner import DaemonThreads, Pool, cancel_waiting
 
 log = logging.getLogger("cluster_dq.worker")
@@ -42,7 +38,6 @@ STOP_GRACE = 5.0  # seconds a retiring child gets to end on its own before it is
 START_TIMEOUT = 60.0  # seconds a new child gets to say it is ready
 MAX_CHILDREN = 512  # processes one worker may start for its handler
 NO_PROCESS_WAIT = 5.0  # seconds a job no process could be started for waits to be taken again
-ORPHAN_CHECK = 1.0  # seconds between a child's looks at whether the worker is still there
 
 
 class ChildDied(Exception):
@@ -55,13 +50,6 @@ class NoProcess(Exception):
     given back without spending a try."""
 
 
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a child (its ``__cause__``)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
 _LIVE: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
 
 
@@ -71,22 +59,6 @@ def _kill_children() -> None:
     stop that did not wait) are killed, not sent the SIGTERM they ignore."""
     for pool in list(_LIVE):
         pool.kill_all()
-
-
-def _forkserver_deaf_to_sigterm() -> None:
-    """Starts the forkserver, if it does not run yet, with SIGTERM ignored (inherited through
-    its exec, and by every child it forks): a SIGTERM to the worker's whole process group
-    (systemd's ``KillMode=control-group``, ``kill -TERM -PGID``) must leave stopping to the
-    worker, which lets running handlers finish. (The forkserver's end is every child's end:
-    multiprocessing takes it for the child's exit.) Only the main thread may set a handler;
-    elsewhere the forkserver starts as multiprocessing starts it."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def method() -> str:
@@ -136,7 +108,8 @@ class Isolation:
             )
 
     def pool(self, handler: Callable[..., Any], is_async: bool) -> Pool | None:
-        """The pool a handler runs in: none for an async one (it runs on the event loop)."""
+        """The pool a handler runs in: none for an async one (it runs on the event loop).
+        A process pool starts its first child, which loads the handler, before it answers."""
         size = self.size
         if self.kind == "thread":
             return None if is_async else DaemonThreads(size, "dq-worker")
@@ -144,40 +117,38 @@ class Isolation:
             raise ValueError("isolation='process' runs sync handlers: make it a plain function")
         check_picklable(handler)
         memory = None if self.max_memory_mib is None else self.max_memory_mib << 20
-        module = getattr(handler, "__module__", None)  # imported once, by the forkserver
-        preload = [module] if module and module != "__main__" else []
-        return ProcessPool(
-            size, "dq-child", max_tasks=self.max_tasks, max_memory=memory, preload=preload
-        )
+        return ProcessPool(handler, size, "dq-child", max_tasks=self.max_tasks, max_memory=memory)
 
 
 class ProcessPool(Executor):
     def __init__(
         self,
+        handler: Callable[..., Any],
         size: int,
         prefix: str,
         *,
         max_tasks: int | None = None,
         max_memory: int | None = None,
-        preload: Sequence[str] = (),
     ) -> None:
+        self._handler = handler
         self._context = multiprocessing.get_context(method())
         if self._context.get_start_method() == "forkserver":  # (no effect once it runs)
-            self._context.set_forkserver_preload(["cluster_dq.client", *preload])
-            _forkserver_deaf_to_sigterm()
+            module = getattr(handler, "__module__", None)  # imported once, by the forkserver
+            mine = [module] if module and module != "__main__" else []
+            self._context.set_forkserver_preload(
+                ["cluster_dq.client._forkserver", "cluster_dq.client", *mine]
+            )
         try:
-            first: _Child | None = _Child(self._context, f"{prefix}-0")
+            first: _Child | None = _Child(self._context, f"{prefix}-0", handler)
         except Exception as e:
             raise RuntimeError(
-                f"isolation='process': no process could be started for the handler ({e}). "
-                "A script that runs a Worker must do so under `if __name__ == '__main__':` "
-                "(each child imports the script; docs/worker.md)"
+                f"isolation='process': no process could run the handler ({e}). A script "
+                "that runs a Worker must do so under `if __name__ == '__main__':` (each child "
+                "imports the script), and the handler's module must import in a new process "
+                "(docs/worker.md)"
             ) from e
         self._max_tasks, self._max_memory = max_tasks, max_memory
-        self._work: queue.SimpleQueue[
-            tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None
-        ]
-        self._work = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[Future[Any], Any] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running: dict[Future[Any], _Child] = {}
         self._closed = False
@@ -196,13 +167,14 @@ class ProcessPool(Executor):
             thread.start()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        if kwargs:
-            raise TypeError("ProcessPool.submit takes positional arguments only")
+        """``fn(job)`` in a child: ``fn`` is the pool's handler (each child loaded it once)."""
+        if fn is not self._handler or len(args) != 1 or kwargs:
+            raise TypeError("a ProcessPool runs its own handler on one job")
         future: Future[Any] = Future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot run a call after shutdown")
-            self._work.put((future, fn, args))
+            self._work.put((future, args[0]))
         return future
 
     def _serve(self, child: _Child | None) -> None:
@@ -212,7 +184,7 @@ class ProcessPool(Executor):
         child = child or self._start(name)
         try:
             while (call := self._work.get()) is not None:
-                future, fn, args = call
+                future, job = call
                 del call
                 child = child or self._start(name)
                 with self._lock:  # (abandon() takes it too: a call it sees running has a child)
@@ -224,35 +196,39 @@ class ProcessPool(Executor):
                     future.set_exception(NoProcess("no process could be started for it"))
                     continue
                 try:
-                    ok, value, peak = child.run(fn, args)
+                    ok, value, peak = child.run(job)
                 except ChildDied as e:
+                    self._done(future)
                     self.replaced["killed" if child.killed else "died"] += 1
                     if not child.killed:
                         log.error("%s: %s; replaced", name, e)
                     child = None
                     future.set_exception(e)
-                except BaseException as e:  # the call could not be sent (it does not pickle)
+                except BaseException as e:  # the job could not be sent (it does not pickle)
+                    self._done(future)
                     future.set_exception(e)
                 else:
+                    self._done(future)  # (before its outcome: a late abandon kills nothing)
                     if ok:
                         future.set_result(value)
                     else:
                         future.set_exception(value)
                     del value
                     child = self._maybe_retire(child, peak, name)
-                finally:
-                    with self._lock:
-                        self._running.pop(future, None)
-                del future, fn, args  # nothing of the call kept while idle
+                del future, job  # nothing of the call kept while idle
                 if child is None and not self._closed:
                     child = self._start(name)
         finally:
             if child is not None:
                 child.stop()
 
+    def _done(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._running.pop(future, None)
+
     def _start(self, name: str) -> _Child | None:
         try:
-            return _Child(self._context, name)
+            return _Child(self._context, name, self._handler)
         except Exception:  # (the OS refused a process: tried again for the next call)
             log.exception("%s: could not start a process for the handler", name)
             return None
@@ -278,7 +254,7 @@ class ProcessPool(Executor):
 
     def abandon(self, future: Future[Any]) -> bool:
         """A call its caller stopped waiting for (a time limit): not started, it never will;
-        running, its child is killed (the handler stops there) and replaced."""
+        running, its child is killed (the handler stops there) and replaced; done, nothing."""
         with self._lock:
             if future.cancel():
                 return True
@@ -317,51 +293,61 @@ class ProcessPool(Executor):
 
 
 class _Child:
-    """One child process and the parent's end of its pipe."""
+    """One child process, the parent's end of its pipe, and what tells of its end: a pidfd
+    of the child where there is one (the process's sentinel is its forkserver's connection,
+    which a forkserver's death closes under a child that still runs)."""
 
-    def __init__(self, context: Any, name: str) -> None:
+    def __init__(self, context: Any, name: str, handler: Callable[..., Any]) -> None:
         parent, child = context.Pipe()
         self.process = context.Process(
-            target=_child_main, args=(child, os.getpid()), name=name, daemon=True
+            target=child_main, args=(child, os.getpid()), name=name, daemon=True
         )
         self.process.start()
         child.close()
         self.conn: Connection = parent
         self.tasks = 0
         self.killed = False
-        # it says it is ready once it runs its loop: one that dies starting (a script that
-        # starts a worker at import, a handler module that does not import) is said here
-        ready = wait([self.conn, self.process.sentinel], START_TIMEOUT)
-        if self.conn not in ready:
-            self.kill()
-            self.process.join()
-            self.conn.close()
-            raise ChildDied(
-                f"the handler's process {self.process.pid} "
-                f"{exit_text(self.process.exitcode)} while starting"
-            )
-        self.conn.recv()
+        self.ended: Any = _pidfd(self.process.pid) or self.process.sentinel
+        # it loads the handler, then says it is ready: one that cannot (a script that starts
+        # a worker at import, a handler module that does not import there) is said here
+        try:
+            self.conn.send(handler)
+            ready = wait([self.conn, self.ended], START_TIMEOUT)
+            answer = self.conn.recv() if self.conn in ready else None
+        except (EOFError, OSError):
+            answer = None
+        if answer != READY:
+            self._end()
+            self._close()
+            if isinstance(answer, tuple):  # (False, the error, 0): it did not load
+                raise ChildDied(f"the handler did not load there: {answer[1]!r}")
+            raise ChildDied(f"the handler's process {self._ending()} while starting")
 
-    def run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any, int]:
+    def run(self, job: Any) -> tuple[bool, Any, int]:
         """(ok, result or exception, peak RSS in bytes); ``ChildDied`` when it ended first."""
         self.tasks += 1
         try:
-            self.conn.send((fn, args))  # (pickled first: one that does not pickle sends nothing)
-            ready = wait([self.conn, self.process.sentinel])
+            self.conn.send(job)  # (pickled first: one that does not pickle sends nothing)
+            ready = wait([self.conn, self.ended])
             if self.conn in ready:
                 reply: tuple[bool, Any, int] = self.conn.recv()
                 return reply
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
-        self.process.join()
-        self.conn.close()
-        raise ChildDied(
-            f"the handler's process {self.process.pid} {exit_text(self.process.exitcode)}"
-        )
+        self._end()  # (in case it still runs: its forkserver died, or its pipe broke)
+        self._close()
+        raise ChildDied(f"the handler's process {self._ending()}")
+
+    def _ending(self) -> str:
+        self.process.join(STOP_GRACE)
+        return f"{self.process.pid} {exit_text(self.process.exitcode)}"
 
     def kill(self) -> None:
         """Kills the child and whatever its handler started (its own process group)."""
         self.killed = True
+        self._end()
+
+    def _end(self) -> None:
         pid = self.process.pid
         try:
             if pid is not None and os.getpgid(pid) == pid:
@@ -372,15 +358,33 @@ class _Child:
         self.process.kill()
 
     def stop(self) -> None:
-        try:
+        """Tells an idle child to end, then ends what its handler left running."""
+        with contextlib.suppress(OSError):
             self.conn.send(None)
-        except OSError:
-            pass
         self.process.join(STOP_GRACE)
         if self.process.exitcode is None:
             self.process.kill()
             self.process.join()
+        if self.process.pid:  # (its group: what its handler left running)
+            with contextlib.suppress(OSError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self._close()
+
+    def _close(self) -> None:
         self.conn.close()
+        if isinstance(self.ended, int) and self.ended != self.process.sentinel:
+            with contextlib.suppress(OSError):
+                os.close(self.ended)
+            self.ended = self.process.sentinel
+
+
+def _pidfd(pid: int | None) -> int | None:
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # (gone already: the sentinel says so)
+        return None
 
 
 def exit_text(code: int | None) -> str:
@@ -390,92 +394,3 @@ def exit_text(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with status {code}"
-
-
-# -- in the child -----------------------------------------------------------------------------
-
-
-def _child_main(conn: Connection, worker: int) -> None:
-    """A child's loop: a call in, its outcome out, until told to stop or the worker goes."""
-    # A terminal's Ctrl-C and a SIGTERM to the whole group are for the worker, which stops its
-    # children itself; its own process group, so that a kill takes what the handler started.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    with contextlib.suppress(OSError):
-        os.setsid()
-    threading.Thread(target=_orphaned, args=(worker,), daemon=True).start()
-    conn.send(b"ready")
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        except Exception as e:  # the call did not unpickle (its module does not import here)
-            conn.send((False, _carried(e), _peak()))
-            continue
-        if message is None:
-            return
-        fn, args = message
-        try:
-            reply: tuple[bool, Any, int] = (True, fn(*args), 0)
-        except SystemExit as e:  # the handler ends its process: as any other child's end
-            os._exit(e.code if isinstance(e.code, int) else 1)
-        except KeyboardInterrupt:
-            os._exit(130)
-        except BaseException as e:  # the caller's to judge, whatever it is
-            reply = (False, _carried(e), 0)
-        del message, fn, args
-        reply = (reply[0], reply[1], _peak())
-        try:
-            conn.send(reply)
-        except Exception as e:  # the result does not pickle
-            why = TypeError(f"the handler's result cannot be sent back: {type(e).__name__}: {e}")
-            conn.send((False, _carried(why), _peak()))
-
-
-def _orphaned(worker: int) -> None:
-    """Ends the child when the worker is gone (killed: no shutdown ran), even while a handler
-    still runs: nobody is left to take its answer. (Not its parent: that is the forkserver,
-    which outlives the worker while any child lives.) Linux: a pidfd readable when the worker
-    ends; elsewhere, a look every ``ORPHAN_CHECK`` seconds."""
-    try:
-        if hasattr(os, "pidfd_open"):
-            select.select([os.pidfd_open(worker)], [], [])
-        else:
-            while True:
-                os.kill(worker, 0)
-                time.sleep(ORPHAN_CHECK)
-    except OSError:  # (gone already, or no such process)
-        pass
-    os._exit(1)
-
-
-def _peak() -> int:
-    """This process's peak resident memory, bytes (Linux counts KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-class _Carried:
-    """An exception on its way to the parent, with its traceback as text (a traceback does
-    not pickle); one that does not pickle at all goes as a RuntimeError naming it."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.tb, self.pid = "".join(traceback.format_exception(exc)), os.getpid()
-        try:
-            pickle.loads(pickle.dumps(exc))
-        except Exception:
-            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-        self.exc = exc
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild, (self.exc, self.tb, self.pid)
-
-
-def _carried(exc: BaseException) -> Any:
-    return _Carried(exc)
-
-
-def _rebuild(exc: BaseException, tb: str, pid: int) -> BaseException:
-    exc.__cause__ = RemoteTraceback(f"\n(in the handler's process {pid})\n{tb}")
-    return exc

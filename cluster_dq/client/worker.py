@@ -197,7 +197,8 @@ class Worker(IteratorForm):
             return
         if self._handler is not None:
             handler = self._handler
-            self._executor = self.isolation.pool(handler, self._async)
+            # (a process pool's first child loads the handler: not on the event loop)
+            self._executor = await asyncio.to_thread(self.isolation.pool, handler, self._async)
             # (tracing's process span outermost: the middleware's own spans are its children)
             outer = [*tracing.middleware(), *self.middleware]
             self._chained = chain(outer, lambda job: self._call(handler, job))

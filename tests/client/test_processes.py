@@ -192,7 +192,7 @@ def test_process_isolation_refuses_what_it_cannot_run() -> None:
 
     with pytest.raises(ValueError, match="module-level function"):
         Worker(client, "q", lambda job: None, isolation="process").isolation.pool(
-            1, lambda j: None, False
+            lambda j: None, False
         )
     with pytest.raises(ValueError, match="sync handlers"):
         Worker(client, "q", coroutine, isolation="process").isolation.pool(coroutine, True)
@@ -363,3 +363,70 @@ async def test_a_sigterm_to_the_whole_group_lets_the_running_job_finish(
             os.killpg(proc.pid, signal.SIGKILL)
     job = await solo.get_job("iso-term", jid)
     assert job is None or (job.state, job.result) == ("acked", "done")
+
+
+async def test_a_forkserver_killed_under_a_running_job_neither_fails_it_nor_runs_it_twice(
+    solo: AsyncClient, tmp_path: Path
+) -> None:
+    """The forkserver's end closes what multiprocessing watches for a child's end: the job
+    was failed ("exited with status 255") while its handler ran on, and then ran again. A
+    child's own pidfd tells its end now: the job finishes, once."""
+    from multiprocessing import forkserver
+
+    slow, after = await publish(solo, "iso-fs", tmp_path, "sleep", "noop", tries=2)
+    worker = Worker(solo, "iso-fs", act, concurrency=1, poll_timeout=0.2, isolation="process")
+    serving = asyncio.create_task(worker.serve())
+    try:
+        for _ in range(600):
+            if f"{slow}.1" in ran(tmp_path):
+                break
+            await asyncio.sleep(0.05)
+        server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+        assert server is not None
+        os.kill(server, signal.SIGKILL)
+        for _ in range(600):
+            if worker.counts["acked"] >= 2:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await worker.stop()
+        await serving
+    assert worker.counts["acked"] == 2 and worker.counts["released"] == 0
+    assert sorted(ran(tmp_path)) == sorted([f"{slow}.1", f"{after}.1"])
+
+
+async def test_a_handler_module_that_does_not_import_in_a_child_fails_the_start(
+    solo: AsyncClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler imports in the worker but not in a new process: the worker's start says
+    so, and no job is touched (every job failed towards the dead letter in milliseconds)."""
+    (tmp_path / "only_here.py").write_text(
+        "import os\n"
+        f"if os.getpid() != {os.getpid()}:\n"
+        "    raise ImportError('not in a child')\n"
+        "def handle(job):\n"
+        "    return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import only_here  # type: ignore[import-not-found]
+
+    (jid,) = await publish(solo, "iso-import", tmp_path, "noop")
+    worker = Worker(solo, "iso-import", only_here.handle, isolation="process", poll_timeout=0.2)
+    with pytest.raises(RuntimeError, match="did not load there: ImportError"):
+        await worker.start()
+    await worker.stop()
+    job = await solo.get_job("iso-import", jid)
+    assert job is not None and (job.state, job.deliveries) == ("ready", 0)
+
+
+async def test_a_handler_that_forks_leaves_its_copy_no_say(
+    solo: AsyncClient, tmp_path: Path
+) -> None:
+    """A copy of the child made by the handler's fork() that raises came back into the
+    child's loop and answered on its pipe: the job was failed by the copy's error while the
+    handler ran, and the copy took later jobs. It ends now; each job is acked once."""
+    ids = await publish(solo, "iso-fork", tmp_path, "fork", "noop", "fork", tries=1)
+    worker = Worker(solo, "iso-fork", act, concurrency=1, poll_timeout=0.2, isolation="process")
+    await run_until(worker, lambda: worker.counts["acked"] >= 3, timeout=60)
+    assert worker.counts == {**worker.counts, "acked": 3, "released": 0, "buried": 0}
+    assert len({ran(tmp_path)[f"{i}.1"] for i in ids}) == 1  # one child ran them all

@@ -36,6 +36,11 @@ def act(job: Job) -> str:
         sleeper = subprocess.Popen(["sleep", "60"])
         Path(body["dir"], f"{job.id}.sleeper").write_text(str(sleeper.pid))
         time.sleep(60)
+    elif do == "fork":  # a copy made by fork() that raises, back into the child's loop
+        copy = os.fork()
+        if copy == 0:
+            raise ValueError("in the copy")
+        os.waitpid(copy, 0)
     elif do == "boom":
         raise ValueError("boom in a child")
     elif do == "unpicklable":
