@@ -2,9 +2,14 @@
 feeds it is ``_processes.py``): it loads the handler once, then takes one job at a time over
 its pipe and answers the handler's result or exception, with its peak memory.
 
-A child ignores SIGINT and SIGTERM (stopping is the worker's), leads a process group of its
-own (a kill takes whatever its handler started), ends when the worker does, even mid-handler,
-and never lets a copy of itself made by the handler's ``fork()`` answer on its pipe."""
+A child lets SIGINT and SIGTERM pass (stopping is the worker's: a signal to the whole group,
+or systemd's to the whole unit, must let the running handler finish), leads a process group of
+its own (a kill takes whatever its handler started), ends when the worker does, even
+mid-handler, and never lets a copy of itself made by the handler's ``fork()`` answer on its
+pipe. The signals are caught by a handler that does nothing rather than ignored: what the
+handler starts with ``exec`` gets them back as they were (an ignored signal stays ignored
+across ``exec``, so a subprocess would not end on ``terminate()``), and an interrupted system
+call is restarted, not failed."""
 
 from __future__ import annotations
 
@@ -35,8 +40,9 @@ class RemoteTraceback(Exception):
 def child_main(conn: Connection, worker: int) -> None:
     """A child's life: the handler first (``READY``, or why it does not load), then a job in,
     its outcome out, until told to stop (None) or the worker goes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _let_pass)
+        signal.siginterrupt(sig, False)
     with contextlib.suppress(OSError):
         os.setsid()
     me = os.getpid()
@@ -77,6 +83,10 @@ def child_main(conn: Connection, worker: int) -> None:
         except Exception as e:  # the result does not pickle
             why = TypeError(f"the handler's result cannot be sent back: {type(e).__name__}: {e}")
             conn.send((False, _Carried(why), _peak()))
+
+
+def _let_pass(signum: int, frame: Any) -> None:
+    """SIGINT and SIGTERM in a child: nothing (see the module's docstring)."""
 
 
 def _leave_if_forked(me: int) -> None:

@@ -135,9 +135,7 @@ class ProcessPool(Executor):
         if self._context.get_start_method() == "forkserver":  # (no effect once it runs)
             module = getattr(handler, "__module__", None)  # imported once, by the forkserver
             mine = [module] if module and module != "__main__" else []
-            self._context.set_forkserver_preload(
-                ["cluster_dq.client._forkserver", "cluster_dq.client", *mine]
-            )
+            self._context.set_forkserver_preload(["cluster_dq.client", *mine])
         try:
             first: _Child | None = _Child(self._context, f"{prefix}-0", handler)
         except Exception as e:
@@ -151,6 +149,7 @@ class ProcessPool(Executor):
         self._work: queue.SimpleQueue[tuple[Future[Any], Any] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running: dict[Future[Any], _Child] = {}
+        self._children: set[_Child] = set() if first is None else {first}
         self._closed = False
         self.replaced = dict.fromkeys(("died", "killed", "tasks", "memory"), 0)
         self._threads = [
@@ -186,6 +185,11 @@ class ProcessPool(Executor):
             while (call := self._work.get()) is not None:
                 future, job = call
                 del call
+                if child is not None and child.gone():  # (died idle: OOM killer, an operator)
+                    log.error("%s: the handler's process %s; replaced", name, child.ending())
+                    self._forget(child)
+                    self.replaced["died"] += 1
+                    child = None
                 child = child or self._start(name)
                 with self._lock:  # (abandon() takes it too: a call it sees running has a child)
                     if not future.set_running_or_notify_cancel():
@@ -199,6 +203,7 @@ class ProcessPool(Executor):
                     ok, value, peak = child.run(job)
                 except ChildDied as e:
                     self._done(future)
+                    self._forget(child)
                     self.replaced["killed" if child.killed else "died"] += 1
                     if not child.killed:
                         log.error("%s: %s; replaced", name, e)
@@ -220,6 +225,7 @@ class ProcessPool(Executor):
                     child = self._start(name)
         finally:
             if child is not None:
+                self._forget(child)
                 child.stop()
 
     def _done(self, future: Future[Any]) -> None:
@@ -228,10 +234,17 @@ class ProcessPool(Executor):
 
     def _start(self, name: str) -> _Child | None:
         try:
-            return _Child(self._context, name, self._handler)
+            child = _Child(self._context, name, self._handler)
         except Exception:  # (the OS refused a process: tried again for the next call)
             log.exception("%s: could not start a process for the handler", name)
             return None
+        with self._lock:
+            self._children.add(child)
+        return child
+
+    def _forget(self, child: _Child) -> None:
+        with self._lock:
+            self._children.discard(child)
 
     def _maybe_retire(self, child: _Child, peak: int, name: str) -> _Child | None:
         why = ""
@@ -249,25 +262,27 @@ class ProcessPool(Executor):
         if not why:
             return child
         self.replaced[why] += 1
+        self._forget(child)
         child.stop()
         return None
 
     def abandon(self, future: Future[Any]) -> bool:
         """A call its caller stopped waiting for (a time limit): not started, it never will;
         running, its child is killed (the handler stops there) and replaced; done, nothing."""
-        with self._lock:
+        with self._lock:  # (the call cannot finish and its child take another meanwhile)
             if future.cancel():
                 return True
             child = self._running.get(future)
-        if child is not None:
-            child.kill()
+            if child is not None:
+                child.kill()
         return True
 
     def kill_all(self) -> None:
-        """Kills every child still running a call."""
+        """Kills every child, idle or running a call (the process is exiting: an idle child
+        ignores the SIGTERM multiprocessing's own exit would send it, then waits on it)."""
         with self._lock:
-            running = list(self._running.values())
-        for child in running:
+            children = list(self._children)
+        for child in children:
             child.kill()
 
     def abandoned(self) -> int:
@@ -321,7 +336,7 @@ class _Child:
             self._close()
             if isinstance(answer, tuple):  # (False, the error, 0): it did not load
                 raise ChildDied(f"the handler did not load there: {answer[1]!r}")
-            raise ChildDied(f"the handler's process {self._ending()} while starting")
+            raise ChildDied(f"the handler's process {self.ending()} while starting")
 
     def run(self, job: Any) -> tuple[bool, Any, int]:
         """(ok, result or exception, peak RSS in bytes); ``ChildDied`` when it ended first."""
@@ -336,9 +351,15 @@ class _Child:
             pass
         self._end()  # (in case it still runs: its forkserver died, or its pipe broke)
         self._close()
-        raise ChildDied(f"the handler's process {self._ending()}")
+        raise ChildDied(f"the handler's process {self.ending()}")
 
-    def _ending(self) -> str:
+    def gone(self) -> bool:
+        """Whether the child ended (looked at without waiting)."""
+        return bool(wait([self.ended], 0))
+
+    def ending(self) -> str:
+        """``<pid> was killed by …`` / ``exited with status …``, its pipe closed."""
+        self._close()
         self.process.join(STOP_GRACE)
         return f"{self.process.pid} {exit_text(self.process.exitcode)}"
 

@@ -202,7 +202,12 @@ class Worker(IteratorForm):
             # (tracing's process span outermost: the middleware's own spans are its children)
             outer = [*tracing.middleware(), *self.middleware]
             self._chained = chain(outer, lambda job: self._call(handler, job))
-        await run_hook(self.on_startup, self)  # (raising: the worker does not start)
+        try:
+            await run_hook(self.on_startup, self)  # (raising: the worker does not start)
+        except BaseException:
+            if self._executor is not None:  # (its threads or child processes end now)
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            raise
         self._started = True
         loop = asyncio.get_running_loop()
         self._fetchers = [

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -430,3 +431,88 @@ async def test_a_handler_that_forks_leaves_its_copy_no_say(
     await run_until(worker, lambda: worker.counts["acked"] >= 3, timeout=60)
     assert worker.counts == {**worker.counts, "acked": 3, "released": 0, "buried": 0}
     assert len({ran(tmp_path)[f"{i}.1"] for i in ids}) == 1  # one child ran them all
+
+
+async def test_a_handlers_subprocess_ends_on_terminate_and_the_apps_own_processes_too(
+    solo: AsyncClient, tmp_path: Path
+) -> None:
+    """A child lets SIGTERM pass with a handler that does nothing, not by ignoring it: an
+    ignored signal stays ignored across exec, so a handler's ``terminate()`` of its own
+    subprocess did nothing (5 s, then a timeout). And the forkserver is left as it is: the
+    program's own forkserver processes still end at ``terminate()``."""
+    import multiprocessing
+
+    (jid,) = await publish(solo, "iso-sub", tmp_path, "term-sub", tries=1)
+    worker = Worker(solo, "iso-sub", act, concurrency=1, poll_timeout=0.2, isolation="process")
+    await run_until(worker, lambda: worker.counts["acked"] + worker.counts["released"] >= 1)
+    assert worker.counts["acked"] == 1
+    done = await solo.get_job("iso-sub", jid)
+    assert done is None or done.result == str(-signal.SIGTERM)
+    own = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(30,))
+    own.start()
+    own.terminate()
+    await asyncio.to_thread(own.join, 10)
+    assert own.exitcode == -signal.SIGTERM
+
+
+async def test_a_child_that_died_idle_is_replaced_before_the_next_job(
+    solo: AsyncClient, tmp_path: Path
+) -> None:
+    """A child killed while idle (the OOM killer, an operator): the next job was sent to it
+    and failed as ChildDied, a try spent, though it never ran. It is replaced first now."""
+    (first,) = await publish(solo, "iso-idle", tmp_path, "noop", tries=1)
+    worker = Worker(solo, "iso-idle", act, concurrency=1, poll_timeout=0.2, isolation="process")
+    serving = asyncio.create_task(worker.serve())
+    try:
+        for _ in range(600):
+            if worker.counts["acked"] >= 1:
+                break
+            await asyncio.sleep(0.05)
+        os.kill(ran(tmp_path)[f"{first}.1"], signal.SIGKILL)
+        await ended(ran(tmp_path)[f"{first}.1"])
+        (second,) = await publish(solo, "iso-idle", tmp_path, "noop", tries=1)
+        for _ in range(600):
+            if worker.counts["acked"] >= 2 or worker.counts["released"]:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await worker.stop()
+        await serving
+    assert (worker.counts["acked"], worker.counts["released"]) == (2, 0)
+
+
+@pytest.mark.parametrize("how", ["startup-fails", "never-stopped"])
+def test_a_program_whose_worker_did_not_stop_still_exits(
+    solo_dq: tuple[str, str], tmp_path: Path, how: str
+) -> None:
+    """Idle children ignored the SIGTERM multiprocessing's exit sends them, and it then waited
+    on them for ever: a worker whose on_startup failed, or one never stopped, hung its
+    program at exit. Its children are ended at exit now."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import asyncio\n"
+        "from cluster_dq.client import AsyncClient, Worker\n"
+        "from tests.support.child_handlers import act\n"
+        "def boom(worker):\n"
+        "    raise RuntimeError('no database')\n"
+        "async def main():\n"
+        f"    client = AsyncClient({solo_dq[0]!r}, {solo_dq[1]!r}, 'ns')\n"
+        f"    startup = boom if {how!r} == 'startup-fails' else None\n"
+        "    worker = Worker(client, 'iso-exit-prog', act, isolation='process', concurrency=2,\n"
+        "                    on_startup=startup, announce=False)\n"
+        "    try:\n"
+        "        await worker.start()\n"
+        "    except RuntimeError as e:\n"
+        "        print('start failed:', e)\n"
+        "    await client.aclose()\n"
+        "if __name__ == '__main__':\n"
+        "    asyncio.run(main())\n"
+        "    print('exiting')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "exiting" in out.stdout and time.monotonic() - started < 30

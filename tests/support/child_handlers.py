@@ -41,6 +41,10 @@ def act(job: Job) -> str:
         if copy == 0:
             raise ValueError("in the copy")
         os.waitpid(copy, 0)
+    elif do == "term-sub":  # a handler that ends its own subprocess with terminate()
+        sub = subprocess.Popen(["sleep", "30"])
+        sub.terminate()
+        return str(sub.wait(5))
     elif do == "boom":
         raise ValueError("boom in a child")
     elif do == "unpicklable":
