@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster_dq.engine.steps import REMEMBER_ACKED_MS
+from cluster_dq.history import BUCKET_MS, KEEP_MS
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
 from cluster_dq.models import WHEEL_SHORT_FIELD, id_due_ms, id_lane, wheel_member
 
@@ -102,13 +103,18 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
 
 
 def queue_keys(r: Any, ns: str, q: str) -> list[bytes]:
-    """The queue's keys but the memory of recently acked ids, which must be expiring (so a
-    queue whose jobs are all gone leaves nothing behind for long)."""
-    acked = QueueKeys(ns, q).acked.encode()
+    """The queue's keys but those that must be expiring: the memory of recently acked ids,
+    and the queue's history buckets (docs/dashboard.md: they outlive its jobs and a destroy,
+    at most a day). So a queue whose jobs are all gone leaves nothing behind for long."""
+    qk = QueueKeys(ns, q)
+    acked, history = qk.acked.encode(), qk.history(0).encode().rsplit(b":", 1)[0] + b":"
     found = sorted(r.keys(f"*{{{ns}/{q}}}*"))
     if acked in found:
         assert 0 < r.pttl(acked) <= REMEMBER_ACKED_MS, "the acked-ids memory must expire"
-    return [k for k in found if k != acked]
+    buckets = {k for k in found if k.startswith(history) and k[len(history) :].isdigit()}
+    for key in buckets:
+        assert 0 < r.pttl(key) <= KEEP_MS + BUCKET_MS, f"history {key!r} must expire in a day"
+    return [k for k in found if k != acked and k not in buckets]
 
 
 def _check_dedup_keys(notes: dict[bytes, bytes], jobs: set[bytes]) -> None:

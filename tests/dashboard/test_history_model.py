@@ -171,3 +171,22 @@ async def test_the_bytes_of_a_bucket(
     used = int(sync_redis.memory_usage(key))  # type: ignore[arg-type]
     print(f"history bucket, {'busy' if busy else 'quiet'}: {used} B, x288 = {used * 288} B/day")
     assert used < (400 if busy else 200)
+
+
+def test_a_queues_history_counts_as_left_behind_only_if_it_never_expires(
+    sync_redis: redis.Redis,
+) -> None:
+    """``queue_keys`` (what "nothing left behind" checks) passes a queue's history buckets
+    that expire within the day, as the acked-ids memory, and fails one that does not: a
+    system test's queues flagged the buckets an instance flushed at its stop."""
+    from cluster_dq.keys import QueueKeys
+    from cluster_dq.testing.invariants import queue_keys
+
+    key = QueueKeys("hist", "left").history(5_986_474)
+    sync_redis.hset(key, "p", 1)
+    sync_redis.pexpire(key, history.KEEP_MS)
+    assert queue_keys(sync_redis, "hist", "left") == []
+    sync_redis.persist(key)
+    with pytest.raises(AssertionError, match="must expire in a day"):
+        queue_keys(sync_redis, "hist", "left")
+    sync_redis.delete(key)
