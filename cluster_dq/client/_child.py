@@ -28,6 +28,7 @@ from typing import Any
 
 ORPHAN_CHECK = 1.0  # seconds between a child's looks at whether the worker is still there
 READY = b"ready"
+GOT = b"got"  # a job received (before its handler runs): one not confirmed never ran
 
 
 class RemoteTraceback(Exception):
@@ -62,6 +63,7 @@ def child_main(conn: Connection, worker: int) -> None:
             return
         if job is None:
             return
+        conn.send(GOT)
         try:
             reply: tuple[bool, Any, int] = (True, handler(job), 0)
         except SystemExit as e:  # the handler ends its process: as any other child's end

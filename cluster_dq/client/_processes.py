@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from cluster_dq.client._child import READY, child_main
+from cluster_dq.client._child import GOT, READY, child_main
 from cluster_dq.client._runner import DaemonThreads, Pool, cancel_waiting
 
 log = logging.getLogger("cluster_dq.worker")
@@ -43,6 +43,10 @@ NO_PROCESS_WAIT = 5.0  # seconds a job no process could be started for waits to 
 class ChildDied(Exception):
     """The process running the handler ended before it answered: killed (by the OOM killer,
     an operator), crashed, or it exited."""
+
+
+class NotReceived(ChildDied):
+    """The child ended before it received the job (it died idle): the job never ran."""
 
 
 class NoProcess(Exception):
@@ -200,8 +204,24 @@ class ProcessPool(Executor):
                     future.set_exception(NoProcess("no process could be started for it"))
                     continue
                 try:
-                    ok, value, peak = child.run(job)
+                    try:
+                        ok, value, peak = child.run(job)
+                    except NotReceived as e:  # (it died idle: the job goes to a new one)
+                        log.error("%s: %s; replaced", name, e)
+                        self._forget(child)
+                        self.replaced["died"] += 1
+                        child = self._start(name)
+                        if child is None:
+                            raise NoProcess("no process could be started for it") from e
+                        with self._lock:
+                            self._running[future] = child
+                        ok, value, peak = child.run(job)
+                except NoProcess as e:
+                    self._done(future)
+                    future.set_exception(e)
+                    continue
                 except ChildDied as e:
+                    assert child is not None
                     self._done(future)
                     self._forget(child)
                     self.replaced["killed" if child.killed else "died"] += 1
@@ -341,14 +361,20 @@ class _Child:
     def run(self, job: Any) -> tuple[bool, Any, int]:
         """(ok, result or exception, peak RSS in bytes); ``ChildDied`` when it ended first."""
         self.tasks += 1
+        received = False
         try:
             self.conn.send(job)  # (pickled first: one that does not pickle sends nothing)
-            ready = wait([self.conn, self.ended])
-            if self.conn in ready:
-                reply: tuple[bool, Any, int] = self.conn.recv()
-                return reply
+            if self.conn in wait([self.conn, self.ended]) and self.conn.recv() == GOT:
+                received = True
+                if self.conn in wait([self.conn, self.ended]):
+                    reply: tuple[bool, Any, int] = self.conn.recv()
+                    return reply
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
+        if not received:
+            self._end()
+            self._close()
+            raise NotReceived(f"the handler's process {self.ending()} before it got the job")
         self._end()  # (in case it still runs: its forkserver died, or its pipe broke)
         self._close()
         raise ChildDied(f"the handler's process {self.ending()}")

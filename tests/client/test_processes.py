@@ -455,11 +455,18 @@ async def test_a_handlers_subprocess_ends_on_terminate_and_the_apps_own_processe
     assert own.exitcode == -signal.SIGTERM
 
 
+@pytest.mark.parametrize("seen", ["seen-before", "seen-at-send"])
 async def test_a_child_that_died_idle_is_replaced_before_the_next_job(
-    solo: AsyncClient, tmp_path: Path
+    solo: AsyncClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: str
 ) -> None:
     """A child killed while idle (the OOM killer, an operator): the next job was sent to it
-    and failed as ChildDied, a try spent, though it never ran. It is replaced first now."""
+    and failed as ChildDied, a try spent, though it never ran. It is replaced first now; and
+    when its death is seen only once the job was sent (the look before missed it), the job,
+    which the child never confirmed, goes to a new child."""
+    if seen == "seen-at-send":
+        from cluster_dq.client import _processes
+
+        monkeypatch.setattr(_processes._Child, "gone", lambda self: False)
     (first,) = await publish(solo, "iso-idle", tmp_path, "noop", tries=1)
     worker = Worker(solo, "iso-idle", act, concurrency=1, poll_timeout=0.2, isolation="process")
     serving = asyncio.create_task(worker.serve())

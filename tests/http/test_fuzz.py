@@ -107,8 +107,9 @@ def start(redis_server: Server, log: IO[bytes]) -> ServiceProcess:
     """`cluster-dq serve` with 2 workers (the supervisor path), on random ports that it must
     be seen to own: other test runs on this machine start services too, and junk sent to one
     of theirs would test nothing of ours (and disturb them)."""
-    # ttr a day away and no reconcile sweep: nothing falls due while the run watches the
-    # keyspace (fuzzing.settle keeps the ttr, delay and ttl a request sets as far).
+    # ttr a day away, no reconcile sweep, no history flush: nothing happens in the background
+    # while the run watches the keyspace (fuzzing.settle keeps the ttr, delay and ttl a
+    # request sets as far).
     env = {
         "CLUSTER_DQ_ACCOUNTS__ADMIN": ADMIN_AUTH[1],
         "CLUSTER_DQ_TOKENCACHESECOND": "1",
@@ -116,6 +117,7 @@ def start(redis_server: Server, log: IO[bytes]) -> ServiceProcess:
         "CLUSTER_DQ_WORKERS": "2",
         "CLUSTER_DQ_TTRSECOND": str(fuzzing.FAR_S),
         "CLUSTER_DQ_RECONCILESECOND": "0",
+        "CLUSTER_DQ_HISTORYFLUSHSECOND": "0",  # (its flush once a minute is no request's write)
     }
     low, high = port_share(21000, 26000)  # this test worker's share
     for _ in range(5):
