@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -120,9 +121,11 @@ class Page:
         return self.d.find_elements(By.CSS_SELECTOR, css)
 
     def wait(self, until: Callable[[], Any], what: str) -> Any:
-        return WebDriverWait(self.d, WAIT_S, poll_frequency=0.1).until(
-            lambda _: until(), message=what
-        )
+        # (a page's fragments are replaced as they refresh: an element found a moment ago may
+        # be gone by the time it is read, so the look is made again)
+        return WebDriverWait(
+            self.d, WAIT_S, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(lambda _: until(), message=what)
 
     def submit(self, form_css: str, **fields: str) -> None:
         form = self.find(form_css)
