@@ -442,6 +442,8 @@ class Worker(IteratorForm):
                 w.cancel()
         for t in fetching:  # a long-poll still waiting: what it reserves comes back after ttr
             t.cancel()
+        if fetching:  # (ended, its connection closed, before jobs are given back: else the
+            await asyncio.wait(fetching, timeout=1.0)  # service's poll may take one again)
         # whatever is still held goes back without spending a try
         back = [d for d in self._held if not d.settled]
         self._say_running(back)
