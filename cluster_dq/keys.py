@@ -126,6 +126,26 @@ class QueueKeys:
         """Pub/sub channel announcing that the ready set went from empty to non-empty."""
         return self._k("notify")
 
+    @property
+    def groups(self) -> str:
+        """HASH of the queue's groups while they hold jobs: ``n:<g>`` jobs (every state, the
+        wheel included), ``r:<g>`` reserved, ``t:<g>`` the group's last fair tag in READY
+        (lua/lib/groups.lua); a group's fields leave with its last job."""
+        return self._k("groups")
+
+    @property
+    def held(self) -> str:
+        """ZSET (every score 0) ``<g>\\0<id>``: ready jobs held back because their group is paused
+        or at its concurrency limit; in group, then id order."""
+        return self._k("held")
+
+    @property
+    def group_conf(self) -> str:
+        """HASH of the queue's per-group settings: ``p:<g>`` paused, ``c:<g>`` concurrency
+        limit, ``q:<g>`` rate limit (``<n> <per ms>``) and ``a:<g>`` its theoretical arrival
+        time; a destroy keeps them, as it keeps ``conf``."""
+        return self._k("gconf")
+
     def bucket(self, name: str) -> str:
         return self._k(f"w:{name}")
 
@@ -150,6 +170,9 @@ class QueueKeys:
             self.leases,
             self.conf,
             self.notes,
+            self.groups,
+            self.held,
+            self.group_conf,
         ]
 
 

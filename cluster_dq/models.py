@@ -7,8 +7,10 @@ Client-chosen ids are any other name; they never live in the wheel (see lua/READ
 
 The record (a hash value) is ``>I6 I6 H H B B`` = published_ms, expire_at_ms (0 = never),
 tries_left, deliveries, priority, flags, followed by the job's retry backoff (``>B I I H``,
-cluster_dq.backoff) when flags&2, then [u16 attr_len + attrs JSON] when flags&1, then the
-body. Lua reads and rewrites the fixed header only (and reads the backoff).
+cluster_dq.backoff) when flags&2, then [u8 len + the job's group] when flags&4, then [u16
+attr_len + attrs JSON] when flags&1, then the body. Flag 8 is a rate-limit slot its group took
+for it (lua/lib/groups.lua). Lua reads and rewrites the fixed header only (and reads the
+backoff and the group).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ HEADER = struct.Struct(">6s6sHHBB")
 HEADER_SIZE = HEADER.size  # 18
 FLAG_ATTRS = 1
 FLAG_BACKOFF = 2
+FLAG_GROUP = 4
+FLAG_SLOT = 8  # set and cleared by Lua only (consume): a rate-limit slot taken for the job
 
 
 class JobState(StrEnum):
@@ -219,6 +223,7 @@ class JobSpec:
     due_ms: int | None = None
     expire_at_ms: int | None = None
     backoff: Backoff | None = None  # the job's own retry backoff (else its queue's, if any)
+    group: str | None = None  # its group (names.NAME_RE): fair turns and limits per group
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +236,7 @@ class Record:
     body: bytes
     attributes: dict[str, str] | None = None
     backoff: Backoff | None = None
+    group: str | None = None
 
     def pack(self) -> bytes:
         flags = 0
@@ -238,6 +244,10 @@ class Record:
         if self.backoff is not None:
             flags |= FLAG_BACKOFF
             extra = self.backoff.pack()
+        if self.group:
+            flags |= FLAG_GROUP
+            name = self.group.encode()
+            extra += len(name).to_bytes(1, "big") + name
         if self.attributes:
             flags |= FLAG_ATTRS
             blob = json.dumps(self.attributes, separators=(",", ":")).encode()
@@ -262,10 +272,13 @@ class Record:
     def unpack(cls, data: bytes) -> Record:
         pub, exp, tries, deliveries, prio, flags = HEADER.unpack_from(data)
         rest = data[HEADER_SIZE:]
-        attrs, backoff = None, None
+        attrs, backoff, group = None, None, None
         if flags & FLAG_BACKOFF:
             backoff = Backoff.unpack_from(rest, 0)
             rest = rest[BACKOFF_SECTION.size :]
+        if flags & FLAG_GROUP:
+            group = rest[1 : 1 + rest[0]].decode()
+            rest = rest[1 + rest[0] :]
         if flags & FLAG_ATTRS:
             n = int.from_bytes(rest[:2], "big")
             attrs = json.loads(rest[2 : 2 + n])
@@ -279,6 +292,7 @@ class Record:
             bytes(rest),
             attrs,
             backoff,
+            group,
         )
 
 
@@ -347,6 +361,7 @@ class Job:
     progress: bytes | None = None  # the last progress a consumer recorded (JSON), peek only
     note: Note | None = None  # death and last error, where a lookup by id read them
     dedup_key: str | None = None  # the dedup key it was published under, lookup by id only
+    group: str | None = None  # its group, if it was published with one
 
     @classmethod
     def from_record(
@@ -380,6 +395,7 @@ class Job:
             progress=progress,
             note=note,
             dedup_key=dedup_key,
+            group=rec.group,
         )
 
     def ttl_ms(self, now_ms: int) -> int:
@@ -414,6 +430,8 @@ def validate_spec(spec: JobSpec) -> None:
         raise BadRequest("invalid priority", "priority")
     if len(spec.body) > MAX_BODY:
         raise BodyTooLarge("body too large", "body")
+    if spec.group is not None and (why := names.group(spec.group)):
+        raise BadRequest(why, "group")
     if spec.attributes:
         if len(spec.attributes) > MAX_ATTRIBUTES:
             raise BadRequest("too many attributes, cannot exceed 16", "attributes")

@@ -15,6 +15,7 @@ CLIENT_ID_MAX_LEN = 64  # a job id chosen by the client (a server-made one has 2
 # \A..\Z with fullmatch: ``$`` would also match before a final newline ("q\n" passing as "q").
 NAME_RE = re.compile(r"\A[-_A-Za-z0-9]+\Z")
 SCHEDULE_NAME_RE = re.compile(r"\A[-_A-Za-z0-9]{1,64}\Z")
+GROUP_RE = re.compile(r"\A[-_A-Za-z0-9]{1,64}\Z")  # a job's group (fair turns, per-group limits)
 ROUTE_NAME_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")  # a pool or ring, and a token: one grammar
 # A job's attributes: at most this many, keys and values cut to these lengths (characters)
 MAX_ATTRIBUTES = 16
@@ -27,6 +28,12 @@ def namespace(ns: str) -> str | None:
         return "namespace or queue name too long"
     if not NAME_RE.fullmatch(ns):
         return "namespace name contains forbidden characters"
+    return None
+
+
+def group(g: str) -> str | None:
+    if not GROUP_RE.fullmatch(g):
+        return "group must be 1 to 64 of A-Z a-z 0-9 - _"
     return None
 
 

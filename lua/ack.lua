@@ -7,8 +7,8 @@
   the call does not hold its job, nothing at all is acked (the caller names the conflicts).
   A job already gone is no conflict: acking it is what the holder wanted (and a repeat after a
   lost reply finds its own ack done).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[13..] buckets...: wheel buckets of the ids; then, when a job has a result, the queue's
+  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[16..] buckets...: wheel buckets of the ids; then, when a job has a result, the queue's
     results HASH and results_due ZSET (at KEYS[results] and the one after it)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] remember_acked: how long acked ids are remembered (ms; 0 = not at all)
@@ -45,7 +45,7 @@ local acked, results = {}, {}
 for j = 0, n - 1 do
   local b = 7 + j * STRIDE
   local kidx = tonumber(ARGV[b + 1])
-  out[j + 1] = remove_job(ARGV[b], kidx > 0 and KEYS[kidx], ARGV[b + 2])
+  out[j + 1] = remove_job(ARGV[b], kidx > 0 and KEYS[kidx], ARGV[b + 2], now)
   if out[j + 1] ~= CODE.NOT_FOUND then
     acked[#acked + 1] = ARGV[b]
     if ARGV[b + 4] ~= '' then results[#results + 1] = b end

@@ -4,8 +4,8 @@
   text, kept as the job's last error. With a lease, only while that delivery holds the job.
   A job resting in a wheel bucket moves into JOBS (its id still names the bucket; every lookup
   by id looks in JOBS first).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
+  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[16..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] member: the job
   ARGV[3] bucket_name: its wheel bucket's name ('' = none)
@@ -29,15 +29,21 @@ if lease ~= '' then
 end
 local rec = redis.call('HGET', JOBS, id)
 if rec then
-  local st = state_of(id)
+  local st = state_of(id, rec)
   if st == CODE.DEAD or st == CODE.NOT_FOUND then
     return {CODE.FORBIDDEN, st, rec, redis.call('HGET', NOTES, id) or '', 0}
   end
   -- past its ttl: gone (the pump removes it), never dead, which would keep it for good
   if expired(rec, now) then return {CODE.NOT_FOUND, 0, '', '', 0} end
-  local key = ({[CODE.READY] = READY, [CODE.RESERVED] = RESERVED, [CODE.DELAYED] = DELAYED})[st]
-  redis.call('ZREM', key, id)
-  if st == CODE.RESERVED then redis.call('HDEL', LEASES, id) end
+  if st == CODE.READY then
+    unready(id, rec)
+  else
+    redis.call('ZREM', st == CODE.RESERVED and RESERVED or DELAYED, id)
+  end
+  if st == CODE.RESERVED then
+    redis.call('HDEL', LEASES, id)
+    unreserve(rec, now)
+  end
 else
   if bucket then rec = wheel_get(bucket, id) end
   if not rec or expired(rec, now) then return {CODE.NOT_FOUND, 0, '', '', 0} end

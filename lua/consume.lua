@@ -5,9 +5,12 @@
   pump. A paused queue (CONF `paused`) hands out nothing; the rest is done all the same.
   Each reserved job has its tries decremented, its ttr deadline set and a lease: the
   token of this delivery, which ack, touch, release and republish may present.
-  Bounded: at most `limit` expired jobs are dropped from the head of READY per call (the rest
+  Bounded: at most `limit` jobs are dropped (expired), held back or delayed (their group's
+  pause, concurrency or rate limit: lib/groups.lua) from the head of READY per call (the rest
   is left for the next call, or the pump's expire_ttl), so no call runs long whatever the data.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
+  A grouped job's place in READY is its group's fair tag, not its due time; the call moves
+  META.v (the last tag delivered) forward.
+  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] ttr: the reservation's time to run (ms)
   ARGV[3] count: jobs wanted
@@ -27,7 +30,7 @@
     `now` (else 0): the caller then opens it itself, as of that time, and consumes again;
     retried, dead, expired: jobs this call moved on the way: ttr passed -> READY again, ttr
     passed with no tries left -> DEAD, ttl ended -> gone; for the metrics;
-    more: 1 when the call stopped at its bound of expired jobs before `count` were reserved;
+    more: 1 when the call stopped at its bound of skipped jobs before `count` were reserved;
     ready, next: with `report`, when fewer than `count` were reserved (the caller's long-polls
     will wait), the jobs left in READY and the queue's next event (ms, -1: none), so that they
     need not ask with sizes.lua; else -1, -1)
@@ -36,6 +39,7 @@
 --@include lib/keys
 --@include lib/record
 --@include lib/jobs
+--@include lib/groups
 --@include lib/promote
 --@include lib/retry
 --@include lib/sizes
@@ -47,8 +51,21 @@ local retried, dead, gone, backoff = expire_reservations(now, limit, tonumber(AR
 local _, gone2 = promote(now, limit)
 local out = {0, 0, 0, 0, 0, 0, -1, -1}
 local asked = count
-local got, skipped = 0, 0
+local got, skipped, dropped = 0, 0, 0 -- skipped: expired, held back or delayed by a group
 if redis.call('HGET', CONF, 'paused') == '1' then count = 0 end
+-- READY -> RESERVED: one try spent, one delivery counted, its lease made
+local function reserve(id, rec)
+  local _, _, tries, deliveries = header(rec)
+  rec = with_counts(rec, tries - 1, deliveries + 1)
+  got = got + 1
+  local lease = prefix .. struct.pack('>H', got)
+  redis.call('HSET', JOBS, id, rec)
+  redis.call('ZADD', RESERVED, now + ttr, id)
+  redis.call('HSET', LEASES, id, lease)
+  out[#out + 1] = id
+  out[#out + 1] = rec
+  out[#out + 1] = lease
+end
 while got < count and skipped < limit do
   local popped = redis.call('ZPOPMIN', READY, math.min(count - got, limit - skipped))
   if #popped == 0 then break end
@@ -56,26 +73,41 @@ while got < count and skipped < limit do
     local id = popped[i]
     local rec = redis.call('HGET', JOBS, id)
     if rec and expired(rec, now) then
-      drop(id)
+      drop(id, rec)
       redis.call('ZREM', EXPIRE, id)
-      skipped = skipped + 1
+      skipped, dropped = skipped + 1, dropped + 1
     elseif rec then
-      local _, _, tries, deliveries = header(rec)
-      rec = with_counts(rec, tries - 1, deliveries + 1)
-      got = got + 1
-      local lease = prefix .. struct.pack('>H', got)
-      redis.call('HSET', JOBS, id, rec)
-      redis.call('ZADD', RESERVED, now + ttr, id)
-      redis.call('HSET', LEASES, id, lease)
-      out[#out + 1] = id
-      out[#out + 1] = rec
-      out[#out + 1] = lease
+      -- a grouped job: held back while its group is paused or at its concurrency limit, and
+      -- delayed until its group's rate allows it (its slot then taken: FLAG_SLOT)
+      local g, at = group_of(rec), 0
+      local conf = g and group_conf(g)
+      if g and group_room(g, conf) <= 0 then
+        redis.call('ZADD', HELD, 0, held_member(g, id))
+        skipped, at = skipped + 1, -1
+      elseif g and conf[3] and not has_flag(rec, FLAG_SLOT) then
+        at = rate_slot(g, conf, now)
+        if at > 0 then
+          redis.call('HSET', JOBS, id, with_flag(rec, FLAG_SLOT, true))
+          delay_until(id, at)
+          if lower_next(at) == 1 then backoff = earliest(backoff, at) end
+          skipped = skipped + 1
+        end
+      end
+      if at == 0 then
+        if g then
+          if has_flag(rec, FLAG_SLOT) then rec = with_flag(rec, FLAG_SLOT, false) end
+          redis.call('HINCRBY', GROUPS, 'r:' .. g, 1)
+          local tag = tonumber(popped[i + 1]) % PRIO_SHIFT
+          if tag > tonumber(redis.call('HGET', META, 'v') or '0') then redis.call('HSET', META, 'v', tag) end
+        end
+        reserve(id, rec)
+      end
     end
   end
 end
 local lowered = backoff
 if got > 0 and lower_next(now + ttr) == 1 then lowered = earliest(lowered, now + ttr) end
-out[1], out[3], out[4], out[5] = lowered, retried, dead, gone + gone2 + skipped
+out[1], out[3], out[4], out[5] = lowered, retried, dead, gone + gone2 + dropped
 if got < count and skipped >= limit then out[6] = 1 end
 local w = first_score(WHEEL)
 if w and w - tonumber(ARGV[6]) <= now then out[2] = now end
@@ -84,7 +116,7 @@ if w and w - tonumber(ARGV[6]) <= now then out[2] = now end
 -- (which visit a queue whose META.next has passed) stop visiting it until then, instead of
 -- until the pump's next step. Exact, so still no later than any event of the queue.
 local sizes = ARGV[9] == '1' and got < asked and queue_sizes(tonumber(ARGV[6])) or nil
-if sizes then out[7], out[8] = sizes[2], sizes[5] end
+if sizes then out[7], out[8] = redis.call('ZCARD', READY), sizes[5] end
 local marked = redis.call('HGET', META, 'next')
 if marked and tonumber(marked) <= now and out[2] == 0 and redis.call('EXISTS', READY) == 0 then
   local nxt = (sizes or queue_sizes(tonumber(ARGV[6])))[5]

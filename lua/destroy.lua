@@ -3,14 +3,14 @@
   Destroys a queue in every state, one bounded step at a time: each call deletes the given
   wheel buckets; the final call (when the wheel is empty) unlinks every other key, the results
   of acked jobs included.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[13] results: the results of acked jobs (HASH)
-  KEYS[14] results_due: their keep-until times (ZSET)
-  KEYS[15] keyed: throttle windows and Idempotency-Key answers (HASH)
-  KEYS[16] keyed_due: their keep-until times (ZSET)
-  KEYS[17..] buckets...: wheel buckets to delete
+  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[16] results: the results of acked jobs (HASH)
+  KEYS[17] results_due: their keep-until times (ZSET)
+  KEYS[18] keyed: throttle windows and Idempotency-Key answers (HASH)
+  KEYS[19] keyed_due: their keep-until times (ZSET)
+  KEYS[20..] buckets...: wheel buckets to delete
   ARGV[1] final: '1' for the final step
-  ARGV[2..] names...: the bucket names, in the order of KEYS[17..]
+  ARGV[2..] names...: the bucket names, in the order of KEYS[20..]
   Returns: {jobs deleted, 1 when the queue is gone else 0}
 ]]
 --@include lib/codes
@@ -31,5 +31,6 @@ end
 if ARGV[1] ~= '1' or redis.call('ZCARD', WHEEL) > 0 then return {deleted, 0} end
 deleted = deleted + redis.call('HLEN', JOBS)
 redis.call('UNLINK', META, WHEEL, DELAYED, READY, RESERVED, DEAD, JOBS, EXPIRE, ACKED, LEASES, NOTES,
+  GROUPS, HELD,
   RESULTS, RESULTS_DUE, KEYED, KEYED_DUE)
 return {deleted, 1}

@@ -1,11 +1,11 @@
 #!lua flags=no-writes
 --[[
   Looks a job up by id in any state, O(1)/O(log n).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
+  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[16..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] member: the job's id
   Returns: {} when absent, else {state, record, score, note, progress, dedup}: state DELAYED
-    (score = due ms), READY (score = ready rank), RESERVED (ttr deadline), DEAD (time of death);
+    (score = due ms), READY (score = ready rank; -1: held back by its group), RESERVED (ttr deadline), DEAD (time of death);
     note: its NOTES field (death and last error, '' when none); progress: its NOTES field
     `p:<id>`, or nil; dedup: the dedup key it was published under (NOTES `d:<id>`), or nil
 ]]
@@ -22,6 +22,11 @@ if rec then
       local notes = redis.call('HMGET', NOTES, id, 'p:' .. id, 'd:' .. id)
       return {s[1], rec, score, notes[1] or '', notes[2], notes[3]}
     end
+  end
+  local g = group_of(rec)
+  if g and redis.call('ZSCORE', HELD, held_member(g, id)) then
+    local notes = redis.call('HMGET', NOTES, id, 'p:' .. id, 'd:' .. id)
+    return {CODE.READY, rec, '-1', notes[1] or '', notes[2], notes[3]}
   end
   return {}
 end

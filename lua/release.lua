@@ -8,7 +8,7 @@
   Mode 1 (release, the consumer's nack): the delivery counts, as if its ttr had passed now; a
   job with no tries left goes to DEAD, a job whose ttl ended is removed; released without a
   delay, a job with a retry backoff (its own or its queue's) waits it out in DELAYED.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] delay: how long until the job is ready again (ms)
   ARGV[3] notify: the queue's notify channel
@@ -42,13 +42,14 @@ for i = 7, #ARGV, 2 do
   elseif rec and reserved_until(id, now) then
     redis.call('ZREM', RESERVED, id)
     redis.call('HDEL', LEASES, id)
+    unreserve(rec, now)
     local _, _, tries, deliveries = header(rec)
     if not nack then
       rec = with_counts(rec, tries + 1, math.max(deliveries - 1, 0))
       redis.call('HSET', JOBS, id, rec)
     end
     if nack and expired(rec, now) then
-      drop(id)
+      drop(id, rec)
       redis.call('ZREM', EXPIRE, id)
       st = CODE.EXPIRED
     elseif nack and tries == 0 then

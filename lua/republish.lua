@@ -3,8 +3,8 @@
   Acks (deletes) a job in any state and publishes a new one in the same queue, atomically
   (lmstfy's PUT /api/{ns}/{q}/job/{id}, which lmstfy itself does in two steps). With a lease,
   only while that delivery still holds the old job; otherwise nothing changes.
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[13..] buckets...: wheel buckets (the new job's, the old job's)
+  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[16..] buckets...: wheel buckets (the new job's, the old job's)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] lane_capacity: jobs per wheel bucket
   ARGV[3] bucket_width: the time window of a wheel bucket (ms)
@@ -53,7 +53,7 @@ if max and redis.call('HEXISTS', JOBS, ARGV[8]) == 0 then
   if n >= max then return {CODE.FULL, CODE.FULL, 0} end
 end
 local was_empty = redis.call('EXISTS', READY) == 0
-local old = remove_job(ARGV[5], okidx > 0 and KEYS[okidx], ARGV[7])
+local old = remove_job(ARGV[5], okidx > 0 and KEYS[okidx], ARGV[7], now)
 if old ~= CODE.NOT_FOUND then
   if ARGV[5] == ARGV[8] then
     redis.call('ZREM', ACKED, ARGV[5]) -- the same id again: a replacement, not a duplicate

@@ -3,8 +3,8 @@
   READY or DELAYED (a wheel bucket included) -> DELAYED until `due`, or READY when `due` is not
   after now: one job's new due time. A job resting in a wheel bucket moves into JOBS and the
   `delayed` zset (its id still names the bucket; every lookup by id looks in JOBS first).
-  KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[13..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
+  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[16..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] member: the job
   ARGV[3] bucket_name: its wheel bucket's name ('' = none)
@@ -25,7 +25,7 @@ local bucket = KEYS[FIRST_EXTRA]
 local rec = redis.call('HGET', JOBS, id)
 local st, wheeled = CODE.NOT_FOUND, false
 if rec then
-  st = state_of(id)
+  st = state_of(id, rec)
 elseif bucket then
   rec = wheel_get(bucket, id)
   if rec then st, wheeled = CODE.DELAYED, true end
@@ -45,7 +45,7 @@ if wheeled then
     lowered = lower_next(e)
   end
 elseif st == CODE.READY then
-  redis.call('ZREM', READY, id)
+  unready(id, rec)
 else
   redis.call('ZREM', DELAYED, id)
 end

@@ -91,6 +91,15 @@ from cluster_dq.engine.shard import (
     lead,
 )
 from cluster_dq.engine.admin import rate_limit
+from cluster_dq.engine.groups import (
+    Group,
+    GroupChanges,
+    Rate,
+    check_group,
+    configure_group,
+    describe as describe_groups,
+    list_groups,
+)
 
 __all__ = [
     "Sizes",
@@ -156,4 +165,11 @@ __all__ = [
     "sizes_of",
     "lead",
     "rate_limit",
+    "Group",
+    "GroupChanges",
+    "Rate",
+    "check_group",
+    "configure_group",
+    "describe_groups",
+    "list_groups",
 ]

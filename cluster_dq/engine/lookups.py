@@ -47,9 +47,10 @@ def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:
     reply = replies.decode_peek_job(raw)
     if reply is None:
         return None
-    when = int(reply.score)
-    if reply.state is JobState.READY:  # the ready rank: priority above the due ms
-        when &= READY_SCORE_MASK
+    when: int | None = int(reply.score)
+    if reply.state is JobState.READY:  # the ready rank: priority above the due ms (a grouped
+        # job: its place in its queue's fair order); -1: held back by its group
+        when = None if when is None or when < 0 else when & READY_SCORE_MASK
     return Job.from_record(
         ns,
         q,
@@ -102,12 +103,13 @@ def peek(cfg: EngineConfig, ns: str, q: str, which: str, now: int) -> Op[Job | N
 
 
 def dump_page(
-    ns: str, q: str, state: JobState, cursor: int, count: int = 500
+    ns: str, q: str, state: JobState, cursor: int, count: int = 500, held: bool = False
 ) -> Op[tuple[int, list[Job]]]:
     """One page of a queue's ready, delayed (precise zset), reserved or dead jobs, read with
     ZSCAN + HMGET while the queue keeps working (a job moving meanwhile may be seen twice or
     not at all). ``Job.due_ms``: due time (ready, delayed), ttr deadline (reserved), death
-    time (dead). Returns the next cursor (0: done) and the jobs."""
+    time (dead). Returns the next cursor (0: done) and the jobs. ``held``: the ready jobs that
+    their groups hold back instead (HELD; ``due_ms`` None)."""
     qk = QueueKeys(ns, q)
     key = {
         JobState.READY: qk.ready,
@@ -115,6 +117,8 @@ def dump_page(
         JobState.RESERVED: qk.reserved,
         JobState.DEAD: qk.dead,
     }[state]
+    if held:
+        key = qk.held
     nxt, flat = yield Cmd(("ZSCAN", key, cursor, "COUNT", count))
     # redis-py parses ZSCAN into (member, score) pairs; a raw reply is flat
     pairs = (
@@ -123,11 +127,15 @@ def dump_page(
         else list(zip(flat[0::2], flat[1::2]))
     )
     members, scores = [m for m, _ in pairs], [int(float(sc)) for _, sc in pairs]
+    if held:  # `<group>\0<id>`
+        members, scores = [m.split(b"\0", 1)[1] for m in members], [-1] * len(members)
     records = (yield Cmd(("HMGET", qk.jobs, *members))) if members else []
     jobs = []
     for m, score, rec in zip(members, scores, records):
         if rec is not None:
-            when = score & READY_SCORE_MASK if state is JobState.READY else score
+            when: int | None = score & READY_SCORE_MASK if state is JobState.READY else score
+            if score < 0:
+                when = None
             jobs.append(Job.from_record(ns, q, m, rec, state, when))
     return int(nxt), jobs
 

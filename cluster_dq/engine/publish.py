@@ -128,7 +128,7 @@ def place_jobs(
             expire_at = spec.expire_at_ms
         else:
             expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
-        if spec.attributes or spec.backoff is not None:
+        if spec.attributes or spec.backoff is not None or spec.group:
             record = Record(
                 now,
                 expire_at,
@@ -138,6 +138,7 @@ def place_jobs(
                 spec.body,
                 spec.attributes,
                 spec.backoff,
+                spec.group,
             ).pack()
         else:  # Record.pack's bytes, its header shared with the call's other such jobs
             record = heads[expire_at, spec.tries, spec.priority] + spec.body
@@ -165,7 +166,7 @@ def place_jobs(
         # the pump's first work for this job: open its bucket, promote it, or expire it
         at = start - cfg.open_lead_ms if wheel else due if due > now else expire_at or None
         if wheel:  # into its bucket: as a short entry when it fits one
-            if spec.attributes or spec.backoff is not None:
+            if spec.attributes or spec.backoff is not None or spec.group:
                 short = wheel_short(member, due, record)
             else:
                 head = shorts[due, expire_at, spec.tries]

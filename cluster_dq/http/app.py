@@ -24,6 +24,7 @@ from cluster_dq.http.middleware import AccessLog, RequestIdMiddleware
 from cluster_dq.http.openapi_data import data_document
 from cluster_dq.http.paths import EncodedSeparators
 from cluster_dq.http.queues import QueuesAPI
+from cluster_dq.http.groups import GroupsAPI
 from cluster_dq.http.schedules import SchedulesAPI
 from cluster_dq.http.tracing import TracedRoutes
 from cluster_dq.http.workers import WorkersAPI
@@ -47,6 +48,7 @@ class DataAPI:
             jobs,
             delivery,
             QueuesAPI(service, settings, guard),
+            GroupsAPI(service, settings, guard),
             DeadLetterAPI(service, settings, guard),
             SchedulesAPI(service, settings, guard),
             ControlAPI(service, settings, guard),

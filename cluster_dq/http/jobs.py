@@ -52,6 +52,7 @@ from cluster_dq.http.openapi import (
 )
 from cluster_dq.http.responses import job_object, json, result_object
 from cluster_dq.models import MAX_BULK, MAX_PRIORITY, MAX_TRIES, JobResult, JobSpec
+from cluster_dq import names
 from cluster_dq.names import DEDUP_MODES, MAX_DEDUP_TTL_MS
 from cluster_dq.pools import RedisPool
 from cluster_dq.routing import PoolRoute
@@ -94,6 +95,7 @@ class JobsAPI(Handlers):
             priority=params.uint(qp, "priority", 0, MAX_PRIORITY),
             attributes=params.attributes(request),
             job_id=params.job_id(qp["job_id"]) if "job_id" in qp else None,
+            group=params.group(qp),
         )
 
     async def publish(self, request: Request) -> Response:
@@ -245,6 +247,13 @@ def job_spec(s: Settings, with_id: bool = True) -> list[Schema]:
         ),
         uint("priority", "higher is delivered first within a queue", 0, MAX_PRIORITY),
         *BACKOFF,
+        param(
+            "group",
+            "query",
+            {"type": "string", "pattern": f"^{names.GROUP_RE.pattern[2:-2]}$"},
+            "the job's group (a tenant, a customer): the queue serves its groups in turn, "
+            "each with its own pause, concurrency and rate limits (…/groups/{group})",
+        ),
     ]
     if with_id:
         out.append(param("job_id", "query", JOB_ID, "a client-chosen id: idempotent publish"))

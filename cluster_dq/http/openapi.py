@@ -104,6 +104,11 @@ SCHEMAS: dict[str, Schema] = {
             "description": "a lookup by id: the dedup key it was published under (a simple or "
             "debounce key; a dead job's is taken over by the next publish under it)",
         },
+        group={
+            "type": "string",
+            "description": "the group it was published in (absent: none); consumers are served "
+            "the queue's groups in turn",
+        },
     ),
     "WrongState": obj(
         ["error", "job_id", "state"],

@@ -14,6 +14,7 @@ from cluster_dq.http.guard import TOKEN
 from cluster_dq.http.jobs import job_operations
 from cluster_dq.http.openapi import ACK, PROGRESS, RELEASE, TOUCH, Op, Schema, document, error
 from cluster_dq.http.queues import queue_operations
+from cluster_dq.http.groups import group_operations
 from cluster_dq.http.schedules import SCHEDULE_PATH, schedule_operations
 from cluster_dq.http.workers import WORKERS_PATH, worker_operations
 from cluster_dq.settings import Settings
@@ -62,6 +63,12 @@ ORDER = [
     PUT /api/{ns}/{q}/settings
     POST /api/{ns}/{q}/pause
     POST /api/{ns}/{q}/resume
+    GET /api/{ns}/{q}/groups
+    GET /api/{ns}/{q}/groups/{group}
+    PATCH /api/{ns}/{q}/groups/{group}
+    PUT /api/{ns}/{q}/groups/{group}
+    POST /api/{ns}/{q}/groups/{group}/pause
+    POST /api/{ns}/{q}/groups/{group}/resume
     GET /api/{ns}
     """.strip().splitlines()
 ]
@@ -73,6 +80,7 @@ def data_operations(s: Settings) -> list[Op]:
         *job_operations(s),
         *delivery_operations(s),
         *queue_operations(s),
+        *group_operations(),
         *dead_letter_operations(s),
         *schedule_operations(s),
         *control_operations(s),

@@ -327,6 +327,16 @@ def backoff(query: Mapping[str, str]) -> Backoff | None:
     )
 
 
+def group(query: Mapping[str, str], name: str = "group") -> str | None:
+    """A job's group (``names.GROUP_RE``); None when the query names none."""
+    raw = query.get(name)
+    if raw is None:
+        return None
+    if why := names.group(raw):
+        raise BadRequest(why, name)
+    return raw
+
+
 def cursor(query: Mapping[str, str]) -> str:
     """A listing's cursor: '' or the name the previous page ended with."""
     raw = query.get("cursor", "")

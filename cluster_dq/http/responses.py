@@ -45,6 +45,8 @@ def job_object(job: Job, now: int, *, msg: bool = True) -> dict[str, Any]:
         out["progress"] = userjson.stored(job.progress)
     if job.dedup_key is not None:
         out["dedup_key"] = job.dedup_key  # (a lookup by id: the key it holds, or held)
+    if job.group is not None:
+        out["group"] = job.group  # absent for a job without one: lmstfy's shape unchanged
     return out
 
 

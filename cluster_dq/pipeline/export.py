@@ -55,10 +55,12 @@ def queue_rows(
             jobs_pages = []
             if state is JobState.DELAYED:
                 jobs_pages.append(engine.run(ops.dump_wheel(ns, q), idempotent=True))
-            cursor = None
-            while cursor != 0:
-                cursor, jobs = engine.run(ops.dump_page(ns, q, state, cursor or 0), idempotent=True)
-                jobs_pages.append(jobs)
+            for held in (False, True) if state is JobState.READY else (False,):
+                cursor = None
+                while cursor != 0:
+                    op = ops.dump_page(ns, q, state, cursor or 0, held=held)
+                    cursor, jobs = engine.run(op, idempotent=True)
+                    jobs_pages.append(jobs)
             for jobs in jobs_pages:
                 for j in jobs:
                     yield (

@@ -11,6 +11,7 @@ from cluster_dq.metrics import Metrics
 from cluster_dq.pools import RedisPool
 from cluster_dq.service.control import JobControl
 from cluster_dq.service.failures import nothing_written
+from cluster_dq.service.groups import Groups
 from cluster_dq.service.history import History
 from cluster_dq.service.jobs import Jobs
 from cluster_dq.service.operators import Operators
@@ -24,7 +25,7 @@ from cluster_dq.waiters import Look
 __all__ = ["Look", "Service", "nothing_written"]
 
 
-class Service(Jobs, JobControl, Queues, Schedules, Tokens, Workers, History, Operators):
+class Service(Jobs, JobControl, Queues, Groups, Schedules, Tokens, Workers, History, Operators):
     """Every use case, over one ``ServiceCore`` (settings, pools, routes, metrics, the
     lifecycle log and the token store)."""
 

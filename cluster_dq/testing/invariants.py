@@ -11,7 +11,7 @@ from typing import Any
 from cluster_dq.engine.steps import REMEMBER_ACKED_MS
 from cluster_dq.history import BUCKET_MS, KEEP_MS
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
-from cluster_dq.models import WHEEL_SHORT_FIELD, id_due_ms, id_lane, wheel_member
+from cluster_dq.models import WHEEL_SHORT_FIELD, Record, id_due_ms, id_lane, wheel_job
 
 
 def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
@@ -29,9 +29,22 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
     p.hgetall(k.meta)
     for name in ("delayed", "reserved", "expire"):
         p.zrange(getattr(k, name), 0, 0, withscores=True)
+    p.zrange(k.held, 0, -1)
+    p.hgetall(k.groups)
     got = p.execute()
-    members, (records, held, expiring, notes, wheel, meta), heads = got[:4], got[4:10], got[10:]
+    members, (records, held, expiring, notes, wheel, meta) = got[:4], got[4:10]
+    heads, (held_back, groups) = got[10:13], got[13:]
     zsets = {name: set(m) for name, m in zip(states, members, strict=True)}
+    # a job its group holds back (HELD, `<g>\0<id>`) is ready: in READY's place
+    held_ids = {m.split(b"\0", 1)[1]: m.split(b"\0", 1)[0] for m in held_back}
+    assert len(held_ids) == len(held_back), "a job is held back twice"
+    assert not held_ids.keys() & zsets["ready"], "a job is in READY and held back"
+    for member, g in held_ids.items():
+        rec = records.get(member)
+        assert rec is not None and Record.unpack(rec).group == g.decode(), (
+            f"held back in group {g!r}: {member!r} is not that group's job"
+        )
+    zsets["ready"] |= held_ids.keys()
     jobs = set(records)
     union: set[bytes] = set()
     for name, in_state in zsets.items():
@@ -64,15 +77,18 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
     buckets = {b.decode() for b in wheel}
     p = r.pipeline(transaction=False)
     for b in sorted(buckets):
-        p.hkeys(k.bucket(b))
+        p.hgetall(k.bucket(b))
     in_wheel = 0
     wheel_ids: set[bytes] = set()
-    for b, fields in zip(sorted(buckets), p.execute() if buckets else [], strict=True):
+    wheel_records: list[bytes] = []
+    for b, entries in zip(sorted(buckets), p.execute() if buckets else [], strict=True):
+        fields = list(entries)
+        wheel_records += [wheel_job(b, f, v)[1] for f, v in entries.items()]
         assert fields, f"wheel index names empty bucket {b}"
         window, lane = (int(x) for x in b.split(":"))
         if b"s" in meta:  # META.s: every entry of the wheel is short
             assert all(len(f) == WHEEL_SHORT_FIELD for f in fields), f"META.s, a whole entry in {b}"
-        ids = {wheel_member(b, f) for f in fields}
+        ids = {wheel_job(b, f, entries[f])[0] for f in fields}
         assert len(ids) == len(fields), f"a job rests twice in bucket {b} (short and whole)"
         for m in ids:
             assert len(m) == 16 and id_due_ms(m) // BUCKET_WIDTH_MS == window, (
@@ -91,7 +107,8 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
     assert not stray, f"buckets missing from the wheel index: {stray}"
     w = int(meta.get(b"w") or 0)
     assert w == in_wheel, f"meta.w {w} != jobs in buckets {in_wheel}"
-    assert set(meta) <= {b"w", b"next", b"s"}
+    assert set(meta) <= {b"w", b"next", b"s", b"v"}
+    _check_groups(groups, records, zsets["reserved"], wheel_records)
     marked = meta.get(b"next")
     if marked is not None:  # the pump's and the multi-queue consume's promise: no event earlier
         for head in heads:
@@ -108,13 +125,48 @@ def queue_keys(r: Any, ns: str, q: str) -> list[bytes]:
     at most a day). So a queue whose jobs are all gone leaves nothing behind for long."""
     qk = QueueKeys(ns, q)
     acked, history = qk.acked.encode(), qk.history(0).encode().rsplit(b":", 1)[0] + b":"
-    found = sorted(r.keys(f"*{{{ns}/{q}}}*"))
+    pattern = f"*{{{ns}/{q}}}*"
+    if hasattr(r, "get_node_from_key"):  # a Cluster client: KEYS on the node of the queue's
+        # slot (redis-py sends it to one node of its choice otherwise, which found nothing)
+        found = sorted(r.keys(pattern, target_nodes=r.get_node_from_key(qk.meta)))
+    else:
+        found = sorted(r.keys(pattern))
     if acked in found:
         assert 0 < r.pttl(acked) <= REMEMBER_ACKED_MS, "the acked-ids memory must expire"
     buckets = {k for k in found if k.startswith(history) and k[len(history) :].isdigit()}
     for key in buckets:
         assert 0 < r.pttl(key) <= KEEP_MS + BUCKET_MS, f"history {key!r} must expire in a day"
     return [k for k in found if k != acked and k not in buckets]
+
+
+def _check_groups(
+    groups: dict[bytes, bytes],
+    records: dict[bytes, bytes],
+    reserved: set[bytes],
+    wheel_records: list[bytes],
+) -> None:
+    """GROUPS counts exactly (lua/lib/groups.lua): `n:<g>` the group's jobs in every state and
+    the wheel, `r:<g>` its reserved ones, each absent at 0; `t:<g>` only while it has jobs."""
+    size: dict[str, int] = {}
+    busy: dict[str, int] = {}
+    for member, rec in records.items():
+        g = Record.unpack(rec).group
+        if g is not None:
+            size[g] = size.get(g, 0) + 1
+            if member in reserved:
+                busy[g] = busy.get(g, 0) + 1
+    for rec in wheel_records:
+        g = Record.unpack(rec).group
+        if g is not None:
+            size[g] = size.get(g, 0) + 1
+    found: dict[bytes, dict[str, int]] = {b"n": {}, b"r": {}, b"t": {}}
+    for f, v in groups.items():
+        kind, _, name = f.partition(b":")
+        assert kind in found and name, f"a stray field in the groups hash: {f!r}"
+        found[kind][name.decode()] = int(v)
+    assert found[b"n"] == size, f"group sizes {found[b'n']} != jobs by group {size}"
+    assert found[b"r"] == busy, f"group reserved counts {found[b'r']} != reserved {busy}"
+    assert set(found[b"t"]) <= set(size), "a group's fair tag outlives its jobs"
 
 
 def _check_dedup_keys(notes: dict[bytes, bytes], jobs: set[bytes]) -> None:

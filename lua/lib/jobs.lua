@@ -4,17 +4,78 @@
 ]]
 --@include lib/keys
 --@include lib/record
+--@include lib/groups
 
--- Puts a job whose record is already in JOBS into READY (t = its due time).
+-- Puts a job whose record is already in JOBS into READY (t = its due time; a grouped job's
+-- place is its group's fair tag instead, lib/groups.lua).
 local function make_ready(id, rec, t)
+  local g = group_of(rec)
+  if g then t = fair_tag(g, t) end
   redis.call('ZADD', READY, ready_score(rec, t), id)
+end
+
+-- Takes a job out of READY, or out of HELD where its group holds it back; 1 when it was in
+-- either, else 0.
+local function unready(id, rec)
+  if redis.call('ZREM', READY, id) == 1 then return 1 end
+  local g = rec and group_of(rec)
+  if g then return redis.call('ZREM', HELD, held_member(g, id)) end
+  return 0
+end
+
+-- Whether a job is ready (in READY, or held back by its group).
+local function is_ready(id, rec)
+  if redis.call('ZSCORE', READY, id) then return true end
+  local g = rec and group_of(rec)
+  return g and redis.call('ZSCORE', HELD, held_member(g, id)) ~= false or false
+end
+
+-- Brings up to `n` jobs that group g holds back into READY (its pause ended, or a slot of its
+-- concurrency limit freed), in id order; t: now. When READY was empty, the queue's long-polls
+-- hear of it ('1' on its notify channel, whose name is META's with `notify` for `meta`: any
+-- script may free a slot, an ack included, and not every one is given the channel).
+local function unhold(g, n, t)
+  if n <= 0 then return 0 end
+  local held = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, n)
+  if #held == 0 then return 0 end
+  local was_empty = redis.call('EXISTS', READY) == 0
+  for _, m in ipairs(held) do
+    local id = string.sub(m, #g + 2)
+    local rec = redis.call('HGET', JOBS, id)
+    if rec then make_ready(id, rec, t) end
+  end
+  redis.call('ZREM', HELD, unpack(held))
+  if was_empty then redis.call('SPUBLISH', string.sub(META, 1, -5) .. 'notify', '1') end
+  return #held
+end
+
+-- How many more of group g's jobs may be reserved now (its settings, its reserved count);
+-- math.huge: no limit.
+local function group_room(g, conf)
+  if conf[1] then return 0 end
+  if not conf[2] then return math.huge end
+  return conf[2] - tonumber(redis.call('HGET', GROUPS, 'r:' .. g) or '0')
+end
+
+-- A job of record `rec` left RESERVED: its group's reserved count drops, and a job the group
+-- held back for its concurrency limit comes back to READY.
+local function unreserve(rec, t)
+  local g = group_of(rec)
+  if not g then return end
+  if redis.call('HINCRBY', GROUPS, 'r:' .. g, -1) <= 0 then redis.call('HDEL', GROUPS, 'r:' .. g) end
+  local conf = group_conf(g)
+  if conf[2] then unhold(g, math.min(group_room(g, conf), 1), t) end
 end
 
 -- Drops a job's record from JOBS and what it carries beside it in NOTES (field `<id>`: its
 -- errors and death; `p:<id>`: its progress; `d:<id>`: the dedup key it holds, whose `k:<key>`
--- goes with it while it names this job). Returns 1, or 0 when JOBS did not hold it.
-local function drop(id)
-  if redis.call('HDEL', JOBS, id) == 0 then return 0 end
+-- goes with it while it names this job), and counts it out of its group (rec: its record, when
+-- the caller has it). Returns 1, or 0 when JOBS did not hold it.
+local function drop(id, rec)
+  rec = rec or redis.call('HGET', JOBS, id)
+  if not rec then return 0 end
+  redis.call('HDEL', JOBS, id)
+  count_group(group_of(rec), -1)
   local key = redis.call('HGET', NOTES, 'd:' .. id)
   if key then
     if redis.call('HGET', NOTES, 'k:' .. key) == id then redis.call('HDEL', NOTES, 'k:' .. key) end
@@ -26,12 +87,16 @@ local function drop(id)
 end
 
 -- Forgets a job held in JOBS (any state but the wheel); returns the state code it was in.
-local function forget(id)
-  if drop(id) == 0 then return CODE.NOT_FOUND end
+-- t: now (a job its group held back may take a freed slot).
+local function forget(id, t)
+  local rec = redis.call('HGET', JOBS, id)
+  if not rec then return CODE.NOT_FOUND end
+  drop(id, rec)
   redis.call('ZREM', EXPIRE, id)
-  if redis.call('ZREM', READY, id) == 1 then return CODE.READY end
+  if unready(id, rec) == 1 then return CODE.READY end
   if redis.call('ZREM', RESERVED, id) == 1 then
     redis.call('HDEL', LEASES, id)
+    unreserve(rec, t)
     return CODE.RESERVED
   end
   if redis.call('ZREM', DELAYED, id) == 1 then return CODE.DELAYED end
@@ -89,12 +154,16 @@ local function earliest(a, b)
 end
 
 -- Where a job held in JOBS is: its state code and score (NOT_FOUND: in none, which the
--- invariants rule out).
-local function state_of(id)
+-- invariants rule out). A job its group holds back is READY, score false. rec: its record,
+-- when the caller has it.
+local function state_of(id, rec)
   for _, st in ipairs({{CODE.READY, READY}, {CODE.RESERVED, RESERVED}, {CODE.DELAYED, DELAYED},
       {CODE.DEAD, DEAD}}) do
     local score = redis.call('ZSCORE', st[2], id)
     if score then return st[1], score end
   end
+  rec = rec or redis.call('HGET', JOBS, id)
+  local g = rec and group_of(rec)
+  if g and redis.call('ZSCORE', HELD, held_member(g, id)) then return CODE.READY, false end
   return CODE.NOT_FOUND, false
 end

@@ -13,9 +13,9 @@ local function lease_check(id, lease, now)
     return CODE.OK
   end
   if redis.call('HEXISTS', JOBS, id) == 0 then return CODE.LEASE_GONE end
-  if redis.call('ZSCORE', READY, id) then return CODE.LEASE_READY end
   if redis.call('ZSCORE', DEAD, id) then return CODE.LEASE_DEAD end
-  return CODE.LEASE_DELAYED
+  if redis.call('ZSCORE', DELAYED, id) then return CODE.LEASE_DELAYED end
+  return CODE.LEASE_READY -- in READY, or held back by its group (HELD)
 end
 
 -- A reservation that is still running at `now` (its ttr deadline not passed).

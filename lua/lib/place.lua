@@ -23,6 +23,7 @@ local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, 
   if redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0 then
     lowered = 1 -- a queue coming into being: the caller registers it in its shard
   end
+  count_group(group_of(rec), 1)
   local st
   if due <= now then
     redis.call('HSET', JOBS, id, rec)

@@ -15,7 +15,7 @@ local function promote(now, limit)
     local rec = redis.call('HGET', JOBS, id)
     if rec then
       if expired(rec, now) then
-        drop(id)
+        drop(id, rec)
         redis.call('ZREM', EXPIRE, id)
         gone = gone + 1
       else

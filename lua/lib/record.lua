@@ -30,3 +30,32 @@ local function expired(rec, now)
   local e = expire_at(rec)
   return e > 0 and e <= now
 end
+
+-- The record's flags (its 18th byte): 1 attributes, 2 its own backoff, 4 a group (`u8 len` +
+-- the name, after the backoff), 8 a rate-limit slot taken for it (lib/groups.lua).
+local FLAG_GROUP, FLAG_SLOT = 4, 8
+local BACKOFF_SIZE = 11 -- `>B I4 I4 H`
+
+-- The group named in a record, or in a short wheel value when `at` = 11 (where its flags byte
+-- is; 18 in a record); false: none.
+local function group_at(rec, at)
+  local flags = string.byte(rec, at)
+  if bit.band(flags, FLAG_GROUP) == 0 then return false end
+  local i = at + 1
+  if bit.band(flags, 2) ~= 0 then i = i + BACKOFF_SIZE end
+  return string.sub(rec, i + 1, i + string.byte(rec, i))
+end
+
+local function group_of(rec)
+  return group_at(rec, 18)
+end
+
+local function has_flag(rec, flag)
+  return bit.band(string.byte(rec, 18), flag) ~= 0
+end
+
+local function with_flag(rec, flag, on)
+  local flags = string.byte(rec, 18)
+  flags = on and bit.bor(flags, flag) or bit.band(flags, bit.bnot(flag))
+  return string.sub(rec, 1, 17) .. string.char(flags) .. string.sub(rec, 19)
+end

@@ -84,7 +84,7 @@ local function expire_reservations(now, limit, seed)
     if not rec then
       -- cannot happen while the invariants hold; never leave a dangling member behind
     elseif expired(rec, now) then
-      drop(id)
+      drop(id, rec)
       redis.call('ZREM', EXPIRE, id)
       gone = gone + 1
     else
@@ -98,6 +98,7 @@ local function expire_reservations(now, limit, seed)
         dead = dead + 1
       end
     end
+    if rec then unreserve(rec, now) end
   end
   if #due > 0 then
     zrem_many(RESERVED, due)

@@ -21,6 +21,6 @@ local function queue_sizes(lead)
   consider(first_score(RESERVED))
   consider(first_score(EXPIRE))
   local wheel = tonumber(redis.call('HGET', META, 'w') or '0')
-  return {wheel + redis.call('ZCARD', DELAYED), redis.call('ZCARD', READY),
+  return {wheel + redis.call('ZCARD', DELAYED), redis.call('ZCARD', READY) + redis.call('ZCARD', HELD),
     redis.call('ZCARD', RESERVED), redis.call('ZCARD', DEAD), nxt}
 end

@@ -2,7 +2,7 @@
 
 Each ``lua/*.lua`` starts with ``#!lua`` and a header in one format (lua/README.md):
 
-    KEYS[1..12] queue: the queue's fixed keys, in the order of lib/keys.lua
+    KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
     KEYS[11..] buckets...: a variadic tail (the name ends in ``...``)
     ARGV[1] now: one argument
     ARGV[8..] jobs...: one value per job (or "K values per job": K arguments each)
@@ -114,7 +114,7 @@ HEADERS = {name: parse_header((LUA / f"{name}.lua").read_text()) for name in SCR
 
 def lua_queue_keys() -> tuple[list[str], int]:
     text = (LUA / "lib" / "keys.lua").read_text()
-    m = re.search(r"^local ([A-Z_, ]+) =\s*\n?\s*((?:KEYS\[\d+\],?\s*)+)", text, re.MULTILINE)
+    m = re.search(r"^local ([A-Z_,\s]+?) =\s*\n?\s*((?:KEYS\[\d+\],?\s*)+)", text, re.MULTILINE)
     assert m, "lib/keys.lua: no 'local META, ... = KEYS[1], ...' line"
     names = [n.strip() for n in m.group(1).split(",")]
     indices = [int(i) for i in re.findall(r"KEYS\[(\d+)\]", m.group(2))]
@@ -194,7 +194,7 @@ def _lua_code(text: str) -> str:
     return "\n".join(line.split("--")[0] for line in lines)
 
 
-LIB_DEF = re.compile(r"^local function (\w+)|^local ([A-Za-z_][\w, ]*?)\s*=", re.MULTILINE)
+LIB_DEF = re.compile(r"^local function (\w+)|^local ([A-Za-z_][\w,\s]*?)\s*=", re.MULTILINE)
 
 
 def _defines(text: str) -> set[str]:
@@ -241,7 +241,7 @@ def test_every_script_and_lib_includes_what_it_calls_and_nothing_else() -> None:
         for lib_name, lib in owner.items():
             uses = [m.start() for m in re.finditer(rf"\b{lib_name}\b", code)]
             if uses:
-                first_def = re.search(rf"^local (?:function )?[\w, ]*\b{lib_name}\b", code, re.M)
+                first_def = re.search(rf"^local (?:function )?[\w,\s]*?\b{lib_name}\b", code, re.M)
                 assert first_def and first_def.start() <= uses[0], f"{name}: {lib_name} ({lib})"
 
 
@@ -358,6 +358,8 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.sizes_of(cfg, [f"ns/{q}"]))
     await run(ops.configure("ns", q, [("paused", "1"), ("max_size", "100")]))
     await run(ops.configure("ns", q, [("paused", ""), ("max_size", "")]))
+    await run(ops.configure_group("ns", q, "g", ops.GroupChanges(paused=True, concurrency=2), t))
+    await run(ops.configure_group("ns", q, "g", ops.GroupChanges(clear_concurrency=True), t))
     await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=min_ + BUCKET_WIDTH_MS)], t))
     a, b = await run(
         ops.publish(cfg, "ns", q, [JobSpec(b"a", delay_ms=10 * min_), JobSpec(b"b")], t)

@@ -284,6 +284,7 @@ async def test_no_data_route_changes_anything_cross_site_without_a_token(served:
                 .replace("{q}", "q")
                 .replace("{job_id}", jid)
                 .replace("{name}", "s")
+                .replace("{group}", "g")
             )
             for method in sorted(route.methods - {"HEAD"}):
                 r = await data.request(method, url, content=b"x", headers=FORM)

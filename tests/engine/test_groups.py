@@ -1,0 +1,315 @@
+"""Groups (lua/lib/groups.lua): fair turns across a queue's groups, a group's concurrency
+limit, pause and rate limit, and its sizes, against a real redis-server on every topology,
+with explicit clocks. Every test checks the queue's invariants (GROUPS counts exact, HELD
+holding only its groups' ready jobs) at each step."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import pytest
+import redis
+
+from cluster_dq.clock import now_ms
+from cluster_dq.engine import commands as ops
+from cluster_dq.engine import control
+from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.errors import Conflict
+from cluster_dq.keys import QueueKeys
+from cluster_dq.models import Job, JobSpec, JobState
+from cluster_dq.testing.invariants import check_queue, queue_keys
+
+NS, Q = "ns", "g"
+SEC = 1000
+
+
+async def publish(
+    engine: AsyncEngine, now: int, group: str | None, n: int = 1, **kw: object
+) -> list[str]:
+    specs = [JobSpec(f"{group}-{i}".encode(), group=group, **kw) for i in range(n)]  # type: ignore[arg-type]
+    out = await engine.run(ops.publish(engine.config, NS, Q, specs, now))
+    return [p.job_id for p in out]
+
+
+async def consume(engine: AsyncEngine, now: int, count: int = 1, ttr: int = 30 * SEC) -> list[Job]:
+    return await engine.run(ops.consume(engine.config, NS, (Q,), ttr, count, now))
+
+
+async def take_all(engine: AsyncEngine, now: int, r: redis.Redis) -> list[Job]:
+    """One job per call until none comes: the order consumers are served in."""
+    out: list[Job] = []
+    while got := await consume(engine, now):
+        out += got
+        check_queue(r, NS, Q)
+    return out
+
+
+async def configure(engine: AsyncEngine, now: int, group: str, **kw: object) -> ops.Group:
+    changes = ops.GroupChanges(**kw)  # type: ignore[arg-type]
+    return await engine.run(ops.configure_group(NS, Q, group, changes, now))
+
+
+async def group(engine: AsyncEngine, name: str) -> ops.Group:
+    (g,) = await engine.run(ops.describe_groups(NS, Q, [name]))
+    return g
+
+
+async def test_a_backlogged_group_takes_turns_with_the_others(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await publish(engine, t, "heavy", 40)
+    for i, light in enumerate(("a", "b", "c")):
+        await publish(engine, t + 1 + i, light, 2)
+    order = [j.group for j in await take_all(engine, t + 10, sync_redis)]
+    assert len(order) == 46
+    # every light job within the first rounds (each group one job per round, the light ones
+    # joining a round or two after the heavy one began), not behind the heavy backlog
+    assert Counter(order[:12]) == {"heavy": 6, "a": 2, "b": 2, "c": 2}, order[:12]
+    assert order[12:] == ["heavy"] * 34
+    # and within a group, the order it became ready in
+    assert Counter(order) == {"heavy": 40, "a": 2, "b": 2, "c": 2}
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_group_that_was_idle_enters_at_the_head_not_behind_the_backlog(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await publish(engine, t, "heavy", 30)
+    for _ in range(10):  # the heavy group alone: served in its own order
+        (job,) = await consume(engine, t + 1)
+        assert job.group == "heavy"
+    await publish(engine, t + 2, "late")
+    got = [j.group for j in (await consume(engine, t + 3)) + (await consume(engine, t + 3))]
+    assert "late" in got, got  # at most one heavy job before it
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_ungrouped_jobs_keep_priority_then_due_order_beside_groups(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    (urgent,) = await publish(engine, t, "g1", priority=9)
+    await publish(engine, t, "g1", 3)
+    (plain,) = await publish(engine, t, None)
+    first = await consume(engine, t + 1)
+    assert first[0].job_id == urgent  # a priority still comes first
+    rest = await take_all(engine, t + 1, sync_redis)
+    assert plain in [j.job_id for j in rest] and len(rest) == 4
+
+
+async def test_a_concurrency_limit_holds_back_and_an_ack_lets_one_go(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await configure(engine, t, "limited", concurrency=2)
+    await publish(engine, t, "limited", 5)
+    await publish(engine, t, "free", 2)
+    got = await consume(engine, t + 1, count=10)
+    assert Counter(j.group for j in got) == {"limited": 2, "free": 2}
+    check_queue(sync_redis, NS, Q)
+    g = await group(engine, "limited")
+    assert (g.size, g.reserved, g.held, g.concurrency) == (5, 2, 3, 2)
+    assert (await engine.run(ops.sizes(engine.config, NS, Q))).ready == 3  # held are ready
+    assert await consume(engine, t + 2, count=10) == []  # nothing else may go
+    done = next(j for j in got if j.group == "limited")
+    await engine.run(ops.ack(NS, Q, [done.job_id], t + 3))
+    check_queue(sync_redis, NS, Q)
+    assert (await group(engine, "limited")).held == 2
+    (again,) = await consume(engine, t + 4, count=10)
+    assert again.group == "limited"
+    assert await consume(engine, t + 4, count=10) == []
+    # raised at run time: as many as it now allows come back at once
+    g = await configure(engine, t + 5, "limited", concurrency=10)
+    assert (g.held, g.reserved) == (0, 2)
+    assert len(await consume(engine, t + 6, count=10)) == 2
+    check_queue(sync_redis, NS, Q)
+
+
+@pytest.mark.parametrize("how", ["release", "ttr", "bury", "ttl"])
+async def test_every_way_out_of_reserved_frees_the_groups_slot(
+    engine: AsyncEngine, sync_redis: redis.Redis, how: str
+) -> None:
+    t = now_ms()
+    await configure(engine, t, "one", concurrency=1)
+    await publish(engine, t, "one", 2, ttl_ms=60 * SEC, tries=3)
+    (job,) = await consume(engine, t + 1, count=5, ttr=SEC)
+    assert await consume(engine, t + 2, count=5) == []
+    later = t + 2
+    if how == "release":
+        await engine.run(ops.release(engine.config, NS, Q, [job.job_id], 0, t + 2, nack=True))
+    elif how == "ttr":
+        later = t + 2 * SEC
+        await engine.run(ops.tick(engine.config, NS, Q, later))
+    elif how == "bury":
+        await engine.run(control.bury(NS, Q, job.job_id, "no", t + 2))
+    else:
+        later = t + 61 * SEC
+    check_queue(sync_redis, NS, Q)
+    got = await consume(engine, later, count=5)
+    if how == "ttl":  # both ended: the held one and the reserved one, its slot with it
+        assert got == []
+        await engine.run(ops.tick(engine.config, NS, Q, later))
+        assert (await group(engine, "one")).size == 0
+    else:
+        assert len(got) == 1 and got[0].group == "one"
+    assert (await group(engine, "one")).reserved == len(got)
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_paused_group_holds_its_jobs_while_the_others_go_on(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await publish(engine, t, "p", 3)
+    await publish(engine, t, "q", 2)
+    g = await configure(engine, t, "p", paused=True)
+    assert g.paused
+    got = await consume(engine, t + 1, count=10)
+    assert [j.group for j in got] == ["q", "q"]
+    assert (await group(engine, "p")).held == 3
+    check_queue(sync_redis, NS, Q)
+    held = await engine.run(ops.peek_job(NS, Q, held_id(sync_redis)))
+    assert held is not None and held.state is JobState.READY and held.group == "p"
+    g = await configure(engine, t + 2, "p", paused=False)
+    assert (g.held, g.paused) == (0, False)
+    assert Counter(j.group for j in await consume(engine, t + 3, count=10)) == {"p": 3}
+    check_queue(sync_redis, NS, Q)
+
+
+def held_id(r: redis.Redis) -> str:
+    from cluster_dq.models import id_to_text
+
+    member = r.zrange(QueueKeys(NS, Q).held, 0, 0)[0]
+    return id_to_text(member.split(b"\0", 1)[1])
+
+
+async def test_a_held_job_can_be_buried_rescheduled_acked_and_its_lease_is_refused(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await configure(engine, t, "h", paused=True)
+    a, b, c = await publish(engine, t, "h", 3)
+    assert await consume(engine, t + 1, count=10) == []
+    assert (await group(engine, "h")).held == 3
+    check_queue(sync_redis, NS, Q)
+    dead = await engine.run(control.bury(NS, Q, a, "why", t + 2))
+    assert dead is not None and dead.state is JobState.DEAD
+    moved = await engine.run(control.reschedule_job(engine.config, NS, Q, b, t + 5 * SEC, t + 2))
+    assert moved is not None and moved.state is JobState.DELAYED
+    with pytest.raises(Conflict):  # a lease never holds a ready job
+        await engine.run(ops.touch(engine.config, NS, Q, c, 10 * SEC, t + 2, "AAAAAAAAAAAA"))
+    assert await engine.run(ops.ack(NS, Q, [c], t + 3)) == [JobState.READY]
+    check_queue(sync_redis, NS, Q)
+    g = await group(engine, "h")
+    assert (g.size, g.held) == (2, 0)
+
+
+async def test_a_rate_limit_spaces_deliveries_after_its_burst(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await configure(engine, t, "r", rate=ops.Rate(2, SEC))
+    await publish(engine, t, "r", 5)
+    await publish(engine, t, "other", 3)
+    first = await consume(engine, t, count=10)
+    assert Counter(j.group for j in first) == {"r": 2, "other": 3}  # the burst: 2
+    check_queue(sync_redis, NS, Q)
+    s = await engine.run(ops.sizes(engine.config, NS, Q))
+    assert (s.ready, s.delayed) == (0, 3)  # each waits for its own slot, taken for it
+    times = []
+    for step in range(0, 2001, 100):
+        got = await consume(engine, t + step, count=10)
+        times += [step] * len(got)
+        check_queue(sync_redis, NS, Q)
+    assert times == [500, 1000, 1500]
+
+
+async def test_groups_survive_the_wheel_and_the_reply_names_them(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    (far,) = await publish(engine, t, "w", delay_ms=60 * SEC)
+    check_queue(sync_redis, NS, Q)
+    assert (await group(engine, "w")).size == 1
+    peeked = await engine.run(ops.peek_job(NS, Q, far))
+    assert peeked is not None and peeked.group == "w"
+    later = t + 61 * SEC
+    await engine.run(ops.tick(engine.config, NS, Q, later))
+    await engine.run(ops.tick(engine.config, NS, Q, later))
+    (job,) = await consume(engine, later)
+    assert (job.job_id, job.group) == (far, "w")
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_destroy_takes_the_groups_state_and_keeps_their_settings(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await configure(engine, t, "d", concurrency=1, rate=ops.Rate(5, SEC))
+    await publish(engine, t, "d", 3)
+    await consume(engine, t + 1, count=3)
+    await engine.run(ops.destroy(engine.config, NS, Q))
+    qk = QueueKeys(NS, Q)
+    assert [k.decode() for k in queue_keys(sync_redis, NS, Q)] == [qk.group_conf]
+    g = await group(engine, "d")
+    assert (g.size, g.reserved, g.held, g.concurrency) == (0, 0, 0, 1)
+    await configure(engine, t + 2, "d", clear_concurrency=True, clear_rate=True)
+    assert queue_keys(sync_redis, NS, Q) == []
+
+
+async def test_the_groups_listing_pages_through_groups_with_jobs(engine: AsyncEngine) -> None:
+    t = now_ms()
+    names = [f"t{i:03d}" for i in range(30)]
+    for i, name in enumerate(names):
+        await publish(engine, t, name, i % 3 + 1)
+    seen: dict[str, int] = {}
+    cursor = 0
+    while True:
+        cursor, page = await engine.run(ops.list_groups(NS, Q, cursor, 7))
+        seen.update({g.name: g.size for g in page})
+        if cursor == 0:
+            break
+    assert seen == {name: i % 3 + 1 for i, name in enumerate(names)}
+
+
+def _notices(r: redis.Redis, channel: str, seconds: float) -> list[bytes]:
+    """What the queue's notify channel carried within ``seconds`` (sharded pub/sub)."""
+    out: list[bytes] = []
+    p = r.pubsub()
+    p.ssubscribe(channel)
+    end = time.monotonic() + seconds
+    read = getattr(p, "get_sharded_message", p.get_message)
+    try:
+        while time.monotonic() < end:
+            m = read(timeout=0.05)
+            if m and m["type"] == "smessage":
+                out.append(m["data"])
+        return out
+    finally:
+        p.close()
+
+
+async def test_a_slot_freed_by_an_ack_wakes_the_long_polls(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """An ack that brings a held job back into an empty READY says so on the queue's notify
+    channel ('1'), as a publish does: else a long-poll would wait for its safety poll."""
+    t = now_ms()
+    await configure(engine, t, "n", concurrency=1)
+    await publish(engine, t, "n", 2)
+    (job,) = await consume(engine, t + 1, count=5)
+    assert (await group(engine, "n")).held == 1
+    channel = QueueKeys(NS, Q).notify
+    listening = threading.Thread(target=lambda: heard.extend(_notices(sync_redis, channel, 1.5)))
+    heard: list[bytes] = []
+    listening.start()
+    await asyncio.sleep(0.5)  # subscribed
+    await engine.run(ops.ack(NS, Q, [job.job_id], t + 2))
+    listening.join()
+    assert heard == [b"1"]
+    check_queue(sync_redis, NS, Q)
