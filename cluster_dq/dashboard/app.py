@@ -1,6 +1,7 @@
 """The dashboard's Starlette sub-app, mounted at ``/ui`` on the admin port: the pages and
-actions (``views.py``, ``panel_views.py``, ``history_views.py``, ``worker_views.py``), the live sizes and the static files, behind basic
-auth (as the admin API), with the dashboard's own error pages for a missing page."""
+actions (``views.py``, ``panel_views.py``, ``history_views.py``, ``worker_views.py``,
+``group_views.py``), the live sizes and the static files, behind basic auth (as the admin
+API), with the dashboard's own error pages for a missing page."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cluster_dq.dashboard.base import HERE, Dashboard
+from cluster_dq.dashboard.group_views import GroupViews
 from cluster_dq.dashboard.history_views import HistoryViews
 from cluster_dq.dashboard.panel_views import PanelViews
 from cluster_dq.dashboard.views import Views
@@ -60,7 +62,7 @@ def create_dashboard(service: Service, settings: Settings, board: SizeBoard) -> 
 
 
 def mount(dashboard: Dashboard) -> Mount:
-    """The dashboard at /ui, with its pages and actions (views.py, panel_views.py)."""
+    """The dashboard at /ui, with its pages and actions (the views modules)."""
     return Mount(
         "/ui",
         app=_app(
@@ -70,6 +72,7 @@ def mount(dashboard: Dashboard) -> Mount:
                 *PanelViews(dashboard).routes(),
                 *HistoryViews(dashboard).routes(),
                 *WorkerViews(dashboard).routes(),
+                *GroupViews(dashboard).routes(),
             ],
         ),
     )

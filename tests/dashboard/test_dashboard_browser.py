@@ -3,8 +3,10 @@ driven by Selenium) against a real ``cluster-dq serve`` on a real redis-server: 
 clicked through (publish, bury, the dead letters and the job's fingerprint group, the group
 redriven, consumed by a worker over the data API, acked from the page), a race with the page,
 pause and resume, live numbers without a reload, the charts following a redelivery, the
-delay timeline (a delayed job in its bin, the bin rescheduled), and a queue's last 24 hours
-and its in-flight list (the worker holding a job, clicked through to the workers page). One topology (standalone) is
+delay timeline (a delayed job in its bin, the bin rescheduled), a queue's last 24 hours
+and its in-flight list (the worker holding a job, clicked through to the workers page), and
+its groups (one paused and resumed, its numbers following, its limits set; a job's group
+clicked through from the job page). One topology (standalone) is
 enough here: the pages' data is covered on all three by the httpx tests of
 ``tests/dashboard/test_dashboard_panels.py`` and the dashboard's own suite.
 
@@ -18,6 +20,7 @@ import base64
 import re
 import os
 import shutil
+import time
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -128,12 +131,21 @@ class Page:
         ).until(lambda _: until(), message=what)
 
     def submit(self, form_css: str, **fields: str) -> None:
-        form = self.find(form_css)
-        for name, value in fields.items():
-            box = form.find_element(By.NAME, name)
-            box.clear()
-            box.send_keys(value)
-        form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        def fill_and_send() -> bool:
+            form = self.find(form_css)
+            for name, value in fields.items():
+                box = form.find_element(By.NAME, name)
+                box.clear()
+                box.send_keys(value)
+            form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+            return True
+
+        # a form in a fragment may be replaced before it is filled in: it is looked up again
+        self.wait(fill_and_send, f"the form {form_css} sent")
+
+    def click(self, css: str) -> None:
+        """Clicks what ``css`` finds (looked up again if a fragment replaced it meanwhile)."""
+        self.wait(lambda: self.find(css).click() or True, f"a click on {css}")
 
     def flash(self) -> str:
         return str(self.wait(lambda: self.all("#flash") and self.find("#flash").text, "a flash"))
@@ -419,3 +431,81 @@ def test_the_last_24_hours_and_the_jobs_in_flight_on_the_queue_page(
     shot(browser, "in-flight-worker")
     api.delete(f"/api/{NS}/_workers/web-9-99")
     api.delete(f"/api/{NS}/{q}/job/{second['job_id']}")
+
+
+def test_a_group_paused_and_resumed_and_its_numbers_following(
+    browser: WebDriver, own_service: ServiceProcess, api: httpx.Client, shot: Any
+) -> None:
+    """The queue page's Groups panel: a group paused from it holds its jobs back while another
+    group's go to a worker (the panel's numbers follow with no reload), resumed it lets them
+    go; its limits set from its row's form; the job page's group leads back to the panel."""
+    q = "tenants"
+    ids = [
+        api.put(f"/api/{NS}/{q}", params={"group": g}, content=b"x").json()["job_id"]
+        for g in ("acme", "acme", "acme", "beta")
+    ]
+    page = Page(browser, own_service.admin)
+
+    def numbers(g: str) -> dict[str, str] | None:  # read in one go: the panel is replaced
+        return browser.execute_script(  # type: ignore[no-any-return]
+            "var r = document.querySelector('#groups tr[data-group=\"' + arguments[0] + '\"]');"
+            "if (!r) return null; var o = {paused: r.dataset.paused};"
+            "['size', 'reserved', 'held', 'concurrency', 'rate'].forEach(function (k) {"
+            "o[k] = r.querySelector('[data-group-' + k + ']').textContent.trim(); });"
+            "return o;",
+            g,
+        )
+
+    def shows(g: str, **want: str) -> bool:
+        got = numbers(g)
+        return got is not None and all(got[k] == v for k, v in want.items())
+
+    page.open(f"/job/{NS}/{q}/{ids[0]}")
+    assert page.find("#job-group").text == "acme"
+    page.click("#job-group a")
+    page.wait(lambda: shows("acme", size="3", held="0", paused="false"), "the groups panel")
+    assert browser.current_url.endswith("#groups")
+    assert shows("beta", size="1", reserved="0")
+    shot(browser, "groups")
+
+    page.click('#groups tr[data-group="acme"] form.group-pause button')
+    assert "group acme of shop/tenants paused" in page.flash()
+    page.wait(lambda: shows("acme", paused="true"), "acme paused")
+    page.d.execute_script("document.body.setAttribute('data-loaded-once', 'yes')")
+    got = api.get(f"/api/{NS}/{q}", params={"ttr": 60, "count": 10}).json()
+    assert [j["group"] for j in got] == ["beta"]  # acme's held back, beta's delivered
+    page.wait(
+        lambda: shows("acme", held="3", reserved="0") and shows("beta", reserved="1"),
+        "the held and in-flight numbers to follow",
+    )
+    assert page.find("body").get_attribute("data-loaded-once") == "yes"  # no reload
+    shot(browser, "group-paused-held")
+
+    page.click('#groups tr[data-group="acme"] form.group-resume button')
+    assert "group acme of shop/tenants resumed" in page.flash()
+    page.wait(lambda: shows("acme", paused="false", held="0"), "acme resumed")
+    got = api.get(f"/api/{NS}/{q}", params={"ttr": 60, "count": 10}).json()
+    assert sorted(j["job_id"] for j in got) == sorted(ids[:3])
+    page.wait(lambda: shows("acme", reserved="3"), "acme's jobs in flight")
+    shot(browser, "group-resumed")
+
+    # a row's form being filled in is not thrown away by the panel's refresh (every 5 s) ...
+    typed = '#groups tr[data-group="beta"] form.group-limits input[name=concurrency]'
+    box = page.wait(lambda: page.find(typed).send_keys("7") or page.find(typed), "typing")
+    loaded = page.find("#groups-src").get_attribute("data-panel-loaded")
+    time.sleep(6)
+    assert box.get_attribute("value") == "7"  # the same element, still there
+    assert page.find("#groups-src").get_attribute("data-panel-loaded") == loaded
+    # ... and once it is left as it showed, the panel is refreshed again
+    box.clear()
+    page.d.execute_script("document.activeElement.blur()")
+    page.wait(
+        lambda: page.find("#groups-src").get_attribute("data-panel-loaded") != loaded,
+        "the panel refreshed again",
+    )
+
+    page.submit('#groups tr[data-group="acme"] form.group-limits', concurrency="2", rate="5/1s")
+    assert "concurrency limit 2, rate limit 5/1000ms" in page.flash()
+    page.wait(lambda: shows("acme", concurrency="2", rate="5/1000ms"), "acme's limits")
+    shot(browser, "group-limits")
+    api.delete(f"/api/{NS}/{q}")
