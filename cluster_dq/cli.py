@@ -1,5 +1,6 @@
 """``cluster-dq``: serve, token, pipeline, version, and the operator commands (stats, jobs,
-dlq, pause, resume; run by ``ops.py``). Parses arguments and calls the package."""
+dlq, pause, resume; run by ``ops.py``; groups, group: ``ops_groups.py``). Parses arguments and
+calls the package."""
 
 from __future__ import annotations
 
@@ -256,6 +257,7 @@ class _Parser(argparse.ArgumentParser):
 
 EMBEDDED_PORT_HELP = "no pool configured: the data port of the embedded serve to use"
 OPERATOR_COMMANDS = ("stats", "jobs", "dlq", "pause", "resume", "workers")
+GROUP_COMMANDS = ("groups", "group")
 REASONS = ("ttr_expired", "tries_exhausted", "buried", "unknown")
 
 
@@ -310,6 +312,33 @@ def _operator_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
         p.add_argument("queue")
         if name == "pause":  # a queue that does not exist (a typo?) is refused without it
             p.add_argument("--create", action="store_true", help="pause a queue not yet used")
+    _group_parsers(sub, conn)
+
+
+def _group_parsers(sub: argparse._SubParsersAction[_Parser], conn: _Parser) -> None:
+    """groups, group: a queue's groups, one group's pause and limits (``ops_groups.py``)."""
+    gs = sub.add_parser("groups", parents=[conn], help="a queue's groups: sizes and limits")
+    gs.add_argument("queue")
+    g = sub.add_parser("group", parents=[conn], help="one group: look, pause, resume, limits")
+    g.add_argument("queue")
+    g.add_argument("name")
+    paused = g.add_mutually_exclusive_group()
+    paused.add_argument(
+        "--pause", dest="paused", action="store_const", const=True, help="hold its jobs back"
+    )
+    paused.add_argument(
+        "--resume", dest="paused", action="store_const", const=False, help="deliver them again"
+    )
+    most = g.add_mutually_exclusive_group()
+    most.add_argument(
+        "--concurrency", type=positive_int, metavar="N", help="at most N of its jobs reserved"
+    )
+    most.add_argument("--no-concurrency", action="store_true", help="no concurrency limit")
+    rate = g.add_mutually_exclusive_group()
+    rate.add_argument(
+        "--rate", metavar="JOBS/WINDOW", help="at most JOBS deliveries per WINDOW: 10/1s, 600/1m"
+    )
+    rate.add_argument("--no-rate", action="store_true", help="no rate limit")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         from cluster_dq import ops
 
         return ops.run(args)
+    if args.cmd in GROUP_COMMANDS:
+        from cluster_dq import ops_groups
+
+        return ops_groups.run(args)
     try:
         s = _settings(args)
         logs.setup(s.LogLevel, s.LogFormat)

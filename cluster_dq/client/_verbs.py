@@ -76,6 +76,7 @@ def job_of(o: Mapping[str, Any]) -> Job:
         died_at=ms_to_s(o.get("died_at")),
         result=o.get("result"),
         dedup_key=o.get("dedup_key"),
+        group=o.get("group"),
     )
 
 
@@ -102,6 +103,11 @@ def backoff_params(b: Backoff | None) -> list[tuple[str, str]]:
         backoff_cap_ms=millis(b.cap, "backoff cap") if b.cap else None,
         backoff_jitter=repr(float(b.jitter)) if b.jitter else None,
     )
+
+
+def group_param(group: str | None) -> list[tuple[str, str]]:
+    """A job's group: a name the service accepts (``names.group``), else ``InvalidName``."""
+    return [] if group is None else [("group", segment(group, "group", rules.group))]
 
 
 def _job_params(
@@ -134,6 +140,7 @@ def publish(
     dedup_mode: str | None = None,
     dedup_ttl: float | None = None,
     idempotency_key: str | None = None,
+    group: str | None = None,
 ) -> Call[str]:
     call = publish_outcome(
         ns,
@@ -150,6 +157,7 @@ def publish(
         dedup_mode=dedup_mode,
         dedup_ttl=dedup_ttl,
         idempotency_key=idempotency_key,
+        group=group,
     )
     return Call(
         call.method, call.path, _job_id_of, call.params, call.headers, call.content, call.safety
@@ -176,6 +184,7 @@ def publish_outcome(
     dedup_mode: str | None = None,
     dedup_ttl: float | None = None,
     idempotency_key: str | None = None,
+    group: str | None = None,
 ) -> Call[Publication]:
     """``publish``, answering what happened (``Publication``): the job id, and with a dedup
     key whether the job is new, the key's existing one or that one replaced."""
@@ -183,7 +192,7 @@ def publish_outcome(
     if job_id is not None:
         segment(job_id, "job_id", rules.job_id)
         params.append(("job_id", job_id))
-    params += _dedup_params(dedup_key, dedup_mode, dedup_ttl)
+    params += _dedup_params(dedup_key, dedup_mode, dedup_ttl) + group_param(group)
     headers = _attribute_headers(attributes)
     _idempotency(headers, idempotency_key)
     return Call(
@@ -262,10 +271,12 @@ def publish_many(
     tries: int | None = None,
     attributes: Mapping[str, str] | None = None,
     idempotency_key: str | None = None,
+    group: str | None = None,
 ) -> Call[list[str]]:
     """The bulk route: each body must be one JSON text (the service stores each element's raw
     JSON text), all published or none; ``attributes``: every job's. With an
-    ``idempotency_key``, safe to repeat: a repeat gets the first answer."""
+    ``idempotency_key``, safe to repeat: a repeat gets the first answer; ``group``: every
+    job's."""
     if isinstance(bodies, bytes | str):
         raise ValueError("bodies must be a list of bodies, not one body: use publish()")
     parts = []
@@ -287,7 +298,7 @@ def publish_many(
         "PUT",
         f"{queue_path(ns, queue)}/bulk",
         lambda r: [str(i) for i in expect(r, 201)["job_ids"]],
-        _job_params(delay, ttl, tries),
+        _job_params(delay, ttl, tries) + group_param(group),
         headers,
         b"[" + b",".join(parts) + b"]",
         Safety.IDEMPOTENT if idempotency_key is not None else ONCE,
@@ -305,9 +316,11 @@ def republish(
     ttl: float | None = None,
     tries: int | None = None,
     new_job_id: str | None = None,
+    group: str | None = None,
 ) -> Call[str]:
-    """lmstfy's republish: acks ``job_id`` and publishes ``body`` as a new job, atomically."""
-    params = _job_params(delay, ttl, tries) + query(lease=lease)
+    """lmstfy's republish: acks ``job_id`` and publishes ``body`` as a new job, atomically
+    (in ``group``: none, whatever the old job's, unless given)."""
+    params = _job_params(delay, ttl, tries) + query(lease=lease) + group_param(group)
     if new_job_id is not None:
         segment(new_job_id, "new_job_id", rules.job_id)
         params.append(("job_id", new_job_id))

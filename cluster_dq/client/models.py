@@ -33,6 +33,7 @@ class Job:
     died_at: float | None = None
     result: Any = field(default=None, hash=False)
     dedup_key: str | None = None  # get_job: the dedup key it was published under
+    group: str | None = None  # the group it was published in (None: none)
 
     @property
     def text(self) -> str:
@@ -141,6 +142,32 @@ class QueueInfo:
 @dataclass(frozen=True, slots=True)
 class QueuePage:
     queues: list[QueueInfo]
+    cursor: str | None  # None: the last page
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """One group of a queue: ``size`` its jobs in every state, ``reserved`` those being worked
+    on, ``held`` its ready jobs held back by its pause or concurrency limit. ``concurrency``:
+    at most this many reserved at once; ``rate``: at most ``<jobs>/<window>ms`` deliveries
+    (``"100/1000ms"``); None: no limit."""
+
+    namespace: str
+    queue: str
+    name: str
+    size: int
+    reserved: int
+    held: int
+    paused: bool
+    concurrency: int | None
+    rate: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPage:
+    """A page of the groups that hold jobs (a group with settings but no job is not listed)."""
+
+    groups: list[GroupInfo]
     cursor: str | None  # None: the last page
 
 

@@ -41,6 +41,7 @@ def make_job(
     deliveries: int = 1,
     attributes: Mapping[str, str] | None = None,
     last_error: str | None = None,
+    group: str | None = None,
 ) -> Job:
     """A job as a consume would give it. ``body``: bytes, text, or any JSON value (encoded)."""
     if isinstance(body, str):
@@ -62,6 +63,7 @@ def make_job(
         deliveries=deliveries,
         lease="0123456789abcdef",
         last_error=last_error,
+        group=group,
     )
 
 

@@ -15,6 +15,7 @@ from tenacity import Retrying
 
 from cluster_dq import tracing
 from cluster_dq.client import _control as c
+from cluster_dq.client import _groups as g
 from cluster_dq.client import _verbs as v
 from cluster_dq.client import _workers as w
 from cluster_dq.client._core import (
@@ -26,12 +27,15 @@ from cluster_dq.client._core import (
     setting,
     shell_options,
 )
+from cluster_dq.client._groups import UNSET, Unset
 from cluster_dq.client._retry import policy, repeatable
 from cluster_dq.client._transport import Sender, sync_sender
 from cluster_dq.client.models import (
     Backoff,
     DeadJob,
     DeadPage,
+    GroupInfo,
+    GroupPage,
     Job,
     Publication,
     QueueInfo,
@@ -134,6 +138,7 @@ class Client(_Shell):
         dedup_mode: str | None = None,
         dedup_ttl: float | None = None,
         idempotency_key: str | None = None,
+        group: str | None = None,
     ) -> str:
         """Publishes one job; its id (with a dedup key, the key's job's: ``publish_outcome``
         says which happened)."""
@@ -151,6 +156,7 @@ class Client(_Shell):
             dedup_mode=dedup_mode,
             dedup_ttl=dedup_ttl,
             idempotency_key=idempotency_key,
+            group=group,
         )
         return done.job_id
 
@@ -170,6 +176,7 @@ class Client(_Shell):
         dedup_mode: str | None = None,
         dedup_ttl: float | None = None,
         idempotency_key: str | None = None,
+        group: str | None = None,
     ) -> Publication:
         """``publish``, answering what happened: the job id, the dedup outcome (``"new"``,
         ``"existing"``, ``"replaced"``), whether ``job_id`` existed already, whether this is
@@ -190,6 +197,7 @@ class Client(_Shell):
                 dedup_mode=dedup_mode,
                 dedup_ttl=dedup_ttl,
                 idempotency_key=idempotency_key,
+                group=group,
             )
             done = self._send(v.traced(call, span))
             span.message(done.job_id)
@@ -204,6 +212,7 @@ class Client(_Shell):
         ttl: float | None = None,
         tries: int | None = None,
         idempotency_key: str | None = None,
+        group: str | None = None,
     ) -> list[str]:
         with tracing.client_span("send", "publish", self.url, self.namespace, queue) as span:
             call = v.publish_many(
@@ -215,6 +224,7 @@ class Client(_Shell):
                 tries=tries,
                 attributes=span.carry(None),
                 idempotency_key=idempotency_key,
+                group=group,
             )
             done = self._send(v.traced(call, span))
             span.set(tracing.BATCH_COUNT, len(done))
@@ -231,6 +241,7 @@ class Client(_Shell):
         ttl: float | None = None,
         tries: int | None = None,
         new_job_id: str | None = None,
+        group: str | None = None,
     ) -> str:
         call = v.republish(
             self.namespace,
@@ -242,6 +253,7 @@ class Client(_Shell):
             ttl=ttl,
             tries=tries,
             new_job_id=new_job_id,
+            group=group,
         )
         return self._send(call)
 
@@ -462,6 +474,51 @@ class Client(_Shell):
             if page.cursor is None:
                 return
             cursor = page.cursor
+
+    # -- groups -------------------------------------------------------------------------------
+
+    def groups(self, queue: str, *, cursor: str | None = None, limit: int = 100) -> GroupPage:
+        return self._send(g.groups(self.namespace, queue, cursor=cursor, limit=limit))
+
+    def iter_groups(self, queue: str, *, limit: int = 100) -> Iterator[GroupInfo]:
+        """Every group of the queue that holds jobs, page by page, each once."""
+        cursor: str | None = None
+        seen: set[str] = set()
+        while True:
+            page = self._send(g.groups(self.namespace, queue, cursor=cursor, limit=limit))
+            for info in page.groups:
+                if info.name not in seen:
+                    seen.add(info.name)
+                    yield info
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    def group(self, queue: str, name: str) -> GroupInfo:
+        return self._send(g.group(self.namespace, queue, name))
+
+    def update_group(
+        self,
+        queue: str,
+        name: str,
+        *,
+        paused: bool | Unset = UNSET,
+        concurrency: int | None | Unset = UNSET,
+        rate: str | None | Unset = UNSET,
+    ) -> GroupInfo:
+        """Changes the settings given (None removes one; one not given is left as it is):
+        ``concurrency``, at most this many of its jobs reserved at once; ``rate``, at most
+        ``"<jobs>/<window>"`` deliveries (``"10/1s"``, ``"600/1m"``, ``"5/250ms"``)."""
+        ns = self.namespace
+        call = g.update_group(ns, queue, name, paused=paused, concurrency=concurrency, rate=rate)
+        return self._send(call)
+
+    def pause_group(self, queue: str, name: str) -> GroupInfo:
+        """Holds the group's jobs back; the queue's other groups go on."""
+        return self._send(g.pause_group(self.namespace, queue, name))
+
+    def resume_group(self, queue: str, name: str) -> GroupInfo:
+        return self._send(g.pause_group(self.namespace, queue, name, paused=False))
 
     # -- recurring jobs -------------------------------------------------------------------------
 
