@@ -64,6 +64,14 @@ class Template:
     ttl_ms: int = 86_400_000
     tries: int = 1
     priority: int = 0
+    group: str | None = None  # the group of each job it publishes (none: no group)
+
+    def as_json(self) -> dict[str, Any]:
+        """As stored and answered: ``group`` only when it has one."""
+        out = asdict(self)
+        if self.group is None:
+            del out["group"]
+        return out
 
     def spec(self, job_id: str, due_ms: int) -> JobSpec:
         return JobSpec(
@@ -74,6 +82,7 @@ class Template:
             priority=self.priority,
             job_id=job_id,
             due_ms=due_ms,
+            group=self.group,
         )
 
 
@@ -90,7 +99,7 @@ class Schedule:
     catch_up_ms: int = DEFAULT_CATCH_UP_MS
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return json.dumps({**asdict(self), "job": self.job.as_json()}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Schedule:
@@ -259,7 +268,18 @@ def check_name(name: str) -> str:
 
 
 _KEYS = {"cron", "tz", "every_ms", "start_ms", "catch_up_ms", "paused", "job"}
-_JOB_KEYS = {"body", "delay_ms", "ttl_ms", "tries", "priority"}
+_JOB_KEYS = {"body", "delay_ms", "ttl_ms", "tries", "priority", "group"}
+
+
+def _group(job: dict[str, Any]) -> str | None:
+    g = job.get("group")
+    if g is None:
+        return None
+    if not isinstance(g, str):
+        raise BadRequest("job.group must be a string", "job.group")
+    if why := names.group(g):
+        raise BadRequest(f"job.group: {why}", "job.group")
+    return g
 
 
 def parse(
@@ -300,6 +320,7 @@ def parse(
         _int(job, "ttl_ms", default_ttl_ms, 0, MAX_SECONDS * 1000),
         _int(job, "tries", default_tries, 0, MAX_TRIES),
         _int(job, "priority", 0, 0, MAX_PRIORITY),
+        _group(job),
     )
     validate_spec(template.spec("s-check", now_ms + template.delay_ms))
     paused = data.get("paused", False)
@@ -350,7 +371,7 @@ def describe(ns: str, q: str, schedule: Schedule, state: State) -> dict[str, Any
     else:
         out.update(every_ms=schedule.every_ms, start_ms=schedule.start_ms)
     out.update(
-        job=asdict(schedule.job),
+        job=schedule.job.as_json(),
         catch_up_ms=schedule.catch_up_ms,
         paused=state.paused,
         next_at_ms=None

@@ -152,6 +152,11 @@ def schedule_operations(s: Settings) -> list[Op]:
             | {"default": s.TTLSecond * 1000},
             "tries": {"type": "integer", "minimum": 1, "maximum": MAX_TRIES, "default": s.TriesNum},
             "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY, "default": 0},
+            "group": {
+                "type": "string",
+                "pattern": "^[-_A-Za-z0-9]{1,64}$",
+                "description": "the group of each job it publishes (docs/api.md, Groups)",
+            },
         },
         "additionalProperties": False,
     }
@@ -208,6 +213,7 @@ def schedule_operations(s: Settings) -> list[Op]:
             ttl_ms=INT,
             tries=INT,
             priority=INT,
+            group={"type": "string", "description": "absent: its jobs have no group"},
         ),
         catch_up_ms=INT,
         paused={"type": "boolean"},

@@ -619,6 +619,8 @@ BAD: list[tuple[str, Any, str]] = [
     ("/api/ns/sq/schedules/x", {"every_ms": 5000, "job": {"delay_ms": 10, "ttl_ms": 10}}, "ttl"),
     ("/api/ns/sq/schedules/x", {"every_ms": 5000, "job": {"body": 5}}, "job.body"),
     ("/api/ns/sq/schedules/x", {"every_ms": 5000, "job": []}, "job"),
+    ("/api/ns/sq/schedules/x", {"every_ms": 5000, "job": {"group": "a b"}}, "job.group"),
+    ("/api/ns/sq/schedules/x", {"every_ms": 5000, "job": {"group": 7}}, "job.group"),
     ("/api/ns/sq/schedules/x", [1], "body"),
 ]
 
@@ -719,13 +721,16 @@ def test_schedule_routes_and_real_firing(api: httpx.Client) -> None:
         assert api.delete(f"/api/ns/sq/schedules/{name}").status_code == 204
     api.delete("/api/ns/sq")  # in case one fired meanwhile (an hour began)
 
-    assert api.put("/api/ns/sq/schedules/fast", json={"every_ms": 1_000}).status_code == 201
+    fast = {"every_ms": 1_000, "job": {"group": "tenant-9"}}
+    r = api.put("/api/ns/sq/schedules/fast", json=fast)
+    assert r.status_code == 201 and r.json()["job"]["group"] == "tenant-9"
     deadline = time.monotonic() + 20
     ids: list[str] = []
     while len(ids) < 3 and time.monotonic() < deadline:
         r = api.get("/api/ns/sq", params={"timeout": 2, "count": 10})
         if r.status_code == 200:
             ids += [j["job_id"] for j in r.json()]
+            assert {j["group"] for j in r.json()} == {"tenant-9"}  # each job in its group
     assert len(ids) >= 3 and len(set(ids)) == len(ids)
     times = sorted(int(i.rsplit("-", 1)[1]) for i in ids)
     assert all(i.startswith("s-fast-") for i in ids)
