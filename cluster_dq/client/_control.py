@@ -253,6 +253,7 @@ def schedule_of(o: Mapping[str, Any]) -> Schedule:
             ttl=ms_to_s(job.get("ttl_ms")),
             tries=job.get("tries"),
             priority=job.get("priority", 0),
+            group=job.get("group"),
         ),
     )
 
@@ -281,8 +282,10 @@ def put_schedule(
     ttl: float | None = None,
     tries: int | None = None,
     priority: int | None = None,
+    group: str | None = None,
 ) -> Call[Schedule]:
-    """Create or replace: exactly one of ``cron`` (with ``tz``) and ``every`` (seconds)."""
+    """Create or replace: exactly one of ``cron`` (with ``tz``) and ``every`` (seconds);
+    ``group``: the group of each occurrence's job."""
     if (cron is None) == (every is None):
         raise ValueError("give exactly one of cron and every")
     job: dict[str, Any] = {"body": body}
@@ -290,6 +293,8 @@ def put_schedule(
         if value is not None:
             job[key] = int(millis(value, key[:-3]))
     job.update({k: v for k, v in (("tries", tries), ("priority", priority)) if v is not None})
+    if group is not None:
+        job["group"] = segment(group, "group", rules.group)
     out: dict[str, Any] = {"paused": paused, "job": job}
     if cron is not None:
         out["cron"] = cron

@@ -178,6 +178,7 @@ class ScheduleJob:
     ttl: float | None = None
     tries: int | None = None
     priority: int = 0
+    group: str | None = None  # each occurrence's job's group
 
 
 @dataclass(frozen=True, slots=True)

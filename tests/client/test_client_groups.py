@@ -272,3 +272,13 @@ def test_cli_group_refusals(client: Client, capsys: pytest.CaptureFixture[str]) 
     assert (code, out) == (1, "") and err.startswith("cluster-dq: ") and "rate" in err
     assert "HTTP 400" in err and err.count("\n") == 1
     assert client.group("q", "t").rate is None and client.group("q", "a_b").paused is False
+
+
+async def test_a_schedule_publishes_each_occurrence_in_its_group(dq: Any) -> None:
+    s = await dq.put_schedule("r", "beat", every=3600, body="tick", group="tenant-5")
+    assert s.job.group == "tenant-5"
+    assert (await dq.get_schedule("r", "beat")).job.group == "tenant-5"
+    plain = await dq.put_schedule("r", "plain", every=3600)
+    assert plain.job.group is None
+    with pytest.raises(InvalidName):
+        await dq.put_schedule("r", "bad", every=3600, group="a b")

@@ -544,6 +544,7 @@ class AsyncClient(_Shell):
         ttl: float | None = None,
         tries: int | None = None,
         priority: int | None = None,
+        group: str | None = None,
     ) -> Schedule:
         call = c.put_schedule(
             self.namespace,
@@ -560,6 +561,7 @@ class AsyncClient(_Shell):
             ttl=ttl,
             tries=tries,
             priority=priority,
+            group=group,
         )
         return await self._send(call)
 

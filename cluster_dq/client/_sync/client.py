@@ -538,6 +538,7 @@ class Client(_Shell):
         ttl: float | None = None,
         tries: int | None = None,
         priority: int | None = None,
+        group: str | None = None,
     ) -> Schedule:
         call = c.put_schedule(
             self.namespace,
@@ -554,6 +555,7 @@ class Client(_Shell):
             ttl=ttl,
             tries=tries,
             priority=priority,
+            group=group,
         )
         return self._send(call)
 
