@@ -29,9 +29,12 @@ class UsageError(Exception):
     """A missing setting or an argument the parser could not check: exit status 2."""
 
 
-def run(args: argparse.Namespace) -> int:
-    """Runs one operator command; the exit status."""
-    command: Callable[[argparse.Namespace], int] = COMMANDS[args.cmd]
+Command = Callable[[argparse.Namespace], int]
+
+
+def run(args: argparse.Namespace, commands: dict[str, Command] | None = None) -> int:
+    """Runs one operator command (of ``commands``, else this module's); the exit status."""
+    command: Command = (commands or COMMANDS)[args.cmd]
     try:
         return command(args)
     except (UsageError, ValueError) as e:  # ValueError: an argument the client refused
@@ -53,7 +56,7 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
-def _client(args: argparse.Namespace) -> Client:
+def client_for(args: argparse.Namespace) -> Client:
     try:
         return Client(args.url, args.token, args.namespace, timeout=args.timeout)
     except ValueError as e:
@@ -87,7 +90,7 @@ def _sample(admin: AdminClient | None) -> Sample | None:
         raise
 
 
-def _print_json(doc: Any) -> None:
+def print_json(doc: Any) -> None:
     print(json.dumps(doc, ensure_ascii=False), flush=True)
 
 
@@ -96,7 +99,7 @@ def _print_json(doc: Any) -> None:
 
 def stats(args: argparse.Namespace) -> int:
     interval = args.watch if args.watch is not None else args.interval
-    with _client(args) as client:
+    with client_for(args) as client:
         admin = _admin(args)
         try:
             previous: Sample | None = _sample(admin)
@@ -118,7 +121,7 @@ def _show_stats(
     current = _sample(admin)
     rows = rows_of(client.namespace, list(client.iter_queues()), previous, current)
     if args.json:
-        _print_json(stats_doc(client.namespace, rows, previous, current))
+        print_json(stats_doc(client.namespace, rows, previous, current))
     else:
         from rich.console import Console
 
@@ -173,7 +176,7 @@ def _show_job(args: argparse.Namespace, job: Job | None, missing: str) -> int:
         return _fail(missing, 1)
     doc = job_doc(job)
     if args.json:
-        _print_json(doc)
+        print_json(doc)
         return 0
     for key, value in doc.items():
         if value is None or key == "body_encoding":
@@ -187,12 +190,12 @@ def _show_job(args: argparse.Namespace, job: Job | None, missing: str) -> int:
 
 
 def jobs_peek(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         return _show_job(args, client.peek(args.queue), f"queue {args.queue}: no ready job")
 
 
 def jobs_get(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         return _show_job(args, client.get_job(args.queue, args.id), f"job {args.id}: not found")
 
 
@@ -230,14 +233,14 @@ def dead_doc(job: DeadJob) -> dict[str, Any]:
 
 def jobs_dead(args: argparse.Namespace) -> int:
     wanted = DeadFilter(args.reason)
-    with _client(args) as client:
+    with client_for(args) as client:
         found = []
         for job in walk_dead(client, args.queue, wanted):
             found.append(job)
             if args.limit is not None and len(found) >= args.limit:
                 break
     if args.json:
-        _print_json([dead_doc(j) for j in found])
+        print_json([dead_doc(j) for j in found])
         return 0
     for j in found:
         error = f"  {j.last_error}" if j.last_error else ""
@@ -253,7 +256,7 @@ def dlq(args: argparse.Namespace) -> int:
     redrive = args.action == "redrive"
     verb, done = ("redrive", "redriven") if redrive else ("delete", "deleted")
     wanted = DeadFilter(args.reason, args.since, args.until)
-    with _client(args) as client:
+    with client_for(args) as client:
         where = f"{client.namespace}/{args.queue}"
         if args.dry_run:
             n = 0
@@ -295,7 +298,7 @@ def dlq(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, verb: str, where: str, n: int, *, dry_run: bool) -> None:
     if args.json:
-        _print_json({"queue": where, "action": args.action, "dry_run": dry_run, "count": n})
+        print_json({"queue": where, "action": args.action, "dry_run": dry_run, "count": n})
     elif dry_run:
         print(f"{n:,} dead job(s) of {where} would be {verb} (dry run)")
     else:
@@ -323,14 +326,14 @@ def _confirm(question: str) -> None:
 
 
 def pause(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         if args.cmd == "pause":
             settings = client.pause(args.queue, create=args.create)
         else:
             settings = client.resume(args.queue)
     state = "paused" if settings.paused else "running"
     if args.json:
-        _print_json({"queue": f"{client.namespace}/{args.queue}", "paused": settings.paused})
+        print_json({"queue": f"{client.namespace}/{args.queue}", "paused": settings.paused})
     else:
         print(f"{client.namespace}/{args.queue}: {state}")
     return 0
@@ -347,13 +350,13 @@ def _shown(text: str | None) -> str:
 def workers(args: argparse.Namespace) -> int:
     """The namespace's workers: one line each (id, host, pid, queues, held jobs, last seen),
     then the jobs each holds, with how long it has held them."""
-    with _client(args) as client:
+    with client_for(args) as client:
         page = client.workers()
     found, now = page.workers, time.time()
     if page.truncated:
         print("cluster-dq: more workers are announced than one listing answers", file=sys.stderr)
     if args.json:
-        _print_json([dataclasses.asdict(w) for w in found])
+        print_json([dataclasses.asdict(w) for w in found])
         return 0
     for w in found:
         queues = ",".join(w.queues) or "-"

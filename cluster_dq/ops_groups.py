@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cluster_dq import ops
-from cluster_dq.client import DQError, GroupInfo, TransportError
+from cluster_dq.client import GroupInfo
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -23,30 +21,16 @@ PAGE = 1_000  # groups per listing call: the most the service answers
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``groups`` or ``group``; the exit status (``ops.run``'s rules)."""
-    command: Callable[[argparse.Namespace], int] = {"groups": groups, "group": group}[args.cmd]
-    try:
-        return command(args)
-    except (ops.UsageError, ValueError) as e:  # ValueError: an argument the client refused
-        return ops._fail(str(e), 2)
-    except TransportError as e:
-        where = args.url or os.environ.get("CLUSTER_DQ_URL")
-        return ops._fail(f"cannot reach {where}: {e.message}", 1)
-    except DQError as e:
-        return ops._fail(f"{e.message} (HTTP {e.status})", 1)
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `cluster-dq groups q | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    return ops.run(args, {"groups": groups, "group": group})
 
 
 def groups(args: argparse.Namespace) -> int:
     """Every group of the queue that holds jobs, by name."""
-    with ops._client(args) as client:
+    with ops.client_for(args) as client:
         found = sorted(client.iter_groups(args.queue, limit=PAGE), key=lambda g: g.name)
     where = f"{client.namespace}/{args.queue}"
     if args.json:
-        ops._print_json([dataclasses.asdict(g) for g in found])
+        ops.print_json([dataclasses.asdict(g) for g in found])
     elif found:
         _print(group_table(f"{where}: {len(found):,} group(s) holding jobs", found))
     else:
@@ -58,13 +42,13 @@ def group(args: argparse.Namespace) -> int:
     """One group; with a change (``--pause``, ``--concurrency``, ``--no-rate``...), the group
     after it, all changes made at once."""
     changes = _changes(args)
-    with ops._client(args) as client:
+    with ops.client_for(args) as client:
         if changes:
             info = client.update_group(args.queue, args.name, **changes)
         else:
             info = client.group(args.queue, args.name)
     if args.json:
-        ops._print_json(dataclasses.asdict(info))
+        ops.print_json(dataclasses.asdict(info))
     else:
         _print(group_table(f"{client.namespace}/{args.queue}", [info]))
     return 0
