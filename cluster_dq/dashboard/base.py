@@ -54,6 +54,21 @@ RATE_MIN_GAP_S = 0.5  # the counters are read at most this often
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+def ui_url(request: Request, path: str, **query: str) -> str:
+    """A dashboard URL, keeping the request's pool (none for the default one)."""
+    pool = request.query_params.get("pool")
+    if pool and pool != "default":
+        query = {"pool": pool, **query}
+    return f"/ui{path}" + (f"?{urlencode(query)}" if query else "")
+
+
+def queue_names(request: Request) -> tuple[str, str]:
+    """The path's namespace and queue, checked (a 400 naming the bad one)."""
+    ns, q = request.path_params["ns"], request.path_params["q"]
+    params.check_names(ns, q)
+    return ns, q
+
+
 class Forbidden(Exception):
     """An action refused by the dashboard itself (CSRF, read-only): 403, nothing changed."""
 

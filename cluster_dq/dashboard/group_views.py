@@ -10,7 +10,6 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -18,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from cluster_dq.dashboard import audit
-from cluster_dq.dashboard.base import Dashboard
+from cluster_dq.dashboard.base import Dashboard, queue_names, ui_url
 from cluster_dq.engine.commands import Group, GroupChanges, check_group
 from cluster_dq.engine.groups import parse_changes
 from cluster_dq.errors import BadRequest
@@ -80,23 +79,12 @@ class GroupViews:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _url(self, request: Request, path: str, **query: str) -> str:
-        pool = request.query_params.get("pool")
-        if pool and pool != "default":
-            query = {"pool": pool, **query}
-        return f"/ui{path}" + (f"?{urlencode(query)}" if query else "")
-
-    def _names(self, request: Request) -> tuple[str, str]:
-        ns, q = request.path_params["ns"], request.path_params["q"]
-        params.check_names(ns, q)
-        return ns, q
-
     def _back(self, request: Request, ns: str, q: str, cursor: int) -> str:
         """The page an action came from: the queue page (the panel's first page) or a later
         page of the groups."""
         if cursor:
-            return self._url(request, f"/queue/{ns}/{q}/groups", cursor=str(cursor))
-        return self._url(request, f"/queue/{ns}/{q}")
+            return ui_url(request, f"/queue/{ns}/{q}/groups", cursor=str(cursor))
+        return ui_url(request, f"/queue/{ns}/{q}")
 
     async def _audit(
         self, request: Request, action: str, target: str, outcome: str, pool: str
@@ -118,7 +106,7 @@ class GroupViews:
         return sorted(found, key=lambda g: g.name), cursor
 
     async def _context(self, request: Request) -> dict[str, Any]:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         _, route = self.d.route(request)
         cursor = cursor_of(request.query_params.get("cursor"))
         groups, nxt = await self._page(route, ns, q, cursor)
@@ -127,11 +115,11 @@ class GroupViews:
             "q": q,
             "groups": groups,
             "cursor": cursor,
-            "next_url": self._url(request, f"/queue/{ns}/{q}/groups", cursor=str(nxt))
+            "next_url": ui_url(request, f"/queue/{ns}/{q}/groups", cursor=str(nxt))
             if nxt
             else None,
-            "first_url": self._url(request, f"/queue/{ns}/{q}") if cursor else None,
-            "src": self._url(
+            "first_url": ui_url(request, f"/queue/{ns}/{q}") if cursor else None,
+            "src": ui_url(
                 request, f"/panels/groups/{ns}/{q}", **({"cursor": str(cursor)} if cursor else {})
             ),
         }
@@ -150,7 +138,7 @@ class GroupViews:
     # -- actions ----------------------------------------------------------------------------
 
     async def pause(self, request: Request) -> Response:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         group = check_group(request.path_params["group"])
         pool, route = self.d.route(request)
         form = await self.d.action_form(request)
@@ -167,7 +155,7 @@ class GroupViews:
     async def limits(self, request: Request) -> Response:
         """A group's concurrency and rate limits (``10/1s``, ``600/1m``, ``5/250ms``); an empty
         field removes its limit. A bad value is a 400 naming it, and nothing is changed."""
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         group = check_group(request.path_params["group"])
         pool, route = self.d.route(request)
         form = await self.d.action_form(request)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlencode
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -16,9 +15,8 @@ from starlette.routing import BaseRoute, Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.dashboard import audit, charts, panels
-from cluster_dq.dashboard.base import Dashboard
+from cluster_dq.dashboard.base import Dashboard, queue_names, ui_url
 from cluster_dq.errors import BadRequest
-from cluster_dq.http import params
 from cluster_dq.models import MAX_TRIES
 
 _INT_RE = re.compile(r"-?[0-9]{1,15}")
@@ -52,17 +50,6 @@ class PanelViews:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _url(self, request: Request, path: str, **query: str) -> str:
-        pool = request.query_params.get("pool")
-        if pool and pool != "default":
-            query = {"pool": pool, **query}
-        return f"/ui{path}" + (f"?{urlencode(query)}" if query else "")
-
-    def _names(self, request: Request) -> tuple[str, str]:
-        ns, q = request.path_params["ns"], request.path_params["q"]
-        params.check_names(ns, q)
-        return ns, q
-
     def _audit(self, request: Request, pool: str) -> panels.Audit:
         user = self.d.user(request)
 
@@ -74,7 +61,7 @@ class PanelViews:
     # -- delay timeline ---------------------------------------------------------------------
 
     async def timeline(self, request: Request) -> Response:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         _, route = self.d.route(request)
         now = now_ms()
         tl = await panels.timeline(self.service, route, ns, q, now)
@@ -96,14 +83,14 @@ class PanelViews:
                 "end": end,
                 "jobs": jobs,
                 "limit": panels.BUCKET_JOBS,
-                "self_url": self._url(request, f"/timeline/{ns}/{q}"),
-                "queue_url": self._url(request, f"/queue/{ns}/{q}"),
-                "action_url": self._url(request, f"/timeline/{ns}/{q}/reschedule"),
+                "self_url": ui_url(request, f"/timeline/{ns}/{q}"),
+                "queue_url": ui_url(request, f"/queue/{ns}/{q}"),
+                "action_url": ui_url(request, f"/timeline/{ns}/{q}/reschedule"),
             },
         )
 
     async def reschedule(self, request: Request) -> Response:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         pool, route = self.d.route(request)
         form: FormData = await self.d.action_form(request)
         start = _int(form.get("start"), "start", 0, 2**48)
@@ -126,13 +113,13 @@ class PanelViews:
         )
         level = "ok" if out.changed or not out.skipped else "warn"
         message = f"rescheduled {len(out.changed)} job(s){_skipped(out)}"
-        return self.d.redirect(self._url(request, f"/timeline/{ns}/{q}"), message, level)
+        return self.d.redirect(ui_url(request, f"/timeline/{ns}/{q}"), message, level)
 
     # -- charts -----------------------------------------------------------------------------
 
     async def charts(self, request: Request) -> Response:
         """A fragment (the queue page loads it, and again every few seconds)."""
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         self.d.route(request)  # an unknown ?pool= is a 404, as on every other page
         self.ring.watch(ns, q)
         series = self.ring.series(ns, q)
@@ -176,7 +163,7 @@ class PanelViews:
 
     async def dead_groups(self, request: Request) -> Response:
         """A fragment (the dead-letter page loads it)."""
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         _, route = self.d.route(request)
         got = await panels.dead_groups(self.service, route, ns, q)
         return self.d.render(
@@ -188,12 +175,12 @@ class PanelViews:
                 "got": got,
                 "walk": panels.DEAD_WALK,
                 "redrive_max": panels.REDRIVE_MAX,
-                "redrive_url": self._url(request, f"/deadletter/{ns}/{q}/groups/redrive"),
+                "redrive_url": ui_url(request, f"/deadletter/{ns}/{q}/groups/redrive"),
             },
         )
 
     async def redrive_group(self, request: Request) -> Response:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         pool, route = self.d.route(request)
         form = await self.d.action_form(request)
         gid = form.get("group")
@@ -214,7 +201,7 @@ class PanelViews:
         )
         level = "ok" if out.changed or not out.skipped else "warn"
         message = f"kicked {len(out.changed)} job(s) of group {gid}{_skipped(out)}"
-        return self.d.redirect(self._url(request, f"/deadletter/{ns}/{q}"), message, level)
+        return self.d.redirect(ui_url(request, f"/deadletter/{ns}/{q}"), message, level)
 
     # -- topology ---------------------------------------------------------------------------
 

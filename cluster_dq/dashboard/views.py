@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from cluster_dq.clock import now_ms
 from cluster_dq.dashboard import audit, inflight, times
-from cluster_dq.dashboard.base import Dashboard
+from cluster_dq.dashboard.base import Dashboard, queue_names, ui_url
 from cluster_dq.engine.control import FOREVER_MS, MAX_DEAD_PAGE, DeadFilter
 from cluster_dq.errors import BadRequest, Conflict, NotFound, WrongState
 from cluster_dq.http import params
@@ -119,17 +119,6 @@ class Views:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _url(self, request: Request, path: str, **query: str) -> str:
-        pool = request.query_params.get("pool")
-        if pool and pool != "default":
-            query = {"pool": pool, **query}
-        return f"/ui{path}" + (f"?{urlencode(query)}" if query else "")
-
-    def _names(self, request: Request) -> tuple[str, str]:
-        ns, q = request.path_params["ns"], request.path_params["q"]
-        params.check_names(ns, q)
-        return ns, q
-
     async def _audit(
         self, request: Request, action: str, target: str, outcome: str, pool: str
     ) -> None:
@@ -156,14 +145,14 @@ class Views:
                 "cut": cut,
                 "max_list": params.MAX_LIST,
                 "pools": self.service.token_pools(),
-                "events_url": self._url(request, "/events", **({"ns": ns} if ns else {})),
+                "events_url": ui_url(request, "/events", **({"ns": ns} if ns else {})),
             },
         )
 
     # -- queue ------------------------------------------------------------------------------
 
     async def queue(self, request: Request) -> Response:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         pool, route = self.d.route(request)
         sizes = await self.service.sizes(route, ns, q)
         conf = await self.service.queue_settings(route, ns, q)
@@ -192,12 +181,12 @@ class Views:
                     "ttl": self.settings.TTLSecond,
                     "tries": conf.tries or self.settings.TriesNum,
                 },
-                "events_url": self._url(request, "/events", ns=ns, q=q),
+                "events_url": ui_url(request, "/events", ns=ns, q=q),
             },
         )
 
     async def publish(self, request: Request) -> Response:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         pool, route = self.d.route(request)
         form = await self.d.action_form(request)
         body = text(form, "body", self.settings.MaxBodyBytes).encode()
@@ -209,7 +198,7 @@ class Views:
             ttl_ms=seconds(form, "ttl", self.settings.TTLSecond * 1000),
             tries=integer(form, "tries", conf.tries or self.settings.TriesNum, 1, MAX_TRIES),
         )
-        back = self._url(request, f"/queue/{ns}/{q}")
+        back = ui_url(request, f"/queue/{ns}/{q}")
         try:
             (published,) = await self.service.publish(route, ns, q, [spec])
         except BadRequest as e:
@@ -220,13 +209,13 @@ class Views:
         return self.d.redirect(back, f"published job {published.job_id}", "ok")
 
     async def pause(self, request: Request) -> Response:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         pool, route = self.d.route(request)
         await self.d.action_form(request)
         paused = request.url.path.endswith("/pause")
         action = "queue.pause" if paused else "queue.resume"
         self.d.intend(request, action, f"{ns}/{q}", pool)
-        back = self._url(request, f"/queue/{ns}/{q}")
+        back = ui_url(request, f"/queue/{ns}/{q}")
         try:
             await self.service.pause(route, ns, q, paused)
         except NotFound as e:  # a typo: nothing written (the API's create=1 pauses a new queue)
@@ -238,7 +227,7 @@ class Views:
 
     async def configure(self, request: Request) -> Response:
         """The queue's own settings: ttr (s), tries, max size; an empty field removes it."""
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         pool, route = self.d.route(request)
         form = await self.d.action_form(request)
         body: dict[str, Any] = {}
@@ -264,7 +253,7 @@ class Views:
         await self._audit(
             request, "queue.settings", f"{ns}/{q}", f"ok: {json.dumps(got.as_json())}", pool
         )
-        return self.d.redirect(self._url(request, f"/queue/{ns}/{q}"), "settings saved", "ok")
+        return self.d.redirect(ui_url(request, f"/queue/{ns}/{q}"), "settings saved", "ok")
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -274,10 +263,10 @@ class Views:
         ns, q, jid = qp.get("ns", ""), qp.get("q", ""), qp.get("id", "").strip()
         params.check_names(ns, q)
         params.job_id(jid)
-        return self.d.redirect(self._url(request, f"/job/{ns}/{q}/{quote(jid)}"))
+        return self.d.redirect(ui_url(request, f"/job/{ns}/{q}/{quote(jid)}"))
 
     async def job(self, request: Request) -> Response:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         jid = params.job_id(request.path_params["job_id"])
         pool, route = self.d.route(request)
         found = await self.service.peek_job(route, ns, q, jid)
@@ -313,17 +302,17 @@ class Views:
         """bury, kick, reschedule, cancel, ack: only while the job is in the state the page
         showed, after as many deliveries (hidden fields); a job that moved meanwhile is left
         alone, and the flash says where it is now."""
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         jid = params.job_id(request.path_params["job_id"])
         action = request.path_params["action"]
         pool, route = self.d.route(request)
         form = await self.d.action_form(request)
         expected = text(form, "state", 16)
         target = f"{ns}/{q}/{jid}"
-        job_url = self._url(request, f"/job/{ns}/{q}/{quote(jid)}")
-        queue_url = self._url(request, f"/queue/{ns}/{q}")
+        job_url = ui_url(request, f"/job/{ns}/{q}/{quote(jid)}")
+        queue_url = ui_url(request, f"/queue/{ns}/{q}")
         back = text(form, "back", 16)
-        done_url = self._url(request, f"/deadletter/{ns}/{q}") if back == "deadletter" else job_url
+        done_url = ui_url(request, f"/deadletter/{ns}/{q}") if back == "deadletter" else job_url
         if action not in ACTIONS.get(expected, ()):
             raise BadRequest(f"cannot {action} a job that is {expected or 'in no state'}", "state")
         # arguments first: a bad one is a 400 before anything is looked at
@@ -394,7 +383,7 @@ class Views:
     # -- dead letters -----------------------------------------------------------------------
 
     async def deadletter(self, request: Request) -> Response:
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         pool, route = self.d.route(request)
         cursor = request.query_params.get("cursor") or None
         page, nxt = await self.service.dead_jobs(route, ns, q, cursor, DEAD_PAGE)
@@ -406,9 +395,7 @@ class Views:
                 "ns": ns,
                 "q": q,
                 "jobs": page,
-                "next_url": self._url(request, f"/deadletter/{ns}/{q}", cursor=nxt)
-                if nxt
-                else None,
+                "next_url": ui_url(request, f"/deadletter/{ns}/{q}", cursor=nxt) if nxt else None,
                 "sizes": sizes,
                 "reasons": [*DEATH_CODES, UNKNOWN_REASON],
                 "kick_ttl": self.settings.TTLSecond,
@@ -418,7 +405,7 @@ class Views:
     async def sweep(self, request: Request) -> Response:
         """Filtered redrive or purge (reason, time of death from/to, in ms or as the form's
         datetime-local), walked to the end in bounded steps; the flash says how many."""
-        ns, q = self._names(request)
+        ns, q = queue_names(request)
         pool, route = self.d.route(request)
         form = await self.d.action_form(request)
         redrive = request.url.path.endswith("/redrive")
@@ -451,7 +438,7 @@ class Views:
             request, f"deadletter.{what[:-1]}", f"{ns}/{q} {described}", f"ok: {total}", pool
         )
         message = f"{total} dead job(s) {what}{more}"
-        return self.d.redirect(self._url(request, f"/deadletter/{ns}/{q}"), message, "ok")
+        return self.d.redirect(ui_url(request, f"/deadletter/{ns}/{q}"), message, "ok")
 
     # -- tokens and limits ------------------------------------------------------------------
 
@@ -484,7 +471,7 @@ class Views:
         pool, _ = self.d.route(request)
         form = await self.d.action_form(request)
         service = self.service
-        back = self._url(request, "/tokens", ns=ns)
+        back = ui_url(request, "/tokens", ns=ns)
         action = request.path_params["action"]
         self.d.intend(request, f"token.{action}", f"{ns} (pool {pool})", pool)
         if action == "create":
