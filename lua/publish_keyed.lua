@@ -15,20 +15,19 @@
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] notify: the queue's notify channel
   ARGV[3] remember_acked: how long acked ids are remembered (ms)
-  ARGV[4] dedup_key: '' for none
-  ARGV[5] dedup_mode: 1 simple, 2 throttle, 3 debounce
-  ARGV[6] dedup_until: a throttle window's end (ms)
-  ARGV[7] idem_key: '' for none
-  ARGV[8] fingerprint: 16 bytes naming the request (its query and body)
-  ARGV[9] idem_until: until when the answer is kept (ms)
-  ARGV[10] n: the number of jobs
-  ARGV[11..] jobs...: one value per job, packed as publish's (its bucket index 0, into 0)
-  Returns: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}
+  ARGV[4..] requests...: one or more requests (concurrent ones share a call: group commit),
+    each as 7 values and its jobs: dedup_key ('' for none), dedup_mode (1 simple, 2 throttle,
+    3 debounce), dedup_until (a throttle window's end, ms), idem_key ('' for none),
+    fingerprint (16 bytes naming the request: its query and body), idem_until (until when the
+    answer is kept, ms), n (its number of jobs), then one value per job, packed as publish's
+    (its bucket index 0, into 0). Each is done in turn, as if alone: a later one sees what an
+    earlier one wrote (two under one key: the second finds the first's job).
+  Returns: per request, {status, replayed, dedup, lowered, code_1 .. code_n, member_1 ..
+    member_n}
     status: OK; FULL (the queue's max_size: nothing written); FORBIDDEN (debounce: the key's
     job is reserved or dead, its state in `dedup` and its code and member after; nothing
     written; not when that job is job 1 itself: a repeat of this call, answered EXISTING);
-    MISMATCH (the
-    Idempotency-Key's answer is another request's; nothing written)
+    MISMATCH (the Idempotency-Key's answer is another request's; nothing written)
     replayed: 1 when this is the Idempotency-Key's answer, kept from its first call
     dedup: 0 (no key, or a new job holds it now), EXISTING (the holder's member and state
     answered) or REPLACED (the holder's body and due time replaced)
@@ -43,16 +42,7 @@
 --@include lib/notify
 local KEYED, KEYED_DUE = KEYS[FIRST_EXTRA], KEYS[FIRST_EXTRA + 1]
 local now, channel, keep = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local dkey, mode, dtill = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local ikey, fp, itill, n = ARGV[7], ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local THROTTLE, DEBOUNCE, TRIM = 2, 3, 64
-
--- job j: due ms, member, record (publish's packing; no bucket)
-local function job(j)
-  local a = ARGV[10 + j]
-  local _, _, due, len, at = struct.unpack('>HBI6B', a)
-  return due, string.sub(a, at, at + len - 1), string.sub(a, at + len)
-end
 
 -- KEYED's entries past their time go, a bounded number per call; the keys expire after the last
 local old = redis.call('ZRANGE', KEYED_DUE, '-inf', now, 'BYSCORE', 'LIMIT', 0, TRIM)
@@ -67,105 +57,124 @@ local function kept(field)
   return false
 end
 
-if ikey ~= '' then
-  local got = kept('i:' .. ikey)
-  if got then
-    if string.sub(got, 7, 22) ~= fp then return {CODE.MISMATCH, 0, 0, 0} end
-    local out = cmsgpack.unpack(string.sub(got, 23))
-    out[2] = 1
-    return out
-  end
-end
-
--- The job holding the dedup key: a simple or debounce key's while it exists and is not dead,
--- else a throttle window's while it lasts (whatever became of its job)
-local held, holder = false, false
-if dkey ~= '' then
-  held = redis.call('HGET', NOTES, 'k:' .. dkey)
-  if held and redis.call('HEXISTS', JOBS, held) == 1 and not redis.call('ZSCORE', DEAD, held) then
-    holder = held
-  else
-    local t = kept('t:' .. dkey)
-    if t then holder = string.sub(t, 7) end
-  end
-end
-
 local was_empty = redis.call('EXISTS', READY) == 0
-local status, dedup, lowered, codes, members = CODE.OK, 0, 0, {}, {}
--- A debounce replaces the key's job while it waits, and is refused once it is reserved or
--- dead, unless that job is job 1 itself: this call's own, made by its first attempt (whose
--- reply was lost) and taken since, answered as the job it is (EXISTING), as a repeat
-local st = holder and redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
-local waiting = st == CODE.READY or st == CODE.DELAYED
-if st and mode == DEBOUNCE and not waiting then
-  local _, own = job(1)
-  if holder ~= own then return {CODE.FORBIDDEN, 0, st, 0, st, holder} end
-end
-if st and mode == DEBOUNCE and waiting then
-  local due, _, rec = job(1)
-  local old = redis.call('HGET', JOBS, holder)
-  if st == CODE.READY then unready(holder, old) else redis.call('ZREM', DELAYED, holder) end
-  redis.call('ZREM', EXPIRE, holder)
-  redis.call('HSET', JOBS, holder, rec)
-  count_group(group_of(old), -1)
-  count_group(group_of(rec), 1)
-  if due <= now then
-    make_ready(holder, rec, due)
-    codes[1] = CODE.READY
-  else
-    delay_until(holder, due)
-    lowered = lower_next(due)
-    codes[1] = CODE.DELAYED
+
+-- One request, its 7 values and its jobs from ARGV[at]: its reply, and where the next begins.
+local function request(at)
+  local dkey, mode, dtill = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  local ikey, fp, itill, n = ARGV[at + 3], ARGV[at + 4], tonumber(ARGV[at + 5]), tonumber(ARGV[at + 6])
+  local nxt = at + 7 + n
+  -- job j: due ms, member, record (publish's packing; no bucket)
+  local function job(j)
+    local a = ARGV[at + 6 + j]
+    local _, _, due, len, at2 = struct.unpack('>HBI6B', a)
+    return due, string.sub(a, at2, at2 + len - 1), string.sub(a, at2 + len)
   end
-  local e = expire_at(rec)
-  if e > 0 then
-    redis.call('ZADD', EXPIRE, e, holder)
-    lowered = math.max(lowered, lower_next(e))
-  end
-  dedup, members[1] = CODE.REPLACED, holder
-elseif holder then
-  dedup, codes[1], members[1] = CODE.EXISTING, st or CODE.NOT_FOUND, holder
-else
-  -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)
-  local room = tonumber(redis.call('HGET', CONF, 'max_size') or '')
-  if room then
-    room = room - redis.call('HLEN', JOBS) - tonumber(redis.call('HGET', META, 'w') or '0')
-    local new = 0
-    for j = 1, n do
-      local _, id = job(j)
-      if redis.call('HEXISTS', JOBS, id) == 0 and not acked_lately(id, now, keep) then
-        new = new + 1
-      end
+  if ikey ~= '' then
+    local got = kept('i:' .. ikey)
+    if got then
+      if string.sub(got, 7, 22) ~= fp then return {CODE.MISMATCH, 0, 0, 0}, nxt end
+      local out = cmsgpack.unpack(string.sub(got, 23))
+      out[2] = 1
+      return out, nxt
     end
-    if new > 0 and new > room then return {CODE.FULL, 0, 0, 0} end
   end
-  for j = 1, n do
-    local due, id, rec = job(j)
-    local st, low = place(id, due, rec, false, '', 0, now, 0, 0, 0, keep)
-    codes[j], members[j], lowered = st, id, math.max(lowered, low)
-  end
-  if dkey ~= '' and codes[1] ~= CODE.DUPLICATE then
-    local id = members[1]
-    if mode == THROTTLE then
-      redis.call('HSET', KEYED, 't:' .. dkey, struct.pack('>I6', dtill) .. id)
-      redis.call('ZADD', KEYED_DUE, dtill, 't:' .. dkey)
+
+  -- The job holding the dedup key: a simple or debounce key's while it exists and is not dead,
+  -- else a throttle window's while it lasts (whatever became of its job)
+  local held, holder = false, false
+  if dkey ~= '' then
+    held = redis.call('HGET', NOTES, 'k:' .. dkey)
+    if held and redis.call('HEXISTS', JOBS, held) == 1 and not redis.call('ZSCORE', DEAD, held) then
+      holder = held
     else
-      if held and redis.call('HGET', NOTES, 'd:' .. held) == dkey then
-        redis.call('HDEL', NOTES, 'd:' .. held) -- a dead job no longer holds the key
-      end
-      redis.call('HSET', NOTES, 'k:' .. dkey, id, 'd:' .. id, dkey)
+      local t = kept('t:' .. dkey)
+      if t then holder = string.sub(t, 7) end
     end
   end
+
+  local status, dedup, lowered, codes, members = CODE.OK, 0, 0, {}, {}
+  -- A debounce replaces the key's job while it waits, and is refused once it is reserved or
+  -- dead, unless that job is job 1 itself: this call's own, made by its first attempt (whose
+  -- reply was lost) and taken since, answered as the job it is (EXISTING), as a repeat
+  local st = holder and redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
+  local waiting = st == CODE.READY or st == CODE.DELAYED
+  if st and mode == DEBOUNCE and not waiting then
+    local _, own = job(1)
+    if holder ~= own then return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt end
+  end
+  if st and mode == DEBOUNCE and waiting then
+    local due, _, rec = job(1)
+    local old = redis.call('HGET', JOBS, holder)
+    if st == CODE.READY then unready(holder, old) else redis.call('ZREM', DELAYED, holder) end
+    redis.call('ZREM', EXPIRE, holder)
+    redis.call('HSET', JOBS, holder, rec)
+    count_group(group_of(old), -1)
+    count_group(group_of(rec), 1)
+    if due <= now then
+      make_ready(holder, rec, due)
+      codes[1] = CODE.READY
+    else
+      delay_until(holder, due)
+      lowered = lower_next(due)
+      codes[1] = CODE.DELAYED
+    end
+    local e = expire_at(rec)
+    if e > 0 then
+      redis.call('ZADD', EXPIRE, e, holder)
+      lowered = math.max(lowered, lower_next(e))
+    end
+    dedup, members[1] = CODE.REPLACED, holder
+  elseif holder then
+    dedup, codes[1], members[1] = CODE.EXISTING, st or CODE.NOT_FOUND, holder
+  else
+    -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)
+    local room = tonumber(redis.call('HGET', CONF, 'max_size') or '')
+    if room then
+      room = room - redis.call('HLEN', JOBS) - tonumber(redis.call('HGET', META, 'w') or '0')
+      local new = 0
+      for j = 1, n do
+        local _, id = job(j)
+        if redis.call('HEXISTS', JOBS, id) == 0 and not acked_lately(id, now, keep) then
+          new = new + 1
+        end
+      end
+      if new > 0 and new > room then return {CODE.FULL, 0, 0, 0}, nxt end
+    end
+    for j = 1, n do
+      local due, id, rec = job(j)
+      local st, low = place(id, due, rec, false, '', 0, now, 0, 0, 0, keep)
+      codes[j], members[j], lowered = st, id, math.max(lowered, low)
+    end
+    if dkey ~= '' and codes[1] ~= CODE.DUPLICATE then
+      local id = members[1]
+      if mode == THROTTLE then
+        redis.call('HSET', KEYED, 't:' .. dkey, struct.pack('>I6', dtill) .. id)
+        redis.call('ZADD', KEYED_DUE, dtill, 't:' .. dkey)
+      else
+        if held and redis.call('HGET', NOTES, 'd:' .. held) == dkey then
+          redis.call('HDEL', NOTES, 'd:' .. held) -- a dead job no longer holds the key
+        end
+        redis.call('HSET', NOTES, 'k:' .. dkey, id, 'd:' .. id, dkey)
+      end
+    end
+  end
+
+  local out = {status, 0, dedup, lowered}
+  for j = 1, #codes do out[#out + 1] = codes[j] end
+  for j = 1, #members do out[#out + 1] = members[j] end
+  if ikey ~= '' then
+    local saved = {status, 0, dedup, 0}
+    for j = 5, #out do saved[j] = out[j] end
+    redis.call('HSET', KEYED, 'i:' .. ikey, struct.pack('>I6', itill) .. fp .. cmsgpack.pack(saved))
+    redis.call('ZADD', KEYED_DUE, itill, 'i:' .. ikey)
+  end
+  return out, nxt
 end
 
-local out = {status, 0, dedup, lowered}
-for j = 1, #codes do out[#out + 1] = codes[j] end
-for j = 1, #members do out[#out + 1] = members[j] end
-if ikey ~= '' then
-  local saved = {status, 0, dedup, 0}
-  for j = 5, #out do saved[j] = out[j] end
-  redis.call('HSET', KEYED, 'i:' .. ikey, struct.pack('>I6', itill) .. fp .. cmsgpack.pack(saved))
-  redis.call('ZADD', KEYED_DUE, itill, 'i:' .. ikey)
+local replies, at = {}, 4
+while at <= #ARGV do
+  replies[#replies + 1], at = request(at)
 end
 local last = redis.call('ZRANGE', KEYED_DUE, -1, -1, 'WITHSCORES')
 if last[2] then
@@ -173,4 +182,4 @@ if last[2] then
   redis.call('PEXPIREAT', KEYED_DUE, last[2])
 end
 notify(channel, was_empty)
-return out
+return replies

@@ -43,7 +43,7 @@ from cluster_dq.engine.publish import (
     BulkJob,
     publish_bulk,
 )
-from cluster_dq.engine.keyed import KeyedPublished, publish_keyed
+from cluster_dq.engine.keyed import KeyedPublished, KeyedRequest, publish_keyed, publish_keyed_many
 from cluster_dq.models import Dedup, Idempotency
 from cluster_dq.engine.delivery import (
     MAX_CONSUME,
@@ -127,6 +127,8 @@ __all__ = [
     "Idempotency",
     "KeyedPublished",
     "publish_keyed",
+    "KeyedRequest",
+    "publish_keyed_many",
     "MAX_CONSUME",
     "CONSUME_CALLS_PER_QUEUE",
     "consume",

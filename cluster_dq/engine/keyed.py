@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cluster_dq.engine import replies
 from cluster_dq.engine.publish import Published, packed_job, place_jobs
@@ -28,6 +29,15 @@ class KeyedPublished:
     replayed: bool  # the answer kept under the Idempotency-Key (nothing written now)
 
 
+@dataclass(frozen=True, slots=True)
+class KeyedRequest:
+    """One request's jobs and its keys (``publish_keyed_many`` does several in one call)."""
+
+    specs: Sequence[JobSpec]
+    dedup: Dedup | None
+    idem: Idempotency | None
+
+
 def publish_keyed(
     cfg: EngineConfig,
     ns: str,
@@ -41,8 +51,33 @@ def publish_keyed(
     Safe to repeat: the ids are fixed before the first attempt, so a repeat finds its own job
     under the dedup key or its own answer under the Idempotency-Key, told as new (not
     replayed) when the service made the ids; a client's job_id gets any request's answer."""
+    (one,) = yield from publish_keyed_many(cfg, ns, q, [KeyedRequest(specs, dedup, idem)], now)
+    if isinstance(one, Exception):
+        raise one
+    return one
+
+
+def publish_keyed_many(
+    cfg: EngineConfig, ns: str, q: str, requests: Sequence[KeyedRequest], now: int
+) -> Op[list[KeyedPublished | Exception]]:
+    """Several requests of one queue in one script call (group commit), each done in turn as if
+    alone; each one's outcome, or its own error (``IdempotencyMismatch``, ``QueueFull``,
+    ``WrongState``), which wrote nothing for it. As safe to repeat as ``publish_keyed``."""
     qk = QueueKeys(ns, q)
-    jobs = place_jobs(cfg, qk, specs, now, wheel_ok=False)
+    placed = [place_jobs(cfg, qk, r.specs, now, wheel_ok=False) for r in requests]
+    args: list[Any] = []
+    for r, jobs in zip(requests, placed, strict=True):
+        dedup, idem = r.dedup, r.idem
+        args += [
+            dedup.key if dedup else "",
+            MODES[dedup.mode] if dedup else 0,
+            now + dedup.ttl_ms if dedup else 0,
+            idem.key if idem else "",
+            idem.fingerprint if idem else b"",
+            now + cfg.idempotency_ms,
+            len(jobs.members),
+            *(packed_job(m, d, rec, 0, 0) for m, d, rec, _, _, _ in jobs.placed),
+        ]
     keys = {"queue": fixed_keys(qk), "keyed": qk.keyed, "keyed_due": qk.keyed_due}
     call = lua(
         "publish_keyed",
@@ -51,18 +86,34 @@ def publish_keyed(
         now=now,
         notify=qk.notify,
         remember_acked=cfg.remember_acked_ms,
-        dedup_key=dedup.key if dedup else "",
-        dedup_mode=MODES[dedup.mode] if dedup else 0,
-        dedup_until=now + dedup.ttl_ms if dedup else 0,
-        idem_key=idem.key if idem else "",
-        fingerprint=idem.fingerprint if idem else b"",
-        idem_until=now + cfg.idempotency_ms,
-        n=len(jobs.members),
-        jobs=[packed_job(m, d, r, 0, 0) for m, d, r, _, _, _ in jobs.placed],
+        requests=args,
     )
-    reply = replies.decode_keyed((yield call))
+    raw = yield call
+    out: list[KeyedPublished | Exception] = []
+    events: list[int] = []
+    for r, jobs, one in zip(requests, placed, raw, strict=True):
+        reply = replies.decode_keyed(one)
+        if reply.lowered and jobs.event is not None:
+            events.append(jobs.event)
+        try:
+            out.append(_answered(ns, q, r, jobs.members, jobs.made_up, reply))
+        except (IdempotencyMismatch, QueueFull, WrongState) as e:
+            out.append(e)
+    if events:
+        yield signal(qk, cfg, min(events))
+    return out
+
+
+def _answered(
+    ns: str,
+    q: str,
+    r: KeyedRequest,
+    members: Sequence[bytes],
+    made_up: Sequence[bool],
+    reply: replies.KeyedReply,
+) -> KeyedPublished:
     if reply.status is ReplyCode.MISMATCH:
-        raise IdempotencyMismatch(idem.key if idem else "")
+        raise IdempotencyMismatch(r.idem.key if r.idem else "")
     if reply.status is ReplyCode.FULL:
         raise QueueFull(ns, q)
     if reply.status is ReplyCode.FORBIDDEN:
@@ -73,9 +124,7 @@ def publish_keyed(
             "debounce",
             f"the job waiting (delayed or ready): a {state} job is not replaced",
         )
-    if reply.lowered:
-        yield signal(qk, cfg, jobs.event)
-    return _outcome(jobs.members, jobs.made_up, reply, dedup is not None)
+    return _outcome(members, made_up, reply, r.dedup is not None)
 
 
 def _outcome(

@@ -84,19 +84,7 @@ SIGNATURES: dict[str, Signature] = {
         Signature(
             "publish_keyed",
             (QUEUE, "keyed", "keyed_due"),
-            (
-                "now",
-                "notify",
-                "remember_acked",
-                "dedup_key",
-                "dedup_mode",
-                "dedup_until",
-                "idem_key",
-                "fingerprint",
-                "idem_until",
-                "n",
-                "jobs...",
-            ),
+            ("now", "notify", "remember_acked", "requests..."),
         ),
         Signature(
             "republish",

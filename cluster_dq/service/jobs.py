@@ -9,7 +9,7 @@ from typing import Any
 from cluster_dq import metrics
 from cluster_dq.coalesce import GROUP_MAX, Failed, GroupCommit
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.commands import KeyedPublished, Published
+from cluster_dq.engine.commands import KeyedPublished, KeyedRequest, Published
 from cluster_dq.errors import Conflict, NotFound, NotReplicated, PoolUnavailable, QueueFull
 from cluster_dq.models import (
     Dedup,
@@ -43,6 +43,11 @@ class Jobs(ServiceCore):
         )
         self._acks: GroupCommit[tuple[str, str, str], str, JobState | None] = GroupCommit(
             self._ack_group, GROUP_MAX
+        )
+        # One-job publishes under a key (a dedup key, an Idempotency-Key): the same, each
+        # request done in turn in the shared call, as if alone.
+        self._keyed: GroupCommit[tuple[str, str, str], KeyedRequest, KeyedPublished] = GroupCommit(
+            self._keyed_group, GROUP_MAX
         )
 
     async def publish(
@@ -78,27 +83,53 @@ class Jobs(ServiceCore):
         dedup: Dedup | None,
         idem: Idempotency | None,
     ) -> KeyedPublished:
-        """A publish under a dedup key (one job) or an Idempotency-Key (one job or a bulk):
-        one script call of its own, outside the group commit, all or none of the jobs. On a
-        queue moving between pools, the keys are looked up in the pool written to only."""
+        """A publish under a dedup key (one job) or an Idempotency-Key (one job or a bulk),
+        all or none of the jobs. Concurrent one-job ones of a queue share a script call (group
+        commit); a bulk has one of its own. On a queue moving between pools, the keys are
+        looked up in the pool written to only."""
         for spec in specs:
             validate_spec(spec)
         validate_keys(specs, dedup, idem)
         place = route.place(ns, q)
-        pool = place.write
+        request = KeyedRequest(specs, dedup, idem)
+        if len(specs) == 1 and len(place.reads) == 1:
+            return await self._keyed.submit((place.write.name, ns, q), request)
         if len(place.reads) > 1:
             await self._carry_settings(place, ns, q)
+        (out,) = await self._keyed_on(place.write, ns, q, [request])
+        if isinstance(out, Failed):
+            raise out.error
+        return out
+
+    async def _keyed_group(
+        self, key: tuple[str, str, str], requests: list[KeyedRequest]
+    ) -> list[KeyedPublished]:
+        pool_name, ns, q = key
+        # (a Failed member: its own error, which GroupCommit raises for it alone)
+        told: list[Any] = await self._keyed_on(self.pools[pool_name], ns, q, requests)
+        return told
+
+    async def _keyed_on(
+        self, pool: RedisPool, ns: str, q: str, requests: Sequence[KeyedRequest]
+    ) -> list[KeyedPublished | Failed]:
         now = pool.engine.clock()
-        op = ops.publish_keyed(pool.engine.config, ns, q, specs, now, dedup, idem)
+        op = ops.publish_keyed_many(pool.engine.config, ns, q, requests, now)
         # Safe to retry: the ids are fixed before the first attempt, and a repeat finds its
         # own job under the dedup key, or its own answer under the Idempotency-Key.
-        out = await self._run(pool, op, idempotent=True, durable=True)
-        wrote = not out.replayed and out.dedup in (None, "new")
-        new = [p.job_id for p in out.published if not p.duplicate] if wrote else []
+        done = await self._run(pool, op, idempotent=True, durable=True)
+        told: list[KeyedPublished | Failed] = []
+        new: list[str] = []
+        for out in done:
+            if isinstance(out, Exception):
+                told.append(Failed(out))
+                continue
+            if not out.replayed and out.dedup in (None, "new"):
+                new += [p.job_id for p in out.published if not p.duplicate]
+            told.append(out)
         self.metrics.count(metrics.published, ns, q, len(new), pool.name)
         if self.events and new:
             self.events.published(ns, q, now, new)
-        return out
+        return told
 
     async def _publish_group(
         self, key: tuple[str, str, str], specs: list[JobSpec]

@@ -363,3 +363,52 @@ async def test_a_job_id_of_the_client_repeated_under_its_key_is_a_duplicate(
     assert (idem.replayed, replay.replayed) == (False, True)
     assert replay.published[0].job_id == "idem-1" and not replay.published[0].duplicate
     check_queue(sync_redis, NS, Q)
+
+
+async def test_requests_sharing_one_call_are_each_done_as_if_alone(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """The group commit's call (publish_keyed_many): a later request sees what an earlier one
+    wrote (two under one key: one job), and one request's refusal (another request's
+    Idempotency-Key, a debounce of a reserved job, a full queue) is its own: the others are
+    written, and nothing of it."""
+    t = now_ms()
+    await keyed(engine, t, b"held", key="busy", mode="debounce")
+    await consume(engine, t)  # the debounce key's job is reserved now
+    await keyed(engine, t, b"first", key=None, idem="pay-1")
+
+    def req(body: bytes, key: str | None = None, mode: str = "simple", idem: str | None = None):
+        dedup = ops.Dedup(key, mode, 0) if key else None
+        ident = ops.Idempotency(idem, fp(body.decode() + repr({}))) if idem else None
+        return ops.KeyedRequest([JobSpec(body)], dedup, ident)
+
+    requests = [
+        req(b"a", key="one"),
+        req(b"b", key="one"),  # the same key: finds a's job
+        req(b"other", idem="pay-1"),  # pay-1 came with another body: refused alone
+        req(b"c", key="busy", mode="debounce"),  # its job is reserved: refused alone
+        req(b"first", idem="pay-1"),  # the same request again: its first answer
+        req(b"d", key="two"),
+    ]
+    got = await engine.run(ops.publish_keyed_many(engine.config, NS, Q, requests, t + 1))
+    a, b, mismatch, forbidden, replay, d = got
+    assert isinstance(a, ops.KeyedPublished) and a.dedup == "new"
+    assert isinstance(b, ops.KeyedPublished) and b.dedup == "existing"
+    assert b.published[0].job_id == a.published[0].job_id
+    assert isinstance(mismatch, IdempotencyMismatch)
+    assert isinstance(forbidden, WrongState)
+    assert isinstance(replay, ops.KeyedPublished) and replay.replayed
+    assert isinstance(d, ops.KeyedPublished) and d.dedup == "new"
+    s = await sizes(engine)
+    assert (s.ready, s.reserved) == (3, 1)  # first, a, d; the reserved one untouched
+    check_queue(sync_redis, NS, Q)
+    max_size = await engine.run(ops.configure(NS, Q, [("max_size", "5")]))
+    assert max_size.max_size == 5  # 4 jobs in all: room for one
+    full = await engine.run(
+        ops.publish_keyed_many(
+            engine.config, NS, Q, [req(b"e", key="three"), req(b"f", key="four")], t + 2
+        )
+    )
+    assert isinstance(full[0], ops.KeyedPublished) and isinstance(full[1], QueueFull)
+    assert (await sizes(engine)).ready == 4
+    check_queue(sync_redis, NS, Q)

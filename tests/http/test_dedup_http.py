@@ -3,6 +3,7 @@ parameters, the header, the replies and the errors (a 400 writes nothing)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -221,3 +222,31 @@ def test_a_job_looked_up_by_id_names_its_dedup_key(api: httpx.Client) -> None:
     assert "dedup_key" not in api.get(f"/api/ns/q/job/{plain.json()['job_id']}").json()
     reserved = api.get("/api/ns/q", params={"ttr": 30}).json()  # the plain one (ready)
     assert "dedup_key" not in reserved
+
+
+async def test_concurrent_keyed_publishes_share_calls_and_each_gets_its_own_answer(
+    api: httpx.Client,
+) -> None:
+    """Many one-job publishes under keys at once (the service's group commit runs them in
+    shared script calls): one job per key, every request answered for its own key, and a
+    request whose Idempotency-Key came with another body refused alone."""
+    api.put("/api/ns/q", headers={IDEM: "idem-x"}, content=b"first")
+    async with httpx.AsyncClient(base_url=api.base_url, headers=api.headers) as a:
+
+        async def put(i: int) -> httpx.Response:
+            if i % 10 == 9:  # another body under idem-x: a 422, alone
+                return await a.put("/api/ns/q", headers={IDEM: "idem-x"}, content=b"other")
+            return await a.put("/api/ns/q", params={"dedup_key": f"k{i % 3}"}, content=b"x")
+
+        got = await asyncio.gather(*(put(i) for i in range(60)))
+    codes = [r.status_code for i, r in enumerate(got) if i % 10 != 9]
+    assert codes == [201] * 54
+    assert [r.status_code for i, r in enumerate(got) if i % 10 == 9] == [422] * 6
+    by_key: dict[str, set[str]] = {}
+    for i, r in enumerate(got):
+        if i % 10 != 9:
+            by_key.setdefault(f"k{i % 3}", set()).add(r.json()["job_id"])
+    assert all(len(ids) == 1 for ids in by_key.values()) and len(by_key) == 3
+    news = [r.json()["dedup"] for i, r in enumerate(got) if i % 10 != 9]
+    assert news.count("new") == 3 and news.count("existing") == 51
+    assert size(api)["size"] == 4  # first, and one job per key
