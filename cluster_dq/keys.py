@@ -146,6 +146,12 @@ class QueueKeys:
         time; a destroy keeps them, as it keeps ``conf``."""
         return self._k("gconf")
 
+    @property
+    def group_wake(self) -> str:
+        """ZSET group -> when its rate lets its next held job go (lua/lib/promote.lua wakes it),
+        while it holds jobs back for its rate."""
+        return self._k("gwake")
+
     def bucket(self, name: str) -> str:
         return self._k(f"w:{name}")
 
@@ -173,6 +179,7 @@ class QueueKeys:
             self.groups,
             self.held,
             self.group_conf,
+            self.group_wake,
         ]
 
 

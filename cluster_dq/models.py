@@ -8,9 +8,8 @@ Client-chosen ids are any other name; they never live in the wheel (see lua/READ
 The record (a hash value) is ``>I6 I6 H H B B`` = published_ms, expire_at_ms (0 = never),
 tries_left, deliveries, priority, flags, followed by the job's retry backoff (``>B I I H``,
 cluster_dq.backoff) when flags&2, then [u8 len + the job's group] when flags&4, then [u16
-attr_len + attrs JSON] when flags&1, then the body. Flag 8 is a rate-limit slot its group took
-for it (lua/lib/groups.lua). Lua reads and rewrites the fixed header only (and reads the
-backoff and the group).
+attr_len + attrs JSON] when flags&1, then the body. Lua reads and rewrites the fixed header
+only (and reads the backoff and the group).
 """
 
 from __future__ import annotations
@@ -56,7 +55,6 @@ HEADER_SIZE = HEADER.size  # 18
 FLAG_ATTRS = 1
 FLAG_BACKOFF = 2
 FLAG_GROUP = 4
-FLAG_SLOT = 8  # set and cleared by Lua only (consume): a rate-limit slot taken for the job
 
 
 class JobState(StrEnum):

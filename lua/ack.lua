@@ -7,8 +7,8 @@
   the call does not hold its job, nothing at all is acked (the caller names the conflicts).
   A job already gone is no conflict: acking it is what the holder wanted (and a repeat after a
   lost reply finds its own ack done).
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] buckets...: wheel buckets of the ids; then, when a job has a result, the queue's
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] buckets...: wheel buckets of the ids; then, when a job has a result, the queue's
     results HASH and results_due ZSET (at KEYS[results] and the one after it)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] remember_acked: how long acked ids are remembered (ms; 0 = not at all)

@@ -4,8 +4,8 @@
   text, kept as the job's last error. With a lease, only while that delivery holds the job.
   A job resting in a wheel bucket moves into JOBS (its id still names the bucket; every lookup
   by id looks in JOBS first).
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] member: the job
   ARGV[3] bucket_name: its wheel bucket's name ('' = none)
@@ -36,7 +36,7 @@ if rec then
   -- past its ttl: gone (the pump removes it), never dead, which would keep it for good
   if expired(rec, now) then return {CODE.NOT_FOUND, 0, '', '', 0} end
   if st == CODE.READY then
-    unready(id, rec)
+    unready(id, rec, now)
   else
     redis.call('ZREM', st == CODE.RESERVED and RESERVED or DELAYED, id)
   end

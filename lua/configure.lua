@@ -4,7 +4,7 @@
   given fields, removes those given empty, and answers every setting after the change. A
   queue that stops being paused while READY holds jobs tells its long-polls ('1' on notify),
   as when READY becomes non-empty. Validated in Python first (cluster_dq/queueconf.py).
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] notify: the queue's notify channel
   ARGV[2..] fields...: 2 values per field: name, value ('' = remove it)
   Returns: {name_1, value_1, ...}: every setting of the queue after the change (HGETALL)

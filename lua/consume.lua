@@ -8,9 +8,8 @@
   Bounded: at most `limit` jobs are dropped (expired), held back or delayed (their group's
   pause, concurrency or rate limit: lib/groups.lua) from the head of READY per call (the rest
   is left for the next call, or the pump's expire_ttl), so no call runs long whatever the data.
-  A grouped job's place in READY is its group's fair tag, not its due time; the call moves
-  META.v (the last tag delivered) forward.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  A grouped job's place in READY is its group's fair tag, not its due time (lib/groups.lua).
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] ttr: the reservation's time to run (ms)
   ARGV[3] count: jobs wanted
@@ -72,34 +71,27 @@ while got < count and skipped < limit do
   for i = 1, #popped, 2 do
     local id = popped[i]
     local rec = redis.call('HGET', JOBS, id)
+    local g = rec and group_of(rec)
     if rec and expired(rec, now) then
       drop(id, rec)
       redis.call('ZREM', EXPIRE, id)
       skipped, dropped = skipped + 1, dropped + 1
+      if g then let_one_go(g, now) end
     elseif rec then
-      -- a grouped job: held back while its group is paused or at its concurrency limit, and
-      -- delayed until its group's rate allows it (its slot then taken: FLAG_SLOT)
-      local g, at = group_of(rec), 0
-      local conf = g and group_conf(g)
-      if g and group_room(g, conf) <= 0 then
+      -- a grouped job: held back while its group is paused, at its concurrency limit or
+      -- past its rate (then its group's wake-up is at its next turn: lib/promote.lua)
+      local conf, turn = g and group_conf(g), 0
+      local room = g and group_room(g, conf)
+      if g and room > 0 and conf[3] then turn = rate_turn(g, conf, now) end
+      if g and (turn > 0 or room <= 0) then
         redis.call('ZADD', HELD, 0, held_member(g, id))
-        skipped, at = skipped + 1, -1
-      elseif g and conf[3] and not has_flag(rec, FLAG_SLOT) then
-        at = rate_slot(g, conf, now)
-        if at > 0 then
-          redis.call('HSET', JOBS, id, with_flag(rec, FLAG_SLOT, true))
-          delay_until(id, at)
-          if lower_next(at) == 1 then backoff = earliest(backoff, at) end
-          skipped = skipped + 1
+        skipped = skipped + 1
+        if turn > 0 then
+          redis.call('ZADD', GWAKE, 'LT', turn, g)
+          if lower_next(turn) == 1 then backoff = earliest(backoff, turn) end
         end
-      end
-      if at == 0 then
-        if g then
-          if has_flag(rec, FLAG_SLOT) then rec = with_flag(rec, FLAG_SLOT, false) end
-          redis.call('HINCRBY', GROUPS, 'r:' .. g, 1)
-          local tag = tonumber(popped[i + 1]) % PRIO_SHIFT
-          if tag > tonumber(redis.call('HGET', META, 'v') or '0') then redis.call('HSET', META, 'v', tag) end
-        end
+      else
+        if g then redis.call('HINCRBY', GROUPS, 'r:' .. g, 1) end
         reserve(id, rec)
       end
     end

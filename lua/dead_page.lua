@@ -4,7 +4,7 @@
   time of death, member): an entry that stays dead is listed exactly once over a walk, however
   the dead letter changes meanwhile. Bodies are not sent, only their size. A page stops early
   (`more`) once it has read 8 MB of records: large bodies make shorter pages, never long calls.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] after_score: the cursor's time of death (ms; -1 = from the start)
   ARGV[2] after_member: the cursor's member ('' = before every member at that score)
   ARGV[3] limit: entries per page

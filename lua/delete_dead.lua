@@ -1,7 +1,7 @@
 #!lua
 --[[
   Deletes the oldest `limit` dead jobs, leaving nothing of them behind.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] limit: jobs per call
   Returns: number deleted
 ]]

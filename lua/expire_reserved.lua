@@ -1,7 +1,7 @@
 #!lua
 --[[
   RESERVED -> READY (tries left; DELAYED while a retry backoff runs) or DEAD (no tries left) for reservations whose ttr passed.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] limit: jobs per call
   ARGV[3] notify: the queue's notify channel

@@ -2,7 +2,7 @@
 --[[
   Removes jobs whose ttl ended (DELAYED near-term, READY, RESERVED; DEAD never expires and
   wheel jobs cannot expire before they are opened, since ttl >= delay). Nothing is left behind.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] limit: jobs per call
   Returns: number of jobs removed

@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --[[
   Groups as the API shows them: each one's jobs, reserved jobs, held-back jobs and settings.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1..] groups...: the groups to describe
   Returns: {size, reserved, held, paused, concurrency, rate} per group, flat: size and reserved
     from GROUPS (0: none), held from HELD, paused '1' or '', concurrency and rate as GCONF has

@@ -3,8 +3,8 @@
   DEAD -> READY, or DELAYED until now + delay: one dead job back to work, with `tries` tries
   and a fresh ttl (lmstfy's respawn rule when the caller gives none: 1 try, the default ttl).
   Its death is forgotten (NOTES), its last error kept.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key): a job
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key): a job
     resting there is not dead (FORBIDDEN)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] member: the job

@@ -3,10 +3,10 @@
   Opens wheel buckets: moves every job of the given buckets into the near-term DELAYED zset
   (from where promote moves them to READY at their exact due millisecond). Jobs whose ttl has
   already ended are dropped. The caller passes at most a few buckets (each <= lane capacity).
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] buckets...: the buckets to open
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] buckets...: the buckets to open
   ARGV[1] now: the caller's clock (ms)
-  ARGV[2..] names...: the bucket names, in the order of KEYS[16..]
+  ARGV[2..] names...: the bucket names, in the order of KEYS[17..]
   Returns: {moved, expired}
 ]]
 --@include lib/codes

@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 --[[
   The head of the ready queue or of the dead letter, without changing anything.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] which: 'ready' or 'dead'
   Returns: {} when empty, else {member, record, score}
 ]]

@@ -1,8 +1,8 @@
 #!lua flags=no-writes
 --[[
   Looks a job up by id in any state, O(1)/O(log n).
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] member: the job's id
   Returns: {} when absent, else {state, record, score, note, progress, dedup}: state DELAYED
     (score = due ms), READY (score = ready rank; -1: held back by its group), RESERVED (ttr deadline), DEAD (time of death);

@@ -4,8 +4,8 @@
   `p:<id>`, replacing the last one; it leaves with the job's record (drop in lib/jobs.lua).
   With a lease, only the delivery holding the job may; without one, any running reservation
   (its ttr not run out). Anything else changes nothing.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] member: the job
   ARGV[3] lease: the lease of its delivery ('' = none)

@@ -2,7 +2,7 @@
 --[[
   DELAYED -> READY: moves jobs whose due time has come (exact milliseconds); jobs whose ttl
   ended on the way vanish with nothing left behind.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] limit: jobs per call
   ARGV[3] notify: the queue's notify channel

@@ -2,8 +2,8 @@
 --[[
   Publishes one or more jobs of one queue (bulk: arguments are validated before the call, so
   the only per-job outcome besides success is "duplicate id", which writes nothing).
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] buckets...: wheel buckets of this call
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] buckets...: wheel buckets of this call
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] lane_capacity: jobs per wheel bucket
   ARGV[3] bucket_width: the time window of a wheel bucket (ms)
@@ -22,7 +22,7 @@
     length; then the member; with SHORT_VALUE, its short field (10 bytes); then the record, or
     the short value (widened back into a record if the job goes to JOBS instead). A bucket's
     WHEEL member is its key's name after `}:w:`.
-  Returns: {code_1 .. code_n, HLEN of KEYS[16], HLEN of KEYS[17], ..., lowered}
+  Returns: {code_1 .. code_n, HLEN of KEYS[17], HLEN of KEYS[18], ..., lowered}
     code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY, FULL (the queue holds
     CONF max_size jobs, in all states: nothing written for it)
     lowered: 1 when the queue's next pump event moved earlier (the caller signals its shard)

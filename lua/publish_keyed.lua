@@ -8,10 +8,10 @@
   holding it, `d:<member>` -> the key), leaving with the job (drop in lib/jobs.lua); a throttle
   window and an Idempotency-Key's answer in KEYED, each kept until its time, trimmed a bounded
   number per call (KEYED_DUE) and expiring whole after the last.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16] keyed: HASH `t:<dedup key>` -> a throttle window (`>I6` until ms, the job's member);
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17] keyed: HASH `t:<dedup key>` -> a throttle window (`>I6` until ms, the job's member);
     `i:<idempotency key>` -> a request's answer (`>I6` until ms, 16-byte fingerprint, msgpack)
-  KEYS[17] keyed_due: ZSET the fields of KEYED -> until when each is kept (ms)
+  KEYS[18] keyed_due: ZSET the fields of KEYED -> until when each is kept (ms)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] notify: the queue's notify channel
   ARGV[3] remember_acked: how long acked ids are remembered (ms)
@@ -106,7 +106,7 @@ local function request(at)
   if st and mode == DEBOUNCE and waiting then
     local due, _, rec = job(1)
     local old = redis.call('HGET', JOBS, holder)
-    if st == CODE.READY then unready(holder, old) else redis.call('ZREM', DELAYED, holder) end
+    if st == CODE.READY then unready(holder, old, now) else redis.call('ZREM', DELAYED, holder) end
     redis.call('ZREM', EXPIRE, holder)
     redis.call('HSET', JOBS, holder, rec)
     count_group(group_of(old), -1)

@@ -3,7 +3,7 @@
   DEAD -> gone for the dead jobs that match a filter (reason, time of death from..to), oldest
   death first, from just after a cursor, leaving nothing of them behind. Bounded: at most
   `examine` dead entries looked at and `limit` deleted per call; the reply says where it stopped.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] after_score: the cursor's time of death (ms; -1 = none: start at `from`)
   ARGV[2] after_member: the cursor's member
   ARGV[3] from: the earliest time of death (ms)

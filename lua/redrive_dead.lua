@@ -5,7 +5,7 @@
   (tries, fresh ttl, death forgotten, last error kept). Bounded: at most `examine` dead entries
   looked at, `limit` moved and 8 MB of records rewritten per call (past the first); the reply
   says where it stopped.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] after_score: the cursor's time of death (ms; -1 = none: start at `from`)
   ARGV[3] after_member: the cursor's member

@@ -8,7 +8,7 @@
   Mode 1 (release, the consumer's nack): the delivery counts, as if its ttr had passed now; a
   job with no tries left goes to DEAD, a job whose ttl ended is removed; released without a
   delay, a job with a retry backoff (its own or its queue's) waits it out in DELAYED.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] delay: how long until the job is ready again (ms)
   ARGV[3] notify: the queue's notify channel

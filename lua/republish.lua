@@ -3,8 +3,8 @@
   Acks (deletes) a job in any state and publishes a new one in the same queue, atomically
   (lmstfy's PUT /api/{ns}/{q}/job/{id}, which lmstfy itself does in two steps). With a lease,
   only while that delivery still holds the old job; otherwise nothing changes.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] buckets...: wheel buckets (the new job's, the old job's)
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] buckets...: wheel buckets (the new job's, the old job's)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] lane_capacity: jobs per wheel bucket
   ARGV[3] bucket_width: the time window of a wheel bucket (ms)

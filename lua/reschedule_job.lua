@@ -3,8 +3,8 @@
   READY or DELAYED (a wheel bucket included) -> DELAYED until `due`, or READY when `due` is not
   after now: one job's new due time. A job resting in a wheel bucket moves into JOBS and the
   `delayed` zset (its id still names the bucket; every lookup by id looks in JOBS first).
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] member: the job
   ARGV[3] bucket_name: its wheel bucket's name ('' = none)
@@ -45,7 +45,7 @@ if wheeled then
     lowered = lower_next(e)
   end
 elseif st == CODE.READY then
-  unready(id, rec)
+  unready(id, rec, now)
 else
   redis.call('ZREM', DELAYED, id)
 end

@@ -2,7 +2,7 @@
 --[[
   DEAD -> READY for the oldest `limit` dead jobs, each with one try and a fresh ttl (as lmstfy);
   each forgets its death (NOTES), keeps its last error.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] limit: jobs per call
   ARGV[3] ttl: the fresh ttl (ms, 0 = never expires)

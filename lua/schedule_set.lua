@@ -4,8 +4,8 @@
   and with it the schedule's definition: a PUT, a pause or resume, a delete, and a firer's
   claim and confirmation of occurrences are each one such call, so an occurrence is claimed
   by one firer only. The state is an opaque string made by cluster_dq/schedules.py.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16] schedules: the queue's schedules hash (d:<name> definition, s:<name> state)
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17] schedules: the queue's schedules hash (d:<name> definition, s:<name> state)
   ARGV[1] name: the schedule's name
   ARGV[2] expected: the state the caller read ('' = the schedule must not exist)
   ARGV[3] state: the new state ('' = delete the schedule)
@@ -15,7 +15,7 @@
     was not `expected`, or the queue is full: nothing changed; the number of schedules of
     the queue}
 ]]
-local SCHED = KEYS[16]
+local SCHED = KEYS[17]
 local name, expected, state, definition = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local current = redis.call('HGET', SCHED, 's:' .. name) or ''
 local count = redis.call('HLEN', SCHED) / 2

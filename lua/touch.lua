@@ -3,7 +3,7 @@
   Extends (or shortens) a reservation: its ttr now ends at now + ttr. Only a reservation that
   is still running: touching cannot bring back one whose ttr already ran out, even when the
   pump has not moved it yet. With a lease, only the delivery holding it may touch it.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] ttr: the new time to run, from now (ms)
   ARGV[3] member: the job

@@ -4,9 +4,9 @@
   the only form a version without short entries reads: a downgrade (docs/operations.md).
   Clears META.s first, in every call, so a version that writes whole entries into this wheel
   afterwards leaves no short-only mark behind it.
-  KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
-  KEYS[16..] buckets...: wheel buckets to widen (each at most the lane capacity)
-  ARGV[1..] names...: the bucket names, in the order of KEYS[16..]
+  KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
+  KEYS[17..] buckets...: wheel buckets to widen (each at most the lane capacity)
+  ARGV[1..] names...: the bucket names, in the order of KEYS[17..]
   Returns: the number of entries widened
 ]]
 --@include lib/codes

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cluster_dq import names
-from cluster_dq.engine.steps import Cmd, Op, fixed_keys, lua
+from cluster_dq.engine.steps import Cmd, EngineConfig, Op, fixed_keys, lua, signal
 from cluster_dq.errors import BadRequest
 from cluster_dq.keys import QueueKeys
 
@@ -130,13 +130,16 @@ def list_groups(ns: str, q: str, cursor: int, count: int) -> Op[tuple[int, list[
     return int(nxt), (yield from describe(ns, q, found))
 
 
-def configure_group(ns: str, q: str, group: str, changes: GroupChanges, now: int) -> Op[Group]:
+def configure_group(
+    cfg: EngineConfig, ns: str, q: str, group: str, changes: GroupChanges, now: int
+) -> Op[Group]:
     """Changes a group's settings; what it held back and may now go comes back to READY (a
-    bounded number per call, the calls repeated until none is left). Returns the group."""
+    bounded number per call, the calls repeated until none is left; under a rate, one per turn,
+    the next turns the pump's). Returns the group."""
     qk = QueueKeys(ns, q)
     fields = changes.fields()
-    for _ in range(10_000):
-        _back, left = yield lua(
+    while True:
+        _back, left, lowered = yield lua(
             "group_configure",
             {"queue": fixed_keys(qk)},
             stamped=True,
@@ -146,6 +149,8 @@ def configure_group(ns: str, q: str, group: str, changes: GroupChanges, now: int
             fields=fields,
         )
         fields = []
+        if int(lowered):
+            yield signal(qk, cfg, int(lowered))
         if int(left) <= 0:
             break
     (out,) = yield from describe(ns, q, [group])

@@ -10,7 +10,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cluster_dq.engine import replies
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
 from cluster_dq.keys import QueueKeys
-from cluster_dq.models import Job, JobResult, JobState, Note, id_due_ms, id_to_member, wheel_job
+from cluster_dq.models import (
+    FLAG_GROUP,
+    HEADER_SIZE,
+    Job,
+    JobResult,
+    JobState,
+    Note,
+    Record,
+    id_due_ms,
+    id_to_member,
+    is_wheel_member,
+    wheel_job,
+)
 
 from cluster_dq.engine.steps import Cmd, EngineConfig, Eval, Op, bucket_of, fixed_keys, lua
 
@@ -43,14 +55,24 @@ def _peek_job_call(qk: QueueKeys, member: bytes) -> Eval:
 READY_SCORE_MASK = 2**42 - 1  # a ready score is (255 - priority) * 2^42 + due ms
 
 
+def ready_due(member: bytes, record: bytes, score: float) -> int:
+    """A ready job's due time from its READY score: the score's due ms, but for a grouped job,
+    whose score holds its group's fair tag instead: the due time in its id, or, for a client's
+    id (which holds none), its publish time."""
+    if not record[HEADER_SIZE - 1] & FLAG_GROUP:
+        return int(float(score)) & READY_SCORE_MASK
+    if is_wheel_member(member):  # a server-made id
+        return id_due_ms(member)
+    return Record.unpack(record).published_ms
+
+
 def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:
     reply = replies.decode_peek_job(raw)
     if reply is None:
         return None
     when: int | None = int(reply.score)
-    if reply.state is JobState.READY:  # the ready rank: priority above the due ms (a grouped
-        # job: its place in its queue's fair order); -1: held back by its group
-        when = None if when is None or when < 0 else when & READY_SCORE_MASK
+    if reply.state is JobState.READY:  # -1: held back by its group
+        when = None if when is None or when < 0 else ready_due(member, reply.record, when)
     return Job.from_record(
         ns,
         q,
@@ -133,9 +155,11 @@ def dump_page(
     jobs = []
     for m, score, rec in zip(members, scores, records):
         if rec is not None:
-            when: int | None = score & READY_SCORE_MASK if state is JobState.READY else score
-            if score < 0:
+            when: int | None = score
+            if held:
                 when = None
+            elif state is JobState.READY:
+                when = ready_due(m, rec, score)
             jobs.append(Job.from_record(ns, q, m, rec, state, when))
     return int(nxt), jobs
 
@@ -179,7 +203,7 @@ def heads(ns: str, q: str, state: JobState, limit: int) -> Op[list[Job]]:
         members = [m for m, _ in pairs]
         records = (yield Cmd(("HMGET", qk.jobs, *members))) if members else []
         return [
-            Job.from_record(ns, q, m, rec, state, int(float(sc)) & READY_SCORE_MASK)
+            Job.from_record(ns, q, m, rec, state, ready_due(m, rec, sc))
             for (m, sc), rec in zip(pairs, records)
             if rec is not None
         ]

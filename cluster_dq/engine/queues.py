@@ -16,7 +16,7 @@ from cluster_dq.queueconf import QueueSettings
 
 from cluster_dq.engine.steps import Call, Cmd, EngineConfig, Op, fixed_keys, lua, signal
 
-from cluster_dq.engine.lookups import READY_SCORE_MASK
+from cluster_dq.engine.lookups import ready_due
 
 if TYPE_CHECKING:
     pass
@@ -139,10 +139,23 @@ def overview(cfg: EngineConfig, ns: str, queues: Sequence[str]) -> Op[list[Queue
             Cmd(("ZRANGE", qk.ready, 0, 0, "WITHSCORES")),
         ]
     got = (yield tuple(steps)) if steps else []
+    found: list[tuple[bytes, float] | None] = []
+    for i in range(len(queues)):
+        head = got[3 * i + 2]
+        pair = (head[0] if isinstance(head[0], (tuple, list)) else head[:2]) if head else None
+        found.append((bytes(pair[0]), float(pair[1])) if pair else None)
+    # the heads' records: a grouped job's score is its place in the fair order, not its due time
+    wanted = [(q, h) for q, h in zip(queues, found) if h is not None]
+    records = (
+        (yield tuple(Cmd(("HGET", QueueKeys(ns, q).jobs, h[0])) for q, h in wanted))
+        if wanted
+        else ()
+    )
+    by_queue = {q: rec for (q, _), rec in zip(wanted, records)}
     out = []
     for i, q in enumerate(queues):
-        sizes_, paused, head = got[3 * i : 3 * i + 3]
-        score = (head[0][1] if isinstance(head[0], (tuple, list)) else head[1]) if head else None
-        oldest = int(float(score)) & READY_SCORE_MASK if score is not None else None
+        sizes_, paused = got[3 * i : 3 * i + 2]
+        h, rec = found[i], by_queue.get(q)
+        oldest = ready_due(h[0], rec, h[1]) if h is not None and rec is not None else None
         out.append(QueueOverview(q, replies.decode_sizes(sizes_), paused in (b"1", "1"), oldest))
     return out

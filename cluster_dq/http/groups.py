@@ -47,7 +47,8 @@ class GroupsAPI(Handlers):
         if limit < 1:
             raise BadRequest(f"invalid limit: 1..{MAX_GROUP_PAGE}", "limit")
         raw = qp.get("cursor", "")
-        if raw and not raw.isdigit() or len(raw) > 20:
+        # ASCII digits only (str.isdigit takes "²"), and below 2^64: Redis refuses the rest
+        if raw and not (raw.isascii() and raw.isdigit() and int(raw) < 2**64):
             raise BadRequest("invalid cursor: the one answered, or empty", "cursor")
         nxt, page = await self.service.groups(route, ns, q, int(raw or 0), limit)
         return json(

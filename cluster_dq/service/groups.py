@@ -50,7 +50,7 @@ class Groups(ServiceCore):
         rate limit, which starts afresh."""
         out: Group | None = None
         for i, pool in enumerate(route.place(ns, q).reads):
-            op = ops.configure_group(ns, q, group, changes, pool.engine.clock())
+            op = ops.configure_group(pool.engine.config, ns, q, group, changes, pool.engine.clock())
             with written_before(i > 0, idempotent=True):
                 g = await self._run(pool, op, idempotent=True)
             out = g if out is None else _merged(out, g)

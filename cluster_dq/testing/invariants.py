@@ -31,9 +31,12 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
         p.zrange(getattr(k, name), 0, 0, withscores=True)
     p.zrange(k.held, 0, -1)
     p.hgetall(k.groups)
+    p.zrange(k.group_wake, 0, -1, withscores=True)
+    p.hgetall(k.group_conf)
     got = p.execute()
     members, (records, held, expiring, notes, wheel, meta) = got[:4], got[4:10]
-    heads, (held_back, groups) = got[10:13], got[13:]
+    heads, (held_back, groups, wakes, gconf) = got[10:13], got[13:]
+    heads.append(wakes[:1])  # a group's rate wake-up is an event of the queue
     zsets = {name: set(m) for name, m in zip(states, members, strict=True)}
     # a job its group holds back (HELD, `<g>\0<id>`) is ready: in READY's place
     held_ids = {m.split(b"\0", 1)[1]: m.split(b"\0", 1)[0] for m in held_back}
@@ -44,6 +47,7 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
         assert rec is not None and Record.unpack(rec).group == g.decode(), (
             f"held back in group {g!r}: {member!r} is not that group's job"
         )
+    _check_held_can_go(held_ids, zsets["ready"], records, groups, gconf, wakes)
     zsets["ready"] |= held_ids.keys()
     jobs = set(records)
     union: set[bytes] = set()
@@ -107,7 +111,7 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
     assert not stray, f"buckets missing from the wheel index: {stray}"
     w = int(meta.get(b"w") or 0)
     assert w == in_wheel, f"meta.w {w} != jobs in buckets {in_wheel}"
-    assert set(meta) <= {b"w", b"next", b"s", b"v"}
+    assert set(meta) <= {b"w", b"next", b"s"}
     _check_groups(groups, records, zsets["reserved"], wheel_records)
     marked = meta.get(b"next")
     if marked is not None:  # the pump's and the multi-queue consume's promise: no event earlier
@@ -167,6 +171,37 @@ def _check_groups(
     assert found[b"n"] == size, f"group sizes {found[b'n']} != jobs by group {size}"
     assert found[b"r"] == busy, f"group reserved counts {found[b'r']} != reserved {busy}"
     assert set(found[b"t"]) <= set(size), "a group's fair tag outlives its jobs"
+
+
+def _check_held_can_go(
+    held: dict[bytes, bytes],
+    ready: set[bytes],
+    records: dict[bytes, bytes],
+    groups: dict[bytes, bytes],
+    gconf: dict[bytes, bytes],
+    wakes: list[tuple[bytes, float]],
+) -> None:
+    """Liveness: a group holding jobs back is paused, or will let one go by itself: its rate's
+    wake-up is registered, or its concurrency limit is taken by jobs reserved or in READY
+    (each of those, reserved or leaving READY, hands its turn to a held one). Else its held
+    jobs would wait for ever with room to run."""
+    waking = {g for g, _ in wakes}
+    in_ready: dict[bytes, int] = {}
+    for member in ready:
+        name = Record.unpack(records[member]).group
+        if name is not None:
+            in_ready[name.encode()] = in_ready.get(name.encode(), 0) + 1
+    for g in set(held.values()):
+        if gconf.get(b"p:" + g) == b"1" or g in waking:
+            continue
+        limit = gconf.get(b"c:" + g)
+        busy = int(groups.get(b"r:" + g, 0)) + in_ready.get(g, 0)
+        assert limit is not None and busy >= int(limit), (
+            f"group {g!r} holds jobs back with room to run them (limit {limit!r}, "
+            f"{busy} reserved or ready) and no wake-up: they would wait for ever"
+        )
+    for w in waking:
+        assert int(groups.get(b"n:" + w, 0)) > 0, f"a wake-up of group {w!r}, which has no job"
 
 
 def _check_dedup_keys(notes: dict[bytes, bytes], jobs: set[bytes]) -> None:

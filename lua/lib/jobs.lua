@@ -7,33 +7,19 @@
 --@include lib/groups
 
 -- Puts a job whose record is already in JOBS into READY (t = its due time; a grouped job's
--- place is its group's fair tag instead, lib/groups.lua).
-local function make_ready(id, rec, t)
+-- place is its group's fair tag instead, lib/groups.lua, or READY's head when `at_head`: a
+-- job its group held back).
+local function make_ready(id, rec, t, at_head)
   local g = group_of(rec)
-  if g then t = fair_tag(g, t) end
+  if g then t = at_head and head_tag(t) or fair_tag(g, t) end
   redis.call('ZADD', READY, ready_score(rec, t), id)
 end
 
--- Takes a job out of READY, or out of HELD where its group holds it back; 1 when it was in
--- either, else 0.
-local function unready(id, rec)
-  if redis.call('ZREM', READY, id) == 1 then return 1 end
-  local g = rec and group_of(rec)
-  if g then return redis.call('ZREM', HELD, held_member(g, id)) end
-  return 0
-end
-
--- Whether a job is ready (in READY, or held back by its group).
-local function is_ready(id, rec)
-  if redis.call('ZSCORE', READY, id) then return true end
-  local g = rec and group_of(rec)
-  return g and redis.call('ZSCORE', HELD, held_member(g, id)) ~= false or false
-end
-
--- Brings up to `n` jobs that group g holds back into READY (its pause ended, or a slot of its
--- concurrency limit freed), in id order; t: now. When READY was empty, the queue's long-polls
--- hear of it ('1' on its notify channel, whose name is META's with `notify` for `meta`: any
--- script may free a slot, an ack included, and not every one is given the channel).
+-- Brings up to `n` jobs that group g holds back into READY (its pause ended, a slot of its
+-- concurrency limit freed, its rate's turn came), in id order, at READY's head; t: now. When
+-- READY was empty, the queue's long-polls hear of it ('1' on its notify channel, whose name
+-- is META's with `notify` for `meta`: any script may free a slot, an ack included, and not
+-- every one is given the channel).
 local function unhold(g, n, t)
   if n <= 0 then return 0 end
   local held = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, n)
@@ -42,7 +28,7 @@ local function unhold(g, n, t)
   for _, m in ipairs(held) do
     local id = string.sub(m, #g + 2)
     local rec = redis.call('HGET', JOBS, id)
-    if rec then make_ready(id, rec, t) end
+    if rec then make_ready(id, rec, t, true) end
   end
   redis.call('ZREM', HELD, unpack(held))
   if was_empty then redis.call('SPUBLISH', string.sub(META, 1, -5) .. 'notify', '1') end
@@ -57,14 +43,35 @@ local function group_room(g, conf)
   return conf[2] - tonumber(redis.call('HGET', GROUPS, 'r:' .. g) or '0')
 end
 
+-- A job of group g left READY, or RESERVED, and the group's concurrency limit may now let one
+-- of its held jobs go: it comes back to READY. (Each job the limit lets go is in READY or
+-- reserved; one that leaves READY unreserved, deleted or expired or moved, hands its turn to a
+-- held one, as a reservation's end does.)
+local function let_one_go(g, t)
+  local conf = group_conf(g)
+  if conf[2] then unhold(g, math.min(group_room(g, conf), 1), t) end
+end
+
 -- A job of record `rec` left RESERVED: its group's reserved count drops, and a job the group
 -- held back for its concurrency limit comes back to READY.
 local function unreserve(rec, t)
   local g = group_of(rec)
   if not g then return end
   if redis.call('HINCRBY', GROUPS, 'r:' .. g, -1) <= 0 then redis.call('HDEL', GROUPS, 'r:' .. g) end
-  local conf = group_conf(g)
-  if conf[2] then unhold(g, math.min(group_room(g, conf), 1), t) end
+  let_one_go(g, t)
+end
+
+-- Takes a job out of READY, or out of HELD where its group holds it back; 1 when it was in
+-- either, else 0. A grouped job taken out of READY hands its turn on (let_one_go); t: now.
+local function unready(id, rec, t)
+  if redis.call('ZREM', READY, id) == 1 then
+    local g = rec and group_of(rec)
+    if g then let_one_go(g, t) end
+    return 1
+  end
+  local g = rec and group_of(rec)
+  if g then return redis.call('ZREM', HELD, held_member(g, id)) end
+  return 0
 end
 
 -- Drops a job's record from JOBS and what it carries beside it in NOTES (field `<id>`: its
@@ -93,7 +100,7 @@ local function forget(id, t)
   if not rec then return CODE.NOT_FOUND end
   drop(id, rec)
   redis.call('ZREM', EXPIRE, id)
-  if unready(id, rec) == 1 then return CODE.READY end
+  if unready(id, rec, t) == 1 then return CODE.READY end
   if redis.call('ZREM', RESERVED, id) == 1 then
     redis.call('HDEL', LEASES, id)
     unreserve(rec, t)

@@ -1,12 +1,38 @@
 --[[
-  DELAYED -> READY for the jobs that came due.
+  DELAYED -> READY for the jobs that came due, and the groups' rate wake-ups (HELD -> READY).
 ]]
 --@include lib/keys
 --@include lib/record
 --@include lib/jobs
 
--- DELAYED (near zset) -> READY for jobs due by `now`; expired ones vanish. Bounded by limit.
+-- Group rate wake-ups due by `now` (GWAKE, at most `limit`): each group's next held job comes
+-- back to READY when its rate, pause and concurrency let it; one is left registered, at its
+-- next turn, while the group still holds jobs back.
+local function wake_groups(now, limit)
+  local due = redis.call('ZRANGE', GWAKE, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  for _, g in ipairs(due) do
+    redis.call('ZREM', GWAKE, g)
+    local conf = group_conf(g)
+    if conf[3] and group_room(g, conf) > 0 then
+      local tat = tonumber(redis.call('HGET', GCONF, 'a:' .. g) or '0')
+      local at = tat
+      if tat <= now then
+        unhold(g, 1, now)
+        at = now + conf[3]
+      end
+      local more = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, 1)
+      if #more > 0 then
+        redis.call('ZADD', GWAKE, math.ceil(at), g)
+        lower_next(math.ceil(at))
+      end
+    end
+  end
+end
+
+-- DELAYED (near zset) -> READY for jobs due by `now`; expired ones vanish; and the groups'
+-- rate wake-ups due by then. Bounded by limit.
 local function promote(now, limit)
+  wake_groups(now, limit)
   local due = redis.call('ZRANGE', DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
   local ids, moved, gone = {}, 0, 0
   for i = 1, #due, 2 do

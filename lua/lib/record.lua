@@ -32,8 +32,8 @@ local function expired(rec, now)
 end
 
 -- The record's flags (its 18th byte): 1 attributes, 2 its own backoff, 4 a group (`u8 len` +
--- the name, after the backoff), 8 a rate-limit slot taken for it (lib/groups.lua).
-local FLAG_GROUP, FLAG_SLOT = 4, 8
+-- the name, after the backoff).
+local FLAG_GROUP = 4
 local BACKOFF_SIZE = 11 -- `>B I4 I4 H`
 
 -- The group named in a record, or in a short wheel value when `at` = 11 (where its flags byte
@@ -48,14 +48,4 @@ end
 
 local function group_of(rec)
   return group_at(rec, 18)
-end
-
-local function has_flag(rec, flag)
-  return bit.band(string.byte(rec, 18), flag) ~= 0
-end
-
-local function with_flag(rec, flag, on)
-  local flags = string.byte(rec, 18)
-  flags = on and bit.bor(flags, flag) or bit.band(flags, bit.bnot(flag))
-  return string.sub(rec, 1, 17) .. string.char(flags) .. string.sub(rec, 19)
 end

@@ -20,6 +20,7 @@ local function queue_sizes(lead)
   consider(first_score(DELAYED))
   consider(first_score(RESERVED))
   consider(first_score(EXPIRE))
+  consider(first_score(GWAKE))
   local wheel = tonumber(redis.call('HGET', META, 'w') or '0')
   return {wheel + redis.call('ZCARD', DELAYED), redis.call('ZCARD', READY) + redis.call('ZCARD', HELD),
     redis.call('ZCARD', RESERVED), redis.call('ZCARD', DEAD), nxt}

@@ -81,7 +81,7 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
         await run(ops.configure("ns", q, [("paused", "1"), ("max_size", "100")]))
         assert await run(ops.consume(cfg, "ns", [q], 1_000, 1, t)) == []  # paused
         await run(ops.configure("ns", q, [("paused", ""), ("max_size", "")]))
-        await run(ops.configure_group("ns", q, "g", ops.GroupChanges(rate=ops.Rate(1, 10)), t))
+        await run(ops.configure_group(cfg, "ns", q, "g", ops.GroupChanges(rate=ops.Rate(1, 10)), t))
         old, new = await run(
             ops.republish(cfg, "ns", q, f"id-{q}", JobSpec(b"v2", delay_ms=10 * MIN), t)
         )

@@ -49,7 +49,7 @@ async def take_all(engine: AsyncEngine, now: int, r: redis.Redis) -> list[Job]:
 
 async def configure(engine: AsyncEngine, now: int, group: str, **kw: object) -> ops.Group:
     changes = ops.GroupChanges(**kw)  # type: ignore[arg-type]
-    return await engine.run(ops.configure_group(NS, Q, group, changes, now))
+    return await engine.run(ops.configure_group(engine.config, NS, Q, group, changes, now))
 
 
 async def group(engine: AsyncEngine, name: str) -> ops.Group:
@@ -209,24 +209,39 @@ async def test_a_held_job_can_be_buried_rescheduled_acked_and_its_lease_is_refus
     assert (g.size, g.held) == (2, 0)
 
 
-async def test_a_rate_limit_spaces_deliveries_after_its_burst(
+async def test_a_rate_limit_spaces_deliveries_evenly(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
+    """2 per second: one every 500 ms, so never more than 2 in any second; the jobs waiting
+    for their turn are held (ready), and each turn lets the next go, at READY's head."""
     t = now_ms()
     await configure(engine, t, "r", rate=ops.Rate(2, SEC))
     await publish(engine, t, "r", 5)
     await publish(engine, t, "other", 3)
     first = await consume(engine, t, count=10)
-    assert Counter(j.group for j in first) == {"r": 2, "other": 3}  # the burst: 2
+    assert Counter(j.group for j in first) == {"r": 1, "other": 3}
     check_queue(sync_redis, NS, Q)
     s = await engine.run(ops.sizes(engine.config, NS, Q))
-    assert (s.ready, s.delayed) == (0, 3)  # each waits for its own slot, taken for it
+    assert (s.ready, s.delayed, s.next_event_ms) == (4, 0, t + 500)  # held: ready
+    assert (await group(engine, "r")).held == 4
     times = []
-    for step in range(0, 2001, 100):
+    for step in range(0, 2501, 100):
         got = await consume(engine, t + step, count=10)
         times += [step] * len(got)
         check_queue(sync_redis, NS, Q)
-    assert times == [500, 1000, 1500]
+    assert times == [500, 1000, 1500, 2000]
+    # a changed rate starts afresh: the next job goes at once
+    await publish(engine, t + 2600, "r", 2)
+    await consume(engine, t + 2600, count=10)
+    await configure(engine, t + 2700, "r", rate=ops.Rate(1, 60 * SEC))
+    assert len(await consume(engine, t + 2700, count=10)) == 1
+    await publish(engine, t + 2800, "r")
+    assert await consume(engine, t + 2800, count=10) == []  # its next turn: in a minute
+    assert (await group(engine, "r")).held == 1
+    # and no rate: what it held goes at once
+    await configure(engine, t + 2900, "r", clear_rate=True)
+    assert len(await consume(engine, t + 2900, count=10)) == 1
+    check_queue(sync_redis, NS, Q)
 
 
 async def test_groups_survive_the_wheel_and_the_reply_names_them(
@@ -313,3 +328,129 @@ async def test_a_slot_freed_by_an_ack_wakes_the_long_polls(
     listening.join()
     assert heard == [b"1"]
     check_queue(sync_redis, NS, Q)
+
+
+# A job its group's limit let go hands its turn on when it leaves READY unreserved: else the
+# group's other held jobs wait for ever with room to run (each of these failed so before).
+
+
+@pytest.mark.parametrize("how", ["deleted", "expired", "rescheduled", "buried"])
+async def test_a_job_let_go_that_leaves_ready_unreserved_lets_the_next_go(
+    engine: AsyncEngine, sync_redis: redis.Redis, how: str
+) -> None:
+    t = now_ms()
+    await configure(engine, t, "c1", concurrency=1)
+    (a,) = await publish(engine, t, "c1")
+    (b,) = await publish(engine, t, "c1", ttl_ms=10 * SEC)
+    (c,) = await publish(engine, t, "c1")
+    (first,) = await consume(engine, t + 1, count=5)
+    assert first.job_id == a
+    await engine.run(ops.ack(NS, Q, [a], t + 2))  # its slot frees: b back to READY
+    check_queue(sync_redis, NS, Q)
+    later = t + 3
+    if how == "deleted":
+        await engine.run(ops.ack(NS, Q, [b], later))
+    elif how == "rescheduled":
+        await engine.run(control.reschedule_job(engine.config, NS, Q, b, t + 5 * SEC, later))
+    elif how == "buried":
+        await engine.run(control.bury(NS, Q, b, "no", later))
+    else:
+        later = t + 20 * SEC  # the consume finds b expired at READY's head
+    check_queue(sync_redis, NS, Q)
+    got = await consume(engine, later, count=5)
+    assert [j.job_id for j in got] == [c]
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_rate_holds_whatever_comes_back_pause_reschedule_or_kick(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """Every delivery is looked at against the rate: held jobs a resume lets go, jobs moved
+    up by a reschedule, dead jobs kicked. 1 per second: one at a time."""
+    t = now_ms()
+    await configure(engine, t, "r", rate=ops.Rate(1, SEC))
+    ids = await publish(engine, t, "r", 10)
+    assert len(await consume(engine, t, count=20)) == 1
+    await configure(engine, t + 1, "r", paused=True)
+    for s in range(1, 4):
+        assert await consume(engine, t + s * SEC, count=20) == []
+        check_queue(sync_redis, NS, Q)
+    await configure(engine, t + 5 * SEC, "r", paused=False)
+    assert len(await consume(engine, t + 5 * SEC, count=20)) == 1
+    assert await consume(engine, t + 5 * SEC + 10, count=20) == []
+    for i in ids[5:]:  # an operator moves the waiting jobs up
+        await engine.run(control.reschedule_job(engine.config, NS, Q, i, t, t + 5 * SEC + 20))
+    assert await consume(engine, t + 5 * SEC + 30, count=20) == []
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_rate_never_lets_more_than_its_jobs_go_in_any_window(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await configure(engine, t, "r", rate=ops.Rate(10, SEC))
+    await publish(engine, t, "r", 100)
+    times: list[int] = []
+    for step in range(0, 3001, 10):
+        got = await consume(engine, t + step, count=100)
+        times += [step] * len(got)
+    check_queue(sync_redis, NS, Q)
+    assert max(sum(1 for x in times if s <= x < s + SEC) for s in times) <= 10
+    assert len(times) >= 30  # and it does let them go: one per 100 ms
+
+
+async def test_a_job_its_rate_held_goes_at_its_turn_not_behind_a_backlog(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    t = now_ms()
+    await configure(engine, t, "slow", rate=ops.Rate(1, SEC))
+    await publish(engine, t, "slow", 100)
+    await publish(engine, t, "big", 1000)
+    delivered: list[int] = []
+    now = t
+    for _ in range(400):  # one delivery every 10 ms for 4 s
+        now += 10
+        (job,) = await consume(engine, now)
+        if job.group == "slow":
+            delivered.append(now - t)
+        await engine.run(ops.ack(NS, Q, [job.job_id], now))
+    check_queue(sync_redis, NS, Q)
+    assert delivered == [10, 1010, 2010, 3010]  # at once, then at each of its turns
+
+
+async def test_an_ungrouped_job_is_not_starved_by_later_grouped_jobs(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """Jobs without a group take their turn by due time among the groups' tags: grouped jobs
+    published after an ungrouped one do not all go before it."""
+    t = now_ms()
+    await publish(engine, t, None, delay_ms=24 * 3_600_000)  # keeps the queue alive
+    await publish(engine, t, "early")
+    (j,) = await consume(engine, t)
+    await engine.run(ops.ack(NS, Q, [j.job_id], t))
+    later = t + 3_600_000
+    (plain,) = await publish(engine, later, None)
+    served: list[str | None] = []
+    for i in range(50):
+        await publish(engine, later + 1 + i, f"tenant{i}")
+        (job,) = await consume(engine, later + 1 + i)
+        served.append(job.group)
+        await engine.run(ops.ack(NS, Q, [job.job_id], later + 1 + i))
+        if job.job_id == plain:
+            break
+    check_queue(sync_redis, NS, Q)
+    assert served[0] is None, served[:5]
+
+
+async def test_the_head_of_a_grouped_queue_says_its_due_time(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """The queue listing's oldest_due_ms (lateness) reads READY's head: a grouped job's score
+    is its place in the fair order, its due time is in its id."""
+    t = now_ms()
+    await publish(engine, t, "x", 50)  # a backlog: tags t .. t+49
+    await publish(engine, t + 10, "y")
+    (o,) = await engine.run(ops.overview(engine.config, NS, [Q]))
+    assert o.oldest_due_ms == t
+    heads = await engine.run(ops.heads(NS, Q, JobState.READY, 60))
+    assert {h.due_ms for h in heads} == {t, t + 10}

@@ -2,7 +2,7 @@
 
 Each ``lua/*.lua`` starts with ``#!lua`` and a header in one format (lua/README.md):
 
-    KEYS[1..15] queue: the queue's fixed keys, in the order of lib/keys.lua
+    KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
     KEYS[11..] buckets...: a variadic tail (the name ends in ``...``)
     ARGV[1] now: one argument
     ARGV[8..] jobs...: one value per job (or "K values per job": K arguments each)
@@ -358,8 +358,8 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.sizes_of(cfg, [f"ns/{q}"]))
     await run(ops.configure("ns", q, [("paused", "1"), ("max_size", "100")]))
     await run(ops.configure("ns", q, [("paused", ""), ("max_size", "")]))
-    await run(ops.configure_group("ns", q, "g", ops.GroupChanges(paused=True, concurrency=2), t))
-    await run(ops.configure_group("ns", q, "g", ops.GroupChanges(clear_concurrency=True), t))
+    await run(ops.configure_group(cfg, "ns", q, "g", ops.GroupChanges(paused=True, concurrency=2), t))
+    await run(ops.configure_group(cfg, "ns", q, "g", ops.GroupChanges(clear_concurrency=True), t))
     await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=min_ + BUCKET_WIDTH_MS)], t))
     a, b = await run(
         ops.publish(cfg, "ns", q, [JobSpec(b"a", delay_ms=10 * min_), JobSpec(b"b")], t)
