@@ -7,7 +7,6 @@ removed. Read and changed through the service (``groups``, ``configure_group``),
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ from starlette.routing import BaseRoute, Route
 from cluster_dq.dashboard import audit
 from cluster_dq.dashboard.base import Dashboard, queue_names, ui_url
 from cluster_dq.engine.commands import Group, GroupChanges, check_group
-from cluster_dq.engine.groups import parse_changes
+from cluster_dq.engine.groups import cursor_of, parse_changes
 from cluster_dq.errors import BadRequest
 from cluster_dq.http import params
 from cluster_dq.pools import RedisPool
@@ -28,16 +27,6 @@ from cluster_dq.routing import PoolRoute
 PAGE = 100  # groups a page of the panel shows (about: a scan step may bring a few more)
 SCAN_STEPS = 10  # scan steps a page takes at most (a step may find no group at all)
 LIMITS = ("concurrency", "rate")
-_CURSOR_RE = re.compile(r"[0-9]{1,20}")
-
-
-def cursor_of(raw: object) -> int:
-    """A page's cursor, as a page gave it (0, or absent: the first page)."""
-    if raw is None or raw == "":
-        return 0
-    if not isinstance(raw, str) or not _CURSOR_RE.fullmatch(raw) or int(raw) >= 2**64:
-        raise BadRequest("invalid cursor: the one a page gave, or empty", "cursor")
-    return int(raw)
 
 
 def limits_body(form: FormData) -> dict[str, object] | None:

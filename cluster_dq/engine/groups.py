@@ -20,6 +20,7 @@ MAX_CONCURRENCY = 1_000_000
 MAX_RATE_JOBS = 1_000_000
 MAX_RATE_PER_MS = 86_400_000  # a rate's window: at most a day
 _RATE = re.compile(r"\A([0-9]{1,7})/([0-9]{1,8})(ms|s|m|h)?\Z")
+_CURSOR = re.compile(r"[0-9]{1,20}")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, None: 1_000}
 
 
@@ -158,6 +159,16 @@ def configure_group(
 
 
 GROUP_FIELDS = ("paused", "concurrency", "rate")
+
+
+def cursor_of(raw: object) -> int:
+    """A listing's cursor, as a page gave it (absent or empty: the first page): ASCII digits
+    (``str.isdigit`` takes "²") of a number below 2^64 (Redis refuses the rest)."""
+    if raw is None or raw == "":
+        return 0
+    if not isinstance(raw, str) or not _CURSOR.fullmatch(raw) or int(raw) >= 2**64:
+        raise BadRequest("invalid cursor: the one a page gave, or empty", "cursor")
+    return int(raw)
 
 
 def parse_changes(body: object) -> GroupChanges:

@@ -15,6 +15,7 @@ from cluster_dq.engine.commands import Group, GroupChanges, check_group
 from cluster_dq.engine.groups import (
     MAX_CONCURRENCY,
     MAX_GROUP_PAGE,
+    cursor_of,
     parse_changes,
 )
 from cluster_dq.errors import BadRequest
@@ -46,11 +47,7 @@ class GroupsAPI(Handlers):
         limit = params.uint(qp, "limit", 100, MAX_GROUP_PAGE)
         if limit < 1:
             raise BadRequest(f"invalid limit: 1..{MAX_GROUP_PAGE}", "limit")
-        raw = qp.get("cursor", "")
-        # ASCII digits only (str.isdigit takes "²"), and below 2^64: Redis refuses the rest
-        if raw and not (raw.isascii() and raw.isdigit() and int(raw) < 2**64):
-            raise BadRequest("invalid cursor: the one answered, or empty", "cursor")
-        nxt, page = await self.service.groups(route, ns, q, int(raw or 0), limit)
+        nxt, page = await self.service.groups(route, ns, q, cursor_of(qp.get("cursor")), limit)
         return json(
             {
                 "namespace": ns,
