@@ -54,6 +54,13 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         + ["--expired", "500"],
         r"memory +2,000 delayed jobs over .* B/job[\s\S]*burst +drained 2,000 jobs",
     ),
+    "bench_groups.py": (
+        ["--seconds", "2", "--warmup", "0.5", "--drain", "1", "--heavy-rate", "100"]
+        + ["--scenarios", "ABCD", "--rounds", "1", "--cost-jobs", "100", "--memory-jobs", "640"],
+        r"memory: Redis used_memory[\s\S]*1,000 groups of 8 bytes +[-\d.]+ +[-\d.]+[\s\S]*"
+        r"ack +dedup +[\d.]+ +[-+]\d+ %[\s\S]*B light \+ heavy, grouped +[\d,]+ +[\d.]+ +[\d.]+"
+        r"[\s\S]*D light no group \+ heavy grouped +[\d,]+ +[\d.]+",
+    ),
     "bench_http.py": (
         ["--seconds", "0.5", "--workers", "1", "--wrk"],
         r"end to end: bulk 64 \+ consume 100 \+ batch ack +[\d,]+ jobs/s",
