@@ -63,12 +63,23 @@ local function group_conf(g)
   return c
 end
 
--- Group g's rate (GCRA without a burst: deliveries at least `conf[3]` ms apart, so at most n
--- in any window of `per` ms) for one delivery at `now`: 0 when it may go (its turn taken),
--- else the time it may.
+-- Group g's rate (GCRA without a burst) for one delivery at `now`: 0 when it may go (its turn
+-- taken), else the millisecond it may. Turns are `conf[3]` ms apart, from the later of the
+-- next turn and now (`a:<g>`: the next turn, fractional); a delivery at millisecond `now`
+-- takes every turn that falls within it (a rate above 1,000/s goes several per ms), so a
+-- window of `per` ms never holds more than n deliveries.
+local EPS = 0.001 -- ms: what adding up fractional turns may be off by (doubles near 2^41)
+
 local function rate_turn(g, conf, now)
   local tat = tonumber(redis.call('HGET', GCONF, 'a:' .. g) or '0')
-  if tat > now then return math.ceil(tat) end
-  redis.call('HSET', GCONF, 'a:' .. g, now + conf[3])
+  if math.floor(tat + EPS) > now then return math.floor(tat + EPS) end
+  redis.call('HSET', GCONF, 'a:' .. g, math.max(tat, now) + conf[3])
   return 0
+end
+
+-- How many turns of group g's rate fall within millisecond `now` (at least 1 when its next
+-- turn has come, 0 while it is later).
+local function rate_turns(conf, tat, now)
+  if math.floor(tat + EPS) > now then return 0 end
+  return math.max(math.floor((now + 1 - math.max(tat, now)) / conf[3] + EPS), 1)
 end

@@ -100,12 +100,12 @@ local function forget(id, t)
   if not rec then return CODE.NOT_FOUND end
   drop(id, rec)
   redis.call('ZREM', EXPIRE, id)
-  if unready(id, rec, t) == 1 then return CODE.READY end
-  if redis.call('ZREM', RESERVED, id) == 1 then
+  if redis.call('ZREM', RESERVED, id) == 1 then -- first: where an acked job almost always is
     redis.call('HDEL', LEASES, id)
     unreserve(rec, t)
     return CODE.RESERVED
   end
+  if unready(id, rec, t) == 1 then return CODE.READY end
   if redis.call('ZREM', DELAYED, id) == 1 then return CODE.DELAYED end
   if redis.call('ZREM', DEAD, id) == 1 then return CODE.DEAD end
   return CODE.NOT_FOUND

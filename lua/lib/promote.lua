@@ -13,17 +13,17 @@ local function wake_groups(now, limit)
   for _, g in ipairs(due) do
     redis.call('ZREM', GWAKE, g)
     local conf = group_conf(g)
-    if conf[3] and group_room(g, conf) > 0 then
+    local room = conf[3] and group_room(g, conf) or 0
+    if room > 0 then
       local tat = tonumber(redis.call('HGET', GCONF, 'a:' .. g) or '0')
-      local at = tat
-      if tat <= now then
-        unhold(g, 1, now)
-        at = now + conf[3]
-      end
+      local turns = rate_turns(conf, tat, now)
+      -- the turns within this ms go now; the next one, after them, as if they were taken
+      unhold(g, math.min(turns, room, limit), now)
+      local at = math.floor(math.max(tat, now) + turns * conf[3])
       local more = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, 1)
       if #more > 0 then
-        redis.call('ZADD', GWAKE, math.ceil(at), g)
-        lower_next(math.ceil(at))
+        redis.call('ZADD', GWAKE, at, g)
+        lower_next(at)
       end
     end
   end

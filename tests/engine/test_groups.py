@@ -454,3 +454,18 @@ async def test_the_head_of_a_grouped_queue_says_its_due_time(
     assert o.oldest_due_ms == t
     heads = await engine.run(ops.heads(NS, Q, JobState.READY, 60))
     assert {h.due_ms for h in heads} == {t, t + 10}
+
+
+async def test_a_rate_above_a_thousand_a_second_lets_several_go_per_millisecond(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """Turns 0.2 ms apart (5,000/s): a consume at one millisecond takes the 5 turns in it, no
+    more (a rate that should not bind capped a group at one job per ms before)."""
+    t = now_ms()
+    await configure(engine, t, "fast", rate=ops.Rate(5_000, SEC))
+    await publish(engine, t, "fast", 40)
+    assert len(await consume(engine, t, count=20)) == 5
+    assert (await group(engine, "fast")).held == 35  # the consume looked at every one
+    assert len(await consume(engine, t + 1, count=20)) == 5  # the wake-up lets 5 go
+    assert len(await consume(engine, t + 3, count=20)) == 5  # not 10: turns are not saved up
+    check_queue(sync_redis, NS, Q)
