@@ -8,7 +8,7 @@ start-up and clean-up of their own Redis and services, the report): the behaviou
 and history scenario is tested in-process, short, by tests/system/test_drills.py and
 tests/system/test_history.py. So one drill runs here, ``service-leader`` (a Cluster, two instances,
 one SIGKILLed), and one history scenario, ``standalone``; every other drill and scenario name
-the docs give is checked against the command's choices instead. About 130 s in all on 2 cores
+the docs give is checked against the command's choices instead. About 145 s in all on 2 cores
 shared with other work (load average 7), a third of it bench_pipeline.py's Spark run.
 
 The docs are checked too: every ``loadtest/`` file they name exists, and every command they
