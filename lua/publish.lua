@@ -37,6 +37,7 @@
 local now, cap, width, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local lead, keep, whole, n = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1', tonumber(ARGV[8])
 local was_empty = redis.call('EXISTS', READY) == 0
+BATCHED = true -- its groups' bookkeeping once per group (lib/groups.lua), flushed at the end
 -- What place() (lib/place.lua) does job by job, done once per call with the same outcome (the
 -- call is atomic): whether the queue comes into being, whether any id can have been acked,
 -- each bucket's fill (HLEN once), its WHEEL entry, META.w and META.next. A job that goes into its bucket
@@ -141,6 +142,7 @@ end
 if wheeled > 0 then count_wheel(wheeled) end
 if low then lowered = math.max(lowered, lower_next(low)) end
 for k = FIRST_EXTRA, #KEYS do out[#out + 1] = fill[k] or redis.call('HLEN', KEYS[k]) end
+flush_groups()
 notify(channel, was_empty)
 out[#out + 1] = lowered
 return out

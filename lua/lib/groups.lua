@@ -21,10 +21,19 @@ local function held_member(g, id)
   return g .. '\0' .. id
 end
 
+-- A call that only adds jobs (publish.lua) batches its groups' bookkeeping: READY's head is
+-- read once (the tags it adds are never below it: it changes only when READY was empty), and
+-- each group's last tag and size are read and written once, by `flush_groups` at its end.
+local BATCHED, HEAD_TAG, LAST, ADDED = false, nil, {}, {}
+
 -- Keeps `n:<g>` exact (+1 a job of the group came into being, -1 one left); its last
 -- fields leave with its last job, and its rate's wake-up with them (it holds nothing then).
 local function count_group(g, delta)
   if not g then return end
+  if BATCHED and delta > 0 then
+    ADDED[g] = (ADDED[g] or 0) + delta
+    return
+  end
   if redis.call('HINCRBY', GROUPS, 'n:' .. g, delta) <= 0 then
     redis.call('HDEL', GROUPS, 'n:' .. g, 'r:' .. g, 't:' .. g)
     redis.call('ZREM', GWAKE, g)
@@ -33,18 +42,28 @@ end
 
 -- V: the tag of READY's head (t when READY is empty).
 local function head_tag(t)
+  if BATCHED and HEAD_TAG then return HEAD_TAG end
   local head = redis.call('ZRANGE', READY, 0, 0, 'WITHSCORES')
-  if head[2] then return tonumber(head[2]) % PRIO_SHIFT end
-  return t
+  if not head[2] then return t end
+  local v = tonumber(head[2]) % PRIO_SHIFT
+  if BATCHED then HEAD_TAG = v end
+  return v
 end
 
 -- The fair tag of group g's next job in READY (t: its due time).
 local function fair_tag(g, t)
   local v = head_tag(t)
-  local last = redis.call('HGET', GROUPS, 't:' .. g)
-  if last and tonumber(last) + 1 > v then v = tonumber(last) + 1 end
-  redis.call('HSET', GROUPS, 't:' .. g, v)
+  local last = BATCHED and LAST[g]
+  if not last then last = tonumber(redis.call('HGET', GROUPS, 't:' .. g) or '') end
+  if last and last + 1 > v then v = last + 1 end
+  if BATCHED then LAST[g] = v else redis.call('HSET', GROUPS, 't:' .. g, v) end
   return v
+end
+
+-- The end of a batched call: each group's last tag and size written once.
+local function flush_groups()
+  for g, v in pairs(LAST) do redis.call('HSET', GROUPS, 't:' .. g, v) end
+  for g, n in pairs(ADDED) do redis.call('HINCRBY', GROUPS, 'n:' .. g, n) end
 end
 
 -- Group g's settings, read once per call: {paused, concurrency limit or false, ms between
