@@ -12,13 +12,23 @@ error text), bury, kick, reschedule by id, peek, pump steps, destroy, respawn / 
 letters, the dead-letter listing by cursor, filtered redrive and purge, pause / resume and
 max_size, retry backoff without jitter (a job's own, a queue's) (issue 17), publishes under a
 `simple` or `debounce` dedup key (one live job per key; a waiting holder replaced, a reserved
-one refused), `wheel widen`. Not modelled yet: backoff jitter, progress, results on ack, the
+one refused), `wheel widen`; groups: every publish (single, bulk, dedup, republish) in a group
+or none, a group's settings changed (pause / resume, a concurrency limit of 1, 2 or none, a
+rate or none), with their fair tags, holding back and bringing back, rate turns and wake-ups
+(tests/support/model_ref.py). Not modelled yet: backoff jitter, progress, results on ack, the
 `throttle` dedup mode, the Idempotency-Key.
 
-After every step: each job's state, tries, deliveries, ttl end, score (peek_job), death reason
-and last error are one of
-the outcomes the model allows, the sizes are exact, and cluster_dq/testing/invariants.py::check_queue holds.
-At the end everything is deleted and nothing but the expiring acked-ids memory may remain.
+After every step: each job's state, tries, deliveries, ttl end, score (peek_job), group, whether
+its group holds it back (HELD, and peek_job's missing score), death reason and last error are
+one of the outcomes the model allows; every ready job's READY score (a grouped job's fair tag,
+which peek_job does not give) is exact; the sizes, and every group's (describe_groups: size,
+reserved, held, settings), are exact; the groups' last tags, rates and wake-ups are as the
+model has them; and cluster_dq/testing/invariants.py::check_queue holds. At the end
+everything is deleted and nothing but the expiring acked-ids memory may remain.
+
+Two machines share the examples: ``EngineModel`` (four fifths) and ``GroupsModel``, the same
+rules with the groups' weighted up (grouped jobs ready at once, consumes of several, acks,
+group settings), so that groups hold jobs back and bring them back within 40 steps.
 
 The default run: bounded, standalone, ~60 s; the long run: 5x the examples, standalone and
 a Cluster. Longer still (e.g. 30 min, both topologies)::
@@ -32,7 +42,8 @@ A failure prints the shrunk sequence of rules (Hypothesis's reproduction) and th
 ``DQ_MODEL_SHRINK=0`` skips shrinking (a deliberately broken script, to see the test fail,
 is reported in seconds instead of minutes).
 ``DQ_MODEL_TOLERATE`` (comma-separated) lists known engine defects the model tolerates until
-their fix lands (see TOLERATE below); by default none (all fixed on main).
+their fix lands (see TOLERATE below); by default those still open (OPEN_DEFECTS, each shown by
+a test of its own at the end of this file); ``DQ_MODEL_TOLERATE=`` tolerates none.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -50,6 +62,7 @@ from hypothesis import HealthCheck, Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     rule,
     run_state_machine_as_test,
@@ -59,7 +72,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from cluster_dq.backoff import Backoff
 from cluster_dq.engine import commands as ops
-from cluster_dq.engine.commands import EngineConfig, Eval
+from cluster_dq.engine.commands import EngineConfig, Eval, Group, GroupChanges, Rate
+from cluster_dq.engine import control
+from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.control import FOREVER_MS, DeadFilter, widen_wheel
 from cluster_dq.errors import (
     BadRequest,
@@ -76,7 +91,19 @@ from cluster_dq.service import Service
 from cluster_dq.settings import load
 from tests.support import flush
 from cluster_dq.testing.invariants import check_queue, queue_keys
-from tests.support.model_ref import DEAD, DELAYED, READY, RESERVED, Key, Mismatch, MJob, Model
+from tests.support.model_ref import (
+    EVENTS,
+    PRIO_SHIFT,
+    DEAD,
+    DELAYED,
+    READY,
+    RESERVED,
+    GConf,
+    Key,
+    Mismatch,
+    MJob,
+    Model,
+)
 from tests.support.run import TIER, examples
 
 NS = "m"
@@ -104,7 +131,16 @@ SHRINK = os.environ.get("DQ_MODEL_SHRINK", "1") != "0"  # 0: report the first fa
 #                  job and placed nothing (a duplicate id) left the META hash behind
 #   consume-503-text  a consume 503 whose outcome is unknown (the script may have run) does not
 #                  say so (SPEC §2.7)
-TOLERATE = set(filter(None, os.environ.get("DQ_MODEL_TOLERATE", "").split(",")))
+# Defects of groups that this model found, not fixed yet: tolerated by default (each has a
+# test below, `xfail(strict=True)`, that fails on the engine until its fix lands; then drop
+# it here). DQ_MODEL_TOLERATE= (empty) tolerates none.
+#   dead-page-group   dead_page.lua leaves a grouped record's group out of the head it sends
+#                  (the listing of a dead grouped job raises in Record.unpack: a 500)
+#   configure-repeat  group_configure.lua brings back as many held jobs as the limit allows
+#                  each time it runs: the same change again (a repeat after a lost reply)
+#                  brings back more than the limit allows
+OPEN_DEFECTS = ("dead-page-group", "configure-repeat")
+TOLERATE = set(filter(None, os.environ.get("DQ_MODEL_TOLERATE", ",".join(OPEN_DEFECTS)).split(",")))
 REMEMBER_MS = 60_000
 
 STATS: Counter[str] = Counter()
@@ -148,15 +184,11 @@ def describe(step: Any) -> str:
     return str(step.args[0])
 
 
-def tick_at(m: Model, q: str, picked: int, now: int) -> None:
-    """The pump's step as ``ops.tick`` runs it: the wheel buckets picked by ``picked`` (its
-    own time; an earlier one when a step of it was repeated later), everything else at
-    ``now``. Opening at ``picked`` and expiring at ``now`` is what the engine does then: a job
-    whose ttl ended meanwhile is dropped by the next ``expire_ttl``."""
-    m.open_buckets(q, picked)
-    m.promote(q, now)
-    m.expire_reservations(q, now)
-    m.expire_ttl(q, now)
+def tick_at(m: Model, q: str, picked: int, now: int, first: int | None = None) -> None:
+    """The pump's step as ``ops.tick`` runs it (``Model.tick``): its first scripts at
+    ``first`` (else ``now``), the wheel buckets picked by ``picked`` (its own time; an earlier
+    one when a step of it was repeated later), the scripts after them at ``now``."""
+    m.tick(q, picked, now, first)
 
 
 class Transport:
@@ -222,6 +254,13 @@ prios = st.sampled_from([0, 0, 0, 3, 255])
 picks = st.integers(0, 1_000)
 # retry backoffs without jitter (the wait is then exact); kind 0: none, not even the queue's
 backoffs = st.sampled_from([None, None, None, Backoff(1, 700), Backoff(2, 300, 1_000), Backoff(0)])
+GROUPS = ("g1", "g2", "g3")
+groups = st.sampled_from([None, None, "g1", "g1", "g2", "g3"])  # (a third in no group)
+grouped_jobs = st.lists(
+    st.tuples(st.sampled_from(["g1", "g1", "g2", "g3"]), st.sampled_from([0, 0, 0, 40])),
+    min_size=1,
+    max_size=4,
+)
 
 
 class EngineModel(RuleBasedStateMachine):
@@ -270,6 +309,10 @@ class EngineModel(RuleBasedStateMachine):
         """Nothing left behind: every job acked or the queue destroyed, then no key remains
         but the expiring memory of acked ids."""
         self.net.armed = None
+        for (q, g), c in self.model.gconf.items():
+            if c != GConf():  # (a destroy keeps GCONF)
+                off = GroupChanges(paused=False, clear_concurrency=True, clear_rate=True)
+                self.run(self.svc.configure_group(self.route, NS, q, g, off))
         for q in QUEUES:
             if q in self.model.paused or q in self.model.max_size or q in self.model.backoff:
                 conf = ["paused", "max_size", "backoff", "backoff_ms", "backoff_cap_ms"]
@@ -327,17 +370,25 @@ class EngineModel(RuleBasedStateMachine):
                     first.allow(key, alt)
             for key, t in other.acked.items():
                 first.acked.setdefault(key, t)
+            first.hidden_alts += [other.hidden(), *other.hidden_alts]
+            first.hidden_unknown = first.hidden_unknown or other.hidden_unknown
         self.model = first
 
-    def each(self, candidates: list[Any], apply: Any) -> None:
+    def each(self, candidates: list[Any], apply: Any, unknown: bool = False) -> None:
+        """``apply`` to a copy of the model for each candidate (the times a step may have run
+        at); ``unknown``: the outcome is unknown (a 503 that may have been applied), so the
+        model before the step stays allowed too."""
         worlds, errors = [], []
         for c in candidates:
             m = self.model.copy()
+            before = m.copy() if unknown else None
             try:
                 apply(m, c)
             except Mismatch as e:
                 errors.append(e)
                 continue
+            if before is not None:
+                m.allow_world(before)
             worlds.append(m)
         self.settle(worlds, errors)
 
@@ -349,6 +400,7 @@ class EngineModel(RuleBasedStateMachine):
         tries=st.integers(1, 3),
         prio=prios,
         backoff=backoffs,
+        group=groups,
     )
     def publish(
         self,
@@ -359,22 +411,23 @@ class EngineModel(RuleBasedStateMachine):
         tries: int,
         prio: int,
         backoff: Backoff | None,
+        group: str | None,
     ) -> None:
-        self.publish_bulk(q, [(job_id, delay, ttl, tries, prio)], backoff)
+        self.publish_bulk(q, [(job_id, delay, ttl, tries, prio, group)], backoff)
 
     @rule(
         q=st.sampled_from(QUEUES),
         specs=st.lists(
-            st.tuples(ids, delays, ttls, st.integers(1, 3), prios), min_size=2, max_size=5
+            st.tuples(ids, delays, ttls, st.integers(1, 3), prios, groups), min_size=2, max_size=5
         ),
     )
-    def bulk(self, q: str, specs: list[tuple[str | None, int, int, int, int]]) -> None:
+    def bulk(self, q: str, specs: list[tuple[str | None, int, int, int, int, str | None]]) -> None:
         self.publish_bulk(q, specs)
 
     def publish_bulk(
         self,
         q: str,
-        raw: list[tuple[str | None, int, int, int, int]],
+        raw: list[tuple[str | None, int, int, int, int, str | None]],
         backoff: Backoff | None = None,
     ) -> None:
         specs = [
@@ -386,8 +439,9 @@ class EngineModel(RuleBasedStateMachine):
                 priority=p,
                 job_id=i,
                 backoff=backoff,
+                group=g,
             )
-            for i, d, t, n, p in raw
+            for i, d, t, n, p, g in raw
         ]
         # ttl 30 stands for "ttl == delay" (issue 13 #2: refused with 400 once fixed)
         t0 = self.clock.now
@@ -416,6 +470,13 @@ class EngineModel(RuleBasedStateMachine):
         lost = self.fired() is not None and self.fired().kind == "lost"
 
         def apply(m: Model, now: int) -> None:
+            m.batch(True)  # (one publish.lua call: READY's head read once)
+            try:
+                placed(m, now)
+            finally:
+                m.batch(False)
+
+        def placed(m: Model, now: int) -> None:
             new = sum(1 for s in specs if s.job_id is None or not m.duplicate(q, s.job_id, now))
             if m.full(q, new) and not lost:
                 raise Mismatch(f"publish of {new} new jobs past max_size {m.max_size[q]} taken")
@@ -446,6 +507,7 @@ class EngineModel(RuleBasedStateMachine):
                     spec.tries,
                     spec.priority,
                     spec.backoff,
+                    group=spec.group,
                 )
                 want = JobState.READY if state == READY else JobState.DELAYED
                 if p.state is not None and p.state != want:
@@ -460,15 +522,18 @@ class EngineModel(RuleBasedStateMachine):
         delay=delays,
         ttl=ttls,
         tries=st.integers(1, 3),
+        group=groups,
     )
     def publish_deduplicated(
-        self, q: str, key: str, mode: str, delay: int, ttl: int, tries: int
+        self, q: str, key: str, mode: str, delay: int, ttl: int, tries: int, group: str | None
     ) -> None:
         """A publish under a dedup key. ``simple``: while the key's job is delayed, ready or
         reserved, its id is the answer and nothing is written; else a new job holds the key.
         ``debounce``: a delayed or ready holder is replaced (the new body, tries, ttl and due
         time; never the wheel), a reserved one refused, nothing written."""
-        spec = JobSpec(b"x", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, tries=tries)
+        spec = JobSpec(
+            b"x", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, tries=tries, group=group
+        )
         t0 = self.clock.now
         call = self.svc.publish_keyed(self.route, NS, q, [spec], Dedup(key, mode), None)
         out, err = self.request("publish deduplicated", call)
@@ -511,8 +576,24 @@ class EngineModel(RuleBasedStateMachine):
                 if mode != "debounce" or p.job_id != held or not waiting:
                     raise Mismatch(f"{key}: {p.job_id} replaced; model's holder {held}")
                 error = waiting[0].error
+                old = m.jobs.get((q, p.job_id))
+                if old is not None:
+                    m.gone(old)  # (its group counted out, then the new record's counted in)
+                    if old.state == READY and not old.held:
+                        m.let_one_go(q, old.group, now)  # (unready: it hands its turn on)
                 m.place(
-                    q, p.job_id, False, t0, now, delay, ttl and delay + ttl, tries, 0, None, False
+                    q,
+                    p.job_id,
+                    False,
+                    t0,
+                    now,
+                    delay,
+                    ttl and delay + ttl,
+                    tries,
+                    0,
+                    None,
+                    False,
+                    group,
                 )
                 j = m.jobs[(q, p.job_id)]
                 assert j is not None
@@ -526,7 +607,20 @@ class EngineModel(RuleBasedStateMachine):
                 return
             if m.full(q, 1):
                 raise Mismatch(f"publish under {key} past max_size {m.max_size[q]} taken")
-            m.place(q, p.job_id, False, t0, now, delay, ttl and delay + ttl, tries, 0, None, False)
+            m.place(
+                q,
+                p.job_id,
+                False,
+                t0,
+                now,
+                delay,
+                ttl and delay + ttl,
+                tries,
+                0,
+                None,
+                False,
+                group,
+            )
             m.dedup[(q, key)] = p.job_id
 
         self.each(self.stamps(t0, ("publish_keyed",)), apply)
@@ -580,6 +674,7 @@ class EngineModel(RuleBasedStateMachine):
         self.deliveries += 1
         delivery = self.deliveries
         STATS["jobs delivered"] += len(got)
+        STATS["jobs delivered, grouped"] += sum(1 for j in got if j.group is not None)
         note(f"consume #{delivery} -> {[(j.queue, j.job_id, j.lease) for j in got]}")
         for j in got:
             if j.lease is None or len(j.lease) != 16 or any(j.lease == x[2] for x in self.leases):
@@ -588,30 +683,23 @@ class EngineModel(RuleBasedStateMachine):
                 )
             self.leases.append((j.queue, j.job_id, j.lease))
 
-        def apply(m: Model, when: tuple[tuple[int, int], ...]) -> None:
+        def apply(m: Model, when: tuple[tuple[int, int, int], ...]) -> None:
             rest = list(got)
-            for q, (now, then) in zip(queues, when):
+            for q, (now, first, then) in zip(queues, when):
                 need = count - (len(got) - len(rest))
                 if need <= 0:
                     break
                 mine = [j for j in rest if j.queue == q]
-                # attempt 0, then (fewer than needed and a bucket overdue) the pump's step and attempt 1
-                probe = m.copy()
-                probe.expire_reservations(q, now)
-                probe.promote(q, now)
-                live = sum(1 for j in probe.of(q, READY) if not j.expired(now))
                 if q in m.paused:
-                    live = 0
                     STATS["consume of a paused queue"] += 1
-                k0 = min(need, live)
-                m.consume_script(q, now, ttr, mine[:k0], need, delivery)
-                if k0 < need and m.stale(q, now):
-                    tick_at(m, q, now, then)  # the buckets picked by the script's time
-                    m.consume_script(q, then, ttr, mine[k0:], need - k0, delivery)
-                elif len(mine) > k0:
-                    raise Mismatch(
-                        f"consume delivered {len(mine)} of {q}, the model has {k0} deliverable"
-                    )
+                # attempt 0, then (fewer than needed and a bucket overdue) the pump's step and
+                # attempt 1
+                k = m.consume_script(q, now, ttr, mine, need, delivery)
+                if k < need and m.stale(q, now):
+                    tick_at(m, q, now, then, first)  # the buckets picked by the script's time
+                    k += m.consume_script(q, then, ttr, mine[k:], need - k, delivery)
+                if len(mine) > k:
+                    raise Mismatch(f"consume delivered {len(mine)} of {q}, the model {k}")
                 rest = [j for j in rest if j.queue != q]
             if rest:
                 raise Mismatch(f"consume delivered jobs of queues not asked: {rest}")
@@ -627,9 +715,13 @@ class EngineModel(RuleBasedStateMachine):
         # A step refused and repeated after the clock moved: it and every stamped step after it
         # run at the repeat's time. Which queues' scripts came after it (or were visited at
         # all: the first look skips a queue with nothing due at the consume's time) is not
-        # known here: every queue's script and its pump step ran at t0 or at the later time.
-        later = self.stamps(t0, ("consume", "open_buckets", "EXISTS"))[0]
-        choices = [(t0, t0), (later, later), (t0, later)] if later != t0 else [(t0, t0)]
+        # known here: every queue's script ran at t0 or at the later time, and its pump step's
+        # first scripts, and the scripts after its buckets opened, at the same or a later one.
+        steps = ("consume", "open_buckets", "EXISTS", "promote_due", "signal")
+        later = self.stamps(t0, steps)[0]
+        choices = [(t0, t0, t0)]
+        if later != t0:
+            choices += [(later, later, later), (t0, later, later), (t0, t0, later)]
         self.each(list(itertools.product(choices, repeat=len(queues))), apply)
 
     def pick(self, i: int, q: str | None = None) -> Key:
@@ -728,9 +820,18 @@ class EngineModel(RuleBasedStateMachine):
         same=st.booleans(),
         leased=st.booleans(),
         prio=prios,
+        group=groups,
     )
     def republish(
-        self, i: int, job_id: str | None, delay: int, ttl: int, same: bool, leased: bool, prio: int
+        self,
+        i: int,
+        job_id: str | None,
+        delay: int,
+        ttl: int,
+        same: bool,
+        leased: bool,
+        prio: int,
+        group: str | None,
     ) -> None:
         d = self.pick_lease(i) if leased else None
         q, old = d[:2] if d is not None else self.pick(i)
@@ -741,7 +842,12 @@ class EngineModel(RuleBasedStateMachine):
         if lease is not None and new_id is None:
             new_id = "c9"  # not repeated with a lease: an unknown outcome needs a known new id
         spec = JobSpec(
-            b"y", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, job_id=new_id, priority=prio
+            b"y",
+            delay_ms=delay,
+            ttl_ms=delay + ttl if ttl else 0,
+            job_id=new_id,
+            priority=prio,
+            group=group,
         )
         t0 = self.clock.now
         out, err = self.request(
@@ -757,8 +863,6 @@ class EngineModel(RuleBasedStateMachine):
         lost = self.fired() is not None and self.fired().kind == "lost"
 
         def apply(m: Model, now: int) -> None:
-            if unknown:
-                before = m.copy()
             why = self.conflict(m, q, old, lease, now)
             if not unknown:
                 self.expect_conflict(err, [(old, why)] if why else [])
@@ -781,12 +885,11 @@ class EngineModel(RuleBasedStateMachine):
             if out is not None and dup != out.duplicate and not (lost and out.duplicate):
                 raise Mismatch(f"republish as {out.job_id}: duplicate {out.duplicate}, model {dup}")
             if not dup:  # (after a lost reply the repeat finds the job the first attempt placed)
-                m.place(q, new, new_id is not None, t0, now, delay, spec.ttl_ms, 1, prio)
-            if unknown:
-                for key in set(m.jobs) | set(before.jobs):
-                    m.allow(key, before.jobs.get(key))
+                m.place(
+                    q, new, new_id is not None, t0, now, delay, spec.ttl_ms, 1, prio, group=group
+                )
 
-        self.each(self.stamps(t0, ("republish",)), apply)
+        self.each(self.stamps(t0, ("republish",)), apply, unknown)
 
     @rule(i=picks, ttr=ttrs, leased=st.booleans())
     def touch(self, i: int, ttr: int, leased: bool) -> None:
@@ -848,9 +951,7 @@ class EngineModel(RuleBasedStateMachine):
             if held and j.deadline <= now and "touch-expired" not in TOLERATE:
                 held = False
             if unknown:
-                if held:
-                    m.allow((q, job_id), j)
-                else:
+                if not held:
                     return
             elif held != (err is None):
                 raise Mismatch(
@@ -860,6 +961,7 @@ class EngineModel(RuleBasedStateMachine):
                 return
             assert j is not None
             j.holder, j.lease = None, None
+            m.unreserve(j, now, but=j)  # its turn handed on first (release.lua)
             STATS[f"release of a held job, tries left {j.tries}, delay {delay}"] += 1
             if j.expired(now):
                 m.gone(j)
@@ -876,7 +978,7 @@ class EngineModel(RuleBasedStateMachine):
             if not unknown and state != want:
                 raise Mismatch(f"release {job_id} went to {state}, model {want}")
 
-        self.each(self.stamps(t0, ("release",)), apply)
+        self.each(self.stamps(t0, ("release",)), apply, unknown)
 
     @rule(i=picks, leased=st.booleans())
     def bury(self, i: int, leased: bool) -> None:
@@ -908,15 +1010,18 @@ class EngineModel(RuleBasedStateMachine):
                 if not unknown and not isinstance(err, wanted):
                     raise Mismatch(f"bury {job_id}: engine {job or err}, model {wanted.__name__}")
                 return
-            if unknown:
-                m.allow((q, job_id), j)
-            elif err is not None or job is None or job.state is not JobState.DEAD:
+            if not unknown and (err is not None or job is None or job.state is not JobState.DEAD):
                 raise Mismatch(f"bury {job_id}: engine {job or err}, model {j.state} -> dead")
+            was, held = j.state, j.held
             j.state, j.died, j.reason, j.holder, j.lease = DEAD, now, "buried", None, None
             j.error = "why"  # the bury's text
-            j.wheel = None
+            j.wheel, j.held = None, False
+            if was == READY and not held:
+                m.let_one_go(q, j.group, now)  # (unready: it hands its turn on)
+            elif was == RESERVED:
+                m.unreserve(j, now)
 
-        self.each(self.stamps(t0, ("bury",)), apply)
+        self.each(self.stamps(t0, ("bury",)), apply, unknown)
 
     @rule(i=picks, delay=st.sampled_from([0, 20, 6_000]), tries=st.integers(1, 2))
     def kick(self, i: int, delay: int, tries: int) -> None:
@@ -935,14 +1040,15 @@ class EngineModel(RuleBasedStateMachine):
                 if not unknown and not isinstance(err, wanted):
                     raise Mismatch(f"kick {job_id}: engine {job or err}, model {wanted.__name__}")
                 return
-            if unknown:
-                m.allow((q, job_id), j)
-            elif err is not None or job is None:
+            if not unknown and (err is not None or job is None):
                 raise Mismatch(f"kick {job_id}: engine {err}, model dead -> back")
             j.tries, j.expire_at, j.reason = tries, 0, ""
-            j.state, j.due = (DELAYED, now + delay) if delay else (READY, now)
+            if delay:
+                j.state, j.due = DELAYED, now + delay
+            else:
+                m.make_ready(j, now)
 
-        self.each(self.stamps(t0, ("kick",)), apply)
+        self.each(self.stamps(t0, ("kick",)), apply, unknown)
 
     @rule(i=picks, d=st.sampled_from([-500, 0, 40, 3_000, 9_000, 31_000, 70_000]))
     def reschedule(self, i: int, d: int) -> None:
@@ -961,12 +1067,8 @@ class EngineModel(RuleBasedStateMachine):
 
         def apply(m: Model, now: int) -> None:
             due = t0 + d  # from the request's time, as a publish's delay (a repeat keeps it)
-            j = m.jobs.get((q, job_id))
-            before = None if j is None else MJob(**vars(j))
             why = m.reschedule(q, job_id, due, now)
             if unknown:
-                if not why:
-                    m.allow((q, job_id), before)
                 return
             wanted = {"gone": NotFound, "forbidden": WrongState, "too_late": BadRequest}.get(why)
             if wanted is not None:
@@ -982,7 +1084,7 @@ class EngineModel(RuleBasedStateMachine):
                     f"reschedule {job_id} to {due}: engine {job or err}, model {j.state}"
                 )
 
-        self.each(self.stamps(t0, ("reschedule_job",)), apply)
+        self.each(self.stamps(t0, ("reschedule_job",)), apply, unknown)
 
     @rule(q=st.sampled_from(QUEUES))
     def peek(self, q: str) -> None:
@@ -992,15 +1094,13 @@ class EngineModel(RuleBasedStateMachine):
 
         def apply(m: Model, now: int) -> None:
             m.promote(q, now)
-            ready = m.of(q, READY)
+            ready = sorted((j for j in m.of(q, READY) if not j.held), key=MJob.order)
             if job is None:
                 if ready:
                     raise Mismatch(f"peek of {q}: empty, model has {[j.job_id for j in ready]}")
                 return
-            best = min(j.rank() for j in ready) if ready else None
-            mj = m.jobs.get((q, job.job_id))
-            if mj is None or mj.state != READY or mj.rank() != best:
-                raise Mismatch(f"peek of {q} gave {job.job_id}, model head rank {best}, job {mj}")
+            if not ready or job.job_id != ready[0].job_id:
+                raise Mismatch(f"peek of {q} gave {job.job_id}, model {ready[:1]}")
 
         self.each([t0], apply)  # peek's promote is not restamped when repeated: no deadline in it
 
@@ -1016,7 +1116,9 @@ class EngineModel(RuleBasedStateMachine):
         # A refused step repeated later: it and the steps after it run at the repeat's time;
         # the buckets opened are still those picked by t0 (the ZRANGE is the op's, unstamped).
         later = self.stamps(t0, ("ZCARD", "open_buckets", "promote_due"))[0]
-        self.each([later], lambda m, now: tick_at(m, q, t0, now))
+        f = self.fired()
+        first = later if f is not None and f.at == 0 else t0  # (its first step, or one after it)
+        self.each([later], lambda m, now: tick_at(m, q, t0, now, first))
 
     @rule(q=st.sampled_from(QUEUES))
     def widen(self, q: str) -> None:
@@ -1066,38 +1168,19 @@ class EngineModel(RuleBasedStateMachine):
             raise Mismatch(f"{name} answered 503 without a fault: {err}")
 
         def apply(m: Model, now: int) -> None:
-            dead = sorted(m.of(q, DEAD), key=lambda j: j.died)
+            dead = self.dead_order(m, q)  # (ZRANGE / ZPOPMIN of DEAD: death time, then member)
             k = min(limit, len(dead))
             if not unknown and n != k:
                 raise Mismatch(f"{name} of {q}: {n}, model {k}")
-            cut = dead[k - 1].died if k else None
-            for idx, j in enumerate(dead):
-                key = (j.queue, j.job_id)
-                if cut is None or j.died > cut:
-                    continue
-                before = j.__class__(**vars(j))
-                tie = j.died == cut and any(o.died == cut for o in dead[k:])
+            for j in dead[:k]:
                 if delete:
                     m.gone(j)
                 else:
-                    j.state, j.tries, j.due, j.reason = READY, 1, now, ""
+                    j.tries, j.reason = 1, ""
                     j.expire_at = now + ttl if ttl else 0
-                if tie or unknown:
-                    m.allow(key, before)
-                if tie and idx < k:
-                    # which of the equally old ones went is the engine's choice
-                    for o in dead[k:]:
-                        if o.died == cut:
-                            other = o.__class__(**vars(o))
-                            if delete:
-                                m.allow((o.queue, o.job_id), None)
-                            else:
-                                other.state, other.tries, other.due = READY, 1, now
-                                other.reason = ""
-                                other.expire_at = now + ttl if ttl else 0
-                                m.allow((o.queue, o.job_id), other)
+                    m.make_ready(j, now)
 
-        self.each(self.stamps(t0, ("respawn",)), apply)
+        self.each(self.stamps(t0, ("respawn",)), apply, unknown)
 
     def deadest(self, q: str) -> str:
         """``q``, or the other queue when only that one has dead jobs (sweeps want some)."""
@@ -1125,9 +1208,17 @@ class EngineModel(RuleBasedStateMachine):
         listed: list[Any] = []
         cursor: str | None = None
         for _ in range(30):
-            out, err = self.request(
-                "dead_page", self.svc.dead_jobs(self.route, NS, q, cursor, limit)
-            )
+            try:
+                out, err = self.request(
+                    "dead_page", self.svc.dead_jobs(self.route, NS, q, cursor, limit)
+                )
+            except IndexError:
+                grouped = any(j.group for j in self.model.of(q, DEAD))
+                if not grouped or "dead-page-group" not in TOLERATE:
+                    raise
+                STATS["tolerated dead-page-group"] += 1
+                self.pending = False
+                return
             self.no_503_when_retried("dead_page", err)
             page, cursor = out
             if len(page) > limit:
@@ -1205,16 +1296,19 @@ class EngineModel(RuleBasedStateMachine):
                 raise Mismatch(f"{name} of {q} ({filt}): {out and out[0]}, model {k}")
             for idx, j in enumerate(match[: 2 * limit if lost else k]):
                 key = (j.queue, j.job_id)
-                if unknown or idx >= k:
+                if idx >= k:
                     m.allow(key, j)
                 if delete:
                     m.gone(j)
                 else:
                     j.tries, j.reason = tries, ""
                     j.expire_at = now + ttl if ttl else 0
-                    j.state, j.due = (DELAYED, now + delay) if delay else (READY, now)
+                    if delay:
+                        j.state, j.due = DELAYED, now + delay
+                    else:
+                        m.make_ready(j, now)
 
-        self.each(self.stamps(t0, (name,)), apply)
+        self.each(self.stamps(t0, (name,)), apply, unknown or lost)
 
     @rule(
         q=st.sampled_from(QUEUES),
@@ -1260,6 +1354,65 @@ class EngineModel(RuleBasedStateMachine):
         ):
             raise Mismatch(f"settings of {q}: engine {got}, model {m.paused} {m.max_size}")
 
+    @initialize(
+        paused=st.sampled_from([None, None, None, True]),
+        conc=st.sampled_from([None, 1, 1, 2]),
+        rate=st.sampled_from([None, None, (1, 1_000), (2, 300), (3, 1_000)]),
+    )
+    def first_group_settings(self, paused: bool | None, conc: int | None, rate: Any) -> None:
+        """Most histories begin with group g1 of queue a limited (the rule changes settings
+        later, but in a history of 40 steps rarely before that group's jobs are consumed)."""
+        self.configure_group("a", "g1", paused, conc, rate)
+
+    @rule(
+        q=st.sampled_from(QUEUES),
+        group=st.sampled_from(GROUPS),
+        paused=st.sampled_from([None, None, True, False, False]),
+        conc=st.sampled_from([None, None, 1, 2, 0]),  # 0: the limit removed
+        rate=st.sampled_from([None, None, (1, 1_000), (2, 300), (3, 1_000), 0]),  # 0: removed
+    )
+    def configure_group(
+        self,
+        q: str,
+        group: str,
+        paused: bool | None,
+        conc: int | None,
+        rate: tuple[int, int] | int | None,
+    ) -> None:
+        """A group's settings changed (the service's configure_group: ops.configure_group on
+        the queue's pool): paused or resumed, a concurrency limit of 1, 2 or none, a rate of
+        1/s, 2/300 ms, 3/s (a turn every 333.3 ms: the rate's times are not whole ms) or none.
+        What the group held back and may now go comes back to READY, with fresh tags. The same
+        change again changes nothing more, but for a rate, which starts afresh."""
+        changes = GroupChanges(
+            paused=paused,
+            concurrency=conc or None,
+            clear_concurrency=conc == 0,
+            rate=Rate(*rate) if isinstance(rate, tuple) else None,
+            clear_rate=rate == 0,
+        )
+        t0 = self.clock.now
+        call = self.svc.configure_group(self.route, NS, q, group, changes)
+        got, err = self.request("configure group", call)
+        self.no_503_when_retried("configure group", err)
+        assert got is not None
+        repeated = self.fired() is not None and self.fired().kind == "lost"
+
+        new_rate = rate if isinstance(rate, tuple) else None if rate == 0 else ...
+
+        def apply(m: Model, now: int) -> None:
+            back = m.group_configure(q, group, paused, conc, new_rate, now)
+            STATS[f"configure group: {back} brought back"] += 1
+            if repeated and "configure-repeat" in TOLERATE:
+                # the repeat after the lost reply brings back as many again (TOLERATE)
+                STATS["tolerated configure-repeat"] += 1
+                m.group_configure(q, group, paused, conc, new_rate, now)
+            want = m.group_view(q, group)
+            if view(got) != want:
+                raise Mismatch(f"configure_group {q}/{group}: engine {got}, model {want}")
+
+        self.each(self.stamps(t0, ("group_configure",)), apply)
+
     @rule(ms=st.sampled_from([1, 29, 30, 31, 499, 1_000, 4_000, 6_000, 20_000, 61_000]))
     def advance(self, ms: int) -> None:
         self.clock.now += ms
@@ -1288,8 +1441,7 @@ class EngineModel(RuleBasedStateMachine):
 
     def observe(self) -> None:
         m = self.model
-        hashed = {q: set(self.sync.hkeys(QueueKeys(NS, q).jobs)) for q in QUEUES}
-        leases = {q: self.sync.hgetall(QueueKeys(NS, q).leases) for q in QUEUES}
+        seen = self.read_queues()
         keys = sorted(set(m.jobs) | set(m.alts))
 
         at_once = asyncio.Semaphore(32)  # well within the pool's connections
@@ -1302,38 +1454,61 @@ class EngineModel(RuleBasedStateMachine):
                     return None
 
         async def peek_all() -> list[Any]:  # at once: reads, and no fault is armed
-            return await asyncio.gather(*(peek(q, job_id) for q, job_id in keys))
+            looks = [self.svc.sizes(self.route, NS, q) for q in QUEUES]
+            looks += [
+                self.pool.engine.run(ops.describe_groups(NS, q, GROUPS), idempotent=True)
+                for q in QUEUES
+            ]
+            return await asyncio.gather(*looks, *(peek(q, job_id) for q, job_id in keys))
 
-        for key, job in zip(keys, self.run(peek_all()), strict=True):
+        found_all = self.run(peek_all())
+        n = len(QUEUES)
+        sizes, described = dict(zip(QUEUES, found_all[:n])), dict(zip(QUEUES, found_all[n : 2 * n]))
+        for key, job in zip(keys, found_all[2 * n :], strict=True):
             q, job_id = key
             STATS["checks"] += 1
+            records, leases, held_back, ready = seen[q][:4]
             options = [m.jobs.get(key)] + m.alts.get(key, [])
-            in_wheel = id_to_member(job_id) not in hashed[q]
-            held = leases[q].get(id_to_member(job_id))
-            found = next(
+            member = id_to_member(job_id)
+            held = member in held_back
+            tag = ready.get(member)  # its READY score below the priority (a grouped job's tag)
+            if job is not None and job.state is JobState.READY and held != (job.due_ms is None):
+                raise Mismatch(f"{job_id}: held back {held}, yet peek_job's score is {job.due_ms}")
+            holder = leases.get(member)
+            found: MJob | None | str = next(
                 (
                     o
                     for o in options
-                    if matches(o, job, in_wheel)
-                    and (o is None or o.lease is None or held is None or o.lease == held.hex())
+                    if matches(o, job, member not in records, held, tag)
+                    and (o is None or o.lease is None or holder is None or o.lease == holder.hex())
                 ),
                 "none",
             )
-            if found == "none":
+            if isinstance(found, str):
                 raise Mismatch(
-                    f"job {q}/{job_id}: engine {summary(job)}; model allows "
+                    f"job {q}/{job_id}: engine {summary(job, held, tag)}; model allows "
                     f"{[summary_m(o) for o in options]} (clock {self.clock.now})"
                 )
             if found is None:
                 m.jobs.pop(key, None)
             else:
-                if found.state == RESERVED and found.lease is None and held is not None:
-                    found.lease = held.hex()  # a reservation whose answer was lost: held by nobody
+                if found.state == RESERVED and found.lease is None and holder is not None:
+                    found.lease = (
+                        holder.hex()
+                    )  # a reservation whose answer was lost: held by nobody
+                if found.loose:  # an unknown outcome: its tag and holding as found
+                    STATS["loose outcome read"] += 1
+                    found.loose, found.held = False, held
+                    if tag is not None:
+                        found.due = tag
+                    elif found.state == RESERVED and job.due_ms is not None:
+                        found.deadline = job.due_ms
                 m.jobs[key] = found
         m.alts.clear()
+        self.check_hidden(seen)
         self.pending = False
         for q in QUEUES:
-            s = self.run(self.svc.sizes(self.route, NS, q))
+            s = sizes[q]
             mine = Counter(j.state for j in m.of(q))
             want = (mine[DELAYED], mine[READY], mine[RESERVED], mine[DEAD])
             if (s.delayed, s.ready, s.reserved, s.dead) != want:
@@ -1352,31 +1527,196 @@ class EngineModel(RuleBasedStateMachine):
             for j in m.of(q, RESERVED):
                 if j.tries < 0:
                     raise Mismatch(f"{j.job_id}: tries exceeded")
-            STATS["checks"] += 3
+            for g in described[q]:
+                if view(g) != m.group_view(q, g.name):
+                    raise Mismatch(
+                        f"group {q}/{g.name}: engine {g}, model {m.group_view(q, g.name)}"
+                    )
+            STATS["checks"] += 4
+
+    def read_queues(self) -> dict[str, tuple[Any, ...]]:
+        """What the observation reads of each queue beside peek_job, in one round trip: records,
+        leases, the members HELD holds back, READY's scores below the priority (grouped jobs'
+        tags, which peek_job does not give), and what the scripts keep beside the jobs (GROUPS,
+        GCONF, GWAKE)."""
+        p = self.sync.pipeline(transaction=False)
+        for q in QUEUES:
+            qk = QueueKeys(NS, q)
+            p.hgetall(qk.jobs)
+            p.hgetall(qk.leases)
+            p.zrange(qk.held, 0, -1)
+            p.zrange(qk.ready, 0, -1, withscores=True)
+            p.hgetall(qk.groups)
+            p.hgetall(qk.group_conf)
+            p.zrange(qk.group_wake, 0, -1, withscores=True)
+        got = p.execute()
+        out = {}
+        for i, q in enumerate(QUEUES):
+            records, leases, held, ready, groups_, gconf, wakes = got[7 * i : 7 * i + 7]
+            held_ids = {h.split(b"\0", 1)[1] for h in held}
+            tags = {m: int(sc) % PRIO_SHIFT for m, sc in ready}
+            out[q] = (records, leases, held_ids, tags, groups_, gconf, wakes)
+        return out
+
+    def check_hidden(self, seen: dict[str, tuple[Any, ...]]) -> None:
+        """Groups' settings exactly as the model has them; the groups' last tags, the rates'
+        next allowed deliveries and their wake-ups as one of the outcomes it allows (taken from
+        the engine when it cannot know them: after a consume whose reply was lost)."""
+        m = self.model
+        tags: dict[tuple[str, str], int] = {}
+        tat: dict[tuple[str, str], float] = {}
+        wake: dict[tuple[str, str], int] = {}
+        conf: dict[tuple[str, str], GConf] = {}
+        for q, (_, _, _, _, groups_, gconf, wakes) in seen.items():
+            for f, x in groups_.items():
+                kind, _, g = f.decode().partition(":")
+                if kind == "t":
+                    tags[(q, g)] = int(x)
+            for f, x in gconf.items():
+                kind, _, g = f.decode().partition(":")
+                c = conf.setdefault((q, g), GConf())
+                if kind == "a":
+                    tat[(q, g)] = float(x)
+                elif kind == "p":
+                    c.paused = x == b"1"
+                elif kind == "c":
+                    c.concurrency = int(x)
+                else:
+                    jobs, per = x.split()
+                    c.rate = (int(jobs), int(per))
+            for g, at in wakes:
+                wake[(q, g.decode())] = int(at)
+        mine = {k: c for k, c in m.gconf.items() if c != GConf()}
+        if {k: c for k, c in conf.items() if c != GConf()} != mine:
+            raise Mismatch(f"group settings: engine {conf}, model {mine}")
+        found = (
+            tuple(sorted(tags.items())),
+            tuple(sorted(tat.items())),
+            tuple(sorted(wake.items())),
+        )
+        if m.hidden_unknown:
+            STATS["hidden state read after an unknown outcome"] += 1
+        elif found != m.hidden() and found not in m.hidden_alts:
+            raise Mismatch(
+                f"last tags, rate times, wake-ups: engine {found}, model {m.hidden()} "
+                f"(or {m.hidden_alts})"
+            )
+        m.set_hidden(found)
+        m.hidden_alts, m.hidden_unknown = [], False
 
 
-def matches(o: MJob | None, job: Any, in_wheel: bool) -> bool:
+def view(g: Group) -> tuple[Any, ...]:
+    """A group as describe_groups answers it, as ``Model.group_view`` makes it."""
+    rate = (g.rate.jobs, g.rate.per_ms) if g.rate else None
+    return g.size, g.reserved, g.held, g.paused, g.concurrency, rate
+
+
+class GroupsModel(EngineModel):
+    """The same machine, its groups' rules weighted up (a share of the examples): grouped jobs
+    ready at once in bulk, consumes of several jobs, acks and group settings twice as often,
+    so that jobs are held back and brought back, wait for their rate's turns and go on them, in
+    a history of 40 steps."""
+
+    @initialize(
+        conc=st.sampled_from([1, 1, 2]),
+        rate=st.sampled_from([(2, 300), (1, 1_000), (3, 1_000), (5, 2)]),
+    )
+    def limits(self, conc: int, rate: tuple[int, int]) -> None:
+        """Group g2 of queue a under a rate (5/2 ms: several turns a millisecond), beside g1
+        (maybe limited: first_group_settings) and g3; g1 of queue b at a concurrency limit."""
+        self.configure_group("a", "g2", None, None, rate)
+        self.configure_group("b", "g1", None, conc, None)
+
+    @rule(q=st.sampled_from(["a", "a", "b"]), raw=grouped_jobs)
+    def publish_grouped(self, q: str, raw: list[tuple[str, int]]) -> None:
+        """Grouped jobs, most of them ready at once: groups matter once their jobs are
+        consumed (fair turns, holding back, rate turns), and most of the other publishes'
+        jobs wait."""
+        self.publish_bulk(q, [(None, d, 0, 2, 0, g) for g, d in raw])
+
+    @rule(q=st.sampled_from(["a", "a", "b"]), raw=grouped_jobs)
+    def publish_grouped_again(self, q: str, raw: list[tuple[str, int]]) -> None:
+        self.publish_grouped(q, raw)
+
+    @rule(queues=st.sampled_from([["a"], ["a"], ["a", "b"]]), ttr=ttrs, count=st.integers(2, 3))
+    def consume_several(self, queues: list[str], ttr: int, count: int) -> None:
+        self.consume(queues, ttr, count)
+
+    @rule(q=st.sampled_from(["a", "a", "b"]), raw=grouped_jobs)
+    def publish_grouped_3(self, q: str, raw: list[tuple[str, int]]) -> None:
+        self.publish_grouped(q, raw)
+
+    @rule(queues=st.sampled_from([["a"], ["a"], ["a", "b"]]), ttr=ttrs, count=st.integers(2, 3))
+    def consume_several_2(self, queues: list[str], ttr: int, count: int) -> None:
+        self.consume(queues, ttr, count)
+
+    @rule(queues=st.sampled_from([["a"], ["b"], ["a", "b"]]), ttr=ttrs, count=st.integers(1, 3))
+    def consume_3(self, queues: list[str], ttr: int, count: int) -> None:
+        self.consume(queues, ttr, count)
+
+    @rule(i=picks, leased=st.booleans())
+    def ack_again(self, i: int, leased: bool) -> None:
+        self.ack(i, leased)
+
+    @rule(i=picks, leased=st.booleans())
+    def ack_3(self, i: int, leased: bool) -> None:
+        self.ack(i, leased)
+
+    @rule(i=picks, delay=st.sampled_from([0, 0, 20]), leased=st.booleans())
+    def release_again(self, i: int, delay: int, leased: bool) -> None:
+        self.release(i, delay, leased, "")
+
+    @rule(ms=st.sampled_from([150, 334, 500, 1_000]))
+    def advance_a_turn(self, ms: int) -> None:
+        self.advance(ms)  # (a rate's turns: 2/300 ms, 3/s, 1/s)
+
+    @rule(
+        q=st.sampled_from(["a", "b"]),
+        group=st.sampled_from(["g1", "g1", "g2"]),
+        paused=st.sampled_from([None, None, True, False, False]),
+        conc=st.sampled_from([None, 1, 2, 2, 0]),
+        rate=st.sampled_from([None, None, None, (2, 300), (3, 1_000), (5, 2), 0]),
+    )
+    def configure_group_again(
+        self,
+        q: str,
+        group: str,
+        paused: bool | None,
+        conc: int | None,
+        rate: tuple[int, int] | int | None,
+    ) -> None:
+        self.configure_group(q, group, paused, conc, rate)
+
+
+def matches(o: MJob | None, job: Any, in_wheel: bool, held: bool, tag: int | None) -> bool:
+    """Whether the engine's job (peek_job's answer; ``held``: HELD holds it back; ``tag``: its
+    READY score below the priority) is the model's outcome ``o``."""
     if o is None or job is None:
         return o is None and job is None
-    return (
+    same = (
         (o.wheel is not None) == in_wheel
         and o.state == job.state.value
         and o.tries == job.tries_left
         and o.deliveries == job.deliveries
         and o.expire_at == job.expire_at_ms
-        and o.score() == job.due_ms
+        and o.group == job.group
         and (o.state != DEAD or (job.note is not None and job.note.reason == o.reason))
         and o.error == ((job.note and job.note.last_error) or "")
     )
+    if o.loose:  # (its tag and holding are read, not checked)
+        return same
+    mine = o.due if o.state == READY and not o.held else None
+    return same and o.score() == job.due_ms and o.held == held and mine == tag
 
 
-def summary(job: Any) -> str:
+def summary(job: Any, held: bool = False, tag: int | None = None) -> str:
     if job is None:
         return "gone"
     return (
         f"{job.state.value} tries={job.tries_left} deliveries={job.deliveries} "
         f"expire={job.expire_at_ms} score={job.due_ms} reason={job.note and job.note.reason} "
-        f"error={job.note and job.note.last_error}"
+        f"error={job.note and job.note.last_error} group={job.group}"
+        f"{' held' if held else ''}{f' tag={tag}' if tag is not None else ''}"
     )
 
 
@@ -1385,7 +1725,10 @@ def summary_m(o: MJob | None) -> str:
         return "gone"
     return (
         f"{o.state} tries={o.tries} deliveries={o.deliveries} expire={o.expire_at} score={o.score()}"
-        f" reason={o.reason or None} error={o.error or None}{' wheel' if o.wheel is not None else ''}"
+        f" reason={o.reason or None} error={o.error or None} group={o.group}"
+        f"{' wheel' if o.wheel is not None else ''}{' held' if o.held else ''}"
+        f"{f' tag={o.due}' if o.state == READY and not o.held else ''}"
+        f"{' loose' if o.loose else ''}"
     )
 
 
@@ -1402,7 +1745,7 @@ def summary_line() -> str:
     return (
         f"examples {STATS['examples']}, requests {steps}, faults injected "
         f"{faults}, checks {STATS['checks']}; "
-        + ", ".join(f"{k}: {v}" for k, v in sorted(STATS.items()))
+        + ", ".join(f"{k}: {v}" for k, v in sorted((STATS + EVENTS).items()))
     )
 
 
@@ -1410,21 +1753,175 @@ def test_engine_matches_the_model(deployment_for_model: Any) -> None:
     global DEPLOYMENT
     DEPLOYMENT = deployment_for_model
     STATS.clear()
-    run_state_machine_as_test(
-        EngineModel,
-        settings=settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=STEPS,
-            deadline=None,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-            derandomize=False,
-            # no explain phase: tracing every line of the engine while re-running the shrunk
-            # case takes minutes here; the shrunk rule sequence is the reproduction
-            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
-            + ([Phase.shrink] if SHRINK else []),
-        ),
-    )
+    EVENTS.clear()
+    # the examples shared: every rule in all of them, the groups' weighted up in a fifth
+    share = {EngineModel: EXAMPLES - EXAMPLES // 5, GroupsModel: max(2, EXAMPLES // 5)}
+    for machine, n in share.items():
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=n,
+                stateful_step_count=STEPS,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+                derandomize=False,
+                # no explain phase: tracing every line of the engine while re-running the shrunk
+                # case takes minutes here; the shrunk rule sequence is the reproduction
+                phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+                + ([Phase.shrink] if SHRINK else []),
+            ),
+        )
 
 
 _ = (redis, DEAD)
+
+
+def test_the_model_agrees_when_a_group_changes_reply_is_lost(
+    deployment_for_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A history written out (random ones seldom lose this reply while a group holds jobs back
+    with room to run them): group g1 of queue a at its limit of 1, two of its jobs held back;
+    the reply of a change to a limit of 2 lost, then of a change of its rate, then of a
+    resume; the model checks each step as the machine does. The repeat of a change after a
+    lost reply brings back more than it allows (configure-repeat, tolerated by default)."""
+    global DEPLOYMENT
+    DEPLOYMENT = deployment_for_model
+    monkeypatch.setattr(sys.modules[__name__], "note", lambda _: None)  # (outside a given)
+    m = GroupsModel()
+    try:
+        m.configure_group("a", "g1", None, 1, None)
+        m.engine_agrees()
+        m.publish_grouped("a", [("g1", 0)] * 3)
+        m.engine_agrees()
+        m.consume(["a"], 20_000, 3)  # one reserved, two held back
+        m.engine_agrees()
+        assert m.model.group_view("a", "g1")[1:3] == (1, 2)
+        for change in [(None, 2, None), (True, None, (2, 300)), (False, None, None)]:
+            m.fault("lost", 0, 0)
+            m.configure_group("a", "g1", *change)
+            assert m.fired() is not None and m.fired().step == "group_configure"
+            m.engine_agrees()
+    finally:
+        m.teardown()
+    assert STATS["tolerated configure-repeat"] >= 1
+
+
+# -- groups, each rule shown alone -------------------------------------------------------------
+# What the model checks in passing, on small cases that fail plainly: each fairness and rate
+# test below failed on the first version of groups (fixed in 7793940); each xfail(strict) one
+# fails on the engine as it is (once its fix lands it passes: then the xfail, and its name in
+# OPEN_DEFECTS where it has one, must go).
+
+GQ = "gd"  # the queue of these tests
+T0 = 1_800_000_000_000
+
+
+async def _publish(
+    engine: AsyncEngine, now: int, group: str | None, n: int = 1, **kw: Any
+) -> list[str]:
+    specs = [JobSpec(b"x", group=group, **kw) for _ in range(n)]
+    return [p.job_id for p in await engine.run(ops.publish(engine.config, NS, GQ, specs, now))]
+
+
+async def _take(engine: AsyncEngine, now: int, count: int = 1) -> list[Any]:
+    return await engine.run(ops.consume(engine.config, NS, (GQ,), 60_000, count, now))
+
+
+async def _configure(engine: AsyncEngine, now: int, group: str, **kw: Any) -> Group:
+    changes = GroupChanges(**kw)
+    return await engine.run(ops.configure_group(engine.config, NS, GQ, group, changes, now))
+
+
+async def test_a_group_entering_before_any_delivery_waits_one_round(engine: AsyncEngine) -> None:
+    await _publish(engine, T0, "heavy", 30)
+    (light,) = await _publish(engine, T0 + 20, "light")  # 20 ms later, before any consume
+    order = [j.job_id for j in await _take(engine, T0 + 30, count=30)]
+    assert order.index(light) <= 1, f"the light group's job came {order.index(light) + 1}th"
+
+
+async def test_a_held_job_keeps_its_place_in_its_group(engine: AsyncEngine) -> None:
+    await _configure(engine, T0, "one", concurrency=1)
+    mine = await _publish(engine, T0, "one", 10)
+    await _publish(engine, T0, "many", 10)
+    first = await _take(engine, T0 + 1, count=2)  # one of each
+    assert sorted(j.group for j in first) == ["many", "one"]
+    await _take(engine, T0 + 1, count=2)  # one's 2nd, 3rd held back, many's 2nd, 3rd reserved
+    done = next(j for j in first if j.group == "one")
+    await engine.run(ops.ack(NS, GQ, [done.job_id], T0 + 2))  # its slot freed: the 2nd is back
+    got = [j.job_id for j in await _take(engine, T0 + 3, count=4) if j.group == "one"]
+    assert got == [mine[1]], f"one's next job is its {mine.index(got[0]) + 1}th, not its 2nd"
+
+
+async def test_an_ungrouped_job_is_not_passed_by_later_grouped_jobs(engine: AsyncEngine) -> None:
+    await _publish(engine, T0, "g1")
+    await _take(engine, T0)
+    (plain,) = await _publish(engine, T0 + 1_000, None)
+    await _publish(engine, T0 + 2_000, "g2", 20)  # a second later
+    order = [j.job_id for j in await _take(engine, T0 + 2_001, count=21)]
+    assert order.index(plain) <= 1, f"the ungrouped job came {order.index(plain) + 1}th"
+
+
+async def test_a_rescheduled_job_does_not_pass_its_groups_rate(engine: AsyncEngine) -> None:
+    await _configure(engine, T0, "r", rate=Rate(1, 10_000))
+    a, b = await _publish(engine, T0, "r", 2)
+    assert [j.job_id for j in await _take(engine, T0, count=2)] == [a]  # b's turn: T0 + 10 s
+    await engine.run(control.reschedule_job(engine.config, NS, GQ, b, T0 + 1, T0 + 1))
+    assert await _take(engine, T0 + 1, count=2) == [], "a second job within the rate's 10 s"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="dead-page-group: dead_page.lua cuts a record's head before its group section "
+    "(Record.unpack then raises: GET .../dead answers 500)",
+)
+async def test_the_dead_letter_lists_a_dead_grouped_job(engine: AsyncEngine) -> None:
+    (plain,) = await _publish(engine, T0, "g1")
+    (rich,) = await _publish(engine, T0, "g1", attributes={"a": "b"})
+    for job_id in (plain, rich):
+        await engine.run(control.bury(NS, GQ, job_id, "why", T0 + 1))
+    page, _ = await engine.run(control.dead_page(NS, GQ, None, 10))
+    assert sorted(d.job_id for d in page) == sorted([plain, rich])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="configure-repeat: group_configure.lua brings back what the room allows each time "
+    "(the room counts reserved jobs, not those it brought back already)",
+)
+async def test_the_same_group_change_twice_brings_back_no_more(engine: AsyncEngine) -> None:
+    await _configure(engine, T0, "g1", concurrency=1)
+    await _publish(engine, T0, "g1", 4)
+    assert len(await _take(engine, T0, count=10)) == 1  # 1 reserved, 3 held back
+    g = await _configure(engine, T0 + 1, "g1", concurrency=2)
+    assert (g.reserved, g.held) == (1, 2)  # room for one more: one back
+    g = await _configure(engine, T0 + 2, "g1", concurrency=2)  # (a repeat after a lost reply)
+    assert (g.reserved, g.held) == (1, 2), "the same change again brought back another job"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="V is READY's head whatever its priority: a group entering while a job of a higher "
+    "priority heads READY takes that job's time as its tag, behind the other groups' backlogs",
+)
+async def test_a_group_entering_under_a_priority_job_waits_one_round(engine: AsyncEngine) -> None:
+    await _publish(engine, T0, "heavy", 10)
+    await _publish(engine, T0 + 1_000, None, priority=9)  # READY's head while it waits
+    (light,) = await _publish(engine, T0 + 1_001, "light")
+    order = [j.job_id for j in await _take(engine, T0 + 1_002, count=12)]
+    assert order.index(light) <= 2, f"the light group's job came {order.index(light) + 1}th"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="what a resume (or a higher limit) brings back comes back at READY's head, all of it "
+    "at the head's tag: the group's whole held backlog goes before every other group's next job",
+)
+async def test_a_resumed_group_takes_turns_with_the_others(engine: AsyncEngine) -> None:
+    await _configure(engine, T0, "p", paused=True)
+    await _publish(engine, T0, "p", 10)
+    assert await _take(engine, T0 + 1) == []  # all ten held back
+    await _publish(engine, T0 + 2, "b", 10)
+    await _configure(engine, T0 + 3, "p", paused=False)  # all ten back at READY's head
+    order = [j.group for j in await _take(engine, T0 + 4, count=20)]
+    assert "b" in order[:3], order

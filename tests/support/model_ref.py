@@ -6,23 +6,49 @@ deliveries, ttl end, the delivery that holds it. The model mirrors *when* the en
 (lazily: a consume or a pump step at time ``now`` promotes, expires and opens what is due by
 then), so that every physical state, size and count can be compared exactly.
 
-Where the engine has a free choice (jobs with equal score, an unknown outcome behind a 503),
-the model keeps alternatives per job (``Model.alts``) and the next observation (peek_job of
-every job, after every step) picks the one that happened.
+Groups (lua/lib/groups.lua, lib/jobs.lua, lib/promote.lua) are modelled as the scripts act
+on them: a grouped job's READY score is its group's fair tag (``fair_tag``: ``max(V, the
+group's last tag + 1)``, V the tag of READY's head, or the job's time when READY is empty); a
+consume holds back (``MJob.held``) the jobs of a paused group, of one at its concurrency limit,
+or of one its rate (``rate_turn``: deliveries at least P/n apart) does not let go yet, and then
+registers the group's wake-up (``wake``); a job leaving RESERVED, or leaving READY without a
+reservation, brings one held job of its group back (``let_one_go``), at READY's head; a wake-up
+(run first by every promote) one per turn; a change of a group's settings all that it now
+lets go (under a rate: one, the rest by turns). Every move runs in the order the scripts run it
+(READY popped in batches, DELAYED, RESERVED, EXPIRE and the wake-ups in score then member
+order), since the order in which jobs become ready is their tags' order. What the scripts keep
+beside the jobs (each group's last tag, each rate's next allowed delivery, each wake-up) is
+``Model.hidden``; the observation compares it with Redis after every step, and every ready
+grouped job's tag with its READY score.
+
+Where the engine's outcome is unknown (a 503, a lost reply), the model keeps alternatives per
+job (``Model.alts``, and ``Model.hidden_alts`` for what is kept beside the jobs) and the next
+observation (peek_job of every job, after every step) picks the one that happened. An outcome
+whose tags cannot be known (a consume whose reply was lost: which jobs it took or held) is
+``loose``: the observation takes its tag and holding from the engine.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from cluster_dq.backoff import Backoff
+from cluster_dq.engine.groups import UNHOLD_PER_CALL
 from cluster_dq.keys import BUCKET_WIDTH_MS
+from cluster_dq.models import id_due_ms, id_to_member, is_wheel_member
 
 DELAYED, READY, RESERVED, DEAD = "delayed", "ready", "reserved", "dead"
 PRIO_SHIFT = 2**42
 OPEN_LEAD_MS = 5_000
+RATE_EPS = 0.001  # lib/groups.lua EPS: what adding up fractional turns may be off by
+
+
+# What the model saw happen to groups, over a run (the test prints it: how deep it went)
+EVENTS: Counter[str] = Counter()
 
 
 class Mismatch(AssertionError):
@@ -48,18 +74,37 @@ class MJob:
     reason: str = ""  # dead: why it died (ttr_expired, tries_exhausted, buried)
     error: str = ""  # the last error text it was given (a bury's, a release's); kept after
     backoff: Backoff | None = None  # its own retry backoff (else its queue's)
+    group: str | None = None
+    held: bool = False  # ready, but held back by its group (HELD): no score
+    loose: bool = False  # an unknown outcome: tag and holding as the engine has them
+    published: int = 0  # the record's publish time (a grouped ready job's due time, for a
+    # client id, whose id holds none)
 
-    def score(self) -> int:
-        """What peek_job reports as the job's time in its state (a ready job: its due time,
-        its score masked of the priority, which orders the ready set: ``rank``)."""
+    def score(self) -> int | None:
+        """What peek_job reports as the job's time in its state (a ready job: its score masked
+        of the priority, which orders the ready set: ``order``; a grouped one's is its fair
+        tag, and peek_job reports the due time in its id instead, or its publish time for a
+        client's id; None while its group holds it back)."""
         if self.state == RESERVED:
             return self.deadline
         if self.state == DEAD:
             return self.died
+        if self.held:
+            return None
+        if self.state == READY and self.group is not None:
+            member = self.member()
+            return id_due_ms(member) if is_wheel_member(member) else self.published
         return self.due
 
     def rank(self) -> int:
         return (255 - self.priority) * PRIO_SHIFT + self.due
+
+    def member(self) -> bytes:
+        return id_to_member(self.job_id)
+
+    def order(self) -> tuple[int, bytes]:
+        """Its place in READY: the score, then the member's bytes (a ZSET's order for ties)."""
+        return self.rank(), self.member()
 
     def expired(self, now: int) -> bool:
         return 0 < self.expire_at <= now
@@ -69,6 +114,21 @@ class MJob:
 
 
 Key = tuple[str, str]  # (queue, job id)
+GKey = tuple[str, str]  # (queue, group)
+# What the scripts keep beside the jobs: each group's last tag (GROUPS `t:<g>`), each rate's
+# earliest next delivery (GCONF `a:<g>`), each group's rate wake-up (GWAKE)
+Hidden = tuple[
+    tuple[tuple[GKey, int], ...], tuple[tuple[GKey, float], ...], tuple[tuple[GKey, int], ...]
+]
+
+
+@dataclass
+class GConf:
+    """A group's settings (GCONF)."""
+
+    paused: bool = False
+    concurrency: int | None = None
+    rate: tuple[int, int] | None = None  # (jobs, per ms)
 
 
 @dataclass
@@ -81,6 +141,16 @@ class Model:
     max_size: dict[str, int] = field(default_factory=dict)  # CONF max_size per queue
     backoff: dict[str, Backoff] = field(default_factory=dict)  # CONF backoff per queue
     dedup: dict[tuple[str, str], str] = field(default_factory=dict)  # (queue, key) -> job id
+    gconf: dict[GKey, GConf] = field(default_factory=dict)  # kept by a destroy, as CONF
+    tags: dict[GKey, int] = field(default_factory=dict)  # a group's last tag, while it has jobs
+    tat: dict[GKey, float] = field(default_factory=dict)  # a rate's earliest next delivery
+    wake: dict[GKey, int] = field(default_factory=dict)  # a rate's wake-up (its next turn)
+    hidden_alts: list[Hidden] = field(default_factory=list)  # other allowed `hidden()`
+    hidden_unknown: bool = False  # the next observation takes `hidden()` from the engine
+    # publish.lua reads READY's head once per call (the first time READY is not empty):
+    # ``batched`` while the model places a publish's jobs, ``head`` what it read
+    batched: bool = False
+    head: int | None = None
 
     def dedup_holder(self, q: str, key: str) -> tuple[str | None, bool, bool]:
         """A simple dedup key's job, and whether it may hold the key (alive: delayed, ready
@@ -107,7 +177,182 @@ class Model:
         self.alts.setdefault(key, []).append(copy.deepcopy(alt))
 
     def gone(self, j: MJob) -> None:
+        """The job leaves (and with its group's last job, the group's last tag and wake-up)."""
         self.jobs[(j.queue, j.job_id)] = None
+        if j.group is not None and not any(o.group == j.group for o in self.of(j.queue)):
+            self.tags.pop((j.queue, j.group), None)
+            self.wake.pop((j.queue, j.group), None)
+
+    def hidden(self) -> Hidden:
+        return (
+            tuple(sorted(self.tags.items())),
+            tuple(sorted(self.tat.items())),
+            tuple(sorted(self.wake.items())),
+        )
+
+    def set_hidden(self, h: Hidden) -> None:
+        self.tags, self.tat, self.wake = dict(h[0]), dict(h[1]), dict(h[2])
+
+    def allow_world(self, before: Model) -> None:
+        """Every job as ``before`` had it, and what it kept beside them, allowed too (an
+        outcome the engine's answer leaves unknown)."""
+        for key in set(self.jobs) | set(before.jobs):
+            self.allow(key, before.jobs.get(key))
+        self.hidden_alts.append(before.hidden())
+
+    # -- groups (lib/groups.lua, the group parts of lib/jobs.lua) -------------------------------
+
+    def conf(self, q: str, g: str) -> GConf:
+        return self.gconf.get((q, g)) or GConf()
+
+    def room(self, q: str, g: str, but: MJob | None = None) -> float:
+        """group_room: how many more of g's jobs may be reserved (``but``: a job on its way
+        out of RESERVED, no longer counted)."""
+        c = self.conf(q, g)
+        if c.paused:
+            return 0
+        if c.concurrency is None:
+            return math.inf
+        busy = sum(1 for j in self.of(q, RESERVED) if j.group == g and j is not but)
+        return c.concurrency - busy
+
+    def group_view(self, q: str, g: str) -> tuple[Any, ...]:
+        """A group as describe_groups shows it: size (every state), reserved, held back,
+        paused, concurrency limit, rate."""
+        mine = [j for j in self.of(q) if j.group == g]
+        c = self.conf(q, g)
+        return (
+            len(mine),
+            sum(1 for j in mine if j.state == RESERVED),
+            sum(1 for j in mine if j.held),
+            c.paused,
+            c.concurrency,
+            c.rate,
+        )
+
+    def head_tag(self, q: str, t: int) -> int:
+        """V: the tag (score below the priority) of READY's head; ``t`` when READY is empty
+        (a publish's call: READY's head as it first read it, once READY was not empty)."""
+        if self.batched and self.head is not None:
+            return self.head
+        ready = [j for j in self.of(q, READY) if not j.held]
+        if not ready:
+            return t
+        v = min(ready, key=MJob.order).due
+        if self.batched:
+            self.head = v
+        return v
+
+    def batch(self, on: bool) -> None:
+        """publish.lua's call begins (on) or ends: its groups' bookkeeping batched."""
+        self.batched, self.head = on, None
+
+    def fair_tag(self, q: str, g: str, t: int) -> int:
+        v = self.head_tag(q, t)
+        last = self.tags.get((q, g))
+        if last is not None and last + 1 > v:
+            v = last + 1
+        self.tags[(q, g)] = v
+        return v
+
+    def make_ready(self, j: MJob, t: int, at_head: bool = False) -> None:
+        """Into READY at ``t`` (a grouped job: at its group's fair tag; ``at_head``: at READY's
+        head, a job its group held back). ``j`` is in no state set meanwhile."""
+        if j.group is not None:
+            t = self.head_tag(j.queue, t) if at_head else self.fair_tag(j.queue, j.group, t)
+        j.state, j.held, j.wheel, j.due = READY, False, None, t
+
+    def held_back(self, q: str, g: str) -> list[MJob]:
+        """HELD's jobs of g, in its order (the ids')."""
+        return sorted((j for j in self.of(q, READY) if j.held and j.group == g), key=MJob.member)
+
+    def unhold(self, q: str, g: str, n: float, t: int) -> int:
+        """Up to ``n`` of the jobs g holds back into READY, at its head, in id order."""
+        if n <= 0:
+            return 0
+        held = self.held_back(q, g)
+        back = held if n == math.inf else held[: int(n)]
+        EVENTS["group: held job brought back"] += len(back)
+        for j in back:
+            j.state, j.held = "unheld", False  # (in no set while its place is found)
+            self.make_ready(j, t, at_head=True)
+        return len(back)
+
+    def let_one_go(self, q: str, g: str | None, t: int, but: MJob | None = None) -> None:
+        """A job of g left RESERVED, or READY unreserved: one job its concurrency limit held
+        back comes back (``but``: a job on its way out of RESERVED, no longer counted)."""
+        if g is not None and self.conf(q, g).concurrency is not None:
+            self.unhold(q, g, min(self.room(q, g, but), 1), t)
+
+    def unreserve(self, j: MJob, t: int, but: MJob | None = None) -> None:
+        """``j`` left RESERVED (its state changed already, or ``but``)."""
+        self.let_one_go(j.queue, j.group, t, but)
+
+    def rate_turn(self, q: str, g: str, now: int) -> int:
+        """0 when one of g's jobs may go at ``now`` (its turn taken), else the ms it may: turns
+        ``P/n`` apart from the later of the next turn (``a:<g>``, fractional) and now."""
+        rate = self.conf(q, g).rate
+        assert rate is not None
+        tat = self.tat.get((q, g), 0)
+        if math.floor(tat + RATE_EPS) > now:
+            return math.floor(tat + RATE_EPS)
+        self.tat[(q, g)] = max(tat, now) + rate[1] / rate[0]
+        return 0
+
+    def wake_groups(self, q: str, now: int, limit: int = 1_000) -> None:
+        """lib/promote.lua wake_groups: the rate wake-ups due by ``now``, in score then name
+        order: each lets go the held jobs whose turns fall within this ms (its room allowing),
+        and stays registered, at its next turn, while its group holds jobs back."""
+        due = sorted((w, g.encode(), g) for (q2, g), w in self.wake.items() if q2 == q and w <= now)
+        for _, _, g in due[:limit]:
+            del self.wake[(q, g)]
+            rate = self.conf(q, g).rate
+            room = self.room(q, g) if rate is not None else 0
+            if rate is None or room <= 0:
+                continue
+            interval = rate[1] / rate[0]
+            tat: float = self.tat.get((q, g), 0)
+            turns = 0
+            if math.floor(tat + RATE_EPS) <= now:
+                turns = max(math.floor((now + 1 - max(tat, now)) / interval + RATE_EPS), 1)
+                EVENTS["group: a rate's turn came"] += 1
+            self.unhold(q, g, min(turns, room, limit), now)
+            if self.held_back(q, g):
+                self.wake[(q, g)] = math.floor(max(tat, now) + turns * interval)
+
+    def group_configure(
+        self, q: str, g: str, paused: bool | None, conc: int | None, rate: Any, now: int
+    ) -> int:
+        """group_configure.lua: the settings changed (None: left as they are; ``conc`` 0: the
+        limit removed; ``rate`` Ellipsis: left, None: removed, a new or no rate starting afresh),
+        then what the group held back and may now go brought back: under a rate, its first
+        turn now (the others by its wake-ups), else as many as its room allows at once."""
+        c = copy.copy(self.conf(q, g))
+        if paused is not None:
+            c.paused = paused
+        if conc is not None:
+            c.concurrency = conc or None
+        if rate is not ...:
+            c.rate = rate
+            self.tat.pop((q, g), None)
+            self.wake.pop((q, g), None)
+        self.gconf[(q, g)] = c
+        room = self.room(q, g)
+        if self.held_back(q, g):
+            EVENTS[f"group: changed while it holds jobs back, room {min(room, 9)}"] += 1
+        if c.rate is not None and room > 0:
+            if self.held_back(q, g):
+                self.wake[(q, g)] = min(self.wake.get((q, g), now), now)  # (ZADD LT)
+                self.wake_groups(q, now, limit=1)
+            return 0
+        return self.unhold(q, g, min(room, UNHOLD_PER_CALL), now)
+
+    def hold(self, j: MJob, turn: int) -> None:
+        """consume: ``j`` held back by its group; ``turn`` > 0: by its rate until then."""
+        j.state, j.held = READY, True
+        if turn > 0:
+            key = (j.queue, j.group or "")
+            self.wake[key] = min(self.wake.get(key, turn), turn)  # (ZADD LT)
 
     # -- what the scripts do on the way (mirrors the libs of lua/lib) -----------------------------
 
@@ -116,26 +361,32 @@ class Model:
         own, else its queue's; jitter 0 here) in DELAYED, or is READY at once."""
         b = j.backoff or self.backoff.get(j.queue)
         wait = b.wait_ms(j.deliveries, 0.0) if b else 0
-        j.state, j.due = (DELAYED, now + wait) if wait > 0 else (READY, now)
+        if wait > 0:
+            j.state, j.due = DELAYED, now + wait
+        else:
+            self.make_ready(j, now)
 
     def expire_reservations(self, q: str, now: int) -> None:
-        for j in self.of(q, RESERVED):
-            if j.deadline <= now:
-                j.holder, j.lease = None, None
-                if j.expired(now):
-                    self.gone(j)
-                elif j.tries > 0:
-                    self.retry(j, now)
-                else:
-                    j.state, j.died, j.reason = DEAD, now, "ttr_expired"
+        due = [j for j in self.of(q, RESERVED) if j.deadline <= now]
+        for j in sorted(due, key=lambda j: (j.deadline, j.member())):
+            j.holder, j.lease = None, None
+            if j.expired(now):
+                self.gone(j)
+            elif j.tries > 0:
+                self.retry(j, now)
+            else:
+                j.state, j.died, j.reason = DEAD, now, "ttr_expired"
+            self.unreserve(j, now)
 
     def promote(self, q: str, now: int) -> None:
-        for j in self.of(q, DELAYED):
-            if j.wheel is None and j.due <= now:
-                if j.expired(now):
-                    self.gone(j)
-                else:
-                    j.state = READY
+        """lib/promote.lua: the groups' wake-ups due, then DELAYED's jobs due."""
+        self.wake_groups(q, now)
+        due = [j for j in self.of(q, DELAYED) if j.wheel is None and j.due <= now]
+        for j in sorted(due, key=lambda j: (j.due, j.member())):
+            if j.expired(now):
+                self.gone(j)
+            else:
+                self.make_ready(j, j.due)
 
     def open_buckets(self, q: str, now: int) -> None:
         for j in self.of(q, DELAYED):
@@ -145,21 +396,42 @@ class Model:
                 else:
                     j.wheel = None
 
+    def forget(self, j: MJob, t: int) -> str:
+        """lib/jobs.lua forget: the job dropped, then its turn handed on when it was in READY
+        (not held back) or RESERVED. Returns the state it was in."""
+        was = j.state
+        self.gone(j)
+        if was == READY and not j.held:
+            self.let_one_go(j.queue, j.group, t)
+        elif was == RESERVED:
+            self.unreserve(j, t)
+        return was
+
     def expire_ttl(self, q: str, now: int) -> None:
-        for j in self.of(q):
-            if j.state != DEAD and j.wheel is None and j.expired(now):
-                self.gone(j)
+        due = [j for j in self.of(q) if j.state != DEAD and j.wheel is None and j.expired(now)]
+        for j in sorted(due, key=lambda j: (j.expire_at, j.member())):
+            if self.jobs.get((q, j.job_id)) is j:
+                self.forget(j, now)
 
     def stale(self, q: str, now: int) -> bool:
         """A wheel bucket that should already be open (consume then does the pump's step)."""
         starts = [j.wheel for j in self.of(q, DELAYED) if j.wheel is not None]
         return bool(starts) and min(starts) - OPEN_LEAD_MS <= now
 
-    def tick(self, q: str, now: int) -> None:
-        self.open_buckets(q, now)
-        self.promote(q, now)
-        self.expire_reservations(q, now)
-        self.expire_ttl(q, now)
+    def tick(self, q: str, picked: int, now: int, first: int | None = None) -> None:
+        """The pump's step as ``ops.tick`` runs it: promote, expire reservations and ttls (at
+        ``first``, else ``now``); then, when a wheel bucket is to open by ``picked`` (its own
+        time; an earlier one when a step of it was repeated later), open it and run them again
+        (at ``now``). A job whose ttl ended meanwhile is dropped by the next ``expire_ttl``."""
+        at = now if first is None else first
+        self.promote(q, at)
+        self.expire_reservations(q, at)
+        self.expire_ttl(q, at)
+        if any(j.wheel is not None and j.wheel <= picked + OPEN_LEAD_MS for j in self.of(q)):
+            self.open_buckets(q, picked)
+            self.promote(q, now)
+            self.expire_reservations(q, now)
+            self.expire_ttl(q, now)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -189,11 +461,13 @@ class Model:
         priority: int,
         backoff: Backoff | None = None,
         wheel: bool = True,
+        group: str | None = None,
     ) -> str:
         """A new job (the caller checked it is not a duplicate); its published state. ``base``:
         the request's time (due and ttl count from it); ``now``: when the script ran (a
         retried step is stamped afresh); ``wheel``: whether it may rest in the wheel (a job
-        published under a dedup key never does)."""
+        published under a dedup key never does). A grouped job made ready takes its fair tag
+        from its due time (publish.lua: make_ready at due)."""
         due = base + delay
         start = due - due % BUCKET_WIDTH_MS
         j = MJob(
@@ -207,6 +481,8 @@ class Model:
             base + ttl if ttl else 0,
             client_id=client,
             backoff=backoff,
+            group=group,
+            published=base,
         )
         # only priority-0 jobs rest in the wheel (a priority job must not wait behind a backlog)
         if (
@@ -219,6 +495,9 @@ class Model:
             j.wheel = start
         self.jobs[(q, job_id)] = j
         self.alts.pop((q, job_id), None)
+        if j.state == READY:
+            j.state = "new"  # (in no set while its place is found)
+            self.make_ready(j, due)
         return j.state
 
     def remove(self, q: str, job_id: str, now: int) -> str | None:
@@ -226,9 +505,8 @@ class Model:
         j = self.jobs.get((q, job_id))
         if j is None:
             return None
-        self.gone(j)
         self.acked[(q, job_id)] = now
-        return j.state
+        return self.forget(j, now)
 
     def lease_check(self, q: str, job_id: str, lease: str, now: int) -> str | None:
         """Why ``lease`` does not hold the job ('' when it does): lua lease_check's names."""
@@ -250,8 +528,14 @@ class Model:
             return "forbidden"
         if j.expire_at and max(due, now) >= j.expire_at:
             return "too_late"
-        j.wheel = None  # out of its wheel bucket, into the delayed zset (or ready)
-        j.state, j.due = (DELAYED if due > now else READY), due
+        was, held = j.state, j.held
+        j.wheel, j.held, j.state = None, False, "moving"  # out of its wheel bucket, or HELD
+        if was == READY and not held:
+            self.let_one_go(q, j.group, now)  # (unready: it hands its turn on)
+        if due > now:
+            j.state, j.due = DELAYED, due
+        else:
+            self.make_ready(j, due)
         return ""
 
     def reserve(
@@ -260,80 +544,81 @@ class Model:
         j.state, j.deadline, j.holder, j.lease = RESERVED, now + ttr, delivery, lease
         j.tries -= 1
         j.deliveries += 1
+        j.held = False
 
     def consume_script(
         self, q: str, now: int, ttr: int, got: list[Any], need: int, delivery: int | None
-    ) -> None:
-        """consume.lua on ``q``: checks the engine's choice ``got`` (in its order) and applies it."""
+    ) -> int:
+        """consume.lua on ``q``: what it delivers, checked against the engine's choice ``got``
+        (in its order; the jobs of a later call may follow) and applied. Returns how many
+        of ``got`` this call delivered. READY is popped in batches (as many as are still
+        wanted, in score then member order); of a batch, an expired job is dropped (its turn
+        handed on), a grouped job held back (its group paused, at its concurrency limit, or
+        its rate's turn not come: its wake-up then registered), the rest reserved."""
         self.expire_reservations(q, now)
         self.promote(q, now)
         if q in self.paused:
             need = 0  # a paused queue hands out nothing (its jobs still move on in time)
-        ready = self.of(q, READY)
-        live = [j for j in ready if not j.expired(now)]
-        by_key = {(j.queue, j.job_id): j for j in ready}
-        chosen: list[MJob] = []
-        for g in got:
-            m = by_key.get((g.queue, g.job_id))
-            if m is None or m.expired(now):
-                raise Mismatch(
-                    f"consume delivered {g.job_id} of {q}, not a live ready job (model: "
-                    f"{self.jobs.get((g.queue, g.job_id))})"
-                )
-            chosen.append(m)
-        if len(chosen) > need:
-            raise Mismatch(f"consume delivered {len(chosen)} jobs of {q}, asked for {need}")
-        if len({id(c) for c in chosen}) != len(chosen):
-            raise Mismatch("consume delivered a job twice in one answer")
-        ranks = [c.rank() for c in chosen]
-        if ranks != sorted(ranks):
-            raise Mismatch(f"consume of {q} out of priority/due order: {ranks}")
-        rest = [j for j in live if all(j is not c for c in chosen)]
-        if len(chosen) < need:
-            if rest:
-                raise Mismatch(
-                    f"consume of {q} left live ready jobs behind: {[j.job_id for j in rest]}"
-                )
-            for j in ready:
+        order: list[Any] = []  # (for a mismatch's message)
+        taken: list[MJob] = []
+        while len(taken) < need:
+            ready = sorted((j for j in self.of(q, READY) if not j.held), key=MJob.order)
+            batch = ready[: need - len(taken)]
+            if not batch:
+                break
+            order += [(j.job_id, j.group, j.rank()) for j in batch]
+            for j in batch:
+                j.state = "popped"  # (ZPOPMIN: out of READY, the batch at once)
+            for j in batch:
+                g = j.group
                 if j.expired(now):
                     self.gone(j)
-        elif chosen:
-            top = ranks[-1]
-            if any(j.rank() < top for j in rest):
-                raise Mismatch(
-                    f"consume of {q} skipped a better job: {[j.job_id for j in rest if j.rank() < top]}"
-                )
-            for j in ready:
-                if j.expired(now):
-                    if j.rank() == top:
-                        self.allow((j.queue, j.job_id), j)  # a tie: popped (gone) or not
-                        self.gone(j)
-                    elif j.rank() < top:
-                        self.gone(j)
-        for c, g in zip(chosen, got):
-            self.reserve(c, now, ttr, delivery, g.lease)
+                    self.let_one_go(q, g, now)
+                    continue
+                if g is not None:
+                    room, turn = self.room(q, g), 0
+                    if room > 0 and self.conf(q, g).rate is not None:
+                        turn = self.rate_turn(q, g, now)
+                    if turn > 0 or room <= 0:
+                        EVENTS[f"group: job held back ({'rate' if turn else 'limit'})"] += 1
+                        self.hold(j, turn)
+                        continue
+                lease = got[len(taken)].lease if len(taken) < len(got) else None
+                self.reserve(j, now, ttr, delivery, lease)
+                taken.append(j)
+        want = [j.job_id for j in taken]
+        if [x.job_id for x in got[: len(taken)]] != want:
+            raise Mismatch(
+                f"consume of {q} at {now} delivered {[x.job_id for x in got]}, the model "
+                f"{want} (popped in order: {order})"
+            )
+        return len(taken)
 
     def unknown_consume(self, queues: list[str], now: int, ttr: int) -> None:
         """A consume whose answer was lost: any job of these queues may have been reserved
-        (held by nobody), or not; the pre-steps may have happened, or not."""
+        (held by nobody), held back by its group, or not; the pre-steps may have happened, or
+        not. Which tags the jobs took is unknown (``loose``), and so is what the scripts keep
+        beside them."""
         for q in queues:
             before = {(j.queue, j.job_id): copy.deepcopy(j) for j in self.of(q)}
-            self.tick(q, now)
+            self.tick(q, now, now)
             for key, old in before.items():
                 after = self.jobs.get(key)
                 self.allow(key, old)
-                if (
-                    after is not None
-                    and after.state == READY
-                    and not after.expired(now)
-                    and q not in self.paused
-                ):
+                if after is None:
+                    self.allow(key, None)
+                    self.jobs[key] = old
+                    continue
+                if after.state == READY and not after.expired(now) and q not in self.paused:
                     taken = copy.deepcopy(after)
                     self.reserve(taken, now, ttr, None)
                     self.allow(key, taken)
-                if after is not None:
-                    self.allow(key, after)
-                    self.jobs[key] = old
-                else:
-                    self.allow(key, None)
-                    self.jobs[key] = old
+                    if after.group is not None:
+                        held = copy.deepcopy(after)
+                        held.loose, held.held = True, True
+                        self.allow(key, held)
+                after = copy.deepcopy(after)
+                after.loose = after.group is not None and after.state == READY
+                self.allow(key, after)
+                self.jobs[key] = old
+        self.hidden_unknown = True
