@@ -52,26 +52,29 @@ single job: not checked); its ``ok`` result has ``job_id`` and ``dedup`` (new, e
 replaced). A ``configure_group`` operation (``queue``, ``group``) may have limited that group.
 
 ``starved``. Under the fair tag rule (lua/lib/groups.lua) a grouped job's READY score is
-``tag = max(V, its group's last tag + 1)``; V, the largest tag delivered, never goes back while
-the queue holds a job; a group's tags are distinct and, from where it last took V, one apart.
-Take J of group G, queue q, published ``ok`` with delay d: ready by ``R = publish completion +
-d``, waiting until ``end``, the first instant it may have stopped: the invoke of its first seen
-delivery's consume (of any consume whose reply was lost, when that delivery is not its first),
-of an ack of it, or its ttl's end. A job of another group H of q published (invoked) after R
-takes tags ``>= V_R``: each of its deliveries before J's has a distinct tag in ``[V_R,
-tag_J]`` (a priority above J's is not counted), and ``tag_J - V_R <= W + 1``, W being G's
-readinesses that came before J's and were not delivered by R (G's tags from ``V_R`` to
-``tag_J`` are one apart, one per readiness; a tag delivered by R is at most ``V_R``). From the
-history: W <= (G's publishes, J's aside, whose invoke + delay is before R) + (G's deliveries
-whose consume was invoked before R: each may bring its job back) + (the jobs asked for by
-consumes of q whose reply was lost, before R) - (G's deliveries, J's aside, whose reply came
-before J's publish invoke + d). Flagged: some H with more than ``W + 2`` such deliveries by
-consumes whose reply came before ``end``: J waited behind more than one job of H per round.
-That cannot happen while V exists when J becomes ready; with no V (before the queue's first
-grouped delivery since it was last empty) the engine tags J with its due time, which can pass
-the bound: flagged too, as the starvation it is. Not checked: a group a ``configure_group``
-touched (paused, at its limit or rate, J waits by design); histories that kick or redrive dead
-jobs (a revived job becomes ready without a delivery, not counted in W).
+``tag = max(V, its group's last tag + 1)``, V the tag of READY's head; a group's tags are
+distinct and, from where it last took V, one apart. In a queue whose jobs are all grouped, a
+job enters READY at V or above and leaves it at its head, so V, at one priority, never goes
+back while J waits. Take J of group G, queue q, published ``ok`` with delay d: ready by
+``R = publish completion + d``, waiting until ``end``, the first instant it may have stopped:
+the invoke of its first seen delivery's consume (of any consume whose reply was lost, when
+that delivery is not its first), of an ack of it, or its ttl's end. A job of another group H
+of q published (invoked) after R takes tags ``>= V_R``: each of its deliveries before J's has
+a distinct tag in ``[V_R, tag_J]`` (a priority above J's is not counted), and ``tag_J - V_R <=
+W + 1``, W being G's readinesses that came before J's and were not delivered by R (G's tags
+from ``V_R`` to ``tag_J`` are one apart, one per readiness; a tag delivered by R is at most
+``V_R``). From the history: W <= (G's publishes, J's aside, whose invoke + delay is before R) +
+(G's deliveries whose consume was invoked before R: each may bring its job back) + (the jobs
+asked for by consumes of q whose reply was lost, before R) - (G's deliveries, J's aside, whose
+reply came before J's publish invoke + d). Flagged: some H with more than ``W + 2`` such
+deliveries by consumes whose reply came before ``end``: J waited behind more than one job of H
+per round. The rule never passes that bound; the engine does in two ways, each a starvation,
+flagged as such: V read from the head of a higher priority (above J's whole line), and a job
+H held back (a limit, a pause, a rate) brought back at READY's head with the head's tag,
+not a fresh one (it ties with J and passes it by its older id, each time). Not checked: J of a
+group a ``configure_group`` touched (paused, at its limit or rate, it waits by design), a
+queue with ungrouped jobs (a due time can put READY's head, and V, below the tags), and
+histories that kick or redrive dead jobs (a revived job becomes ready without a delivery).
 
 ``dedup_twice``. A job is certainly alive from the completion of the first operation that showed
 it (its publish answered with it, ``new`` or ``existing``, or its delivery) until the first
@@ -506,13 +509,12 @@ def starved(
             asked.setdefault(of(p), []).append(d.invoked)
             answered.setdefault(of(p), []).append(d.completed)
             passing.setdefault(p.args["queue"], []).append((d.completed, p))
-    for xs in (*ready_from.values(), *asked.values(), *answered.values()):
-        xs.sort()
-    for ys in passing.values():
-        ys.sort(key=lambda y: y[0])
+    for xs in (*ready_from.values(), *asked.values(), *answered.values(), *passing.values()):
+        xs.sort(key=lambda x: x[0] if isinstance(x, tuple) else x)
+    mixed = {p.args["queue"] for p in publishes.values() if p.type != "fail" and not of(p)[1]}
     for key, p in publishes.items():
         q, g = of(p)
-        if g is None or p.type != "ok" or (q, g) in limited:
+        if g is None or p.type != "ok" or (q, g) in limited or q in mixed:
             continue
         due = p.invoked + sec(p, "delay_ms")  # J was not ready before this,
         ready = p.completed + sec(p, "delay_ms")  # and ready by this (R)
@@ -538,18 +540,11 @@ def starved(
                 passed[h] += 1
         over = [(h, n) for h, n in passed.items() if n > max(0, w) + 2]
         if over:
-            waited = min([end, *(d.completed for d in mine)]) - ready
+            waited = round(min([end, *(d.completed for d in mine)]) - ready, 3)
+            what = {"key": key, "queue": q, "group": g, "passed_by": over[0][0]}
             flag(
                 "starved",
-                {
-                    "key": key,
-                    "queue": q,
-                    "group": g,
-                    "passed_by": over[0][0],
-                    "deliveries": over[0][1],
-                    "bound": max(0, w) + 2,
-                    "waited_s": round(waited, 3),
-                },
+                {**what, "deliveries": over[0][1], "bound": max(0, w) + 2, "waited_s": waited},
             )
 
 

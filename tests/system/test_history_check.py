@@ -388,6 +388,11 @@ def test_starved_a_light_group_passed_by_a_heavy_ones_later_jobs() -> None:
     s = turns(heavy_first=0, heavy_late=3)
     s.op("configure_group", 0.0, 0.1, queue="q", group="light")
     only(s.check(), None)
+    # in a queue with ungrouped jobs, a due time can put READY's head (V) below the tags
+    s = turns(heavy_first=0, heavy_late=3)
+    s.publish("u", 1.3, 1.31)
+    take(s, "u", 1.4, 1.41)
+    only(s.check(), None)
     # a consume whose reply was lost before it was ready may have taken a light job, which
     # then came back (unseen) before it: one turn more
     s = turns(heavy_first=0, heavy_late=3)
