@@ -26,7 +26,7 @@ _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, None: 1_000}
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """At most ``jobs`` deliveries per ``per_ms`` (a burst of ``jobs`` at once, then evenly)."""
+    """At most ``jobs`` deliveries in any ``per_ms``: turns ``per_ms / jobs`` apart."""
 
     jobs: int
     per_ms: int
@@ -138,7 +138,7 @@ def configure_group(
     bounded number per call, the calls repeated until none is left; under a rate, one per turn,
     the next turns the pump's). Returns the group."""
     qk = QueueKeys(ns, q)
-    fields = changes.fields()
+    fields, owed = changes.fields(), 0
     while True:
         _back, left, lowered = yield lua(
             "group_configure",
@@ -147,12 +147,13 @@ def configure_group(
             now=now,
             group=group,
             limit=UNHOLD_PER_CALL,
+            owed=owed,
             fields=fields,
         )
-        fields = []
         if int(lowered):
             yield signal(qk, cfg, int(lowered))
-        if int(left) <= 0:
+        fields, owed = [], int(left)
+        if owed <= 0:
             break
     (out,) = yield from describe(ns, q, [group])
     return out

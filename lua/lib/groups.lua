@@ -21,10 +21,11 @@ local function held_member(g, id)
   return g .. '\0' .. id
 end
 
--- A call that only adds jobs (publish.lua) batches its groups' bookkeeping: READY's head is
--- read once (the tags it adds are never below it: it changes only when READY was empty), and
--- each group's last tag and size are read and written once, by `flush_groups` at its end.
-local BATCHED, HEAD_TAG, LAST, ADDED = false, nil, {}, {}
+-- A call that only adds jobs (publish.lua) batches its groups' bookkeeping: READY's head of
+-- each priority is read once (the tags it adds are never below it: it changes only when that
+-- priority had no job), and each group's last tag and size are read and written once, by
+-- `flush_groups` at its end.
+local BATCHED, HEAD_TAG, LAST, ADDED = false, {}, {}, {}
 
 -- Keeps `n:<g>` exact (+1 a job of the group came into being, -1 one left); its last
 -- fields leave with its last job, and its rate's wake-up with them (it holds nothing then).
@@ -40,19 +41,21 @@ local function count_group(g, delta)
   end
 end
 
--- V: the tag of READY's head (t when READY is empty).
-local function head_tag(t)
-  if BATCHED and HEAD_TAG then return HEAD_TAG end
-  local head = redis.call('ZRANGE', READY, 0, 0, 'WITHSCORES')
+-- V: the tag of READY's first job of priority `prio` (t when it has none): the job being
+-- served among those a job of that priority competes with.
+local function head_tag(t, prio)
+  if BATCHED and HEAD_TAG[prio] then return HEAD_TAG[prio] end
+  local low = (255 - prio) * PRIO_SHIFT
+  local head = redis.call('ZRANGE', READY, low, '(' .. (low + PRIO_SHIFT), 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
   if not head[2] then return t end
-  local v = tonumber(head[2]) % PRIO_SHIFT
-  if BATCHED then HEAD_TAG = v end
+  local v = tonumber(head[2]) - low
+  if BATCHED then HEAD_TAG[prio] = v end
   return v
 end
 
--- The fair tag of group g's next job in READY (t: its due time).
-local function fair_tag(g, t)
-  local v = head_tag(t)
+-- The fair tag of group g's next job in READY (t: its due time; prio: its priority).
+local function fair_tag(g, t, prio)
+  local v = head_tag(t, prio)
   local last = BATCHED and LAST[g]
   if not last then last = tonumber(redis.call('HGET', GROUPS, 't:' .. g) or '') end
   if last and last + 1 > v then v = last + 1 end

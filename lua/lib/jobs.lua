@@ -7,16 +7,17 @@
 --@include lib/groups
 
 -- Puts a job whose record is already in JOBS into READY (t = its due time; a grouped job's
--- place is its group's fair tag instead, lib/groups.lua, or READY's head when `at_head`: a
--- job its group held back).
-local function make_ready(id, rec, t, at_head)
+-- place is its group's fair tag instead, lib/groups.lua).
+local function make_ready(id, rec, t)
   local g = group_of(rec)
-  if g then t = at_head and head_tag(t) or fair_tag(g, t) end
+  if g then t = fair_tag(g, t, priority_of(rec)) end
   redis.call('ZADD', READY, ready_score(rec, t), id)
 end
 
 -- Brings up to `n` jobs that group g holds back into READY (its pause ended, a slot of its
--- concurrency limit freed, its rate's turn came), in id order, at READY's head; t: now. When
+-- concurrency limit freed, its rate's turn came), in id order, one tag apart just behind the
+-- head of their priority (so a job waiting at the head goes first, and a whole backlog a
+-- resume brings back takes turns with the other groups); t: now. When
 -- READY was empty, the queue's long-polls hear of it ('1' on its notify channel, whose name
 -- is META's with `notify` for `meta`: any script may free a slot, an ack included, and not
 -- every one is given the channel).
@@ -25,10 +26,16 @@ local function unhold(g, n, t)
   local held = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, n)
   if #held == 0 then return 0 end
   local was_empty = redis.call('EXISTS', READY) == 0
+  local base, k = {}, 0
   for _, m in ipairs(held) do
     local id = string.sub(m, #g + 2)
     local rec = redis.call('HGET', JOBS, id)
-    if rec then make_ready(id, rec, t, true) end
+    if rec then
+      local prio = priority_of(rec)
+      base[prio] = base[prio] or head_tag(t, prio)
+      k = k + 1
+      redis.call('ZADD', READY, ready_score(rec, base[prio] + k), id)
+    end
   end
   redis.call('ZREM', HELD, unpack(held))
   if was_empty then redis.call('SPUBLISH', string.sub(META, 1, -5) .. 'notify', '1') end

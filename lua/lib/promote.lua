@@ -5,28 +5,30 @@
 --@include lib/record
 --@include lib/jobs
 
--- Group rate wake-ups due by `now` (GWAKE, at most `limit`): each group's next held job comes
--- back to READY when its rate, pause and concurrency let it; one is left registered, at its
--- next turn, while the group still holds jobs back.
+-- Group g's rate wake-up at `now`: the held jobs whose turns fall within this ms go (its room
+-- allowing, at most `limit`), and its next wake-up is registered, at its next turn, while it
+-- still holds jobs back.
+local function wake_group(g, now, limit)
+  redis.call('ZREM', GWAKE, g)
+  local conf = group_conf(g)
+  local room = conf[3] and group_room(g, conf) or 0
+  if room <= 0 then return end
+  local tat = tonumber(redis.call('HGET', GCONF, 'a:' .. g) or '0')
+  local turns = rate_turns(conf, tat, now)
+  -- the turns within this ms go now; the next one, after them, as if they were taken
+  unhold(g, math.min(turns, room, limit), now)
+  local at = math.floor(math.max(tat, now) + turns * conf[3])
+  local more = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, 1)
+  if #more > 0 then
+    redis.call('ZADD', GWAKE, at, g)
+    lower_next(at)
+  end
+end
+
+-- The groups' rate wake-ups due by `now` (GWAKE, at most `limit`).
 local function wake_groups(now, limit)
   local due = redis.call('ZRANGE', GWAKE, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-  for _, g in ipairs(due) do
-    redis.call('ZREM', GWAKE, g)
-    local conf = group_conf(g)
-    local room = conf[3] and group_room(g, conf) or 0
-    if room > 0 then
-      local tat = tonumber(redis.call('HGET', GCONF, 'a:' .. g) or '0')
-      local turns = rate_turns(conf, tat, now)
-      -- the turns within this ms go now; the next one, after them, as if they were taken
-      unhold(g, math.min(turns, room, limit), now)
-      local at = math.floor(math.max(tat, now) + turns * conf[3])
-      local more = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, 1)
-      if #more > 0 then
-        redis.call('ZADD', GWAKE, at, g)
-        lower_next(at)
-      end
-    end
-  end
+  for _, g in ipairs(due) do wake_group(g, now, limit) end
 end
 
 -- DELAYED (near zset) -> READY for jobs due by `now`; expired ones vanish; and the groups'

@@ -21,9 +21,12 @@ local function with_tries_expire(rec, tries, exp)
   return string.sub(rec, 1, 6) .. struct.pack('>I6H', exp, tries) .. string.sub(rec, 15)
 end
 
+local function priority_of(rec)
+  return string.byte(rec, 17)
+end
+
 local function ready_score(rec, t)
-  local _, _, _, _, prio = struct.unpack('>I6I6HHB', rec)
-  return (255 - prio) * PRIO_SHIFT + t
+  return (255 - priority_of(rec)) * PRIO_SHIFT + t
 end
 
 local function expired(rec, now)

@@ -415,7 +415,10 @@ async def test_a_job_its_rate_held_goes_at_its_turn_not_behind_a_backlog(
             delivered.append(now - t)
         await engine.run(ops.ack(NS, Q, [job.job_id], now))
     check_queue(sync_redis, NS, Q)
-    assert delivered == [10, 1010, 2010, 3010]  # at once, then at each of its turns
+    # at once, then at each of its turns, one delivery (10 ms) after it at most: the job a
+    # turn lets go comes back just behind READY's head
+    gaps = [b - a for a, b in zip(delivered, delivered[1:], strict=False)]
+    assert delivered[0] == 10 and len(gaps) == 3 and all(1000 <= x <= 1010 for x in gaps), delivered
 
 
 async def test_an_ungrouped_job_is_not_starved_by_later_grouped_jobs(

@@ -147,10 +147,11 @@ class Model:
     wake: dict[GKey, int] = field(default_factory=dict)  # a rate's wake-up (its next turn)
     hidden_alts: list[Hidden] = field(default_factory=list)  # other allowed `hidden()`
     hidden_unknown: bool = False  # the next observation takes `hidden()` from the engine
-    # publish.lua reads READY's head once per call (the first time READY is not empty):
-    # ``batched`` while the model places a publish's jobs, ``head`` what it read
+    # publish.lua reads READY's head of each priority once per call (the first time that
+    # priority has a job): ``batched`` while the model places a publish's jobs, ``head`` what
+    # it read, by priority
     batched: bool = False
-    head: int | None = None
+    head: dict[int, int] = field(default_factory=dict)
 
     def dedup_holder(self, q: str, key: str) -> tuple[str | None, bool, bool]:
         """A simple dedup key's job, and whether it may hold the key (alive: delayed, ready
@@ -230,36 +231,36 @@ class Model:
             c.rate,
         )
 
-    def head_tag(self, q: str, t: int) -> int:
-        """V: the tag (score below the priority) of READY's head; ``t`` when READY is empty
-        (a publish's call: READY's head as it first read it, once READY was not empty)."""
-        if self.batched and self.head is not None:
-            return self.head
-        ready = [j for j in self.of(q, READY) if not j.held]
+    def head_tag(self, q: str, t: int, prio: int) -> int:
+        """V: the tag (score below the priority) of READY's first job of priority ``prio``;
+        ``t`` when it has none (a publish's call: as it first read it)."""
+        if self.batched and prio in self.head:
+            return self.head[prio]
+        ready = [j for j in self.of(q, READY) if not j.held and j.priority == prio]
         if not ready:
             return t
         v = min(ready, key=MJob.order).due
         if self.batched:
-            self.head = v
+            self.head[prio] = v
         return v
 
     def batch(self, on: bool) -> None:
         """publish.lua's call begins (on) or ends: its groups' bookkeeping batched."""
-        self.batched, self.head = on, None
+        self.batched, self.head = on, {}
 
-    def fair_tag(self, q: str, g: str, t: int) -> int:
-        v = self.head_tag(q, t)
+    def fair_tag(self, q: str, g: str, t: int, prio: int) -> int:
+        v = self.head_tag(q, t, prio)
         last = self.tags.get((q, g))
         if last is not None and last + 1 > v:
             v = last + 1
         self.tags[(q, g)] = v
         return v
 
-    def make_ready(self, j: MJob, t: int, at_head: bool = False) -> None:
-        """Into READY at ``t`` (a grouped job: at its group's fair tag; ``at_head``: at READY's
-        head, a job its group held back). ``j`` is in no state set meanwhile."""
+    def make_ready(self, j: MJob, t: int) -> None:
+        """Into READY at ``t`` (a grouped job: at its group's fair tag). ``j`` is in no state
+        set meanwhile."""
         if j.group is not None:
-            t = self.head_tag(j.queue, t) if at_head else self.fair_tag(j.queue, j.group, t)
+            t = self.fair_tag(j.queue, j.group, t, j.priority)
         j.state, j.held, j.wheel, j.due = READY, False, None, t
 
     def held_back(self, q: str, g: str) -> list[MJob]:
@@ -273,9 +274,10 @@ class Model:
         held = self.held_back(q, g)
         back = held if n == math.inf else held[: int(n)]
         EVENTS["group: held job brought back"] += len(back)
-        for j in back:
-            j.state, j.held = "unheld", False  # (in no set while its place is found)
-            self.make_ready(j, t, at_head=True)
+        # one tag apart just behind the head of their priority, that head read once per call
+        base = {p: self.head_tag(q, t, p) for p in {j.priority for j in back}}
+        for k, j in enumerate(back, 1):
+            j.state, j.held, j.wheel, j.due = READY, False, None, base[j.priority] + k
         return len(back)
 
     def let_one_go(self, q: str, g: str | None, t: int, but: MJob | None = None) -> None:
@@ -299,26 +301,30 @@ class Model:
         self.tat[(q, g)] = max(tat, now) + rate[1] / rate[0]
         return 0
 
+    def wake_group(self, q: str, g: str, now: int, limit: int = 1_000) -> None:
+        """lib/promote.lua wake_group: the held jobs whose turns fall within this ms go (its
+        room allowing), and it stays registered, at its next turn, while it holds jobs back."""
+        self.wake.pop((q, g), None)
+        rate = self.conf(q, g).rate
+        room = self.room(q, g) if rate is not None else 0
+        if rate is None or room <= 0:
+            return
+        interval = rate[1] / rate[0]
+        tat: float = self.tat.get((q, g), 0)
+        turns = 0
+        if math.floor(tat + RATE_EPS) <= now:
+            turns = max(math.floor((now + 1 - max(tat, now)) / interval + RATE_EPS), 1)
+            EVENTS["group: a rate's turn came"] += 1
+        self.unhold(q, g, min(turns, room, limit), now)
+        if self.held_back(q, g):
+            self.wake[(q, g)] = math.floor(max(tat, now) + turns * interval)
+
     def wake_groups(self, q: str, now: int, limit: int = 1_000) -> None:
         """lib/promote.lua wake_groups: the rate wake-ups due by ``now``, in score then name
-        order: each lets go the held jobs whose turns fall within this ms (its room allowing),
-        and stays registered, at its next turn, while its group holds jobs back."""
+        order."""
         due = sorted((w, g.encode(), g) for (q2, g), w in self.wake.items() if q2 == q and w <= now)
         for _, _, g in due[:limit]:
-            del self.wake[(q, g)]
-            rate = self.conf(q, g).rate
-            room = self.room(q, g) if rate is not None else 0
-            if rate is None or room <= 0:
-                continue
-            interval = rate[1] / rate[0]
-            tat: float = self.tat.get((q, g), 0)
-            turns = 0
-            if math.floor(tat + RATE_EPS) <= now:
-                turns = max(math.floor((now + 1 - max(tat, now)) / interval + RATE_EPS), 1)
-                EVENTS["group: a rate's turn came"] += 1
-            self.unhold(q, g, min(turns, room, limit), now)
-            if self.held_back(q, g):
-                self.wake[(q, g)] = math.floor(max(tat, now) + turns * interval)
+            self.wake_group(q, g, now, limit)
 
     def group_configure(
         self, q: str, g: str, paused: bool | None, conc: int | None, rate: Any, now: int
@@ -327,23 +333,27 @@ class Model:
         limit removed; ``rate`` Ellipsis: left, None: removed, a new or no rate starting afresh),
         then what the group held back and may now go brought back: under a rate, its first
         turn now (the others by its wake-ups), else as many as its room allows at once."""
-        c = copy.copy(self.conf(q, g))
+        old = self.conf(q, g)
+        c = copy.copy(old)
         if paused is not None:
             c.paused = paused
         if conc is not None:
             c.concurrency = conc or None
         if rate is not ...:
             c.rate = rate
+        self.gconf[(q, g)] = c
+        if (c.paused, c.concurrency, c.rate) == (old.paused, old.concurrency, old.rate):
+            EVENTS["group: the same settings again"] += 1
+            return 0  # nothing more: its first call let go what the change allowed
+        if c.rate != old.rate:
             self.tat.pop((q, g), None)
             self.wake.pop((q, g), None)
-        self.gconf[(q, g)] = c
         room = self.room(q, g)
         if self.held_back(q, g):
             EVENTS[f"group: changed while it holds jobs back, room {min(room, 9)}"] += 1
         if c.rate is not None and room > 0:
             if self.held_back(q, g):
-                self.wake[(q, g)] = min(self.wake.get((q, g), now), now)  # (ZADD LT)
-                self.wake_groups(q, now, limit=1)
+                self.wake_group(q, g, now)
             return 0
         return self.unhold(q, g, min(room, UNHOLD_PER_CALL), now)
 
