@@ -358,7 +358,9 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.sizes_of(cfg, [f"ns/{q}"]))
     await run(ops.configure("ns", q, [("paused", "1"), ("max_size", "100")]))
     await run(ops.configure("ns", q, [("paused", ""), ("max_size", "")]))
-    await run(ops.configure_group(cfg, "ns", q, "g", ops.GroupChanges(paused=True, concurrency=2), t))
+    await run(
+        ops.configure_group(cfg, "ns", q, "g", ops.GroupChanges(paused=True, concurrency=2), t)
+    )
     await run(ops.configure_group(cfg, "ns", q, "g", ops.GroupChanges(clear_concurrency=True), t))
     await run(ops.publish(cfg, "ns", q, [JobSpec(b"late", delay_ms=min_ + BUCKET_WIDTH_MS)], t))
     a, b = await run(

@@ -112,7 +112,12 @@ def test_a_long_poll_wakes_when_its_groups_slot_frees(api: httpx.Client) -> None
         ("patch", "/api/ns/q/groups/g", {"content": b"[1]"}, "body"),
         ("get", "/api/ns/q/groups/bad%20name", {}, "group"),
         ("get", "/api/ns/q/groups", {"params": {"cursor": "x"}}, "cursor"),
-        ("get", "/api/ns/q/groups", {"params": {"cursor": "\u00b2"}}, "cursor"),  # a digit to isdigit
+        (
+            "get",
+            "/api/ns/q/groups",
+            {"params": {"cursor": "\u00b2"}},
+            "cursor",
+        ),  # a digit to isdigit
         ("get", "/api/ns/q/groups", {"params": {"cursor": str(2**64)}}, "cursor"),
         ("get", "/api/ns/q/groups", {"params": {"limit": 0}}, "limit"),
     ],
