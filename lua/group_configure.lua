@@ -11,13 +11,16 @@
   ARGV[3] limit: held jobs brought back per call
   ARGV[4] owed: with no field, held jobs an earlier call owed (its `left`): this call brings
     back up to `limit` of them
-  ARGV[5..] fields...: 2 values per field: `p` (paused: 1), `c` (concurrency limit), `q` (rate:
+  ARGV[5] max_fields: the most fields GCONF may hold (4 per group at most): a change that
+    gives settings to a group that has none is refused beyond it, nothing written
+  ARGV[6..] fields...: 2 values per field: `p` (paused: 1), `c` (concurrency limit), `q` (rate:
     `<n> <per ms>`), then its value ('' = remove it). The same settings again change nothing
     and bring nothing back (a repeat after a lost reply)
-  Returns: {back, left, lowered}: held jobs this call brought back into READY, held jobs left
+  Returns: {back, left, lowered, refused}: held jobs this call brought back into READY, held jobs left
     that the group's settings would let go now (the caller calls again while left > 0), and,
     under a rate (whose held jobs go one turn at a time: lib/promote.lua), the time of the
-    group's next turn when it lowered META.next (else 0: the caller signals the shard)
+    group's next turn when it lowered META.next (else 0: the caller signals the shard); refused:
+    1 when max_fields refused the change (nothing written), else 0
 ]]
 --@include lib/codes
 --@include lib/keys
@@ -29,19 +32,24 @@ local function held_left(room)
   local left = redis.call('ZLEXCOUNT', HELD, '[' .. g .. '\0', '(' .. g .. '\1')
   return math.min(left, room)
 end
-if #ARGV < 5 then -- no change: the rest of what an earlier call owed
+if #ARGV < 6 then -- no change: the rest of what an earlier call owed
   local back = unhold(g, math.min(owed, limit), now)
-  return {back, held_left(owed - back), 0}
+  return {back, held_left(owed - back), 0, 0}
 end
 local old = redis.call('HMGET', GCONF, unpack(FIELDS))
-for i = 5, #ARGV, 2 do
+if not (old[1] or old[2] or old[3]) and redis.call('HLEN', GCONF) >= tonumber(ARGV[5]) then
+  for i = 7, #ARGV, 2 do
+    if ARGV[i] ~= '' then return {0, 0, 0, 1} end -- a new group's settings, one too many
+  end
+end
+for i = 6, #ARGV, 2 do
   local f = ARGV[i] .. ':' .. g
   if ARGV[i + 1] == '' then redis.call('HDEL', GCONF, f) else redis.call('HSET', GCONF, f, ARGV[i + 1]) end
 end
 local new = redis.call('HMGET', GCONF, unpack(FIELDS))
 -- The same settings again (a repeat after a lost reply, a PATCH of what is there): nothing
 -- more; its first call let go what the change allowed.
-if old[1] == new[1] and old[2] == new[2] and old[3] == new[3] then return {0, 0, 0} end
+if old[1] == new[1] and old[2] == new[2] and old[3] == new[3] then return {0, 0, 0, 0} end
 if old[3] ~= new[3] then
   redis.call('HDEL', GCONF, 'a:' .. g) -- a new or no rate: its turns start afresh
   redis.call('ZREM', GWAKE, g)
@@ -50,10 +58,10 @@ local conf = group_conf(g)
 local room = group_room(g, conf)
 if conf[3] and room > 0 then
   -- under a rate, what the group holds goes one turn at a time (its wake-ups), not at once
-  if held_left(1) == 0 then return {0, 0, 0} end
+  if held_left(1) == 0 then return {0, 0, 0, 0} end
   wake_group(g, now, limit)
   local at = redis.call('ZSCORE', GWAKE, g)
-  return {0, 0, at and lower_next(tonumber(at)) == 1 and tonumber(at) or 0}
+  return {0, 0, at and lower_next(tonumber(at)) == 1 and tonumber(at) or 0, 0}
 end
 local back = unhold(g, math.min(room, limit), now)
-return {back, room > back and held_left(room - back) or 0, 0}
+return {back, room > back and held_left(room - back) or 0, 0, 0}

@@ -15,6 +15,9 @@ from cluster_dq.errors import BadRequest
 from cluster_dq.keys import QueueKeys
 
 UNHOLD_PER_CALL = 1_000  # held-back jobs one group_configure call brings back
+# Settings of a queue's groups (a setting: a pause, a limit, a rate and its next turn, one field
+# each): at most this many, so at least 10,000 groups with every setting
+MAX_GROUP_SETTINGS = 40_000
 MAX_GROUP_PAGE = 1_000  # groups per listing page
 MAX_CONCURRENCY = 1_000_000
 MAX_RATE_JOBS = 1_000_000
@@ -140,7 +143,7 @@ def configure_group(
     qk = QueueKeys(ns, q)
     fields, owed = changes.fields(), 0
     while True:
-        _back, left, lowered = yield lua(
+        _back, left, lowered, refused = yield lua(
             "group_configure",
             {"queue": fixed_keys(qk)},
             stamped=True,
@@ -148,8 +151,15 @@ def configure_group(
             group=group,
             limit=UNHOLD_PER_CALL,
             owed=owed,
+            max_fields=MAX_GROUP_SETTINGS,
             fields=fields,
         )
+        if int(refused):
+            raise BadRequest(
+                f"too many groups with settings in queue {ns}/{q} (at most {MAX_GROUP_SETTINGS} "
+                "settings: remove some first); nothing was changed",
+                "group",
+            )
         if int(lowered):
             yield signal(qk, cfg, int(lowered))
         fields, owed = [], int(left)

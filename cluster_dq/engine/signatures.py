@@ -136,7 +136,9 @@ SIGNATURES: dict[str, Signature] = {
         Signature("promote_due", _Q, ("now", "limit", "notify")),
         Signature("expire_reserved", _Q, ("now", "limit", "notify", "seed")),
         Signature("configure", _Q, ("notify", "fields...")),
-        Signature("group_configure", _Q, ("now", "group", "limit", "owed", "fields...")),
+        Signature(
+            "group_configure", _Q, ("now", "group", "limit", "owed", "max_fields", "fields...")
+        ),
         Signature("group_info", _Q, ("groups...",)),
         Signature("expire_ttl", _Q, ("now", "limit")),
         Signature("next_event", _Q, ("open_lead",)),

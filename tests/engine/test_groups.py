@@ -472,3 +472,26 @@ async def test_a_rate_above_a_thousand_a_second_lets_several_go_per_millisecond(
     assert len(await consume(engine, t + 1, count=20)) == 5  # the wake-up lets 5 go
     assert len(await consume(engine, t + 3, count=20)) == 5  # not 10: turns are not saved up
     check_queue(sync_redis, NS, Q)
+
+
+async def test_settings_for_ever_more_groups_are_refused_past_the_queues_limit(
+    engine: AsyncEngine, sync_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's settings outlive its jobs: a token holder naming new groups without end
+    would grow the queue's settings without end. Past the limit, a new group's settings are a
+    400 that writes nothing; the groups that have settings may still change or drop them."""
+    from cluster_dq.engine import groups as engine_groups
+    from cluster_dq.errors import BadRequest
+
+    monkeypatch.setattr(engine_groups, "MAX_GROUP_SETTINGS", 3)
+    t = now_ms()
+    await configure(engine, t, "a", concurrency=1, rate=ops.Rate(5, SEC))  # 2 settings
+    await configure(engine, t, "b", paused=True)
+    conf = sync_redis.hgetall(QueueKeys(NS, Q).group_conf)
+    with pytest.raises(BadRequest, match="too many groups"):
+        await configure(engine, t, "c", concurrency=3)
+    assert sync_redis.hgetall(QueueKeys(NS, Q).group_conf) == conf  # nothing written
+    assert (await configure(engine, t, "a", concurrency=2)).concurrency == 2
+    await configure(engine, t, "b", paused=False)  # b has none now: room for c
+    assert (await configure(engine, t, "c", concurrency=3)).concurrency == 3
+    await configure(engine, t, "x", paused=False)  # a new group given no setting: nothing
