@@ -412,3 +412,47 @@ async def test_requests_sharing_one_call_are_each_done_as_if_alone(
     assert isinstance(full[0], ops.KeyedPublished) and isinstance(full[1], QueueFull)
     assert (await sizes(engine)).ready == 4
     check_queue(sync_redis, NS, Q)
+
+
+async def test_a_shared_call_repeated_after_a_lost_reply_answers_each_request_as_new(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """The group commit's call ran and its reply was lost: the engine repeats it, and each
+    request (a simple key, a debounce key, an Idempotency-Key, two under one key) is told as
+    the first time, one job per key, nothing replayed."""
+    real_step = engine._step
+    lost: list[int] = []
+
+    async def lose_the_first_reply(step: Any) -> Any:
+        reply = await real_step(step)
+        if isinstance(step, Eval) and step.script == "publish_keyed" and not lost:
+            lost.append(1)
+            raise RedisConnectionError("reply lost")
+        return reply
+
+    def req(body: bytes, key: str | None, mode: str = "simple", idem: str | None = None) -> Any:
+        ident = ops.Idempotency(idem, fp(body.decode())) if idem else None
+        return ops.KeyedRequest([JobSpec(body)], ops.Dedup(key, mode, 0) if key else None, ident)
+
+    requests = [
+        req(b"a", "s"),
+        req(b"b", "d", "debounce"),
+        req(b"c", None, idem="i"),
+        req(b"e", "s"),  # the same key as the first: its job
+    ]
+    engine._step = lose_the_first_reply  # type: ignore[method-assign]
+    try:
+        got = await engine.run(
+            ops.publish_keyed_many(engine.config, NS, Q, requests, now_ms()), idempotent=True
+        )
+    finally:
+        engine._step = real_step  # type: ignore[method-assign]
+    assert lost
+    a, b, c, e = got
+    assert isinstance(a, ops.KeyedPublished) and isinstance(b, ops.KeyedPublished)
+    assert isinstance(c, ops.KeyedPublished) and isinstance(e, ops.KeyedPublished)
+    assert (a.dedup, b.dedup, c.dedup, e.dedup) == ("new", "new", None, "existing")
+    assert not any(x.replayed for x in (a, b, c, e))
+    assert e.published[0].job_id == a.published[0].job_id
+    assert (await sizes(engine)).ready == 3
+    check_queue(sync_redis, NS, Q)
