@@ -6,20 +6,12 @@ deliveries, ttl end, the delivery that holds it. The model mirrors *when* the en
 (lazily: a consume or a pump step at time ``now`` promotes, expires and opens what is due by
 then), so that every physical state, size and count can be compared exactly.
 
-Groups (lua/lib/groups.lua, lib/jobs.lua, lib/promote.lua) are modelled as the scripts act
-on them: a grouped job's READY score is its group's fair tag (``fair_tag``: ``max(V, the
-group's last tag + 1)``, V the tag of READY's head, or the job's time when READY is empty); a
-consume holds back (``MJob.held``) the jobs of a paused group, of one at its concurrency limit,
-or of one its rate (``rate_turn``: deliveries at least P/n apart) does not let go yet, and then
-registers the group's wake-up (``wake``); a job leaving RESERVED, or leaving READY without a
-reservation, brings one held job of its group back (``let_one_go``), at READY's head; a wake-up
-(run first by every promote) one per turn; a change of a group's settings all that it now
-lets go (under a rate: one, the rest by turns). Every move runs in the order the scripts run it
-(READY popped in batches, DELAYED, RESERVED, EXPIRE and the wake-ups in score then member
-order), since the order in which jobs become ready is their tags' order. What the scripts keep
-beside the jobs (each group's last tag, each rate's next allowed delivery, each wake-up) is
-``Model.hidden``; the observation compares it with Redis after every step, and every ready
-grouped job's tag with its READY score.
+Groups are modelled as the scripts act on them (tests/support/model_groups.py, a mixin of
+``Model``): fair tags, holding back and bringing back, rate turns and wake-ups, every move in
+the scripts' order. What the scripts keep beside the jobs (each group's last tag, each rate's
+next allowed delivery, each wake-up) is ``Model.hidden``; the observation compares it with
+Redis after every step, and every ready grouped job's tag with its READY score. The records
+(``MJob``, ``GConf``) are in tests/support/model_job.py.
 
 Where the engine's outcome is unknown (a 503, a lost reply), the model keeps alternatives per
 job (``Model.alts``, and ``Model.hidden_alts`` for what is kept beside the jobs) and the next
@@ -31,108 +23,50 @@ whose tags cannot be known (a consume whose reply was lost: which jobs it took o
 from __future__ import annotations
 
 import copy
-import math
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from cluster_dq.backoff import Backoff
-from cluster_dq.engine.groups import UNHOLD_PER_CALL
 from cluster_dq.keys import BUCKET_WIDTH_MS
-from cluster_dq.models import id_due_ms, id_to_member, is_wheel_member
+from tests.support.model_groups import GroupRules
+from tests.support.model_job import (
+    DEAD,
+    DELAYED,
+    EVENTS,
+    OPEN_LEAD_MS,
+    PRIO_SHIFT,
+    RATE_EPS,
+    READY,
+    RESERVED,
+    GConf,
+    GKey,
+    Hidden,
+    Key,
+    Mismatch,
+    MJob,
+)
 
-DELAYED, READY, RESERVED, DEAD = "delayed", "ready", "reserved", "dead"
-PRIO_SHIFT = 2**42
-OPEN_LEAD_MS = 5_000
-RATE_EPS = 0.001  # lib/groups.lua EPS: what adding up fractional turns may be off by
-
-
-# What the model saw happen to groups, over a run (the test prints it: how deep it went)
-EVENTS: Counter[str] = Counter()
-
-
-class Mismatch(AssertionError):
-    """The engine did something the model does not allow."""
-
-
-@dataclass
-class MJob:
-    queue: str
-    job_id: str
-    state: str
-    due: int  # delayed: due ms; ready: the time in its score; reserved/dead: as before
-    priority: int
-    tries: int  # tries left
-    deliveries: int
-    expire_at: int  # 0: never
-    wheel: int | None = None  # bucket start while it rests in the wheel
-    deadline: int = 0  # reserved: ttr deadline
-    died: int = 0  # dead: time of death
-    holder: int | None = None  # reserved: the delivery (consume number) holding it
-    client_id: bool = False
-    lease: str | None = None  # reserved: the lease of the delivery holding it (None: unknown)
-    reason: str = ""  # dead: why it died (ttr_expired, tries_exhausted, buried)
-    error: str = ""  # the last error text it was given (a bury's, a release's); kept after
-    backoff: Backoff | None = None  # its own retry backoff (else its queue's)
-    group: str | None = None
-    held: bool = False  # ready, but held back by its group (HELD): no score
-    loose: bool = False  # an unknown outcome: tag and holding as the engine has them
-    published: int = 0  # the record's publish time (a grouped ready job's due time, for a
-    # client id, whose id holds none)
-
-    def score(self) -> int | None:
-        """What peek_job reports as the job's time in its state (a ready job: its score masked
-        of the priority, which orders the ready set: ``order``; a grouped one's is its fair
-        tag, and peek_job reports the due time in its id instead, or its publish time for a
-        client's id; None while its group holds it back)."""
-        if self.state == RESERVED:
-            return self.deadline
-        if self.state == DEAD:
-            return self.died
-        if self.held:
-            return None
-        if self.state == READY and self.group is not None:
-            member = self.member()
-            return id_due_ms(member) if is_wheel_member(member) else self.published
-        return self.due
-
-    def rank(self) -> int:
-        return (255 - self.priority) * PRIO_SHIFT + self.due
-
-    def member(self) -> bytes:
-        return id_to_member(self.job_id)
-
-    def order(self) -> tuple[int, bytes]:
-        """Its place in READY: the score, then the member's bytes (a ZSET's order for ties)."""
-        return self.rank(), self.member()
-
-    def expired(self, now: int) -> bool:
-        return 0 < self.expire_at <= now
-
-    def held_by(self, delivery: int | None, now: int) -> bool:
-        return self.state == RESERVED and self.holder == delivery and self.deadline > now
-
-
-Key = tuple[str, str]  # (queue, job id)
-GKey = tuple[str, str]  # (queue, group)
-# What the scripts keep beside the jobs: each group's last tag (GROUPS `t:<g>`), each rate's
-# earliest next delivery (GCONF `a:<g>`), each group's rate wake-up (GWAKE)
-Hidden = tuple[
-    tuple[tuple[GKey, int], ...], tuple[tuple[GKey, float], ...], tuple[tuple[GKey, int], ...]
+__all__ = [  # (the records are re-exported: the test imports the model from here)
+    "DEAD",
+    "DELAYED",
+    "EVENTS",
+    "OPEN_LEAD_MS",
+    "PRIO_SHIFT",
+    "RATE_EPS",
+    "READY",
+    "RESERVED",
+    "GConf",
+    "GKey",
+    "Hidden",
+    "Key",
+    "Mismatch",
+    "MJob",
+    "Model",
 ]
 
 
 @dataclass
-class GConf:
-    """A group's settings (GCONF)."""
-
-    paused: bool = False
-    concurrency: int | None = None
-    rate: tuple[int, int] | None = None  # (jobs, per ms)
-
-
-@dataclass
-class Model:
+class Model(GroupRules):
     remember_acked_ms: int
     jobs: dict[Key, MJob | None] = field(default_factory=dict)  # None: gone, not yet observed
     alts: dict[Key, list[MJob | None]] = field(default_factory=dict)  # other allowed outcomes
@@ -200,169 +134,6 @@ class Model:
         for key in set(self.jobs) | set(before.jobs):
             self.allow(key, before.jobs.get(key))
         self.hidden_alts.append(before.hidden())
-
-    # -- groups (lib/groups.lua, the group parts of lib/jobs.lua) -------------------------------
-
-    def conf(self, q: str, g: str) -> GConf:
-        return self.gconf.get((q, g)) or GConf()
-
-    def room(self, q: str, g: str, but: MJob | None = None) -> float:
-        """group_room: how many more of g's jobs may be reserved (``but``: a job on its way
-        out of RESERVED, no longer counted)."""
-        c = self.conf(q, g)
-        if c.paused:
-            return 0
-        if c.concurrency is None:
-            return math.inf
-        busy = sum(1 for j in self.of(q, RESERVED) if j.group == g and j is not but)
-        return c.concurrency - busy
-
-    def group_view(self, q: str, g: str) -> tuple[Any, ...]:
-        """A group as describe_groups shows it: size (every state), reserved, held back,
-        paused, concurrency limit, rate."""
-        mine = [j for j in self.of(q) if j.group == g]
-        c = self.conf(q, g)
-        return (
-            len(mine),
-            sum(1 for j in mine if j.state == RESERVED),
-            sum(1 for j in mine if j.held),
-            c.paused,
-            c.concurrency,
-            c.rate,
-        )
-
-    def head_tag(self, q: str, t: int, prio: int) -> int:
-        """V: the tag (score below the priority) of READY's first job of priority ``prio``;
-        ``t`` when it has none (a publish's call: as it first read it)."""
-        if self.batched and prio in self.head:
-            return self.head[prio]
-        ready = [j for j in self.of(q, READY) if not j.held and j.priority == prio]
-        if not ready:
-            return t
-        v = min(ready, key=MJob.order).due
-        if self.batched:
-            self.head[prio] = v
-        return v
-
-    def batch(self, on: bool) -> None:
-        """publish.lua's call begins (on) or ends: its groups' bookkeeping batched."""
-        self.batched, self.head = on, {}
-
-    def fair_tag(self, q: str, g: str, t: int, prio: int) -> int:
-        v = self.head_tag(q, t, prio)
-        last = self.tags.get((q, g))
-        if last is not None and last + 1 > v:
-            v = last + 1
-        self.tags[(q, g)] = v
-        return v
-
-    def make_ready(self, j: MJob, t: int) -> None:
-        """Into READY at ``t`` (a grouped job: at its group's fair tag). ``j`` is in no state
-        set meanwhile."""
-        if j.group is not None:
-            t = self.fair_tag(j.queue, j.group, t, j.priority)
-        j.state, j.held, j.wheel, j.due = READY, False, None, t
-
-    def held_back(self, q: str, g: str) -> list[MJob]:
-        """HELD's jobs of g, in its order (the ids')."""
-        return sorted((j for j in self.of(q, READY) if j.held and j.group == g), key=MJob.member)
-
-    def unhold(self, q: str, g: str, n: float, t: int) -> int:
-        """Up to ``n`` of the jobs g holds back into READY, at its head, in id order."""
-        if n <= 0:
-            return 0
-        held = self.held_back(q, g)
-        back = held if n == math.inf else held[: int(n)]
-        EVENTS["group: held job brought back"] += len(back)
-        # one tag apart just behind the head of their priority, that head read once per call
-        base = {p: self.head_tag(q, t, p) for p in {j.priority for j in back}}
-        for k, j in enumerate(back, 1):
-            j.state, j.held, j.wheel, j.due = READY, False, None, base[j.priority] + k
-        return len(back)
-
-    def let_one_go(self, q: str, g: str | None, t: int, but: MJob | None = None) -> None:
-        """A job of g left RESERVED, or READY unreserved: one job its concurrency limit held
-        back comes back (``but``: a job on its way out of RESERVED, no longer counted)."""
-        if g is not None and self.conf(q, g).concurrency is not None:
-            self.unhold(q, g, min(self.room(q, g, but), 1), t)
-
-    def unreserve(self, j: MJob, t: int, but: MJob | None = None) -> None:
-        """``j`` left RESERVED (its state changed already, or ``but``)."""
-        self.let_one_go(j.queue, j.group, t, but)
-
-    def rate_turn(self, q: str, g: str, now: int) -> int:
-        """0 when one of g's jobs may go at ``now`` (its turn taken), else the ms it may: turns
-        ``P/n`` apart from the later of the next turn (``a:<g>``, fractional) and now."""
-        rate = self.conf(q, g).rate
-        assert rate is not None
-        tat = self.tat.get((q, g), 0)
-        if math.floor(tat + RATE_EPS) > now:
-            return math.floor(tat + RATE_EPS)
-        self.tat[(q, g)] = max(tat, now) + rate[1] / rate[0]
-        return 0
-
-    def wake_group(self, q: str, g: str, now: int, limit: int = 1_000) -> None:
-        """lib/promote.lua wake_group: the held jobs whose turns fall within this ms go (its
-        room allowing), and it stays registered, at its next turn, while it holds jobs back."""
-        self.wake.pop((q, g), None)
-        rate = self.conf(q, g).rate
-        room = self.room(q, g) if rate is not None else 0
-        if rate is None or room <= 0:
-            return
-        interval = rate[1] / rate[0]
-        tat: float = self.tat.get((q, g), 0)
-        turns = 0
-        if math.floor(tat + RATE_EPS) <= now:
-            turns = max(math.floor((now + 1 - max(tat, now)) / interval + RATE_EPS), 1)
-            EVENTS["group: a rate's turn came"] += 1
-        self.unhold(q, g, min(turns, room, limit), now)
-        if self.held_back(q, g):
-            self.wake[(q, g)] = math.floor(max(tat, now) + turns * interval)
-
-    def wake_groups(self, q: str, now: int, limit: int = 1_000) -> None:
-        """lib/promote.lua wake_groups: the rate wake-ups due by ``now``, in score then name
-        order."""
-        due = sorted((w, g.encode(), g) for (q2, g), w in self.wake.items() if q2 == q and w <= now)
-        for _, _, g in due[:limit]:
-            self.wake_group(q, g, now, limit)
-
-    def group_configure(
-        self, q: str, g: str, paused: bool | None, conc: int | None, rate: Any, now: int
-    ) -> int:
-        """group_configure.lua: the settings changed (None: left as they are; ``conc`` 0: the
-        limit removed; ``rate`` Ellipsis: left, None: removed, a new or no rate starting afresh),
-        then what the group held back and may now go brought back: under a rate, its first
-        turn now (the others by its wake-ups), else as many as its room allows at once."""
-        old = self.conf(q, g)
-        c = copy.copy(old)
-        if paused is not None:
-            c.paused = paused
-        if conc is not None:
-            c.concurrency = conc or None
-        if rate is not ...:
-            c.rate = rate
-        self.gconf[(q, g)] = c
-        if (c.paused, c.concurrency, c.rate) == (old.paused, old.concurrency, old.rate):
-            EVENTS["group: the same settings again"] += 1
-            return 0  # nothing more: its first call let go what the change allowed
-        if c.rate != old.rate:
-            self.tat.pop((q, g), None)
-            self.wake.pop((q, g), None)
-        room = self.room(q, g)
-        if self.held_back(q, g):
-            EVENTS[f"group: changed while it holds jobs back, room {min(room, 9)}"] += 1
-        if c.rate is not None and room > 0:
-            if self.held_back(q, g):
-                self.wake_group(q, g, now)
-            return 0
-        return self.unhold(q, g, min(room, UNHOLD_PER_CALL), now)
-
-    def hold(self, j: MJob, turn: int) -> None:
-        """consume: ``j`` held back by its group; ``turn`` > 0: by its rate until then."""
-        j.state, j.held = READY, True
-        if turn > 0:
-            key = (j.queue, j.group or "")
-            self.wake[key] = min(self.wake.get(key, turn), turn)  # (ZADD LT)
 
     # -- what the scripts do on the way (mirrors the libs of lua/lib) -----------------------------
 
