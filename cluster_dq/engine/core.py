@@ -43,7 +43,7 @@ from cluster_dq.errors import (
 
 T = TypeVar("T")
 # The writes a client is told about: a job accepted, a job acked (a lost ack means a redelivery).
-DURABLE_SCRIPTS = frozenset({"publish", "republish", "ack"})
+DURABLE_SCRIPTS = frozenset({"publish", "publish_keyed", "republish", "ack"})
 # Scripts that write nothing (``flags=no-writes``): a step of only these repeats on any
 # transient error, whatever its operation (a multi-queue consume's first look, for one).
 READ_ONLY_SCRIPTS = frozenset(

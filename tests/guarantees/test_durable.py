@@ -65,6 +65,12 @@ def test_publish_waits_for_replicas_and_says_what_happened_when_they_lag(
         assert jid in msg and "1 of 2 replicas" in msg and "same job_id is idempotent" in msg
         r = httpx.put(f"{base}/api/dur/q/bulk", headers=h, content=b'["a","b"]', timeout=30)
         assert r.status_code == 503 and r.json()["error"].count(",") >= 1  # every id named
+        for mode in ("simple", "debounce"):  # a publish under a dedup key, new or replacing
+            params = {"dedup_key": "order-44", "dedup_mode": mode}
+            r = httpx.put(
+                f"{base}/api/dur/q", headers=h, params=params, content=mode.encode(), timeout=30
+            )
+            assert r.status_code == 503 and "replicas confirmed" in r.json()["error"], r.text
         r = httpx.delete(f"{base}/api/dur/q/job/{jid}", headers=h, timeout=30)  # acks too
         assert r.status_code == 503 and "the write was applied on the master" in r.json()["error"]
     finally:
