@@ -55,6 +55,7 @@ HEADER_SIZE = HEADER.size  # 18
 FLAG_ATTRS = 1
 FLAG_BACKOFF = 2
 FLAG_GROUP = 4
+FLAG_DEDUP = 8
 
 
 class JobState(StrEnum):
@@ -222,6 +223,8 @@ class JobSpec:
     expire_at_ms: int | None = None
     backoff: Backoff | None = None  # the job's own retry backoff (else its queue's, if any)
     group: str | None = None  # its group (names.NAME_RE): fair turns and limits per group
+    # the simple or debounce dedup key it holds (set by the engine from the publish's Dedup)
+    dedup_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +238,7 @@ class Record:
     attributes: dict[str, str] | None = None
     backoff: Backoff | None = None
     group: str | None = None
+    dedup_key: str | None = None  # the simple or debounce dedup key it was published under
 
     def pack(self) -> bytes:
         flags = 0
@@ -246,6 +250,10 @@ class Record:
             flags |= FLAG_GROUP
             name = self.group.encode()
             extra += len(name).to_bytes(1, "big") + name
+        if self.dedup_key:
+            flags |= FLAG_DEDUP
+            key = self.dedup_key.encode()
+            extra += len(key).to_bytes(1, "big") + key
         if self.attributes:
             flags |= FLAG_ATTRS
             blob = json.dumps(self.attributes, separators=(",", ":")).encode()
@@ -270,12 +278,15 @@ class Record:
     def unpack(cls, data: bytes) -> Record:
         pub, exp, tries, deliveries, prio, flags = HEADER.unpack_from(data)
         rest = data[HEADER_SIZE:]
-        attrs, backoff, group = None, None, None
+        attrs, backoff, group, dedup_key = None, None, None, None
         if flags & FLAG_BACKOFF:
             backoff = Backoff.unpack_from(rest, 0)
             rest = rest[BACKOFF_SECTION.size :]
         if flags & FLAG_GROUP:
             group = rest[1 : 1 + rest[0]].decode()
+            rest = rest[1 + rest[0] :]
+        if flags & FLAG_DEDUP:
+            dedup_key = rest[1 : 1 + rest[0]].decode()
             rest = rest[1 + rest[0] :]
         if flags & FLAG_ATTRS:
             n = int.from_bytes(rest[:2], "big")
@@ -291,6 +302,7 @@ class Record:
             attrs,
             backoff,
             group,
+            dedup_key,
         )
 
 
@@ -373,8 +385,9 @@ class Job:
         lease: str | None = None,
         progress: bytes | None = None,
         note: Note | None = None,
-        dedup_key: str | None = None,
+        keyed: bool = False,
     ) -> Job:
+        """``keyed``: with the dedup key it was published under (a lookup by id)."""
         rec = Record.unpack(data)
         return cls(
             namespace,
@@ -392,7 +405,7 @@ class Job:
             lease,
             progress=progress,
             note=note,
-            dedup_key=dedup_key,
+            dedup_key=rec.dedup_key if keyed else None,
             group=rec.group,
         )
 

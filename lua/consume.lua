@@ -109,10 +109,10 @@ if w and w - tonumber(ARGV[6]) <= now then out[2] = now end
 -- until the pump's next step. Exact, so still no later than any event of the queue.
 local sizes = ARGV[9] == '1' and got < asked and queue_sizes(tonumber(ARGV[6])) or nil
 if sizes then out[7], out[8] = redis.call('ZCARD', READY), sizes[5] end
-local marked = redis.call('HGET', META, 'next')
-if marked and tonumber(marked) <= now and out[2] == 0 and redis.call('EXISTS', READY) == 0 then
+local marked = next_marked()
+if marked and marked <= now and out[2] == 0 and redis.call('EXISTS', READY) == 0 then
   local nxt = (sizes or queue_sizes(tonumber(ARGV[6])))[5]
-  if nxt >= 0 then redis.call('HSET', META, 'next', nxt) else redis.call('HDEL', META, 'next') end
+  set_next(nxt)
 end
 tidy()
 notify(ARGV[5], was_empty)

@@ -7,14 +7,9 @@
   Returns: {delayed, ready, reserved, dead, next event ms or -1}
 ]]
 --@include lib/codes
---@include lib/keys
 --@include lib/jobs
 --@include lib/sizes
 local out = queue_sizes(tonumber(ARGV[1]))
-if out[5] >= 0 then
-  redis.call('HSET', META, 'next', out[5])
-else
-  redis.call('HDEL', META, 'next')
-end
+set_next(out[5])
 tidy()
 return out

@@ -4,10 +4,10 @@
   KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[17..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
   ARGV[1] member: the job's id
-  Returns: {} when absent, else {state, record, score, note, progress, dedup}: state DELAYED
+  Returns: {} when absent, else {state, record, score, note, progress}: state DELAYED
     (score = due ms), READY (score = ready rank; -1: held back by its group), RESERVED (ttr deadline), DEAD (time of death);
     note: its NOTES field (death and last error, '' when none); progress: its NOTES field
-    `p:<id>`, or nil; dedup: the dedup key it was published under (NOTES `d:<id>`), or nil
+    `p:<id>`, or nil (the dedup key it was published under is in its record)
 ]]
 --@include lib/codes
 --@include lib/keys
@@ -19,14 +19,14 @@ if rec then
   for _, s in ipairs(states) do
     local score = redis.call('ZSCORE', s[2], id)
     if score then
-      local notes = redis.call('HMGET', NOTES, id, 'p:' .. id, 'd:' .. id)
-      return {s[1], rec, score, notes[1] or '', notes[2], notes[3]}
+      local notes = redis.call('HMGET', NOTES, id, 'p:' .. id)
+      return {s[1], rec, score, notes[1] or '', notes[2]}
     end
   end
   local g = group_of(rec)
   if g and redis.call('ZSCORE', HELD, held_member(g, id)) then
-    local notes = redis.call('HMGET', NOTES, id, 'p:' .. id, 'd:' .. id)
-    return {CODE.READY, rec, '-1', notes[1] or '', notes[2], notes[3]}
+    local notes = redis.call('HMGET', NOTES, id, 'p:' .. id)
+    return {CODE.READY, rec, '-1', notes[1] or '', notes[2]}
   end
   return {}
 end

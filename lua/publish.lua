@@ -39,11 +39,9 @@ local lead, keep, whole, n = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1
 local was_empty = redis.call('EXISTS', READY) == 0
 BATCHED = true -- its groups' bookkeeping once per group (lib/groups.lua), flushed at the end
 -- What place() (lib/place.lua) does job by job, done once per call with the same outcome (the
--- call is atomic): whether the queue comes into being, whether any id can have been acked,
--- each bucket's fill (HLEN once), its WHEEL entry, META.w and META.next. A job that goes into its bucket
+-- call is atomic): whether the queue comes into being, each bucket's fill (HLEN once), its WHEEL entry, META.w and META.next. A job that goes into its bucket
 -- is written with HSETNX or HSET, whose reply is its duplicate check in that bucket too.
 local fresh = redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0
-local acked = redis.call('EXISTS', ACKED) == 1
 local out, lowered, low, wheeled, expiring, fill, listed = {}, 0, false, 0, {}, {}, {}
 -- ARGV[8 + j]: job j's bucket index, what to do with the bucket (without SHORT_VALUE), due ms,
 -- member, record or short value, and its short field (false: none, the record is whole)
@@ -66,7 +64,7 @@ if room then
     local new = 0
     for j = 1, n do
       local kidx, _, _, id = job(j)
-      if redis.call('HEXISTS', JOBS, id) == 0 and not (acked and acked_lately(id, now, keep))
+      if redis.call('HEXISTS', JOBS, id) == 0 and not acked_lately(id, now, keep)
           and not (kidx > 0 and wheel_has(KEYS[kidx], id)) then
         new = new + 1
       end
@@ -82,7 +80,7 @@ end
 for j = 1, n do
   local kidx, into, due, id, rec, short = job(j)
   local bucket, st = kidx > 0 and KEYS[kidx], CODE.DUPLICATE
-  if redis.call('HEXISTS', JOBS, id) == 1 or (acked and acked_lately(id, now, keep)) then
+  if redis.call('HEXISTS', JOBS, id) == 1 or acked_lately(id, now, keep) then
     -- a duplicate: nothing written
   elseif room and room <= 0 then
     if not (bucket and wheel_has(bucket, id)) then st = CODE.FULL end

@@ -5,7 +5,8 @@
   the keys hold, and records the keys with the outcome. Its jobs never rest in a wheel bucket,
   so a dedup key's job is always found in JOBS. Arguments are validated before the call.
   Where the keys live: a simple or debounce key in NOTES (`k:<key>` -> the member of the job
-  holding it, `d:<member>` -> the key), leaving with the job (drop in lib/jobs.lua); a throttle
+  holding it, whose record carries the key: flag 8), leaving with the job (drop in
+  lib/jobs.lua); a throttle
   window and an Idempotency-Key's answer in KEYED, each kept until its time, trimmed a bounded
   number per call (KEYED_DUE) and expiring whole after the last.
   KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
@@ -44,20 +45,33 @@ local KEYED, KEYED_DUE = KEYS[FIRST_EXTRA], KEYS[FIRST_EXTRA + 1]
 local now, channel, keep = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local THROTTLE, DEBOUNCE, TRIM = 2, 3, 64
 
--- KEYED's entries past their time go, a bounded number per call; the keys expire after the last
-local old = redis.call('ZRANGE', KEYED_DUE, '-inf', now, 'BYSCORE', 'LIMIT', 0, TRIM)
-if #old > 0 then
-  redis.call('HDEL', KEYED, unpack(old))
-  zrem_many(KEYED_DUE, old)
+-- KEYED's entries past their time go, a bounded number per call; the keys expire after the
+-- last. `keyed`: whether KEYED may hold an entry (looked at once: most queues have none);
+-- `wrote`: whether this call wrote one
+local keyed, wrote = redis.call('EXISTS', KEYED) == 1, false
+if keyed then
+  local old = redis.call('ZRANGE', KEYED_DUE, '-inf', now, 'BYSCORE', 'LIMIT', 0, TRIM)
+  if #old > 0 then
+    redis.call('HDEL', KEYED, unpack(old))
+    zrem_many(KEYED_DUE, old)
+  end
+end
+
+local function keep_keyed(field, till, value)
+  redis.call('HSET', KEYED, field, struct.pack('>I6', till) .. value)
+  redis.call('ZADD', KEYED_DUE, till, field)
+  keyed, wrote = true, true
 end
 
 local function kept(field)
+  if not keyed then return false end
   local v = redis.call('HGET', KEYED, field)
   if v and struct.unpack('>I6', v) > now then return v end
   return false
 end
 
 local was_empty = redis.call('EXISTS', READY) == 0
+local max_size = tonumber(redis.call('HGET', CONF, 'max_size') or '') -- the queue's; false: none
 
 -- One request, its 7 values and its jobs from ARGV[at]: its reply, and where the next begins.
 local function request(at)
@@ -129,9 +143,8 @@ local function request(at)
     dedup, codes[1], members[1] = CODE.EXISTING, st or CODE.NOT_FOUND, holder
   else
     -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)
-    local room = tonumber(redis.call('HGET', CONF, 'max_size') or '')
-    if room then
-      room = room - redis.call('HLEN', JOBS) - tonumber(redis.call('HGET', META, 'w') or '0')
+    if max_size then
+      local room = max_size - redis.call('HLEN', JOBS) - tonumber(redis.call('HGET', META, 'w') or '0')
       local new = 0
       for j = 1, n do
         local _, id = job(j)
@@ -149,13 +162,9 @@ local function request(at)
     if dkey ~= '' and codes[1] ~= CODE.DUPLICATE then
       local id = members[1]
       if mode == THROTTLE then
-        redis.call('HSET', KEYED, 't:' .. dkey, struct.pack('>I6', dtill) .. id)
-        redis.call('ZADD', KEYED_DUE, dtill, 't:' .. dkey)
+        keep_keyed('t:' .. dkey, dtill, id)
       else
-        if held and redis.call('HGET', NOTES, 'd:' .. held) == dkey then
-          redis.call('HDEL', NOTES, 'd:' .. held) -- a dead job no longer holds the key
-        end
-        redis.call('HSET', NOTES, 'k:' .. dkey, id, 'd:' .. id, dkey)
+        redis.call('HSET', NOTES, 'k:' .. dkey, id) -- its record carries the key (drop)
       end
     end
   end
@@ -166,8 +175,7 @@ local function request(at)
   if ikey ~= '' then
     local saved = {status, 0, dedup, 0}
     for j = 5, #out do saved[j] = out[j] end
-    redis.call('HSET', KEYED, 'i:' .. ikey, struct.pack('>I6', itill) .. fp .. cmsgpack.pack(saved))
-    redis.call('ZADD', KEYED_DUE, itill, 'i:' .. ikey)
+    keep_keyed('i:' .. ikey, itill, fp .. cmsgpack.pack(saved))
   end
   return out, nxt
 end
@@ -176,8 +184,8 @@ local replies, at = {}, 4
 while at <= #ARGV do
   replies[#replies + 1], at = request(at)
 end
-local last = redis.call('ZRANGE', KEYED_DUE, -1, -1, 'WITHSCORES')
-if last[2] then
+if wrote then
+  local last = redis.call('ZRANGE', KEYED_DUE, -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', KEYED, last[2])
   redis.call('PEXPIREAT', KEYED_DUE, last[2])
 end

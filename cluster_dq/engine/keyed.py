@@ -7,7 +7,7 @@ job is found in the jobs hash). Steps only, no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cluster_dq.engine import replies
@@ -64,7 +64,7 @@ def publish_keyed_many(
     alone; each one's outcome, or its own error (``IdempotencyMismatch``, ``QueueFull``,
     ``WrongState``), which wrote nothing for it. As safe to repeat as ``publish_keyed``."""
     qk = QueueKeys(ns, q)
-    placed = [place_jobs(cfg, qk, r.specs, now, wheel_ok=False) for r in requests]
+    placed = [place_jobs(cfg, qk, _holding(r), now, wheel_ok=False) for r in requests]
     args: list[Any] = []
     for r, jobs in zip(requests, placed, strict=True):
         dedup, idem = r.dedup, r.idem
@@ -102,6 +102,14 @@ def publish_keyed_many(
     if events:
         yield signal(qk, cfg, min(events))
     return out
+
+
+def _holding(r: KeyedRequest) -> Sequence[JobSpec]:
+    """The request's jobs, its first carrying the simple or debounce dedup key it would hold
+    (in its record: lua/lib/jobs.lua drop lets the key go with it)."""
+    if r.dedup is None or r.dedup.mode == "throttle" or not r.specs:
+        return r.specs
+    return [replace(r.specs[0], dedup_key=r.dedup.key), *r.specs[1:]]
 
 
 def _answered(

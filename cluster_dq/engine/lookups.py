@@ -82,7 +82,7 @@ def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:
         when,
         progress=reply.progress,
         note=Note.unpack(reply.note),
-        dedup_key=reply.dedup_key.decode() if reply.dedup_key else None,
+        keyed=True,
     )
 
 

@@ -128,7 +128,7 @@ def place_jobs(
             expire_at = spec.expire_at_ms
         else:
             expire_at = now + spec.ttl_ms if spec.ttl_ms else 0
-        if spec.attributes or spec.backoff is not None or spec.group:
+        if spec.attributes or spec.backoff is not None or spec.group or spec.dedup_key:
             record = Record(
                 now,
                 expire_at,
@@ -139,6 +139,7 @@ def place_jobs(
                 spec.attributes,
                 spec.backoff,
                 spec.group,
+                spec.dedup_key,
             ).pack()
         else:  # Record.pack's bytes, its header shared with the call's other such jobs
             record = heads[expire_at, spec.tries, spec.priority] + spec.body

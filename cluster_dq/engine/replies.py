@@ -256,16 +256,14 @@ class PeekJobReply:
     score: float
     note: bytes  # its NOTES field (b"": none)
     progress: bytes | None = None  # the job's NOTES field p:<id>
-    dedup_key: bytes | None = None  # the job's NOTES field d:<id>: the dedup key it holds
 
 
 def decode_peek_job(reply: Sequence[Any]) -> PeekJobReply | None:
     if not reply:
         return None
     progress = reply[4] if len(reply) > 4 else None
-    dedup_key = reply[5] if len(reply) > 5 else None
     return PeekJobReply(
-        JOB_STATES[_CODES[int(reply[0])]], reply[1], float(reply[2]), reply[3], progress, dedup_key
+        JOB_STATES[_CODES[int(reply[0])]], reply[1], float(reply[2]), reply[3], progress
     )
 
 

@@ -62,15 +62,15 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
         exp = int.from_bytes(rec[6:12], "big")
         if member not in zsets["dead"] and exp:
             assert member in expire, "a finite-ttl job is missing from the expire index"
-    _check_dedup_keys(notes, jobs)
+    _check_dedup_keys(notes, records)
     for field, note in notes.items():
-        # no NOTES field outlives its job: `<id>` (death, last error), `p:<id>` (progress),
-        # `d:<id>` (its dedup key); `k:<key>` is checked above
+        # no NOTES field outlives its job: `<id>` (death, last error), `p:<id>` (progress);
+        # `k:<key>` is checked above
         if field.startswith(b"k:"):
             continue
-        owner = field[2:] if field[:2] in (b"p:", b"d:") else field
+        owner = field[2:] if field.startswith(b"p:") else field
         assert owner in jobs, f"a NOTES field outlives its job: {field!r}"
-        if field[:2] not in (b"p:", b"d:"):
+        if not field.startswith(b"p:"):
             assert len(note) >= 7, f"a malformed note: {field!r}"
             died = note[0] != 0 or int.from_bytes(note[1:7], "big") != 0
             assert died == (field in zsets["dead"]), f"a death noted of a live job: {field!r}"
@@ -102,10 +102,10 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
         assert not ids & jobs, f"a job of bucket {b} is in the jobs hash too"
         in_wheel += len(ids)
         wheel_ids.update(ids)
-    for note in notes:  # `<id>`, `p:<id>`, `d:<id>` (a client id has no ':'), `k:<key>`
+    for note in notes:  # `<id>`, `p:<id>` (a client id has no ':'), `k:<key>`
         if note.startswith(b"k:"):
             continue
-        owner = note[2:] if note[:2] in (b"p:", b"d:") else note
+        owner = note[2:] if note.startswith(b"p:") else note
         assert owner in jobs or owner in wheel_ids, f"notes field {note!r} outlived its job"
     stray = {x.decode() for x in r.keys(k.bucket("*"))} - {k.bucket(b) for b in buckets}
     assert not stray, f"buckets missing from the wheel index: {stray}"
@@ -204,14 +204,16 @@ def _check_held_can_go(
         assert int(groups.get(b"n:" + w, 0)) > 0, f"a wake-up of group {w!r}, which has no job"
 
 
-def _check_dedup_keys(notes: dict[bytes, bytes], jobs: set[bytes]) -> None:
-    """A simple or debounce dedup key (`k:<key>` -> the job holding it) and its job's
-    `d:<id>` -> the key name each other: one job per key, one key per job, and the job exists
-    (lua/publish_keyed.lua; drop in lua/lib/jobs.lua takes both away with the job)."""
-    held = {f[2:]: v for f, v in notes.items() if f.startswith(b"k:")}
-    holds = {f[2:]: v for f, v in notes.items() if f.startswith(b"d:")}
-    for key, member in held.items():
-        assert member in jobs, f"dedup key {key!r} names a job that is gone"
-        assert holds.get(member) == key, f"dedup key {key!r}: its job does not name it back"
-    for member, key in holds.items():
-        assert held.get(key) == member, f"job {member!r} names dedup key {key!r}, held by another"
+def _check_dedup_keys(notes: dict[bytes, bytes], records: dict[bytes, bytes]) -> None:
+    """A simple or debounce dedup key (`k:<key>` -> the job holding it) names a job that exists
+    and whose record carries that key (lua/publish_keyed.lua; drop in lua/lib/jobs.lua takes
+    the key away with the job it names)."""
+    for field, member in notes.items():
+        if not field.startswith(b"k:"):
+            continue
+        rec = records.get(member)
+        assert rec is not None, f"dedup key {field[2:]!r} names a job that is gone"
+        carried = Record.unpack(rec).dedup_key
+        assert carried == field[2:].decode(), (
+            f"dedup key {field[2:]!r} names job {member!r}, whose record carries {carried!r}"
+        )

@@ -42,21 +42,21 @@ local function unhold(g, n, t)
   return #held
 end
 
--- How many more of group g's jobs may be reserved now (its settings, its reserved count);
--- math.huge: no limit.
-local function group_room(g, conf)
+-- How many more of group g's jobs may be reserved now (its settings, its reserved count:
+-- `reserved` when the caller knows it); math.huge: no limit.
+local function group_room(g, conf, reserved)
   if conf[1] then return 0 end
   if not conf[2] then return math.huge end
-  return conf[2] - tonumber(redis.call('HGET', GROUPS, 'r:' .. g) or '0')
+  return conf[2] - (reserved or tonumber(redis.call('HGET', GROUPS, 'r:' .. g) or '0'))
 end
 
 -- A job of group g left READY, or RESERVED, and the group's concurrency limit may now let one
 -- of its held jobs go: it comes back to READY. (Each job the limit lets go is in READY or
 -- reserved; one that leaves READY unreserved, deleted or expired or moved, hands its turn to a
 -- held one, as a reservation's end does.)
-local function let_one_go(g, t)
+local function let_one_go(g, t, reserved)
   local conf = group_conf(g)
-  if conf[2] then unhold(g, math.min(group_room(g, conf), 1), t) end
+  if conf[2] then unhold(g, math.min(group_room(g, conf, reserved), 1), t) end
 end
 
 -- A job of record `rec` left RESERVED: its group's reserved count drops, and a job the group
@@ -64,8 +64,9 @@ end
 local function unreserve(rec, t)
   local g = group_of(rec)
   if not g then return end
-  if redis.call('HINCRBY', GROUPS, 'r:' .. g, -1) <= 0 then redis.call('HDEL', GROUPS, 'r:' .. g) end
-  let_one_go(g, t)
+  local reserved = redis.call('HINCRBY', GROUPS, 'r:' .. g, -1)
+  if reserved <= 0 then redis.call('HDEL', GROUPS, 'r:' .. g) end
+  let_one_go(g, t, math.max(reserved, 0))
 end
 
 -- Takes a job out of READY, or out of HELD where its group holds it back; 1 when it was in
@@ -82,18 +83,17 @@ local function unready(id, rec, t)
 end
 
 -- Drops a job's record from JOBS and what it carries beside it in NOTES (field `<id>`: its
--- errors and death; `p:<id>`: its progress; `d:<id>`: the dedup key it holds, whose `k:<key>`
--- goes with it while it names this job), and counts it out of its group (rec: its record, when
--- the caller has it). Returns 1, or 0 when JOBS did not hold it.
+-- errors and death; `p:<id>`: its progress; `k:<key>`, the dedup key its record carries, while
+-- that names this job), and counts it out of its group (rec: its record, when the caller has
+-- it). Returns 1, or 0 when JOBS did not hold it.
 local function drop(id, rec)
   rec = rec or redis.call('HGET', JOBS, id)
   if not rec then return 0 end
   redis.call('HDEL', JOBS, id)
   count_group(group_of(rec), -1)
-  local key = redis.call('HGET', NOTES, 'd:' .. id)
-  if key then
-    if redis.call('HGET', NOTES, 'k:' .. key) == id then redis.call('HDEL', NOTES, 'k:' .. key) end
-    redis.call('HDEL', NOTES, id, 'p:' .. id, 'd:' .. id)
+  local key = dedup_of(rec)
+  if key and redis.call('HGET', NOTES, 'k:' .. key) == id then
+    redis.call('HDEL', NOTES, id, 'p:' .. id, 'k:' .. key)
   else
     redis.call('HDEL', NOTES, id, 'p:' .. id)
   end
@@ -142,22 +142,39 @@ local function count_wheel(delta)
   if redis.call('HINCRBY', META, 'w', delta) <= 0 then redis.call('HDEL', META, 'w') end
 end
 
--- META.next: no pump event of this queue is earlier (set exactly by next_event.lua). A script
--- that adds an earlier event lowers it and reports so (the `lowered` flag of its reply); the
--- caller then signals the shard. Returns 1 when it lowered META.next, else 0.
+-- META.next: no pump event of this queue is earlier (set exactly by next_event.lua). NEXT is
+-- META.next as this call last read or wrote it (nil: not read yet; false: none), so that a
+-- call adding many events reads it once.
+local NEXT = nil
+
+-- META.next (ms), or false when it is not set.
+local function next_marked()
+  if NEXT == nil then NEXT = tonumber(redis.call('HGET', META, 'next') or '') or false end
+  return NEXT
+end
+
+-- A script that adds an earlier event lowers META.next and reports so (the `lowered` flag of
+-- its reply); the caller then signals the shard. Returns 1 when it lowered it, else 0.
 local function lower_next(t)
-  local cur = redis.call('HGET', META, 'next')
-  if not cur or t < tonumber(cur) then
+  if not next_marked() or t < NEXT then
     redis.call('HSET', META, 'next', t)
+    NEXT = t
     return 1
   end
   return 0
+end
+
+-- Sets META.next exactly: the queue's next event at t (ms; negative: it has none).
+local function set_next(t)
+  if t >= 0 then redis.call('HSET', META, 'next', t) else redis.call('HDEL', META, 'next') end
+  NEXT = t >= 0 and t or false
 end
 
 -- An empty queue keeps no META (no jobs means no events): nothing left behind.
 local function tidy()
   if redis.call('EXISTS', JOBS) == 0 and not redis.call('HGET', META, 'w') then
     redis.call('DEL', META)
+    NEXT = nil
   end
 end
 

@@ -7,6 +7,9 @@
 --@include lib/acked
 --@include lib/wheel
 
+-- Whether the queue is known to exist (it holds a job) in this call: looked at once.
+local LIVE = false
+
 -- Places one new job (publish, republish). Returns its code (DUPLICATE, WHEEL, DELAYED or
 -- READY) and the `lowered` flag: 1 when META.next moved earlier or the queue came into being.
 -- `bucket`: the job's wheel bucket, looked in for a duplicate; the job goes there if `wheel`.
@@ -20,9 +23,10 @@ local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, 
     return CODE.DUPLICATE, 0 -- present, or acked a moment ago (a repeated publish must not bring it back)
   end
   local lowered = 0
-  if redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0 then
+  if not LIVE and redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0 then
     lowered = 1 -- a queue coming into being: the caller registers it in its shard
   end
+  LIVE = true -- this job is about to exist, so the queue does for the rest of the call
   count_group(group_of(rec), 1)
   local st
   if due <= now then

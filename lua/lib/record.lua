@@ -35,8 +35,9 @@ local function expired(rec, now)
 end
 
 -- The record's flags (its 18th byte): 1 attributes, 2 its own backoff, 4 a group (`u8 len` +
--- the name, after the backoff).
-local FLAG_GROUP = 4
+-- the name, after the backoff), 8 the simple or debounce dedup key it was published under
+-- (`u8 len` + the key, after the group).
+local FLAG_GROUP, FLAG_DEDUP = 4, 8
 local BACKOFF_SIZE = 11 -- `>B I4 I4 H`
 
 -- The group named in a record, or in a short wheel value when `at` = 11 (where its flags byte
@@ -51,4 +52,14 @@ end
 
 local function group_of(rec)
   return group_at(rec, 18)
+end
+
+-- The dedup key a record carries (flag 8); false: none.
+local function dedup_of(rec)
+  local flags = string.byte(rec, 18)
+  if bit.band(flags, FLAG_DEDUP) == 0 then return false end
+  local i = 19
+  if bit.band(flags, 2) ~= 0 then i = i + BACKOFF_SIZE end
+  if bit.band(flags, FLAG_GROUP) ~= 0 then i = i + 1 + string.byte(rec, i) end
+  return string.sub(rec, i + 1, i + string.byte(rec, i))
 end

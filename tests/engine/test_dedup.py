@@ -89,7 +89,9 @@ async def test_simple_a_dead_job_frees_its_key_and_delete_leaves_nothing(
     assert (await sizes(engine)).dead == 1
     second = await keyed(engine, t + 32 * SEC)
     assert second.dedup == "new" and second.published[0].job_id != first.published[0].job_id
-    check_queue(sync_redis, NS, Q)  # the dead job no longer names the key
+    check_queue(sync_redis, NS, Q)  # the key names the new job
+    dead = await engine.run(ops.peek_job(NS, Q, first.published[0].job_id))
+    assert dead is not None and dead.dedup_key == "k1"  # the key it was published under
     await engine.run(ops.delete_dead(NS, Q, 10))
     check_queue(sync_redis, NS, Q)
     assert (await keyed(engine, t + 33 * SEC)).dedup == "existing"  # the new job still holds it
