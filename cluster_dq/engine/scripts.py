@@ -5,6 +5,11 @@ includes itself (so every local a lib defines comes before its first use).
 ``lib/codes.lua`` is a table of named reply codes, but no script builds that table when it
 runs (it would cost every call ~1.5 us of server time): the loader folds each ``CODE.NAME``
 into its number instead, and an unknown name fails here, at load time.
+
+A script's libs run before it on every call, and each ``local function`` they define is a
+closure made anew each time (about 0.1 us of server time apiece): the loader leaves out each
+top-level function of a lib that nothing in the script names (``_shaken``), which takes
+1-2 us off every call.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ CODES_LIB = "lib/codes"
 _CODE_TABLE = re.compile(r"^local CODE = \{\n(.*?)^\}", re.DOTALL | re.MULTILINE)
 _CODE_ENTRY = re.compile(r"^\s*([A-Z_]+) = (-?\d+),", re.MULTILINE)
 _CODE_REF = re.compile(r"\bCODE\.([A-Za-z_]+)\b")
+# a lib's top-level function: from `local function name(` at the start of a line to the first
+# `end` alone at the start of a line (the libs' style: a function's body is indented)
+_COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)  # no string of the scripts holds `--`
+_TOP_FUNCTION = re.compile(r"^local function (\w+)\(.*?^end\n", re.MULTILINE | re.DOTALL)
 
 
 def lua_dir() -> Path:
@@ -72,7 +81,22 @@ def _expand(text: str, base: Path, codes: dict[str, int]) -> str:
         return _INCLUDE.sub(include, (base / f"{name}.lua").read_text())  # its own first
 
     expanded = _INCLUDE.sub(include, text)
-    return _CODE_REF.sub(lambda m: _fold(m.group(1), codes), expanded)
+    return _shaken(_CODE_REF.sub(lambda m: _fold(m.group(1), codes), expanded))
+
+
+def _shaken(source: str) -> str:
+    """``source`` without the top-level functions that nothing else in it calls or names
+    outside comments (a name in a string keeps one: never too few), until none is left."""
+    while True:
+        blocks = [(m.group(1), m.start(), m.end()) for m in _TOP_FUNCTION.finditer(source)]
+        kept = source
+        for name, start, end in reversed(blocks):  # from the end: earlier offsets stay right
+            rest = kept[:start] + kept[end:]
+            if not re.search(rf"\b{re.escape(name)}\b", _COMMENT.sub("", rest)):
+                kept = rest
+        if kept == source:
+            return source
+        source = kept
 
 
 @functools.cache
