@@ -34,6 +34,11 @@ Anomalies (``check`` counts each, with examples):
 
 The last two are the extensions' (loadtest/history_extensions.py, where their derivation is).
 
+A publish under a dedup key may make no job of its own (answered ``existing``: the key's holder),
+and a debounce puts its body into the key's holder (answered ``replaced``, keeping that job's
+id, its tries and delivery count started afresh): a job whose body changed (answered
+``replaced``, or seen under two bodies) is checked once, by its id, at the end (``lost``: a job
+that a 2xx publish made or replaced, never acked, gone at the end); its publishes are not.
 """
 
 from __future__ import annotations
@@ -260,20 +265,31 @@ def check(history: History, final: Final) -> Report:
     dead_by_queue: Counter[str] = Counter()
     lost_consumes = [o for o in ops if o.f == "consume" and o.type == "info"]
     never_delivered = 0
-    # a publish answered with a dedup key's job made none, and a debounce replaced a job's body:
-    # their keys name another publish's job (dead jobs are counted once, by id)
-    replaced = {
+    # A publish answered with a dedup key's job (existing) made none, and a job a debounce gave
+    # another body (answered replaced, or seen under two bodies) is checked by id, below.
+    bodies: dict[str, set[str]] = {}  # job id -> the bodies (keys) it was made or seen with
+    for key, p in publishes.items():
+        if p.type == "ok" and p.result.get("dedup", "new") == "new" and p.result.get("job_id"):
+            bodies.setdefault(p.result["job_id"], set()).add(key)
+        for d in deliveries.get(key, []):
+            bodies.setdefault(d.job_id, set()).add(key)
+    replaced = {j for j, keys in bodies.items() if len(keys) > 1} | {
         p.result["job_id"] for p in publishes.values() if p.result.get("dedup") == "replaced"
     }
-    dead_ids: dict[str, set[str]] = {}
+
+    def job_of(key: str) -> str | None:
+        ds = deliveries.get(key)
+        return publishes[key].result.get("job_id") or (ds[0].job_id if ds else None)
+
+    dead_ids: dict[str, set[str]] = {}  # dead jobs are counted once, by id
     for key, p in publishes.items():
         state = final.states.get(key)
         if state == "dead":
-            dead_ids.setdefault(p.args["queue"], set()).add(p.result.get("job_id") or key)
+            dead_ids.setdefault(p.args["queue"], set()).add(job_of(key) or key)
         acts = by_key.get(key, [])
         if p.type == "fail" or any(a.f == "ack" and a.type == "info" for a in acts):
             continue  # maybe acked: gone or dead are both right
-        if p.result.get("dedup") == "existing" or p.result.get("job_id") in replaced:
+        if p.result.get("dedup") == "existing" or job_of(key) in replaced:
             continue
         acked = any(a.f == "ack" and a.type == "ok" for a in acts)
         ds = deliveries.get(key, [])
@@ -305,6 +321,19 @@ def check(history: History, final: Final) -> Report:
             )
         elif state not in (None, "dead"):
             flag("left_behind", {"key": key, "state": state})
+    acked_ids = {o.args.get("job_id") for o in ops if o.f == "ack" and o.type != "fail"}
+    keys_of: dict[str | None, list[str]] = {}  # job id -> the publishes answered with it, or seen
+    for key, p in publishes.items():
+        if p.type != "fail":
+            keys_of.setdefault(job_of(key), []).append(key)
+    for jid in sorted(replaced - acked_ids):  # a 2xx made or replaced it: acked, dead or lost
+        keys = keys_of.get(jid, [])
+        made = any(
+            publishes[k].type == "ok" and publishes[k].result.get("dedup") != "existing"
+            for k in keys
+        )
+        if made and all(final.states.get(k) is None for k in keys):
+            flag("lost", {"job_id": jid, "bodies": sorted(bodies.get(jid, ()))})
     dead_by_queue.update({q: len(ids) for q, ids in dead_ids.items()})
     for q, size in final.dead_sizes.items():
         if size != dead_by_queue[q]:

@@ -4,7 +4,8 @@ fair turns between a queue's groups, and one job per dedup key. Pure.
 Groups and dedup keys come from a publish's arguments: ``group``, ``priority`` (absent: 0),
 ``ttl_ms``, ``dedup`` (the key) and ``dedup_mode`` (absent: simple; a throttle key promises no
 single job: not checked); its ``ok`` result has ``job_id`` and ``dedup`` (new, existing,
-replaced). A ``configure_group`` operation (``queue``, ``group``) may have limited that group.
+replaced). A ``configure_group`` operation (``queue``, ``group``) may have paused or limited
+that group.
 
 ``starved``. Under the fair tag rule (lua/lib/groups.lua) a grouped job's READY score is
 ``tag = max(V, its group's last tag + 1)``, V the tag of READY's head; a group's tags are
@@ -23,22 +24,25 @@ from ``V_R`` to ``tag_J`` are one apart, one per readiness; a tag delivered by R
 asked for by consumes of q whose reply was lost, before R) - (G's deliveries, J's aside, whose
 reply came before J's publish invoke + d). Flagged: some H with more than ``W + 2`` such
 deliveries by consumes whose reply came before ``end``: J waited behind more than one job of H
-per round. The rule never passes that bound; the engine does in two ways, each a starvation,
-flagged as such: V read from the head of a higher priority (above J's whole line), and a job
-H held back (a limit, a pause, a rate) brought back at READY's head with the head's tag,
-not a fresh one (it ties with J and passes it by its older id, each time). Not checked: J of a
-group a ``configure_group`` touched (paused, at its limit or rate, it waits by design), a
-queue with ungrouped jobs (a due time can put READY's head, and V, below the tags), and
-histories that kick or redrive dead jobs (a revived job becomes ready without a delivery).
+per round. The rule never passes that bound (V read from the head of a higher priority, above
+J's whole line, would: flagged). A group's held-back jobs (a pause, a concurrency limit, a
+rate) come back by design one tag apart just behind READY's head (docs/api.md, "Groups"), not
+at fresh tags of their group's line, so they may pass J more often than that: a group a
+``configure_group`` touched is judged neither as J's group (paused or at its limit, it waits by
+design) nor as one passing J. Not checked either: a queue with ungrouped jobs (a due time can
+put READY's head, and V, below the tags), and histories that kick or redrive dead jobs (a
+revived job becomes ready without a delivery).
 
 ``dedup_twice``. A job is certainly alive from the completion of the first operation that showed
-it (its publish answered with it, ``new`` or ``existing``, or its delivery) until the first
-instant it may have ended: the invoke of an ack of it, the consume invoke of a delivery that
-used its last try (a release or its ttr may end it from then), the invoke + ttr of any consume
-of its queue whose reply was lost (it may have used the last try unseen), or its ttl's end.
-Flagged: for one key, an operation showing another job id invoked after the first job was
-certainly alive and completed before it may have ended (a failover that loses a job without
-durable writes frees its key: reported there, as ``lost`` is).
+it (its publish answered with it, ``new``, ``existing`` or ``replaced``, or its delivery) until
+the first instant it may have ended: the invoke of an ack of it, the consume invoke of a
+delivery that used its last try (a release or its ttr may end it from then), the invoke + ttr
+of any consume of its queue whose reply was lost (it may have used the last try unseen), or its
+ttl's end. Flagged: for one key, an operation showing another job id invoked after the first
+job was certainly alive and completed before it may have ended. Across a Redis failover this
+is reported, not a verdict: a failover without durable writes loses jobs and frees their keys,
+and even with them a job shown only by writes that are not durable (an ``existing`` answer
+writes nothing, a consume is not a durable write) may be rolled back.
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def starved(
                 break
             h = k.args.get("group")
             prio = int(k.args.get("priority") or 0) <= int(p.args.get("priority") or 0)
-            if h != g and k.invoked > ready and prio:
+            if h != g and (q, h) not in limited and k.invoked > ready and prio:
                 passed[h] += 1
         over = [(h, n) for h, n in passed.items() if n > max(0, w) + 2]
         if over:
