@@ -72,6 +72,29 @@ end
 
 local was_empty = redis.call('EXISTS', READY) == 0
 local max_size = tonumber(redis.call('HGET', CONF, 'max_size') or '') -- the queue's; false: none
+EXPIRE_LATER = {} -- the jobs' EXPIRE entries in one ZADD at the end (lib/place.lua)
+
+-- The dedup keys' holders (NOTES `k:<key>`; false: none), read for the whole call in one
+-- HMGET; the holders this call gives keys (GIVEN), written in one HSET at its end. A request
+-- sees what an earlier one gave.
+local HOLDER, GIVEN = {}, {}
+do
+  local names, at = {}, 4
+  while at <= #ARGV do
+    local k = ARGV[at]
+    if k ~= '' and HOLDER[k] == nil then
+      HOLDER[k] = false
+      names[#names + 1] = k
+    end
+    at = at + 7 + tonumber(ARGV[at + 6])
+  end
+  for i = 1, #names, CHUNK do
+    local fields = {}
+    for j = i, math.min(i + CHUNK - 1, #names) do fields[#fields + 1] = 'k:' .. names[j] end
+    local got = redis.call('HMGET', NOTES, unpack(fields))
+    for j = 1, #fields do HOLDER[names[i + j - 1]] = got[j] or false end
+  end
+end
 
 -- One request, its 7 values and its jobs from ARGV[at]: its reply, and where the next begins.
 local function request(at)
@@ -98,7 +121,7 @@ local function request(at)
   -- else a throttle window's while it lasts (whatever became of its job)
   local held, holder = false, false
   if dkey ~= '' then
-    held = redis.call('HGET', NOTES, 'k:' .. dkey)
+    held = HOLDER[dkey]
     if held and redis.call('HEXISTS', JOBS, held) == 1 and not redis.call('ZSCORE', DEAD, held) then
       holder = held
     else
@@ -121,6 +144,7 @@ local function request(at)
     local due, _, rec = job(1)
     local old = redis.call('HGET', JOBS, holder)
     if st == CODE.READY then unready(holder, old, now) else redis.call('ZREM', DELAYED, holder) end
+    EXPIRE_LATER[holder] = nil
     redis.call('ZREM', EXPIRE, holder)
     redis.call('HSET', JOBS, holder, rec)
     count_group(group_of(old), -1)
@@ -135,7 +159,7 @@ local function request(at)
     end
     local e = expire_at(rec)
     if e > 0 then
-      redis.call('ZADD', EXPIRE, e, holder)
+      EXPIRE_LATER[holder] = e
       lowered = math.max(lowered, lower_next(e))
     end
     dedup, members[1] = CODE.REPLACED, holder
@@ -164,7 +188,7 @@ local function request(at)
       if mode == THROTTLE then
         keep_keyed('t:' .. dkey, dtill, id)
       else
-        redis.call('HSET', NOTES, 'k:' .. dkey, id) -- its record carries the key (drop)
+        HOLDER[dkey], GIVEN[dkey] = id, id -- its record carries the key (drop)
       end
     end
   end
@@ -184,6 +208,15 @@ local replies, at = {}, 4
 while at <= #ARGV do
   replies[#replies + 1], at = request(at)
 end
+local given = {}
+for k, id in pairs(GIVEN) do
+  given[#given + 1] = 'k:' .. k
+  given[#given + 1] = id
+end
+for i = 1, #given, 2 * CHUNK do
+  redis.call('HSET', NOTES, unpack(given, i, math.min(i + 2 * CHUNK - 1, #given)))
+end
+flush_expiring()
 if wrote then
   local last = redis.call('ZRANGE', KEYED_DUE, -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', KEYED, last[2])

@@ -9,6 +9,21 @@
 
 -- Whether the queue is known to exist (it holds a job) in this call: looked at once.
 local LIVE = false
+-- false, or (a caller placing many jobs) a table id -> expiry ms: the jobs' EXPIRE entries,
+-- written in one ZADD by `flush_expiring` at the end of the call.
+local EXPIRE_LATER = false
+
+local function flush_expiring()
+  local args = {}
+  for id, e in pairs(EXPIRE_LATER) do
+    args[#args + 1] = e
+    args[#args + 1] = id
+  end
+  for i = 1, #args, 2 * CHUNK do
+    redis.call('ZADD', EXPIRE, unpack(args, i, math.min(i + 2 * CHUNK - 1, #args)))
+  end
+  EXPIRE_LATER = {}
+end
 
 -- Places one new job (publish, republish). Returns its code (DUPLICATE, WHEEL, DELAYED or
 -- READY) and the `lowered` flag: 1 when META.next moved earlier or the queue came into being.
@@ -48,7 +63,7 @@ local function place(id, due, rec, bucket, bname, wheel, now, cap, width, lead, 
   end
   local e = expire_at(rec)
   if e > 0 then
-    redis.call('ZADD', EXPIRE, e, id)
+    if EXPIRE_LATER then EXPIRE_LATER[id] = e else redis.call('ZADD', EXPIRE, e, id) end
     lowered = math.max(lowered, lower_next(e))
   end
   return st, lowered
