@@ -344,7 +344,7 @@ def check(history: History, final: Final) -> Report:
     for name, what in final.leftovers.items():
         flag("left_behind", {name: what})
 
-    starved(ops, publishes, deliveries, flag)
+    turns = starved(ops, publishes, deliveries, flag)
     dedup_twice(ops, publishes, deliveries, flag)
 
     stats = {
@@ -361,5 +361,6 @@ def check(history: History, final: Final) -> Report:
         "operations": sum(1 for o in ops),
         "grouped_publishes": sum(1 for p in publishes.values() if p.args.get("group")),
         "dedup_publishes": sum(1 for p in publishes.values() if p.args.get("dedup")),
+        **turns,
     }
     return Report(counts, examples, stats)

@@ -20,7 +20,9 @@ a distinct tag in ``[V_R, tag_J]`` (a priority above J's is not counted), and ``
 W + 1``, W being G's readinesses that came before J's and were not delivered by R (G's tags
 from ``V_R`` to ``tag_J`` are one apart, one per readiness; a tag delivered by R is at most
 ``V_R``). From the history: W <= (G's publishes, J's aside, whose invoke + delay is before R) +
-(G's deliveries whose consume was invoked before R: each may bring its job back) + (the jobs
+(G's deliveries whose consume was invoked before R and that may bring their job back: not one
+on its last try, which its ttr or a release ends, nor one whose lease's ack succeeded while
+no other ack of the job may have come first, since a lease acks a gone job too) + (the jobs
 asked for by consumes of q whose reply was lost, before R) - (G's deliveries, J's aside, whose
 reply came before J's publish invoke + d). Flagged: some H with more than ``W + 2`` such
 deliveries by consumes whose reply came before ``end``: J waited behind more than one job of H
@@ -56,15 +58,34 @@ from loadtest.history_events import Delivery, Flag, Op, lost_consumes
 
 def starved(
     ops: list[Op], publishes: dict[str, Op], deliveries: dict[str, list[Delivery]], flag: Flag
-) -> None:
+) -> dict[str, int]:
     """``starved`` (module docstring): per grouped job J, the deliveries of each other group
-    of its queue that passed it, against the turns it may have had to wait."""
+    of its queue that passed it, against the turns it may have had to wait. Returns how much
+    was judged: the jobs, the most jobs of one group seen passing one of them, and the fewest
+    turns any of them had to spare (bound - passes; below 0: flagged)."""
+    judged, most, spare = 0, 0, math.inf
     done = [o for o in ops if o.type != "fail"]
     limited = {(o.args["queue"], o.args["group"]) for o in done if o.f == "configure_group"}
     lost = lost_consumes(ops)
-    acks: dict[str, list[float]] = {}
+    acks: dict[str, list[Op]] = {}  # by key: the acks that may have happened
     for o in (o for o in done if o.f == "ack"):
-        acks.setdefault(o.args["key"], []).append(o.invoked)
+        acks.setdefault(o.args["key"], []).append(o)
+
+    def brings_nothing_back(d: Delivery, p: Op) -> bool:
+        """Whether delivery d certainly brought its job back to no readiness: it used the last
+        try (its ttr or a release ends the job), or an ack with its lease succeeded while no
+        other ack of the job may have come first (a lease acks a gone job too) nor its ttl."""
+        if d.remain_tries == 0:
+            return True
+        if d.lease is None or p.args.get("ttl_ms"):
+            return False
+        mine = acks.get(d.key, [])
+        return any(
+            a.type == "ok"
+            and a.args.get("lease") == d.lease
+            and not any(b is not a and b.invoked < a.completed for b in mine)
+            for a in mine
+        )
 
     def of(p: Op) -> tuple[str, str | None]:
         return p.args["queue"], p.args.get("group")
@@ -83,7 +104,8 @@ def starved(
             continue
         ready_from.setdefault(of(p), []).append(p.invoked + sec(p, "delay_ms"))
         for d in deliveries.get(key, []):
-            asked.setdefault(of(p), []).append(d.invoked)
+            if not brings_nothing_back(d, p):
+                asked.setdefault(of(p), []).append(d.invoked)
             answered.setdefault(of(p), []).append(d.completed)
             passing.setdefault(p.args["queue"], []).append((d.completed, p))
     for xs in (*ready_from.values(), *asked.values(), *answered.values(), *passing.values()):
@@ -96,7 +118,7 @@ def starved(
         due = p.invoked + sec(p, "delay_ms")  # J was not ready before this,
         ready = p.completed + sec(p, "delay_ms")  # and ready by this (R)
         mine = deliveries.get(key, [])
-        end = min([math.inf, *(d.invoked for d in mine), *acks.get(key, [])])
+        end = min([math.inf, *(d.invoked for d in mine), *(a.invoked for a in acks.get(key, []))])
         if all(d.deliveries != 1 for d in mine):  # taken unseen by a consume whose reply was lost
             end = min([end, *(c.invoked for c in lost.get(q, []) if c.completed > p.invoked)])
         if p.args.get("ttl_ms"):
@@ -115,6 +137,8 @@ def starved(
             prio = int(k.args.get("priority") or 0) <= int(p.args.get("priority") or 0)
             if h != g and (q, h) not in limited and k.invoked > ready and prio:
                 passed[h] += 1
+        judged, most = judged + 1, max([most, *passed.values()])
+        spare = min(spare, max(0, w) + 2 - max(passed.values(), default=0))
         over = [(h, n) for h, n in passed.items() if n > max(0, w) + 2]
         if over:
             waited = round(min([end, *(d.completed for d in mine)]) - ready, 3)
@@ -123,6 +147,11 @@ def starved(
                 "starved",
                 {**what, "deliveries": over[0][1], "bound": max(0, w) + 2, "waited_s": waited},
             )
+    return {
+        "turns_judged": judged,
+        "turns_passed_most": most,
+        "turns_spare_least": int(spare) if judged else 0,
+    }
 
 
 def dedup_twice(

@@ -3,6 +3,7 @@ passes, and each anomaly is found (and only it). Pure: no Redis, no service."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from loadtest.history_check import KINDS, Final, History, Report, check
@@ -412,6 +413,54 @@ def test_starved_a_light_group_passed_by_a_heavy_ones_later_jobs() -> None:
     s = turns(heavy_first=0, heavy_late=3)
     s.op("consume", 1.0, 1.02, "info", queues=["q"], ttr_ms=1000, count=1)
     only(s.check(), None)
+
+
+def earlier_turns(tries: int, lease: bool, first_ack: str | None = None) -> Report:
+    """turns(heavy_late=3) after three earlier light jobs, each delivered once (with a lease or
+    without) and acked at once; ``first_ack``: the outcome of another ack of the first one,
+    sent before its ack came back."""
+    s = Script()
+    for i in range(3):
+        key, job_lease = f"e{i}", f"L{i}" if lease else None
+        s.op(
+            "publish",
+            0.1,
+            0.15,
+            key=key,
+            queue="q",
+            delay_ms=0,
+            tries=tries,
+            group="light",
+            result={"job_id": "id-" + key},
+        )
+        job = {
+            "key": key,
+            "job_id": "id-" + key,
+            "remain_tries": tries - 1,
+            "deliveries": 1,
+            "lease": job_lease,
+        }
+        s.op("consume", 0.2, 0.25, process=1, queues=["q"], ttr_ms=1000, result={"jobs": [job]})
+        if first_ack and i == 0:
+            s.act("ack", key, 0.28, 0.4, first_ack)
+        s.act("ack", key, 0.3, 0.35, lease=job_lease)
+    late = turns(heavy_first=0, heavy_late=3)
+    s.h.events += [replace(e, op=e.op + 100) for e in late.h.events]
+    return s.check()
+
+
+def test_starved_counts_only_the_turns_a_group_may_still_take() -> None:
+    # each earlier delivery may have brought its job back (dropped): 3 turns more, not starved
+    only(earlier_turns(tries=2, lease=False), None)
+    # acked with their lease, they certainly did not: the light job waited behind 3 later jobs
+    r = earlier_turns(tries=2, lease=True)
+    only(r, "starved")
+    assert r.examples["starved"][0]["bound"] == 2, r.examples
+    # ... as on their last try (a release or the ttr ends the job there)
+    only(earlier_turns(tries=1, lease=False), "starved")
+    # a lease acks a job already gone too: another ack may have come first (and the ttr had
+    # brought the job back before it): that delivery's turn counts again
+    only(earlier_turns(tries=2, lease=True, first_ack="info"), None)
 
 
 def test_a_clean_history_of_dedup_keys_passes() -> None:
