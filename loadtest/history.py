@@ -7,22 +7,31 @@
     options: --seconds 20 (load) --rate 60 (publishes/s) --no-durable --seed N
 
 Two `cluster-dq serve` instances (loadtest/drill.py's machinery) on a Redis topology of their
-own. Producers publish with random delays, tries and (some) client job ids; consumers long-poll
-and, for each job, at random ack it, drop it (its ttr runs out), touch it and ack later, release
-it with a delay, or ack it after its ttr ran out (a late ack: with its lease it must be refused
-with a 409; one consumer, an lmstfy client, never sends a lease).
+own. Producers publish with random delays, tries and (some) client job ids, into three queues
+(loadtest/history_mix.py): q1 takes only grouped jobs (a heavy group's bursts, three light
+groups, and a metered group that an operator pauses, resumes and limits at run time, lifting
+it all before the drain); in q0 and q2 some jobs go under dedup keys from a small pool
+(simple or debounce, meeting on the same keys; throttle windows on others). Consumers
+long-poll and, for each job, at random ack it, drop it (its ttr runs out), touch it and ack
+later, release it with a delay, or ack it after its ttr ran out (a late ack: with its lease it
+must be refused with a 409; one consumer of q0 and q2, an lmstfy client, never sends a lease);
+q1's two consumers take about half of what is published there three seconds in four, so a
+backlog builds and ebbs across the groups' turns.
 Every request is recorded as an invoke and an ok / fail / info completion (loadtest/
-history_check.py). A third of the way in the first event happens, two thirds in the second,
+history_events.py). A third of the way in the first event happens, two thirds in the second,
 each killed instance is restarted at once (as a supervisor would); then the load stops, the
 consumers drain (ack everything), every job's final state is looked up, dead letters counted
-and deleted, and the queues must be empty with nothing left in Redis. The checker then counts
-anomalies by kind; the report prints them with the operation counts.
+and deleted, and the queues must be empty with nothing left in Redis. The checker
+(loadtest/history_check.py) then counts anomalies by kind; the report prints them with the
+operation counts, what was done with groups and dedup keys, and how many grouped jobs the
+fair-turns check judged.
 
 What is asserted where (tests/system/test_history.py) is what the engine guarantees: on standalone,
-no anomaly at all; across a Redis failover no unexpected or early delivery, exact
-remain_tries and nothing left behind, and with durable publish (WaitReplicas=1) nothing lost
-and no acked job delivered again. A consume is not a durable write, so a failover may roll a
-reservation back: held-twice, tries and dead-letter counts are reported there, not asserted.
+no anomaly at all (fair turns and one job per dedup key included); across a Redis failover no
+unexpected or early delivery, exact remain_tries and nothing left behind, and with durable
+publish (WaitReplicas=1) nothing lost and no acked job delivered again. A consume is not a
+durable write, so a failover may roll a reservation back (and a group's turns with it):
+held-twice, tries, dead-letter, starved and dedup-twice counts are reported there, not asserted.
 """
 
 from __future__ import annotations
@@ -56,10 +65,14 @@ from loadtest.drill import (  # noqa: E402
     setup,
     start_instance,
 )
-from loadtest.history_check import KINDS, Final, History, Report, check  # noqa: E402
+from loadtest import history_mix as mix  # noqa: E402
+from loadtest.history_check import KINDS, Final, Report, check  # noqa: E402
+from loadtest.history_events import History  # noqa: E402
 
 SCENARIOS = ("standalone", "sentinel", "cluster")
 LMSTFY_CONSUMER = 103  # the process number of the consumer that ignores leases
+HEAVY_PRODUCER = 0  # the process number of the producer of the heavy group's bursts
+OPERATOR = 200  # the process number of the operator who changes the metered group's settings
 NS = "hist"
 
 
@@ -156,30 +169,45 @@ class Client:
         run.h.complete(op, "fail" if 400 <= status < 500 else "info", t, status=status, body=body)
         return ("fail" if 400 <= status < 500 else "info"), status, body
 
-    async def publish(self, n: int) -> None:
+    async def publish(self, n: int, heavy: bool = False) -> None:
+        """One job: of the heavy group, or as ``mix.pick`` chooses (plain, grouped, keyed)."""
         rng = self.run.rng
         key = f"k{self.process}-{n}"
-        q = rng.choice(self.run.queues)
+        q, extra = mix.heavy(self.run.queues) if heavy else mix.pick(rng, self.run.queues)
         delay_ms = 0 if rng.random() < 0.3 else rng.randint(100, 1500)
         tries = rng.randint(1, 3)
-        params: dict[str, Any] = {"delay_ms": delay_ms, "tries": tries}
+        params: dict[str, Any] = {"delay_ms": delay_ms, "tries": tries, **extra}
         client_id = f"c-{key}" if rng.random() < 0.3 else None
         if client_id:
             params["job_id"] = client_id
         args = {"key": key, "queue": q, "delay_ms": delay_ms, "tries": tries, "job_id": client_id}
+        args.update(mix.recorded(extra))
         type_, _, got = await self.op(
             "publish", "PUT", f"/api/{NS}/{q}", params, args, (201,), key.encode()
         )
         if type_ == "ok":
             op, t, body = got
-            self.run.h.complete(op, "ok", t, job_id=body["job_id"])
+            answer = {"dedup": body["dedup"]} if "dedup" in body else {}
+            self.run.h.complete(op, "ok", t, job_id=body["job_id"], **answer)
             self.run.published += 1
 
-    async def consume(self, ttr_ms: int, count: int) -> list[dict[str, Any]]:
+    async def configure(self, settings: dict[str, Any]) -> str:
+        """A change of the metered group's settings (PATCH), answered with the group."""
+        q, g = mix.grouped_queue(self.run.queues), mix.METERED
+        args = {"queue": q, "group": g, "settings": settings}
+        path = f"/api/{NS}/{q}/groups/{g}"
+        data = json.dumps(settings).encode()
+        type_, _, got = await self.op("configure_group", "PATCH", path, {}, args, (200,), data)
+        if type_ == "ok":
+            op, t, body = got
+            self.run.h.complete(op, "ok", t, **body)
+        return type_
+
+    async def consume(self, queues: list[str], ttr_ms: int, count: int) -> list[dict[str, Any]]:
         params = {"ttr_ms": ttr_ms, "timeout": 1, "count": count}
-        args = {"queues": self.run.queues, "ttr_ms": ttr_ms, "count": count}
+        args = {"queues": queues, "ttr_ms": ttr_ms, "count": count}
         type_, status, got = await self.op(
-            "consume", "GET", f"/api/{NS}/{','.join(self.run.queues)}", params, args, (200,)
+            "consume", "GET", f"/api/{NS}/{','.join(queues)}", params, args, (200,)
         )
         if (
             type_ == "fail" and status == 404
@@ -245,28 +273,52 @@ class Client:
 async def producer(run: Run, process: int, rate: float, until: float, at_least: int) -> None:
     """Publishes at ``rate`` until ``until``, and on until ``at_least`` publishes of all
     producers got a 2xx (a slow machine or a long failover must not make a vacuous run; at
-    most 120 s more)."""
+    most 120 s more). One producer is the heavy group's: its jobs go ``mix.BURST`` at once."""
     async with session() as http:
         c = Client(run, process, http)
         n = 0
         start = run.now()
+        burst = mix.BURST if process == HEAVY_PRODUCER else 1
         while run.now() < until or (run.published < at_least and run.now() < until + 120):
-            await c.publish(n)
-            n += 1
+            await asyncio.gather(*(c.publish(n + i, burst > 1) for i in range(burst)))
+            n += burst
             await asyncio.sleep(max(0.0, start + n / rate - run.now()))
 
 
-async def consumer(run: Run, process: int, stop: asyncio.Event) -> None:
+async def operator(run: Run, until: float) -> None:
+    """Changes the metered group's settings every 0.2 to 1.5 s until ``until``, then lifts
+    them all (until a 200 says so), so that the drain empties its queue."""
+    async with session() as http:
+        c = Client(run, OPERATOR, http)
+        while run.now() < until:
+            await asyncio.sleep(run.rng.uniform(0.2, 1.5))
+            await c.configure(run.rng.choice(mix.SETTINGS))
+        for _ in range(150):
+            if await c.configure(mix.UNLIMITED) == "ok":
+                break
+            await asyncio.sleep(0.2)
+
+
+async def consumer(
+    run: Run, process: int, stop: asyncio.Event, queues: list[str], paced: float = 0
+) -> None:
+    """Consumes from ``queues`` until ``stop``, 1 to 5 jobs at a time. ``paced``: three seconds
+    in four, one job per consume and at most ``paced`` consumes a second (unpaced the fourth
+    second and while draining), so that a backlog builds and ebbs."""
     async with session() as http:
         c = Client(run, process, http)
         handling: set[asyncio.Task[None]] = set()
         while not stop.is_set():
             ttr_ms = 5000 if run.draining else run.rng.randint(300, 1500)
-            jobs = await c.consume(ttr_ms, run.rng.randint(1, 5))
+            slow = paced and not run.draining and run.now() % 4 < 3
+            started = run.now()
+            jobs = await c.consume(queues, ttr_ms, 1 if slow else run.rng.randint(1, 5))
             for job in jobs:
                 t = asyncio.create_task(c.handle(job, ttr_ms))
                 handling.add(t)
                 t.add_done_callback(handling.discard)
+            if slow:
+                await asyncio.sleep(max(0.0, started + 1 / paced - run.now()))
         await asyncio.gather(*handling)
 
 
@@ -409,16 +461,24 @@ async def final_state(run: Run) -> Final:
 
 async def load(run: Run, seconds: float, rate: float, at_least: int = 0) -> None:
     stop = asyncio.Event()
-    consumers = [asyncio.create_task(consumer(run, 100 + k, stop)) for k in range(4)]
+    grouped = mix.grouped_queue(run.queues)
+    others = [q for q in run.queues if q != grouped]
+    consumers = [asyncio.create_task(consumer(run, 100 + k, stop, others)) for k in range(4)]
+    # The grouped queue's own consumers take about half of what is published there (rate / 2)
+    # three seconds in four: a backlog, heavy's mostly, across whose turns the others pass.
+    consumers += [
+        asyncio.create_task(consumer(run, 104 + k, stop, [grouped], rate / 8)) for k in range(2)
+    ]
     producers = [
         asyncio.create_task(producer(run, k, rate / 4, seconds, at_least)) for k in range(4)
     ]
+    operating = asyncio.create_task(operator(run, seconds))
     first, second = EVENTS[run.scenario]
     await asyncio.sleep(seconds / 3)
     await first(run)
     await asyncio.sleep(max(0.0, seconds * 2 / 3 - run.now()))
     await second(run)
-    await asyncio.gather(*producers)
+    await asyncio.gather(*producers, operating)
     run.draining = True
     run.events.append(f"{run.now():.1f}s load stopped; draining")
     deadline = run.now() + 60
@@ -446,6 +506,7 @@ def history_run(
     its own Redis topology, unless ``deployment`` is given (standalone only: nothing kills it)."""
     seed = random.randrange(1 << 30) if seed is None else seed
     durable = durable and scenario != "standalone"  # no replica to confirm a write
+    assert n_queues > mix.GROUPED  # a queue of grouped jobs, and others
     assert deployment is None or scenario == "standalone"
     d = deployment or setup(scenario)
     instances: list[Instance] = []
@@ -484,6 +545,7 @@ def print_report(scenario: str, durable: bool, seconds: float, report: Report, r
         print(f"  {e}")
     ops = run.h.counts()
     print("  operations: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())))
+    print("  extensions: " + mix.describe(mix.tally(run.h)))
     print("  figures:    " + ", ".join(f"{k} {v}" for k, v in report.stats.items()))
     print("  replies:    " + ", ".join(f"{k} {v}" for k, v in sorted(run.statuses.items())))
     for k, text in run.examples.items():

@@ -1,8 +1,10 @@
 """Short runs of the black-box history test (loadtest/history.py): random consumers that ack,
-drop, touch, release and ack late, through two real service instances, while an instance and
-the pump leader are SIGKILLed (and restarted), or a Redis master is SIGKILLed (Sentinel,
-Cluster; durable publish on and off). The recorded history is checked (loadtest/
-history_check.py, unit-tested in test_history_check.py) for what the engine guarantees there.
+drop, touch, release and ack late, through two real service instances, jobs of groups (one
+heavy, three light, one paused and limited at run time) and under dedup keys (simple,
+debounce, throttle), while an instance and the pump leader are SIGKILLed (and restarted), or
+a Redis master is SIGKILLed (Sentinel, Cluster; durable publish on and off). The recorded
+history is checked (loadtest/history_check.py, unit-tested in test_history_check.py) for what
+the engine guarantees there.
 
 Long runs are a command: ``python loadtest/history.py all --seconds 300``.
 """
@@ -13,6 +15,7 @@ import pytest
 
 from cluster_dq.localredis import Server
 from loadtest.history import Report, Run, history_run, print_report
+from loadtest.history_mix import tally
 from tests.support.run import by_tier
 
 SECONDS = by_tier(6, 60)  # of load (long run: a minute); with the restarts, the drain and
@@ -21,8 +24,10 @@ AT_LEAST = 150  # publishes answered 2xx: the load goes on past SECONDS until th
 
 # Across a Redis failover: a consume and the pump's moves are not durable writes (only the
 # job-acknowledging ones are), so a failover may roll a reservation back: a second holder
-# within the ttr, one delivery more than tries, a dead letter that is ready again. Those are
-# printed, not asserted, there. Everything else is guaranteed.
+# within the ttr, one delivery more than tries, a dead letter that is ready again, a group's
+# turns (starved), a dedup key's job shown by a consume or an `existing` answer only (which
+# write nothing durable: dedup_twice). Those are printed, not asserted, there. Everything else
+# is guaranteed.
 ALWAYS = ("unexpected", "double_publish", "early", "remain_tries", "left_behind", "stale_lease")
 DURABLE = (*ALWAYS, "lost", "duplicated", "early_release")  # publish, ack and release are WAITed
 
@@ -34,6 +39,11 @@ def sound(report: Report, run: Run, kinds: tuple[str, ...]) -> None:
     assert report.stats["publish_ok"] >= AT_LEAST, report.stats
     # Not a vacuous run: jobs came back after a dropped ttr or a release, and died.
     assert report.stats["redelivered_jobs"] > 0 and report.stats["dead_at_end"] > 0, report.stats
+    # ... and groups and dedup keys were used: grouped jobs delivered and judged, a dedup
+    # key's job found by another publish, the metered group's settings changed.
+    done = tally(run.h)
+    assert done["grouped_deliveries"] and report.stats["turns_judged"], (done, report.stats)
+    assert done["existing"] and done["group_changes"], done
     assert len([e for e in run.events if "SIGKILL" in e]) == 2, run.events
     assert not [k for k in run.statuses if k.endswith(" 500")], run.statuses
     # A 503 carrying a bare ResponseError is a Redis reply the engine did not understand.
