@@ -11,7 +11,9 @@ driven over HTTP with aiohttp; each section starts its own and stops them after.
   job ``--service-ms`` before its ack) that the heavy group alone overloads. Runs of the same
   length, interleaved per repetition (their order rotated): (A) the light groups alone, (B)
   light and heavy, all grouped, (C) the same with no group at all (one FIFO), and with
-  ``--scenarios ABCD`` (D) the light jobs without a group beside the grouped heavy one.
+  ``--scenarios ABCD`` (D) the light jobs without a group beside the grouped heavy one, and with
+  E, (E) B with the heavy group's concurrency limited to ``--heavy-limit`` (default: 2 fewer
+  than the consumers), so that consumers stay free for the light groups.
   Printed: the light jobs' lateness (delivery - publish, delay 0; the publish time rides in
   the body), and how many heavy jobs were delivered while a light one waited.
 - **cost**: Redis per publish, consume and ack (the scripts' usec in ``INFO commandstats``, and
@@ -160,6 +162,13 @@ def print_fairness(runs: list[FairnessRun], load: Load) -> None:
                 f"first of {load.consumers} busy consumers to come free (each {cycle * 1000:.1f} "
                 f"ms a job, at random phases): {floor:.1f} ms"
             )
+    if "A" in by and "E" in by:
+        for a, e in zip(by["A"], by["E"], strict=True):
+            ratio = pct(e.lateness, 99) / pct(a.lateness, 99)
+            print(
+                f"rep {e.rep}: E's light p99 ÷ A's {ratio:.2f} (the heavy group held to "
+                f"{load.heavy_limit} of {load.consumers} consumers)"
+            )
 
 
 async def fairness(a: argparse.Namespace) -> None:
@@ -170,6 +179,7 @@ async def fairness(a: argparse.Namespace) -> None:
         heavy_batch=a.heavy_batch,
         consumers=a.consumers,
         service_ms=a.service_ms,
+        heavy_limit=a.heavy_limit if a.heavy_limit is not None else max(a.consumers - 2, 1),
         seconds=a.seconds,
         warmup=a.warmup,
         drain=a.drain,
@@ -430,7 +440,8 @@ def main() -> None:
         "--scenarios",
         default="ABC",
         type=lambda raw: "".join(dict.fromkeys(raw.upper())),
-        help="which runs: A, B, C, and D (light jobs with no group beside a grouped heavy one)",
+        help="which runs: A, B, C, D (light jobs with no group beside a grouped heavy one) and E "
+        "(B with the heavy group's concurrency limited: --heavy-limit)",
     )
     f.add_argument("--seconds", type=float, default=15.0, help="publishing, per run")
     f.add_argument("--warmup", type=float, default=2.0, help="light jobs before this not counted")
@@ -441,6 +452,11 @@ def main() -> None:
     f.add_argument("--lights", type=int, default=10)
     f.add_argument("--consumers", type=int, default=8)
     f.add_argument("--service-ms", type=float, default=20.0, help="each job held before its ack")
+    f.add_argument(
+        "--heavy-limit",
+        type=int,
+        help="E: the heavy group's concurrency limit (default: 2 fewer than the consumers)",
+    )
     c = ap.add_argument_group("cost")
     c.add_argument("--rounds", type=int, default=3)
     c.add_argument("--cost-jobs", type=int, default=3000, help="per variant, op and round")

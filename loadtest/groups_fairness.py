@@ -26,6 +26,7 @@ LABELS = {
     "B": "B light + heavy, grouped",
     "C": "C light + heavy, no groups",
     "D": "D light no group + heavy grouped",
+    "E": "E light + heavy capped, grouped",
 }
 
 
@@ -37,6 +38,7 @@ class Load:
     heavy_batch: int  # heavy jobs per bulk request
     consumers: int
     service_ms: float  # each job held this long before its ack
+    heavy_limit: int  # scenario E: the heavy group's concurrency limit (its jobs reserved at once)
     seconds: float  # publishing
     warmup: float  # light jobs published before this are not counted
     drain: float  # after publishing, wait at most this long for the counted light jobs
@@ -103,7 +105,7 @@ async def fairness_run(
     the run it reports beside this process's."""
     run = FairnessRun(scenario, load.seconds)
     path = f"/api/{ns}/{q}"
-    light_grouped, heavy_grouped = scenario in "AB", scenario in "BD"
+    light_grouped, heavy_grouped = scenario in "ABE", scenario in "BDE"
     heavy = scenario != "A"
     t0 = time.monotonic()
     counted_from, stop_at = t0 + load.warmup, t0 + load.seconds
@@ -167,6 +169,11 @@ async def fairness_run(
                 if r.status not in (200, 204):
                     raise RuntimeError(f"ack: {r.status} {await r.text()}")
 
+    if scenario == "E":  # the heavy group may hold only so many consumers: the rest stay free
+        limits = {"concurrency": load.heavy_limit}
+        async with s.patch(f"{path}/groups/heavy", json=limits) as r:
+            if r.status != 200:
+                raise RuntimeError(f"group settings: {r.status} {await r.text()}")
     cpu = _cpu(procs)
     consumers = [asyncio.create_task(consumer()) for _ in range(load.consumers)]
     pacers = [paced(load.light_rate, stop_at, light(name)) for name in late]
