@@ -165,6 +165,7 @@ class ControlRules(ModelMachine):
                 m.gone(j)
             for key in [k for k in m.acked if k[0] == q]:
                 del m.acked[key]
+            m.forget_keyed(q)  # (its throttle windows and Idempotency-Keys' answers)
 
         self.each([0], apply)
 

@@ -394,6 +394,9 @@ class DeliveryRules(ModelMachine):
             q, job_id = live[i % len(live)]  # mostly a job it can bury: dead letters want some
         else:
             q, job_id = self.pick(i)
+        self.bury_one(q, job_id, lease)
+
+    def bury_one(self, q: str, job_id: str, lease: str | None = None) -> None:
         t0 = self.clock.now
         job, err = self.request("bury", self.svc.bury(self.route, NS, q, job_id, "why", lease))
         unknown = isinstance(err, PoolUnavailable)

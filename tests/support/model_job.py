@@ -44,6 +44,7 @@ class MJob:
     error: str = ""  # the last error text it was given (a bury's, a release's); kept after
     backoff: Backoff | None = None  # its own retry backoff (else its queue's)
     group: str | None = None
+    dedup_key: str | None = None  # the simple or debounce key its record carries
     held: bool = False  # ready, but held back by its group (HELD): no score
     loose: bool = False  # an unknown outcome: tag and holding as the engine has them
     published: int = 0  # the record's publish time (a grouped ready job's due time, for a

@@ -20,6 +20,7 @@ from cluster_dq.engine.commands import EngineConfig, GroupChanges
 from cluster_dq.errors import (
     BadRequest,
     Conflict,
+    IdempotencyMismatch,
     NotFound,
     PoolUnavailable,
     QueueFull,
@@ -34,9 +35,11 @@ from cluster_dq.testing.invariants import check_queue, queue_keys
 from tests.support import flush
 from tests.support.model_harness import (
     GROUPS,
+    IDEM_MS,
     NS,
     QUEUES,
     REMEMBER_MS,
+    START_MS,
     STATS,
     TOLERATE,
     FakeClock,
@@ -50,6 +53,7 @@ from tests.support.model_harness import (
     summary_m,
     view,
 )
+from tests.support.model_keyed import kept_entry
 from tests.support.model_ref import (
     DEAD,
     DELAYED,
@@ -78,9 +82,10 @@ class ModelMachine(RuleBasedStateMachine):
             env["CLUSTER_DQ_POOL__DEFAULT__CLUSTER"] = "true"
         self.settings = load(None, env)
         self.pool = RedisPool.create(
-            self.settings.Pool["default"], EngineConfig(remember_acked_ms=REMEMBER_MS)
+            self.settings.Pool["default"],
+            EngineConfig(remember_acked_ms=REMEMBER_MS, idempotency_ms=IDEM_MS),
         )
-        self.clock = FakeClock(1_800_000_000_000)
+        self.clock = FakeClock(START_MS)
         self.saved = patch_clock(self.clock, self.pool)
         self.run(self.pool.start(run_pump=False))
         self.svc = Service(self.settings, {"default": self.pool})
@@ -127,6 +132,11 @@ class ModelMachine(RuleBasedStateMachine):
             else:
                 self.run(self.svc.destroy(self.route, NS, q))
             left = queue_keys(self.sync, NS, q)
+            if q == "a":  # (acked: KEYED's windows and answers stay until their time)
+                qk = QueueKeys(NS, q)
+                kept = [k for k in left if k.decode() in (qk.keyed, qk.keyed_due)]
+                assert all(self.sync.pexpiretime(k) > 0 for k in kept), f"{kept} never expire"
+                left = [k for k in left if k not in kept]
             assert not left, f"queue {q} left keys behind: {left}"
 
     # -- requests, each checked against the model -------------------------------------------
@@ -138,7 +148,15 @@ class ModelMachine(RuleBasedStateMachine):
         STATS[f"op {name}"] += 1
         try:
             return self.run(coro), None
-        except (PoolUnavailable, NotFound, BadRequest, Conflict, WrongState, QueueFull) as e:
+        except (
+            PoolUnavailable,
+            NotFound,
+            BadRequest,
+            Conflict,
+            WrongState,
+            QueueFull,
+            IdempotencyMismatch,
+        ) as e:
             return None, e
 
     def fired(self) -> Any:
@@ -242,7 +260,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     def observe(self) -> None:
         m = self.model
-        seen = self.read_queues()
+        seen, keyed = self.read_queues()
         keys = sorted(set(m.jobs) | set(m.alts))
 
         at_once = asyncio.Semaphore(32)  # well within the pool's connections
@@ -307,6 +325,7 @@ class ModelMachine(RuleBasedStateMachine):
                 m.jobs[key] = found
         m.alts.clear()
         self.check_hidden(seen)
+        self.check_keyed(keyed)
         self.pending = False
         for q in QUEUES:
             s = sizes[q]
@@ -339,7 +358,7 @@ class ModelMachine(RuleBasedStateMachine):
         """What the observation reads of each queue beside peek_job, in one round trip: records,
         leases, the members HELD holds back, READY's scores below the priority (grouped jobs'
         tags, which peek_job does not give), and what the scripts keep beside the jobs (GROUPS,
-        GCONF, GWAKE)."""
+        GCONF, GWAKE); and apart, each queue's KEYED, KEYED_DUE and their expiry times."""
         p = self.sync.pipeline(transaction=False)
         for q in QUEUES:
             qk = QueueKeys(NS, q)
@@ -350,14 +369,19 @@ class ModelMachine(RuleBasedStateMachine):
             p.hgetall(qk.groups)
             p.hgetall(qk.group_conf)
             p.zrange(qk.group_wake, 0, -1, withscores=True)
+            p.hgetall(qk.keyed)
+            p.zrange(qk.keyed_due, 0, -1, withscores=True)
+            p.pexpiretime(qk.keyed)
+            p.pexpiretime(qk.keyed_due)
         got = p.execute()
-        out = {}
+        out, keyed = {}, {}
         for i, q in enumerate(QUEUES):
-            records, leases, held, ready, groups_, gconf, wakes = got[7 * i : 7 * i + 7]
+            records, leases, held, ready, groups_, gconf, wakes = got[11 * i : 11 * i + 7]
             held_ids = {h.split(b"\0", 1)[1] for h in held}
             tags = {m: int(sc) % PRIO_SHIFT for m, sc in ready}
             out[q] = (records, leases, held_ids, tags, groups_, gconf, wakes)
-        return out
+            keyed[q] = tuple(got[11 * i + 7 : 11 * i + 11])
+        return out, keyed
 
     def check_hidden(self, seen: dict[str, tuple[Any, ...]]) -> None:
         """Groups' settings exactly as the model has them; the groups' last tags, the rates'
@@ -404,3 +428,20 @@ class ModelMachine(RuleBasedStateMachine):
             )
         m.set_hidden(found)
         m.hidden_alts, m.hidden_unknown = [], False
+
+    def check_keyed(self, seen: dict[str, tuple[Any, ...]]) -> None:
+        """Each queue's KEYED exactly as the model has it: every throttle window (its end and
+        job) and every Idempotency-Key's answer (its end, fingerprint, dedup outcome, codes and
+        jobs), those past their time until a keyed publish trims them; KEYED_DUE the same fields
+        at the same times; both keys expiring at the last one's time."""
+        for q, (entries, due, expiry, due_expiry) in seen.items():
+            found = {f.decode(): kept_entry(f, v) for f, v in entries.items()}
+            mine = {f: k for (q2, f), k in self.model.keyed.items() if q2 == q}
+            if found != mine:
+                raise Mismatch(f"KEYED of {q}: engine {found}, model {mine}")
+            if {f.decode(): int(t) for f, t in due} != {f: k.until for f, k in mine.items()}:
+                raise Mismatch(f"KEYED_DUE of {q}: engine {due}, model {mine}")
+            last = max((k.until for k in mine.values()), default=-2)  # (-2: no such key)
+            if (expiry, due_expiry) != (last, last):
+                raise Mismatch(f"KEYED of {q} expires at {expiry} / {due_expiry}, model {last}")
+            STATS["checks"] += 1

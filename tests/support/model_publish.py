@@ -1,5 +1,6 @@
 """The model-based test's publishes (tests/engine/test_model.py): single and bulk, with client
-ids, priorities, backoffs and groups, and under a dedup key; each checked against the model.
+ids, priorities, backoffs and groups; each checked against the model. (Under a dedup key or an
+Idempotency-Key: tests/support/model_publish_keyed.py.)
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from cluster_dq.backoff import Backoff
 from cluster_dq.errors import (
     BadRequest,
     QueueFull,
-    WrongState,
 )
-from cluster_dq.models import Dedup, JobSpec, JobState
+from cluster_dq.models import JobSpec, JobState
 from tests.support.model_harness import (
     NS,
     QUEUES,
@@ -28,9 +28,7 @@ from tests.support.model_harness import (
 )
 from tests.support.model_machine import ModelMachine
 from tests.support.model_ref import (
-    DELAYED,
     READY,
-    RESERVED,
     Mismatch,
     Model,
 )
@@ -159,113 +157,3 @@ class PublishRules(ModelMachine):
                     raise Mismatch(f"{p.job_id} published {p.state}, model says {want}")
 
         self.each(self.stamps(t0, ("publish",)), apply)
-
-    @rule(
-        q=st.sampled_from(QUEUES),
-        key=st.sampled_from(["k1", "k2"]),
-        mode=st.sampled_from(["simple", "debounce"]),
-        delay=delays,
-        ttl=ttls,
-        tries=st.integers(1, 3),
-        group=groups,
-    )
-    def publish_deduplicated(
-        self, q: str, key: str, mode: str, delay: int, ttl: int, tries: int, group: str | None
-    ) -> None:
-        """A publish under a dedup key. ``simple``: while the key's job is delayed, ready or
-        reserved, its id is the answer and nothing is written; else a new job holds the key.
-        ``debounce``: a delayed or ready holder is replaced (the new body, tries, ttl and due
-        time; never the wheel), a reserved one refused, nothing written."""
-        spec = JobSpec(
-            b"x", delay_ms=delay, ttl_ms=delay + ttl if ttl else 0, tries=tries, group=group
-        )
-        t0 = self.clock.now
-        call = self.svc.publish_keyed(self.route, NS, q, [spec], Dedup(key, mode), None)
-        out, err = self.request("publish deduplicated", call)
-        self.no_503_when_retried("publish deduplicated", err)
-        if isinstance(err, QueueFull):
-
-            def refused(m: Model, now: int) -> None:
-                _, alive, _ = m.dedup_holder(q, key)
-                if alive or not m.full(q, 1):
-                    raise Mismatch(f"publish under {key} refused as full: {err}")
-
-            self.each(self.stamps(t0, ("publish_keyed",)), refused)
-            return
-        if isinstance(err, WrongState):
-
-            def forbidden(m: Model, now: int) -> None:
-                held, _, _ = m.dedup_holder(q, key)
-                outcomes = [m.jobs.get((q, held or "")), *m.alts.get((q, held or ""), [])]
-                if mode != "debounce" or not any(j and j.state == RESERVED for j in outcomes):
-                    raise Mismatch(f"{key}: refused ({err}), the model's holder is {held}")
-
-            self.each(self.stamps(t0, ("publish_keyed",)), forbidden)
-            STATS["dedup refused"] += 1
-            return
-        if err is not None:
-            raise err
-        assert out is not None and len(out.published) == 1
-        p = out.published[0]
-        STATS[f"dedup {mode} {out.dedup}"] += 1
-
-        def apply(m: Model, now: int) -> None:
-            held, alive, free = m.dedup_holder(q, key)
-            if out.dedup == "existing":
-                if mode != "simple" or p.job_id != held or not alive:
-                    raise Mismatch(f"{key}: answered {p.job_id}, model's holder {held} ({alive})")
-                return
-            if out.dedup == "replaced":
-                outcomes = [m.jobs.get((q, p.job_id)), *m.alts.get((q, p.job_id), [])]
-                waiting = [j for j in outcomes if j and j.state in (DELAYED, READY)]
-                if mode != "debounce" or p.job_id != held or not waiting:
-                    raise Mismatch(f"{key}: {p.job_id} replaced; model's holder {held}")
-                error = waiting[0].error
-                old = m.jobs.get((q, p.job_id))
-                if old is not None:
-                    m.gone(old)  # (its group counted out, then the new record's counted in)
-                    if old.state == READY and not old.held:
-                        m.let_one_go(q, old.group, now)  # (unready: it hands its turn on)
-                m.place(
-                    q,
-                    p.job_id,
-                    False,
-                    t0,
-                    now,
-                    delay,
-                    ttl and delay + ttl,
-                    tries,
-                    0,
-                    None,
-                    False,
-                    group,
-                )
-                j = m.jobs[(q, p.job_id)]
-                assert j is not None
-                j.error = error  # (the job's notes stay: its last error with them)
-                return
-            if out.dedup != "new":
-                raise Mismatch(f"{key}: a {mode} key answered {out.dedup}")
-            if not free and p.job_id != held:
-                raise Mismatch(f"{key}: a new job {p.job_id} while {held} holds the key")
-            if p.job_id == held:  # (a retry after a lost reply found its own job)
-                return
-            if m.full(q, 1):
-                raise Mismatch(f"publish under {key} past max_size {m.max_size[q]} taken")
-            m.place(
-                q,
-                p.job_id,
-                False,
-                t0,
-                now,
-                delay,
-                ttl and delay + ttl,
-                tries,
-                0,
-                None,
-                False,
-                group,
-            )
-            m.dedup[(q, key)] = p.job_id
-
-        self.each(self.stamps(t0, ("publish_keyed",)), apply)

@@ -45,6 +45,7 @@ from tests.support.model_job import (
     Mismatch,
     MJob,
 )
+from tests.support.model_keyed import Kept, KeyedRules
 
 __all__ = [  # (the records are re-exported: the test imports the model from here)
     "DEAD",
@@ -66,7 +67,7 @@ __all__ = [  # (the records are re-exported: the test imports the model from her
 
 
 @dataclass
-class Model(GroupRules):
+class Model(GroupRules, KeyedRules):
     remember_acked_ms: int
     jobs: dict[Key, MJob | None] = field(default_factory=dict)  # None: gone, not yet observed
     alts: dict[Key, list[MJob | None]] = field(default_factory=dict)  # other allowed outcomes
@@ -74,7 +75,11 @@ class Model(GroupRules):
     paused: set[str] = field(default_factory=set)  # queues whose CONF says paused
     max_size: dict[str, int] = field(default_factory=dict)  # CONF max_size per queue
     backoff: dict[str, Backoff] = field(default_factory=dict)  # CONF backoff per queue
-    dedup: dict[tuple[str, str], str] = field(default_factory=dict)  # (queue, key) -> job id
+    # a simple or debounce key's job (queue, key) -> job id (NOTES `k:<key>`); it holds the key
+    # while it exists, carries that key and is not dead (tests/support/model_keyed.py)
+    dedup: dict[tuple[str, str], str] = field(default_factory=dict)
+    # KEYED: throttle windows (`t:<key>`) and Idempotency-Keys' answers (`i:<key>`) per queue
+    keyed: dict[tuple[str, str], Kept] = field(default_factory=dict)
     gconf: dict[GKey, GConf] = field(default_factory=dict)  # kept by a destroy, as CONF
     tags: dict[GKey, int] = field(default_factory=dict)  # a group's last tag, while it has jobs
     tat: dict[GKey, float] = field(default_factory=dict)  # a rate's earliest next delivery
@@ -86,16 +91,6 @@ class Model(GroupRules):
     # it read, by priority
     batched: bool = False
     head: dict[int, int] = field(default_factory=dict)
-
-    def dedup_holder(self, q: str, key: str) -> tuple[str | None, bool, bool]:
-        """A simple dedup key's job, and whether it may hold the key (alive: delayed, ready
-        or reserved) and whether it may not (gone or dead), over the outcomes still allowed."""
-        held = self.dedup.get((q, key))
-        if held is None:
-            return None, False, True
-        outcomes = [self.jobs.get((q, held)), *self.alts.get((q, held), [])]
-        alive = [j is not None and j.state != DEAD for j in outcomes]
-        return held, any(alive), not all(alive)
 
     def copy(self) -> Model:
         return copy.deepcopy(self)
@@ -243,12 +238,14 @@ class Model(GroupRules):
         backoff: Backoff | None = None,
         wheel: bool = True,
         group: str | None = None,
+        dedup_key: str | None = None,
     ) -> str:
         """A new job (the caller checked it is not a duplicate); its published state. ``base``:
         the request's time (due and ttl count from it); ``now``: when the script ran (a
         retried step is stamped afresh); ``wheel``: whether it may rest in the wheel (a job
-        published under a dedup key never does). A grouped job made ready takes its fair tag
-        from its due time (publish.lua: make_ready at due)."""
+        published under a dedup key never does); ``dedup_key``: the simple or debounce key its
+        record carries. A grouped job made ready takes its fair tag from its due time
+        (publish.lua: make_ready at due)."""
         due = base + delay
         start = due - due % BUCKET_WIDTH_MS
         j = MJob(
@@ -263,6 +260,7 @@ class Model(GroupRules):
             client_id=client,
             backoff=backoff,
             group=group,
+            dedup_key=dedup_key,
             published=base,
         )
         # only priority-0 jobs rest in the wheel (a priority job must not wait behind a backlog)

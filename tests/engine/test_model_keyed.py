@@ -1,0 +1,279 @@
+"""The model-based test's keyed publishes (tests/engine/test_model.py): ``KeyedModel``, the same
+machine with its publishes under a dedup key or an Idempotency-Key weighted up, faults aimed at
+them and time moved to the ends of their windows, on a fifth of the examples; a history
+written out that reaches every outcome of a throttle window and an Idempotency-Key, faults
+included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import rule, run_state_machine_as_test
+
+from tests.support.model_harness import (
+    EXAMPLES,
+    IDEM_MS,
+    QUEUES,
+    STATS,
+    TOLERATE,
+    Fault,
+    dedup_keys,
+    dedup_modes,
+    delays,
+    groups,
+    idem_keys,
+    keyed_ids,
+    machine_settings,
+    prios,
+    ttls,
+    windows,
+)
+from tests.support.model_ref import EVENTS
+from tests.support.model_rules import EngineModel
+
+faults = st.tuples(
+    st.sampled_from(["lost", "lost", "before", "stall", *Fault.REFUSALS]),
+    st.sampled_from([0, 10, 600, 25_000]),
+)
+bulks = st.lists(
+    st.tuples(keyed_ids, delays, ttls, st.integers(1, 3), prios, groups), min_size=1, max_size=3
+)
+
+
+class KeyedModel(EngineModel):
+    """The same machine, its keyed publishes three times as often, one in three of them under a
+    fault aimed at its script (a lost reply, a failure before sending, a refusal, a stall), and
+    time moved to a window's end (a millisecond before, at, or after it), so that throttle
+    windows and Idempotency-Keys' answers are found, end, and are found ended within 40
+    steps, with their jobs reserved, dead or gone meanwhile."""
+
+    def arm(self, fault: tuple[str, int]) -> None:
+        if self.net.armed is None:  # (one armed at a time)
+            self.net.armed = Fault(fault[0], 0, fault[1])  # step 0: the publish_keyed script
+
+    @rule(
+        q=st.sampled_from(QUEUES),
+        key=dedup_keys,
+        mode=dedup_modes,
+        window=windows,
+        delay=delays,
+        ttl=ttls,
+        tries=st.integers(1, 3),
+        group=groups,
+        job_id=keyed_ids,
+    )
+    def publish_deduplicated_again(
+        self,
+        q: str,
+        key: str,
+        mode: str,
+        window: int,
+        delay: int,
+        ttl: int,
+        tries: int,
+        group: str | None,
+        job_id: str | None,
+    ) -> None:
+        self.publish_deduplicated(q, key, mode, window, delay, ttl, tries, group, job_id)
+
+    @rule(
+        fault=faults,
+        q=st.sampled_from(QUEUES),
+        key=dedup_keys,
+        mode=dedup_modes,
+        window=windows,
+        delay=delays,
+        tries=st.integers(1, 3),
+        job_id=keyed_ids,
+    )
+    def publish_deduplicated_under_a_fault(
+        self,
+        fault: tuple[str, int],
+        q: str,
+        key: str,
+        mode: str,
+        window: int,
+        delay: int,
+        tries: int,
+        job_id: str | None,
+    ) -> None:
+        self.arm(fault)
+        self.publish_deduplicated(q, key, mode, window, delay, 0, tries, None, job_id)
+
+    @rule(
+        q=st.sampled_from(QUEUES),
+        ikey=idem_keys,
+        again=st.sampled_from([True, True, False]),
+        raw=bulks,
+        key=st.sampled_from([None, None, "k1", "k2"]),
+        mode=dedup_modes,
+        window=windows,
+    )
+    def publish_idempotent_again(
+        self,
+        q: str,
+        ikey: str,
+        again: bool,
+        raw: list[tuple[str | None, int, int, int, int, str | None]],
+        key: str | None,
+        mode: str,
+        window: int,
+    ) -> None:
+        self.publish_idempotent(q, ikey, again, raw, key, mode, window)
+
+    @rule(
+        fault=faults,
+        q=st.sampled_from(QUEUES),
+        ikey=idem_keys,
+        again=st.sampled_from([True, True, False]),
+        raw=bulks,
+        key=st.sampled_from([None, None, "k1", "k2"]),
+        mode=dedup_modes,
+        window=windows,
+    )
+    def publish_idempotent_under_a_fault(
+        self,
+        fault: tuple[str, int],
+        q: str,
+        ikey: str,
+        again: bool,
+        raw: list[tuple[str | None, int, int, int, int, str | None]],
+        key: str | None,
+        mode: str,
+        window: int,
+    ) -> None:
+        self.arm(fault)
+        self.publish_idempotent(q, ikey, again, raw, key, mode, window)
+
+    @rule(i=st.integers(0, 100), what=st.sampled_from(["consume", "ack", "bury", "bury"]))
+    def settle_a_keys_job(self, i: int, what: str) -> None:
+        """A job a key names (a throttle window's, a simple or debounce key's) consumed, acked
+        or buried, so that keys are found with their jobs reserved, gone or dead."""
+        named = sorted(
+            {(q, k.ids[0]) for (q, f), k in self.model.keyed.items() if f.startswith("t:")}
+            | {(q, job_id) for (q, _), job_id in self.model.dedup.items()}
+        )
+        if not named:
+            return
+        q, job_id = named[i % len(named)]
+        if what == "consume":
+            self.consume([q], 20_000, 3)
+        elif what == "ack":
+            self.ack_many(q, [job_id])
+        else:
+            self.bury_one(q, job_id)
+
+    @rule(offset=st.sampled_from([-1, 0, 0, 1, 30]))
+    def advance_to_a_windows_end(self, offset: int) -> None:
+        """The clock to the end of the next throttle window or kept answer, give or take
+        ``offset`` ms (-1: its last moment; 0: it has just ended)."""
+        ends = sorted(k.until for k in self.model.keyed.values() if k.until > self.clock.now)
+        target = ends[0] + offset if ends else self.clock.now + 1
+        self.advance(max(1, target - self.clock.now))
+
+
+def test_keyed_publishes_match_the_model(deployment_for_model: Any) -> None:
+    KeyedModel.deployment = deployment_for_model
+    STATS.clear()
+    EVENTS.clear()
+    # a fifth of the examples (tests/engine/test_model.py and test_model_groups.py the rest)
+    run_state_machine_as_test(KeyedModel, settings=machine_settings(max(2, EXAMPLES // 5)))
+
+
+def test_a_history_written_out_reaches_every_keyed_outcome(deployment_for_model: Any) -> None:
+    """Every outcome of a throttle window and of an Idempotency-Key, in one history the model
+    checks step by step as the machine does (random histories reach them too; this one does in
+    every run): a window found with its job ready, reserved or dead (a debounce refused), gone (a
+    simple and a debounce publish answered its id, with no state); the window's end to the
+    millisecond; a simple key's job holding before a window; a lost reply and a refusal on the
+    script; an answer replayed (after its jobs were acked too), another request refused, a
+    replay after a lost reply, a refusal kept for nothing, and the answer's window ended."""
+    KeyedModel.deployment = deployment_for_model
+    before = STATS.copy()
+    m = KeyedModel()
+
+    def dedup(q: str, key: str, mode: str, window: int = 0, delay: int = 0) -> None:
+        m.publish_deduplicated(q, key, mode, window, delay, 0, 1, None, None)
+        m.engine_agrees()
+
+    def idem(q: str, key: str, again: bool, n: int = 2) -> None:
+        m.publish_idempotent(q, key, again, [(None, 0, 0, 1, 0, None)] * n, None, "simple", 0)
+        m.engine_agrees()
+
+    def only(q: str) -> str:
+        (job_id,) = [k[1] for k, j in m.model.jobs.items() if j is not None and k[0] == q]
+        return job_id
+
+    try:
+        dedup("a", "k1", "throttle", 5_000)  # new: a window of 5 s
+        dedup("a", "k1", "throttle", 5_000)  # existing: the window's job, ready
+        m.consume(["a"], 30_000, 1)
+        m.engine_agrees()
+        dedup("a", "k1", "debounce")  # refused: the window's job is reserved
+        m.bury_one("a", only("a"))
+        m.engine_agrees()
+        dedup("a", "k1", "debounce")  # refused: the window's job is dead
+        dedup("a", "k1", "simple")  # existing: the window's job, dead
+        m.dead_letters("a", 1, 0, True)  # (deleted)
+        m.engine_agrees()
+        dedup("a", "k1", "simple")  # existing: the window's job, gone
+        dedup("a", "k1", "debounce")  # existing too
+        m.advance_to_a_windows_end(-1)
+        dedup("a", "k1", "throttle", 40)  # its last millisecond: existing
+        m.advance_to_a_windows_end(0)
+        dedup("a", "k1", "throttle", 40)  # ended: new
+        dedup("a", "k2", "simple", delay=9_000)  # a simple key's job holds before a window
+        dedup("a", "k2", "throttle", 900)
+        m.fault("lost", 0, 0)  # (its repeat told as a replay: idem-repeat-replayed, tolerated)
+        m.publish_idempotent("a", "i2", False, [(None, 0, 0, 1, 0, None)], "k2", "debounce", 0)
+        m.engine_agrees()
+        m.fault("lost", 0, 0)
+        dedup("b", "k1", "throttle", 900)  # run twice: one job, told new
+        m.fault("noreplicas", 0, 600)
+        dedup("b", "k2", "throttle", 900)  # refused, then done 600 ms later
+        idem("b", "i1", False)  # the first answer kept
+        idem("b", "i1", True)  # replayed
+        m.consume(["b"], 30_000, 3)
+        m.engine_agrees()
+        m.ack_many("b", [k[1] for k, j in m.model.jobs.items() if j is not None and k[0] == "b"])
+        m.engine_agrees()
+        idem("b", "i1", True)  # replayed, its jobs acked
+        idem("b", "i1", False)  # another request: refused
+        m.fault("lost", 0, 0)
+        idem("b", "i1", True)  # replayed, run twice
+        m.configure("b", ("max_size", "4"))
+        m.engine_agrees()
+        idem("b", "i2", False, 5)  # full: refused, nothing kept
+        m.configure("b", ("max_size", ""))
+        m.engine_agrees()
+        idem("b", "i2", True, 5)  # so the same request is done now
+        m.advance(IDEM_MS)
+        idem("b", "i1", True)  # the answer's window ended: done afresh
+    finally:
+        m.teardown()
+    reached = {k for k, v in (STATS - before).items() if v}
+    for outcome in [
+        "dedup throttle: free -> new",
+        "dedup throttle: held by a window (ready) -> existing",
+        "dedup debounce: held by a window (reserved) -> refused: debounce of a job not waiting",
+        "dedup debounce: held by a window (dead) -> refused: debounce of a job not waiting",
+        "dedup simple: held by a window (dead) -> existing",
+        "dedup simple: held by a window -> existing",
+        "dedup debounce: held by a window -> existing",
+        "dedup throttle: held by a window -> existing",
+        "dedup throttle: free (its throttle window ended) -> new",
+        "dedup throttle: held by a job (delayed) -> existing",
+        "keyed fault: reply lost: run twice -> new",
+        "keyed fault: refused (nothing written): repeated -> new",
+        "keyed fault: reply lost: run twice -> replay",
+        "keyed fault: reply lost: run twice -> replaced (the repeat found its answer)",
+        *(["tolerated idem-repeat-replayed"] if "idem-repeat-replayed" in TOLERATE else []),
+        "idem: first answer",
+        "idem: replay",
+        "idem: mismatch",
+        "idem: refused (nothing kept)",
+        "idem: window ended: first answer",
+    ]:
+        assert outcome in reached, f"{outcome!r} not reached: {sorted(reached)}"
