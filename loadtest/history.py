@@ -310,7 +310,7 @@ async def consumer(
         handling: set[asyncio.Task[None]] = set()
         while not stop.is_set():
             ttr_ms = 5000 if run.draining else run.rng.randint(300, 1500)
-            slow = paced and not run.draining and run.now() % 4 < 3
+            slow = paced > 0 and not run.draining and run.now() % 4 < 3
             started = run.now()
             jobs = await c.consume(queues, ttr_ms, 1 if slow else run.rng.randint(1, 5))
             for job in jobs:
