@@ -2,8 +2,8 @@
 service on a real Redis with a fake clock and a faulty transport, how a request is run and its
 outcomes weighed against the model (``each``, ``settle``), time and faults as rules, and the
 observation after every step (``engine_agrees``). The rules are mixins of it
-(tests/support/model_publish.py, model_delivery.py, model_control.py), composed in
-tests/support/model_rules.py.
+(tests/support/model_publish.py, model_publish_keyed.py, model_delivery.py, model_control.py),
+composed in tests/support/model_rules.py.
 """
 
 from __future__ import annotations
