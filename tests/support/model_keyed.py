@@ -183,7 +183,7 @@ class KeyedRules:
             return Reply(ReplyCode.OK, False, ReplyCode.EXISTING, (code,), (held,), how)
         new = sum(1 for i in ids if not self.duplicate(q, i, now))
         if self.full(q, new):
-            return Reply(ReplyCode.FULL, how=how + " full")
+            return Reply(ReplyCode.FULL, how=how)
         codes: list[ReplyCode] = []
         for i, j in enumerate(jobs):
             if self.duplicate(q, ids[i], now):
