@@ -6,9 +6,10 @@
   so a dedup key's job is always found in JOBS. Arguments are validated before the call.
   Where the keys live: a simple or debounce key in NOTES (`k:<key>` -> the member of the job
   holding it, whose record carries the key: flag 8), leaving with the job (drop in
-  lib/jobs.lua); a throttle
-  window and an Idempotency-Key's answer in KEYED, each kept until its time, trimmed a bounded
-  number per call (KEYED_DUE) and expiring whole after the last.
+  lib/jobs.lua); a dead job's is taken over by the next publish under the key that makes a job
+  (a throttle one drops it: revived, the dead job does not hold it again); a throttle window
+  and an Idempotency-Key's answer in KEYED, each kept until its time, trimmed a bounded number
+  per call (KEYED_DUE) and expiring whole after the last.
   KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[17] keyed: HASH `t:<dedup key>` -> a throttle window (`>I6` until ms, the job's member);
     `i:<idempotency key>` -> a request's answer (`>I6` until ms, 16-byte fingerprint, msgpack)
@@ -29,7 +30,9 @@
     job is reserved or dead, its state in `dedup` and its code and member after; nothing
     written; not when that job is job 1 itself: a repeat of this call, answered EXISTING);
     MISMATCH (the Idempotency-Key's answer is another request's; nothing written)
-    replayed: 1 when this is the Idempotency-Key's answer, kept from its first call
+    replayed: 1 when this is the Idempotency-Key's answer, kept from its first call; 2 when
+    that first call asked for the same job ids as this one (the caller's repeat of its own
+    call, when it made them up)
     dedup: 0 (no key, or a new job holds it now), EXISTING (the holder's member and state
     answered) or REPLACED (the holder's body and due time replaced)
     code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's
@@ -96,6 +99,19 @@ do
   end
 end
 
+-- The ids a request's jobs ask for, as one string: kept with an Idempotency-Key's answer, so
+-- that a repeat of the very call that made it (the same ids, which the caller made up for
+-- that call alone) is told apart from another request's repeat.
+local function own_ids(at, n)
+  local ids = {}
+  for j = 1, n do
+    local a = ARGV[at + 6 + j]
+    local _, _, _, len, at2 = struct.unpack('>HBI6B', a)
+    ids[j] = string.sub(a, at2, at2 + len - 1)
+  end
+  return table.concat(ids, '\0')
+end
+
 -- One request, its 7 values and its jobs from ARGV[at]: its reply, and where the next begins.
 local function request(at)
   local dkey, mode, dtill = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
@@ -112,7 +128,7 @@ local function request(at)
     if got then
       if string.sub(got, 7, 22) ~= fp then return {CODE.MISMATCH, 0, 0, 0}, nxt end
       local out = cmsgpack.unpack(string.sub(got, 23))
-      out[2] = 1
+      out[2] = out[2] == own_ids(at, n) and 2 or 1 -- (2: kept by a call with these very ids)
       return out, nxt
     end
   end
@@ -163,6 +179,9 @@ local function request(at)
       lowered = math.max(lowered, lower_next(e))
     end
     dedup, members[1] = CODE.REPLACED, holder
+    if HOLDER[dkey] ~= holder then -- a throttle window's job: its record carries the key now
+      HOLDER[dkey], GIVEN[dkey] = holder, holder
+    end
   elseif holder then
     dedup, codes[1], members[1] = CODE.EXISTING, st or CODE.NOT_FOUND, holder
   else
@@ -187,6 +206,10 @@ local function request(at)
       local id = members[1]
       if mode == THROTTLE then
         keep_keyed('t:' .. dkey, dtill, id)
+        if held then -- a dead job's key, taken over: revived, that job does not hold it again
+          HOLDER[dkey] = false
+          redis.call('HDEL', NOTES, 'k:' .. dkey)
+        end
       else
         HOLDER[dkey], GIVEN[dkey] = id, id -- its record carries the key (drop)
       end
@@ -197,7 +220,7 @@ local function request(at)
   for j = 1, #codes do out[#out + 1] = codes[j] end
   for j = 1, #members do out[#out + 1] = members[j] end
   if ikey ~= '' then
-    local saved = {status, 0, dedup, 0}
+    local saved = {status, own_ids(at, n), dedup, 0}
     for j = 5, #out do saved[j] = out[j] end
     keep_keyed('i:' .. ikey, itill, fp .. cmsgpack.pack(saved))
   end

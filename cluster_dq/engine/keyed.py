@@ -90,17 +90,19 @@ def publish_keyed_many(
     )
     raw = yield call
     out: list[KeyedPublished | Exception] = []
-    events: list[int] = []
+    lowered, events = False, []
     for r, jobs, one in zip(requests, placed, raw, strict=True):
         reply = replies.decode_keyed(one)
-        if reply.lowered and jobs.event is not None:
-            events.append(jobs.event)
+        if reply.lowered:  # (its queue came into being, or its next event moved earlier)
+            lowered = True
+            if jobs.event is not None:
+                events.append(jobs.event)
         try:
             out.append(_answered(ns, q, r, jobs.members, jobs.made_up, reply))
         except (IdempotencyMismatch, QueueFull, WrongState) as e:
             out.append(e)
-    if events:
-        yield signal(qk, cfg, min(events))
+    if lowered:
+        yield signal(qk, cfg, min(events, default=None))
     return out
 
 
@@ -139,9 +141,11 @@ def _outcome(
     members: Sequence[bytes], made_up: Sequence[bool], reply: replies.KeyedReply, keyed: bool
 ) -> KeyedPublished:
     # This very call's own repeat (the engine's, after a lost reply) when the answer names the
-    # ids it made up before its first attempt: no other call has them. A client's job_id names
-    # no call: the answer is the one any request with that id gets (duplicate, existing,
+    # ids it made up before its first attempt, or the answer kept under its Idempotency-Key was
+    # kept by a call that asked for them: no other call has them. A client's job_id names no
+    # call: the answer is the one any request with that id gets (duplicate, existing,
     # replaced, replayed).
+    own_repeat = all(made_up) and reply.same_ids
     mine = all(made_up) and reply.members == tuple(members)
     existing = reply.dedup is ReplyCode.EXISTING
     published = [
@@ -162,4 +166,4 @@ def _outcome(
             dedup = "existing"  # a client job_id held already, not under this key
         else:
             dedup = "new"
-    return KeyedPublished(published, dedup, reply.replayed and not mine)
+    return KeyedPublished(published, dedup, reply.replayed and not mine and not own_repeat)

@@ -167,7 +167,7 @@ def place_jobs(
         # the pump's first work for this job: open its bucket, promote it, or expire it
         at = start - cfg.open_lead_ms if wheel else due if due > now else expire_at or None
         if wheel:  # into its bucket: as a short entry when it fits one
-            if spec.attributes or spec.backoff is not None or spec.group:
+            if spec.attributes or spec.backoff is not None or spec.group or spec.dedup_key:
                 short = wheel_short(member, due, record)
             else:
                 head = shorts[due, expire_at, spec.tries]

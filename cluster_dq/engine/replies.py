@@ -402,6 +402,7 @@ class KeyedReply:
 
     status: ReplyCode  # OK, FULL, FORBIDDEN (debounce: the holder's state in ``dedup``), MISMATCH
     replayed: bool  # the Idempotency-Key's answer, kept from its first call
+    same_ids: bool  # (replayed) that first call asked for the same job ids as this one
     dedup: ReplyCode | None  # None (no key, or a new job holds it), EXISTING, REPLACED
     lowered: bool
     codes: tuple[ReplyCode, ...]  # per job: as publish's; the holder's state when EXISTING
@@ -414,7 +415,8 @@ def decode_keyed(reply: Sequence[Any]) -> KeyedReply:
     n = len(rest) // 2
     return KeyedReply(
         _CODES[status],
-        replayed == 1,
+        replayed != 0,
+        replayed == 2,
         _CODES[dedup] if dedup else None,
         lowered == 1,
         codes(rest[:n]),

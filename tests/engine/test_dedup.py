@@ -458,3 +458,31 @@ async def test_a_shared_call_repeated_after_a_lost_reply_answers_each_request_as
     assert e.published[0].job_id == a.published[0].job_id
     assert (await sizes(engine)).ready == 3
     check_queue(sync_redis, NS, Q)
+
+
+async def test_a_debounce_that_replaced_a_throttle_windows_job_holds_its_key(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A debounce under K that replaces the job of K's throttle window gives that job K (a
+    lookup names it): once the window ends, the next debounce under K replaces the same job
+    instead of making a second one beside it."""
+    t = now_ms()
+    w = await keyed(engine, t, b"t", key="K", mode="throttle", ttl=SEC, delay_ms=60 * SEC)
+    d1 = await keyed(engine, t + 1, b"v1", key="K", mode="debounce", delay_ms=60 * SEC)
+    assert d1.dedup == "replaced" and d1.published[0].job_id == w.published[0].job_id
+    job = await engine.run(ops.peek_job(NS, Q, d1.published[0].job_id))
+    assert job is not None and job.dedup_key == "K"
+    d2 = await keyed(engine, t + 2 * SEC, b"v2", key="K", mode="debounce", delay_ms=60 * SEC)
+    check_queue(sync_redis, NS, Q)
+    assert (await sizes(engine)).delayed == 1, "two waiting jobs under one debounce key"
+    assert d2.dedup == "replaced" and d2.published[0].job_id == w.published[0].job_id
+
+
+async def test_a_keyed_publish_registers_its_queue(engine: AsyncEngine) -> None:
+    """A keyed publish into a new queue registers it in its shard, as a plain publish does,
+    even when its job is ready and never expires (no pump event): the namespace lists it."""
+    t = now_ms()
+    await engine.run(ops.publish(engine.config, NS, "plain", [JobSpec(b"x", ttl_ms=0)], t))
+    await keyed(engine, t, b"x", key="K", ttl_ms=0)
+    names = await engine.run(ops.queues_of_namespace(engine.config.shards, NS))
+    assert sorted(names) == ["plain", Q], names

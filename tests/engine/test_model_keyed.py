@@ -25,7 +25,6 @@ from tests.support.model_harness import (
     IDEM_MS,
     QUEUES,
     STATS,
-    TOLERATE,
     Fault,
     dedup_keys,
     dedup_modes,
@@ -277,7 +276,6 @@ def test_a_history_written_out_reaches_every_keyed_outcome(deployment_for_model:
         "keyed fault: refused (nothing written): repeated -> new",
         "keyed fault: reply lost: run twice -> replay",
         "keyed fault: reply lost: run twice -> replaced (the repeat found its answer)",
-        *(["tolerated idem-repeat-replayed"] if "idem-repeat-replayed" in TOLERATE else []),
         "idem: first answer",
         "idem: replay",
         "idem: mismatch",
@@ -287,7 +285,7 @@ def test_a_history_written_out_reaches_every_keyed_outcome(deployment_for_model:
         assert outcome in reached, f"{outcome!r} not reached: {sorted(reached)}"
 
 
-# -- open defects, each shown alone ------------------------------------------------------------
+# -- defects the model found, each shown alone ------------------------------------------------
 
 
 async def _lose_the_first_reply(engine: AsyncEngine, op: Any) -> Any:
@@ -312,11 +310,6 @@ async def _lose_the_first_reply(engine: AsyncEngine, op: Any) -> Any:
 
 
 @pytest.mark.parametrize("mode", ["simple", "debounce"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect idem-repeat-replayed (found by the model): the service's own repeat "
-    "is told as a replay when the first answer named the dedup key's holder",
-)
 async def test_the_services_own_repeat_of_an_idempotent_publish_is_told_as_the_first(
     engine: AsyncEngine, mode: str
 ) -> None:
@@ -324,9 +317,9 @@ async def test_the_services_own_repeat_of_an_idempotent_publish_is_told_as_the_f
     answer and tells it as the first (no Idempotent-Replayed)". A publish with an
     Idempotency-Key under a dedup key another job holds: its first answer is that job
     (existing; replaced for a debounce); the reply is lost, the engine repeats the call, which
-    finds that answer kept under the key, and tells it as a replay (``_outcome`` in
-    cluster_dq/engine/keyed.py takes the answer for its own only when it names the ids the call
-    made up, which an existing or replaced answer never does)."""
+    finds that answer kept under the key. It was told as a replay: the answer names the
+    holder, not the ids the call made up. The kept answer now names the ids of the call that
+    made it (lua/publish_keyed.lua ``own_ids``)."""
     t = now_ms()
     cfg = engine.config
     first = await engine.run(
@@ -341,22 +334,15 @@ async def test_the_services_own_repeat_of_an_idempotent_publish_is_told_as_the_f
     assert not got.replayed, "its first answer, told as a replay"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/api.md and lua/publish_keyed.lua disagree (found by the model): a throttle "
-    "publish takes over a dead job's simple key, yet the job revived holds it again",
-)
 async def test_a_dead_jobs_key_taken_over_by_a_throttle_publish_is_not_held_again(
     engine: AsyncEngine,
 ) -> None:
     """docs/api.md, on a dead job and its simple or debounce key: "The next publish under the
-    key takes it over: it makes a new job, which holds the key. Revived after that, the old job
-    comes back beside the new one [...] only the new one holds it (a publish under the key
-    answers the new job [...])". When that next publish is a throttle one, it makes a new job
-    and a window on it, but leaves the key's `k:` field naming the dead job: revived, the old
-    job holds the key again (publish_keyed.lua's header: a simple or debounce key's job holds it
-    while it exists and is not dead, before any throttle window), and a publish under the key
-    answers the old job. (The model follows the header; this test, docs/api.md.)"""
+    key takes it over [...] Revived after that, the old job comes back beside the new one
+    [...] only the new one holds it". When that next publish is a throttle one, it makes a new
+    job and a window on it; it left the key's `k:` field naming the dead job, so that job,
+    revived, held the key again and a publish under the key answered it. The throttle publish
+    now drops that field."""
     t = now_ms()
     cfg = engine.config
 

@@ -213,6 +213,9 @@ class KeyedRules:
         if dedup is not None and codes[0] is not ReplyCode.DUPLICATE:
             if mode == THROTTLE:
                 self.keyed[(q, "t:" + dedup[0])] = Kept(dedup[2], (ids[0],))
+                # a dead job's simple or debounce key, taken over: dropped (revived, that job
+                # does not hold it again)
+                self.dedup.pop((q, dedup[0]), None)
             else:
                 self.dedup[(q, dedup[0])] = ids[0]
         return Reply(ReplyCode.OK, False, None, tuple(codes), tuple(ids), how)
@@ -252,6 +255,7 @@ class KeyedRules:
         j = self.jobs[(q, held)]
         assert j is not None
         j.error = old.error  # (the job's notes stay: its last error with them)
+        self.dedup[(q, dedup[0])] = held  # (a window's job replaced holds the key now)
         code = ReplyCode.READY if state == READY else ReplyCode.DELAYED
         return Reply(ReplyCode.OK, False, ReplyCode.REPLACED, (code,), (held,), how)
 
