@@ -81,17 +81,19 @@ while got < count and skipped < limit do
       -- a grouped job: held back while its group is paused, at its concurrency limit or
       -- past its rate (then its group's wake-up is at its next turn: lib/promote.lua)
       local conf, turn = g and group_conf(g), 0
-      local room = g and group_room(g, conf)
-      if g and room > 0 and conf[3] then turn = rate_turn(g, conf, now) end
-      if g and (turn > 0 or room <= 0) then
-        redis.call('ZADD', HELD, 0, held_member(g, id))
+      local taken = not g or take_slot(g, conf)
+      if g and taken and conf[3] then
+        turn = rate_turn(g, conf, now)
+        if turn > 0 then give_back(g, taken) end
+      end
+      if g and (turn > 0 or not taken) then
+        hold(g, id)
         skipped = skipped + 1
         if turn > 0 then
           redis.call('ZADD', GWAKE, 'LT', turn, g)
           if lower_next(turn) == 1 then backoff = earliest(backoff, turn) end
         end
       else
-        if g then redis.call('HINCRBY', GROUPS, 'r:' .. g, 1) end
         reserve(id, rec)
       end
     end

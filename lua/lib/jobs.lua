@@ -14,6 +14,15 @@ local function make_ready(id, rec, t)
   redis.call('ZADD', READY, ready_score(rec, t), id)
 end
 
+-- Whether HELD may hold a job, looked at once per call (nil: not yet); a call that holds one
+-- sets it (hold).
+local HELD_ANY = nil
+
+local function hold(g, id)
+  redis.call('ZADD', HELD, 0, held_member(g, id))
+  HELD_ANY = true
+end
+
 -- Brings up to `n` jobs that group g holds back into READY (its pause ended, a slot of its
 -- concurrency limit freed, its rate's turn came), in id order, one tag apart just behind the
 -- head of their priority (so a job waiting at the head goes first, and a whole backlog a
@@ -23,6 +32,8 @@ end
 -- every one is given the channel).
 local function unhold(g, n, t)
   if n <= 0 then return 0 end
+  if HELD_ANY == nil then HELD_ANY = redis.call('EXISTS', HELD) == 1 end
+  if not HELD_ANY then return 0 end
   local held = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, n)
   if #held == 0 then return 0 end
   local was_empty = redis.call('EXISTS', READY) == 0
@@ -48,6 +59,27 @@ local function group_room(g, conf, reserved)
   if conf[1] then return 0 end
   if not conf[2] then return math.huge end
   return conf[2] - (reserved or tonumber(redis.call('HGET', GROUPS, 'r:' .. g) or '0'))
+end
+
+-- Counts a reservation of one of group g's jobs (`r:<g>`) when its settings (conf: group_conf)
+-- leave room: its reserved count after it, or false (paused, or at its concurrency limit:
+-- nothing counted). `give_back(g, taken)` undoes it.
+local function give_back(g, taken)
+  if taken <= 1 then
+    redis.call('HDEL', GROUPS, 'r:' .. g)
+  else
+    redis.call('HINCRBY', GROUPS, 'r:' .. g, -1)
+  end
+end
+
+local function take_slot(g, conf)
+  if conf[1] then return false end
+  local taken = redis.call('HINCRBY', GROUPS, 'r:' .. g, 1)
+  if conf[2] and taken > conf[2] then
+    give_back(g, taken)
+    return false
+  end
+  return taken
 end
 
 -- A job of group g left READY, or RESERVED, and the group's concurrency limit may now let one
@@ -94,8 +126,8 @@ local function drop(id, rec)
   local key = dedup_of(rec)
   if key and redis.call('HGET', NOTES, 'k:' .. key) == id then
     redis.call('HDEL', NOTES, id, 'p:' .. id, 'k:' .. key)
-  else
-    redis.call('HDEL', NOTES, id, 'p:' .. id)
+  else -- (`d:<id>`: where versions before flag 8 kept a job's key, docs/operations.md)
+    redis.call('HDEL', NOTES, id, 'p:' .. id, 'd:' .. id)
   end
   return 1
 end
