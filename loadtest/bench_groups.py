@@ -4,7 +4,7 @@ driven over HTTP with aiohttp; each section starts its own and stops them after.
 
     python loadtest/bench_groups.py                          # about 2 minutes
     python loadtest/bench_groups.py --reps 3 --seconds 30 --scenarios ABCD --rounds 5
-    python loadtest/bench_groups.py --only fairness          # or cost, or memory
+    python loadtest/bench_groups.py --only fairness          # or cost, scripts, memory
 
 - **fairness** (``groups_fairness.py``): ten light groups publish one job per request, a heavy
   group 100 times as fast as each (in bulks), and consumers of fixed capacity (each holds a
@@ -20,6 +20,9 @@ driven over HTTP with aiohttp; each section starts its own and stops them after.
   redis-server's CPU) of a plain job, a grouped one, a grouped one whose group has a
   concurrency limit, or a rate, meant never to bind, and one with a dedup key; the variants
   interleaved round by round, one job per request, ``--concurrency`` requests in flight.
+- **scripts** (``groups_scripts.py``): the cost variants' Redis per job through the engine
+  directly, no HTTP: ``--per-call`` jobs per script call; the least usec over the rounds, and
+  the commands the scripts called per job, which noise does not change.
 - **memory**: Redis ``used_memory`` per job for ``--memory-jobs`` jobs (64-byte bodies, bulks
   of 64) ready, and delayed (due over an hour), without a group, all in one 8-byte group, and
   spread over 1,000 8-byte groups.
@@ -54,6 +57,7 @@ if __package__ in (None, ""):  # run as a script (python loadtest/bench_groups.p
 from cluster_dq.localredis import Server, start_server  # noqa: E402
 from cluster_dq.testing.service_process import ServiceProcess  # noqa: E402
 from loadtest.groups_fairness import FairnessRun, Load, fairness_run  # noqa: E402
+from loadtest.groups_scripts import scripts  # noqa: E402
 
 NS = "bench"
 BODY = os.urandom(32).hex().encode()  # 64 bytes
@@ -425,6 +429,8 @@ async def bench(a: argparse.Namespace) -> None:
         await memory(a)
     if a.only in (None, "cost"):
         await cost(a)
+    if a.only in (None, "scripts"):
+        await scripts(a.rounds, a.script_calls, a.per_call)
     if a.only in (None, "fairness"):
         await fairness(a)
 
@@ -433,7 +439,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--only", choices=["fairness", "cost", "memory"])
+    ap.add_argument("--only", choices=["fairness", "cost", "scripts", "memory"])
     f = ap.add_argument_group("fairness")
     f.add_argument("--reps", type=int, default=1, help="repetitions of the runs")
     f.add_argument(
@@ -461,6 +467,9 @@ def main() -> None:
     c.add_argument("--rounds", type=int, default=3)
     c.add_argument("--cost-jobs", type=int, default=3000, help="per variant, op and round")
     c.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    sc = ap.add_argument_group("scripts (--rounds as cost's)")
+    sc.add_argument("--script-calls", type=int, default=300, help="per variant, op and round")
+    sc.add_argument("--per-call", type=int, default=6, help="jobs per script call")
     m = ap.add_argument_group("memory")
     m.add_argument("--memory-jobs", type=int, default=100_000, help="per cell")
     uvloop.run(bench(ap.parse_args()))
