@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cluster_dq.engine import replies
-from cluster_dq.engine.publish import Published, packed_job, place_jobs
+from cluster_dq.engine.publish import Published, packed_job, place_jobs, repeated
 from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.engine.steps import EngineConfig, Op, fixed_keys, lua, signal
 from cluster_dq.errors import IdempotencyMismatch, QueueFull, WrongState
@@ -93,7 +93,13 @@ def publish_keyed_many(
     lowered, events = False, []
     for r, jobs, one in zip(requests, placed, raw, strict=True):
         reply = replies.decode_keyed(one)
-        if reply.lowered:  # (its queue came into being, or its next event moved earlier)
+        # this very call's own job found (existing, replaced) or its kept answer (replayed)
+        own = all(jobs.made_up) and (
+            reply.same_ids or (reply.dedup is not None and reply.members == tuple(jobs.members))
+        )
+        # its queue came into being, or its next event moved earlier; or this is the repeat of
+        # a call whose reply was lost, whose signal was never sent
+        if reply.lowered or own or repeated(jobs.made_up, reply.codes):
             lowered = True
             if jobs.event is not None:
                 events.append(jobs.event)

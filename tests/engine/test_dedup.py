@@ -197,7 +197,9 @@ async def test_a_repeat_after_a_lost_reply_finds_its_own_job(
     engine: AsyncEngine, sync_redis: redis.Redis, mode: str | None, ttl: int, idem: str | None
 ) -> None:
     """Redis ran the call and its reply was lost: the engine repeats it with the same ids,
-    which must be told as new (not as a duplicate of itself), one job made."""
+    which must be told as new (not as a duplicate of itself), one job made; its new queue is
+    registered in its shard though the repeat found its job there (a ready job that never
+    expires: no pump event, and no META for the reconcile sweep to find)."""
     real_step = engine._step
     lost: list[int] = []
 
@@ -211,7 +213,7 @@ async def test_a_repeat_after_a_lost_reply_finds_its_own_job(
     engine._step = lose_the_first_reply  # type: ignore[method-assign]
     try:
         got = await keyed(
-            engine, now_ms(), key=mode and "lost", mode=mode or "", ttl=ttl, idem=idem
+            engine, now_ms(), key=mode and "lost", mode=mode or "", ttl=ttl, idem=idem, ttl_ms=0
         )
     finally:
         engine._step = real_step  # type: ignore[method-assign]
@@ -219,6 +221,7 @@ async def test_a_repeat_after_a_lost_reply_finds_its_own_job(
     assert got.dedup == (mode and "new")
     assert not got.published[0].duplicate
     assert not got.replayed  # its own answer, not a replay: the job was published by this call
+    assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == [Q]
     s = await sizes(engine)
     assert s.ready == 1
     (job,) = await consume(engine, now_ms())
