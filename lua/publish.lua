@@ -134,9 +134,7 @@ for j = 1, n do
   end
   out[#out + 1] = st
 end
-for i = 1, #expiring, 2 * CHUNK do
-  redis.call('ZADD', EXPIRE, unpack(expiring, i, math.min(i + 2 * CHUNK - 1, #expiring)))
-end
+write_pairs('ZADD', EXPIRE, expiring)
 if wheeled > 0 then count_wheel(wheeled) end
 if low then lowered = math.max(lowered, lower_next(low)) end
 for k = FIRST_EXTRA, #KEYS do out[#out + 1] = fill[k] or redis.call('HLEN', KEYS[k]) end

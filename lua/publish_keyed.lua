@@ -236,9 +236,7 @@ for k, id in pairs(GIVEN) do
   given[#given + 1] = 'k:' .. k
   given[#given + 1] = id
 end
-for i = 1, #given, 2 * CHUNK do
-  redis.call('HSET', NOTES, unpack(given, i, math.min(i + 2 * CHUNK - 1, #given)))
-end
+write_pairs('HSET', NOTES, given)
 flush_expiring()
 if wrote then
   local last = redis.call('ZRANGE', KEYED_DUE, -1, -1, 'WITHSCORES')

@@ -19,9 +19,7 @@ local function remember_acked(ids, now, keep)
     args[#args + 1] = now
     args[#args + 1] = id
   end
-  for i = 1, #args, 2 * CHUNK do
-    redis.call('ZADD', ACKED, unpack(args, i, math.min(i + 2 * CHUNK - 1, #args)))
-  end
+  write_pairs('ZADD', ACKED, args)
   local old = redis.call('ZRANGE', ACKED, '-inf', now - keep, 'BYSCORE', 'LIMIT', 0, FORGET_PER_CALL + #ids)
   if #old > 0 then zrem_many(ACKED, old) end
   redis.call('PEXPIRE', ACKED, keep)

@@ -20,3 +20,11 @@ local function zrem_many(key, ids)
     redis.call('ZREM', key, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
   end
 end
+
+-- A variadic write of pairs, `cmd key a1 b1 a2 b2 ...` (ZADD's score and member, HSET's field
+-- and value), CHUNK pairs per call.
+local function write_pairs(cmd, key, args)
+  for i = 1, #args, 2 * CHUNK do
+    redis.call(cmd, key, unpack(args, i, math.min(i + 2 * CHUNK - 1, #args)))
+  end
+end

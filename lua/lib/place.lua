@@ -19,9 +19,7 @@ local function flush_expiring()
     args[#args + 1] = e
     args[#args + 1] = id
   end
-  for i = 1, #args, 2 * CHUNK do
-    redis.call('ZADD', EXPIRE, unpack(args, i, math.min(i + 2 * CHUNK - 1, #args)))
-  end
+  write_pairs('ZADD', EXPIRE, args)
   EXPIRE_LATER = {}
 end
 

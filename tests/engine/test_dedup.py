@@ -11,16 +11,15 @@ from typing import Any
 
 import pytest
 import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
-from cluster_dq.engine.steps import Eval
 from cluster_dq.errors import IdempotencyMismatch, QueueFull, WrongState
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.testing.invariants import check_queue, queue_keys
+from tests.support.lost_reply import first_reply_lost
 
 NS, Q = "ns", "q"
 SEC = 1000
@@ -200,23 +199,10 @@ async def test_a_repeat_after_a_lost_reply_finds_its_own_job(
     which must be told as new (not as a duplicate of itself), one job made; its new queue is
     registered in its shard though the repeat found its job there (a ready job that never
     expires: no pump event, and no META for the reconcile sweep to find)."""
-    real_step = engine._step
-    lost: list[int] = []
-
-    async def lose_the_first_reply(step: Any) -> Any:
-        reply = await real_step(step)
-        if isinstance(step, Eval) and step.script == "publish_keyed" and not lost:
-            lost.append(1)
-            raise RedisConnectionError("reply lost")
-        return reply
-
-    engine._step = lose_the_first_reply  # type: ignore[method-assign]
-    try:
+    with first_reply_lost(engine, "publish_keyed") as lost:
         got = await keyed(
             engine, now_ms(), key=mode and "lost", mode=mode or "", ttl=ttl, idem=idem, ttl_ms=0
         )
-    finally:
-        engine._step = real_step  # type: ignore[method-assign]
     assert lost
     assert got.dedup == (mode and "new")
     assert not got.published[0].duplicate
@@ -235,21 +221,13 @@ async def test_a_debounce_repeated_after_its_job_was_taken_answers_that_job(
     """The reply of a debounce publish is lost and a consumer reserves the job it made before
     the engine repeats the call: the repeat finds its own job under the key, which it must not
     refuse as a debounce of a reserved job (a 409 saying nothing was changed)."""
-    real_step = engine._step
     taken: list[str] = []
 
-    async def lose_the_first_reply(step: Any) -> Any:
-        reply = await real_step(step)
-        if isinstance(step, Eval) and step.script == "publish_keyed" and not taken:
-            taken.extend(j.job_id for j in await consume(engine, now_ms()))
-            raise RedisConnectionError("reply lost")
-        return reply
+    async def take() -> None:
+        taken.extend(j.job_id for j in await consume(engine, now_ms()))
 
-    engine._step = lose_the_first_reply  # type: ignore[method-assign]
-    try:
+    with first_reply_lost(engine, "publish_keyed", take):
         got = await keyed(engine, now_ms(), key="d", mode="debounce")
-    finally:
-        engine._step = real_step  # type: ignore[method-assign]
     assert len(taken) == 1
     assert got.dedup == "new" and not got.replayed
     assert got.published[0].job_id == taken[0] and not got.published[0].duplicate
@@ -425,15 +403,6 @@ async def test_a_shared_call_repeated_after_a_lost_reply_answers_each_request_as
     """The group commit's call ran and its reply was lost: the engine repeats it, and each
     request (a simple key, a debounce key, an Idempotency-Key, two under one key) is told as
     the first time, one job per key, nothing replayed."""
-    real_step = engine._step
-    lost: list[int] = []
-
-    async def lose_the_first_reply(step: Any) -> Any:
-        reply = await real_step(step)
-        if isinstance(step, Eval) and step.script == "publish_keyed" and not lost:
-            lost.append(1)
-            raise RedisConnectionError("reply lost")
-        return reply
 
     def req(body: bytes, key: str | None, mode: str = "simple", idem: str | None = None) -> Any:
         ident = ops.Idempotency(idem, fp(body.decode())) if idem else None
@@ -445,13 +414,10 @@ async def test_a_shared_call_repeated_after_a_lost_reply_answers_each_request_as
         req(b"c", None, idem="i"),
         req(b"e", "s"),  # the same key as the first: its job
     ]
-    engine._step = lose_the_first_reply  # type: ignore[method-assign]
-    try:
+    with first_reply_lost(engine, "publish_keyed") as lost:
         got = await engine.run(
             ops.publish_keyed_many(engine.config, NS, Q, requests, now_ms()), idempotent=True
         )
-    finally:
-        engine._step = real_step  # type: ignore[method-assign]
     assert lost
     a, b, c, e = got
     assert isinstance(a, ops.KeyedPublished) and isinstance(b, ops.KeyedPublished)

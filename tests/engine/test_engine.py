@@ -7,24 +7,22 @@ sleeping; the scripts never read Redis's clock.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 import functools
 
 import time
 
 import pytest
 import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
-from cluster_dq.engine.steps import Eval
 from cluster_dq.errors import BadRequest, BodyTooLarge
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
 from cluster_dq.models import MAX_BODY, JobSpec, JobState, id_to_member, validate_spec
 from cluster_dq.pools import check_redis
 from cluster_dq.testing.invariants import check_queue, queue_keys
+from tests.support.lost_reply import first_reply_lost
 
 NS, Q = "ns", "q"
 MIN = 60_000
@@ -68,24 +66,11 @@ async def test_a_publish_repeated_after_a_lost_reply_registers_its_new_queue(
     finds its own job there (a duplicate of the ids it made up) and must still register the
     queue in its shard. Its job is ready and never expires: no pump event, and no META for the
     reconcile sweep to find; unregistered, the namespace would never list the queue."""
-    real_step = engine._step
-    lost: list[int] = []
-
-    async def lose_the_first_reply(step: Any) -> Any:
-        reply = await real_step(step)
-        if isinstance(step, Eval) and step.script == "publish" and not lost:
-            lost.append(1)
-            raise RedisConnectionError("reply lost")
-        return reply
-
-    engine._step = lose_the_first_reply  # type: ignore[method-assign]
-    try:
+    with first_reply_lost(engine, "publish") as lost:
         (got,) = await engine.run(
             ops.publish(engine.config, "ns", "q", [JobSpec(b"x", ttl_ms=0)], now_ms()),
             idempotent=True,
         )
-    finally:
-        engine._step = real_step  # type: ignore[method-assign]
     assert lost and not got.duplicate
     assert await engine.run(ops.queues_of_namespace(engine.config.shards, "ns")) == ["q"]
 

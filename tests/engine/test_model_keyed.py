@@ -12,13 +12,11 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import rule, run_state_machine_as_test
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import control
 from cluster_dq.engine.aio import AsyncEngine
-from cluster_dq.engine.steps import Eval
 from cluster_dq.models import Dedup, Idempotency, JobSpec
 from tests.support.model_harness import (
     EXAMPLES,
@@ -37,6 +35,7 @@ from tests.support.model_harness import (
     ttls,
     windows,
 )
+from tests.support.lost_reply import first_reply_lost
 from tests.support.model_ref import EVENTS
 from tests.support.model_rules import EngineModel
 
@@ -289,24 +288,11 @@ def test_a_history_written_out_reaches_every_keyed_outcome(deployment_for_model:
 
 
 async def _lose_the_first_reply(engine: AsyncEngine, op: Any) -> Any:
-    """Runs ``op`` as the service does (repeated after a lost reply), the first reply of its
-    publish_keyed script lost after Redis ran it."""
-    real_step = engine._step
-    lost: list[int] = []
-
-    async def lose(step: Any) -> Any:
-        reply = await real_step(step)
-        if isinstance(step, Eval) and step.script == "publish_keyed" and not lost:
-            lost.append(1)
-            raise RedisConnectionError("reply lost")
-        return reply
-
-    engine._step = lose  # type: ignore[method-assign]
-    try:
-        return await engine.run(op, idempotent=True)
-    finally:
-        engine._step = real_step  # type: ignore[method-assign]
-        assert lost
+    """Runs ``op`` as the service does, its keyed publish's first reply lost."""
+    with first_reply_lost(engine, "publish_keyed") as lost:
+        got = await engine.run(op, idempotent=True)
+    assert lost
+    return got
 
 
 @pytest.mark.parametrize("mode", ["simple", "debounce"])
