@@ -119,9 +119,8 @@ def main() -> None:
         with ServiceProcess.start(
             f"127.0.0.1:{redis.port}", env=env, args=["--workers", "1"]
         ) as svc:
-            token = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "b"}).json()
             print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, service: 1 worker")
-            uvloop.run(bench(svc.base, token["token"], a))
+            uvloop.run(bench(svc.base, svc.mint_token(NS), a))
     finally:
         redis.kill()
 

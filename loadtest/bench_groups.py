@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 import psutil
 import uvloop
 
@@ -89,11 +88,10 @@ async def stack() -> AsyncIterator[tuple[Stack, aiohttp.ClientSession]]:
         with ServiceProcess.start(
             f"127.0.0.1:{server.port}", env=env, args=["--workers", "1"]
         ) as svc:
-            token = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "b"}).json()
             svc_proc = psutil.Process(svc.pid)
             procs = [svc_proc, *svc_proc.children(recursive=True)]
             procs.append(psutil.Process(server.process.pid))
-            st = Stack(server, svc.base, token["token"], procs)
+            st = Stack(server, svc.base, svc.mint_token(NS), procs)
             conn = aiohttp.TCPConnector(limit=256)
             headers = {"X-Token": st.token}
             async with aiohttp.ClientSession(svc.base, headers=headers, connector=conn) as s:

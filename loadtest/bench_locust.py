@@ -18,7 +18,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
 
 from cluster_dq.localredis import start_server
 from cluster_dq.testing.service_process import ServiceProcess
@@ -88,8 +87,7 @@ def main() -> None:
     server = start_server()
     try:
         with ServiceProcess.start(f"127.0.0.1:{server.port}") as svc:
-            r = httpx.post(f"{svc.admin}/token/{NS}", params={"description": "compare"})
-            token = r.json()["token"]
+            token = svc.mint_token(NS, "compare")
             with tempfile.TemporaryDirectory() as tmp:
                 for name in ("loadtest/locustfile.py", "loadtest/locust_client.py"):
                     run(name, svc.base, token, args.rate, args.seconds, f"{tmp}/{Path(name).stem}")
