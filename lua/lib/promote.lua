@@ -32,8 +32,11 @@ local function wake_groups(now, limit)
 end
 
 -- DELAYED (near zset) -> READY for jobs due by `now`; expired ones vanish; and the groups'
--- rate wake-ups due by then. Bounded by limit.
+-- rate wake-ups due by then. Bounded by limit. Nothing to look at while META.next, which no
+-- event of the queue comes before (its first due time and wake-up included), is later.
 local function promote(now, limit)
+  local marked = next_marked()
+  if marked and marked > now then return 0, 0 end
   wake_groups(now, limit)
   local due = redis.call('ZRANGE', DELAYED, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
   local ids, moved, gone = {}, 0, 0
