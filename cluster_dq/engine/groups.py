@@ -41,7 +41,7 @@ class Rate:
     def parse(cls, raw: str) -> Rate:
         """``<jobs>/<window>``, the window in ms, s (the default), m or h: ``10/1s``, ``100/m``
         would be ``100/1m``."""
-        m = _RATE.fullmatch(raw.strip())
+        m = _RATE.fullmatch(raw)  # (as the OpenAPI pattern: no spaces)
         if m is None:
             raise BadRequest("rate must be <jobs>/<window>, as 10/1s, 600/1m or 5/250ms", "rate")
         jobs, per_ms = int(m.group(1)), int(m.group(2)) * _UNIT_MS[m.group(3)]

@@ -108,6 +108,7 @@ def test_a_long_poll_wakes_when_its_groups_slot_frees(api: httpx.Client) -> None
         ("patch", "/api/ns/q/groups/g", {"json": {"concurrency": True}}, "concurrency"),
         ("patch", "/api/ns/q/groups/g", {"json": {"rate": "fast"}}, "rate"),
         ("patch", "/api/ns/q/groups/g", {"json": {"rate": "0/1s"}}, "rate"),
+        ("patch", "/api/ns/q/groups/g", {"json": {"rate": " 1/1s "}}, "rate"),  # (as OpenAPI)
         ("patch", "/api/ns/q/groups/g", {"json": {"rate": "1/25h"}}, "rate"),
         ("patch", "/api/ns/q/groups/g", {"json": {"paused": "yes"}}, "paused"),
         ("patch", "/api/ns/q/groups/g", {"json": {"limit": 1}}, "limit"),
