@@ -30,9 +30,13 @@ Anomalies (``check`` counts each, with examples):
   except an ack when another ack of the job may have come first: a gone job is no conflict
   (lua/ack.lua: acking it is what the holder wanted, and a repeat after a lost reply succeeds);
 - ``starved``: a grouped job waited behind more jobs of another group than its turns allow;
-- ``dedup_twice``: two jobs held one simple (or debounce) dedup key at once.
+- ``dedup_twice``: two jobs held one simple (or debounce) dedup key at once;
+- ``while_paused``: a job delivered while its group was certainly paused;
+- ``over_concurrency``: more of a group's jobs certainly held at once than its concurrency limit;
+- ``over_rate``: two deliveries of a group closer together than its rate lets them.
 
-The last two are the extensions' (loadtest/history_extensions.py, where their derivation is).
+The last five are the extensions' (loadtest/history_extensions.py and, for a group's settings,
+loadtest/history_limits.py, where their derivations are).
 
 A publish under a dedup key may make no job of its own (answered ``existing``: the key's holder),
 and a debounce puts its body into the key's holder (answered ``replaced``, keeping that job's
@@ -49,6 +53,7 @@ from typing import Any
 
 from loadtest.history_events import Delivery, History, Op, pair
 from loadtest.history_extensions import dedup_twice, starved
+from loadtest.history_limits import group_limits
 
 KINDS = (
     "unexpected",
@@ -65,6 +70,9 @@ KINDS = (
     "stale_lease",
     "starved",
     "dedup_twice",
+    "while_paused",
+    "over_concurrency",
+    "over_rate",
 )
 
 
@@ -346,6 +354,7 @@ def check(history: History, final: Final) -> Report:
 
     turns = starved(ops, publishes, deliveries, flag)
     dedup_twice(ops, publishes, deliveries, flag)
+    limits = group_limits(ops, publishes, deliveries, by_key, flag)
 
     stats = {
         "publish_ok": sum(1 for p in publishes.values() if p.type == "ok"),
@@ -362,5 +371,6 @@ def check(history: History, final: Final) -> Report:
         "grouped_publishes": sum(1 for p in publishes.values() if p.args.get("group")),
         "dedup_publishes": sum(1 for p in publishes.values() if p.args.get("dedup")),
         **turns,
+        **limits,
     }
     return Report(counts, examples, stats)

@@ -543,3 +543,98 @@ def test_a_debounced_job_is_checked_once_by_id() -> None:
     r = s.check()
     only(r, "lost")
     assert r.examples["lost"][0]["job_id"] == "id-a", r.examples
+
+
+# -- a group's settings: pause, concurrency limit, rate ----------------------------------------
+
+
+def configure(s: Script, t0: float, t1: float, type: str = "ok", **settings: Any) -> None:
+    s.op("configure_group", t0, t1, type, queue="q", group="g", settings=settings)
+
+
+def test_while_paused_a_delivery_inside_a_certain_pause() -> None:
+    def paused(t0: float, t1: float, *changes: tuple[float, float, str, dict[str, Any]]) -> Report:
+        s = Script()
+        put(s, "a", 0.0, 0.01, "g")
+        configure(s, 0.1, 0.2, paused=True)
+        for c0, c1, type, settings in changes:
+            configure(s, c0, c1, type, **settings)
+        take(s, "a", t0, t1)
+        return s.check()
+
+    r = paused(0.3, 0.4)
+    only(r, "while_paused")
+    assert r.stats["pause_windows"] == 1, r.stats
+    only(paused(0.15, 0.4), None)  # its consume may have run before the pause
+    only(paused(0.6, 0.7, (0.5, 0.55, "ok", {"paused": False})), None)  # resumed before
+    only(paused(0.6, 0.7, (0.5, 0.55, "info", {"paused": False})), None)  # may have been
+    # a refused resume, a pause again or another field's change: still paused
+    only(paused(0.6, 0.7, (0.5, 0.55, "fail", {"paused": False})), "while_paused")
+    only(paused(0.6, 0.7, (0.5, 0.55, "ok", {"paused": True})), "while_paused")
+    only(paused(0.6, 0.7, (0.5, 0.55, "ok", {"concurrency": 3})), "while_paused")
+    # a resume whose outcome is unknown before the pause may have come after it, up to 0.25
+    s = Script()
+    put(s, "a", 0.0, 0.01, "g")
+    configure(s, 0.02, 0.25, "info", paused=False)
+    configure(s, 0.1, 0.2, paused=True)
+    take(s, "a", 0.22, 0.3)
+    only(s.check(), None)
+    s = Script()
+    put(s, "a", 0.0, 0.01, "g")
+    configure(s, 0.02, 0.25, "info", paused=False)
+    configure(s, 0.1, 0.2, paused=True)
+    take(s, "a", 0.26, 0.3)
+    only(s.check(), "while_paused")
+
+
+def test_over_concurrency_more_held_at_once_than_the_limit() -> None:
+    def two(second: tuple[float, float], ack_first: float, ttr_ms: int = 1000, limit: int = 1):
+        s = Script()
+        put(s, "a", 0.0, 0.01, "g")
+        put(s, "b", 0.0, 0.01, "g")
+        configure(s, 0.05, 0.1, concurrency=limit)
+        s.consume("a", 0.2, 0.3, remain=0, deliveries=1, ttr_ms=ttr_ms)
+        s.consume("b", *second, remain=0, deliveries=1)
+        s.act("ack", "a", ack_first, ack_first + 0.01)
+        s.act("ack", "b", 0.9, 0.91)
+        return s.check({"a": None, "b": None})
+
+    r = two((0.35, 0.4), ack_first=0.5)  # both held from 0.4 to 0.5
+    only(r, "over_concurrency")
+    assert r.examples["over_concurrency"][0]["held"] == ["a", "b"], r.examples
+    assert r.stats["limit_windows"] == 1 and r.stats["limited_deliveries"] == 2, r.stats
+    only(two((0.35, 0.4), ack_first=0.5, limit=2), None)
+    only(two((0.35, 0.4), ack_first=0.38), None)  # a's ack under way before b's reply
+    only(two((0.35, 0.4), ack_first=0.5, ttr_ms=100), None)  # a's ttr may end at 0.3
+    only(two((0.02, 0.4), ack_first=0.5), None)  # b's consume may have run before the limit
+    # ... also one consume of two jobs
+    s = Script()
+    put(s, "a", 0.0, 0.01, "g")
+    put(s, "b", 0.0, 0.01, "g")
+    configure(s, 0.05, 0.1, concurrency=1)
+    jobs = [{"key": k, "job_id": "id-" + k, "remain_tries": 0, "deliveries": 1} for k in ("a", "b")]
+    s.op("consume", 0.2, 0.3, process=1, queues=["q"], ttr_ms=1000, result={"jobs": jobs})
+    s.act("ack", "a", 0.4, 0.41)
+    s.act("ack", "b", 0.4, 0.41)
+    only(s.check(), "over_concurrency")
+
+
+def test_over_rate_two_deliveries_closer_than_the_rate_lets_them() -> None:
+    def two(second: tuple[float, float], *changes: tuple[float, float, str, dict[str, Any]]):
+        s = Script()
+        put(s, "a", 0.0, 0.01, "g")
+        put(s, "b", 0.0, 0.01, "g")
+        configure(s, 0.05, 0.1, rate="10/1s")  # 100 ms apart
+        for c0, c1, type, settings in changes:
+            configure(s, c0, c1, type, **settings)
+        take(s, "a", 0.2, 0.21)
+        take(s, "b", *second)
+        return s.check()
+
+    r = two((0.25, 0.26))  # 60 ms apart at most
+    only(r, "over_rate")
+    assert r.stats["rate_windows"] == 1, r.stats
+    only(two((0.25, 0.33)), None)  # may have been 130 ms apart
+    only(two((0.25, 0.26), (0.22, 0.23, "ok", {"rate": "10/1s"})), None)  # a rate starts afresh
+    only(two((0.25, 0.26), (0.22, 0.23, "info", {"rate": None})), None)  # may have been lifted
+    only(two((0.25, 0.26), (0.22, 0.23, "ok", {"paused": False})), "over_rate")
