@@ -286,13 +286,16 @@ async def producer(run: Run, process: int, rate: float, until: float, at_least: 
 
 
 async def operator(run: Run, until: float) -> None:
-    """Changes the metered group's settings every 0.2 to 1.5 s until ``until``, then lifts
+    """Changes the metered group's settings every 0.2 to 1.5 s until ``until`` (each of
+    ``mix.SETTINGS`` once per round: ``mix.settings_round``), then lifts
     them all (until a 200 says so), so that the drain empties its queue."""
     async with session() as http:
         c = Client(run, OPERATOR, http)
+        order: list[dict[str, Any]] = []
         while run.now() < until:
             await asyncio.sleep(run.rng.uniform(0.2, 1.5))
-            await c.configure(run.rng.choice(mix.SETTINGS))
+            order = order or mix.settings_round(run.rng)
+            await c.configure(order.pop(0))
         for _ in range(150):
             if await c.configure(mix.UNLIMITED) == "ok":
                 break

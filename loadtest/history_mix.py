@@ -26,6 +26,7 @@ GROUPED = 1  # the index of the grouped queue in the run's queues
 HEAVY, METERED = "heavy", "metered"
 LIGHT = ("light-a", "light-b", "light-c")
 BURST = 8  # the heavy group's publishes, sent at once
+METERED_SHARE = 0.5  # of the grouped queue's other publishes: a backlog its limits meet
 KEYED = 0.4  # the share of publishes to the other queues made under a dedup key
 KEYS = ("k0", "k1", "k2")  # per queue, simple or debounce at random
 WINDOWS = ("w0",)  # per queue, throttle
@@ -36,10 +37,18 @@ SETTINGS: tuple[dict[str, Any], ...] = (
     {"concurrency": 1},
     {"concurrency": 2},
     {"concurrency": None},
-    {"rate": "20/1s"},
+    {"rate": "5/1s"},
     {"rate": None},
 )
 UNLIMITED = {"paused": False, "concurrency": None, "rate": None}
+
+
+def settings_round(rng: random.Random) -> list[dict[str, Any]]:
+    """``SETTINGS``, each once, in a random order that begins with a pause, a limit or a rate
+    (a short run judges at least one of them)."""
+    order = rng.sample(SETTINGS, len(SETTINGS))
+    first = next(i for i, s in enumerate(order) if any(v not in (None, False) for v in s.values()))
+    return [order[first], *order[:first], *order[first + 1 :]]
 
 
 def grouped_queue(queues: list[str]) -> str:
@@ -52,11 +61,12 @@ def heavy(queues: list[str]) -> tuple[str, dict[str, Any]]:
 
 
 def pick(rng: random.Random, queues: list[str]) -> tuple[str, dict[str, Any]]:
-    """Any other publish: a queue at random; in the grouped queue a light or the metered group,
-    elsewhere a plain job or (``KEYED``) one under a dedup key."""
+    """Any other publish: a queue at random; in the grouped queue the metered group
+    (``METERED_SHARE``) or a light one, elsewhere a plain job or (``KEYED``) one under a dedup
+    key."""
     q = rng.choice(queues)
     if q == grouped_queue(queues):
-        return q, {"group": rng.choice((*LIGHT, METERED))}
+        return q, {"group": METERED if rng.random() < METERED_SHARE else rng.choice(LIGHT)}
     if rng.random() >= KEYED:
         return q, {}
     if rng.random() < 0.75:

@@ -26,7 +26,8 @@ AT_LEAST = 150  # publishes answered 2xx: the load goes on past SECONDS until th
 # job-acknowledging ones are), so a failover may roll a reservation back: a second holder
 # within the ttr, one delivery more than tries, a dead letter that is ready again, a group's
 # turns (starved), a dedup key's job shown by a consume or an `existing` answer only (which
-# write nothing durable: dedup_twice). Those are printed, not asserted, there. Everything else
+# write nothing durable: dedup_twice), a group's reservations, settings and rate's turns
+# (while_paused, over_concurrency, over_rate). Those are printed, not asserted, there. Everything else
 # is guaranteed.
 ALWAYS = ("unexpected", "double_publish", "early", "remain_tries", "left_behind", "stale_lease")
 DURABLE = (*ALWAYS, "lost", "duplicated", "early_release")  # publish, ack and release are WAITed
@@ -53,6 +54,9 @@ def sound(report: Report, run: Run, kinds: tuple[str, ...]) -> None:
 def test_history_standalone_instance_and_pump_leader_killed(redis_server: Server) -> None:
     report, run = history_run("standalone", SECONDS, deployment=redis_server, at_least=AT_LEAST)
     sound(report, run, tuple(report.counts))  # no failover: every anomaly counts
+    # The metered group's settings were judged: some were certainly in force a while.
+    windows = ("pause_windows", "limit_windows", "rate_windows")
+    assert sum(report.stats[k] for k in windows) > 0, report.stats
     # Late acks with a lease whose delivery lapsed were sent, and refused (409), while the
     # checker found none that succeeded against another consumer's hold (stale_lease).
     assert report.stats["lease_conflicts"] > 0, report.stats
