@@ -78,8 +78,9 @@ local max_size = tonumber(redis.call('HGET', CONF, 'max_size') or '') -- the que
 EXPIRE_LATER = {} -- the jobs' EXPIRE entries in one ZADD at the end (lib/place.lua)
 
 -- The dedup keys' holders (NOTES `k:<key>`; false: none), read for the whole call in one
--- HMGET; the holders this call gives keys (GIVEN), written in one HSET at its end. A request
--- sees what an earlier one gave.
+-- HMGET. GIVEN: the `k:<key>`, member pairs of the holders this call gives keys, written in one
+-- HSET at its end (a key given twice: the last pair wins, as HSET sets them in order). A
+-- request sees what an earlier one gave.
 local HOLDER, GIVEN = {}, {}
 do
   local names, at = {}, 4
@@ -99,34 +100,64 @@ do
   end
 end
 
+local function give(dkey, id)
+  HOLDER[dkey] = id
+  GIVEN[#GIVEN + 1] = 'k:' .. dkey
+  GIVEN[#GIVEN + 1] = id
+end
+
+-- Job j of the request whose values begin at ARGV[at]: its due ms, member and record
+-- (publish's packing; no bucket)
+local function job_of(at, j)
+  local a = ARGV[at + 6 + j]
+  local _, _, due, len, from = struct.unpack('>HBI6B', a)
+  return due, string.sub(a, from, from + len - 1), string.sub(a, from + len)
+end
+
 -- The ids a request's jobs ask for, as one string: kept with an Idempotency-Key's answer, so
 -- that a repeat of the very call that made it (the same ids, which the caller made up for
 -- that call alone) is told apart from another request's repeat.
 local function own_ids(at, n)
   local ids = {}
   for j = 1, n do
-    local a = ARGV[at + 6 + j]
-    local _, _, _, len, at2 = struct.unpack('>HBI6B', a)
-    ids[j] = string.sub(a, at2, at2 + len - 1)
+    local _, id = job_of(at, j)
+    ids[j] = id
   end
   return table.concat(ids, '\0')
 end
 
+-- A debounce's job replaces the waiting `holder` (its state `st`): its body, due time and
+-- expiry. Returns its code (READY or DELAYED) and `lowered`.
+local function replace(holder, st, due, rec)
+  local old, lowered, code = redis.call('HGET', JOBS, holder), 0, CODE.READY
+  if st == CODE.READY then unready(holder, old, now) else redis.call('ZREM', DELAYED, holder) end
+  EXPIRE_LATER[holder] = nil
+  redis.call('ZREM', EXPIRE, holder)
+  redis.call('HSET', JOBS, holder, rec)
+  count_group(group_of(old), -1)
+  count_group(group_of(rec), 1)
+  if due <= now then
+    make_ready(holder, rec, due)
+  else
+    delay_until(holder, due)
+    lowered, code = lower_next(due), CODE.DELAYED
+  end
+  local e = expire_at(rec)
+  if e > 0 then
+    EXPIRE_LATER[holder] = e
+    lowered = math.max(lowered, lower_next(e))
+  end
+  return code, lowered
+end
+
 -- One request, its 7 values and its jobs from ARGV[at]: its reply, and where the next begins.
 local function request(at)
-  local dkey, mode, dtill = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-  local ikey, fp, itill, n = ARGV[at + 3], ARGV[at + 4], tonumber(ARGV[at + 5]), tonumber(ARGV[at + 6])
+  local dkey, ikey, n = ARGV[at], ARGV[at + 3], tonumber(ARGV[at + 6])
   local nxt = at + 7 + n
-  -- job j: due ms, member, record (publish's packing; no bucket)
-  local function job(j)
-    local a = ARGV[at + 6 + j]
-    local _, _, due, len, at2 = struct.unpack('>HBI6B', a)
-    return due, string.sub(a, at2, at2 + len - 1), string.sub(a, at2 + len)
-  end
   if ikey ~= '' then
     local got = kept('i:' .. ikey)
     if got then
-      if string.sub(got, 7, 22) ~= fp then return {CODE.MISMATCH, 0, 0, 0}, nxt end
+      if string.sub(got, 7, 22) ~= ARGV[at + 4] then return {CODE.MISMATCH, 0, 0, 0}, nxt end
       local out = cmsgpack.unpack(string.sub(got, 23))
       out[2] = out[2] == own_ids(at, n) and 2 or 1 -- (2: kept by a call with these very ids)
       return out, nxt
@@ -135,94 +166,75 @@ local function request(at)
 
   -- The job holding the dedup key: a simple or debounce key's while it exists and is not dead,
   -- else a throttle window's while it lasts (whatever became of its job)
-  local held, holder = false, false
+  local mode, held, holder = tonumber(ARGV[at + 1]), false, false
   if dkey ~= '' then
     held = HOLDER[dkey]
     if held and redis.call('HEXISTS', JOBS, held) == 1 and not redis.call('ZSCORE', DEAD, held) then
       holder = held
-    else
+    elseif keyed then
       local t = kept('t:' .. dkey)
       if t then holder = string.sub(t, 7) end
     end
   end
 
-  local status, dedup, lowered, codes, members = CODE.OK, 0, 0, {}, {}
-  -- A debounce replaces the key's job while it waits, and is refused once it is reserved or
-  -- dead, unless that job is job 1 itself: this call's own, made by its first attempt (whose
-  -- reply was lost) and taken since, answered as the job it is (EXISTING), as a repeat
-  local st = holder and redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
-  local waiting = st == CODE.READY or st == CODE.DELAYED
-  if st and mode == DEBOUNCE and not waiting then
-    local _, own = job(1)
-    if holder ~= own then return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt end
-  end
-  if st and mode == DEBOUNCE and waiting then
-    local due, _, rec = job(1)
-    local old = redis.call('HGET', JOBS, holder)
-    if st == CODE.READY then unready(holder, old, now) else redis.call('ZREM', DELAYED, holder) end
-    EXPIRE_LATER[holder] = nil
-    redis.call('ZREM', EXPIRE, holder)
-    redis.call('HSET', JOBS, holder, rec)
-    count_group(group_of(old), -1)
-    count_group(group_of(rec), 1)
-    if due <= now then
-      make_ready(holder, rec, due)
-      codes[1] = CODE.READY
+  -- out: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}
+  local out
+  if holder then
+    -- A debounce replaces the key's job while it waits, and is refused once it is reserved or
+    -- dead, unless that job is job 1 itself: this call's own, made by its first attempt (whose
+    -- reply was lost) and taken since, answered as the job it is (EXISTING), as a repeat
+    local st = redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
+    local waiting = st == CODE.READY or st == CODE.DELAYED
+    if st and mode == DEBOUNCE and not waiting then
+      local _, own = job_of(at, 1)
+      if holder ~= own then return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt end
+    end
+    if st and mode == DEBOUNCE and waiting then
+      local due, _, rec = job_of(at, 1)
+      local code, lowered = replace(holder, st, due, rec)
+      out = {CODE.OK, 0, CODE.REPLACED, lowered, code, holder}
+      if HOLDER[dkey] ~= holder then give(dkey, holder) end -- a throttle window's job: its record carries the key now
     else
-      delay_until(holder, due)
-      lowered = lower_next(due)
-      codes[1] = CODE.DELAYED
+      out = {CODE.OK, 0, CODE.EXISTING, 0, st or CODE.NOT_FOUND, holder}
     end
-    local e = expire_at(rec)
-    if e > 0 then
-      EXPIRE_LATER[holder] = e
-      lowered = math.max(lowered, lower_next(e))
-    end
-    dedup, members[1] = CODE.REPLACED, holder
-    if HOLDER[dkey] ~= holder then -- a throttle window's job: its record carries the key now
-      HOLDER[dkey], GIVEN[dkey] = holder, holder
-    end
-  elseif holder then
-    dedup, codes[1], members[1] = CODE.EXISTING, st or CODE.NOT_FOUND, holder
   else
     -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)
     if max_size then
       local room = max_size - redis.call('HLEN', JOBS) - tonumber(redis.call('HGET', META, 'w') or '0')
       local new = 0
       for j = 1, n do
-        local _, id = job(j)
+        local _, id = job_of(at, j)
         if redis.call('HEXISTS', JOBS, id) == 0 and not acked_lately(id, now, keep) then
           new = new + 1
         end
       end
       if new > 0 and new > room then return {CODE.FULL, 0, 0, 0}, nxt end
     end
+    out = {CODE.OK, 0, 0, 0}
     for j = 1, n do
-      local due, id, rec = job(j)
-      local st, low = place(id, due, rec, false, '', 0, now, 0, 0, 0, keep)
-      codes[j], members[j], lowered = st, id, math.max(lowered, low)
+      local due, id, rec = job_of(at, j)
+      local code, low = place(id, due, rec, false, '', 0, now, 0, 0, 0, keep)
+      out[4 + j], out[4 + n + j] = code, id
+      if low > out[4] then out[4] = low end
     end
-    if dkey ~= '' and codes[1] ~= CODE.DUPLICATE then
-      local id = members[1]
+    if dkey ~= '' and out[5] ~= CODE.DUPLICATE then
+      local id = out[5 + n]
       if mode == THROTTLE then
-        keep_keyed('t:' .. dkey, dtill, id)
+        keep_keyed('t:' .. dkey, tonumber(ARGV[at + 2]), id)
         if held then -- a dead job's key, taken over: revived, that job does not hold it again
           HOLDER[dkey] = false
           redis.call('HDEL', NOTES, 'k:' .. dkey)
         end
       else
-        HOLDER[dkey], GIVEN[dkey] = id, id -- its record carries the key (drop)
+        give(dkey, id) -- its record carries the key (drop)
       end
     end
   end
 
-  local out = {status, 0, dedup, lowered}
-  for j = 1, #codes do out[#out + 1] = codes[j] end
-  for j = 1, #members do out[#out + 1] = members[j] end
   if ikey ~= '' then
-    local saved = {status, own_ids(at, n), dedup, 0}
+    local saved = {out[1], own_ids(at, n), out[3], 0}
     for j = 5, #out do saved[j] = out[j] end
-    keep_keyed('i:' .. ikey, itill, fp .. cmsgpack.pack(saved))
+    keep_keyed('i:' .. ikey, tonumber(ARGV[at + 5]), ARGV[at + 4] .. cmsgpack.pack(saved))
   end
   return out, nxt
 end
@@ -231,12 +243,7 @@ local replies, at = {}, 4
 while at <= #ARGV do
   replies[#replies + 1], at = request(at)
 end
-local given = {}
-for k, id in pairs(GIVEN) do
-  given[#given + 1] = 'k:' .. k
-  given[#given + 1] = id
-end
-write_pairs('HSET', NOTES, given)
+write_pairs('HSET', NOTES, GIVEN)
 flush_expiring()
 if wrote then
   local last = redis.call('ZRANGE', KEYED_DUE, -1, -1, 'WITHSCORES')
