@@ -41,7 +41,7 @@ async def carry_settings(src: AsyncEngine, dst: AsyncEngine, ns: str, q: str) ->
     old = await src.run(commands.queue_settings(ns, q), idempotent=True)
     if old == none:
         return False
-    await dst.run(commands.configure(ns, q, old.as_changes()), idempotent=True)
+    await dst.run(commands.configure(dst.config, ns, q, old.as_changes()), idempotent=True)
     return True
 
 

@@ -200,6 +200,12 @@ class ShardKeys:
         return self._k("queues")
 
     @property
+    def configured(self) -> str:
+        """SET of ``ns/q`` in this shard that have queue or group settings: listed with the
+        queues that hold jobs, the ones that never held one included."""
+        return self._k("configured")
+
+    @property
     def schedule(self) -> str:
         """ZSET ``ns/q`` -> the next time (ms) the pump has work in that queue."""
         return self._k("schedule")

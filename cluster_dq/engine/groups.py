@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cluster_dq import names
-from cluster_dq.engine.steps import Cmd, EngineConfig, Op, fixed_keys, lua, signal
+from cluster_dq.engine.steps import Cmd, EngineConfig, Op, fixed_keys, keep_listed, lua, signal
 from cluster_dq.errors import BadRequest
 from cluster_dq.keys import QueueKeys
 
@@ -139,7 +139,8 @@ def configure_group(
 ) -> Op[Group]:
     """Changes a group's settings; what it held back and may now go comes back to READY (a
     bounded number per call, the calls repeated until none is left; under a rate, one per turn,
-    the next turns the pump's). Returns the group."""
+    the next turns the pump's). Returns the group. A queue with settings is listed
+    (``keep_listed``)."""
     qk = QueueKeys(ns, q)
     fields, owed = changes.fields(), 0
     while True:
@@ -165,6 +166,7 @@ def configure_group(
         fields, owed = [], int(left)
         if owed <= 0:
             break
+    yield from keep_listed(qk, cfg)
     (out,) = yield from describe(ns, q, [group])
     return out
 

@@ -14,7 +14,16 @@ from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.queueconf import QueueSettings
 
-from cluster_dq.engine.steps import Call, Cmd, EngineConfig, Op, fixed_keys, lua, signal
+from cluster_dq.engine.steps import (
+    Call,
+    Cmd,
+    EngineConfig,
+    Op,
+    fixed_keys,
+    keep_listed,
+    lua,
+    signal,
+)
 
 from cluster_dq.engine.lookups import ready_due
 
@@ -99,12 +108,16 @@ def queue_known(ns: str, q: str) -> Op[bool]:
     return bool((yield Cmd(("EXISTS", qk.jobs, qk.meta, qk.conf, qk.schedules))))
 
 
-def configure(ns: str, q: str, changes: Sequence[tuple[str, str]]) -> Op[QueueSettings]:
+def configure(
+    cfg: EngineConfig, ns: str, q: str, changes: Sequence[tuple[str, str]]
+) -> Op[QueueSettings]:
     """Changes the queue's own settings (``queueconf.parse_changes``: field, value; '' removes
-    it) atomically; resuming a queue wakes its long-polls. Returns the settings after it."""
+    it) atomically; resuming a queue wakes its long-polls. Returns the settings after it. A
+    queue with settings is listed (``keep_listed``)."""
     qk = QueueKeys(ns, q)
     fields = [x for pair in changes for x in pair]
     raw = yield lua("configure", {"queue": fixed_keys(qk)}, notify=qk.notify, fields=fields)
+    yield from keep_listed(qk, cfg)
     return QueueSettings.from_hash(dict(zip(raw[0::2], raw[1::2])))
 
 
@@ -119,9 +132,10 @@ class QueueOverview:
 
 
 def queues_of_namespace(shards: int, ns: str) -> Op[list[str]]:
-    """The names of the namespace's queues in the shard registries (every shard in one
-    pipeline), sorted."""
-    got = yield tuple(Cmd(("SMEMBERS", ShardKeys(s).queues)) for s in range(shards))
+    """The names of the namespace's queues in the shard registries, those holding jobs and
+    those with settings (every shard in one pipeline), sorted."""
+    sks = [ShardKeys(s) for s in range(shards)]
+    got = yield tuple(Cmd(("SMEMBERS", key)) for sk in sks for key in (sk.queues, sk.configured))
     prefix = ns + "/"
     return sorted(
         {m.decode()[len(prefix) :] for ms in got for m in ms if m.decode().startswith(prefix)}

@@ -140,6 +140,17 @@ def signal(qk: QueueKeys, cfg: EngineConfig, at_ms: int | None) -> Eval:
     return lua("signal", keys, optional=True, queue=qk.qualified, at=-1 if at_ms is None else at_ms)
 
 
+def keep_listed(qk: QueueKeys, cfg: EngineConfig) -> Op[None]:
+    """After a change of the queue's or its groups' settings: the queue in its shard's
+    ``configured`` set while it has any, out of it once it has none. Not atomic with the
+    change (another slot): two changes at once, one setting and one clearing the last
+    setting, may leave a queue listed without settings (it lists as empty) or settings
+    unlisted until the next change."""
+    has = yield Cmd(("EXISTS", qk.conf, qk.group_conf))
+    sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
+    yield Cmd(("SADD" if int(has) else "SREM", sk.configured, qk.qualified))
+
+
 def bucket_of(member: bytes) -> str | None:
     if is_wheel_member(member):
         return bucket_name(id_due_ms(member), id_lane(member))

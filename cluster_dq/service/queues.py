@@ -103,7 +103,9 @@ class Queues(ServiceCore):
         got = QueueSettings()
         for i, pool in enumerate(route.place(ns, q).reads):
             with written_before(i > 0, idempotent=True):
-                got = await self._run(pool, ops.configure(ns, q, changes), idempotent=True)
+                got = await self._run(
+                    pool, ops.configure(pool.engine.config, ns, q, changes), idempotent=True
+                )
         self._queue_settings[(ns, q)] = (time.monotonic(), got)
         return got
 
@@ -145,7 +147,7 @@ class Queues(ServiceCore):
         previous page; '' = from the start): each with its overview summed over the pools
         that hold it, and the time of the look. Returns the page and the next cursor ('' =
         done). Names come from the shard registries of every pool of the route, which hold
-        every queue with jobs (a queue without any may be missing)."""
+        every queue with jobs or settings."""
         names: set[str] = set()
         for pool in route.pools():
             shards = pool.engine.config.shards

@@ -78,9 +78,9 @@ async def test_every_script_runs_on_a_cluster(cluster_engine: AsyncEngine) -> No
         assert await run(ops.release(cfg, "ns", q, [jobs[1].job_id], 0, t)) == [JobState.READY]
         acked = await run(ops.ack("ns", q, [jobs[0].job_id, wheel_id], t, results=[b'"ok"', None]))
         assert acked == [JobState.RESERVED, JobState.DELAYED]
-        await run(ops.configure("ns", q, [("paused", "1"), ("max_size", "100")]))
+        await run(ops.configure(cfg, "ns", q, [("paused", "1"), ("max_size", "100")]))
         assert await run(ops.consume(cfg, "ns", [q], 1_000, 1, t)) == []  # paused
-        await run(ops.configure("ns", q, [("paused", ""), ("max_size", "")]))
+        await run(ops.configure(cfg, "ns", q, [("paused", ""), ("max_size", "")]))
         await run(ops.configure_group(cfg, "ns", q, "g", ops.GroupChanges(rate=ops.Rate(1, 10)), t))
         old, new = await run(
             ops.republish(cfg, "ns", q, f"id-{q}", JobSpec(b"v2", delay_ms=10 * MIN), t)

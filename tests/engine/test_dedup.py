@@ -281,7 +281,7 @@ async def test_a_full_queue_is_refused_whole_and_not_remembered(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
     t = now_ms()
-    await engine.run(ops.configure(NS, Q, [("max_size", "1")]))
+    await engine.run(ops.configure(engine.config, NS, Q, [("max_size", "1")]))
     with pytest.raises(QueueFull):
         await keyed(engine, t, key=None, idem="full", specs=[JobSpec(b"a"), JobSpec(b"b")])
     assert (await sizes(engine)).ready == 0
@@ -385,7 +385,7 @@ async def test_requests_sharing_one_call_are_each_done_as_if_alone(
     s = await sizes(engine)
     assert (s.ready, s.reserved) == (3, 1)  # first, a, d; the reserved one untouched
     check_queue(sync_redis, NS, Q)
-    max_size = await engine.run(ops.configure(NS, Q, [("max_size", "5")]))
+    max_size = await engine.run(ops.configure(engine.config, NS, Q, [("max_size", "5")]))
     assert max_size.max_size == 5  # 4 jobs in all: room for one
     full = await engine.run(
         ops.publish_keyed_many(

@@ -71,7 +71,7 @@ def test_what_a_look_reports_is_what_sizes_answers_right_after(
                 job = held[a[1]].pop(0)
                 e.run(ops.ack(NS, a[1], [job.job_id], t))
         elif a[0] == "pause":
-            e.run(ops.configure(NS, a[1], [("paused", "1" if a[2] else "")]))
+            e.run(ops.configure(e.config, NS, a[1], [("paused", "1" if a[2] else "")]))
         elif a[0] == "wait":
             t += a[1]
         else:

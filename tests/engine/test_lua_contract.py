@@ -356,8 +356,8 @@ async def test_every_call_matches_its_header(engine: AsyncEngine) -> None:
     await run(ops.respawn(cfg, "ns", q, 1, 0, t))
     await run(ops.delete_dead("ns", q, 100))
     await run(ops.sizes_of(cfg, [f"ns/{q}"]))
-    await run(ops.configure("ns", q, [("paused", "1"), ("max_size", "100")]))
-    await run(ops.configure("ns", q, [("paused", ""), ("max_size", "")]))
+    await run(ops.configure(cfg, "ns", q, [("paused", "1"), ("max_size", "100")]))
+    await run(ops.configure(cfg, "ns", q, [("paused", ""), ("max_size", "")]))
     await run(
         ops.configure_group(cfg, "ns", q, "g", ops.GroupChanges(paused=True, concurrency=2), t)
     )

@@ -533,7 +533,10 @@ async def test_delayed_jobs_reach_long_polls_on_every_instance_at_their_due_time
     q = f"ontime-{random.getrandbits(32)}"  # a fresh queue per example
     await engine.run(
         ops.configure(
-            "ot", q, [("backoff", "fixed"), ("backoff_ms", str(backoff)), ("backoff_jitter", "0")]
+            cfg,
+            "ot",
+            q,
+            [("backoff", "fixed"), ("backoff_ms", str(backoff)), ("backoff_jitter", "0")],
         )
     )
     hubs = [WaiterHub(engine) for _ in range(3)]  # and no pump: it would mask a missed time

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import random
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -106,12 +107,12 @@ async def test_a_paused_queue_still_takes_publishes_and_its_reservations_still_e
     t = now_ms()
     await engine.run(ops.publish(cfg, ns, q, [JobSpec(b"x", tries=2)], t))
     (job,) = await engine.run(ops.consume(cfg, ns, [q], 1_000, 1, t))
-    await engine.run(ops.configure(ns, q, [("paused", "1")]))
+    await engine.run(ops.configure(engine.config, ns, q, [("paused", "1")]))
     await engine.run(ops.publish(cfg, ns, q, [JobSpec(b"y", delay_ms=500)], t))  # accepted
     sizes = await engine.run(ops.tick(cfg, ns, q, t + 2_000))  # the pump still does its part
     assert (sizes.ready, sizes.reserved, sizes.delayed) == (2, 0, 0)
     assert await engine.run(ops.consume(cfg, ns, [q], 1_000, 5, t + 2_000)) == []
-    await engine.run(ops.configure(ns, q, [("paused", "")]))
+    await engine.run(ops.configure(engine.config, ns, q, [("paused", "")]))
     got = await engine.run(ops.consume(cfg, ns, [q], 1_000, 5, t + 2_000))
     assert sorted(j.body for j in got) == [b"x", b"y"]
     check_queue(sync_redis, ns, q)
@@ -125,7 +126,7 @@ async def test_a_long_poll_on_a_paused_queue_with_a_due_event_waits_without_spin
     it does not look again and again."""
     cfg, ns, q = engine.config, "ctl", "spin"
     await engine.run(ops.publish(cfg, ns, q, [JobSpec(b"x", ttl_ms=50)], now_ms()))
-    await engine.run(ops.configure(ns, q, [("paused", "1")]))
+    await engine.run(ops.configure(engine.config, ns, q, [("paused", "1")]))
     await asyncio.sleep(0.1)  # its ttl ends: the queue's next event is due, and stays so
     looks = 0
     real_step = engine._step
@@ -229,7 +230,7 @@ async def test_a_bulk_schedule_batch_beyond_max_size_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
     cfg, ns, t = engine.config, "ctl", now_ms()
-    await engine.run(ops.configure(ns, "full-bulk", [("max_size", "2")]))
+    await engine.run(ops.configure(engine.config, ns, "full-bulk", [("max_size", "2")]))
     jobs = [(b"job-%d" % i, t, 0, 1, 0, b"x") for i in range(3)]
     before = snapshot(sync_redis, ns, "full-bulk")
     with pytest.raises(QueueFull):
@@ -308,7 +309,7 @@ def test_the_next_attempt_waits_exactly_the_backoff_rule(
     backoff = Backoff(kind, base, cap, jitter_pm)
     if per_queue:
         name = {0: "none", 1: "fixed", 2: "exponential"}[kind]
-        engine.run(ops.configure(ns, q, _changes(name, base, cap, jitter_pm)))
+        engine.run(ops.configure(engine.config, ns, q, _changes(name, base, cap, jitter_pm)))
     rec = Record(t - 10, 0, 5, deliveries, 0, b"body", None, None if per_queue else backoff)
     member = id_to_member("job-1")
     # a job this delivery holds (the state a consume leaves): set up directly
@@ -383,7 +384,7 @@ async def test_an_expired_reservation_and_a_release_come_back_after_the_backoff(
     engine.clock = clock  # type: ignore[method-assign]
     cfg, ns, q, t = engine.config, "bo", "life", clock.t
     await engine.run(
-        ops.configure(ns, q, _changes("exponential", 1_000, 3_000, 500))
+        ops.configure(engine.config, ns, q, _changes("exponential", 1_000, 3_000, 500))
     )  # the queue's rule
     await engine.run(ops.publish(cfg, ns, q, [JobSpec(b"x", tries=5)], t))
     (job,) = await engine.run(ops.consume(cfg, ns, [q], 1_000, 1, t))
@@ -455,7 +456,7 @@ async def test_the_shard_schedule_learns_when_a_backoff_ends(
     case that matters: the queue's next event was the reservation's end, much later."""
     engine.config = dataclasses.replace(engine.config, draw=lambda: 0.0)
     cfg, ns, q, t = engine.config, "bo", f"sched-{how}", now_ms()
-    await engine.run(ops.configure(ns, q, _changes("fixed", 2_000, 0, 0)))
+    await engine.run(ops.configure(engine.config, ns, q, _changes("fixed", 2_000, 0, 0)))
     await engine.run(ops.publish(cfg, ns, q, [JobSpec(b"x", tries=3)], t))
     ttr = 600_000 if how == "release" else 1_000
     (job,) = await engine.run(ops.consume(cfg, ns, [q], ttr, 1, t))
@@ -714,6 +715,65 @@ async def test_the_listing_pages_every_existing_queue_exactly_once_while_queues_
     assert len(seen) == len(set(seen))  # never twice
     assert set(existing) <= set(seen)  # every pre-existing one
     assert seen == sorted(seen)
+
+
+async def test_a_queue_is_listed_while_it_has_settings_or_jobs(
+    service: Service, deployment: Deployment
+) -> None:
+    """Settings written before a queue's first job (a tenant's limits set when it signs up)
+    make it listed, as an empty queue, until the last of them goes: the queue's own settings
+    and its groups' alike, set and removed at random, against what the listing must show."""
+    route, ns = service.route("default"), f"cfg-{uuid.uuid4().hex[:6]}"
+    rng = random.Random(7)
+    queues, groups = ("a", "b", "c"), ("g1", "g2")
+    own: dict[str, set[str]] = {q: set() for q in queues}  # the model: settings set, per queue
+    held: set[str] = set()  # queues holding a job
+
+    async def listed() -> dict[str, ops.QueueOverview]:
+        page, _ = await service.list_queues(route, ns, "", 100)
+        return {o.name: o for o, _ in page}
+
+    for step in range(60):
+        q = rng.choice(queues)
+        kind = rng.choice(("queue", "group", "group", "job", "ack"))
+        if kind == "queue":
+            on = rng.random() < 0.5
+            await service.configure(route, ns, q, [("max_size", "100" if on else "")])
+            (own[q].add if on else own[q].discard)("max_size")
+        elif kind == "group":
+            g, field, on = rng.choice(groups), rng.choice(("p", "c")), rng.random() < 0.5
+            changes = (
+                ops.GroupChanges(paused=on)
+                if field == "p"
+                else ops.GroupChanges(concurrency=3)
+                if on
+                else ops.GroupChanges(clear_concurrency=True)
+            )
+            await service.configure_group(route, ns, q, g, changes)
+            (own[q].add if on else own[q].discard)(f"{field}:{g}")
+        elif kind == "job" and q not in held:
+            await service.publish(route, ns, q, [JobSpec(b"x")])
+            held.add(q)
+        elif kind == "ack" and q in held:
+            [job] = await service.consume(route, ns, [q], 60_000, 1, 0)
+            await service.ack(route, ns, q, [job.job_id])
+            held.discard(q)
+        got = await listed()
+        want = {q for q in queues if own[q] or q in held}
+        # (a queue whose last job went stays in its shard's registry until the pump's sweep)
+        assert want <= set(got) <= want | {q for q in queues if not own[q]}, (step, got, own)
+        for name in set(got) - held:
+            assert got[name].sizes.ready + got[name].sizes.reserved == 0, got[name]
+    for q in queues:  # every setting removed: nothing left in the registries of settings
+        await service.configure(route, ns, q, [("max_size", "")])
+        for g in groups:
+            changes = ops.GroupChanges(paused=False, clear_concurrency=True)
+            await service.configure_group(route, ns, q, g, changes)
+    with deployment.sync_client() as r:
+        for q in queues:
+            qk = QueueKeys(ns, q)
+            key = ShardKeys(shard_of(qk.qualified, EngineConfig().shards)).configured
+            assert not r.sismember(key, qk.qualified), q
 
 
 def test_settings_without_a_backoff_are_carried_whole() -> None:

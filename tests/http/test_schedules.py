@@ -398,7 +398,7 @@ async def test_an_occurrence_refused_by_a_full_queue_is_counted_missed_not_fired
     """A queue at its max_size refuses an occurrence's job: the schedule must not count it
     fired (it used to: `fired` grew while no job was written)."""
     a, _, clock = engines
-    await a.run(ops.configure(NS, Q, [("max_size", "2")]))
+    await a.run(ops.configure(a.config, NS, Q, [("max_size", "2")]))
     schedule = Schedule("capped", _template(), every_ms=1_000, catch_up_ms=60_000)
     start = clock.t
     await _put(a, schedule)
