@@ -3,14 +3,16 @@ others): no delivery while its group is paused, never more of its jobs reserved 
 concurrency limit, never two deliveries closer than its rate lets them. Pure.
 
 A ``configure_group`` operation (``queue``, ``group``, ``settings``: the fields it sets,
-``paused``, ``concurrency`` and ``rate``, ``None`` lifting a limit) took effect somewhere
-between its invoke and its completion, as every operation. One operator changes a group's
-settings, one request at a time. A setting is *certainly in force* from the completion of the
-2xx that set it (or, when later, the completion of an earlier change of that field whose outcome
-is unknown and that could have set something looser: it may have taken effect as late as that)
-until the invoke of the next change of the field that was not certainly refused (a ``fail``
-changed nothing), unless that change is at least as strict (a pause again, a lower limit: the
-window goes on, judged by the first setting's value).
+``paused``, ``concurrency`` and ``rate``, ``None`` lifting a limit) that succeeded took effect
+somewhere between its invoke and its completion. One whose outcome is unknown (``info``) may
+take effect at any time after its invoke, however late (the service may still be running it
+when the client gives up). A setting is *certainly in force* from the completion of the 2xx
+that set it, or, when later, of an earlier 2xx change of that field that could have set
+something looser (a pause lifted, a higher limit; for a rate, any change: a changed rate
+starts afresh), until the invoke of the next change of the field that was not certainly
+refused (a ``fail`` changed nothing), unless that change is at least as strict (a pause again,
+a lower limit: the window goes on, judged by the first setting's value). After a looser
+change of unknown outcome, no window of that field is certain any more.
 A rate's window ends at any change of it: a changed rate starts afresh.
 
 A consume ran its script somewhere between its invoke and its completion. Only consumes run
@@ -21,8 +23,9 @@ false alarm:
 - ``over_concurrency``: more deliveries than the limit *certainly* holding the group's jobs at
   one instant, each by a consume invoked inside the window. A delivery certainly holds its job
   from its reply until the first instant its hold may have ended: the invoke of an ack or a
-  release of the job that was not refused, its consume's invoke + ttr (a touch only makes it
-  longer), the job's next delivery, or its ttl's end. The last of them to be reserved found
+  release of the job that was not refused, its consume's invoke + ttr, a touch's invoke + its
+  ttr (a touch sets the hold's end anew, sooner too), the job's next delivery, or its ttl's
+  end. The last of them to be reserved found
   the others reserved already, so the limit was passed then. Jobs that consumes reserved
   unseen (a lost reply) only make the group hold more back: they are not counted.
 - ``over_rate``: two deliveries whose consumes ran inside one window of ``jobs/per``, which
@@ -78,10 +81,9 @@ def windows(changes: list[Op], field: str) -> list[Window]:
         start = max(
             [o.completed]
             + [
-                a.completed
+                a.completed if a.type == "ok" else math.inf  # (info: it may land any time)
                 for a in touching[:i]
-                if a.type != "ok"
-                and (field == "rate" or _strict(field, a.args["settings"][field]) < strict)
+                if field == "rate" or _strict(field, a.args["settings"][field]) < strict
             ]
         )
         end = math.inf
@@ -96,13 +98,13 @@ def windows(changes: list[Op], field: str) -> list[Window]:
 
 def held_until(d: Delivery, p: Op, acts: list[Op], mine: list[Delivery]) -> float:
     """The first instant delivery ``d`` of publish ``p`` may have stopped holding its job
-    (module docstring); ``acts``: the job's acks, touches and releases, ``mine``: its
-    deliveries."""
+    (module docstring); ``acts``: the job's acks, touches (``ttr_ms``) and releases, ``mine``:
+    its deliveries."""
     ends = [d.invoked + d.ttr_s]
     ends += [
-        a.invoked
+        a.invoked if a.f != "touch" else a.invoked + a.args["ttr_ms"] / 1000
         for a in acts
-        if a.f in ("ack", "release") and a.type != "fail" and a.completed > d.invoked
+        if a.type != "fail" and a.completed > d.invoked
     ]
     ends += [e.invoked for e in mine if e.invoked > d.invoked]
     if p.args.get("ttl_ms"):
@@ -127,7 +129,8 @@ def group_limits(
         "pause_windows": 0,
         "limit_windows": 0,
         "rate_windows": 0,
-        "limited_deliveries": 0,
+        "limited_deliveries": 0,  # inside a window of a limit or a rate
+        "pause_consumes": 0,  # consumes of the group's queue run wholly inside a pause
         "limit_spare_least": -1,  # the limit less the most held at once (-1: nothing judged)
         "rate_closest_pct": -1,  # the closest two deliveries may have been, in % of the rate's
     }
@@ -147,6 +150,15 @@ def group_limits(
 
         for w in windows(mine_changes, "paused"):
             stats["pause_windows"] += 1
+            stats["pause_consumes"] += sum(
+                1
+                for o in ops
+                if o.f == "consume"
+                and o.type == "ok"
+                and q in o.args["queues"]
+                and w.start <= o.invoked
+                and o.completed <= w.end
+            )
             for d, _ in inside(w):
                 flag("while_paused", {"queue": q, "group": g, "key": d.key, "at": d.invoked})
         for w in windows(mine_changes, "concurrency"):

@@ -572,16 +572,24 @@ def test_while_paused_a_delivery_inside_a_certain_pause() -> None:
     only(paused(0.6, 0.7, (0.5, 0.55, "fail", {"paused": False})), "while_paused")
     only(paused(0.6, 0.7, (0.5, 0.55, "ok", {"paused": True})), "while_paused")
     only(paused(0.6, 0.7, (0.5, 0.55, "ok", {"concurrency": 3})), "while_paused")
-    # a resume whose outcome is unknown before the pause may have come after it, up to 0.25
+    # a resume whose outcome is unknown may land however late (the service may still be
+    # running it when the client gives up): no pause is certain after it
     s = Script()
     put(s, "a", 0.0, 0.01, "g")
-    configure(s, 0.02, 0.25, "info", paused=False)
+    configure(s, 0.02, 0.05, "info", paused=False)
+    configure(s, 0.1, 0.2, paused=True)
+    take(s, "a", 5.0, 5.1)
+    only(s.check(), None)
+    # a resume that succeeded, invoked before the pause but answered after it: from its answer
+    s = Script()
+    put(s, "a", 0.0, 0.01, "g")
+    configure(s, 0.02, 0.25, "ok", paused=False)
     configure(s, 0.1, 0.2, paused=True)
     take(s, "a", 0.22, 0.3)
     only(s.check(), None)
     s = Script()
     put(s, "a", 0.0, 0.01, "g")
-    configure(s, 0.02, 0.25, "info", paused=False)
+    configure(s, 0.02, 0.25, "ok", paused=False)
     configure(s, 0.1, 0.2, paused=True)
     take(s, "a", 0.26, 0.3)
     only(s.check(), "while_paused")
@@ -607,6 +615,27 @@ def test_over_concurrency_more_held_at_once_than_the_limit() -> None:
     only(two((0.35, 0.4), ack_first=0.38), None)  # a's ack under way before b's reply
     only(two((0.35, 0.4), ack_first=0.5, ttr_ms=100), None)  # a's ttr may end at 0.3
     only(two((0.02, 0.4), ack_first=0.5), None)  # b's consume may have run before the limit
+    # a touch sets the hold's end anew, sooner too: a's may end at 0.32 + 0.1
+    s = Script()
+    put(s, "a", 0.0, 0.01, "g")
+    put(s, "b", 0.0, 0.01, "g")
+    configure(s, 0.05, 0.1, concurrency=1)
+    s.consume("a", 0.2, 0.3, remain=0, deliveries=1, ttr_ms=10_000)
+    s.act("touch", "a", 0.32, 0.33, type="info", ttr_ms=100)
+    s.consume("b", 0.45, 0.5, remain=0, deliveries=1)
+    s.act("ack", "b", 0.9, 0.91)
+    only(s.check({"a": "dead"}, dead=1), None)
+    # a lift of unknown outcome: no limit certain after it, however late
+    s = Script()
+    put(s, "a", 0.0, 0.01, "g")
+    put(s, "b", 0.0, 0.01, "g")
+    configure(s, 0.01, 0.02, "info", concurrency=None)
+    configure(s, 0.05, 0.1, concurrency=1)
+    s.consume("a", 0.2, 0.3, remain=0, deliveries=1)
+    s.consume("b", 0.35, 0.4, remain=0, deliveries=1)
+    s.act("ack", "a", 0.5, 0.51)
+    s.act("ack", "b", 0.5, 0.51)
+    only(s.check(), None)
     # ... also one consume of two jobs
     s = Script()
     put(s, "a", 0.0, 0.01, "g")
