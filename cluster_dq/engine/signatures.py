@@ -194,6 +194,7 @@ SIGNATURES: dict[str, Signature] = {
             ("queue", "next", "epoch", "empty"),
         ),
         Signature("signal", ("schedule", "pending", "queues"), ("queue", "at")),
+        Signature("listed", ("configured",), ("queue", "has")),
         Signature("leader", ("leader", "epoch"), ("token", "lease", "release")),
         Signature(
             "schedule_set",

@@ -142,13 +142,14 @@ def signal(qk: QueueKeys, cfg: EngineConfig, at_ms: int | None) -> Eval:
 
 def keep_listed(qk: QueueKeys, cfg: EngineConfig) -> Op[None]:
     """After a change of the queue's or its groups' settings: the queue in its shard's
-    ``configured`` set while it has any, out of it once it has none. Not atomic with the
-    change (another slot): two changes at once, one setting and one clearing the last
-    setting, may leave a queue listed without settings (it lists as empty) or settings
-    unlisted until the next change."""
+    ``configured`` set while it has any, out of it once it has none. Best effort, as a
+    signal: the change is made and answered even when the shard's node cannot be reached.
+    Not atomic with the change (another slot): two changes at once, one setting and one
+    clearing the last setting, may leave a queue listed without settings (it lists as
+    empty), or settings unlisted, until the queue's next change."""
     has = yield Cmd(("EXISTS", qk.conf, qk.group_conf))
-    sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
-    yield Cmd(("SADD" if int(has) else "SREM", sk.configured, qk.qualified))
+    keys = {"configured": ShardKeys(shard_of(qk.qualified, cfg.shards)).configured}
+    yield lua("listed", keys, optional=True, queue=qk.qualified, has=int(bool(int(has))))
 
 
 def bucket_of(member: bytes) -> str | None:

@@ -162,6 +162,27 @@ async def test_a_lost_shard_signal_does_not_fail_the_operation(
         assert not p.duplicate and p.state is JobState.DELAYED
 
 
+async def test_a_settings_change_is_made_and_answered_when_its_listing_cannot_be_written(
+    engine: AsyncEngine,
+) -> None:
+    """The listing of queues with settings is written after the change, in the shard's slot
+    (another node on a Cluster): when that write fails, the change stands and is answered
+    (it raised, a 503 for a change that was made)."""
+    cfg, t = engine.config, now_ms()
+
+    async def no_listing(step: Step, real: Callable[[Step], Awaitable[Any]]) -> Any:
+        if script_of(step) == "listed":
+            raise RedisConnectionError("shard unreachable")
+        return await real(step)
+
+    inject(engine, no_listing)
+    got = await engine.run(ops.configure(cfg, NS, Q, [("max_size", "7")]), idempotent=True)
+    assert got.max_size == 7
+    changes = ops.GroupChanges(concurrency=2)
+    g = await engine.run(ops.configure_group(cfg, NS, Q, "g", changes, t), idempotent=True)
+    assert g.concurrency == 2
+
+
 async def test_touch_cannot_revive_a_reservation_whose_ttr_ran_out(engine: AsyncEngine) -> None:
     cfg, t = engine.config, now_ms()
     (p,) = await engine.run(ops.publish(cfg, NS, Q, [JobSpec(b"x", tries=3)], t))
