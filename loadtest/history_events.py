@@ -6,7 +6,9 @@ client sends it and one completion event when it learns the outcome:
 
 - ``ok``: the operation happened (a 2xx);
 - ``fail``: it certainly did not happen (a 4xx, or a connection that was never opened);
-- ``info``: the outcome is unknown (a 503, a timeout, a connection lost mid-request).
+- ``info``: the outcome is unknown (a 503, a timeout, a connection lost mid-request). The
+  service may still be running it when the client gives up, so it may take effect however
+  late: the checkers take its completion as never (``Op.completed`` is infinite).
 
 Times are the *client's* monotonic clock. The checker never compares them with the server's
 clock: an operation took effect somewhere between its invoke and its completion, and every
@@ -57,7 +59,8 @@ class History:
 
 @dataclass
 class Op:
-    """An invoke paired with its completion (``type`` "info" when it never completed)."""
+    """An invoke paired with its completion (``type`` "info" when it never completed, or its
+    outcome is unknown: ``completed`` is then infinite, as it may take effect however late)."""
 
     f: str
     process: int
@@ -98,7 +101,7 @@ def pair(history: History) -> list[Op]:
                 inv.f,
                 inv.process,
                 inv.time,
-                c.time if c else float("inf"),
+                c.time if c and c.type != "info" else float("inf"),
                 c.type if c else "info",
                 inv.value,
                 c.value if c else {},

@@ -81,7 +81,7 @@ def windows(changes: list[Op], field: str) -> list[Window]:
         start = max(
             [o.completed]
             + [
-                a.completed if a.type == "ok" else math.inf  # (info: it may land any time)
+                a.completed  # (infinite for an info: it may land however late)
                 for a in touching[:i]
                 if field == "rate" or _strict(field, a.args["settings"][field]) < strict
             ]

@@ -340,7 +340,7 @@ def put(
         key=key,
         queue="q",
         delay_ms=0,
-        tries=1,
+        tries=args.pop("tries", 1),
         group=group,
         result=result if type == "ok" else {},
         **args,
@@ -667,3 +667,21 @@ def test_over_rate_two_deliveries_closer_than_the_rate_lets_them() -> None:
     only(two((0.25, 0.26), (0.22, 0.23, "ok", {"rate": "10/1s"})), None)  # a rate starts afresh
     only(two((0.25, 0.26), (0.22, 0.23, "info", {"rate": None})), None)  # may have been lifted
     only(two((0.25, 0.26), (0.22, 0.23, "ok", {"paused": False})), "over_rate")
+
+
+def test_an_act_of_unknown_outcome_may_land_however_late() -> None:
+    """A release (or touch) without a lease whose reply was lost may land after the job's next
+    delivery and end that hold instead: neither ``over_concurrency`` nor ``held_twice``."""
+    for f, extra in (("release", {"delay_ms": 0}), ("touch", {"ttr_ms": 50})):
+        s = Script()
+        put(s, "a", 0.0, 0.01, "g", tries=3)
+        put(s, "b", 0.0, 0.01, "g")
+        configure(s, 0.05, 0.1, concurrency=1)
+        s.consume("a", 0.2, 0.3, remain=2, deliveries=1, ttr_ms=100)
+        s.act(f, "a", 0.32, 0.33, type="info", **extra)  # no lease; lands at 0.5, say
+        s.consume("a", 0.40, 0.45, remain=1, deliveries=2, ttr_ms=10_000)
+        s.consume("b", 0.55, 0.60, remain=0, deliveries=1, ttr_ms=10_000)
+        s.act("ack", "b", 0.9, 0.91)
+        s.consume("a", 0.95, 1.0, remain=0, deliveries=3, ttr_ms=10_000)
+        s.act("ack", "a", 1.0, 1.01)
+        only(s.check(), None)
