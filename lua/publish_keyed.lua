@@ -28,7 +28,8 @@
     member_n}
     status: OK; FULL (the queue's max_size: nothing written); FORBIDDEN (debounce: the key's
     job is reserved or dead, its state in `dedup` and its code and member after; nothing
-    written; not when that job is job 1 itself: a repeat of this call, answered EXISTING);
+    written; not when that job is job 1 itself, or holds job 1's record but for its counts: a
+    repeat of this call, which made it, answered EXISTING, or replaced it, answered REPLACED);
     MISMATCH (the Idempotency-Key's answer is another request's; nothing written)
     replayed: 1 when this is the Idempotency-Key's answer, kept from its first call; 2 when
     that first call asked for the same job ids as this one (the caller's repeat of its own
@@ -150,6 +151,15 @@ local function replace(holder, st, due, rec)
   return code, lowered
 end
 
+-- Whether job `holder`'s record is `rec` but for its tries and deliveries (which a delivery
+-- changes): the record a debounce brought, by this very call's first attempt (its reply lost,
+-- the job taken since) or by an identical request in the same millisecond.
+local function brought(holder, rec)
+  local cur = redis.call('HGET', JOBS, holder)
+  return cur and string.sub(cur, 1, 12) == string.sub(rec, 1, 12)
+    and string.sub(cur, 17) == string.sub(rec, 17)
+end
+
 -- One request, its 7 values and its jobs from ARGV[at]: its reply, and where the next begins.
 local function request(at)
   local dkey, ikey, n = ARGV[at], ARGV[at + 3], tonumber(ARGV[at + 6])
@@ -181,15 +191,20 @@ local function request(at)
   local out
   if holder then
     -- A debounce replaces the key's job while it waits, and is refused once it is reserved or
-    -- dead, unless that job is job 1 itself: this call's own, made by its first attempt (whose
-    -- reply was lost) and taken since, answered as the job it is (EXISTING), as a repeat
+    -- dead, unless this very call's first attempt (whose reply was lost) made that job (it is
+    -- job 1 itself: answered as the job it is, EXISTING) or replaced it (it holds job 1's
+    -- record: answered REPLACED, as the first attempt was), and it was taken since
     local st = redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
     local waiting = st == CODE.READY or st == CODE.DELAYED
+    local repeated = false
     if st and mode == DEBOUNCE and not waiting then
-      local _, own = job_of(at, 1)
-      if holder ~= own then return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt end
+      local _, own, rec = job_of(at, 1)
+      repeated = holder ~= own and brought(holder, rec)
+      if holder ~= own and not repeated then return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt end
     end
-    if st and mode == DEBOUNCE and waiting then
+    if repeated then
+      out = {CODE.OK, 0, CODE.REPLACED, 0, st, holder}
+    elseif st and mode == DEBOUNCE and waiting then
       local due, _, rec = job_of(at, 1)
       local code, lowered = replace(holder, st, due, rec)
       out = {CODE.OK, 0, CODE.REPLACED, lowered, code, holder}

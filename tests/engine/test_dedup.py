@@ -239,6 +239,31 @@ async def test_a_debounce_repeated_after_its_job_was_taken_answers_that_job(
     check_queue(sync_redis, NS, Q)
 
 
+async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_taken_answers_replaced(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A debounce replaces the key's waiting job, its reply is lost, and a consumer reserves
+    that job (with the new body) before the engine repeats the call: the repeat must answer the
+    replacement it made, not refuse it as a debounce of a reserved job (a 409 saying nothing
+    was changed, while the body it brought is being delivered). Found by the history test
+    across a Cluster failover."""
+    first = await keyed(engine, now_ms(), b"first", key="d", mode="debounce")
+    held = first.published[0].job_id
+    taken: list[ops.ById] = []
+
+    async def take() -> None:
+        taken.extend(await consume(engine, now_ms()))
+
+    with first_reply_lost(engine, "publish_keyed", take):
+        got = await keyed(engine, now_ms(), b"second", key="d", mode="debounce")
+    assert [j.job_id for j in taken] == [held] and taken[0].body == b"second"
+    assert got.dedup == "replaced" and not got.replayed
+    assert got.published[0].job_id == held and got.published[0].state is JobState.RESERVED
+    with pytest.raises(WrongState):  # another debounce under the key is still refused
+        await keyed(engine, now_ms(), b"third", key="d", mode="debounce")
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
