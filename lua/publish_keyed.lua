@@ -12,7 +12,10 @@
   per call (KEYED_DUE) and expiring whole after the last.
   KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[17] keyed: HASH `t:<dedup key>` -> a throttle window (`>I6` until ms, the job's member);
-    `i:<idempotency key>` -> a request's answer (`>I6` until ms, 16-byte fingerprint, msgpack)
+    `i:<idempotency key>` -> a request's answer (`>I6` until ms, 16-byte fingerprint, msgpack);
+    `r:<member>` -> the job a debounce whose job 1 was that member replaced (`>I6` until ms,
+    the job's member), kept remember_acked ms: a repeat of that call after a lost reply answers
+    it, whatever became of the job, and makes no second one
   KEYS[18] keyed_due: ZSET the fields of KEYED -> until when each is kept (ms)
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] notify: the queue's notify channel
@@ -22,14 +25,15 @@
     3 debounce), dedup_until (a throttle window's end, ms), idem_key ('' for none),
     fingerprint (16 bytes naming the request: its query and body), idem_until (until when the
     answer is kept, ms), n (its number of jobs), then one value per job, packed as publish's
-    (its bucket index 0, into 0). Each is done in turn, as if alone: a later one sees what an
+    (its bucket index 0; in place of `into`, 1 when the caller made its id up for this call
+    alone, 0 for a client's id, which names no one call). Each is done in turn, as if alone: a later one sees what an
     earlier one wrote (two under one key: the second finds the first's job).
   Returns: per request, {status, replayed, dedup, lowered, code_1 .. code_n, member_1 ..
     member_n}
     status: OK; FULL (the queue's max_size: nothing written); FORBIDDEN (debounce: the key's
     job is reserved or dead, its state in `dedup` and its code and member after; nothing
-    written; not when that job is job 1 itself, or holds job 1's record but for its counts: a
-    repeat of this call, which made it, answered EXISTING, or replaced it, answered REPLACED);
+    written; not when this is a repeat of the call that made that job (it is job 1 itself:
+    answered EXISTING) or replaced it (kept in KEYED `r:<job 1>`: answered REPLACED));
     MISMATCH (the Idempotency-Key's answer is another request's; nothing written)
     replayed: 1 when this is the Idempotency-Key's answer, kept from its first call; 2 when
     that first call asked for the same job ids as this one (the caller's repeat of its own
@@ -108,11 +112,11 @@ local function give(dkey, id)
 end
 
 -- Job j of the request whose values begin at ARGV[at]: its due ms, member and record
--- (publish's packing; no bucket)
+-- (publish's packing; no bucket), and whether the caller made its id up for this call
 local function job_of(at, j)
   local a = ARGV[at + 6 + j]
-  local _, _, due, len, from = struct.unpack('>HBI6B', a)
-  return due, string.sub(a, from, from + len - 1), string.sub(a, from + len)
+  local _, made, due, len, from = struct.unpack('>HBI6B', a)
+  return due, string.sub(a, from, from + len - 1), string.sub(a, from + len), made == 1
 end
 
 -- The ids a request's jobs ask for, as one string: kept with an Idempotency-Key's answer, so
@@ -151,13 +155,13 @@ local function replace(holder, st, due, rec)
   return code, lowered
 end
 
--- Whether job `holder`'s record is `rec` but for its tries and deliveries (which a delivery
--- changes): the record a debounce brought, by this very call's first attempt (its reply lost,
--- the job taken since) or by an identical request in the same millisecond.
-local function brought(holder, rec)
-  local cur = redis.call('HGET', JOBS, holder)
-  return cur and string.sub(cur, 1, 12) == string.sub(rec, 1, 12)
-    and string.sub(cur, 17) == string.sub(rec, 17)
+-- The job a debounce whose job 1 is `own` replaced, when this very call ran before (its
+-- reply lost: the engine repeats it with the same ids) and that job was taken, or acked, since;
+-- else false. Each replacement by a call whose job 1's id was made up for it (`made`: no other
+-- call has it; a client's id names no one call) is kept in KEYED (`r:<own>`) for `keep` ms.
+local function replaced_before(own, made)
+  local r = made and kept('r:' .. own)
+  return r and string.sub(r, 7)
 end
 
 -- One request, its 7 values and its jobs from ARGV[at]: its reply, and where the next begins.
@@ -187,6 +191,15 @@ local function request(at)
     end
   end
 
+  -- A debounce that finds no holder may be this call's repeat, its first attempt having
+  -- replaced a job that left since (acked, deleted): the key is free, but a second job with
+  -- the body already delivered must not be made
+  local prior = false
+  if not holder and mode == DEBOUNCE then
+    local _, own, _, made = job_of(at, 1)
+    prior = replaced_before(own, made)
+  end
+
   -- out: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}
   local out
   if holder then
@@ -198,20 +211,25 @@ local function request(at)
     local waiting = st == CODE.READY or st == CODE.DELAYED
     local repeated = false
     if st and mode == DEBOUNCE and not waiting then
-      local _, own, rec = job_of(at, 1)
-      repeated = holder ~= own and brought(holder, rec)
+      local _, own, _, made = job_of(at, 1)
+      repeated = holder ~= own and replaced_before(own, made) == holder
       if holder ~= own and not repeated then return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt end
     end
     if repeated then
       out = {CODE.OK, 0, CODE.REPLACED, 0, st, holder}
     elseif st and mode == DEBOUNCE and waiting then
-      local due, _, rec = job_of(at, 1)
+      local due, own, rec, made = job_of(at, 1)
       local code, lowered = replace(holder, st, due, rec)
+      if made then keep_keyed('r:' .. own, now + keep, holder) end
       out = {CODE.OK, 0, CODE.REPLACED, lowered, code, holder}
       if HOLDER[dkey] ~= holder then give(dkey, holder) end -- a throttle window's job: its record carries the key now
     else
       out = {CODE.OK, 0, CODE.EXISTING, 0, st or CODE.NOT_FOUND, holder}
     end
+  elseif prior then
+    -- this call's own replacement, repeated after that job left: answered, no second job
+    local st = redis.call('HEXISTS', JOBS, prior) == 1 and state_of(prior) or CODE.NOT_FOUND
+    out = {CODE.OK, 0, CODE.REPLACED, 0, st, prior}
   else
     -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)
     if max_size then

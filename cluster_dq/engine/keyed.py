@@ -20,6 +20,10 @@ from cluster_dq.models import Dedup, Idempotency, JobSpec, id_to_text
 
 # publish_keyed.lua's modes (ARGV dedup_mode), in the order of names.DEDUP_MODES
 MODES = {"simple": 1, "throttle": 2, "debounce": 3}
+# A keyed job's second byte (publish's "what to do with the bucket", unused without a bucket):
+# 1 when the caller made its id up for this call alone, so that the script may tell this
+# call's own repeat by it (lua/publish_keyed.lua: `r:<id>`); 0 for a client's id
+MADE_UP = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +80,10 @@ def publish_keyed_many(
             idem.fingerprint if idem else b"",
             now + cfg.idempotency_ms,
             len(jobs.members),
-            *(packed_job(m, d, rec, 0, 0) for m, d, rec, _, _, _ in jobs.placed),
+            *(
+                packed_job(m, d, rec, 0, MADE_UP if made else 0)
+                for (m, d, rec, _, _, _), made in zip(jobs.placed, jobs.made_up, strict=True)
+            ),
         ]
     keys = {"queue": fixed_keys(qk), "keyed": qk.keyed, "keyed_due": qk.keyed_due}
     call = lua(

@@ -264,6 +264,31 @@ async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_taken_answer
     check_queue(sync_redis, NS, Q)
 
 
+async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_acked_makes_no_second(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """As above, and the job is acked too before the repeat: the key holds nothing then, and
+    the repeat must not make a second job with the body its first attempt already delivered;
+    it answers the replacement it made."""
+    first = await keyed(engine, now_ms(), b"first", key="d", mode="debounce")
+    held = first.published[0].job_id
+    done: list[ops.ById] = []
+
+    async def take_and_ack() -> None:
+        done.extend(await consume(engine, now_ms()))
+        await engine.run(ops.ack(NS, Q, [j.job_id for j in done], now_ms()))
+
+    with first_reply_lost(engine, "publish_keyed", take_and_ack):
+        got = await keyed(engine, now_ms(), b"second", key="d", mode="debounce")
+    assert [(j.job_id, j.body) for j in done] == [(held, b"second")]
+    assert got.dedup == "replaced" and got.published[0].job_id == held
+    s = await sizes(engine)
+    assert (s.ready, s.delayed, s.reserved) == (0, 0, 0)  # no second job
+    again = await keyed(engine, now_ms(), b"third", key="d", mode="debounce")
+    assert again.dedup == "new" and again.published[0].job_id != held  # the key is free
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:

@@ -88,6 +88,7 @@ class KeyedRules:
     dedup: dict[tuple[str, str], str]
     keyed: dict[tuple[str, str], Kept]
     max_size: dict[str, int]
+    remember_acked_ms: int
 
     # -- KEYED ---------------------------------------------------------------------------------
 
@@ -134,12 +135,14 @@ class KeyedRules:
         dedup: tuple[str, str, int] | None,
         idem: tuple[str, bytes, int] | None,
         own: tuple[str, ...] | None = None,
+        call: int = 0,
     ) -> Reply:
         """One call of publish_keyed.lua at ``now`` (``base``: the request's time, from which
         due times, ttls and the windows count): ``dedup`` (key, mode, window's end),
         ``idem`` (key, fingerprint, the answer's end); ``own``: the ids an earlier run of this
-        very call placed (the engine's repeat after a lost reply sends the same ids). Applies
-        what it writes; its reply."""
+        very call placed (the engine's repeat after a lost reply sends the same ids); ``call``:
+        the request (its runs share it: a debounce's replacement is kept under its job 1's id,
+        which the model does not know). Applies what it writes; its reply."""
         self.trim(q, now)
         if idem is not None:
             got = self.kept(q, "i:" + idem[0], now)
@@ -147,7 +150,7 @@ class KeyedRules:
                 if got.fingerprint != idem[1]:
                     return Reply(ReplyCode.MISMATCH, how="mismatch")
                 return Reply(ReplyCode.OK, True, got.dedup, got.codes, got.ids, "replay")
-        reply = self.keyed_dedup(q, now, base, jobs, dedup, own)
+        reply = self.keyed_dedup(q, now, base, jobs, dedup, own, call)
         if idem is not None and reply.status is ReplyCode.OK:
             self.keyed[(q, "i:" + idem[0])] = Kept(
                 idem[2], reply.ids, idem[1], reply.dedup, reply.codes
@@ -162,6 +165,7 @@ class KeyedRules:
         jobs: list[KeyedJob],
         dedup: tuple[str, str, int] | None,
         own: tuple[str, ...] | None,
+        call: int,
     ) -> Reply:
         # the call's ids: a client's, or those it made up (an earlier run's, else unknown yet:
         # never present, taken from the engine's answer once placed)
@@ -177,7 +181,13 @@ class KeyedRules:
         if st is not None and mode == "debounce" and not waiting and held != ids[0]:
             return Reply(ReplyCode.FORBIDDEN, dedup=st, codes=(st,), ids=(held or "",), how=how)
         if held is not None and st is not None and mode == "debounce" and waiting:
-            return self.replace(q, now, base, held, jobs[0], dedup, how)
+            reply = self.replace(q, now, base, held, jobs[0], dedup, how)
+            # kept for the call's repeat when its job 1's id is made up for it (it names the
+            # entry in the engine: `r:<id>`); a repeat here comes at once, so it finds the job
+            # waiting and replaces it again
+            if jobs[0].client_id is None:
+                self.keyed[(q, f"r:#{call}")] = Kept(now + self.remember_acked_ms, (held,))
+            return reply
         if held is not None:
             code = st if st is not None else ReplyCode.NOT_FOUND
             return Reply(ReplyCode.OK, False, ReplyCode.EXISTING, (code,), (held,), how)
@@ -337,7 +347,7 @@ def kept_entry(field: bytes, value: bytes) -> Kept:
     """An entry of KEYED as the model keeps it: `t:<key>` -> (`>I6` until, the job's member),
     `i:<key>` -> (`>I6` until, fingerprint, the answer packed)."""
     until = int.from_bytes(value[:6], "big")
-    if field.startswith(b"t:"):
+    if field.startswith((b"t:", b"r:")):
         return Kept(until, (id_to_text(value[6:]),))
     saved = unpack_answer(value[22:])
     status, _, dedup, _ = saved[:4]

@@ -435,13 +435,23 @@ class ModelMachine(RuleBasedStateMachine):
         jobs), those past their time until a keyed publish trims them; KEYED_DUE the same fields
         at the same times; both keys expiring at the last one's time."""
         for q, (entries, due, expiry, due_expiry) in seen.items():
-            found = {f.decode(): kept_entry(f, v) for f, v in entries.items()}
-            mine = {f: k for (q2, f), k in self.model.keyed.items() if q2 == q}
-            if found != mine:
-                raise Mismatch(f"KEYED of {q}: engine {found}, model {mine}")
-            if {f.decode(): int(t) for f, t in due} != {f: k.until for f, k in mine.items()}:
-                raise Mismatch(f"KEYED_DUE of {q}: engine {due}, model {mine}")
-            last = max((k.until for k in mine.values()), default=-2)  # (-2: no such key)
+            # a debounce's replacement, `r:<its made-up job 1>`: by time and job, as a multiset
+            # (the model knows the call, not that id)
+            every = {f: kept_entry(f, v) for f, v in entries.items()}
+            found = {f.decode(): k for f, k in every.items() if not f.startswith(b"r:")}
+            found_r = sorted((k.until, k.ids) for f, k in every.items() if f.startswith(b"r:"))
+            all_mine = {f: k for (q2, f), k in self.model.keyed.items() if q2 == q}
+            mine = {f: k for f, k in all_mine.items() if not f.startswith("r:")}
+            mine_r = sorted((k.until, k.ids) for f, k in all_mine.items() if f.startswith("r:"))
+            if found != mine or found_r != mine_r:
+                raise Mismatch(f"KEYED of {q}: engine {every}, model {all_mine}")
+            due_named = {f.decode(): int(t) for f, t in due if not f.startswith(b"r:")}
+            due_r = sorted(int(t) for f, t in due if f.startswith(b"r:"))
+            if due_named != {f: k.until for f, k in mine.items()} or due_r != [
+                u for u, _ in mine_r
+            ]:
+                raise Mismatch(f"KEYED_DUE of {q}: engine {due}, model {all_mine}")
+            last = max((k.until for k in all_mine.values()), default=-2)  # (-2: no such key)
             if (expiry, due_expiry) != (last, last):
                 raise Mismatch(f"KEYED of {q} expires at {expiry} / {due_expiry}, model {last}")
             STATS["checks"] += 1

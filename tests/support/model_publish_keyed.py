@@ -13,6 +13,7 @@ id, the answer any request with that id gets.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from typing import Any
 
 from hypothesis import strategies as st
@@ -42,6 +43,7 @@ from tests.support.model_keyed import KeyedJob, Reply, engine_told, told
 from tests.support.model_machine import ModelMachine
 from tests.support.model_ref import Mismatch, Model
 
+CALLS = itertools.count()  # a number per keyed publish request: its runs share it
 Request = tuple[list[JobSpec], Dedup | None]  # a keyed request: its jobs, its dedup key
 
 
@@ -190,12 +192,15 @@ class KeyedPublishRules(ModelMachine):
         got = engine_told(out, err)
         runs: list[tuple[Reply, Reply]] = []
 
+        call = next(CALLS)
+
         def apply(m: Model, now: int) -> None:
-            first = m.publish_keyed(q, now, t0, jobs, d, i)
+            first = m.publish_keyed(q, now, t0, jobs, d, i, call=call)
             last = first
             if lost:  # the engine's repeat, with the same ids, at the same time
                 placed = first.status is ReplyCode.OK and not first.replayed and not first.dedup
-                last = m.publish_keyed(q, now, t0, jobs, d, i, first.ids if placed else None)
+                own = first.ids if placed else None
+                last = m.publish_keyed(q, now, t0, jobs, d, i, own, call)
             # the client's answer: the first (docs/api.md), but for a client's job id, which
             # names no one request: what any request with that id gets (the repeat's)
             want = told(last if client else first, jobs, dedup is not None)
