@@ -158,10 +158,22 @@ end
 -- The job a debounce whose job 1 is `own` replaced, when this very call ran before (its
 -- reply lost: the engine repeats it with the same ids) and that job was taken, or acked, since;
 -- else false. Each replacement by a call whose job 1's id was made up for it (`made`: no other
--- call has it; a client's id names no one call) is kept in KEYED (`r:<own>`) for `keep` ms.
+-- call has it; a client's id names no one call) is kept in KEYED (`r:<own>`) for `keep` ms,
+-- written at the call's end in one HSET and one ZADD (only a later call reads it).
+local REPLACED, REPLACED_DUE = {}, {}
+
 local function replaced_before(own, made)
   local r = made and kept('r:' .. own)
   return r and string.sub(r, 7)
+end
+
+local function keep_replaced(own, holder)
+  if keep <= 0 then return end -- (acked ids not remembered either: a repeat may make one again)
+  local field, till = 'r:' .. own, now + keep
+  REPLACED[#REPLACED + 1] = field
+  REPLACED[#REPLACED + 1] = struct.pack('>I6', till) .. holder
+  REPLACED_DUE[#REPLACED_DUE + 1] = till
+  REPLACED_DUE[#REPLACED_DUE + 1] = field
 end
 
 -- One request, its 7 values and its jobs from ARGV[at]: its reply, and where the next begins.
@@ -220,7 +232,7 @@ local function request(at)
     elseif st and mode == DEBOUNCE and waiting then
       local due, own, rec, made = job_of(at, 1)
       local code, lowered = replace(holder, st, due, rec)
-      if made then keep_keyed('r:' .. own, now + keep, holder) end
+      if made then keep_replaced(own, holder) end
       out = {CODE.OK, 0, CODE.REPLACED, lowered, code, holder}
       if HOLDER[dkey] ~= holder then give(dkey, holder) end -- a throttle window's job: its record carries the key now
     else
@@ -278,6 +290,11 @@ while at <= #ARGV do
 end
 write_pairs('HSET', NOTES, GIVEN)
 flush_expiring()
+if #REPLACED > 0 then
+  write_pairs('HSET', KEYED, REPLACED)
+  write_pairs('ZADD', KEYED_DUE, REPLACED_DUE)
+  wrote = true
+end
 if wrote then
   local last = redis.call('ZRANGE', KEYED_DUE, -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', KEYED, last[2])
