@@ -1,7 +1,8 @@
 """The ``scripts`` section of ``bench_groups.py``: Redis per job of each variant (no group, a
-group, a group with a concurrency limit or a rate meant never to bind, a dedup key) through the
-engine directly, without HTTP: ``per_call`` jobs per script call (as the group commit shares a
-call among concurrent requests), for publish, consume and ack. Two figures per cell: the
+group, a group with a concurrency limit or a rate meant never to bind, a dedup key, a debounce
+that replaces the job waiting under its key) through the engine directly, without HTTP:
+``per_call`` jobs per script call (as the group commit shares a call among concurrent
+requests), for publish, consume and ack. Two figures per cell: the
 scripts' usec in ``INFO commandstats`` per job (the minimum over the rounds, the round least
 disturbed by the rest of the machine, and the median), and the Redis commands the scripts
 called per job, which no noise changes.
@@ -24,7 +25,7 @@ from cluster_dq.engine.steps import EngineConfig
 from cluster_dq.localredis import start_server
 from cluster_dq.models import JobSpec
 
-VARIANTS = ("plain", "group", "group+concurrency", "group+rate", "dedup")
+VARIANTS = ("plain", "group", "group+concurrency", "group+rate", "dedup", "debounce")
 LIMITS: dict[str, dict[str, Any]] = {
     "group+concurrency": {"concurrency": 1_000_000},
     "group+rate": {"rate": "1000000/1s"},
@@ -62,14 +63,19 @@ async def _round(
         if v in LIMITS:
             await eng.run(configure_group(cfg, "bench", q, GROUP, parse_changes(LIMITS[v]), 0))
         group = GROUP if v.startswith("group") else None
+
+        def keyed(i: int, mode: str) -> list[ops.KeyedRequest]:
+            dedup = [ops.Dedup(f"k{i}-{j}", mode) for j in range(per_call)]
+            return [ops.KeyedRequest([JobSpec(BODY)], d, None) for d in dedup]
+
+        if v == "debounce":  # each publish measured replaces a job waiting under its key
+            for i in range(calls):
+                await eng.run(ops.publish_keyed_many(cfg, "bench", q, keyed(i, v), now_ms()))
         before = _work(c)
         for i in range(calls):
-            if v == "dedup":
-                keyed = [
-                    ops.KeyedRequest([JobSpec(BODY)], ops.Dedup(f"k{i}-{j}"), None)
-                    for j in range(per_call)
-                ]
-                await eng.run(ops.publish_keyed_many(cfg, "bench", q, keyed, now_ms()))
+            if v in ("dedup", "debounce"):
+                mode = "simple" if v == "dedup" else v
+                await eng.run(ops.publish_keyed_many(cfg, "bench", q, keyed(i, mode), now_ms()))
             else:
                 specs = [JobSpec(BODY, group=group) for _ in range(per_call)]
                 await eng.run(ops.publish(cfg, "bench", q, specs, now_ms()))

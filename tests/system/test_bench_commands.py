@@ -60,7 +60,9 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
         + ["--script-calls", "10"],
         r"memory: Redis used_memory[\s\S]*1,000 groups of 8 bytes +[-\d.]+ +[-\d.]+[\s\S]*"
         r"ack +dedup +[\d.]+ +[-+]\d+ %[\s\S]*"
-        r"publish +dedup +[\d.]+ +[-+]\d+ % +[\d.]+ +[\d.]+ +[-+][\d.]+[\s\S]*B light \+ heavy, grouped +[\d,]+ +[\d.]+ +[\d.]+"
+        r"publish +dedup +[\d.]+ +[-+]\d+ % +[\d.]+ +[\d.]+ +[-+][\d.]+[\s\S]*"
+        r"publish +debounce +[\d.]+ +[-+]\d+ % +[\d.]+ +[\d.]+ +[-+][\d.]+"
+        r"[\s\S]*B light \+ heavy, grouped +[\d,]+ +[\d.]+ +[\d.]+"
         r"[\s\S]*D light no group \+ heavy grouped +[\d,]+ +[\d.]+"
         r"[\s\S]*E's light p99 ÷ A's [\d.]+ \(the heavy group held to 6 of 8 consumers\)",
     ),
