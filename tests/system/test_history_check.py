@@ -572,27 +572,22 @@ def test_while_paused_a_delivery_inside_a_certain_pause() -> None:
     only(paused(0.6, 0.7, (0.5, 0.55, "fail", {"paused": False})), "while_paused")
     only(paused(0.6, 0.7, (0.5, 0.55, "ok", {"paused": True})), "while_paused")
     only(paused(0.6, 0.7, (0.5, 0.55, "ok", {"concurrency": 3})), "while_paused")
+
+    def resumed_first(type: str, answered: float, t0: float) -> Report:
+        """A resume invoked before the pause (at 0.02) and answered at ``answered``."""
+        s = Script()
+        put(s, "a", 0.0, 0.01, "g")
+        configure(s, 0.02, answered, type, paused=False)
+        configure(s, 0.1, 0.2, paused=True)
+        take(s, "a", t0, t0 + 0.04)
+        return s.check()
+
     # a resume whose outcome is unknown may land however late (the service may still be
     # running it when the client gives up): no pause is certain after it
-    s = Script()
-    put(s, "a", 0.0, 0.01, "g")
-    configure(s, 0.02, 0.05, "info", paused=False)
-    configure(s, 0.1, 0.2, paused=True)
-    take(s, "a", 5.0, 5.1)
-    only(s.check(), None)
-    # a resume that succeeded, invoked before the pause but answered after it: from its answer
-    s = Script()
-    put(s, "a", 0.0, 0.01, "g")
-    configure(s, 0.02, 0.25, "ok", paused=False)
-    configure(s, 0.1, 0.2, paused=True)
-    take(s, "a", 0.22, 0.3)
-    only(s.check(), None)
-    s = Script()
-    put(s, "a", 0.0, 0.01, "g")
-    configure(s, 0.02, 0.25, "ok", paused=False)
-    configure(s, 0.1, 0.2, paused=True)
-    take(s, "a", 0.26, 0.3)
-    only(s.check(), "while_paused")
+    only(resumed_first("info", 0.05, 5.0), None)
+    # a resume that succeeded, answered after the pause: the pause is certain from its answer
+    only(resumed_first("ok", 0.25, 0.22), None)
+    only(resumed_first("ok", 0.25, 0.26), "while_paused")
 
 
 def test_over_concurrency_more_held_at_once_than_the_limit() -> None:
