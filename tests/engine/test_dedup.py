@@ -239,53 +239,40 @@ async def test_a_debounce_repeated_after_its_job_was_taken_answers_that_job(
     check_queue(sync_redis, NS, Q)
 
 
+@pytest.mark.parametrize("acked", [False, True], ids=["taken", "taken-and-acked"])
 async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_taken_answers_replaced(
-    engine: AsyncEngine, sync_redis: redis.Redis
+    engine: AsyncEngine, sync_redis: redis.Redis, acked: bool
 ) -> None:
     """A debounce replaces the key's waiting job, its reply is lost, and a consumer reserves
     that job (with the new body) before the engine repeats the call: the repeat must answer the
     replacement it made, not refuse it as a debounce of a reserved job (a 409 saying nothing
     was changed, while the body it brought is being delivered). Found by the history test
-    across a Cluster failover."""
+    across a Cluster failover. ``acked``: the job is acked too before the repeat; the key holds
+    nothing then, and the repeat must not make a second job with the body its first attempt
+    already delivered."""
     first = await keyed(engine, now_ms(), b"first", key="d", mode="debounce")
     held = first.published[0].job_id
     taken: list[ops.ById] = []
 
     async def take() -> None:
         taken.extend(await consume(engine, now_ms()))
+        if acked:
+            await engine.run(ops.ack(NS, Q, [j.job_id for j in taken], now_ms()))
 
     with first_reply_lost(engine, "publish_keyed", take):
         got = await keyed(engine, now_ms(), b"second", key="d", mode="debounce")
     assert [j.job_id for j in taken] == [held] and taken[0].body == b"second"
     assert got.dedup == "replaced" and not got.replayed
-    assert got.published[0].job_id == held and got.published[0].state is JobState.RESERVED
-    with pytest.raises(WrongState):  # another debounce under the key is still refused
-        await keyed(engine, now_ms(), b"third", key="d", mode="debounce")
-    check_queue(sync_redis, NS, Q)
-
-
-async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_acked_makes_no_second(
-    engine: AsyncEngine, sync_redis: redis.Redis
-) -> None:
-    """As above, and the job is acked too before the repeat: the key holds nothing then, and
-    the repeat must not make a second job with the body its first attempt already delivered;
-    it answers the replacement it made."""
-    first = await keyed(engine, now_ms(), b"first", key="d", mode="debounce")
-    held = first.published[0].job_id
-    done: list[ops.ById] = []
-
-    async def take_and_ack() -> None:
-        done.extend(await consume(engine, now_ms()))
-        await engine.run(ops.ack(NS, Q, [j.job_id for j in done], now_ms()))
-
-    with first_reply_lost(engine, "publish_keyed", take_and_ack):
-        got = await keyed(engine, now_ms(), b"second", key="d", mode="debounce")
-    assert [(j.job_id, j.body) for j in done] == [(held, b"second")]
-    assert got.dedup == "replaced" and got.published[0].job_id == held
-    s = await sizes(engine)
-    assert (s.ready, s.delayed, s.reserved) == (0, 0, 0)  # no second job
-    again = await keyed(engine, now_ms(), b"third", key="d", mode="debounce")
-    assert again.dedup == "new" and again.published[0].job_id != held  # the key is free
+    assert got.published[0].job_id == held
+    if not acked:
+        assert got.published[0].state is JobState.RESERVED
+        with pytest.raises(WrongState):  # another debounce under the key is still refused
+            await keyed(engine, now_ms(), b"third", key="d", mode="debounce")
+    else:
+        s = await sizes(engine)
+        assert (s.ready, s.delayed, s.reserved) == (0, 0, 0)  # no second job
+        again = await keyed(engine, now_ms(), b"third", key="d", mode="debounce")
+        assert again.dedup == "new" and again.published[0].job_id != held  # the key is free
     check_queue(sync_redis, NS, Q)
 
 
