@@ -203,33 +203,32 @@ local function request(at)
     end
   end
 
-  -- A debounce that finds no holder may be this call's repeat, its first attempt having
-  -- replaced a job that left since (acked, deleted): the key is free, but a second job with
-  -- the body already delivered must not be made
+  -- A debounce may be this very call's repeat (its first attempt's reply lost) after that
+  -- attempt replaced a job: answered as the first attempt was, REPLACED, whatever became of
+  -- that job or holds the key now (taken, acked, another job under the key), nothing written:
+  -- never a 409 for a change made, nor the body twice
   local prior = false
-  if not holder and mode == DEBOUNCE then
+  if mode == DEBOUNCE and n > 0 then
     local _, own, _, made = job_of(at, 1)
     prior = replaced_before(own, made)
   end
 
   -- out: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}
   local out
-  if holder then
+  if prior then
+    local st = redis.call('HEXISTS', JOBS, prior) == 1 and state_of(prior) or CODE.NOT_FOUND
+    out = {CODE.OK, 0, CODE.REPLACED, 0, st, prior}
+  elseif holder then
     -- A debounce replaces the key's job while it waits, and is refused once it is reserved or
     -- dead, unless this very call's first attempt (whose reply was lost) made that job (it is
-    -- job 1 itself: answered as the job it is, EXISTING) or replaced it (it holds job 1's
-    -- record: answered REPLACED, as the first attempt was), and it was taken since
+    -- job 1 itself: answered as the job it is, EXISTING)
     local st = redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
     local waiting = st == CODE.READY or st == CODE.DELAYED
-    local repeated = false
     if st and mode == DEBOUNCE and not waiting then
-      local _, own, _, made = job_of(at, 1)
-      repeated = holder ~= own and replaced_before(own, made) == holder
-      if holder ~= own and not repeated then return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt end
+      local _, own = job_of(at, 1)
+      if holder ~= own then return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt end
     end
-    if repeated then
-      out = {CODE.OK, 0, CODE.REPLACED, 0, st, holder}
-    elseif st and mode == DEBOUNCE and waiting then
+    if st and mode == DEBOUNCE and waiting then
       local due, own, rec, made = job_of(at, 1)
       local code, lowered = replace(holder, st, due, rec)
       if made then keep_replaced(own, holder) end
@@ -238,10 +237,6 @@ local function request(at)
     else
       out = {CODE.OK, 0, CODE.EXISTING, 0, st or CODE.NOT_FOUND, holder}
     end
-  elseif prior then
-    -- this call's own replacement, repeated after that job left: answered, no second job
-    local st = redis.call('HEXISTS', JOBS, prior) == 1 and state_of(prior) or CODE.NOT_FOUND
-    out = {CODE.OK, 0, CODE.REPLACED, 0, st, prior}
   else
     -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)
     if max_size then

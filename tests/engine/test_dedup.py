@@ -239,9 +239,13 @@ async def test_a_debounce_repeated_after_its_job_was_taken_answers_that_job(
     check_queue(sync_redis, NS, Q)
 
 
-@pytest.mark.parametrize("acked", [False, True], ids=["taken", "taken-and-acked"])
+@pytest.mark.parametrize(
+    ("acked", "another"),
+    [(False, False), (True, False), (True, True)],
+    ids=["taken", "taken-and-acked", "then-another-job-under-the-key"],
+)
 async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_taken_answers_replaced(
-    engine: AsyncEngine, sync_redis: redis.Redis, acked: bool
+    engine: AsyncEngine, sync_redis: redis.Redis, acked: bool, another: bool
 ) -> None:
     """A debounce replaces the key's waiting job, its reply is lost, and a consumer reserves
     that job (with the new body) before the engine repeats the call: the repeat must answer the
@@ -249,7 +253,8 @@ async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_taken_answer
     was changed, while the body it brought is being delivered). Found by the history test
     across a Cluster failover. ``acked``: the job is acked too before the repeat; the key holds
     nothing then, and the repeat must not make a second job with the body its first attempt
-    already delivered."""
+    already delivered. ``another``: then another debounce makes a new job under the key, which
+    the repeat must neither refuse against (409) nor replace (the body twice)."""
     first = await keyed(engine, now_ms(), b"first", key="d", mode="debounce")
     held = first.published[0].job_id
     taken: list[ops.ById] = []
@@ -258,6 +263,8 @@ async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_taken_answer
         taken.extend(await consume(engine, now_ms()))
         if acked:
             await engine.run(ops.ack(NS, Q, [j.job_id for j in taken], now_ms()))
+        if another:
+            await keyed(engine, now_ms(), b"other", key="d", mode="debounce")
 
     with first_reply_lost(engine, "publish_keyed", take):
         got = await keyed(engine, now_ms(), b"second", key="d", mode="debounce")
@@ -268,6 +275,9 @@ async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_taken_answer
         assert got.published[0].state is JobState.RESERVED
         with pytest.raises(WrongState):  # another debounce under the key is still refused
             await keyed(engine, now_ms(), b"third", key="d", mode="debounce")
+    elif another:  # the other job is left as it was: its own body, still waiting
+        (other,) = await consume(engine, now_ms())
+        assert other.job_id != held and other.body == b"other"
     else:
         s = await sizes(engine)
         assert (s.ready, s.delayed, s.reserved) == (0, 0, 0)  # no second job

@@ -178,14 +178,17 @@ class KeyedRules:
         if held is not None and st is not None:
             how += f" ({st.name.lower()})"
         waiting = st in (ReplyCode.READY, ReplyCode.DELAYED)
+        prior = self.kept(q, f"r:#{call}", now) if mode == "debounce" and jobs else None
+        if prior is not None:  # this call's repeat after its first attempt replaced a job
+            code = self.state_code(q, prior.ids[0]) or ReplyCode.NOT_FOUND
+            return Reply(ReplyCode.OK, False, ReplyCode.REPLACED, (code,), prior.ids, how)
         if st is not None and mode == "debounce" and not waiting and held != ids[0]:
             return Reply(ReplyCode.FORBIDDEN, dedup=st, codes=(st,), ids=(held or "",), how=how)
         if held is not None and st is not None and mode == "debounce" and waiting:
             reply = self.replace(q, now, base, held, jobs[0], dedup, how)
             # kept for the call's repeat when its job 1's id is made up for it (it names the
-            # entry in the engine: `r:<id>`); a repeat here comes at once, so it finds the job
-            # waiting and replaces it again
-            if jobs[0].client_id is None:
+            # entry in the engine: `r:<id>`): the repeat answers it, writing nothing
+            if jobs[0].client_id is None and self.remember_acked_ms > 0:
                 self.keyed[(q, f"r:#{call}")] = Kept(now + self.remember_acked_ms, (held,))
             return reply
         if held is not None:

@@ -445,6 +445,12 @@ class ModelMachine(RuleBasedStateMachine):
             mine_r = sorted((k.until, k.ids) for f, k in all_mine.items() if f.startswith("r:"))
             if found != mine or found_r != mine_r:
                 raise Mismatch(f"KEYED of {q}: engine {every}, model {all_mine}")
+            if {f for f in every if f.startswith(b"r:")} != {
+                f for f, _ in due if f.startswith(b"r:")
+            }:
+                raise Mismatch(
+                    f"KEYED and KEYED_DUE of {q} name other replacements: {every}, {due}"
+                )
             due_named = {f.decode(): int(t) for f, t in due if not f.startswith(b"r:")}
             due_r = sorted(int(t) for f, t in due if f.startswith(b"r:"))
             if due_named != {f: k.until for f, k in mine.items()} or due_r != [
