@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster_dq.clock import now_ms
 from cluster_dq.engine.steps import REMEMBER_ACKED_MS
 from cluster_dq.history import BUCKET_MS, KEEP_MS
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
@@ -126,9 +127,10 @@ def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
 def queue_keys(r: Any, ns: str, q: str) -> list[bytes]:
     """The queue's keys but those that must be expiring: the memory of recently acked ids,
     the queue's history buckets (docs/dashboard.md: they outlive its jobs and a destroy, at
-    most a day), and its keyed hash when it holds only a debounce's replacements (kept for a
-    repeat of its call as long as acked ids are remembered) and goes within that time. So a
-    queue whose jobs are all gone leaves nothing behind for long."""
+    most a day), and its keyed hash when nothing in it is still kept but a debounce's
+    replacements (kept for a repeat of its call as long as acked ids are remembered; the
+    entries past their time go with the hash) and it goes within that time. So a queue whose
+    jobs are all gone leaves nothing behind for long."""
     qk = QueueKeys(ns, q)
     acked, history = qk.acked.encode(), qk.history(0).encode().rsplit(b":", 1)[0] + b":"
     pattern = f"*{{{ns}/{q}}}*"
@@ -143,7 +145,11 @@ def queue_keys(r: Any, ns: str, q: str) -> list[bytes]:
     for key in buckets:
         assert 0 < r.pttl(key) <= KEEP_MS + BUCKET_MS, f"history {key!r} must expire in a day"
     keyed = {qk.keyed.encode(), qk.keyed_due.encode()} & set(found)
-    replacements = all(f.startswith(b"r:") for f in r.hkeys(qk.keyed))
+    now = now_ms()
+    replacements = all(
+        f.startswith(b"r:") or int.from_bytes(v[:6], "big") <= now
+        for f, v in r.hgetall(qk.keyed).items()
+    )
     soon = {k for k in keyed if replacements and 0 < r.pttl(k) <= REMEMBER_ACKED_MS}
     return [k for k in found if k != acked and k not in buckets and k not in soon]
 
