@@ -33,7 +33,9 @@
     status: OK; FULL (the queue's max_size: nothing written); FORBIDDEN (debounce: the key's
     job is reserved or dead, its state in `dedup` and its code and member after; nothing
     written; not when this is a repeat of the call that made that job (it is job 1 itself:
-    answered EXISTING) or replaced it (kept in KEYED `r:<job 1>`: answered REPLACED));
+    answered EXISTING) or replaced it (kept in KEYED `r:<job 1>`: answered REPLACED)). A repeat
+    of a call that made its job 1 (an id made up for it, present or acked lately) while
+    another job holds the key is answered as the call that made it: placed again, DUPLICATE;
     MISMATCH (the Idempotency-Key's answer is another request's; nothing written)
     replayed: 1 when this is the Idempotency-Key's answer, kept from its first call; 2 when
     that first call asked for the same job ids as this one (the caller's repeat of its own
@@ -200,6 +202,19 @@ local function request(at)
     elseif keyed then
       local t = kept('t:' .. dkey)
       if t then holder = string.sub(t, 7) end
+    end
+  end
+  -- Another job holds the key, yet job 1's id, made up for this very call, is present or was
+  -- acked lately: this is the call's repeat (its first attempt's reply lost), whose first
+  -- attempt made that job and which another job has taken the key from since (the job
+  -- acked, or its window ended, and another publish under the key). It is answered as the
+  -- call that made its job (placed again: a duplicate), never against the other job: not
+  -- EXISTING, not a 409, not a debounce replacing that job's body with one already delivered
+  if holder and n > 0 then
+    local _, own, _, made = job_of(at, 1)
+    if made and holder ~= own
+        and (redis.call('HEXISTS', JOBS, own) == 1 or acked_lately(own, now, keep)) then
+      holder = false
     end
   end
 

@@ -286,6 +286,32 @@ async def test_a_debounce_that_replaced_a_job_repeated_after_it_was_taken_answer
     check_queue(sync_redis, NS, Q)
 
 
+@pytest.mark.parametrize("mode", ["simple", "debounce"])
+async def test_a_keyed_publish_that_made_its_job_repeated_after_another_took_the_key(
+    engine: AsyncEngine, sync_redis: redis.Redis, mode: str
+) -> None:
+    """A simple or debounce publish finds its key free and makes a job; its reply is lost, and
+    before the engine repeats the call a consumer takes and acks that job and another publish
+    makes a new job under the key. The repeat is this call's, whose job was made: it must
+    answer that job, new, and leave the other one alone (a debounce replaced it with the body
+    already delivered, losing the other body; a simple publish answered it as existing)."""
+    taken: list[ops.ById] = []
+
+    async def take_ack_and_publish_another() -> None:
+        taken.extend(await consume(engine, now_ms()))
+        await engine.run(ops.ack(NS, Q, [j.job_id for j in taken], now_ms()))
+        await keyed(engine, now_ms(), b"other", key="d", mode=mode)
+
+    with first_reply_lost(engine, "publish_keyed", take_ack_and_publish_another):
+        got = await keyed(engine, now_ms(), b"mine", key="d", mode=mode)
+    assert len(taken) == 1 and taken[0].body == b"mine"
+    assert (got.published[0].job_id, got.dedup) == (taken[0].job_id, "new")
+    assert not got.published[0].duplicate and not got.replayed
+    (other,) = await consume(engine, now_ms())  # the other job as it was made
+    assert other.job_id != taken[0].job_id and other.body == b"other"
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:

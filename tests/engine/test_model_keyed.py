@@ -36,12 +36,25 @@ from tests.support.model_harness import (
     windows,
 )
 from tests.support.lost_reply import first_reply_lost
+from tests.support.model_publish_keyed import fingerprint
 from tests.support.model_ref import EVENTS
 from tests.support.model_rules import EngineModel
 
 faults = st.tuples(
     st.sampled_from(["lost", "lost", "before", "stall", *Fault.REFUSALS]),
     st.sampled_from([0, 10, 600, 25_000]),
+)
+# other clients' moves while a keyed publish's repeat is held (its reply lost): its job taken,
+# acked or buried, another publish under the key (its mode), time passing (ms, within the
+# repeat's budget)
+moves_between = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["take", "take", "ack", "bury"]), st.none()),
+        st.tuples(st.just("publish"), dedup_modes),
+        st.tuples(st.just("advance"), st.sampled_from([1, 40, 900, 4_000])),
+    ),
+    min_size=1,
+    max_size=4,
 )
 bulks = st.lists(
     st.tuples(keyed_ids, delays, ttls, st.integers(1, 3), prios, groups), min_size=1, max_size=3
@@ -107,6 +120,35 @@ class KeyedModel(EngineModel):
     ) -> None:
         self.arm(fault)
         self.publish_deduplicated(q, key, mode, window, delay, 0, tries, None, job_id)
+
+    @rule(
+        q=st.sampled_from(QUEUES),
+        key=dedup_keys,
+        mode=dedup_modes,
+        window=windows,
+        delay=st.sampled_from([0, 0, 0, 40, 900]),
+        job_id=keyed_ids,
+        ikey=st.sampled_from([None, None, "i1"]),
+        moves=moves_between,
+    )
+    def publish_deduplicated_repeated_after_other_moves(
+        self,
+        q: str,
+        key: str,
+        mode: str,
+        window: int,
+        delay: int,
+        job_id: str | None,
+        ikey: str | None,
+        moves: list[tuple[str, Any]],
+    ) -> None:
+        """A publish under a dedup key (with an Idempotency-Key now and then) whose reply is
+        lost, other clients moving before the engine's repeat: SPEC §2.7's lost reply with the
+        world changing in between (KeyedPublishRules.keyed_publish_held)."""
+        spec = JobSpec(b"x", delay_ms=delay, job_id=job_id)
+        request = ([spec], Dedup(key, mode, window if mode == "throttle" else 0))
+        idem = Idempotency(ikey, fingerprint(request)) if ikey is not None else None
+        self.keyed_publish_held("publish deduplicated, repeat held", q, request, idem, moves)
 
     @rule(
         q=st.sampled_from(QUEUES),
@@ -280,6 +322,49 @@ def test_a_history_written_out_reaches_every_keyed_outcome(deployment_for_model:
         "idem: mismatch",
         "idem: refused (nothing kept)",
         "idem: window ended: first answer",
+    ]:
+        assert outcome in reached, f"{outcome!r} not reached: {sorted(reached)}"
+
+
+def test_a_history_written_out_moves_between_a_lost_reply_and_its_repeat(
+    deployment_for_model: Any,
+) -> None:
+    """Each mode's publish whose reply is lost, other clients moving before the engine's
+    repeat (random histories reach these too; this one does in every run): a debounce's job
+    taken, acked and another made under the key; a debounce's replacement taken; a simple
+    key's job acked and another made; a throttle window ended and another opened; an answer
+    kept under an Idempotency-Key, its job taken and acked."""
+    KeyedModel.deployment = deployment_for_model
+    before = STATS.copy()
+    m = KeyedModel()
+
+    def held(q: str, key: str, mode: str, moves: list[tuple[str, Any]], ikey: str = "") -> None:
+        request = ([JobSpec(b"x")], Dedup(key, mode, 40 if mode == "throttle" else 0))
+        idem = Idempotency(ikey, fingerprint(request)) if ikey else None
+        m.keyed_publish_held("publish, repeat held", q, request, idem, moves)
+        m.engine_agrees()
+
+    try:
+        held("a", "k1", "debounce", [("take", None), ("ack", None), ("publish", "debounce")])
+        m.ack_many("a", [k[1] for k, j in m.model.jobs.items() if j is not None and k[0] == "a"])
+        m.publish_deduplicated("a", "k2", "debounce", 0, 9_000, 0, 1, None, None)
+        held("a", "k2", "debounce", [("advance", 9_000), ("take", None)])  # its replacement
+        held("b", "k1", "simple", [("take", None), ("ack", None), ("publish", "simple")])
+        held("b", "k2", "throttle", [("advance", 40), ("publish", "throttle")])
+        held("b", "k3", "simple", [("take", None), ("ack", None)], ikey="i1")
+    finally:
+        m.teardown()
+    reached = {k for k, v in (STATS - before).items() if v}
+    for outcome in [
+        "keyed repeat after take+ack+publish: debounce: free -> debounce: held by another since "
+        "this call made its job",
+        "keyed repeat after advance+take: debounce: held by a job (delayed) -> debounce: held by "
+        "a job (reserved)",
+        "keyed repeat after take+ack+publish: simple: free -> simple: held by another since this "
+        "call made its job",
+        "keyed repeat after advance+publish: throttle: free -> throttle: held by another since "
+        "this call made its job",
+        "keyed repeat after take+ack: simple: free -> replay",
     ]:
         assert outcome in reached, f"{outcome!r} not reached: {sorted(reached)}"
 

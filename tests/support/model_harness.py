@@ -5,6 +5,7 @@ rules draw from, and how an engine's job or group is compared with the model's.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import Counter
@@ -123,7 +124,12 @@ class Fault:
     def __init__(self, kind: str, at: int, ms: int) -> None:
         self.kind, self.at, self.ms = kind, at, ms
         self.step: str = ""  # what it hit
+        self.args: Any = ()  # the arguments of the step it hit (a script's ARGV)
         self.seen = False  # a request started while it was armed
+        # a lost reply only: ``ran`` set once the step ran, the connection error (and the
+        # engine's repeat) then held until ``hold`` is set: other clients' moves in between
+        self.ran: asyncio.Event | None = None
+        self.hold: asyncio.Event | None = None
 
     def __repr__(self) -> str:
         return f"Fault({self.kind}, step {self.at}, {self.ms} ms, hit {self.step or 'nothing'})"
@@ -170,9 +176,13 @@ class Transport:
         if f is None or f.at != n:
             return await self.real(step)
         self.armed, self.fired, f.step = None, f, describe(step)
+        f.args = getattr(step, "args", ())
         STATS[f"fault {f.kind}"] += 1
         if f.kind == "lost":
             await self.real(step)
+            if f.ran is not None and f.hold is not None:
+                f.ran.set()
+                await f.hold.wait()
             raise RedisConnectionError("injected: reply lost after the step ran")
         if f.kind == "before":
             raise RedisConnectionError("injected: connection failed before sending")

@@ -174,6 +174,14 @@ class KeyedRules:
         mode = dedup[1] if dedup is not None else ""
         if dedup is not None:
             how = f"{mode}: held by a {how}" if held is not None else f"{mode}: free"
+        if (
+            held is not None
+            and own
+            and jobs[0].client_id is None
+            and held != own[0]
+            and self.duplicate(q, own[0], now)
+        ):  # this call's repeat, its job made, the key another's since: as the call that made it
+            held, how = None, f"{mode}: held by another since this call made its job"
         st = self.state_code(q, held) if held is not None else None
         if held is not None and st is not None:
             how += f" ({st.name.lower()})"

@@ -144,10 +144,14 @@ class ModelMachine(RuleBasedStateMachine):
     def request(self, name: str, coro: Any) -> tuple[Any, BaseException | None]:
         """Runs one service call; returns (answer, error) and counts it."""
         self.net.start_request()
-        self.pending = True
         STATS[f"op {name}"] += 1
+        return self.outcome(coro)
+
+    def outcome(self, aw: Any) -> tuple[Any, BaseException | None]:
+        """Runs a service call (or the task running one) to its end: (answer, error)."""
+        self.pending = True
         try:
-            return self.run(coro), None
+            return self.run(aw), None
         except (
             PoolUnavailable,
             NotFound,

@@ -12,6 +12,7 @@ id, the answer any request with that id gets.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 from typing import Any
@@ -21,7 +22,8 @@ from hypothesis.stateful import rule
 
 from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.errors import BadRequest
-from cluster_dq.models import Dedup, Idempotency, JobSpec
+from cluster_dq.models import Dedup, Idempotency, JobSpec, id_to_text
+from cluster_dq.service import Service
 from tests.support.model_harness import (
     IDEM_MS,
     NS,
@@ -54,6 +56,48 @@ def fingerprint(request: Request) -> bytes:
     route = "bulk" if len(specs) > 1 else "publish"
     shape = [(s.body, s.job_id, s.delay_ms, s.ttl_ms, s.tries, s.priority, s.group) for s in specs]
     return hashlib.blake2b(repr((route, shape, dedup)).encode(), digest_size=16).digest()
+
+
+def with_states(want: tuple[Any, ...], other: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``want`` with each job's state as ``other`` gives it (the same jobs' answer at another
+    moment), or ``want`` itself when ``other`` answers other jobs or an error."""
+    if len(want) != 3 or len(other) != 3 or [a[0] for a in want[0]] != [b[0] for b in other[0]]:
+        return want
+    return (tuple((*a[:2], b[2]) for a, b in zip(want[0], other[0])), *want[1:])
+
+
+def keyed_jobs(specs: list[JobSpec], answered: list[str]) -> list[KeyedJob]:
+    """A request's jobs as the model takes them (``answered``: the ids the engine gave)."""
+    return [
+        KeyedJob(
+            s.job_id,
+            answered[i] if i < len(answered) else None,
+            s.delay_ms,
+            s.ttl_ms,
+            s.tries,
+            s.priority,
+            s.group,
+        )
+        for i, s in enumerate(specs)
+    ]
+
+
+def windows_of(
+    t0: int, dedup: Dedup | None, idem: Idempotency | None
+) -> tuple[tuple[str, str, int] | None, tuple[str, bytes, int] | None]:
+    """The dedup key (key, mode, a throttle window's end) and the Idempotency-Key (key,
+    fingerprint, the answer's end) of a request made at ``t0``, as the model takes them."""
+    d = (dedup.key, dedup.mode, t0 + dedup.ttl_ms) if dedup is not None else None
+    i = (idem.key, idem.fingerprint, t0 + IDEM_MS) if idem is not None else None
+    return d, i
+
+
+def asked_ids(args: Any) -> list[str]:
+    """The job ids a publish_keyed call of one request asks for, read from its ARGV (now,
+    notify, remember_acked, then the request's 7 values and its packed jobs: a 10-byte head
+    whose last byte is the member's length, then the member)."""
+    n = int(args[9])
+    return [id_to_text(bytes(a[10 : 10 + a[9]])) for a in args[10 : 10 + n]]
 
 
 class KeyedPublishRules(ModelMachine):
@@ -173,21 +217,8 @@ class KeyedPublishRules(ModelMachine):
         self.no_503_when_retried(name, err)
         f = self.fired()
         lost = f is not None and f.kind == "lost" and f.step == "publish_keyed"
-        answered = [p.job_id for p in out.published] if out is not None else []
-        jobs = [
-            KeyedJob(
-                s.job_id,
-                answered[i] if i < len(answered) else None,
-                s.delay_ms,
-                s.ttl_ms,
-                s.tries,
-                s.priority,
-                s.group,
-            )
-            for i, s in enumerate(specs)
-        ]
-        d = (dedup.key, dedup.mode, t0 + dedup.ttl_ms) if dedup is not None else None
-        i = (idem.key, idem.fingerprint, t0 + IDEM_MS) if idem is not None else None
+        jobs = keyed_jobs(specs, [p.job_id for p in out.published] if out is not None else [])
+        d, i = windows_of(t0, dedup, idem)
         client = any(s.job_id is not None for s in specs)
         got = engine_told(out, err)
         runs: list[tuple[Reply, Reply]] = []
@@ -219,6 +250,99 @@ class KeyedPublishRules(ModelMachine):
         for (q2, field), k in self.model.keyed.items():
             if q2 == q:
                 self.opened[(q, field)] = k.until
+
+    def keyed_publish_held(
+        self, name: str, q: str, request: Request, idem: Idempotency | None, moves: list[Any]
+    ) -> None:
+        """A keyed publish whose reply is lost, and the engine's repeat of it held while other
+        clients make ``moves`` (each checked as the machine checks it; then an observation):
+        its job taken, acked or buried, another publish under the key, time passing within the
+        repeat's budget. The model runs the call when it ran, the moves, then the repeat, stamped
+        afresh. The client gets the first attempt's answer when that attempt wrote (jobs made, a
+        job replaced, an answer kept), each job's state as of either attempt; else the
+        repeat's (the first wrote nothing: the request took effect when the repeat ran)."""
+        specs, dedup = request
+        t0 = self.clock.now
+        f = Fault("lost", 0, 0)
+        f.ran, f.hold = asyncio.Event(), asyncio.Event()
+        self.net.armed = f
+        self.net.start_request()
+        STATS[f"op {name}"] += 1
+        self.pending = True
+        task = self.loop.create_task(self.svc.publish_keyed(self.route, NS, q, specs, dedup, idem))
+
+        async def ran_or_done() -> None:
+            ran = asyncio.ensure_future(f.ran.wait())  # type: ignore[union-attr]
+            await asyncio.wait({task, ran}, return_when=asyncio.FIRST_COMPLETED)
+            ran.cancel()
+
+        self.run(ran_or_done())
+        if not f.ran.is_set():
+            raise Mismatch(f"{name}: its script never ran ({self.outcome(task)}, {f})")
+        jobs = keyed_jobs(specs, asked_ids(f.args))
+        d, i = windows_of(t0, dedup, idem)
+        call = next(CALLS)
+        firsts: list[Reply] = []
+        self.each(
+            [t0], lambda m, now: firsts.append(m.publish_keyed(q, now, t0, jobs, d, i, call=call))
+        )
+        first = firsts[0]
+        self.engine_agrees()
+        # the moves through another instance of the service (this one's group commit of the
+        # queue's keyed publishes waits for the call held, as it would for any call in flight)
+        mine, self.svc = self.svc, Service(self.settings, {"default": self.pool})
+        try:
+            for move in moves:
+                self.move_between(q, dedup, first, *move)
+                self.engine_agrees()
+        finally:
+            self.svc = mine
+        armed, self.net.armed = self.net.armed, None
+        f.hold.set()
+        try:
+            out, err = self.outcome(task)  # the repeat, stamped afresh (engine/core.py restamp)
+        finally:
+            self.net.armed = armed
+        self.no_503_when_retried(name, err)
+        got = engine_told(out, err)
+        client = any(s.job_id is not None for s in specs)
+        wrote = first.status is ReplyCode.OK and not first.replayed
+        wrote = wrote and (idem is not None or first.dedup is not ReplyCode.EXISTING)
+        now = self.clock.now
+
+        def repeat(m: Model, _: int) -> None:
+            placed = first.status is ReplyCode.OK and not first.replayed and not first.dedup
+            last = m.publish_keyed(q, now, t0, jobs, d, i, first.ids if placed else None, call)
+            want = told(first if wrote and not client else last, jobs, dedup is not None)
+            if got != want and got != with_states(want, told(last, jobs, dedup is not None)):
+                raise Mismatch(
+                    f"{name} on {q} ({dedup}, {idem and idem.key}), its reply lost and its "
+                    f"repeat held while {[m[0] for m in moves]}: engine {got}, model {want} "
+                    f"({first.how}; then {last.how})"
+                )
+            what = "+".join(m[0] for m in moves)
+            STATS[f"keyed repeat after {what}: {first.how} -> {last.how}"] += 1
+
+        self.each([now], repeat)
+
+    def move_between(self, q: str, dedup: Dedup | None, first: Reply, what: str, arg: Any) -> None:
+        """Another client's move while a keyed publish's repeat is held: ``take`` (a consume
+        of the queue), ``ack`` or ``bury`` the job the first attempt named (else the key's),
+        ``publish`` another job under the key (``arg``: its mode), ``advance`` the clock (``arg``
+        ms)."""
+        named = first.ids[0] if first.ids and first.ids[0] else None
+        if named is None and dedup is not None:
+            named = self.model.dedup.get((q, dedup.key))
+        if what == "take":
+            self.consume([q], 20_000, 3)
+        elif what == "ack" and named is not None:
+            self.ack_many(q, [named])
+        elif what == "bury" and named is not None:
+            self.bury_one(q, named)
+        elif what == "publish" and dedup is not None:
+            self.publish_deduplicated(q, dedup.key, arg, 900, 0, 0, 1, None, None)
+        elif what == "advance":
+            self.advance(int(arg))
 
     def tolerated(
         self, want: tuple[Any, ...], got: tuple[Any, ...], first: Reply, repeat: bool, idem: Any
