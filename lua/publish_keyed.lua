@@ -32,16 +32,16 @@
     member_n}
     status: OK; FULL (the queue's max_size: nothing written); FORBIDDEN (debounce: the key's
     job is reserved or dead, its state in `dedup` and its code and member after; nothing
-    written; not when this is a repeat of the call that made that job (it is job 1 itself:
-    answered EXISTING) or replaced it (kept in KEYED `r:<job 1>`: answered REPLACED)). A repeat
-    of a call that made its job 1 (an id made up for it, present or acked lately) while
-    another job holds the key is answered as the call that made it: placed again, DUPLICATE;
+    written; not when this is a repeat of the call that made that job or replaced it (below));
     MISMATCH (the Idempotency-Key's answer is another request's; nothing written)
     replayed: 1 when this is the Idempotency-Key's answer, kept from its first call; 2 when
     that first call asked for the same job ids as this one (the caller's repeat of its own
     call, when it made them up)
     dedup: 0 (no key, or a new job holds it now), EXISTING (the holder's member and state
-    answered) or REPLACED (the holder's body and due time replaced)
+    answered) or REPLACED (the holder's body and due time replaced). A repeat of a call (its
+    reply lost) while the key is held answers what its first attempt did, writing nothing:
+    REPLACED, the job it replaced (kept in KEYED `r:<job 1>`), or EXISTING, the job 1 it made
+    (an id made up for the call: the holder, present or acked lately), whatever holds the key
     code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's
 ]]
 --@include lib/codes
@@ -204,17 +204,19 @@ local function request(at)
       if t then holder = string.sub(t, 7) end
     end
   end
-  -- Another job holds the key, yet job 1's id, made up for this very call, is present or was
-  -- acked lately: this is the call's repeat (its first attempt's reply lost), whose first
-  -- attempt made that job and which another job has taken the key from since (the job
-  -- acked, or its window ended, and another publish under the key). It is answered as the
-  -- call that made its job (placed again: a duplicate), never against the other job: not
-  -- EXISTING, not a 409, not a debounce replacing that job's body with one already delivered
+  -- The key is held, and job 1's id, made up for this very call, is the holder, or present
+  -- or acked lately: this is the call's repeat (its first attempt's reply lost), whose first
+  -- attempt made that job. It answers that job as it is now, EXISTING (the engine tells its
+  -- own job `new`), writing nothing: not against another job that took the key since (its
+  -- job acked, or its window ended, and another publish under the key), not a 409, and never
+  -- a debounce replacing a job again (its own, changed since by another debounce or a nack;
+  -- or another's, with a body already delivered)
+  local mine = false
   if holder and n > 0 then
     local _, own, _, made = job_of(at, 1)
-    if made and holder ~= own
-        and (redis.call('HEXISTS', JOBS, own) == 1 or acked_lately(own, now, keep)) then
-      holder = false
+    if made and (holder == own or redis.call('HEXISTS', JOBS, own) == 1
+        or acked_lately(own, now, keep)) then
+      mine = own
     end
   end
 
@@ -230,13 +232,14 @@ local function request(at)
 
   -- out: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}
   local out
-  if prior then
-    local st = redis.call('HEXISTS', JOBS, prior) == 1 and state_of(prior) or CODE.NOT_FOUND
-    out = {CODE.OK, 0, CODE.REPLACED, 0, st, prior}
+  if prior or mine then
+    local job = prior or mine
+    local st = redis.call('HEXISTS', JOBS, job) == 1 and state_of(job) or CODE.NOT_FOUND
+    out = {CODE.OK, 0, prior and CODE.REPLACED or CODE.EXISTING, 0, st, job}
   elseif holder then
     -- A debounce replaces the key's job while it waits, and is refused once it is reserved or
-    -- dead, unless this very call's first attempt (whose reply was lost) made that job (it is
-    -- job 1 itself: answered as the job it is, EXISTING)
+    -- dead, unless that job is job 1 itself (a client's id, which any request may send:
+    -- answered as the job it is, EXISTING)
     local st = redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
     local waiting = st == CODE.READY or st == CODE.DELAYED
     if st and mode == DEBOUNCE and not waiting then

@@ -312,6 +312,62 @@ async def test_a_keyed_publish_that_made_its_job_repeated_after_another_took_the
     check_queue(sync_redis, NS, Q)
 
 
+@pytest.mark.parametrize("between", ["another-debounce", "taken-and-nacked"])
+async def test_a_debounce_that_made_its_job_repeated_leaves_that_job_as_it_is_now(
+    engine: AsyncEngine, sync_redis: redis.Redis, between: str
+) -> None:
+    """A debounce finds its key free and makes a job; its reply is lost, and before the
+    engine's repeat the job changes while it still holds the key and waits: another debounce
+    replaces its body, or a consumer takes it and nacks it with a backoff. The repeat found its
+    own job waiting and replaced it again with the first attempt's record: the other body was
+    lost (that client told "replaced"), the backoff undone and the tries reset. It must answer
+    its job, new, and write nothing."""
+    moved: list[ops.ById] = []
+
+    async def move() -> None:
+        if between == "another-debounce":
+            await keyed(engine, now_ms(), b"other", key="d", mode="debounce", delay_ms=5 * SEC)
+            return
+        moved.extend(await consume(engine, now_ms()))
+        await engine.run(
+            ops.release(engine.config, NS, Q, [moved[0].job_id], 30 * SEC, now_ms(), nack=True)
+        )
+
+    with first_reply_lost(engine, "publish_keyed", move):
+        got = await keyed(engine, now_ms(), b"mine", key="d", mode="debounce", tries=3)
+    assert got.dedup == "new" and not got.published[0].duplicate
+    if between == "another-debounce":
+        (job,) = await consume(engine, now_ms() + 10 * SEC)
+        assert (job.job_id, job.body) == (got.published[0].job_id, b"other")
+    else:
+        assert got.published[0].state is JobState.DELAYED
+        assert await consume(engine, now_ms()) == []  # the nack's backoff holds
+        (job,) = await consume(engine, now_ms() + 40 * SEC)
+        assert (job.job_id, job.tries_left, job.deliveries) == (moved[0].job_id, 1, 2)
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_two_debounces_in_one_call_repeated_leave_the_last_body(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """Two debounces under one key share a call (group commit): the first makes the job, the
+    second replaces its body. The call's reply is lost and the engine repeats it: the first
+    request found its own job waiting and replaced it again, so its body, not the last one,
+    was delivered. The last body must win, as without the fault."""
+    reqs = [
+        ops.KeyedRequest([JobSpec(b, delay_ms=5 * SEC)], ops.Dedup("d", "debounce", 0), None)
+        for b in (b"A", b"B")
+    ]
+    op = ops.publish_keyed_many(engine.config, NS, Q, reqs, now_ms())
+    with first_reply_lost(engine, "publish_keyed") as lost:
+        got = await engine.run(op, idempotent=True)
+    assert lost
+    assert [g.dedup for g in got] == ["new", "replaced"]  # type: ignore[union-attr]
+    (job,) = await consume(engine, now_ms() + 10 * SEC, 5)
+    assert job.body == b"B"
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:

@@ -45,13 +45,14 @@ faults = st.tuples(
     st.sampled_from([0, 10, 600, 25_000]),
 )
 # other clients' moves while a keyed publish's repeat is held (its reply lost): its job taken,
-# acked or buried, another publish under the key (its mode), time passing (ms, within the
-# repeat's budget)
+# acked, buried or nacked (released, a delay), another publish under the key (its mode), time
+# passing (ms, within the repeat's budget)
 moves_between = st.lists(
     st.one_of(
         st.tuples(st.sampled_from(["take", "take", "ack", "bury"]), st.none()),
         st.tuples(st.just("publish"), dedup_modes),
         st.tuples(st.just("advance"), st.sampled_from([1, 40, 900, 4_000])),
+        st.tuples(st.just("nack"), st.sampled_from([0, 6_000])),
     ),
     min_size=1,
     max_size=4,
@@ -338,14 +339,18 @@ def test_a_history_written_out_moves_between_a_lost_reply_and_its_repeat(
     before = STATS.copy()
     m = KeyedModel()
 
-    def held(q: str, key: str, mode: str, moves: list[tuple[str, Any]], ikey: str = "") -> None:
-        request = ([JobSpec(b"x")], Dedup(key, mode, 40 if mode == "throttle" else 0))
+    def held(
+        q: str, key: str, mode: str, moves: list[tuple[str, Any]], ikey: str = "", tries: int = 1
+    ) -> None:
+        request = ([JobSpec(b"x", tries=tries)], Dedup(key, mode, 40 if mode == "throttle" else 0))
         idem = Idempotency(ikey, fingerprint(request)) if ikey else None
         m.keyed_publish_held("publish, repeat held", q, request, idem, moves)
         m.engine_agrees()
 
     try:
         held("a", "k1", "debounce", [("take", None), ("ack", None), ("publish", "debounce")])
+        held("a", "k3", "debounce", [("publish", "debounce")])  # its own job, replaced since
+        held("a", "k4", "debounce", [("take", None), ("nack", 6_000)], tries=3)  # taken, nacked
         m.ack_many("a", [k[1] for k, j in m.model.jobs.items() if j is not None and k[0] == "a"])
         m.publish_deduplicated("a", "k2", "debounce", 0, 9_000, 0, 1, None, None)
         held("a", "k2", "debounce", [("advance", 9_000), ("take", None)])  # its replacement
@@ -357,14 +362,16 @@ def test_a_history_written_out_moves_between_a_lost_reply_and_its_repeat(
     reached = {k for k, v in (STATS - before).items() if v}
     for outcome in [
         "keyed repeat after take+ack+publish: debounce: free -> debounce: held by another since "
-        "this call made its job",
+        "this call made its job (ready)",
         "keyed repeat after advance+take: debounce: held by a job (delayed) -> debounce: held by "
         "a job (reserved)",
         "keyed repeat after take+ack+publish: simple: free -> simple: held by another since this "
-        "call made its job",
+        "call made its job (ready)",
         "keyed repeat after advance+publish: throttle: free -> throttle: held by another since "
-        "this call made its job",
+        "this call made its job (ready)",
         "keyed repeat after take+ack: simple: free -> replay",
+        "keyed repeat after publish: debounce: free -> debounce: held by a job (ready)",
+        "keyed repeat after take+nack: debounce: free -> debounce: held by a job (delayed)",
     ]:
         assert outcome in reached, f"{outcome!r} not reached: {sorted(reached)}"
 

@@ -330,7 +330,9 @@ class DeliveryRules(ModelMachine):
     def release(self, i: int, delay: int, leased: bool, error: str) -> None:
         d = self.pick_lease(i) if leased else None
         q, job_id = d[:2] if d is not None else self.pick(i)
-        lease = d[2] if d is not None else None
+        self.release_one(q, job_id, delay, d[2] if d is not None else None, error)
+
+    def release_one(self, q: str, job_id: str, delay: int, lease: str | None, error: str) -> None:
         t0 = self.clock.now
         state, err = self.request(
             "release", self.svc.release(self.route, NS, q, job_id, delay, lease, error)

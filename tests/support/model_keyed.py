@@ -9,8 +9,10 @@ request's fingerprint (MISMATCH), writing nothing. Else the dedup key's holder i
 (``Model.dedup`` names it; ``MJob.dedup_key`` is the key its record carries), else a throttle
 window's job while the window lasts, whatever became of that job. A debounce replaces a waiting
 holder (delayed or ready) and is refused (FORBIDDEN) by a reserved or dead one, unless that job
-is the call's own (a repeat); any other holder is the answer (EXISTING, with the holder's state,
-or none when the window's job is gone); with no holder the jobs are published, all or none
+is job 1's client id; any other holder is the answer (EXISTING, with the holder's state, or none
+when the window's job is gone). A repeat of a call (its reply lost) answers what its first run
+did, whatever holds the key now, writing nothing: REPLACED (kept `r:`), or EXISTING, the job it
+made (the holder, present or acked lately); with no holder the jobs are published, all or none
 (FULL under the queue's max_size), and a simple or debounce key names the first job, a throttle
 key opens a window on it. An Idempotency-Key keeps the answer of a call that wrote (OK) until
 its time; a refusal (FULL, FORBIDDEN, MISMATCH) keeps nothing.
@@ -174,14 +176,16 @@ class KeyedRules:
         mode = dedup[1] if dedup is not None else ""
         if dedup is not None:
             how = f"{mode}: held by a {how}" if held is not None else f"{mode}: free"
-        if (
+        # this call's repeat, its job 1 made (an id made up for it): that job as it is now,
+        # whatever holds the key since, nothing written
+        mine = (
             held is not None
-            and own
+            and own is not None
             and jobs[0].client_id is None
-            and held != own[0]
-            and self.duplicate(q, own[0], now)
-        ):  # this call's repeat, its job made, the key another's since: as the call that made it
-            held, how = None, f"{mode}: held by another since this call made its job"
+            and (held == own[0] or self.duplicate(q, own[0], now))
+        )
+        if mine and held != own[0]:
+            how = f"{mode}: held by another since this call made its job"
         st = self.state_code(q, held) if held is not None else None
         if held is not None and st is not None:
             how += f" ({st.name.lower()})"
@@ -190,6 +194,10 @@ class KeyedRules:
         if prior is not None:  # this call's repeat after its first attempt replaced a job
             code = self.state_code(q, prior.ids[0]) or ReplyCode.NOT_FOUND
             return Reply(ReplyCode.OK, False, ReplyCode.REPLACED, (code,), prior.ids, how)
+        if mine:
+            assert own is not None
+            code = self.state_code(q, own[0]) or ReplyCode.NOT_FOUND
+            return Reply(ReplyCode.OK, False, ReplyCode.EXISTING, (code,), (own[0],), how)
         if st is not None and mode == "debounce" and not waiting and held != ids[0]:
             return Reply(ReplyCode.FORBIDDEN, dedup=st, codes=(st,), ids=(held or "",), how=how)
         if held is not None and st is not None and mode == "debounce" and waiting:

@@ -327,7 +327,8 @@ class KeyedPublishRules(ModelMachine):
 
     def move_between(self, q: str, dedup: Dedup | None, first: Reply, what: str, arg: Any) -> None:
         """Another client's move while a keyed publish's repeat is held: ``take`` (a consume
-        of the queue), ``ack`` or ``bury`` the job the first attempt named (else the key's),
+        of the queue), ``ack``, ``bury`` or ``nack`` (a release, ``arg`` ms later) the job the
+        first attempt named (else the key's),
         ``publish`` another job under the key (``arg``: its mode), ``advance`` the clock (``arg``
         ms)."""
         named = first.ids[0] if first.ids and first.ids[0] else None
@@ -339,6 +340,8 @@ class KeyedPublishRules(ModelMachine):
             self.ack_many(q, [named])
         elif what == "bury" and named is not None:
             self.bury_one(q, named)
+        elif what == "nack" and named is not None:
+            self.release_one(q, named, int(arg), None, "nacked")
         elif what == "publish" and dedup is not None:
             self.publish_deduplicated(q, dedup.key, arg, 900, 0, 0, 1, None, None)
         elif what == "advance":
