@@ -23,9 +23,10 @@ end
 
 -- A call that only adds jobs (publish.lua) batches its groups' bookkeeping: READY's head of
 -- each priority is read once (the tags it adds are never below it: it changes only when that
--- priority had no job), and each group's last tag and size are read and written once, by
--- `flush_groups` at its end.
-local BATCHED, HEAD_TAG, LAST, ADDED = false, {}, {}, {}
+-- priority had no job), and each group's last tag and size are read once (one HMGET, when the
+-- group's first ready job needs its tag) and written once, by `flush_groups` at its end (one
+-- HSET of both; an HINCRBY for a group whose jobs all wait).
+local BATCHED, HEAD_TAG, LAST, SIZE, ADDED = false, {}, {}, {}, {}
 
 -- Keeps `n:<g>` exact (+1 a job of the group came into being, -1 one left); its last
 -- fields leave with its last job, and its rate's wake-up with them (it holds nothing then).
@@ -56,8 +57,15 @@ end
 -- The fair tag of group g's next job in READY (t: its due time; prio: its priority).
 local function fair_tag(g, t, prio)
   local v = head_tag(t, prio)
-  local last = BATCHED and LAST[g]
-  if not last then last = tonumber(redis.call('HGET', GROUPS, 't:' .. g) or '') end
+  local last
+  if not BATCHED then
+    last = tonumber(redis.call('HGET', GROUPS, 't:' .. g) or '')
+  elseif LAST[g] then
+    last = LAST[g]
+  else
+    local got = redis.call('HMGET', GROUPS, 't:' .. g, 'n:' .. g)
+    last, SIZE[g] = tonumber(got[1] or ''), tonumber(got[2] or '0')
+  end
   if last and last + 1 > v then v = last + 1 end
   if BATCHED then LAST[g] = v else redis.call('HSET', GROUPS, 't:' .. g, v) end
   return v
@@ -65,7 +73,10 @@ end
 
 -- The end of a batched call: each group's last tag and size written once.
 local function flush_groups()
-  for g, v in pairs(LAST) do redis.call('HSET', GROUPS, 't:' .. g, v) end
+  for g, v in pairs(LAST) do
+    redis.call('HSET', GROUPS, 't:' .. g, v, 'n:' .. g, SIZE[g] + (ADDED[g] or 0))
+    ADDED[g] = nil
+  end
   for g, n in pairs(ADDED) do redis.call('HINCRBY', GROUPS, 'n:' .. g, n) end
 end
 
