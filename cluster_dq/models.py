@@ -499,7 +499,10 @@ class Idempotency:
 
 
 def validate_keys(specs: Sequence[JobSpec], dedup: Dedup | None, idem: Idempotency | None) -> None:
-    """Refuses a dedup key or an Idempotency-Key the service cannot take, naming it."""
+    """Refuses a dedup key or an Idempotency-Key the service cannot take, naming it, and a
+    keyed request without a job."""
+    if not specs:
+        raise BadRequest("no job to publish", "body")
     if dedup is not None:
         problem = names.dedup_key(dedup.key)
         if problem:

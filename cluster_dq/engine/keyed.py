@@ -16,7 +16,7 @@ from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.engine.steps import EngineConfig, Op, fixed_keys, lua, signal
 from cluster_dq.errors import IdempotencyMismatch, QueueFull, WrongState
 from cluster_dq.keys import QueueKeys
-from cluster_dq.models import Dedup, Idempotency, JobSpec, id_to_text
+from cluster_dq.models import Dedup, Idempotency, JobSpec, id_to_text, validate_keys
 
 # publish_keyed.lua's modes (ARGV dedup_mode), in the order of names.DEDUP_MODES
 MODES = {"simple": 1, "throttle": 2, "debounce": 3}
@@ -67,6 +67,8 @@ def publish_keyed_many(
     """Several requests of one queue in one script call (group commit), each done in turn as if
     alone; each one's outcome, or its own error (``IdempotencyMismatch``, ``QueueFull``,
     ``WrongState``), which wrote nothing for it. As safe to repeat as ``publish_keyed``."""
+    for r in requests:  # (the service checks them first; the engine's other callers may not)
+        validate_keys(r.specs, r.dedup, r.idem)
     qk = QueueKeys(ns, q)
     placed = [place_jobs(cfg, qk, _holding(r), now, wheel_ok=False) for r in requests]
     args: list[Any] = []

@@ -15,7 +15,7 @@ import redis
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
-from cluster_dq.errors import IdempotencyMismatch, QueueFull, WrongState
+from cluster_dq.errors import BadRequest, IdempotencyMismatch, QueueFull, WrongState
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.testing.invariants import check_queue, queue_keys
@@ -366,6 +366,18 @@ async def test_two_debounces_in_one_call_repeated_leave_the_last_body(
     (job,) = await consume(engine, now_ms() + 10 * SEC, 5)
     assert job.body == b"B"
     check_queue(sync_redis, NS, Q)
+
+
+@pytest.mark.parametrize("mode", ["simple", "throttle", "debounce"])
+async def test_a_keyed_publish_without_a_job_is_refused_by_the_engine(
+    engine: AsyncEngine, sync_redis: redis.Redis, mode: str
+) -> None:
+    """The engine's own callers (the CLI, the Spark pipeline) reach publish_keyed without the
+    HTTP layer's checks: a request under a dedup key with no job failed inside the script (a
+    Lua error, a 500 to whoever called it). It is a BadRequest, and nothing is written."""
+    with pytest.raises(BadRequest):
+        await keyed(engine, now_ms(), mode=mode, ttl=1_000 if mode == "throttle" else 0, specs=[])
+    assert queue_keys(sync_redis, NS, Q) == []
 
 
 async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
