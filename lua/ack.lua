@@ -41,6 +41,7 @@ for j = 0, n - 1 do
   refused = refused or why ~= CODE.OK
 end
 if refused or check_only then return out end
+SHRINKING = true -- its groups' counts fall once per group (lib/groups.lua), flushed below
 local acked, results = {}, {}
 for j = 0, n - 1 do
   local b = 7 + j * STRIDE
@@ -51,6 +52,7 @@ for j = 0, n - 1 do
     if ARGV[b + 4] ~= '' then results[#results + 1] = b end
   end
 end
+flush_shrunk()
 remember_acked(acked, now, tonumber(ARGV[2]))
 local ridx = tonumber(ARGV[4])
 if ridx > 0 and #results > 0 then

@@ -28,12 +28,21 @@ end
 -- HSET of both; an HINCRBY for a group whose jobs all wait).
 local BATCHED, HEAD_TAG, LAST, SIZE, ADDED = false, {}, {}, {}, {}
 
+-- A call that only removes jobs (ack.lua) batches the other way: SHRINKING set, each group's
+-- size falls once per call, and so does its reserved count when no job it holds back waits on
+-- that count (lib/jobs.lua unreserve), by `flush_shrunk` at its end.
+local SHRINKING, LEFT, FREED = false, {}, {}
+
 -- Keeps `n:<g>` exact (+1 a job of the group came into being, -1 one left); its last
 -- fields leave with its last job, and its rate's wake-up with them (it holds nothing then).
 local function count_group(g, delta)
   if not g then return end
   if BATCHED and delta > 0 then
     ADDED[g] = (ADDED[g] or 0) + delta
+    return
+  end
+  if SHRINKING and delta < 0 then
+    LEFT[g] = (LEFT[g] or 0) - delta
     return
   end
   if redis.call('HINCRBY', GROUPS, 'n:' .. g, delta) <= 0 then
@@ -78,6 +87,16 @@ local function flush_groups()
     ADDED[g] = nil
   end
   for g, n in pairs(ADDED) do redis.call('HINCRBY', GROUPS, 'n:' .. g, n) end
+end
+
+-- The end of a shrinking call: each group's reserved count and size written once.
+local function flush_shrunk()
+  SHRINKING = false
+  for g, k in pairs(FREED) do
+    if redis.call('HINCRBY', GROUPS, 'r:' .. g, -k) <= 0 then redis.call('HDEL', GROUPS, 'r:' .. g) end
+  end
+  for g, k in pairs(LEFT) do count_group(g, -k) end
+  FREED, LEFT = {}, {}
 end
 
 -- Group g's settings, read once per call: {paused, concurrency limit or false, ms between

@@ -96,6 +96,14 @@ end
 local function unreserve(rec, t)
   local g = group_of(rec)
   if not g then return end
+  if SHRINKING then -- counted out at the call's end when no held job waits on the count: the
+    -- group has no concurrency limit, or the queue holds no job back (an ack holds none)
+    if HELD_ANY == nil then HELD_ANY = redis.call('EXISTS', HELD) == 1 end
+    if not HELD_ANY or not group_conf(g)[2] then
+      FREED[g] = (FREED[g] or 0) + 1
+      return
+    end
+  end
   local reserved = redis.call('HINCRBY', GROUPS, 'r:' .. g, -1)
   if reserved <= 0 then redis.call('HDEL', GROUPS, 'r:' .. g) end
   let_one_go(g, t, math.max(reserved, 0))
