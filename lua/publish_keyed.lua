@@ -42,7 +42,9 @@
     reply lost) while the key is held answers what its first attempt did, writing nothing:
     REPLACED, the job it replaced (kept in KEYED `r:<job 1>`), or EXISTING, the job 1 it made
     (an id made up for the call: the holder, present or acked lately), whatever holds the key
-    code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's
+    code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's, and 1 for an answer
+    that may be a repeat's (the call's own job or replacement): its first attempt's shard signal
+    may have been lost with its reply
 ]]
 --@include lib/codes
 --@include lib/keys
@@ -232,28 +234,29 @@ local function request(at)
 
   -- out: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}
   local out
-  if prior or mine then
+  if prior or mine then -- (lowered: the first attempt's signal to the shard was never sent)
     local job = prior or mine
     local st = redis.call('HEXISTS', JOBS, job) == 1 and state_of(job) or CODE.NOT_FOUND
-    out = {CODE.OK, 0, prior and CODE.REPLACED or CODE.EXISTING, 0, st, job}
+    out = {CODE.OK, 0, prior and CODE.REPLACED or CODE.EXISTING, 1, st, job}
   elseif holder then
     -- A debounce replaces the key's job while it waits, and is refused once it is reserved or
     -- dead, unless that job is job 1 itself (a client's id, which any request may send:
     -- answered as the job it is, EXISTING)
     local st = redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
     local waiting = st == CODE.READY or st == CODE.DELAYED
-    if st and mode == DEBOUNCE and not waiting then
-      local _, own = job_of(at, 1)
-      if holder ~= own then return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt end
+    local _, own = job_of(at, 1)
+    if st and mode == DEBOUNCE and not waiting and holder ~= own then
+      return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt
     end
     if st and mode == DEBOUNCE and waiting then
       local due, own, rec, made = job_of(at, 1)
       local code, lowered = replace(holder, st, due, rec)
+      if holder == own then lowered = 1 end -- (job 1 itself, a client's id: maybe a repeat)
       if made then keep_replaced(own, holder) end
       out = {CODE.OK, 0, CODE.REPLACED, lowered, code, holder}
       if HOLDER[dkey] ~= holder then give(dkey, holder) end -- a throttle window's job: its record carries the key now
-    else
-      out = {CODE.OK, 0, CODE.EXISTING, 0, st or CODE.NOT_FOUND, holder}
+    else -- (lowered when job 1 holds the key: maybe a repeat, whose first signal was lost)
+      out = {CODE.OK, 0, CODE.EXISTING, holder == own and 1 or 0, st or CODE.NOT_FOUND, holder}
     end
   else
     -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)

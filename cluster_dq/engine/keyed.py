@@ -108,7 +108,7 @@ def publish_keyed_many(
         )
         # its queue came into being, or its next event moved earlier; or this is the repeat of
         # a call whose reply was lost, whose signal was never sent
-        if reply.lowered or own or repeated(jobs.made_up, reply.codes):
+        if reply.lowered or own or repeated(reply.codes):
             lowered = True
             if jobs.event is not None:
                 events.append(jobs.event)

@@ -247,12 +247,12 @@ def _published(
     ]
 
 
-def repeated(made_up: Sequence[bool], codes: Sequence[ReplyCode]) -> bool:
-    """Whether a call is the engine's repeat of its own (its first reply lost): a job whose id
-    it made up is there already. The first attempt may have brought the queue into being, and
-    its signal to the shard was never sent: the repeat sends it (a queue with no pump event
-    and no META is found by nothing else)."""
-    return any(made and c is ReplyCode.DUPLICATE for made, c in zip(made_up, codes))
+def repeated(codes: Sequence[ReplyCode]) -> bool:
+    """Whether a call may be a repeat (its first reply lost): one of its jobs is there already
+    (an id it made up, or a client's, which a client's own retry sends again too). The first
+    attempt may have brought the queue into being, and its signal to the shard was never sent:
+    the repeat sends it (a queue with no pump event and no META is found by nothing else)."""
+    return ReplyCode.DUPLICATE in codes
 
 
 def publish(
@@ -263,7 +263,7 @@ def publish(
     qk = QueueKeys(ns, q)
     call, jobs = publish_call(cfg, qk, specs, now, whole)
     reply = replies.decode_publish((yield call), len(jobs.members))
-    if reply.lowered or repeated(jobs.made_up, reply.codes):
+    if reply.lowered or repeated(reply.codes):
         yield signal(qk, cfg, jobs.event)
     return _published(cfg, qk, jobs, reply)
 
@@ -277,7 +277,7 @@ def _publish_pipelined(
     signals = tuple(
         signal(qk, cfg, jobs.event)
         for (qk, _, jobs), reply in zip(placed, decoded)
-        if reply.lowered or repeated(jobs.made_up, reply.codes)
+        if reply.lowered or repeated(reply.codes)
     )
     if signals:
         yield signals

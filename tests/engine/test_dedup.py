@@ -16,7 +16,7 @@ from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.errors import BadRequest, IdempotencyMismatch, QueueFull, WrongState
-from cluster_dq.keys import QueueKeys
+from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.models import JobSpec, JobState
 from cluster_dq.testing.invariants import check_queue, queue_keys
 from tests.support.lost_reply import first_reply_lost
@@ -378,6 +378,58 @@ async def test_a_keyed_publish_without_a_job_is_refused_by_the_engine(
     with pytest.raises(BadRequest):
         await keyed(engine, now_ms(), mode=mode, ttl=1_000 if mode == "throttle" else 0, specs=[])
     assert queue_keys(sync_redis, NS, Q) == []
+
+
+def scheduled(r: redis.Redis, engine: AsyncEngine) -> tuple[float | None, int | None]:
+    """The queue's time in its shard's schedule (when the pump looks at it next) and its
+    META.next (its next event): the first must not be later than the second."""
+    qk = QueueKeys(NS, Q)
+    sk = ShardKeys(shard_of(qk.qualified, engine.config.shards))
+    nxt = r.hget(qk.meta, "next")
+    return r.zscore(sk.schedule, qk.qualified), int(nxt) if nxt is not None else None
+
+
+@pytest.mark.parametrize("how", ["publish", "simple", "debounce"])
+async def test_a_repeat_with_a_client_job_id_registers_the_queue_its_first_attempt_made(
+    engine: AsyncEngine, how: str
+) -> None:
+    """A publish with the client's own job_id (plain, or under a dedup key) brings a queue into
+    being with a ready job that never expires (no pump event, no META for the reconcile sweep
+    to find), and its reply is lost. The repeat found the job (a duplicate; the key's holder)
+    and sent no shard signal: the queue was never listed nor looked at by the pump. Found by
+    review."""
+    spec = JobSpec(b"a", job_id="client-1")
+    if how == "publish":
+        op: Any = ops.publish(engine.config, NS, Q, [spec], now_ms())
+    else:
+        op = ops.publish_keyed(engine.config, NS, Q, [spec], now_ms(), ops.Dedup("k", how), None)
+    with first_reply_lost(engine, "publish" if how == "publish" else "publish_keyed") as lost:
+        await engine.run(op, idempotent=True)
+    assert lost
+    assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == [Q]
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["alone", "in-one-call-with-its-maker"])
+async def test_a_debounce_repeat_that_answers_its_replacement_signals_the_new_due_time(
+    engine: AsyncEngine, sync_redis: redis.Redis, together: bool
+) -> None:
+    """A debounce brings the key's job from 60 s to 1 s, and its reply is lost; the repeat
+    answers the replacement kept for it and sent no shard signal, so the pump looked at the
+    queue at the old time, the job up to a minute late (until the reconcile sweep). Alone, or
+    sharing its call with the request that made the job (group commit). Found by review."""
+    t = now_ms()
+    make = ops.KeyedRequest([JobSpec(b"x", delay_ms=60 * SEC)], ops.Dedup("d", "debounce"), None)
+    move = ops.KeyedRequest([JobSpec(b"y", delay_ms=1 * SEC)], ops.Dedup("d", "debounce"), None)
+    if not together:
+        await engine.run(ops.publish_keyed_many(engine.config, NS, Q, [make], t))
+    reqs = [make, move] if together else [move]
+    with first_reply_lost(engine, "publish_keyed") as lost:
+        op = ops.publish_keyed_many(engine.config, NS, Q, reqs, t + 1)
+        got = await engine.run(op, idempotent=True)
+    assert lost and got[-1].dedup == "replaced"  # type: ignore[union-attr]
+    at, nxt = scheduled(sync_redis, engine)
+    assert at is not None and nxt is not None and at <= nxt, (at, nxt)
+    check_queue(sync_redis, NS, Q)
 
 
 async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
