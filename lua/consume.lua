@@ -99,6 +99,8 @@ while got < count and skipped < limit do
     end
   end
 end
+flush_rates() -- the turns its deliveries took, and its groups' reserved counts, once per group
+flush_slots()
 local lowered = backoff
 if got > 0 and lower_next(now + ttr) == 1 then lowered = earliest(lowered, now + ttr) end
 out[1], out[3], out[4], out[5] = lowered, retried, dead, gone + gone2 + dropped

@@ -122,11 +122,24 @@ end
 -- window of `per` ms never holds more than n deliveries.
 local EPS = 0.001 -- ms: what adding up fractional turns may be off by (doubles near 2^41)
 
+-- A call reads a group's next turn once and keeps it (TAT); `flush_rates` writes the turns
+-- it took at its end, once per group.
+local TAT, TOOK = {}, {}
+
 local function rate_turn(g, conf, now)
-  local tat = tonumber(redis.call('HGET', GCONF, 'a:' .. g) or '0')
+  local tat = TAT[g]
+  if tat == nil then
+    tat = tonumber(redis.call('HGET', GCONF, 'a:' .. g) or '0')
+    TAT[g] = tat
+  end
   if math.floor(tat + EPS) > now then return math.floor(tat + EPS) end
-  redis.call('HSET', GCONF, 'a:' .. g, math.max(tat, now) + conf[3])
+  TAT[g], TOOK[g] = math.max(tat, now) + conf[3], true
   return 0
+end
+
+local function flush_rates()
+  for g in pairs(TOOK) do redis.call('HSET', GCONF, 'a:' .. g, TAT[g]) end
+  TOOK = {}
 end
 
 -- How many turns of group g's rate fall within millisecond `now` (at least 1 when its next

@@ -63,17 +63,34 @@ end
 
 -- Counts a reservation of one of group g's jobs (`r:<g>`) when its settings (conf: group_conf)
 -- leave room: its reserved count after it, or false (paused, or at its concurrency limit:
--- nothing counted). `give_back(g, taken)` undoes it.
+-- nothing counted). `give_back(g, taken)` undoes it. A group without a limit (whose count no
+-- one reads in the call) is counted in GROWN, written once per group by `flush_slots` at the
+-- call's end (`true` then stands for the count).
+local GROWN = {}
+
 local function give_back(g, taken)
-  if taken <= 1 then
+  if taken == true then
+    GROWN[g] = GROWN[g] - 1
+  elseif taken <= 1 then
     redis.call('HDEL', GROUPS, 'r:' .. g)
   else
     redis.call('HINCRBY', GROUPS, 'r:' .. g, -1)
   end
 end
 
+local function flush_slots()
+  for g, k in pairs(GROWN) do
+    if k > 0 then redis.call('HINCRBY', GROUPS, 'r:' .. g, k) end
+  end
+  GROWN = {}
+end
+
 local function take_slot(g, conf)
   if conf[1] then return false end
+  if not conf[2] then
+    GROWN[g] = (GROWN[g] or 0) + 1
+    return true
+  end
   local taken = redis.call('HINCRBY', GROUPS, 'r:' .. g, 1)
   if conf[2] and taken > conf[2] then
     give_back(g, taken)
