@@ -190,6 +190,7 @@ local function request(at)
       if string.sub(got, 7, 22) ~= ARGV[at + 4] then return {CODE.MISMATCH, 0, 0, 0}, nxt end
       local out = cmsgpack.unpack(string.sub(got, 23))
       out[2] = out[2] == own_ids(at, n) and 2 or 1 -- (2: kept by a call with these very ids)
+      out[4] = out[2] == 2 and 1 or 0 -- (maybe a repeat, whose first signal was lost: lowered)
       return out, nxt
     end
   end

@@ -102,13 +102,10 @@ def publish_keyed_many(
     lowered, events = False, []
     for r, jobs, one in zip(requests, placed, raw, strict=True):
         reply = replies.decode_keyed(one)
-        # this very call's own job found (existing, replaced) or its kept answer (replayed)
-        own = all(jobs.made_up) and (
-            reply.same_ids or (reply.dedup is not None and reply.members == tuple(jobs.members))
-        )
-        # its queue came into being, or its next event moved earlier; or this is the repeat of
-        # a call whose reply was lost, whose signal was never sent
-        if reply.lowered or own or repeated(reply.codes):
+        # its queue came into being, or its next event moved earlier; or this may be the repeat
+        # of a call whose reply was lost, whose signal was never sent (the script says so when
+        # it answers the call's own job, replacement or kept answer)
+        if reply.lowered or repeated(reply.codes):
             lowered = True
             if jobs.event is not None:
                 events.append(jobs.event)

@@ -160,6 +160,9 @@ class Transport:
         self.armed: Fault | None = None
         self.fired: Fault | None = None
         self.count = 0
+        # a fault hit a step whose loss may leave a shard signal unsent (anything but a publish
+        # script, which the engine repeats): the queues' registration is not checked after it
+        self.unsignalled = False
         self.engine._step = self._step  # type: ignore[method-assign]
 
     def start_request(self) -> None:
@@ -176,6 +179,8 @@ class Transport:
         if f is None or f.at != n:
             return await self.real(step)
         self.armed, self.fired, f.step = None, f, describe(step)
+        if f.step not in ("publish", "publish_keyed"):
+            self.unsignalled = True
         f.args = getattr(step, "args", ())
         STATS[f"fault {f.kind}"] += 1
         if f.kind == "lost":

@@ -26,7 +26,7 @@ from cluster_dq.errors import (
     QueueFull,
     WrongState,
 )
-from cluster_dq.keys import QueueKeys
+from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.models import JobState, id_to_member
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
@@ -95,6 +95,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.deliveries = 0
         self.leases: list[tuple[str, str, str]] = []  # every delivery: (queue, job id, lease)
         self.pending = False
+        self.held_open = False  # a request's repeat is held (its signal not sent yet)
         STATS["examples"] += 1
         if STATS["examples"] % 200 == 0:  # a long run shows its figures as it goes
             print(summary_line(), flush=True)
@@ -330,6 +331,7 @@ class ModelMachine(RuleBasedStateMachine):
         m.alts.clear()
         self.check_hidden(seen)
         self.check_keyed(keyed)
+        self.check_signalled()
         self.pending = False
         for q in QUEUES:
             s = sizes[q]
@@ -357,6 +359,28 @@ class ModelMachine(RuleBasedStateMachine):
                         f"group {q}/{g.name}: engine {g}, model {m.group_view(q, g.name)}"
                     )
             STATS["checks"] += 4
+
+    def check_signalled(self) -> None:
+        """What the shards were told (lua/signal.lua), unless a fault may have lost a signal
+        (``Transport.unsignalled``; the reconcile sweep repairs that): a queue holding jobs is
+        registered in its shard, and the pump's schedule looks at it no later than its next
+        event (META.next)."""
+        if self.net.unsignalled or self.held_open:
+            STATS["signals not checked (a fault; a repeat held)"] += 1
+            return
+        cfg = self.pool.engine.config
+        for q in QUEUES:
+            qk = QueueKeys(NS, q)
+            sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
+            nxt = self.sync.hget(qk.meta, "next")
+            at = self.sync.zscore(sk.schedule, qk.qualified)
+            if self.model.of(q) and not self.sync.sismember(sk.queues, qk.qualified):
+                raise Mismatch(f"queue {q} holds jobs, yet its shard does not list it")
+            if nxt is not None and (at is None or at > int(nxt)):
+                raise Mismatch(
+                    f"queue {q}: the pump looks at it at {at}, after its next event {int(nxt)}"
+                )
+            STATS["checks"] += 1
 
     def read_queues(self) -> dict[str, tuple[Any, ...]]:
         """What the observation reads of each queue beside peek_job, in one round trip: records,

@@ -282,6 +282,7 @@ class KeyedPublishRules(ModelMachine):
         jobs = keyed_jobs(specs, asked_ids(f.args))
         d, i = windows_of(t0, dedup, idem)
         call = next(CALLS)
+        self.held_open = True
         firsts: list[Reply] = []
         self.each(
             [t0], lambda m, now: firsts.append(m.publish_keyed(q, now, t0, jobs, d, i, call=call))
@@ -302,7 +303,7 @@ class KeyedPublishRules(ModelMachine):
         try:
             out, err = self.outcome(task)  # the repeat, stamped afresh (engine/core.py restamp)
         finally:
-            self.net.armed = armed
+            self.net.armed, self.held_open = armed, False
         self.no_503_when_retried(name, err)
         got = engine_told(out, err)
         client = any(s.job_id is not None for s in specs)
