@@ -43,8 +43,8 @@
     REPLACED, the job it replaced (kept in KEYED `r:<job 1>`), or EXISTING, the job 1 it made
     (an id made up for the call: the holder, present or acked lately), whatever holds the key
     code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's, and 1 for an answer
-    that may be a repeat's (the call's own job or replacement): its first attempt's shard signal
-    may have been lost with its reply
+    that may be a repeat's (the call's own job or replacement, a kept answer replayed): its
+    first attempt's shard signal may have been lost with its reply
 ]]
 --@include lib/codes
 --@include lib/keys
@@ -190,7 +190,7 @@ local function request(at)
       if string.sub(got, 7, 22) ~= ARGV[at + 4] then return {CODE.MISMATCH, 0, 0, 0}, nxt end
       local out = cmsgpack.unpack(string.sub(got, 23))
       out[2] = out[2] == own_ids(at, n) and 2 or 1 -- (2: kept by a call with these very ids)
-      out[4] = out[2] == 2 and 1 or 0 -- (maybe a repeat, whose first signal was lost: lowered)
+      out[4] = 1 -- a repeat (the engine's or the client's), whose first signal may be lost
       return out, nxt
     end
   end

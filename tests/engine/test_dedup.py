@@ -15,6 +15,7 @@ import redis
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
+from cluster_dq.engine.steps import Eval
 from cluster_dq.errors import BadRequest, IdempotencyMismatch, QueueFull, WrongState
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
 from cluster_dq.models import JobSpec, JobState
@@ -406,6 +407,29 @@ async def test_a_repeat_with_a_client_job_id_registers_the_queue_its_first_attem
     with first_reply_lost(engine, "publish" if how == "publish" else "publish_keyed") as lost:
         await engine.run(op, idempotent=True)
     assert lost
+    assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == [Q]
+
+
+async def test_a_clients_retry_replayed_under_its_idempotency_key_registers_the_queue(
+    engine: AsyncEngine,
+) -> None:
+    """A publish with an Idempotency-Key brings a queue into being, and its instance stops
+    before it tells the shard (the signal lost); the client retries, its ids made up afresh, and
+    is answered the kept answer. That replay told the shard nothing: the queue was never
+    listed. Found by review."""
+    real_step = engine._step
+
+    async def signal_lost(step: Any) -> Any:
+        return None if isinstance(step, Eval) and step.script == "signal" else await real_step(step)
+
+    engine._step = signal_lost  # type: ignore[method-assign]
+    try:
+        await keyed(engine, now_ms(), b"a", key=None, idem="i")
+    finally:
+        engine._step = real_step  # type: ignore[method-assign]
+    assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == []
+    again = await keyed(engine, now_ms(), b"a", key=None, idem="i")
+    assert again.replayed
     assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == [Q]
 
 
