@@ -135,6 +135,14 @@ local function own_ids(at, n)
   return table.concat(ids, '\0')
 end
 
+-- Lowers META.next to `t` if it is later: 1 when it did, or when META.next is `t` already
+-- (an earlier attempt of this very call may have lowered it, its signal lost with its reply;
+-- a replacement repeated finds nothing to lower).
+local function lower_or_met(t)
+  if lower_next(t) == 1 or next_marked() == t then return 1 end
+  return 0
+end
+
 -- A debounce's job replaces the waiting `holder` (its state `st`): its body, due time and
 -- expiry. Returns its code (READY or DELAYED) and `lowered`.
 local function replace(holder, st, due, rec)
@@ -149,12 +157,12 @@ local function replace(holder, st, due, rec)
     make_ready(holder, rec, due)
   else
     delay_until(holder, due)
-    lowered, code = lower_next(due), CODE.DELAYED
+    lowered, code = lower_or_met(due), CODE.DELAYED
   end
   local e = expire_at(rec)
   if e > 0 then
     EXPIRE_LATER[holder] = e
-    lowered = math.max(lowered, lower_next(e))
+    lowered = math.max(lowered, lower_or_met(e))
   end
   return code, lowered
 end

@@ -456,6 +456,22 @@ async def test_a_debounce_repeat_that_answers_its_replacement_signals_the_new_du
     check_queue(sync_redis, NS, Q)
 
 
+async def test_a_debounce_with_a_client_id_repeated_signals_the_new_due_time(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """The same with a client's job_id, which names no one call: the repeat replaces the job
+    again (what any request with that id gets), which lowers nothing the first attempt had not
+    lowered, so it sent no signal either. Found by the model's check of the shard's schedule."""
+    t = now_ms()
+    await keyed(engine, t, b"x", key="d", mode="debounce", delay_ms=60 * SEC)
+    with first_reply_lost(engine, "publish_keyed") as lost:
+        got = await keyed(engine, t + 1, b"y", key="d", mode="debounce", delay_ms=SEC, job_id="c1")
+    assert lost and got.dedup == "replaced"
+    at, nxt = scheduled(sync_redis, engine)
+    assert at is not None and nxt is not None and at <= nxt, (at, nxt)
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
