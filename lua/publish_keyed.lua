@@ -43,8 +43,9 @@
     REPLACED, the job it replaced (kept in KEYED `r:<job 1>`), or EXISTING, the job 1 it made
     (an id made up for the call: the holder, present or acked lately), whatever holds the key
     code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's, and 1 for an answer
-    that may be a repeat's (the call's own job or replacement, a kept answer replayed): its
-    first attempt's shard signal may have been lost with its reply
+    that may be a repeat's (the call's own job or replacement, a kept answer replayed, a
+    client's job 1 id present or acked lately): its first attempt's shard signal may have been
+    lost with its reply
 ]]
 --@include lib/codes
 --@include lib/keys
@@ -222,12 +223,14 @@ local function request(at)
   -- job acked, or its window ended, and another publish under the key), not a 409, and never
   -- a debounce replacing a job again (its own, changed since by another debounce or a nack;
   -- or another's, with a body already delivered)
-  local mine = false
+  -- With a client's id, which names no one call, the answer is what any request with that id
+  -- gets; but it is `again` (maybe a repeat) then, so reported lowered: the first attempt's
+  -- signal may have been lost with its reply.
+  local mine, again = false, false
   if holder and n > 0 then
     local _, own, _, made = job_of(at, 1)
-    if made and (holder == own or redis.call('HEXISTS', JOBS, own) == 1
-        or acked_lately(own, now, keep)) then
-      mine = own
+    if holder == own or redis.call('HEXISTS', JOBS, own) == 1 or acked_lately(own, now, keep) then
+      if made then mine = own else again = true end
     end
   end
 
@@ -255,17 +258,17 @@ local function request(at)
     local waiting = st == CODE.READY or st == CODE.DELAYED
     local _, own = job_of(at, 1)
     if st and mode == DEBOUNCE and not waiting and holder ~= own then
-      return {CODE.FORBIDDEN, 0, st, 0, st, holder}, nxt
+      return {CODE.FORBIDDEN, 0, st, again and 1 or 0, st, holder}, nxt
     end
     if st and mode == DEBOUNCE and waiting then
       local due, own, rec, made = job_of(at, 1)
       local code, lowered = replace(holder, st, due, rec)
-      if holder == own then lowered = 1 end -- (job 1 itself, a client's id: maybe a repeat)
+      if again then lowered = 1 end
       if made then keep_replaced(own, holder) end
       out = {CODE.OK, 0, CODE.REPLACED, lowered, code, holder}
       if HOLDER[dkey] ~= holder then give(dkey, holder) end -- a throttle window's job: its record carries the key now
-    else -- (lowered when job 1 holds the key: maybe a repeat, whose first signal was lost)
-      out = {CODE.OK, 0, CODE.EXISTING, holder == own and 1 or 0, st or CODE.NOT_FOUND, holder}
+    else
+      out = {CODE.OK, 0, CODE.EXISTING, again and 1 or 0, st or CODE.NOT_FOUND, holder}
     end
   else
     -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)

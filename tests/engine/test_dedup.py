@@ -456,6 +456,24 @@ async def test_a_debounce_repeat_that_answers_its_replacement_signals_the_new_du
     check_queue(sync_redis, NS, Q)
 
 
+async def test_a_repeat_with_a_client_job_id_answered_another_job_registers_the_queue(
+    engine: AsyncEngine,
+) -> None:
+    """A throttle publish with the client's job_id brings a queue into being and its reply is
+    lost; its window ends and another publish opens one on a new job before the repeat, which
+    answers that job (what any request with that id gets) and told the shard nothing: the queue
+    was never listed. Found by the model's check of the shards."""
+
+    async def another_window() -> None:
+        await asyncio.sleep(0.05)
+        await keyed(engine, now_ms(), b"other", key="t", mode="throttle", ttl=60_000)
+
+    with first_reply_lost(engine, "publish_keyed", another_window) as lost:
+        got = await keyed(engine, now_ms(), b"a", key="t", mode="throttle", ttl=40, job_id="c1")
+    assert lost and got.dedup == "existing" and got.published[0].job_id != "c1"
+    assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == [Q]
+
+
 async def test_a_debounce_with_a_client_id_repeated_signals_the_new_due_time(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
