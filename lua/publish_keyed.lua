@@ -216,32 +216,24 @@ local function request(at)
       if t then holder = string.sub(t, 7) end
     end
   end
-  -- The key is held, and job 1's id, made up for this very call, is the holder, or present
-  -- or acked lately: this is the call's repeat (its first attempt's reply lost), whose first
-  -- attempt made that job. It answers that job as it is now, EXISTING (the engine tells its
-  -- own job `new`), writing nothing: not against another job that took the key since (its
-  -- job acked, or its window ended, and another publish under the key), not a 409, and never
-  -- a debounce replacing a job again (its own, changed since by another debounce or a nack;
-  -- or another's, with a body already delivered)
-  -- With a client's id, which names no one call, the answer is what any request with that id
-  -- gets; but it is `again` (maybe a repeat) then, so reported lowered: the first attempt's
-  -- signal may have been lost with its reply.
-  local mine, again = false, false
-  if holder and n > 0 then
-    local _, own, _, made = job_of(at, 1)
-    if holder == own or redis.call('HEXISTS', JOBS, own) == 1 or acked_lately(own, now, keep) then
-      if made then mine = own else again = true end
-    end
-  end
+  -- Job 1: its due time, id, record, and whether its id was made up for this very call
+  local due, own, rec, made = false, false, false, false
+  if n > 0 then due, own, rec, made = job_of(at, 1) end
 
-  -- A debounce may be this very call's repeat (its first attempt's reply lost) after that
-  -- attempt replaced a job: answered as the first attempt was, REPLACED, whatever became of
-  -- that job or holds the key now (taken, acked, another job under the key), nothing written:
-  -- never a 409 for a change made, nor the body twice
-  local prior = false
-  if mode == DEBOUNCE and n > 0 then
-    local _, own, _, made = job_of(at, 1)
-    prior = replaced_before(own, made)
+  -- This very call's repeat (its first attempt's reply lost) is answered as that attempt was,
+  -- whatever became of its job or holds the key now, writing nothing (never a 409 for a change
+  -- made, a body twice, nor a job replaced again):
+  -- `prior`, a debounce whose first attempt replaced a job (kept in KEYED `r:<job 1>`): that
+  -- job, REPLACED; `mine`, a call whose first attempt made job 1 (the key's holder, or present
+  -- or acked lately while another job took the key): that job as it is now, EXISTING (the
+  -- engine tells its own job `new`). With a client's id, which names no one call, the answer
+  -- is what any request with that id gets, but the request is `again` (maybe a repeat).
+  -- Either way it reports lowered: the first attempt's shard signal may have been lost.
+  local prior, mine, again = false, false, false
+  if mode == DEBOUNCE and own then prior = replaced_before(own, made) end
+  if not prior and holder and own and (holder == own or redis.call('HEXISTS', JOBS, own) == 1
+      or acked_lately(own, now, keep)) then
+    if made then mine = own else again = true end
   end
 
   -- out: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}
@@ -256,12 +248,10 @@ local function request(at)
     -- answered as the job it is, EXISTING)
     local st = redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
     local waiting = st == CODE.READY or st == CODE.DELAYED
-    local _, own = job_of(at, 1)
     if st and mode == DEBOUNCE and not waiting and holder ~= own then
       return {CODE.FORBIDDEN, 0, st, again and 1 or 0, st, holder}, nxt
     end
     if st and mode == DEBOUNCE and waiting then
-      local due, own, rec, made = job_of(at, 1)
       local code, lowered = replace(holder, st, due, rec)
       if again then lowered = 1 end
       if made then keep_replaced(own, holder) end
