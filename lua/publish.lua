@@ -25,7 +25,9 @@
   Returns: {code_1 .. code_n, HLEN of KEYS[17], HLEN of KEYS[18], ..., lowered}
     code: DUPLICATE, WHEEL, DELAYED (near-term or bucket full), READY, FULL (the queue holds
     CONF max_size jobs, in all states: nothing written for it)
-    lowered: 1 when the queue's next pump event moved earlier (the caller signals its shard)
+    lowered: 1 when the queue's next pump event moved earlier (the caller signals its shard);
+      when a job was there already (maybe a repeat), the time the shard must look by instead
+      (lib/jobs.lua again_at: META.next, or 1 to register only)
 ]]
 --@include lib/codes
 --@include lib/keys
@@ -43,6 +45,7 @@ BATCHED = true -- its groups' bookkeeping once per group (lib/groups.lua), flush
 -- is written with HSETNX or HSET, whose reply is its duplicate check in that bucket too.
 local fresh = redis.call('EXISTS', META) == 0 and redis.call('EXISTS', JOBS) == 0
 local out, lowered, low, wheeled, expiring, fill, listed = {}, 0, false, 0, {}, {}, {}
+local again = false -- a job was there already: maybe a repeat (lib/jobs.lua again_at)
 -- ARGV[8 + j]: job j's bucket index, what to do with the bucket (without SHORT_VALUE), due ms,
 -- member, record or short value, and its short field (false: none, the record is whole)
 local function job(j)
@@ -133,6 +136,7 @@ for j = 1, n do
     end
   end
   out[#out + 1] = st
+  again = again or st == CODE.DUPLICATE
 end
 write_pairs('ZADD', EXPIRE, expiring)
 if wheeled > 0 then count_wheel(wheeled) end
@@ -140,5 +144,5 @@ if low then lowered = math.max(lowered, lower_next(low)) end
 for k = FIRST_EXTRA, #KEYS do out[#out + 1] = fill[k] or redis.call('HLEN', KEYS[k]) end
 flush_groups()
 notify(channel, was_empty)
-out[#out + 1] = lowered
+out[#out + 1] = again and again_at() or lowered
 return out

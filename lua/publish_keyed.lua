@@ -42,10 +42,10 @@
     reply lost) while the key is held answers what its first attempt did, writing nothing:
     REPLACED, the job it replaced (kept in KEYED `r:<job 1>`), or EXISTING, the job 1 it made
     (an id made up for the call: the holder, present or acked lately), whatever holds the key
-    code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's, and 1 for an answer
-    that may be a repeat's (the call's own job or replacement, a kept answer replayed, a
-    client's job 1 id present or acked lately): its first attempt's shard signal may have been
-    lost with its reply
+    code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's; for an answer that
+    may be a repeat's (the call's own job or replacement, a kept answer replayed, a client's
+    job 1 id present or acked lately), lib/jobs.lua again_at: its first attempt's shard signal
+    may have been lost with its reply
 ]]
 --@include lib/codes
 --@include lib/keys
@@ -199,7 +199,7 @@ local function request(at)
       if string.sub(got, 7, 22) ~= ARGV[at + 4] then return {CODE.MISMATCH, 0, 0, 0}, nxt end
       local out = cmsgpack.unpack(string.sub(got, 23))
       out[2] = out[2] == own_ids(at, n) and 2 or 1 -- (2: kept by a call with these very ids)
-      out[4] = 1 -- a repeat (the engine's or the client's), whose first signal may be lost
+      out[4] = again_at() -- a repeat (the engine's or the client's)
       return out, nxt
     end
   end
@@ -241,7 +241,7 @@ local function request(at)
   if prior or mine then -- (lowered: the first attempt's signal to the shard was never sent)
     local job = prior or mine
     local st = redis.call('HEXISTS', JOBS, job) == 1 and state_of(job) or CODE.NOT_FOUND
-    out = {CODE.OK, 0, prior and CODE.REPLACED or CODE.EXISTING, 1, st, job}
+    out = {CODE.OK, 0, prior and CODE.REPLACED or CODE.EXISTING, again_at(), st, job}
   elseif holder then
     -- A debounce replaces the key's job while it waits, and is refused once it is reserved or
     -- dead, unless that job is job 1 itself (a client's id, which any request may send:
@@ -249,16 +249,16 @@ local function request(at)
     local st = redis.call('HEXISTS', JOBS, holder) == 1 and state_of(holder)
     local waiting = st == CODE.READY or st == CODE.DELAYED
     if st and mode == DEBOUNCE and not waiting and holder ~= own then
-      return {CODE.FORBIDDEN, 0, st, again and 1 or 0, st, holder}, nxt
+      return {CODE.FORBIDDEN, 0, st, again and again_at() or 0, st, holder}, nxt
     end
     if st and mode == DEBOUNCE and waiting then
       local code, lowered = replace(holder, st, due, rec)
-      if again then lowered = 1 end
+      if again then lowered = again_at() end
       if made then keep_replaced(own, holder) end
       out = {CODE.OK, 0, CODE.REPLACED, lowered, code, holder}
       if HOLDER[dkey] ~= holder then give(dkey, holder) end -- a throttle window's job: its record carries the key now
     else
-      out = {CODE.OK, 0, CODE.EXISTING, again and 1 or 0, st or CODE.NOT_FOUND, holder}
+      out = {CODE.OK, 0, CODE.EXISTING, again and again_at() or 0, st or CODE.NOT_FOUND, holder}
     end
   else
     -- The queue's max_size: all the jobs or none, as a bulk publish (a duplicate does not count)
@@ -274,12 +274,15 @@ local function request(at)
       if new > 0 and new > room then return {CODE.FULL, 0, 0, 0}, nxt end
     end
     out = {CODE.OK, 0, 0, 0}
+    local there = false -- a job there already: maybe a repeat (lib/jobs.lua again_at)
     for j = 1, n do
-      local due, id, rec = job_of(at, j)
-      local code, low = place(id, due, rec, false, '', 0, now, 0, 0, 0, keep)
+      local due_j, id, rec_j = job_of(at, j)
+      local code, low = place(id, due_j, rec_j, false, '', 0, now, 0, 0, 0, keep)
       out[4 + j], out[4 + n + j] = code, id
       if low > out[4] then out[4] = low end
+      there = there or code == CODE.DUPLICATE
     end
+    if there then out[4] = again_at() end
     if dkey ~= '' and out[5] ~= CODE.DUPLICATE then
       local id = out[5 + n]
       if mode == THROTTLE then

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cluster_dq.engine import replies
-from cluster_dq.engine.publish import Published, packed_job, place_jobs, repeated
+from cluster_dq.engine.publish import Published, packed_job, place_jobs, signal_event
 from cluster_dq.engine.replies import ReplyCode
 from cluster_dq.engine.steps import EngineConfig, Op, fixed_keys, lua, signal
 from cluster_dq.errors import IdempotencyMismatch, QueueFull, WrongState
@@ -103,12 +103,12 @@ def publish_keyed_many(
     for r, jobs, one in zip(requests, placed, raw, strict=True):
         reply = replies.decode_keyed(one)
         # its queue came into being, or its next event moved earlier; or this may be the repeat
-        # of a call whose reply was lost, whose signal was never sent (the script says so when
-        # it answers the call's own job, replacement or kept answer)
-        if reply.lowered or repeated(reply.codes):
+        # of a call whose reply was lost, whose signal was never sent (the script says so)
+        if reply.lowered:
             lowered = True
-            if jobs.event is not None:
-                events.append(jobs.event)
+            event = signal_event(jobs.event, reply.again_at)
+            if event is not None:
+                events.append(event)
         try:
             out.append(_answered(ns, q, r, jobs.members, jobs.made_up, reply))
         except (IdempotencyMismatch, QueueFull, WrongState) as e:

@@ -247,12 +247,14 @@ def _published(
     ]
 
 
-def repeated(codes: Sequence[ReplyCode]) -> bool:
-    """Whether a call may be a repeat (its first reply lost): one of its jobs is there already
-    (an id it made up, or a client's, which a client's own retry sends again too). The first
-    attempt may have brought the queue into being, and its signal to the shard was never sent:
-    the repeat sends it (a queue with no pump event and no META is found by nothing else)."""
-    return ReplyCode.DUPLICATE in codes
+def signal_event(event: int | None, again_at: int | None) -> int | None:
+    """When the shard must look at a queue a call reported lowered: the call's own first event,
+    or, when the call may be a repeat (a job there already, a key's own job or kept answer),
+    the queue's next event if earlier: the first attempt's signal may have been lost with its
+    reply, and a retry's own event may be later (a client's retry is stamped afresh). A queue
+    with no event is registered only (a ready job that never expires leaves no pump event nor
+    META for the reconcile sweep to find it by)."""
+    return min((t for t in (event, again_at) if t is not None), default=None)
 
 
 def publish(
@@ -263,8 +265,8 @@ def publish(
     qk = QueueKeys(ns, q)
     call, jobs = publish_call(cfg, qk, specs, now, whole)
     reply = replies.decode_publish((yield call), len(jobs.members))
-    if reply.lowered or repeated(reply.codes):
-        yield signal(qk, cfg, jobs.event)
+    if reply.lowered:
+        yield signal(qk, cfg, signal_event(jobs.event, reply.again_at))
     return _published(cfg, qk, jobs, reply)
 
 
@@ -275,9 +277,9 @@ def _publish_pipelined(
     raw = yield tuple(call for _, call, _ in placed)
     decoded = [replies.decode_publish(r, len(jobs.members)) for (_, _, jobs), r in zip(placed, raw)]
     signals = tuple(
-        signal(qk, cfg, jobs.event)
+        signal(qk, cfg, signal_event(jobs.event, reply.again_at))
         for (qk, _, jobs), reply in zip(placed, decoded)
-        if reply.lowered or repeated(reply.codes)
+        if reply.lowered
     )
     if signals:
         yield signals

@@ -94,11 +94,22 @@ def conflicts(ids: Sequence[str], verdicts: Sequence[ReplyCode]) -> list[tuple[s
 class PublishReply:
     codes: tuple[ReplyCode, ...]  # per job: DUPLICATE, WHEEL, DELAYED, READY
     fills: tuple[int, ...]  # per wheel bucket of the call: its jobs after the call
-    lowered: bool  # the queue's next pump event moved earlier: signal its shard
+    lowered: bool  # the queue's next pump event moved earlier, or maybe a repeat: signal
+    again_at: int | None  # maybe a repeat: signal by this time too (lowered_at)
+
+
+def lowered_at(raw: Any) -> tuple[bool, int | None]:
+    """A script's ``lowered``: 0 nothing to tell the shard; 1 signal at the call's own event; a
+    time (ms), the call may be a repeat whose first signal was lost: signal by then too
+    (lua/lib/jobs.lua again_at)."""
+    v = int(raw)
+    return v != 0, v if v > 1 else None
 
 
 def decode_publish(reply: Sequence[Any], n: int) -> PublishReply:
-    return PublishReply(codes(reply[:n]), tuple(int(f) for f in reply[n:-1]), int(reply[-1]) == 1)
+    return PublishReply(
+        codes(reply[:n]), tuple(int(f) for f in reply[n:-1]), *lowered_at(reply[-1])
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,12 +416,14 @@ class KeyedReply:
     same_ids: bool  # (replayed) that first call asked for the same job ids as this one
     dedup: ReplyCode | None  # None (no key, or a new job holds it), EXISTING, REPLACED
     lowered: bool
+    again_at: int | None  # as PublishReply's
     codes: tuple[ReplyCode, ...]  # per job: as publish's; the holder's state when EXISTING
     members: tuple[bytes, ...]  # per job; the holder's when EXISTING or REPLACED
 
 
 def decode_keyed(reply: Sequence[Any]) -> KeyedReply:
-    status, replayed, dedup, lowered = (int(x) for x in reply[:4])
+    status, replayed, dedup = (int(x) for x in reply[:3])
+    lowered = reply[3]
     rest = reply[4:]
     n = len(rest) // 2
     return KeyedReply(
@@ -418,7 +431,7 @@ def decode_keyed(reply: Sequence[Any]) -> KeyedReply:
         replayed != 0,
         replayed == 2,
         _CODES[dedup] if dedup else None,
-        lowered == 1,
+        *lowered_at(lowered),
         codes(rest[:n]),
         tuple(bytes(m) for m in rest[n:]),
     )

@@ -221,6 +221,14 @@ local function lower_next(t)
   return 0
 end
 
+-- What a call that may be a repeat (its first attempt's reply lost, the engine's or a
+-- client's retry) reports as `lowered`: the first attempt's shard signal may have been lost
+-- with it, so the shard must look at the queue by META.next (its next event), or register it
+-- only (1) when it has none. Callers signal at the earlier of this and their own event.
+local function again_at()
+  return next_marked() or 1
+end
+
 -- Sets META.next exactly: the queue's next event at t (ms; negative: it has none).
 local function set_next(t)
   if t >= 0 then redis.call('HSET', META, 'next', t) else redis.call('HDEL', META, 'next') end

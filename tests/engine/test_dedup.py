@@ -410,6 +410,20 @@ async def test_a_repeat_with_a_client_job_id_registers_the_queue_its_first_attem
     assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == [Q]
 
 
+async def signal_lost(engine: AsyncEngine, publish: Any) -> None:
+    """Runs ``publish`` with its shard signal lost (its instance stopped before sending it)."""
+    real_step = engine._step
+
+    async def lose(step: Any) -> Any:
+        return None if isinstance(step, Eval) and step.script == "signal" else await real_step(step)
+
+    engine._step = lose  # type: ignore[method-assign]
+    try:
+        await publish
+    finally:
+        engine._step = real_step  # type: ignore[method-assign]
+
+
 async def test_a_clients_retry_replayed_under_its_idempotency_key_registers_the_queue(
     engine: AsyncEngine,
 ) -> None:
@@ -417,20 +431,35 @@ async def test_a_clients_retry_replayed_under_its_idempotency_key_registers_the_
     before it tells the shard (the signal lost); the client retries, its ids made up afresh, and
     is answered the kept answer. That replay told the shard nothing: the queue was never
     listed. Found by review."""
-    real_step = engine._step
-
-    async def signal_lost(step: Any) -> Any:
-        return None if isinstance(step, Eval) and step.script == "signal" else await real_step(step)
-
-    engine._step = signal_lost  # type: ignore[method-assign]
-    try:
-        await keyed(engine, now_ms(), b"a", key=None, idem="i")
-    finally:
-        engine._step = real_step  # type: ignore[method-assign]
+    await signal_lost(engine, keyed(engine, now_ms(), b"a", key=None, idem="i"))
     assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == []
     again = await keyed(engine, now_ms(), b"a", key=None, idem="i")
     assert again.replayed
     assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == [Q]
+
+
+@pytest.mark.parametrize("how", ["idempotency-key", "simple", "throttle", "debounce"])
+async def test_a_clients_later_retry_signals_the_first_attempts_event(
+    engine: AsyncEngine, sync_redis: redis.Redis, how: str
+) -> None:
+    """The first attempt (a job due in 60 s) loses its shard signal; the client retries 5 s
+    later, with an Idempotency-Key (replayed) or its own job_id (what any request with that id
+    gets). The retry signalled its own event, the retry's time + 60 s, so the pump looked at the
+    queue 5 s after the first attempt's job was due. Found by review."""
+    t = now_ms()
+
+    async def publish(at: int) -> Any:
+        if how == "idempotency-key":
+            return await keyed(engine, at, b"a", key=None, idem="i", delay_ms=60 * SEC)
+        ttl = 120 * SEC if how == "throttle" else 0
+        return await keyed(
+            engine, at, b"a", key="d", mode=how, ttl=ttl, delay_ms=60 * SEC, job_id="c1"
+        )
+
+    await signal_lost(engine, publish(t))
+    await publish(t + 5 * SEC)
+    at, nxt = scheduled(sync_redis, engine)
+    assert at is not None and nxt is not None and at <= nxt, (at, nxt)
 
 
 @pytest.mark.parametrize("together", [False, True], ids=["alone", "in-one-call-with-its-maker"])
