@@ -13,7 +13,9 @@ driven over HTTP with aiohttp; each section starts its own and stops them after.
   light and heavy, all grouped, (C) the same with no group at all (one FIFO), and with
   ``--scenarios ABCD`` (D) the light jobs without a group beside the grouped heavy one, and with
   E, (E) B with the heavy group's concurrency limited to ``--heavy-limit`` (default: 2 fewer
-  than the consumers), so that consumers stay free for the light groups.
+  than the consumers), so that consumers stay free for the light groups, and with F, (F) E's
+  control: the heavy group on a queue of its own served by ``--heavy-limit`` consumers, the
+  light groups on theirs by the rest (the same load on the machine, nothing shared).
   Printed: the light jobs' lateness (delivery - publish, delay 0; the publish time rides in
   the body), and how many heavy jobs were delivered while a light one waited.
 - **cost**: Redis per publish, consume and ack (the scripts' usec in ``INFO commandstats``, and
@@ -170,6 +172,13 @@ def print_fairness(runs: list[FairnessRun], load: Load) -> None:
             print(
                 f"rep {e.rep}: E's light p99 ÷ A's {ratio:.2f} (the heavy group held to "
                 f"{load.heavy_limit} of {load.consumers} consumers)"
+            )
+    if "E" in by and "F" in by:
+        for e, f in zip(by["E"], by["F"], strict=True):
+            ratio = pct(e.lateness, 99) / pct(f.lateness, 99)
+            print(
+                f"rep {e.rep}: E's light p99 ÷ F's {ratio:.2f} (the heavy group in the light "
+                f"groups' queue, limited, against on a queue of its own with as many consumers)"
             )
 
 
@@ -444,8 +453,9 @@ def main() -> None:
         "--scenarios",
         default="ABC",
         type=lambda raw: "".join(dict.fromkeys(raw.upper())),
-        help="which runs: A, B, C, D (light jobs with no group beside a grouped heavy one) and E "
-        "(B with the heavy group's concurrency limited: --heavy-limit)",
+        help="which runs: A, B, C, D (light jobs with no group beside a grouped heavy one), E "
+        "(B with the heavy group's concurrency limited: --heavy-limit) and F (E's control: the "
+        "heavy group on a queue of its own with --heavy-limit consumers)",
     )
     f.add_argument("--seconds", type=float, default=15.0, help="publishing, per run")
     f.add_argument("--warmup", type=float, default=2.0, help="light jobs before this not counted")
@@ -459,7 +469,8 @@ def main() -> None:
     f.add_argument(
         "--heavy-limit",
         type=int,
-        help="E: the heavy group's concurrency limit (default: 2 fewer than the consumers)",
+        help="E: the heavy group's concurrency limit, F: its queue's consumers (default: 2 "
+        "fewer than the consumers)",
     )
     c = ap.add_argument_group("cost")
     c.add_argument("--rounds", type=int, default=3)

@@ -27,6 +27,7 @@ LABELS = {
     "C": "C light + heavy, no groups",
     "D": "D light no group + heavy grouped",
     "E": "E light + heavy capped, grouped",
+    "F": "F light, heavy on its own queue",
 }
 
 
@@ -38,7 +39,8 @@ class Load:
     heavy_batch: int  # heavy jobs per bulk request
     consumers: int
     service_ms: float  # each job held this long before its ack
-    heavy_limit: int  # scenario E: the heavy group's concurrency limit (its jobs reserved at once)
+    heavy_limit: int  # E: the heavy group's concurrency limit (its jobs reserved at once); F: its
+    # queue's consumers
     seconds: float  # publishing
     warmup: float  # light jobs published before this are not counted
     drain: float  # after publishing, wait at most this long for the counted light jobs
@@ -105,7 +107,11 @@ async def fairness_run(
     the run it reports beside this process's."""
     run = FairnessRun(scenario, load.seconds)
     path = f"/api/{ns}/{q}"
-    light_grouped, heavy_grouped = scenario in "ABE", scenario in "BDE"
+    # F, the control for E: the heavy group on a queue of its own with E's share of the
+    # consumers, the light groups on theirs with the rest (the same load on the machine, no
+    # queue shared)
+    heavy_path = f"{path}-heavy" if scenario == "F" else path
+    light_grouped, heavy_grouped = scenario in "ABEF", scenario in "BDEF"
     heavy = scenario != "A"
     t0 = time.monotonic()
     counted_from, stop_at = t0 + load.warmup, t0 + load.seconds
@@ -141,9 +147,9 @@ async def fairness_run(
         nonlocal heavy_sent
         heavy_sent += load.heavy_batch
         body = b"[" + b",".join([b'"heavy"'] * load.heavy_batch) + b"]"
-        await put({"group": "heavy"} if heavy_grouped else {}, body, f"{path}/bulk")
+        await put({"group": "heavy"} if heavy_grouped else {}, body, f"{heavy_path}/bulk")
 
-    async def consumer() -> None:
+    async def consumer(path: str) -> None:
         nonlocal heavy_got, heavy_seen
         while True:
             async with s.get(path, params={"timeout": "1", "ttr": "60"}) as r:
@@ -175,7 +181,11 @@ async def fairness_run(
             if r.status != 200:
                 raise RuntimeError(f"group settings: {r.status} {await r.text()}")
     cpu = _cpu(procs)
-    consumers = [asyncio.create_task(consumer()) for _ in range(load.consumers)]
+    held = load.heavy_limit if scenario == "F" else 0  # consumers of the heavy queue
+    consumers = [
+        asyncio.create_task(consumer(heavy_path if i < held else path))
+        for i in range(load.consumers)
+    ]
     pacers = [paced(load.light_rate, stop_at, light(name)) for name in late]
     if heavy:
         pacers.append(paced(load.heavy_rate / load.heavy_batch, stop_at, heavy_send))
@@ -203,6 +213,7 @@ async def fairness_run(
         run.overtaken.append(heavy_seen - seen_at.get(key, heavy_seen))
     run.lateness = [x for xs in late.values() for x in xs]
     run.group_p99 = [_p99(xs) for xs in late.values() if xs]
-    async with s.delete(path) as r:  # the run's queue and its backlog go
-        await r.read()
+    for p in {path, heavy_path}:  # the run's queues and their backlog go
+        async with s.delete(p) as r:
+            await r.read()
     return run
