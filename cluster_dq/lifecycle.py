@@ -53,7 +53,7 @@ class LifecycleLog:
                 j.queue,
                 t,
                 id=j.job_id,
-                due=_due(j.job_id),
+                due=j.scheduled_ms,
                 n=j.deliveries,
             )
 

@@ -38,7 +38,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from cluster_dq import history
 from cluster_dq.engine.commands import Sizes
 from cluster_dq.keys import parse_qualified
-from cluster_dq.models import Job, id_due_ms_of_text
+from cluster_dq.models import Job
 
 if TYPE_CHECKING:
     from cluster_dq.settings import Settings
@@ -346,7 +346,7 @@ class Metrics:
             count_, late, first = per_queue.setdefault((job.namespace, job.queue), ([0], [], []))
             count_[0] += 1
             if job.deliveries == 1:
-                due = id_due_ms_of_text(job.job_id)
+                due = job.scheduled_ms
                 if due is not None:  # a client-chosen id carries no due time
                     late.append(max(now_ms - due, 0) / 1000)
                 first.append(max(now_ms - job.published_ms, 0) / 1000)

@@ -56,6 +56,7 @@ FLAG_ATTRS = 1
 FLAG_BACKOFF = 2
 FLAG_GROUP = 4
 FLAG_DEDUP = 8
+FLAG_DUE = 16
 
 
 class JobState(StrEnum):
@@ -239,6 +240,9 @@ class Record:
     backoff: Backoff | None = None
     group: str | None = None
     dedup_key: str | None = None  # the simple or debounce dedup key it was published under
+    # when it is due, carried by a job under a dedup key: a debounce moves it out, while the
+    # job's id keeps the first (and a client's id carries none)
+    due_ms: int | None = None
 
     def pack(self) -> bytes:
         flags = 0
@@ -258,6 +262,9 @@ class Record:
             flags |= FLAG_ATTRS
             blob = json.dumps(self.attributes, separators=(",", ":")).encode()
             extra += len(blob).to_bytes(2, "big") + blob
+        if self.due_ms is not None:
+            flags |= FLAG_DUE
+            extra += _u48(self.due_ms)
         head = HEADER.pack(
             _u48(self.published_ms),
             _u48(self.expire_at_ms),
@@ -278,7 +285,7 @@ class Record:
     def unpack(cls, data: bytes) -> Record:
         pub, exp, tries, deliveries, prio, flags = HEADER.unpack_from(data)
         rest = data[HEADER_SIZE:]
-        attrs, backoff, group, dedup_key = None, None, None, None
+        attrs, backoff, group, dedup_key, due = None, None, None, None, None
         if flags & FLAG_BACKOFF:
             backoff = Backoff.unpack_from(rest, 0)
             rest = rest[BACKOFF_SECTION.size :]
@@ -292,6 +299,9 @@ class Record:
             n = int.from_bytes(rest[:2], "big")
             attrs = json.loads(rest[2 : 2 + n])
             rest = rest[2 + n :]
+        if flags & FLAG_DUE:
+            due = int.from_bytes(rest[:6], "big")
+            rest = rest[6:]
         return cls(
             int.from_bytes(pub, "big"),
             int.from_bytes(exp, "big"),
@@ -303,6 +313,7 @@ class Record:
             backoff,
             group,
             dedup_key,
+            due,
         )
 
 
@@ -372,6 +383,16 @@ class Job:
     note: Note | None = None  # death and last error, where a lookup by id read them
     dedup_key: str | None = None  # the dedup key it was published under, lookup by id only
     group: str | None = None  # its group, if it was published with one
+    record_due_ms: int | None = None  # the due time its record carries (Record.due_ms)
+
+    @property
+    def scheduled_ms(self) -> int | None:
+        """When its publish made it due (for its lateness): the due time its record carries (a
+        job under a dedup key, which a debounce moves out), else its id's; None for a client's
+        id, which carries none."""
+        if self.record_due_ms is not None:
+            return self.record_due_ms
+        return id_due_ms_of_text(self.job_id)
 
     @classmethod
     def from_record(
@@ -407,6 +428,7 @@ class Job:
             note=note,
             dedup_key=rec.dedup_key if keyed else None,
             group=rec.group,
+            record_due_ms=rec.due_ms,
         )
 
     def ttl_ms(self, now_ms: int) -> int:

@@ -14,6 +14,7 @@ import redis
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
+from cluster_dq.engine import control
 from cluster_dq.engine.aio import AsyncEngine
 from cluster_dq.engine.steps import Eval
 from cluster_dq.errors import BadRequest, IdempotencyMismatch, QueueFull, WrongState
@@ -170,6 +171,54 @@ async def test_debounce_replaces_the_waiting_job_and_pushes_it_out(
     assert looked is not None and looked.body == b"v2"  # nothing written
     await engine.run(ops.ack(NS, Q, [jid]))
     assert (await keyed(engine, t + 10 * SEC, b"v4", mode="debounce")).dedup == "new"
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_debounced_jobs_lateness_counts_from_its_last_due_time(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A debounce moves its job's due time out, while the job's id keeps the first: its
+    lateness (the metric, the lifecycle log) counts from the due time it was delivered for,
+    and a grouped one's, waiting in READY, shows that due time too."""
+    from prometheus_client import REGISTRY
+
+    from cluster_dq import metrics
+
+    t = now_ms()
+    for group in (None, "g"):
+        first = await keyed(engine, t, b"v1", mode="debounce", delay_ms=5 * SEC, group=group)
+        jid = first.published[0].job_id
+        await keyed(engine, t + 4 * SEC, b"v2", mode="debounce", delay_ms=5 * SEC, group=group)
+        await engine.run(ops.tick(engine.config, NS, Q, t + 9 * SEC))
+        looked = await engine.run(ops.peek_job(NS, Q, jid))
+        assert looked is not None and looked.state is JobState.READY
+        assert looked.due_ms == t + 9 * SEC  # (a grouped job's READY score is its fair turn)
+        (job,) = await consume(engine, t + 9 * SEC + 250)
+        name, labels = "cluster_dq_job_lateness_seconds_sum", {"namespace": NS, "queue": Q}
+        before = REGISTRY.get_sample_value(name, labels) or 0.0
+        metrics.Metrics().record_delivered([job], t + 9 * SEC + 250)
+        assert (REGISTRY.get_sample_value(name, labels) or 0.0) - before == pytest.approx(0.25)
+        assert job.job_id == jid and job.scheduled_ms == t + 9 * SEC  # (the lifecycle log's)
+        await engine.run(ops.ack(NS, Q, [jid]))
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_keyed_jobs_dead_letter_shows_its_body_size_and_attributes(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A job under a key carries its due time after its attributes (flag 16): the dead-letter
+    listing, which reads the record's head and not its body, skips it."""
+    t = now_ms()
+    for i, mode in enumerate(("simple", "debounce")):
+        attrs = {"tenant": f"t{i}"}
+        made = await keyed(engine, t, b"body-7", key=f"k{i}", mode=mode, attributes=attrs)
+        jid = made.published[0].job_id
+        await engine.run(control.bury(NS, Q, jid, "no", t + 1))
+    page, _ = await engine.run(control.dead_page(NS, Q, None, 10))
+    assert [(d.size, d.attributes, d.published_ms) for d in page] == [
+        (6, {"tenant": "t0"}, t),
+        (6, {"tenant": "t1"}, t),
+    ]
     check_queue(sync_redis, NS, Q)
 
 

@@ -49,12 +49,14 @@ class MJob:
     loose: bool = False  # an unknown outcome: tag and holding as the engine has them
     published: int = 0  # the record's publish time (a grouped ready job's due time, for a
     # client id, whose id holds none)
+    scheduled: int | None = None  # the due time its record carries (a job under a simple or
+    # debounce key: its publish's or its last debounce's), which peek_job reports for it grouped
 
     def score(self) -> int | None:
         """What peek_job reports as the job's time in its state (a ready job: its score masked
         of the priority, which orders the ready set: ``order``; a grouped one's is its fair
-        tag, and peek_job reports the due time in its id instead, or its publish time for a
-        client's id; None while its group holds it back)."""
+        tag, and peek_job reports the due time its record carries instead, else the one in its
+        id, or its publish time for a client's id; None while its group holds it back)."""
         if self.state == RESERVED:
             return self.deadline
         if self.state == DEAD:
@@ -62,6 +64,8 @@ class MJob:
         if self.held:
             return None
         if self.state == READY and self.group is not None:
+            if self.scheduled is not None:
+                return self.scheduled
             member = self.member()
             return id_due_ms(member) if is_wheel_member(member) else self.published
         return self.due

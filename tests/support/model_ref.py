@@ -262,6 +262,7 @@ class Model(GroupRules, KeyedRules):
             group=group,
             dedup_key=dedup_key,
             published=base,
+            scheduled=due if dedup_key is not None else None,
         )
         # only priority-0 jobs rest in the wheel (a priority job must not wait behind a backlog)
         if (
