@@ -568,6 +568,24 @@ async def test_a_debounce_with_a_client_id_repeated_signals_the_new_due_time(
     check_queue(sync_redis, NS, Q)
 
 
+async def test_a_debounce_with_a_client_id_repeated_after_its_due_time_signals_the_shard(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """The same, its repeat stamped after the due time the first attempt set (a repeat is
+    stamped afresh): the repeat makes the job ready and lowered nothing, while META.next still
+    held the first attempt's time, never signalled: the shard's schedule stayed later than the
+    queue's next event until the pump's next look. A replacement made ready while META.next has
+    passed now reports it, so the shard looks at once."""
+    t = now_ms() - 10 * SEC  # (the requests' time; the repeat is stamped with the clock)
+    await keyed(engine, t, b"x", key="d", mode="debounce", delay_ms=60 * SEC)
+    with first_reply_lost(engine, "publish_keyed") as lost:
+        got = await keyed(engine, t + 1, b"y", key="d", mode="debounce", delay_ms=SEC, job_id="c1")
+    assert lost and got.dedup == "replaced" and got.published[0].state is JobState.READY
+    at, nxt = scheduled(sync_redis, engine)
+    assert at is not None and nxt is not None and at <= nxt, (at, nxt)
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_idempotency_key_answers_the_first_answer_and_writes_nothing(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:
