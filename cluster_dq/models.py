@@ -7,9 +7,11 @@ Client-chosen ids are any other name; they never live in the wheel (see lua/READ
 
 The record (a hash value) is ``>I6 I6 H H B B`` = published_ms, expire_at_ms (0 = never),
 tries_left, deliveries, priority, flags, followed by the job's retry backoff (``>B I I H``,
-cluster_dq.backoff) when flags&2, then [u8 len + the job's group] when flags&4, then [u16
-attr_len + attrs JSON] when flags&1, then the body. Lua reads and rewrites the fixed header
-only (and reads the backoff and the group).
+cluster_dq.backoff) when flags&2, then [u8 len + the job's group] when flags&4, then [u8 len
++ its simple or debounce dedup key] when flags&8, then [u16 attr_len + attrs JSON] when
+flags&1, then a debounce's due ms (u48) when flags&16, then the body. Lua reads and rewrites the
+fixed header only (and reads the backoff, the group and the key; the dead-letter listing
+skips everything before the body).
 """
 
 from __future__ import annotations
@@ -226,6 +228,9 @@ class JobSpec:
     group: str | None = None  # its group (names.NAME_RE): fair turns and limits per group
     # the simple or debounce dedup key it holds (set by the engine from the publish's Dedup)
     dedup_key: str | None = None
+    # a debounce's job (set by the engine): its record carries its due time, which a later
+    # debounce moves out while the job's id keeps the first
+    debounced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +245,7 @@ class Record:
     backoff: Backoff | None = None
     group: str | None = None
     dedup_key: str | None = None  # the simple or debounce dedup key it was published under
-    # when it is due, carried by a job under a dedup key: a debounce moves it out, while the
+    # when it is due, carried by a debounce's job: a later debounce moves it out, while the
     # job's id keeps the first (and a client's id carries none)
     due_ms: int | None = None
 
@@ -388,8 +393,8 @@ class Job:
     @property
     def scheduled_ms(self) -> int | None:
         """When its publish made it due (for its lateness): the due time its record carries (a
-        job under a dedup key, which a debounce moves out), else its id's; None for a client's
-        id, which carries none."""
+        debounce's job: its last debounce's), else its id's; None for a client's id, which
+        carries none. A reschedule moves neither."""
         if self.record_due_ms is not None:
             return self.record_due_ms
         return id_due_ms_of_text(self.job_id)

@@ -195,6 +195,8 @@ async def fairness(a: argparse.Namespace) -> None:
         warmup=a.warmup,
         drain=a.drain,
     )
+    if "F" in a.scenarios and load.heavy_limit >= load.consumers:
+        raise SystemExit("F: --heavy-limit must leave the light queue a consumer")
     order = list(a.scenarios)
     runs: list[FairnessRun] = []
     async with stack() as (st, s):

@@ -149,10 +149,10 @@ async def fairness_run(
         body = b"[" + b",".join([b'"heavy"'] * load.heavy_batch) + b"]"
         await put({"group": "heavy"} if heavy_grouped else {}, body, f"{heavy_path}/bulk")
 
-    async def consumer(path: str) -> None:
+    async def consumer(polled: str) -> None:
         nonlocal heavy_got, heavy_seen
         while True:
-            async with s.get(path, params={"timeout": "1", "ttr": "60"}) as r:
+            async with s.get(polled, params={"timeout": "1", "ttr": "60"}) as r:
                 if r.status == 404:
                     continue
                 if r.status != 200:
@@ -162,7 +162,7 @@ async def fairness_run(
             data = base64.b64decode(job["data"]).decode()
             if data == '"heavy"':  # (a bulk's element keeps its quotes)
                 heavy_got += 1 if publishing else 0
-                heavy_seen += 1
+                heavy_seen += 1 if polled == path else 0  # (F: none overtakes from its queue)
             else:
                 key, sent = data.split(" ")
                 if outstanding.pop(key, None) is not None:
@@ -171,7 +171,7 @@ async def fairness_run(
             if publishing:
                 run.delivered += 1
             await asyncio.sleep(load.service_ms / 1000)
-            async with s.delete(f"{path}/job/{job['job_id']}") as r:
+            async with s.delete(f"{polled}/job/{job['job_id']}") as r:
                 if r.status not in (200, 204):
                     raise RuntimeError(f"ack: {r.status} {await r.text()}")
 

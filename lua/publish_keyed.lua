@@ -44,7 +44,7 @@
     (an id made up for the call: the holder, present or acked lately), whatever holds the key
     code: as publish's (DUPLICATE, DELAYED, READY); lowered: as publish's; for an answer that
     may be a repeat's (the call's own job or replacement, a kept answer replayed, a client's
-    job 1 id present or acked lately, a replacement made ready while META.next has passed),
+    job 1 id present or acked lately, a replacement made ready while META.next is its due time),
     lib/jobs.lua again_at: its first attempt's shard signal may have been lost with its reply
 ]]
 --@include lib/codes
@@ -145,8 +145,8 @@ local function lower_or_met(t)
 end
 
 -- A debounce's job replaces the waiting `holder` (its state `st`): its body, due time and
--- expiry. Returns its code (READY or DELAYED) and `lowered`. Made ready while META.next has
--- passed, it reports again_at: this may be the repeat of a call, stamped afresh past the due
+-- expiry. Returns its code (READY or DELAYED) and `lowered`. Made ready while META.next is its
+-- due time, it reports again_at: this may be the repeat of a call, stamped afresh past the due
 -- time its first attempt set there, whose signal was lost (a client's id names no one call).
 local function replace(holder, st, due, rec)
   local old, lowered, code = redis.call('HGET', JOBS, holder), 0, CODE.READY
@@ -158,7 +158,7 @@ local function replace(holder, st, due, rec)
   count_group(group_of(rec), 1)
   if due <= now then
     make_ready(holder, rec, due)
-    if next_marked() and NEXT <= now then lowered = again_at() end
+    if next_marked() == due then lowered = again_at() end
   else
     delay_until(holder, due)
     lowered, code = lower_or_met(due), CODE.DELAYED

@@ -120,10 +120,12 @@ def publish_keyed_many(
 
 def _holding(r: KeyedRequest) -> Sequence[JobSpec]:
     """The request's jobs, its first carrying the simple or debounce dedup key it would hold
-    (in its record: lua/lib/jobs.lua drop lets the key go with it)."""
+    (in its record: lua/lib/jobs.lua drop lets the key go with it), and a debounce's its due
+    time."""
     if r.dedup is None or r.dedup.mode == "throttle" or not r.specs:
         return r.specs
-    return [replace(r.specs[0], dedup_key=r.dedup.key), *r.specs[1:]]
+    debounced = r.dedup.mode == "debounce"  # (its record carries its due time)
+    return [replace(r.specs[0], dedup_key=r.dedup.key, debounced=debounced), *r.specs[1:]]
 
 
 def _answered(

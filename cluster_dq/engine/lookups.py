@@ -11,6 +11,7 @@ from cluster_dq.engine import replies
 from cluster_dq.engine.replies import Sizes as Sizes  # re-exported: the service and metrics use it
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import (
+    FLAG_DUE,
     FLAG_GROUP,
     HEADER_SIZE,
     Job,
@@ -57,16 +58,16 @@ READY_SCORE_MASK = 2**42 - 1  # a ready score is (255 - priority) * 2^42 + due m
 
 def ready_due(member: bytes, record: bytes, score: float) -> int:
     """A ready job's due time from its READY score: the score's due ms, but for a grouped job,
-    whose score holds its group's fair tag instead: the due time its record carries (a job under
-    a dedup key), else in its id, or, for a client's id (which holds none), its publish time."""
-    if not record[HEADER_SIZE - 1] & FLAG_GROUP:
+    whose score holds its group's fair tag instead: the due time its record carries (a
+    debounce's job), else in its id, or, for a client's id (which holds none), its publish
+    time."""
+    flags = record[HEADER_SIZE - 1]
+    if not flags & FLAG_GROUP:
         return int(float(score)) & READY_SCORE_MASK
-    rec = Record.unpack(record)
-    if rec.due_ms is not None:
-        return rec.due_ms
-    if is_wheel_member(member):  # a server-made id
-        return id_due_ms(member)
-    return rec.published_ms
+    if flags & FLAG_DUE or not is_wheel_member(member):
+        rec = Record.unpack(record)
+        return rec.due_ms if rec.due_ms is not None else rec.published_ms
+    return id_due_ms(member)  # a server-made id
 
 
 def _peeked(ns: str, q: str, member: bytes, raw: Any) -> Job | None:

@@ -140,7 +140,7 @@ def place_jobs(
                 spec.backoff,
                 spec.group,
                 spec.dedup_key,
-                due if spec.dedup_key else None,
+                due if spec.debounced else None,
             ).pack()
         else:  # Record.pack's bytes, its header shared with the call's other such jobs
             record = heads[expire_at, spec.tries, spec.priority] + spec.body

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,7 +178,7 @@ async def test_debounce_replaces_the_waiting_job_and_pushes_it_out(
 
 
 async def test_a_debounced_jobs_lateness_counts_from_its_last_due_time(
-    engine: AsyncEngine, sync_redis: redis.Redis
+    engine: AsyncEngine, sync_redis: redis.Redis, tmp_path: Path
 ) -> None:
     """A debounce moves its job's due time out, while the job's id keeps the first: its
     lateness (the metric, the lifecycle log) counts from the due time it was delivered for,
@@ -183,6 +186,9 @@ async def test_a_debounced_jobs_lateness_counts_from_its_last_due_time(
     from prometheus_client import REGISTRY
 
     from cluster_dq import metrics
+    from cluster_dq.lifecycle import LifecycleLog
+
+    log = LifecycleLog(tmp_path)
 
     t = now_ms()
     for group in (None, "g"):
@@ -198,7 +204,10 @@ async def test_a_debounced_jobs_lateness_counts_from_its_last_due_time(
         before = REGISTRY.get_sample_value(name, labels) or 0.0
         metrics.Metrics().record_delivered([job], t + 9 * SEC + 250)
         assert (REGISTRY.get_sample_value(name, labels) or 0.0) - before == pytest.approx(0.25)
-        assert job.job_id == jid and job.scheduled_ms == t + 9 * SEC  # (the lifecycle log's)
+        log.delivered([job], t + 9 * SEC + 250)
+        log.flush()
+        event = json.loads(log.path.read_text().splitlines()[-1])
+        assert (event["id"], event["due"]) == (jid, t + 9 * SEC)
         await engine.run(ops.ack(NS, Q, [jid]))
     check_queue(sync_redis, NS, Q)
 
@@ -583,6 +592,36 @@ async def test_a_debounce_with_a_client_id_repeated_after_its_due_time_signals_t
     assert lost and got.dedup == "replaced" and got.published[0].state is JobState.READY
     at, nxt = scheduled(sync_redis, engine)
     assert at is not None and nxt is not None and at <= nxt, (at, nxt)
+    check_queue(sync_redis, NS, Q)
+
+
+async def test_a_fresh_debounce_made_ready_while_the_pump_holds_back_sends_no_signal(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """Only a replacement that may be a repeat signals: while consumers lag, the pump holds a
+    due wheel bucket shut and looks again in 50 ms, META.next staying in the past. A fresh
+    debounce made ready then must not pull the queue's schedule back (the pump would spin at
+    the debounce rate). Found in review."""
+    cfg = replace(engine.config, open_backlog=1)  # one ready job is a backlog
+    eng = AsyncEngine(engine.client, cfg)
+    qk = QueueKeys(NS, Q)
+    sk = ShardKeys(shard_of(qk.qualified, cfg.shards))
+    t = now_ms() - 120 * SEC
+    await eng.run(ops.publish(cfg, NS, Q, [JobSpec(b"r")], t))  # ready: the backlog
+    await eng.run(ops.publish(cfg, NS, Q, [JobSpec(b"w", delay_ms=60 * SEC)], t))  # wheel
+    at = t + 60 * SEC
+    looked = await eng.run(ops.tick(cfg, NS, Q, at))  # the bucket is due to open: held back
+    assert int(sync_redis.hget(qk.meta, "next") or 0) <= at
+    assert looked.next_event_ms == at + 50
+    sync_redis.zadd(sk.schedule, {qk.qualified: at + 50})  # as the pump's reschedule writes it
+    sync_redis.hdel(sk.pending, qk.qualified)
+    for i in range(2):  # a new job, then its replacement: ids made up for each call
+        op = ops.publish_keyed(
+            cfg, NS, Q, [JobSpec(b"d%d" % i)], at + 1 + i, ops.Dedup("k", "debounce"), None
+        )
+        assert (await eng.run(op, idempotent=True)).dedup == ("new", "replaced")[i]
+    assert sync_redis.zscore(sk.schedule, qk.qualified) == at + 50
+    assert sync_redis.hget(sk.pending, qk.qualified) is None
     check_queue(sync_redis, NS, Q)
 
 

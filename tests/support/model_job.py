@@ -49,8 +49,8 @@ class MJob:
     loose: bool = False  # an unknown outcome: tag and holding as the engine has them
     published: int = 0  # the record's publish time (a grouped ready job's due time, for a
     # client id, whose id holds none)
-    scheduled: int | None = None  # the due time its record carries (a job under a simple or
-    # debounce key: its publish's or its last debounce's), which peek_job reports for it grouped
+    scheduled: int | None = None  # the due time its record carries (a debounce's job: its last
+    # debounce's), which peek_job reports for it grouped
 
     def score(self) -> int | None:
         """What peek_job reports as the job's time in its state (a ready job: its score masked

@@ -237,6 +237,7 @@ class KeyedRules:
                 False,  # (never in the wheel)
                 j.group,
                 dedup_key=key,
+                debounced=key is not None and mode == "debounce",
             )
             codes.append(ReplyCode.READY if state == READY else ReplyCode.DELAYED)
         if dedup is not None and codes[0] is not ReplyCode.DUPLICATE:
@@ -280,6 +281,7 @@ class KeyedRules:
             False,
             job.group,
             dedup_key=dedup[0],  # (the request's record carries its key)
+            debounced=True,  # (and its due time)
         )
         j = self.jobs[(q, held)]
         assert j is not None

@@ -239,12 +239,13 @@ class Model(GroupRules, KeyedRules):
         wheel: bool = True,
         group: str | None = None,
         dedup_key: str | None = None,
+        debounced: bool = False,
     ) -> str:
         """A new job (the caller checked it is not a duplicate); its published state. ``base``:
         the request's time (due and ttl count from it); ``now``: when the script ran (a
         retried step is stamped afresh); ``wheel``: whether it may rest in the wheel (a job
         published under a dedup key never does); ``dedup_key``: the simple or debounce key its
-        record carries. A grouped job made ready takes its fair tag from its due time
+        record carries; ``debounced``: a debounce's job, whose record carries its due time. A grouped job made ready takes its fair tag from its due time
         (publish.lua: make_ready at due)."""
         due = base + delay
         start = due - due % BUCKET_WIDTH_MS
@@ -262,7 +263,7 @@ class Model(GroupRules, KeyedRules):
             group=group,
             dedup_key=dedup_key,
             published=base,
-            scheduled=due if dedup_key is not None else None,
+            scheduled=due if debounced else None,
         )
         # only priority-0 jobs rest in the wheel (a priority job must not wait behind a backlog)
         if (
