@@ -166,20 +166,19 @@ def print_fairness(runs: list[FairnessRun], load: Load) -> None:
                 f"first of {load.consumers} busy consumers to come free (each {cycle * 1000:.1f} "
                 f"ms a job, at random phases): {floor:.1f} ms"
             )
-    if "A" in by and "E" in by:
-        for a, e in zip(by["A"], by["E"], strict=True):
-            ratio = pct(e.lateness, 99) / pct(a.lateness, 99)
-            print(
-                f"rep {e.rep}: E's light p99 ÷ A's {ratio:.2f} (the heavy group held to "
-                f"{load.heavy_limit} of {load.consumers} consumers)"
-            )
-    if "E" in by and "F" in by:
-        for e, f in zip(by["E"], by["F"], strict=True):
-            ratio = pct(e.lateness, 99) / pct(f.lateness, 99)
-            print(
-                f"rep {e.rep}: E's light p99 ÷ F's {ratio:.2f} (the heavy group in the light "
-                f"groups' queue, limited, against on a queue of its own with as many consumers)"
-            )
+    held = f"the heavy group held to {load.heavy_limit} of {load.consumers} consumers"
+    against = {
+        ("E", "A"): held,
+        ("E", "F"): f"{held}, against on a queue of its own with as many consumers",
+    }
+    for (x, y), what in against.items():
+        if x not in by or y not in by:
+            continue
+        for rx, ry in zip(by[x], by[y], strict=True):
+            ratio = pct(rx.lateness, 99) / pct(ry.lateness, 99)
+            print(f"rep {rx.rep}: {x}'s light p99 ÷ {y}'s {ratio:.2f} ({what})")
+        px, py = ([v for r in by[s] for v in r.lateness] for s in (x, y))
+        print(f"all repetitions: {x}'s light p99 ÷ {y}'s {pct(px, 99) / pct(py, 99):.2f}")
 
 
 async def fairness(a: argparse.Namespace) -> None:
