@@ -392,9 +392,9 @@ class Job:
 
     @property
     def scheduled_ms(self) -> int | None:
-        """When its publish made it due (for its lateness): the due time its record carries (a
-        debounce's job: its last debounce's), else its id's; None for a client's id, which
-        carries none. A reschedule moves neither."""
+        """When it is due (for its lateness): the due time its record carries (a debounce's
+        job: its last debounce's, reschedule's or revival's), else its id's (its publish's);
+        None for a client's id, which carries none."""
         if self.record_due_ms is not None:
             return self.record_due_ms
         return id_due_ms_of_text(self.job_id)

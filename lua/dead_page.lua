@@ -27,18 +27,9 @@ for i = 1, #got, 2 do
   end
   bytes = bytes + redis.call('HSTRLEN', JOBS, id)
   local rec = redis.call('HGET', JOBS, id) or ''
-  -- the fixed header, then the job's backoff (flags & 2, 11 bytes), its group (flags & 4: u8
-  -- length and the name), its dedup key (flags & 8: the same), the attributes (flags & 1: u16
-  -- length and JSON), its due time (flags & 16, 6 bytes), then the body
+  -- the record's header and sections (lib/record.lua body_at), without the body
   local head = 18
-  if #rec >= 18 then
-    local flags = string.byte(rec, 18)
-    if bit.band(flags, 2) ~= 0 then head = head + 11 end
-    if bit.band(flags, 4) ~= 0 then head = head + 1 + string.byte(rec, head + 1) end
-    if bit.band(flags, 8) ~= 0 then head = head + 1 + string.byte(rec, head + 1) end
-    if bit.band(flags, 1) ~= 0 then head = head + 2 + struct.unpack('>H', rec, head + 1) end
-    if bit.band(flags, 16) ~= 0 then head = head + 6 end
-  end
+  if #rec >= 18 then head = body_at(rec) - 1 end
   out[#out + 1] = id
   out[#out + 1] = got[i + 1]
   out[#out + 1] = string.sub(rec, 1, head)

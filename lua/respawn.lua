@@ -24,7 +24,7 @@ local n, lowered = 0, 0
 for _, id in ipairs(ids) do
   local rec = redis.call('HGET', JOBS, id)
   if rec then -- always, while the invariants hold; never write half a job otherwise
-    rec = with_tries_expire(rec, 1, exp)
+    rec = with_due(with_tries_expire(rec, 1, exp), now) -- (a debounce's: due now)
     redis.call('HSET', JOBS, id, rec)
     make_ready(id, rec, now)
     forget_death(id)

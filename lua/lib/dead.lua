@@ -32,13 +32,13 @@ local function dead_rank_after(score, member)
 end
 
 -- DEAD -> READY (due <= now) or DELAYED (due later), with `tries` and a fresh ttl (ms, 0 =
--- never): kick and redrive. Forgets its death, keeps its last error. Returns its state code,
--- the `lowered` flag and the new record.
+-- never): kick and redrive. Forgets its death, keeps its last error; a debounce's job carries
+-- its new due time. Returns its state code, the `lowered` flag and the new record.
 local function revive(id, rec, now, due, tries, ttl)
   redis.call('ZREM', DEAD, id)
   local exp = 0
   if ttl > 0 then exp = now + ttl end
-  rec = with_tries_expire(rec, tries, exp)
+  rec = with_due(with_tries_expire(rec, tries, exp), math.max(due, now))
   redis.call('HSET', JOBS, id, rec)
   local st, lowered = CODE.READY, 0
   if due > now then

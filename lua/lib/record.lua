@@ -38,7 +38,7 @@ end
 -- the name, after the backoff), 8 the simple or debounce dedup key it was published under
 -- (`u8 len` + the key, after the group); 16 a debounce's due time, which a later debounce moves
 -- (`>I6`, after the attributes, before the body: only the body's readers skip it).
-local FLAG_GROUP, FLAG_DEDUP = 4, 8
+local FLAG_GROUP, FLAG_DEDUP, FLAG_DUE = 4, 8, 16
 local BACKOFF_SIZE = 11 -- `>B I4 I4 H`
 
 -- The group named in a record, or in a short wheel value when `at` = 11 (where its flags byte
@@ -63,4 +63,24 @@ local function dedup_of(rec)
   if bit.band(flags, 2) ~= 0 then i = i + BACKOFF_SIZE end
   if bit.band(flags, FLAG_GROUP) ~= 0 then i = i + 1 + string.byte(rec, i) end
   return string.sub(rec, i + 1, i + string.byte(rec, i))
+end
+
+-- Where a record's body begins (its 1-based index): after the header and the sections its
+-- flags name, in their order (backoff 2, group 4, key 8, attributes 1, due time 16).
+local function body_at(rec)
+  local flags, at = string.byte(rec, 18), 19
+  if bit.band(flags, 2) ~= 0 then at = at + BACKOFF_SIZE end
+  if bit.band(flags, FLAG_GROUP) ~= 0 then at = at + 1 + string.byte(rec, at) end
+  if bit.band(flags, FLAG_DEDUP) ~= 0 then at = at + 1 + string.byte(rec, at) end
+  if bit.band(flags, 1) ~= 0 then at = at + 2 + struct.unpack('>H', rec, at) end
+  if bit.band(flags, FLAG_DUE) ~= 0 then at = at + 6 end
+  return at
+end
+
+-- The record with the due time it carries (a debounce's job: flag 16) set to `due` (a
+-- reschedule, a kick: its lateness counts from when it is due now); as it is without one.
+local function with_due(rec, due)
+  if bit.band(string.byte(rec, 18), FLAG_DUE) == 0 then return rec end
+  local at = body_at(rec)
+  return string.sub(rec, 1, at - 7) .. struct.pack('>I6', due) .. string.sub(rec, at)
 end

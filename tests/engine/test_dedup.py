@@ -212,6 +212,33 @@ async def test_a_debounced_jobs_lateness_counts_from_its_last_due_time(
     check_queue(sync_redis, NS, Q)
 
 
+async def test_a_debounced_job_moved_counts_its_lateness_from_its_new_due_time(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A reschedule or a kick moves the due time a debounce's record carries (its lateness
+    counts from it), and the record's other sections and body stay as they were."""
+    t = now_ms()
+    attrs = {"tenant": "t1"}
+    made = await keyed(
+        engine, t, b"body", mode="debounce", delay_ms=5 * SEC, attributes=attrs, group="g"
+    )
+    jid = made.published[0].job_id
+    await engine.run(control.reschedule_job(engine.config, NS, Q, jid, t + 60 * SEC, t + 1))
+    await engine.run(ops.tick(engine.config, NS, Q, t + 60 * SEC))
+    (job,) = await consume(engine, t + 60 * SEC + 250)
+    assert (job.scheduled_ms, job.body, job.attributes, job.group) == (
+        t + 60 * SEC,
+        b"body",
+        attrs,
+        "g",
+    )
+    await engine.run(control.bury(NS, Q, jid, "no", t + 61 * SEC))
+    await engine.run(control.kick(engine.config, NS, Q, jid, 2 * SEC, 1, 0, t + 70 * SEC))
+    looked = await engine.run(ops.peek_job(NS, Q, jid))
+    assert looked is not None and looked.scheduled_ms == t + 72 * SEC and looked.body == b"body"
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_a_keyed_jobs_dead_letter_shows_its_body_size_and_attributes(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:

@@ -63,6 +63,7 @@ class ControlRules(ModelMachine):
             if not unknown and (err is not None or job is None):
                 raise Mismatch(f"kick {job_id}: engine {err}, model dead -> back")
             j.tries, j.expire_at, j.reason = tries, 0, ""
+            j.due_moved(now + delay)
             if delay:
                 j.state, j.due = DELAYED, now + delay
             else:
@@ -199,6 +200,7 @@ class ControlRules(ModelMachine):
                 else:
                     j.tries, j.reason = 1, ""
                     j.expire_at = now + ttl if ttl else 0
+                    j.due_moved(now)
                     m.make_ready(j, now)
 
         self.each(self.stamps(t0, ("respawn",)), apply, unknown)
@@ -324,6 +326,7 @@ class ControlRules(ModelMachine):
                 else:
                     j.tries, j.reason = tries, ""
                     j.expire_at = now + ttl if ttl else 0
+                    j.due_moved(now + delay)
                     if delay:
                         j.state, j.due = DELAYED, now + delay
                     else:

@@ -70,6 +70,12 @@ class MJob:
             return id_due_ms(member) if is_wheel_member(member) else self.published
         return self.due
 
+    def due_moved(self, due: int) -> None:
+        """A reschedule or a revival (kick, respawn, redrive): a debounce's record carries its
+        new due time (lib/record.lua with_due)."""
+        if self.scheduled is not None:
+            self.scheduled = due
+
     def rank(self) -> int:
         return (255 - self.priority) * PRIO_SHIFT + self.due
 
