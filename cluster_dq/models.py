@@ -10,8 +10,8 @@ tries_left, deliveries, priority, flags, followed by the job's retry backoff (``
 cluster_dq.backoff) when flags&2, then [u8 len + the job's group] when flags&4, then [u8 len
 + its simple or debounce dedup key] when flags&8, then [u16 attr_len + attrs JSON] when
 flags&1, then a debounce's due ms (u48) when flags&16, then the body. Lua reads and rewrites the
-fixed header only (and reads the backoff, the group and the key; the dead-letter listing
-skips everything before the body).
+fixed header (and reads the backoff, the group and the key, and rewrites a debounce's due
+time: lib/record.lua with_due; the dead-letter listing skips everything before the body).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ end
 
 -- The record's flags (its 18th byte): 1 attributes, 2 its own backoff, 4 a group (`u8 len` +
 -- the name, after the backoff), 8 the simple or debounce dedup key it was published under
--- (`u8 len` + the key, after the group); 16 a debounce's due time, which a later debounce moves
--- (`>I6`, after the attributes, before the body: only the body's readers skip it).
+-- (`u8 len` + the key, after the group); 16 a debounce's due time, which a later debounce, a
+-- reschedule or a revival moves (`>I6`, after the attributes, before the body: with_due).
 local FLAG_GROUP, FLAG_DEDUP, FLAG_DUE = 4, 8, 16
 local BACKOFF_SIZE = 11 -- `>B I4 I4 H`
 

@@ -232,10 +232,23 @@ async def test_a_debounced_job_moved_counts_its_lateness_from_its_new_due_time(
         attrs,
         "g",
     )
-    await engine.run(control.bury(NS, Q, jid, "no", t + 61 * SEC))
+    await engine.run(ops.ack(NS, Q, [jid]))
+    # rescheduled into the past: due from then, not from the time asked (0 would count decades)
+    made = await keyed(engine, t, b"body", key="k2", mode="debounce", delay_ms=5 * SEC)
+    jid = made.published[0].job_id
+    await engine.run(control.reschedule_job(engine.config, NS, Q, jid, 0, t + 1))
+    (job,) = await consume(engine, t + 2)
+    assert job.job_id == jid and job.scheduled_ms == t + 1
+    await engine.run(ops.ack(NS, Q, [jid]))
+    # buried before any delivery, then kicked: its first delivery counts from the kick's time
+    made = await keyed(engine, t, b"body", key="k3", mode="debounce", delay_ms=5 * SEC)
+    jid = made.published[0].job_id
+    await engine.run(control.bury(NS, Q, jid, "no", t + 1))
     await engine.run(control.kick(engine.config, NS, Q, jid, 2 * SEC, 1, 0, t + 70 * SEC))
-    looked = await engine.run(ops.peek_job(NS, Q, jid))
-    assert looked is not None and looked.scheduled_ms == t + 72 * SEC and looked.body == b"body"
+    await engine.run(ops.tick(engine.config, NS, Q, t + 72 * SEC))
+    (job,) = await consume(engine, t + 72 * SEC + 250)
+    assert (job.job_id, job.deliveries, job.scheduled_ms) == (jid, 1, t + 72 * SEC)
+    assert job.body == b"body"
     check_queue(sync_redis, NS, Q)
 
 

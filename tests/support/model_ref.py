@@ -311,7 +311,7 @@ class Model(GroupRules, KeyedRules):
             return "too_late"
         was, held = j.state, j.held
         j.wheel, j.held, j.state = None, False, "moving"  # out of its wheel bucket, or HELD
-        j.due_moved(due)
+        j.due_moved(max(due, now))
         if was == READY and not held:
             self.let_one_go(q, j.group, now)  # (unready: it hands its turn on)
         if due > now:
