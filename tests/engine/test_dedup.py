@@ -249,6 +249,25 @@ async def test_a_debounced_job_moved_counts_its_lateness_from_its_new_due_time(
     (job,) = await consume(engine, t + 72 * SEC + 250)
     assert (job.job_id, job.deliveries, job.scheduled_ms) == (jid, 1, t + 72 * SEC)
     assert job.body == b"body"
+    await engine.run(ops.ack(NS, Q, [jid]))
+    # a respawn, and a redrive with a delay: the same
+    for i, revive in enumerate(("respawn", "redrive")):
+        made = await keyed(engine, t, b"body", key=f"r{i}", mode="debounce", delay_ms=5 * SEC)
+        jid = made.published[0].job_id
+        await engine.run(control.bury(NS, Q, jid, "no", t + 1))
+        at = t + (80 + i) * SEC
+        if revive == "respawn":
+            await engine.run(ops.respawn(engine.config, NS, Q, 10, 0, at))
+        else:
+            await engine.run(
+                control.redrive_dead(
+                    engine.config, NS, Q, control.DeadFilter(), None, 10, SEC, 1, 0, at
+                )
+            )
+        looked = await engine.run(ops.peek_job(NS, Q, jid))
+        want = at if revive == "respawn" else at + SEC
+        assert looked is not None and looked.scheduled_ms == want and looked.body == b"body"
+        await engine.run(ops.ack(NS, Q, [jid]))
     check_queue(sync_redis, NS, Q)
 
 
