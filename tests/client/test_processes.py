@@ -27,9 +27,14 @@ from tests.support.workers import run_until, worker_process
 QUICK = Backoff("fixed", 0.2)
 
 
+def notes(where: Path) -> list[Path]:
+    """The files the handlers wrote whole in ``where`` (child_handlers._note: not its tmp files)."""
+    return [p for p in where.iterdir() if not p.name.startswith(".")]
+
+
 def ran(where: Path) -> dict[str, int]:
     """``<job id>.<delivery>`` -> the pid that ran it."""
-    return {p.name: int(p.read_text()) for p in where.iterdir()}
+    return {p.name: int(p.read_text()) for p in notes(where)}
 
 
 def alive(pid: int) -> bool:
@@ -166,7 +171,7 @@ async def test_a_stop_kills_a_child_still_running_and_gives_its_job_back(
         isolation="process",
         shutdown_timeout=0.5,
     )
-    await run_until(worker, lambda: any(tmp_path.iterdir()), timeout=60)
+    await run_until(worker, lambda: any(notes(tmp_path)), timeout=60)
     await ended(ran(tmp_path)[f"{hang}.1"])
     job = await solo.get_job("iso-stop", hang)
     assert job is not None and (job.state, job.remain_tries) == ("ready", 2)  # unspent
@@ -229,7 +234,7 @@ async def test_the_command_runs_children_and_a_killed_worker_leaves_none_behind(
     )
     try:
         for _ in range(600):
-            if len(list(where.iterdir())) == 4:
+            if len(notes(where)) == 4:
                 break
             await asyncio.sleep(0.05)
         seen = ran(where)
@@ -354,7 +359,7 @@ async def test_a_sigterm_to_the_whole_group_lets_the_running_job_finish(
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
     try:
         for _ in range(600):
-            if any(where.iterdir()):
+            if any(notes(where)):
                 break
             await asyncio.sleep(0.05)
         os.killpg(proc.pid, signal.SIGTERM)

@@ -16,9 +16,17 @@ from cluster_dq.client import Job
 _held: list[bytearray] = []  # what "grow" keeps: the child's memory stays high
 
 
+def _note(path: Path, text: str) -> None:
+    """Writes ``path`` whole or not at all (a tmp file renamed): the tests poll the directory
+    and read what they find, which must never be a file created and not written yet."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.rename(path)
+
+
 def act(job: Job) -> str:
     body = job.json()
-    Path(body["dir"], f"{job.id}.{job.deliveries}").write_text(str(os.getpid()))
+    _note(Path(body["dir"], f"{job.id}.{job.deliveries}"), str(os.getpid()))
     do = body["do"]
     if do == "grow":
         _held.append(bytearray(256 << 20))  # touched: resident, not only reserved
@@ -34,7 +42,7 @@ def act(job: Job) -> str:
         sys.exit(3)
     elif do == "spawn-hang":  # a handler that shells out, then hangs
         sleeper = subprocess.Popen(["sleep", "60"])
-        Path(body["dir"], f"{job.id}.sleeper").write_text(str(sleeper.pid))
+        _note(Path(body["dir"], f"{job.id}.sleeper"), str(sleeper.pid))
         time.sleep(60)
     elif do == "fork":  # a copy made by fork() that raises, back into the child's loop
         copy = os.fork()
