@@ -11,31 +11,22 @@
 ]]
 --@include lib/codes
 --@include lib/keys
---@include lib/record
---@include lib/jobs
---@include lib/notes
+--@include lib/dead
 --@include lib/notify
 local now, limit, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local was_empty = redis.call('EXISTS', READY) == 0
 local ids = redis.call('ZRANGE', DEAD, 0, limit - 1)
-local exp = 0
-if ttl > 0 then exp = now + ttl end
 local n, lowered = 0, 0
 for _, id in ipairs(ids) do
   local rec = redis.call('HGET', JOBS, id)
   if rec then -- always, while the invariants hold; never write half a job otherwise
-    rec = with_due(with_tries_expire(rec, 1, exp), now) -- (a debounce's: due now)
-    redis.call('HSET', JOBS, id, rec)
-    make_ready(id, rec, now)
-    forget_death(id)
-    if exp > 0 then
-      redis.call('ZADD', EXPIRE, exp, id)
-      lowered = math.max(lowered, lower_next(exp))
-    end
+    local _, low = revive(id, rec, now, now, 1, ttl) -- (lib/dead.lua, as kick: ready now)
+    lowered = math.max(lowered, low)
     n = n + 1
+  else
+    redis.call('ZREM', DEAD, id)
   end
 end
-if #ids > 0 then zrem_many(DEAD, ids) end
 tidy()
 notify(ARGV[4], was_empty)
 return {n, lowered}

@@ -55,22 +55,27 @@ local function group_of(rec)
   return group_at(rec, 18)
 end
 
+-- Where the record's sections after its backoff and group begin (its 1-based index), by its
+-- `flags`: the sections come in this order (backoff 2, group 4, key 8, attributes 1, due 16).
+local function key_at(rec, flags)
+  local at = 19
+  if bit.band(flags, 2) ~= 0 then at = at + BACKOFF_SIZE end
+  if bit.band(flags, FLAG_GROUP) ~= 0 then at = at + 1 + string.byte(rec, at) end
+  return at
+end
+
 -- The dedup key a record carries (flag 8); false: none.
 local function dedup_of(rec)
   local flags = string.byte(rec, 18)
   if bit.band(flags, FLAG_DEDUP) == 0 then return false end
-  local i = 19
-  if bit.band(flags, 2) ~= 0 then i = i + BACKOFF_SIZE end
-  if bit.band(flags, FLAG_GROUP) ~= 0 then i = i + 1 + string.byte(rec, i) end
-  return string.sub(rec, i + 1, i + string.byte(rec, i))
+  local at = key_at(rec, flags)
+  return string.sub(rec, at + 1, at + string.byte(rec, at))
 end
 
--- Where a record's body begins (its 1-based index): after the header and the sections its
--- flags name, in their order (backoff 2, group 4, key 8, attributes 1, due time 16).
+-- Where a record's body begins (its 1-based index): after the header and every section.
 local function body_at(rec)
-  local flags, at = string.byte(rec, 18), 19
-  if bit.band(flags, 2) ~= 0 then at = at + BACKOFF_SIZE end
-  if bit.band(flags, FLAG_GROUP) ~= 0 then at = at + 1 + string.byte(rec, at) end
+  local flags = string.byte(rec, 18)
+  local at = key_at(rec, flags)
   if bit.band(flags, FLAG_DEDUP) ~= 0 then at = at + 1 + string.byte(rec, at) end
   if bit.band(flags, 1) ~= 0 then at = at + 2 + struct.unpack('>H', rec, at) end
   if bit.band(flags, FLAG_DUE) ~= 0 then at = at + 6 end

@@ -620,35 +620,22 @@ async def test_a_repeat_with_a_client_job_id_answered_another_job_registers_the_
     assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == [Q]
 
 
+@pytest.mark.parametrize("past", [False, True])
 async def test_a_debounce_with_a_client_id_repeated_signals_the_new_due_time(
-    engine: AsyncEngine, sync_redis: redis.Redis
+    engine: AsyncEngine, sync_redis: redis.Redis, past: bool
 ) -> None:
     """The same with a client's job_id, which names no one call: the repeat replaces the job
     again (what any request with that id gets), which lowers nothing the first attempt had not
-    lowered, so it sent no signal either. Found by the model's check of the shard's schedule."""
-    t = now_ms()
+    lowered, so it sent no signal either. Found by the model's check of the shard's schedule.
+    ``past``: the repeat stamped after the due time the first attempt set (a repeat is stamped
+    afresh) makes the job ready and lowered nothing, while META.next still held that time,
+    never signalled; a replacement made ready while META.next is its due time reports it."""
+    t = now_ms() - (10 * SEC if past else 0)  # (the requests' time; the repeat: the clock's)
     await keyed(engine, t, b"x", key="d", mode="debounce", delay_ms=60 * SEC)
     with first_reply_lost(engine, "publish_keyed") as lost:
         got = await keyed(engine, t + 1, b"y", key="d", mode="debounce", delay_ms=SEC, job_id="c1")
     assert lost and got.dedup == "replaced"
-    at, nxt = scheduled(sync_redis, engine)
-    assert at is not None and nxt is not None and at <= nxt, (at, nxt)
-    check_queue(sync_redis, NS, Q)
-
-
-async def test_a_debounce_with_a_client_id_repeated_after_its_due_time_signals_the_shard(
-    engine: AsyncEngine, sync_redis: redis.Redis
-) -> None:
-    """The same, its repeat stamped after the due time the first attempt set (a repeat is
-    stamped afresh): the repeat makes the job ready and lowered nothing, while META.next still
-    held the first attempt's time, never signalled: the shard's schedule stayed later than the
-    queue's next event until the pump's next look. A replacement made ready while META.next has
-    passed now reports it, so the shard looks at once."""
-    t = now_ms() - 10 * SEC  # (the requests' time; the repeat is stamped with the clock)
-    await keyed(engine, t, b"x", key="d", mode="debounce", delay_ms=60 * SEC)
-    with first_reply_lost(engine, "publish_keyed") as lost:
-        got = await keyed(engine, t + 1, b"y", key="d", mode="debounce", delay_ms=SEC, job_id="c1")
-    assert lost and got.dedup == "replaced" and got.published[0].state is JobState.READY
+    assert got.published[0].state is (JobState.READY if past else JobState.DELAYED)
     at, nxt = scheduled(sync_redis, engine)
     assert at is not None and nxt is not None and at <= nxt, (at, nxt)
     check_queue(sync_redis, NS, Q)
