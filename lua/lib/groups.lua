@@ -142,9 +142,16 @@ local function flush_rates()
   TOOK = {}
 end
 
--- How many turns of group g's rate fall within millisecond `now` (at least 1 when its next
--- turn has come, 0 while it is later).
+-- How many turns of group g's rate fall within millisecond `now`, as rate_turn counts them
+-- (a turn at t falls within it when floor(t + EPS) <= now): from the later of its next turn
+-- and now, every turn before now + 1 - EPS (0 while its next turn is later).
 local function rate_turns(conf, tat, now)
   if math.floor(tat + EPS) > now then return 0 end
-  return math.max(math.floor((now + 1 - math.max(tat, now)) / conf[3] + EPS), 1)
+  return math.max(math.ceil((now + 1 - EPS - math.max(tat, now)) / conf[3]), 1)
+end
+
+-- The millisecond of the turn after `turns` turns from the later of tat and now: always
+-- after now when they are the turns of ms `now` (rate_turns).
+local function turn_after(conf, tat, now, turns)
+  return math.floor(math.max(tat, now) + turns * conf[3] + EPS)
 end

@@ -17,7 +17,7 @@ local function wake_group(g, now, limit)
   local turns = rate_turns(conf, tat, now)
   -- the turns within this ms go now; the next one, after them, as if they were taken
   unhold(g, math.min(turns, room, limit), now)
-  local at = math.floor(math.max(tat, now) + turns * conf[3])
+  local at = turn_after(conf, tat, now, turns)
   local more = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, 1)
   if #more > 0 then
     redis.call('ZADD', GWAKE, at, g)

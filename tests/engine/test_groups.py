@@ -474,6 +474,27 @@ async def test_a_rate_above_a_thousand_a_second_lets_several_go_per_millisecond(
     check_queue(sync_redis, NS, Q)
 
 
+async def test_a_rate_set_on_held_jobs_lets_its_first_milliseconds_turns_go_and_wakes_after_it(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """A rate of 5 per 2 ms (turns 0.4 ms apart) set on a paused group's held jobs at t: its
+    turns at t, t+0.4 and t+0.8 let 3 go, and its next wake-up is at t+1, not at t (a wake-up
+    at the time it was set undercounted the millisecond's turns and had the pump look again
+    at once, after the queue's next event)."""
+    t = now_ms()
+    await configure(engine, t, "r", paused=True)
+    await publish(engine, t, "r", 10)
+    assert await consume(engine, t, count=20) == []
+    await configure(engine, t + 10, "r", paused=False, rate=ops.Rate(5, 2))
+    wake = sync_redis.zscore(QueueKeys(NS, Q).group_wake, "r")
+    assert wake == t + 11, (wake, t)
+    assert int(sync_redis.hget(QueueKeys(NS, Q).meta, "next")) == t + 11
+    assert len(await consume(engine, t + 10, count=20)) == 3
+    assert len(await consume(engine, t + 11, count=20)) == 2  # t+11.2, t+11.6
+    assert len(await consume(engine, t + 12, count=20)) == 3  # t+12.0, t+12.4, t+12.8
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_settings_for_ever_more_groups_are_refused_past_the_queues_limit(
     engine: AsyncEngine, sync_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -152,11 +152,11 @@ class GroupRules:
         tat: float = self.tat.get((q, g), 0)
         turns = 0
         if math.floor(tat + RATE_EPS) <= now:
-            turns = max(math.floor((now + 1 - max(tat, now)) / interval + RATE_EPS), 1)
+            turns = max(math.ceil((now + 1 - RATE_EPS - max(tat, now)) / interval), 1)
             EVENTS["group: a rate's turn came"] += 1
         self.unhold(q, g, min(turns, room, limit), now)
         if self.held_back(q, g):
-            self.wake[(q, g)] = math.floor(max(tat, now) + turns * interval)
+            self.wake[(q, g)] = math.floor(max(tat, now) + turns * interval + RATE_EPS)
 
     def wake_groups(self, q: str, now: int, limit: int = 1_000) -> None:
         """lib/promote.lua wake_groups: the rate wake-ups due by ``now``, in score then name
