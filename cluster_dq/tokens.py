@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import time
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Container
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from cluster_dq.names import ROUTE_NAME_RE
 from cluster_dq.models import encode_id
 
 log = logging.getLogger(__name__)
+MAX_DESCRIPTION = 1000  # characters of a token's description
 MIN_CUSTOM_TOKEN = 20
 MAX_TOKEN = 64
 _PART_RE = ROUTE_NAME_RE  # a token, or the pool (ring) name before ':': one grammar
@@ -144,6 +146,19 @@ class Limit:
         return cls(**values)
 
 
+def check_description(text: str) -> None:
+    """A token's description: one line of text, 1 to ``MAX_DESCRIPTION`` characters (it is
+    listed by the admin API, the dashboard and the CLI)."""
+    if not text:
+        raise BadRequest("invalid description", "description")
+    if len(text) > MAX_DESCRIPTION:
+        raise BadRequest(
+            f"invalid description: too long (max {MAX_DESCRIPTION} characters)", "description"
+        )
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+        raise BadRequest("invalid description: a control character", "description")
+
+
 class TokenStore:
     def __init__(
         self,
@@ -173,8 +188,7 @@ class TokenStore:
 
     async def create(self, pool: str, ns: str, description: str, token: str | None) -> str:
         self._check(pool, ns)
-        if not description:
-            raise BadRequest("invalid description", "description")
+        check_description(description)
         if token is None:
             token = new_token()
         elif len(token) < MIN_CUSTOM_TOKEN:

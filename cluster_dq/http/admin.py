@@ -159,7 +159,7 @@ class AdminAPI:
             return json({"tokens": {prefix + t: d for t, d in found.items()}})
         params.check_names(ns)  # before the body is read
         form = await params.form(request, MAX_TOKEN_FORM, MAX_TOKEN_FORM)
-        description = request.query_params.get("description") or form.get("description")
+        description = params.exact(request, "description") or form.get("description")
         if description is not None and not isinstance(description, str):
             raise BadRequest("invalid description", "description")
         custom = request.query_params.get("token") or form.get("token") or None

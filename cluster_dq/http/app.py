@@ -78,6 +78,9 @@ def build_app(
     (``http/tracing.py``, ``EnableTracing``)."""
     handlers = error_handlers()
     app = Starlette(routes=routes, exception_handlers=handlers)
+    # A path with a trailing slash is not found (404), not redirected without it: a 307 keeps
+    # the method and the body, so a client following it wrote through a path that is no API's.
+    app.router.redirect_slashes = False
     if hot is not None:  # added first: the innermost middleware, inside the request ids
         app.add_middleware(
             HotPaths,

@@ -11,6 +11,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Match
 
 from cluster_dq.errors import (
     BadRequest,
@@ -58,6 +59,18 @@ def status_of(exc: BaseException) -> int:
     return next((STATUS[c] for c in type(exc).__mro__ if c in STATUS), 500)
 
 
+def allowed(request: Request) -> set[str]:
+    """The methods the request's path takes, over every route of the app that matches it
+    (Starlette's 405 names the first one's only)."""
+    out: set[str] = set()
+    router = getattr(request.scope.get("app"), "router", None)
+    for route in getattr(router, "routes", ()):
+        methods = getattr(route, "methods", None)
+        if methods and route.matches(request.scope)[0] is not Match.NONE:
+            out |= methods
+    return out
+
+
 def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
     async def dq_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ClusterDQError)
@@ -94,7 +107,11 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         messages = {404: "api not found", 405: "method not allowed"}
-        return error(messages.get(exc.status_code, exc.detail), exc.status_code)
+        out = error(messages.get(exc.status_code, exc.detail), exc.status_code)
+        out.headers.update(exc.headers or {})
+        if exc.status_code == 405 and (methods := allowed(request)):
+            out.headers["Allow"] = ", ".join(sorted(methods))  # not the first route's alone
+        return out
 
     async def untranslated(request: Request, exc: Exception) -> Response:
         # A last line, not a path: every Redis call goes through the engine, which translates

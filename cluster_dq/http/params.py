@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from urllib.parse import parse_qsl
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -53,13 +54,19 @@ TRACE_CONTEXT = (TRACEPARENT, TRACESTATE)  # attributes an Idempotency-Key's fin
 
 
 def query(request: Request) -> dict[str, str]:
-    """The query string's parameters, parsed once per request into a plain dict: a repeated
-    name keeps its last value, as Starlette's ``QueryParams`` (whose lookups go through
-    ``Mapping.get`` and cost more than the parse itself)."""
+    """The query string's parameters, parsed once per request into a plain dict (Starlette's
+    ``QueryParams`` lookups go through ``Mapping.get`` and cost more than the parse itself). A
+    name given twice is a 400 naming it: which value would count is no guess (lmstfy read the
+    first, Starlette the last)."""
     found: dict[str, str] | None = request.scope.get("dq.query")
     if found is None:
         raw = request.scope.get("query_string", b"").decode("latin-1")
-        found = request.scope["dq.query"] = dict(parse_qsl(raw, keep_blank_values=True))
+        pairs = parse_qsl(raw, keep_blank_values=True)
+        found = dict(pairs)
+        if len(found) != len(pairs):
+            twice = next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+            raise BadRequest(f"{twice} is given twice", twice)
+        request.scope["dq.query"] = found
     return found
 
 
@@ -80,12 +87,13 @@ def exact(request: Request, name: str) -> str | None:
 
 def header(request: Request, name: str) -> str | None:
     """A request header's value (``name`` lower-case; the first of a repeated one, as
-    Starlette's ``Headers``), from a dict made once per request."""
+    Starlette's ``Headers``), from a dict made once per request; without the spaces and tabs
+    around it, which are not part of a field's value (RFC 9110 5.5)."""
     found: dict[str, str] | None = request.scope.get("dq.headers")
     if found is None:
         found = {}
         for key, value in request.scope["headers"]:
-            found.setdefault(key.decode("latin-1"), value.decode("latin-1"))
+            found.setdefault(key.decode("latin-1"), value.decode("latin-1").strip(" \t"))
         request.scope["dq.headers"] = found
     return found.get(name)
 
@@ -109,8 +117,8 @@ def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int =
 
 
 def queue_list(ns: str, raw: str) -> list[str]:
-    queues = [q for q in raw.split(",") if q]
-    if not queues:
+    queues = raw.split(",")
+    if not all(queues):  # (an empty name: two commas, or one at an end)
         raise BadRequest("invalid queue name(s)", "queue")
     for q in queues:
         check_names(ns, q)
@@ -350,8 +358,11 @@ async def text(request: Request, name: str) -> str:
     member ``name`` of a JSON object body (``Content-Type: application/json``); '' when
     neither has it. At most ``MAX_NOTE_TEXT`` bytes of UTF-8."""
     value: object = exact(request, name)
-    if value is None and "json" in (header(request, "content-type") or ""):
+    if value is None:
         data = await body(request, MAX_NOTE_TEXT * 6 + 1024)
+        if data.strip() and "json" not in (header(request, "content-type") or ""):
+            # (curl -d sends a form's type): not acted on with the text dropped
+            raise BadRequest(f"a body with {name} needs Content-Type: application/json", "body")
         if data.strip():
             parsed = userjson.parse(
                 data, "body", f"request body should be a JSON object with {name}", by_field=True

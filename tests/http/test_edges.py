@@ -391,3 +391,110 @@ def test_admin_refuses_a_malformed_token_in_its_paths(
         assert r.status_code == 400 and "token" in r.json()["error"], (bad, r.text)
         assert admin.delete(f"/token/ns/{bad}").status_code == 400
     assert not standalone_redis.hlen(AdminKeys.limits())
+
+
+# -- (11) what a newcomer's careless requests met ---------------------------------------------
+
+
+@pytest.mark.usefixtures("no_traceback")
+def test_a_trailing_slash_is_a_json_404_and_writes_nothing(
+    own_service: tuple[str, str, Path], api: httpx.Client, admin: httpx.Client
+) -> None:
+    """Not a 307 to the path without it: a redirect keeps the method and the body, so a
+    client that follows it (curl -L) published through a path that does not exist."""
+    for path in ("/api/ns/q/", "/api/ns//", "/api/ns/q/size/", "/api/ns/q/groups/"):
+        r = api.put(path, content=b"x", follow_redirects=True)
+        assert r.status_code == 404 and r.json() == {"error": "api not found"}, (path, r.text)
+    r = admin.get("/healthz/", follow_redirects=False)
+    assert r.status_code == 404 and r.json() == {"error": "api not found"}
+    assert sizes(api)["size"] == 0
+
+
+def test_a_405_names_the_methods_the_path_takes(api: httpx.Client) -> None:
+    r = api.post("/api/ns/q")
+    assert r.status_code == 405 and r.json() == {"error": "method not allowed"}
+    assert {m.strip() for m in r.headers["allow"].split(",")} >= {"GET", "PUT"}, r.headers
+    r = api.delete("/api/ns/q/size")
+    assert r.status_code == 405 and "GET" in r.headers["allow"]
+
+
+@pytest.mark.usefixtures("no_traceback")
+def test_a_query_parameter_given_twice_is_400_naming_it(api: httpx.Client) -> None:
+    """Which value counts is no guess (lmstfy read the first, Starlette the last): a
+    ``delay`` given twice with a ``ttl`` between them was one rule or the other's."""
+    r = api.put("/api/ns/q?delay=100&delay=1&ttl=50", content=b"x")
+    assert r.status_code == 400 and r.json() == {"error": "delay is given twice"}, r.text
+    r = api.put("/api/ns/q?group=a&group=b", content=b"x")
+    assert r.status_code == 400 and r.json() == {"error": "group is given twice"}, r.text
+    assert sizes(api)["size"] == 0
+    assert api.put("/api/ns/q", content=b"x").status_code == 201
+    r = api.get("/api/ns/q?timeout=0&timeout=0")
+    assert r.status_code == 400 and r.json() == {"error": "timeout is given twice"}
+    assert sizes(api)["size"] == 1
+
+
+@pytest.mark.usefixtures("no_traceback")
+def test_an_empty_name_in_a_consumes_queue_list_is_400(api: httpx.Client) -> None:
+    assert api.put("/api/ns/q", content=b"x").status_code == 201
+    for queues in ("q,,q", "q,", ",q"):
+        r = api.get(f"/api/ns/{queues}", params={"timeout": 0})
+        assert r.status_code == 400 and r.json() == {"error": "invalid queue name(s)"}, queues
+    assert sizes(api)["size"] == 1
+
+
+@pytest.mark.usefixtures("no_traceback")
+def test_a_text_body_without_its_json_content_type_is_400_and_changes_nothing(
+    api: httpx.Client,
+) -> None:
+    """A bury's reason or a release's error sent as JSON without ``Content-Type:
+    application/json`` (curl -d sends a form's): refused, not acted on with the text dropped."""
+    api.put("/api/ns/q", content=b"x")
+    job = api.get("/api/ns/q", params={"timeout": 0, "ttr": 60}).json()
+    jid, form = job["job_id"], {"Content-Type": "application/x-www-form-urlencoded"}
+    for verb, name in (("bury", "reason"), ("release", "error")):
+        r = api.post(f"/api/ns/q/job/{jid}/{verb}", content=f'{{"{name}": "why"}}', headers=form)
+        assert r.status_code == 400, r.text
+        assert "Content-Type: application/json" in r.json()["error"], r.text
+        assert api.get(f"/api/ns/q/job/{jid}").json()["state"] == "reserved"
+    r = api.post(f"/api/ns/q/job/{jid}/bury", content=b"", headers=form)  # no body: as before
+    assert r.status_code == 200, r.text
+    r = api.get(f"/api/ns/q/job/{jid}").json()
+    assert r["state"] == "dead"
+
+
+def test_the_spaces_around_a_token_are_not_part_of_it(
+    own_service: tuple[str, str, Path], token: str
+) -> None:
+    """RFC 9110: a field value's leading and trailing spaces and tabs are not part of it."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(own_service[0])
+    for value in (f"{token}   ", f"\t{token} \t", f" {token}"):
+        with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+            s.sendall(
+                f"GET /api/ns/q/size HTTP/1.1\r\nHost: {url.netloc}\r\nX-Token: {value}\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 200"), (value, got[:200])
+
+
+@pytest.mark.usefixtures("no_traceback")
+@pytest.mark.parametrize(
+    ("query", "why"),
+    [
+        ("description=%FF", "not UTF-8"),
+        ("description=a%0Ab", "a control character"),
+        ("description=" + "d" * 1001, "too long"),
+    ],
+    ids=["not-utf8", "control", "long"],
+)
+def test_a_token_description_is_one_line_of_text(admin: httpx.Client, query: str, why: str) -> None:
+    before = admin.get("/token/ns").json()["tokens"]
+    r = admin.post(f"/token/ns?{query}")
+    assert r.status_code == 400, r.text
+    assert r.json()["error"].startswith("invalid description") and why in r.json()["error"]
+    assert admin.get("/token/ns").json()["tokens"] == before
