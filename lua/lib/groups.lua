@@ -99,8 +99,8 @@ local function flush_shrunk()
   FREED, LEFT = {}, {}
 end
 
--- Group g's settings, read once per call: {paused, concurrency limit or false, ms between
--- two deliveries under its rate or false}.
+-- Group g's settings, read once per call: {paused, concurrency limit or false, its rate's n
+-- or false, and its rate's P ms (n per P)}.
 local GROUP_CONF = {}
 local function group_conf(g)
   local c = GROUP_CONF[g]
@@ -109,49 +109,77 @@ local function group_conf(g)
   c = {v[1] == '1', tonumber(v[2] or '') or false, false}
   if v[3] then
     local n, per = string.match(v[3], '^(%d+) (%d+)$')
-    c[3] = tonumber(per) / tonumber(n)
+    c[3], c[4] = tonumber(n), tonumber(per)
   end
   GROUP_CONF[g] = c
   return c
 end
 
--- Group g's rate (GCRA without a burst) for one delivery at `now`: 0 when it may go (its turn
--- taken), else the millisecond it may. Turns are `conf[3]` ms apart, from the later of the
--- next turn and now (`a:<g>`: the next turn, fractional); a delivery at millisecond `now`
--- takes every turn that falls within it (a rate above 1,000/s goes several per ms), so a
--- window of `per` ms never holds more than n deliveries.
-local EPS = 0.001 -- ms: what adding up fractional turns may be off by (doubles near 2^41)
+-- Group g's rate (GCRA without a burst), counted exactly: turns `per/n` ms apart (conf[4],
+-- conf[3]), from the later of the next turn and now. The next turn is `ms + r/n` ms, r in
+-- 0..n-1, whole numbers (fractional ms added up in doubles drift near 2^41, and a rate set to
+-- n per P let n + 1 go in some windows of P). A delivery at millisecond `now` takes every turn
+-- that falls within it (a rate above 1,000/s goes several per ms), so a window of P ms never
+-- holds more than n deliveries.
+-- In GCONF `a:<g>` the next turn is a decimal, `ms` then r/n to 12 places: r comes back exact
+-- for every n up to 10^6, and a number is what an earlier version wrote and reads there (its
+-- value, a double, is read to the nearest 1/n).
+local function read_turn(g, n)
+  local s = redis.call('HGET', GCONF, 'a:' .. g)
+  if not s then return 0, 0 end
+  local dot = string.find(s, '.', 1, true)
+  if not dot then return tonumber(s), 0 end
+  local ms = tonumber(string.sub(s, 1, dot - 1))
+  local r = math.floor(tonumber('0' .. string.sub(s, dot)) * n + 0.5)
+  if r >= n then return ms + 1, 0 end
+  return ms, r
+end
 
--- A call reads a group's next turn once and keeps it (TAT); `flush_rates` writes the turns
--- it took at its end, once per group.
+local function turn_text(t)
+  local ms, r, n = t[1], t[2], t[3]
+  local whole = string.format('%.0f', ms)
+  if r == 0 then return whole end
+  return whole .. string.sub(string.format('%.12f', r / n), 2)
+end
+
+-- A call reads a group's next turn once and keeps it (TAT[g] = {ms, r, n}); `flush_rates`
+-- writes the turns it took at its end, once per group.
 local TAT, TOOK = {}, {}
 
+-- One delivery of group g at `now`: 0 when it may go (its turn taken), else the millisecond
+-- it may.
 local function rate_turn(g, conf, now)
-  local tat = TAT[g]
-  if tat == nil then
-    tat = tonumber(redis.call('HGET', GCONF, 'a:' .. g) or '0')
-    TAT[g] = tat
+  local t = TAT[g]
+  if t == nil then
+    local ms, r = read_turn(g, conf[3])
+    t = {ms, r, conf[3]}
+    TAT[g] = t
   end
-  if math.floor(tat + EPS) > now then return math.floor(tat + EPS) end
-  TAT[g], TOOK[g] = math.max(tat, now) + conf[3], true
+  if t[1] > now then return t[1] end
+  local ms, r = t[1], t[2]
+  if ms < now then ms, r = now, 0 end
+  r = r + conf[4]
+  t[1], t[2], TOOK[g] = ms + math.floor(r / conf[3]), r % conf[3], true
   return 0
 end
 
 local function flush_rates()
-  for g in pairs(TOOK) do redis.call('HSET', GCONF, 'a:' .. g, TAT[g]) end
+  for g in pairs(TOOK) do redis.call('HSET', GCONF, 'a:' .. g, turn_text(TAT[g])) end
   TOOK = {}
 end
 
--- How many turns of group g's rate fall within millisecond `now`, as rate_turn counts them
--- (a turn at t falls within it when floor(t + EPS) <= now): from the later of its next turn
--- and now, every turn before now + 1 - EPS (0 while its next turn is later).
-local function rate_turns(conf, tat, now)
-  if math.floor(tat + EPS) > now then return 0 end
-  return math.max(math.ceil((now + 1 - EPS - math.max(tat, now)) / conf[3]), 1)
+-- How many turns of a rate whose next turn is `ms + r/n` fall within millisecond `now`, as
+-- rate_turn takes them: from the later of that turn and now, every one before now + 1 (0
+-- while the next turn's millisecond is later).
+local function rate_turns(conf, ms, r, now)
+  if ms > now then return 0 end
+  if ms < now then r = 0 end
+  return math.ceil((conf[3] - r) / conf[4])
 end
 
--- The millisecond of the turn after `turns` turns from the later of tat and now: always
--- after now when they are the turns of ms `now` (rate_turns).
-local function turn_after(conf, tat, now, turns)
-  return math.floor(math.max(tat, now) + turns * conf[3] + EPS)
+-- The millisecond of the turn after `turns` turns from the later of `ms + r/n` and now:
+-- always after now when they are the turns of ms `now` (rate_turns).
+local function turn_after(conf, ms, r, now, turns)
+  if ms < now then ms, r = now, 0 end
+  return ms + math.floor((r + turns * conf[4]) / conf[3])
 end

@@ -13,11 +13,11 @@ local function wake_group(g, now, limit)
   local conf = group_conf(g)
   local room = conf[3] and group_room(g, conf) or 0
   if room <= 0 then return end
-  local tat = tonumber(redis.call('HGET', GCONF, 'a:' .. g) or '0')
-  local turns = rate_turns(conf, tat, now)
+  local ms, r = read_turn(g, conf[3])
+  local turns = rate_turns(conf, ms, r, now)
   -- the turns within this ms go now; the next one, after them, as if they were taken
   unhold(g, math.min(turns, room, limit), now)
-  local at = turn_after(conf, tat, now, turns)
+  local at = turn_after(conf, ms, r, now, turns)
   local more = redis.call('ZRANGE', HELD, '[' .. g .. '\0', '(' .. g .. '\1', 'BYLEX', 'LIMIT', 0, 1)
   if #more > 0 then
     redis.call('ZADD', GWAKE, at, g)

@@ -6,12 +6,17 @@ holding only its groups' ready jobs) at each step."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
@@ -21,6 +26,7 @@ from cluster_dq.errors import Conflict
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job, JobSpec, JobState
 from cluster_dq.testing.invariants import check_queue, queue_keys
+from tests.support.run import examples
 
 NS, Q = "ns", "g"
 SEC = 1000
@@ -516,3 +522,126 @@ async def test_settings_for_ever_more_groups_are_refused_past_the_queues_limit(
     await configure(engine, t, "b", paused=False)  # b has none now: room for c
     assert (await configure(engine, t, "c", concurrency=3)).concurrency == 3
     await configure(engine, t, "x", paused=False)  # a new group given no setting: nothing
+
+
+# The rate's guarantee over many rates: turns 0.05 to 50 ms apart, fractional ones included.
+rates = st.builds(ops.Rate, st.integers(1, 20), st.integers(1, 50))
+clock_steps = st.integers(0, 7)  # ms the clock moves on before an operation
+rate_moves = st.one_of(
+    *[st.tuples(st.just("consume"), clock_steps, st.integers(1, 10))] * 3,
+    *[st.tuples(st.just("tick"), clock_steps)] * 2,
+    st.tuples(st.just("rate"), clock_steps, st.one_of(st.none(), rates)),  # None: the same
+    st.tuples(st.just("pause"), clock_steps, st.booleans()),
+)
+_RATE_QUEUES = itertools.count()  # a fresh queue per example: the server outlives them
+
+
+@settings(
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    rate=rates,
+    jobs=st.integers(10, 60),
+    paused=st.booleans(),
+    moves=st.lists(rate_moves, max_size=30),
+)
+async def test_a_rate_lets_at_most_its_jobs_go_in_any_window_wakes_after_now_and_strands_none(
+    engine: AsyncEngine,
+    sync_redis: redis.Redis,
+    rate: ops.Rate,
+    jobs: int,
+    paused: bool,
+    moves: list[tuple[Any, ...]],
+) -> None:
+    """A rate (n per P ms) set on a group (paused at first or not), its jobs consumed, the pump
+    ticking, the rate set again (the same or another: a changed rate starts afresh) and the
+    pause set and lifted, on a clock that only moves forward. (a) In any window of P ms, at
+    most n deliveries under one rate. (b) After every call, the group's wake-up is absent or
+    after the call's clock (a configure that wakes nothing may leave a due one as it was, for
+    the pump), and META.next is no later than it. (c) No job is stranded: with the pause
+    lifted, every job is delivered by the last of its turns, each step of the clock to the
+    group's wake-up, which there is while it holds jobs back (a consume or tick at any ms in
+    between finds nothing: READY is empty and META.next later)."""
+    q, e, cfg = f"rate{next(_RATE_QUEUES)}", engine, engine.config
+    qk = QueueKeys(NS, q)
+    now = now_ms()
+    delivered: list[tuple[int, int]] = []  # (which rate: changes so far, ms) per job
+    ids: set[str] = set()
+    current, changes = rate, 0
+
+    def woken(now: int, before: float | None = None, waking: bool = True) -> float | None:
+        p = sync_redis.pipeline(transaction=False)
+        p.zscore(qk.group_wake, "r")
+        p.hget(qk.meta, "next")
+        p.zlexcount(qk.held, b"[r\0", b"(r\1")
+        wake, nxt, held = p.execute()
+        if wake is not None:
+            assert wake > now or (not waking and wake == before), (wake, now, before, current)
+            assert nxt is not None and int(nxt) <= wake, (nxt, wake, current)
+        assert wake is not None or paused or not held, f"{held} held, no wake-up at {now}"
+        return None if wake is None else float(wake)
+
+    async def configure_it(now: int, waking: bool, **kw: object) -> None:
+        """waking: a change that wakes the group (a new rate, a pause lifted), not the same
+        settings again or a pause."""
+        before = sync_redis.zscore(qk.group_wake, "r")
+        asked = ops.GroupChanges(**kw)  # type: ignore[arg-type]
+        await e.run(ops.configure_group(cfg, NS, q, "r", asked, now))
+        woken(now, before, waking)
+
+    async def consume_it(now: int, count: int) -> int:
+        got = await e.run(ops.consume(cfg, NS, (q,), 30 * SEC, count, now))
+        delivered.extend((changes, now) for _ in got)
+        ids.update(j.job_id for j in got)
+        woken(now)
+        return len(got)
+
+    async def tick_it(now: int) -> None:
+        await e.run(ops.tick(cfg, NS, q, now))
+        woken(now)
+
+    await configure_it(now, True, rate=rate, paused=paused)
+    specs = [JobSpec(b"j", group="r") for _ in range(jobs)]
+    published = {p.job_id for p in await e.run(ops.publish(cfg, NS, q, specs, now))}
+    rate_of = {0: rate}  # each rate by the changes before it
+    for move in moves:
+        now += move[1]
+        if move[0] == "consume":
+            await consume_it(now, move[2])
+        elif move[0] == "tick":
+            await tick_it(now)
+        elif move[0] == "pause":
+            lifted, paused = paused and not move[2], move[2]
+            await configure_it(now, lifted, paused=paused)
+        else:
+            new = move[2] or current
+            await configure_it(now, new != current, rate=new)
+            if new != current:  # a changed rate starts afresh
+                current, changes = new, changes + 1
+                rate_of[changes] = new
+    # (c) the pause lifted, the pump and a consumer at every event: every job goes by its turn
+    if paused:
+        paused = False
+        await configure_it(now, True, paused=False)
+    left = jobs - len(delivered)
+    deadline = now + math.ceil(left * current.per_ms / current.jobs) + 2
+    while len(delivered) < jobs:
+        await tick_it(now)
+        while await consume_it(now, 10) == 10:
+            pass
+        if len(delivered) == jobs:
+            break
+        wake = woken(now)
+        assert wake is not None, f"{jobs - len(delivered)} jobs left, no wake-up at {now}"
+        now = int(wake)
+        assert now <= deadline, (now, deadline, jobs - len(delivered), current)
+    assert ids == published and len(delivered) == jobs  # each once (ttr: 30 s, never reached)
+    # (a) at most n deliveries in any window of P ms, under each rate
+    for which, r in rate_of.items():
+        times = sorted(at for w, at in delivered if w == which)
+        for i, start in enumerate(times):
+            inside = sum(1 for at in times[i:] if at < start + r.per_ms)
+            assert inside <= r.jobs, (r, start, inside, times)
+    check_queue(sync_redis, NS, q)

@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from cluster_dq.engine.groups import UNHOLD_PER_CALL
-from tests.support.model_job import EVENTS, RATE_EPS, READY, RESERVED, GConf, GKey, Key, MJob
+from tests.support.model_job import EVENTS, READY, RESERVED, GConf, GKey, Key, MJob
 
 
 class GroupRules:
@@ -131,13 +131,17 @@ class GroupRules:
 
     def rate_turn(self, q: str, g: str, now: int) -> int:
         """0 when one of g's jobs may go at ``now`` (its turn taken), else the ms it may: turns
-        ``P/n`` apart from the later of the next turn (``a:<g>``, fractional) and now."""
+        ``P/n`` apart from the later of the next turn (``a:<g>``: ``ms + r/n``, kept as the
+        whole numbers ``(ms, r)``) and now."""
         rate = self.conf(q, g).rate
         assert rate is not None
-        tat = self.tat.get((q, g), 0)
-        if math.floor(tat + RATE_EPS) > now:
-            return math.floor(tat + RATE_EPS)
-        self.tat[(q, g)] = max(tat, now) + rate[1] / rate[0]
+        n, per = rate
+        ms, r = self.tat.get((q, g), (0, 0))
+        if ms > now:
+            return ms
+        if ms < now:
+            ms, r = now, 0
+        self.tat[(q, g)] = (ms + (r + per) // n, (r + per) % n)
         return 0
 
     def wake_group(self, q: str, g: str, now: int, limit: int = 1_000) -> None:
@@ -148,15 +152,17 @@ class GroupRules:
         room = self.room(q, g) if rate is not None else 0
         if rate is None or room <= 0:
             return
-        interval = rate[1] / rate[0]
-        tat: float = self.tat.get((q, g), 0)
+        n, per = rate
+        ms, r = self.tat.get((q, g), (0, 0))
+        if ms < now:
+            ms, r = now, 0
         turns = 0
-        if math.floor(tat + RATE_EPS) <= now:
-            turns = max(math.ceil((now + 1 - RATE_EPS - max(tat, now)) / interval), 1)
+        if ms <= now:  # every turn of this ms: before now + 1
+            turns = -(-(n - r) // per)
             EVENTS["group: a rate's turn came"] += 1
         self.unhold(q, g, min(turns, room, limit), now)
         if self.held_back(q, g):
-            self.wake[(q, g)] = math.floor(max(tat, now) + turns * interval + RATE_EPS)
+            self.wake[(q, g)] = ms + (r + turns * per) // n
 
     def wake_groups(self, q: str, now: int, limit: int = 1_000) -> None:
         """lib/promote.lua wake_groups: the rate wake-ups due by ``now``, in score then name

@@ -13,7 +13,6 @@ from cluster_dq.models import id_due_ms, id_to_member, is_wheel_member
 DELAYED, READY, RESERVED, DEAD = "delayed", "ready", "reserved", "dead"
 PRIO_SHIFT = 2**42
 OPEN_LEAD_MS = 5_000
-RATE_EPS = 0.001  # lib/groups.lua EPS: what adding up fractional turns may be off by
 
 
 # What the model saw happen to groups, over a run (the test prints it: how deep it went)

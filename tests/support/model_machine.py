@@ -68,6 +68,18 @@ from tests.support.model_ref import (
 )
 
 
+def next_turn(raw: bytes, n: int) -> tuple[int, int]:
+    """A rate's next turn as GCONF keeps it (``a:<g>``: ``ms`` then r/n to 12 places, lib/
+    groups.lua read_turn) as ``(ms, r)``, r in 0..n-1; what it wrote must read back exactly."""
+    whole, dot, frac = raw.decode().partition(".")
+    if not dot:
+        return int(whole), 0
+    r = round(float("0." + frac) * n)
+    if not 0 < r < n or f"{r / n:.12f}"[1:] != dot + frac:
+        raise Mismatch(f"a next turn {raw!r} that is no whole number of 1/{n} ms")
+    return int(whole), r
+
+
 class ModelMachine(RuleBasedStateMachine):
     deployment: Any = None  # set by the test function (a conftest deployment)
 
@@ -417,7 +429,8 @@ class ModelMachine(RuleBasedStateMachine):
         the engine when it cannot know them: after a consume whose reply was lost)."""
         m = self.model
         tags: dict[tuple[str, str], int] = {}
-        tat: dict[tuple[str, str], float] = {}
+        tat: dict[tuple[str, str], tuple[int, int]] = {}
+        turns: dict[tuple[str, str], bytes] = {}
         wake: dict[tuple[str, str], int] = {}
         conf: dict[tuple[str, str], GConf] = {}
         for q, (_, _, _, _, groups_, gconf, wakes) in seen.items():
@@ -429,7 +442,7 @@ class ModelMachine(RuleBasedStateMachine):
                 kind, _, g = f.decode().partition(":")
                 c = conf.setdefault((q, g), GConf())
                 if kind == "a":
-                    tat[(q, g)] = float(x)
+                    turns[(q, g)] = x
                 elif kind == "p":
                     c.paused = x == b"1"
                 elif kind == "c":
@@ -439,6 +452,11 @@ class ModelMachine(RuleBasedStateMachine):
                     c.rate = (int(jobs), int(per))
             for g, at in wakes:
                 wake[(q, g.decode())] = int(at)
+        for key, x in turns.items():
+            rate = conf[key].rate
+            if rate is None:
+                raise Mismatch(f"group {key}: a next turn {x!r} kept without a rate")
+            tat[key] = next_turn(x, rate[0])
         mine = {k: c for k, c in m.gconf.items() if c != GConf()}
         if {k: c for k, c in conf.items() if c != GConf()} != mine:
             raise Mismatch(f"group settings: engine {conf}, model {mine}")
