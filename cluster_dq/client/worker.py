@@ -242,8 +242,16 @@ class Worker(IteratorForm):
         """``serve(signals=True)`` in a new event loop: the blocking entry point. Returns once
         nothing is reserved, at the latest ``shutdown_timeout`` after the stop plus a second
         for cancelled handlers to end: one that does not is left behind, never resumed; a sync
-        handler still running keeps its thread, a daemon one (see docs/worker.md)."""
-        run_loop(self.serve(signals=True))
+        handler still running keeps its thread, a daemon one (see docs/worker.md). The client
+        is closed at the end: its connections belong to this loop, which ends with it."""
+
+        async def main() -> None:
+            try:
+                await self.serve(signals=True)
+            finally:
+                await self.client.aclose()
+
+        run_loop(main())
 
     def _signalled(self) -> None:
         if self._stopping.is_set():

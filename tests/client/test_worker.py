@@ -284,6 +284,29 @@ async def test_a_handler_that_never_ends_does_not_hold_the_process_past_the_shut
     assert job is not None and (job.state, job.remain_tries, job.deliveries) == ("ready", 1, 0)
 
 
+async def test_a_program_calling_run_leaves_no_connection_unclosed(
+    solo_dq: tuple[str, str], solo: AsyncClient, tmp_path: Path
+) -> None:
+    """``Worker(AsyncClient(), ...).run()``, the README's worker, stopped by SIGTERM: run()
+    made the event loop the client's connections belong to and ends it, so it closes the
+    client too (aiohttp warned of an unclosed session and connector at exit before)."""
+    log = tmp_path / "log"
+    jid = await solo.publish("tidy", b"0", tries=1)
+    proc = library_process(solo_dq, log, "sleepy", "tidy", "5")
+    try:
+        wait_for(lambda: len(lines(log, "done")) == 1)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    said = log.with_suffix(".stderr").read_text()
+    assert code == 0 and "run() returned" in said, said
+    assert "Unclosed" not in said, said
+    assert await solo.get_job("tidy", jid) is None  # (acked)
+
+
 # -- heartbeats ---------------------------------------------------------------------------
 
 
