@@ -56,6 +56,10 @@ class Backoff:
             j = -1.0
         if not 0 <= j <= 1:
             raise BadRequest("invalid backoff_jitter: a number 0..1", "backoff_jitter")
+        if k == 0:  # no backoff has no base, cap nor jitter: a value for one is a mistake
+            for name, v in (("backoff_ms", b), ("backoff_cap_ms", c), ("backoff_jitter", j)):
+                if v:
+                    raise BadRequest(f"{name} needs backoff fixed or exponential", name)
         return cls(k, b, c, round(j * 1000))
 
     def as_json(self) -> dict[str, object]:

@@ -146,6 +146,10 @@ class Limit:
         return cls(**values)
 
 
+_NOT_TEXT = ("Cc", "Cs", "Zl", "Zp")  # controls, lone surrogates, line and paragraph breaks
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")  # text direction
+
+
 def check_description(text: str) -> None:
     """A token's description: one line of text, 1 to ``MAX_DESCRIPTION`` characters (it is
     listed by the admin API, the dashboard and the CLI)."""
@@ -155,7 +159,7 @@ def check_description(text: str) -> None:
         raise BadRequest(
             f"invalid description: too long (max {MAX_DESCRIPTION} characters)", "description"
         )
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+    if any(unicodedata.category(c) in _NOT_TEXT or c in _BIDI for c in text):
         raise BadRequest("invalid description: a control character", "description")
 
 

@@ -5,7 +5,8 @@ schedules, queue settings, limits, reasons and errors).
 Python's ``json`` reads ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON) and reads a number
 beyond a float's range (``1e999``) as infinity. Stored, such a value is written back as
 ``Infinity``, which no JSON reader accepts, the service's own answers included: refused here,
-it is a 400 naming the parameter, and nothing is written. No I/O.
+it is a 400 naming the parameter, and nothing is written. So is an object that names a key
+twice. No I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +27,26 @@ class NotFinite(ValueError):
         self.field = field
 
 
+class DuplicateKey(ValueError):
+    """An object that names one key twice: which value counts would be a guess (RFC 8259 says
+    the names SHOULD be unique; Python keeps the last)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"{key[:64]} is given twice")
+        self.field = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
 def _constant(name: str) -> Any:
     raise NotFinite(name)
 
@@ -43,9 +64,10 @@ _MARK = object()  # where a number JSON cannot carry was, while ``loads`` finds 
 
 
 def loads(data: bytes | str) -> Any:
-    """``data`` as JSON, strictly. Raises ``NotFinite`` for a non-finite number, another
-    ``ValueError`` for anything else that is not JSON (UTF-8 included, and integers of more
-    than Python's 4,300 digits), ``RecursionError`` for nesting deeper than Python goes."""
+    """``data`` as JSON, strictly. Raises ``NotFinite`` for a non-finite number,
+    ``DuplicateKey`` for an object naming a key twice, another ``ValueError`` for anything
+    else that is not JSON (UTF-8 included, and integers of more than Python's 4,300 digits),
+    ``RecursionError`` for nesting deeper than Python goes."""
     found: list[str] = []
 
     def bad(text: str) -> Any:
@@ -56,7 +78,7 @@ def loads(data: bytes | str) -> Any:
         value = float(text)
         return value if math.isfinite(value) else bad(text)
 
-    value = json.loads(data, parse_constant=bad, parse_float=number)
+    value = json.loads(data, parse_constant=bad, parse_float=number, object_pairs_hook=_unique)
     if found:
         raise NotFinite(found[0], _field_of(value))
     return value
@@ -85,6 +107,8 @@ def parse(data: bytes | str, what: str, message: str, by_field: bool = False) ->
     except NotFinite as e:
         name = e.field if by_field and e.field else what
         raise BadRequest(f"invalid {name}: {e}", name) from None
+    except DuplicateKey as e:
+        raise BadRequest(f"invalid {what}: {e}", what) from None
     except (ValueError, RecursionError):  # bad JSON or UTF-8, deep nesting, huge integers
         raise BadRequest(message, what) from None
 

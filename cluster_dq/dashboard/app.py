@@ -8,7 +8,7 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -61,8 +61,18 @@ def create_dashboard(service: Service, settings: Settings, board: SizeBoard) -> 
     return Dashboard(service, settings, board)
 
 
+def routes(dashboard: Dashboard) -> list[BaseRoute]:
+    """The dashboard at /ui/, with its pages and actions (the views modules); /ui itself, the
+    address people type, goes to /ui/ (the app's other paths are not redirected)."""
+    return [Route("/ui", _to_index, methods=["GET"]), mount(dashboard)]
+
+
+async def _to_index(request: Request) -> Response:
+    return RedirectResponse("/ui/", status_code=308)
+
+
 def mount(dashboard: Dashboard) -> Mount:
-    """The dashboard at /ui, with its pages and actions (the views modules)."""
+    """The dashboard's pages and actions (the views modules), mounted at /ui."""
     return Mount(
         "/ui",
         app=_app(

@@ -258,7 +258,7 @@ def create_admin_app(
         [
             *AdminAPI(service, settings, access_log, board).routes(),
             openapi.route(admin_document(settings)),
-            dashboard.mount(ui),
+            *dashboard.routes(ui),
         ],
         access_log,
         "admin",

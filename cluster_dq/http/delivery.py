@@ -79,10 +79,6 @@ class DeliveryAPI(Handlers):
         return Admission(self.s.MaxWaiters, self.s.MaxWaitersPerNamespace)
 
     async def consume(self, request: Request) -> Response:
-        if request.method == "HEAD":  # Starlette adds HEAD to GET routes; this GET takes jobs
-            response = error("method not allowed", 405)
-            response.headers["Allow"] = "GET"
-            return response
         # A long poll's budget is its timeout, for every Redis step of the request (token,
         # limits, queue settings, the looks): answered when its time runs out, Redis or not.
         try:
@@ -232,8 +228,16 @@ class DeliveryAPI(Handlers):
             Route("/api/{ns}/{q}/job/{job_id}/touch", self.touch, methods=["POST"]),
             Route("/api/{ns}/{q}/job/{job_id}/progress", self.progress, methods=["PUT"]),
             Route("/api/{ns}/{q}/job/{job_id}", self.ack, methods=["DELETE"]),
-            Route("/api/{ns}/{queues}", self.consume, methods=["GET"]),
+            _no_head(Route("/api/{ns}/{queues}", self.consume, methods=["GET"])),
         ]
+
+
+def _no_head(route: Route) -> Route:
+    """A GET route without the HEAD Starlette adds to it: this GET takes jobs, so a HEAD is
+    the router's 405 (its Allow names the path's other methods)."""
+    assert route.methods is not None
+    route.methods.discard("HEAD")
+    return route
 
 
 async def _unless_hung_up(request: Request, work: Coroutine[Any, Any, T]) -> T | None:

@@ -39,7 +39,7 @@ class Guard:
         or 404 (an unknown pool). A publish's keys the route does not ``take`` (a dedup key,
         an Idempotency-Key) are a 400 naming them, not ignored."""
         params.check_names(ns, q)
-        token = params.header(request, "x-token") or params.query(request).get("token")
+        token = params.token(request)
         if token and not well_formed_raw(token):
             raise Unauthorized("invalid token")  # by its shape: no lookup, nothing cached
         route = await self.service.authorize(token, ns)

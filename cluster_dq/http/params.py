@@ -58,16 +58,32 @@ def query(request: Request) -> dict[str, str]:
     ``QueryParams`` lookups go through ``Mapping.get`` and cost more than the parse itself). A
     name given twice is a 400 naming it: which value would count is no guess (lmstfy read the
     first, Starlette the last)."""
+    found = _parsed(request)
+    twice = request.scope.get("dq.twice")
+    if twice is not None:
+        raise BadRequest(f"{twice} is given twice", twice)
+    return found
+
+
+def _parsed(request: Request) -> dict[str, str]:
+    """The query as a dict, parsed once per request; a name given twice is noted beside it
+    (``dq.twice``) for ``query`` to refuse."""
     found: dict[str, str] | None = request.scope.get("dq.query")
     if found is None:
         raw = request.scope.get("query_string", b"").decode("latin-1")
         pairs = parse_qsl(raw, keep_blank_values=True)
-        found = dict(pairs)
+        found = request.scope["dq.query"] = dict(pairs)
         if len(found) != len(pairs):
             twice = next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
-            raise BadRequest(f"{twice} is given twice", twice)
-        request.scope["dq.query"] = found
+            request.scope["dq.twice"] = twice
     return found
+
+
+def token(request: Request) -> str | None:
+    """The token a request carries: its ``X-Token`` header, else its ``token`` parameter. Read
+    before anything else is checked (a bad request without a token is a 401 first), so a
+    parameter given twice is refused later, by ``query``."""
+    return header(request, "x-token") or _parsed(request).get("token")
 
 
 def exact(request: Request, name: str) -> str | None:
@@ -117,8 +133,8 @@ def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int =
 
 
 def queue_list(ns: str, raw: str) -> list[str]:
-    queues = raw.split(",")
-    if not all(queues):  # (an empty name: two commas, or one at an end)
+    queues = [q for q in raw.split(",") if q]  # (an empty one skipped, as lmstfy does)
+    if not queues:
         raise BadRequest("invalid queue name(s)", "queue")
     for q in queues:
         check_names(ns, q)
@@ -354,22 +370,22 @@ def cursor(query: Mapping[str, str]) -> str:
 
 
 async def text(request: Request, name: str) -> str:
-    """A short free text (a bury reason, a release's error): the query's ``name``, else the
-    member ``name`` of a JSON object body (``Content-Type: application/json``); '' when
-    neither has it. At most ``MAX_NOTE_TEXT`` bytes of UTF-8."""
+    """A short free text (a bury reason, a release's error): the query's ``name``, or the
+    member ``name`` of a JSON object body (``Content-Type: application/json``), not both; ''
+    when neither has it. At most ``MAX_NOTE_TEXT`` bytes of UTF-8."""
     value: object = exact(request, name)
-    if value is None:
-        data = await body(request, MAX_NOTE_TEXT * 6 + 1024)
-        if data.strip() and "json" not in (header(request, "content-type") or ""):
-            # (curl -d sends a form's type): not acted on with the text dropped
+    data = (await body(request, MAX_NOTE_TEXT * 6 + 1024)).strip()
+    if data and value is not None:  # neither one dropped silently
+        raise BadRequest(f"{name} in the query or in the body, not both", name)
+    if data:
+        if "json" not in (header(request, "content-type") or ""):  # (curl -d sends a form's)
             raise BadRequest(f"a body with {name} needs Content-Type: application/json", "body")
-        if data.strip():
-            parsed = userjson.parse(
-                data, "body", f"request body should be a JSON object with {name}", by_field=True
-            )
-            if not isinstance(parsed, dict) or not set(parsed) <= {name}:
-                raise BadRequest(f"request body should be a JSON object with {name}", "body")
-            value = parsed.get(name)
+        parsed = userjson.parse(
+            data, "body", f"request body should be a JSON object with {name}", by_field=True
+        )
+        if not isinstance(parsed, dict) or not set(parsed) <= {name}:
+            raise BadRequest(f"request body should be a JSON object with {name}", "body")
+        value = parsed.get(name)
     if value is None:
         return ""
     if not isinstance(value, str):

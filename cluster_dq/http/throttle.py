@@ -19,9 +19,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 def token_of(request: Request) -> tuple[str, str]:
     """(pool, token) the request carries, as the throttle keys them ('' when none)."""
-    return split_token(
-        params.header(request, "x-token") or params.query(request).get("token") or ""
-    )
+    return split_token(params.token(request) or "")
 
 
 class Throttle:

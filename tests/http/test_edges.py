@@ -408,14 +408,21 @@ def test_a_trailing_slash_is_a_json_404_and_writes_nothing(
     r = admin.get("/healthz/", follow_redirects=False)
     assert r.status_code == 404 and r.json() == {"error": "api not found"}
     assert sizes(api)["size"] == 0
+    # the dashboard's address as people type it still goes to its index
+    r = admin.get("/ui", follow_redirects=False)
+    assert r.status_code == 308 and r.headers["location"] == "/ui/", r.text
 
 
 def test_a_405_names_the_methods_the_path_takes(api: httpx.Client) -> None:
-    r = api.post("/api/ns/q")
-    assert r.status_code == 405 and r.json() == {"error": "method not allowed"}
-    assert {m.strip() for m in r.headers["allow"].split(",")} >= {"GET", "PUT"}, r.headers
+    """Every route of the path counted (a publish's, a consume's, a destroy's), and no HEAD
+    where a HEAD is refused (a consume's GET takes jobs)."""
+    for method in ("POST", "HEAD"):
+        r = api.request(method, "/api/ns/q")
+        assert r.status_code == 405, (method, r.text)
+        assert {m.strip() for m in r.headers["allow"].split(",")} == {"DELETE", "GET", "PUT"}
     r = api.delete("/api/ns/q/size")
-    assert r.status_code == 405 and "GET" in r.headers["allow"]
+    assert r.status_code == 405 and r.json() == {"error": "method not allowed"}
+    assert r.headers["allow"] == "GET, HEAD"
 
 
 @pytest.mark.usefixtures("no_traceback")
@@ -431,15 +438,21 @@ def test_a_query_parameter_given_twice_is_400_naming_it(api: httpx.Client) -> No
     r = api.get("/api/ns/q?timeout=0&timeout=0")
     assert r.status_code == 400 and r.json() == {"error": "timeout is given twice"}
     assert sizes(api)["size"] == 1
+    # the token first: without one, the answer is its 401
+    r = httpx.get(str(api.base_url.join("/api/ns/q?timeout=0&timeout=0")))
+    assert r.status_code == 401 and r.json() == {"error": "token not found"}, r.text
 
 
 @pytest.mark.usefixtures("no_traceback")
-def test_an_empty_name_in_a_consumes_queue_list_is_400(api: httpx.Client) -> None:
-    assert api.put("/api/ns/q", content=b"x").status_code == 201
+def test_empty_names_in_a_consumes_queue_list_are_skipped_as_lmstfy_does(
+    api: httpx.Client,
+) -> None:
     for queues in ("q,,q", "q,", ",q"):
+        assert api.put("/api/ns/q", content=b"x").status_code == 201
         r = api.get(f"/api/ns/{queues}", params={"timeout": 0})
-        assert r.status_code == 400 and r.json() == {"error": "invalid queue name(s)"}, queues
-    assert sizes(api)["size"] == 1
+        assert r.status_code == 200 and r.json()["queue"] == "q", (queues, r.text)
+    r = api.get("/api/ns/,,", params={"timeout": 0})  # none left
+    assert r.status_code == 400 and r.json() == {"error": "invalid queue name(s)"}
 
 
 @pytest.mark.usefixtures("no_traceback")
@@ -455,6 +468,12 @@ def test_a_text_body_without_its_json_content_type_is_400_and_changes_nothing(
         r = api.post(f"/api/ns/q/job/{jid}/{verb}", content=f'{{"{name}": "why"}}', headers=form)
         assert r.status_code == 400, r.text
         assert "Content-Type: application/json" in r.json()["error"], r.text
+        assert api.get(f"/api/ns/q/job/{jid}").json()["state"] == "reserved"
+    # the text in the query and in a body: neither is dropped
+    for verb, name in (("bury", "reason"), ("release", "error")):
+        r = api.post(f"/api/ns/q/job/{jid}/{verb}?{name}=short", json={name: "the whole story"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == f"{name} in the query or in the body, not both"
         assert api.get(f"/api/ns/q/job/{jid}").json()["state"] == "reserved"
     r = api.post(f"/api/ns/q/job/{jid}/bury", content=b"", headers=form)  # no body: as before
     assert r.status_code == 200, r.text
@@ -488,9 +507,11 @@ def test_the_spaces_around_a_token_are_not_part_of_it(
     [
         ("description=%FF", "not UTF-8"),
         ("description=a%0Ab", "a control character"),
+        ("description=a%E2%80%A8b", "a control character"),
+        ("description=abc%E2%80%AEgpj.exe", "a control character"),
         ("description=" + "d" * 1001, "too long"),
     ],
-    ids=["not-utf8", "control", "long"],
+    ids=["not-utf8", "control", "line-separator", "bidi", "long"],
 )
 def test_a_token_description_is_one_line_of_text(admin: httpx.Client, query: str, why: str) -> None:
     before = admin.get("/token/ns").json()["tokens"]
@@ -498,3 +519,29 @@ def test_a_token_description_is_one_line_of_text(admin: httpx.Client, query: str
     assert r.status_code == 400, r.text
     assert r.json()["error"].startswith("invalid description") and why in r.json()["error"]
     assert admin.get("/token/ns").json()["tokens"] == before
+
+
+@pytest.mark.usefixtures("no_traceback")
+def test_a_json_object_naming_a_key_twice_is_400_and_changes_nothing(api: httpx.Client) -> None:
+    """Which value would count is a guess (Python keeps the last): refused wherever the
+    service reads JSON, here a group's settings and a job's progress."""
+    r = api.patch("/api/ns/q/groups/g", content=b'{"concurrency": 3, "concurrency": 4}')
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "invalid body: concurrency is given twice"
+    assert api.get("/api/ns/q/groups/g").json()["concurrency"] is None
+    api.put("/api/ns/q", content=b"x")
+    jid = api.get("/api/ns/q", params={"timeout": 0, "ttr": 60}).json()["job_id"]
+    r = api.put(f"/api/ns/q/job/{jid}/progress", content=b'{"step": 1, "n": {"a": 1, "a": 2}}')
+    assert r.status_code == 400 and "a is given twice" in r.json()["error"], r.text
+    assert "progress" not in api.get(f"/api/ns/q/job/{jid}").json()
+
+
+@pytest.mark.usefixtures("no_traceback")
+def test_a_backoff_value_without_a_backoff_is_400(api: httpx.Client) -> None:
+    for extra in ("backoff_ms=5", "backoff_cap_ms=9", "backoff_jitter=0.5"):
+        r = api.put(f"/api/ns/q?backoff=none&{extra}", content=b"x")
+        name = extra.partition("=")[0]
+        assert r.status_code == 400, (extra, r.text)
+        assert r.json() == {"error": f"{name} needs backoff fixed or exponential"}
+    assert api.put("/api/ns/q?backoff=none", content=b"x").status_code == 201
+    assert sizes(api)["size"] == 1

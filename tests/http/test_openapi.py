@@ -87,10 +87,12 @@ def admin_schema(running: Running) -> schemathesis.schemas.BaseSchema:
 
 
 def _routes(app: Starlette) -> set[tuple[str, str]]:
+    """The app's API routes: not the dashboard's (its mount at /ui/, and /ui, which goes to
+    it), whose pages are no API."""
     return {
         (m, r.path)
         for r in app.routes
-        if isinstance(r, Route)
+        if isinstance(r, Route) and r.path != "/ui"
         for m in (r.methods or ()) - {"HEAD"}  # Starlette's own HEAD for each GET
     }
 
