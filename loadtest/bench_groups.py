@@ -82,8 +82,11 @@ class Stack:
 
 
 @asynccontextmanager
-async def stack() -> AsyncIterator[tuple[Stack, aiohttp.ClientSession]]:
-    """A fresh redis-server and service (1 worker), a token, and a session that sends it."""
+async def stack(pin: bool = False) -> AsyncIterator[tuple[Stack, aiohttp.ClientSession]]:
+    """A fresh redis-server and service (1 worker), a token, and a session that sends it.
+    ``pin``: redis-server alone on the last core, the service and this process on the others
+    (a script's usec in commandstats is wall time: shared cores count the time the server was
+    descheduled mid-script)."""
     server = start_server()
     try:
         env = {"CLUSTER_DQ_LOGLEVEL": "warning"}
@@ -93,6 +96,8 @@ async def stack() -> AsyncIterator[tuple[Stack, aiohttp.ClientSession]]:
             svc_proc = psutil.Process(svc.pid)
             procs = [svc_proc, *svc_proc.children(recursive=True)]
             procs.append(psutil.Process(server.process.pid))
+            if pin:
+                pin_apart(server.process.pid, procs)
             st = Stack(server, svc.base, svc.mint_token(NS), procs)
             conn = aiohttp.TCPConnector(limit=256)
             headers = {"X-Token": st.token}
@@ -100,6 +105,19 @@ async def stack() -> AsyncIterator[tuple[Stack, aiohttp.ClientSession]]:
                 yield st, s
     finally:
         server.kill()
+
+
+def pin_apart(redis_pid: int, procs: list[psutil.Process]) -> None:
+    """redis-server on the last core alone; the rest of ``procs`` and this process on the
+    others (their threads included: affinity is per thread, so each one is set)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs two cores at least")
+    alone, rest = {cores[-1]}, set(cores[:-1])
+    for p in [*procs, psutil.Process()]:
+        where = alone if p.pid == redis_pid else rest
+        for t in p.threads():
+            os.sched_setaffinity(t.id, where)
 
 
 def pct(xs: Sequence[float], p: float) -> float:
@@ -316,7 +334,7 @@ async def cost_round(
 
 async def cost(a: argparse.Namespace) -> None:
     got: dict[tuple[str, str], list[Cost]] = {}
-    async with stack() as (st, s):
+    async with stack(a.pin) as (st, s):
         await cost_round(st, s, "warm", 0, min(a.cost_jobs, 500), a.concurrency)  # not counted
         idle = redis_work(st.redis)
         await asyncio.sleep(1)
@@ -333,6 +351,7 @@ async def cost(a: argparse.Namespace) -> None:
     print(
         f"cost: Redis per job, {a.cost_jobs:,} jobs per variant and round, one per request, "
         f"{a.concurrency} in flight, medians of {a.rounds} round(s)"
+        + (", redis-server alone on a core" if a.pin else "")
     )
     print(
         f"{'op':<8} {'variant':<17} {'µs/job':>7} {'vs plain':>9}  {'rounds':<29}"
@@ -477,6 +496,11 @@ def main() -> None:
     c.add_argument("--rounds", type=int, default=3)
     c.add_argument("--cost-jobs", type=int, default=3000, help="per variant, op and round")
     c.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    c.add_argument(
+        "--pin",
+        action="store_true",
+        help="redis-server alone on the last core, the service and the load on the others",
+    )
     sc = ap.add_argument_group("scripts (--rounds as cost's)")
     sc.add_argument("--script-calls", type=int, default=300, help="per variant, op and round")
     sc.add_argument("--per-call", type=int, default=6, help="jobs per script call")
