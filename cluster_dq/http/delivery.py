@@ -201,9 +201,11 @@ class DeliveryAPI(Handlers):
         ns, q = request.path_params["ns"], request.path_params["q"]
         jid = params.job_id(request.path_params["job_id"])
         route = await self.auth(request, ns, q)
-        ttr_ms = params.millis(params.query(request), "ttr", self.s.TTRSecond)
+        qp = params.query(request)
+        ttr_ms = params.millis(qp, "ttr", self.s.TTRSecond)
         if ttr_ms < 1:
-            raise BadRequest("invalid ttr", "ttr")
+            name = "ttr_ms" if "ttr_ms" in qp else "ttr"  # the one given
+            raise BadRequest(f"invalid {name}", name)
         lease = params.lease(params.query(request))
         await self.service.touch(route, ns, q, jid, ttr_ms, lease)
         return json({"msg": "touched", "job_id": jid, "ttr_ms": ttr_ms})

@@ -545,3 +545,11 @@ def test_a_backoff_value_without_a_backoff_is_400(api: httpx.Client) -> None:
         assert r.json() == {"error": f"{name} needs backoff fixed or exponential"}
     assert api.put("/api/ns/q?backoff=none", content=b"x").status_code == 201
     assert sizes(api)["size"] == 1
+
+
+def test_a_touch_of_no_time_names_the_parameter_given(api: httpx.Client) -> None:
+    api.put("/api/ns/q", content=b"x")
+    jid = api.get("/api/ns/q", params={"timeout": 0, "ttr": 60}).json()["job_id"]
+    for name in ("ttr", "ttr_ms"):
+        r = api.post(f"/api/ns/q/job/{jid}/touch", params={name: 0})
+        assert r.status_code == 400 and r.json() == {"error": f"invalid {name}"}, r.text
