@@ -253,10 +253,14 @@ def plan(schedule: Schedule, state: State, now_ms: int, remember_acked_ms: int) 
 # -- the PUT body -----------------------------------------------------------------------------
 
 
-def _int(data: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
+def _int(
+    data: Mapping[str, Any], key: str, default: int, low: int, high: int, where: str = ""
+) -> int:
+    """``data[key]``, an integer in low..high; ``where``: the key's prefix in the body
+    (``job.``), which the refusal names."""
     value = data.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BadRequest(f"invalid {key}: an integer in {low}..{high}", key)
+        raise BadRequest(f"invalid {where}{key}: an integer in {low}..{high}", where + key)
     return int(value)
 
 
@@ -316,13 +320,17 @@ def parse(
         raise BodyTooLarge("job.body too large", "job.body")
     template = Template(
         body,
-        _int(job, "delay_ms", 0, 0, MAX_SECONDS * 1000),
-        _int(job, "ttl_ms", default_ttl_ms, 0, MAX_SECONDS * 1000),
-        _int(job, "tries", default_tries, 0, MAX_TRIES),
-        _int(job, "priority", 0, 0, MAX_PRIORITY),
+        _int(job, "delay_ms", 0, 0, MAX_SECONDS * 1000, "job."),
+        _int(job, "ttl_ms", default_ttl_ms, 0, MAX_SECONDS * 1000, "job."),
+        _int(job, "tries", default_tries, 0, MAX_TRIES, "job."),
+        _int(job, "priority", 0, 0, MAX_PRIORITY, "job."),
         _group(job),
     )
-    validate_spec(template.spec("s-check", now_ms + template.delay_ms))
+    try:
+        validate_spec(template.spec("s-check", now_ms + template.delay_ms))
+    except BadRequest as e:  # (a job's rule, as a publish words it): named in the body
+        where = f"job.{e.parameter}" if e.parameter else "job"
+        raise BadRequest(f"{where}: {e}", where) from None
     paused = data.get("paused", False)
     if not isinstance(paused, bool):
         raise BadRequest("paused must be true or false", "paused")
