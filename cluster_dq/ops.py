@@ -256,6 +256,8 @@ def dlq(args: argparse.Namespace) -> int:
     redrive = args.action == "redrive"
     verb, done = ("redrive", "redriven") if redrive else ("delete", "deleted")
     wanted = DeadFilter(args.reason, args.since, args.until)
+    if args.since is not None and args.until is not None and args.since > args.until:
+        raise UsageError("--since is after --until: no dead job can match")
     with client_for(args) as client:
         where = f"{client.namespace}/{args.queue}"
         if args.dry_run:

@@ -237,6 +237,15 @@ def test_dlq_delete_asks_first_and_then_purges(
     assert client.peek("q") is not None
 
 
+def test_dlq_with_since_after_until_names_the_flags(
+    client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bury(client, "q", "b0", "bad")
+    code, _, err = cli(capsys, "dlq", "delete", "q", "--since", "2h", "--until", "3h", "--yes")
+    assert code == 2 and "--since is after --until" in err, err
+    assert sizes_of(client, "q")["dead"] == 1
+
+
 def test_pause_and_resume(client: Client, capsys: pytest.CaptureFixture[str]) -> None:
     client.publish("q", "x")
     code, out, _ = cli(capsys, "pause", "q")
