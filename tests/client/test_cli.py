@@ -237,6 +237,19 @@ def test_dlq_delete_asks_first_and_then_purges(
     assert client.peek("q") is not None
 
 
+def test_python_dash_m_cluster_dq_is_the_command() -> None:
+    """``python -m cluster_dq`` runs ``cluster-dq`` (where the venv's bin is not on the PATH)."""
+    import subprocess
+    import sys
+
+    import cluster_dq
+
+    done = subprocess.run(
+        [sys.executable, "-m", "cluster_dq", "version"], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout) == (0, f"{cluster_dq.__version__}\n"), done.stderr
+
+
 def test_dlq_with_since_after_until_names_the_flags(
     client: Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
