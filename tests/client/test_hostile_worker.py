@@ -18,7 +18,7 @@ from cluster_dq.client import AsyncClient, Backoff, Job
 from cluster_dq.client.outcomes import Bury, Released, Retry, Snooze, describe
 from cluster_dq.client.testing import run_job
 from cluster_dq.client.worker import Worker
-from tests.support.workers import NS, run_until, worker_process
+from tests.support.workers import NS, reaped, run_until, worker_process
 
 EXITS = "tests.support.worker_jobs:exits_sync"
 
@@ -294,13 +294,10 @@ async def test_a_handler_calling_sys_exit_ends_the_process_with_its_code_past_st
     await asyncio.sleep(0.05)
     bye = await solo.publish("exit", b"exit", tries=1)
     args = ["--queue", "exit", "--concurrency", "2", "--shutdown-timeout", "0.5"]
-    proc = worker_process(solo_dq, log, *args, "--poll-timeout", "0.5", handler=EXITS)
-    try:
+    with reaped(
+        worker_process(solo_dq, log, *args, "--poll-timeout", "0.5", handler=EXITS)
+    ) as proc:
         code = proc.wait(15)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     assert code == 3, log.with_suffix(".stderr").read_text()
     for jid in (slow, bye):
         job = await solo.get_job("exit", jid)

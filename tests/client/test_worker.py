@@ -45,7 +45,7 @@ from cluster_dq.client.worker import Worker
 from cluster_dq.localredis import Server
 from cluster_dq.testing.service_process import ServiceProcess
 from tests.support import ADMIN_AUTH, ROOT
-from tests.support.workers import NS, lines, run_until, wait_for, worker_process
+from tests.support.workers import NS, lines, reaped, run_until, wait_for, worker_process
 from tests.support.run import examples
 
 
@@ -71,15 +71,12 @@ async def test_a_worker_killed_mid_job_its_job_comes_back_after_the_ttr_and_is_a
 ) -> None:
     log = tmp_path / "log"
     jid = await client.publish("crash", b"60", tries=3)
-    proc = worker_process(dq, log, "--queue", "crash", "--ttr", "1", "--poll-timeout", "1")
-    try:
+    with reaped(
+        worker_process(dq, log, "--queue", "crash", "--ttr", "1", "--poll-timeout", "1")
+    ) as proc:
         wait_for(lambda: lines(log, "start"))
         proc.kill()  # SIGKILL: no goodbye, the reservation stays until its ttr runs out
         proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     seen: list[tuple[str, int]] = []
 
     async def handle(job: Job) -> None:
@@ -107,17 +104,12 @@ async def test_sigterm_lets_running_jobs_finish_then_gives_the_rest_back_unspent
     long = [await client.publish("term", b"600", tries=2) for _ in range(6)]
     queued = await client.publish_many("term", ["0.1"] * 20, tries=2)  # not reached: no slots
     args = ["--queue", "term", "--concurrency", "12", "--shutdown-timeout", "2"]
-    proc = worker_process(dq, log, *args, "--poll-timeout", "1", "--batch", "12")
-    try:
+    with reaped(worker_process(dq, log, *args, "--poll-timeout", "1", "--batch", "12")) as proc:
         wait_for(lambda: len(lines(log, "start")) >= 12)
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
         took = time.monotonic() - started
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     assert code == 0, log.with_suffix(".stderr").read_text()
     assert took < 2 + 1 + 5  # shutdown_timeout + a long-poll + a margin for the interpreter
     done = {ln[0] for ln in lines(log, "done")}
@@ -164,18 +156,13 @@ async def test_a_second_signal_forces_the_stop(
     log = tmp_path / "log"
     ids = [await solo.publish("sig", b"600", tries=2) for _ in range(2)]
     args = ["--queue", "sig", "--shutdown-timeout", "600", "--poll-timeout", "0.5"]
-    proc = worker_process(solo_dq, log, *args)
-    try:
+    with reaped(worker_process(solo_dq, log, *args)) as proc:
         wait_for(lambda: len(lines(log, "start")) == 2)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         assert proc.poll() is None  # still waiting for the handlers
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     assert code == 0, log.with_suffix(".stderr").read_text()
     for jid in ids:
         job = await solo.get_job("sig", jid)
@@ -263,16 +250,12 @@ async def test_a_handler_that_never_ends_does_not_hold_the_process_past_the_shut
         proc = worker_process(solo_dq, log, *args, handler=f"tests.support.worker_jobs:{handler}")
     else:
         proc = library_process(solo_dq, log, handler, "stuck", "0.5")
-    try:
+    with reaped(proc):
         wait_for(lambda: len(lines(log, "start")) == 1)
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
         took = time.monotonic() - started
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     said = log.with_suffix(".stderr").read_text()
     assert code == 0, said
     # the promise is the shutdown timeout (0.5 s), then 1 s for cancelled tasks to end; the
@@ -292,15 +275,10 @@ async def test_a_program_calling_run_leaves_no_connection_unclosed(
     client too (aiohttp warned of an unclosed session and connector at exit before)."""
     log = tmp_path / "log"
     jid = await solo.publish("tidy", b"0", tries=1)
-    proc = library_process(solo_dq, log, "sleepy", "tidy", "5")
-    try:
+    with reaped(library_process(solo_dq, log, "sleepy", "tidy", "5")) as proc:
         wait_for(lambda: len(lines(log, "done")) == 1)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     said = log.with_suffix(".stderr").read_text()
     assert code == 0 and "run() returned" in said, said
     assert "Unclosed" not in said, said

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,18 @@ def worker_process(
     cmd = [sys.executable, "-m", "cluster_dq.client.worker", handler, *args]
     with open(log.with_suffix(".stderr"), "ab") as err:  # the child keeps its own copy
         return subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=err)
+
+
+@contextmanager
+def reaped(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """``proc``, killed and waited for on the way out if it still runs (a test that failed
+    before its process ended leaves none behind)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def lines(log: Path, what: str) -> list[list[str]]:
