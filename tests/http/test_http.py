@@ -211,7 +211,7 @@ def test_touch_extends_the_ttr_and_release_nacks(api: httpx.Client) -> None:
     ("action", "params", "message"),
     [
         ("touch", {"ttr": "x"}, "invalid ttr"),
-        ("touch", {"ttr_ms": "0"}, "invalid ttr"),
+        ("touch", {"ttr_ms": "0"}, "invalid ttr_ms"),
         ("release", {"delay": "-1"}, "invalid delay"),
         ("release", {"delay_ms": ""}, "invalid delay_ms"),
     ],
