@@ -38,6 +38,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from cluster_dq import history
 from cluster_dq.engine.commands import Sizes
 from cluster_dq.keys import parse_qualified
+from cluster_dq.names import OTHER_QUEUE
 from cluster_dq.models import Job
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ PER_QUEUE = (
 
 # -- recording (by the service, the pools' engines and pumps, and the HTTP middleware) ------
 
-OTHER = "_other"
+OTHER = OTHER_QUEUE
 
 # The HTTP labels take few values whatever a client sends (issue 25). A request that no route
 # serves (its path matches none: 404; or its method is not the route's: 405; the parser takes

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import re
 
+# The queue label of a namespace's per-queue series past an instance's MetricsMaxQueues (the
+# service's metrics write it; the operator's stats reads it): queue names never begin with "_".
+OTHER_QUEUE = "_other"
+
 MAX_NAME_LEN = 255  # bytes of a namespace or queue name
 CLIENT_ID_MAX_LEN = 64  # a job id chosen by the client (a server-made one has 26 characters)
 # \A..\Z with fullmatch: ``$`` would also match before a final newline ("q\n" passing as "q").

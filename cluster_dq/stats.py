@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from cluster_dq.names import OTHER_QUEUE
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -62,7 +64,9 @@ class StatsRow:
     dead: int
     paused: bool
     lateness: float | None  # seconds since the ready head was due
-    rates: dict[str, float] | None  # per second, by kind; None without two samples
+    # per second, by kind; None without two samples, or when the service counts the queue
+    # under "_other" (past its MetricsMaxQueues series)
+    rates: dict[str, float] | None
 
 
 def rate(kind: str, ns: str, q: str, before: Sample, after: Sample) -> float:
@@ -79,10 +83,13 @@ def rows_of(
     ns: str, queues: Iterable[QueueInfo], before: Sample | None, after: Sample | None
 ) -> list[StatsRow]:
     rows = []
+    capped = after is not None and any((k, ns, OTHER_QUEUE) in after.counts for k in RATES)
     for info in queues:
         rates = None
         if before is not None and after is not None:
             rates = {k: rate(k, ns, info.name, before, after) for k in RATES}
+            if capped and not any((k, ns, info.name) in after.counts for k in RATES):
+                rates = None  # counted under _other, past the series cap: its own not known
         rows.append(
             StatsRow(
                 info.name,

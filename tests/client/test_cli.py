@@ -26,7 +26,7 @@ from cluster_dq.cli import main, when_arg
 from cluster_dq.client import Client
 from cluster_dq.keys import AdminKeys
 from cluster_dq.localredis import free_port
-from cluster_dq.stats import Sample, parse_counters, rate
+from cluster_dq.stats import RATES, Sample, parse_counters, rate, rows_of
 from cluster_dq.testing import default_sigint
 from cluster_dq.testing.service_process import pool_env
 from tests.support import Deployment
@@ -569,6 +569,24 @@ cluster_dq_jobs_delivered_total{namespace="ns",queue="q"} 6.0
     assert rate("published", "ns", "new", before, after) == 0.0
     restarted = Sample(102.0, {("published", "ns", "q"): 4.0})  # the instance restarted
     assert rate("published", "ns", "q", before, restarted) == 2.0
+
+
+def test_a_queue_counted_under_other_past_the_series_cap_has_no_rates_not_zero() -> None:
+    """Past ``MetricsMaxQueues`` an instance counts a new queue under ``queue="_other"`` of its
+    namespace: its own rates are not known, and stats says so rather than showing 0 (a run of
+    the suite that had gone past the cap showed a queue under traffic at 0/s)."""
+    from cluster_dq.client import QueueInfo
+
+    def info(name: str) -> QueueInfo:
+        return QueueInfo(name, 0, 0, 0, 0, False, None, None)
+
+    before = Sample(100.0, {("published", "ns", "q"): 1.0, ("published", "ns", "_other"): 5.0})
+    after = Sample(102.0, {("published", "ns", "q"): 3.0, ("published", "ns", "_other"): 9.0})
+    rows = {r.queue: r for r in rows_of("ns", [info("q"), info("late")], before, after)}
+    assert rows["q"].rates == {"published": 1.0, "consumed": 0.0, "acked": 0.0}
+    assert rows["late"].rates is None  # its counts are in _other
+    quiet = Sample(102.0, {("published", "ns", "q"): 3.0})  # no _other: a queue without traffic
+    assert rows_of("ns", [info("late")], before, quiet)[0].rates == dict.fromkeys(RATES, 0.0)
 
 
 def test_an_unreachable_admin_port_is_named(
