@@ -303,6 +303,11 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None], list[bytes | None
                 result = _compact(item["result"], "result")
                 if results.setdefault(jid, result) != result:
                     raise BadRequest(f"job {jid} is given twice with different results", "result")
+        elif isinstance(item, dict) and isinstance(item.get("job_id"), str):
+            unknown = sorted(set(item) - {"job_id", "lease", "result"})[0]
+            raise BadRequest(
+                f"unknown field {unknown!r} in an acked job; known: job_id, lease, result", unknown
+            )
         else:
             raise err
     return list(leases), list(leases.values()), [results.get(i) for i in leases]

@@ -159,6 +159,11 @@ def test_batch_ack_acks_many_ids_in_any_state(api: httpx.Client) -> None:
         (b"not json", 400, "request body should be a JSON array of job ids"),
         (b'{"ids": []}', 400, "request body should be a JSON array of job ids"),
         (b'["JID", 1]', 400, "request body should be a JSON array of job ids"),
+        (
+            b'[{"job_id": "JID", "leese": "x"}]',
+            400,
+            "unknown field 'leese' in an acked job; known: job_id, lease, result",
+        ),
         (b"[]", 400, "no job ids"),
         (b'["JID", "bad id!"]', 400, "invalid job id"),
         (
