@@ -206,7 +206,7 @@ class DeliveryAPI(Handlers):
         if ttr_ms < 1:
             name = "ttr_ms" if "ttr_ms" in qp else "ttr"  # the one given
             raise BadRequest(f"invalid {name}", name)
-        lease = params.lease(params.query(request))
+        lease = params.lease(qp)
         await self.service.touch(route, ns, q, jid, ttr_ms, lease)
         return json({"msg": "touched", "job_id": jid, "ttr_ms": ttr_ms})
 

@@ -104,14 +104,16 @@ def exact(request: Request, name: str) -> str | None:
 def header(request: Request, name: str) -> str | None:
     """A request header's value (``name`` lower-case; the first of a repeated one, as
     Starlette's ``Headers``), from a dict made once per request; without the spaces and tabs
-    around it, which are not part of a field's value (RFC 9110 5.5)."""
+    around it, which are not part of a field's value (RFC 9110 5.5): stripped from the one
+    looked up, not from every header of the request."""
     found: dict[str, str] | None = request.scope.get("dq.headers")
     if found is None:
         found = {}
         for key, value in request.scope["headers"]:
-            found.setdefault(key.decode("latin-1"), value.decode("latin-1").strip(" \t"))
+            found.setdefault(key.decode("latin-1"), value.decode("latin-1"))
         request.scope["dq.headers"] = found
-    return found.get(name)
+    value = found.get(name)
+    return value.strip(" \t") if value else value
 
 
 def uint(query: Mapping[str, str], name: str, default: int, maximum: int = U32) -> int:
@@ -266,6 +268,9 @@ def lease(query: Mapping[str, str]) -> str | None:
     return raw.lower()
 
 
+ACK_FIELDS = frozenset(("job_id", "lease", "result"))  # an object of a batch ack
+
+
 def id_list(data: bytes) -> tuple[list[str], list[str | None], list[bytes | None]]:
     """A batch ack body: a JSON array (1 to MAX_BATCH_ACK) of job ids, or of objects
     ``{"job_id": ..., "lease": ..., "result": ...}`` (lease and result optional; the result
@@ -290,7 +295,7 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None], list[bytes | None
         elif (
             isinstance(item, dict)
             and isinstance(item.get("job_id"), str)
-            and set(item) <= {"job_id", "lease", "result"}
+            and set(item) <= ACK_FIELDS
         ):
             given = item.get("lease")
             if given is not None and not (isinstance(given, str) and LEASE_RE.fullmatch(given)):
@@ -304,10 +309,9 @@ def id_list(data: bytes) -> tuple[list[str], list[str | None], list[bytes | None
                 if results.setdefault(jid, result) != result:
                     raise BadRequest(f"job {jid} is given twice with different results", "result")
         elif isinstance(item, dict) and isinstance(item.get("job_id"), str):
-            unknown = sorted(set(item) - {"job_id", "lease", "result"})[0]
-            raise BadRequest(
-                f"unknown field {unknown!r} in an acked job; known: job_id, lease, result", unknown
-            )
+            unknown = sorted(set(item) - ACK_FIELDS)[0]
+            known = ", ".join(sorted(ACK_FIELDS))
+            raise BadRequest(f"unknown field {unknown!r} in an acked job; known: {known}", unknown)
         else:
             raise err
     return list(leases), list(leases.values()), [results.get(i) for i in leases]

@@ -135,6 +135,12 @@ local function read_turn(g, n)
   return ms, r
 end
 
+-- The later of the next turn `ms + r/n` and now (a turn not taken in time is not saved up).
+local function turn_from(ms, r, now)
+  if ms < now then return now, 0 end
+  return ms, r
+end
+
 local function turn_text(t)
   local ms, r, n = t[1], t[2], t[3]
   local whole = string.format('%.0f', ms)
@@ -156,8 +162,7 @@ local function rate_turn(g, conf, now)
     TAT[g] = t
   end
   if t[1] > now then return t[1] end
-  local ms, r = t[1], t[2]
-  if ms < now then ms, r = now, 0 end
+  local ms, r = turn_from(t[1], t[2], now)
   r = r + conf[4]
   t[1], t[2], TOOK[g] = ms + math.floor(r / conf[3]), r % conf[3], true
   return 0
@@ -173,13 +178,13 @@ end
 -- while the next turn's millisecond is later).
 local function rate_turns(conf, ms, r, now)
   if ms > now then return 0 end
-  if ms < now then r = 0 end
+  ms, r = turn_from(ms, r, now)
   return math.ceil((conf[3] - r) / conf[4])
 end
 
 -- The millisecond of the turn after `turns` turns from the later of `ms + r/n` and now:
 -- always after now when they are the turns of ms `now` (rate_turns).
 local function turn_after(conf, ms, r, now, turns)
-  if ms < now then ms, r = now, 0 end
+  ms, r = turn_from(ms, r, now)
   return ms + math.floor((r + turns * conf[4]) / conf[3])
 end
