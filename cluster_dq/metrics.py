@@ -190,7 +190,6 @@ PER_QUEUE = (
 
 # -- recording (by the service, the pools' engines and pumps, and the HTTP middleware) ------
 
-OTHER = OTHER_QUEUE
 
 # The HTTP labels take few values whatever a client sends (issue 25). A request that no route
 # serves (its path matches none: 404; or its method is not the route's: 405; the parser takes
@@ -296,7 +295,7 @@ class Metrics:
         if len(self._queues) < self.max_queues:
             self._queues.add((ns, q))
             return ns, q
-        return ns, OTHER
+        return ns, OTHER_QUEUE
 
     def forget_queue(self, ns: str, q: str) -> None:
         """A destroyed queue's series go (and free their place under the cap). Not in

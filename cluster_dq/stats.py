@@ -105,6 +105,15 @@ def rows_of(
     return rows
 
 
+def partial(ns: str, before: Sample | None, after: Sample | None) -> bool:
+    """Whether the namespace's ``_other`` series moved between the samples: each worker
+    process caps its own series, so a queue's own rates may then miss what another process
+    counted under ``_other`` (lower bounds)."""
+    if before is None or after is None:
+        return False
+    return any(rate(k, ns, OTHER_QUEUE, before, after) > 0 for k in RATES)
+
+
 def stats_doc(
     ns: str, rows: list[StatsRow], before: Sample | None, after: Sample | None
 ) -> dict[str, Any]:
@@ -114,6 +123,7 @@ def stats_doc(
         "namespace": ns,
         "at": time.time(),
         "rate_window": window,
+        "rates_partial": partial(ns, before, after),
         "queues": [
             {
                 "queue": r.queue,
@@ -138,6 +148,8 @@ def stats_table(
     from rich.table import Table
 
     window = f"rates over {after.at - before.at:.1f} s" if before and after else "no rates"
+    if partial(ns, before, after):
+        window += "; some counted under _other: rates are at least these"
     table = Table(
         title=f"namespace {ns} ({window})",
         title_justify="left",

@@ -146,8 +146,10 @@ class Limit:
         return cls(**values)
 
 
-_NOT_TEXT = ("Cc", "Cs", "Zl", "Zp")  # controls, lone surrogates, line and paragraph breaks
-_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")  # text direction
+# controls, lone surrogates, line and paragraph breaks, and format characters (text direction
+# marks and overrides, zero-width spaces, a BOM), but the joiners emoji sequences use
+_NOT_TEXT = ("Cc", "Cs", "Zl", "Zp", "Cf")
+_JOINERS = frozenset("\u200c\u200d")
 
 
 def check_description(text: str) -> None:
@@ -159,7 +161,7 @@ def check_description(text: str) -> None:
         raise BadRequest(
             f"invalid description: too long (max {MAX_DESCRIPTION} characters)", "description"
         )
-    if any(unicodedata.category(c) in _NOT_TEXT or c in _BIDI for c in text):
+    if any(unicodedata.category(c) in _NOT_TEXT and c not in _JOINERS for c in text):
         raise BadRequest("invalid description: a control character", "description")
 
 

@@ -93,7 +93,9 @@ def _app(dashboard: Dashboard, routes: list[BaseRoute]) -> ASGIApp:
         assert isinstance(exc, HTTPException)
         messages = {404: "no such page", 405: "method not allowed (actions are POST forms)"}
         message = messages.get(exc.status_code, str(exc.detail))
-        return dashboard.error_page(request, exc.status_code, message)
+        page = dashboard.error_page(request, exc.status_code, message)
+        page.headers.update(exc.headers or {})  # a 405's Allow
+        return page
 
     app = Starlette(
         routes=[

@@ -300,12 +300,12 @@ def text_param(name: str, what: str) -> Schema:
         name,
         "query",
         {"type": "string", "maxLength": MAX_NOTE_TEXT},
-        f"{what}: at most {MAX_NOTE_TEXT} bytes of UTF-8 (wins over the body's)",
+        f"{what}: at most {MAX_NOTE_TEXT} bytes of UTF-8 (in the query or the body, not both)",
     )
 
 
 def text_body(name: str, example: str) -> Schema:
-    """``params.text``'s body: read only with a JSON Content-Type."""
+    """``params.text``'s body: a JSON Content-Type required."""
     return json_body(
         {
             "type": "object",

@@ -26,7 +26,7 @@ from cluster_dq.cli import main, when_arg
 from cluster_dq.client import Client
 from cluster_dq.keys import AdminKeys
 from cluster_dq.localredis import free_port
-from cluster_dq.stats import RATES, Sample, parse_counters, rate, rows_of
+from cluster_dq.stats import RATES, Sample, parse_counters, rate, rows_of, stats_doc
 from cluster_dq.testing import default_sigint
 from cluster_dq.testing.service_process import pool_env
 from tests.support import Deployment
@@ -587,6 +587,16 @@ def test_a_queue_counted_under_other_past_the_series_cap_has_no_rates_not_zero()
     assert rows["late"].rates is None  # its counts are in _other
     quiet = Sample(102.0, {("published", "ns", "q"): 3.0})  # no _other: a queue without traffic
     assert rows_of("ns", [info("late")], before, quiet)[0].rates == dict.fromkeys(RATES, 0.0)
+    # each worker process caps its own series: a queue with a series of its own may have its
+    # traffic counted under _other by another process, so its rates are lower bounds then
+    doc = stats_doc("ns", rows_of("ns", [info("q")], before, after), before, after)
+    assert doc["rates_partial"] is True
+    assert (
+        stats_doc("ns", rows_of("ns", [info("q")], before, quiet), before, quiet)["rates_partial"]
+        is False
+    )
+    moved = Sample(102.0, {("published", "ns", "q"): 1.0, ("published", "ns", "_other"): 5.0})
+    assert stats_doc("ns", [], before, moved)["rates_partial"] is False  # _other stood still
 
 
 def test_an_unreachable_admin_port_is_named(

@@ -411,6 +411,8 @@ def test_a_trailing_slash_is_a_json_404_and_writes_nothing(
     # the dashboard's address as people type it still goes to its index
     r = admin.get("/ui", follow_redirects=False)
     assert r.status_code == 308 and r.headers["location"] == "/ui/", r.text
+    r = admin.delete("/ui/")  # the dashboard's own 405 names its methods too
+    assert r.status_code == 405 and "GET" in r.headers.get("allow", ""), r.headers
 
 
 def test_a_405_names_the_methods_the_path_takes(api: httpx.Client) -> None:
@@ -509,9 +511,12 @@ def test_the_spaces_around_a_token_are_not_part_of_it(
         ("description=a%0Ab", "a control character"),
         ("description=a%E2%80%A8b", "a control character"),
         ("description=abc%E2%80%AEgpj.exe", "a control character"),
+        ("description=a%E2%80%8Fb", "a control character"),
+        ("description=a%E2%80%8Bb", "a control character"),
+        ("description=%EF%BB%BFa", "a control character"),
         ("description=" + "d" * 1001, "too long"),
     ],
-    ids=["not-utf8", "control", "line-separator", "bidi", "long"],
+    ids=["not-utf8", "control", "line-separator", "bidi", "rlm", "zero-width", "bom", "long"],
 )
 def test_a_token_description_is_one_line_of_text(admin: httpx.Client, query: str, why: str) -> None:
     before = admin.get("/token/ns").json()["tokens"]

@@ -259,7 +259,7 @@ def test_metrics_are_injected_and_a_disabled_recorder_records_nothing() -> None:
     assert off.queue_labels("inject-off", "a") == ("inject-off", "a")
     assert off.queue_labels("inject-off", "b") == (
         "inject-off",
-        metrics.OTHER,
+        metrics.OTHER_QUEUE,
     )  # the cap still holds
     on = metrics.Metrics.from_settings(Settings(MetricsMaxQueues=2))
     assert on.enabled and on.max_queues == 2
@@ -272,7 +272,7 @@ def test_metrics_are_injected_and_a_disabled_recorder_records_nothing() -> None:
         if f.name == "cluster_dq_jobs_published"
         for s in f.samples
         if s.labels.get("namespace") == "inject-on"
-    } == {"a", "b", metrics.OTHER}
+    } == {"a", "b", metrics.OTHER_QUEUE}
     # A second recorder has caps of its own: nothing is shared through the module.
     assert metrics.Metrics(1).queue_labels("inject-on", "z") == ("inject-on", "z")
 
