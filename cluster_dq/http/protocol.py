@@ -12,7 +12,9 @@ every connection meets before any app sees a request (``Edge``):
   answered (401, 413: only dropped); keep-alive is uvicorn's (``KeepAliveTimeoutSecond``). A request
   whose head is complete has no timeout here: a long-poll waits as long as it asked;
 - a bound on the open connections of each port in a worker (``MaxConnections``): one more
-  is answered 503 and closed at once."""
+  is answered 503 and closed at once;
+- every refusal here, and a request the parser cannot read, answered as the app answers a
+  bad request: a status and a JSON ``error``."""
 
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ MAX_HEADERS = 128
 # headers with their ": " and CRLFs, the blank line. Counted as it arrives (below).
 MAX_HEAD_BYTES = MAX_URL_BYTES + MAX_HEADER_BYTES + 4 * MAX_HEADERS + 1024
 TOO_LARGE = f"request headers too large (max {MAX_HEADERS} headers, {MAX_HEADER_BYTES} bytes)"
+# The answer to a request the parser refuses (a garbled request line, a bad Content-Length, a
+# header name with a space): like every other bad request, a 400 with a JSON error.
+UNPARSED = "the request could not be parsed as HTTP/1.1: nothing was done"
 MAX_LOGGED_HOSTS = 64  # refused Host values logged per worker (once each), then silence
 
 _REASONS = {
@@ -289,13 +294,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         _own_refusals.pending = False
         if self._answering():  # pipelined after a request still answering: wait for it
-            self._deferred = _response(*(self._refusal or (400, msg)))
+            self._deferred = _response(*(self._refusal or (400, UNPARSED)))
             self.flow.pause_reading()
             return
-        if self._refusal is None:
-            super().send_400_response(msg)
-            return
-        self.transport.write(_response(*self._refusal))
+        self.transport.write(_response(*(self._refusal or (400, UNPARSED))))
         self.transport.close()
 
     def _answering(self) -> bool:

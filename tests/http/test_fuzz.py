@@ -179,7 +179,7 @@ def problems(target: Target, request: Request) -> tuple[Response | None, list[As
             target.count(f"{request.port} {request.route} {status} {response.body[:60]!r}")
         if status >= 500:
             found.append(ServerError(f"{status}: {response.body[:300]!r}"))
-        elif 400 <= status < 500 and not (request.malformed and status == 400):
+        elif 400 <= status < 500:  # the parser's refusals too
             found += json_error(request, response)
         if 200 <= status < 300:
             state.learn(response.body)

@@ -293,6 +293,33 @@ def test_a_missing_or_doubled_host_is_refused_in_http_1_1(own_service: ServicePr
         assert read_until_closed(sock).startswith(b"HTTP/1.1 200 ")
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET /api/ns/q HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n",
+        b"PUT /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: ten\r\n\r\n",
+        b"PUT /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"GET /api/ns/q HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Name: x\r\n\r\n",
+    ],
+    ids=["request-line", "version", "content-length", "two-lengths", "header-name"],
+)
+def test_a_request_that_cannot_be_parsed_gets_a_json_400(
+    own_service: ServiceProcess, head: bytes
+) -> None:
+    """Below the app, a request the HTTP parser refuses is answered like every other bad
+    request: a 400 with a JSON ``error`` (it was uvicorn's plain text)."""
+    for port in (own_service.base, own_service.admin):
+        with connect(port) as sock:
+            sock.sendall(head)
+            answer = read_until_closed(sock)
+        status, _, rest = answer.partition(b"\r\n")
+        head_part, _, body = rest.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 400 "), answer
+        assert b"content-type: application/json" in head_part.lower(), answer
+        assert "could not be parsed" in json.loads(body)["error"], body
+
+
 def test_allowed_hosts_lists_the_names_a_load_balancer_sends(
     redis_server: Server, tmp_path: Path
 ) -> None:
