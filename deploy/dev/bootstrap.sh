@@ -48,11 +48,9 @@ STAMP="$VENV/.installed-$(sha1sum "$ROOT/pyproject.toml" | cut -c1-12)-${EXTRAS/
 if [ ! -f "$STAMP" ]; then
   echo "bootstrap: installing cluster_dq[$EXTRAS] into .venv" >&2
   "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-  if [ -n "$EXTRAS" ]; then
-    "$VENV/bin/pip" install -q -e "$ROOT[$EXTRAS]"
-  else
-    "$VENV/bin/pip" install -q -e "$ROOT"
-  fi
+  # (without setuptools' notice that an editable install is one, printed on every install)
+  SPEC="$ROOT"; [ -n "$EXTRAS" ] && SPEC="$ROOT[$EXTRAS]"
+  PYTHONWARNINGS="ignore:Editable installation" "$VENV/bin/pip" install -q -e "$SPEC"
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
