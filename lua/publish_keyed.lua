@@ -145,7 +145,9 @@ local function lower_or_met(t)
 end
 
 -- A debounce's job replaces the waiting `holder` (its state `st`): its body, due time and
--- expiry. Returns its code (READY or DELAYED) and `lowered`. Made ready while META.next is its
+-- expiry, and it starts afresh: the old body's progress and last error (NOTES `p:<id>`,
+-- `<id>`; a waiting job has no death there) go. Returns its code (READY or DELAYED) and
+-- `lowered`. Made ready while META.next is its
 -- due time, it reports again_at: this may be the repeat of a call, stamped afresh past the due
 -- time its first attempt set there, whose signal was lost (a client's id names no one call).
 local function replace(holder, st, due, rec)
@@ -154,6 +156,7 @@ local function replace(holder, st, due, rec)
   EXPIRE_LATER[holder] = nil
   redis.call('ZREM', EXPIRE, holder)
   redis.call('HSET', JOBS, holder, rec)
+  redis.call('HDEL', NOTES, holder, 'p:' .. holder)
   count_group(group_of(old), -1)
   count_group(group_of(rec), 1)
   if due <= now then
@@ -229,14 +232,19 @@ local function request(at)
   -- `prior`, a debounce whose first attempt replaced a job (kept in KEYED `r:<job 1>`): that
   -- job, REPLACED; `mine`, a call whose first attempt made job 1 (the key's holder, or present
   -- or acked lately while another job took the key): that job as it is now, EXISTING (the
-  -- engine tells its own job `new`). With a client's id, which names no one call, the answer
-  -- is what any request with that id gets, but the request is `again` (maybe a repeat).
-  -- Either way it reports lowered: the first attempt's shard signal may have been lost.
+  -- engine tells its own job `new`). A client's id names no one call: holding the key, the
+  -- answer is what any request with that id gets, but the request is `again` (maybe a
+  -- repeat); present or acked lately while another job holds the key, the request is a
+  -- duplicate of that job, `mine` too (a debounce never puts its body on another job, nor is
+  -- refused for it). Either way it reports lowered: the first attempt's signal may be lost.
   local prior, mine, again = false, false, false
   if mode == DEBOUNCE and own then prior = replaced_before(own, made) end
-  if not prior and holder and own and (holder == own or redis.call('HEXISTS', JOBS, own) == 1
-      or acked_lately(own, now, keep)) then
-    if made then mine = own else again = true end
+  if not prior and holder and own then
+    if holder == own then
+      if made then mine = own else again = true end
+    elseif redis.call('HEXISTS', JOBS, own) == 1 or acked_lately(own, now, keep) then
+      mine = own
+    end
   end
 
   -- out: {status, replayed, dedup, lowered, code_1 .. code_n, member_1 .. member_n}

@@ -204,8 +204,11 @@ def publish_outcome(
         as_bytes(body),
         # a fixed id makes a repeat a duplicate (201, nothing new), an Idempotency-Key the
         # first answer; a server-made id does not, nor a dedup key (its job may be acked
-        # between the two, and the repeat would make another)
-        Safety.IDEMPOTENT if job_id is not None or idempotency_key is not None else ONCE,
+        # between the two, and the repeat would make another); nor a fixed id under a
+        # debounce key that job holds: the repeat replaces it again, maybe over a newer body
+        Safety.IDEMPOTENT
+        if (job_id is not None and dedup_mode != "debounce") or idempotency_key is not None
+        else ONCE,
     )
 
 

@@ -467,6 +467,18 @@ def refuse_keys(request: Request, takes: Keys) -> None:
         raise BadRequest("invalid Idempotency-Key: sent more than once", "Idempotency-Key")
 
 
+# A fingerprint's parts, escaped so that one sequence of bytes reads back one way only: a NUL
+# in a name or a value is doubled (a separator is a NUL then q, a or b), an '=' in a name is
+# escaped (the first bare '=' ends it). Names and values without either, every real request's,
+# are their bytes as they are, so the answers kept before this escaping still match.
+def _fp_value(text: str) -> bytes:
+    return text.encode().replace(b"\0", b"\0\0")
+
+
+def _fp_name(text: str) -> bytes:
+    return _fp_value(text).replace(b"=", b"\0=")
+
+
 def idempotency(request: Request, kind: bytes, body: bytes) -> Idempotency | None:
     """The ``Idempotency-Key`` header, with the fingerprint of the request it came with: the
     route (``kind``), its query but the token, the job attributes' headers but the trace
@@ -479,10 +491,10 @@ def idempotency(request: Request, kind: bytes, body: bytes) -> Idempotency | Non
     digest = hashlib.blake2b(kind, digest_size=16)
     for name, value in sorted(query(request).items()):
         if name != "token":
-            digest.update(b"\0q%s=%s" % (name.encode(), value.encode()))
+            digest.update(b"\0q%s=%s" % (_fp_name(name), _fp_value(value)))
     for name, value in sorted((attributes(request) or {}).items()):
         if name not in TRACE_CONTEXT:
-            digest.update(b"\0a%s=%s" % (name.encode(), value.encode()))
+            digest.update(b"\0a%s=%s" % (_fp_name(name), _fp_value(value)))
     digest.update(b"\0b")
     digest.update(body)
     return Idempotency(key, digest.digest())

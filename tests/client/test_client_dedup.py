@@ -85,6 +85,17 @@ def test_an_idempotency_key_makes_a_publish_safe_to_repeat() -> None:
     assert v.publish_many("ns", "q", [b"1"], idempotency_key="i").safety is Safety.IDEMPOTENT
 
 
+def test_a_job_id_under_a_debounce_key_is_not_repeated_without_an_idempotency_key() -> None:
+    """A debounce with a job_id that holds its key replaces that job again, so a repeat after
+    a lost reply could put its body back over a newer debounce's: once-only, unless an
+    Idempotency-Key makes the repeat the first answer. Failed before (repeated)."""
+    debounce = {"dedup_key": "k", "dedup_mode": "debounce", "job_id": "j"}
+    assert v.publish("ns", "q", b"x", job_id="j").safety is Safety.IDEMPOTENT
+    assert v.publish("ns", "q", b"x", job_id="j", dedup_key="k").safety is Safety.IDEMPOTENT
+    assert v.publish("ns", "q", b"x", **debounce).safety is Safety.ONCE
+    assert v.publish("ns", "q", b"x", idempotency_key="i", **debounce).safety is Safety.IDEMPOTENT
+
+
 def _publishes(r: httpx.Request) -> bool:
     return r.method == "PUT"
 

@@ -607,8 +607,9 @@ async def test_a_repeat_with_a_client_job_id_answered_another_job_registers_the_
 ) -> None:
     """A throttle publish with the client's job_id brings a queue into being and its reply is
     lost; its window ends and another publish opens one on a new job before the repeat, which
-    answers that job (what any request with that id gets) and told the shard nothing: the queue
-    was never listed. Found by the model's check of the shards."""
+    answers its own job, a duplicate (its id is present: what any request with that id gets),
+    and told the shard nothing: the queue was never listed. Found by the model's check of the
+    shards."""
 
     async def another_window() -> None:
         await asyncio.sleep(0.05)
@@ -616,7 +617,8 @@ async def test_a_repeat_with_a_client_job_id_answered_another_job_registers_the_
 
     with first_reply_lost(engine, "publish_keyed", another_window) as lost:
         got = await keyed(engine, now_ms(), b"a", key="t", mode="throttle", ttl=40, job_id="c1")
-    assert lost and got.dedup == "existing" and got.published[0].job_id != "c1"
+    assert lost and got.dedup == "existing"
+    assert (got.published[0].job_id, got.published[0].duplicate) == ("c1", True)
     assert await engine.run(ops.queues_of_namespace(engine.config.shards, NS)) == [Q]
 
 
@@ -777,6 +779,37 @@ async def test_a_job_id_of_the_client_repeated_under_its_key_is_a_duplicate(
     replay = await keyed(engine, t + 5, b"i", key=None, idem="i-1", job_id="idem-1")
     assert (idem.replayed, replay.replayed) == (False, True)
     assert replay.published[0].job_id == "idem-1" and not replay.published[0].duplicate
+    check_queue(sync_redis, NS, Q)
+
+
+@pytest.mark.parametrize("how", ["acked", "present", "holder reserved"])
+async def test_a_client_job_id_that_names_another_job_replaces_nothing_under_the_key(
+    engine: AsyncEngine, sync_redis: redis.Redis, how: str
+) -> None:
+    """A publish whose job_id names a job that exists or was acked lately is a duplicate of it,
+    whatever job holds its dedup key: a debounce replaced the holder with its body (the
+    repeat of a lost publish put a body already delivered back over a newer one) or answered
+    409 when the holder was reserved. Found by a hostile review: failed before (``replaced``
+    and the holder's body overwritten; a 409)."""
+    t = now_ms()
+    debounce: dict[str, Any] = {"key": "d", "mode": "debounce"}
+    if how == "present":  # evt-1 holds another key, and is waiting
+        await keyed(engine, t, b"A", key="other", mode="debounce", job_id="evt-1", delay_ms=SEC)
+    else:  # evt-1 made under the key, delivered and acked: its key is free again
+        await keyed(engine, t, b"A", job_id="evt-1", **debounce)
+        (got,) = await consume(engine, t + 1)
+        await engine.run(ops.ack(NS, Q, [got.job_id]))
+    newer = await keyed(engine, t + 2, b"B", delay_ms=SEC, **debounce)
+    holder = newer.published[0].job_id
+    assert newer.dedup == "new" and holder != "evt-1"
+    if how == "holder reserved":
+        (got,) = await consume(engine, t + 2 * SEC)
+        assert got.job_id == holder
+    again = await keyed(engine, t + 3, b"A", job_id="evt-1", **debounce)
+    assert again.dedup == "existing"
+    assert (again.published[0].job_id, again.published[0].duplicate) == ("evt-1", True)
+    job = await engine.run(ops.peek_job(NS, Q, holder))
+    assert job is not None and job.body == b"B"
     check_queue(sync_redis, NS, Q)
 
 

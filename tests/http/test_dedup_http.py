@@ -250,3 +250,42 @@ async def test_concurrent_keyed_publishes_share_calls_and_each_gets_its_own_answ
     news = [r.json()["dedup"] for i, r in enumerate(got) if i % 10 != 9]
     assert news.count("new") == 3 and news.count("existing") == 51
     assert size(api)["size"] == 4  # first, and one job per key
+
+
+def test_a_debounce_replacement_starts_afresh_without_the_old_bodys_progress_or_error(
+    api: httpx.Client,
+) -> None:
+    """The replaced body is a new piece of work: the old one's progress (a checkpoint a worker
+    would resume from, skipping work on the new body) and its last error go with it. Found by
+    a hostile review: failed before (both kept)."""
+    debounce = {"dedup_key": "k", "dedup_mode": "debounce", "tries": 3}
+    first = api.put("/api/ns/q", params=debounce, content=b"v1").json()["job_id"]
+    job = api.get("/api/ns/q", params={"ttr": 30}).json()
+    lease = {"lease": job["lease"]}
+    assert api.put(f"/api/ns/q/job/{first}/progress", params=lease, json={"pct": 50}).is_success
+    released = api.post(f"/api/ns/q/job/{first}/release", params={**lease, "error": "half"})
+    assert released.is_success
+    before = api.get(f"/api/ns/q/job/{first}").json()
+    assert (before["progress"], before["last_error"]) == ({"pct": 50}, "half")
+    again = api.put("/api/ns/q", params=debounce, content=b"v2").json()
+    assert (again["job_id"], again["dedup"]) == (first, "replaced")
+    after = api.get(f"/api/ns/q/job/{first}").json()
+    assert after["data"] == "djI="  # v2
+    assert "progress" not in after and "last_error" not in after, after
+
+
+def test_an_idempotency_key_tells_a_query_value_from_the_body(api: httpx.Client) -> None:
+    """The fingerprint joined the query's values and the body with separators a value could
+    contain (a NUL then a letter), so two different requests could share one: the second was
+    answered as the first and its body never published. Found by a hostile review: failed
+    before (the second was a replay)."""
+    first = api.put("/api/ns/q?z=1%00bHELLO%00b", headers={IDEM: "fp-1"}, content=b"X")
+    assert first.status_code == 201
+    other = api.put("/api/ns/q?z=1", headers={IDEM: "fp-1"}, content=b"HELLO\0b\0bX")
+    assert other.status_code == 422 and IDEM in other.json()["error"]
+    # a name holding '=' is not the same as a value holding it either
+    named = api.put("/api/ns/q?a%3Db=c", headers={IDEM: "fp-2"}, content=b"Y")
+    assert named.status_code == 201
+    valued = api.put("/api/ns/q?a=b%3Dc", headers={IDEM: "fp-2"}, content=b"Y")
+    assert valued.status_code == 422
+    assert size(api)["size"] == 2

@@ -12,7 +12,8 @@ holder (delayed or ready) and is refused (FORBIDDEN) by a reserved or dead one, 
 is job 1's client id; any other holder is the answer (EXISTING, with the holder's state, or none
 when the window's job is gone). A repeat of a call (its reply lost) answers what its first run
 did, whatever holds the key now, writing nothing: REPLACED (kept `r:`), or EXISTING, the job it
-made (the holder, present or acked lately); with no holder the jobs are published, all or none
+made (the holder, present or acked lately); so does a request whose job 1's client id names
+another job than the holder, present or acked lately (a duplicate of it); with no holder the jobs are published, all or none
 (FULL under the queue's max_size), and a simple or debounce key names the first job, a throttle
 key opens a window on it. An Idempotency-Key keeps the answer of a call that wrote (OK) until
 its time; a refusal (FULL, FORBIDDEN, MISMATCH) keeps nothing.
@@ -177,15 +178,21 @@ class KeyedRules:
         if dedup is not None:
             how = f"{mode}: held by a {how}" if held is not None else f"{mode}: free"
         # this call's repeat, its job 1 made (an id made up for it): that job as it is now,
-        # whatever holds the key since, nothing written
+        # whatever holds the key since, nothing written; so is a request whose client id names
+        # another job than the holder, present or acked lately: a duplicate of that job
+        first = jobs[0].client_id if jobs and jobs[0].client_id is not None else None
+        mine_id = own[0] if own is not None and first is None else first
         mine = (
             held is not None
-            and own is not None
-            and jobs[0].client_id is None
-            and (held == own[0] or self.duplicate(q, own[0], now))
+            and mine_id is not None
+            and (
+                (first is None and held == mine_id)
+                or (held != mine_id and self.duplicate(q, mine_id, now))
+            )
         )
-        if mine and held != own[0]:
-            how = f"{mode}: held by another since this call made its job"
+        if mine and held != mine_id:
+            why = "since this call made its job" if first is None else "job 1's id a duplicate"
+            how = f"{mode}: held by another {why}"
         st = self.state_code(q, held) if held is not None else None
         if held is not None and st is not None:
             how += f" ({st.name.lower()})"
@@ -195,9 +202,9 @@ class KeyedRules:
             code = self.state_code(q, prior.ids[0]) or ReplyCode.NOT_FOUND
             return Reply(ReplyCode.OK, False, ReplyCode.REPLACED, (code,), prior.ids, how)
         if mine:
-            assert own is not None
-            code = self.state_code(q, own[0]) or ReplyCode.NOT_FOUND
-            return Reply(ReplyCode.OK, False, ReplyCode.EXISTING, (code,), (own[0],), how)
+            assert mine_id is not None
+            code = self.state_code(q, mine_id) or ReplyCode.NOT_FOUND
+            return Reply(ReplyCode.OK, False, ReplyCode.EXISTING, (code,), (mine_id,), how)
         if st is not None and mode == "debounce" and not waiting and held != ids[0]:
             return Reply(ReplyCode.FORBIDDEN, dedup=st, codes=(st,), ids=(held or "",), how=how)
         if held is not None and st is not None and mode == "debounce" and waiting:
@@ -261,7 +268,8 @@ class KeyedRules:
         how: str,
     ) -> Reply:
         """debounce: the waiting holder's record replaced by the request's (body, ttl, tries,
-        due time; its id, and its last error, kept), out of READY or DELAYED and back."""
+        due time; its id kept, its last error gone: it starts afresh), out of READY or DELAYED
+        and back."""
         old = self.jobs[(q, held)]
         assert old is not None
         self.gone(old)  # (its group counted out, then the new record's counted in)
@@ -283,9 +291,6 @@ class KeyedRules:
             dedup_key=dedup[0],  # (the request's record carries its key)
             debounced=True,  # (and its due time)
         )
-        j = self.jobs[(q, held)]
-        assert j is not None
-        j.error = old.error  # (the job's notes stay: its last error with them)
         self.dedup[(q, dedup[0])] = held  # (a window's job replaced holds the key now)
         code = ReplyCode.READY if state == READY else ReplyCode.DELAYED
         return Reply(ReplyCode.OK, False, ReplyCode.REPLACED, (code,), (held,), how)
