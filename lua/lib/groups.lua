@@ -2,12 +2,14 @@
   Groups: a job may name one (its record's flag 4). Within a queue, READY serves the groups
   in turn: a grouped job's READY score is not its due time but a fair tag (start-time fair
   queueing), `max(V, the group's last tag + 1)`, where V is the tag of READY's head (what is
-  being served now; the job's due time when READY is empty). A group with a backlog has its
+  being served now; when READY has no job of its priority, the later of the job's due time and
+  the highest tag given, GROUPS `t:`, so that V never moves back). A group with a backlog has its
   jobs one tag apart, so a group that was idle enters at the head of the line and waits
   behind at most one job of each busy group; a job its group held back comes back at the head
   (README "Groups").
   GROUPS holds, per group, while it has jobs: `n:<g>` its jobs (every state, the wheel
-  included), `r:<g>` its reserved jobs, `t:<g>` its last tag. GCONF holds the settings
+  included), `r:<g>` its reserved jobs, `t:<g>` its last tag; and `t:` the highest tag given,
+  while any group has jobs. GCONF holds the settings
   (`p:<g>` paused, `c:<g>` concurrency limit, `q:<g>` rate `<n> <per ms>`, `a:<g>` the rate's
   theoretical arrival time). HELD holds the ready jobs of a group that is paused, at its
   concurrency limit or past its rate, as `<g>\0<id>` (all scores 0, so a group's are one
@@ -27,6 +29,19 @@ end
 -- group's first ready job needs its tag) and written once, by `flush_groups` at its end (one
 -- HSET of both; an HINCRBY for a group whose jobs all wait).
 local BATCHED, HEAD_TAG, LAST, SIZE, ADDED = false, {}, {}, {}, {}
+
+-- The highest tag given in the queue (GROUPS `t:`, a tag field naming no group), kept while a
+-- group has jobs: V when READY has no job of a priority, so that V never goes back below a tag
+-- already given. A group's last tag runs one ahead per job, and a burst served fast leaves it
+-- far ahead of the clock: were V the clock then, a backlog published next would take tags
+-- below it, and the group's next job would wait behind almost all of it. FLOOR: its value in
+-- this call (false: not read yet); RAISED: this call raised it (written with a group's tag).
+local FLOOR, RAISED = false, false
+
+local function floor_tag()
+  if not FLOOR then FLOOR = tonumber(redis.call('HGET', GROUPS, 't:') or '0') end
+  return FLOOR
+end
 
 -- A call that only removes jobs (ack.lua) batches the other way: SHRINKING set, each group's
 -- size falls once per call, and so does its reserved count when no job it holds back waits on
@@ -48,42 +63,64 @@ local function count_group(g, delta)
   if redis.call('HINCRBY', GROUPS, 'n:' .. g, delta) <= 0 then
     redis.call('HDEL', GROUPS, 'n:' .. g, 'r:' .. g, 't:' .. g)
     redis.call('ZREM', GWAKE, g)
+    if redis.call('HLEN', GROUPS) == 1 then -- no group left but the queue's highest tag
+      redis.call('HDEL', GROUPS, 't:')
+      FLOOR, RAISED = 0, false
+    end
   end
 end
 
--- V: the tag of READY's first job of priority `prio` (t when it has none): the job being
--- served among those a job of that priority competes with.
+-- V: the tag of READY's first job of priority `prio` (when it has none, the later of t and
+-- the highest tag given): the job being served among those a job of that priority competes with.
 local function head_tag(t, prio)
   if BATCHED and HEAD_TAG[prio] then return HEAD_TAG[prio] end
   local low = (255 - prio) * PRIO_SHIFT
   local head = redis.call('ZRANGE', READY, low, '(' .. (low + PRIO_SHIFT), 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-  if not head[2] then return t end
+  if not head[2] then return math.max(t, floor_tag()) end
   local v = tonumber(head[2]) - low
   if BATCHED then HEAD_TAG[prio] = v end
   return v
 end
 
 -- The fair tag of group g's next job in READY (t: its due time; prio: its priority).
+-- (the group's last tag and the queue's highest are read together, and written together)
 local function fair_tag(g, t, prio)
-  local v = head_tag(t, prio)
   local last
   if not BATCHED then
-    last = tonumber(redis.call('HGET', GROUPS, 't:' .. g) or '')
+    local got = redis.call('HMGET', GROUPS, 't:' .. g, 't:')
+    last = tonumber(got[1] or '')
+    if not FLOOR then FLOOR = tonumber(got[2] or '0') end
   elseif LAST[g] then
     last = LAST[g]
   else
-    local got = redis.call('HMGET', GROUPS, 't:' .. g, 'n:' .. g)
+    local got = redis.call('HMGET', GROUPS, 't:' .. g, 'n:' .. g, 't:')
     last, SIZE[g] = tonumber(got[1] or ''), tonumber(got[2] or '0')
+    if not FLOOR then FLOOR = tonumber(got[3] or '0') end
   end
+  local v = head_tag(t, prio)
   if last and last + 1 > v then v = last + 1 end
-  if BATCHED then LAST[g] = v else redis.call('HSET', GROUPS, 't:' .. g, v) end
+  if v > FLOOR then FLOOR, RAISED = v, true end
+  if BATCHED then
+    LAST[g] = v
+  elseif RAISED then
+    redis.call('HSET', GROUPS, 't:' .. g, v, 't:', FLOOR)
+    RAISED = false
+  else
+    redis.call('HSET', GROUPS, 't:' .. g, v)
+  end
   return v
 end
 
--- The end of a batched call: each group's last tag and size written once.
+-- The end of a batched call: each group's last tag and size written once (the queue's highest
+-- tag with the first).
 local function flush_groups()
   for g, v in pairs(LAST) do
-    redis.call('HSET', GROUPS, 't:' .. g, v, 'n:' .. g, SIZE[g] + (ADDED[g] or 0))
+    if RAISED then
+      redis.call('HSET', GROUPS, 't:' .. g, v, 'n:' .. g, SIZE[g] + (ADDED[g] or 0), 't:', FLOOR)
+      RAISED = false
+    else
+      redis.call('HSET', GROUPS, 't:' .. g, v, 'n:' .. g, SIZE[g] + (ADDED[g] or 0))
+    end
     ADDED[g] = nil
   end
   for g, n in pairs(ADDED) do redis.call('HINCRBY', GROUPS, 'n:' .. g, n) end

@@ -95,6 +95,32 @@ async def test_a_group_that_was_idle_enters_at_the_head_not_behind_the_backlog(
     check_queue(sync_redis, NS, Q)
 
 
+@pytest.mark.parametrize("still_there", ["reserved", "delayed"])
+async def test_a_group_whose_burst_was_served_is_not_put_behind_a_later_backlog(
+    engine: AsyncEngine, sync_redis: redis.Redis, still_there: str
+) -> None:
+    """A group's last tag runs one ahead per job, so a burst served fast leaves it far ahead of
+    the clock; READY's head fell back to the clock once READY was empty, and a backlog
+    published then took tags below it: the group's next job (its last tag + 1) waited behind
+    almost all of that backlog (2,738 of 3,000 in the hostile review that found it). The head
+    of an empty READY is never below a tag already given: the group's job goes within the
+    backlog's first turns (its last tag, the backlog's first, + 1: a tie with the backlog's
+    second, older, job). Failed before (behind 299 of 300)."""
+    t = now_ms()
+    burst = await publish(engine, t, "light", 300)
+    if still_there == "delayed":  # the group keeps a job, and so its last tag
+        await publish(engine, t, "light", delay_ms=3_600_000)
+    taken = [j.job_id for j in await consume(engine, t, count=300)]
+    assert sorted(taken) == sorted(burst)
+    done = taken if still_there == "delayed" else taken[:-1]
+    await engine.run(ops.ack(NS, Q, done, t))
+    await publish(engine, t + 1, "heavy", 300)
+    (mine,) = await publish(engine, t + 2, "light")
+    got = [j.job_id for j in await consume(engine, t + 3, count=3)]
+    assert mine in got, got
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_ungrouped_jobs_keep_priority_then_due_order_beside_groups(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:

@@ -76,8 +76,8 @@ class GroupRules:
         if self.batched and prio in self.head:
             return self.head[prio]
         ready = [j for j in self.of(q, READY) if not j.held and j.priority == prio]
-        if not ready:
-            return t
+        if not ready:  # (never below a tag already given: the queue's highest, `t:`)
+            return max(t, self.tags.get((q, ""), t))
         v = min(ready, key=MJob.order).due
         if self.batched:
             self.head[prio] = v
@@ -93,6 +93,8 @@ class GroupRules:
         if last is not None and last + 1 > v:
             v = last + 1
         self.tags[(q, g)] = v
+        if v > self.tags.get((q, ""), 0):  # the queue's highest tag given (group "")
+            self.tags[(q, "")] = v
         return v
 
     def make_ready(self, j: MJob, t: int) -> None:

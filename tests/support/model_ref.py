@@ -110,6 +110,8 @@ class Model(GroupRules, KeyedRules):
         if j.group is not None and not any(o.group == j.group for o in self.of(j.queue)):
             self.tags.pop((j.queue, j.group), None)
             self.wake.pop((j.queue, j.group), None)
+            if not any(o.group is not None for o in self.of(j.queue)):
+                self.tags.pop((j.queue, ""), None)  # the highest tag, with the last group
 
     def hidden(self) -> Hidden:
         return (
