@@ -38,7 +38,8 @@ def run(args: argparse.Namespace, commands: dict[str, Command] | None = None) ->
     try:
         return command(args)
     except (UsageError, ValueError) as e:  # ValueError: an argument the client refused
-        return _fail(str(e), 2)
+        # (a name the client refused is a DQError too: its message, not a status never sent)
+        return _fail(e.message if isinstance(e, DQError) else str(e), 2)
     except TransportError as e:
         where = getattr(e, "where", None) or args.url or os.environ.get("CLUSTER_DQ_URL")
         return _fail(f"cannot reach {where}: {e.message}", 1)

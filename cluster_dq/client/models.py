@@ -148,7 +148,7 @@ class QueuePage:
 @dataclass(frozen=True, slots=True)
 class GroupInfo:
     """One group of a queue: ``size`` its jobs in every state, ``reserved`` those being worked
-    on, ``held`` its ready jobs held back by its pause or concurrency limit. ``concurrency``:
+    on, ``held`` its ready jobs held back by its pause, concurrency limit or rate. ``concurrency``:
     at most this many reserved at once; ``rate``: at most ``<jobs>/<window>ms`` deliveries
     (``"100/1000ms"``); None: no limit."""
 

@@ -19,6 +19,7 @@ UNHOLD_PER_CALL = 1_000  # held-back jobs one group_configure call brings back
 # each): at most this many, so at least 10,000 groups with every setting
 MAX_GROUP_SETTINGS = 40_000
 MAX_GROUP_PAGE = 1_000  # groups per listing page
+SCANS_PER_PAGE = 16  # HSCANs one listing page may take to hold its groups
 MAX_CONCURRENCY = 1_000_000
 MAX_RATE_JOBS = 1_000_000
 MAX_RATE_PER_MS = 86_400_000  # a rate's window: at most a day
@@ -126,12 +127,20 @@ def describe(ns: str, q: str, groups: Sequence[str]) -> Op[list[Group]]:
 
 def list_groups(ns: str, q: str, cursor: int, count: int) -> Op[tuple[int, list[Group]]]:
     """One page of the groups that hold jobs (HSCAN of GROUPS: a group that comes or goes
-    meanwhile may be seen or not); the next cursor, 0 when done. A group with settings but no
-    job is shown by ``describe``, not listed."""
+    meanwhile may be seen or not); the next cursor, 0 when done. A page holds at least
+    ``count`` groups but the last: GROUPS holds two or three fields a group, so each HSCAN
+    asks for twice that many, and a page scans on (at most ``SCANS_PER_PAGE`` times) until it
+    has them; a small hash comes whole in one. A group with settings but no job is shown by
+    ``describe``, not listed."""
     qk = QueueKeys(ns, q)
-    nxt, fields = yield Cmd(("HSCAN", qk.groups, cursor, "MATCH", "n:*", "COUNT", count))
-    found = sorted({(f.decode() if isinstance(f, bytes) else f)[2:] for f in fields})
-    return int(nxt), (yield from describe(ns, q, found))
+    found: set[str] = set()
+    for _ in range(SCANS_PER_PAGE):
+        nxt, fields = yield Cmd(("HSCAN", qk.groups, cursor, "MATCH", "n:*", "COUNT", 2 * count))
+        found |= {(f.decode() if isinstance(f, bytes) else f)[2:] for f in fields}
+        cursor = int(nxt)
+        if cursor == 0 or len(found) >= count:
+            break
+    return cursor, (yield from describe(ns, q, sorted(found)))
 
 
 def configure_group(

@@ -18,7 +18,6 @@ from cluster_dq.engine.groups import (
     cursor_of,
     parse_changes,
 )
-from cluster_dq.errors import BadRequest
 from cluster_dq.http import params
 from cluster_dq.http.guard import GUARDED, Handlers
 from cluster_dq.http.openapi import E413, INT, NS, Q, Op, json_body, obj, param, reply, uint
@@ -44,9 +43,7 @@ class GroupsAPI(Handlers):
         ns, q = request.path_params["ns"], request.path_params["q"]
         route = await self.auth(request, ns, q)
         qp = params.query(request)
-        limit = params.uint(qp, "limit", 100, MAX_GROUP_PAGE)
-        if limit < 1:
-            raise BadRequest(f"invalid limit: 1..{MAX_GROUP_PAGE}", "limit")
+        limit = params.bounded(qp, "limit", 100, 1, MAX_GROUP_PAGE)
         nxt, page = await self.service.groups(route, ns, q, cursor_of(qp.get("cursor")), limit)
         return json(
             {
@@ -92,8 +89,8 @@ GROUP_NAME = {"type": "string", "pattern": "^" + GROUP_RE.pattern[2:-2] + "$"}
 RATE = {
     "type": "string",
     "pattern": "^[0-9]{1,7}/[0-9]{1,8}(ms|s|m|h)?$",
-    "description": "at most <jobs> deliveries per <window> (ms, s: the default, m, h): a burst "
-    "of <jobs>, then evenly spaced",
+    "description": "at most <jobs> deliveries per <window> (ms, s: the default, m, h), evenly "
+    "spaced from the first (no burst): 10/1s lets one go every 100 ms",
 }
 
 
@@ -107,7 +104,7 @@ def group_operations() -> list[Op]:
         group=GROUP_NAME,
         size={**INT, "description": "its jobs, in every state"},
         reserved={**INT, "description": "its jobs being worked on"},
-        held={**INT, "description": "its ready jobs held back by its pause or concurrency"},
+        held={**INT, "description": "its ready jobs held back by its pause, concurrency or rate"},
         paused={"type": "boolean"},
         concurrency={
             "type": ["integer", "null"],
@@ -175,7 +172,7 @@ def group_operations() -> list[Op]:
             [
                 NS,
                 Q,
-                uint("limit", "groups per page (about)", 100, MAX_GROUP_PAGE, 1),
+                uint("limit", "groups per page (at least, but the last)", 100, MAX_GROUP_PAGE, 1),
                 param(
                     "cursor",
                     "query",

@@ -414,10 +414,14 @@ def flag(query: Mapping[str, str], name: str) -> bool:
 
 
 def bounded(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    """An integer parameter in ``low..high`` (400 naming it otherwise)."""
-    value = uint(query, name, default, high)
-    if value < low:
-        raise BadRequest(f"invalid {name}: {low} to {high}", name)
+    """An integer parameter in ``low..high``: a 400 naming it and the range otherwise (out of
+    range, negative or not a number alike)."""
+    raw = query.get(name)
+    if raw is None:
+        return default
+    value = ascii_uint(raw)
+    if value is None or not low <= value <= high:
+        raise BadRequest(f"invalid {name}: an integer {low} to {high}", name)
     return value
 
 

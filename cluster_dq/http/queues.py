@@ -10,7 +10,6 @@ from starlette.routing import Route
 
 from cluster_dq import queueconf
 from cluster_dq.backoff import KINDS, MAX_BACKOFF_MS
-from cluster_dq.errors import BadRequest
 from cluster_dq.http import params
 from cluster_dq.http.guard import GUARDED, Handlers
 from cluster_dq.http.openapi import (
@@ -85,9 +84,7 @@ class QueuesAPI(Handlers):
         ns = request.path_params["ns"]
         route = await self.auth(request, ns)
         qp = params.query(request)
-        limit = params.uint(qp, "limit", 100)
-        if not 1 <= limit <= params.MAX_LIST:
-            raise BadRequest(f"invalid limit: 1..{params.MAX_LIST}", "limit")
+        limit = params.bounded(qp, "limit", 100, 1, params.MAX_LIST)
         page, nxt = await self.service.list_queues(route, ns, params.cursor(qp), limit)
         out = []
         for o, now in page:

@@ -8,7 +8,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from cluster_dq.errors import BadRequest
 from cluster_dq.http import params
 from cluster_dq.http.guard import GUARDED, Handlers
 from cluster_dq.http.openapi import (
@@ -66,9 +65,7 @@ class SchedulesAPI(Handlers):
         route = await self.auth(request, ns, q)
         qp = params.query(request)
         cursor = params.uint(qp, "cursor", 0, 2**64 - 1)
-        limit = params.uint(qp, "limit", 100, MAX_SCHEDULE_PAGE)
-        if limit < 1:
-            raise BadRequest("invalid limit", "limit")
+        limit = params.bounded(qp, "limit", 100, 1, MAX_SCHEDULE_PAGE)
         nxt, found = await self.service.schedules(route, ns, q, cursor, limit)
         return json({"namespace": ns, "queue": q, "schedules": found, "cursor": str(nxt)})
 

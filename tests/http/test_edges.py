@@ -558,3 +558,14 @@ def test_a_touch_of_no_time_names_the_parameter_given(api: httpx.Client) -> None
     for name in ("ttr", "ttr_ms"):
         r = api.post(f"/api/ns/q/job/{jid}/touch", params={name: 0})
         assert r.status_code == 400 and r.json() == {"error": f"invalid {name}"}, r.text
+
+
+@pytest.mark.parametrize("path", ["/api/ns/q/groups", "/api/ns", "/api/ns/q/schedules"])
+@pytest.mark.parametrize("bad", ["0", "100001", "-1", "abc", ""])
+def test_a_listing_limit_out_of_range_names_its_range(
+    api: httpx.Client, path: str, bad: str
+) -> None:
+    """Every bad ``limit`` of a listing gets one answer naming its range (``0`` named it,
+    ``1001``, ``-1`` and ``abc`` did not). Failed before."""
+    r = api.get(path, params={"limit": bad})
+    assert r.status_code == 400 and "invalid limit: an integer 1 to " in r.json()["error"], r.text
