@@ -161,9 +161,9 @@ def _check_groups(
     wheel_records: list[bytes],
 ) -> None:
     """GROUPS counts exactly (lua/lib/groups.lua): `n:<g>` the group's jobs in every state and
-    the wheel, `r:<g>` its reserved ones, each absent at 0; `t:<g>` only while it has jobs;
-    `t:` (no group: the highest tag given) only while a group has jobs, and no lower than any
-    group's last tag."""
+    the wheel, `r:<g>` its reserved ones, each absent at 0; `t:<g>` (`<tag>` or `<tag>
+    <period>`) only while it has jobs, its period no later than the queue's; `e` (the busy
+    period) only while a group has jobs."""
     size: dict[str, int] = {}
     busy: dict[str, int] = {}
     for member, rec in records.items():
@@ -177,20 +177,21 @@ def _check_groups(
         if g is not None:
             size[g] = size.get(g, 0) + 1
     found: dict[bytes, dict[str, int]] = {b"n": {}, b"r": {}, b"t": {}}
-    highest = groups.get(b"t:")
+    period = int(groups.get(b"e", 0))
     for f, v in groups.items():
+        if f == b"e":
+            continue
         kind, _, name = f.partition(b":")
-        assert kind in found and (name or f == b"t:"), f"a stray field in the groups hash: {f!r}"
-        if name:
-            found[kind][name.decode()] = int(v)
+        assert kind in found and name, f"a stray field in the groups hash: {f!r}"
+        if kind == b"t":
+            tag, _, p = v.partition(b" ")
+            assert int(p or 0) <= period, f"group {name!r}'s tag of a later period than {period}"
+            v = tag
+        found[kind][name.decode()] = int(v)
     assert found[b"n"] == size, f"group sizes {found[b'n']} != jobs by group {size}"
     assert found[b"r"] == busy, f"group reserved counts {found[b'r']} != reserved {busy}"
     assert set(found[b"t"]) <= set(size), "a group's fair tag outlives its jobs"
-    assert highest is None or size, "the highest tag outlives the groups' jobs"
-    if found[b"t"]:
-        assert highest is not None and int(highest) >= max(found[b"t"].values()), (
-            f"the highest tag {highest!r} below a group's {found[b't']}"
-        )
+    assert b"e" not in groups or size, "the busy period outlives the groups' jobs"
 
 
 def _check_held_can_go(

@@ -2,14 +2,14 @@
   Groups: a job may name one (its record's flag 4). Within a queue, READY serves the groups
   in turn: a grouped job's READY score is not its due time but a fair tag (start-time fair
   queueing), `max(V, the group's last tag + 1)`, where V is the tag of READY's head (what is
-  being served now; when READY has no job of its priority, the later of the job's due time and
-  the highest tag given, GROUPS `t:`, so that V never moves back). A group with a backlog has its
+  being served now; the job's due time when READY has no job of its priority), the group's
+  last tag counting only in the busy period it was given in (below). A group with a backlog has its
   jobs one tag apart, so a group that was idle enters at the head of the line and waits
   behind at most one job of each busy group; a job its group held back comes back at the head
   (README "Groups").
   GROUPS holds, per group, while it has jobs: `n:<g>` its jobs (every state, the wheel
-  included), `r:<g>` its reserved jobs, `t:<g>` its last tag; and `t:` the highest tag given,
-  while any group has jobs. GCONF holds the settings
+  included), `r:<g>` its reserved jobs, `t:<g>` its last tag; and `e` the busy period, while
+  any group has jobs. GCONF holds the settings
   (`p:<g>` paused, `c:<g>` concurrency limit, `q:<g>` rate `<n> <per ms>`, `a:<g>` the rate's
   theoretical arrival time). HELD holds the ready jobs of a group that is paused, at its
   concurrency limit or past its rate, as `<g>\0<id>` (all scores 0, so a group's are one
@@ -30,17 +30,27 @@ end
 -- HSET of both; an HINCRBY for a group whose jobs all wait).
 local BATCHED, HEAD_TAG, LAST, SIZE, ADDED = false, {}, {}, {}, {}
 
--- The highest tag given in the queue (GROUPS `t:`, a tag field naming no group), kept while a
--- group has jobs: V when READY has no job of a priority, so that V never goes back below a tag
--- already given. A group's last tag runs one ahead per job, and a burst served fast leaves it
--- far ahead of the clock: were V the clock then, a backlog published next would take tags
--- below it, and the group's next job would wait behind almost all of it. FLOOR: its value in
--- this call (false: not read yet); RAISED: this call raised it (written with a group's tag).
-local FLOOR, RAISED = false, false
+-- Busy periods. READY found empty when a grouped job is tagged begins a new one: no group has
+-- a job waiting there, so every group's last tag is of an earlier period and no longer counts.
+-- (A burst served fast leaves its group's last tag far ahead of the clock: counted, the
+-- group's next job would wait behind almost all of a backlog published since.) GROUPS `e` is
+-- the current period (absent: 0; it leaves with the last group's fields), read and written
+-- with a group's tag, which is written `<tag>` in period 0 and `<tag> <period>` after.
+-- PERIOD: its value in this call (false: not read yet); NEW_PERIOD: this call began one, not
+-- written yet.
+local PERIOD, NEW_PERIOD = false, false
 
-local function floor_tag()
-  if not FLOOR then FLOOR = tonumber(redis.call('HGET', GROUPS, 't:') or '0') end
-  return FLOOR
+-- A group's `t:<g>` value: its last tag and that tag's period.
+local function last_of(v)
+  if not v then return nil, 0 end
+  local tag, p = string.match(v, '^(%d+) (%d+)$')
+  if tag then return tonumber(tag), tonumber(p) end
+  return tonumber(v), 0
+end
+
+local function tag_text(v)
+  if PERIOD == 0 then return v end
+  return v .. ' ' .. PERIOD
 end
 
 -- A call that only removes jobs (ack.lua) batches the other way: SHRINKING set, each group's
@@ -63,63 +73,67 @@ local function count_group(g, delta)
   if redis.call('HINCRBY', GROUPS, 'n:' .. g, delta) <= 0 then
     redis.call('HDEL', GROUPS, 'n:' .. g, 'r:' .. g, 't:' .. g)
     redis.call('ZREM', GWAKE, g)
-    if redis.call('HLEN', GROUPS) == 1 then -- no group left but the queue's highest tag
-      redis.call('HDEL', GROUPS, 't:')
-      FLOOR, RAISED = 0, false
+    if redis.call('HLEN', GROUPS) == 1 then -- no group left but the busy period
+      redis.call('HDEL', GROUPS, 'e')
+      PERIOD, NEW_PERIOD = 0, false
     end
   end
 end
 
--- V: the tag of READY's first job of priority `prio` (when it has none, the later of t and
--- the highest tag given): the job being served among those a job of that priority competes with.
-local function head_tag(t, prio)
+-- V: the tag of READY's first job of priority `prio` (t when it has none): the job being
+-- served among those a job of that priority competes with. `fresh` (a job is being tagged,
+-- PERIOD read): READY empty begins a busy period.
+local function head_tag(t, prio, fresh)
   if BATCHED and HEAD_TAG[prio] then return HEAD_TAG[prio] end
   local low = (255 - prio) * PRIO_SHIFT
   local head = redis.call('ZRANGE', READY, low, '(' .. (low + PRIO_SHIFT), 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-  if not head[2] then return math.max(t, floor_tag()) end
+  if not head[2] then
+    if fresh and redis.call('EXISTS', READY) == 0 then PERIOD, NEW_PERIOD = PERIOD + 1, true end
+    return t
+  end
   local v = tonumber(head[2]) - low
   if BATCHED then HEAD_TAG[prio] = v end
   return v
 end
 
--- The fair tag of group g's next job in READY (t: its due time; prio: its priority).
--- (the group's last tag and the queue's highest are read together, and written together)
+-- The fair tag of group g's next job in READY (t: its due time; prio: its priority). Its last
+-- tag counts in the period it was given in (read, with the period, in one HMGET).
 local function fair_tag(g, t, prio)
-  local last
-  if not BATCHED then
-    local got = redis.call('HMGET', GROUPS, 't:' .. g, 't:')
-    last = tonumber(got[1] or '')
-    if not FLOOR then FLOOR = tonumber(got[2] or '0') end
-  elseif LAST[g] then
-    last = LAST[g]
+  local last, p
+  if BATCHED and LAST[g] then
+    last, p = LAST[g], nil -- (this call's: the current period)
+  elseif BATCHED then
+    local got = redis.call('HMGET', GROUPS, 't:' .. g, 'n:' .. g, 'e')
+    last, p = last_of(got[1])
+    SIZE[g] = tonumber(got[2] or '0')
+    if not PERIOD then PERIOD = tonumber(got[3] or '0') end
   else
-    local got = redis.call('HMGET', GROUPS, 't:' .. g, 'n:' .. g, 't:')
-    last, SIZE[g] = tonumber(got[1] or ''), tonumber(got[2] or '0')
-    if not FLOOR then FLOOR = tonumber(got[3] or '0') end
+    local got = redis.call('HMGET', GROUPS, 't:' .. g, 'e')
+    last, p = last_of(got[1])
+    if not PERIOD then PERIOD = tonumber(got[2] or '0') end
   end
-  local v = head_tag(t, prio)
-  if last and last + 1 > v then v = last + 1 end
-  if v > FLOOR then FLOOR, RAISED = v, true end
+  local v = head_tag(t, prio, true)
+  if last and (p == nil or p == PERIOD) and last + 1 > v then v = last + 1 end
   if BATCHED then
     LAST[g] = v
-  elseif RAISED then
-    redis.call('HSET', GROUPS, 't:' .. g, v, 't:', FLOOR)
-    RAISED = false
+  elseif NEW_PERIOD then
+    redis.call('HSET', GROUPS, 't:' .. g, tag_text(v), 'e', PERIOD)
+    NEW_PERIOD = false
   else
-    redis.call('HSET', GROUPS, 't:' .. g, v)
+    redis.call('HSET', GROUPS, 't:' .. g, tag_text(v))
   end
   return v
 end
 
--- The end of a batched call: each group's last tag and size written once (the queue's highest
--- tag with the first).
+-- The end of a batched call: each group's last tag and size written once (a new period with
+-- the first).
 local function flush_groups()
   for g, v in pairs(LAST) do
-    if RAISED then
-      redis.call('HSET', GROUPS, 't:' .. g, v, 'n:' .. g, SIZE[g] + (ADDED[g] or 0), 't:', FLOOR)
-      RAISED = false
+    if NEW_PERIOD then
+      redis.call('HSET', GROUPS, 't:' .. g, tag_text(v), 'n:' .. g, SIZE[g] + (ADDED[g] or 0), 'e', PERIOD)
+      NEW_PERIOD = false
     else
-      redis.call('HSET', GROUPS, 't:' .. g, v, 'n:' .. g, SIZE[g] + (ADDED[g] or 0))
+      redis.call('HSET', GROUPS, 't:' .. g, tag_text(v), 'n:' .. g, SIZE[g] + (ADDED[g] or 0))
     end
     ADDED[g] = nil
   end

@@ -121,6 +121,33 @@ async def test_a_group_whose_burst_was_served_is_not_put_behind_a_later_backlog(
     check_queue(sync_redis, NS, Q)
 
 
+@pytest.mark.parametrize("bursts", [1, 200])
+async def test_after_a_served_burst_a_grouped_job_is_not_put_behind_later_ungrouped_ones(
+    engine: AsyncEngine, sync_redis: redis.Redis, bursts: int
+) -> None:
+    """A floor under READY's head (the highest tag given, kept while any group had a job)
+    fixed the burst above but put every group's next job at that floor, far ahead of the
+    clock: ungrouped jobs published after it went first (all 200 in a hostile review), and a
+    group publishing faster than one job a millisecond, each served at once, drove it further
+    ahead for ever. A busy period's end forgets the tags instead. ``bursts``: one burst of
+    300, or 200 bursts of 3 jobs a millisecond, each served at once."""
+    t = now_ms()
+    await publish(engine, t, "z", delay_ms=24 * 3_600_000)  # a group keeps a job all along
+    size = 300 // bursts if bursts == 1 else 3
+    for i in range(bursts):
+        ids = await publish(engine, t + i, "a", size)
+        taken = await consume(engine, t + i, count=size)
+        assert sorted(j.job_id for j in taken) == sorted(ids)
+        await engine.run(ops.ack(NS, Q, ids, t + i))
+    now = t + bursts + 10
+    (mine,) = await publish(engine, now, "b")
+    for i in range(50):
+        await publish(engine, now + 1 + i, None)
+    (first,) = await consume(engine, now + 60)
+    assert first.job_id == mine, first.group
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_ungrouped_jobs_keep_priority_then_due_order_beside_groups(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:

@@ -70,14 +70,17 @@ class GroupRules:
             c.rate,
         )
 
-    def head_tag(self, q: str, t: int, prio: int) -> int:
+    def head_tag(self, q: str, t: int, prio: int, fresh: bool = False) -> int:
         """V: the tag (score below the priority) of READY's first job of priority ``prio``;
-        ``t`` when it has none (a publish's call: as it first read it)."""
+        ``t`` when it has none (a publish's call: as it first read it). ``fresh`` (a job being
+        tagged): READY empty begins a busy period (the queue's, kept under group ``""``)."""
         if self.batched and prio in self.head:
             return self.head[prio]
         ready = [j for j in self.of(q, READY) if not j.held and j.priority == prio]
-        if not ready:  # (never below a tag already given: the queue's highest, `t:`)
-            return max(t, self.tags.get((q, ""), t))
+        if not ready:
+            if fresh and not any(not j.held for j in self.of(q, READY)):
+                self.tags[(q, "")] = self.period(q) + 1
+            return t
         v = min(ready, key=MJob.order).due
         if self.batched:
             self.head[prio] = v
@@ -87,14 +90,20 @@ class GroupRules:
         """publish.lua's call begins (on) or ends: its groups' bookkeeping batched."""
         self.batched, self.head = on, {}
 
+    def period(self, q: str) -> int:
+        p = self.tags.get((q, ""), 0)
+        assert isinstance(p, int)
+        return p
+
     def fair_tag(self, q: str, g: str, t: int, prio: int) -> int:
-        v = self.head_tag(q, t, prio)
+        """``max(V, the group's last tag + 1)``, its last tag counting only in the busy period
+        it was given in."""
         last = self.tags.get((q, g))
-        if last is not None and last + 1 > v:
-            v = last + 1
-        self.tags[(q, g)] = v
-        if v > self.tags.get((q, ""), 0):  # the queue's highest tag given (group "")
-            self.tags[(q, "")] = v
+        v = self.head_tag(q, t, prio, fresh=True)
+        period = self.period(q)
+        if isinstance(last, tuple) and last[1] == period and last[0] + 1 > v:
+            v = last[0] + 1
+        self.tags[(q, g)] = (v, period)
         return v
 
     def make_ready(self, j: MJob, t: int) -> None:

@@ -428,7 +428,7 @@ class ModelMachine(RuleBasedStateMachine):
         next allowed deliveries and their wake-ups as one of the outcomes it allows (taken from
         the engine when it cannot know them: after a consume whose reply was lost)."""
         m = self.model
-        tags: dict[tuple[str, str], int] = {}
+        tags: dict[tuple[str, str], Any] = {}
         tat: dict[tuple[str, str], tuple[int, int]] = {}
         turns: dict[tuple[str, str], bytes] = {}
         wake: dict[tuple[str, str], int] = {}
@@ -436,8 +436,11 @@ class ModelMachine(RuleBasedStateMachine):
         for q, (_, _, _, _, groups_, gconf, wakes) in seen.items():
             for f, x in groups_.items():
                 kind, _, g = f.decode().partition(":")
-                if kind == "t":
-                    tags[(q, g)] = int(x)
+                if kind == "t":  # `<tag>` (period 0) or `<tag> <period>`
+                    tag, _, period = x.decode().partition(" ")
+                    tags[(q, g)] = (int(tag), int(period or 0))
+                elif kind == "e":
+                    tags[(q, "")] = int(x)
             for f, x in gconf.items():
                 kind, _, g = f.decode().partition(":")
                 c = conf.setdefault((q, g), GConf())
