@@ -128,14 +128,15 @@ def describe(ns: str, q: str, groups: Sequence[str]) -> Op[list[Group]]:
 def list_groups(ns: str, q: str, cursor: int, count: int) -> Op[tuple[int, list[Group]]]:
     """One page of the groups that hold jobs (HSCAN of GROUPS: a group that comes or goes
     meanwhile may be seen or not); the next cursor, 0 when done. A page holds at least
-    ``count`` groups but the last: GROUPS holds two or three fields a group, so each HSCAN
-    asks for twice that many, and a page scans on (at most ``SCANS_PER_PAGE`` times) until it
-    has them; a small hash comes whole in one. A group with settings but no job is shown by
+    ``count`` groups but the last, seldom more than twice that: GROUPS holds two or three
+    fields a group, so each HSCAN asks for twice what the page lacks, and a page scans on (at
+    most ``SCANS_PER_PAGE`` times) until it has them; a small hash comes whole in one. A group with settings but no job is shown by
     ``describe``, not listed."""
     qk = QueueKeys(ns, q)
     found: set[str] = set()
     for _ in range(SCANS_PER_PAGE):
-        nxt, fields = yield Cmd(("HSCAN", qk.groups, cursor, "MATCH", "n:*", "COUNT", 2 * count))
+        want = 2 * max(count - len(found), 1)  # (what the page still lacks)
+        nxt, fields = yield Cmd(("HSCAN", qk.groups, cursor, "MATCH", "n:*", "COUNT", want))
         found |= {(f.decode() if isinstance(f, bytes) else f)[2:] for f in fields}
         cursor = int(nxt)
         if cursor == 0 or len(found) >= count:
