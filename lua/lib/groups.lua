@@ -94,9 +94,7 @@ end
 -- The fair tag of group g's next job in READY, job `id` (t: its due time; prio: its
 -- priority). Its last tag's job is looked for in READY only when that tag is ahead of V. A
 -- batched call reads the group's last tags once (with its size), and after its first job of a
--- priority, the last tag there is its own (LOOKED); every other call reads and writes them
--- each time.
-local LOOKED = {}
+-- priority, the last tag there is its own; every other call reads and writes them each time.
 
 local function fair_tag(g, t, prio, id)
   local m = BATCHED and LAST[g]
@@ -109,13 +107,11 @@ local function fair_tag(g, t, prio, id)
       m = last_tags(redis.call('HGET', GROUPS, 't:' .. g))
     end
   end
+  -- (e[3]: the entry is this batched call's own job, in READY; a tag not ahead of V changes
+  -- nothing and is not looked for)
   local e, v = m[prio], head_tag(t, prio)
-  if e and e[1] + 1 > v then -- (else it changes nothing: not looked for)
-    local mine = BATCHED and LOOKED[g .. '\0' .. prio] -- (this call's job: in READY)
-    if mine or redis.call('ZSCORE', READY, e[2]) then v = e[1] + 1 end
-  end
-  if BATCHED then LOOKED[g .. '\0' .. prio] = true end
-  m[prio] = {v, id}
+  if e and e[1] + 1 > v and (e[3] or redis.call('ZSCORE', READY, e[2])) then v = e[1] + 1 end
+  if e and e[3] then e[1], e[2] = v, id else m[prio] = {v, id, BATCHED} end
   if not BATCHED then redis.call('HSET', GROUPS, 't:' .. g, last_tags_text(m)) end
   return v
 end
