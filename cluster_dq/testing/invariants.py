@@ -6,21 +6,13 @@ dangling, counters exact. Used after every guarantee test and by the history com
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from cluster_dq.clock import now_ms
 from cluster_dq.engine.steps import REMEMBER_ACKED_MS
 from cluster_dq.history import BUCKET_MS, KEEP_MS
 from cluster_dq.keys import BUCKET_WIDTH_MS, QueueKeys
-from cluster_dq.models import (
-    WHEEL_SHORT_FIELD,
-    Record,
-    id_due_ms,
-    id_lane,
-    id_to_text,
-    wheel_job,
-)
+from cluster_dq.models import WHEEL_SHORT_FIELD, Record, id_due_ms, id_lane, wheel_job
 
 
 def check_queue(r: Any, ns: str, q: str) -> dict[str, int]:
@@ -162,23 +154,6 @@ def queue_keys(r: Any, ns: str, q: str) -> list[bytes]:
     return [k for k in found if k != acked and k not in buckets and k not in soon]
 
 
-def last_tags(raw: bytes) -> dict[int, tuple[int, str]]:
-    """A group's `t:<g>` (lua/lib/groups.lua): per priority, its last tag and the id of the job
-    it went to. Refuses anything else."""
-    out: dict[int, tuple[int, str]] = {}
-    at = 0
-    while at < len(raw):
-        head = re.match(rb"(\d+),(\d+),(\d+):", raw[at:])
-        assert head is not None, f"a group's last tags {raw!r} unreadable at {at}"
-        prio, tag, size = (int(x) for x in head.groups())
-        start = at + head.end()
-        member = raw[start : start + size]
-        assert len(member) == size and prio not in out, f"a group's last tags {raw!r}"
-        out[prio] = (tag, id_to_text(member))
-        at = start + size
-    return out
-
-
 def _check_groups(
     groups: dict[bytes, bytes],
     records: dict[bytes, bytes],
@@ -186,8 +161,9 @@ def _check_groups(
     wheel_records: list[bytes],
 ) -> None:
     """GROUPS counts exactly (lua/lib/groups.lua): `n:<g>` the group's jobs in every state and
-    the wheel, `r:<g>` its reserved ones, each absent at 0; `t:<g>` (its last tags, readable)
-    only while it has jobs."""
+    the wheel, `r:<g>` its reserved ones, each absent at 0; `t:<g>` (`<tag>` or `<tag>
+    <period>`) only while it has jobs, its period no later than the queue's; `e` (the busy
+    period) only while a group has jobs."""
     size: dict[str, int] = {}
     busy: dict[str, int] = {}
     for member, rec in records.items():
@@ -201,13 +177,21 @@ def _check_groups(
         if g is not None:
             size[g] = size.get(g, 0) + 1
     found: dict[bytes, dict[str, int]] = {b"n": {}, b"r": {}, b"t": {}}
+    period = int(groups.get(b"e", 0))
     for f, v in groups.items():
+        if f == b"e":
+            continue
         kind, _, name = f.partition(b":")
         assert kind in found and name, f"a stray field in the groups hash: {f!r}"
-        found[kind][name.decode()] = len(last_tags(v)) if kind == b"t" else int(v)
+        if kind == b"t":
+            tag, _, p = v.partition(b" ")
+            assert int(p or 0) <= period, f"group {name!r}'s tag of a later period than {period}"
+            v = tag
+        found[kind][name.decode()] = int(v)
     assert found[b"n"] == size, f"group sizes {found[b'n']} != jobs by group {size}"
     assert found[b"r"] == busy, f"group reserved counts {found[b'r']} != reserved {busy}"
     assert set(found[b"t"]) <= set(size), "a group's fair tag outlives its jobs"
+    assert b"e" not in groups or size, "the busy period outlives the groups' jobs"
 
 
 def _check_held_can_go(

@@ -3,14 +3,13 @@
   in turn: a grouped job's READY score is not its due time but a fair tag (start-time fair
   queueing), `max(V, the group's last tag + 1)`, where V is the tag of READY's head (what is
   being served now; the job's due time when READY has no job of its priority), the group's
-  last tag (of that priority) counting only while its job still waits in READY (below). A
-  group with a backlog has its
+  last tag counting only in the busy period it was given in (below). A group with a backlog has its
   jobs one tag apart, so a group that was idle enters at the head of the line and waits
   behind at most one job of each busy group; a job its group held back comes back at the head
   (README "Groups").
   GROUPS holds, per group, while it has jobs: `n:<g>` its jobs (every state, the wheel
-  included), `r:<g>` its reserved jobs, `t:<g>` its last tag of each priority and the job it
-  went to. GCONF holds the settings
+  included), `r:<g>` its reserved jobs, `t:<g>` its last tag; and `e` the busy period, while
+  any group has jobs. GCONF holds the settings
   (`p:<g>` paused, `c:<g>` concurrency limit, `q:<g>` rate `<n> <per ms>`, `a:<g>` the rate's
   theoretical arrival time). HELD holds the ready jobs of a group that is paused, at its
   concurrency limit or past its rate, as `<g>\0<id>` (all scores 0, so a group's are one
@@ -31,29 +30,27 @@ end
 -- HSET of both; an HINCRBY for a group whose jobs all wait).
 local BATCHED, HEAD_TAG, LAST, SIZE, ADDED = false, {}, {}, {}, {}
 
--- A group's last tags, one per priority: `t:<g>` holds entries `<prio>,<tag>,<len>:<id>`, the
--- last tag given to the group's jobs of that priority and the job it went to. A last tag
--- counts only while that job still waits in READY: once it is served, so are the group's
--- earlier jobs of that priority (READY serves a priority's tags in order), and the group has
--- no backlog there: its next job enters at V. (Counted after the group's burst was served
--- fast, its tag far ahead of the clock, the group's next job would wait behind a backlog
--- published since, and a group publishing faster than a job a millisecond would drift on.)
-local function last_tags(v)
-  local m, at = {}, 1
-  while v and at <= #v do
-    local _, e, prio, tag, len = string.find(v, '^(%d+),(%d+),(%d+):', at)
-    if not e then break end -- (a plain number: an older version's tag, of no job: none)
-    len = tonumber(len)
-    m[tonumber(prio)] = {tonumber(tag), string.sub(v, e + 1, e + len)}
-    at = e + len + 1
-  end
-  return m
+-- Busy periods. READY found empty when a grouped job is tagged begins a new one: no group has
+-- a job waiting there, so every group's last tag is of an earlier period and no longer counts.
+-- (A burst served fast leaves its group's last tag far ahead of the clock: counted, the
+-- group's next job would wait behind almost all of a backlog published since.) GROUPS `e` is
+-- the current period (absent: 0; it leaves with the last group's fields), read and written
+-- with a group's tag, which is written `<tag>` in period 0 and `<tag> <period>` after.
+-- PERIOD: its value in this call (false: not read yet); NEW_PERIOD: this call began one, not
+-- written yet.
+local PERIOD, NEW_PERIOD = false, false
+
+-- A group's `t:<g>` value: its last tag and that tag's period.
+local function last_of(v)
+  if not v then return nil, 0 end
+  local tag, p = string.match(v, '^(%d+) (%d+)$')
+  if tag then return tonumber(tag), tonumber(p) end
+  return tonumber(v), 0
 end
 
-local function last_tags_text(m)
-  local out = {}
-  for prio, e in pairs(m) do out[#out + 1] = prio .. ',' .. e[1] .. ',' .. #e[2] .. ':' .. e[2] end
-  return table.concat(out)
+local function tag_text(v)
+  if PERIOD == 0 then return v end
+  return v .. ' ' .. PERIOD
 end
 
 -- A call that only removes jobs (ack.lua) batches the other way: SHRINKING set, each group's
@@ -76,50 +73,68 @@ local function count_group(g, delta)
   if redis.call('HINCRBY', GROUPS, 'n:' .. g, delta) <= 0 then
     redis.call('HDEL', GROUPS, 'n:' .. g, 'r:' .. g, 't:' .. g)
     redis.call('ZREM', GWAKE, g)
+    if redis.call('HLEN', GROUPS) == 1 then -- no group left but the busy period
+      redis.call('HDEL', GROUPS, 'e')
+      PERIOD, NEW_PERIOD = 0, false
+    end
   end
 end
 
 -- V: the tag of READY's first job of priority `prio` (t when it has none): the job being
--- served among those a job of that priority competes with.
-local function head_tag(t, prio)
+-- served among those a job of that priority competes with. `fresh` (a job is being tagged,
+-- PERIOD read): READY empty begins a busy period.
+local function head_tag(t, prio, fresh)
   if BATCHED and HEAD_TAG[prio] then return HEAD_TAG[prio] end
   local low = (255 - prio) * PRIO_SHIFT
   local head = redis.call('ZRANGE', READY, low, '(' .. (low + PRIO_SHIFT), 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-  if not head[2] then return t end
+  if not head[2] then
+    if fresh and redis.call('EXISTS', READY) == 0 then PERIOD, NEW_PERIOD = PERIOD + 1, true end
+    return t
+  end
   local v = tonumber(head[2]) - low
   if BATCHED then HEAD_TAG[prio] = v end
   return v
 end
 
--- The fair tag of group g's next job in READY, job `id` (t: its due time; prio: its
--- priority). Its last tag's job is looked for in READY only when that tag is ahead of V. A
--- batched call reads the group's last tags once (with its size), and after its first job of a
--- priority, the last tag there is its own; every other call reads and writes them each time.
-
-local function fair_tag(g, t, prio, id)
-  local m = BATCHED and LAST[g]
-  if not m then
-    if BATCHED then
-      local got = redis.call('HMGET', GROUPS, 't:' .. g, 'n:' .. g)
-      m, SIZE[g] = last_tags(got[1]), tonumber(got[2] or '0')
-      LAST[g] = m
-    else
-      m = last_tags(redis.call('HGET', GROUPS, 't:' .. g))
-    end
+-- The fair tag of group g's next job in READY (t: its due time; prio: its priority). Its last
+-- tag counts in the period it was given in (read, with the period, in one HMGET).
+local function fair_tag(g, t, prio)
+  local last, p
+  if BATCHED and LAST[g] then
+    last, p = LAST[g], nil -- (this call's: the current period)
+  elseif BATCHED then
+    local got = redis.call('HMGET', GROUPS, 't:' .. g, 'n:' .. g, 'e')
+    last, p = last_of(got[1])
+    SIZE[g] = tonumber(got[2] or '0')
+    if not PERIOD then PERIOD = tonumber(got[3] or '0') end
+  else
+    local got = redis.call('HMGET', GROUPS, 't:' .. g, 'e')
+    last, p = last_of(got[1])
+    if not PERIOD then PERIOD = tonumber(got[2] or '0') end
   end
-  -- (e[3]: the entry is this batched call's own job, in READY; a tag not ahead of V changes
-  -- nothing and is not looked for)
-  local e, v = m[prio], head_tag(t, prio)
-  if e and e[1] + 1 > v and (e[3] or redis.call('ZSCORE', READY, e[2])) then v = e[1] + 1 end
-  if e and e[3] then e[1], e[2] = v, id else m[prio] = {v, id, BATCHED} end
-  if not BATCHED then redis.call('HSET', GROUPS, 't:' .. g, last_tags_text(m)) end
+  local v = head_tag(t, prio, true)
+  if last and (p == nil or p == PERIOD) and last + 1 > v then v = last + 1 end
+  if BATCHED then
+    LAST[g] = v
+  elseif NEW_PERIOD then
+    redis.call('HSET', GROUPS, 't:' .. g, tag_text(v), 'e', PERIOD)
+    NEW_PERIOD = false
+  else
+    redis.call('HSET', GROUPS, 't:' .. g, tag_text(v))
+  end
   return v
 end
 
--- The end of a batched call: each group's last tags and size written once.
+-- The end of a batched call: each group's last tag and size written once (a new period with
+-- the first).
 local function flush_groups()
-  for g, m in pairs(LAST) do
-    redis.call('HSET', GROUPS, 't:' .. g, last_tags_text(m), 'n:' .. g, SIZE[g] + (ADDED[g] or 0))
+  for g, v in pairs(LAST) do
+    if NEW_PERIOD then
+      redis.call('HSET', GROUPS, 't:' .. g, tag_text(v), 'n:' .. g, SIZE[g] + (ADDED[g] or 0), 'e', PERIOD)
+      NEW_PERIOD = false
+    else
+      redis.call('HSET', GROUPS, 't:' .. g, tag_text(v), 'n:' .. g, SIZE[g] + (ADDED[g] or 0))
+    end
     ADDED[g] = nil
   end
   for g, n in pairs(ADDED) do redis.call('HINCRBY', GROUPS, 'n:' .. g, n) end

@@ -10,7 +10,7 @@
 -- place is its group's fair tag instead, lib/groups.lua).
 local function make_ready(id, rec, t)
   local g = group_of(rec)
-  if g then t = fair_tag(g, t, priority_of(rec), id) end
+  if g then t = fair_tag(g, t, priority_of(rec)) end
   redis.call('ZADD', READY, ready_score(rec, t), id)
 end
 

@@ -70,13 +70,16 @@ class GroupRules:
             c.rate,
         )
 
-    def head_tag(self, q: str, t: int, prio: int) -> int:
+    def head_tag(self, q: str, t: int, prio: int, fresh: bool = False) -> int:
         """V: the tag (score below the priority) of READY's first job of priority ``prio``;
-        ``t`` when it has none (a publish's call: as it first read it)."""
+        ``t`` when it has none (a publish's call: as it first read it). ``fresh`` (a job being
+        tagged): READY empty begins a busy period (the queue's, kept under group ``""``)."""
         if self.batched and prio in self.head:
             return self.head[prio]
         ready = [j for j in self.of(q, READY) if not j.held and j.priority == prio]
         if not ready:
+            if fresh and not any(not j.held for j in self.of(q, READY)):
+                self.tags[(q, "")] = self.period(q) + 1
             return t
         v = min(ready, key=MJob.order).due
         if self.batched:
@@ -87,28 +90,27 @@ class GroupRules:
         """publish.lua's call begins (on) or ends: its groups' bookkeeping batched."""
         self.batched, self.head = on, {}
 
-    def fair_tag(self, q: str, g: str, t: int, prio: int, job_id: str) -> int:
-        """``max(V, the group's last tag of priority ``prio`` + 1)``, that tag counting only
-        while the job it went to still waits in READY (held back: no longer); the group's last
-        tags are kept per priority, with their jobs."""
-        last = dict(self.tags.get((q, g), {}))
-        e = last.get(prio)
-        if e is not None:
-            j = self.jobs.get((q, e[1]))
-            if j is None or j.state != READY or j.held:
-                e = None  # served (or gone from READY): the group has no backlog there
-        v = self.head_tag(q, t, prio)
-        if e is not None and e[0] + 1 > v:
-            v = e[0] + 1
-        last[prio] = (v, job_id)
-        self.tags[(q, g)] = last
+    def period(self, q: str) -> int:
+        p = self.tags.get((q, ""), 0)
+        assert isinstance(p, int)
+        return p
+
+    def fair_tag(self, q: str, g: str, t: int, prio: int) -> int:
+        """``max(V, the group's last tag + 1)``, its last tag counting only in the busy period
+        it was given in."""
+        last = self.tags.get((q, g))
+        v = self.head_tag(q, t, prio, fresh=True)
+        period = self.period(q)
+        if isinstance(last, tuple) and last[1] == period and last[0] + 1 > v:
+            v = last[0] + 1
+        self.tags[(q, g)] = (v, period)
         return v
 
     def make_ready(self, j: MJob, t: int) -> None:
         """Into READY at ``t`` (a grouped job: at its group's fair tag). ``j`` is in no state
         set meanwhile."""
         if j.group is not None:
-            t = self.fair_tag(j.queue, j.group, t, j.priority, j.job_id)
+            t = self.fair_tag(j.queue, j.group, t, j.priority)
         j.state, j.held, j.wheel, j.due = READY, False, None, t
 
     def held_back(self, q: str, g: str) -> list[MJob]:

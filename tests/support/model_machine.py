@@ -31,7 +31,7 @@ from cluster_dq.models import JobState, id_to_member
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import load
-from cluster_dq.testing.invariants import check_queue, last_tags, queue_keys
+from cluster_dq.testing.invariants import check_queue, queue_keys
 from tests.support import flush
 from tests.support.model_harness import (
     GROUPS,
@@ -436,8 +436,11 @@ class ModelMachine(RuleBasedStateMachine):
         for q, (_, _, _, _, groups_, gconf, wakes) in seen.items():
             for f, x in groups_.items():
                 kind, _, g = f.decode().partition(":")
-                if kind == "t":
-                    tags[(q, g)] = last_tags(x)
+                if kind == "t":  # `<tag>` (period 0) or `<tag> <period>`
+                    tag, _, period = x.decode().partition(" ")
+                    tags[(q, g)] = (int(tag), int(period or 0))
+                elif kind == "e":
+                    tags[(q, "")] = int(x)
             for f, x in gconf.items():
                 kind, _, g = f.decode().partition(":")
                 c = conf.setdefault((q, g), GConf())

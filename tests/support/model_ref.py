@@ -79,8 +79,8 @@ class Model(GroupRules, KeyedRules):
     # KEYED: throttle windows (`t:<key>`) and Idempotency-Keys' answers (`i:<key>`) per queue
     keyed: dict[tuple[str, str], Kept] = field(default_factory=dict)
     gconf: dict[GKey, GConf] = field(default_factory=dict)  # kept by a destroy, as CONF
-    # a group's last tags while it has jobs: per priority, (tag, the job it went to)
-    tags: dict[GKey, dict[int, tuple[int, str]]] = field(default_factory=dict)
+    # a group's last tag and its busy period, while it has jobs; group "": the queue's period
+    tags: dict[GKey, Any] = field(default_factory=dict)
     tat: dict[GKey, float] = field(default_factory=dict)  # a rate's earliest next delivery
     wake: dict[GKey, int] = field(default_factory=dict)  # a rate's wake-up (its next turn)
     hidden_alts: list[Hidden] = field(default_factory=list)  # other allowed `hidden()`
@@ -111,6 +111,8 @@ class Model(GroupRules, KeyedRules):
         if j.group is not None and not any(o.group == j.group for o in self.of(j.queue)):
             self.tags.pop((j.queue, j.group), None)
             self.wake.pop((j.queue, j.group), None)
+            if not any(o.group is not None for o in self.of(j.queue)):
+                self.tags.pop((j.queue, ""), None)  # the busy period, with the last group
 
     def hidden(self) -> Hidden:
         return (
