@@ -160,28 +160,12 @@ async def test_a_group_keeps_its_order_when_its_newest_waiting_job_leaves_ready(
     await publish(engine, t, "b", 10)
     older = [(await publish(engine, t + 1 + i, "a"))[0] for i in range(4)]
     if how == "debounce":
-        newest = await engine.run(
-            ops.publish_keyed(
-                engine.config,
-                NS,
-                Q,
-                [JobSpec(b"v1", group="a")],
-                t + 5,
-                ops.Dedup("k", "debounce", 0),
-                None,
-            )
-        )
-        again = await engine.run(
-            ops.publish_keyed(
-                engine.config,
-                NS,
-                Q,
-                [JobSpec(b"v2", group="a")],
-                t + 6,
-                ops.Dedup("k", "debounce", 0),
-                None,
-            )
-        )
+
+        async def debounce(body: bytes, now: int) -> ops.KeyedPublished:
+            spec, key = JobSpec(body, group="a"), ops.Dedup("k", "debounce", 0)
+            return await engine.run(ops.publish_keyed(engine.config, NS, Q, [spec], now, key, None))
+
+        newest, again = await debounce(b"v1", t + 5), await debounce(b"v2", t + 6)
         assert again.dedup == "replaced"
         last = newest.published[0].job_id
     else:
