@@ -130,8 +130,8 @@ def list_groups(ns: str, q: str, cursor: int, count: int) -> Op[tuple[int, list[
     meanwhile may be seen or not); the next cursor, 0 when done. A page holds at least
     ``count`` groups but the last, seldom more than twice that: GROUPS holds two or three
     fields a group, so each HSCAN asks for twice what the page lacks, and a page scans on (at
-    most ``SCANS_PER_PAGE`` times) until it has them; a small hash comes whole in one. A group with settings but no job is shown by
-    ``describe``, not listed."""
+    most ``SCANS_PER_PAGE`` times) until it has them; a small hash comes whole in one. A group
+    with settings but no job is shown by ``describe``, not listed."""
     qk = QueueKeys(ns, q)
     found: set[str] = set()
     for _ in range(SCANS_PER_PAGE):

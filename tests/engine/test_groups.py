@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster_dq.clock import now_ms
@@ -26,7 +26,7 @@ from cluster_dq.errors import Conflict
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import Job, JobSpec, JobState
 from cluster_dq.testing.invariants import check_queue, queue_keys
-from tests.support.run import examples
+from tests.support.run import against_redis
 
 NS, Q = "ns", "g"
 SEC = 1000
@@ -661,11 +661,7 @@ rate_moves = st.one_of(
 _RATE_QUEUES = itertools.count()  # a fresh queue per example: the server outlives them
 
 
-@settings(
-    max_examples=examples(60),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@against_redis(60)
 @given(
     rate=rates,
     jobs=st.integers(10, 60),

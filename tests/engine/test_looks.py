@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster_dq.engine import commands as ops
@@ -20,7 +20,7 @@ from cluster_dq.engine.sync import SyncEngine
 from cluster_dq.keys import QueueKeys
 from cluster_dq.models import JobSpec
 from tests.support import flush
-from tests.support.run import examples
+from tests.support.run import against_redis
 
 NS = "looks"
 QUEUES = ("a", "b")
@@ -49,11 +49,7 @@ def sync_engine(sync_redis: redis.Redis) -> SyncEngine:
     return SyncEngine(sync_redis, EngineConfig())
 
 
-@settings(
-    max_examples=examples(60),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@against_redis(60)
 @given(actions=st.lists(action, min_size=1, max_size=25))
 def test_what_a_look_reports_is_what_sizes_answers_right_after(
     sync_engine: SyncEngine, sync_redis: redis.Redis, actions: list[Any]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster_dq.backoff import Backoff
@@ -34,7 +34,7 @@ from cluster_dq.models import (
 )
 from cluster_dq.testing.invariants import check_queue
 from tests.support import flush
-from tests.support.run import examples
+from tests.support.run import against_redis
 
 NS, Q = "wheelform", "q"
 T = 1_700_000_000_000  # the tests' clock (ms)
@@ -90,11 +90,7 @@ delays = st.one_of(
 ways_out = st.sampled_from(["open", "bury", "reschedule", "ack"])
 
 
-@settings(
-    max_examples=examples(40),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@against_redis(40)
 @given(
     delay=delays,
     ttl_extra=st.one_of(st.just(None), st.integers(1, 2**33)),

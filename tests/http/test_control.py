@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster_dq.backoff import Backoff
@@ -25,7 +25,7 @@ from cluster_dq.errors import BadRequest, Conflict, WrongState
 from cluster_dq.keys import ShardKeys, QueueKeys, shard_of
 from cluster_dq.models import MAX_BODY, Job, JobSpec, JobState, id_to_member
 from cluster_dq.testing.invariants import check_queue, queue_keys
-from tests.support.run import examples
+from tests.support.run import against_redis
 
 NS, Q = "ns", "q"
 MIN = 60_000
@@ -453,11 +453,7 @@ async def test_listing_cursor_is_stable_while_jobs_die_and_are_kicked(
     check_queue(sync_redis, NS, Q)
 
 
-@settings(
-    max_examples=examples(25),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@against_redis(25)
 @given(
     deaths=st.lists(
         st.tuples(st.integers(0, 3), st.sampled_from(["buried", "ttr_expired"])),
@@ -514,11 +510,7 @@ async def test_filtered_redrive_and_purge_match_a_model(
     check_queue(sync_redis, NS, Q)
 
 
-@settings(
-    max_examples=examples(20),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@against_redis(20)
 @given(
     initial=st.lists(st.integers(0, 2), min_size=0, max_size=20),
     churn=st.lists(

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cluster_dq.engine.commands import EngineConfig
@@ -27,7 +27,7 @@ from cluster_dq.models import JobSpec
 from cluster_dq.pools import RedisPool
 from cluster_dq.service import Service
 from cluster_dq.settings import load
-from tests.support.run import examples
+from tests.support.run import against_redis
 
 TOKEN = "hot-paths-token-0123456789"
 ULID = re.compile(r"\b[0-9A-HJKMNP-TV-Z]{26}\b")
@@ -154,11 +154,7 @@ def masked(r: httpx.Response) -> tuple[int, Any, dict[str, str]]:
     return r.status_code, body, headers
 
 
-@settings(
-    max_examples=examples(150),
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@against_redis(150)
 @given(
     method=st.sampled_from(["PUT", "GET", "DELETE", "HEAD", "POST", "PATCH"]),
     path=st.lists(segment, min_size=1, max_size=5).map(lambda s: "/api/" + "/".join(s)),

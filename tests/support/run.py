@@ -51,6 +51,17 @@ def examples(n: int) -> int:
     return max(2, n * settings().max_examples // 100)
 
 
+def against_redis(n: int) -> settings:
+    """The settings of a property test run against a real Redis: ``examples(n)`` examples, no
+    deadline (a step waits on the server), and the fixtures it takes (a server, an engine)
+    shared by its examples, each of which keeps to its own keys."""
+    return settings(
+        max_examples=examples(n),
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
+
+
 def by_tier(default: int, long: int) -> int:
     """A fixed-duration system run's length or rate (a drill, a history, the load profile): its
     short version checks the property in the default and quick runs, the long run goes on."""
