@@ -256,3 +256,33 @@ async def test_a_group_at_its_limit_does_not_pass_a_waiting_job_again_and_again(
         if running.job_id == light:
             break
     assert "light" in order[:2], order
+
+
+def test_the_model_agrees_when_a_busy_periods_first_reply_is_lost(
+    deployment_for_model: Any,
+) -> None:
+    """A history written out: group g1 of queue a publishes, is served and acked while g3 keeps
+    a job waiting (its last tag stays); the next grouped publish into the empty ready set
+    begins a busy period, and its reply is lost, then the same again: the engine repeats the
+    call (one period, not two: the repeat finds its jobs) and the model checks the groups' last
+    tags, their periods and GROUPS `e` as the machine does."""
+    GroupsModel.deployment = deployment_for_model
+    m = GroupsModel()
+    try:
+        m.publish_grouped("a", [("g1", 0)] * 3 + [("g3", 60_000)])
+        m.engine_agrees()
+        m.consume(["a"], 20_000, 3)
+        m.engine_agrees()
+        for i in range(3):
+            m.ack(i, True)
+        m.engine_agrees()
+        for _ in range(2):
+            m.fault("lost", 0, 0)
+            m.publish_grouped("a", [("g2", 0), ("g1", 0)])
+            assert m.fired() is not None and m.fired().step == "publish"
+            m.engine_agrees()
+            m.consume(["a"], 20_000, 2)
+            m.engine_agrees()
+        assert m.model.tags.get(("a", "")) == 3  # three periods begun, each once
+    finally:
+        m.teardown()
