@@ -153,8 +153,8 @@ _JOINERS = frozenset("\u200c\u200d")
 
 
 def check_description(text: str) -> None:
-    """A token's description: one line of text, 1 to ``MAX_DESCRIPTION`` characters (it is
-    listed by the admin API, the dashboard and the CLI)."""
+    """A token's description: one line of text, 1 to ``MAX_DESCRIPTION`` characters, not
+    only spaces (it is listed by the admin API, the dashboard and the CLI)."""
     if not text:
         raise BadRequest("invalid description", "description")
     if len(text) > MAX_DESCRIPTION:
@@ -163,6 +163,8 @@ def check_description(text: str) -> None:
         )
     if any(unicodedata.category(c) in _NOT_TEXT and c not in _JOINERS for c in text):
         raise BadRequest("invalid description: a control character", "description")
+    if all(c.isspace() or c in _JOINERS for c in text):
+        raise BadRequest("invalid description: nothing but spaces", "description")
 
 
 class TokenStore:

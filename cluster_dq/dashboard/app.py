@@ -105,4 +105,5 @@ def _app(dashboard: Dashboard, routes: list[BaseRoute]) -> ASGIApp:
         ],
         exception_handlers={HTTPException: not_found},
     )
+    app.router.redirect_slashes = False  # (as the API's apps: a 307 keeps method and body)
     return AuthMiddleware(app, dict(dashboard.settings.Accounts))

@@ -86,7 +86,7 @@ class AdminAPI:
         return guarded
 
     async def info(self, request: Request) -> Response:
-        name = request.query_params.get("pool") or "default"
+        name = params.query(request).get("pool") or "default"
         if name not in self.service.token_pools():
             return json({})
         return json(await self.service.info(self.service.route(name)))
@@ -94,7 +94,7 @@ class AdminAPI:
     async def draining(self, request: Request) -> Response:
         """What a migration (``MigrateTo``) or a ring change (``PreviousPools``) still has to
         drain; ``done`` says when the old pools can be let go."""
-        name = request.query_params.get("pool") or "default"
+        name = params.query(request).get("pool") or "default"
         if name not in self.service.token_pools():
             raise BadRequest("the pool was not exists", "pool")
         left = await self.service.draining(self.service.route(name))
@@ -146,7 +146,7 @@ class AdminAPI:
         token store, as for every caller (dashboard, CLI)."""
         self._basic_auth(request)
         ns = request.path_params["ns"]
-        pool = request.query_params.get("pool") or None
+        pool = params.query(request).get("pool") or None
         service = self.service
         if request.method in ("GET", "HEAD"):  # HEAD (added by Starlette) only reads
             if self.settings.read_only:  # the answer is keyed by token: no mask would do
@@ -162,7 +162,7 @@ class AdminAPI:
         description = params.exact(request, "description") or form.get("description")
         if description is not None and not isinstance(description, str):
             raise BadRequest("invalid description", "description")
-        custom = request.query_params.get("token") or form.get("token") or None
+        custom = params.query(request).get("token") or form.get("token") or None
         if custom is not None and not isinstance(custom, str):
             raise BadRequest("invalid token", "token")
         if custom and ":" in custom:
@@ -205,7 +205,7 @@ class AdminAPI:
 
     async def limits(self, request: Request) -> Response:
         self._basic_auth(request)
-        force = request.query_params.get("force_update", "").lower() in ("1", "true")
+        force = params.query(request).get("force_update", "").lower() in ("1", "true")
         out = []
         for key, lim in sorted((await self.service.token_limits(force)).items()):
             pool, ns, token = key.split("/", 2)
@@ -223,7 +223,7 @@ class AdminAPI:
     async def accesslog(self, request: Request) -> Response:
         if request.method == "POST":
             self._basic_auth(request)
-            status = request.query_params.get("status")
+            status = params.query(request).get("status")
             if status not in ("enable", "disable"):
                 raise BadRequest("invalid status: enable or disable", "status")
             self.access_log.enabled = status == "enable"

@@ -61,7 +61,7 @@ def query(request: Request) -> dict[str, str]:
     found = _parsed(request)
     twice = request.scope.get("dq.twice")
     if twice is not None:
-        raise BadRequest(f"{twice} is given twice", twice)
+        raise BadRequest(f"{twice[:64]} is given twice", twice[:64])
     return found
 
 
@@ -79,11 +79,16 @@ def _parsed(request: Request) -> dict[str, str]:
     return found
 
 
+def early(request: Request, name: str) -> str | None:
+    """A query parameter read before the token is checked (the token itself, a write's lease
+    for its throttle): a bad request without a token is a 401 first, so a parameter given
+    twice is refused later, by ``query``."""
+    return _parsed(request).get(name)
+
+
 def token(request: Request) -> str | None:
-    """The token a request carries: its ``X-Token`` header, else its ``token`` parameter. Read
-    before anything else is checked (a bad request without a token is a 401 first), so a
-    parameter given twice is refused later, by ``query``."""
-    return header(request, "x-token") or _parsed(request).get("token")
+    """The token a request carries: its ``X-Token`` header, else its ``token`` parameter."""
+    return header(request, "x-token") or early(request, "token")
 
 
 def exact(request: Request, name: str) -> str | None:
@@ -171,7 +176,7 @@ def attributes(request: Request) -> dict[str, str] | None:
             name = key[len("job-attr-") :].lower()[:MAX_ATTR_KEY]
             # the server hands header bytes over as latin-1; lmstfy keeps them (UTF-8), and
             # shows invalid UTF-8 as U+FFFD, as Go's JSON encoder does
-            text = value.encode("latin-1").decode("utf-8", "replace")
+            text = value.strip(" \t").encode("latin-1").decode("utf-8", "replace")
             attrs.setdefault(name, text[:MAX_ATTR_VALUE])
     if len(attrs) > MAX_ATTRIBUTES:
         raise BadRequest("too many attributes, cannot exceed 16", "attributes")

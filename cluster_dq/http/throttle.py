@@ -62,7 +62,7 @@ class Throttle:
         @functools.wraps(handler)
         async def counted(request: Request) -> Response:
             if request.method in ("GET", "HEAD") or (
-                leased_is_free and params.query(request).get("lease")
+                leased_is_free and params.early(request, "lease")
             ):
                 return await handler(request)
             ns = request.path_params["ns"]

@@ -8,7 +8,10 @@ in-process against the same real Redis where the question is what the process di
 from __future__ import annotations
 
 import base64
+import json
+import socket
 import tempfile
+from urllib.parse import urlsplit
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -221,9 +224,7 @@ def test_bad_limit_is_400_naming_the_field(
     body: dict[str, object],
     field: str,
 ) -> None:
-    import json as _json
-
-    raw = _json.dumps(body).replace("Infinity", "1e309")  # the literal a client would send
+    raw = json.dumps(body).replace("Infinity", "1e309")  # the literal a client would send
     r = admin.post(
         f"/token/ns/{token}/limit", content=raw, headers={"content-type": "application/json"}
     )
@@ -487,8 +488,6 @@ def test_the_spaces_around_a_token_are_not_part_of_it(
     own_service: tuple[str, str, Path], token: str
 ) -> None:
     """RFC 9110: a field value's leading and trailing spaces and tabs are not part of it."""
-    import socket
-    from urllib.parse import urlsplit
 
     url = urlsplit(own_service[0])
     for value in (f"{token}   ", f"\t{token} \t", f" {token}"):
@@ -569,3 +568,70 @@ def test_a_listing_limit_out_of_range_names_its_range(
     ``1001``, ``-1`` and ``abc`` did not). Failed before."""
     r = api.get(path, params={"limit": bad})
     assert r.status_code == 400 and "invalid limit: an integer 1 to " in r.json()["error"], r.text
+
+
+def test_a_parameter_given_twice_on_the_admin_port_is_400_and_changes_nothing(
+    admin: httpx.Client,
+) -> None:
+    """The admin routes read Starlette's query (the last value wins): ``status=enable&status=
+    disable`` switched the access log off. A review found it; failed before (200)."""
+    before = admin.post("/accesslog", params={"status": "enable"}).json()
+    for path in ("/accesslog?status=enable&status=disable", "/accesslog?status=disable&status=x"):
+        r = admin.post(path)
+        assert r.status_code == 400 and r.json() == {"error": "status is given twice"}, r.text
+    assert admin.post("/accesslog", params={"status": "enable"}).json() == before
+    r = admin.get("/draining?pool=nope&pool=default")
+    assert r.status_code == 400 and r.json() == {"error": "pool is given twice"}, r.text
+
+
+def test_a_lease_given_twice_without_a_token_is_its_401(api: httpx.Client) -> None:
+    """A write route's throttle read the query (refusing a name given twice) before the token
+    was looked at: 400 for a request whose answer is its 401. Failed before."""
+    url = str(api.base_url.join("/api/ns/q/job/x/bury?lease=a&lease=b"))
+    r = httpx.post(url)
+    assert r.status_code == 401 and r.json() == {"error": "token not found"}, r.text
+
+
+def test_a_name_given_twice_is_named_short(api: httpx.Client) -> None:
+    """The refusal echoed a name of any length (7 kB back for a 7 kB name)."""
+    name = "n" * 5000
+    r = api.put(f"/api/ns/q?{name}=1&{name}=2", content=b"x")
+    assert r.status_code == 400 and len(r.text) < 200, r.text[:100]
+
+
+def test_an_attributes_surrounding_spaces_are_not_part_of_it(api: httpx.Client) -> None:
+    """A header's surrounding spaces and tabs are not its value (RFC 9110): a job attribute
+    kept them (``'bar  \\t '``; lmstfy, on Go's net/http, keeps ``bar``). Failed before."""
+    url = api.base_url.join("/api/ns/q")
+    token = api.headers["X-Token"]
+    head = (
+        f"PUT {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+        f"X-Token: {token}\r\nEnable-Job-Version: YES\r\nJob-Attr-Foo:   bar  \t \r\n"
+        "Content-Length: 1\r\nConnection: close\r\n\r\nx"
+    )
+    with socket.create_connection((url.host, url.port), timeout=10) as s:
+        s.sendall(head.encode())
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 201"), answer[:300]
+    published = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    job = api.get(f"/api/ns/q/job/{published['job_id']}").json()
+    assert job["attributes"] == {"foo": "bar"}, job
+
+
+@pytest.mark.parametrize("blank", ["%20%20%20", "%E3%80%80", "%E2%80%8D", "%09"])
+def test_a_token_description_has_something_to_read(admin: httpx.Client, blank: str) -> None:
+    """Spaces alone, an ideographic space, a joiner alone: nothing to tell the token by.
+    Failed before (201)."""
+    before = admin.get("/token/ns").json()["tokens"]
+    r = admin.post(f"/token/ns?description={blank}")
+    assert r.status_code == 400 and r.json()["error"].startswith("invalid description"), r.text
+    assert admin.get("/token/ns").json()["tokens"] == before
+
+
+def test_a_dashboard_path_with_a_trailing_slash_is_not_redirected(admin: httpx.Client) -> None:
+    """A redirect keeps the method and the body; the data and admin apps answer 404, and the
+    dashboard's own app redirected (307). Failed before."""
+    r = admin.get("/ui/workers/", follow_redirects=False)
+    assert r.status_code == 404, (r.status_code, r.headers.get("location"))
