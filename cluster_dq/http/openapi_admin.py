@@ -88,6 +88,7 @@ def admin_operations(s: Settings) -> list[Op]:
                     },
                     {"demo": ["orders"]},
                 ),
+                400: E400,
                 503: E503,
             },
             [pool],
