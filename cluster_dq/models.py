@@ -9,9 +9,10 @@ The record (a hash value) is ``>I6 I6 H H B B`` = published_ms, expire_at_ms (0 
 tries_left, deliveries, priority, flags, followed by the job's retry backoff (``>B I I H``,
 cluster_dq.backoff) when flags&2, then [u8 len + the job's group] when flags&4, then [u8 len
 + its simple or debounce dedup key] when flags&8, then [u16 attr_len + attrs JSON] when
-flags&1, then a debounce's due ms (u48) when flags&16, then the body. Lua reads and rewrites the
-fixed header (and reads the backoff, the group and the key, and rewrites a debounce's due
-time: lib/record.lua with_due; the dead-letter listing skips everything before the body).
+flags&1, then its due ms (u48) when flags&16 (when its id does not say it: a debounce's job, a
+job a reschedule or a revival moved), then the body. Lua reads and rewrites the fixed header
+(and reads the backoff, the group and the key, and writes the due time: lib/record.lua
+with_due; the dead-letter listing skips everything before the body).
 """
 
 from __future__ import annotations
@@ -245,8 +246,9 @@ class Record:
     backoff: Backoff | None = None
     group: str | None = None
     dedup_key: str | None = None  # the simple or debounce dedup key it was published under
-    # when it is due, carried by a debounce's job: a later debounce moves it out, while the
-    # job's id keeps the first (and a client's id carries none)
+    # when it is due, when its id does not say it: a debounce's job (a later debounce moves it
+    # out, while the job's id keeps the first), a job a reschedule or a revival moved (a
+    # client's id says none)
     due_ms: int | None = None
 
     def pack(self) -> bytes:
@@ -393,8 +395,8 @@ class Job:
     @property
     def scheduled_ms(self) -> int | None:
         """When it is due (for its lateness): the due time its record carries (a debounce's
-        job: its last debounce's, reschedule's or revival's), else its id's (its publish's);
-        None for a client's id, which carries none."""
+        job's last debounce, a reschedule's, a revival's), else its id's (its publish's);
+        None for a client's id that was never moved."""
         if self.record_due_ms is not None:
             return self.record_due_ms
         return id_due_ms_of_text(self.job_id)

@@ -37,8 +37,8 @@ local e = expire_at(rec)
 if e > 0 and math.max(due, now) >= e then return {CODE.TOO_LATE, st, rec, note, 0} end
 local was_empty = redis.call('EXISTS', READY) == 0
 local lowered = 0
--- a debounce's job: the due time its record carries (not one already past: from now)
-local moved = with_due(rec, math.max(due, now))
+-- the due time its record carries, when its id does not say it (not one already past: from now)
+local moved = with_due(rec, math.max(due, now), id)
 if wheeled or moved ~= rec then
   rec = moved
   redis.call('HSET', JOBS, id, rec)

@@ -59,8 +59,8 @@ READY_SCORE_MASK = 2**42 - 1  # a ready score is (255 - priority) * 2^42 + due m
 def ready_due(member: bytes, record: bytes, score: float) -> int:
     """A ready job's due time from its READY score: the score's due ms, but for a grouped job,
     whose score holds its group's fair tag instead: the due time its record carries (a
-    debounce's job), else in its id, or, for a client's id (which holds none), its publish
-    time."""
+    debounce's job, a moved one), else in its id, or, for a client's id (which holds none),
+    its publish time."""
     flags = record[HEADER_SIZE - 1]
     if not flags & FLAG_GROUP:
         return int(float(score)) & READY_SCORE_MASK

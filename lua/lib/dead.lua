@@ -38,7 +38,7 @@ local function revive(id, rec, now, due, tries, ttl)
   redis.call('ZREM', DEAD, id)
   local exp = 0
   if ttl > 0 then exp = now + ttl end
-  rec = with_due(with_tries_expire(rec, tries, exp), math.max(due, now))
+  rec = with_due(with_tries_expire(rec, tries, exp), math.max(due, now), id)
   redis.call('HSET', JOBS, id, rec)
   local st, lowered = CODE.READY, 0
   if due > now then

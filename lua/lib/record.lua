@@ -36,8 +36,9 @@ end
 
 -- The record's flags (its 18th byte): 1 attributes, 2 its own backoff, 4 a group (`u8 len` +
 -- the name, after the backoff), 8 the simple or debounce dedup key it was published under
--- (`u8 len` + the key, after the group); 16 a debounce's due time, which a later debounce, a
--- reschedule or a revival moves (`>I6`, after the attributes, before the body: with_due).
+-- (`u8 len` + the key, after the group); 16 the job's due time when its id does not say it (a
+-- debounce's job; a job a reschedule or a revival moved; `>I6`, after the attributes, before
+-- the body: with_due).
 local FLAG_GROUP, FLAG_DEDUP, FLAG_DUE = 4, 8, 16
 local BACKOFF_SIZE = 11 -- `>B I4 I4 H`
 
@@ -82,10 +83,23 @@ local function body_at(rec)
   return at
 end
 
--- The record with the due time it carries (a debounce's job: flag 16) set to `due` (a
--- reschedule, a kick: its lateness counts from when it is due now); as it is without one.
-local function with_due(rec, due)
-  if bit.band(string.byte(rec, 18), FLAG_DUE) == 0 then return rec end
+-- The due time a server-made id carries (its top 48 bits); false for a client's id (which
+-- starts with a name character; models.is_wheel_member).
+local function id_due(id)
+  if #id == 16 and string.byte(id, 1) < 0x20 then return (struct.unpack('>I6', id)) end
+  return false
+end
+
+-- The record of job `id` with the due time it carries (flag 16) set to `due` (a reschedule, a
+-- kick, a redrive: its lateness counts from when it is due now). A record without one gains
+-- it (6 bytes) unless `due` is the one its id carries.
+local function with_due(rec, due, id)
+  local flags = string.byte(rec, 18)
   local at = body_at(rec)
-  return string.sub(rec, 1, at - 7) .. struct.pack('>I6', due) .. string.sub(rec, at)
+  if bit.band(flags, FLAG_DUE) ~= 0 then
+    return string.sub(rec, 1, at - 7) .. struct.pack('>I6', due) .. string.sub(rec, at)
+  end
+  if id_due(id) == due then return rec end
+  return string.sub(rec, 1, 17) .. string.char(bit.bor(flags, FLAG_DUE)) .. string.sub(rec, 19, at - 1)
+    .. struct.pack('>I6', due) .. string.sub(rec, at)
 end

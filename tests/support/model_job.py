@@ -49,7 +49,7 @@ class MJob:
     published: int = 0  # the record's publish time (a grouped ready job's due time, for a
     # client id, whose id holds none)
     scheduled: int | None = None  # the due time its record carries (a debounce's job: its last
-    # debounce's), which peek_job reports for it grouped
+    # debounce's; a job a reschedule or a revival moved), which peek_job reports for it grouped
 
     def score(self) -> int | None:
         """What peek_job reports as the job's time in its state (a ready job: its score masked
@@ -70,10 +70,12 @@ class MJob:
         return self.due
 
     def due_moved(self, due: int) -> None:
-        """A reschedule or a revival (kick, respawn, redrive): a debounce's record carries its
-        new due time (lib/record.lua with_due)."""
-        if self.scheduled is not None:
-            self.scheduled = due
+        """A reschedule or a revival (kick, respawn, redrive): the record carries its new due
+        time, unless it has none and its id carries that one (lib/record.lua with_due)."""
+        member = self.member()
+        if self.scheduled is None and is_wheel_member(member) and id_due_ms(member) == due:
+            return
+        self.scheduled = due
 
     def rank(self) -> int:
         return (255 - self.priority) * PRIO_SHIFT + self.due
