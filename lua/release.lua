@@ -8,6 +8,8 @@
   Mode 1 (release, the consumer's nack): the delivery counts, as if its ttr had passed now; a
   job with no tries left goes to DEAD, a job whose ttl ended is removed; released without a
   delay, a job with a retry backoff (its own or its queue's) waits it out in DELAYED.
+  In either mode a job whose ttl ends before it would be ready again (its delay's end, or its
+  backoff's) is removed now, not left to vanish while it waits: EXPIRED.
   KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   ARGV[1] now: the caller's clock (ms)
   ARGV[2] delay: how long until the job is ready again (ms)
@@ -32,6 +34,18 @@ local now, delay, nack, err = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '
 local was_empty = redis.call('EXISTS', READY) == 0
 local seed, retried = tonumber(ARGV[5]), 0
 local out, lowered = {}, 0
+-- Whether the job's ttl ends before it would be ready again: at `delay`'s end, or, released
+-- (nack) without one, at its retry backoff's (r: the draw `retry` would be given).
+local function ends_first(rec, delay, nack, now, r)
+  local e = expire_at(rec)
+  if e == 0 then return false end
+  local wait = delay
+  if wait == 0 and nack then
+    local _, _, _, deliveries = header(rec)
+    wait = retry_wait(rec, deliveries, r)
+  end
+  return wait > 0 and now + wait >= e
+end
 for i = 7, #ARGV, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
   local st, why = CODE.NOT_FOUND, CODE.OK
@@ -55,6 +69,10 @@ for i = 7, #ARGV, 2 do
     elseif nack and tries == 0 then
       kill(id, DIED_NACKED, now, err)
       st = CODE.DEAD
+    elseif ends_first(rec, delay, nack, now, draw(seed, retried)) then
+      drop(id, rec)
+      redis.call('ZREM', EXPIRE, id)
+      st = CODE.EXPIRED
     elseif delay > 0 then
       delay_until(id, now + delay)
       if lower_next(now + delay) == 1 then lowered = earliest(lowered, now + delay) end

@@ -14,6 +14,7 @@ import time
 import pytest
 import redis
 
+from cluster_dq.backoff import Backoff
 from cluster_dq.clock import now_ms
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine.aio import AsyncEngine
@@ -406,6 +407,32 @@ async def test_nack_counts_the_delivery_and_dead_letters_the_last_try(
     assert await engine.run(release([a], 0, t + 511)) == [JobState.DEAD]
     assert (await engine.run(ops.peek(engine.config, NS, Q, "dead", t + 512))).job_id == b  # type: ignore[union-attr]
     assert (await engine.run(ops.sizes(engine.config, NS, Q))).dead == 2
+    check_queue(sync_redis, NS, Q)
+
+
+@pytest.mark.parametrize("way", ["delay", "snooze", "backoff"])
+async def test_a_job_released_past_its_ttl_is_expired_now_not_left_to_vanish(
+    engine: AsyncEngine, sync_redis: redis.Redis, way: str
+) -> None:
+    """A release (or a snooze) whose delay, or whose retry backoff, ends at or after the job's
+    ttl would leave it waiting to be dropped unseen: it is removed now and the reply says
+    ``expired``. One that ends a millisecond before the ttl is delayed as asked."""
+    t = now_ms()
+    backoff = Backoff(1, 5_000, 0, 0) if way == "backoff" else None
+    specs = [JobSpec(b"j", tries=3, ttl_ms=10_000, backoff=backoff) for _ in range(2)]
+    ids = await publish(engine, t, *specs)
+    assert len(await consume(engine, t, count=2)) == 2
+    nack = way != "snooze"
+    # released at t + 5_000 (backoff: 5 s) or with a delay of 5 s: due at the ttl's end
+    delay = 0 if way == "backoff" else 5_000
+    rel = functools.partial(ops.release, engine.config, NS, Q, nack=nack)
+    assert await engine.run(rel([ids[0]], delay, t + 5_000)) == ["expired"]
+    assert await engine.run(ops.peek_job(NS, Q, ids[0])) is None
+    # a millisecond sooner: delayed, then delivered
+    assert await engine.run(rel([ids[1]], delay, t + 4_999)) == [JobState.DELAYED]
+    assert await consume(engine, t + 9_998) == []
+    (j,) = await consume(engine, t + 9_999)
+    assert j.job_id == ids[1]
     check_queue(sync_redis, NS, Q)
 
 

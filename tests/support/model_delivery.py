@@ -368,11 +368,15 @@ class DeliveryRules(ModelMachine):
             j.holder, j.lease = None, None
             m.unreserve(j, now, but=j)  # its turn handed on first (release.lua)
             STATS[f"release of a held job, tries left {j.tries}, delay {delay}"] += 1
+            wait = delay or m.retry_wait(j)  # until it would be ready again
             if j.expired(now):
                 m.gone(j)
                 want: Any = "expired"
             elif j.tries == 0:
                 j.state, j.died, j.reason, want = DEAD, now, "tries_exhausted", JobState.DEAD
+            elif j.expire_at and wait > 0 and now + wait >= j.expire_at:
+                m.gone(j)  # its ttl ends before it would be ready again
+                want = "expired"
             elif delay > 0:
                 j.state, j.due, want = DELAYED, now + delay, JobState.DELAYED
             else:

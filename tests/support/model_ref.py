@@ -133,11 +133,15 @@ class Model(GroupRules, KeyedRules):
 
     # -- what the scripts do on the way (mirrors the libs of lua/lib) -----------------------------
 
+    def retry_wait(self, j: MJob) -> int:
+        """lib/retry.lua retry_wait: its own backoff, else its queue's (jitter 0 here)."""
+        b = j.backoff or self.backoff.get(j.queue)
+        return b.wait_ms(j.deliveries, 0.0) if b else 0
+
     def retry(self, j: MJob, now: int) -> None:
         """lib/retry.lua retry: a failed attempt with tries left waits out its backoff (its
         own, else its queue's; jitter 0 here) in DELAYED, or is READY at once."""
-        b = j.backoff or self.backoff.get(j.queue)
-        wait = b.wait_ms(j.deliveries, 0.0) if b else 0
+        wait = self.retry_wait(j)
         if wait > 0:
             j.state, j.due = DELAYED, now + wait
         else:
