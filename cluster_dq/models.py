@@ -52,6 +52,9 @@ MAX_NOTE_BYTES = 4096
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _WHEEL_ID_RE = re.compile(r"\A[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
+# A schedule's occurrence id (schedules.occurrence_id: ``s-<name>-<ms>``, ms of 13 digits until
+# the year 2286): kept for the schedules, so that no publish can take an occurrence's place
+OCCURRENCE_ID_RE = re.compile(r"\As-[-_A-Za-z0-9]+-[0-9]{13}\Z")
 
 HEADER = struct.Struct(">6s6sHHBB")
 HEADER_SIZE = HEADER.size  # 18
@@ -483,6 +486,10 @@ def validate_spec(spec: JobSpec) -> None:
     ):
         raise BadRequest(
             "invalid job_id: 1-64 of [-_A-Za-z0-9], and not a 26-char server id", "job_id"
+        )
+    if spec.job_id is not None and OCCURRENCE_ID_RE.fullmatch(spec.job_id):
+        raise BadRequest(
+            "invalid job_id: s-<name>-<13 digits> is the id of a schedule's occurrence", "job_id"
         )
 
 

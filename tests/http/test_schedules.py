@@ -593,6 +593,28 @@ def _raw(client: redis.Redis) -> dict[Any, Any]:
     return client.hgetall(QueueKeys(NS, Q).schedules)  # type: ignore[return-value]
 
 
+def test_a_publish_cannot_take_a_schedules_occurrence_id(
+    api: httpx.Client, sync_redis: redis.Redis
+) -> None:
+    """An occurrence's id (``s-<name>-<ms>``) given as a publish's ``job_id`` would take that
+    occurrence's place: its body delivered, the schedule's own job never published though
+    counted as fired. Refused (400 naming ``job_id``), nothing written; an id of that shape
+    but for the 13 digits is a client id like any other."""
+    r = api.put(f"/api/{NS}/{Q}/schedules/sx", json={"every_ms": 2_000, "job": {"body": "real"}})
+    assert r.status_code == 201, r.text
+    at = api.get(f"/api/{NS}/{Q}/schedules/sx").json()["next_at_ms"]
+    before = _raw(sync_redis), sync_redis.hlen(QueueKeys(NS, Q).jobs)
+    for forged in [occurrence_id("sx", at + 2_000), occurrence_id("n" * 40, at)]:
+        r = api.put(f"/api/{NS}/{Q}", params={"job_id": forged}, content=b"forged")
+        assert r.status_code == 400, r.text
+        assert "job_id" in r.json()["error"] and "schedule" in r.json()["error"]
+    assert (_raw(sync_redis), sync_redis.hlen(QueueKeys(NS, Q).jobs)) == before
+    for fine in ["s-sx-2000", "s-sx-17954667000001", "sx-1795466700000"]:
+        r = api.put(f"/api/{NS}/{Q}", params={"job_id": fine}, content=b"mine")
+        assert r.status_code == 201, (fine, r.text)
+    api.delete(f"/api/{NS}/{Q}/schedules/sx")
+
+
 BAD: list[tuple[str, Any, str]] = [
     ("/api/ns/sq/schedules/bad.name", {"every_ms": 5000}, "name"),
     ("/api/ns/sq/schedules/" + "n" * 65, {"every_ms": 5000}, "name"),
