@@ -88,7 +88,8 @@ def segment(value: str, what: str, rule: Callable[[str], str | None]) -> str:
 
 
 def millis(seconds: float, what: str) -> str:
-    """Float seconds as the service's whole milliseconds (rounded to the nearest)."""
+    """Float seconds as the service's whole milliseconds: rounded to the nearest, but a time
+    above 0 is never 0 ms (a ttl of 0 is "never expires", a ttr of 0 no reservation)."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ValueError(f"{what} must be a number of seconds, not {seconds!r}")
     try:
@@ -97,7 +98,8 @@ def millis(seconds: float, what: str) -> str:
         finite = False
     if not finite or seconds < 0:
         raise ValueError(f"{what} must be a finite number of seconds >= 0, not {seconds!r}")
-    return str(round(seconds * 1000))
+    ms = round(seconds * 1000)
+    return str(1 if ms == 0 and seconds > 0 else ms)
 
 
 def _whole_ms(seconds: float, what: str) -> tuple[int, float]:

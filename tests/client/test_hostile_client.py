@@ -77,6 +77,18 @@ def test_a_token_or_url_that_cannot_be_sent_is_refused_at_construction(cls: type
         AdminClient("http://:99")
 
 
+async def test_a_time_above_zero_is_never_sent_as_zero(dq: Any) -> None:
+    """``ttl=0.0004`` was rounded to ``ttl_ms=0``, which the service reads as "never
+    expires": the job outlived the ttl asked for by forever. A time above 0 is at least 1 ms."""
+    for ttl in (0.0004, 1e-9):
+        jid = await dq.publish("tiny", b"x", ttl=ttl)
+        job = await dq.get_job("tiny", jid)
+        assert job is None or job.ttl > 0  # (ttl: whole seconds left, 0 for never)
+    jid = await dq.publish("tiny", b"x", ttl=0)  # 0: never expires
+    job = await dq.get_job("tiny", jid)
+    assert job is not None and job.ttl == 0
+
+
 async def test_a_sweeps_sub_millisecond_bounds_never_widen_it(dq: Any) -> None:
     """``from``/``to`` are inclusive whole ms: ``since`` must round up, ``until`` down. Rounded
     to the nearest, ``purge(until=died_at - 0.0004)`` purged the job that died 0.4 ms after
