@@ -18,6 +18,7 @@ MAX_DOUBLINGS = 40  # 2^40 times any base is past any cap: no overflow, same in 
 SECTION = struct.Struct(">BIIH")  # kind, base ms, cap ms (0 = none), jitter in thousandths
 GOLDEN = 0.6180339887498949
 _DIGITS = re.compile(r"[0-9]{1,20}")
+_DECIMAL = re.compile(r"(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE]-?[0-9]{1,3})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +51,10 @@ class Backoff:
         c = _ms(cap, "backoff_cap_ms", 0)
         if k and b == 0:
             raise BadRequest("backoff_ms is required with a backoff", "backoff_ms")
-        try:
-            j = float(jitter) if jitter is not None else 0.0
-        except ValueError:
-            j = -1.0
-        if not 0 <= j <= 1:
+        # a decimal of ASCII digits (an exponent allowed: Python's repr of 0.00001); float()
+        # alone takes a sign, spaces and any script's digits, which no other number here does
+        j = float(jitter) if jitter is not None and _DECIMAL.fullmatch(jitter) else 0.0
+        if (jitter is not None and not _DECIMAL.fullmatch(jitter)) or not 0 <= j <= 1:
             raise BadRequest("invalid backoff_jitter: a number 0..1", "backoff_jitter")
         if k == 0:  # no backoff has no base, cap nor jitter: a value for one is a mistake
             for name, v in (("backoff_ms", b), ("backoff_cap_ms", c), ("backoff_jitter", j)):

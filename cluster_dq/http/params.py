@@ -133,8 +133,10 @@ def uint(query: Mapping[str, str], name: str, default: int, maximum: int = U32) 
 
 
 def millis(query: Mapping[str, str], name: str, default_s: int, maximum_s: int = U32) -> int:
-    """``name`` in seconds (lmstfy) or ``name_ms`` in milliseconds (extension); ms wins."""
+    """``name`` in seconds (lmstfy) or ``name_ms`` in milliseconds (extension); ms wins, and
+    the seconds form given beside it is held to its rules all the same."""
     if f"{name}_ms" in query:
+        uint(query, name, default_s, maximum_s)
         return uint(query, f"{name}_ms", 0, maximum_s * 1000)
     return uint(query, name, default_s, maximum_s) * 1000
 

@@ -300,8 +300,29 @@ def test_republish_counts_as_a_write(api: httpx.Client, admin: httpx.Client, tok
         ("delay_ms=" + "1" * 30, "delay_ms"),
         ("priority=+1", "priority"),
         ("delay=%201", "delay"),
+        # the seconds form is held to its rules when its _ms form is given too (which wins)
+        ("ttl=banana&ttl_ms=60000", "ttl"),
+        ("delay=-5&delay_ms=0", "delay"),
+        ("backoff=fixed&backoff_ms=10&backoff_jitter=%EF%BC%91", "backoff_jitter"),
+        ("backoff=fixed&backoff_ms=10&backoff_jitter=%D9%A0.%D9%A5", "backoff_jitter"),
+        ("backoff=fixed&backoff_ms=10&backoff_jitter=0.5%20", "backoff_jitter"),
+        ("backoff=fixed&backoff_ms=10&backoff_jitter=+0.5", "backoff_jitter"),
     ],
-    ids=["superscript", "arabic", "5000-digits", "fullwidth", "30-digits", "plus", "space"],
+    ids=[
+        "superscript",
+        "arabic",
+        "5000-digits",
+        "fullwidth",
+        "30-digits",
+        "plus",
+        "space",
+        "seconds-beside-ms",
+        "negative-beside-ms",
+        "jitter-fullwidth",
+        "jitter-arabic",
+        "jitter-space",
+        "jitter-plus",
+    ],
 )
 @pytest.mark.usefixtures("no_traceback")
 def test_non_ascii_or_huge_numbers_are_400(
@@ -309,7 +330,7 @@ def test_non_ascii_or_huge_numbers_are_400(
 ) -> None:
     r = api.put(f"/api/ns/q?{query}", content=b"x")
     assert r.status_code == 400, r.text
-    assert r.json() == {"error": f"invalid {field}"}
+    assert r.json()["error"].startswith(f"invalid {field}"), r.text
     assert sizes(api)["size"] == 0 and sizes(api)["delayed"] == 0
 
 
