@@ -17,7 +17,7 @@ from starlette.types import Message
 from cluster_dq.backoff import Backoff
 from cluster_dq import names, userjson
 from cluster_dq.tracing import TRACEPARENT, TRACESTATE
-from cluster_dq.errors import BadRequest, BodyTooLarge
+from cluster_dq.errors import BadRequest, BodyTooLarge, Unauthorized
 from cluster_dq.models import (
     MAX_ATTR_KEY,
     MAX_ATTR_VALUE,
@@ -87,8 +87,13 @@ def early(request: Request, name: str) -> str | None:
 
 
 def token(request: Request) -> str | None:
-    """The token a request carries: its ``X-Token`` header, else its ``token`` parameter."""
-    return header(request, "x-token") or early(request, "token")
+    """The token a request carries: its ``X-Token`` header, else its ``token`` parameter. Two
+    ``X-Token`` headers carry no one token (a proxy that reads the other would authorize the
+    request as someone else): a 401."""
+    value = header(request, "x-token")
+    if "x-token" in request.scope["dq.headers_twice"]:
+        raise Unauthorized("invalid token: X-Token given twice")
+    return value or early(request, "token")
 
 
 def exact(request: Request, name: str) -> str | None:
@@ -108,15 +113,20 @@ def exact(request: Request, name: str) -> str | None:
 
 def header(request: Request, name: str) -> str | None:
     """A request header's value (``name`` lower-case; the first of a repeated one, as
-    Starlette's ``Headers``), from a dict made once per request; without the spaces and tabs
-    around it, which are not part of a field's value (RFC 9110 5.5): stripped from the one
-    looked up, not from every header of the request."""
+    Starlette's ``Headers``), from a dict made once per request (with the set of the names
+    given more than once, ``dq.headers_twice``); without the spaces and tabs around it, which are not
+    part of a field's value (RFC 9110 5.5): stripped from the one looked up, not from every
+    header of the request."""
     found: dict[str, str] | None = request.scope.get("dq.headers")
     if found is None:
-        found = {}
-        for key, value in request.scope["headers"]:
-            found.setdefault(key.decode("latin-1"), value.decode("latin-1"))
-        request.scope["dq.headers"] = found
+        found, twice = {}, set()
+        for raw_key, raw_value in request.scope["headers"]:
+            key = raw_key.decode("latin-1")
+            if key in found:
+                twice.add(key)
+            else:
+                found[key] = raw_value.decode("latin-1")
+        request.scope["dq.headers"], request.scope["dq.headers_twice"] = found, twice
     value = found.get(name)
     return value.strip(" \t") if value else value
 
@@ -176,10 +186,15 @@ def attributes(request: Request) -> dict[str, str] | None:
     for key, value in request.headers.items():
         if key.lower().startswith("job-attr-") and len(key) > len("job-attr-"):
             name = key[len("job-attr-") :].lower()[:MAX_ATTR_KEY]
-            # the server hands header bytes over as latin-1; lmstfy keeps them (UTF-8), and
-            # shows invalid UTF-8 as U+FFFD, as Go's JSON encoder does
-            text = value.strip(" \t").encode("latin-1").decode("utf-8", "replace")
-            attrs.setdefault(name, text[:MAX_ATTR_VALUE])
+            if name in attrs:  # a header repeated (or two cut to the same 32 characters)
+                raise BadRequest(f"job attribute {name[:64]} given twice", "attributes")
+            # the server hands header bytes over as latin-1: a value is kept as sent, so one
+            # that is not UTF-8 is refused (lmstfy showed it with U+FFFD in its place)
+            try:
+                text = value.strip(" \t").encode("latin-1").decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadRequest(f"invalid job attribute {name}: not UTF-8", "attributes") from None
+            attrs[name] = text[:MAX_ATTR_VALUE]
     if len(attrs) > MAX_ATTRIBUTES:
         raise BadRequest("too many attributes, cannot exceed 16", "attributes")
     return attrs or None

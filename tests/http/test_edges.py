@@ -8,6 +8,7 @@ in-process against the same real Redis where the question is what the process di
 from __future__ import annotations
 
 import base64
+from typing import Any
 import json
 import socket
 import tempfile
@@ -656,3 +657,29 @@ def test_a_dashboard_path_with_a_trailing_slash_is_not_redirected(admin: httpx.C
     dashboard's own app redirected (307). Failed before."""
     r = admin.get("/ui/workers/", follow_redirects=False)
     assert r.status_code == 404, (r.status_code, r.headers.get("location"))
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "says"),
+    [
+        ([("Job-Attr-A", b"\xff\xfe x")], 400, "invalid job attribute a: not UTF-8"),
+        ([("Job-Attr-A", "1"), ("Job-Attr-A", "2")], 400, "job attribute a given twice"),
+        ([("Job-Attr-" + "k" * 40, "1"), ("Job-Attr-" + "k" * 41, "2")], 400, "given twice"),
+        ([("X-Token", "same")], 401, "X-Token given twice"),
+    ],
+    ids=["attribute-not-utf8", "attribute-twice", "attributes-cut-alike", "token-twice"],
+)
+def test_headers_are_held_to_the_querys_rules(
+    api: httpx.Client, headers: list[tuple[str, Any]], status: int, says: str
+) -> None:
+    """A header value the service keeps is kept as sent: not UTF-8 is a 400, not U+FFFD in its
+    place; a header given twice names no one value: a 400 (an attribute) or a 401 (X-Token,
+    which a proxy reading the other copy would take for someone else's)."""
+    token = api.headers["X-Token"]
+    sent = [("Enable-Job-Version", "YES")] + [(k, token if v == "same" else v) for k, v in headers]
+    if status == 401:
+        sent.append(("X-Token", token))
+    r = api.put("/api/ns/q", headers=sent, content=b"x")
+    assert r.status_code == status, r.text
+    assert says in r.json()["error"], r.text
+    assert sizes(api)["size"] == 0

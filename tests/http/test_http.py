@@ -281,15 +281,11 @@ def test_attributes(api: httpx.Client) -> None:
 
 def test_an_attribute_value_in_utf8_comes_back_as_sent(api: httpx.Client) -> None:
     """Header values reach the app as latin-1: "é" (two UTF-8 bytes) came back as "Ã©".
-    lmstfy keeps the bytes; invalid UTF-8 is shown as U+FFFD, as Go's JSON encoder does."""
-    headers = [
-        ("Enable-Job-Version", "YES"),
-        ("Job-Attr-City", "Zürich 東京".encode()),
-        ("Job-Attr-Raw", b"a\xffb"),
-    ]
+    (A value that is not UTF-8 is a 400: test_edges.py.)"""
+    headers = [("Enable-Job-Version", "YES"), ("Job-Attr-City", "Zürich 東京".encode())]
     jid = api.put("/api/ns/q", headers=headers, content=b"a").json()["job_id"]
     job = api.get(f"/api/ns/q/job/{jid}").json()
-    assert job["attributes"] == {"city": "Zürich 東京", "raw": "a\ufffdb"}, job
+    assert job["attributes"] == {"city": "Zürich 東京"}, job
     api.delete(f"/api/ns/q/job/{jid}")
 
 
