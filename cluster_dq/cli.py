@@ -22,7 +22,8 @@ from cluster_dq.errors import ClusterDQError, ConfigError
 from cluster_dq.progress import spark_progress
 from cluster_dq.routing import build_routes
 from cluster_dq.settings import PoolSettings, Settings
-from cluster_dq.tokens import TokenStore, mask
+from cluster_dq.terminal import shown
+from cluster_dq.tokens import TokenStore, custom_route, mask
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -84,16 +85,19 @@ async def _create_token(s: Settings, ns: str, description: str, token: str | Non
 
 async def _token_cmd(s: Settings, args: argparse.Namespace) -> int:
     async with _token_store(s) as store:
-        if args.action == "create":
+        if args.action == "create":  # checked by the store, as for the admin API
             tok = await store.create(args.pool, args.namespace, args.description, args.token)
-            print(f"{args.pool}:{tok}" if args.pool != "default" else tok)
-        elif args.action == "list":
-            for tok, desc in sorted((await store.list(args.pool, args.namespace)).items()):
-                print(f"{tok}\t{desc}")
-        elif not await store.delete(args.pool, args.namespace, args.token):
+            pool, _ = custom_route(args.pool, args.token)  # --pool, or the token's pool: prefix
+            print(f"{pool}:{tok}" if pool != "default" else tok)
+            return 0
+        pool = args.pool or "default"
+        if args.action == "list":
+            for tok, desc in sorted((await store.list(pool, args.namespace)).items()):
+                print(f"{shown(tok)}\t{shown(desc)}")
+        elif not await store.delete(pool, args.namespace, args.token):
             print(
-                f"cluster-dq: no token {mask(args.token)} in namespace {args.namespace} "
-                f"(pool {args.pool})",
+                f"cluster-dq: no token {shown(mask(args.token))} in namespace "
+                f"{shown(args.namespace)} (pool {shown(pool)})",
                 file=sys.stderr,
             )
             return 1
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("namespace")
     tp.add_argument("token", nargs="?", help="delete: the token; create: an optional custom one")
     tp.add_argument("--description", default="created by cluster-dq token")
-    tp.add_argument("--pool", default="default")
+    tp.add_argument("--pool", help="default: the token's pool: prefix, else default")
     tp.add_argument("--port", type=int, help=EMBEDDED_PORT_HELP)
     pp = sub.add_parser("pipeline", help="Spark: bulk schedule, export, analyze (extra [spark])")
     pp.add_argument("action", choices=["schedule", "export", "analyze"])

@@ -10,7 +10,6 @@ import argparse
 import base64
 import dataclasses
 import datetime as dt
-import json
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 from cluster_dq.client import AdminClient, Client, DeadJob, DQError, Job, TransportError
 from cluster_dq.progress import Progress
 from cluster_dq.stats import Sample, StatsRow, rows_of, sample, stats_doc, stats_table
+from cluster_dq.terminal import json_text, shown
 
 PAGE = 1_000  # dead-letter listing page
 SWEEP = 500  # jobs moved or deleted per redrive / purge call
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace, commands: dict[str, Command] | None = None) ->
 
 
 def _fail(message: str, status: int) -> int:
-    print(f"cluster-dq: {message}", file=sys.stderr)
+    print(f"cluster-dq: {shown(message)}", file=sys.stderr)  # (a service's message echoes input)
     return status
 
 
@@ -92,7 +92,7 @@ def _sample(admin: AdminClient | None) -> Sample | None:
 
 
 def print_json(doc: Any) -> None:
-    print(json.dumps(doc, ensure_ascii=False), flush=True)
+    print(json_text(doc), flush=True)
 
 
 # -- stats ----------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ def _show_job(args: argparse.Namespace, job: Job | None, missing: str) -> int:
             value = _when(value)
         elif key == "body" and doc["body_encoding"] == "base64":
             key = "body (base64)"
-        print(f"{key:>16}: {value}")
+        print(f"{key:>16}: {shown(value)}")
     return 0
 
 
@@ -244,8 +244,11 @@ def jobs_dead(args: argparse.Namespace) -> int:
         print_json([dead_doc(j) for j in found])
         return 0
     for j in found:
-        error = f"  {j.last_error}" if j.last_error else ""
-        print(f"{j.id}  {j.reason:<15}  {_when(j.died_at)}  deliveries={j.deliveries}{error}")
+        error = f"  {shown(j.last_error)}" if j.last_error else ""
+        print(
+            f"{shown(j.id)}  {shown(j.reason):<15}  {_when(j.died_at)}  "
+            f"deliveries={j.deliveries}{error}"
+        )
     print(f"{len(found):,} dead job(s)", file=sys.stderr)
     return 0
 
@@ -260,7 +263,7 @@ def dlq(args: argparse.Namespace) -> int:
     if args.since is not None and args.until is not None and args.since > args.until:
         raise UsageError("--since is after --until: no dead job can match")
     with client_for(args) as client:
-        where = f"{client.namespace}/{args.queue}"
+        where = shown(f"{client.namespace}/{args.queue}")
         if args.dry_run:
             n = 0
             for _ in walk_dead(client, args.queue, wanted):
@@ -338,16 +341,11 @@ def pause(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"queue": f"{client.namespace}/{args.queue}", "paused": settings.paused})
     else:
-        print(f"{client.namespace}/{args.queue}: {state}")
+        print(f"{shown(client.namespace)}/{shown(args.queue)}: {state}")
     return 0
 
 
 # -- who is running what ----------------------------------------------------------------------
-
-
-def _shown(text: str | None) -> str:
-    """A worker's own text, as a terminal may print it: no escape sequence gets through."""
-    return "-" if not text else "".join(c if c.isprintable() else "?" for c in text)
 
 
 def workers(args: argparse.Namespace) -> int:
@@ -362,18 +360,17 @@ def workers(args: argparse.Namespace) -> int:
         print_json([dataclasses.asdict(w) for w in found])
         return 0
     for w in found:
-        queues = ",".join(w.queues) or "-"
-        pid = "-" if w.pid is None else w.pid
-        most = "-" if w.concurrency is None else w.concurrency
+        queues = shown(",".join(w.queues) or None)
         print(
-            f"{w.worker_id}  {_shown(w.host)}  pid {pid}  {queues}  {len(w.in_flight)}/{most} "
-            f"held  seen {max(now - w.last_seen, 0):.0f} s ago"
+            f"{shown(w.worker_id)}  {shown(w.host or None)}  pid {shown(w.pid)}  {queues}  "
+            f"{len(w.in_flight)}/{shown(w.concurrency)} held  "
+            f"seen {max(now - w.last_seen, 0):.0f} s ago"
         )
         for j in w.in_flight:
             held = "" if j.started_at is None else f"  for {max(now - j.started_at, 0):.1f} s"
-            print(f"    {j.queue}/{j.job_id}{held}")
+            print(f"    {shown(j.queue)}/{shown(j.job_id)}{held}")
     if not found:
-        print(f"{client.namespace}: no worker announced")
+        print(f"{shown(client.namespace)}: no worker announced")
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster_dq import ops
 from cluster_dq.client import GroupInfo
+from cluster_dq.terminal import cell, shown
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -34,7 +35,7 @@ def groups(args: argparse.Namespace) -> int:
     elif found:
         _print(group_table(f"{where}: {len(found):,} group(s) holding jobs", found))
     else:
-        print(f"{where}: no group holds jobs")
+        print(f"{shown(where)}: no group holds jobs")
     return 0
 
 
@@ -86,20 +87,24 @@ def group_table(title: str, found: list[GroupInfo]) -> Table:
     from rich.table import Table
 
     table = Table(
-        title=title, title_justify="left", box=box.SIMPLE, collapse_padding=True, pad_edge=False
+        title=cell(title),
+        title_justify="left",
+        box=box.SIMPLE,
+        collapse_padding=True,
+        pad_edge=False,
     )
     table.add_column("group", overflow="fold")
     for name in ("size", "reserved", "held", "paused", "concurrency", "rate"):
         table.add_column(name, justify="right", no_wrap=True)
     for g in found:
         table.add_row(
-            g.name,
+            cell(g.name),
             f"{g.size:,}",
             f"{g.reserved:,}",
             f"{g.held:,}",
             "yes" if g.paused else "no",
             "-" if g.concurrency is None else f"{g.concurrency:,}",
-            rate_text(g.rate),
+            cell(rate_text(g.rate)),
         )
     return table
 

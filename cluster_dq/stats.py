@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster_dq.names import OTHER_QUEUE
+from cluster_dq.terminal import cell
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -151,7 +152,7 @@ def stats_table(
     if partial(ns, before, after):
         window += "; some counted under _other: rates are at least these"
     table = Table(
-        title=f"namespace {ns} ({window})",
+        title=cell(f"namespace {ns} ({window})"),
         title_justify="left",
         box=box.SIMPLE,
         collapse_padding=True,
@@ -163,7 +164,7 @@ def stats_table(
     for r in rows:
         rates = [f"{r.rates[k]:.1f}" if r.rates is not None else "-" for k in RATES]
         table.add_row(
-            f"{r.queue} (paused)" if r.paused else r.queue,
+            cell(f"{r.queue} (paused)" if r.paused else r.queue),
             f"{r.ready:,}",
             f"{r.delayed:,}",
             f"{r.reserved:,}",

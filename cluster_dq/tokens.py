@@ -66,6 +66,21 @@ def split_token(raw: str) -> tuple[str, str]:
     return (pool, token) if sep else ("default", raw)
 
 
+def custom_route(pool: str | None, token: str | None) -> tuple[str, str | None]:
+    """The pool and the custom token a token creation names: the pool asked for (the admin
+    API's ``pool`` parameter, the CLI's ``--pool``) and the token's own ``pool:`` prefix, which
+    must agree; ``default`` when neither names one. Every creation reads them here, so the
+    admin API and the CLI refuse the same requests with the same messages."""
+    if token is not None and ":" in token:
+        prefix, _, token = token.partition(":")
+        if not prefix:
+            raise BadRequest("invalid token: no pool before ':'", "token")
+        if pool and pool != prefix:
+            raise BadRequest("the pool and the token's pool: prefix differ", "pool")
+        pool = prefix
+    return pool or "default", token
+
+
 def well_formed(pool: str, token: str) -> bool:
     """The shape every token this service makes or accepts has: refused before any lookup."""
     return _PART_RE.fullmatch(pool) is not None and _PART_RE.fullmatch(token) is not None
@@ -194,7 +209,11 @@ class TokenStore:
         if pool not in self.routes:
             raise BadRequest("the pool was not exists", "pool")
 
-    async def create(self, pool: str, ns: str, description: str, token: str | None) -> str:
+    async def create(self, pool: str | None, ns: str, description: str, token: str | None) -> str:
+        """A new token of ``ns``, custom or made here (``custom_route``: a ``pool:`` prefix of
+        ``token`` names its pool); the bare token."""
+        check_names(ns)  # first, as the admin API checks it before reading the request's form
+        pool, token = custom_route(pool, token)
         self._check(pool, ns)
         check_description(description)
         if token is None:

@@ -24,7 +24,7 @@ from cluster_dq.http.responses import error, json
 from cluster_dq.metrics import SizeBoard
 from cluster_dq.service import Service
 from cluster_dq.settings import Settings
-from cluster_dq.tokens import Limit, mask, split_token, well_formed
+from cluster_dq.tokens import Limit, custom_route, mask, split_token, well_formed
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_TOKEN_FORM = 65_536  # a description and a token: a few hundred bytes; bounded all the same
@@ -88,7 +88,7 @@ class AdminAPI:
     async def info(self, request: Request) -> Response:
         name = params.query(request).get("pool") or "default"
         if name not in self.service.token_pools():
-            return json({})
+            raise BadRequest("the pool was not exists", "pool")
         return json(await self.service.info(self.service.route(name)))
 
     async def draining(self, request: Request) -> Response:
@@ -165,10 +165,11 @@ class AdminAPI:
         custom = params.query(request).get("token") or form.get("token") or None
         if custom is not None and not isinstance(custom, str):
             raise BadRequest("invalid token", "token")
-        if custom and ":" in custom:
-            pool, _, custom = custom.partition(":")
-        token = await service.create_token(pool or "default", ns, description or "", custom)
-        return json({"token": f"{pool}:{token}" if pool else token}, 201)
+        token = await service.create_token(pool, ns, description or "", custom)
+        if pool is None and ":" not in (custom or ""):
+            return json({"token": token}, 201)
+        named, _ = custom_route(pool, custom)  # the pool asked for, or the token's pool: prefix
+        return json({"token": f"{named}:{token}"}, 201)
 
     async def delete_token(self, request: Request) -> Response:
         self._basic_auth(request)

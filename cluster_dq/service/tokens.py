@@ -49,8 +49,9 @@ class Tokens(ServiceCore):
         return sorted(self.routes)
 
     async def create_token(
-        self, pool: str, ns: str, description: str, token: str | None = None
+        self, pool: str | None, ns: str, description: str, token: str | None = None
     ) -> str:
+        """A new token, bare (``TokenStore.create``: a ``pool:`` prefix of ``token`` counts)."""
         return await self._tokens.create(pool, ns, description, token)
 
     async def list_tokens(self, pool: str, ns: str) -> dict[str, str]:

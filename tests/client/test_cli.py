@@ -217,6 +217,58 @@ def test_jobs_dead_lists_what_died_with_reasons(
     assert code == 0 and out.count("\n") == 3 and "bad payload 1" in out and "3 dead" in err
 
 
+HOSTILE_BODY = "\x1b]0;PWNED\x07\x1b[31mRED body [red]x[/red] \u202e\x9b"
+HOSTILE_ERROR = "\x1b[2J\x1b[31mEVIL\r\nfake line\x1b]52;c;aGVsbG8=\x07"
+
+
+def test_jobs_print_what_a_publisher_wrote_without_terminal_escapes(
+    client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A body or an error could clear the screen, fake a line or write the clipboard: the
+    commands print their characters, escaped, and JSON that reads back the same."""
+    ready = client.publish("q", HOSTILE_BODY)
+    dead = bury(client, "dq", HOSTILE_BODY, HOSTILE_ERROR)
+    outputs = [
+        cli(capsys, "jobs", "get", "q", ready),
+        cli(capsys, "jobs", "peek", "q"),
+        cli(capsys, "jobs", "get", "dq", dead),
+        cli(capsys, "jobs", "dead", "dq"),
+    ]
+    for code, out, _ in outputs:
+        assert code == 0 and all(line.isprintable() for line in out.split("\n")), repr(out)
+        assert not any(c in out for c in "\x1b\x07\r\x9b\u202e"), repr(out)
+    for _, out, _ in outputs[:3]:
+        assert "\\x1b]0;PWNED\\x07\\x1b[31mRED body [red]x[/red] \\u202e\\x9b" in out, out
+    assert (
+        "last_error: \\x1b[2J\\x1b[31mEVIL\\r\\nfake line\\x1b]52;c;aGVsbG8=\\x07" in outputs[2][1]
+    )
+    assert outputs[3][1].count("\n") == 1 and "EVIL\\r\\nfake line" in outputs[3][1]
+    for argv in (["jobs", "get", "dq", dead], ["jobs", "dead", "dq"]):
+        code, out, _ = cli(capsys, *argv, "--json")
+        assert code == 0 and not any(c in out for c in "\x1b\x07\r\x9b\u202e"), repr(out)
+        doc = json.loads(out)
+        got = doc if isinstance(doc, dict) else doc[0]
+        assert got["last_error"] == HOSTILE_ERROR and got.get("body", HOSTILE_BODY) == HOSTILE_BODY
+
+
+def test_tables_print_names_as_text_not_rich_markup() -> None:
+    """Group and queue names, and rates, reach a rich table as text: no markup, no emoji."""
+    from rich.console import Console
+
+    from cluster_dq.client import GroupInfo
+    from cluster_dq.ops_groups import group_table
+    from cluster_dq.stats import StatsRow, stats_table
+
+    odd = "[red]x[/red]:smile:\x1b[2J"
+    group = GroupInfo("ns", "q", odd, 1, 0, 0, False, None, odd)
+    row = StatsRow(odd, 1, 0, 0, 0, False, None, None)
+    for table in (group_table(odd, [group]), stats_table(odd, [row], None, None)):
+        console = Console(record=True, width=200, color_system=None)
+        console.print(table)
+        text = console.export_text()
+        assert "[red]x[/red]:smile:\\x1b[2J" in text and "\x1b" not in text, text
+
+
 def test_dlq_redrive_by_reason_moves_only_those_and_dry_run_changes_nothing(
     client: Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -304,16 +356,24 @@ def test_token_create_refuses_what_the_admin_api_refuses_and_writes_nothing(
     service: tuple[str, str], sync_redis: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, admin = service
-    ns = f"tok{uuid.uuid4().hex[:10]}"
+    ns, custom = f"tok{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
     cases = [  # the command's arguments; the same request to the admin API
         (["bad/ns"], "/token/bad.ns", {"description": "x"}),
         ([ns, "--pool", "nope"], f"/token/{ns}", {"description": "x", "pool": "nope"}),
         ([ns, "short"], f"/token/{ns}", {"description": "x", "token": "short"}),
         ([ns, "--description", ""], f"/token/{ns}", {"description": ""}),
+        # a pool: prefix: a pool that does not exist, none at all, or not the pool asked for
+        ([ns, f"nope:{custom}"], f"/token/{ns}", {"description": "x", "token": f"nope:{custom}"}),
+        ([ns, f":{custom}"], f"/token/{ns}", {"description": "x", "token": f":{custom}"}),
+        (
+            [ns, "--pool", "nope", f"default:{custom}"],
+            f"/token/{ns}",
+            {"description": "x", "pool": "nope", "token": f"default:{custom}"},
+        ),
     ]
     for args, path, params in cases:
         answer = httpx.post(admin + path, params=params, auth=ADMIN_AUTH)
-        assert answer.status_code == 400, answer.text
+        assert answer.status_code == 400, (args, answer.text)
         code, out, err = cli(capsys, "token", "create", *args)
         assert (code, out, err) == (2, "", f"cluster-dq: {answer.json()['error']}\n"), args
     for pool, name in (("default", "bad/ns"), ("nope", ns), ("default", ns)):

@@ -550,6 +550,9 @@ def test_info_lists_queues_and_accesslog_switch(api: httpx.Client, admin: httpx.
     api.put("/api/ns/alpha", content=b"x")
     api.put("/api/ns/beta", params={"delay": 100}, content=b"x")
     assert admin.get("/info").json() == {"ns": ["alpha", "beta"]}
+    for route in ("/info", "/draining"):  # a pool that does not exist: refused, not `{}`
+        r = admin.get(route, params={"pool": "nope"})
+        assert r.status_code == 400 and r.json()["error"] == "the pool was not exists", route
     assert admin.post("/accesslog", params={"status": "enable"}).json() == {"status": "enabled"}
     assert admin.post("/accesslog", params={"status": "off"}).status_code == 400
     assert admin.post("/accesslog", params={"status": "disable"}).json() == {"status": "disabled"}
