@@ -6,10 +6,11 @@ both ports use. Each concept's routes, handlers and OpenAPI declarations are in 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.routing import BaseRoute, Mount, Route
 
 from cluster_dq.http import openapi
@@ -37,7 +38,7 @@ class DataAPI:
     """Every route of the data port: each concept's handlers, sharing one ``Guard``."""
 
     def __init__(self, service: Service, settings: Settings) -> None:
-        guard = Guard(service)
+        self.guard = guard = Guard(service)
         jobs = JobsAPI(service, settings, guard)
         delivery = DeliveryAPI(service, settings, guard)
         # Publish's routes first: its PUT /api/{ns}/{q} and PUT .../job/{job_id} answer a
@@ -59,6 +60,13 @@ class DataAPI:
     def routes(self) -> list[Route]:
         return [route for group in self.groups for route in group.routes()]
 
+    async def before_405(self, request: Request) -> None:
+        """A method a namespace's path does not take: the token first (401, 400 for a bad
+        name), so a client without one learns nothing of the route (not the router's 405)."""
+        ns = request.path_params.get("ns")
+        if ns is not None:
+            await self.guard.auth(request, ns)
+
 
 def build_app(
     routes: Sequence[BaseRoute],
@@ -69,14 +77,16 @@ def build_app(
     *,
     budget_s: float,
     traced: bool = False,
+    before_405: Callable[[Request], Awaitable[object]] | None = None,
 ) -> Starlette:
     """A Starlette app with the error table and the request middleware (metrics labelled by
     route template, request ids, access log, encoded separators refused before routing:
     ``http/paths.py``): the data and the admin port alike. ``hot``: the
     data API whose hot paths skip the router (``http/hot.py``). ``budget_s``: a request's
     retry budget (``RetryBudgetSecond``). ``traced``: a span per messaging request
-    (``http/tracing.py``, ``EnableTracing``)."""
-    handlers = error_handlers()
+    (``http/tracing.py``, ``EnableTracing``). ``before_405``: what a request must pass before
+    it is told its path does not take its method (``DataAPI.before_405``)."""
+    handlers = error_handlers(before_405)
     app = Starlette(routes=routes, exception_handlers=handlers)
     # A path with a trailing slash is not found (404), not redirected without it: a 307 keeps
     # the method and the body, so a client following it wrote through a path that is no API's.
@@ -133,4 +143,5 @@ def create_data_app(service: Service, settings: Settings, access_log: AccessLog)
         hot=api,
         budget_s=settings.RetryBudgetSecond,
         traced=settings.EnableTracing,
+        before_405=api.before_405,
     )

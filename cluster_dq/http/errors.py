@@ -71,7 +71,12 @@ def allowed(request: Request) -> set[str]:
     return out
 
 
-def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
+def error_handlers(
+    before_405: Callable[[Request], Awaitable[object]] | None = None,
+) -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
+    """``before_405``: what a request whose method its path does not take must pass before
+    it is told so (the data port's token: 401 first, as on every route of a namespace)."""
+
     async def dq_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ClusterDQError)
         status = status_of(exc)
@@ -106,6 +111,11 @@ def error_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Respo
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        if exc.status_code == 405 and before_405 is not None:
+            try:
+                await before_405(request)
+            except ClusterDQError as refused:
+                return await dq_error(request, refused)
         messages = {404: "api not found", 405: "method not allowed"}
         out = error(messages.get(exc.status_code, exc.detail), exc.status_code)
         out.headers.update(exc.headers or {})

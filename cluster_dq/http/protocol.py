@@ -5,7 +5,12 @@ every connection meets before any app sees a request (``Edge``):
   string was buffered whole (and parsed) before any handler, or the token check, could
   refuse it;
 - the ``Host`` allowlist (``AllowedHosts``, ``http/hosts.py``), checked once the head is
-  complete: the hot paths, the router and the dashboard alike never see a foreign ``Host``;
+  complete: the hot paths, the router and the dashboard alike never see a foreign ``Host``.
+  A request line in absolute form (``GET http://name/path``) names its host itself: RFC 9112
+  has the server ignore ``Host`` then, so the check applies to that authority, which the app
+  sees as the request's ``Host``;
+- no transfer coding but ``chunked``: httptools passes ``gzip, chunked`` and hands over the
+  body still compressed (501: not implemented);
 - a timeout for receiving a request head (``HeaderTimeoutSecond``, from the connection or
   from the first byte of a request), one between two reads of a body
   (``BodyTimeoutSecond``), and the same in all for the rest of a body once its request was
@@ -14,17 +19,24 @@ every connection meets before any app sees a request (``Edge``):
 - a bound on the open connections of each port in a worker (``MaxConnections``): one more
   is answered 503 and closed at once;
 - every refusal here, and a request the parser cannot read, answered as the app answers a
-  bad request: a status and a JSON ``error``."""
+  bad request: a status and a JSON ``error``. A request whose body the parser refuses (a
+  chunk size that is not hex) already has its app task: it is cancelled if it has not run
+  yet, else its body read ends in a disconnect; it is never answered by the app."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import inspect
 import json
 import logging
 from collections.abc import Callable
+from typing import NoReturn
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools  # type: ignore[import-untyped]
+from uvicorn._types import ASGI3Application
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from cluster_dq.http.hosts import AllowedHosts, effective
 from cluster_dq.settings import Settings
@@ -41,6 +53,7 @@ TOO_LARGE = f"request headers too large (max {MAX_HEADERS} headers, {MAX_HEADER_
 # The answer to a request the parser refuses (a garbled request line, a bad Content-Length, a
 # header name with a space): like every other bad request, a 400 with a JSON error.
 UNPARSED = "the request could not be parsed as HTTP/1.1: nothing was done"
+UNKNOWN_CODING = "Transfer-Encoding: only chunked is supported: nothing was done"
 MAX_LOGGED_HOSTS = 64  # refused Host values logged per worker (once each), then silence
 
 _REASONS = {
@@ -48,6 +61,7 @@ _REASONS = {
     408: b"Request Timeout",
     414: b"URI Too Long",
     431: b"Request Header Fields Too Large",
+    501: b"Not Implemented",
     503: b"Service Unavailable",
 }
 
@@ -125,6 +139,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _timer: asyncio.TimerHandle | None = None  # the head or body timeout, when one runs
     _draining = False  # answered before its body ended: the rest is read to be dropped
     _deferred: bytes | None = None  # a refusal waiting for the answers before it (pipelined)
+    _parsing: RequestResponseCycle | None = None  # the cycle whose body the parser is reading
+    _active: RequestResponseCycle | None = None  # the cycle whose app task was started last
+    _task: asyncio.Task[None] | None = None  # that task
 
     # -- connections --------------------------------------------------------------------------
 
@@ -188,7 +205,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if self._framing > MAX_HEAD_BYTES:
                 self.transport.close()  # the response may have begun: no answer, a cut
                 return
-            if self.edge is not None and not self._draining:
+            if self.edge is not None and not self._draining and self._deferred is None:
                 self._arm(self.edge.body_timeout, self._body_timed_out)  # more body to come
             return
         room = MAX_HEAD_BYTES - self._head_bytes
@@ -213,7 +230,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if begun and self._timer is None and self.edge is not None:
                 if not self.transport.is_closing():
                     self._arm(self.edge.header_timeout, self._head_timed_out)
-        elif self.edge is not None and not self.transport.is_closing():
+        elif self.edge is not None and not self.transport.is_closing() and self._deferred is None:
             self._arm(self.edge.body_timeout, self._body_timed_out)  # a body is to come
 
     # -- parser callbacks ---------------------------------------------------------------------
@@ -221,7 +238,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._refusal, self._header_bytes, self._draining = None, 0, False
-        self._head_begun = True
+        self._head_begun, self._parsing = True, None
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > MAX_URL_BYTES:
@@ -244,11 +261,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.edge is not None:
             self._disarm()
             self._check_host()
+        self._check_codings()
+        earlier = self.cycle
         super().on_headers_complete()
+        if self.cycle is not earlier:  # a request for the app (not an upgrade)
+            self._parsing = self.cycle
 
     def on_message_complete(self) -> None:
         self._in_head, self._head_bytes, self._message_ended = True, 0, True
-        self._draining = False
+        self._draining, self._parsing = False, None
         self._disarm()
         super().on_message_complete()
 
@@ -272,11 +293,22 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _check_host(self) -> None:
         assert self.edge is not None
         host: bytes | None = None
-        for name, value in self.headers:
+        at = -1
+        for i, (name, value) in enumerate(self.headers):
             if name == b"host":
                 if host is not None:
                     self._refuse(400, "more than one Host header")
-                host = value
+                host, at = value, i
+        if self.url[:1] != b"/" and self.url != b"*":
+            # absolute form: the URI's authority is the request's host (RFC 9112 3.2.2), and
+            # what the app (the dashboard's CSRF check) sees as its Host
+            if host is None and self.parser.get_http_version() != "1.0":
+                self._refuse(400, "missing Host header")
+            host = self._authority()
+            if at < 0:
+                self.headers.append((b"host", host))
+            else:
+                self.headers[at] = (b"host", host)
         if self.edge.hosts.permits(host):
             return
         if host is None and self.parser.get_http_version() == "1.0":
@@ -286,26 +318,80 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         _log_refused(host)
         self._refuse(400, "Host not allowed (AllowedHosts): nothing was done")
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _authority(self) -> bytes:
+        """The host and port of an absolute-form request line, as a ``Host`` names them."""
+        try:
+            url = httptools.parse_url(self.url)
+        except httptools.HttpParserInvalidURLError:
+            self._refuse(400, UNPARSED)
+        if url.host is None or url.userinfo is not None:
+            self._refuse(400, UNPARSED)
+        host = b"[%s]" % url.host if b":" in url.host else url.host
+        return host if url.port is None else b"%s:%d" % (host, url.port)
+
+    def _check_codings(self) -> None:
+        """httptools refuses a last transfer coding other than chunked, but takes any before
+        it (``gzip, chunked``): the body would reach the app still coded."""
+        for name, value in self.headers:
+            if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
+                self._refuse(501, UNKNOWN_CODING)
+
+    def _refuse(self, status: int, message: str) -> NoReturn:
         self._refusal = (status, message)
         _own_refusals.pending = True
         raise _Refused(message)  # httptools stops parsing; uvicorn answers and closes
 
     def send_400_response(self, msg: str) -> None:
         _own_refusals.pending = False
+        if self._parsing is not None:  # the parser refused this request's body
+            if not self._abandon(self._parsing):
+                return
         if self._answering():  # pipelined after a request still answering: wait for it
             self._deferred = _response(*(self._refusal or (400, UNPARSED)))
             self.flow.pause_reading()
+            self._disarm()
             return
         self.transport.write(_response(*(self._refusal or (400, UNPARSED))))
         self.transport.close()
+
+    def _abandon(self, cycle: RequestResponseCycle) -> bool:
+        """Takes from its app a request whose body cannot be read: a pipelined one is never
+        started, one not run yet is cancelled, a running one reads a disconnect and its answer
+        is dropped. False: it had begun answering, so the connection is cut without a word."""
+        self._parsing = None
+        if cycle.response_started:
+            self.transport.close()  # its app sees a disconnect
+            return False
+        queued = [entry for entry in self.pipeline if entry[0] is not cycle]
+        if len(queued) < len(self.pipeline):
+            self.pipeline.clear()
+            self.pipeline.extend(queued)
+            return True
+        if self._task is not None and cycle is self._active:
+            coro = self._task.get_coro()
+            if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == "CORO_CREATED":
+                self._task.cancel()  # its app never runs: nothing was done
+        cycle.disconnected = True
+        cycle.message_event.set()
+        return True
 
     def _answering(self) -> bool:
         """An earlier request of this connection is still being answered (or waits its turn):
         a refusal written now would come before its answer, which would be lost."""
         if self.transport.is_closing():
             return False
-        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
+        active = self._active
+        if self.pipeline:
+            return True
+        return active is not None and not active.response_complete and not active.disconnected
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        # uvicorn's, keeping the task (``_abandon`` cancels one that has not run)
+        context = contextvars.Context() if self.config.reset_contextvars else None
+        task = self.loop.create_task(cycle.run_asgi(app), context=context)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+        self._active, self._task = cycle, task
 
 
 _logged_hosts: set[bytes] = set()

@@ -60,12 +60,14 @@ def apps(redis_server: Server, standalone_redis: redis.Redis) -> Iterator[Apps]:
         service = Service(settings_, {"default": pool})
         log = AccessLog(False)
         hot = create_data_app(service, settings_, log)
+        data = DataAPI(service, settings_)
         plain = build_app(
-            DataAPI(service, settings_).routes(),
+            data.routes(),
             log,
             "data",
             service.metrics,
             budget_s=settings_.RetryBudgetSecond,
+            before_405=data.before_405,
         )
         a = httpx.AsyncClient(transport=httpx.ASGITransport(hot), base_url="http://dq")
         b = httpx.AsyncClient(transport=httpx.ASGITransport(plain), base_url="http://dq")

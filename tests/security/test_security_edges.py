@@ -320,6 +320,115 @@ def test_a_request_that_cannot_be_parsed_gets_a_json_400(
         assert "could not be parsed" in json.loads(body)["error"], body
 
 
+def json_error(answer: bytes, status: int) -> str:
+    """The ``error`` of a JSON answer with ``status``, the connection closed after it."""
+    status_line, _, rest = answer.partition(b"\r\n")
+    head_part, _, body = rest.partition(b"\r\n\r\n")
+    assert status_line.startswith(b"HTTP/1.1 %d " % status), answer
+    assert b"content-type: application/json" in head_part.lower(), answer
+    assert b"connection: close" in head_part.lower(), answer
+    return str(json.loads(body)["error"])
+
+
+def queue_size(svc: ServiceProcess, token: str, q: str) -> int:
+    r = httpx.get(f"{svc.base}/api/edge/{q}/size", headers={"X-Token": token})
+    assert r.status_code == 200, r.text
+    return int(r.json()["size"])
+
+
+@pytest.mark.parametrize(
+    ("coding", "status", "says"),
+    [(b"chunked", 400, "could not be parsed"), (b"xchunked", 501, "only chunked")],
+    ids=["chunk-size", "coding"],
+)
+@pytest.mark.parametrize("pipelined", [False, True], ids=["alone", "pipelined"])
+def test_a_body_the_parser_refuses_is_answered_at_once_and_nothing_is_done(
+    own_service: ServiceProcess, token: str, coding: bytes, status: int, says: str, pipelined: bool
+) -> None:
+    """A chunk size that is not hex (or a coding httptools refused after the head): the
+    request's app was already waiting for its body, so the refusal waited for its answer, and
+    the app for a body that never came: nothing was written and BodyTimeoutSecond (30 s)
+    closed the connection."""
+    q = f"badchunk-{coding.decode()}-{pipelined}"
+    head = f"PUT /api/edge/{q} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: {token}\r\n".encode()
+    bad = head + b"Transfer-Encoding: " + coding + b"\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"
+    before = head.replace(q.encode(), f"{q}-first".encode()) + b"Content-Length: 1\r\n\r\nx"
+    started = time.monotonic()
+    with connect(own_service.base) as sock:
+        sock.sendall(before + bad if pipelined else bad)
+        answer = read_until_closed(sock, timeout=10)
+    assert time.monotonic() - started < 5
+    if pipelined:
+        first, _, answer = answer.partition(b"HTTP/1.1 %d " % status)
+        assert first.startswith(b"HTTP/1.1 201 ") and b"job_id" in first, first
+        answer = b"HTTP/1.1 %d " % status + answer
+        assert queue_size(own_service, token, f"{q}-first") == 1
+    assert says in json_error(answer, status)
+    assert queue_size(own_service, token, q) == 0
+
+
+def test_a_body_refused_while_its_app_reads_it_ends_the_read(
+    own_service: ServiceProcess, token: str
+) -> None:
+    """The bad chunk comes in a later read: the app is waiting for the body by then; its read
+    ends in a disconnect (nothing published) and the refusal is written at once."""
+    head = f"PUT /api/edge/badchunk-later HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: {token}\r\n"
+    with connect(own_service.base) as sock:
+        sock.sendall(head.encode() + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        time.sleep(0.5)
+        started = time.monotonic()
+        sock.sendall(b"zz\r\nabc\r\n0\r\n\r\n")
+        answer = read_until_closed(sock, timeout=10)
+    assert time.monotonic() - started < 5
+    assert "could not be parsed" in json_error(answer, 400)
+    assert queue_size(own_service, token, "badchunk-later") == 0
+
+
+@pytest.mark.parametrize(
+    "codings",
+    [b"Transfer-Encoding: gzip, chunked", b"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked"],
+    ids=["one-field", "two-fields"],
+)
+def test_a_transfer_coding_other_than_chunked_is_501(
+    own_service: ServiceProcess, token: str, codings: bytes
+) -> None:
+    """httptools takes any coding before the last ``chunked``: the body was published still
+    gzipped, as if it were the job's."""
+    head = f"PUT /api/edge/gzipped HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: {token}\r\n"
+    with connect(own_service.base) as sock:
+        sock.sendall(head.encode() + codings + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        answer = read_until_closed(sock)
+    assert "chunked" in json_error(answer, 501)
+    assert queue_size(own_service, token, "gzipped") == 0
+
+
+def test_an_absolute_form_request_line_is_checked_by_its_authority(
+    own_service: ServiceProcess, token: str
+) -> None:
+    """RFC 9112: a request line in absolute form names the host; the server ignores ``Host``.
+    The check looked at ``Host`` alone, so ``GET http://evil.com/...`` was served."""
+    for url in (own_service.base, own_service.admin):
+        port = url.rsplit(":", 1)[1]
+        for target in (f"http://{REBIND}/healthz", f"http://{REBIND}:{port}/healthz"):
+            with connect(url) as sock:
+                sock.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                answer = read_until_closed(sock)
+            assert "Host not allowed" in json_error(answer, 400), target
+    target = f"http://{REBIND}/api/edge/q/size"
+    with connect(own_service.base) as sock:
+        sock.sendall(
+            f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Token: {token}\r\n\r\n".encode()
+        )
+        assert "Host not allowed" in json_error(read_until_closed(sock), 400)
+    # the authority is the host: a foreign Host with an allowed authority is served
+    target = f"http://127.0.0.1:{own_service.port}/api/edge/q/size"
+    head = f"GET {target} HTTP/1.1\r\nHost: {REBIND}\r\nX-Token: {token}\r\nConnection: close\r\n"
+    with connect(own_service.base) as sock:
+        sock.sendall(head.encode() + b"\r\n")
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"size"' in answer, answer
+
+
 def test_allowed_hosts_lists_the_names_a_load_balancer_sends(
     redis_server: Server, tmp_path: Path
 ) -> None:
@@ -549,3 +658,21 @@ def test_connections_beyond_max_connections_are_refused(redis_server: Server) ->
         for sock in held:
             sock.close()
         svc.stop(timeout=20)
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "PATCH", "POST", "HEAD"])
+@pytest.mark.parametrize("path", ["/api/edge/q/size", "/api/edge/q", "/api/edge/q/job/x"])
+def test_a_method_a_route_does_not_take_asks_for_the_token_first(
+    own_service: ServiceProcess, token: str, method: str, path: str
+) -> None:
+    """Every data route but /openapi.json answers 401 first: a method the path does not take
+    was a 405 (with its Allow) to a client without a token."""
+    url = f"{own_service.base}{path}"
+    for headers in ({}, {"X-Token": "junk-token-0000000000"}):
+        r = httpx.request(method, url, headers=headers)
+        assert r.status_code == 401 and "allow" not in r.headers, (headers, r.text)
+    r = httpx.request(method, url, headers={"X-Token": token})
+    assert r.status_code != 401, r.text
+    if r.status_code == 405:
+        assert r.headers["allow"], r.headers
+    assert httpx.request(method, f"{own_service.base}/openapi.json").status_code in (200, 405)
