@@ -5,14 +5,17 @@ schedules, queue settings, limits, reasons and errors).
 Python's ``json`` reads ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON) and reads a number
 beyond a float's range (``1e999``) as infinity. Stored, such a value is written back as
 ``Infinity``, which no JSON reader accepts, the service's own answers included: refused here,
-it is a 400 naming the parameter, and nothing is written. So is an object that names a key
-twice. No I/O.
+it is a 400 naming the parameter, and nothing is written. So is an integer beyond a double's
+range (``1`` and 400 zeros: Python keeps it exactly, a reader on doubles gets infinity), an
+object that names a key twice, and a string holding a lone surrogate (``"\\ud800"``: no
+Unicode text, and not UTF-8 once written out). No I/O.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from cluster_dq.errors import BadRequest
@@ -34,6 +37,29 @@ class DuplicateKey(ValueError):
     def __init__(self, key: str) -> None:
         super().__init__(f"{key[:64]} is given twice")
         self.field = key
+
+
+class NotText(ValueError):
+    """A string holding a lone surrogate (an escape ``\\ud800`` with no pair): not Unicode
+    text, which no UTF-8 writer can write."""
+
+    def __init__(self) -> None:
+        super().__init__("a lone surrogate (\\ud800 to \\udfff unpaired) is not text")
+
+
+# an escape of a surrogate: only then is a parsed value checked for a lone one
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_B = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def check_text(raw: bytes | str, value: Any) -> None:
+    """``NotText`` when ``value``, parsed from ``raw``, holds a lone surrogate."""
+    escaped = _SURROGATE_B.search(raw) if isinstance(raw, bytes) else _SURROGATE.search(raw)
+    if escaped:
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise NotText() from None
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -58,8 +84,21 @@ def _float(text: str) -> float:
     return value
 
 
+def _finite_int(text: str) -> bool:
+    """Whether an integer's text is within a double's range (309 digits and more may not be)."""
+    return len(text) < 309 or math.isfinite(float(text))
+
+
+def _int(text: str) -> int:
+    if not _finite_int(text):
+        raise NotFinite(text)
+    return int(text)
+
+
 # One decoder (the C scanner takes the hooks): ``raw_decode`` for the bulk publish's elements.
-DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
+DECODER = json.JSONDecoder(
+    parse_constant=_constant, parse_float=_float, parse_int=_int, object_pairs_hook=_unique
+)
 _MARK = object()  # where a number JSON cannot carry was, while ``loads`` finds its field
 
 
@@ -78,9 +117,15 @@ def loads(data: bytes | str) -> Any:
         value = float(text)
         return value if math.isfinite(value) else bad(text)
 
-    value = json.loads(data, parse_constant=bad, parse_float=number, object_pairs_hook=_unique)
+    def integer(text: str) -> Any:
+        return int(text) if _finite_int(text) else bad(text)
+
+    value = json.loads(
+        data, parse_constant=bad, parse_float=number, parse_int=integer, object_pairs_hook=_unique
+    )
     if found:
         raise NotFinite(found[0], _field_of(value))
+    check_text(data, value)
     return value
 
 
@@ -107,7 +152,7 @@ def parse(data: bytes | str, what: str, message: str, by_field: bool = False) ->
     except NotFinite as e:
         name = e.field if by_field and e.field else what
         raise BadRequest(f"invalid {name}: {e}", name) from None
-    except DuplicateKey as e:
+    except (DuplicateKey, NotText) as e:
         raise BadRequest(f"invalid {what}: {e}", what) from None
     except (ValueError, RecursionError):  # bad JSON or UTF-8, deep nesting, huge integers
         raise BadRequest(message, what) from None

@@ -254,8 +254,9 @@ def bulk_elements(data: bytes, element_limit: int) -> list[bytes]:
     else:
         while True:
             try:
-                _, end = decoder.raw_decode(text, i)
-            except userjson.NotFinite as e:
+                value, end = decoder.raw_decode(text, i)
+                userjson.check_text(text[i:end], value)
+            except (userjson.NotFinite, userjson.DuplicateKey, userjson.NotText) as e:
                 raise BadRequest(f"invalid body: {e}", "body") from None
             except (ValueError, RecursionError):  # bad JSON, deep nesting, a 5,000-digit number
                 raise err from None
