@@ -34,17 +34,10 @@ local now, delay, nack, err = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4] == '
 local was_empty = redis.call('EXISTS', READY) == 0
 local seed, retried = tonumber(ARGV[5]), 0
 local out, lowered = {}, 0
--- Whether the job's ttl ends before it would be ready again: at `delay`'s end, or, released
--- (nack) without one, at its retry backoff's (r: the draw `retry` would be given).
-local function ends_first(rec, delay, nack, now, r)
+-- Whether the job's ttl ends before `delay` does (a retry backoff's end: lib/retry.lua retry).
+local function ends_first(rec, delay, now)
   local e = expire_at(rec)
-  if e == 0 then return false end
-  local wait = delay
-  if wait == 0 and nack then
-    local _, _, _, deliveries = header(rec)
-    wait = retry_wait(rec, deliveries, r)
-  end
-  return wait > 0 and now + wait >= e
+  return delay > 0 and e > 0 and now + delay >= e
 end
 for i = 7, #ARGV, 2 do
   local id, lease = ARGV[i], ARGV[i + 1]
@@ -69,7 +62,7 @@ for i = 7, #ARGV, 2 do
     elseif nack and tries == 0 then
       kill(id, DIED_NACKED, now, err)
       st = CODE.DEAD
-    elseif ends_first(rec, delay, nack, now, draw(seed, retried)) then
+    elseif ends_first(rec, delay, now) then
       drop(id, rec)
       redis.call('ZREM', EXPIRE, id)
       st = CODE.EXPIRED

@@ -1,7 +1,8 @@
 #!lua
 --[[
   READY or DELAYED (a wheel bucket included) -> DELAYED until `due`, or READY when `due` is not
-  after now: one job's new due time. A job resting in a wheel bucket moves into JOBS and the
+  after now (due now, then: a time already past is not kept, so its place in READY, its
+  lateness and the queue listing's agree): one job's new due time. A job resting in a wheel bucket moves into JOBS and the
   `delayed` zset (its id still names the bucket; every lookup by id looks in JOBS first).
   KEYS[1..16] queue: the queue's fixed keys, in the order of lib/keys.lua
   KEYS[17..] bucket...: the job's wheel bucket, when its id has one (0 or 1 key)
@@ -59,7 +60,7 @@ if due > now then
   lowered = math.max(lowered, lower_next(due))
   st = CODE.DELAYED
 else
-  make_ready(id, rec, due)
+  make_ready(id, rec, now) -- due now, as its record says: behind the jobs already due
   st = CODE.READY
 end
 notify(ARGV[5], was_empty)

@@ -54,9 +54,10 @@ local function draw(seed, k)
 end
 
 -- A job that failed an attempt and has tries left: back to READY at once, or, with a backoff,
--- into DELAYED until its next attempt (long-polls and META.next learn of it). Returns the
--- state it went to (CODE.READY or CODE.DELAYED) and, when it lowered META.next, that time
--- (else 0): the caller signals the shard with it.
+-- into DELAYED until its next attempt (long-polls and META.next learn of it); removed now
+-- (CODE.EXPIRED) when its ttl ends before that, rather than left to vanish unseen while it
+-- waits. Returns the state it went to (CODE.READY, CODE.DELAYED or CODE.EXPIRED) and, when it
+-- lowered META.next, that time (else 0): the caller signals the shard with it.
 local LATEST_DUE = 281474976710655 -- 2^48 - 1: the latest due time (a record's u48)
 
 local function retry(id, rec, now, r)
@@ -65,6 +66,12 @@ local function retry(id, rec, now, r)
   if wait > 0 then
     -- an uncapped exponential wait can pass any due time (base * 2^40 ~ 2^72 ms)
     local due = math.min(now + wait, LATEST_DUE)
+    local e = expire_at(rec)
+    if e > 0 and due >= e then
+      drop(id, rec)
+      redis.call('ZREM', EXPIRE, id)
+      return CODE.EXPIRED, 0
+    end
     delay_until(id, due)
     if lower_next(due) == 1 then return CODE.DELAYED, due end
     return CODE.DELAYED, 0
@@ -90,9 +97,9 @@ local function expire_reservations(now, limit, seed)
     else
       local _, _, tries = header(rec)
       if tries > 0 then
-        local _, low = retry(id, rec, now, draw(seed, back))
+        local st, low = retry(id, rec, now, draw(seed, back))
         lowered = earliest(lowered, low)
-        back = back + 1
+        if st == CODE.EXPIRED then gone = gone + 1 else back = back + 1 end
       else
         kill(id, DIED_TTR, now, '')
         dead = dead + 1

@@ -116,3 +116,20 @@ def test_a_job_rescheduled_to_the_time_its_id_says_is_unchanged_byte_for_byte(
     e.run(control.reschedule_job(cfg, NS, Q, pub.job_id, T + 2 * DELAY, T + 2))
     assert stored(sync_redis, pub.job_id) == replace(want, due_ms=T + 2 * DELAY)
     check_queue(sync_redis, NS, Q)
+
+
+def test_a_job_rescheduled_into_the_past_is_due_now_behind_the_jobs_already_due(
+    sync_engine: SyncEngine, sync_redis: redis.Redis
+) -> None:
+    """Its record said "due now" (its lateness) while its READY score kept the past time: it
+    went ahead of the jobs already due, and the queue listing's oldest due time and lateness
+    (read from the score) counted from the past (from 1970, for ``at=0``)."""
+    flush(sync_redis)
+    e, cfg = sync_engine, sync_engine.config
+    first, moved = e.run(ops.publish(cfg, NS, Q, [JobSpec(b"a"), JobSpec(b"b")], T))
+    e.run(control.reschedule_job(cfg, NS, Q, moved.job_id, 0, T + 10))
+    looked = e.run(ops.peek_job(NS, Q, moved.job_id))
+    assert looked is not None and (looked.due_ms, looked.scheduled_ms) == (T + 10, T + 10)
+    got = e.run(ops.consume(cfg, NS, (Q,), 30_000, 2, T + 20))
+    assert [j.job_id for j in got] == [first.job_id, moved.job_id]
+    check_queue(sync_redis, NS, Q)

@@ -436,6 +436,27 @@ async def test_a_job_released_past_its_ttl_is_expired_now_not_left_to_vanish(
     check_queue(sync_redis, NS, Q)
 
 
+async def test_a_ttr_expiry_whose_backoff_passes_the_ttl_expires_the_job_now(
+    engine: AsyncEngine, sync_redis: redis.Redis
+) -> None:
+    """As a release: a reservation that ran out, whose retry backoff would end at or after the
+    job's ttl, removes the job (counted as expired), and one a millisecond sooner waits."""
+    t = now_ms()
+    spec = JobSpec(b"j", tries=3, ttl_ms=10_000, backoff=Backoff(1, 5_000, 0, 0))
+    a, b = await publish(engine, t, spec, spec)
+    assert len(await consume(engine, t, ttr=1_000, count=2)) == 2
+    # the reservations ran out at t + 1_000; the one found at t + 4_999 waits until t + 9_999
+    op = ops.touch(engine.config, NS, Q, b, 4_001, t + 999)
+    assert await engine.run(op)  # b's ttr now ends at t + 5_000
+    assert await consume(engine, t + 4_999) == []  # a: backoff to t + 9_999, before its ttl
+    assert (await sizes(engine)).delayed == 1
+    assert await consume(engine, t + 5_000) == []  # b: backoff to t + 10_000, its ttl's end
+    assert await engine.run(ops.peek_job(NS, Q, b)) is None
+    (j,) = await consume(engine, t + 9_999)
+    assert j.job_id == a
+    check_queue(sync_redis, NS, Q)
+
+
 async def test_touch_moves_the_ttr_deadline_of_a_reserved_job_only(
     engine: AsyncEngine, sync_redis: redis.Redis
 ) -> None:

@@ -140,9 +140,12 @@ class Model(GroupRules, KeyedRules):
 
     def retry(self, j: MJob, now: int) -> None:
         """lib/retry.lua retry: a failed attempt with tries left waits out its backoff (its
-        own, else its queue's; jitter 0 here) in DELAYED, or is READY at once."""
+        own, else its queue's; jitter 0 here) in DELAYED, or is READY at once; gone when its
+        ttl ends before the backoff does."""
         wait = self.retry_wait(j)
-        if wait > 0:
+        if wait > 0 and j.expire_at and now + wait >= j.expire_at:
+            self.gone(j)
+        elif wait > 0:
             j.state, j.due = DELAYED, now + wait
         else:
             self.make_ready(j, now)
@@ -322,7 +325,7 @@ class Model(GroupRules, KeyedRules):
         if due > now:
             j.state, j.due = DELAYED, due
         else:
-            self.make_ready(j, due)
+            self.make_ready(j, now)
         return ""
 
     def reserve(
