@@ -38,13 +38,17 @@ class Guard:
         """The pool the request's token routes ``ns`` to, names checked first; else 400, 401
         or 404 (an unknown pool). A publish's keys the route does not ``take`` (a dedup key,
         an Idempotency-Key) are a 400 naming them, not ignored."""
+        route = await self.route(request, ns, q)
+        params.refuse_keys(request, takes)
+        return route
+
+    async def route(self, request: Request, ns: str, q: str | None = None) -> PoolRoute[RedisPool]:
+        """``auth`` without the publish keys' check: names, then the token."""
         params.check_names(ns, q)
         token = params.token(request)
         if token and not well_formed_raw(token):
             raise Unauthorized("invalid token")  # by its shape: no lookup, nothing cached
-        route = await self.service.authorize(token, ns)
-        params.refuse_keys(request, takes)
-        return route
+        return await self.service.authorize(token, ns)
 
 
 class Handlers:

@@ -675,4 +675,12 @@ def test_a_method_a_route_does_not_take_asks_for_the_token_first(
     assert r.status_code != 401, r.text
     if r.status_code == 405:
         assert r.headers["allow"], r.headers
+        # a publish's keys on a method the path does not take: still its 405, not a 400
+        keyed = httpx.request(
+            method,
+            url,
+            params={"dedup_key": "k"},
+            headers={"X-Token": token, "Idempotency-Key": "i"},
+        )
+        assert keyed.status_code == 405, keyed.text
     assert httpx.request(method, f"{own_service.base}/openapi.json").status_code in (200, 405)
