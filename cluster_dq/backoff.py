@@ -18,7 +18,7 @@ MAX_DOUBLINGS = 40  # 2^40 times any base is past any cap: no overflow, same in 
 SECTION = struct.Struct(">BIIH")  # kind, base ms, cap ms (0 = none), jitter in thousandths
 GOLDEN = 0.6180339887498949
 _DIGITS = re.compile(r"[0-9]{1,20}")
-_DECIMAL = re.compile(r"(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE]-?[0-9]{1,3})?")
+_DECIMAL = re.compile(r"(?:[0-9]{1,20}(?:\.[0-9]{0,40})?|\.[0-9]{1,40})(?:[eE][-+]?[0-9]{1,3})?")
 
 
 @dataclass(frozen=True, slots=True)

@@ -308,6 +308,7 @@ def test_republish_counts_as_a_write(api: httpx.Client, admin: httpx.Client, tok
         ("backoff=fixed&backoff_ms=10&backoff_jitter=%D9%A0.%D9%A5", "backoff_jitter"),
         ("backoff=fixed&backoff_ms=10&backoff_jitter=0.5%20", "backoff_jitter"),
         ("backoff=fixed&backoff_ms=10&backoff_jitter=+0.5", "backoff_jitter"),
+        ("backoff=fixed&backoff_ms=10&backoff_jitter=-0.0", "backoff_jitter"),
     ],
     ids=[
         "superscript",
@@ -323,6 +324,7 @@ def test_republish_counts_as_a_write(api: httpx.Client, admin: httpx.Client, tok
         "jitter-arabic",
         "jitter-space",
         "jitter-plus",
+        "jitter-minus-zero",
     ],
 )
 @pytest.mark.usefixtures("no_traceback")
@@ -683,3 +685,18 @@ def test_headers_are_held_to_the_querys_rules(
     assert r.status_code == status, r.text
     assert says in r.json()["error"], r.text
     assert sizes(api)["size"] == 0
+
+
+@pytest.mark.parametrize(
+    "jitter", ["1e%2B00", "5.000000e-01", "0.000012345678901234567", "1.", ".25", "1e-05"]
+)
+def test_a_jitter_written_as_other_languages_write_a_number_is_taken(
+    api: httpx.Client, jitter: str
+) -> None:
+    """Go's and C's %e write an exponent's sign (1e+00); Go's shortest form writes more than
+    20 fraction digits; a JSON -0.0 is 0 (the settings' schema says minimum 0)."""
+    r = api.put(f"/api/ns/jit?backoff=fixed&backoff_ms=10&backoff_jitter={jitter}", content=b"x")
+    assert r.status_code == 201, r.text
+    body = {"backoff": "fixed", "backoff_ms": 100, "backoff_jitter": -0.0}
+    r = api.patch("/api/ns/jit/settings", json=body)
+    assert r.status_code == 200 and r.json()["backoff_jitter"] == 0, r.text
