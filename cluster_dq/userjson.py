@@ -89,16 +89,31 @@ def _finite_int(text: str) -> bool:
     return len(text) < 309 or math.isfinite(float(text))
 
 
+# 309 digits in a row: only then can an integer be beyond a double's range (looked for in the
+# raw text, in C, so that a bulk publish pays no call per integer)
+_LONG_DIGITS = re.compile(r"[0-9]{309}")
+
+
 def _int(text: str) -> int:
     if not _finite_int(text):
         raise NotFinite(text)
     return int(text)
 
 
-# One decoder (the C scanner takes the hooks): ``raw_decode`` for the bulk publish's elements.
-DECODER = json.JSONDecoder(
-    parse_constant=_constant, parse_float=_float, parse_int=_int, object_pairs_hook=_unique
-)
+_INTS = json.JSONDecoder(parse_int=_int)
+
+
+def check_ints(raw: str) -> None:
+    """``NotFinite`` when the JSON text ``raw`` holds an integer beyond a double's range: read
+    again with a check of each integer, but only when it has 309 digits in a row somewhere (in
+    a string too, which is no such integer)."""
+    if _LONG_DIGITS.search(raw):
+        _INTS.decode(raw)
+
+
+# One decoder (the C scanner takes the hooks): ``raw_decode`` for the bulk publish's elements,
+# whose text is given to ``check_ints`` and ``check_text``.
+DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float, object_pairs_hook=_unique)
 _MARK = object()  # where a number JSON cannot carry was, while ``loads`` finds its field
 
 

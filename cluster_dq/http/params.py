@@ -255,6 +255,7 @@ def bulk_elements(data: bytes, element_limit: int) -> list[bytes]:
         while True:
             try:
                 value, end = decoder.raw_decode(text, i)
+                userjson.check_ints(text[i:end])
                 userjson.check_text(text[i:end], value)
             except (userjson.NotFinite, userjson.DuplicateKey, userjson.NotText) as e:
                 raise BadRequest(f"invalid body: {e}", "body") from None
