@@ -7,10 +7,11 @@ import asyncio
 import inspect
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from cluster_dq.client._runner import Pool
+from cluster_dq.client._runner import Pool, started
 from cluster_dq.client.models import Job
 from cluster_dq.client.outcomes import TimeLimitExceeded, seconds_text
 
@@ -45,7 +46,8 @@ async def call_handler(
     """``handler(job)``: awaited on the loop when ``executor`` is None, else in one of its
     threads or processes; past ``limit`` seconds, ``TimeLimitExceeded`` (an async handler
     cancelled, a sync one abandoned in its thread, which the executor replaces, or its
-    process killed)."""
+    process killed). A sync handler's limit counts from when its thread or process began it:
+    a call waiting for one (all of them busy) is not timed yet."""
     if executor is None:
         if limit is None:
             return await handler(job)
@@ -61,7 +63,14 @@ async def call_handler(
         return await asyncio.wrap_future(running)
     waiting = asyncio.wrap_future(running)
     try:
-        done, _ = await asyncio.wait({waiting}, timeout=limit)
+        while True:
+            began = started(running)
+            left = limit if began is None else began + limit - time.monotonic()
+            done, _ = await asyncio.wait({waiting}, timeout=max(left, 0))
+            if done or (
+                (began := started(running)) is not None and began + limit <= time.monotonic()
+            ):
+                break
     except asyncio.CancelledError:
         running.cancel()  # (a call not started yet never starts)
         raise

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from cluster_dq.client._child import GOT, READY, child_main
-from cluster_dq.client._runner import DaemonThreads, Pool, cancel_waiting
+from cluster_dq.client._runner import DaemonThreads, Pool, cancel_waiting, start
 
 log = logging.getLogger("cluster_dq.worker")
 STOP_GRACE = 5.0  # seconds a retiring child gets to end on its own before it is killed
@@ -196,7 +196,7 @@ class ProcessPool(Executor):
                     child = None
                 child = child or self._start(name)
                 with self._lock:  # (abandon() takes it too: a call it sees running has a child)
-                    if not future.set_running_or_notify_cancel():
+                    if not start(future):
                         continue
                     if child is not None:
                         self._running[future] = child

@@ -10,6 +10,8 @@ import asyncio
 import logging
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -21,6 +23,24 @@ CANCEL_GRACE = 1.0  # seconds the tasks left when a loop ends get to end once ca
 
 busy: set[threading.Thread] = set()  # threads of ours running a call now
 abandoned: list[asyncio.Task[Any]] = []  # tasks still running when their loop was closed
+
+# When each call a pool started began (``time.monotonic()``): a time limit counts from there,
+# not from the call's submission, which may wait for a thread or a process to be free.
+_started: weakref.WeakKeyDictionary[Future[Any], float] = weakref.WeakKeyDictionary()
+
+
+def start(future: Future[Any]) -> bool:
+    """``future.set_running_or_notify_cancel()``, noting when the call began (``started``)."""
+    if not future.set_running_or_notify_cancel():
+        return False
+    _started[future] = time.monotonic()
+    return True
+
+
+def started(future: Future[Any]) -> float | None:
+    """When the pool began the call (``time.monotonic()``); None while it waits its turn."""
+    return _started.get(future)
+
 
 _Call = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
@@ -73,7 +93,7 @@ class DaemonThreads(Executor):
         while (call := self._work.get()) is not None:
             future, fn, args, kwargs = call
             del call
-            if future.set_running_or_notify_cancel():
+            if start(future):
                 busy.add(me)
                 try:
                     result = fn(*args, **kwargs)

@@ -37,6 +37,7 @@ from cluster_dq.client.outcomes import (
     Retry,
     Snooze,
     Snoozed,
+    TimeLimitExceeded,
     clip,
     decide,
 )
@@ -1026,6 +1027,34 @@ def test_the_thread_pool_never_runs_a_call_it_could_not_start_a_thread_for(
     assert not pool.abandon(second) and pool.abandoned() == 1  # at most size (1) at once
     gate.set()
     pool.shutdown()
+
+
+async def test_a_time_limit_counts_from_when_the_handler_starts_not_while_it_waits() -> None:
+    """A sync handler's call waits for a thread when all are busy: its time limit counted from
+    its submission, so a quick job queued behind a slow one was killed without ever running
+    (TimeLimitExceeded, a try spent). It counts from the start; a handler that then overruns
+    is still stopped."""
+    from cluster_dq.client._call import call_handler
+    from cluster_dq.client._runner import DaemonThreads
+    from cluster_dq.client.testing import make_job
+
+    ran: list[bytes] = []
+
+    def handler(job: Job) -> str:
+        ran.append(job.body)
+        time.sleep(float(job.body.decode().split(":")[1]))
+        return job.body.decode()
+
+    pool = DaemonThreads(1, "t")
+    try:
+        slow = call_handler(handler, make_job(b"slow:0.5"), pool, 2.0)
+        quick = call_handler(handler, make_job(b"quick:0"), pool, 0.2)  # waits ~0.5 s
+        assert await asyncio.gather(slow, quick) == ["slow:0.5", "quick:0"]
+        with pytest.raises(TimeLimitExceeded):
+            await call_handler(handler, make_job(b"over:0.6"), pool, 0.2)
+    finally:
+        pool.shutdown(wait=False)
+    assert ran == [b"slow:0.5", b"quick:0", b"over:0.6"]
 
 
 def test_a_jobs_time_limit_attribute_is_plain_seconds() -> None:
