@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import weakref
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 OUTCOMES = ("acked", "released", "snoozed", "buried", "lost", "failed")
 _sets: weakref.WeakKeyDictionary[CollectorRegistry, WorkerMetrics] = weakref.WeakKeyDictionary()
@@ -53,3 +60,12 @@ def metrics_for(registry: CollectorRegistry | None) -> WorkerMetrics:
     if found is None:
         found = _sets[reg] = WorkerMetrics(reg)
     return found
+
+
+def serve(port: int) -> None:
+    """``/metrics`` on 127.0.0.1:``port`` (the worker command's ``--metrics-port``); a port
+    taken, or not ours to take, ends the command with one line, no traceback."""
+    try:
+        start_http_server(port, addr="127.0.0.1")
+    except OSError as e:
+        raise SystemExit(f"error: --metrics-port {port}: {e.strerror}") from None

@@ -139,14 +139,15 @@ def decide(
     """The outcome of a handler that returned ``returned`` or raised ``exc`` (any
     exception; the cancellation of its task and interpreter exits are the caller's business,
     see above). A return value that is not JSON, or over the service's 4,096 bytes, is the
-    handler's error."""
+    handler's error, and so is one whose encoding raises (a ``dict`` whose ``items()`` fails):
+    ``decide`` never raises, so no job is left held for want of an outcome."""
     if exc is None:
         if returned is None:
             return Acked()
         try:
             size = len(json_text(returned))  # as the service measures it
-        except (TypeError, ValueError, RecursionError) as e:  # RecursionError: too deep
-            return Released(error=clip(f"result is not JSON: {type(e).__name__}: {e}"))
+        except Exception as e:  # TypeError, ValueError, RecursionError (too deep), its own
+            return Released(error=clip(f"result is not JSON: {describe(e)}"))
         if size > MAX_RESULT:
             return Released(error=f"result too large: {size} bytes of JSON (max {MAX_RESULT})")
         return Acked(returned)
@@ -158,8 +159,8 @@ def decide(
             return Released(delay, None if exc.error is None else clip(exc.error))
         if isinstance(exc, Bury):
             return Buried(clip(exc.reason))
-    except (AttributeError, ValueError):  # a subclass that skipped its base's __init__, or
-        return Released(error=describe(exc))  # set a bad delay: the handler's error
+    except Exception:  # a subclass that skipped its base's __init__, or set a bad delay, or
+        return Released(error=describe(exc))  # whose attributes raise: the handler's error
     if bury_on and isinstance(exc, bury_on):
         return Buried(describe(exc))
     return Released(error=describe(exc))

@@ -148,6 +148,8 @@ class Worker(IteratorForm):
         )
         if not all(_is_async(mw) for mw in middleware):
             raise ValueError("middleware: async def mw(job, call_next) each")
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in self.bury_on):
+            raise ValueError(f"bury_on: exception classes, not {self.bury_on!r}")
         self.middleware = list(middleware)
         self.on_startup, self.on_shutdown = on_startup, on_shutdown
         self._started = False  # on_startup went through: on_shutdown is owed
@@ -185,6 +187,8 @@ class Worker(IteratorForm):
     def handler(self, fn: Handler) -> Handler:
         """Sets the handler (usable as a decorator): ``async def`` runs on the loop, a plain
         function in a thread. Returns ``fn`` unchanged."""
+        if not callable(fn):
+            raise ValueError(f"the handler must be callable, not {type(fn).__name__}")
         self._handler, self._async = fn, _is_async(fn)
         return fn
 
@@ -558,10 +562,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.metrics_port is not None:
-        from prometheus_client import start_http_server
+    if args.metrics_port is not None:  # (prometheus_client imported only then)
+        from cluster_dq.client._wmetrics import serve
 
-        start_http_server(args.metrics_port, addr="127.0.0.1")
+        serve(args.metrics_port)
     sys.path.insert(0, "")  # handlers are found from the current directory, as python -m does
     code: int = 0
     try:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -1055,6 +1056,33 @@ async def test_a_time_limit_counts_from_when_the_handler_starts_not_while_it_wai
     finally:
         pool.shutdown(wait=False)
     assert ran == [b"slow:0.5", b"quick:0", b"over:0.6"]
+
+
+def test_what_a_worker_cannot_use_is_refused_when_it_is_made_and_an_outcome_never_raises() -> None:
+    """A result whose encoding raised something but TypeError or ValueError, and a ``bury_on``
+    entry that is no exception class, raised out of the job's task: the job stayed reserved,
+    heartbeats renewing it, its slot lost, nothing logged. A handler that is no function was
+    taken and failed on every job. A ``--metrics-port`` taken ended in a traceback."""
+
+    class Broken(dict):  # type: ignore[type-arg]
+        def items(self) -> Any:
+            raise RuntimeError("no items")
+
+    out = decide(Broken(a=1))
+    assert isinstance(out, Released) and "RuntimeError: no items" in (out.error or ""), out
+    client = AsyncClient("http://127.0.0.1:1", "t", "n")
+    with pytest.raises(ValueError, match="bury_on"):
+        Worker(client, "q", bury_on=("ValueError",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="callable"):
+        Worker(client, "q", "not a function")  # type: ignore[arg-type]
+    from cluster_dq.client.worker import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit, match=f"--metrics-port {port}"):
+            main(["h:f", "-q", "q", "--metrics-port", str(port)])
 
 
 def test_a_jobs_time_limit_attribute_is_plain_seconds() -> None:
