@@ -34,7 +34,9 @@ from cluster_dq.client.models import Backoff, Job, Publication, Sizes
 T = TypeVar("T")
 ONCE = Safety.ONCE
 ATTR_KEY = re.compile(r"[-_A-Za-z0-9]{1,32}")
-ATTR_VALUE = re.compile(r"[\x20-\x7e]*")  # what an HTTP header carries as it is
+# what an HTTP header carries as it is: printable ASCII, no space at either end (a field's
+# value does not include them: the service would keep the value without them, h11 refuses it)
+ATTR_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?")
 
 
 def traced(call: Call[T], span: tracing.Span) -> Call[T]:
@@ -253,13 +255,20 @@ def _idempotency(headers: dict[str, str], key: str | None) -> None:
 
 def _attribute_headers(attributes: Mapping[str, str] | None) -> dict[str, str]:
     headers: dict[str, str] = {}
+    if attributes is not None and not isinstance(attributes, Mapping):
+        raise ValueError(
+            f"attributes: a mapping of names to values, not {type(attributes).__name__}"
+        )
     if attributes:
         headers["Enable-Job-Version"] = "YES"
         for k, val in attributes.items():
             if not isinstance(k, str) or not ATTR_KEY.fullmatch(k):
                 raise ValueError(f"attribute key {k!r}: 1 to 32 characters of [-_A-Za-z0-9]")
             if not isinstance(val, str) or not ATTR_VALUE.fullmatch(val):
-                raise ValueError(f"attribute {k}: the value must be printable ASCII, not {val!r}")
+                raise ValueError(
+                    f"attribute {k}: the value must be printable ASCII with no space at either "
+                    f"end, not {val!r}"
+                )
             headers[f"Job-Attr-{k}"] = val
     return headers
 

@@ -89,6 +89,22 @@ async def test_a_time_above_zero_is_never_sent_as_zero(dq: Any) -> None:
     assert job is not None and job.ttl == 0
 
 
+@pytest.mark.parametrize("cls", [Client, AsyncClient])
+def test_an_attribute_the_service_would_not_keep_as_given_is_refused_before_sending(
+    cls: type,
+) -> None:
+    """An attribute value with a space at either end: the sync client sent nothing (h11
+    refused the header) but raised TransportError(sent=True), "maybe applied"; the async one
+    sent it and the service kept it stripped. A list of pairs was an AttributeError."""
+    c = cls("http://127.0.0.1:1", "t" * 24, NS)
+    bad: list[Any] = [{"k": " 1"}, {"k": "1 "}, {"k": "\t1"}, [("a", "b")]]
+    for attributes in bad:
+        with pytest.raises(ValueError, match="attribute"):
+            result = c.publish("q", b"x", attributes=attributes)
+            if asyncio.iscoroutine(result):
+                asyncio.run(result)
+
+
 async def test_a_sweeps_sub_millisecond_bounds_never_widen_it(dq: Any) -> None:
     """``from``/``to`` are inclusive whole ms: ``since`` must round up, ``until`` down. Rounded
     to the nearest, ``purge(until=died_at - 0.0004)`` purged the job that died 0.4 ms after
