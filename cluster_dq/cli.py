@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import math
 import re
 import sys
 import time
@@ -198,6 +197,7 @@ def _pipeline(s: Settings, args: argparse.Namespace) -> int:
 # -- argument types of the operator commands -------------------------------------------------
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+LATEST_S = (2**48 - 1) // 1000  # the latest time the service takes (Unix ms in a u48), whole s
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -216,8 +216,12 @@ def when_arg(text: str) -> float:
                 " or 2h / 30m"
             ) from None
         seconds = at.timestamp()
-    if not 0 <= seconds < math.inf:  # NaN included: what the client sends, so a dry run too
-        raise argparse.ArgumentTypeError(f"{text!r} is not a time at or after 1970-01-01 UTC")
+    # NaN included; and no later than the service takes (a due time's u48 of ms), so that a dry
+    # run refuses what the real run would
+    if not 0 <= seconds <= LATEST_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time from 1970-01-01 UTC to the year 10889 (2^48 - 1 ms)"
+        )
     return seconds
 
 
