@@ -6,9 +6,10 @@ Python's ``json`` reads ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON) and r
 beyond a float's range (``1e999``) as infinity. Stored, such a value is written back as
 ``Infinity``, which no JSON reader accepts, the service's own answers included: refused here,
 it is a 400 naming the parameter, and nothing is written. So is an integer beyond a double's
-range (``1`` and 400 zeros: Python keeps it exactly, a reader on doubles gets infinity), an
-object that names a key twice, and a string holding a lone surrogate (``"\\ud800"``: no
-Unicode text, and not UTF-8 once written out). No I/O.
+range (``1`` and 400 zeros: Python keeps it exactly, a reader on doubles gets infinity), and
+an object that names a key twice. A string holding a lone surrogate (``"\\ud800"``: no
+Unicode text, and not UTF-8 once written out) is refused by each reader that keeps a text
+(``check_text`` for a bulk publish's elements; the others name their field). No I/O.
 """
 
 from __future__ import annotations
@@ -140,7 +141,6 @@ def loads(data: bytes | str) -> Any:
     )
     if found:
         raise NotFinite(found[0], _field_of(value))
-    check_text(data, value)
     return value
 
 
@@ -167,7 +167,7 @@ def parse(data: bytes | str, what: str, message: str, by_field: bool = False) ->
     except NotFinite as e:
         name = e.field if by_field and e.field else what
         raise BadRequest(f"invalid {name}: {e}", name) from None
-    except (DuplicateKey, NotText) as e:
+    except DuplicateKey as e:
         raise BadRequest(f"invalid {what}: {e}", what) from None
     except (ValueError, RecursionError):  # bad JSON or UTF-8, deep nesting, huge integers
         raise BadRequest(message, what) from None

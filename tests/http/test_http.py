@@ -445,9 +445,9 @@ def test_a_number_json_cannot_carry_is_a_400_naming_the_parameter_on_every_json_
 def test_json_holding_a_key_twice_or_a_lone_surrogate_is_a_400(
     api: httpx.Client, sync_redis: redis.Redis, path: str, body: str
 ) -> None:
-    """A bulk publish's elements were read without the strict rule's key check, and no JSON
-    read refused a lone surrogate (no Unicode text: not UTF-8 once written out); a pair, and
-    an escaped backslash before ``ud800``, are text."""
+    """A bulk publish's elements were read without the strict rule's key check, and took a
+    lone surrogate (no Unicode text), which a progress already refused; a pair, and an escaped
+    backslash before ``ud800``, are text."""
     jid = api.put("/api/ns/q", content=b"keep").json()["job_id"]
     lease = api.get("/api/ns/q", params={"ttr": 60}).json()["lease"]
     url = path.replace("@JID@", jid)
