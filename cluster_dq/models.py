@@ -52,9 +52,10 @@ MAX_NOTE_BYTES = 4096
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _WHEEL_ID_RE = re.compile(r"\A[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
-# A schedule's occurrence id (schedules.occurrence_id: ``s-<name>-<ms>``, ms of 13 digits until
-# the year 2286): kept for the schedules, so that no publish can take an occurrence's place
-OCCURRENCE_ID_RE = re.compile(r"\As-[-_A-Za-z0-9]+-[0-9]{13}\Z")
+# A schedule's occurrence id (schedules.occurrence_id: ``s-<name>-<ms>``; an occurrence is never
+# before now, so its ms has 13 digits until the year 2286, and 15 at the latest start_ms, 2^47):
+# kept for the schedules, so that no publish can take an occurrence's place
+OCCURRENCE_ID_RE = re.compile(r"\As-[-_A-Za-z0-9]+-[0-9]{13,15}\Z")
 
 HEADER = struct.Struct(">6s6sHHBB")
 HEADER_SIZE = HEADER.size  # 18
@@ -489,7 +490,8 @@ def validate_spec(spec: JobSpec) -> None:
         )
     if spec.job_id is not None and OCCURRENCE_ID_RE.fullmatch(spec.job_id):
         raise BadRequest(
-            "invalid job_id: s-<name>-<13 digits> is the id of a schedule's occurrence", "job_id"
+            "invalid job_id: s-<name>-<13 to 15 digits> is the id of a schedule's occurrence",
+            "job_id",
         )
 
 

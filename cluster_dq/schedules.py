@@ -132,12 +132,17 @@ class Schedule:
         return next(self.occurrences(after_ms), NEVER)
 
 
+_SHORTENED = re.compile(r".{24}-[0-9a-f]{16}")  # a long name as ``occurrence_id`` shortens it
+
+
 def occurrence_id(name: str, at_ms: int) -> str:
     """The job id of occurrence ``at_ms``: ``s-<name>-<ms>``, or with a long name
     ``s-<name's first 24 chars>-<8 bytes of its sha1>-<ms>`` (at most 64 chars). It starts
-    with ``s-``, so it is a client id (``models.is_client_id_valid``), never a server id."""
+    with ``s-``, so it is a client id (``models.is_client_id_valid``), never a server id. A
+    name shaped as a shortened one (24 characters, ``-``, 16 hex digits) is shortened too:
+    its own ids would be those of the long name it looks like shortened."""
     out = f"s-{name}-{at_ms}"
-    if len(out) <= CLIENT_ID_MAX_LEN:
+    if len(out) <= CLIENT_ID_MAX_LEN and not _SHORTENED.fullmatch(name):
         return out
     digest = hashlib.sha1(name.encode()).hexdigest()[:16]
     return f"s-{name[:24]}-{digest}-{at_ms}"

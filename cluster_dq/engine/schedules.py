@@ -99,7 +99,8 @@ def put(
                 state = _paused(schedule, old, paused, now)
             else:
                 fresh = State.fresh(schedule, now, paused)
-                state = fresh.with_(fired=old.fired, missed=old.missed)
+                passed = 0 if old.paused else _passed(old_def, old.next_ms, now)
+                state = fresh.with_(fired=old.fired, missed=old.missed + passed)
         done, count = yield from _set(qk, schedule.name, raw, state.encode(), definition)
         if done:
             yield from _set_timer(cfg, ns, q, schedule.name, state.due_at())
@@ -109,6 +110,18 @@ def put(
                 f"too many schedules in this queue (at most {MAX_SCHEDULES_PER_QUEUE})", "name"
             )
     raise _busy()
+
+
+MOST_COUNTED = 10_000  # occurrences a change of definition counts missed, at most
+
+
+def _passed(schedule: Schedule, next_ms: int, now: int) -> int:
+    """Occurrences of ``schedule`` from ``next_ms`` (its next, not fired) up to ``now``: those
+    a change of definition leaves unfired, counted missed (at most ``MOST_COUNTED``)."""
+    n, t = 0, next_ms
+    while t <= now and n < MOST_COUNTED:
+        n, t = n + 1, schedule.next_after(t)
+    return n
 
 
 def _paused(schedule: Schedule, state: State, paused: bool, now: int) -> State:

@@ -33,7 +33,7 @@ from cluster_dq.firing import Firer
 from cluster_dq.pump import Pump
 from cluster_dq.settings import PoolSettings
 from cluster_dq.keys import QueueKeys, ShardKeys, shard_of
-from cluster_dq.models import is_client_id_valid, decode_id
+from cluster_dq.models import OCCURRENCE_ID_RE, decode_id, is_client_id_valid
 from cluster_dq.localredis import Server
 from cluster_dq.pools import close_client, make_client
 from cluster_dq.schedules import (
@@ -266,6 +266,40 @@ def _expected(schedule: Schedule, after: int, until: int) -> list[str]:
             return out
         out.append(occurrence_id(schedule.name, t))
     raise AssertionError
+
+
+async def test_a_changed_definition_counts_the_old_ones_due_occurrences_missed(
+    engines: tuple[FaultyEngine, FaultyEngine, Clock],
+) -> None:
+    """A changed definition starts again after now: the old one's occurrences that were due
+    and not fired yet were dropped silently (fired and missed unchanged). They are counted
+    missed; a paused schedule's are not (a resume skips them as well)."""
+    a, _, clock = engines
+    old = Schedule("chg", _template(), every_ms=1_000)
+    assert (await _put(a, old)).next_ms == clock.t + 1_000
+    clock.t += 2_500  # occurrences at +1_000 and +2_000 due, no firer ran
+    new = Schedule("chg", _template(), every_ms=2_000)
+    state = await _put(a, new)
+    assert (state.missed, state.fired, state.next_ms) == (2, 0, clock.t + 1_500)
+    await _put(a, new, paused=True)
+    clock.t += 10_000
+    newer = Schedule("chg", _template(), every_ms=3_000)
+    assert (await _put(a, newer, paused=True)).missed == 2  # paused: nothing was due
+
+
+def test_a_name_shaped_as_a_shortened_one_has_ids_of_its_own() -> None:
+    """A 41-character name equal to a long name's shortened form (its first 24 characters,
+    ``-``, 16 hex of its sha1) had the long name's occurrence ids: the two schedules shared
+    them, one published nothing while counting every occurrence fired."""
+    import hashlib
+
+    long = "L" * 30 + "x" * 20
+    lookalike = long[:24] + "-" + hashlib.sha1(long.encode()).hexdigest()[:16]
+    assert occurrence_id(long, T0) != occurrence_id(lookalike, T0)
+    assert occurrence_id("short", T0) == f"s-short-{T0}"
+    for name in (long, lookalike, "a" * 30):
+        assert OCCURRENCE_ID_RE.fullmatch(occurrence_id(name, T0)), name
+        assert OCCURRENCE_ID_RE.fullmatch(occurrence_id(name, 2**47)), name
 
 
 async def test_every_occurrence_is_published_once_with_competing_firers_and_a_leader_change(
@@ -599,17 +633,19 @@ def test_a_publish_cannot_take_a_schedules_occurrence_id(
     """An occurrence's id (``s-<name>-<ms>``) given as a publish's ``job_id`` would take that
     occurrence's place: its body delivered, the schedule's own job never published though
     counted as fired. Refused (400 naming ``job_id``), nothing written; an id of that shape
-    but for the 13 digits is a client id like any other."""
+    but for the 13 to 15 digits (an occurrence is never before now, nor after 2^47 ms) is a
+    client id like any other."""
     r = api.put(f"/api/{NS}/{Q}/schedules/sx", json={"every_ms": 2_000, "job": {"body": "real"}})
     assert r.status_code == 201, r.text
     at = api.get(f"/api/{NS}/{Q}/schedules/sx").json()["next_at_ms"]
     before = _raw(sync_redis), sync_redis.hlen(QueueKeys(NS, Q).jobs)
-    for forged in [occurrence_id("sx", at + 2_000), occurrence_id("n" * 40, at)]:
+    far = occurrence_id("sx", 2**47)  # the latest start_ms: 15 digits
+    for forged in [occurrence_id("sx", at + 2_000), occurrence_id("n" * 40, at), far]:
         r = api.put(f"/api/{NS}/{Q}", params={"job_id": forged}, content=b"forged")
         assert r.status_code == 400, r.text
         assert "job_id" in r.json()["error"] and "schedule" in r.json()["error"]
     assert (_raw(sync_redis), sync_redis.hlen(QueueKeys(NS, Q).jobs)) == before
-    for fine in ["s-sx-2000", "s-sx-17954667000001", "sx-1795466700000"]:
+    for fine in ["s-sx-2000", "s-sx-1795466700000000", "sx-1795466700000"]:
         r = api.put(f"/api/{NS}/{Q}", params={"job_id": fine}, content=b"mine")
         assert r.status_code == 201, (fine, r.text)
     api.delete(f"/api/{NS}/{Q}/schedules/sx")
