@@ -125,7 +125,8 @@ class QueueFull(ClusterDQError):
     def __init__(self, ns: str, q: str, max_size: int | None = None) -> None:
         limit = f" ({max_size} jobs)" if max_size is not None else ""
         super().__init__(
-            f"queue {ns}/{q} is full: it holds its max_size{limit}; nothing was published"
+            f"queue {ns}/{q} is full: the request would take it past its max_size{limit}; "
+            "nothing was published"
         )
 
 

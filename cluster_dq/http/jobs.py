@@ -296,7 +296,10 @@ def job_operations(s: Settings) -> list[Op]:
     full = reply(
         "the token's rate limit (msg), or the queue holds its max_size (error): nothing written",
         EITHER,
-        {"error": "queue demo/orders is full: it holds its max_size; nothing was published"},
+        {
+            "error": "queue demo/orders is full: the request would take it past its "
+            "max_size; nothing was published"
+        },
     )
     write = {**GUARDED, 201: PUBLISHED, 413: E413, 429: full}
     peeked = reply("the job; nothing changes", ref("Job"), PEEKED_EXAMPLE)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from cluster_dq import metrics
+from cluster_dq import metrics, names
 from cluster_dq.engine import commands as ops
 from cluster_dq.engine import control
 from cluster_dq.engine.commands import Op
@@ -79,7 +79,7 @@ class JobControl(ServiceCore):
         """One page of the dead letter, oldest death first, and the cursor of the next (None:
         done). A job that stays dead during a walk is listed exactly once."""
         reads = route.place(ns, q).reads
-        index, after, _ = _parse_cursor(cursor, len(reads))
+        index, after, _ = _parse_cursor(cursor, len(reads), sweep=False)
         pool = reads[index]
         page, nxt = await self._run(pool, control.dead_page(ns, q, after, limit), idempotent=True)
         return page, _next_cursor(index, nxt, len(reads))
@@ -179,21 +179,23 @@ class JobControl(ServiceCore):
         return n
 
 
-def _parse_cursor(cursor: str | None, pools: int) -> tuple[int, control.After | None, int | None]:
+def _parse_cursor(
+    cursor: str | None, pools: int, sweep: bool = True
+) -> tuple[int, control.After | None, int | None]:
     """A dead-letter cursor: ``<pool index>:<time of death ms>:<job id>`` (the index counts the
     pools the queue is read from: one, but during a migration); ``<index>::`` starts a pool.
-    A sweep's (redrive, purge) ends with ``:<end ms>``, the time its walk began."""
+    A ``sweep``'s (redrive, purge) ends with ``:<end ms>``, the time its walk began."""
     if cursor is None:
         return 0, None, None
     parts = cursor.split(":")
-    index = _uint(parts[0]) if len(parts) in (3, 4) else None
+    index = _uint(parts[0]) if len(parts) in ((3, 4) if sweep else (3,)) else None
     end = _uint(parts[3]) if len(parts) == 4 else None
     if index is None or index >= pools or (len(parts) == 4 and end is None):
         raise BadRequest("invalid cursor", "cursor")
     if parts[1] == "" and parts[2] == "":
         return index, None, end
     score = _uint(parts[1])
-    if score is None or not parts[2] or len(parts[2]) > 64:
+    if score is None or names.job_id(parts[2]):
         raise BadRequest("invalid cursor", "cursor")
     return index, (score, id_to_member(parts[2])), end
 
@@ -217,6 +219,8 @@ def _walk_end(
     over jobs that keep failing ends."""
     if cursor is None:
         end = now
+    elif end is not None and end > now:  # a walk begun later than now: no cursor of ours
+        raise BadRequest("invalid cursor", "cursor")
     if end is None or end >= filt.to_ms:
         return filt, end
     return dataclasses.replace(filt, to_ms=end), end

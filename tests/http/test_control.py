@@ -838,6 +838,26 @@ def test_http_refusals_are_clear_and_change_nothing(
         ("get", "/api/ns/q/deadletter/jobs", {"limit": 1001}, None, 400, "limit"),
         ("get", "/api/ns/q/deadletter/jobs", {"cursor": "zz"}, None, 400, "cursor"),
         ("get", "/api/ns/q/deadletter/jobs", {"cursor": "1::"}, None, 400, "cursor"),
+        # a sweep's cursor (4 parts) is not a listing's; an id no job can have; a walk begun
+        # after now (its end would keep it going for ever)
+        ("get", "/api/ns/q/deadletter/jobs", {"cursor": "0:1:x:2"}, None, 400, "cursor"),
+        ("get", "/api/ns/q/deadletter/jobs", {"cursor": "0:0:\u00e9"}, None, 400, "cursor"),
+        (
+            "post",
+            "/api/ns/q/deadletter/redrive",
+            {"cursor": "0:1:x:" + "9" * 20},
+            None,
+            400,
+            "cursor",
+        ),
+        (
+            "post",
+            "/api/ns/q/deadletter/purge",
+            {"cursor": "0:1:x:" + "9" * 16},
+            None,
+            400,
+            "cursor",
+        ),
         ("post", "/api/ns/q/deadletter/redrive", {"reason": "bogus"}, None, 400, "reason"),
         ("post", "/api/ns/q/deadletter/redrive", {"from": 5, "to": 4}, None, 400, "from"),
         ("post", "/api/ns/q/deadletter/purge", {"limit": 1001}, None, 400, "limit"),
