@@ -210,7 +210,7 @@ E400 = error("a bad parameter, name, id, lease or body; nothing was written", "i
 E401 = error("no token, or a token unknown for this namespace", "invalid token")
 E404_POOL = error("the token names no configured pool or ring", "pool not found")
 E413 = error("a body over its limit (checked from Content-Length first)", "body too large")
-# Refused by the HTTP parser (``http/protocol.py``), before the app: no request id.
+# Refused by the HTTP parser (``http/protocol.py``), before the app (with a request id of its own).
 E414 = {
     "description": f"a request line over {MAX_URL_BYTES} bytes (path and query, percent-encoded)",
     "content": {

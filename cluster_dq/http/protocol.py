@@ -39,6 +39,7 @@ from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from cluster_dq.http.hosts import AllowedHosts, effective
+from cluster_dq.http.middleware import request_id
 from cluster_dq.settings import Settings
 
 log = logging.getLogger("cluster_dq.http")
@@ -91,9 +92,14 @@ def protocol(edge: Edge) -> type[BoundedHttpToolsProtocol]:
 
 
 def _response(status: int, message: str) -> bytes:
+    """A refusal as the app answers one: a JSON error, and a request id of its own (every
+    answer carries one, this request's never reached the middleware that gives them)."""
     body = json.dumps({"error": message}).encode()
-    head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-    return head % (status, _REASONS[status], len(body)) + body
+    head = (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"x-request-id: %s\r\nconnection: close\r\n\r\n"
+    )
+    return head % (status, _REASONS[status], len(body), request_id().encode()) + body
 
 
 class _Refused(Exception):

@@ -321,12 +321,14 @@ def test_a_request_that_cannot_be_parsed_gets_a_json_400(
 
 
 def json_error(answer: bytes, status: int) -> str:
-    """The ``error`` of a JSON answer with ``status``, the connection closed after it."""
+    """The ``error`` of a JSON answer with ``status``, the connection closed after it, with a
+    request id as every answer has (the admin OpenAPI document requires one on a 400)."""
     status_line, _, rest = answer.partition(b"\r\n")
     head_part, _, body = rest.partition(b"\r\n\r\n")
     assert status_line.startswith(b"HTTP/1.1 %d " % status), answer
     assert b"content-type: application/json" in head_part.lower(), answer
     assert b"connection: close" in head_part.lower(), answer
+    assert b"x-request-id: " in head_part.lower(), answer
     return str(json.loads(body)["error"])
 
 
