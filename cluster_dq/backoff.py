@@ -53,8 +53,9 @@ class Backoff:
             raise BadRequest("backoff_ms is required with a backoff", "backoff_ms")
         # a decimal of ASCII digits (an exponent allowed: Python's repr of 0.00001); float()
         # alone takes a sign, spaces and any script's digits, which no other number here does
-        j = float(jitter) if jitter is not None and _DECIMAL.fullmatch(jitter) else 0.0
-        if (jitter is not None and not _DECIMAL.fullmatch(jitter)) or not 0 <= j <= 1:
+        decimal = jitter is None or _DECIMAL.fullmatch(jitter) is not None
+        j = float(jitter) if jitter is not None and decimal else 0.0
+        if not decimal or not 0 <= j <= 1:
             raise BadRequest("invalid backoff_jitter: a number 0..1", "backoff_jitter")
         if k == 0:  # no backoff has no base, cap nor jitter: a value for one is a mistake
             for name, v in (("backoff_ms", b), ("backoff_cap_ms", c), ("backoff_jitter", j)):

@@ -122,7 +122,7 @@ def parse_changes(data: bytes) -> list[tuple[str, str]]:
             kind if isinstance(kind, str) else "?",
             _opt(body.get("backoff_ms")),
             _opt(body.get("backoff_cap_ms")),
-            None if jitter is None else repr(abs(float(jitter)) if jitter == 0 else float(jitter)),
+            None if jitter is None else repr(float(jitter) + 0.0),  # (+ 0.0: -0.0 is 0.0)
         )
         out += [
             ("backoff", KIND_NAMES[b.kind]),

@@ -91,8 +91,9 @@ def _finite_int(text: str) -> bool:
 
 
 # 309 digits in a row: only then can an integer be beyond a double's range (looked for in the
-# raw text, in C, so that a bulk publish pays no call per integer)
+# raw text, in C, so that a read pays no call per integer but then)
 _LONG_DIGITS = re.compile(r"[0-9]{309}")
+_LONG_DIGITS_B = re.compile(rb"[0-9]{309}")
 
 
 def _int(text: str) -> int:
@@ -136,8 +137,13 @@ def loads(data: bytes | str) -> Any:
     def integer(text: str) -> Any:
         return int(text) if _finite_int(text) else bad(text)
 
+    long = _LONG_DIGITS_B.search(data) if isinstance(data, bytes) else _LONG_DIGITS.search(data)
     value = json.loads(
-        data, parse_constant=bad, parse_float=number, parse_int=integer, object_pairs_hook=_unique
+        data,
+        parse_constant=bad,
+        parse_float=number,
+        parse_int=integer if long else None,
+        object_pairs_hook=_unique,
     )
     if found:
         raise NotFinite(found[0], _field_of(value))

@@ -255,7 +255,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > MAX_HEADER_BYTES or len(self.headers) >= MAX_HEADERS:
             self._refuse(431, TOO_LARGE)
-        super().on_header(name, value)
+        super().on_header(name, value)  # (it keeps the name lower-cased)
+        if self.headers[-1][0] == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            # httptools refuses a last coding other than chunked but takes any before it
+            # (``gzip, chunked``): the body would reach the app still coded
+            self._refuse(501, UNKNOWN_CODING)
 
     def on_body(self, body: bytes) -> None:
         self._body_seen = True
@@ -267,7 +271,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.edge is not None:
             self._disarm()
             self._check_host()
-        self._check_codings()
         earlier = self.cycle
         super().on_headers_complete()
         if self.cycle is not earlier:  # a request for the app (not an upgrade)
@@ -334,13 +337,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(400, UNPARSED)
         host = b"[%s]" % url.host if b":" in url.host else url.host
         return host if url.port is None else b"%s:%d" % (host, url.port)
-
-    def _check_codings(self) -> None:
-        """httptools refuses a last transfer coding other than chunked, but takes any before
-        it (``gzip, chunked``): the body would reach the app still coded."""
-        for name, value in self.headers:
-            if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
-                self._refuse(501, UNKNOWN_CODING)
 
     def _refuse(self, status: int, message: str) -> NoReturn:
         self._refusal = (status, message)
