@@ -73,8 +73,7 @@ while got < count and skipped < limit do
     local rec = redis.call('HGET', JOBS, id)
     local g = rec and group_of(rec)
     if rec and expired(rec, now) then
-      drop(id, rec)
-      redis.call('ZREM', EXPIRE, id)
+      discard(id, rec)
       skipped, dropped = skipped + 1, dropped + 1
       if g then let_one_go(g, now) end
     elseif rec then

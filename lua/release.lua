@@ -56,15 +56,13 @@ for i = 7, #ARGV, 2 do
       redis.call('HSET', JOBS, id, rec)
     end
     if nack and expired(rec, now) then
-      drop(id, rec)
-      redis.call('ZREM', EXPIRE, id)
+      discard(id, rec)
       st = CODE.EXPIRED
     elseif nack and tries == 0 then
       kill(id, DIED_NACKED, now, err)
       st = CODE.DEAD
     elseif ends_first(rec, delay, now) then
-      drop(id, rec)
-      redis.call('ZREM', EXPIRE, id)
+      discard(id, rec)
       st = CODE.EXPIRED
     elseif delay > 0 then
       delay_until(id, now + delay)

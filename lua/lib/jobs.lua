@@ -157,13 +157,19 @@ local function drop(id, rec)
   return 1
 end
 
+-- ``drop`` and the job's entry in EXPIRE: a job whose ttl has ended (or ends before it would
+-- be ready again), or one forgotten; the caller takes it out of its state's set.
+local function discard(id, rec)
+  drop(id, rec)
+  redis.call('ZREM', EXPIRE, id)
+end
+
 -- Forgets a job held in JOBS (any state but the wheel); returns the state code it was in.
 -- t: now (a job its group held back may take a freed slot).
 local function forget(id, t)
   local rec = redis.call('HGET', JOBS, id)
   if not rec then return CODE.NOT_FOUND end
-  drop(id, rec)
-  redis.call('ZREM', EXPIRE, id)
+  discard(id, rec)
   if redis.call('ZREM', RESERVED, id) == 1 then -- first: where an acked job almost always is
     redis.call('HDEL', LEASES, id)
     unreserve(rec, t)

@@ -46,8 +46,7 @@ local function promote(now, limit)
     local rec = redis.call('HGET', JOBS, id)
     if rec then
       if expired(rec, now) then
-        drop(id, rec)
-        redis.call('ZREM', EXPIRE, id)
+        discard(id, rec)
         gone = gone + 1
       else
         make_ready(id, rec, t)

@@ -68,8 +68,7 @@ local function retry(id, rec, now, r)
     local due = math.min(now + wait, LATEST_DUE)
     local e = expire_at(rec)
     if e > 0 and due >= e then
-      drop(id, rec)
-      redis.call('ZREM', EXPIRE, id)
+      discard(id, rec)
       return CODE.EXPIRED, 0
     end
     delay_until(id, due)
@@ -91,8 +90,7 @@ local function expire_reservations(now, limit, seed)
     if not rec then
       -- cannot happen while the invariants hold; never leave a dangling member behind
     elseif expired(rec, now) then
-      drop(id, rec)
-      redis.call('ZREM', EXPIRE, id)
+      discard(id, rec)
       gone = gone + 1
     else
       local _, _, tries = header(rec)
