@@ -62,15 +62,14 @@ async def call_handler(
     if limit is None:
         return await asyncio.wrap_future(running)
     waiting = asyncio.wrap_future(running)
+    done: set[asyncio.Future[Any]] = set()
     try:
-        while True:
-            began = started(running)
+        while not done:
+            began = started(running)  # (None: it waits for a thread or a process, not timed)
             left = limit if began is None else began + limit - time.monotonic()
-            done, _ = await asyncio.wait({waiting}, timeout=max(left, 0))
-            if done or (
-                (began := started(running)) is not None and began + limit <= time.monotonic()
-            ):
+            if left <= 0:
                 break
+            done, _ = await asyncio.wait({waiting}, timeout=left)
     except asyncio.CancelledError:
         running.cancel()  # (a call not started yet never starts)
         raise
