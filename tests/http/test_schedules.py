@@ -285,6 +285,12 @@ async def test_a_changed_definition_counts_the_old_ones_due_occurrences_missed(
     clock.t += 10_000
     newer = Schedule("chg", _template(), every_ms=3_000)
     assert (await _put(a, newer, paused=True)).missed == 2  # paused: nothing was due
+    # a cron's are walked: at +1 min and +2 min due (T0 is not on a minute), then changed
+    minutely = Schedule("cron", _template(), cron="* * * * *")
+    first = (await _put(a, minutely)).next_ms
+    clock.t = first + 60_000 + 30_000
+    state = await _put(a, Schedule("cron", _template(), cron="*/2 * * * *"))
+    assert state.missed == 2
 
 
 def test_a_name_shaped_as_a_shortened_one_has_ids_of_its_own() -> None:
