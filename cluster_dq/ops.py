@@ -19,7 +19,7 @@ from typing import Any
 from cluster_dq.client import AdminClient, Client, DeadJob, DQError, Job, TransportError
 from cluster_dq.progress import Progress
 from cluster_dq.stats import Sample, StatsRow, rows_of, sample, stats_doc, stats_table
-from cluster_dq.terminal import json_text, shown
+from cluster_dq.terminal import json_line, shown
 
 PAGE = 1_000  # dead-letter listing page
 SWEEP = 500  # jobs moved or deleted per redrive / purge call
@@ -92,7 +92,7 @@ def _sample(admin: AdminClient | None) -> Sample | None:
 
 
 def print_json(doc: Any) -> None:
-    print(json_text(doc), flush=True)
+    print(json_line(doc), flush=True)
 
 
 # -- stats ----------------------------------------------------------------------------------

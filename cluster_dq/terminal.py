@@ -44,7 +44,7 @@ def _json_escape(c: str) -> str:
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
-def json_text(doc: Any) -> str:
+def json_line(doc: Any) -> str:
     """``doc`` as one line of JSON, the same value a parser reads, with every character that
     is not printable escaped: ``json.dumps`` escapes only those below U+0020, and leaves C1
     controls (``\\x9b``, an 8-bit CSI), text direction overrides and lone surrogates raw."""
