@@ -11,12 +11,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from cluster_dq.client._runner import Pool, started
+from cluster_dq.client._runner import NotStarted, Pool, started
 from cluster_dq.client.models import Job
 from cluster_dq.client.outcomes import TimeLimitExceeded, seconds_text
 
 log = logging.getLogger("cluster_dq.worker")
 Handler = Callable[[Job], Any]
+RECHECK_S = 0.05  # how often a call waiting its turn looks again, at the least
 # The rest of the chain, as a middleware sees it: call it with the job, await what it returns.
 Next = Callable[[Job], Awaitable[Any]]
 Middleware = Callable[[Job, Next], Awaitable[Any]]
@@ -46,8 +47,10 @@ async def call_handler(
     """``handler(job)``: awaited on the loop when ``executor`` is None, else in one of its
     threads or processes; past ``limit`` seconds, ``TimeLimitExceeded`` (an async handler
     cancelled, a sync one abandoned in its thread, which the executor replaces, or its
-    process killed). A sync handler's limit counts from when its thread or process began it:
-    a call waiting for one (all of them busy) is not timed yet."""
+    process killed). A sync handler's limit counts from when its thread or process began it;
+    a call waiting for one behind handlers within their limits waits on, but one that reaches
+    its limit while handlers past theirs hold every thread is cancelled (``NotStarted``: not
+    the job's fault, it goes back unspent)."""
     if executor is None:
         if limit is None:
             return await handler(job)
@@ -62,14 +65,19 @@ async def call_handler(
     if limit is None:
         return await asyncio.wrap_future(running)
     waiting = asyncio.wrap_future(running)
-    done: set[asyncio.Future[Any]] = set()
     try:
+        done, _ = await asyncio.wait({waiting}, timeout=limit)
         while not done:
-            began = started(running)  # (None: it waits for a thread or a process, not timed)
-            left = limit if began is None else began + limit - time.monotonic()
+            if started(running) is None:  # waiting its turn: not timed yet
+                if executor.stuck() and running.cancel():  # handlers past their limits hold
+                    raise NotStarted(limit)  # every thread: it might wait for ever
+                if started(running) is None:  # behind handlers within theirs: it gets one
+                    done, _ = await asyncio.wait({waiting}, timeout=max(limit, RECHECK_S))
+                    continue
+            left = (started(running) or 0.0) + limit - time.monotonic()
             if left <= 0:
                 break
-            done, _ = await asyncio.wait({waiting}, timeout=left)
+            done, _ = await asyncio.wait({waiting}, timeout=left)  # the rest of its limit
     except asyncio.CancelledError:
         running.cancel()  # (a call not started yet never starts)
         raise

@@ -308,6 +308,9 @@ class ProcessPool(Executor):
     def abandoned(self) -> int:
         return 0  # an abandoned call's child is killed: none keeps running
 
+    def stuck(self) -> bool:
+        return False  # (so a call waiting its turn gets a child once one is killed)
+
     stops_abandoned = True  # (call_handler says so)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

@@ -29,11 +29,23 @@ abandoned: list[asyncio.Task[Any]] = []  # tasks still running when their loop w
 _started: weakref.WeakKeyDictionary[Future[Any], float] = weakref.WeakKeyDictionary()
 
 
+class NotStarted(Exception):
+    """A sync handler's call no thread or process began within the job's time limit."""
+
+    def __init__(self, limit: float) -> None:
+        super().__init__(
+            f"no thread or process was free for the handler within the job's time limit of "
+            f"{limit:g} s"
+        )
+
+
 def start(future: Future[Any]) -> bool:
-    """``future.set_running_or_notify_cancel()``, noting when the call began (``started``)."""
-    if not future.set_running_or_notify_cancel():
-        return False
+    """``future.set_running_or_notify_cancel()``, noting when the call began (``started``):
+    noted first, so that a call ``cancel()`` finds no longer pending has its time."""
     _started[future] = time.monotonic()
+    if not future.set_running_or_notify_cancel():
+        del _started[future]
+        return False
     return True
 
 
@@ -55,6 +67,7 @@ class Pool(Protocol):
     def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]: ...
     def abandon(self, future: Future[Any]) -> bool: ...
     def abandoned(self) -> int: ...
+    def stuck(self) -> bool: ...
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None: ...
 
 
@@ -131,6 +144,12 @@ class DaemonThreads(Executor):
             self._abandoned.add(future)
             self._size += 1
             return True
+
+    def stuck(self) -> bool:
+        """Whether calls past their limit may keep every thread (as many abandoned as may be):
+        a call waiting its turn may then wait for ever."""
+        with self._lock:
+            return len(self._abandoned) >= self._most_abandoned
 
     def abandoned(self) -> int:
         """Calls abandoned and still running."""

@@ -32,7 +32,7 @@ from cluster_dq.client._worker_cli import parser, worker_options
 from cluster_dq.client._call import Middleware, Next, call_handler, chain, job_limit, run_hook
 from cluster_dq.client._iterform import GIVE_BACK, Delivery, IteratorForm
 from cluster_dq.client._processes import NO_PROCESS_WAIT, Isolation, NoProcess
-from cluster_dq.client._runner import Pool, run_loop
+from cluster_dq.client._runner import NotStarted, Pool, run_loop
 from cluster_dq.client._async.client import AsyncClient
 from cluster_dq.client._send import renew, send_outcome
 from cluster_dq.client.errors import DQError, QueueFull, RateLimited, TransportError, Unavailable
@@ -362,7 +362,7 @@ class Worker(IteratorForm):
             # raised by the handler itself (an inner task cancelled): the handler failed
             log.warning("job %s of %s failed: handler raised CancelledError", d.job.id, d.job.queue)
             outcome = Released(error=describe(e))
-        except NoProcess as e:  # not the job's fault: back unspent, taken again in a while
+        except (NoProcess, NotStarted) as e:  # not the job's fault: back unspent, in a while
             log.error("job %s of %s: %s: given back", d.job.id, d.job.queue, e)
             outcome = Snoozed(NO_PROCESS_WAIT, describe(e))
         except (KeyboardInterrupt, SystemExit) as e:

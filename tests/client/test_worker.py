@@ -1058,6 +1058,32 @@ async def test_a_time_limit_counts_from_when_the_handler_starts_not_while_it_wai
     assert ran == [b"slow:0.5", b"quick:0", b"over:0.6"]
 
 
+async def test_a_call_no_thread_begins_within_its_limit_goes_back_not_waits_for_ever() -> None:
+    """Its limit counts from its start, but a call no thread begins (every one held by a
+    handler past its limit) waited for ever, its job held by heartbeats: at its limit it is
+    cancelled (NotStarted, which the worker gives back unspent) and never runs."""
+    from cluster_dq.client._call import call_handler
+    from cluster_dq.client._runner import DaemonThreads, NotStarted
+    from cluster_dq.client.testing import make_job
+
+    ran: list[bytes] = []
+
+    def handler(job: Job) -> None:
+        ran.append(job.body)
+        time.sleep(float(job.body.decode().split(":")[1]))
+
+    pool = DaemonThreads(1, "t")
+    try:
+        for body in (b"hung:4", b"hung:4"):  # the first left to its thread, the second kept
+            with pytest.raises(TimeLimitExceeded):
+                await call_handler(handler, make_job(body), pool, 0.1)
+        with pytest.raises(NotStarted):
+            await asyncio.wait_for(call_handler(handler, make_job(b"late:0"), pool, 0.2), 2)
+    finally:
+        pool.shutdown(wait=False)
+    assert ran == [b"hung:4", b"hung:4"]  # the cancelled call never ran
+
+
 def test_what_a_worker_cannot_use_is_refused_when_it_is_made_and_an_outcome_never_raises() -> None:
     """A result whose encoding raised something but TypeError or ValueError, and a ``bury_on``
     entry that is no exception class, raised out of the job's task: the job stayed reserved,
